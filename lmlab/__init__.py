@@ -1,0 +1,3 @@
+"""lmlab: a language-model architecture lab on PyTorch."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,307 @@
+"""Model configuration: one dataclass, every architecture choice a named, validated field.
+
+The defaults are today's shared recipe (LLaMA; Touvron et al. 2023): pre-norm RMSNorm, no biases,
+SwiGLU FFN with d_ff = 8/3 d_model rounded up, RoPE, grouped-query attention (Ainslie et al. 2023).
+Every other choice the CS336 lecture 3 surveys is a switch on this class; see the field comments.
+
+A config is validated when built (``__post_init__``): an invalid value or combination raises
+:class:`ConfigError` naming the field, the value and what would be valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the field, the value and what is valid."""
+
+
+# Allowed values of the enumerated switches. Each name follows the paper / model card that made it known.
+NORM_TYPES = ("rmsnorm", "layernorm", "gemma_rmsnorm")  # Zhang & Sennrich 2019; Ba 2016; Gemma (1+w)
+NORM_POSITIONS = ("pre", "post", "sandwich", "reordered")  # Xiong 2020; Vaswani 2017; Gemma 2; OLMo 2
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2", "reglu", "geglu", "swiglu")  # Shazeer 2020; So 2021
+GATED_ACTIVATIONS = ("reglu", "geglu", "swiglu")
+POSITIONS = ("rope", "nope", "learned", "sinusoidal", "alibi", "t5")
+ROPE_STYLES = ("half", "interleaved")  # GPT-NeoX / HF "rotate_half" pairing; GPT-J / Meta interleaved pairing
+BIASES = ("none", "all", "qkv", "mlp")
+QK_NORMS = ("none", "rmsnorm", "layernorm")
+ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")
+
+
+def _choice(name: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} is not valid; choose one of {', '.join(map(repr, allowed))}")
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}")
+
+
+def _non_negative(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{name}={value!r} must be a finite number >= 0")
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name}={value!r} must be a finite number > 0")
+
+
+def glu_hidden_dim(d_model: int, multiple_of: int = 256, ffn_dim_multiplier: Optional[float] = None) -> int:
+    """LLaMA's rule for the hidden width of a gated FFN: 2/3 of 4*d_model, times an optional
+    multiplier, rounded up to a multiple of ``multiple_of`` (Touvron et al. 2023, Meta's ``model.py``).
+
+    d_model 4096 with multiple_of 256 gives 11008 (LLaMA 7B); d_model 4096, multiplier 1.3 and
+    multiple_of 1024 give 14336 (Llama 3 8B).
+    """
+    hidden = int(2 * (4 * d_model) / 3)
+    if ffn_dim_multiplier is not None:
+        hidden = int(ffn_dim_multiplier * hidden)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of a decoder-only Transformer LM. Units: widths in channels, lengths in tokens."""
+
+    # --- sizes -------------------------------------------------------------------------------
+    vocab_size: int = 4096
+    context_length: int = 256
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 8
+    n_kv_heads: Optional[int] = None  # None = n_heads (MHA); 1 = MQA (Shazeer 2019); between = GQA
+    head_dim: Optional[int] = None  # None = d_model // n_heads; may differ (Gemma: 256 at d_model 3072)
+    d_ff: Optional[int] = None  # None = from ffn_ratio, else the gated 8/3 rule (glu_hidden_dim) or 4x
+    ffn_ratio: Optional[float] = None  # d_ff = round(ffn_ratio * d_model) when d_ff is not given
+    ffn_multiple_of: int = 64  # rounding of the 8/3 rule (LLaMA: 256)
+    ffn_dim_multiplier: Optional[float] = None  # Llama 3 8B: 1.3 with multiple_of 1024
+
+    # --- normalisation -----------------------------------------------------------------------
+    norm_type: str = "rmsnorm"
+    norm_position: str = "pre"
+    norm_bias: bool = False  # LayerNorm only: learnable shift
+    norm_eps: float = 1e-5
+    final_norm: bool = True
+
+    # --- linear layers -----------------------------------------------------------------------
+    bias: str = "none"  # which linear layers carry a bias: none | all | qkv (Qwen2) | mlp
+    lm_head_bias: bool = False
+    activation: str = "swiglu"
+    parallel_block: bool = False  # GPT-J / PaLM: x + attn(norm(x)) + mlp(norm(x))
+    parallel_shared_norm: bool = True  # one norm feeding both branches (GPT-J) or two (NeoX)
+
+    # --- positions ---------------------------------------------------------------------------
+    position: str = "rope"
+    rope_theta: float = 10000.0
+    rope_style: str = "half"
+    rope_fraction: float = 1.0  # partial RoPE: fraction of head_dim rotated (GPT-NeoX 0.25, Phi-2 0.4)
+    rope_local_theta: Optional[float] = None  # another theta on sliding-window layers (Gemma 3: 10k)
+    rope_scaling: Optional[dict] = None  # {"type": linear|ntk|yarn|llama3, "factor": ..., ...}
+    nope_global_layers: bool = False  # no positions on global layers (Llama 4 iRoPE, Command A)
+    t5_num_buckets: int = 32
+    t5_max_distance: int = 128
+
+    # --- attention ---------------------------------------------------------------------------
+    qk_norm: str = "none"  # normalise q and k over each head (Dehghani 2023; OLMo 2; Qwen3)
+    attn_logit_softcap: Optional[float] = None  # cap * tanh(s / cap) on attention logits (Gemma 2)
+    query_pre_attn_scalar: Optional[float] = None  # scale = query_pre_attn_scalar**-0.5 (Gemma 2)
+    sliding_window: Optional[int] = None  # tokens visible, counting the current one (Mistral / HF)
+    layer_pattern: Optional[str] = None  # per-layer 'L' (local, windowed) / 'G' (global), tiled
+
+    # --- output ------------------------------------------------------------------------------
+    tie_embeddings: bool = True
+    scale_embeddings: bool = False  # multiply embeddings by sqrt(d_model) (Gemma)
+    final_logit_softcap: Optional[float] = None  # Gemma 2
+    z_loss: float = 0.0  # coefficient on (log Z)^2 added to the loss (PaLM; Baichuan 2; OLMo)
+
+    # --- regularisation ----------------------------------------------------------------------
+    embd_dropout: float = 0.0
+    attn_dropout: float = 0.0
+    resid_dropout: float = 0.0
+
+    # --- initialisation ----------------------------------------------------------------------
+    init_std: float = 0.02  # N(0, 0.02) (GPT-2); residual projections / sqrt(2 n_layers)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "ffn_multiple_of"):
+            _positive_int(name, getattr(self, name))
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        _positive_int("n_kv_heads", self.n_kv_heads)
+        if self.n_kv_heads > self.n_heads or self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}; "
+                f"n_kv_heads must divide n_heads (valid: "
+                f"{', '.join(str(d) for d in range(1, self.n_heads + 1) if self.n_heads % d == 0)})"
+            )
+        if self.head_dim is None:
+            if self.d_model % self.n_heads:
+                raise ConfigError(
+                    f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                    f"set head_dim explicitly or pick n_heads dividing d_model"
+                )
+            self.head_dim = self.d_model // self.n_heads
+        _positive_int("head_dim", self.head_dim)
+
+        _choice("activation", self.activation, ACTIVATIONS)
+        if self.d_ff is None:
+            if self.ffn_ratio is not None:
+                _positive("ffn_ratio", self.ffn_ratio)
+                self.d_ff = max(1, int(round(self.ffn_ratio * self.d_model)))
+            elif self.activation in GATED_ACTIVATIONS:
+                if self.ffn_dim_multiplier is not None:
+                    _positive("ffn_dim_multiplier", self.ffn_dim_multiplier)
+                self.d_ff = glu_hidden_dim(self.d_model, self.ffn_multiple_of, self.ffn_dim_multiplier)
+            else:
+                self.d_ff = 4 * self.d_model
+        _positive_int("d_ff", self.d_ff)
+
+        _choice("norm_type", self.norm_type, NORM_TYPES)
+        _choice("norm_position", self.norm_position, NORM_POSITIONS)
+        _positive("norm_eps", self.norm_eps)
+        if self.norm_bias and self.norm_type != "layernorm":
+            raise ConfigError(f"norm_bias=True needs norm_type='layernorm', got norm_type={self.norm_type!r}")
+        _choice("bias", self.bias, BIASES)
+        _choice("position", self.position, POSITIONS)
+        _choice("rope_style", self.rope_style, ROPE_STYLES)
+        _positive("rope_theta", self.rope_theta)
+        if self.rope_local_theta is not None:
+            _positive("rope_local_theta", self.rope_local_theta)
+        if not (0 < self.rope_fraction <= 1):
+            raise ConfigError(f"rope_fraction={self.rope_fraction!r} must be in (0, 1]")
+        rotated = int(round(self.head_dim * self.rope_fraction))
+        if self.position == "rope" and (rotated < 2 or rotated % 2):
+            raise ConfigError(
+                f"rope_fraction={self.rope_fraction} of head_dim={self.head_dim} rotates {rotated} dims; "
+                f"the rotated width must be even and >= 2"
+            )
+        if self.rope_scaling is not None:
+            if not isinstance(self.rope_scaling, dict) or "type" not in self.rope_scaling:
+                raise ConfigError(f"rope_scaling={self.rope_scaling!r} must be a mapping with a 'type' key")
+            _choice("rope_scaling.type", self.rope_scaling["type"], ROPE_SCALINGS)
+            _positive("rope_scaling.factor", self.rope_scaling.get("factor", None))
+        _positive_int("t5_num_buckets", self.t5_num_buckets, 2)
+        _positive_int("t5_max_distance", self.t5_max_distance, 1)
+
+        _choice("qk_norm", self.qk_norm, QK_NORMS)
+        for name in ("attn_logit_softcap", "query_pre_attn_scalar", "final_logit_softcap"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        if self.sliding_window is not None:
+            _positive_int("sliding_window", self.sliding_window)
+        if self.layer_pattern is not None:
+            if not isinstance(self.layer_pattern, str) or not self.layer_pattern or set(self.layer_pattern) - {"L", "G"}:
+                raise ConfigError(
+                    f"layer_pattern={self.layer_pattern!r} must be a non-empty string of 'L' (local) and 'G' (global)"
+                )
+            if self.n_layers % len(self.layer_pattern):
+                raise ConfigError(
+                    f"layer_pattern={self.layer_pattern!r} (length {len(self.layer_pattern)}) does not tile "
+                    f"n_layers={self.n_layers}; its length must divide n_layers"
+                )
+            if "L" in self.layer_pattern and self.sliding_window is None:
+                raise ConfigError(f"layer_pattern={self.layer_pattern!r} has local layers but sliding_window is not set")
+        if self.nope_global_layers and (self.layer_pattern is None or "L" not in self.layer_pattern):
+            raise ConfigError(
+                f"nope_global_layers=True needs a layer_pattern with local 'L' layers (e.g. 'LLLG'), "
+                f"got layer_pattern={self.layer_pattern!r}"
+            )
+        if self.parallel_block and self.norm_position != "pre":
+            raise ConfigError(f"parallel_block=True needs norm_position='pre', got {self.norm_position!r}")
+        _non_negative("z_loss", self.z_loss)
+        for name in ("embd_dropout", "attn_dropout", "resid_dropout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < 1):
+                raise ConfigError(f"{name}={value!r} must be in [0, 1)")
+        _positive("init_std", self.init_std)
+
+    # --- per-layer views ---------------------------------------------------------------------
+    def layer_is_local(self, layer: int) -> bool:
+        """True when layer ``layer`` (0-based) uses sliding-window attention."""
+        if self.sliding_window is None:
+            return False
+        if self.layer_pattern is None:
+            return True
+        return self.layer_pattern[layer % len(self.layer_pattern)] == "L"
+
+    def layer_window(self, layer: int) -> Optional[int]:
+        """The sliding window of layer ``layer`` in tokens (counting the current one), or None for full."""
+        return self.sliding_window if self.layer_is_local(layer) else None
+
+    # --- (de)serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "config") -> "ModelConfig":
+        """Build from a mapping; unknown keys raise ConfigError suggesting the nearest valid key."""
+        check_keys(cls, data, source)
+        return cls(**data)
+
+
+def check_keys(cls, data: dict, source: str) -> None:
+    """Raise ConfigError for keys of ``data`` that are not fields of dataclass ``cls``."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of field names to values, got {type(data).__name__}")
+    names = [f.name for f in fields(cls)]
+    for key in data:
+        if key not in names:
+            near = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else f"; valid keys: {', '.join(names)}"
+            raise ConfigError(f"{source}: unknown {cls.__name__} key {key!r}{hint}")
+
+
+def parse_value(text: str) -> Any:
+    """Parse a command-line override value with YAML rules: 384 -> int, 1e-3 -> float, true -> bool,
+    null -> None, anything else a string."""
+    value = yaml.safe_load(text)
+    if isinstance(value, str):
+        try:  # YAML 1.1 reads "1e-3" as a string; accept it as the number it plainly is
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def apply_overrides(data: dict, overrides: list[str], cls, source: str = "--set") -> dict:
+    """Apply ``key=value`` overrides to a config mapping (returns a new dict).
+
+    Raises ConfigError for a malformed override or an unknown key (with the nearest valid key).
+    """
+    out = dict(data)
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"{source} {item!r}: expected key=value, e.g. d_model=384")
+        key, _, raw = item.partition("=")
+        key = key.strip()
+        check_keys(cls, {key: None}, f"{source} {item!r}")
+        out[key] = parse_value(raw)
+    return out
+
+
+def load_mapping(path: str | Path) -> dict:
+    """Read a YAML or JSON mapping from ``path``; raises ConfigError naming the file when unreadable."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {str(path)!r} could not be parsed: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping, got {type(data).__name__}")
+    return data

@@ -1,0 +1,58 @@
+"""Feed-forward networks (lecture 3: "activations and gated linear units", "FF ratio").
+
+Non-gated: W2 act(W1 x) with act in ReLU (Vaswani 2017), GELU exact / tanh (Hendrycks & Gimpel 2016;
+GPT-2), SiLU, squared ReLU (So et al. 2021, "Primer"; Nemotron-4).
+Gated (Shazeer 2020, "GLU Variants Improve Transformer"): W2 (act(W_gate x) * W_up x) with
+ReGLU (ReLU), GeGLU (GELU, tanh approximation as in T5 v1.1 / Gemma), SwiGLU (SiLU; PaLM, LLaMA).
+Gated FFNs carry three matrices, so d_ff is usually scaled by 2/3 (the 8/3 rule) to keep parameters equal.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from lmlab.config import GATED_ACTIVATIONS, ModelConfig
+
+
+def _relu2(x: torch.Tensor) -> torch.Tensor:
+    return torch.square(F.relu(x))
+
+
+ACTIVATION_FNS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+    "relu2": _relu2,
+    "reglu": F.relu,
+    "geglu": lambda x: F.gelu(x, approximate="tanh"),
+    "swiglu": F.silu,
+}
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN: (batch, seq, d_model) -> (batch, seq, d_model).
+
+    Gated variants fuse W_gate and W_up into one (d_model -> 2 d_ff) matmul, gate first.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        bias = cfg.bias in ("all", "mlp")
+        self.gated = cfg.activation in GATED_ACTIVATIONS
+        self.d_ff = cfg.d_ff
+        self.act = ACTIVATION_FNS[cfg.activation]
+        self.w_in = nn.Linear(cfg.d_model, (2 if self.gated else 1) * cfg.d_ff, bias=bias)
+        self.w_out = nn.Linear(cfg.d_ff, cfg.d_model, bias=bias)
+        self.w_out.is_residual_projection = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.w_in(x)
+        if self.gated:
+            gate, up = h.split(self.d_ff, dim=-1)
+            h = self.act(gate) * up
+        else:
+            h = self.act(h)
+        return self.w_out(h)

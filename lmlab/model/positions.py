@@ -1,0 +1,134 @@
+"""Position information (lecture 3: "position embeddings": sinusoidal, learned, relative, RoPE, NoPE).
+
+- Sinusoidal absolute (Vaswani et al. 2017) and learned absolute (GPT-2/3): added to the token
+  embeddings.
+- RoPE (Su et al. 2021, "RoFormer"): rotate pairs of q/k channels by an angle proportional to the
+  position, so q.k depends on positions only through their offset. Two pairings exist:
+  "half" pairs channel i with i + rot/2 (GPT-NeoX, Hugging Face Llama), "interleaved" pairs 2i with 2i+1
+  (GPT-J, Meta's original LLaMA code). Partial RoPE rotates only the first ``rope_fraction`` of
+  head_dim (GPT-J, GPT-NeoX, Phi).
+- ALiBi (Press et al. 2022): a per-head linear penalty -m_h * (i - j) on attention logits.
+- NoPE (Kazemnejad et al. 2023): nothing; the causal mask alone carries order.
+
+Tables are computed in fp32 whatever the autocast dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from lmlab.config import ModelConfig
+
+
+def sinusoidal_table(length: int, dim: int) -> torch.Tensor:
+    """Vaswani et al. 2017 section 3.5: PE[p, 2i] = sin(p / 10000^(2i/dim)), PE[p, 2i+1] = cos(...).
+
+    Returns (length, dim) fp32. An odd ``dim`` drops the last cosine channel.
+    """
+    pos = torch.arange(length, dtype=torch.float64)[:, None]
+    inv = torch.pow(10000.0, -torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    table = torch.zeros(length, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos * inv)
+    table[:, 1::2] = torch.cos(pos * inv)[:, : dim // 2]
+    return table.float()
+
+
+def rope_inv_freq(rot_dim: int, theta: float) -> torch.Tensor:
+    """Inverse frequencies theta^(-2i/rot_dim), i < rot_dim/2: (rot_dim // 2,) fp32."""
+    return 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim)).float()
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE applied to q or k of shape (batch, heads, seq, head_dim) at integer positions (seq,).
+
+    ``rot_dim`` = round(head_dim * rope_fraction) leading channels are rotated, the rest pass through.
+    """
+
+    def __init__(self, head_dim: int, rope_fraction: float, theta: float, style: str, max_len: int,
+                 scaling: Optional[dict] = None):
+        super().__init__()
+        self.rot_dim = int(round(head_dim * rope_fraction))
+        self.style = style
+        inv_freq = rope_inv_freq(self.rot_dim, theta)
+        attention_factor = 1.0
+        if scaling is not None:
+            from lmlab.model.rope_scaling import scale_inv_freq  # RoPE context extension methods
+
+            inv_freq, attention_factor = scale_inv_freq(inv_freq, self.rot_dim, theta, scaling)
+        self.attention_factor = attention_factor
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._build(max_len)
+
+    def _build(self, length: int) -> None:
+        angles = torch.outer(torch.arange(length, dtype=torch.float32), self.inv_freq)  # (L, rot/2)
+        if self.style == "half":
+            angles = torch.cat([angles, angles], dim=-1)
+        else:
+            angles = torch.repeat_interleave(angles, 2, dim=-1)
+        self.register_buffer("cos", angles.cos() * self.attention_factor, persistent=False)
+        self.register_buffer("sin", angles.sin() * self.attention_factor, persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        needed = int(positions.max()) + 1
+        if needed > self.cos.shape[0]:
+            self._build(max(needed, 2 * self.cos.shape[0]))
+        cos = self.cos[positions]  # (seq, rot)
+        sin = self.sin[positions]
+        rot, rest = x[..., : self.rot_dim], x[..., self.rot_dim:]
+        xf = rot.float()
+        if self.style == "half":
+            x1, x2 = xf.chunk(2, dim=-1)
+            rotated = torch.cat([-x2, x1], dim=-1)
+        else:
+            x1, x2 = xf[..., 0::2], xf[..., 1::2]
+            rotated = torch.stack([-x2, x1], dim=-1).flatten(-2)
+        out = (xf * cos + rotated * sin).to(x.dtype)
+        return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """ALiBi head slopes (Press et al. 2022): the geometric sequence 2^(-8/n), 2^(-16/n), ... for n a
+    power of two; otherwise the slopes of the closest smaller power of two, then every other slope of
+    the next power of two (the paper's reference code). Returns (n_heads,) fp32."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        slopes = power_of_two(n_heads)
+    else:
+        closest = 2 ** math.floor(math.log2(n_heads))
+        slopes = power_of_two(closest) + power_of_two(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+class AbsolutePositions(nn.Module):
+    """Learned (GPT-2) or fixed sinusoidal (Vaswani 2017) position vectors: positions (seq,) -> (seq, d_model).
+
+    Learned vectors exist only below ``context_length`` (ValueError beyond); the sinusoidal table is a
+    formula and extends to any position."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.kind = cfg.position
+        self.max_len = cfg.context_length
+        if self.kind == "learned":
+            self.weight = nn.Parameter(torch.zeros(cfg.context_length, cfg.d_model))
+        else:
+            self.register_buffer("table", sinusoidal_table(cfg.context_length, cfg.d_model), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        needed = int(positions.max()) + 1
+        if self.kind == "sinusoidal" and needed > self.table.shape[0]:  # a formula: extends past training
+            self.table = sinusoidal_table(max(needed, 2 * self.table.shape[0]), self.table.shape[1]).to(self.table.device)
+        elif needed > self.max_len:
+            raise ValueError(
+                f"position {int(positions.max())} is beyond context_length={self.max_len}: "
+                f"{self.kind} absolute positions exist only for positions < context_length"
+            )
+        return self.weight[positions] if self.kind == "learned" else self.table[positions]

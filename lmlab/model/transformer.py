@@ -1,0 +1,171 @@
+"""The decoder-only Transformer LM: embeddings -> n_layers blocks -> final norm -> LM head.
+
+Block layouts (lecture 3, "pre-norm vs post-norm", "serial vs parallel"):
+- pre (GPT-2 onward; Xiong et al. 2020):   x = x + f(norm(x))
+- post (Vaswani et al. 2017; OPT-350M):    x = norm(x + f(x))
+- sandwich (Gemma 2/3):                    x = x + norm_out(f(norm_in(x)))
+- reordered (OLMo 2):                      x = x + norm(f(x))
+- parallel (GPT-J, PaLM):                  x = x + attn(norm(x)) + mlp(norm(x))  (one norm or two)
+
+Initialisation (GPT-2, Radford et al. 2019, section 2.3; nanoGPT): every weight ~ N(0, init_std),
+biases zero, the projections that write into the residual stream scaled by 1/sqrt(2 n_layers);
+norm weights one (Gemma's offset form zero).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from lmlab.config import ModelConfig
+from lmlab.model.attention import Attention, KVCache, softcap
+from lmlab.model.ffn import FeedForward
+from lmlab.model.norms import make_norm
+from lmlab.model.positions import AbsolutePositions, alibi_slopes
+
+
+class Block(nn.Module):
+    """One Transformer layer: (batch, seq, d_model) -> (batch, seq, d_model)."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.position_kind = cfg.norm_position
+        self.parallel = cfg.parallel_block
+        norm = lambda: make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias)  # noqa: E731
+        self.attn = Attention(cfg, layer)
+        self.mlp = FeedForward(cfg)
+        self.attn_norm = norm()
+        self.mlp_norm = None if (self.parallel and cfg.parallel_shared_norm) else norm()
+        if cfg.norm_position == "sandwich":
+            self.attn_out_norm, self.mlp_out_norm = norm(), norm()
+        self.drop = nn.Dropout(cfg.resid_dropout)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: Optional[KVCache] = None,
+                bias_fn=None) -> torch.Tensor:
+        attn = lambda h: self.drop(self.attn(h, positions, cache, bias_fn))  # noqa: E731
+        mlp = lambda h: self.drop(self.mlp(h))  # noqa: E731
+        kind = self.position_kind
+        if self.parallel:
+            h = self.attn_norm(x)
+            return x + attn(h) + mlp(h if self.mlp_norm is None else self.mlp_norm(x))
+        if kind == "pre":
+            x = x + attn(self.attn_norm(x))
+            return x + mlp(self.mlp_norm(x))
+        if kind == "post":
+            x = self.attn_norm(x + attn(x))
+            return self.mlp_norm(x + mlp(x))
+        if kind == "sandwich":
+            x = x + self.attn_out_norm(attn(self.attn_norm(x)))
+            return x + self.mlp_out_norm(mlp(self.mlp_norm(x)))
+        # reordered (OLMo 2): normalise the sublayer output, no input norm
+        x = x + self.attn_norm(attn(x))
+        return x + self.mlp_norm(mlp(x))
+
+
+class TransformerLM(nn.Module):
+    """Decoder-only LM: token ids (batch, seq) -> logits (batch, seq, vocab_size), fp32."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.abs_pos = AbsolutePositions(cfg) if cfg.position in ("learned", "sinusoidal") else None
+        self.embd_drop = nn.Dropout(cfg.embd_dropout)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.final_norm = make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if cfg.final_norm else None
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.lm_head_bias)
+        if cfg.position == "alibi":
+            self.register_buffer("alibi", alibi_slopes(cfg.n_heads), persistent=False)
+        self.rel_bias = None
+        if cfg.position == "t5":
+            from lmlab.model.t5_bias import T5RelativeBias  # T5 relative position buckets
+
+            self.rel_bias = T5RelativeBias(cfg)
+        self.reset_parameters()
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def reset_parameters(self) -> None:
+        std = self.cfg.init_std
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                scale = 1 / math.sqrt(2 * self.cfg.n_layers) if getattr(module, "is_residual_projection", False) else 1.0
+                nn.init.normal_(module.weight, 0.0, std * scale)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, 0.0, std)
+        if self.abs_pos is not None and self.cfg.position == "learned":
+            nn.init.normal_(self.abs_pos.weight, 0.0, std)
+
+    def _bias_fn(self):
+        if self.cfg.position == "alibi":
+            def alibi(q_pos, k_pos, layer):
+                dist = (q_pos[:, None] - k_pos[None, :]).float()  # (T, S), >= 0 where attended
+                return -self.alibi[:, None, None] * dist[None]
+            return alibi
+        if self.rel_bias is not None:
+            return lambda q_pos, k_pos, layer: self.rel_bias(q_pos, k_pos)
+        return None
+
+    def forward(self, idx: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
+        """idx: (batch, seq) token ids. With ``cache``, idx continues the cached positions and the
+        cache is advanced by seq. Returns logits (batch, seq, vocab_size) in fp32."""
+        return self.logits(self.hidden(idx, cache))
+
+    def hidden(self, idx: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
+        """Final hidden states (batch, seq, d_model), after the final norm."""
+        T = idx.shape[1]
+        start = cache.length if cache is not None else 0
+        positions = torch.arange(start, start + T, device=idx.device)
+        x = self.embed(idx)
+        if self.cfg.scale_embeddings:
+            x = x * torch.tensor(math.sqrt(self.cfg.d_model), dtype=x.dtype)
+        if self.abs_pos is not None:
+            x = x + self.abs_pos(positions).to(x.dtype)
+        x = self.embd_drop(x)
+        bias_fn = self._bias_fn()
+        for block in self.blocks:
+            x = block(x, positions, cache, bias_fn)
+        if cache is not None:
+            cache.length += T
+        return self.final_norm(x) if self.final_norm is not None else x
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """LM head with the optional final-logit soft-cap: (batch, seq, d_model) -> fp32 logits."""
+        return softcap(self.lm_head(h).float(), self.cfg.final_logit_softcap)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameter count (tied weights counted once); ``non_embedding`` drops the token embedding and
+        learned positions (Kaplan et al. 2020's N), keeping an untied LM head."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.embed.weight.numel()
+            if self.abs_pos is not None and self.cfg.position == "learned":
+                n -= self.abs_pos.weight.numel()
+        return n
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0,
+            reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token cross-entropy in nats, computed in fp32, plus the z-loss z_loss * (log Z)^2
+    (PaLM, Chowdhery et al. 2022, section 5) where log Z = logsumexp of the logits.
+
+    logits: (batch, seq, vocab); targets: (batch, seq) ids, -100 ignored.
+    Returns (loss to optimise, mean cross-entropy) with ``reduction`` 'mean' (per scored token) or 'sum'.
+    """
+    logits = logits.float().flatten(0, 1)
+    targets = targets.flatten()
+    ce = F.cross_entropy(logits, targets, ignore_index=-100, reduction=reduction)
+    if not z_loss:
+        return ce, ce.detach()
+    keep = targets != -100
+    log_z = torch.logsumexp(logits[keep], dim=-1)
+    z = log_z.pow(2).sum()
+    if reduction == "mean":
+        z = z / keep.sum().clamp(min=1)
+    return ce + z_loss * z, ce.detach()
