@@ -1,0 +1,125 @@
+"""The command line end to end on a small real corpus, and its answers to bad input: one error line
+naming what and where, exit status 2, nothing overwritten."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lmlab.cli import main
+
+TRAIN = ["--set", "d_model=32", "--set", "n_layers=1", "--set", "n_heads=2", "--set", "context_length=32",
+         "--set", "batch_size=4", "--set", "max_steps=6", "--set", "eval_interval=6", "--set", "eval_windows=2",
+         "--set", "device=cpu", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, small_corpus):
+    out = tmp_path_factory.mktemp("cli") / "data"
+    assert main(["prepare", "--data", str(small_corpus), "--out", str(out), "--tokenizer", "bpe",
+                 "--vocab-size", "400", "--val-docs", "tempest_gut.txt"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, data_dir):
+    out = tmp_path_factory.mktemp("cli") / "run"
+    assert main(["train", "--data", str(data_dir), "--out", str(out), *TRAIN]) == 0
+    return out
+
+
+def error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err, "no error printed"
+    return err[-1]
+
+
+def test_eval_json_and_generate(run_dir, capsys):
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert {"loss", "perplexity", "bits_per_byte", "tokens", "bytes"} <= set(res)
+    assert res["bytes"] == 30000 and res["bits_per_byte"] > 0
+    assert main(["generate", str(run_dir), "--prompt", "KING.", "--max-new-tokens", "5", "--seed", "1"]) == 0
+    assert capsys.readouterr().out.startswith("KING.")
+
+
+def test_missing_data_path(tmp_path, capsys):
+    assert main(["prepare", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "d")]) == 2
+    line = error_line(capsys)
+    assert "nowhere" in line and "does not exist" in line
+    assert not (tmp_path / "d").exists()
+
+
+def test_empty_data(tmp_path, capsys):
+    (tmp_path / "empty.txt").write_text("")
+    assert main(["prepare", "--data", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "d")]) == 2
+    assert "empty.txt" in error_line(capsys)
+
+
+def test_text_shorter_than_one_context(tmp_path, capsys):
+    (tmp_path / "docs").mkdir()
+    for i in range(2):
+        (tmp_path / "docs" / f"{i}.txt").write_text("Short text.")
+    assert main(["prepare", "--data", str(tmp_path / "docs"), "--out", str(tmp_path / "d"), "--tokenizer", "bytes"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "run"), *TRAIN]) == 2
+    line = error_line(capsys)
+    assert "fewer than one context of 32" in line and str(tmp_path / "d") in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_prompt_longer_than_context(run_dir, capsys):
+    assert main(["generate", str(run_dir), "--prompt", "word " * 200]) == 2
+    assert "more than context_length=32" in error_line(capsys)
+
+
+def test_existing_run_folder_not_overwritten(run_dir, data_dir, capsys):
+    before = {p.name: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
+    assert main(["train", "--data", str(data_dir), "--out", str(run_dir), *TRAIN]) == 2
+    assert "already holds a run" in error_line(capsys)
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before
+
+
+def test_resume_with_other_config_refused(run_dir, capsys):
+    assert main(["train", "--out", str(run_dir), "--resume", *TRAIN[:-1], "--set", "d_model=64", "--no-progress"]) == 2
+    assert "d_model: run has 32, asked 64" in error_line(capsys)
+
+
+def test_checkpoint_of_another_vocabulary(run_dir, tmp_path, small_corpus, capsys):
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other)
+    (other / "tokenizer.json").write_text(json.dumps({"type": "bytes"}))  # 257 tokens, model has 400
+    assert main(["eval", str(other)]) == 2
+    assert "vocab_size=400" in error_line(capsys)
+
+
+def test_truncated_checkpoint(run_dir, tmp_path, capsys):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(run_dir, broken)
+    ckpt = next((broken / "checkpoints").iterdir()) / "model.safetensors"
+    ckpt.write_bytes(ckpt.read_bytes()[:500])
+    assert main(["eval", str(broken)]) == 2
+    line = error_line(capsys)
+    assert "model.safetensors" in line and "truncated or corrupt" in line
+
+
+def test_unknown_set_key_suggests(data_dir, tmp_path, capsys):
+    assert main(["train", "--data", str(data_dir), "--out", str(tmp_path / "r"), "--set", "d_modle=64"]) == 2
+    assert "did you mean 'd_model'" in error_line(capsys)
+    assert main(["train", "--data", str(data_dir), "--out", str(tmp_path / "r"), "--set", "n_heads=6",
+                 "--set", "n_kv_heads=4", "--set", "d_model=48"]) == 2
+    assert "n_heads=6 is not a multiple of n_kv_heads=4" in error_line(capsys)
+
+
+def test_console_exit_status(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "lmlab.cli", "eval", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"lmlab eval: error: {str(tmp_path)!r} is not an lmlab run folder (no run.yaml); "
+        f"give the folder that `lmlab train --out` created"]

@@ -1,0 +1,115 @@
+"""Tokenizers, corpus preparation and the default corpus."""
+
+import json
+
+import numpy as np
+import pytest
+
+from lmlab.data.prepare import DataError, TokenData, prepare, read_documents
+from lmlab.data.tokenizer import EOT, Tokenizer, TokenizerError
+
+SAMPLES = ["Hamlet — to be, or not to be ✓", "naïve café 日本語 😀", "", "tabs\tand\r\nnewlines\n\n"]
+RAW = [b"\xff\xfe\x00abc", b"caf\xc3", b"\xc3\xa9\x80\x80 ok", bytes(range(256))]
+
+
+@pytest.fixture(scope="module")
+def bpe(small_corpus):
+    texts = [p.read_text() for p in sorted(small_corpus.glob("*.txt"))]
+    return Tokenizer.train_bpe(texts, 600)
+
+
+def test_bpe_round_trip_and_vocab(bpe):
+    assert bpe.vocab_size == 600
+    assert bpe.eot_id == bpe.hf.token_to_id(EOT)
+    for text in SAMPLES:
+        assert bpe.decode(bpe.encode(text)) == text
+    for raw in RAW:
+        ids = bpe.encode_bytes(raw)
+        assert bpe.decode_bytes(ids) == raw
+    # BPE compresses English: fewer tokens than bytes on real text
+    text = "To be, or not to be, that is the question"
+    assert len(bpe.encode(text)) < len(text.encode()) / 2
+
+
+def test_bytes_round_trip():
+    tok = Tokenizer.bytes_tokenizer()
+    assert (tok.vocab_size, tok.eot_id) == (257, 256)
+    for text in SAMPLES:
+        ids = tok.encode(text)
+        assert ids == list(text.encode("utf-8")) and tok.decode(ids) == text
+    for raw in RAW:
+        assert tok.decode_bytes(tok.encode_bytes(raw)) == raw
+    assert tok.decode([0x63, 0x61, 0x66, 0xC3]) == "caf\ufffd"  # invalid UTF-8 -> replacement char
+
+
+def test_tokenizer_save_load(tmp_path, bpe):
+    bpe.save(tmp_path / "t.json")
+    again = Tokenizer.load(tmp_path / "t.json")
+    assert again.encode("Wherefore art thou") == bpe.encode("Wherefore art thou")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(TokenizerError, match="bad.json"):
+        Tokenizer.load(tmp_path / "bad.json")
+    with pytest.raises(TokenizerError, match="vocab_size=100"):
+        Tokenizer.train_bpe(["abc"], 100)
+
+
+@pytest.mark.parametrize("kind", ["bpe", "bytes"])
+def test_prepare_splits_whole_documents(tmp_path, small_corpus, kind):
+    m = prepare(small_corpus, tmp_path / "d", kind, 500, val_docs=["tempest_gut.txt"])
+    data = TokenData(tmp_path / "d")
+    tok = data.tokenizer
+    for split, names in (("train", ["macbeth_gut.txt", "othello_gut.txt", "sonnets_gut.txt"]), ("val", ["tempest_gut.txt"])):
+        info = m["splits"][split]
+        assert [d["name"] for d in info["documents"]] == names
+        raw = [(small_corpus / n).read_bytes() for n in names]
+        assert info["bytes"] == sum(len(r) for r in raw)
+        stream = data.tokens(split)
+        assert stream.dtype == np.uint16 and len(stream) == info["tokens"]
+        # the stream is EOT doc EOT doc ...: splitting at EOT gives back each document's bytes
+        eots = np.flatnonzero(stream == tok.eot_id)
+        assert len(eots) == len(names) and eots[0] == 0
+        pieces = np.split(stream, eots[1:])
+        assert [tok.decode_bytes(p[1:].tolist()) for p in pieces] == raw
+    assert json.loads((tmp_path / "d" / "manifest.json").read_text())["tokenizer"]["type"] == kind
+
+
+def test_prepare_single_file_splits_at_paragraphs(tmp_path):
+    f = tmp_path / "play.txt"
+    f.write_text("\n\n".join(f"Paragraph {i}. " + "word " * 20 for i in range(20)))
+    m = prepare(f, tmp_path / "d", "bytes", val_fraction=0.1)
+    assert len(m["splits"]["val"]["documents"]) == 2 and len(m["splits"]["train"]["documents"]) == 18
+    assert m["splits"]["val"]["documents"][0]["name"] == "play.txt#18"
+
+
+def test_prepare_bad_input(tmp_path, small_corpus):
+    with pytest.raises(DataError, match="does not exist"):
+        prepare(tmp_path / "nope", tmp_path / "d")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="no non-empty .txt"):
+        prepare(tmp_path / "empty", tmp_path / "d")
+    (tmp_path / "e.txt").write_text("  \n")
+    with pytest.raises(DataError, match="empty"):
+        read_documents(tmp_path / "e.txt")
+    with pytest.raises(DataError, match="hamlet"):
+        prepare(small_corpus, tmp_path / "d", "bytes", val_docs=["hamlet_gut.txt"])
+    prepare(small_corpus, tmp_path / "d", "bytes")
+    before = (tmp_path / "d" / "train.bin").read_bytes()
+    with pytest.raises(DataError, match="already exists"):
+        prepare(small_corpus, tmp_path / "d", "bpe", 300)
+    assert (tmp_path / "d" / "train.bin").read_bytes() == before  # nothing overwritten
+
+
+def test_manifest_tokenizer_mismatch_refused(tmp_path, small_corpus):
+    prepare(small_corpus, tmp_path / "a", "bytes")
+    prepare(small_corpus, tmp_path / "b", "bpe", 300)
+    (tmp_path / "a" / "tokenizer.json").write_bytes((tmp_path / "b" / "tokenizer.json").read_bytes())
+    with pytest.raises(DataError, match="does not match manifest"):
+        TokenData(tmp_path / "a")
+
+
+def test_default_corpus_is_complete(shakespeare):
+    from lmlab.data.corpus import TOTAL_BYTES, VALIDATION_WORKS, WORKS, _complete
+
+    assert len(WORKS) == 42 and TOTAL_BYTES == 5_057_198
+    assert _complete(shakespeare)
+    assert all(name in WORKS for name in VALIDATION_WORKS)

@@ -1,0 +1,69 @@
+"""Bits-per-byte: every token scored exactly once, against hand computations."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lmlab.config import ModelConfig
+from lmlab.evaluate import evaluate, windows
+from lmlab.model import TransformerLM
+
+
+@pytest.mark.parametrize("n,T,stride", [(2, 4, None), (50, 8, None), (51, 8, 3), (17, 16, 16), (100, 7, 1)])
+def test_windows_score_every_target_once(n, T, stride):
+    seen = []
+    for start, a, b in windows(n, T, stride):
+        assert 0 <= start <= a - 1 and b - 1 - start <= T  # the inputs fit in one context
+        seen.extend(range(a, b))
+    assert seen == list(range(1, n))
+
+
+def constant_model(vocab: int) -> tuple[TransformerLM, torch.Tensor]:
+    """A model whose logits ignore the input: all weights zero except the LM-head bias."""
+    cfg = ModelConfig(vocab_size=vocab, context_length=8, d_model=16, n_layers=1, n_heads=2,
+                      lm_head_bias=True, tie_embeddings=False)
+    model = TransformerLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.lm_head.bias.copy_(torch.linspace(-2, 3, vocab))
+    return model, torch.log_softmax(model.lm_head.bias.detach().double(), -1)
+
+
+def test_bits_per_byte_hand_computation():
+    """Text of 37 bytes (not a multiple of context 8), bytes tokenizer: bpb = sum of -log p over the
+    36 targets / ln 2 / 37, computed by hand from the fixed output distribution."""
+    text = "To be, or not to be: that is the Qu."
+    tokens = np.array([256] + list(text.encode()), dtype=np.uint16)  # EOT then the bytes
+    model, logp = constant_model(257)
+    res = evaluate(model, tokens, n_bytes=len(text.encode()), batch_size=3)
+    nll = -sum(logp[t].item() for t in tokens[1:])
+    assert res["tokens"] == len(text) == 36
+    assert res["nll_nats"] == pytest.approx(nll, rel=1e-6)
+    assert res["bits_per_byte"] == pytest.approx(nll / math.log(2) / 36, rel=1e-6)
+    assert res["loss"] == pytest.approx(nll / 36, rel=1e-6)
+    assert res["perplexity"] == pytest.approx(math.exp(nll / 36), rel=1e-6)
+
+
+@pytest.mark.parametrize("stride", [None, 3])
+def test_windows_give_each_target_its_context(stride):
+    """A real (random) model: evaluate() equals scoring each target with one forward pass over exactly
+    the window the rule assigns it, written as a plain loop."""
+    cfg = ModelConfig(vocab_size=50, context_length=8, d_model=16, n_layers=2, n_heads=2)
+    model = TransformerLM(cfg).eval()
+    tokens = np.random.default_rng(0).integers(0, 50, 43).astype(np.uint16)
+    res = evaluate(model, tokens, n_bytes=100, batch_size=4, stride=stride)
+    S = stride or 8
+    nll = 0.0
+    for t in range(1, 43):
+        a = 1 + ((t - 1) // S) * S  # first target of t's chunk
+        b = min(a + S, 43)
+        start = max(0, b - 1 - 8)
+        ctx = torch.tensor(tokens[start:t].astype(np.int64))[None]
+        logp = torch.log_softmax(model(ctx)[0, -1].double(), -1)
+        nll -= logp[int(tokens[t])].item()
+    assert res["tokens"] == 42
+    assert res["nll_nats"] == pytest.approx(nll, rel=1e-5)
+    assert res["bits_per_byte"] == pytest.approx(nll / math.log(2) / 100, rel=1e-5)
