@@ -75,6 +75,7 @@ def build_configs(args, data_vocab: int | None):
         train = dict(spec.get("train") or {})
         check_keys(ModelConfig, model, f"{path} model")
         check_keys(TrainConfig, train, f"{path} train")
+    explicit_vocab = "vocab_size" in model or any(i.partition("=")[0].strip() == "vocab_size" for i in args.set or [])
     if args.preset:
         from lmlab.presets import get_preset
 
@@ -99,7 +100,7 @@ def build_configs(args, data_vocab: int | None):
             raise ConfigError(f"--set {item!r}: unknown key {key!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
     model = apply_overrides(model, m_over, ModelConfig)
     train = apply_overrides(train, t_over, TrainConfig)
-    if "vocab_size" not in model and data_vocab is not None:
+    if not explicit_vocab and data_vocab is not None:  # the data's tokenizer decides, not the preset
         model["vocab_size"] = data_vocab
     return ModelConfig.from_dict(model, "model config"), TrainConfig.from_dict(train, "train config")
 

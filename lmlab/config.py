@@ -34,7 +34,17 @@ POSITIONS = ("rope", "nope", "learned", "sinusoidal", "alibi", "t5")
 ROPE_STYLES = ("half", "interleaved")  # GPT-NeoX / HF "rotate_half" pairing; GPT-J / Meta interleaved pairing
 BIASES = ("none", "all", "qkv", "mlp")
 QK_NORMS = ("none", "rmsnorm", "layernorm")
-ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")
+BOOL_FIELDS = ("norm_bias", "final_norm", "lm_head_bias", "parallel_block", "parallel_shared_norm",
+               "nope_global_layers", "tie_embeddings", "scale_embeddings")
+ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")  # Chen 2023; bloc97 2023; Peng 2023; Llama 3.1
+# rope_scaling keys per type: (required, optional), besides "type"; the names of Hugging Face's rope_parameters
+ROPE_SCALING_KEYS = {
+    "linear": (("factor",), ()),
+    "ntk": (("factor",), ()),
+    "yarn": (("factor", "original_max_position_embeddings"),
+             ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate")),
+    "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
+}
 
 
 def _choice(name: str, value: Any, allowed: tuple) -> None:
@@ -155,6 +165,9 @@ class ModelConfig:
         _positive_int("head_dim", self.head_dim)
 
         _choice("activation", self.activation, ACTIVATIONS)
+        for name in ("ffn_ratio", "ffn_dim_multiplier"):  # checked even where an explicit d_ff makes them unused
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
         if self.d_ff is None:
             if self.ffn_ratio is not None:
                 _positive("ffn_ratio", self.ffn_ratio)
@@ -187,12 +200,14 @@ class ModelConfig:
                 f"the rotated width must be even and >= 2"
             )
         if self.rope_scaling is not None:
-            if not isinstance(self.rope_scaling, dict) or "type" not in self.rope_scaling:
-                raise ConfigError(f"rope_scaling={self.rope_scaling!r} must be a mapping with a 'type' key")
-            _choice("rope_scaling.type", self.rope_scaling["type"], ROPE_SCALINGS)
-            _positive("rope_scaling.factor", self.rope_scaling.get("factor", None))
+            self._check_rope_scaling(rotated)
         _positive_int("t5_num_buckets", self.t5_num_buckets, 2)
         _positive_int("t5_max_distance", self.t5_max_distance, 1)
+        if self.position == "t5" and self.t5_max_distance <= self.t5_num_buckets // 2:
+            raise ConfigError(
+                f"t5_max_distance={self.t5_max_distance} must exceed t5_num_buckets // 2 = {self.t5_num_buckets // 2} "
+                f"(the exact-offset buckets); T5 uses 128 with 32 buckets"
+            )
 
         _choice("qk_norm", self.qk_norm, QK_NORMS)
         for name in ("attn_logit_softcap", "query_pre_attn_scalar", "final_logit_softcap"):
@@ -212,6 +227,8 @@ class ModelConfig:
                 )
             if "L" in self.layer_pattern and self.sliding_window is None:
                 raise ConfigError(f"layer_pattern={self.layer_pattern!r} has local layers but sliding_window is not set")
+        if self.nope_global_layers and self.position != "rope":
+            raise ConfigError(f"nope_global_layers=True needs position='rope' on the local layers, got position={self.position!r}")
         if self.nope_global_layers and (self.layer_pattern is None or "L" not in self.layer_pattern):
             raise ConfigError(
                 f"nope_global_layers=True needs a layer_pattern with local 'L' layers (e.g. 'LLLG'), "
@@ -225,6 +242,52 @@ class ModelConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < 1):
                 raise ConfigError(f"{name}={value!r} must be in [0, 1)")
         _positive("init_std", self.init_std)
+        for name in BOOL_FIELDS:  # a YAML/JSON "no" or 0 would otherwise pass as a truthy or falsy switch
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
+
+    def _check_rope_scaling(self, rot_dim: int) -> None:
+        """Validate ``rope_scaling``: a mapping with ``type`` and exactly that type's keys
+        (ROPE_SCALING_KEYS), each in range. Raises ConfigError naming ``rope_scaling.<key>``."""
+        rs = self.rope_scaling
+        if not isinstance(rs, dict) or "type" not in rs:
+            raise ConfigError(f"rope_scaling={rs!r} must be a mapping with a 'type' key "
+                              f"(one of {', '.join(map(repr, ROPE_SCALINGS))}) and its parameters")
+        if self.position != "rope":
+            raise ConfigError(f"rope_scaling={rs!r} needs position='rope', got position={self.position!r}")
+        kind = rs["type"]
+        _choice("rope_scaling.type", kind, ROPE_SCALINGS)
+        required, optional = ROPE_SCALING_KEYS[kind]
+        for key in required:
+            if key not in rs:
+                raise ConfigError(f"rope_scaling.{key} is required for rope_scaling.type={kind!r} "
+                                  f"(required keys: {', '.join(required)})")
+        for key in rs:
+            if key != "type" and key not in required + optional:
+                raise ConfigError(f"rope_scaling.{key}={rs[key]!r} is not a key of rope_scaling.type={kind!r}; "
+                                  f"valid keys: {', '.join(('type',) + required + optional)}")
+        factor = rs["factor"]
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 1:
+            raise ConfigError(f"rope_scaling.factor={factor!r} must be a finite number >= 1 "
+                              f"(the context extension ratio)")
+        if "original_max_position_embeddings" in rs:
+            _positive_int("rope_scaling.original_max_position_embeddings", rs["original_max_position_embeddings"])
+        for key in ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+            if rs.get(key) is not None:
+                _positive(f"rope_scaling.{key}", rs[key])
+        if rs.get("attention_factor") is not None:
+            _positive("rope_scaling.attention_factor", rs["attention_factor"])
+        if "truncate" in rs and not isinstance(rs["truncate"], bool):
+            raise ConfigError(f"rope_scaling.truncate={rs['truncate']!r} must be true or false")
+        if kind == "llama3" and rs["high_freq_factor"] < rs["low_freq_factor"]:
+            raise ConfigError(f"rope_scaling.high_freq_factor={rs['high_freq_factor']!r} must be at least "
+                              f"rope_scaling.low_freq_factor={rs['low_freq_factor']!r}")
+        if kind == "yarn" and (rs.get("beta_fast") or 32) <= (rs.get("beta_slow") or 1):
+            raise ConfigError(f"rope_scaling.beta_fast={rs.get('beta_fast')!r} must be greater than "
+                              f"rope_scaling.beta_slow={rs.get('beta_slow')!r} (defaults 32 and 1)")
+        if kind == "ntk" and rot_dim <= 2:
+            raise ConfigError(f"rope_scaling.type='ntk' needs a rotated width > 2 (theta * factor^(d/(d-2))), "
+                              f"got {rot_dim} from head_dim={self.head_dim}, rope_fraction={self.rope_fraction}")
 
     # --- per-layer views ---------------------------------------------------------------------
     def layer_is_local(self, layer: int) -> bool:

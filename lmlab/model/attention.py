@@ -74,7 +74,12 @@ def softcap(x: torch.Tensor, cap: Optional[float]) -> torch.Tensor:
 class Attention(nn.Module):
     """Multi-head causal self-attention: (batch, seq, d_model) -> (batch, seq, d_model).
 
-    One fused projection produces q (n_heads heads), k and v (n_kv_heads heads each) of ``head_dim``.
+    One fused projection produces q (n_heads heads), k and v (n_kv_heads heads each) of ``head_dim``;
+    query head h reads key/value head h // (n_heads / n_kv_heads). Per layer (``cfg.layer_window``):
+    local layers mask to the sliding window and use ``rope_local_theta`` (without ``rope_scaling``) when
+    set; global layers attend to the whole prefix and carry no RoPE when ``nope_global_layers``.
+    Order of operations: projections -> QK-norm -> RoPE -> logits * scale -> soft-cap -> + position
+    bias (ALiBi / T5) -> causal / window mask -> softmax (fp32 on the explicit path).
     """
 
     def __init__(self, cfg: ModelConfig, layer: int):

@@ -46,6 +46,11 @@ class RotaryEmbedding(nn.Module):
     """RoPE applied to q or k of shape (batch, heads, seq, head_dim) at integer positions (seq,).
 
     ``rot_dim`` = round(head_dim * rope_fraction) leading channels are rotated, the rest pass through.
+    Angles are position * inv_freq radians (fp32). With ``scaling`` (``ModelConfig.rope_scaling``) the
+    frequencies come from :func:`lmlab.model.rope_scaling.scale_inv_freq`, and its attention factor
+    multiplies the cos/sin tables (so q.k by its square), as Hugging Face applies YaRN's factor.
+    The tables are rebuilt (fp32, same device) when a position beyond them is asked for
+    or when the module was cast to a lower precision.
     """
 
     def __init__(self, head_dim: int, rope_fraction: float, theta: float, style: str, max_len: int,
@@ -61,10 +66,12 @@ class RotaryEmbedding(nn.Module):
             inv_freq, attention_factor = scale_inv_freq(inv_freq, self.rot_dim, theta, scaling)
         self.attention_factor = attention_factor
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self._build(max_len)
+        self._inv_freq_fp32 = inv_freq.float().clone()  # master copy: not cast by module.to(dtype)
+        self._build(max_len, inv_freq.device)
 
-    def _build(self, length: int) -> None:
-        angles = torch.outer(torch.arange(length, dtype=torch.float32), self.inv_freq)  # (L, rot/2)
+    def _build(self, length: int, device) -> None:
+        inv_freq = self._inv_freq_fp32.to(device)
+        angles = torch.outer(torch.arange(length, dtype=torch.float32, device=device), inv_freq)  # (L, rot/2)
         if self.style == "half":
             angles = torch.cat([angles, angles], dim=-1)
         else:
@@ -72,10 +79,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos() * self.attention_factor, persistent=False)
         self.register_buffer("sin", angles.sin() * self.attention_factor, persistent=False)
 
+    def ensure(self, length: int) -> None:
+        """Make the tables cover positions < ``length`` (and be fp32). Called by the model with a
+        Python int before each forward, so the forward itself never syncs with the device."""
+        current = self.cos.shape[0]
+        if length > current or self.cos.dtype != torch.float32:
+            self._build(max(length, 2 * current) if length > current else current, self.cos.device)
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        needed = int(positions.max()) + 1
-        if needed > self.cos.shape[0]:
-            self._build(max(needed, 2 * self.cos.shape[0]))
+        """x: (batch, heads, seq, head_dim); positions: (seq,) below the length given to :meth:`ensure`."""
         cos = self.cos[positions]  # (seq, rot)
         sin = self.sin[positions]
         rot, rest = x[..., : self.rot_dim], x[..., self.rot_dim:]
@@ -122,13 +134,17 @@ class AbsolutePositions(nn.Module):
         else:
             self.register_buffer("table", sinusoidal_table(cfg.context_length, cfg.d_model), persistent=False)
 
-    def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        needed = int(positions.max()) + 1
-        if self.kind == "sinusoidal" and needed > self.table.shape[0]:  # a formula: extends past training
-            self.table = sinusoidal_table(max(needed, 2 * self.table.shape[0]), self.table.shape[1]).to(self.table.device)
-        elif needed > self.max_len:
+    def ensure(self, length: int) -> None:
+        """Check/extend for positions < ``length`` (a Python int; no device sync in forward).
+        Raises ValueError for learned positions beyond context_length."""
+        if self.kind == "sinusoidal":
+            if length > self.table.shape[0]:  # a formula: extends past the training length
+                self.table = sinusoidal_table(max(length, 2 * self.table.shape[0]), self.table.shape[1]).to(self.table.device)
+        elif length > self.max_len:
             raise ValueError(
-                f"position {int(positions.max())} is beyond context_length={self.max_len}: "
-                f"{self.kind} absolute positions exist only for positions < context_length"
+                f"position {length - 1} is beyond context_length={self.max_len}: "
+                f"learned absolute positions exist only for positions < context_length"
             )
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
         return self.weight[positions] if self.kind == "learned" else self.table[positions]

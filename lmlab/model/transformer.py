@@ -85,6 +85,7 @@ class TransformerLM(nn.Module):
             from lmlab.model.t5_bias import T5RelativeBias  # T5 relative position buckets
 
             self.rel_bias = T5RelativeBias(cfg)
+        self._position_tables = [m for m in self.modules() if hasattr(m, "ensure")]
         self.reset_parameters()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
@@ -122,6 +123,8 @@ class TransformerLM(nn.Module):
         T = idx.shape[1]
         start = cache.length if cache is not None else 0
         positions = torch.arange(start, start + T, device=idx.device)
+        for module in self._position_tables:
+            module.ensure(start + T)
         x = self.embed(idx)
         if self.cfg.scale_embeddings:
             x = x * torch.tensor(math.sqrt(self.cfg.d_model), dtype=x.dtype)

@@ -1,0 +1,493 @@
+"""Model-family presets: the published architecture of each model the CS336 lecture 3 names, as
+``ModelConfig`` fields, at its real size and at a CPU-sized "tiny" size of the same shape.
+
+In the style of litgpt's ``config.py`` (one record per model, each citing its source), but every value
+here is a field of :class:`lmlab.config.ModelConfig`. A :class:`Preset` carries
+
+- ``real``: the published dimensions (layers, widths, heads, KV heads, head_dim, d_ff, vocabulary,
+  context, RoPE theta, windows, norm epsilon, tying), taken from the paper or the model's Hugging Face
+  ``config.json`` named in ``source``;
+- ``tiny``: overrides giving d_model 128-224, 2-6 layers (6 where the layer pattern is 6 long), context
+  256, vocabulary 4096 (override it with the data's) and the same norm, activation,
+  positions, GQA ratio, layer pattern, soft-caps and biases. Widths keep their real ratios to d_model
+  (d_ff / d_model, n_heads * head_dim / d_model, query_pre_attn_scalar / head_dim); sliding windows
+  shrink to 64 tokens so they matter at context 256; RoPE context-extension scaling is dropped (it only
+  changes frequencies meant for contexts far beyond 256);
+- ``published_params``: the published parameter count, where one exists for exactly the architecture
+  written here, and ``params_source`` saying where it is published (``tests/test_presets.py`` checks
+  the real config's count on the meta device against it, to 1%);
+- ``notes``: what the published model has that ``ModelConfig`` cannot express (a missing switch); the
+  preset then approximates it, and says how.
+
+Usage::
+
+    from lmlab.presets import preset_config
+    cfg = preset_config("gemma-2-9b")                    # tiny, trains on a CPU
+    cfg = preset_config("gemma-2-9b", scale="real")      # the published shape
+    with torch.device("meta"):                           # count parameters without memory
+        n = TransformerLM(cfg).num_params()
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Optional
+
+from lmlab.config import ConfigError, ModelConfig
+
+SCALES = ("tiny", "real")
+TINY_CONTEXT = 256
+TINY_VOCAB = 4096
+TINY_WINDOW = 64
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One published model. ``real`` and ``tiny`` are ModelConfig field mappings (``tiny`` overrides
+    ``real``); ``published_params`` is a parameter count (not a label), e.g. 124_439_808."""
+
+    name: str  # lowercase-hyphen, e.g. "llama-2-7b"
+    family: str  # e.g. "Llama 2"
+    source: str  # paper / model card / config.json citations with URLs
+    summary: str  # one line: what is characteristic of the architecture
+    real: dict
+    tiny: dict
+    published_params: Optional[float] = None
+    notes: str = ""  # what ModelConfig cannot express, and how the preset approximates it
+    params_source: str = ""  # where published_params comes from
+    extra: dict = field(default_factory=dict)  # free-form facts (e.g. total MoE parameters)
+
+    def config(self, scale: str = "tiny", **overrides: Any) -> ModelConfig:
+        return preset_config(self.name, scale, **overrides)
+
+    @property
+    def params_label(self) -> str:
+        """Published parameter count as a short label ("124M", "6.74B"); our meta-device count of the
+        real config, marked "~", where nothing comparable is published."""
+        if self.published_params is not None:
+            return human_count(self.published_params)
+        return "~" + human_count(real_param_count(self.name))
+
+
+def human_count(n: float) -> str:
+    """124439808 -> '124M', 6.74e9 -> '6.74B', 540.35e9 -> '540B'."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            value = n / scale
+            digits = 0 if value >= 100 else (1 if value >= 10 else 2)
+            return f"{value:.{digits}f}{unit}"
+    return str(int(n))
+
+
+# ------------------------------------------------------------------------------------------------
+# Tiny-scale derivation
+# ------------------------------------------------------------------------------------------------
+
+
+def _round_to(x: float, multiple: int) -> int:
+    return max(multiple, int(round(x / multiple)) * multiple)
+
+
+def _tiny(real: dict, d_model: int = 128, n_heads: int = 4, n_layers: int = 2, **extra: Any) -> dict:
+    """Overrides shrinking ``real`` to a CPU-sized model of the same shape (see the module docstring)."""
+    full = ModelConfig(**real)
+    kv_ratio = full.n_heads // full.n_kv_heads
+    if n_heads % kv_ratio and full.n_kv_heads > 1:
+        raise ValueError(f"tiny n_heads={n_heads} does not keep the GQA ratio {kv_ratio}")
+    out: dict = dict(vocab_size=TINY_VOCAB, context_length=TINY_CONTEXT, d_model=d_model, n_layers=n_layers,
+                     n_heads=n_heads, n_kv_heads=1 if full.n_kv_heads == 1 else n_heads // kv_ratio)
+    head_dim = d_model // n_heads
+    if "head_dim" in real:  # keep n_heads * head_dim / d_model
+        head_dim = _round_to(full.head_dim * full.n_heads / full.d_model * d_model / n_heads, 8)
+        out["head_dim"] = head_dim
+    out["d_ff"] = _round_to(full.d_ff / full.d_model * d_model, 8)
+    if full.sliding_window is not None:
+        out["sliding_window"] = TINY_WINDOW
+    if full.query_pre_attn_scalar is not None:
+        out["query_pre_attn_scalar"] = full.query_pre_attn_scalar / full.head_dim * head_dim
+    if full.rope_scaling is not None:
+        out["rope_scaling"] = None
+    out.update(extra)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# The presets
+# ------------------------------------------------------------------------------------------------
+
+# Shared field groups (spelled out per family so every preset states its choices).
+_GPT2_STYLE = dict(norm_type="layernorm", norm_position="pre", norm_bias=True, bias="all", activation="gelu_tanh",
+                   position="learned", tie_embeddings=True)
+_LLAMA_STYLE = dict(norm_type="rmsnorm", norm_position="pre", norm_bias=False, bias="none", activation="swiglu",
+                    position="rope", rope_style="half", tie_embeddings=False)
+_GEMMA_STYLE = dict(norm_type="gemma_rmsnorm", norm_bias=False, bias="none", activation="geglu", position="rope",
+                    rope_style="half", tie_embeddings=True, scale_embeddings=True, norm_eps=1e-6)
+
+_P: list[Preset] = []
+
+
+def _add(name: str, family: str, source: str, summary: str, real: dict, tiny: dict,
+         published_params: Optional[float] = None, notes: str = "", params_source: str = "",
+         **extra: Any) -> None:
+    if (published_params is None) != (not params_source):
+        raise ValueError(f"preset {name!r}: published_params and params_source go together")
+    _P.append(Preset(name, family, source, summary, real, tiny, published_params, notes, params_source, extra))
+
+
+# --- original Transformer (decoder-only) ---------------------------------------------------------
+_real = dict(vocab_size=37000, context_length=512, d_model=512, n_layers=6, n_heads=8, d_ff=2048,
+             norm_type="layernorm", norm_position="post", norm_bias=True, norm_eps=1e-6, final_norm=False,
+             bias="all", activation="relu", position="sinusoidal", tie_embeddings=True, scale_embeddings=True,
+             embd_dropout=0.1, resid_dropout=0.1)
+_add("transformer-base", "Original Transformer",
+     "Vaswani et al. 2017, 'Attention Is All You Need', Table 3 (base), sections 3.4-3.5 and 5.4, "
+     "https://arxiv.org/abs/1706.03762",
+     "post-norm LayerNorm, ReLU FFN 4x, sinusoidal positions, biases, tied embeddings x sqrt(d_model)",
+     _real, _tiny(_real),
+     notes="Decoder-only stand-in for the base encoder-decoder (65M params with encoder and cross-attention; "
+           "not comparable). The paper fixes no context length (512 here) and no LayerNorm epsilon "
+           "(1e-6 as in tensor2tensor). No final norm: post-norm already normalises the last block's output.")
+
+# --- GPT-2 ---------------------------------------------------------------------------------------
+_real = dict(_GPT2_STYLE, vocab_size=50257, context_length=1024, d_model=768, n_layers=12, n_heads=12, d_ff=3072,
+             norm_eps=1e-5, embd_dropout=0.1, attn_dropout=0.1, resid_dropout=0.1)
+_add("gpt2-124m", "GPT-2",
+     "Radford et al. 2019, 'Language Models are Unsupervised Multitask Learners', "
+     "https://cdn.openai.com/better-language-models/language_models_are_unsupervised_multitask_learners.pdf; "
+     "https://huggingface.co/openai-community/gpt2/blob/main/config.json",
+     "pre-norm LayerNorm, GELU (tanh), learned positions, biases everywhere, tied embeddings",
+     _real, _tiny(_real), published_params=124_439_808,
+     params_source="the Hugging Face checkpoint, tied embeddings counted once (the paper's '117M' "
+                   "counted differently)")
+
+# --- GPT-3 ---------------------------------------------------------------------------------------
+_real = dict(_GPT2_STYLE, vocab_size=50257, context_length=2048, d_model=12288, n_layers=96, n_heads=96,
+             d_ff=49152, norm_eps=1e-5, sliding_window=256, layer_pattern="GL")
+_add("gpt3-175b", "GPT-3",
+     "Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1 and section 2.1, "
+     "https://arxiv.org/abs/2005.14165",
+     "GPT-2 block with alternating dense and locally banded attention layers (Sparse Transformer style)",
+     _real, _tiny(_real), published_params=175.0e9, params_source="Brown et al. 2020, Table 2.1 (175.0B)",
+     notes="The paper does not give the band width of its 'locally banded sparse attention'; 256 tokens "
+           "is assumed (GPT-Neo's reimplementation uses 256). The banded layers are modelled as sliding "
+           "windows.")
+
+# --- GPT-J ---------------------------------------------------------------------------------------
+_real = dict(vocab_size=50400, context_length=2048, d_model=4096, n_layers=28, n_heads=16, d_ff=16384,
+             norm_type="layernorm", norm_position="pre", norm_bias=True, norm_eps=1e-5, bias="mlp",
+             lm_head_bias=True, activation="gelu_tanh", parallel_block=True, parallel_shared_norm=True,
+             position="rope", rope_style="interleaved", rope_fraction=0.25, rope_theta=10000.0,
+             tie_embeddings=False)
+_add("gpt-j-6b", "GPT-J",
+     "Wang & Komatsuzaki 2021, Mesh Transformer JAX, https://github.com/kingoflolz/mesh-transformer-jax; "
+     "model card and config.json, https://huggingface.co/EleutherAI/gpt-j-6b",
+     "parallel attention + MLP off one LayerNorm, partial RoPE (64 of 256 dims, interleaved pairs)",
+     _real, _tiny(_real), published_params=6_053_381_344, params_source="model card, n_parameters",
+     notes="Attention projections carry no bias, the MLP and the LM head do (bias='mlp', lm_head_bias).")
+
+# --- GPT-NeoX / Pythia ---------------------------------------------------------------------------
+_NEOX = dict(norm_type="layernorm", norm_position="pre", norm_bias=True, norm_eps=1e-5, bias="all",
+             parallel_block=True, parallel_shared_norm=False, position="rope", rope_style="half",
+             rope_fraction=0.25, rope_theta=10000.0, tie_embeddings=False, context_length=2048)
+_real = dict(_NEOX, vocab_size=50432, d_model=6144, n_layers=44, n_heads=64, d_ff=24576, activation="gelu_tanh")
+_add("gpt-neox-20b", "GPT-NeoX / Pythia",
+     "Black et al. 2022, 'GPT-NeoX-20B', https://arxiv.org/abs/2204.06745; "
+     "https://huggingface.co/EleutherAI/gpt-neox-20b/blob/main/config.json",
+     "parallel block with two LayerNorms, partial RoPE on 25% of each head (half-split pairs), untied",
+     _real, _tiny(_real), published_params=20_554_567_680, params_source="Black et al. 2022, Table 1",
+     notes="hidden_act 'gelu_fast' is the tanh approximation of GELU (gelu_tanh).")
+_real = dict(_NEOX, vocab_size=50304, d_model=768, n_layers=12, n_heads=12, d_ff=3072, activation="gelu")
+_add("pythia-160m", "GPT-NeoX / Pythia",
+     "Biderman et al. 2023, 'Pythia', Table 1, https://arxiv.org/abs/2304.01373; "
+     "https://huggingface.co/EleutherAI/pythia-160m/blob/main/config.json",
+     "the GPT-NeoX block at 160M: parallel two-norm block, partial RoPE 0.25, exact GELU",
+     _real, _tiny(_real), published_params=162_322_944, params_source="Biderman et al. 2023, Table 1 (total)")
+
+# --- OPT -----------------------------------------------------------------------------------------
+_real = dict(vocab_size=50272, context_length=2048, d_model=1024, n_layers=24, n_heads=16, d_ff=4096,
+             norm_type="layernorm", norm_position="post", norm_bias=True, norm_eps=1e-5, final_norm=False,
+             bias="all", activation="relu", position="learned", tie_embeddings=True, resid_dropout=0.1)
+_add("opt-350m", "OPT",
+     "Zhang et al. 2022, 'OPT: Open Pre-trained Transformer Language Models', https://arxiv.org/abs/2205.01068; "
+     "https://huggingface.co/facebook/opt-350m/blob/main/config.json (do_layer_norm_before=false)",
+     "the one post-norm OPT: LayerNorm after each residual add, ReLU, learned positions, biases",
+     _real, _tiny(_real),
+     notes="Not modelled: OPT-350M embeds in 512 dims and projects in/out of the 1024-wide stack "
+           "(word_embed_proj_dim), and its learned positions are offset by 2; published 331M params is "
+           "therefore not comparable (this config has ~356M: a 1024-wide embedding).")
+
+# --- T5-style relative position bias -------------------------------------------------------------
+_real = dict(vocab_size=32128, context_length=512, d_model=768, n_layers=12, n_heads=12, d_ff=3072,
+             norm_type="rmsnorm", norm_position="pre", norm_eps=1e-6, bias="none", activation="relu",
+             position="t5", t5_num_buckets=32, t5_max_distance=128, tie_embeddings=True, resid_dropout=0.1,
+             query_pre_attn_scalar=1.0)
+_add("t5-base-decoder", "T5 (relative position bias)",
+     "Raffel et al. 2020, 'Exploring the Limits of Transfer Learning with a Unified Text-to-Text Transformer', "
+     "section 2.1, https://arxiv.org/abs/1910.10683; https://huggingface.co/google-t5/t5-base/blob/main/config.json",
+     "decoder-only T5-base: bucketed learned relative position bias (32 buckets, 128 max distance), "
+     "RMS LayerNorm, ReLU, no biases",
+     _real, _tiny(_real, query_pre_attn_scalar=1.0),
+     notes="Decoder stack only (t5-base's 220M include the encoder and cross-attention). T5 does not scale "
+           "q.k by 1/sqrt(head_dim) (folded into its init): query_pre_attn_scalar=1 at both scales. Not "
+           "modelled: the tied LM head's input rescaled by d_model**-0.5.")
+
+# --- PaLM ----------------------------------------------------------------------------------------
+_real = dict(vocab_size=256000, context_length=2048, d_model=18432, n_layers=118, n_heads=48, n_kv_heads=1,
+             head_dim=256, d_ff=73728, norm_type="layernorm", norm_position="pre", norm_bias=False,
+             norm_eps=1e-6, bias="none", activation="swiglu", parallel_block=True, parallel_shared_norm=True,
+             position="rope", rope_style="half", rope_theta=10000.0, tie_embeddings=True, z_loss=1e-4)
+_add("palm-540b", "PaLM",
+     "Chowdhery et al. 2022, 'PaLM: Scaling Language Modeling with Pathways', section 2 and Table 1, "
+     "section 5 (z-loss 1e-4), https://arxiv.org/abs/2204.02311",
+     "parallel block, SwiGLU (d_ff = 4 d_model), multi-query attention, no biases, shared in/out "
+     "embeddings, z-loss",
+     _real, _tiny(_real), published_params=540.35e9, params_source="Chowdhery et al. 2022, Table 1",
+     notes="LayerNorm without bias ('no biases ... in layer norms'); its epsilon is unpublished (1e-6 "
+           "assumed). Not modelled: the pre-softmax logits scaled by 1/sqrt(d_model) for the shared "
+           "embedding (section 5), N(0, 1) embedding init.")
+
+# --- LLaMA family --------------------------------------------------------------------------------
+_real = dict(_LLAMA_STYLE, vocab_size=32000, context_length=2048, d_model=4096, n_layers=32, n_heads=32,
+             d_ff=11008, norm_eps=1e-6, rope_theta=10000.0)
+_add("llama-7b", "LLaMA",
+     "Touvron et al. 2023, 'LLaMA: Open and Efficient Foundation Language Models', Table 2 and section 2.2, "
+     "https://arxiv.org/abs/2302.13971; https://huggingface.co/huggyllama/llama-7b/blob/main/config.json",
+     "pre-norm RMSNorm, SwiGLU with d_ff = 8/3 d_model rounded to 256, RoPE, no biases, untied",
+     _real, _tiny(_real), published_params=6_738_415_616,
+     params_source="the Hugging Face checkpoint (the paper's '6.7B')",
+     notes="Meta's code pairs RoPE dims interleaved; the Hugging Face weights are permuted for the half "
+           "split used here (same function).")
+
+_real = dict(_LLAMA_STYLE, vocab_size=32000, context_length=4096, d_model=4096, n_layers=32, n_heads=32,
+             d_ff=11008, norm_eps=1e-5, rope_theta=10000.0)
+_add("llama-2-7b", "Llama 2",
+     "Touvron et al. 2023, 'Llama 2: Open Foundation and Fine-Tuned Chat Models', https://arxiv.org/abs/2307.09288; "
+     "https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json",
+     "LLaMA with a 4k context (GQA only at 34B/70B)",
+     _real, _tiny(_real), published_params=6.74e9, params_source="the Hugging Face model card (6.74B)")
+
+_real = dict(_LLAMA_STYLE, vocab_size=128256, context_length=8192, d_model=4096, n_layers=32, n_heads=32,
+             n_kv_heads=8, d_ff=14336, norm_eps=1e-5, rope_theta=500000.0)
+_add("llama-3-8b", "Llama 3",
+     "Grattafiori et al. 2024, 'The Llama 3 Herd of Models', Table 3, https://arxiv.org/abs/2407.21783; "
+     "https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json",
+     "GQA 32:8, 128k vocabulary, RoPE theta 500k, d_ff 14336 (multiplier 1.3, multiple of 1024)",
+     _real, _tiny(_real, n_heads=8), published_params=8_030_261_248,
+     params_source="the Hugging Face checkpoint (the paper's '8B')")
+
+_real = dict(_LLAMA_STYLE, vocab_size=202048, context_length=10485760, d_model=5120, n_layers=48, n_heads=40,
+             n_kv_heads=8, head_dim=128, d_ff=16384, norm_eps=1e-5, rope_theta=500000.0, rope_style="interleaved",
+             sliding_window=8192, layer_pattern="LLLG", nope_global_layers=True)
+_add("llama-4-scout", "Llama 4",
+     "Meta 2025, 'The Llama 4 herd', https://ai.meta.com/blog/llama-4-multimodal-intelligence/; "
+     "https://huggingface.co/meta-llama/Llama-4-Scout-17B-16E/blob/main/config.json (text_config)",
+     "iRoPE: 3 RoPE layers with chunked local attention (8192, modelled as a sliding window) : 1 global "
+     "NoPE layer; GQA 40:8",
+     _real, _tiny(_real, d_model=160, n_heads=10, n_layers=4),
+     notes="Llama 4 uses chunked attention (blocks of 8192 tokens attend within their block), represented "
+           "as an 8192-token sliding window. Not modelled: the MoE FFN (16 routed experts of width 8192, "
+           "top-1, plus a shared expert; 109B total params) -- the dense d_ff=16384 equals the width "
+           "active per token (routed + shared expert), so the count approximates the published 17B active "
+           "parameters; QK L2-norm without weights on RoPE layers only; attention temperature tuning on "
+           "NoPE layers; rope_scaling llama3 (factor 16, low_freq_factor = high_freq_factor = 1, "
+           "original 8192) is rejected by ModelConfig's check high_freq_factor > low_freq_factor, so it "
+           "is left out.",
+     total_params=109e9, active_params=17e9)
+
+# --- Mistral -------------------------------------------------------------------------------------
+_real = dict(_LLAMA_STYLE, vocab_size=32000, context_length=8192, d_model=4096, n_layers=32, n_heads=32,
+             n_kv_heads=8, d_ff=14336, norm_eps=1e-5, rope_theta=10000.0, sliding_window=4096)
+_add("mistral-7b", "Mistral",
+     "Jiang et al. 2023, 'Mistral 7B', Table 1, https://arxiv.org/abs/2310.06825; "
+     "https://huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json",
+     "Llama block with sliding-window attention (4096) on every layer and GQA 32:8",
+     _real, _tiny(_real, n_heads=8), published_params=7_241_732_096,
+     params_source="the Hugging Face checkpoint (the paper's '7.3B')",
+     notes="context_length 8192 is the paper's; the config.json allows 32768 positions.")
+
+# --- Qwen ----------------------------------------------------------------------------------------
+_real = dict(_LLAMA_STYLE, vocab_size=152064, context_length=32768, d_model=3584, n_layers=28, n_heads=28,
+             n_kv_heads=4, d_ff=18944, norm_eps=1e-6, rope_theta=1000000.0, bias="qkv")
+_add("qwen2-7b", "Qwen2",
+     "Yang et al. 2024, 'Qwen2 Technical Report', https://arxiv.org/abs/2407.10671; "
+     "https://huggingface.co/Qwen/Qwen2-7B/blob/main/config.json",
+     "Llama block with biases on the q/k/v projections only, GQA 28:4, RoPE theta 1e6",
+     _real, _tiny(_real, d_model=224, n_heads=7), published_params=7_615_616_512,
+     params_source="the Hugging Face checkpoint (the report's '7B')",
+     notes="context_length 32768 is the pre-training length (YaRN extends it to 128k).")
+
+_real = dict(_LLAMA_STYLE, vocab_size=151936, context_length=40960, d_model=4096, n_layers=36, n_heads=32,
+             n_kv_heads=8, head_dim=128, d_ff=12288, norm_eps=1e-6, rope_theta=1000000.0, qk_norm="rmsnorm")
+_add("qwen3-8b", "Qwen3",
+     "Yang et al. 2025, 'Qwen3 Technical Report', https://arxiv.org/abs/2505.09388; "
+     "https://huggingface.co/Qwen/Qwen3-8B (model card: 8.2B parameters), config.json",
+     "Qwen2 without the qkv bias, with per-head RMSNorm on q and k (QK-norm), GQA 32:8",
+     _real, _tiny(_real, n_heads=8), published_params=8.2e9, params_source="the model card (8.2B)")
+
+# --- Gemma family --------------------------------------------------------------------------------
+_real = dict(_GEMMA_STYLE, vocab_size=256000, context_length=8192, d_model=3072, n_layers=28, n_heads=16,
+             head_dim=256, d_ff=24576, norm_position="pre", rope_theta=10000.0)
+_add("gemma-7b", "Gemma",
+     "Gemma Team 2024, 'Gemma: Open Models Based on Gemini Research and Technology', Tables 1-2, "
+     "https://arxiv.org/abs/2403.08295; https://huggingface.co/google/gemma-7b/blob/main/config.json",
+     "RMSNorm (1 + w), GeGLU with d_ff = 8 d_model, head_dim 256 > d_model / n_heads, embeddings x sqrt(d_model), "
+     "tied",
+     _real, _tiny(_real), published_params=8_537_680_896,
+     params_source="Gemma Team 2024, Table 2 (786,432,000 embedding + 7,751,248,896 non-embedding)")
+
+_real = dict(_GEMMA_STYLE, vocab_size=256000, context_length=8192, d_model=2048, n_layers=18, n_heads=8,
+             n_kv_heads=1, head_dim=256, d_ff=16384, norm_position="pre", rope_theta=10000.0)
+_add("gemma-2b", "Gemma",
+     "Gemma Team 2024, Tables 1-2, https://arxiv.org/abs/2403.08295; "
+     "https://huggingface.co/google/gemma-2b/blob/main/config.json",
+     "the Gemma block at 2B with multi-query attention (8 query heads, 1 KV head)",
+     _real, _tiny(_real, n_heads=8), published_params=2_506_172_416,
+     params_source="Gemma Team 2024, Table 2 (524,288,000 embedding + 1,981,884,416 non-embedding)")
+
+_real = dict(_GEMMA_STYLE, vocab_size=256000, context_length=8192, d_model=3584, n_layers=42, n_heads=16,
+             n_kv_heads=8, head_dim=256, d_ff=14336, norm_position="sandwich", rope_theta=10000.0,
+             attn_logit_softcap=50.0, final_logit_softcap=30.0, query_pre_attn_scalar=256.0,
+             sliding_window=4096, layer_pattern="LG")
+_add("gemma-2-9b", "Gemma 2",
+     "Gemma Team 2024, 'Gemma 2: Improving Open Language Models at a Practical Size', Tables 1-2, "
+     "https://arxiv.org/abs/2408.00118; https://huggingface.co/google/gemma-2-9b/blob/main/config.json",
+     "sandwich norms, logit soft-caps (attention 50, final 30), local 4096 / global attention alternating, "
+     "GQA 16:8",
+     _real, _tiny(_real), published_params=9_241_705_984,
+     params_source="Gemma Team 2024 (Gemma 2), Table 2 (917,504,000 embedding + 8,324,201,984 non-embedding)")
+
+_real = dict(_GEMMA_STYLE, vocab_size=262208, context_length=131072, d_model=3840, n_layers=48, n_heads=16,
+             n_kv_heads=8, head_dim=256, d_ff=15360, norm_position="sandwich", rope_theta=1000000.0,
+             rope_local_theta=10000.0, rope_scaling={"type": "linear", "factor": 8.0}, qk_norm="rmsnorm",
+             query_pre_attn_scalar=256.0, sliding_window=1024, layer_pattern="LLLLLG")
+_add("gemma-3-12b", "Gemma 3",
+     "Gemma Team 2025, 'Gemma 3 Technical Report', Table 1, https://arxiv.org/abs/2503.19786; "
+     "https://huggingface.co/google/gemma-3-12b-pt/blob/main/config.json",
+     "5 local (window 1024, RoPE 10k) : 1 global (RoPE 1M, linear x8) layers, QK-norm replaces soft-caps, "
+     "sandwich norms",
+     _real, _tiny(_real, n_layers=6), published_params=11.771e9,
+     params_source="Gemma Team 2025 (Gemma 3), Table 1 (1,012M embedding + 10,759M non-embedding)",
+     notes="QK-norm is Gemma's (1 + w) RMSNorm, the same function family as qk_norm='rmsnorm'. Gemma 3 4B "
+           "and 27B (34 and 62 layers) cannot be written: their 6-layer pattern does not tile the depth and "
+           "ModelConfig requires len(layer_pattern) to divide n_layers. Text model only (the 417M SigLIP "
+           "encoder is not counted).")
+
+# --- OLMo ----------------------------------------------------------------------------------------
+_real = dict(_LLAMA_STYLE, vocab_size=50304, context_length=2048, d_model=4096, n_layers=32, n_heads=32,
+             d_ff=11008, norm_type="layernorm", norm_bias=False, norm_eps=1e-5, rope_theta=10000.0)
+_add("olmo-7b", "OLMo",
+     "Groeneveld et al. 2024, 'OLMo: Accelerating the Science of Language Models', section 2.1 and Table 1, "
+     "https://arxiv.org/abs/2402.00838; https://huggingface.co/allenai/OLMo-7B-hf/blob/main/config.json",
+     "non-parametric LayerNorm (no weight, no bias), SwiGLU, RoPE, no biases, untied",
+     _real, _tiny(_real), published_params=6.89e9, params_source="the Hugging Face model card (6.89B)",
+     notes="OLMo's LayerNorm has no learnable weight either; ModelConfig can drop the LayerNorm bias but "
+           "not the weight, so this config carries 65 x 4096 extra (constant-at-init) norm weights "
+           "(0.004% of the count).")
+
+_real = dict(_LLAMA_STYLE, vocab_size=100352, context_length=4096, d_model=4096, n_layers=32, n_heads=32,
+             d_ff=11008, norm_position="reordered", norm_eps=1e-6, rope_theta=500000.0, qk_norm="rmsnorm")
+_add("olmo-2-7b", "OLMo 2",
+     "OLMo Team 2024, '2 OLMo 2 Furious', section 3, https://arxiv.org/abs/2501.00656; "
+     "https://huggingface.co/allenai/OLMo-2-1124-7B/blob/main/config.json",
+     "reordered norm (RMSNorm on each sublayer's output, none on its input), QK-norm, RoPE theta 500k",
+     _real, _tiny(_real), published_params=7.30e9, params_source="the Hugging Face model card (7.3B)",
+     notes="OLMo 2 normalises q and k over the whole projection (d_model wide, across heads); qk_norm here "
+           "normalises each head (Qwen3 style), 8064 fewer norm weights.")
+
+# --- Nemotron-4 ----------------------------------------------------------------------------------
+_real = dict(vocab_size=256000, context_length=4096, d_model=6144, n_layers=32, n_heads=48, n_kv_heads=8,
+             d_ff=24576, norm_type="layernorm", norm_position="pre", norm_bias=True, norm_eps=1e-5, bias="none",
+             activation="relu2", position="rope", rope_style="half", rope_fraction=0.5, rope_theta=10000.0,
+             tie_embeddings=False)
+_add("nemotron-4-15b", "Nemotron-4",
+     "Parmar et al. 2024, 'Nemotron-4 15B Technical Report', section 2 (3.2B embedding + 12.5B "
+     "non-embedding params), https://arxiv.org/abs/2402.16819",
+     "squared-ReLU FFN (not gated), partial RoPE on half of each head, LayerNorm, GQA 48:8, no biases, untied",
+     _real, _tiny(_real, d_model=192, n_heads=6), published_params=15.7e9,
+     params_source="Parmar et al. 2024, section 2 (3.2B embedding + 12.5B non-embedding)",
+     notes="d_ff = 4 d_model (24576) and partial RoPE 0.5 follow NVIDIA's Nemotron-4 configs (the paper "
+           "gives neither). Its 'layernorm1p' stores the LayerNorm weight as an offset from one: the same "
+           "function family as LayerNorm.")
+
+# --- Cohere --------------------------------------------------------------------------------------
+_real = dict(vocab_size=256000, context_length=8192, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+             d_ff=14336, norm_type="layernorm", norm_position="pre", norm_bias=False, norm_eps=1e-5, bias="none",
+             activation="swiglu", parallel_block=True, parallel_shared_norm=True, position="rope",
+             rope_style="interleaved", rope_theta=50000.0, tie_embeddings=True, sliding_window=4096,
+             layer_pattern="LLLG", nope_global_layers=True)
+_add("command-r7b", "Cohere Command R7B",
+     "Cohere 2024, model card and config.json, https://huggingface.co/CohereForAI/c4ai-command-r7b-12-2024",
+     "parallel block off one bias-free LayerNorm, 3 sliding-window (4096) RoPE layers : 1 global NoPE layer",
+     _real, _tiny(_real, n_heads=8, n_layers=4),
+     notes="Not modelled: logits multiplied by logit_scale=0.25. The card states a 128k context; "
+           "config.json's max_position_embeddings (8192) is used.")
+
+# --- Phi-2 ---------------------------------------------------------------------------------------
+_real = dict(vocab_size=51200, context_length=2048, d_model=2560, n_layers=32, n_heads=32, d_ff=10240,
+             norm_type="layernorm", norm_position="pre", norm_bias=True, norm_eps=1e-5, bias="all",
+             lm_head_bias=True, activation="gelu_tanh", parallel_block=True, parallel_shared_norm=True,
+             position="rope", rope_style="half", rope_fraction=0.4, rope_theta=10000.0, tie_embeddings=False)
+_add("phi-2", "Phi-2",
+     "Javaheripi et al. 2023, 'Phi-2: The surprising power of small language models', "
+     "https://www.microsoft.com/en-us/research/blog/phi-2-the-surprising-power-of-small-language-models/; "
+     "https://huggingface.co/microsoft/phi-2/blob/main/config.json",
+     "GPT-J-style parallel block (one LayerNorm), partial RoPE on 40% of each head, GELU (tanh), biases, "
+     "LM-head bias",
+     _real, _tiny(_real, d_model=160), published_params=2_779_683_840,
+     params_source="the Hugging Face checkpoint (the blog's '2.7B')")
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in _P}
+
+
+# ------------------------------------------------------------------------------------------------
+# Access
+# ------------------------------------------------------------------------------------------------
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called ``name``; ConfigError listing the valid names and the nearest one otherwise."""
+    if name in PRESETS:
+        return PRESETS[name]
+    key = str(name).strip().lower().replace("_", "-").replace(" ", "-")
+    if key in PRESETS:
+        return PRESETS[key]
+    near = difflib.get_close_matches(key, list(PRESETS), n=1, cutoff=0.3)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    raise ConfigError(f"unknown preset {name!r}{hint} Valid presets: {', '.join(PRESETS)}")
+
+
+def preset_config(name: str, scale: str = "tiny", **overrides: Any) -> ModelConfig:
+    """ModelConfig of preset ``name`` at ``scale`` ('tiny' or 'real'), then ``overrides`` (field=value).
+
+    Unknown override keys raise ConfigError naming the nearest field."""
+    preset = get_preset(name)
+    if scale not in SCALES:
+        raise ConfigError(f"scale={scale!r} is not valid; choose one of {', '.join(map(repr, SCALES))}")
+    data = dict(preset.real)
+    if scale == "tiny":
+        data.update(preset.tiny)
+    data.update(overrides)
+    return ModelConfig.from_dict(data, f"preset {preset.name!r} ({scale})")
+
+
+@lru_cache(maxsize=None)
+def real_param_count(name: str) -> int:
+    """Parameter count of the real-scale config, built on the meta device (no memory; tied weights once)."""
+    import torch
+
+    from lmlab.model import TransformerLM
+
+    with torch.device("meta"):
+        return TransformerLM(preset_config(name, "real")).num_params()
+
+
+def format_presets() -> str:
+    """One line per preset: name, family, parameter label (published, or ~ours), summary."""
+    rows = [(p.name, p.family, p.params_label, p.summary) for p in PRESETS.values()]
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    w2 = max(len(r[2]) for r in rows)
+    return "\n".join(f"{a:<{w0}}  {b:<{w1}}  {c:>{w2}}  {d}" for a, b, c, d in rows)

@@ -1,0 +1,197 @@
+"""Model-family presets (lmlab/presets.py): the real configs are the published shapes (parameter counts
+on the meta device within 1% of the published counts), the tiny configs keep that shape, and every
+tiny preset learns: 30 AdamW steps on real text lower its loss.
+
+The text is the Shakespeare corpus beside the project (../shared/data/shakespeare, or
+$LMLAB_CORPUS_DIR) read as raw UTF-8 bytes (vocabulary 256, no tokenizer).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmlab.config import ConfigError, ModelConfig
+from lmlab.model import TransformerLM, lm_loss
+from lmlab.presets import PRESETS, format_presets, get_preset, preset_config, real_param_count
+
+NAMES = list(PRESETS)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------------------
+# Registry
+# ------------------------------------------------------------------------------------------------
+
+
+def test_every_family_of_the_lecture_has_a_preset():
+    families = {p.family for p in PRESETS.values()}
+    for family in ("Original Transformer", "GPT-2", "GPT-3", "GPT-J", "GPT-NeoX / Pythia", "OPT",
+                   "T5 (relative position bias)", "PaLM", "LLaMA", "Llama 2", "Llama 3", "Llama 4", "Mistral",
+                   "Qwen2", "Qwen3", "Gemma", "Gemma 2", "Gemma 3", "OLMo", "OLMo 2", "Nemotron-4",
+                   "Cohere Command R7B", "Phi-2"):
+        assert family in families
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_preset_record_is_complete(name):
+    p = PRESETS[name]
+    assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9.]+)*", p.name), "names are lowercase-hyphen"
+    assert "https://" in p.source, "every preset cites a URL"
+    assert p.summary and "\n" not in p.summary
+    assert set(p.tiny) <= set(ModelConfig.__dataclass_fields__)
+
+
+def test_get_preset_unknown_name_lists_valid_names_and_nearest():
+    with pytest.raises(ConfigError) as err:
+        get_preset("lama-2-7b")
+    message = str(err.value)
+    assert "did you mean 'llama-2-7b'?" in message
+    assert all(name in message for name in NAMES)
+    assert get_preset("Gemma_2_9B").name == "gemma-2-9b"  # case and underscores forgiven
+
+
+def test_preset_config_scales_and_overrides():
+    tiny, real = preset_config("llama-3-8b"), preset_config("llama-3-8b", scale="real")
+    assert (real.d_model, real.n_layers, real.d_ff, real.vocab_size) == (4096, 32, 14336, 128256)
+    assert tiny.d_model == 128 and tiny.context_length == 256
+    assert preset_config("llama-3-8b", vocab_size=256, n_layers=4).vocab_size == 256
+    with pytest.raises(ConfigError, match="did you mean 'd_model'"):
+        preset_config("llama-3-8b", d_modle=64)
+    with pytest.raises(ConfigError, match="scale"):
+        preset_config("llama-3-8b", scale="huge")
+    assert get_preset("phi-2").config("real").rope_fraction == 0.4
+
+
+def test_format_presets_has_a_line_per_preset():
+    lines = format_presets().splitlines()
+    assert len(lines) == len(PRESETS)
+    for line, p in zip(lines, PRESETS.values()):
+        assert line.startswith(p.name) and p.family in line and p.params_label in line and p.summary in line
+    assert "124M" in lines[NAMES.index("gpt2-124m")]
+
+
+# ------------------------------------------------------------------------------------------------
+# Real scale: builds on the meta device, parameter count as published
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_real_config_builds_on_meta_with_published_count(name):
+    cfg = preset_config(name, "real")
+    with torch.device("meta"):
+        model = TransformerLM(cfg)
+    assert all(p.is_meta for p in model.parameters()), "real scale must not allocate memory"
+    n = model.num_params()
+    assert n == real_param_count(name)
+    published = PRESETS[name].published_params
+    if published is not None:
+        assert abs(n / published - 1) < 0.01, f"{name}: {n:,} parameters vs published {published:,.0f}"
+
+
+def test_real_configs_spot_checks():
+    """Values that are easy to get wrong, from the cited config.json files and papers."""
+    g2 = preset_config("gemma-2-9b", "real")
+    assert g2.layer_window(0) == 4096 and g2.layer_window(1) is None  # even layers local (HF is_sliding)
+    g3 = preset_config("gemma-3-12b", "real")
+    assert [g3.layer_window(i) for i in range(6)] == [1024] * 5 + [None]
+    scout = preset_config("llama-4-scout", "real")
+    assert [scout.layer_is_local(i) for i in range(4)] == [True, True, True, False]  # every 4th layer NoPE
+    gpt3 = preset_config("gpt3-175b", "real")
+    assert gpt3.n_heads * gpt3.head_dim == gpt3.d_model == 12288 and gpt3.d_ff == 4 * 12288
+    palm = preset_config("palm-540b", "real")
+    assert (palm.n_kv_heads, palm.head_dim, palm.z_loss, palm.tie_embeddings) == (1, 256, 1e-4, True)
+    neox = preset_config("gpt-neox-20b", "real")
+    assert int(neox.head_dim * neox.rope_fraction) == 24  # 25% of head_dim 96
+    assert preset_config("gpt-j-6b", "real").head_dim * 0.25 == 64  # rotary_dim 64
+
+
+# ------------------------------------------------------------------------------------------------
+# Tiny scale: same shape, CPU sized
+# ------------------------------------------------------------------------------------------------
+
+_SAME = ("norm_type", "norm_position", "norm_bias", "final_norm", "bias", "lm_head_bias", "activation",
+         "parallel_block", "parallel_shared_norm", "position", "rope_style", "rope_fraction", "rope_theta",
+         "rope_local_theta", "nope_global_layers", "qk_norm", "attn_logit_softcap", "layer_pattern",
+         "tie_embeddings", "scale_embeddings", "final_logit_softcap", "z_loss", "t5_num_buckets",
+         "t5_max_distance", "norm_eps")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tiny_keeps_the_shape(name):
+    real, tiny = preset_config(name, "real"), preset_config(name, "tiny")
+    for f in _SAME:
+        assert getattr(tiny, f) == getattr(real, f), f
+    assert 128 <= tiny.d_model <= 256 and 2 <= tiny.n_layers <= 6 and tiny.context_length == 256
+    assert tiny.n_heads // tiny.n_kv_heads == real.n_heads // real.n_kv_heads or real.n_kv_heads == 1 == tiny.n_kv_heads
+    assert abs(tiny.d_ff / tiny.d_model - real.d_ff / real.d_model) <= 0.1 * real.d_ff / real.d_model
+    if real.sliding_window is not None:
+        assert tiny.sliding_window < tiny.context_length, "the window must matter at the tiny context"
+    if real.query_pre_attn_scalar == 1.0:  # T5: no 1/sqrt(head_dim) at any size
+        assert tiny.query_pre_attn_scalar == 1.0
+    elif real.query_pre_attn_scalar is not None:  # Gemma: a multiple of head_dim
+        assert tiny.query_pre_attn_scalar / tiny.head_dim == real.query_pre_attn_scalar / real.head_dim
+
+
+# ------------------------------------------------------------------------------------------------
+# Tiny scale trains: 30 AdamW steps on real text lower the loss
+# ------------------------------------------------------------------------------------------------
+
+
+def _corpus_dir() -> Path:
+    return Path(os.environ.get("LMLAB_CORPUS_DIR") or ROOT.parent / "shared" / "data" / "shakespeare")
+
+
+@pytest.fixture(scope="module")
+def byte_tokens() -> torch.Tensor:
+    folder = _corpus_dir()
+    files = sorted(folder.glob("*.txt")) if folder.is_dir() else []
+    if not files:
+        pytest.skip(f"Shakespeare corpus not found at {folder} (set LMLAB_CORPUS_DIR): no text to train on")
+    data = b"".join(f.read_bytes()[20_000:60_000] for f in files[:4])  # skip the Gutenberg headers
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+
+
+def _batch(tokens: torch.Tensor, gen: torch.Generator, batch: int = 4, context: int = 64):
+    starts = torch.randint(0, len(tokens) - context - 1, (batch,), generator=gen)
+    chunk = torch.stack([tokens[s: s + context + 1] for s in starts.tolist()])
+    return chunk[:, :-1], chunk[:, 1:]
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models step faster on one thread than on two contended ones (conftest allows two)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tiny_preset_learns(name, byte_tokens, one_thread):
+    torch.manual_seed(0)
+    cfg = preset_config(name, vocab_size=256)
+    model = TransformerLM(cfg)
+    held_out = _batch(byte_tokens, torch.Generator().manual_seed(1), batch=8)
+
+    def eval_ce() -> float:
+        model.eval()
+        with torch.no_grad():
+            return float(lm_loss(model(held_out[0]), held_out[1])[1])
+
+    before = eval_ce()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(2)
+    model.train()
+    for _ in range(30):
+        x, y = _batch(byte_tokens, gen)
+        loss, _ = lm_loss(model(x), y, z_loss=cfg.z_loss)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    after = eval_ce()
+    assert after < before - 1.5, f"{name}: held-out loss {before:.3f} -> {after:.3f} nats"
