@@ -1,0 +1,1 @@
+"""Interoperability with Hugging Face transformers: import, export, parity."""

@@ -1,0 +1,1 @@
+"""Hugging Face family converters; every module here registers its families on import."""
