@@ -1,4 +1,4 @@
-"""The ``lmlab`` command line: prepare, train, eval, generate, presets.
+"""The ``lmlab`` command line: prepare, train, eval, generate, import, export, presets.
 
 Every error a user can cause (bad config, missing data, wrong checkpoint, ...) ends in one line
 ``lmlab <command>: error: <what, where, what to do>`` and exit status 2; nothing is overwritten.
@@ -33,7 +33,8 @@ def cmd_prepare(args) -> int:
         source = Path(args.data)
         val_docs = args.val_docs.split(",") if args.val_docs else None
     out = Path(args.out) if args.out else _default_data_dir(args.tokenizer, args.vocab_size)
-    manifest = prepare(source, out, args.tokenizer, args.vocab_size, val_docs, args.val_fraction, args.overwrite)
+    manifest = prepare(source, out, args.tokenizer, args.vocab_size, val_docs, args.val_fraction, args.overwrite,
+                       tokenizer_file=args.tokenizer_file)
     for split, info in manifest["splits"].items():
         print(f"{split}: {len(info['documents'])} documents, {info['bytes']:,} bytes, {info['tokens']:,} tokens "
               f"({info['bytes'] / max(info['tokens'], 1):.2f} bytes/token)")
@@ -49,19 +50,20 @@ def ensure_default_data(data: str | None) -> Path:
     folder = _default_data_dir("bpe", 4096)
     if not (folder / "manifest.json").is_file():
         ns = argparse.Namespace(data=None, val_docs=None, out=str(folder), tokenizer="bpe", vocab_size=4096,
-                                val_fraction=0.1, overwrite=False)
+                                val_fraction=0.1, overwrite=False, tokenizer_file=None)
         cmd_prepare(ns)
     return folder
 
 
 # --- train ---------------------------------------------------------------------------------
-def build_configs(args, data_vocab: int | None):
-    """ModelConfig and TrainConfig from --config / --preset and --set overrides."""
+def build_configs(args, data_vocab: int | None, base: dict | None = None):
+    """ModelConfig and TrainConfig from ``base`` (a run's saved ``model``/``train``, when resuming),
+    then --config / --preset, then --set overrides."""
     from lmlab.config import ModelConfig, apply_overrides, check_keys, load_mapping
     from lmlab.train import TrainConfig
 
-    model: dict = {}
-    train: dict = {}
+    model: dict = dict((base or {}).get("model") or {})
+    train: dict = dict((base or {}).get("train") or {})
     if args.config:
         path = Path(args.config)
         if not path.exists() and (BUILTIN_CONFIGS / f"{args.config}.yaml").exists():
@@ -105,31 +107,80 @@ def build_configs(args, data_vocab: int | None):
     return ModelConfig.from_dict(model, "model config"), TrainConfig.from_dict(train, "train config")
 
 
+def _attach_data(out: Path, run: dict, data_dir: Path) -> None:
+    """Give a run without data (an imported one) the data folder ``data_dir``, which must have been
+    prepared with the run's own tokenizer (``lmlab prepare --tokenizer-file RUN/tokenizer.json``)."""
+    import yaml
+
+    from lmlab.checkpoint import RUN_FILE
+    from lmlab.data.prepare import DataError, TokenData
+
+    data = TokenData(data_dir)
+    run_tok = out / "tokenizer.json"
+    if not run_tok.is_file() or run_tok.read_bytes() != (data.folder / "tokenizer.json").read_bytes():
+        raise DataError(f"data {str(data.folder)!r} was not prepared with the tokenizer of run {str(out)!r}; prepare it "
+                        f"with `lmlab prepare --tokenizer-file {run_tok} ...`")
+    run["data"] = str(data.folder.resolve())
+    (out / RUN_FILE).write_text(yaml.safe_dump(run, sort_keys=False))
+
+
 def cmd_train(args) -> int:
+    import dataclasses
+    import os
+
+    from lmlab.checkpoint import read_run
     from lmlab.data.prepare import TokenData
     from lmlab.train import Trainer
 
     out = Path(args.out)
-    if args.resume and (out / "run.yaml").exists():
-        if args.config or args.preset or args.set:
-            from lmlab.checkpoint import read_run
-
-            data_vocab = read_run(out)["model"]["vocab_size"]
-            cfg, tc = build_configs(args, data_vocab)
-        else:
-            cfg, tc = None, None
+    if (out / "run.yaml").exists():
+        run = read_run(out)
+        if args.resume and args.data and run.get("data") is None:  # fine-tuning an imported run: record its data
+            _attach_data(out, run, Path(args.data))
+        if args.resume:  # continue, possibly with changed training settings
+            cfg, tc = build_configs(args, run["model"]["vocab_size"], base=run) if (args.config or args.preset or args.set) else (None, None)
+        else:  # the same command again continues the run; a different one is refused
+            data_dir = Path(args.data).resolve() if args.data else _default_data_dir("bpe", 4096).resolve()
+            cfg, tc = build_configs(args, run["model"]["vocab_size"])
+            diff = [f"model.{k}: run has {v!r}, asked {getattr(cfg, k)!r}" for k, v in run["model"].items()
+                    if getattr(cfg, k, None) != v]
+            diff += [f"train.{k}: run has {v!r}, asked {getattr(tc, k)!r}" for k, v in run["train"].items()
+                     if getattr(tc, k, None) != v]
+            if run.get("data") != str(data_dir):
+                diff.append(f"data: run has {run.get('data')!r}, asked {str(data_dir)!r}")
+            if diff:
+                raise ConfigError(f"run folder {str(out)!r} already holds a different run ({'; '.join(diff[:4])}); "
+                                  f"choose another --out, or pass --resume to continue it with new train settings")
         trainer = Trainer.resume(out, cfg, tc, progress=not args.no_progress)
+        if trainer.dist.is_main:
+            print(f"resuming {out} from step {trainer.step} of {trainer.tc.max_steps}", file=sys.stderr)
     else:
+        if args.data is None and int(os.environ.get("WORLD_SIZE", "1")) > 1 and \
+                not (_default_data_dir("bpe", 4096) / "manifest.json").is_file():
+            raise ConfigError("under torchrun, prepare the data first (`lmlab prepare`) or pass --data DIR")
         data_dir = ensure_default_data(args.data)
         data = TokenData(data_dir)
         cfg, tc = build_configs(args, data.vocab_size)
         trainer = Trainer.create(out, cfg, tc, data_dir, progress=not args.no_progress)
-    n = trainer.model.num_params()
-    print(f"model: {n:,} parameters ({trainer.model.num_params(non_embedding=True):,} non-embedding), "
-          f"device {trainer.device}, dtype {trainer.amp_dtype or 'fp32'}; run folder {out}", file=sys.stderr)
+    if trainer.dist.is_main:
+        print(f"model: {trainer.model.num_params():,} parameters ({trainer.model.num_params(non_embedding=True):,} "
+              f"non-embedding), device {trainer.device}, dtype {trainer.amp_dtype or 'fp32'}, "
+              f"{trainer.dist.world_size} process(es) ({trainer.mode}); run folder {out}", file=sys.stderr)
+    if trainer.step >= trainer.tc.max_steps:
+        if trainer.dist.is_main:
+            print(f"run {out} is already complete at step {trainer.step}; raise max_steps with --resume to go on")
+        return 0
     val = trainer.fit()
-    if val:
-        print(f"done: step {trainer.step}, val loss {val['loss']:.4f} (partial estimate); run `lmlab eval {out}`")
+    if val and trainer.dist.is_main:
+        print(f"done: step {trainer.step}, val loss {val['loss']:.4f} (sampled estimate); run `lmlab eval {out}`")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from lmlab.plot import plot_runs
+
+    for path in plot_runs([Path(r) for r in args.runs], Path(args.out)):
+        print(f"wrote {path}")
     return 0
 
 
@@ -142,8 +193,11 @@ def cmd_eval(args) -> int:
 
     device = resolve_device(args.device)
     model, cfg, tok, run, ckpt = load_run(args.run, device=str(device))
+    if not args.data and not run.get("data"):
+        raise DataError(f"run {args.run!r} has no data folder (it was imported); pass --data DIR, a folder prepared "
+                        f"with the run's tokenizer (`lmlab prepare --tokenizer-file {args.run}/tokenizer.json ...`)")
     data = TokenData(args.data or run["data"])
-    if data.tokenizer.vocab_size != cfg.vocab_size or (Path(args.run) / "tokenizer.json").read_bytes() != \
+    if data.tokenizer.vocab_size > cfg.vocab_size or (Path(args.run) / "tokenizer.json").read_bytes() != \
             (data.folder / "tokenizer.json").read_bytes():
         raise DataError(f"data {str(data.folder)!r} was tokenised with another tokenizer than run {args.run!r}; "
                         f"evaluate on the run's own data folder or re-prepare with its tokenizer")
@@ -190,6 +244,24 @@ def cmd_generate(args) -> int:
     return 0
 
 
+# --- Hugging Face interop ------------------------------------------------------------------
+def cmd_import(args) -> int:
+    from lmlab.interop.hf import import_hf
+
+    info = import_hf(args.path, args.out)
+    print(f"imported {info['model_type']} ({info['params']:,} parameters) into {info['run']}"
+          + ("" if info["tokenizer"] else "; the HF folder has no tokenizer.json, so the run has no tokenizer"))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from lmlab.interop.hf import export_hf
+
+    info = export_hf(args.run, args.out, family=args.family, step=args.step)
+    print(f"exported {info['checkpoint']} as {info['hf_class']} (model_type {info['model_type']}) to {info['out']}")
+    return 0
+
+
 def cmd_presets(args) -> int:
     from lmlab.presets import format_presets
 
@@ -206,6 +278,8 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", help="output folder (default data/shakespeare-bpe<V> or data/shakespeare-bytes)")
     sp.add_argument("--tokenizer", choices=["bpe", "bytes"], default="bpe")
     sp.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary size incl. <|endoftext|>")
+    sp.add_argument("--tokenizer-file", help="tokenise with this existing tokenizer.json (e.g. an imported run's) "
+                                             "instead of training one")
     sp.add_argument("--val-docs", help="comma-separated document names held out for validation "
                                        "(default corpus: hamlet, sonnets, tempest)")
     sp.add_argument("--val-fraction", type=float, default=0.1, help="fraction of documents held out otherwise")
@@ -247,6 +321,24 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--device", default="auto")
     sp.set_defaults(func=cmd_generate)
 
+    sp = sub.add_parser("plot", help="PNG plots of runs: loss vs step, tokens and wall time; the LR schedule")
+    sp.add_argument("runs", nargs="+", help="run folders")
+    sp.add_argument("--out", default="plots", help="output folder (default ./plots)")
+    sp.set_defaults(func=cmd_plot)
+
+    sp = sub.add_parser("import", help="convert a Hugging Face model folder into a new run folder")
+    sp.add_argument("path", help="HF model folder: config.json + model.safetensors (or shards, or pytorch_model.bin)")
+    sp.add_argument("--out", required=True, help="run folder to create")
+    sp.set_defaults(func=cmd_import)
+
+    sp = sub.add_parser("export", help="write a run's checkpoint as a Hugging Face model folder")
+    sp.add_argument("run")
+    sp.add_argument("--format", choices=["hf"], default="hf")
+    sp.add_argument("--out", required=True, help="folder to create (config.json, model.safetensors)")
+    sp.add_argument("--family", help="HF model_type to write (default: the imported one, else the first that fits)")
+    sp.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+    sp.set_defaults(func=cmd_export)
+
     sp = sub.add_parser("presets", help="list the model family presets")
     sp.set_defaults(func=cmd_presets)
     return p
@@ -257,12 +349,14 @@ def main(argv=None) -> int:
     from lmlab.data.corpus import CorpusError
     from lmlab.data.prepare import DataError
     from lmlab.data.tokenizer import TokenizerError
+    from lmlab.interop.registry import UnsupportedError
 
     parser = make_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, DataError, CheckpointError, CorpusError, TokenizerError, ValueError, FloatingPointError) as exc:
+    except (ConfigError, DataError, CheckpointError, CorpusError, TokenizerError, UnsupportedError, ValueError,
+            FloatingPointError) as exc:
         print(f"lmlab {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -43,16 +43,16 @@ def evaluate(model: TransformerLM, tokens: np.ndarray, n_bytes: int, batch_size:
     """Score ``tokens`` (1-D ids) with ``model``. Returns a dict with ``loss`` (nats/token),
     ``perplexity``, ``bits_per_byte``, ``nll_nats`` (total), ``tokens`` (scored) and ``bytes``.
 
-    ``max_windows`` scores only the first windows (a quick estimate during training); then ``bytes``
-    is prorated by the fraction of tokens scored and the figures are marked ``partial``.
+    ``max_windows`` scores only that many windows, evenly spread over the split (a quick estimate
+    during training); then ``bytes`` is prorated by the fraction of tokens scored and the figures are marked ``partial``.
     """
     was_training = model.training
     model.eval()
     T = model.cfg.context_length
     wins = windows(len(tokens), T, stride)
     partial = max_windows is not None and max_windows < len(wins)
-    if partial:
-        wins = wins[:max_windows]
+    if partial:  # evenly spread over the split, so the estimate is not biased to its first document
+        wins = [wins[i] for i in np.linspace(0, len(wins) - 1, max_windows).round().astype(int)]
     total_nll, scored = 0.0, 0
     # group windows of equal input length so they batch
     by_len: dict[int, list] = {}

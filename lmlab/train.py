@@ -1,16 +1,24 @@
-"""Training loop: AdamW, warmup + cosine decay, gradient clipping, periodic validation, JSON-lines
-metrics, atomic safetensors checkpoints.
+"""Training loop: AdamW, LR schedules, gradient accumulation, clipping, stability diagnostics, mixed
+precision, torch.compile, DDP/FSDP2, JSON-lines metrics and atomic, exactly resumable checkpoints.
 
-Batches are random windows of ``context_length + 1`` tokens from the training stream. The windows of
-step s are drawn from a generator seeded with (seed, s), so the data order is a pure function of the
-step: resuming at step s sees exactly the batches the uninterrupted run would have seen.
+Data order: the global batch of step s (``batch_size * grad_accum * world_size`` windows of
+``context_length + 1`` tokens) is drawn from a generator seeded with (seed, s); micro-batch m of rank r
+is a fixed slice of it. So the data a step sees depends only on the step and the global batch, not on
+how it is split: resuming at step s, accumulating gradients, or running on N ranks sees the same
+windows as one uninterrupted large-batch run.
+
+Loss normalisation: each micro-batch contributes its *summed* token losses divided by the global
+number of scored tokens, so gradient accumulation and data parallelism give the large-batch gradient
+(token-weighted, not an average of per-micro-batch means).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -21,26 +29,30 @@ import numpy as np
 import torch
 import yaml
 
-from lmlab.checkpoint import RUN_FILE, CheckpointError, checkpoint_dirs, load_weights, read_run, save_checkpoint
-from lmlab.config import ConfigError, ModelConfig, _choice, _non_negative, _positive, _positive_int
+from lmlab.checkpoint import (RUN_FILE, CheckpointError, checkpoint_dirs, read_checkpoint, read_run, save_checkpoint)
+from lmlab.config import ConfigError, ModelConfig, _choice, _non_negative, _positive, _positive_int, check_keys
 from lmlab.data.prepare import DataError, TokenData
 from lmlab.evaluate import evaluate
 from lmlab.model import TransformerLM, lm_loss
+from lmlab.parallel import Dist, all_reduce_mean, barrier, full_state, init_distributed, load_full_state, wrap_model
 
 WD_GROUPS = ("norm", "bias", "embedding")
+SCHEDULES = ("cosine", "wsd", "constant")
 
 
 @dataclass
 class TrainConfig:
-    """Optimisation settings. Units: lr per step, intervals in steps, batch in sequences."""
+    """Optimisation settings. Units: lr per step, intervals in steps, batch_size in sequences per
+    micro-batch per rank (global batch = batch_size * grad_accum * ranks)."""
 
     batch_size: int = 16
     grad_accum: int = 1
     max_steps: int = 1000
     lr: float = 1e-3
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    min_lr_ratio: float = 0.1  # the schedule ends at lr * min_lr_ratio
     warmup_steps: int = 100
-    schedule: str = "cosine"  # cosine | constant
+    schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay) | constant
+    decay_fraction: float = 0.2  # wsd: the last fraction of steps decays linearly (Hu et al. 2024, MiniCPM)
     weight_decay: float = 0.1
     wd_exclude: list = field(default_factory=lambda: ["norm", "bias"])  # of: norm, bias, embedding
     beta1: float = 0.9
@@ -48,51 +60,77 @@ class TrainConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0  # max global L2 norm; 0 disables
     eval_interval: int = 200
-    eval_windows: int = 32  # windows of the validation stream scored at each periodic evaluation
+    eval_windows: int = 32  # validation windows (spread over the split) scored at each periodic evaluation
     checkpoint_interval: int = 0  # 0 = only at the end
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # newest K kept; 0 keeps all
     log_interval: int = 10
+    diag_interval: int = 0  # every N steps: attention-logit max, log Z, update/param RMS (0 = off)
+    spike_ratio: float = 1.5  # a loss above spike_ratio x its running mean counts as a spike
+    max_bad_steps: int = 5  # stop after this many consecutive non-finite steps
     seed: int = 1337
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "fp32"  # fp32 | bf16 (autocast) | auto (bf16 where the device runs it natively)
+    dtype: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + GradScaler, CUDA) | auto
+    compile: bool = False  # torch.compile the model for training
+    parallel: str = "ddp"  # with torchrun and >1 ranks: ddp | fsdp
+    peak_flops: Optional[float] = None  # device peak FLOP/s for MFU; default from lmlab.analysis's table
+    tensorboard: bool = True  # also write TensorBoard events when the package is installed
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "grad_accum", "max_steps", "eval_interval", "eval_windows", "log_interval"):
+        for name in ("batch_size", "grad_accum", "max_steps", "eval_interval", "eval_windows", "log_interval",
+                     "max_bad_steps"):
             _positive_int(name, getattr(self, name))
-        for name in ("warmup_steps", "checkpoint_interval", "keep_checkpoints", "seed"):
+        for name in ("warmup_steps", "checkpoint_interval", "keep_checkpoints", "seed", "diag_interval"):
             _positive_int(name, getattr(self, name), 0)
         _positive("lr", self.lr)
         _non_negative("weight_decay", self.weight_decay)
         _non_negative("grad_clip", self.grad_clip)
         _positive("eps", self.eps)
+        if not isinstance(self.spike_ratio, (int, float)) or self.spike_ratio <= 1:
+            raise ConfigError(f"spike_ratio={self.spike_ratio!r} must be a number > 1")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"min_lr_ratio={self.min_lr_ratio!r} must be in [0, 1]")
+        if not 0 < self.decay_fraction <= 1:
+            raise ConfigError(f"decay_fraction={self.decay_fraction!r} must be in (0, 1]")
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be in [0, 1)")
-        _choice("schedule", self.schedule, ("cosine", "constant"))
-        _choice("dtype", self.dtype, ("fp32", "bf16", "auto"))
+        _choice("schedule", self.schedule, SCHEDULES)
+        _choice("dtype", self.dtype, ("fp32", "bf16", "fp16", "auto"))
+        _choice("parallel", self.parallel, ("ddp", "fsdp"))
+        for name in ("compile", "tensorboard"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
+        if self.peak_flops is not None:
+            _positive("peak_flops", self.peak_flops)
         if not isinstance(self.wd_exclude, list) or any(g not in WD_GROUPS for g in self.wd_exclude):
             raise ConfigError(f"wd_exclude={self.wd_exclude!r} must be a list drawn from {list(WD_GROUPS)}")
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "config") -> "TrainConfig":
-        from lmlab.config import check_keys
-
         check_keys(cls, data, source)
         return cls(**data)
 
 
 def lr_at(step: int, tc: TrainConfig) -> float:
-    """Learning rate at ``step`` (0-based): linear warmup from lr/warmup to lr over ``warmup_steps``,
-    then cosine decay to lr * min_lr_ratio at ``max_steps`` (Loshchilov & Hutter 2017), or constant."""
+    """Learning rate at ``step`` (0-based). Linear warmup from lr/warmup_steps to lr, then
+    - cosine: cosine decay to lr * min_lr_ratio at max_steps (Loshchilov & Hutter 2017);
+    - wsd: constant lr, then linear decay to lr * min_lr_ratio over the last ``decay_fraction`` of
+      the steps (warmup-stable-decay; Hu et al. 2024 "MiniCPM", Hägele et al. 2024);
+    - constant: lr."""
     if tc.warmup_steps and step < tc.warmup_steps:
         return tc.lr * (step + 1) / tc.warmup_steps
     if tc.schedule == "constant":
         return tc.lr
+    lo = tc.lr * tc.min_lr_ratio
+    if tc.schedule == "wsd":
+        decay_start = tc.max_steps - int(round(tc.decay_fraction * tc.max_steps))
+        if step < decay_start:
+            return tc.lr
+        progress = min(1.0, (step - decay_start) / max(1, tc.max_steps - decay_start))
+        return tc.lr - (tc.lr - lo) * progress
     span = max(1, tc.max_steps - tc.warmup_steps)
     progress = min(1.0, (step - tc.warmup_steps) / span)
-    return tc.lr * (tc.min_lr_ratio + (1 - tc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return lo + (tc.lr - lo) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def param_groups(model: TransformerLM, tc: TrainConfig) -> list[dict]:
@@ -107,9 +145,9 @@ def param_groups(model: TransformerLM, tc: TrainConfig) -> list[dict]:
     return [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
     dev = torch.device(name)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device={name!r} but CUDA is not available here; use device=cpu or auto")
@@ -118,11 +156,16 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_dtype(name: str, device: torch.device) -> Optional[torch.dtype]:
     """The autocast dtype (None = fp32). 'auto' picks bf16 on CUDA with bf16 support and on CPUs with
-    native bf16 (AVX512-BF16 / AMX, through oneDNN), else fp32."""
+    native bf16 (AVX512-BF16 / AMX, through oneDNN), else fp32. fp16 is CUDA-only (it needs loss scaling)."""
     if name == "fp32":
         return None
     if name == "bf16":
         return torch.bfloat16
+    if name == "fp16":
+        if device.type != "cuda":
+            raise ConfigError(f"dtype='fp16' needs a CUDA device (loss scaling), got device={device.type!r}; "
+                              f"use dtype=bf16 or fp32 on CPU")
+        return torch.float16
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
     try:
@@ -131,17 +174,24 @@ def resolve_dtype(name: str, device: torch.device) -> Optional[torch.dtype]:
         return None
 
 
-def batch_at(tokens: np.ndarray, step: int, micro: int, tc: TrainConfig, T: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (inputs, targets) micro-batch ``micro`` of ``step``: (batch_size, T) int64 each."""
-    g = np.random.default_rng([tc.seed, step, micro])
-    starts = g.integers(0, len(tokens) - T - 1, size=tc.batch_size, endpoint=True)
-    chunk = np.stack([np.asarray(tokens[s:s + T + 1], dtype=np.int64) for s in starts])
-    chunk = torch.from_numpy(chunk)
+def global_batch_starts(n_tokens: int, step: int, n_windows: int, tc: TrainConfig, T: int) -> np.ndarray:
+    """Start offsets of the ``n_windows`` windows of the global batch of ``step``."""
+    g = np.random.default_rng([tc.seed, step])
+    return g.integers(0, n_tokens - T - 1, size=n_windows, endpoint=True)
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a (possibly FSDP-sharded DTensor) parameter, detached."""
+    return (p.to_local() if hasattr(p, "to_local") else p).detach()
+
+
+def windows_to_batch(tokens: np.ndarray, starts: np.ndarray, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    chunk = torch.from_numpy(np.stack([np.asarray(tokens[s:s + T + 1], dtype=np.int64) for s in starts]))
     return chunk[:, :-1], chunk[:, 1:]
 
 
 class Trainer:
-    """Train a model from a run folder. Create with :meth:`create` (new run) or :meth:`resume`."""
+    """Train a model in a run folder. Build with :meth:`create` (new run) or :meth:`resume`."""
 
     def __init__(self, run_dir: Path, cfg: ModelConfig, tc: TrainConfig, data: TokenData, progress: bool = True):
         self.run_dir, self.cfg, self.tc, self.data = Path(run_dir), cfg, tc, data
@@ -156,14 +206,27 @@ class Trainer:
                             f"context of {cfg.context_length} + 1; use more text or a smaller context_length")
         if len(self.val_tokens) < 2:
             raise DataError(f"validation split of {str(data.folder)!r} has no tokens to score")
-        self.device = resolve_device(tc.device)
+        device_type = "cuda" if (tc.device.startswith("cuda") or (tc.device == "auto" and torch.cuda.is_available())) else "cpu"
+        self.dist: Dist = init_distributed(device_type)
+        self.device = resolve_device(tc.device, self.dist.local_rank)
         self.amp_dtype = resolve_dtype(tc.dtype, self.device)
         torch.manual_seed(tc.seed)
         self.model = TransformerLM(cfg).to(self.device)
+        self.mode = tc.parallel if self.dist.enabled else "none"
+        self.fwd = wrap_model(self.model, self.mode, self.dist, self.device)
+        if tc.compile:
+            self.fwd = torch.compile(self.fwd)
         self.opt = torch.optim.AdamW(param_groups(self.model, tc), lr=tc.lr, betas=(tc.beta1, tc.beta2), eps=tc.eps,
-                                     fused=self.device.type == "cuda")
+                                     fused=self.device.type == "cuda" and self.mode == "none")
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
         self.step = 0
         self.tokens_seen = 0
+        self.clipped_steps = 0
+        self.spikes = 0
+        self.bad_in_row = 0
+        self.loss_ema: Optional[float] = None
+        self.flops_per_token, self.peak_flops = self._mfu_inputs()
+        self._tb = None
 
     # --- run folder ------------------------------------------------------------------------
     @classmethod
@@ -175,18 +238,22 @@ class Trainer:
                                   f"or choose another --out")
         data = TokenData(data_dir)
         trainer = cls(run_dir, cfg, tc, data, **kw)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(data.folder / "tokenizer.json", run_dir / "tokenizer.json")
-        spec = {"model": cfg.to_dict(), "train": dataclasses.asdict(tc), "data": str(Path(data_dir).resolve())}
-        (run_dir / RUN_FILE).write_text(yaml.safe_dump(spec, sort_keys=False))
+        barrier(trainer.dist)  # every rank has checked the folder before rank 0 writes it
+        if trainer.dist.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(data.folder / "tokenizer.json", run_dir / "tokenizer.json")
+            spec = {"model": cfg.to_dict(), "train": dataclasses.asdict(tc), "data": str(Path(data_dir).resolve())}
+            (run_dir / RUN_FILE).write_text(yaml.safe_dump(spec, sort_keys=False))
+        barrier(trainer.dist)
         return trainer
 
     @classmethod
     def resume(cls, run_dir: str | Path, cfg: Optional[ModelConfig] = None, tc: Optional[TrainConfig] = None,
                **kw) -> "Trainer":
-        """Continue ``run_dir`` from its last complete checkpoint (or from scratch if it has none).
-        A ``cfg`` that differs from the run's is refused, naming the differing fields; ``tc`` may
-        change (e.g. a larger max_steps)."""
+        """Continue ``run_dir`` from its last complete checkpoint (from scratch if it has none): weights,
+        optimizer state, step and token counters, RNG state; data order and LR schedule follow from the
+        step. A ``cfg`` differing from the run's is refused, naming the fields; ``tc`` may change (e.g. a
+        larger max_steps)."""
         run = read_run(run_dir)
         saved = ModelConfig.from_dict(run["model"], source=f"{run_dir}/{RUN_FILE}")
         if cfg is not None and cfg != saved:
@@ -194,22 +261,76 @@ class Trainer:
                     if getattr(cfg, k) != v]
             raise CheckpointError(f"cannot resume {str(run_dir)!r} with another architecture ({'; '.join(diff)})")
         tc = tc or TrainConfig.from_dict(run["train"], source=f"{run_dir}/{RUN_FILE}")
+        if run.get("data") is None:
+            raise CheckpointError(f"run {str(run_dir)!r} names no data folder; pass --data to fine-tune it")
         trainer = cls(run_dir, saved, tc, TokenData(run["data"]), **kw)
         ckpts = checkpoint_dirs(run_dir)
         if ckpts:
-            load_weights(trainer.model, ckpts[-1])
-            opt_path = ckpts[-1] / "optimizer.pt"
-            trainer.opt.load_state_dict(torch.load(opt_path, map_location=trainer.device, weights_only=True))
-            state = json.loads((ckpts[-1] / "trainer.json").read_text())
-            trainer.step, trainer.tokens_seen = state["step"], state["tokens_seen"]
-        spec = dict(run, train=dataclasses.asdict(tc))
-        (Path(run_dir) / RUN_FILE).write_text(yaml.safe_dump(spec, sort_keys=False))
+            trainer._load(ckpts[-1])
+        if trainer.dist.is_main:
+            spec = dict(run, train=dataclasses.asdict(tc))
+            (Path(run_dir) / RUN_FILE).write_text(yaml.safe_dump(spec, sort_keys=False))
+            trainer._truncate_metrics()
+        barrier(trainer.dist)
         return trainer
 
-    # --- loop ------------------------------------------------------------------------------
+    def _load(self, ckpt: Path) -> None:
+        weights, opt_state, state, rng = read_checkpoint(ckpt, self.model, with_optimizer=True)
+        load_full_state(self.model, self.opt, weights, opt_state, self.mode, self.dist)
+        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+        self.clipped_steps = state.get("clipped_steps", 0)
+        self.spikes = state.get("spikes", 0)
+        self.loss_ema = state.get("loss_ema")
+        if self.scaler is not None and "grad_scaler" in state:
+            self.scaler.load_state_dict(state["grad_scaler"])
+        if rng is not None and state.get("world_size", 1) == self.dist.world_size:
+            torch.set_rng_state(rng["cpu"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state(rng["cuda"], self.device)
+
+    def _truncate_metrics(self) -> None:
+        """Drop metric lines past the resumed step (written by the interrupted run after its last checkpoint)."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return
+        keep = []
+        for line in path.read_text().splitlines():
+            try:
+                if json.loads(line).get("step", 0) <= self.step:
+                    keep.append(line)
+            except json.JSONDecodeError:  # a line cut by the kill
+                continue
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(k + "\n" for k in keep))
+        os.replace(tmp, path)
+
+    # --- pieces ----------------------------------------------------------------------------
+    def _mfu_inputs(self) -> tuple[Optional[float], Optional[float]]:
+        try:
+            from lmlab.analysis import device_peak_flops, flops_per_token
+        except ImportError:
+            return None, None
+        fpt = flops_per_token(self.cfg, self.cfg.context_length, training=True)
+        peak = self.tc.peak_flops or device_peak_flops(self.device, self.amp_dtype)
+        return fpt, peak
+
     def _log(self, record: dict) -> None:
+        if not self.dist.is_main:
+            return
         with open(self.run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
+        if self.tc.tensorboard:
+            if self._tb is None:
+                try:
+                    from torch.utils.tensorboard import SummaryWriter
+
+                    self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+                except ImportError:
+                    self._tb = False
+            if self._tb:
+                for k, v in record.items():
+                    if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                        self._tb.add_scalar(k, v, record["step"])
 
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None)
@@ -218,53 +339,154 @@ class Trainer:
         return evaluate(self.model, self.val_tokens, self.data.bytes("val"), batch_size=self.tc.batch_size,
                         device=self.device, max_windows=self.tc.eval_windows, autocast_dtype=self.amp_dtype)
 
-    def save(self) -> Path:
-        state = {"step": self.step, "tokens_seen": self.tokens_seen, "seed": self.tc.seed}
-        return save_checkpoint(self.run_dir, self.step, self.model, self.opt, state, self.tc.keep_checkpoints)
+    def save(self) -> Optional[Path]:
+        """Checkpoint the current state (gathered to rank 0, written there atomically)."""
+        msd, osd = full_state(self.model, self.opt, self.mode, self.dist)
+        path = None
+        if self.dist.is_main:
+            state = {"step": self.step, "tokens_seen": self.tokens_seen, "seed": self.tc.seed,
+                     "clipped_steps": self.clipped_steps, "spikes": self.spikes, "loss_ema": self.loss_ema,
+                     "world_size": self.dist.world_size}
+            if self.scaler is not None:
+                state["grad_scaler"] = self.scaler.state_dict()
+            rng = {"cpu": torch.get_rng_state()}
+            if self.device.type == "cuda":
+                rng["cuda"] = torch.cuda.get_rng_state(self.device)
+            path = save_checkpoint(self.run_dir, self.step, msd, osd, state, self.tc.keep_checkpoints,
+                                   tied=self.cfg.tie_embeddings, rng=rng)
+        barrier(self.dist)
+        return path
+
+    def _global_batch(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's micro-batches of the current step."""
+        tc, T, info = self.tc, self.cfg.context_length, self.dist
+        n = tc.batch_size * tc.grad_accum * info.world_size
+        starts = global_batch_starts(len(self.train_tokens), self.step, n, tc, T)
+        micro = []
+        for m in range(tc.grad_accum):
+            first = (m * info.world_size + info.rank) * tc.batch_size
+            x, y = windows_to_batch(self.train_tokens, starts[first:first + tc.batch_size], T)
+            micro.append((x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)))
+        return micro
+
+    @torch.no_grad()
+    def _diagnostics(self, x: torch.Tensor) -> dict:
+        """Max attention logit per layer and the output log Z (mean, max) on one micro-batch, from a
+        separate eval-mode forward (so training's numerics and RNG are untouched)."""
+        was = self.model.training
+        self.model.eval()
+        for block in self.model.blocks:
+            block.attn.record_max_logit = True
+        try:
+            with self._autocast():
+                logits = self.model(x[: min(4, len(x))])
+            log_z = torch.logsumexp(logits.float(), dim=-1)
+            out = {"max_attn_logit": [round(b.attn.max_logit, 4) for b in self.model.blocks],
+                   "log_z_mean": float(log_z.mean()), "log_z_max": float(log_z.max())}
+        finally:
+            for block in self.model.blocks:
+                block.attn.record_max_logit = False
+            self.model.train(was)
+        return out
 
     def train_step(self) -> dict:
-        """One optimiser step over ``grad_accum`` micro-batches; returns its metrics."""
-        tc, T = self.tc, self.cfg.context_length
+        """One optimiser step over ``grad_accum`` micro-batches (token-weighted); returns its metrics.
+        A non-finite loss or gradient skips the update (``skipped``: True)."""
+        tc, info = self.tc, self.dist
         lr = lr_at(self.step, tc)
         for group in self.opt.param_groups:
             group["lr"] = lr
-        total = 0.0
-        for micro in range(tc.grad_accum):
-            x, y = batch_at(self.train_tokens, self.step, micro, tc, T)
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            with self._autocast():
-                logits = self.model(x)
-            loss, ce = lm_loss(logits, y, self.cfg.z_loss)
-            (loss / tc.grad_accum).backward()
-            total += float(ce) / tc.grad_accum
+        micro = self._global_batch()
+        local_tokens = sum(int((y != -100).sum()) for _, y in micro)
+        global_tokens = all_reduce_mean(float(local_tokens), info, self.device) * info.world_size
+        diag = self._diagnostics(micro[0][0]) if tc.diag_interval and (self.step + 1) % tc.diag_interval == 0 else None
+        ce_sum = 0.0
+        for i, (x, y) in enumerate(micro):
+            sync = i == len(micro) - 1
+            ctx = self.fwd.no_sync() if (self.mode == "ddp" and not sync) else contextlib.nullcontext()
+            with ctx:
+                with self._autocast():
+                    logits = self.fwd(x)
+                loss, ce = lm_loss(logits, y, self.cfg.z_loss, reduction="sum")
+                # DDP/FSDP average gradients over ranks; scale so the result is sum / global tokens
+                scaled = loss * (info.world_size / global_tokens)
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            ce_sum += float(ce)
+        mean_loss = all_reduce_mean(ce_sum, info, self.device) * info.world_size / global_tokens
+        if self.scaler is not None:
+            self.scaler.unscale_(self.opt)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip if tc.grad_clip else float("inf"))
-        self.opt.step()
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        rec = {"step": self.step + 1, "loss": mean_loss, "lr": lr, "grad_norm": grad_norm}
+        if not (math.isfinite(mean_loss) and math.isfinite(grad_norm)):
+            self.opt.zero_grad(set_to_none=True)
+            if self.scaler is not None:
+                self.scaler.update()  # lowers the scale after an overflow
+            self.bad_in_row += 1
+            self.step += 1
+            rec["skipped"] = True
+            return rec
+        self.bad_in_row = 0
+        before = None
+        if diag is not None:
+            before = [_local(p).float().clone() for p in self.model.parameters()]
+        if self.scaler is not None:
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        if tc.grad_clip and grad_norm > tc.grad_clip:
+            self.clipped_steps += 1
+        if self.loss_ema is not None and mean_loss > tc.spike_ratio * self.loss_ema:
+            self.spikes += 1
+        self.loss_ema = mean_loss if self.loss_ema is None else 0.95 * self.loss_ema + 0.05 * mean_loss
         self.step += 1
-        self.tokens_seen += tc.batch_size * tc.grad_accum * T
-        return {"step": self.step, "loss": total, "lr": lr, "grad_norm": float(grad_norm)}
+        self.tokens_seen += tc.batch_size * tc.grad_accum * info.world_size * self.cfg.context_length
+        rec.update(clip_fraction=self.clipped_steps / self.step, spikes=self.spikes)
+        if diag is not None:
+            ratios = [float((_local(p).float() - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp(min=1e-12))
+                      for p, b in zip(self.model.parameters(), before) if b.numel()]
+            diag["update_rms_ratio_mean"] = sum(ratios) / len(ratios)
+            diag["update_rms_ratio_max"] = max(ratios)
+            rec.update(diag)
+        return rec
 
     def fit(self) -> dict:
         """Train to ``max_steps``, evaluating every ``eval_interval`` and checkpointing every
-        ``checkpoint_interval`` steps and at the end. Returns the last validation figures."""
+        ``checkpoint_interval`` steps and at the end. Returns the last validation figures.
+        Raises FloatingPointError after ``max_bad_steps`` non-finite steps in a row (the last good
+        state is checkpointed first)."""
         from tqdm import tqdm
 
         tc = self.tc
-        tok_per_step = tc.batch_size * tc.grad_accum * self.cfg.context_length
-        bar = tqdm(total=tc.max_steps, initial=self.step, disable=not self.progress, unit="step", dynamic_ncols=True)
+        tok_per_step = tc.batch_size * tc.grad_accum * self.dist.world_size * self.cfg.context_length
+        bar = tqdm(total=tc.max_steps, initial=self.step, disable=not (self.progress and self.dist.is_main),
+                   unit="step", dynamic_ncols=True)
         last_val: dict = {}
         t0, window_t, window_steps = time.perf_counter(), time.perf_counter(), 0
         self.model.train()
         while self.step < tc.max_steps:
             rec = self.train_step()
             window_steps += 1
-            if not math.isfinite(rec["loss"]):
-                raise FloatingPointError(f"loss became {rec['loss']} at step {self.step}; lower lr={tc.lr} "
-                                         f"or raise warmup_steps={tc.warmup_steps}")
-            if self.step % tc.log_interval == 0 or self.step == tc.max_steps:
+            if rec.get("skipped"):
+                self._log(rec)
+                bar.write(f"step {rec['step']}: non-finite loss/gradient ({rec['loss']}, {rec['grad_norm']}); "
+                          f"update skipped ({self.bad_in_row} in a row)")
+                if self.bad_in_row >= tc.max_bad_steps:
+                    path = self.save()  # the weights are those of the last good step
+                    bar.close()
+                    raise FloatingPointError(
+                        f"{self.bad_in_row} non-finite steps in a row at step {rec['step']}; stopped, last good state "
+                        f"saved in {path}; lower lr={tc.lr}, raise warmup_steps={tc.warmup_steps}, or try z_loss / qk_norm")
+                bar.update(1)
+                continue
+            if self.step % tc.log_interval == 0 or self.step == tc.max_steps or "log_z_mean" in rec:
                 now = time.perf_counter()
                 rec["tokens"] = self.tokens_seen
                 rec["tokens_per_s"] = window_steps * tok_per_step / (now - window_t)
+                if self.flops_per_token and self.peak_flops:
+                    rec["mfu"] = self.flops_per_token * rec["tokens_per_s"] / self.peak_flops
                 rec["elapsed_s"] = now - t0
                 window_t, window_steps = now, 0
                 self._log(rec)
@@ -274,12 +496,16 @@ class Trainer:
                 last_val = self.validate()
                 self._log({"step": self.step, "val_loss": last_val["loss"], "val_bpb": last_val["bits_per_byte"],
                            "val_tokens": last_val["tokens"]})
-                bar.write(f"step {self.step}: val loss {last_val['loss']:.4f} nats/token, "
-                          f"~{last_val['bits_per_byte']:.3f} bits/byte (first {last_val['tokens']} val tokens)")
+                if self.dist.is_main:
+                    bar.write(f"step {self.step}: val loss {last_val['loss']:.4f} nats/token, "
+                              f"~{last_val['bits_per_byte']:.3f} bits/byte ({last_val['tokens']} val tokens sampled)")
                 window_t = time.perf_counter()  # evaluation time is not training throughput
             if tc.checkpoint_interval and self.step % tc.checkpoint_interval == 0 and self.step < tc.max_steps:
                 self.save()
         bar.close()
-        if not checkpoint_dirs(self.run_dir) or checkpoint_dirs(self.run_dir)[-1].name != f"step_{self.step:07d}":
+        done = checkpoint_dirs(self.run_dir)
+        if not done or done[-1].name != f"step_{self.step:07d}":
             self.save()
+        if self._tb:
+            self._tb.close()
         return last_val

@@ -77,9 +77,15 @@ def test_prompt_longer_than_context(run_dir, capsys):
 
 def test_existing_run_folder_not_overwritten(run_dir, data_dir, capsys):
     before = {p.name: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
-    assert main(["train", "--data", str(data_dir), "--out", str(run_dir), *TRAIN]) == 2
-    assert "already holds a run" in error_line(capsys)
+    assert main(["train", "--data", str(data_dir), "--out", str(run_dir), *TRAIN, "--set", "d_model=48"]) == 2
+    line = error_line(capsys)
+    assert "already holds a different run (model.d_model: run has 32, asked 48" in line
     assert {p.name: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before
+    # the same command again resumes; the run is complete, so nothing changes
+    contents = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert main(["train", "--data", str(data_dir), "--out", str(run_dir), *TRAIN]) == 0
+    assert "already complete at step 6" in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == contents
 
 
 def test_resume_with_other_config_refused(run_dir, capsys):

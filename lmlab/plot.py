@@ -1,0 +1,72 @@
+"""``lmlab plot``: PNG figures of one or more runs from their ``metrics.jsonl`` (matplotlib, Agg).
+
+- ``loss.png``: training loss against step, tokens seen and wall time (three panels), validation
+  estimates as markers;
+- ``lr.png``: each run's learning-rate schedule over its ``max_steps`` (computed from ``run.yaml``
+  by the same function the trainer uses).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lmlab.checkpoint import CheckpointError, read_run
+
+
+def read_metrics(run: Path) -> list[dict]:
+    """The records of ``run/metrics.jsonl``; CheckpointError when the run has none."""
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        raise CheckpointError(f"run {str(run)!r} has no metrics.jsonl to plot; train it first")
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def plot_runs(runs: list[Path], out_dir: Path) -> list[Path]:
+    """Write ``loss.png`` and ``lr.png`` for ``runs`` into ``out_dir``; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lmlab.train import TrainConfig, lr_at
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
+    fig_lr, ax_lr = plt.subplots(figsize=(6, 4))
+    for run in runs:
+        records = read_metrics(run)
+        train = [r for r in records if "loss" in r and "tokens" in r and not r.get("skipped")]
+        val = [r for r in records if "val_loss" in r]
+        label = run.name
+        for ax, key in zip(axes, ("step", "tokens", "elapsed_s")):
+            line, = ax.plot([r[key] for r in train], [r["loss"] for r in train], label=label, lw=1.2)
+            if key == "step" and val:
+                ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o", color=line.get_color(), ms=4,
+                        label=f"{label} (val)")
+        tc = TrainConfig.from_dict(read_run(run)["train"], source=str(run))
+        steps = list(range(tc.max_steps))
+        ax_lr.plot(steps, [lr_at(s, tc) for s in steps], label=label)
+    for ax, xlabel in zip(axes, ("step", "tokens", "wall time (s)")):
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("loss (nats/token)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    ax_lr.set_xlabel("step")
+    ax_lr.set_ylabel("learning rate")
+    ax_lr.grid(alpha=0.3)
+    ax_lr.legend(fontsize=8)
+    fig_lr.tight_layout()
+    paths = [out_dir / "loss.png", out_dir / "lr.png"]
+    fig.savefig(paths[0], dpi=110)
+    fig_lr.savefig(paths[1], dpi=110)
+    plt.close(fig)
+    plt.close(fig_lr)
+    return paths
