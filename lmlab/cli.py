@@ -217,30 +217,146 @@ def cmd_eval(args) -> int:
 # --- generate ------------------------------------------------------------------------------
 def cmd_generate(args) -> int:
     from lmlab.checkpoint import load_run
-    from lmlab.generate import generate
+    from lmlab.generate import TextStream, generate, generate_batch
     from lmlab.train import resolve_device
 
     device = resolve_device(args.device)
     model, cfg, tok, _, _ = load_run(args.run, device=str(device))
-    prompt = tok.encode(args.prompt) if args.prompt else []
-    if not prompt or args.prompt_after_eot:
-        prompt = [tok.eot_id] + prompt
-    sys.stdout.write(args.prompt)
-    pending = b""
-    for i in generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
-                      eos_id=tok.eot_id if args.stop_at_eot else None, device=device):
-        pending += tok.token_bytes(i)
-        text = pending.decode("utf-8", errors="ignore")
-        try:  # hold back an incomplete UTF-8 sequence until its continuation arrives
-            pending.decode("utf-8")
-            pending = b""
-        except UnicodeDecodeError:
-            continue
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    if pending:
-        sys.stdout.write(pending.decode("utf-8", errors="replace"))
-    sys.stdout.write("\n")
+    texts = args.prompt or [""]
+    prompts = []
+    for text in texts:
+        ids = tok.encode(text) if text else []
+        if not ids or args.prompt_after_eot:
+            ids = [tok.eot_id] + ids
+        prompts.append(ids)
+    eos = tok.eot_id if args.stop_at_eot else None
+    if len(prompts) == 1:  # one prompt: stream the text as it comes
+        stream = TextStream(args.stop or ())
+        sys.stdout.write(texts[0])
+        for i in generate(model, prompts[0], args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                          args.seed, eos_id=eos, device=device):
+            sys.stdout.write(stream.push(tok.token_bytes(i)))
+            sys.stdout.flush()
+            if stream.stopped:
+                break
+        sys.stdout.write(stream.flush() + "\n")
+        return 0
+    # several prompts: one batch (left-padded), each continuation printed when the batch is done
+    outs = generate_batch(model, prompts, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
+                          eos_id=eos, device=device)
+    for n, (text, ids) in enumerate(zip(texts, outs)):
+        stream, body = TextStream(args.stop or ()), []
+        for i in ids:
+            body.append(stream.push(tok.token_bytes(i)))
+            if stream.stopped:
+                break
+        print(f"--- [{n}] ---")
+        print(text + "".join(body) + stream.flush())
+    return 0
+
+
+# --- analyze / survey / bench --------------------------------------------------------------
+def _model_config_for(args):
+    """(ModelConfig, title, published params or None) from exactly one of --preset, --config, RUN."""
+    from lmlab.config import ModelConfig, check_keys, load_mapping
+
+    given = [x for x in (args.preset, args.config, args.run) if x]
+    if len(given) > 1:
+        raise ConfigError("give one of --preset NAME, --config FILE or a RUN folder, not several")
+    if args.preset:
+        from lmlab.presets import get_preset
+
+        preset = get_preset(args.preset)
+        published = preset.published_params if args.scale == "real" else None
+        return preset.config(args.scale), f"{preset.name} ({args.scale} scale)", published
+    if args.config:
+        path = Path(args.config)
+        if not path.exists() and (BUILTIN_CONFIGS / f"{args.config}.yaml").exists():
+            path = BUILTIN_CONFIGS / f"{args.config}.yaml"
+        spec = load_mapping(path)
+        model = spec.get("model") or {} if ("model" in spec or "train" in spec) else spec
+        check_keys(ModelConfig, model, f"{path} model")
+        return ModelConfig.from_dict(model, f"{path} model"), str(path), None
+    if args.run:
+        from lmlab.checkpoint import CheckpointError, read_run
+
+        run = read_run(args.run)
+        try:
+            return ModelConfig.from_dict(run["model"], f"{args.run}/run.yaml"), f"run {args.run}", None
+        except (KeyError, TypeError) as exc:
+            raise CheckpointError(f"{args.run}/run.yaml: no valid model config ({exc})") from None
+    return None, None, None
+
+
+def cmd_analyze(args) -> int:
+    from dataclasses import replace
+
+    from lmlab.analysis import DEVICES, analyze, format_analysis
+
+    cfg, title, published = _model_config_for(args)
+    if cfg is None:
+        raise ConfigError("give a model: --preset NAME [--scale real|tiny], --config FILE or a RUN folder")
+    if args.context is not None and args.context < 1 or args.batch < 1:
+        raise ConfigError(f"--context and --batch must be >= 1, got {args.context} and {args.batch}")
+    device = DEVICES[args.device]
+    if args.peak_flops or args.bandwidth:
+        device = replace(device, name=device.name + " (overridden)", peak_flops=args.peak_flops or device.peak_flops,
+                         bandwidth=args.bandwidth or device.bandwidth)
+    res = analyze(cfg, args.context, args.batch, device, published)
+    print(json.dumps(res, indent=1) if args.json else format_analysis(res, f"lmlab analyze: {title}"))
+    return 0
+
+
+def cmd_survey(args) -> int:
+    from lmlab.analysis import format_survey, survey_rows
+
+    print(format_survey(survey_rows(), args.format))
+    return 0
+
+
+def cmd_bench_decode(args) -> int:
+    import torch
+
+    from lmlab.bench import bench_decode
+    from lmlab.model import TransformerLM
+    from lmlab.train import resolve_device
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    args.config = None
+    if args.run:
+        from lmlab.checkpoint import load_run
+
+        model, cfg, _, _, _ = load_run(args.run, device=str(device))
+        title = f"run {args.run}"
+    else:
+        cfg, title, _ = _model_config_for(args)
+        if cfg is None:
+            from lmlab.config import ModelConfig, load_mapping
+
+            cfg, title = ModelConfig.from_dict(load_mapping(BUILTIN_CONFIGS / "demo.yaml")["model"]), "the demo config"
+        torch.manual_seed(0)
+        model = TransformerLM(cfg).to(device)
+        title += " (random weights)"
+    if args.dtype == "bf16":
+        model = model.to(torch.bfloat16)
+    for name, value in (("--batch", args.batch), ("--prompt-len", args.prompt_len), ("--repeats", args.repeats)):
+        if value < 1:
+            raise ConfigError(f"{name}={value} must be >= 1")
+    res = bench_decode(model, args.batch, args.prompt_len, args.new_tokens, args.repeats, device)
+    res.update(model=title, params=model.num_params())
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    print(f"lmlab bench decode: {title}, {res['params']:,} params, {res['dtype'].replace('torch.', '')} on "
+          f"{res['device']}" + (f" ({res['threads']} threads)" if str(device) == "cpu" else "")
+          + f"; greedy, batch {args.batch}, prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, "
+          f"median of {args.repeats}")
+    print(f"  prefill {res['prefill_tokens_per_s']:>12,.0f} tokens/s   ({res['prefill_s'] * 1e3:.2f} ms for "
+          f"{args.batch} x {args.prompt_len} tokens)")
+    print(f"  decode  {res['decode_tokens_per_s']:>12,.0f} tokens/s   ({res['decode_s_per_step'] * 1e3:.2f} ms per "
+          f"step of {args.batch} token{'s' if args.batch > 1 else ''})")
     return 0
 
 
@@ -310,7 +426,9 @@ def make_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("generate", help="sample from a run with a KV cache")
     sp.add_argument("run")
-    sp.add_argument("--prompt", default="", help="text to continue (default: start of a document)")
+    sp.add_argument("--prompt", action="append", help="text to continue (default: start of a document); "
+                                                      "repeat for a batch of prompts")
+    sp.add_argument("--stop", action="append", metavar="TEXT", help="stop before this text (repeatable)")
     sp.add_argument("--max-new-tokens", type=int, default=200)
     sp.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     sp.add_argument("--top-k", type=int)
@@ -338,6 +456,39 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--family", help="HF model_type to write (default: the imported one, else the first that fits)")
     sp.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
     sp.set_defaults(func=cmd_export)
+
+    sp = sub.add_parser("analyze", help="parameters, FLOPs/token, KV cache and arithmetic intensity of a config")
+    sp.add_argument("run", nargs="?", help="a run folder (its run.yaml)")
+    sp.add_argument("--preset", help="a model family preset (see `lmlab presets`)")
+    sp.add_argument("--scale", choices=["real", "tiny"], default="real", help="preset scale (default real)")
+    sp.add_argument("--config", help="a YAML/JSON file with a 'model:' section (or a flat ModelConfig mapping)")
+    sp.add_argument("--context", type=int, help="sequence length (default the config's context_length)")
+    sp.add_argument("--batch", type=int, default=1, help="sequences (KV cache, decode intensity)")
+    sp.add_argument("--device", choices=["h100", "h200", "a100", "cpu"], default="h100")
+    sp.add_argument("--peak-flops", type=float, help="override the device's peak FLOP/s")
+    sp.add_argument("--bandwidth", type=float, help="override the device's memory bandwidth in bytes/s")
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.set_defaults(func=cmd_analyze)
+
+    sp = sub.add_parser("survey", help="the lecture's cross-model table over all presets")
+    sp.add_argument("--format", choices=["table", "markdown", "csv"], default="table")
+    sp.set_defaults(func=cmd_survey)
+
+    sp = sub.add_parser("bench", help="benchmarks: `lmlab bench decode`")
+    bench = sp.add_subparsers(dest="bench", required=True)
+    bp = bench.add_parser("decode", help="prefill and decode tokens/s of KV-cache generation (greedy)")
+    bp.add_argument("run", nargs="?", help="a run folder (its trained weights); default the demo config")
+    bp.add_argument("--preset", help="a preset with random weights")
+    bp.add_argument("--scale", choices=["tiny", "real"], default="tiny", help="preset scale (default tiny)")
+    bp.add_argument("--batch", type=int, default=1)
+    bp.add_argument("--prompt-len", type=int, default=32)
+    bp.add_argument("--new-tokens", type=int, default=64)
+    bp.add_argument("--repeats", type=int, default=5, help="timed runs (medians), after one warm-up")
+    bp.add_argument("--device", default="cpu")
+    bp.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    bp.add_argument("--threads", type=int, help="torch CPU threads (default torch's choice)")
+    bp.add_argument("--json", action="store_true", help="print one JSON object")
+    bp.set_defaults(func=cmd_bench_decode, command="bench decode")
 
     sp = sub.add_parser("presets", help="list the model family presets")
     sp.set_defaults(func=cmd_presets)

@@ -26,15 +26,19 @@ class ConfigError(ValueError):
 
 
 # Allowed values of the enumerated switches. Each name follows the paper / model card that made it known.
-NORM_TYPES = ("rmsnorm", "layernorm", "gemma_rmsnorm")  # Zhang & Sennrich 2019; Ba 2016; Gemma (1+w)
+NORM_TYPES = ("rmsnorm", "layernorm", "gemma_rmsnorm", "layernorm1p")  # Zhang & Sennrich 2019; Ba 2016; Gemma (1+w)
+# layernorm1p: LayerNorm whose weight is stored as an offset from one, (1 + w) (Megatron "layernorm1p"; Nemotron-4)
 NORM_POSITIONS = ("pre", "post", "sandwich", "reordered")  # Xiong 2020; Vaswani 2017; Gemma 2; OLMo 2
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2", "reglu", "geglu", "swiglu")  # Shazeer 2020; So 2021
 GATED_ACTIVATIONS = ("reglu", "geglu", "swiglu")
 POSITIONS = ("rope", "nope", "learned", "sinusoidal", "alibi", "t5")
 ROPE_STYLES = ("half", "interleaved")  # GPT-NeoX / HF "rotate_half" pairing; GPT-J / Meta interleaved pairing
 BIASES = ("none", "all", "qkv", "mlp")
-QK_NORMS = ("none", "rmsnorm", "layernorm")
-BOOL_FIELDS = ("norm_bias", "final_norm", "lm_head_bias", "parallel_block", "parallel_shared_norm",
+QK_NORMS = ("none", "rmsnorm", "layernorm", "gemma_rmsnorm")  # gemma_rmsnorm: Gemma 3's (1 + w) QK-norm
+# what one QK-norm normalises: each head with one weight shared by the heads (Qwen3, Gemma 3), the whole
+# projection across heads (OLMo 2), or each head with its own weights (Cohere use_qk_norm)
+QK_NORM_SCOPES = ("head", "all", "head_untied")
+BOOL_FIELDS = ("norm_bias", "norm_affine", "final_norm", "lm_head_bias", "parallel_block", "parallel_shared_norm",
                "nope_global_layers", "tie_embeddings", "scale_embeddings")
 ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")  # Chen 2023; bloc97 2023; Peng 2023; Llama 3.1
 # rope_scaling keys per type: (required, optional), besides "type"; the names of Hugging Face's rope_parameters
@@ -96,11 +100,15 @@ class ModelConfig:
     ffn_ratio: Optional[float] = None  # d_ff = round(ffn_ratio * d_model) when d_ff is not given
     ffn_multiple_of: int = 64  # rounding of the 8/3 rule (LLaMA: 256)
     ffn_dim_multiplier: Optional[float] = None  # Llama 3 8B: 1.3 with multiple_of 1024
+    # token-embedding width when it differs from d_model: embeddings are projected in to d_model and the
+    # final hidden state out to embed_dim before the LM head, both without bias (OPT-350M: 512 of 1024)
+    embed_dim: Optional[int] = None
 
     # --- normalisation -----------------------------------------------------------------------
     norm_type: str = "rmsnorm"
     norm_position: str = "pre"
     norm_bias: bool = False  # LayerNorm only: learnable shift
+    norm_affine: bool = True  # False: block/final norms without weight or bias (OLMo 1; Groeneveld et al. 2024, 2.1)
     norm_eps: float = 1e-5
     final_norm: bool = True
 
@@ -119,11 +127,16 @@ class ModelConfig:
     rope_local_theta: Optional[float] = None  # another theta on sliding-window layers (Gemma 3: 10k)
     rope_scaling: Optional[dict] = None  # {"type": linear|ntk|yarn|llama3, "factor": ..., ...}
     nope_global_layers: bool = False  # no positions on global layers (Llama 4 iRoPE, Command A)
+    learned_pos_offset: int = 0  # learned positions: position p reads table row p + offset (OPT: 2)
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
 
     # --- attention ---------------------------------------------------------------------------
-    qk_norm: str = "none"  # normalise q and k over each head (Dehghani 2023; OLMo 2; Qwen3)
+    qk_norm: str = "none"  # normalise q and k before RoPE (Dehghani 2023; OLMo 2; Qwen3; Gemma 3)
+    # head: each head, one weight shared by the heads (Qwen3, Gemma 3) | all: the whole projection, n_heads*head_dim
+    # wide (OLMo 2, OLMo Team 2024) | head_untied: each head with its own weights (Cohere use_qk_norm, HF modeling_cohere)
+    qk_norm_scope: str = "head"
+    clip_qkv: Optional[float] = None  # clamp q, k, v projections to [-c, c] (OLMo 1.7: allenai/OLMo-7B-0424-hf, 8.0)
     attn_logit_softcap: Optional[float] = None  # cap * tanh(s / cap) on attention logits (Gemma 2)
     query_pre_attn_scalar: Optional[float] = None  # scale = query_pre_attn_scalar**-0.5 (Gemma 2)
     sliding_window: Optional[int] = None  # tokens visible, counting the current one (Mistral / HF)
@@ -133,6 +146,7 @@ class ModelConfig:
     tie_embeddings: bool = True
     scale_embeddings: bool = False  # multiply embeddings by sqrt(d_model) (Gemma)
     final_logit_softcap: Optional[float] = None  # Gemma 2
+    logit_scale: float = 1.0  # logits = lm_head(h) * logit_scale, before any soft-cap (Cohere Command R 0.0625, R7B 0.25)
     z_loss: float = 0.0  # coefficient on (log Z)^2 added to the loss (PaLM; Baichuan 2; OLMo)
 
     # --- regularisation ----------------------------------------------------------------------
@@ -183,8 +197,13 @@ class ModelConfig:
         _choice("norm_type", self.norm_type, NORM_TYPES)
         _choice("norm_position", self.norm_position, NORM_POSITIONS)
         _positive("norm_eps", self.norm_eps)
-        if self.norm_bias and self.norm_type != "layernorm":
-            raise ConfigError(f"norm_bias=True needs norm_type='layernorm', got norm_type={self.norm_type!r}")
+        if self.norm_bias and self.norm_type not in ("layernorm", "layernorm1p"):
+            raise ConfigError(f"norm_bias=True needs norm_type='layernorm' (or 'layernorm1p'), got norm_type={self.norm_type!r}")
+        if self.norm_type == "layernorm1p" and self.norm_affine is False:
+            raise ConfigError("norm_type='layernorm1p' stores its weight as an offset from one and needs norm_affine=True")
+        if self.norm_affine is False and (self.norm_bias or self.norm_type == "gemma_rmsnorm"):
+            raise ConfigError(f"norm_affine=False (no learnable norm parameters) needs norm_bias=False and norm_type "
+                              f"'layernorm' or 'rmsnorm', got norm_bias={self.norm_bias!r}, norm_type={self.norm_type!r}")
         _choice("bias", self.bias, BIASES)
         _choice("position", self.position, POSITIONS)
         _choice("rope_style", self.rope_style, ROPE_STYLES)
@@ -203,6 +222,14 @@ class ModelConfig:
             self._check_rope_scaling(rotated)
         _positive_int("t5_num_buckets", self.t5_num_buckets, 2)
         _positive_int("t5_max_distance", self.t5_max_distance, 1)
+        if self.embed_dim is not None:
+            _positive_int("embed_dim", self.embed_dim)
+            if self.embed_dim == self.d_model:  # no projection: one spelling of "embeddings as wide as the model"
+                self.embed_dim = None
+        _positive_int("learned_pos_offset", self.learned_pos_offset, 0)
+        if self.learned_pos_offset and self.position != "learned":
+            raise ConfigError(f"learned_pos_offset={self.learned_pos_offset} needs position='learned', "
+                              f"got position={self.position!r}")
         if self.position == "t5" and self.t5_max_distance <= self.t5_num_buckets // 2:
             raise ConfigError(
                 f"t5_max_distance={self.t5_max_distance} must exceed t5_num_buckets // 2 = {self.t5_num_buckets // 2} "
@@ -210,7 +237,11 @@ class ModelConfig:
             )
 
         _choice("qk_norm", self.qk_norm, QK_NORMS)
-        for name in ("attn_logit_softcap", "query_pre_attn_scalar", "final_logit_softcap"):
+        _choice("qk_norm_scope", self.qk_norm_scope, QK_NORM_SCOPES)
+        if self.qk_norm_scope != "head" and self.qk_norm == "none":
+            raise ConfigError(f"qk_norm_scope={self.qk_norm_scope!r} needs a qk_norm, got qk_norm='none'")
+        _positive("logit_scale", self.logit_scale)
+        for name in ("attn_logit_softcap", "query_pre_attn_scalar", "final_logit_softcap", "clip_qkv"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
         if self.sliding_window is not None:

@@ -208,15 +208,19 @@ _add("pythia-160m", "GPT-NeoX / Pythia",
 # --- OPT -----------------------------------------------------------------------------------------
 _real = dict(vocab_size=50272, context_length=2048, d_model=1024, n_layers=24, n_heads=16, d_ff=4096,
              norm_type="layernorm", norm_position="post", norm_bias=True, norm_eps=1e-5, final_norm=False,
-             bias="all", activation="relu", position="learned", tie_embeddings=True, resid_dropout=0.1)
+             bias="all", activation="relu", position="learned", learned_pos_offset=2, tie_embeddings=True,
+             resid_dropout=0.1, embed_dim=512)
 _add("opt-350m", "OPT",
      "Zhang et al. 2022, 'OPT: Open Pre-trained Transformer Language Models', https://arxiv.org/abs/2205.01068; "
-     "https://huggingface.co/facebook/opt-350m/blob/main/config.json (do_layer_norm_before=false)",
-     "the one post-norm OPT: LayerNorm after each residual add, ReLU, learned positions, biases",
-     _real, _tiny(_real),
-     notes="Not modelled: OPT-350M embeds in 512 dims and projects in/out of the 1024-wide stack "
-           "(word_embed_proj_dim), and its learned positions are offset by 2; published 331M params is "
-           "therefore not comparable (this config has ~356M: a 1024-wide embedding).")
+     "https://huggingface.co/facebook/opt-350m/blob/main/config.json (do_layer_norm_before=false, "
+     "word_embed_proj_dim=512)",
+     "the one post-norm OPT: LayerNorm after each residual add, ReLU, learned positions, biases, 512-wide "
+     "embeddings projected in and out of the 1024-wide stack",
+     _real, _tiny(_real, embed_dim=64), published_params=331_196_416,
+     params_source="the Hugging Face checkpoint (OPTForCausalLM of that config.json, tied embeddings counted "
+                   "once; the paper's '350M' is nominal)",
+     notes="Learned positions are offset by 2 as in fairseq/HF OPT (learned_pos_offset=2: a table of "
+           "context_length + 2 rows, position p reading row p + 2).")
 
 # --- T5-style relative position bias -------------------------------------------------------------
 _real = dict(vocab_size=32128, context_length=512, d_model=768, n_layers=12, n_heads=12, d_ff=3072,
@@ -360,7 +364,7 @@ _add("gemma-2-9b", "Gemma 2",
 
 _real = dict(_GEMMA_STYLE, vocab_size=262208, context_length=131072, d_model=3840, n_layers=48, n_heads=16,
              n_kv_heads=8, head_dim=256, d_ff=15360, norm_position="sandwich", rope_theta=1000000.0,
-             rope_local_theta=10000.0, rope_scaling={"type": "linear", "factor": 8.0}, qk_norm="rmsnorm",
+             rope_local_theta=10000.0, rope_scaling={"type": "linear", "factor": 8.0}, qk_norm="gemma_rmsnorm",
              query_pre_attn_scalar=256.0, sliding_window=1024, layer_pattern="LLLLLG")
 _add("gemma-3-12b", "Gemma 3",
      "Gemma Team 2025, 'Gemma 3 Technical Report', Table 1, https://arxiv.org/abs/2503.19786; "
@@ -369,60 +373,56 @@ _add("gemma-3-12b", "Gemma 3",
      "sandwich norms",
      _real, _tiny(_real, n_layers=6), published_params=11.771e9,
      params_source="Gemma Team 2025 (Gemma 3), Table 1 (1,012M embedding + 10,759M non-embedding)",
-     notes="QK-norm is Gemma's (1 + w) RMSNorm, the same function family as qk_norm='rmsnorm'. Gemma 3 4B "
+     notes="Gemma 3 4B "
            "and 27B (34 and 62 layers) cannot be written: their 6-layer pattern does not tile the depth and "
            "ModelConfig requires len(layer_pattern) to divide n_layers. Text model only (the 417M SigLIP "
            "encoder is not counted).")
 
 # --- OLMo ----------------------------------------------------------------------------------------
 _real = dict(_LLAMA_STYLE, vocab_size=50304, context_length=2048, d_model=4096, n_layers=32, n_heads=32,
-             d_ff=11008, norm_type="layernorm", norm_bias=False, norm_eps=1e-5, rope_theta=10000.0)
+             d_ff=11008, norm_type="layernorm", norm_bias=False, norm_affine=False, norm_eps=1e-5, rope_theta=10000.0)
 _add("olmo-7b", "OLMo",
      "Groeneveld et al. 2024, 'OLMo: Accelerating the Science of Language Models', section 2.1 and Table 1, "
      "https://arxiv.org/abs/2402.00838; https://huggingface.co/allenai/OLMo-7B-hf/blob/main/config.json",
      "non-parametric LayerNorm (no weight, no bias), SwiGLU, RoPE, no biases, untied",
      _real, _tiny(_real), published_params=6.89e9, params_source="the Hugging Face model card (6.89B)",
-     notes="OLMo's LayerNorm has no learnable weight either; ModelConfig can drop the LayerNorm bias but "
-           "not the weight, so this config carries 65 x 4096 extra (constant-at-init) norm weights "
-           "(0.004% of the count).")
+     notes="OLMo 1.7 (OLMo-7B-0424) adds clip_qkv=8.0.")
 
 _real = dict(_LLAMA_STYLE, vocab_size=100352, context_length=4096, d_model=4096, n_layers=32, n_heads=32,
-             d_ff=11008, norm_position="reordered", norm_eps=1e-6, rope_theta=500000.0, qk_norm="rmsnorm")
+             d_ff=11008, norm_position="reordered", norm_eps=1e-6, rope_theta=500000.0, qk_norm="rmsnorm",
+             qk_norm_scope="all")
 _add("olmo-2-7b", "OLMo 2",
      "OLMo Team 2024, '2 OLMo 2 Furious', section 3, https://arxiv.org/abs/2501.00656; "
      "https://huggingface.co/allenai/OLMo-2-1124-7B/blob/main/config.json",
      "reordered norm (RMSNorm on each sublayer's output, none on its input), QK-norm, RoPE theta 500k",
-     _real, _tiny(_real), published_params=7.30e9, params_source="the Hugging Face model card (7.3B)",
-     notes="OLMo 2 normalises q and k over the whole projection (d_model wide, across heads); qk_norm here "
-           "normalises each head (Qwen3 style), 8064 fewer norm weights.")
+     _real, _tiny(_real), published_params=7.30e9, params_source="the Hugging Face model card (7.3B)")
 
 # --- Nemotron-4 ----------------------------------------------------------------------------------
 _real = dict(vocab_size=256000, context_length=4096, d_model=6144, n_layers=32, n_heads=48, n_kv_heads=8,
-             d_ff=24576, norm_type="layernorm", norm_position="pre", norm_bias=True, norm_eps=1e-5, bias="none",
+             d_ff=24576, norm_type="layernorm1p", norm_position="pre", norm_bias=True, norm_eps=1e-5, bias="none",
              activation="relu2", position="rope", rope_style="half", rope_fraction=0.5, rope_theta=10000.0,
              tie_embeddings=False)
 _add("nemotron-4-15b", "Nemotron-4",
      "Parmar et al. 2024, 'Nemotron-4 15B Technical Report', section 2 (3.2B embedding + 12.5B "
      "non-embedding params), https://arxiv.org/abs/2402.16819",
-     "squared-ReLU FFN (not gated), partial RoPE on half of each head, LayerNorm, GQA 48:8, no biases, untied",
+     "squared-ReLU FFN (not gated), partial RoPE on half of each head, LayerNorm (1 + w), GQA 48:8, no biases, "
+     "untied",
      _real, _tiny(_real, d_model=192, n_heads=6), published_params=15.7e9,
      params_source="Parmar et al. 2024, section 2 (3.2B embedding + 12.5B non-embedding)",
      notes="d_ff = 4 d_model (24576) and partial RoPE 0.5 follow NVIDIA's Nemotron-4 configs (the paper "
-           "gives neither). Its 'layernorm1p' stores the LayerNorm weight as an offset from one: the same "
-           "function family as LayerNorm.")
+           "gives neither). Its 'layernorm1p' (norm_type) stores the LayerNorm weight as an offset from one.")
 
 # --- Cohere --------------------------------------------------------------------------------------
 _real = dict(vocab_size=256000, context_length=8192, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
              d_ff=14336, norm_type="layernorm", norm_position="pre", norm_bias=False, norm_eps=1e-5, bias="none",
              activation="swiglu", parallel_block=True, parallel_shared_norm=True, position="rope",
              rope_style="interleaved", rope_theta=50000.0, tie_embeddings=True, sliding_window=4096,
-             layer_pattern="LLLG", nope_global_layers=True)
+             layer_pattern="LLLG", nope_global_layers=True, logit_scale=0.25)
 _add("command-r7b", "Cohere Command R7B",
      "Cohere 2024, model card and config.json, https://huggingface.co/CohereForAI/c4ai-command-r7b-12-2024",
      "parallel block off one bias-free LayerNorm, 3 sliding-window (4096) RoPE layers : 1 global NoPE layer",
      _real, _tiny(_real, n_heads=8, n_layers=4),
-     notes="Not modelled: logits multiplied by logit_scale=0.25. The card states a 128k context; "
-           "config.json's max_position_embeddings (8192) is used.")
+     notes="The card states a 128k context; config.json's max_position_embeddings (8192) is used.")
 
 # --- Phi-2 ---------------------------------------------------------------------------------------
 _real = dict(vocab_size=51200, context_length=2048, d_model=2560, n_layers=32, n_heads=32, d_ff=10240,

@@ -193,10 +193,12 @@ def windows_to_batch(tokens: np.ndarray, starts: np.ndarray, T: int) -> tuple[to
 class Trainer:
     """Train a model in a run folder. Build with :meth:`create` (new run) or :meth:`resume`."""
 
-    def __init__(self, run_dir: Path, cfg: ModelConfig, tc: TrainConfig, data: TokenData, progress: bool = True):
+    def __init__(self, run_dir: Path, cfg: ModelConfig, tc: TrainConfig, data: TokenData, progress: bool = True,
+                 padded_vocab: bool = False):
         self.run_dir, self.cfg, self.tc, self.data = Path(run_dir), cfg, tc, data
         self.progress = progress
-        if data.vocab_size != cfg.vocab_size:
+        # an imported model may pad its embedding past its tokenizer (padded_vocab); otherwise exact
+        if data.vocab_size > cfg.vocab_size or (data.vocab_size != cfg.vocab_size and not padded_vocab):
             raise ConfigError(f"model vocab_size={cfg.vocab_size} does not match the tokenizer of "
                               f"{str(data.folder)!r} ({data.vocab_size} tokens); set vocab_size={data.vocab_size}")
         self.train_tokens = data.tokens("train")
@@ -263,7 +265,7 @@ class Trainer:
         tc = tc or TrainConfig.from_dict(run["train"], source=f"{run_dir}/{RUN_FILE}")
         if run.get("data") is None:
             raise CheckpointError(f"run {str(run_dir)!r} names no data folder; pass --data to fine-tune it")
-        trainer = cls(run_dir, saved, tc, TokenData(run["data"]), **kw)
+        trainer = cls(run_dir, saved, tc, TokenData(run["data"]), padded_vocab=isinstance(run.get("hf"), dict), **kw)
         ckpts = checkpoint_dirs(run_dir)
         if ckpts:
             trainer._load(ckpts[-1])

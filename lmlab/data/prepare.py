@@ -81,8 +81,10 @@ def _sha256(path: Path) -> str:
 
 
 def prepare(source: str | Path, out_dir: str | Path, tokenizer: str = "bpe", vocab_size: int = 4096,
-            val_docs: Optional[Sequence[str]] = None, val_fraction: float = 0.1, overwrite: bool = False) -> dict:
+            val_docs: Optional[Sequence[str]] = None, val_fraction: float = 0.1, overwrite: bool = False,
+            tokenizer_file: Optional[str | Path] = None) -> dict:
     """Tokenise the documents at ``source`` into ``out_dir`` (see module docstring); returns the manifest.
+    ``tokenizer_file``: use this existing ``tokenizer.json`` (e.g. an imported run's) instead of training one.
 
     Raises DataError for bad input or an existing non-empty ``out_dir`` without ``overwrite``. The
     folder is written beside and renamed into place, so a failure leaves nothing half-written.
@@ -93,7 +95,11 @@ def prepare(source: str | Path, out_dir: str | Path, tokenizer: str = "bpe", voc
                         f"choose another --out or pass --overwrite")
     docs = read_documents(source)
     train, val = split_documents(docs, val_docs, val_fraction, str(source))
-    if tokenizer == "bytes":
+    if tokenizer_file is not None:
+        if not Path(tokenizer_file).is_file():
+            raise DataError(f"tokenizer file {str(tokenizer_file)!r} does not exist")
+        tok = Tokenizer.load(tokenizer_file)
+    elif tokenizer == "bytes":
         tok = Tokenizer.bytes_tokenizer()
     elif tokenizer == "bpe":
         tok = Tokenizer.train_bpe((b.decode("utf-8", errors="replace") for _, b in train), vocab_size)
@@ -104,7 +110,10 @@ def prepare(source: str | Path, out_dir: str | Path, tokenizer: str = "bpe", voc
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    tok.save(tmp / "tokenizer.json")
+    if tokenizer_file is not None:  # byte for byte, so runs and data compare equal
+        shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
+    else:
+        tok.save(tmp / "tokenizer.json")
     manifest = {
         "version": MANIFEST_VERSION,
         "source": str(Path(source).resolve()),

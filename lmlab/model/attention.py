@@ -5,7 +5,11 @@
   query heads; n_kv_heads = 1 is MQA (Shazeer 2019). The KV cache stores n_kv_heads heads only.
 - Sliding window (Child et al. 2019; Beltagy et al. 2020; Mistral 7B): a query at position i sees keys
   j with i - W < j <= i, i.e. the window of W tokens counts the current token (Mistral / Hugging Face).
-- QK-norm (Dehghani et al. 2023; OLMo 2, Qwen3): RMSNorm or LayerNorm of q and k over each head.
+- QK-norm (Dehghani et al. 2023; OLMo 2, Qwen3): RMSNorm or LayerNorm of q and k over each head
+  (``qk_norm_scope='head'``, one weight shared by the heads: Qwen3, Gemma 3), over the whole projection
+  (``'all'``: OLMo 2, one norm of width n_heads * head_dim for q and n_kv_heads * head_dim for k), or over
+  each head with per-head weights (``'head_untied'``: Cohere's ``use_qk_norm``).
+- ``clip_qkv`` (OLMo 1.7): the q, k and v projections are clamped to [-c, c] before anything else.
 - Attention-logit soft-cap (Gemma 2): s -> cap * tanh(s / cap) before the softmax.
 - Query scale 1/sqrt(head_dim), or query_pre_attn_scalar**-0.5 (Gemma 2).
 
@@ -23,37 +27,108 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lmlab.config import ModelConfig
-from lmlab.model.norms import make_norm
+from lmlab.model.norms import HeadwiseNorm, make_norm
 from lmlab.model.positions import RotaryEmbedding
 
 
 class KVCache:
-    """Preallocated key/value cache for all layers: per layer (batch, n_kv_heads, max_len, head_dim).
+    """Preallocated key/value cache for all layers, storing the n_kv_heads key/value heads only.
 
-    ``length`` is the number of positions already stored. Memory in bytes:
-    2 * n_layers * batch * n_kv_heads * max_len * head_dim * dtype bytes.
+    Cache index ``i`` is the i-th token fed through the cache (``length`` tokens so far). Full-attention
+    layers keep every index: (batch, n_kv_heads, max_len, head_dim), and raise ValueError past max_len.
+    Sliding-window layers with a window W < max_len keep a rolling buffer of W entries, index i in slot
+    i % W: fixed memory however long the sequence, and they never fill up (a model whose layers are all
+    windowed decodes past max_len). Memory in bytes:
+    2 * batch * n_kv_heads * head_dim * dtype bytes * sum over layers of min(window or max_len, max_len).
+
+    ``left_pad`` (batch,) counts padding tokens at the start of each row (batched prompts of different
+    lengths, left-padded): the model gives token i of row b the position i - left_pad[b] and never lets a
+    real token attend to padding. Set it before the first token (constructor or ``model(idx, cache, left_pad)``).
     """
 
-    def __init__(self, cfg: ModelConfig, batch: int, max_len: int, device=None, dtype=torch.float32):
-        shape = (batch, cfg.n_kv_heads, max_len, cfg.head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
-        self.max_len = max_len
+    def __init__(self, cfg: ModelConfig, batch: int, max_len: int, device=None, dtype=torch.float32,
+                 left_pad: Optional[torch.Tensor] = None):
+        self.windows = [cfg.layer_window(i) for i in range(cfg.n_layers)]
+        self.capacity = [w if (w is not None and w < max_len) else max_len for w in self.windows]
+        self.rolling = [c < max_len for c in self.capacity]
+        self.k = [torch.zeros((batch, cfg.n_kv_heads, c, cfg.head_dim), device=device, dtype=dtype)
+                  for c in self.capacity]
+        self.v = [torch.zeros_like(t) for t in self.k]
+        self.batch, self.max_len, self.device = batch, max_len, self.k[0].device
         self.length = 0
+        self.left_pad: Optional[torch.Tensor] = None  # (batch,) long, None when no row is padded
+        self.pad_max = 0  # Python ints: no device sync on the decode path
+        self.pad_min = 0
+        self._real_key: Optional[torch.Tensor] = None  # (batch, max_len) bool: index >= left_pad[b]
+        if left_pad is not None:
+            self.set_left_pad(left_pad)
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v (batch, n_kv_heads, seq, head_dim) after the ``length`` cached positions and
-        return all keys and values so far, (batch, n_kv_heads, length + seq, head_dim)."""
-        end = self.length + k.shape[2]
-        if end > self.max_len:
+    def set_left_pad(self, left_pad) -> None:
+        """Record the left padding of each row (a sequence or tensor of ``batch`` ints); only while empty."""
+        pad = torch.as_tensor(left_pad, dtype=torch.long, device=self.device).reshape(-1)
+        if pad.shape[0] != self.batch:
+            raise ValueError(f"left_pad has {pad.shape[0]} entries for a cache of batch {self.batch}")
+        if self.length:
+            raise ValueError("left_pad must be set before the first token enters the cache")
+        self.pad_max, self.pad_min = int(pad.max()), int(pad.min())
+        if self.pad_min < 0:
+            raise ValueError(f"left_pad must be >= 0, got {pad.tolist()}")
+        self.left_pad = pad if self.pad_max else None
+        self._real_key = (torch.arange(self.max_len, device=self.device)[None, :] >= pad[:, None]) if self.pad_max else None
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Store k, v (batch, n_kv_heads, seq, head_dim), the cache indices length .. length+seq-1, and
+        return (keys, values, first): every key the new queries may need, (batch, n_kv_heads, S, head_dim).
+        ``first`` is the cache index of keys[..., 0, :] when the keys are consecutive indices in order;
+        None when they are a wrapped rolling buffer (slot order; see :meth:`key_index`)."""
+        T = k.shape[2]
+        start, end = self.length, self.length + k.shape[2]
+        kb, vb, cap = self.k[layer], self.v[layer], self.capacity[layer]
+        if end <= cap:  # not (yet) wrapped: index i in slot i
+            kb.narrow(2, start, T).copy_(k)
+            vb.narrow(2, start, T).copy_(v)
+            return kb.narrow(2, 0, end), vb.narrow(2, 0, end), 0
+        if not self.rolling[layer]:
             raise ValueError(f"KV cache full: {end} positions needed, {self.max_len} allocated")
-        self.k[layer][:, :, self.length:end] = k
-        self.v[layer][:, :, self.length:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+        if T == 1:  # decode: overwrite the oldest entry; every slot then lies inside the window
+            kb.narrow(2, start % cap, 1).copy_(k)
+            vb.narrow(2, start % cap, 1).copy_(v)
+            return kb, vb, None
+        # a chunk of several tokens: the cached window in index order, then the new keys
+        n_old, r = min(start, cap), start % cap
+        old_k = kb.narrow(2, 0, start) if start <= cap else torch.cat([kb[:, :, r:], kb[:, :, :r]], dim=2)
+        old_v = vb.narrow(2, 0, start) if start <= cap else torch.cat([vb[:, :, r:], vb[:, :, :r]], dim=2)
+        keys, values = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)
+        keep = min(T, cap)  # then keep the newest ``cap`` entries in their slots
+        slots = torch.arange(end - keep, end, device=kb.device) % cap
+        kb.index_copy_(2, slots, k[:, :, T - keep:])
+        vb.index_copy_(2, slots, v[:, :, T - keep:])
+        return keys, values, start - n_old
+
+    def key_index(self, layer: int, first: Optional[int], n_keys: int) -> torch.Tensor:
+        """Cache indices (n_keys,) of the keys :meth:`update` returned for the current step."""
+        if first is not None:
+            return torch.arange(first, first + n_keys, device=self.device)
+        cap, last = self.capacity[layer], self.length  # wrapped rolling buffer, one new token at index length
+        slots = torch.arange(cap, device=self.device)
+        return last - (last - slots) % cap
+
+    def real_keys(self, layer: int, first: Optional[int], n_keys: int) -> Optional[torch.Tensor]:
+        """(batch, 1, 1, n_keys) bool, False at padding keys, for one decoded token; None when no key of
+        this step is padding."""
+        if self.left_pad is None:
+            return None
+        lowest = first if first is not None else self.length + 1 - n_keys
+        if lowest >= self.pad_max:
+            return None
+        if first is not None and first + n_keys <= self.max_len:
+            return self._real_key[:, None, None, first:first + n_keys]
+        idx = self.key_index(layer, first, n_keys)
+        return (idx[None, :] >= self.left_pad[:, None])[:, None, None, :]
 
 
 def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: Optional[int]) -> torch.Tensor:
@@ -91,9 +166,16 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=bias)
         self.out = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=cfg.bias == "all")
         self.out.is_residual_projection = True
-        if cfg.qk_norm != "none":
-            self.q_norm = make_norm(cfg.qk_norm, cfg.head_dim, cfg.norm_eps, bias=False)
-            self.k_norm = make_norm(cfg.qk_norm, cfg.head_dim, cfg.norm_eps, bias=False)
+        self.qk_norm_all = cfg.qk_norm_scope == "all"
+        self.clip_qkv = cfg.clip_qkv
+        if cfg.qk_norm != "none" and cfg.qk_norm_scope == "head_untied":
+            self.q_norm = HeadwiseNorm(cfg.qk_norm, cfg.n_heads, cfg.head_dim, cfg.norm_eps)
+            self.k_norm = HeadwiseNorm(cfg.qk_norm, cfg.n_kv_heads, cfg.head_dim, cfg.norm_eps)
+        elif cfg.qk_norm != "none":
+            width_q, width_k = (cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim) if self.qk_norm_all \
+                else (cfg.head_dim, cfg.head_dim)
+            self.q_norm = make_norm(cfg.qk_norm, width_q, cfg.norm_eps, bias=False)
+            self.k_norm = make_norm(cfg.qk_norm, width_k, cfg.norm_eps, bias=False)
         else:
             self.q_norm = self.k_norm = None
         self.rope = None
@@ -109,43 +191,74 @@ class Attention(nn.Module):
         self.record_max_logit = False
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: Optional[KVCache] = None,
-                bias_fn: Optional[Callable] = None) -> torch.Tensor:
-        """x: (batch, seq, d_model); positions: (seq,) absolute positions of x's tokens;
-        cache: KV cache holding the earlier positions; bias_fn(q_pos, k_pos, layer) -> additive
-        (n_heads, seq_q, seq_k) fp32 logit bias (ALiBi, T5) or None."""
+                bias_fn: Optional[Callable] = None, left_pad: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x: (batch, seq, d_model); positions: (seq,) absolute positions of x's tokens, or (batch, seq)
+        per row; cache: KV cache holding the earlier tokens (its ``length`` is the cache index of x's first
+        token); bias_fn(q_idx, k_idx, layer) -> additive (n_heads, seq_q, seq_k) fp32 logit bias (ALiBi,
+        T5; a function of k_idx - q_idx only) or None; left_pad: (batch,) leading padding tokens per row
+        (masked as keys), None for none."""
         B, T, _ = x.shape
         H, K, D = self.n_heads, self.n_kv_heads, self.head_dim
-        q, k, v = self.qkv(x).split([H * D, K * D, K * D], dim=-1)
-        q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        k = k.view(B, T, K, D).transpose(1, 2)  # (B, K, T, D)
-        v = v.view(B, T, K, D).transpose(1, 2)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.rope is not None:
-            q, k = self.rope(q, positions), self.rope(k, positions)
-        if cache is not None:
-            k, v = cache.update(self.layer, k, v)
-            k_pos = torch.arange(k.shape[2], device=x.device)
-            k_pos = k_pos + (positions[0] - cache.length)  # cache slot 0 holds position positions[0]-length
+        qkv = self.qkv(x)
+        if self.clip_qkv is not None:
+            qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
+        if self.q_norm is None:  # q and k rotated together in the (B, T, heads, D) layout
+            qkv = qkv.view(B, T, H + 2 * K, D)
+            qk, v = qkv.narrow(2, 0, H + K), qkv.narrow(2, H + K, K).transpose(1, 2)
+            if self.rope is not None:
+                qk = self.rope.rotate(qk, positions)
+            qk = qk.transpose(1, 2)
+            q, k = qk.narrow(1, 0, H), qk.narrow(1, H, K)  # (B, H, T, D), (B, K, T, D)
         else:
-            k_pos = positions
-        bias = bias_fn(positions, k_pos, self.layer) if bias_fn is not None else None
+            q, k, v = qkv.split([H * D, K * D, K * D], dim=-1)
+            if self.qk_norm_all:  # OLMo 2: one norm across all heads
+                q, k = self.q_norm(q), self.k_norm(k)
+            q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+            k = k.view(B, T, K, D).transpose(1, 2)  # (B, K, T, D)
+            v = v.view(B, T, K, D).transpose(1, 2)
+            if not self.qk_norm_all:
+                q, k = self.q_norm(q), self.k_norm(k)
+            if self.rope is not None:
+                q, k = self.rope(q, positions), self.rope(k, positions)
         dropout = self.attn_dropout if self.training else 0.0
-        plain_causal = cache is None or cache.length == 0
-        if self.logit_cap is None and not self.record_max_logit and bias is None and self.window is None and plain_causal:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=self.scale,
+        plain = self.logit_cap is None and not self.record_max_logit and bias_fn is None
+        if cache is None:
+            if plain and self.window is None and left_pad is None:  # the training path
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=self.scale,
+                                                   enable_gqa=K != H)
+                return self.out(y.transpose(1, 2).reshape(B, T, H * D))
+            q_idx = k_idx = torch.arange(T, device=x.device)
+        else:
+            start = cache.length
+            k, v, first = cache.update(self.layer, k, v)
+            S = k.shape[2]
+            if T == 1 and plain and not dropout:  # decode: every returned key is causal and in the window
+                mask = cache.real_keys(self.layer, first, S) if left_pad is not None else None
+                # fold the query heads of a KV group into the query-length dimension: no K/V repeat
+                y = F.scaled_dot_product_attention(q.reshape(B, K, H // K, D), k, v, attn_mask=mask,
+                                                   scale=self.scale)
+                return self.out(y.reshape(B, 1, H * D))
+            if plain and S == T and self.window is None and left_pad is None:  # prefill of an empty cache
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=self.scale,
+                                                   enable_gqa=K != H)
+                return self.out(y.transpose(1, 2).reshape(B, T, H * D))
+            q_idx = torch.arange(start, start + T, device=x.device)
+            k_idx = cache.key_index(self.layer, first, S)
+        # cache indices and positions differ by the row's padding only: masks and relative biases use indices
+        bias = bias_fn(q_idx, k_idx, self.layer) if bias_fn is not None else None
+        allowed = causal_mask(q_idx, k_idx, self.window)
+        if left_pad is not None:  # no attending to padding; a padding query attends to itself (no empty row)
+            allowed = (allowed & (k_idx[None, :] >= left_pad[:, None])[:, None, None, :]) \
+                | (q_idx[:, None] == k_idx[None, :])
+        if self.logit_cap is None and not self.record_max_logit:
+            mask = torch.zeros(allowed.shape, device=x.device, dtype=q.dtype)
+            mask = mask.masked_fill(~allowed, float("-inf"))
+            if bias is not None:
+                mask = mask + bias.to(q.dtype)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=self.scale,
                                                enable_gqa=K != H)
         else:
-            allowed = causal_mask(positions, k_pos, self.window)
-            if self.logit_cap is None and not self.record_max_logit:
-                mask = torch.zeros(allowed.shape, device=x.device, dtype=q.dtype)
-                mask = mask.masked_fill(~allowed, float("-inf"))
-                if bias is not None:
-                    mask = mask + bias.to(q.dtype)
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=self.scale,
-                                                   enable_gqa=K != H)
-            else:
-                y = self._explicit(q, k, v, allowed, bias, dropout)
+            y = self._explicit(q, k, v, allowed, bias, dropout)
         y = y.transpose(1, 2).reshape(B, T, H * D)
         return self.out(y)
 

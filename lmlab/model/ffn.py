@@ -51,8 +51,7 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.w_in(x)
         if self.gated:
-            gate, up = h.split(self.d_ff, dim=-1)
-            h = self.act(gate) * up
+            h = self.act(h.narrow(-1, 0, self.d_ff)) * h.narrow(-1, self.d_ff, self.d_ff)  # gate, up
         else:
             h = self.act(h)
         return self.w_out(h)

@@ -57,6 +57,7 @@ class RotaryEmbedding(nn.Module):
                  scaling: Optional[dict] = None):
         super().__init__()
         self.rot_dim = int(round(head_dim * rope_fraction))
+        self.key = (head_dim, rope_fraction, theta, style, repr(scaling))  # equal keys: equal tables
         self.style = style
         inv_freq = rope_inv_freq(self.rot_dim, theta)
         attention_factor = 1.0
@@ -67,7 +68,7 @@ class RotaryEmbedding(nn.Module):
         self.attention_factor = attention_factor
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._inv_freq_fp32 = inv_freq.float().clone()  # master copy: not cast by module.to(dtype)
-        self._build(max_len, inv_freq.device)
+        self._build(min(max_len, 8192), inv_freq.device)  # grown on demand by ensure()
 
     def _build(self, length: int, device) -> None:
         inv_freq = self._inv_freq_fp32.to(device)
@@ -78,6 +79,14 @@ class RotaryEmbedding(nn.Module):
             angles = torch.repeat_interleave(angles, 2, dim=-1)
         self.register_buffer("cos", angles.cos() * self.attention_factor, persistent=False)
         self.register_buffer("sin", angles.sin() * self.attention_factor, persistent=False)
+        # sin with the sign of the rotation folded in: rotate(x) * sin == swap(x) * sin_signed, exactly
+        sign = torch.ones(self.rot_dim, device=device)
+        if self.style == "half":
+            sign[: self.rot_dim // 2] = -1
+        else:
+            sign[0::2] = -1
+        self.register_buffer("sin_signed", self.sin * sign, persistent=False)
+        self._memo = None  # (positions, cos, sin) of the last rotate() without autograd
 
     def ensure(self, length: int) -> None:
         """Make the tables cover positions < ``length`` (and be fp32). Called by the model with a
@@ -87,19 +96,40 @@ class RotaryEmbedding(nn.Module):
             self._build(max(length, 2 * current) if length > current else current, self.cos.device)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: (batch, heads, seq, head_dim); positions: (seq,) below the length given to :meth:`ensure`."""
-        cos = self.cos[positions]  # (seq, rot)
-        sin = self.sin[positions]
-        rot, rest = x[..., : self.rot_dim], x[..., self.rot_dim:]
-        xf = rot.float()
+        """x: (batch, heads, seq, head_dim); positions: (seq,) or per row (batch, seq), below the length
+        given to :meth:`ensure`."""
+        cos, sin = self.cos[positions], self.sin_signed[positions]  # (seq, rot) or (batch, seq, rot)
+        if positions.dim() == 2:
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return self._rotate(x, cos, sin)
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Like :meth:`forward` for the (batch, seq, heads, head_dim) layout (q and k side by side).
+
+        Without autograd (inference, decoding) the gathered tables are kept for the next call with the
+        same ``positions`` tensor: the layers sharing this module (TransformerLM shares one per distinct
+        RoPE) gather them once per forward."""
+        memo = self._memo
+        if memo is not None and memo[0] is positions:
+            return self._rotate(x, memo[1], memo[2])
+        cos, sin = self.cos[positions].unsqueeze(-2), self.sin_signed[positions].unsqueeze(-2)
+        if not torch.is_grad_enabled():
+            self._memo = (positions, cos, sin)
+        return self._rotate(x, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+        # x * cos + rotate(x) * sin, with rotate(x) = (-x2, x1) per pair, written as swap(x) * sin_signed
+        # (swap(x) = (x2, x1)): the same products, fewer ops
+        rot, rest = (x, None) if self.rot_dim == x.shape[-1] else (x[..., : self.rot_dim], x[..., self.rot_dim:])
+        xf = rot if rot.dtype == torch.float32 else rot.float()
         if self.style == "half":
-            x1, x2 = xf.chunk(2, dim=-1)
-            rotated = torch.cat([-x2, x1], dim=-1)
+            swapped = torch.roll(xf, self.rot_dim // 2, dims=-1)
         else:
-            x1, x2 = xf[..., 0::2], xf[..., 1::2]
-            rotated = torch.stack([-x2, x1], dim=-1).flatten(-2)
-        out = (xf * cos + rotated * sin).to(x.dtype)
-        return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
+            swapped = xf.unflatten(-1, (self.rot_dim // 2, 2)).flip(-1).flatten(-2)
+        out = xf * cos + swapped * sin_signed
+        if out.dtype != x.dtype:
+            out = out.to(x.dtype)
+        return out if rest is None else torch.cat([out, rest], dim=-1)
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -122,15 +152,17 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 class AbsolutePositions(nn.Module):
     """Learned (GPT-2) or fixed sinusoidal (Vaswani 2017) position vectors: positions (seq,) -> (seq, d_model).
 
-    Learned vectors exist only below ``context_length`` (ValueError beyond); the sinusoidal table is a
-    formula and extends to any position."""
+    Learned vectors exist only below ``context_length`` (ValueError beyond); with ``learned_pos_offset``
+    (OPT: 2) position p reads row p + offset of a (context_length + offset)-row table. The sinusoidal
+    table is a formula and extends to any position."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.kind = cfg.position
         self.max_len = cfg.context_length
         if self.kind == "learned":
-            self.weight = nn.Parameter(torch.zeros(cfg.context_length, cfg.d_model))
+            self.offset = cfg.learned_pos_offset  # OPT: position p reads row p + 2
+            self.weight = nn.Parameter(torch.zeros(cfg.context_length + self.offset, cfg.d_model))
         else:
             self.register_buffer("table", sinusoidal_table(cfg.context_length, cfg.d_model), persistent=False)
 
@@ -147,4 +179,6 @@ class AbsolutePositions(nn.Module):
             )
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        return self.weight[positions] if self.kind == "learned" else self.table[positions]
+        if self.kind == "learned":
+            return self.weight[positions + self.offset] if self.offset else self.weight[positions]
+        return self.table[positions]

@@ -10,6 +10,10 @@ Block layouts (lecture 3, "pre-norm vs post-norm", "serial vs parallel"):
 Initialisation (GPT-2, Radford et al. 2019, section 2.3; nanoGPT): every weight ~ N(0, init_std),
 biases zero, the projections that write into the residual stream scaled by 1/sqrt(2 n_layers);
 norm weights one (Gemma's offset form zero).
+
+``embed_dim`` != d_model (OPT-350M, HF ``word_embed_proj_dim``): embeddings of width embed_dim, projected
+in to d_model (``proj_in``, no bias) before the learned positions are added, and the final hidden state
+projected out to embed_dim (``proj_out``, no bias) before the LM head.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ class Block(nn.Module):
         super().__init__()
         self.position_kind = cfg.norm_position
         self.parallel = cfg.parallel_block
-        norm = lambda: make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias)  # noqa: E731
+        norm = lambda: make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine)  # noqa: E731
         self.attn = Attention(cfg, layer)
         self.mlp = FeedForward(cfg)
         self.attn_norm = norm()
@@ -45,9 +49,13 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.resid_dropout)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: Optional[KVCache] = None,
-                bias_fn=None) -> torch.Tensor:
-        attn = lambda h: self.drop(self.attn(h, positions, cache, bias_fn))  # noqa: E731
-        mlp = lambda h: self.drop(self.mlp(h))  # noqa: E731
+                bias_fn=None, left_pad: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.training and self.drop.p > 0:
+            attn = lambda h: self.drop(self.attn(h, positions, cache, bias_fn, left_pad))  # noqa: E731
+            mlp = lambda h: self.drop(self.mlp(h))  # noqa: E731
+        else:  # dropout is the identity: skip its call (decode speed)
+            attn = lambda h: self.attn(h, positions, cache, bias_fn, left_pad)  # noqa: E731
+            mlp = self.mlp
         kind = self.position_kind
         if self.parallel:
             h = self.attn_norm(x)
@@ -72,12 +80,16 @@ class TransformerLM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        embed_dim = cfg.embed_dim or cfg.d_model  # OPT-350M: narrower embeddings projected in and out
+        self.embed = nn.Embedding(cfg.vocab_size, embed_dim)
+        self.proj_in = nn.Linear(embed_dim, cfg.d_model, bias=False) if embed_dim != cfg.d_model else None
+        self.proj_out = nn.Linear(cfg.d_model, embed_dim, bias=False) if embed_dim != cfg.d_model else None
         self.abs_pos = AbsolutePositions(cfg) if cfg.position in ("learned", "sinusoidal") else None
         self.embd_drop = nn.Dropout(cfg.embd_dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.final_norm = make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if cfg.final_norm else None
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.lm_head_bias)
+        self.final_norm = (make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine)
+                           if cfg.final_norm else None)
+        self.lm_head = nn.Linear(embed_dim, cfg.vocab_size, bias=cfg.lm_head_bias)
         if cfg.position == "alibi":
             self.register_buffer("alibi", alibi_slopes(cfg.n_heads), persistent=False)
         self.rel_bias = None
@@ -85,6 +97,10 @@ class TransformerLM(nn.Module):
             from lmlab.model.t5_bias import T5RelativeBias  # T5 relative position buckets
 
             self.rel_bias = T5RelativeBias(cfg)
+        ropes: dict = {}  # layers with the same RoPE share one module: one table, gathered once per forward
+        for block in self.blocks:
+            if block.attn.rope is not None:
+                block.attn.rope = ropes.setdefault(block.attn.rope.key, block.attn.rope)
         self._position_tables = [m for m in self.modules() if hasattr(m, "ensure")]
         self.reset_parameters()
         if cfg.tie_embeddings:
@@ -113,34 +129,59 @@ class TransformerLM(nn.Module):
             return lambda q_pos, k_pos, layer: self.rel_bias(q_pos, k_pos)
         return None
 
-    def forward(self, idx: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, cache: Optional[KVCache] = None,
+                left_pad: Optional[torch.Tensor] = None) -> torch.Tensor:
         """idx: (batch, seq) token ids. With ``cache``, idx continues the cached positions and the
-        cache is advanced by seq. Returns logits (batch, seq, vocab_size) in fp32."""
-        return self.logits(self.hidden(idx, cache))
+        cache is advanced by seq. ``left_pad`` (batch,): leading padding tokens of each row (batched
+        prompts of different lengths): row b's token i sits at position i - left_pad[b] and padding is
+        never attended to; with a cache it is stored there (set it with the first tokens) and applies to
+        every later call. Returns logits (batch, seq, vocab_size) in fp32."""
+        return self.logits(self.hidden(idx, cache, left_pad))
 
-    def hidden(self, idx: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
+    def hidden(self, idx: torch.Tensor, cache: Optional[KVCache] = None,
+               left_pad: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Final hidden states (batch, seq, d_model), after the final norm."""
         T = idx.shape[1]
-        start = cache.length if cache is not None else 0
+        start, pad_min = 0, 0
+        if cache is not None:
+            start = cache.length
+            if left_pad is not None:
+                cache.set_left_pad(left_pad)
+            left_pad, pad_min = cache.left_pad, cache.pad_min
+        elif left_pad is not None:
+            left_pad = torch.as_tensor(left_pad, dtype=torch.long, device=idx.device)
+            pad_min = int(left_pad.min())
+            left_pad = left_pad if int(left_pad.max()) else None
         positions = torch.arange(start, start + T, device=idx.device)
+        if left_pad is not None:  # per row: cache index minus the row's padding (padding itself at 0)
+            positions = (positions[None, :] - left_pad[:, None]).clamp(min=0)
         for module in self._position_tables:
-            module.ensure(start + T)
+            module.ensure(start + T - pad_min)
         x = self.embed(idx)
         if self.cfg.scale_embeddings:
             x = x * torch.tensor(math.sqrt(self.cfg.d_model), dtype=x.dtype)
+        if self.proj_in is not None:
+            x = self.proj_in(x)
         if self.abs_pos is not None:
             x = x + self.abs_pos(positions).to(x.dtype)
-        x = self.embd_drop(x)
+        if self.training and self.embd_drop.p > 0:
+            x = self.embd_drop(x)
         bias_fn = self._bias_fn()
         for block in self.blocks:
-            x = block(x, positions, cache, bias_fn)
+            x = block(x, positions, cache, bias_fn, left_pad)
         if cache is not None:
             cache.length += T
         return self.final_norm(x) if self.final_norm is not None else x
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """LM head with the optional final-logit soft-cap: (batch, seq, d_model) -> fp32 logits."""
-        return softcap(self.lm_head(h).float(), self.cfg.final_logit_softcap)
+        """LM head with the optional final-logit soft-cap: (batch, seq, d_model) -> fp32 logits. With
+        ``embed_dim`` != d_model the states are first projected out to embed_dim (``proj_out``)."""
+        if self.proj_out is not None:  # embed_dim != d_model: back to the embedding width (OPT-350M)
+            h = self.proj_out(h)
+        logits = self.lm_head(h).float()
+        if self.cfg.logit_scale != 1.0:  # Cohere: logits * logit_scale, before any soft-cap
+            logits = logits * self.cfg.logit_scale
+        return softcap(logits, self.cfg.final_logit_softcap)
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count (tied weights counted once); ``non_embedding`` drops the token embedding and

@@ -1,0 +1,382 @@
+"""Helpers shared by the Hugging Face family converters (``lmlab/interop/families/``).
+
+- strict reading of ``config.json``: :func:`check_fields` refuses any field a converter does not handle
+  (other than the metadata listed in :data:`META_FIELDS`, which never changes the forward pass);
+- RoPE parameters in both of HF's spellings (v5 ``rope_parameters``; v4 ``rope_theta`` + ``rope_scaling``),
+  to and from ``ModelConfig.rope_theta`` / ``rope_scaling`` (:func:`read_rope`, :func:`rope_to_hf`);
+- per-layer attention types (``layer_types``) to and from ``ModelConfig.layer_pattern``;
+- weight layouts: HF's separate q/k/v and gate/up matrices are concatenated along rows into lmlab's fused
+  ``attn.qkv`` ([q heads | k heads | v heads]) and ``mlp.w_in`` ([gate | up]) and split back
+  (:func:`convert_state`, driven by a list of :class:`TensorMap` records);
+- :func:`layer_signature` / :func:`verify_roundtrip`: a family's ``config_to_hf`` proves it represents a
+  config exactly by converting the HF mapping back and comparing every forward-relevant property.
+
+Everything that cannot be represented raises :class:`~lmlab.interop.registry.UnsupportedError` naming the
+field, its value and what is supported.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from lmlab.config import ConfigError, ModelConfig
+from lmlab.interop.registry import StateDict, UnsupportedError
+
+# config.json fields that describe the checkpoint, the tokenizer's special ids, initialisation, caching or
+# generation defaults: none of them changes the logits of a forward pass.
+META_FIELDS = frozenset({
+    "_name_or_path", "architectures", "model_type", "transformers_version", "dtype", "torch_dtype",
+    "id2label", "label2id", "num_labels", "problem_type", "return_dict", "output_attentions",
+    "output_hidden_states", "use_return_dict", "torchscript", "chunk_size_feed_forward", "is_encoder_decoder",
+    "is_decoder", "add_cross_attention", "cross_attention_hidden_size", "tie_encoder_decoder", "pruned_heads",
+    "tf_legacy_loss", "use_bfloat16", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
+    "decoder_start_token_id", "initializer_range", "use_cache", "cache_implementation", "tokenizer_class",
+    "prefix", "task_specific_params", "finetuning_task", "max_length", "min_length", "do_sample",
+    "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p",
+    "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
+    "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "_attn_implementation",
+    "_attn_implementation_autoset", "attn_implementation", "use_flash_attn", "pretraining_tp",
+})
+
+ROPE_FIELDS = frozenset({"rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor"})
+# HF rope_type -> lmlab rope_scaling type; keys besides rope_type/type/rope_theta carried over unchanged
+_ROPE_TYPES = {"linear": "linear", "yarn": "yarn", "llama3": "llama3"}
+_ROPE_KEYS = {
+    "linear": {"factor"},
+    "yarn": {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale",
+             "mscale_all_dim", "truncate"},
+    "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
+}
+SUPPORTED_ROPE = "default, linear, yarn, llama3"
+
+
+def unsupported(family: str, field: str, value: Any, supported: str) -> UnsupportedError:
+    return UnsupportedError(f"{family}: {field}={value!r} cannot be represented exactly by lmlab; supported: {supported}")
+
+
+def check_fields(hf: dict, family: str, handled: set | frozenset) -> None:
+    """Refuse config.json fields that are neither handled by the ``family`` converter nor metadata."""
+    if hf.get("quantization_config"):
+        raise unsupported(family, "quantization_config", hf["quantization_config"], "unquantized checkpoints only")
+    unknown = sorted(k for k in hf if k not in handled and k not in META_FIELDS and k not in ROPE_FIELDS)
+    if unknown:
+        raise UnsupportedError(
+            f"{family}: config.json field(s) {', '.join(f'{k}={hf[k]!r}' for k in unknown)} are not handled by lmlab's "
+            f"{family} converter (it refuses rather than guess whether they change the model); handled fields: "
+            f"{', '.join(sorted(handled))} plus RoPE and metadata fields")
+
+
+def get(hf: dict, key: str, defaults: dict) -> Any:
+    """``hf[key]`` if the key is present (even None), else the family's default from ``defaults`` (the
+    transformers config class defaults, as HF itself fills an absent key)."""
+    return hf[key] if key in hf else defaults.get(key)
+
+
+def require(hf: dict, family: str, key: str, expected: Any, supported: str, defaults: dict) -> None:
+    """Refuse when field ``key`` (default from ``defaults``) is not ``expected``."""
+    value = get(hf, key, defaults)
+    if value != expected and not (expected is False and value is None):
+        raise unsupported(family, key, value, supported)
+
+
+# ------------------------------------------------------------------------------------------------
+# RoPE
+# ------------------------------------------------------------------------------------------------
+
+def _rope_dict(params: dict, family: str, field: str, max_pos: Optional[int]) -> Optional[dict]:
+    """An HF RoPE parameter mapping (rope_type + params) -> lmlab rope_scaling (None for 'default')."""
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind in (None, "default"):
+        extra = sorted(k for k in params if k not in ("rope_type", "type", "rope_theta", "partial_rotary_factor"))
+        if extra:
+            raise unsupported(family, f"{field}.{extra[0]}", params[extra[0]], "no parameters besides rope_theta for "
+                              "rope_type 'default'")
+        return None
+    if kind not in _ROPE_TYPES:
+        raise unsupported(family, f"{field}.rope_type", kind, SUPPORTED_ROPE)
+    keys = _ROPE_KEYS[kind]
+    out: dict = {"type": _ROPE_TYPES[kind]}
+    for key, value in params.items():
+        if key in ("rope_type", "type", "rope_theta", "partial_rotary_factor"):
+            continue
+        if key not in keys:
+            raise unsupported(family, f"{field}.{key}", value, f"keys {', '.join(sorted(keys))} for rope_type {kind!r}")
+        if value is not None:
+            out[key] = value
+    if "original_max_position_embeddings" in keys and "original_max_position_embeddings" not in out:
+        out["original_max_position_embeddings"] = max_pos  # HF's standardize_rope_params default
+    if out.get("factor") is None:
+        raise unsupported(family, f"{field}.factor", None, "an explicit factor")
+    return out
+
+
+def read_rope(hf: dict, family: str, layer_type: Optional[str] = None, default_theta: float = 10000.0,
+              legacy_theta_key: str = "rope_theta") -> tuple[float, Optional[dict], float]:
+    """(rope_theta, lmlab rope_scaling or None, partial_rotary_factor) from either HF spelling: v5
+    ``rope_parameters`` (nested by layer type for Gemma 3: pass ``layer_type``) or v4 ``rope_theta`` +
+    ``rope_scaling`` (``legacy_theta_key`` names the v4 theta field of that layer type, e.g. Gemma 3's
+    ``rope_local_base_freq``; v4 ``rope_scaling`` applies to full-attention layers only)."""
+    params = hf.get("rope_parameters")
+    field = "rope_parameters"
+    nested = isinstance(params, dict) and any(isinstance(v, dict) for v in params.values())
+    if isinstance(params, dict) and nested and layer_type in params:
+        params, field = dict(params[layer_type] or {}), f"rope_parameters.{layer_type}"
+    elif isinstance(params, dict) and params and not nested:
+        params = dict(params)
+    else:  # v4 spelling
+        legacy = hf.get("rope_scaling") if layer_type in (None, "full_attention") else None
+        params, field = dict(legacy or {}), "rope_scaling"
+    if params.get("rope_theta") is None:
+        legacy_theta = hf.get(legacy_theta_key)
+        params["rope_theta"] = default_theta if legacy_theta is None else legacy_theta
+    partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
+    scaling = _rope_dict(params, family, field, hf.get("max_position_embeddings"))
+    return float(params["rope_theta"]), scaling, 1.0 if partial is None else float(partial)
+
+
+def rope_to_hf(theta: float, scaling: Optional[dict], rot_dim: int) -> dict:
+    """lmlab (rope_theta, rope_scaling) -> an HF v5 ``rope_parameters`` mapping. 'ntk' becomes the
+    default RoPE at its enlarged base theta * factor^(rot/(rot-2)), which is what it computes."""
+    if scaling is None:
+        return {"rope_type": "default", "rope_theta": float(theta)}
+    kind = scaling["type"]
+    if kind == "ntk":
+        return {"rope_type": "default", "rope_theta": float(theta) * float(scaling["factor"]) ** (rot_dim / (rot_dim - 2))}
+    out = {"rope_type": kind, "rope_theta": float(theta)}
+    out.update({k: v for k, v in scaling.items() if k != "type"})
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Layer types <-> layer_pattern
+# ------------------------------------------------------------------------------------------------
+
+def pattern_from_types(types: Sequence[str], family: str) -> Optional[str]:
+    """HF ``layer_types`` ('sliding_attention' / 'full_attention' per layer) -> the shortest lmlab
+    ``layer_pattern`` that tiles them, or None when every layer is full."""
+    letters = []
+    for i, t in enumerate(types):
+        if t == "sliding_attention":
+            letters.append("L")
+        elif t == "full_attention":
+            letters.append("G")
+        else:
+            raise unsupported(family, f"layer_types[{i}]", t, "'sliding_attention', 'full_attention'")
+    if "L" not in letters:
+        return None
+    n = len(letters)
+    for period in range(1, n + 1):
+        if n % period == 0 and letters == letters[:period] * (n // period):
+            return "".join(letters[:period])
+    return "".join(letters)
+
+
+def types_from_cfg(cfg: ModelConfig) -> list[str]:
+    """lmlab per-layer windows -> HF ``layer_types``."""
+    return ["sliding_attention" if cfg.layer_is_local(i) else "full_attention" for i in range(cfg.n_layers)]
+
+
+# ------------------------------------------------------------------------------------------------
+# Activations and biases
+# ------------------------------------------------------------------------------------------------
+
+GATED_ACT = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu_tanh": "geglu",
+             "gelu_new": "geglu", "relu": "reglu"}
+GATED_ACT_TO_HF = {"swiglu": "silu", "geglu": "gelu_pytorch_tanh", "reglu": "relu"}
+
+
+def gated_activation(family: str, field: str, value: str) -> str:
+    """HF gated-MLP activation name -> lmlab activation (swiglu / geglu / reglu)."""
+    if value not in GATED_ACT:
+        raise unsupported(family, field, value, ", ".join(sorted(GATED_ACT)) +
+                          " (exact GELU 'gelu' in a gated MLP has no lmlab activation)")
+    return GATED_ACT[value]
+
+
+# ------------------------------------------------------------------------------------------------
+# Round-trip verification
+# ------------------------------------------------------------------------------------------------
+
+def layer_signature(cfg: ModelConfig) -> dict:
+    """Every property of ``cfg`` that changes the forward pass, canonicalised so that two configs with the
+    same signature compute the same function with the same parameter layout (training-only fields, the
+    FFN sizing rules that produced d_ff, and switches made moot by others are left out)."""
+    qk_scope = cfg.qk_norm_scope if cfg.qk_norm != "none" else None
+    sig: dict = {k: getattr(cfg, k) for k in (
+        "vocab_size", "context_length", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
+        "norm_type", "norm_position", "norm_eps", "final_norm", "bias", "lm_head_bias", "activation",
+        "parallel_block", "position", "qk_norm", "attn_logit_softcap", "final_logit_softcap",
+        "tie_embeddings", "scale_embeddings", "clip_qkv", "logit_scale")}
+    for extra in ("embed_dim", "learned_pos_offset"):  # switches other families add (OPT)
+        if hasattr(cfg, extra):
+            sig[extra] = getattr(cfg, extra)
+    sig["norm_affine"] = cfg.norm_affine
+    sig["norm_bias"] = cfg.norm_bias if cfg.norm_affine else False
+    sig["parallel_shared_norm"] = cfg.parallel_shared_norm if cfg.parallel_block else None
+    sig["qk_norm_scope"] = qk_scope
+    sig["query_scale"] = cfg.query_pre_attn_scalar if cfg.query_pre_attn_scalar else cfg.head_dim
+    sig["t5"] = (cfg.t5_num_buckets, cfg.t5_max_distance) if cfg.position == "t5" else None
+    layers = []
+    for i in range(cfg.n_layers):
+        window = cfg.layer_window(i)
+        rope = None
+        if cfg.position == "rope" and not (cfg.nope_global_layers and window is None):
+            local = window is not None and cfg.rope_local_theta
+            theta = cfg.rope_local_theta if local else cfg.rope_theta
+            scaling = None if local else cfg.rope_scaling
+            rot = int(round(cfg.head_dim * cfg.rope_fraction))
+            if scaling is not None and scaling["type"] == "ntk":
+                theta, scaling = theta * float(scaling["factor"]) ** (rot / (rot - 2)), None
+            rope = (cfg.rope_style, rot, float(theta), None if scaling is None else tuple(sorted(scaling.items())))
+        layers.append((window, rope))
+    sig["layers"] = layers
+    return sig
+
+
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        return math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
+    return a == b
+
+
+def verify_roundtrip(family: str, cfg: ModelConfig, hf: dict, to_lmlab: Callable[[dict], ModelConfig]) -> dict:
+    """Check that ``hf`` (a config.json mapping written by a family's ``config_to_hf``) converts back to a
+    config computing the same function as ``cfg``; UnsupportedError naming every differing property.
+    Returns ``hf``."""
+    try:
+        back = to_lmlab(dict(hf))
+    except (ConfigError, UnsupportedError) as exc:
+        raise UnsupportedError(f"{family} cannot represent this config: {exc}") from None
+    a, b = layer_signature(cfg), layer_signature(back)
+    diffs = []
+    for key in a:
+        if key == "layers":
+            for i, (la, lb) in enumerate(zip(a["layers"], b["layers"])):
+                if la != lb:
+                    what = []
+                    if la[0] != lb[0]:
+                        what.append(f"window {la[0]} (the family gives {lb[0]})")
+                    if la[1] != lb[1]:
+                        what.append(f"RoPE {la[1]} (the family gives {lb[1]})")
+                    diffs.append(f"layer {i}: {', '.join(what)}")
+                    break
+        elif not _close(a[key], b.get(key)):
+            diffs.append(f"{key}={a[key]!r} (the family gives {b.get(key)!r})")
+    if diffs:
+        raise UnsupportedError(f"{family} cannot represent this config exactly: {'; '.join(diffs)}")
+    return hf
+
+
+# ------------------------------------------------------------------------------------------------
+# Tensors
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TensorMap:
+    """One lmlab tensor made of HF tensors concatenated along dim 0 (in order); ``sizes`` are their row
+    counts (used to split on export)."""
+
+    lmlab: str
+    hf: tuple[str, ...]
+    sizes: tuple[int, ...]
+
+
+def llama_layer_maps(cfg: ModelConfig, norms: dict[str, str], prefix: str = "model.layers",
+                     attn: str = "self_attn", qk_norm_names: tuple[str, str] = ("q_norm", "k_norm")) -> list[TensorMap]:
+    """TensorMaps of a Llama-layout checkpoint (q_proj/k_proj/v_proj/o_proj, gate_proj/up_proj/down_proj,
+    per-layer norms named by ``norms``: lmlab block norm name -> HF module name), weights and biases."""
+    H, K, D, F = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
+    maps = []
+    for i in range(cfg.n_layers):
+        p, b = f"{prefix}.{i}", f"blocks.{i}"
+        for s in ("weight", "bias"):
+            maps.append(TensorMap(f"{b}.attn.qkv.{s}", (f"{p}.{attn}.q_proj.{s}", f"{p}.{attn}.k_proj.{s}",
+                                                         f"{p}.{attn}.v_proj.{s}"), (H * D, K * D, K * D)))
+            maps.append(TensorMap(f"{b}.attn.out.{s}", (f"{p}.{attn}.o_proj.{s}",), (cfg.d_model,)))
+            maps.append(TensorMap(f"{b}.mlp.w_in.{s}", (f"{p}.mlp.gate_proj.{s}", f"{p}.mlp.up_proj.{s}"), (F, F)))
+            maps.append(TensorMap(f"{b}.mlp.w_out.{s}", (f"{p}.mlp.down_proj.{s}",), (cfg.d_model,)))
+            for ours, theirs in norms.items():
+                maps.append(TensorMap(f"{b}.{ours}.{s}", (f"{p}.{theirs}.{s}",), (cfg.d_model,)))
+        for ours, theirs in zip(("q_norm", "k_norm"), qk_norm_names):
+            maps.append(TensorMap(f"{b}.attn.{ours}.weight", (f"{p}.{attn}.{theirs}.weight",), (-1,)))
+    return maps
+
+
+def model_maps(cfg: ModelConfig, layer_maps: list[TensorMap], embed: str = "model.embed_tokens.weight",
+               final_norm: str = "model.norm", lm_head: str = "lm_head") -> list[TensorMap]:
+    maps = [TensorMap("embed.weight", (embed,), (cfg.vocab_size,))]
+    maps += layer_maps
+    for s in ("weight", "bias"):
+        maps.append(TensorMap(f"final_norm.{s}", (f"{final_norm}.{s}",), (-1,)))
+        maps.append(TensorMap(f"lm_head.{s}", (f"{lm_head}.{s}",), (-1,)))
+    return maps
+
+
+def expected_state(cfg: ModelConfig) -> dict[str, torch.Size]:
+    """Names and shapes of the tensors an lmlab checkpoint of ``cfg`` holds (tied LM head left out)."""
+    from lmlab.model import TransformerLM
+
+    with torch.device("meta"):
+        model = TransformerLM(cfg)
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    if cfg.tie_embeddings:
+        shapes.pop("lm_head.weight", None)
+    return shapes
+
+
+IGNORED_HF_SUFFIXES = (".rotary_emb.inv_freq", "rotary_emb.inv_freq", ".masked_bias", ".attn.bias")
+
+
+def state_to_lmlab(hf_state: StateDict, cfg: ModelConfig, maps: list[TensorMap], family: str) -> StateDict:
+    """Gather lmlab tensors from an HF state dict; UnsupportedError for a missing tensor, a tensor of
+    the checkpoint that has no place in lmlab's model, or a tied LM head that differs from the embedding."""
+    expected = expected_state(cfg)
+    out: StateDict = {}
+    used: set = set()
+    for m in maps:
+        if m.lmlab not in expected:
+            continue
+        missing = [k for k in m.hf if k not in hf_state]
+        if missing:
+            raise UnsupportedError(f"{family}: the checkpoint lacks {missing[0]!r}, needed for lmlab's {m.lmlab!r}")
+        parts = [hf_state[k] for k in m.hf]
+        out[m.lmlab] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        used.update(m.hf)
+    lost = sorted(set(expected) - set(out))
+    if lost:
+        raise UnsupportedError(f"{family}: no checkpoint tensor maps to lmlab's {lost[:3]}")
+    head = next((m.hf[0] for m in maps if m.lmlab == "lm_head.weight"), "lm_head.weight")
+    if cfg.tie_embeddings and head in hf_state:
+        if not torch.equal(hf_state[head].to(out["embed.weight"].dtype), out["embed.weight"]):
+            raise unsupported(family, "tie_word_embeddings", True, "a tied checkpoint whose lm_head.weight equals "
+                              "the token embedding (this one stores a different LM head)")
+        used.add(head)
+    extra = sorted(k for k in hf_state if k not in used and not k.endswith(IGNORED_HF_SUFFIXES))
+    if extra:
+        raise UnsupportedError(f"{family}: checkpoint tensor(s) {extra[:4]}{' ...' if len(extra) > 4 else ''} have no "
+                               f"place in lmlab's model of this config (refusing to drop them)")
+    wrong = [(k, tuple(out[k].shape), tuple(expected[k])) for k in out if out[k].shape != expected[k]]
+    if wrong:
+        raise UnsupportedError(f"{family}: tensor shapes do not fit the config: {wrong[:3]}")
+    return out
+
+
+def state_to_hf(state: StateDict, cfg: ModelConfig, maps: list[TensorMap]) -> StateDict:
+    """Split lmlab tensors into HF ones (the inverse of :func:`state_to_lmlab`); the tied LM head is left out."""
+    out: StateDict = {}
+    for m in maps:
+        if m.lmlab not in state or (cfg.tie_embeddings and m.lmlab == "lm_head.weight"):
+            continue
+        t = state[m.lmlab]
+        if len(m.hf) == 1:
+            out[m.hf[0]] = t.contiguous()
+        else:
+            for name, part in zip(m.hf, t.split(list(m.sizes), dim=0)):
+                out[name] = part.contiguous()
+    return out

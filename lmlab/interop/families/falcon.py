@@ -1,0 +1,214 @@
+"""Falcon (TII 2023; HF ``FalconForCausalLM``, transformers/models/falcon/modeling_falcon.py).
+
+LayerNorm (with bias) blocks, parallel attention + MLP off one LayerNorm (``parallel_attn``; Falcon-7B) or
+sequential pre-norm; with ``new_decoder_architecture`` (Falcon-40B/180B) always parallel, off two LayerNorms
+(``ln_attn``, ``ln_mlp``) or one (``num_ln_in_parallel_attn=1``). A plain MLP of exact GELU by default,
+biases on all linear layers or none (``bias``), full-width RoPE with rotate-half pairs, the LM head tied.
+The fused ``query_key_value`` comes in three layouts, all mapped to lmlab's [q heads | k heads | v heads]:
+- multi-query (``multi_query``; Falcon-7B): [q heads | k | v], one KV head;
+- multi-head (neither flag): per head [q_h, k_h, v_h] in turn (as GPT-NeoX);
+- new architecture: per KV group g, [q heads of g ..., k_g, v_g] (``num_kv_heads`` groups, GQA).
+Unsupported: ``alibi=True`` (HF Falcon adds bf16(bf16(slope) * key index) / sqrt(head_dim): the bias is
+rounded to bfloat16 and measured from the key's absolute index, which lmlab's fp32 ALiBi, -slope * (i - j),
+cannot reproduce to 1e-4); ``new_decoder_architecture`` with ``parallel_attn=False`` (HF builds norms
+its forward does not use).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lmlab.config import ModelConfig
+from lmlab.interop.families._tools import (check_expressible, check_fields, deinterleave_heads, expect, hf_act_name,
+                                           hf_activation, hf_get, interleave_heads, lm_key, put, read_rope, reject,
+                                           rope_parameters, split_qkv, StateReader)
+from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
+
+NAME = "falcon"
+
+
+def _layout(hf: dict) -> str:
+    """'new' | 'mqa' | 'mha': the fused qkv layout of an HF Falcon config."""
+    if hf.get("new_decoder_architecture"):
+        return "new"
+    return "mqa" if hf.get("multi_query", True) else "mha"
+
+HANDLED = frozenset({  # config.json fields this converter reads (besides RoPE and metadata)
+    "vocab_size", "hidden_size", "n_embed", "num_hidden_layers", "num_attention_heads", "num_ln_in_parallel_attn",
+    "layer_norm_epsilon", "hidden_dropout", "attention_dropout", "num_kv_heads", "alibi",
+    "new_decoder_architecture", "multi_query", "parallel_attn", "bias", "max_position_embeddings",
+    "ffn_hidden_size", "activation", "tie_word_embeddings", "apply_residual_connection_post_layernorm",
+})
+
+
+def config_to_lmlab(hf: dict) -> ModelConfig:
+    check_fields(hf, NAME, HANDLED)
+    if hf.get("alibi"):
+        reject(NAME, "alibi", True, "RoPE Falcons only: HF Falcon's ALiBi bias is bf16(bf16(slope) * key_index) "
+                                    "/ sqrt(head_dim), bfloat16-rounded, which lmlab's fp32 ALiBi cannot reproduce")
+    expect(NAME, hf, "apply_residual_connection_post_layernorm", (False,), False)
+    d_model = hf_get(hf, "n_embed", "hidden_size", default=4544)  # HF lets the old n_embed win
+    n_heads = hf_get(hf, "num_attention_heads", default=71)
+    head_dim = d_model // n_heads
+    layout = _layout(hf)
+    parallel = expect(NAME, hf, "parallel_attn", (True, False), True)
+    shared_norm = True
+    if layout == "new":
+        if not parallel:
+            reject(NAME, "parallel_attn", False, "parallel_attn=True with new_decoder_architecture (HF's own "
+                                                 "forward needs ln_attn/ln_mlp it does not build otherwise)")
+        shared_norm = expect(NAME, hf, "num_ln_in_parallel_attn", (1, 2), 2) == 1
+        n_kv = hf_get(hf, "num_kv_heads", default=n_heads)
+    elif layout == "mqa":
+        n_kv = 1
+    else:
+        n_kv = hf_get(hf, "num_kv_heads", default=n_heads)
+        if n_kv != n_heads:
+            reject(NAME, "num_kv_heads", n_kv, f"num_kv_heads = num_attention_heads ({n_heads}) without "
+                                               f"multi_query or new_decoder_architecture (HF's fused layout)")
+    biased = expect(NAME, hf, "bias", (True, False), False)
+    return ModelConfig(
+        vocab_size=hf_get(hf, "vocab_size", default=65024),
+        context_length=hf_get(hf, "max_position_embeddings", default=2048),
+        d_model=d_model,
+        n_layers=hf_get(hf, "num_hidden_layers", default=32),
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        d_ff=hf_get(hf, "ffn_hidden_size", default=4 * d_model),
+        norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True,
+        norm_eps=float(hf_get(hf, "layer_norm_epsilon", default=1e-5)),
+        bias="all" if biased else "none", lm_head_bias=False,
+        activation=hf_activation(NAME, "activation", hf_get(hf, "activation", default="gelu")),
+        parallel_block=parallel, parallel_shared_norm=shared_norm,
+        position="rope", rope_style="half", **read_rope(NAME, hf, head_dim, fixed_fraction=1.0),
+        tie_embeddings=bool(hf_get(hf, "tie_word_embeddings", default=True)),
+        attn_dropout=float(hf_get(hf, "attention_dropout", default=0.0)),
+        resid_dropout=float(hf_get(hf, "hidden_dropout", default=0.0)),
+        init_std=float(hf_get(hf, "initializer_range", default=0.02)),
+    )
+
+
+def _qkv_to_lmlab(w: torch.Tensor, cfg: ModelConfig, layout: str) -> torch.Tensor:
+    H, K, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    if layout == "mha":
+        return deinterleave_heads(w, H, D)
+    if layout == "mqa":
+        return w.contiguous()
+    rest = w.shape[1:]
+    g = w.reshape(K, H // K + 2, D, *rest)  # per group: H/K query heads, then k, then v
+    return torch.cat([g[:, :-2].reshape(H * D, *rest), g[:, -2].reshape(K * D, *rest),
+                      g[:, -1].reshape(K * D, *rest)]).contiguous()
+
+
+def _qkv_to_hf(w: torch.Tensor, cfg: ModelConfig, layout: str) -> torch.Tensor:
+    H, K, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    if layout == "mha":
+        return interleave_heads(w, H, D)
+    if layout == "mqa":
+        return w.contiguous()
+    q, k, v = split_qkv(w, cfg)
+    rest = w.shape[1:]
+    g = torch.cat([q.reshape(K, H // K, D, *rest), k.reshape(K, 1, D, *rest), v.reshape(K, 1, D, *rest)], dim=1)
+    return g.reshape((H + 2 * K) * D, *rest).contiguous()
+
+
+def _norm_names(cfg: ModelConfig, hf: dict) -> list[tuple[str, str]]:
+    if not cfg.parallel_block:
+        return [("input_layernorm", "attn_norm"), ("post_attention_layernorm", "mlp_norm")]
+    if cfg.parallel_shared_norm:
+        return [("input_layernorm", "attn_norm")]
+    return [("ln_attn", "attn_norm"), ("ln_mlp", "mlp_norm")]
+
+
+def state_to_lmlab(hf_state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
+    r = StateReader(NAME, hf_state, prefixes=("transformer.",))
+    layout = _layout(hf)
+    biased = cfg.bias == "all"
+    out: StateDict = {"embed.weight": r.take("word_embeddings.weight")}
+    for i in range(cfg.n_layers):
+        h, b = f"h.{i}.", f"blocks.{i}."
+        for hf_norm, lm_norm in _norm_names(cfg, hf):
+            put(out, b + lm_norm + ".weight", r.take(h + hf_norm + ".weight"))
+            put(out, b + lm_norm + ".bias", r.take(h + hf_norm + ".bias"))
+        put(out, b + "attn.qkv.weight", _qkv_to_lmlab(r.take(h + "self_attention.query_key_value.weight"), cfg, layout))
+        if biased:
+            put(out, b + "attn.qkv.bias", _qkv_to_lmlab(r.take(h + "self_attention.query_key_value.bias"), cfg, layout))
+        for hf_lin, lm_lin in (("self_attention.dense", "attn.out"), ("mlp.dense_h_to_4h", "mlp.w_in"),
+                               ("mlp.dense_4h_to_h", "mlp.w_out")):
+            put(out, b + lm_lin + ".weight", r.take(h + hf_lin + ".weight"))
+            put(out, b + lm_lin + ".bias", r.take_if(h + hf_lin + ".bias", biased))
+    put(out, "final_norm.weight", r.take("ln_f.weight"))
+    put(out, "final_norm.bias", r.take("ln_f.bias"))
+    if cfg.tie_embeddings:
+        r.tied_head("lm_head.weight", out["embed.weight"])
+    else:
+        put(out, "lm_head.weight", r.take("lm_head.weight"))
+    return r.finish(out, cfg)
+
+
+def _hf_layout(cfg: ModelConfig) -> dict:
+    """The HF layout flags for ``cfg``: MQA -> multi_query; MHA sequential or shared-norm -> plain;
+    GQA or two norms -> new_decoder_architecture."""
+    two_norms = cfg.parallel_block and not cfg.parallel_shared_norm
+    if cfg.n_kv_heads == cfg.n_heads and not two_norms:
+        return {"new_decoder_architecture": False, "multi_query": False}
+    if cfg.n_kv_heads == 1 and not two_norms:
+        return {"new_decoder_architecture": False, "multi_query": True}
+    if not cfg.parallel_block:
+        raise UnsupportedError(f"{NAME}: n_kv_heads={cfg.n_kv_heads} of n_heads={cfg.n_heads} cannot be exported "
+                               f"with a sequential block; Falcon has GQA only in its parallel new_decoder_architecture")
+    return {"new_decoder_architecture": True, "multi_query": False,
+            "num_ln_in_parallel_attn": 1 if cfg.parallel_shared_norm else 2}
+
+
+def config_to_hf(cfg: ModelConfig) -> dict:
+    if cfg.bias not in ("all", "none"):
+        raise UnsupportedError(f"{NAME}: bias={cfg.bias!r} cannot be exported; Falcon's bias flag covers every "
+                               f"linear layer: bias 'all' or 'none'")
+    hf = {
+        "model_type": NAME, "architectures": ["FalconForCausalLM"],
+        "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.context_length, "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "num_kv_heads": cfg.n_kv_heads,
+        "ffn_hidden_size": cfg.d_ff, "activation": hf_act_name(NAME, cfg.activation, gated=False,
+                                                              tanh_name="gelu_pytorch_tanh"),
+        "layer_norm_epsilon": cfg.norm_eps, "bias": cfg.bias == "all", "alibi": False,
+        "parallel_attn": cfg.parallel_block, **_hf_layout(cfg),
+        "rope_parameters": rope_parameters(cfg, partial=False),
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_dropout": cfg.attn_dropout, "hidden_dropout": cfg.resid_dropout,
+        "initializer_range": cfg.init_std,
+    }
+    check_expressible(NAME, cfg, hf, config_to_lmlab)
+    return hf
+
+
+def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
+    layout = _layout(_hf_layout(cfg))
+    biased = cfg.bias == "all"
+    out: StateDict = {"transformer.word_embeddings.weight": lm_key(state, "embed.weight")}
+    for i in range(cfg.n_layers):
+        h, b = f"transformer.h.{i}.", f"blocks.{i}."
+        for hf_norm, lm_norm in _norm_names(cfg, {}):
+            put(out, h + hf_norm + ".weight", lm_key(state, b + lm_norm + ".weight"))
+            put(out, h + hf_norm + ".bias", lm_key(state, b + lm_norm + ".bias"))
+        put(out, h + "self_attention.query_key_value.weight", _qkv_to_hf(lm_key(state, b + "attn.qkv.weight"), cfg, layout))
+        if biased:
+            put(out, h + "self_attention.query_key_value.bias", _qkv_to_hf(lm_key(state, b + "attn.qkv.bias"), cfg, layout))
+        for hf_lin, lm_lin in (("self_attention.dense", "attn.out"), ("mlp.dense_h_to_4h", "mlp.w_in"),
+                               ("mlp.dense_4h_to_h", "mlp.w_out")):
+            put(out, h + hf_lin + ".weight", lm_key(state, b + lm_lin + ".weight"))
+            put(out, h + hf_lin + ".bias", lm_key(state, b + lm_lin + ".bias", biased))
+    put(out, "transformer.ln_f.weight", lm_key(state, "final_norm.weight"))
+    put(out, "transformer.ln_f.bias", lm_key(state, "final_norm.bias"))
+    if not cfg.tie_embeddings:
+        put(out, "lm_head.weight", lm_key(state, "lm_head.weight"))
+    return out
+
+
+FAMILY = register(Family(
+    model_type=NAME, hf_class="FalconForCausalLM", config_to_lmlab=config_to_lmlab, state_to_lmlab=state_to_lmlab,
+    config_to_hf=config_to_hf, state_to_hf=state_to_hf,
+    notes="exact for RoPE Falcons: MQA (7B), MHA, new_decoder_architecture GQA with one or two LayerNorms (40B/180B), "
+          "parallel or sequential blocks. Unsupported: alibi=True (HF rounds the ALiBi bias to bfloat16 and scales "
+          "it by 1/sqrt(head_dim); lmlab's fp32 ALiBi cannot match it to 1e-4).",
+))

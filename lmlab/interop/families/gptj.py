@@ -1,0 +1,126 @@
+"""GPT-J (Wang & Komatsuzaki 2021; HF ``GPTJForCausalLM``, transformers/models/gptj/modeling_gptj.py).
+
+Parallel block off one LayerNorm (x + attn(ln(x)) + mlp(ln(x))), attention without biases, a plain GELU MLP
+with biases, an LM head with a bias, RoPE on the first ``rotary_dim`` channels of each head with
+interleaved pairs (2i, 2i+1; ``rotate_every_two``) and the fixed base 10000.
+``rotary_dim=None`` rotates the whole hidden width in HF, which only fits a single head; other heads
+counts raise.
+"""
+
+from __future__ import annotations
+
+from lmlab.config import ModelConfig
+from lmlab.interop.families._tools import (cat_qkv, check_expressible, check_fields, hf_act_name, hf_activation,
+                                           hf_get, lm_key, put, reject, rotated_dims, split_qkv, StateReader)
+from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
+
+NAME = "gptj"
+
+HANDLED = frozenset({  # config.json fields this converter reads (besides RoPE and metadata)
+    "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "rotary_dim", "n_inner", "activation_function",
+    "resid_pdrop", "embd_pdrop", "attn_pdrop", "layer_norm_epsilon", "tie_word_embeddings", "hidden_size",
+    "max_position_embeddings", "num_hidden_layers", "num_attention_heads",
+    "scale_attn_weights",  # old GPT-J configs; HF GPT-J always scales
+})
+
+
+def config_to_lmlab(hf: dict) -> ModelConfig:
+    check_fields(hf, NAME, HANDLED)
+    d_model = hf_get(hf, "n_embd", "hidden_size", default=4096)
+    n_heads = hf_get(hf, "n_head", "num_attention_heads", default=16)
+    head_dim = d_model // n_heads
+    rotary_dim = hf.get("rotary_dim", 64)
+    if rotary_dim is None:
+        if n_heads != 1:
+            reject(NAME, "rotary_dim", None, "an explicit rotary_dim (HF's None rotates hidden_size channels, "
+                                             "which only fits n_head=1)")
+        rotary_dim = head_dim
+    if not (2 <= rotary_dim <= head_dim) or rotary_dim % 2:
+        reject(NAME, "rotary_dim", rotary_dim, f"an even rotary_dim in [2, head_dim={head_dim}]")
+    return ModelConfig(
+        vocab_size=hf_get(hf, "vocab_size", default=50400),
+        context_length=hf_get(hf, "n_positions", "max_position_embeddings", default=2048),
+        d_model=d_model,
+        n_layers=hf_get(hf, "n_layer", "num_hidden_layers", default=28),
+        n_heads=n_heads,
+        d_ff=hf_get(hf, "n_inner", default=4 * d_model),
+        norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True,
+        norm_eps=float(hf_get(hf, "layer_norm_epsilon", default=1e-5)),
+        bias="mlp", lm_head_bias=True,
+        activation=hf_activation(NAME, "activation_function", hf_get(hf, "activation_function", default="gelu_new")),
+        parallel_block=True, parallel_shared_norm=True,
+        position="rope", rope_style="interleaved", rope_theta=10000.0, rope_fraction=rotary_dim / head_dim,
+        tie_embeddings=bool(hf_get(hf, "tie_word_embeddings", default=False)),
+        embd_dropout=float(hf_get(hf, "embd_pdrop", default=0.0)),
+        attn_dropout=float(hf_get(hf, "attn_pdrop", default=0.0)),
+        resid_dropout=float(hf_get(hf, "resid_pdrop", default=0.0)),
+        init_std=float(hf_get(hf, "initializer_range", default=0.02)),
+    )
+
+
+def state_to_lmlab(hf_state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
+    r = StateReader(NAME, hf_state, prefixes=("transformer.",), ignore=(r"\.attn\.(masked_)?bias$",))
+    out: StateDict = {"embed.weight": r.take("wte.weight")}
+    for i in range(cfg.n_layers):
+        h, b = f"h.{i}.", f"blocks.{i}."
+        put(out, b + "attn_norm.weight", r.take(h + "ln_1.weight"))
+        put(out, b + "attn_norm.bias", r.take(h + "ln_1.bias"))
+        put(out, b + "attn.qkv.weight", cat_qkv(*(r.take(h + f"attn.{p}_proj.weight") for p in "qkv")))
+        put(out, b + "attn.out.weight", r.take(h + "attn.out_proj.weight"))
+        for hf_lin, lm_lin in (("mlp.fc_in", "mlp.w_in"), ("mlp.fc_out", "mlp.w_out")):
+            put(out, b + lm_lin + ".weight", r.take(h + hf_lin + ".weight"))
+            put(out, b + lm_lin + ".bias", r.take(h + hf_lin + ".bias"))
+    put(out, "final_norm.weight", r.take("ln_f.weight"))
+    put(out, "final_norm.bias", r.take("ln_f.bias"))
+    if cfg.tie_embeddings:
+        r.tied_head("lm_head.weight", out["embed.weight"])
+    else:
+        put(out, "lm_head.weight", r.take("lm_head.weight"))
+    put(out, "lm_head.bias", r.take("lm_head.bias"))
+    return r.finish(out, cfg)
+
+
+def config_to_hf(cfg: ModelConfig) -> dict:
+    if cfg.position == "rope" and cfg.rope_theta != 10000.0:
+        raise UnsupportedError(f"{NAME}: rope_theta={cfg.rope_theta!r} cannot be exported; GPT-J's RoPE base is "
+                               f"fixed at 10000")
+    hf = {
+        "model_type": NAME, "architectures": ["GPTJForCausalLM"],
+        "vocab_size": cfg.vocab_size, "n_positions": cfg.context_length, "n_embd": cfg.d_model,
+        "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "n_inner": cfg.d_ff,
+        "rotary_dim": rotated_dims(cfg),
+        "activation_function": hf_act_name(NAME, cfg.activation, gated=False),
+        "layer_norm_epsilon": cfg.norm_eps, "tie_word_embeddings": cfg.tie_embeddings,
+        "embd_pdrop": cfg.embd_dropout, "attn_pdrop": cfg.attn_dropout, "resid_pdrop": cfg.resid_dropout,
+        "initializer_range": cfg.init_std,
+    }
+    check_expressible(NAME, cfg, hf, config_to_lmlab)
+    return hf
+
+
+def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
+    out: StateDict = {"transformer.wte.weight": lm_key(state, "embed.weight")}
+    for i in range(cfg.n_layers):
+        h, b = f"transformer.h.{i}.", f"blocks.{i}."
+        put(out, h + "ln_1.weight", lm_key(state, b + "attn_norm.weight"))
+        put(out, h + "ln_1.bias", lm_key(state, b + "attn_norm.bias"))
+        for p, w in zip("qkv", split_qkv(lm_key(state, b + "attn.qkv.weight"), cfg)):
+            put(out, h + f"attn.{p}_proj.weight", w)
+        put(out, h + "attn.out_proj.weight", lm_key(state, b + "attn.out.weight"))
+        for hf_lin, lm_lin in (("mlp.fc_in", "mlp.w_in"), ("mlp.fc_out", "mlp.w_out")):
+            put(out, h + hf_lin + ".weight", lm_key(state, b + lm_lin + ".weight"))
+            put(out, h + hf_lin + ".bias", lm_key(state, b + lm_lin + ".bias"))
+    put(out, "transformer.ln_f.weight", lm_key(state, "final_norm.weight"))
+    put(out, "transformer.ln_f.bias", lm_key(state, "final_norm.bias"))
+    if not cfg.tie_embeddings:
+        put(out, "lm_head.weight", lm_key(state, "lm_head.weight"))
+    put(out, "lm_head.bias", lm_key(state, "lm_head.bias"))
+    return out
+
+
+FAMILY = register(Family(
+    model_type=NAME, hf_class="GPTJForCausalLM", config_to_lmlab=config_to_lmlab, state_to_lmlab=state_to_lmlab,
+    config_to_hf=config_to_hf, state_to_hf=state_to_hf,
+    notes="exact: parallel block off one LayerNorm, partial interleaved RoPE (rotary_dim, base 10000), "
+          "LM-head bias. Unsupported: rotary_dim=None with more than one head (HF itself fails there).",
+))

@@ -1,0 +1,131 @@
+"""Nemotron-4 / Minitron (NVIDIA 2024; HF ``NemotronForCausalLM``, transformers/models/nemotron).
+
+Sequential pre-norm blocks with ``NemotronLayerNorm1P``: LayerNorm (with bias) whose weight is stored as an
+offset from one, (1 + w) (``norm_type='layernorm1p'``, the weights copied unchanged); a plain MLP of
+squared ReLU (``relu2``) by default; GQA with a free ``head_dim``; partial RoPE with rotate-half pairs
+(``partial_rotary_factor``, default 0.5); no biases by default; an untied LM head.
+Biases: ``attention_bias`` covers q, k, v and o; ``mlp_bias`` the MLP. Both, neither, or the MLP alone
+map to lmlab's ``bias``; attention biases without MLP ones raise (lmlab's 'qkv' has no output bias).
+"""
+
+from __future__ import annotations
+
+from lmlab.config import ModelConfig
+from lmlab.interop.families._tools import (cat_qkv, check_expressible, check_fields, expect, hf_act_name,
+                                           hf_activation, hf_get, lm_key, put, read_rope, reject, rope_parameters,
+                                           split_qkv, StateReader)
+from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
+
+NAME = "nemotron"
+_BIAS = {(False, False): "none", (True, True): "all", (False, True): "mlp"}
+
+HANDLED = frozenset({  # config.json fields this converter reads (besides RoPE and metadata)
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "head_dim",
+    "num_key_value_heads", "hidden_act", "max_position_embeddings", "norm_eps", "tie_word_embeddings",
+    "attention_bias", "attention_dropout", "mlp_bias",
+})
+
+
+def config_to_lmlab(hf: dict) -> ModelConfig:
+    check_fields(hf, NAME, HANDLED)
+    d_model = hf_get(hf, "hidden_size", default=6144)
+    n_heads = hf_get(hf, "num_attention_heads", default=48)
+    head_dim = hf_get(hf, "head_dim", default=d_model // n_heads)
+    attn_bias = expect(NAME, hf, "attention_bias", (True, False), False)
+    mlp_bias = expect(NAME, hf, "mlp_bias", (True, False), False)
+    if (attn_bias, mlp_bias) not in _BIAS:
+        reject(NAME, "attention_bias", attn_bias, "attention biases only together with mlp_bias=True "
+                                                  "(lmlab's bias='qkv' has no output-projection bias)")
+    return ModelConfig(
+        vocab_size=hf_get(hf, "vocab_size", default=256000),
+        context_length=hf_get(hf, "max_position_embeddings", default=4096),
+        d_model=d_model,
+        n_layers=hf_get(hf, "num_hidden_layers", default=32),
+        n_heads=n_heads,
+        n_kv_heads=hf_get(hf, "num_key_value_heads", default=n_heads),
+        head_dim=head_dim,
+        d_ff=hf_get(hf, "intermediate_size", default=24576),
+        norm_type="layernorm1p", norm_position="pre", norm_bias=True, final_norm=True,
+        norm_eps=float(hf_get(hf, "norm_eps", default=1e-5)),
+        bias=_BIAS[(attn_bias, mlp_bias)], lm_head_bias=False,
+        activation=hf_activation(NAME, "hidden_act", hf_get(hf, "hidden_act", default="relu2")),
+        position="rope", rope_style="half", **read_rope(NAME, hf, head_dim, default_fraction=0.5),
+        tie_embeddings=bool(hf_get(hf, "tie_word_embeddings", default=False)),
+        attn_dropout=float(hf_get(hf, "attention_dropout", default=0.0)),
+        init_std=float(hf_get(hf, "initializer_range", default=0.0134)),
+    )
+
+
+def state_to_lmlab(hf_state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
+    r = StateReader(NAME, hf_state, prefixes=("model.",))
+    out: StateDict = {"embed.weight": r.take("embed_tokens.weight")}
+    attn_bias, mlp_bias = cfg.bias == "all", cfg.bias in ("all", "mlp")
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        for hf_norm, lm_norm in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "mlp_norm")):
+            put(out, b + lm_norm + ".weight", r.take(h + hf_norm + ".weight"))
+            put(out, b + lm_norm + ".bias", r.take(h + hf_norm + ".bias"))
+        put(out, b + "attn.qkv.weight", cat_qkv(*(r.take(h + f"self_attn.{p}_proj.weight") for p in "qkv")))
+        if attn_bias:
+            put(out, b + "attn.qkv.bias", cat_qkv(*(r.take(h + f"self_attn.{p}_proj.bias") for p in "qkv")))
+        for hf_lin, lm_lin, biased in (("self_attn.o_proj", "attn.out", attn_bias), ("mlp.up_proj", "mlp.w_in", mlp_bias),
+                                       ("mlp.down_proj", "mlp.w_out", mlp_bias)):
+            put(out, b + lm_lin + ".weight", r.take(h + hf_lin + ".weight"))
+            put(out, b + lm_lin + ".bias", r.take_if(h + hf_lin + ".bias", biased))
+    put(out, "final_norm.weight", r.take("norm.weight"))
+    put(out, "final_norm.bias", r.take("norm.bias"))
+    if cfg.tie_embeddings:
+        r.tied_head("lm_head.weight", out["embed.weight"])
+    else:
+        put(out, "lm_head.weight", r.take("lm_head.weight"))
+    return r.finish(out, cfg)
+
+
+def config_to_hf(cfg: ModelConfig) -> dict:
+    if cfg.bias not in _BIAS.values():
+        raise UnsupportedError(f"{NAME}: bias={cfg.bias!r} cannot be exported; Nemotron has attention biases "
+                               f"(q, k, v and o) and MLP biases: bias 'none', 'all' or 'mlp'")
+    hf = {
+        "model_type": NAME, "architectures": ["NemotronForCausalLM"],
+        "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.context_length, "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim, "intermediate_size": cfg.d_ff,
+        "hidden_act": hf_act_name(NAME, cfg.activation, gated=False, tanh_name="gelu_pytorch_tanh"),
+        "norm_eps": cfg.norm_eps, "attention_bias": cfg.bias == "all", "mlp_bias": cfg.bias in ("all", "mlp"),
+        "rope_parameters": rope_parameters(cfg), "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_dropout": cfg.attn_dropout, "initializer_range": cfg.init_std,
+    }
+    check_expressible(NAME, cfg, hf, config_to_lmlab)
+    return hf
+
+
+def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
+    out: StateDict = {"model.embed_tokens.weight": lm_key(state, "embed.weight")}
+    attn_bias, mlp_bias = cfg.bias == "all", cfg.bias in ("all", "mlp")
+    for i in range(cfg.n_layers):
+        h, b = f"model.layers.{i}.", f"blocks.{i}."
+        for hf_norm, lm_norm in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "mlp_norm")):
+            put(out, h + hf_norm + ".weight", lm_key(state, b + lm_norm + ".weight"))
+            put(out, h + hf_norm + ".bias", lm_key(state, b + lm_norm + ".bias"))
+        for p, w in zip("qkv", split_qkv(lm_key(state, b + "attn.qkv.weight"), cfg)):
+            put(out, h + f"self_attn.{p}_proj.weight", w)
+        if attn_bias:
+            for p, w in zip("qkv", split_qkv(lm_key(state, b + "attn.qkv.bias"), cfg)):
+                put(out, h + f"self_attn.{p}_proj.bias", w)
+        for hf_lin, lm_lin, biased in (("self_attn.o_proj", "attn.out", attn_bias), ("mlp.up_proj", "mlp.w_in", mlp_bias),
+                                       ("mlp.down_proj", "mlp.w_out", mlp_bias)):
+            put(out, h + hf_lin + ".weight", lm_key(state, b + lm_lin + ".weight"))
+            put(out, h + hf_lin + ".bias", lm_key(state, b + lm_lin + ".bias", biased))
+    put(out, "model.norm.weight", lm_key(state, "final_norm.weight"))
+    put(out, "model.norm.bias", lm_key(state, "final_norm.bias"))
+    if not cfg.tie_embeddings:
+        put(out, "lm_head.weight", lm_key(state, "lm_head.weight"))
+    return out
+
+
+FAMILY = register(Family(
+    model_type=NAME, hf_class="NemotronForCausalLM", config_to_lmlab=config_to_lmlab, state_to_lmlab=state_to_lmlab,
+    config_to_hf=config_to_hf, state_to_hf=state_to_hf,
+    notes="exact: LayerNorm1P as norm_type='layernorm1p' (weights unchanged), relu2 MLP, GQA with free "
+          "head_dim, partial rotate-half RoPE. Unsupported: attention_bias=True with mlp_bias=False.",
+))

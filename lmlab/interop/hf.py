@@ -1,0 +1,284 @@
+"""Import Hugging Face checkpoints into lmlab run folders, and export runs back.
+
+- :func:`import_hf` reads an HF model folder (``config.json`` plus ``model.safetensors``, a sharded
+  ``model.safetensors.index.json``, or ``pytorch_model.bin`` / its index, the latter only through
+  ``torch.load(weights_only=True)``), picks the family by ``model_type`` (:mod:`lmlab.interop.registry`),
+  maps config and tensors, loads them strictly into :class:`lmlab.model.TransformerLM` and writes a run
+  folder: ``run.yaml`` (``model``, a default ``train`` section, ``data: null``, and ``hf`` saying where it
+  came from), ``tokenizer.json`` when the HF folder has one, and ``checkpoints/step_0000000/``.
+- :func:`export_hf` writes ``config.json`` (with ``model_type``, ``architectures``, ``dtype`` float32) and
+  ``model.safetensors`` that ``transformers.AutoModelForCausalLM.from_pretrained`` loads, choosing the
+  family from the run's ``hf.model_type`` (set by import), else the first family that represents the
+  config exactly, or the one asked for.
+
+Whatever a family cannot represent is refused with :class:`UnsupportedError` naming it; nothing is
+dropped or approximated. transformers itself is not needed for either direction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import torch
+import yaml
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from lmlab.config import ConfigError, ModelConfig
+from lmlab.interop import common
+from lmlab.interop.registry import Family, StateDict, UnsupportedError, families, get_family
+
+# Export tries families in this order when the run names none (the common recipes first).
+PREFERRED = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "cohere",
+             "cohere2")
+
+
+class HFFormatError(ValueError):
+    """An HF model folder that is missing, unreadable or incomplete."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading an HF folder
+# ------------------------------------------------------------------------------------------------
+
+def read_hf_config(path: str | Path) -> dict:
+    """The parsed ``config.json`` of HF model folder ``path``."""
+    path = Path(path)
+    if not path.is_dir():
+        raise HFFormatError(f"{str(path)!r} is not a folder; give a Hugging Face model folder (config.json + weights)")
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise HFFormatError(f"{str(path)!r} has no config.json; it is not a Hugging Face model folder")
+    try:
+        hf = json.loads(cfg_path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise HFFormatError(f"{str(cfg_path)!r} could not be parsed: {exc}") from None
+    if not isinstance(hf, dict) or "model_type" not in hf:
+        raise HFFormatError(f"{str(cfg_path)!r} has no 'model_type'")
+    return hf
+
+
+def _load_safetensors(file: Path) -> StateDict:
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise HFFormatError(f"{str(file)!r} is unreadable (truncated or corrupt?): {exc}") from None
+
+
+def _load_bin(file: Path) -> StateDict:
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # pickle errors of many kinds; weights_only refuses arbitrary objects
+        raise HFFormatError(f"{str(file)!r} could not be read with torch.load(weights_only=True): {exc}") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise HFFormatError(f"{str(file)!r} does not hold a flat state dict of tensors")
+    return state
+
+
+def read_hf_state(path: str | Path) -> StateDict:
+    """All tensors of HF model folder ``path``: model.safetensors, sharded safetensors (index), or
+    pytorch_model.bin (sharded or not; read with ``weights_only=True``)."""
+    path = Path(path)
+    for index_name, loader in (("model.safetensors.index.json", _load_safetensors),
+                               ("pytorch_model.bin.index.json", _load_bin)):
+        index = path / index_name
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise HFFormatError(f"{str(index)!r} is not a valid shard index: {exc}") from None
+            state: StateDict = {}
+            for shard in sorted(set(weight_map.values())):
+                if not (path / shard).is_file():
+                    raise HFFormatError(f"shard {shard!r} named by {str(index)!r} is missing")
+                part = loader(path / shard)
+                state.update({k: v for k, v in part.items() if weight_map.get(k) == shard})
+            missing = sorted(set(weight_map) - set(state))
+            if missing:
+                raise HFFormatError(f"tensors {missing[:3]} named by {str(index)!r} are not in their shards")
+            return state
+    if (path / "model.safetensors").is_file():
+        return _load_safetensors(path / "model.safetensors")
+    if (path / "pytorch_model.bin").is_file():
+        return _load_bin(path / "pytorch_model.bin")
+    raise HFFormatError(f"{str(path)!r} has no weights (model.safetensors, model.safetensors.index.json or "
+                        f"pytorch_model.bin)")
+
+
+def load_strict(model: torch.nn.Module, state: StateDict) -> None:
+    """Load ``state`` into ``model`` requiring exactly its tensors (a tied LM head may be left out) and
+    their shapes; UnsupportedError naming what differs."""
+    expected = model.state_dict()
+    tied = getattr(model.cfg, "tie_embeddings", False)
+    need = {k for k in expected if not (tied and k == "lm_head.weight")}
+    missing, extra = sorted(need - set(state)), sorted(set(state) - set(expected))
+    wrong = sorted(k for k in need & set(state) if tuple(state[k].shape) != tuple(expected[k].shape))
+    if missing or extra or wrong:
+        raise UnsupportedError("the converted tensors do not fit the lmlab model: " + "; ".join(x for x in (
+            f"missing {missing[:3]}" if missing else "", f"unexpected {extra[:3]}" if extra else "",
+            f"shape mismatch {[(k, tuple(state[k].shape), tuple(expected[k].shape)) for k in wrong[:3]]}"
+            if wrong else "") if x))
+    full = dict(state)
+    if tied:
+        full["lm_head.weight"] = full["embed.weight"]
+    with torch.no_grad():
+        model.load_state_dict({k: v.to(expected[k].dtype) for k, v in full.items()}, strict=True)
+
+
+def hf_to_lmlab(path: str | Path):
+    """(model (fp32, eval mode), ModelConfig, Family, HF config) from HF model folder ``path``."""
+    from lmlab.model import TransformerLM
+
+    hf = read_hf_config(path)
+    family = get_family(hf["model_type"])
+    cfg = family.config_to_lmlab(dict(hf))
+    state = family.state_to_lmlab(read_hf_state(path), cfg, hf)
+    model = TransformerLM(cfg)
+    load_strict(model, state)
+    return model.eval(), cfg, family, hf
+
+
+# ------------------------------------------------------------------------------------------------
+# Import
+# ------------------------------------------------------------------------------------------------
+
+def _refuse_existing(folder: Path, what: str) -> None:
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise HFFormatError(f"{what} {str(folder)!r} already exists; choose another folder (nothing is overwritten)")
+
+
+def import_hf(path: str | Path, out_run_dir: str | Path) -> dict:
+    """Convert HF model folder ``path`` into a new lmlab run folder ``out_run_dir``.
+
+    Returns a summary: model_type, parameter count, whether a tokenizer was copied, checkpoint folder.
+    Raises UnsupportedError (a config or tensor lmlab cannot represent), HFFormatError (an unreadable
+    folder, or ``out_run_dir`` exists). Nothing is written unless the import succeeds."""
+    from lmlab.checkpoint import RUN_FILE, save_checkpoint
+    from lmlab.train import TrainConfig
+
+    path, out = Path(path), Path(out_run_dir)
+    _refuse_existing(out, "run folder")
+    model, cfg, family, hf = hf_to_lmlab(path)
+    tmp = out.with_name(out.name + ".import-tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        tokenizer = (path / "tokenizer.json").is_file()
+        if tokenizer:
+            shutil.copyfile(path / "tokenizer.json", tmp / "tokenizer.json")
+        spec = {"model": cfg.to_dict(), "train": dataclasses.asdict(TrainConfig()), "data": None,
+                "hf": {"model_type": family.model_type, "hf_class": family.hf_class,
+                       "source": str(path.resolve()), "tokenizer": tokenizer,
+                       "special_tokens": {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in hf},
+                       "note": "imported with `lmlab import`; fine-tune with `lmlab train --out RUN --resume "
+                               "--data DIR` on data prepared with this run's tokenizer"}}
+        (tmp / RUN_FILE).write_text(yaml.safe_dump(spec, sort_keys=False))
+        save_checkpoint(tmp, 0, model, None, {"step": 0, "tokens_seen": 0, "imported_from": str(path.resolve())},
+                        keep=0)
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {"model_type": family.model_type, "params": model.num_params(), "tokenizer": tokenizer,
+            "run": str(out), "checkpoint": str(out / "checkpoints" / "step_0000000")}
+
+
+# ------------------------------------------------------------------------------------------------
+# Export
+# ------------------------------------------------------------------------------------------------
+
+def _ordered_families() -> list[Family]:
+    fams = families()
+    names = [n for n in PREFERRED if n in fams] + sorted(n for n in fams if n not in PREFERRED)
+    return [fams[n] for n in names]
+
+
+def lmlab_to_hf_config(cfg: ModelConfig, family: Optional[str] = None, hint: Optional[str] = None) -> tuple[Family, dict]:
+    """(family, config.json mapping) for ``cfg``: the family named ``family``, else ``hint`` (the run's
+    imported model_type) when it represents cfg, else the first family that does. Every choice is checked
+    by converting the mapping back (common.verify_roundtrip). UnsupportedError when none represents it."""
+    if family is not None:
+        fam = get_family(family)
+        return fam, common.verify_roundtrip(fam.model_type, cfg, fam.config_to_hf(cfg), fam.config_to_lmlab)
+    candidates = _ordered_families()
+    if hint is not None and hint in families():
+        candidates = [families()[hint]] + [f for f in candidates if f.model_type != hint]
+    reasons = []
+    for fam in candidates:
+        try:
+            return fam, common.verify_roundtrip(fam.model_type, cfg, fam.config_to_hf(cfg), fam.config_to_lmlab)
+        except (UnsupportedError, ConfigError) as exc:
+            reasons.append(f"{fam.model_type}: {str(exc).split(': ', 1)[-1][:160]}")
+    raise UnsupportedError("no Hugging Face family represents this config exactly (" + " | ".join(reasons) + ")")
+
+
+def load_run_model(run_dir: str | Path, step: Optional[int] = None):
+    """(model (fp32, eval mode), ModelConfig, run dict, checkpoint folder) of a run's latest checkpoint
+    (or ``step``); unlike :func:`lmlab.checkpoint.load_run` it needs no tokenizer."""
+    from lmlab.checkpoint import RUN_FILE, CheckpointError, checkpoint_dirs, load_weights, read_run
+    from lmlab.model import TransformerLM
+
+    run = read_run(run_dir)
+    try:
+        cfg = ModelConfig.from_dict(run["model"], source=f"{run_dir}/{RUN_FILE}")
+    except (ConfigError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{run_dir}/{RUN_FILE}: invalid model config: {exc}") from None
+    ckpts = checkpoint_dirs(run_dir)
+    if step is not None:
+        ckpts = [c for c in ckpts if c.name == f"step_{step:07d}"]
+    if not ckpts:
+        raise CheckpointError(f"run {str(run_dir)!r} has no complete checkpoint"
+                              f"{f' at step {step}' if step is not None else ''}")
+    model = TransformerLM(cfg)
+    load_weights(model, ckpts[-1])
+    return model.eval(), cfg, run, ckpts[-1]
+
+
+def export_model(model: torch.nn.Module, out_dir: str | Path, family: Optional[str] = None,
+                 hint: Optional[str] = None, extra_config: Optional[dict] = None) -> tuple[Family, dict]:
+    """Write ``model`` (a TransformerLM) as an HF model folder: config.json and model.safetensors (fp32).
+    ``family`` / ``hint`` as in :func:`lmlab_to_hf_config`; ``extra_config``: metadata fields added to
+    config.json (special token ids). Returns (family, config.json mapping)."""
+    cfg = model.cfg
+    fam, hf = lmlab_to_hf_config(cfg, family, hint)
+    state = fam.state_to_hf({k: v.detach().float().cpu() for k, v in model.state_dict().items()}, cfg)
+    state = {k: v.clone().contiguous() for k, v in state.items()}  # no shared storage in safetensors
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    hf = dict(hf, **(extra_config or {}), dtype="float32", torch_dtype="float32")
+    (out / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+    return fam, hf
+
+
+def export_hf(run_dir: str | Path, out_dir: str | Path, family: Optional[str] = None,
+              step: Optional[int] = None) -> dict:
+    """Write the run's latest checkpoint (or ``step``) as an HF model folder ``out_dir``: config.json,
+    model.safetensors (fp32) and tokenizer.json when the run has one. An imported run's special token ids
+    (bos/eos/pad) go back into config.json; a run with lmlab's own tokenizer gets its <|endoftext|> as
+    bos and eos. Returns a summary. Raises UnsupportedError when the family (or none) represents the
+    config, CheckpointError for a bad run, HFFormatError when ``out_dir`` exists and is not empty."""
+    run_dir, out = Path(run_dir), Path(out_dir)
+    _refuse_existing(out, "output folder")
+    model, cfg, run, ckpt = load_run_model(run_dir, step)
+    meta = run["hf"] if isinstance(run.get("hf"), dict) else {}
+    special = dict(meta.get("special_tokens") or {})
+    if not meta and (run_dir / "tokenizer.json").is_file():
+        from lmlab.data.tokenizer import Tokenizer, TokenizerError
+
+        try:
+            eot = Tokenizer.load(run_dir / "tokenizer.json").eot_id
+            special = {"bos_token_id": eot, "eos_token_id": eot}
+        except TokenizerError:
+            pass
+    fam, hf = export_model(model, out, family, meta.get("model_type"), special)
+    if (run_dir / "tokenizer.json").is_file():
+        shutil.copyfile(run_dir / "tokenizer.json", out / "tokenizer.json")
+    return {"model_type": fam.model_type, "hf_class": fam.hf_class, "checkpoint": str(ckpt), "out": str(out)}

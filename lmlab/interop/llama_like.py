@@ -1,0 +1,286 @@
+"""One converter for the Hugging Face families laid out like Llama (``model.embed_tokens``,
+``model.layers.N.self_attn.{q,k,v,o}_proj``, ``model.layers.N.mlp.{gate,up,down}_proj``, ``model.norm``,
+``lm_head``): Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3 (text), OLMo, OLMo 2, Cohere, Cohere 2.
+
+Each family module describes its differences in a :class:`Spec` (which norm, where the norms go, which
+biases, how sliding windows and RoPE are configured, QK-norm, soft-caps, logit scale, ...), read off the
+family's ``configuration_*.py`` / ``modeling_*.py`` in transformers 5; :func:`build` turns a Spec into a
+registered :class:`~lmlab.interop.registry.Family`. ``config_to_hf`` proves each export exact by
+converting its output back (:func:`lmlab.interop.common.verify_roundtrip`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from lmlab.config import ConfigError, ModelConfig
+from lmlab.interop import common as C
+from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
+
+NORM_LAYOUTS = {
+    "pre": {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"},
+    "sandwich": {"attn_norm": "input_layernorm", "attn_out_norm": "post_attention_layernorm",
+                 "mlp_norm": "pre_feedforward_layernorm", "mlp_out_norm": "post_feedforward_layernorm"},
+    "reordered": {"attn_norm": "post_attention_layernorm", "mlp_norm": "post_feedforward_layernorm"},
+    "parallel": {"attn_norm": "input_layernorm"},
+}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What distinguishes one Llama-layout family (values are read from its transformers config class)."""
+
+    model_type: str
+    hf_class: str
+    defaults: dict  # the transformers config class defaults of the fields read below
+    norm: str = "rms"  # rms (rms_norm_eps) | gemma ((1 + w) RMSNorm) | olmo (LayerNorm without parameters, eps 1e-5)
+    #                    | cohere (LayerNorm with weight, no bias, layer_norm_eps)
+    layout: str = "pre"  # pre | sandwich (Gemma 2/3) | reordered (OLMo 2) | parallel (Cohere: one shared norm)
+    act_key: str = "hidden_act"  # the field naming the gated MLP's activation (Gemma 2/3: hidden_activation)
+    bias: str = "attention_bias"  # attention_bias (q, k, v, o: refused when true) | llama (attention_bias + mlp_bias)
+    #                              | qkv (Qwen2: always q, k, v) | none (Mistral: no field)
+    head_dim: str = "key"  # key (head_dim field, else hidden/heads) | derived (always hidden/heads: Cohere 2)
+    sliding: str = "none"  # none | all (Mistral: every layer) | qwen (use_sliding_window, max_window_layers,
+    #                        layer_types) | types (layer_types, default from sliding_window_pattern)
+    default_pattern: Optional[int] = None  # default layer_types: every p-th layer full, the others sliding
+    pattern_key: bool = True  # the legacy sliding_window_pattern field sets p (Gemma 3, Cohere 2; not Gemma 2)
+    qk_norm: Optional[str] = None  # None | head_rms (Qwen3) | head_gemma (Gemma 3) | all_rms (OLMo 2) | cohere
+    rope: str = "half"  # half | interleaved (Cohere) | gemma3 (local/global thetas) | cohere2 (sliding layers only)
+    gemma: bool = False  # embeddings x sqrt(d_model), query_pre_attn_scalar, soft-caps (Gemma 2/3)
+    gemma_legacy_gelu: bool = False  # Gemma 1: hidden_act 'gelu' means the tanh approximation
+    logit_scale: bool = False  # Cohere: logits * logit_scale
+    clip_qkv: bool = False  # OLMo
+    bidirectional_key: bool = False  # Gemma: use_bidirectional_attention (refused when true)
+    ignored: frozenset = field(default_factory=frozenset)  # fields HF's modeling code never reads
+    notes: str = ""
+
+    def handled(self) -> set:
+        keys = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings", "attention_dropout",
+                self.act_key, "head_dim"}
+        keys |= {"rms": {"rms_norm_eps"}, "gemma": {"rms_norm_eps"}, "olmo": set(),
+                 "cohere": {"layer_norm_eps"}}[self.norm]
+        keys |= {"attention_bias": {"attention_bias"}, "llama": {"attention_bias", "mlp_bias"}, "qkv": set(),
+                 "none": set()}[self.bias]
+        keys |= {"none": set(), "all": {"sliding_window"},
+                 "qwen": {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"},
+                 "types": {"sliding_window", "layer_types"}}[self.sliding]
+        if self.sliding == "types" and self.pattern_key:
+            keys |= {"sliding_window_pattern", "_sliding_window_pattern"}  # the latter: as transformers 5 saves it
+        if self.qk_norm == "cohere":
+            keys.add("use_qk_norm")
+        if self.rope == "gemma3":
+            keys.add("rope_local_base_freq")
+        if self.gemma:
+            keys |= {"query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"}
+        if self.logit_scale:
+            keys.add("logit_scale")
+        if self.clip_qkv:
+            keys.add("clip_qkv")
+        if self.bidirectional_key:
+            keys.add("use_bidirectional_attention")
+        return keys | set(self.ignored)
+
+
+# ------------------------------------------------------------------------------------------------
+# config.json -> ModelConfig
+# ------------------------------------------------------------------------------------------------
+
+def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
+    fam, d = spec.model_type, spec.defaults
+    C.check_fields(hf, fam, spec.handled())
+    g = lambda key: C.get(hf, key, d)  # noqa: E731
+    hidden, heads = g("hidden_size"), g("num_attention_heads")
+    kv = g("num_key_value_heads") or heads
+    head_dim = hidden // heads if spec.head_dim == "derived" else (g("head_dim") or hidden // heads)
+    n_layers = g("num_hidden_layers")
+    kw: dict = dict(vocab_size=g("vocab_size"), context_length=g("max_position_embeddings"), d_model=hidden,
+                    n_layers=n_layers, n_heads=heads, n_kv_heads=kv, head_dim=head_dim,
+                    d_ff=g("intermediate_size"), tie_embeddings=bool(g("tie_word_embeddings")),
+                    attn_dropout=float(g("attention_dropout") or 0.0))
+    act = g(spec.act_key)
+    if spec.gemma_legacy_gelu and act == "gelu":  # GemmaConfig.__post_init__ maps the legacy value to tanh
+        act = "gelu_pytorch_tanh"
+    kw["activation"] = C.gated_activation(fam, spec.act_key, act)
+
+    # norms and their placement
+    if spec.norm == "rms":
+        kw.update(norm_type="rmsnorm", norm_eps=float(g("rms_norm_eps")))
+    elif spec.norm == "gemma":
+        kw.update(norm_type="gemma_rmsnorm", norm_eps=float(g("rms_norm_eps")))
+    elif spec.norm == "olmo":
+        kw.update(norm_type="layernorm", norm_affine=False, norm_bias=False, norm_eps=1e-5)
+    else:
+        kw.update(norm_type="layernorm", norm_bias=False, norm_eps=float(g("layer_norm_eps")))
+    if spec.layout == "parallel":
+        kw.update(norm_position="pre", parallel_block=True, parallel_shared_norm=True)
+    else:
+        kw["norm_position"] = spec.layout
+
+    # linear biases
+    if spec.bias == "llama":
+        ab, mb = bool(g("attention_bias")), bool(g("mlp_bias"))
+        if ab and not mb:
+            raise C.unsupported(fam, "attention_bias", True, "attention_bias and mlp_bias both true (bias='all'), "
+                                "mlp_bias alone (bias='mlp') or neither: lmlab has no bias choice for q, k, v "
+                                "and o without the MLP")
+        kw["bias"] = "all" if ab else ("mlp" if mb else "none")
+    elif spec.bias == "attention_bias":
+        C.require(hf, fam, "attention_bias", False, "false (q, k, v and o biases without MLP biases have no "
+                  "lmlab bias choice)", d)
+        kw["bias"] = "none"
+    else:
+        kw["bias"] = spec.bias
+
+    # sliding windows -> per-layer pattern
+    window, types = None, None
+    if spec.sliding == "all":
+        window = g("sliding_window")
+        types = ["sliding_attention"] * n_layers
+    elif spec.sliding == "qwen":
+        window = g("sliding_window") if g("use_sliding_window") else None
+        mwl = g("max_window_layers")
+        types = hf.get("layer_types") or ["sliding_attention" if window is not None and i >= mwl else "full_attention"
+                                          for i in range(n_layers)]
+    elif spec.sliding == "types":
+        window = g("sliding_window")
+        p = spec.default_pattern
+        if spec.pattern_key:
+            p = hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern", p))
+        types = hf.get("layer_types") or ["sliding_attention" if (i + 1) % p else "full_attention"
+                                          for i in range(n_layers)]
+    if types is not None and len(types) != n_layers:
+        raise C.unsupported(fam, "layer_types", types, f"one entry per layer ({n_layers})")
+    pattern = C.pattern_from_types(types, fam) if (types is not None and window is not None) else None
+    if pattern is not None:
+        kw.update(sliding_window=int(window), layer_pattern=None if pattern == "L" else pattern)
+
+    # positions
+    kw.update(position="rope", rope_style="interleaved" if spec.rope in ("interleaved", "cohere2") else "half")
+    if spec.rope == "gemma3":
+        theta, scaling, partial = C.read_rope(hf, fam, "full_attention", 1_000_000.0)
+        l_theta, l_scaling, l_partial = C.read_rope(hf, fam, "sliding_attention", 10_000.0, "rope_local_base_freq")
+        if pattern is not None and (l_theta, l_scaling) != (theta, scaling):
+            if l_scaling is not None:
+                raise C.unsupported(fam, "rope_parameters.sliding_attention.rope_type", l_scaling["type"],
+                                    "'default' on sliding layers when their RoPE differs from the full layers'")
+            kw["rope_local_theta"] = l_theta
+        partial = partial if partial != 1.0 else l_partial
+    else:
+        theta, scaling, partial = C.read_rope(hf, fam)
+    if partial != 1.0:
+        raise C.unsupported(fam, "partial_rotary_factor", partial, f"1.0 ({spec.hf_class} rotates the whole head)")
+    kw.update(rope_theta=theta, rope_scaling=scaling)
+    if spec.rope == "cohere2":  # RoPE on sliding layers only, none on full layers
+        if pattern is None:
+            kw.update(position="nope", rope_scaling=None)
+        elif "G" in pattern:
+            kw["nope_global_layers"] = True
+
+    # attention extras
+    if spec.qk_norm == "head_rms":
+        kw["qk_norm"] = "rmsnorm"
+    elif spec.qk_norm == "head_gemma":
+        kw["qk_norm"] = "gemma_rmsnorm"
+    elif spec.qk_norm == "all_rms":
+        kw.update(qk_norm="rmsnorm", qk_norm_scope="all")
+    elif spec.qk_norm == "cohere" and g("use_qk_norm"):
+        kw.update(qk_norm="layernorm", qk_norm_scope="head_untied")
+    if spec.gemma:
+        kw.update(scale_embeddings=True, query_pre_attn_scalar=float(g("query_pre_attn_scalar")),
+                  attn_logit_softcap=g("attn_logit_softcapping"), final_logit_softcap=g("final_logit_softcapping"))
+    elif spec.norm == "gemma":
+        kw["scale_embeddings"] = True
+    if spec.bidirectional_key and g("use_bidirectional_attention"):
+        raise C.unsupported(fam, "use_bidirectional_attention", True, "false (lmlab models are causal)")
+    if spec.logit_scale:
+        scale = g("logit_scale")
+        if scale is None:
+            raise C.unsupported(fam, "logit_scale", None, "a number")
+        kw["logit_scale"] = float(scale)
+    if spec.clip_qkv and g("clip_qkv") is not None:
+        kw["clip_qkv"] = float(g("clip_qkv"))
+    try:
+        return ModelConfig(**kw)
+    except ConfigError as exc:
+        raise UnsupportedError(f"{fam}: the config maps to an invalid lmlab config: {exc}") from None
+
+
+# ------------------------------------------------------------------------------------------------
+# ModelConfig -> config.json
+# ------------------------------------------------------------------------------------------------
+
+def config_to_hf(spec: Spec, cfg: ModelConfig) -> dict:
+    """The family's config.json for ``cfg``; UnsupportedError naming what the family cannot represent."""
+    rot = int(round(cfg.head_dim * cfg.rope_fraction))
+    hf: dict = {"architectures": [spec.hf_class], "model_type": spec.model_type, "dtype": "float32",
+                "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff,
+                "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+                "num_key_value_heads": cfg.n_kv_heads, "max_position_embeddings": cfg.context_length,
+                "tie_word_embeddings": cfg.tie_embeddings, "attention_dropout": float(cfg.attn_dropout),
+                spec.act_key: C.GATED_ACT_TO_HF.get(cfg.activation, cfg.activation)}
+    if spec.head_dim == "key":
+        hf["head_dim"] = cfg.head_dim
+    if spec.norm in ("rms", "gemma"):
+        hf["rms_norm_eps"] = float(cfg.norm_eps)
+    elif spec.norm == "cohere":
+        hf["layer_norm_eps"] = float(cfg.norm_eps)
+    if spec.bias == "llama":
+        hf.update(attention_bias=cfg.bias == "all", mlp_bias=cfg.bias in ("all", "mlp"))
+    elif spec.bias == "attention_bias":
+        hf["attention_bias"] = False
+    types = C.types_from_cfg(cfg)
+    local = "sliding_attention" in types
+    if spec.sliding == "all":
+        hf["sliding_window"] = cfg.sliding_window if local else None
+    elif spec.sliding == "qwen":
+        hf.update(use_sliding_window=local, sliding_window=cfg.sliding_window if local else None,
+                  max_window_layers=types.index("sliding_attention") if local else cfg.n_layers, layer_types=types)
+    elif spec.sliding == "types":
+        hf.update(sliding_window=cfg.sliding_window if local else cfg.context_length, layer_types=types)
+    if spec.rope == "gemma3":
+        local_rope = (cfg.rope_local_theta, None) if cfg.rope_local_theta else (cfg.rope_theta, cfg.rope_scaling)
+        hf["rope_parameters"] = {"full_attention": C.rope_to_hf(cfg.rope_theta, cfg.rope_scaling, rot),
+                                 "sliding_attention": C.rope_to_hf(local_rope[0], local_rope[1], rot)}
+    else:
+        hf["rope_parameters"] = C.rope_to_hf(cfg.rope_theta, cfg.rope_scaling, rot)
+    if spec.qk_norm == "cohere":
+        hf["use_qk_norm"] = cfg.qk_norm != "none"
+    if spec.gemma:
+        scalar = cfg.query_pre_attn_scalar or cfg.head_dim
+        if float(scalar) != int(scalar):  # transformers types the field as int
+            raise C.unsupported(spec.model_type, "query_pre_attn_scalar", scalar, "a whole number")
+        cap = lambda v: None if v is None else float(v)  # noqa: E731
+        hf.update(query_pre_attn_scalar=int(scalar), attn_logit_softcapping=cap(cfg.attn_logit_softcap),
+                  final_logit_softcapping=cap(cfg.final_logit_softcap))
+    if spec.bidirectional_key:
+        hf["use_bidirectional_attention"] = False
+    if spec.logit_scale:
+        hf["logit_scale"] = float(cfg.logit_scale)
+    if spec.clip_qkv:
+        hf["clip_qkv"] = None if cfg.clip_qkv is None else float(cfg.clip_qkv)
+    return C.verify_roundtrip(spec.model_type, cfg, hf, lambda h: config_to_lmlab(spec, h))
+
+
+# ------------------------------------------------------------------------------------------------
+# State dicts
+# ------------------------------------------------------------------------------------------------
+
+def tensor_maps(spec: Spec, cfg: ModelConfig) -> list[C.TensorMap]:
+    return C.model_maps(cfg, C.llama_layer_maps(cfg, NORM_LAYOUTS[spec.layout]))
+
+
+def build(spec: Spec) -> Family:
+    """Register and return the Family described by ``spec``."""
+
+    def to_lmlab_state(state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
+        return C.state_to_lmlab(state, cfg, tensor_maps(spec, cfg), spec.model_type)
+
+    def to_hf_state(state: StateDict, cfg: ModelConfig) -> StateDict:
+        return C.state_to_hf(state, cfg, tensor_maps(spec, cfg))
+
+    return register(Family(model_type=spec.model_type, hf_class=spec.hf_class,
+                           config_to_lmlab=lambda hf: config_to_lmlab(spec, hf), state_to_lmlab=to_lmlab_state,
+                           config_to_hf=lambda cfg: config_to_hf(spec, cfg), state_to_hf=to_hf_state,
+                           notes=spec.notes))

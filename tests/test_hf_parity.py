@@ -1,0 +1,345 @@
+"""Every Llama-layout family against Hugging Face transformers: a small random HF model of the family
+(GQA, sliding windows shorter than the sequence, soft-caps, QK-norm, RoPE scaling where the family has
+them) is saved, imported with ``lmlab.interop.hf.import_hf`` and compared in fp32:
+
+- logits on a batch of 2 random sequences (longer than any window): max |diff| <= 1e-4;
+- a left-padded batch through HF with an attention mask vs lmlab on each sequence alone (lmlab's forward
+  has no padding mask), on the non-pad positions;
+- 32 greedy tokens from lmlab's KV-cache generation equal HF ``generate(do_sample=False)``;
+- export back to HF: transformers loads it and reproduces the logits; importing the export reproduces
+  lmlab's logits exactly.
+
+The measured max |diff| per family is printed at the end of the module (``pytest -s``) and written as
+JSON to $LMLAB_PARITY_REPORT when set.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from lmlab.cli import main  # noqa: E402
+from lmlab.generate import generate  # noqa: E402
+from lmlab.interop import hf as hfio  # noqa: E402
+from lmlab.interop.registry import UnsupportedError  # noqa: E402
+
+V, T, PAD = 128, 40, 7  # vocabulary, sequence length, left padding of the second padded row
+TOL = 1e-4
+BASE = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.1, pad_token_id=0,
+            bos_token_id=1, eos_token_id=2)
+
+# model_type -> (config class, overrides, what the case exercises)
+CASES = {
+    "llama": ("LlamaConfig", dict(attention_bias=True, mlp_bias=True, rope_parameters=dict(
+        rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=16)), "GQA 4:2, q/k/v/o + MLP biases, Llama 3 RoPE scaling"),
+    "mistral": ("MistralConfig", dict(head_dim=32, sliding_window=8), "GQA, head_dim 32 != 64/4, window 8 on all layers"),
+    "qwen2": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1, tie_word_embeddings=True,
+                                  rope_parameters=dict(rope_type="yarn", rope_theta=1e6, factor=4.0,
+                                                       original_max_position_embeddings=32)),
+              "q/k/v biases, window 8 on layer 1 only, YaRN, tied"),
+    "qwen3": ("Qwen3Config", dict(head_dim=32, num_hidden_layers=3, use_sliding_window=True, sliding_window=8,
+                                  max_window_layers=2, rope_parameters=dict(rope_type="linear", rope_theta=1e6,
+                                                                            factor=2.0)),
+              "per-head QK RMSNorm, head_dim 32, window on layer 2, linear RoPE scaling"),
+    "gemma": ("GemmaConfig", dict(head_dim=32, num_key_value_heads=1, hidden_act="gelu"),
+              "(1+w) RMSNorm, GeGLU (legacy 'gelu' = tanh), MQA, embeddings x sqrt(d), tied"),
+    "gemma2": ("Gemma2Config", dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=24,
+                                    attn_logit_softcapping=2.0, final_logit_softcapping=4.0),
+               "sandwich norms, attention soft-cap 2 and final soft-cap 4, local(8)/global, query scale 24^-0.5"),
+    "gemma3_text": ("Gemma3TextConfig", dict(head_dim=16, num_hidden_layers=3, sliding_window=8,
+                                             layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                                             query_pre_attn_scalar=16, rope_parameters=dict(
+                                                 sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+                                                 full_attention=dict(rope_type="linear", rope_theta=1e6, factor=8.0))),
+                    "(1+w) QK-norm, 2 local(8) : 1 global, local theta 1e4, global 1e6 linear x8"),
+    "olmo": ("OlmoConfig", dict(clip_qkv=1.0), "LayerNorm without parameters, clip_qkv 1.0, GQA"),
+    "olmo2": ("Olmo2Config", dict(), "reordered norms, QK RMSNorm across heads, GQA"),
+    "cohere": ("CohereConfig", dict(use_qk_norm=True, logit_scale=0.25),
+               "parallel block, bias-free LayerNorm, interleaved RoPE, per-head QK LayerNorm, logit_scale 0.25"),
+    "cohere2": ("Cohere2Config", dict(sliding_window=8, logit_scale=0.5,
+                                      layer_types=["sliding_attention", "full_attention"]),
+                "parallel block, interleaved RoPE on the local(8) layer, NoPE global layer, logit_scale 0.5"),
+}
+
+RESULTS: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report():
+    yield
+    if not RESULTS:
+        return
+    print("\nHugging Face parity (fp32, max |logit diff| vs transformers):")
+    for name, r in RESULTS.items():
+        print(f"  {name:12s} logits {r.get('logits', float('nan')):.1e}  padded {r.get('padded', float('nan')):.1e}  "
+              f"export {r.get('export', float('nan')):.1e}  greedy32 {r.get('greedy', '-')}  ({CASES[name][2]})")
+    if os.environ.get("LMLAB_PARITY_REPORT"):
+        with open(os.environ["LMLAB_PARITY_REPORT"], "w") as f:
+            json.dump({k: dict(v, checked=CASES[k][2]) for k, v in RESULTS.items()}, f, indent=1)
+
+
+def hf_model(name: str, path):
+    cls, over, _ = CASES[name]
+    cfg = getattr(transformers, cls)(**{**BASE, **over})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    with torch.no_grad():  # norm weights away from their init, so a misplaced norm shows
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.add_(0.2 * torch.randn_like(p))
+            elif n.endswith("bias"):
+                p.normal_(0.0, 0.1)
+    model.save_pretrained(path)
+    return model
+
+
+def hf_logits(model, x, mask=None):
+    kw = {}
+    if mask is not None:
+        kw = dict(attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+    with torch.no_grad():
+        return model(input_ids=x, **kw).logits.float()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_family_parity(name, tmp_path):
+    ref = hf_model(name, tmp_path / "hf")
+    info = hfio.import_hf(tmp_path / "hf", tmp_path / "run")
+    assert info["model_type"] == name and not info["tokenizer"]
+    model, cfg, run, _ = hfio.load_run_model(tmp_path / "run")
+    res = RESULTS.setdefault(name, {})
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(3, V, (2, T), generator=g)
+    with torch.no_grad():
+        ours = model(x)
+    theirs = hf_logits(ref, x)
+    assert theirs.abs().max() > 0.5  # the comparison is not between near-zero logits
+    res["logits"] = float((ours - theirs).abs().max())
+    assert res["logits"] <= TOL, f"{name}: max |diff| {res['logits']:.2e}"
+
+    # left-padded batch: HF with an attention mask vs lmlab on each sequence alone
+    short = x[1, PAD:]
+    padded = torch.stack([x[0], torch.cat([torch.zeros(PAD, dtype=torch.long), short])])
+    mask = torch.ones_like(padded)
+    mask[1, :PAD] = 0
+    theirs_pad = hf_logits(ref, padded, mask)
+    with torch.no_grad():
+        alone = model(short[None])[0]
+    res["padded"] = max(float((theirs_pad[0] - ours[0]).abs().max()), float((theirs_pad[1, PAD:] - alone).abs().max()))
+    assert res["padded"] <= TOL, f"{name}: padded max |diff| {res['padded']:.2e}"
+
+    # greedy decoding with lmlab's KV cache vs HF generate
+    prompt = x[0, :8]
+    ours_gen = list(generate(model, prompt.tolist(), 32, temperature=0.0))
+    with torch.no_grad():
+        out = ref.generate(prompt[None], attention_mask=torch.ones_like(prompt[None]), do_sample=False,
+                           max_new_tokens=32, min_new_tokens=32, pad_token_id=0)
+    theirs_gen = out[0, 8:].tolist()
+    res["greedy"] = "equal" if ours_gen == theirs_gen else "DIFFERENT"
+    assert ours_gen == theirs_gen, f"{name}: greedy tokens differ\n{ours_gen}\n{theirs_gen}"
+
+    # export, load with transformers, import again
+    exp = hfio.export_hf(tmp_path / "run", tmp_path / "exp")
+    assert exp["model_type"] == name
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exp", attn_implementation="eager").eval()
+    res["export"] = float((hf_logits(back, x) - ours).abs().max())
+    assert res["export"] <= TOL
+    hfio.import_hf(tmp_path / "exp", tmp_path / "run2")
+    model2, cfg2, _, _ = hfio.load_run_model(tmp_path / "run2")
+    assert cfg2 == cfg
+    with torch.no_grad():
+        assert torch.equal(model2(x), ours)
+
+
+# --- refusals ----------------------------------------------------------------------------------
+
+def save_llama(path, **over):
+    cfg = transformers.LlamaConfig(**{**BASE, **over})
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+
+
+def edit_config(path, **changes):
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(changes)
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llama") / "hf"
+    save_llama(path)
+    return path
+
+
+@pytest.mark.parametrize("changes, words", [
+    (dict(attention_bias=True), ["attention_bias=True", "mlp_bias"]),
+    (dict(rope_parameters=dict(rope_type="dynamic", rope_theta=1e4, factor=2.0)), ["'dynamic'", "llama3"]),
+    (dict(rope_parameters=dict(rope_type="default", rope_theta=1e4, partial_rotary_factor=0.5)),
+     ["partial_rotary_factor=0.5"]),
+    (dict(num_experts=8), ["num_experts=8", "not handled"]),
+    (dict(hidden_act="gelu"), ["hidden_act='gelu'", "silu"]),
+    (dict(model_type="mamba"), ["model_type='mamba'", "llama"]),
+])
+def test_import_refuses_what_it_cannot_represent(llama_dir, tmp_path, changes, words):
+    import shutil
+
+    src = tmp_path / "hf"
+    shutil.copytree(llama_dir, src)
+    edit_config(src, **changes)
+    with pytest.raises(UnsupportedError) as err:
+        hfio.import_hf(src, tmp_path / "run")
+    for w in words:
+        assert w in str(err.value), str(err.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_tied_checkpoint_with_a_different_head_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    save_llama(tmp_path / "hf", tie_word_embeddings=True)
+    state = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    state["lm_head.weight"] = torch.randn_like(state["model.embed_tokens.weight"])
+    save_file(state, str(tmp_path / "hf" / "model.safetensors"))
+    with pytest.raises(UnsupportedError, match="tie_word_embeddings"):
+        hfio.import_hf(tmp_path / "hf", tmp_path / "run")
+
+
+def test_export_refuses_configs_no_family_represents(tmp_path, llama_dir):
+    from lmlab.config import ModelConfig
+
+    alibi = ModelConfig(vocab_size=V, d_model=32, n_layers=2, n_heads=4, position="alibi")
+    with pytest.raises(UnsupportedError, match="no Hugging Face family") as err:
+        hfio.lmlab_to_hf_config(alibi)
+    assert "llama: " in str(err.value) and "position='alibi'" in str(err.value)
+    # a family forced by name names the field it lacks
+    hfio.import_hf(llama_dir, tmp_path / "run")
+    with pytest.raises(UnsupportedError, match="norm_type='rmsnorm'"):
+        hfio.export_hf(tmp_path / "run", tmp_path / "exp", family="cohere")
+    assert not (tmp_path / "exp").exists()
+
+
+def test_cli_import_export_and_errors(llama_dir, tmp_path, capsys):
+    run, exp = tmp_path / "run", tmp_path / "exp"
+    assert main(["import", str(llama_dir), "--out", str(run)]) == 0
+    assert (run / "run.yaml").is_file() and (run / "checkpoints" / "step_0000000" / "model.safetensors").is_file()
+    assert main(["import", str(llama_dir), "--out", str(run)]) == 2  # never overwrites
+    assert "already exists" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert main(["export", str(run), "--format", "hf", "--out", str(exp)]) == 0
+    assert json.loads((exp / "config.json").read_text())["model_type"] == "llama"
+    capsys.readouterr()
+    assert main(["export", str(run), "--format", "hf", "--out", str(tmp_path / "e2"), "--family", "gemma2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("lmlab export: error: gemma2")
+    assert main(["generate", str(run), "--prompt", "hi"]) == 2
+    assert "no tokenizer" in capsys.readouterr().err
+
+
+TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
+        "want of a wife. However little known the feelings or views of such a man may be on his first entering "
+        "a neighbourhood, this truth is so well fixed in the minds of the surrounding families. ")
+
+
+def test_imported_run_with_tokenizer_evaluates_generates_and_fine_tunes(tmp_path, capsys):
+    import yaml
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(4):
+        (docs / f"d{i}.txt").write_text(TEXT * (6 + i))
+    data = tmp_path / "data"
+    assert main(["prepare", "--data", str(docs), "--out", str(data), "--vocab-size", "300", "--val-docs", "d0.txt"]) == 0
+    vocab = json.loads((data / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    save_llama(tmp_path / "hf", vocab_size=vocab, max_position_embeddings=64)
+    (tmp_path / "hf" / "tokenizer.json").write_bytes((data / "tokenizer.json").read_bytes())
+    run = tmp_path / "run"
+    assert main(["import", str(tmp_path / "hf"), "--out", str(run)]) == 0
+    assert (run / "tokenizer.json").read_bytes() == (data / "tokenizer.json").read_bytes()
+    capsys.readouterr()
+    assert main(["eval", str(run)]) == 2  # no data folder of its own
+    assert "--data" in capsys.readouterr().err
+    assert main(["eval", str(run), "--data", str(data), "--json", "--batch-size", "4"]) == 0
+    assert json.loads(capsys.readouterr().out)["bits_per_byte"] > 0
+    assert main(["generate", str(run), "--prompt", "It is", "--max-new-tokens", "4", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("It is")
+    assert main(["train", "--out", str(run), "--resume", "--data", str(data), "--set", "max_steps=2",
+                 "--set", "batch_size=2", "--set", "eval_interval=2", "--set", "eval_windows=1",
+                 "--set", "device=cpu", "--set", "warmup_steps=1", "--no-progress"]) == 0
+    assert yaml.safe_load((run / "run.yaml").read_text())["data"] == str(data.resolve())
+    assert (run / "checkpoints" / "step_0000002").is_dir()
+    assert main(["export", str(run), "--format", "hf", "--out", str(tmp_path / "exp")]) == 0
+    assert (tmp_path / "exp" / "tokenizer.json").is_file()
+
+
+def test_hf_tokenizer_of_another_kind(tmp_path):
+    """A SentencePiece-style tokenizer.json (Metaspace, a post-processor adding <s>) loads as kind 'hf'."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+    from lmlab.data.tokenizer import Tokenizer
+
+    hf = HFTokenizer(models.BPE(unk_token="<unk>"))
+    hf.pre_tokenizer = pre_tokenizers.Metaspace()
+    hf.decoder = decoders.Metaspace()
+    hf.train_from_iterator([TEXT] * 4, trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "<s>", "</s>"],
+                                                           show_progress=False))
+    hf.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer.load(tmp_path / "tokenizer.json")
+    assert tok.kind == "hf" and tok.eot_id == 1  # <s>: the token before each document
+    ids = tok.encode("a single man")
+    assert 1 not in ids  # no BOS from the post-processor
+    assert tok.decode(ids).strip() == "a single man"
+    assert tok.decode_bytes([tok.eot_id]) == b""
+
+
+PRESET_FAMILIES = {"llama-2-7b": "llama", "llama-3-8b": "llama", "mistral-7b": "mistral", "qwen2-7b": "qwen2",
+                   "qwen3-8b": "qwen3", "gemma-2b": "gemma", "gemma-2-9b": "gemma2", "gemma-3-12b": "gemma3_text",
+                   "olmo-7b": "olmo", "olmo-2-7b": "olmo2", "command-r7b": "cohere2"}
+
+
+@pytest.mark.parametrize("preset", list(PRESET_FAMILIES))
+def test_presets_are_models_of_their_family(preset):
+    """Each preset of these families (real and tiny scale) is exactly a model of its HF family (the
+    export's config converts back to the same function: ``common.verify_roundtrip``); the families
+    themselves are proven against transformers above."""
+    from lmlab.presets import preset_config
+
+    for scale in ("tiny", "real"):
+        fam, hf = hfio.lmlab_to_hf_config(preset_config(preset, scale))
+        assert fam.model_type == PRESET_FAMILIES[preset], scale
+
+
+def test_sharded_bin_and_v4_config_spellings(tmp_path):
+    """Sharded safetensors, pytorch_model.bin (weights_only), and a transformers-4 config.json (rope_theta +
+    rope_scaling with 'type') import to the same model."""
+    cfg = transformers.LlamaConfig(**{**BASE, "tie_word_embeddings": False})
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    ref.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "config.json").write_bytes((tmp_path / "sharded" / "config.json").read_bytes())
+    torch.save(ref.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
+    v4 = json.loads((tmp_path / "bin" / "config.json").read_text())
+    v4.pop("rope_parameters")
+    v4.update(rope_theta=500000.0, rope_scaling={"type": "linear", "factor": 2.0})
+    (tmp_path / "v4").mkdir()
+    (tmp_path / "v4" / "config.json").write_text(json.dumps(v4))
+    (tmp_path / "v4" / "pytorch_model.bin").write_bytes((tmp_path / "bin" / "pytorch_model.bin").read_bytes())
+    x = torch.randint(0, V, (1, 24), generator=torch.Generator().manual_seed(3))
+    outs = {}
+    for name in ("sharded", "bin", "v4"):
+        model, cfg_l, _, _ = hfio.hf_to_lmlab(tmp_path / name)
+        with torch.no_grad():
+            outs[name] = model(x)
+    assert torch.equal(outs["sharded"], outs["bin"])
+    assert cfg_l.rope_theta == 500000.0 and cfg_l.rope_scaling == {"type": "linear", "factor": 2.0}
+    v4_ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "v4", attn_implementation="eager").eval()
+    assert float((hf_logits(v4_ref, x) - outs["v4"]).abs().max()) <= TOL
+    assert float((hf_logits(ref, x) - outs["bin"]).abs().max()) <= TOL
