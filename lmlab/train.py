@@ -74,6 +74,7 @@ class TrainConfig:
     parallel: str = "ddp"  # with torchrun and >1 ranks: ddp | fsdp
     peak_flops: Optional[float] = None  # device peak FLOP/s for MFU; default from lmlab.analysis's table
     tensorboard: bool = True  # also write TensorBoard events when the package is installed
+    max_seconds: Optional[float] = None  # stop after this many seconds of one fit() (wall time; None = no limit)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "grad_accum", "max_steps", "eval_interval", "eval_windows", "log_interval",
@@ -102,6 +103,8 @@ class TrainConfig:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
         if self.peak_flops is not None:
             _positive("peak_flops", self.peak_flops)
+        if self.max_seconds is not None:
+            _positive("max_seconds", self.max_seconds)
         if not isinstance(self.wd_exclude, list) or any(g not in WD_GROUPS for g in self.wd_exclude):
             raise ConfigError(f"wd_exclude={self.wd_exclude!r} must be a list drawn from {list(WD_GROUPS)}")
 
@@ -172,6 +175,23 @@ def resolve_dtype(name: str, device: torch.device) -> Optional[torch.dtype]:
         return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else None
     except (AttributeError, RuntimeError):
         return None
+
+
+def device_peak_flops(device: torch.device, amp_dtype: Optional[torch.dtype]) -> Optional[float]:
+    """Peak dense FLOP/s of ``device`` for MFU, from lmlab.analysis.DEVICES: the H100/H200/A100 bf16/fp16
+    datasheet figure (under bf16/fp16 autocast; None in fp32, whose tensor-core rate depends on TF32
+    settings), the nominal 2-core CPU figure on CPU, None for an unknown GPU (pass peak_flops)."""
+    from lmlab.analysis import DEVICES
+
+    if device.type == "cpu":
+        return DEVICES["cpu"].peak_flops
+    if device.type != "cuda" or amp_dtype is None:
+        return None
+    name = torch.cuda.get_device_name(device).lower()
+    for key in ("h200", "h100", "a100"):
+        if key in name:
+            return DEVICES[key].peak_flops
+    return None
 
 
 def global_batch_starts(n_tokens: int, step: int, n_windows: int, tc: TrainConfig, T: int) -> np.ndarray:
@@ -307,11 +327,9 @@ class Trainer:
         os.replace(tmp, path)
 
     # --- pieces ----------------------------------------------------------------------------
-    def _mfu_inputs(self) -> tuple[Optional[float], Optional[float]]:
-        try:
-            from lmlab.analysis import device_peak_flops, flops_per_token
-        except ImportError:
-            return None, None
+    def _mfu_inputs(self) -> tuple[float, Optional[float]]:
+        from lmlab.analysis import flops_per_token
+
         fpt = flops_per_token(self.cfg, self.cfg.context_length, training=True)
         peak = self.tc.peak_flops or device_peak_flops(self.device, self.amp_dtype)
         return fpt, peak
@@ -456,7 +474,8 @@ class Trainer:
 
     def fit(self) -> dict:
         """Train to ``max_steps``, evaluating every ``eval_interval`` and checkpointing every
-        ``checkpoint_interval`` steps and at the end. Returns the last validation figures.
+        ``checkpoint_interval`` steps and at the end (or when ``max_seconds`` of wall time are spent: then
+        a ``{"stopped": "max_seconds"}`` record is logged). Returns the last validation figures.
         Raises FloatingPointError after ``max_bad_steps`` non-finite steps in a row (the last good
         state is checkpointed first)."""
         from tqdm import tqdm
@@ -504,6 +523,10 @@ class Trainer:
                 window_t = time.perf_counter()  # evaluation time is not training throughput
             if tc.checkpoint_interval and self.step % tc.checkpoint_interval == 0 and self.step < tc.max_steps:
                 self.save()
+            if tc.max_seconds is not None and self.step < tc.max_steps and all_reduce_mean(
+                    float(time.perf_counter() - t0 >= tc.max_seconds), self.dist, self.device) > 0:
+                self._log({"step": self.step, "stopped": "max_seconds", "elapsed_s": time.perf_counter() - t0})
+                break  # wall-time budget spent: checkpointed below, marked as stopped in metrics.jsonl
         bar.close()
         done = checkpoint_dirs(self.run_dir)
         if not done or done[-1].name != f"step_{self.step:07d}":

@@ -35,6 +35,11 @@ def test_short_training_run_lowers_loss(tmp_path, byte_data):
     train_losses = [r["loss"] for r in lines if "loss" in r]
     assert train_losses[-1] < train_losses[0]
     assert all(r["tokens_per_s"] > 0 for r in lines if "loss" in r)
+    # MFU = model FLOPs per token (6N + attention, lmlab.analysis) x tokens/s / the device's peak
+    from lmlab.analysis import DEVICES, flops_per_token
+
+    fpt = flops_per_token(trainer.cfg, 64, training=True)
+    assert all(r["mfu"] == pytest.approx(fpt * r["tokens_per_s"] / DEVICES["cpu"].peak_flops) for r in lines if "loss" in r)
     # the final checkpoint reproduces the trained model exactly
     model, cfg, tok, run, ckpt = load_run(tmp_path / "run")
     x = torch.randint(0, 257, (2, 64))
