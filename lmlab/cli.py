@@ -176,6 +176,28 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    from lmlab.sweep import builtin_specs, load_spec, run_sweep
+
+    if args.list:
+        for name, path in builtin_specs().items():
+            spec = load_spec(path)
+            print(f"{name}: {len(spec.variants)} variant(s) x {len(spec.seeds)} seed(s); {spec.claim}")
+        return 0
+    if not args.spec:
+        raise ConfigError("give a spec file or a shipped spec name (`lmlab sweep --list` shows them)")
+    run_sweep(args.spec, out=args.out, jobs=args.jobs, dry_run=args.dry_run)
+    return 0
+
+
+def cmd_report(args) -> int:
+    from lmlab.report import write_report
+
+    for path in write_report(Path(args.sweep), args.out):
+        print(f"wrote {path}")
+    return 0
+
+
 def cmd_plot(args) -> int:
     from lmlab.plot import plot_runs
 
@@ -443,6 +465,19 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("runs", nargs="+", help="run folders")
     sp.add_argument("--out", default="plots", help="output folder (default ./plots)")
     sp.set_defaults(func=cmd_plot)
+
+    sp = sub.add_parser("sweep", help="run an ablation spec: every variant x seed trained, evaluated, recorded")
+    sp.add_argument("spec", nargs="?", help="a sweep spec YAML file or a shipped spec name (see --list)")
+    sp.add_argument("--out", help="sweep folder (default sweeps/NAME); an existing one is resumed")
+    sp.add_argument("--jobs", type=int, default=1, help="runs trained at once, each with cores // jobs threads")
+    sp.add_argument("--dry-run", action="store_true", help="print the runs, steps, tokens and FLOPs; train nothing")
+    sp.add_argument("--list", action="store_true", help="list the shipped specs and their claims")
+    sp.set_defaults(func=cmd_sweep)
+
+    sp = sub.add_parser("report", help="markdown report of a sweep with PNG plots and results.csv")
+    sp.add_argument("sweep", help="a sweep folder (`lmlab sweep --out`)")
+    sp.add_argument("--out", help="the markdown file (default SWEEP/report.md; plots and CSV beside it)")
+    sp.set_defaults(func=cmd_report)
 
     sp = sub.add_parser("import", help="convert a Hugging Face model folder into a new run folder")
     sp.add_argument("path", help="HF model folder: config.json + model.safetensors (or shards, or pytorch_model.bin)")

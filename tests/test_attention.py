@@ -182,6 +182,107 @@ def test_kv_cache_stores_only_kv_heads():
         TransformerLM(cfg)(torch.zeros(3, 17, dtype=torch.long), cache=cache)
 
 
+ROLLING_CONFIGS = {  # every layer kind with a window, decoded far past it through the rolling buffer
+    "window": dict(sliding_window=3, n_layers=2),
+    "window_gqa_softcap": dict(sliding_window=4, n_kv_heads=2, attn_logit_softcap=1.0),  # explicit softmax
+    "hybrid": dict(n_layers=2, layer_pattern="LG", sliding_window=3, nope_global_layers=True, rope_local_theta=100.0),
+    "alibi": dict(position="alibi", n_heads=3, d_model=36, sliding_window=5),
+    "t5_mqa": dict(position="t5", t5_num_buckets=8, t5_max_distance=12, sliding_window=4, n_kv_heads=1),
+    "learned_partial": dict(position="learned", sliding_window=5, rope_fraction=0.5),
+}
+
+
+@pytest.mark.parametrize("name", list(ROLLING_CONFIGS))
+def test_rolling_window_cache_decodes_far_past_the_window(name):
+    """Sliding-window layers keep only `sliding_window` entries (index i in slot i % W), yet prefill, chunks
+    longer than the window, chunks crossing the wrap and single tokens all equal the full forward."""
+    m = model(**ROLLING_CONFIGS[name])
+    T = 26
+    idx = tokens(T=T)
+    schedule = [5, 1, 1, 4, 1, 2, 7, 1, 1, 1, 2, 1]  # sums to 27 > T: cut at T
+    with torch.no_grad():
+        full = m(idx)
+        cache = KVCache(m.cfg, batch=2, max_len=T)
+        steps, t = [], 0
+        for n in schedule:
+            n = min(n, T - t)
+            if n:
+                steps.append(m(idx[:, t:t + n], cache=cache))
+                t += n
+    assert t == T == cache.length
+    windows = [m.cfg.layer_window(i) for i in range(m.cfg.n_layers)]
+    assert [c.shape[2] for c in cache.k] == [w or T for w in windows]  # fixed memory on windowed layers
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+
+
+def test_all_window_model_decodes_past_max_len_in_fixed_memory():
+    m = model(sliding_window=4, n_layers=2, n_kv_heads=2)
+    idx = tokens(T=20)
+    with torch.no_grad():
+        full = m(idx)
+        cache = KVCache(m.cfg, batch=2, max_len=6)  # every layer windowed: the buffers never fill
+        steps = [m(idx[:, :3], cache=cache)] + [m(idx[:, t:t + 1], cache=cache) for t in range(3, 20)]
+    assert cache.length == 20 and all(k.shape[2] == 4 for k in cache.k)
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+
+
+def test_kv_cache_nbytes_formula_with_windows():
+    cfg = tiny(n_layers=4, layer_pattern="LG", sliding_window=3, n_kv_heads=2)
+    batch, max_len, head_dim, fp32 = 2, 16, 8, 4
+    cache = KVCache(cfg, batch=batch, max_len=max_len)
+    per_entry = 2 * batch * cfg.n_kv_heads * head_dim * fp32  # k and v of one cache index in one layer
+    assert cache.nbytes == per_entry * (3 + 16 + 3 + 16)
+    bf16 = KVCache(cfg, batch=batch, max_len=max_len, dtype=torch.bfloat16)
+    assert bf16.nbytes == cache.nbytes // 2
+    assert KVCache(tiny(n_layers=4), batch=batch, max_len=max_len).nbytes == 2 * batch * 4 * head_dim * fp32 * 16 * 4
+
+
+PAD_CONFIGS = {
+    "rope_gqa": dict(n_kv_heads=2, n_layers=2),
+    "window_hybrid": dict(n_layers=2, layer_pattern="LG", sliding_window=3),
+    "alibi": dict(position="alibi", sliding_window=6),
+    "t5": dict(position="t5", t5_num_buckets=8, t5_max_distance=12),
+    "learned": dict(position="learned", n_kv_heads=1),
+    "sinusoidal_softcap": dict(position="sinusoidal", attn_logit_softcap=1.0),
+    "qk_norm_partial": dict(qk_norm="rmsnorm", rope_fraction=0.5),
+}
+
+
+@pytest.mark.parametrize("name", list(PAD_CONFIGS))
+def test_left_padded_batch_equals_each_row_alone(name):
+    """Rows of different lengths, left-padded: with ``left_pad`` every real token's logits equal the row run
+    alone, in a full forward and through the cache (prefill then one token at a time)."""
+    m = model(**PAD_CONFIGS[name])
+    lengths, extra = [9, 4, 1], 6
+    rows = [tokens(T=n + extra, seed=10 + i, batch=1)[0] for i, n in enumerate(lengths)]
+    P = max(lengths)
+    pad = torch.tensor([P - n for n in lengths])
+    batch = torch.full((3, P + extra), 63, dtype=torch.long)  # padding token id 63, deliberately not 0
+    for i, r in enumerate(rows):
+        batch[i, pad[i]:] = r
+    with torch.no_grad():
+        alone = [m(r[None])[0] for r in rows]
+        full = m(batch, left_pad=pad)
+        cache = KVCache(m.cfg, batch=3, max_len=P + extra, left_pad=pad)
+        stepped = torch.cat([m(batch[:, :P], cache=cache)] +
+                            [m(batch[:, t:t + 1], cache=cache) for t in range(P, P + extra)], dim=1)
+    for i in range(3):
+        assert torch.allclose(full[i, pad[i]:], alone[i], atol=1e-5)
+        assert torch.allclose(stepped[i, pad[i]:], alone[i], atol=1e-5)
+    assert torch.isfinite(full).all() and torch.isfinite(stepped).all()  # padding rows too (no empty softmax)
+
+
+def test_left_pad_checks():
+    cfg = tiny()
+    cache = KVCache(cfg, batch=2, max_len=8)
+    with pytest.raises(ValueError, match="2"):
+        cache.set_left_pad([1, 2, 3])
+    TransformerLM(cfg)(torch.zeros(2, 3, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="before the first token"):
+        cache.set_left_pad([1, 0])
+    assert KVCache(cfg, batch=2, max_len=8, left_pad=[0, 0]).left_pad is None  # no padding: the fast path
+
+
 # --- stability tricks -------------------------------------------------------------------------------
 
 def test_attention_softcap_bounds_logits(monkeypatch):

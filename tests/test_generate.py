@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lmlab.config import ModelConfig
-from lmlab.generate import generate, sample_next
+from lmlab.generate import TextStream, decode_layout, generate, generate_batch, sample_next
 from lmlab.model import TransformerLM
 
 
@@ -62,3 +62,139 @@ def test_seeded_sampling_reproducible_and_prompt_checks():
         list(generate(model, list(range(17)), 3))
     with pytest.raises(ValueError, match="empty"):
         list(generate(model, [], 3))
+
+
+# --- ties, peaked distributions, tiny temperatures ---------------------------------------------------
+
+def test_ties_and_all_mass_in_one_token():
+    g = torch.Generator().manual_seed(0)
+    # exact ties: top_p keeps the lower id of two equally likely tokens, always (stable ranking)
+    tied = torch.log(torch.tensor([[0.1, 0.4, 0.4, 0.1]]))
+    assert {int(sample_next(tied, 1.0, top_p=0.3, generator=g)) for _ in range(50)} == {1}
+    assert int(sample_next(tied, 0.0)) == 1  # greedy: the lowest id among equal maxima
+    # top_k keeps every logit tied with the k-th
+    assert {int(sample_next(tied, 1.0, top_k=1, generator=g)) for _ in range(200)} == {1, 2}
+    # one token with all the mass (the others -inf or far below), with every rule
+    peaked = torch.tensor([[float("-inf"), 3.0, float("-inf")], [-1e4, 0.0, -1e4]])
+    for kw in (dict(), dict(top_k=2), dict(top_p=0.5), dict(top_p=1.0), dict(top_k=3, top_p=0.9)):
+        assert sample_next(peaked, 1.0, generator=g, **kw).tolist() == [1, 1]
+    # a tiny temperature approaches greedy instead of overflowing into NaN
+    logits = torch.tensor([[5.0, 4.0, -3.0]])
+    assert int(sample_next(logits, 1e-30, top_p=0.9, generator=g)) == 0
+
+
+# --- batched prompts ----------------------------------------------------------------------------------
+
+BATCH_CONFIGS = [
+    dict(n_kv_heads=2),
+    dict(n_kv_heads=1, sliding_window=3, layer_pattern="LG", position="learned"),
+    dict(position="alibi", sliding_window=4),
+]
+
+
+@pytest.mark.parametrize("kw", BATCH_CONFIGS)
+def test_batched_greedy_equals_each_prompt_alone(kw):
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=40, context_length=32, d_model=32, n_layers=2, n_heads=4, init_std=0.5, **kw)
+    model = TransformerLM(cfg).eval()
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11], [12]]
+    batched = generate_batch(model, prompts, 20, temperature=0)
+    alone = [list(generate(model, p, 20, temperature=0)) for p in prompts]
+    assert batched == alone
+    assert len({tuple(r) for r in alone}) == 3 and len(set(sum(alone, []))) > 5  # the check can fail
+
+
+def test_batch_eos_seed_and_limits():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=40, context_length=16, d_model=32, n_layers=1, n_heads=4, init_std=0.5)
+    model = TransformerLM(cfg).eval()
+    prompts = [[1, 2], [3, 4, 5]]
+    greedy = generate_batch(model, prompts, 10, temperature=0)
+    eos = greedy[0][2]  # row 0 ends at its third token; row 1 goes on unless it also meets that id
+    out = generate_batch(model, prompts, 10, temperature=0, eos_id=eos)
+    assert out[0] == greedy[0][:3]
+    cut = greedy[1].index(eos) + 1 if eos in greedy[1] else 10
+    assert out[1] == greedy[1][:cut]
+    a = generate_batch(model, prompts, 8, temperature=1.0, top_p=0.9, seed=3)
+    assert a == generate_batch(model, prompts, 8, temperature=1.0, top_p=0.9, seed=3)
+    assert a != generate_batch(model, prompts, 8, temperature=1.0, top_p=0.9, seed=4)
+    with pytest.raises(ValueError, match="does not fit in context_length=16"):
+        generate_batch(model, [[1] * 10], 8)
+    with pytest.raises(ValueError, match="empty"):
+        generate_batch(model, [[1], []], 2)
+
+
+def test_decode_layout_is_transparent_and_restored():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=40, context_length=16, d_model=32, n_layers=1, n_heads=4, tie_embeddings=True)
+    model = TransformerLM(cfg).eval()
+    x = torch.randint(0, 40, (2, 7))
+    ref = model(x)
+    with decode_layout(model):
+        assert not model.blocks[0].attn.qkv.weight.is_contiguous()
+        assert model.lm_head.weight is model.embed.weight  # still tied
+        assert torch.allclose(model(x), ref, atol=1e-5)
+    assert all(p.is_contiguous() for p in model.parameters())
+    model.train()
+    model(x).sum().backward()  # still trainable: no inference tensors left behind
+
+
+# --- stop strings and streaming text ------------------------------------------------------------------
+
+def test_text_stream_stop_strings_and_utf8():
+    ts = TextStream(["END!", "\n\n"])
+    shown = ""
+    for piece in [b"Hello E", b"N", b"D?", b" no"]:  # "EN" is held back until it is known not to stop
+        shown += ts.push(piece)
+    assert shown == "Hello END? no" and not ts.stopped
+    ts = TextStream(["END"])
+    shown = "".join(ts.push(p) for p in [b"abc E", b"NDxyz", b"more"])
+    assert shown == "abc " and ts.stopped and ts.flush() == ""
+    # a multi-byte character split across tokens is held until complete; a trailing tail is flushed
+    ts = TextStream(["stop"])
+    euro = "€".encode()
+    assert ts.push(b"a" + euro[:1]) == "a"
+    assert ts.push(euro[1:] + b" st") == "€ "
+    assert ts.flush() == "st"
+    ts = TextStream()
+    assert ts.push(b"\xff") == "\ufffd"  # invalid bytes are replaced, not dropped
+
+
+# --- the command line: stop strings, a batch of prompts, `bench decode` on a run ----------------------
+
+@pytest.fixture(scope="module")
+def byte_run(tmp_path_factory):
+    """A run folder written by hand: raw-bytes tokenizer, a random 1-layer model, one checkpoint."""
+    import yaml
+
+    from lmlab.checkpoint import save_checkpoint
+    from lmlab.data.tokenizer import Tokenizer
+
+    run = tmp_path_factory.mktemp("gen") / "run"
+    run.mkdir()
+    tok = Tokenizer.bytes_tokenizer()
+    cfg = ModelConfig(vocab_size=tok.vocab_size, context_length=32, d_model=32, n_layers=1, n_heads=4)
+    torch.manual_seed(0)
+    model = TransformerLM(cfg)
+    tok.save(run / "tokenizer.json")
+    (run / "run.yaml").write_text(yaml.safe_dump({"model": cfg.to_dict(), "train": {}, "data": "none"}))
+    save_checkpoint(run, 1, model, None, {"step": 1})
+    return run
+
+
+def test_cli_generate_stop_and_batch(byte_run, capsys):
+    from lmlab.cli import main
+
+    args = ["generate", str(byte_run), "--max-new-tokens", "12", "--temperature", "0"]
+    assert main(args + ["--prompt", "ab"]) == 0
+    full = capsys.readouterr().out.rstrip("\n")
+    assert full.startswith("ab") and len(full) > 4
+    stop = full[4:6]  # cut where this text first appears in the continuation
+    assert main(args + ["--prompt", "ab", "--stop", stop]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == "ab" + full[2:][:full[2:].find(stop)]
+    assert main(args + ["--prompt", "ab", "--prompt", "xyz"]) == 0
+    out = capsys.readouterr().out
+    assert "--- [0] ---\n" + full + "\n" in out and "--- [1] ---\nxyz" in out
+    assert main(["bench", "decode", str(byte_run), "--prompt-len", "3", "--new-tokens", "3", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "prefill" in out and "decode" in out and "tokens/s" in out

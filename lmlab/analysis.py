@@ -1,0 +1,486 @@
+"""Sizing a Transformer LM from its config, by formula (``lmlab analyze``, ``lmlab survey``).
+
+- **Parameters**: every weight the model holds, counted from the ModelConfig fields; equal to
+  ``TransformerLM(cfg).num_params()`` (tests check it on many configs, real scale on the meta device).
+  Non-embedding = total - token embedding - learned position table (Kaplan et al. 2020's N; an untied LM
+  head stays in).
+- **FLOPs per token** (a multiply-add = 2 FLOPs): forward = 2 N_mm + attention, where N_mm are the weights
+  every token is multiplied by (all linear layers including the LM head, tied or not; embedding
+  lookups, norms, biases and the softmax are left out, < 1%). Attention per layer and token:
+  QK^T and AV each cost 2 * n_heads * head_dim * (keys seen): the width is n_heads * head_dim whatever
+  n_kv_heads (GQA shares K and V, not the dot products) and head_dim need not be d_model / n_heads. With
+  causal masking the token at position p (1-based) sees p keys, min(p, W) on a window-W layer, so a
+  context of n gives on average (1/n) sum_p min(p, W) keys: (n + 1) / 2 without a window. Training =
+  3 x forward (the backward pass costs twice the forward): 6 N_mm + 3 x attention, which for full
+  attention is Kaplan et al. 2020's C ~ 6N + 6 n_layer n_ctx d_attn (eq. 2.2 with its 2 n_layer n_ctx
+  d_attn forward term, i.e. causal averaging of QK^T + AV) and Hoffmann et al. 2022 (Chinchilla,
+  appendix F) with its non-causal 4 n_ctx d_attn halved.
+- **KV cache**: 2 (K and V) x n_kv_heads x head_dim values per token and layer; a window-W layer holds at
+  most W tokens (lmlab's rolling buffer). Compared against plain MHA (n_heads KV heads, no window).
+- **Arithmetic intensity** (FLOPs per byte moved to and from memory) of one layer of each kind (global,
+  windowed), in prefill (batch x context tokens at once) and decode (one new token per sequence with
+  ``context`` tokens cached): bytes = weights (read once per pass, shared by the batch) + KV cache
+  (written in prefill; read and one entry written in decode) + the layer's input and output activations.
+  Attention scores are assumed to stay on chip (flash attention). Against a device's ridge point
+  (peak FLOP/s / memory bandwidth): below it memory-bound, above it compute-bound. Decode intensity grows
+  with the batch as B f / (W + B c) (f FLOPs and c KV/activation bytes per sequence, W weight bytes), so
+  decode turns compute-bound from B = ridge W / (f - ridge c), and never when f / c (the KV-bound limit)
+  is below the ridge.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from lmlab.config import GATED_ACTIVATIONS, ModelConfig
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    peak_flops: float  # dense FLOP/s in ``dtype``
+    bandwidth: float  # bytes/s of main (HBM / DRAM) memory
+    dtype: str
+    source: str
+
+    @property
+    def ridge(self) -> float:
+        """FLOPs per byte at which the roofline bends: peak / bandwidth."""
+        return self.peak_flops / self.bandwidth
+
+
+DEVICES = {
+    "h100": Device("NVIDIA H100 SXM5 80GB", 989.4e12, 3.35e12, "bf16",
+                   "NVIDIA H100 Tensor Core GPU datasheet: BF16 1,979 TFLOPS with sparsity (989.4 dense), "
+                   "HBM3 3.35 TB/s; https://www.nvidia.com/en-us/data-center/h100/"),
+    "h200": Device("NVIDIA H200 SXM 141GB", 989.4e12, 4.8e12, "bf16",
+                   "NVIDIA H200 Tensor Core GPU datasheet: BF16 1,979 TFLOPS with sparsity (989.4 dense), "
+                   "HBM3e 4.8 TB/s; https://www.nvidia.com/en-us/data-center/h200/"),
+    "a100": Device("NVIDIA A100 SXM4 80GB", 312e12, 2.039e12, "bf16",
+                   "NVIDIA A100 Tensor Core GPU datasheet: BF16 312 TFLOPS dense (624 with sparsity), "
+                   "HBM2e 2,039 GB/s (80GB SXM); https://www.nvidia.com/en-us/data-center/a100/"),
+    "cpu": Device("2 CPU cores (nominal)", 384e9, 40e9, "fp32",
+                  "nominal, not a datasheet: 2 cores x 2 AVX-512 FMA units x 16 fp32 lanes x 2 FLOPs x 3 GHz "
+                  "= 384 GFLOP/s; 40 GB/s, a 2-core share of a server socket's DRAM bandwidth"),
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Parameters
+# ------------------------------------------------------------------------------------------------
+
+
+def _norm_params(cfg: ModelConfig, width: int) -> int:
+    """A block or final norm: weight (and LayerNorm bias with norm_bias); none when norm_affine is off."""
+    if not cfg.norm_affine:
+        return 0
+    return width * (2 if cfg.norm_bias else 1)
+
+
+def layer_params(cfg: ModelConfig) -> dict:
+    """Parameters of one block: attention (projections and QK-norm), MLP, norms; ``matmul`` = the
+    weight matrices a token is multiplied by (no biases or norm weights)."""
+    d, H, K, D, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
+    qkv_out = (H + 2 * K) * D
+    attn_mm = d * qkv_out + H * D * d
+    attn_bias = (qkv_out if cfg.bias in ("all", "qkv") else 0) + (d if cfg.bias == "all" else 0)
+    if cfg.qk_norm == "none":
+        qk_norm = 0
+    elif cfg.qk_norm_scope == "head":  # one head_dim weight for q, one for k
+        qk_norm = 2 * D
+    else:  # 'all' (across heads) or 'head_untied' (per head): n_heads*D + n_kv_heads*D
+        qk_norm = (H + K) * D
+    gate = 2 if cfg.activation in GATED_ACTIVATIONS else 1
+    mlp_mm = gate * d * F + F * d
+    mlp_bias = (gate * F + d) if cfg.bias in ("all", "mlp") else 0
+    n_norms = 1 + (0 if (cfg.parallel_block and cfg.parallel_shared_norm) else 1)
+    if cfg.norm_position == "sandwich":
+        n_norms += 2
+    norms = n_norms * _norm_params(cfg, d)
+    attention = attn_mm + attn_bias + qk_norm
+    mlp = mlp_mm + mlp_bias
+    return {"attention": attention, "mlp": mlp, "norms": norms, "total": attention + mlp + norms,
+            "matmul": attn_mm + mlp_mm, "attention_matmul": attn_mm, "mlp_matmul": mlp_mm}
+
+
+def param_counts(cfg: ModelConfig) -> dict:
+    """Parameter counts by formula (tied weights once): total, non_embedding, embedding (token
+    embedding), positions (learned table / T5 buckets), per_layer (:func:`layer_params`), layers, head
+    (an untied LM head's weight, and its bias), projections (embed_dim != d_model), final_norm, and
+    ``matmul``: the weights each token is multiplied by (layers + projections + LM head)."""
+    d, V = cfg.d_model, cfg.vocab_size
+    E = cfg.embed_dim or d
+    per_layer = layer_params(cfg)
+    embedding = V * E
+    projections = 2 * E * d if E != d else 0
+    learned = (cfg.context_length + cfg.learned_pos_offset) * d if cfg.position == "learned" else 0
+    t5 = cfg.t5_num_buckets * cfg.n_heads if cfg.position == "t5" else 0
+    final_norm = _norm_params(cfg, d) if cfg.final_norm else 0
+    head = (0 if cfg.tie_embeddings else V * E) + (V if cfg.lm_head_bias else 0)
+    layers = cfg.n_layers * per_layer["total"]
+    total = embedding + projections + learned + t5 + layers + final_norm + head
+    return {
+        "total": total, "non_embedding": total - embedding - learned, "embedding": embedding,
+        "positions": learned + t5, "per_layer": per_layer, "layers": layers, "head": head,
+        "projections": projections, "final_norm": final_norm,
+        "matmul": cfg.n_layers * per_layer["matmul"] + projections + V * E,
+    }
+
+
+def instantiated_params(cfg: ModelConfig) -> tuple[int, int]:
+    """(total, non-embedding) of ``TransformerLM(cfg)`` built on the meta device (no memory)."""
+    import torch
+
+    from lmlab.model import TransformerLM
+
+    with torch.device("meta"):
+        model = TransformerLM(cfg)
+    return model.num_params(), model.num_params(non_embedding=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# FLOPs
+# ------------------------------------------------------------------------------------------------
+
+
+def mean_keys(context: int, window: Optional[int]) -> float:
+    """Keys a query sees on average over positions 1..context with causal masking: (1/n) sum min(p, W)."""
+    n = context
+    if window is None or window >= n:
+        return (n + 1) / 2
+    W = window
+    return (W * (W + 1) / 2 + (n - W) * W) / n
+
+
+def attention_flops_per_token(cfg: ModelConfig, context: int) -> float:
+    """Forward FLOPs of QK^T and AV per token, summed over layers, averaged over positions 1..context."""
+    width = cfg.n_heads * cfg.head_dim
+    return sum(4 * width * mean_keys(context, cfg.layer_window(i)) for i in range(cfg.n_layers))
+
+
+def flops_per_token(cfg: ModelConfig, context: Optional[int] = None, training: bool = True) -> float:
+    """FLOPs per token of a forward pass (``training=False``) or of a training step (forward + backward,
+    3x the forward) at sequence length ``context`` (default ``cfg.context_length``): 2 N_mm + attention
+    per forward (see the module docstring). For MFU: tokens/s x flops_per_token / peak FLOP/s."""
+    n = cfg.context_length if context is None else context
+    if n < 1:
+        raise ValueError(f"context={n} must be >= 1")
+    forward = 2 * param_counts(cfg)["matmul"] + attention_flops_per_token(cfg, n)
+    return 3 * forward if training else forward
+
+
+# ------------------------------------------------------------------------------------------------
+# KV cache
+# ------------------------------------------------------------------------------------------------
+
+
+def kv_cache_bytes(cfg: ModelConfig, context: int, batch: int = 1, dtype: str = "bf16") -> dict:
+    """KV-cache memory: ``per_token`` (bytes added per token while every layer still grows: all layers up
+    to their window), ``total`` for ``context`` tokens x ``batch`` (windowed layers hold min(context, W)),
+    and the same for plain MHA (``mha_total``: n_heads KV heads, no window) and for this model without its
+    windows (``no_window_total``), with the savings as factors."""
+    b = DTYPE_BYTES[dtype]
+    per_layer_token = 2 * cfg.n_kv_heads * cfg.head_dim * b
+    held = [min(context, w) if w is not None else context for w in (cfg.layer_window(i) for i in range(cfg.n_layers))]
+    total = batch * per_layer_token * sum(held)
+    no_window = batch * per_layer_token * context * cfg.n_layers
+    mha = batch * 2 * cfg.n_heads * cfg.head_dim * b * context * cfg.n_layers
+    return {"dtype": dtype, "bytes_per_value": b, "per_token": per_layer_token * cfg.n_layers,
+            "per_token_per_layer": per_layer_token, "total": total, "no_window_total": no_window,
+            "mha_total": mha, "gqa_saving": mha / no_window, "window_saving": no_window / total,
+            "saving": mha / total, "context": context, "batch": batch}
+
+
+# ------------------------------------------------------------------------------------------------
+# Arithmetic intensity
+# ------------------------------------------------------------------------------------------------
+
+
+def _layer_costs(cfg: ModelConfig, window: Optional[int], context: int, b: int) -> dict:
+    """One layer: weight bytes, and per sequence the decode FLOPs / bytes and the prefill FLOPs / bytes."""
+    lp = layer_params(cfg)
+    width, d = cfg.n_heads * cfg.head_dim, cfg.d_model
+    kv_entry = 2 * cfg.n_kv_heads * cfg.head_dim * b  # K and V of one token
+    held = min(context, window) if window is not None else context
+    keys_sum = mean_keys(context, window) * context  # sum over positions of keys seen
+    return {
+        "weight_bytes": lp["total"] * b,
+        "decode_flops": 2 * lp["matmul"] + 4 * width * held,
+        "decode_bytes": kv_entry * held + kv_entry + 2 * d * b,  # read the cache, write one entry, in/out
+        "prefill_flops": context * 2 * lp["matmul"] + 4 * width * keys_sum,
+        "prefill_bytes": context * (kv_entry + 2 * d * b),
+    }
+
+
+def _intensity(flops_per_seq: float, bytes_per_seq: float, weight_bytes: float, batch: int, ridge: float) -> dict:
+    flops = batch * flops_per_seq
+    moved = weight_bytes + batch * bytes_per_seq
+    ai = flops / moved
+    limit = flops_per_seq / bytes_per_seq if bytes_per_seq else math.inf
+    if flops_per_seq > ridge * bytes_per_seq:
+        b_star: Optional[int] = max(1, math.ceil(ridge * weight_bytes / (flops_per_seq - ridge * bytes_per_seq)))
+    else:
+        b_star = None  # the per-sequence traffic alone keeps it below the ridge
+    return {"flops": flops, "bytes": moved, "intensity": ai, "compute_bound": ai >= ridge,
+            "limit": limit, "compute_bound_from_batch": b_star}
+
+
+def intensity(cfg: ModelConfig, context: int, batch: int = 1, device: Device | str = "h100",
+              dtype: str = "bf16") -> dict:
+    """Arithmetic intensity of prefill and decode per layer kind ('global', 'local') and for the whole
+    model (all layers + LM head), with verdicts against ``device``'s ridge point (see the module
+    docstring). Weights, KV cache and activations all in ``dtype``."""
+    dev = DEVICES[device] if isinstance(device, str) else device
+    b = DTYPE_BYTES[dtype]
+    kinds: dict = {}
+    for i in range(cfg.n_layers):
+        w = cfg.layer_window(i)
+        kind = "global" if w is None else "local"
+        kinds.setdefault(kind, {"window": w, "layers": 0})["layers"] += 1
+    out: dict = {"device": dev.name, "ridge": dev.ridge, "dtype": dtype, "context": context, "batch": batch,
+                 "kinds": {}}
+    tot = {"weight_bytes": 0.0, "decode_flops": 0.0, "decode_bytes": 0.0, "prefill_flops": 0.0, "prefill_bytes": 0.0}
+    for kind, info in kinds.items():
+        c = _layer_costs(cfg, info["window"], context, b)
+        out["kinds"][kind] = {
+            "layers": info["layers"], "window": info["window"],
+            "prefill": _intensity(c["prefill_flops"], c["prefill_bytes"], c["weight_bytes"], batch, dev.ridge),
+            "decode": _intensity(c["decode_flops"], c["decode_bytes"], c["weight_bytes"], batch, dev.ridge),
+        }
+        for key in tot:
+            tot[key] += info["layers"] * c[key]
+    E, V = cfg.embed_dim or cfg.d_model, cfg.vocab_size
+    head_w = (V * E + (2 * E * cfg.d_model if E != cfg.d_model else 0)) * b
+    tot["weight_bytes"] += head_w
+    tot["decode_flops"] += 2 * V * E
+    tot["decode_bytes"] += V * b  # the logits
+    tot["prefill_flops"] += 2 * V * E  # the LM head on the last position only, as in generation
+    tot["prefill_bytes"] += V * b
+    out["model"] = {
+        "prefill": _intensity(tot["prefill_flops"], tot["prefill_bytes"], tot["weight_bytes"], batch, dev.ridge),
+        "decode": _intensity(tot["decode_flops"], tot["decode_bytes"], tot["weight_bytes"], batch, dev.ridge),
+    }
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# The whole analysis and its text
+# ------------------------------------------------------------------------------------------------
+
+
+def analyze(cfg: ModelConfig, context: Optional[int] = None, batch: int = 1, device: Device | str = "h100",
+            published_params: Optional[float] = None, check_instantiated: bool = True) -> dict:
+    """Everything ``lmlab analyze`` prints, as a dict (``--json``)."""
+    n = cfg.context_length if context is None else context
+    dev = DEVICES[device] if isinstance(device, str) else device
+    counts = param_counts(cfg)
+    res: dict = {"config": cfg.to_dict(), "context": n, "batch": batch, "params": counts}
+    if published_params is not None:
+        res["published_params"] = published_params
+    if check_instantiated:
+        total, non_emb = instantiated_params(cfg)
+        res["instantiated"] = {"total": total, "non_embedding": non_emb,
+                               "equal": total == counts["total"] and non_emb == counts["non_embedding"]}
+    attn = attention_flops_per_token(cfg, n)
+    res["flops"] = {"matmul_params": counts["matmul"], "forward_2n": 2 * counts["matmul"], "forward_attention": attn,
+                    "forward": flops_per_token(cfg, n, training=False), "training": flops_per_token(cfg, n),
+                    "kaplan_6n_nonembedding": 6 * counts["non_embedding"], "attention_share": attn / (2 * counts["matmul"] + attn)}
+    res["kv_cache"] = {dt: kv_cache_bytes(cfg, n, batch, dt) for dt in DTYPE_BYTES}
+    res["device"] = {"name": dev.name, "peak_flops": dev.peak_flops, "bandwidth": dev.bandwidth, "dtype": dev.dtype,
+                     "ridge": dev.ridge, "source": dev.source}
+    res["intensity"] = intensity(cfg, n, batch, dev, dtype=dev.dtype)
+    return res
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _flops(n: float) -> str:
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("KFLOP", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} FLOP"
+
+
+def format_analysis(res: dict, title: str) -> str:
+    """The human-readable report of :func:`analyze`."""
+    cfg = ModelConfig.from_dict(res["config"])
+    p, f, n, B = res["params"], res["flops"], res["context"], res["batch"]
+    dev = res["device"]
+    L = []
+    L.append(f"{title}: context {n:,}, batch {B}, device {dev['name']} "
+             f"({dev['peak_flops'] / 1e12:,.4g} TFLOP/s {dev['dtype']} dense, {dev['bandwidth'] / 1e12:.3g} TB/s)")
+    L.append(f"  d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads x head_dim {cfg.head_dim} "
+             f"({cfg.n_kv_heads} KV heads), d_ff {cfg.d_ff} ({cfg.activation}), vocab {cfg.vocab_size:,}, "
+             f"{'tied' if cfg.tie_embeddings else 'untied'} embeddings")
+    L.append("")
+    L.append("Parameters (by formula)")
+    pub = res.get("published_params")
+    pub_txt = f"   published {pub:,.0f} ({(p['total'] / pub - 1) * 100:+.2f}%)" if pub else ""
+    L.append(f"  total            {p['total']:>18,}{pub_txt}")
+    L.append(f"  non-embedding    {p['non_embedding']:>18,}")
+    L.append(f"  token embedding  {p['embedding']:>18,}")
+    pl = p["per_layer"]
+    L.append(f"  per layer        {pl['total']:>18,}   (attention {pl['attention']:,}, MLP {pl['mlp']:,}, "
+             f"norms {pl['norms']:,})")
+    if p["positions"]:
+        L.append(f"  positions        {p['positions']:>18,}")
+    if p["head"]:
+        L.append(f"  LM head          {p['head']:>18,}")
+    inst = res.get("instantiated")
+    if inst:
+        L.append(f"  instantiated on the meta device: {inst['total']:,} total, {inst['non_embedding']:,} "
+                 f"non-embedding ({'equal' if inst['equal'] else 'DIFFERENT'})")
+    L.append("")
+    L.append(f"FLOPs per token (context {n:,}, causal average)")
+    L.append(f"  matmul weights N  {f['matmul_params']:>16,}   (linear layers + LM head)")
+    L.append(f"  forward           {_flops(f['forward']):>16}   = 2N {_flops(f['forward_2n'])} + attention "
+             f"{_flops(f['forward_attention'])} ({f['attention_share']:.1%})")
+    L.append(f"  training          {_flops(f['training']):>16}   = 3 x forward (Kaplan's 6N on non-embedding "
+             f"params alone: {_flops(f['kaplan_6n_nonembedding'])})")
+    L.append("")
+    kv = res["kv_cache"]
+    L.append(f"KV cache (2 x {cfg.n_kv_heads} KV heads x head_dim {cfg.head_dim} per token and layer"
+             + (f"; windowed layers hold at most {cfg.sliding_window} tokens)" if cfg.sliding_window else ")"))
+    L.append(f"  {'':28}{'fp32':>12}{'bf16':>12}{'fp8':>12}")
+    L.append(f"  {'per token (all layers)':28}" + "".join(f"{_bytes(kv[d]['per_token']):>12}" for d in DTYPE_BYTES))
+    L.append(f"  {f'{n:,} tokens x batch {B}':28}" + "".join(f"{_bytes(kv[d]['total']):>12}" for d in DTYPE_BYTES))
+    L.append(f"  {'plain MHA, no window':28}" + "".join(f"{_bytes(kv[d]['mha_total']):>12}" for d in DTYPE_BYTES))
+    k0 = kv["bf16"]
+    L.append(f"  saving vs plain MHA: {k0['saving']:.2f}x  (GQA/MQA {cfg.n_heads}:{cfg.n_kv_heads} {k0['gqa_saving']:.2f}x, "
+             f"windows {k0['window_saving']:.2f}x)")
+    L.append("")
+    it = res["intensity"]
+    L.append(f"Arithmetic intensity ({it['dtype']} weights, KV cache, activations; ridge point "
+             f"{it['ridge']:.1f} FLOP/byte)")
+    L.append(f"  {'layer kind':22}{'phase':9}{'FLOPs':>12}{'bytes':>12}{'FLOP/byte':>11}  verdict")
+
+    def row(label: str, phase: str, r: dict) -> str:
+        verdict = "compute-bound" if r["compute_bound"] else "memory-bound"
+        if phase == "decode":
+            if r["compute_bound_from_batch"] is None:
+                verdict += f"; never compute-bound at this context (KV limit {r['limit']:.1f} FLOP/byte)"
+            elif not r["compute_bound"]:
+                verdict += f"; compute-bound from batch {r['compute_bound_from_batch']:,}"
+        return f"  {label:22}{phase:9}{_flops(r['flops']):>12}{_bytes(r['bytes']):>12}{r['intensity']:>11.1f}  {verdict}"
+
+    for kind, k in it["kinds"].items():
+        label = f"{kind} x{k['layers']}" + (f" (W {k['window']})" if k["window"] else "")
+        L.append(row(label, "prefill", k["prefill"]))
+        L.append(row("", "decode", k["decode"]))
+    L.append(row("whole model + head", "prefill", it["model"]["prefill"]))
+    L.append(row("", "decode", it["model"]["decode"]))
+    L.append(f"  (per layer: prefill of {B} x {n:,} tokens; decode of {B} token(s) at context {n:,}. "
+             f"Device figures: {dev['source']})")
+    return "\n".join(L)
+
+
+# ------------------------------------------------------------------------------------------------
+# Survey: the lecture's cross-model table
+# ------------------------------------------------------------------------------------------------
+
+_NORM_NAMES = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm", "gemma_rmsnorm": "RMSNorm(1+w)",
+               "layernorm1p": "LayerNorm(1+w)"}
+
+
+def _positions(cfg: ModelConfig) -> str:
+    if cfg.position != "rope":
+        return {"nope": "NoPE", "learned": "learned", "sinusoidal": "sinusoidal", "alibi": "ALiBi",
+                "t5": f"T5 bias ({cfg.t5_num_buckets} buckets)"}[cfg.position]
+    theta = f"{cfg.rope_theta:,.0f}".replace(",000,000", "M").replace(",000", "k")
+    out = f"RoPE {theta}"
+    if cfg.rope_fraction < 1:
+        out += f" x{cfg.rope_fraction:g}"
+    if cfg.rope_style == "interleaved":
+        out += " interl."
+    if cfg.rope_local_theta:
+        out += f", local {cfg.rope_local_theta:,.0f}".replace(",000", "k")
+    if cfg.rope_scaling:
+        out += f", {cfg.rope_scaling['type']} x{cfg.rope_scaling['factor']:g}"
+    if cfg.nope_global_layers:
+        out += ", NoPE global"
+    return out
+
+
+def _windows(cfg: ModelConfig) -> str:
+    if cfg.sliding_window is None:
+        return "-"
+    if cfg.layer_pattern is None or "G" not in cfg.layer_pattern:
+        return f"all {cfg.sliding_window}"
+    return f"{cfg.layer_pattern} {cfg.sliding_window}"
+
+
+def _stability(cfg: ModelConfig) -> str:
+    tricks = []
+    if cfg.qk_norm != "none":
+        tricks.append("QK-norm" + ("" if cfg.qk_norm_scope == "head" else f" ({cfg.qk_norm_scope})"))
+    if cfg.attn_logit_softcap:
+        tricks.append(f"attn cap {cfg.attn_logit_softcap:g}")
+    if cfg.final_logit_softcap:
+        tricks.append(f"final cap {cfg.final_logit_softcap:g}")
+    if cfg.z_loss:
+        tricks.append(f"z-loss {cfg.z_loss:g}")
+    if cfg.clip_qkv:
+        tricks.append(f"clip qkv {cfg.clip_qkv:g}")
+    return ", ".join(tricks) or "-"
+
+
+SURVEY_COLUMNS = ("model", "vocab", "norm", "activation", "d_ff/d", "H*hd/d", "d/L", "positions", "heads/kv",
+                  "windows", "stability", "params")
+
+
+def survey_rows(scale: str = "real") -> list[dict]:
+    """One row per preset (real scale) with the columns the lecture compares across models."""
+    from lmlab.presets import PRESETS, human_count
+
+    rows = []
+    for name, p in PRESETS.items():
+        cfg = p.config(scale)
+        norm = f"{_NORM_NAMES.get(cfg.norm_type, cfg.norm_type)} {cfg.norm_position}"
+        if not cfg.norm_affine:
+            norm += " (no weight)"
+        if cfg.parallel_block:
+            norm += ", parallel" + ("" if cfg.parallel_shared_norm else " (2 norms)")
+        act = cfg.activation + (" (gated)" if cfg.activation in GATED_ACTIVATIONS else "")
+        n = param_counts(cfg)["total"]
+        params = human_count(p.published_params) if p.published_params else f"~{human_count(n)}"
+        rows.append({"model": name, "vocab": cfg.vocab_size, "norm": norm, "activation": act,
+                     "d_ff/d": round(cfg.d_ff / cfg.d_model, 2),
+                     "H*hd/d": round(cfg.n_heads * cfg.head_dim / cfg.d_model, 2),
+                     "d/L": round(cfg.d_model / cfg.n_layers, 1), "positions": _positions(cfg),
+                     "heads/kv": f"{cfg.n_heads}/{cfg.n_kv_heads}", "windows": _windows(cfg),
+                     "stability": _stability(cfg), "params": params})
+    return rows
+
+
+def format_survey(rows: list[dict], fmt: str = "table") -> str:
+    """``table`` (aligned text), ``markdown`` or ``csv``."""
+    cols = list(SURVEY_COLUMNS)
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+        return buf.getvalue().rstrip("\n")
+    cells = [[str(r[c]) for c in cols] for r in rows]
+    if fmt == "markdown":
+        out = ["| " + " | ".join(cols) + " |", "|" + "|".join(" --- " for _ in cols) + "|"]
+        out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
+        return "\n".join(out)
+    if fmt != "table":
+        raise ValueError(f"format={fmt!r} is not one of 'table', 'markdown', 'csv'")
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    numeric = {"vocab", "d_ff/d", "H*hd/d", "d/L", "params"}
+    line = lambda vals: "  ".join(v.rjust(w) if c in numeric else v.ljust(w)  # noqa: E731
+                                  for v, w, c in zip(vals, widths, cols)).rstrip()
+    return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(r) for r in cells])

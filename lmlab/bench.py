@@ -1,0 +1,74 @@
+"""Decode throughput: prefill tokens/s and decode tokens/s of KV-cache generation (``lmlab bench decode``).
+
+One measurement runs :func:`lmlab.generate.stream_batch` greedily on ``batch`` random prompts of
+``prompt_len`` tokens for ``new_tokens`` tokens: the time to the first yielded ids is the prefill (the
+forward over batch x prompt_len tokens, the LM head on the last position and the first pick), the time
+from there to the last ids is decode (new_tokens - 1 steps of batch tokens each). Figures are medians
+over ``repeats`` measurements after one warm-up.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from lmlab.model import TransformerLM
+
+
+def stamps_of(stream: Iterable) -> list[float]:
+    """Consume ``stream``, returning the time (``time.perf_counter``) of each item."""
+    return [time.perf_counter() for _ in stream]
+
+
+def time_stream(run: Callable[[], list[float]], batch: int, prompt_len: int, new_tokens: int,
+                repeats: int = 3, warmup: int = 1) -> dict:
+    """Time ``run()``, which generates and returns the ``time.perf_counter()`` at which each new token
+    was ready (the first right after the prefill); e.g. ``lambda: stamps_of(stream_batch(...))``.
+
+    Returns medians: prefill seconds and tokens/s (batch * prompt_len / prefill time), decode seconds per
+    step and tokens/s (batch * (new_tokens - 1) / decode time), and every repeat's figures."""
+    if new_tokens < 2:
+        raise ValueError(f"new_tokens={new_tokens} must be >= 2 to time decode steps")
+    prefill, decode = [], []
+    for i in range(warmup + repeats):
+        t0 = time.perf_counter()
+        stamps = run()
+        if len(stamps) != new_tokens:
+            raise RuntimeError(f"{len(stamps)} tokens were generated, expected {new_tokens}")
+        if i >= warmup:
+            prefill.append(stamps[0] - t0)
+            decode.append(stamps[-1] - stamps[0])
+    p, d = statistics.median(prefill), statistics.median(decode)
+    return {
+        "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "repeats": repeats,
+        "prefill_s": p, "prefill_tokens_per_s": batch * prompt_len / p,
+        "decode_s_per_step": d / (new_tokens - 1), "decode_tokens_per_s": batch * (new_tokens - 1) / d,
+        "prefill_tokens_per_s_all": [batch * prompt_len / x for x in prefill],
+        "decode_tokens_per_s_all": [batch * (new_tokens - 1) / x for x in decode],
+    }
+
+
+def random_prompts(vocab_size: int, batch: int, prompt_len: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (batch, prompt_len), generator=g).tolist()
+
+
+def bench_decode(model: TransformerLM, batch: int = 1, prompt_len: int = 32, new_tokens: int = 64,
+                 repeats: int = 3, device: str | torch.device = "cpu", seed: int = 0,
+                 prompts: Optional[list[list[int]]] = None) -> dict:
+    """Greedy KV-cache generation throughput of ``model`` (see the module docstring)."""
+    from lmlab.generate import decode_layout, stream_batch
+
+    if prompt_len + new_tokens - 1 > model.cfg.context_length:
+        raise ValueError(f"prompt_len={prompt_len} + new_tokens={new_tokens} - 1 exceeds "
+                         f"context_length={model.cfg.context_length}")
+    prompts = prompts or random_prompts(model.cfg.vocab_size, batch, prompt_len, seed)
+    model.eval()
+    with decode_layout(model):  # once, outside the timed prefill (see lmlab.generate.decode_layout)
+        res = time_stream(lambda: stamps_of(stream_batch(model, prompts, new_tokens, temperature=0.0, device=device)),
+                          batch, prompt_len, new_tokens, repeats)
+    res.update(threads=torch.get_num_threads(), device=str(device), dtype=str(next(model.parameters()).dtype))
+    return res
