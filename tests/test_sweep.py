@@ -1,0 +1,195 @@
+"""``lmlab sweep`` / ``lmlab report``: axes expansion, budgets, resume, divergence, report and CSV."""
+
+import csv
+import json
+import math
+import shutil
+
+import pytest
+import yaml
+
+from lmlab.cli import main
+from lmlab.config import ConfigError, ModelConfig
+from lmlab.data.prepare import prepare
+from lmlab.sweep import (builtin_specs, expand_axes, load_spec, parse_spec, plan_runs, read_results, run_state,
+                         run_sweep)
+from lmlab.train import TrainConfig, Trainer
+
+TINY_MODEL = {"context_length": 32, "d_model": 32, "n_layers": 2, "n_heads": 2}
+TINY_TRAIN = {"batch_size": 4, "lr": 3.0e-3, "warmup_steps": 2, "log_interval": 2, "eval_interval": 5,
+              "eval_windows": 4, "device": "cpu", "max_bad_steps": 2}
+
+
+@pytest.fixture(scope="module")
+def byte_data(tmp_path_factory, small_corpus):
+    """Raw-byte tokens: 20 kB of Macbeth for training, 6 kB of The Tempest held out."""
+    src = tmp_path_factory.mktemp("sweep_corpus")
+    (src / "macbeth_gut.txt").write_bytes((small_corpus / "macbeth_gut.txt").read_bytes()[:20000])
+    (src / "tempest_gut.txt").write_bytes((small_corpus / "tempest_gut.txt").read_bytes()[:6000])
+    out = tmp_path_factory.mktemp("sweep_data") / "bytes"
+    prepare(src, out, "bytes", val_docs=["tempest_gut.txt"])
+    return out
+
+
+def test_grid_and_zip_expansion():
+    variants = expand_axes({
+        "grid": {"norm_position": ["pre", "post"],
+                 "warmup": [{"label": "warm", "warmup_steps": 5}, {"warmup_steps": 0}]},
+        "zip": {"activation": ["gelu", "swiglu"], "d_ff": [64, 43], "label": ["GELU", "SwiGLU"]},
+    })
+    assert len(variants) == 2 * 2 * 2  # grid product, crossed with the zipped pairs taken together
+    assert variants[0].label == "norm_position=pre, warm, GELU"
+    assert variants[0].fields == {"norm_position": "pre", "warmup_steps": 5, "activation": "gelu", "d_ff": 64}
+    assert variants[3].label == "norm_position=pre, warmup_steps=0, SwiGLU"
+    assert variants[3].fields == {"norm_position": "pre", "warmup_steps": 0, "activation": "swiglu", "d_ff": 43}
+    assert [v.fields["norm_position"] for v in variants] == ["pre"] * 4 + ["post"] * 4
+    # zip as a list of variants; no axes = one base variant
+    listed = expand_axes({"zip": [{"label": "a", "lr": 1e-3}, {"lr": 2e-3, "seed": 3}]})
+    assert [(v.label, v.fields) for v in listed] == [("a", {"lr": 1e-3}), ("lr=0.002, seed=3", {"lr": 2e-3, "seed": 3})]
+    assert [v.label for v in expand_axes(None)] == ["base"]
+    with pytest.raises(ConfigError, match="same length|one length"):
+        expand_axes({"zip": {"activation": ["gelu", "relu"], "d_ff": [64]}})
+    with pytest.raises(ConfigError, match="did you mean 'n_layers'"):
+        expand_axes({"grid": {"n_layer": [1, 2]}})
+    with pytest.raises(ConfigError, match="more than once"):
+        expand_axes({"grid": {"x": [{"label": "same", "lr": 1e-3}, {"label": "same", "lr": 2e-3}]}})
+    with pytest.raises(ConfigError, match="unknown key"):
+        parse_spec({"axis": {}})
+
+
+def _hand_flops_per_token(d, layers, heads, d_ff, vocab, T):
+    """Training FLOPs per token by hand: 3 x (2 x matmul weights + causal attention 4 x width x (T+1)/2),
+    for MHA with head_dim = d / heads, a non-gated FFN and a tied LM head."""
+    matmul = layers * (d * 3 * d + d * d + 2 * d * d_ff) + vocab * d
+    attention = layers * 4 * d * (T + 1) / 2
+    return 3 * (2 * matmul + attention)
+
+
+def test_budget_conversion_and_dry_run(byte_data, tmp_path, capsys):
+    model = {**TINY_MODEL, "activation": "gelu", "d_ff": 64}
+    spec = {"model": model, "train": TINY_TRAIN, "axes": {"grid": {"n_layers": [1, 2]}}, "seeds": [1, 2]}
+    tokens_per_step = 4 * 32
+    by_tokens = plan_runs(parse_spec({**spec, "budget": {"tokens": 1000}}), byte_data)
+    assert [p.steps for p in by_tokens] == [1000 // tokens_per_step] * 4  # 7: floor, never over the budget
+    assert [p.name for p in by_tokens] == ["n_layers=1-s1", "n_layers=1-s2", "n_layers=2-s1", "n_layers=2-s2"]
+    assert [p.tc.seed for p in by_tokens] == [1, 2, 1, 2]
+    flops = 3.0e9
+    by_flops = plan_runs(parse_spec({**spec, "budget": {"flops": "3e9"}}), byte_data)  # YAML 1.1 gives a string
+    for p, layers in zip(by_flops, (1, 1, 2, 2)):
+        fpt = _hand_flops_per_token(32, layers, 2, 64, 257, 32)
+        assert p.flops_per_token == pytest.approx(fpt)
+        assert p.steps == int(flops // (fpt * tokens_per_step))
+    assert by_flops[0].steps > by_flops[2].steps  # equal FLOPs: the deeper model trains fewer steps
+    timed = plan_runs(parse_spec({**spec, "budget": {"seconds": 30, "steps": 50}}), byte_data)
+    assert timed[0].tc.max_seconds == 30 and timed[0].steps == 50
+    with pytest.raises(ConfigError, match="give one of"):
+        parse_spec({**spec, "budget": {"tokens": 10, "flops": 10}})
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({**spec, "data": str(byte_data), "budget": {"tokens": 1000}}))
+    assert main(["sweep", str(path), "--out", str(tmp_path / "sw"), "--dry-run"]) == 0
+    assert "n_layers=2-s2" in capsys.readouterr().out
+    assert not (tmp_path / "sw").exists()  # a dry run writes nothing
+
+
+def test_max_seconds_stops_training(byte_data, tmp_path):
+    tc = TrainConfig(batch_size=2, max_steps=10**6, max_seconds=0.5, log_interval=1, eval_interval=10**6,
+                     device="cpu", tensorboard=False)
+    cfg = ModelConfig(vocab_size=257, **{**TINY_MODEL, "n_layers": 1})
+    trainer = Trainer.create(tmp_path / "run", cfg, tc, byte_data, progress=False)
+    trainer.fit()
+    assert 0 < trainer.step < 10**6
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["stopped"] == "max_seconds" and records[-1]["step"] == trainer.step
+    assert run_state(tmp_path / "run", 10**6) == "trained"  # the sweep does not train it further
+
+
+def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
+    spec = {
+        "name": "tiny", "claim": "Learned positions cannot run past the training context.",
+        "model": TINY_MODEL, "train": {**TINY_TRAIN, "checkpoint_interval": 5, "keep_checkpoints": 2},
+        "data": str(byte_data),
+        "axes": {"zip": [{"label": "rope", "position": "rope"}, {"label": "learned", "position": "learned"},
+                         {"label": "boom", "lr": 1.0e30}]},  # non-finite after one step
+        "seeds": [1], "budget": {"steps": 10}, "eval_contexts": [1, 2],
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "sweep"
+    lines = []
+    run_sweep(path, out=out, jobs=2, log=lines.append)
+    rows = {r["run"]: r for r in read_results(out)}
+    assert list(rows) == ["rope-s1", "learned-s1", "boom-s1"]
+    rope, learned, boom = rows["rope-s1"], rows["learned-s1"], rows["boom-s1"]
+    assert rope["status"] == "ok" and rope["steps"] == 10 and rope["tokens"] == 10 * 4 * 32
+    assert 0 < rope["val_bpb"] < 9 and 0 < rope["val_bpb_2x"] < 9  # RoPE runs at 2x the training context
+    assert learned["status"] == "ok" and learned["val_bpb"] > 0 and learned["val_bpb_2x"] is None
+    assert "learned positions" in learned["eval_note_2x"]
+    assert boom["status"] == "diverged" and boom["diverged"] and boom["val_bpb"] is None and boom["steps"] < 10
+    assert rope["params"] == rope["non_embedding_params"] + 257 * 32 and rope["flops"] == pytest.approx(
+        rope["flops_per_token"] * rope["tokens"])
+    assert rope["kv_bytes_per_token"] == 2 * 2 * 32 * 4  # K and V, 2 layers, 32 channels, fp32
+    assert rope["fields"] == {"position": "rope"} and rope["tokens_per_s"] > 0
+
+    # a second invocation trains nothing
+    files = [out / "runs" / n / "metrics.jsonl" for n in rows] + [out / "logs" / f"{n}.log" for n in rows]
+    stamps = [f.stat().st_mtime_ns for f in files]
+    lines.clear()
+    run_sweep(path, out=out, jobs=1, log=lines.append)
+    assert [f.stat().st_mtime_ns for f in files] == stamps
+    assert sum(line.startswith("skip ") for line in lines) == 3 and not any(line.startswith("train ") for line in lines)
+
+    # an interrupted run continues from its last checkpoint; a trained but unrecorded one is only evaluated
+    shutil.rmtree(out / "runs" / "rope-s1" / "checkpoints" / "step_0000010")
+    kept = [r for r in read_results(out) if r["run"] not in ("rope-s1", "learned-s1")]
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    learned_log = (out / "logs" / "learned-s1.log").read_text()
+    lines.clear()
+    run_sweep(path, out=out, jobs=1, log=lines.append)
+    assert any(line.startswith("train rope-s1: continuing") for line in lines)
+    assert "resuming" in (out / "logs" / "rope-s1.log").read_text() and "from step 5" in (
+        out / "logs" / "rope-s1.log").read_text()
+    assert (out / "logs" / "learned-s1.log").read_text() == learned_log  # not trained again
+    rows = {r["run"]: r for r in read_results(out)}
+    assert set(rows) == {"rope-s1", "learned-s1", "boom-s1"} and rows["rope-s1"]["steps"] == 10
+
+    # the report: markdown with the claim and every variant, the PNGs, a CSV equal to results.jsonl
+    assert main(["report", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert spec["claim"] in md
+    table = [line for line in md.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
+             or line.startswith("| 3 |")]
+    assert [line.split(" | ")[1] for line in table][2] == "boom"  # diverged sorts last
+    assert {line.split(" | ")[1] for line in table} == {"rope", "learned", "boom"}
+    for png in ("loss.png", "bpb.png", "throughput.png", "params.png"):
+        assert (out / png).stat().st_size > 1000 and f"]({png})" in md
+    with open(out / "results.csv") as f:
+        csv_rows = list(csv.DictReader(f))
+    results = read_results(out)
+    assert [r["run"] for r in csv_rows] == [r["run"] for r in results]
+    for c, r in zip(csv_rows, results):
+        for key, value in r.items():
+            if key == "fields":
+                assert {k[4:]: v for k, v in c.items() if k.startswith("set.") and v} == {
+                    k: str(v) for k, v in value.items()}
+            elif value is None:
+                assert c[key] == ""
+            elif isinstance(value, bool):
+                assert c[key] == str(value).lower()
+            elif isinstance(value, (int, float)):
+                assert math.isclose(float(c[key]), value)
+            else:
+                assert c[key] == str(value)
+
+
+def test_shipped_specs_are_valid(byte_data):
+    specs = builtin_specs()
+    assert len(specs) == 11
+    for name, path in specs.items():
+        spec = load_spec(path)
+        assert spec.claim and spec.name == name
+        plans = plan_runs(spec, byte_data)  # every config validates (steps here follow the 257-token vocabulary)
+        assert all(p.cfg.d_model <= 256 and p.cfg.context_length == 128 for p in plans)
+        if "flops" in spec.budget:  # sized for minutes on 2 CPU cores (a 1.4M-parameter model: ~80 GFLOP/s)
+            assert spec.budget["flops"] * len(plans) <= 3e13
+        else:
+            assert all(p.steps <= 300 for p in plans) and sum(p.tokens for p in plans) <= 8 * 300 * 16 * 128
