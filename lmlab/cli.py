@@ -137,6 +137,9 @@ def cmd_train(args) -> int:
         run = read_run(out)
         if args.resume and args.data and run.get("data") is None:  # fine-tuning an imported run: record its data
             _attach_data(out, run, Path(args.data))
+        elif args.resume and args.data and str(Path(args.data).resolve()) != run.get("data"):
+            raise ConfigError(f"--data {args.data!r} differs from the data of run {str(out)!r} ({run.get('data')!r}); "
+                              f"a run keeps its data: train a new run on the new data (another --out)")
         if args.resume:  # continue, possibly with changed training settings
             cfg, tc = build_configs(args, run["model"]["vocab_size"], base=run) if (args.config or args.preset or args.set) else (None, None)
         else:  # the same command again continues the run; a different one is refused

@@ -151,7 +151,12 @@ def param_groups(model: TransformerLM, tc: TrainConfig) -> list[dict]:
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if name == "auto":
         return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"device={name!r} is not a device name; use auto, cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device={name!r} is not supported; use auto, cpu, cuda or cuda:N")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device={name!r} but CUDA is not available here; use device=cpu or auto")
     return dev
@@ -258,6 +263,9 @@ class Trainer:
         if (run_dir / RUN_FILE).exists() or checkpoint_dirs(run_dir):
             raise CheckpointError(f"run folder {str(run_dir)!r} already holds a run; pass --resume to continue it "
                                   f"or choose another --out")
+        if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+            raise CheckpointError(f"--out {str(run_dir)!r} exists and is not an empty folder or an lmlab run; "
+                                  f"choose a new run folder")
         data = TokenData(data_dir)
         trainer = cls(run_dir, cfg, tc, data, **kw)
         barrier(trainer.dist)  # every rank has checked the folder before rank 0 writes it
@@ -289,6 +297,9 @@ class Trainer:
         ckpts = checkpoint_dirs(run_dir)
         if ckpts:
             trainer._load(ckpts[-1])
+        if trainer.step > tc.max_steps:
+            raise CheckpointError(f"max_steps={tc.max_steps} is below the step {trainer.step} run {str(run_dir)!r} "
+                                  f"has reached; give max_steps >= {trainer.step}")
         if trainer.dist.is_main:
             spec = dict(run, train=dataclasses.asdict(tc))
             (Path(run_dir) / RUN_FILE).write_text(yaml.safe_dump(spec, sort_keys=False))

@@ -129,3 +129,29 @@ def test_console_exit_status(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         f"lmlab eval: error: {str(tmp_path)!r} is not an lmlab run folder (no run.yaml); "
         f"give the folder that `lmlab train --out` created"]
+
+
+def test_out_folder_that_is_not_a_run_is_refused(tmp_path, data_dir, capsys):
+    folder = tmp_path / "precious"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("mine")
+    assert main(["train", "--data", str(data_dir), "--out", str(folder), *TRAIN]) == 2
+    assert "is not an empty folder or an lmlab run" in error_line(capsys)
+    assert [p.name for p in folder.iterdir()] == ["tokenizer.json"] and (folder / "tokenizer.json").read_text() == "mine"
+    (tmp_path / "afile").write_text("x")
+    assert main(["train", "--data", str(data_dir), "--out", str(tmp_path / "afile"), *TRAIN]) == 2
+    assert "afile" in error_line(capsys)
+
+
+def test_resume_rules_for_data_steps_and_devices(run_dir, tmp_path, small_corpus, capsys):
+    before = (run_dir / "run.yaml").read_text()
+    other = tmp_path / "other-data"
+    assert main(["prepare", "--data", str(small_corpus), "--out", str(other), "--tokenizer", "bytes"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--out", str(run_dir), "--resume", "--data", str(other), "--no-progress"]) == 2
+    assert "differs from the data of run" in error_line(capsys)
+    assert main(["train", "--out", str(run_dir), "--resume", "--set", "max_steps=3", "--no-progress"]) == 2
+    assert "max_steps=3 is below the step 6" in error_line(capsys)
+    assert (run_dir / "run.yaml").read_text() == before
+    assert main(["eval", str(run_dir), "--device", "tpu"]) == 2
+    assert "device='tpu' is not" in error_line(capsys)

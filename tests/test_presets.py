@@ -142,13 +142,9 @@ def test_tiny_keeps_the_shape(name):
 # ------------------------------------------------------------------------------------------------
 
 
-def _corpus_dir() -> Path:
-    return Path(os.environ.get("LMLAB_CORPUS_DIR") or ROOT.parent / "shared" / "data" / "shakespeare")
-
-
 @pytest.fixture(scope="module")
-def byte_tokens() -> torch.Tensor:
-    folder = _corpus_dir()
+def byte_tokens(shakespeare) -> torch.Tensor:
+    folder = shakespeare  # conftest: LMLAB_CORPUS_DIR, the shared mirror, or the downloaded cache
     files = sorted(folder.glob("*.txt")) if folder.is_dir() else []
     if not files:
         pytest.skip(f"Shakespeare corpus not found at {folder} (set LMLAB_CORPUS_DIR): no text to train on")
