@@ -212,6 +212,15 @@ def lm_key(state: StateDict, key: str, wanted: bool = True) -> Optional[torch.Te
     return state[key]
 
 
+def put_output(out: StateDict, state: StateDict, cfg: ModelConfig, final_norm: str, head: str = "lm_head") -> None:
+    """The HF tensors of the final LayerNorm (weight and bias) at ``final_norm`` and, when untied, the LM
+    head weight at ``head`` + '.weight'."""
+    put(out, final_norm + ".weight", lm_key(state, "final_norm.weight"))
+    put(out, final_norm + ".bias", lm_key(state, "final_norm.bias"))
+    if not cfg.tie_embeddings:
+        put(out, head + ".weight", lm_key(state, "lm_head.weight"))
+
+
 def split_qkv(w: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """lmlab's fused qkv rows [q heads | k heads | v heads] -> (q, k, v)."""
     H, K, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim

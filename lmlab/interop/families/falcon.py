@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._tools import (check_expressible, check_fields, deinterleave_heads, expect, hf_act_name,
+from lmlab.interop.families._tools import (put_output, check_expressible, check_fields, deinterleave_heads, expect, hf_act_name,
                                            hf_activation, hf_get, interleave_heads, lm_key, put, read_rope, reject,
                                            rope_parameters, split_qkv, StateReader)
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
@@ -198,10 +198,7 @@ def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
                                ("mlp.dense_4h_to_h", "mlp.w_out")):
             put(out, h + hf_lin + ".weight", lm_key(state, b + lm_lin + ".weight"))
             put(out, h + hf_lin + ".bias", lm_key(state, b + lm_lin + ".bias", biased))
-    put(out, "transformer.ln_f.weight", lm_key(state, "final_norm.weight"))
-    put(out, "transformer.ln_f.bias", lm_key(state, "final_norm.bias"))
-    if not cfg.tie_embeddings:
-        put(out, "lm_head.weight", lm_key(state, "lm_head.weight"))
+    put_output(out, state, cfg, "transformer.ln_f")
     return out
 
 

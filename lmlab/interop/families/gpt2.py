@@ -11,7 +11,7 @@ Unsupported: ``scale_attn_by_inverse_layer_idx`` (a per-layer scale), ``add_cros
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._tools import (check_expressible, check_fields, expect, hf_act_name, hf_activation, hf_get,
+from lmlab.interop.families._tools import (put_output, check_expressible, check_fields, expect, hf_act_name, hf_activation, hf_get,
                                            lm_key, put, StateReader)
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
 
@@ -107,10 +107,7 @@ def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
                                ("mlp.c_fc", "mlp.w_in"), ("mlp.c_proj", "mlp.w_out")):
             put(out, h + hf_lin + ".weight", lm_key(state, b + lm_lin + ".weight").t())
             put(out, h + hf_lin + ".bias", lm_key(state, b + lm_lin + ".bias"))
-    put(out, "transformer.ln_f.weight", lm_key(state, "final_norm.weight"))
-    put(out, "transformer.ln_f.bias", lm_key(state, "final_norm.bias"))
-    if not cfg.tie_embeddings:
-        put(out, "lm_head.weight", lm_key(state, "lm_head.weight"))
+    put_output(out, state, cfg, "transformer.ln_f")
     return out
 
 

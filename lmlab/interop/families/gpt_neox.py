@@ -13,7 +13,7 @@ Unsupported: ``attention_bias=False`` (the MLP keeps its biases, a split lmlab's
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._tools import (check_expressible, check_fields, deinterleave_heads, expect, hf_act_name,
+from lmlab.interop.families._tools import (put_output, check_expressible, check_fields, deinterleave_heads, expect, hf_act_name,
                                            hf_activation, hf_get, interleave_heads, lm_key, put, read_rope, reject,
                                            rope_parameters, StateReader)
 from lmlab.interop.registry import Family, StateDict, register
@@ -115,10 +115,7 @@ def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
                                ("mlp.dense_4h_to_h", "mlp.w_out")):
             put(out, h + hf_lin + ".weight", lm_key(state, b + lm_lin + ".weight"))
             put(out, h + hf_lin + ".bias", lm_key(state, b + lm_lin + ".bias"))
-    put(out, "gpt_neox.final_layer_norm.weight", lm_key(state, "final_norm.weight"))
-    put(out, "gpt_neox.final_layer_norm.bias", lm_key(state, "final_norm.bias"))
-    if not cfg.tie_embeddings:
-        put(out, "embed_out.weight", lm_key(state, "lm_head.weight"))
+    put_output(out, state, cfg, "gpt_neox.final_layer_norm", head="embed_out")
     return out
 
 

@@ -10,7 +10,7 @@ counts raise.
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._tools import (cat_qkv, check_expressible, check_fields, hf_act_name, hf_activation,
+from lmlab.interop.families._tools import (put_output, cat_qkv, check_expressible, check_fields, hf_act_name, hf_activation,
                                            hf_get, lm_key, put, reject, rotated_dims, split_qkv, StateReader)
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
 
@@ -110,10 +110,7 @@ def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
         for hf_lin, lm_lin in (("mlp.fc_in", "mlp.w_in"), ("mlp.fc_out", "mlp.w_out")):
             put(out, h + hf_lin + ".weight", lm_key(state, b + lm_lin + ".weight"))
             put(out, h + hf_lin + ".bias", lm_key(state, b + lm_lin + ".bias"))
-    put(out, "transformer.ln_f.weight", lm_key(state, "final_norm.weight"))
-    put(out, "transformer.ln_f.bias", lm_key(state, "final_norm.bias"))
-    if not cfg.tie_embeddings:
-        put(out, "lm_head.weight", lm_key(state, "lm_head.weight"))
+    put_output(out, state, cfg, "transformer.ln_f")
     put(out, "lm_head.bias", lm_key(state, "lm_head.bias"))
     return out
 

@@ -11,7 +11,7 @@ map to lmlab's ``bias``; attention biases without MLP ones raise (lmlab's 'qkv' 
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._tools import (cat_qkv, check_expressible, check_fields, expect, hf_act_name,
+from lmlab.interop.families._tools import (put_output, cat_qkv, check_expressible, check_fields, expect, hf_act_name,
                                            hf_activation, hf_get, lm_key, put, read_rope, reject, rope_parameters,
                                            split_qkv, StateReader)
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
@@ -116,10 +116,7 @@ def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
                                        ("mlp.down_proj", "mlp.w_out", mlp_bias)):
             put(out, h + hf_lin + ".weight", lm_key(state, b + lm_lin + ".weight"))
             put(out, h + hf_lin + ".bias", lm_key(state, b + lm_lin + ".bias", biased))
-    put(out, "model.norm.weight", lm_key(state, "final_norm.weight"))
-    put(out, "model.norm.bias", lm_key(state, "final_norm.bias"))
-    if not cfg.tie_embeddings:
-        put(out, "lm_head.weight", lm_key(state, "lm_head.weight"))
+    put_output(out, state, cfg, "model.norm")
     return out
 
 

@@ -10,7 +10,7 @@ LayerNorm has no bias).
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._tools import (cat_qkv, check_expressible, check_fields, expect, hf_act_name,
+from lmlab.interop.families._tools import (put_output, cat_qkv, check_expressible, check_fields, expect, hf_act_name,
                                            hf_activation, hf_get, lm_key, put, read_rope, rope_parameters, split_qkv,
                                            StateReader)
 from lmlab.interop.registry import Family, StateDict, register
@@ -105,10 +105,7 @@ def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
         for hf_lin, lm_lin in (("self_attn.dense", "attn.out"), ("mlp.fc1", "mlp.w_in"), ("mlp.fc2", "mlp.w_out")):
             put(out, h + hf_lin + ".weight", lm_key(state, b + lm_lin + ".weight"))
             put(out, h + hf_lin + ".bias", lm_key(state, b + lm_lin + ".bias"))
-    put(out, "model.final_layernorm.weight", lm_key(state, "final_norm.weight"))
-    put(out, "model.final_layernorm.bias", lm_key(state, "final_norm.bias"))
-    if not cfg.tie_embeddings:
-        put(out, "lm_head.weight", lm_key(state, "lm_head.weight"))
+    put_output(out, state, cfg, "model.final_layernorm")
     put(out, "lm_head.bias", lm_key(state, "lm_head.bias"))
     return out
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._tools import (cat_qkv, check_expressible, check_fields, expect, hf_act_name,
+from lmlab.interop.families._tools import (put_output, cat_qkv, check_expressible, check_fields, expect, hf_act_name,
                                            hf_activation, hf_get, lm_key, put, read_rope, rope_parameters, split_qkv,
                                            StateReader)
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
@@ -133,10 +133,7 @@ def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
         put(out, h + "mlp.gate_proj.weight", gate)
         put(out, h + "mlp.up_proj.weight", up)
         put(out, h + "mlp.down_proj.weight", lm_key(state, b + "mlp.w_out.weight"))
-    put(out, "model.norm.weight", lm_key(state, "final_norm.weight"))
-    put(out, "model.norm.bias", lm_key(state, "final_norm.bias"))
-    if not cfg.tie_embeddings:
-        put(out, "lm_head.weight", lm_key(state, "lm_head.weight"))
+    put_output(out, state, cfg, "model.norm")
     return out
 
 
