@@ -60,15 +60,16 @@ def bench_decode(model: TransformerLM, batch: int = 1, prompt_len: int = 32, new
                  repeats: int = 3, device: str | torch.device = "cpu", seed: int = 0,
                  prompts: Optional[list[list[int]]] = None) -> dict:
     """Greedy KV-cache generation throughput of ``model`` (see the module docstring)."""
-    from lmlab.generate import decode_layout, stream_batch
+    from lmlab.generate import decode_layout, decode_layout_kind, stream_batch
 
     if prompt_len + new_tokens - 1 > model.cfg.context_length:
         raise ValueError(f"prompt_len={prompt_len} + new_tokens={new_tokens} - 1 exceeds "
                          f"context_length={model.cfg.context_length}")
     prompts = prompts or random_prompts(model.cfg.vocab_size, batch, prompt_len, seed)
     model.eval()
-    with decode_layout(model):  # once, outside the timed prefill (see lmlab.generate.decode_layout)
+    with decode_layout(model, batch):  # once, outside the timed prefill (see lmlab.generate.decode_layout)
         res = time_stream(lambda: stamps_of(stream_batch(model, prompts, new_tokens, temperature=0.0, device=device)),
                           batch, prompt_len, new_tokens, repeats)
-    res.update(threads=torch.get_num_threads(), device=str(device), dtype=str(next(model.parameters()).dtype))
+    res.update(threads=torch.get_num_threads(), device=str(device), dtype=str(next(model.parameters()).dtype),
+               decode_layout=decode_layout_kind(model, batch))
     return res

@@ -24,6 +24,7 @@ import contextlib
 from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from lmlab.model import KVCache, TransformerLM
 
@@ -82,30 +83,86 @@ def _dtype(model: TransformerLM) -> torch.dtype:
     return next(model.parameters()).dtype
 
 
+# linear weights up to this size (bytes, all layers together) get a packed copy while decoding
+PACK_LIMIT_BYTES = 1 << 30
+
+
+def packed_decode_available() -> bool:
+    """True when this PyTorch build can pack linear weights for oneDNN (``torch.ops.mkldnn``)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") \
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def _packed_forward(module: torch.nn.Linear, packed: torch.Tensor):
+    """A forward for ``module`` multiplying by its oneDNN-packed weight; under autograd (training inside
+    the context) the module's own weight is used, so gradients still reach it."""
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() or x.dtype != torch.float32:
+            return F.linear(x, module.weight, module.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
+    return forward
+
+
+def decode_layout_kind(model: TransformerLM, batch: int = 1) -> str:
+    """Which weight layout :func:`decode_layout` uses for ``model`` decoding ``batch`` rows at a time:
+    'onednn-packed', 'transposed' or 'unchanged' (not a CPU model)."""
+    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    if not weights or any(w.device.type != "cpu" for w in weights.values()):
+        return "unchanged"
+    fp32 = all(w.dtype == torch.float32 for w in weights.values())
+    size = sum(w.numel() * w.element_size() for w in weights.values())
+    pack = batch >= 2 and fp32 and size <= PACK_LIMIT_BYTES and packed_decode_available()
+    return "onednn-packed" if pack else "transposed"
+
+
 @contextlib.contextmanager
-def decode_layout(model: TransformerLM) -> Iterator[None]:
-    """On CPU, hold every linear weight transposed in memory while decoding: the same values and shape
-    (out, in), stored as the (in, out) matrix. ``F.linear`` then multiplies a few rows by a row-major
-    (in, out) matrix, which MKL runs several times faster than the (out, in) layout when the batch is one
-    row per sequence (measured 1.6-3x on the 17 matmuls of the demo shape). No copy is kept: each weight
-    is re-laid out on entry and made contiguous again on exit (what checkpoints and training expect), one
-    pass over the weights each way. Nested uses and non-CPU models are left alone."""
-    changed = []
-    with torch.inference_mode(False), torch.no_grad():  # the new storage must stay usable by autograd
-        seen = set()
-        for module in model.modules():
-            w = getattr(module, "weight", None)
-            if isinstance(module, torch.nn.Linear) and id(w) not in seen and w.device.type == "cpu" \
-                    and w.dim() == 2 and w.is_contiguous() and min(w.shape) > 1:
-                seen.add(id(w))
-                w.data = w.data.t().contiguous().t()
-                changed.append(w)
+def decode_layout(model: TransformerLM, batch: int = 1) -> Iterator[None]:
+    """Lay the linear weights out for decoding on CPU, where each step multiplies a few rows (``batch``,
+    one per sequence) by every weight matrix; restored on exit. Nested uses and non-CPU models are left
+    alone (see :func:`decode_layout_kind`).
+
+    - 'onednn-packed' (fp32 weights, at most ``PACK_LIMIT_BYTES`` of them, a PyTorch built with oneDNN):
+      each ``nn.Linear`` multiplies by a copy of its weight reordered once into oneDNN's blocked format
+      for ``batch`` rows (``torch.ops.mkldnn._reorder_linear_weight``, the packing Inductor's CPU
+      "freezing" uses), through ``torch.ops.mkldnn._linear_pointwise``. The copy costs the linear weights'
+      bytes once more while decoding. Results equal ``F.linear`` up to fp32 summation order.
+    - 'transposed' (otherwise, e.g. bf16 weights or ones too large to copy): each weight keeps its
+      values and shape (out, in) but is stored as the (in, out) matrix, which MKL multiplies by one row
+      several times faster than the (out, in) layout; no copy is kept, the storage is re-laid out on
+      entry and made contiguous again on exit (what checkpoints and training expect).
+
+    Side by side on the demo shape (2 CPU threads; ``python bench/decode_vs_hf.py``): see the README."""
+    kind = decode_layout_kind(model, batch)
+    if getattr(model, "_decode_layout_active", False) or kind == "unchanged":
+        yield
+        return
+    model._decode_layout_active = True
+    changed, patched = [], []
     try:
+        with torch.inference_mode(False), torch.no_grad():  # new storage must stay usable by autograd
+            if kind == "onednn-packed":
+                for module in model.modules():
+                    if isinstance(module, torch.nn.Linear):
+                        packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), max(1, batch))
+                        module.forward = _packed_forward(module, packed)
+                        patched.append(module)
+            else:
+                seen = set()
+                for module in model.modules():
+                    w = getattr(module, "weight", None)
+                    if isinstance(module, torch.nn.Linear) and id(w) not in seen and w.dim() == 2 \
+                            and w.is_contiguous() and min(w.shape) > 1:
+                        seen.add(id(w))
+                        w.data = w.data.t().contiguous().t()
+                        changed.append(w)
         yield
     finally:
         with torch.inference_mode(False), torch.no_grad():
             for w in changed:
                 w.data = w.data.contiguous()
+        for module in patched:
+            del module.forward  # back to nn.Linear.forward
+        model._decode_layout_active = False
 
 
 @torch.inference_mode()
@@ -181,7 +238,7 @@ def stream_batch(model: TransformerLM, prompts: Sequence[Sequence[int]], max_new
     ids, pad = left_pad_batch(prompts, pad_id, device)
     cache = KVCache(model.cfg, len(prompts), longest + max_new_tokens - 1, device=device, dtype=_dtype(model),
                     left_pad=pad)
-    with decode_layout(model):
+    with decode_layout(model, len(prompts)):
         logits = model.logits(model.hidden(ids, cache)[:, -1])
         for i in range(max_new_tokens):
             nxt = sample_next(logits, temperature, top_k, top_p, gen)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lmlab.config import ModelConfig
-from lmlab.generate import TextStream, decode_layout, generate, generate_batch, sample_next
+from lmlab.generate import TextStream, decode_layout, decode_layout_kind, generate, generate_batch, sample_next
 from lmlab.model import TransformerLM
 
 
@@ -124,19 +124,41 @@ def test_batch_eos_seed_and_limits():
         generate_batch(model, [[1], []], 2)
 
 
-def test_decode_layout_is_transparent_and_restored():
+@pytest.mark.parametrize("kind", ["onednn-packed", "transposed"])
+def test_decode_layout_is_transparent_and_restored(kind, monkeypatch):
+    import lmlab.generate as gen
+
+    if kind == "onednn-packed" and not gen.packed_decode_available():
+        pytest.skip("this PyTorch has no oneDNN")
+    if kind == "transposed":
+        monkeypatch.setattr(gen, "PACK_LIMIT_BYTES", 0)  # weights "too large" to copy
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=40, context_length=16, d_model=32, n_layers=1, n_heads=4, tie_embeddings=True)
+    cfg = ModelConfig(vocab_size=40, context_length=16, d_model=32, n_layers=1, n_heads=4, tie_embeddings=True,
+                      bias="all")
     model = TransformerLM(cfg).eval()
+    assert decode_layout_kind(model, batch=2) == kind
+    assert decode_layout_kind(model, batch=1) == "transposed"
     x = torch.randint(0, 40, (2, 7))
     ref = model(x)
-    with decode_layout(model):
-        assert not model.blocks[0].attn.qkv.weight.is_contiguous()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with decode_layout(model, batch=2):
+        qkv = model.blocks[0].attn.qkv
+        if kind == "transposed":
+            assert not qkv.weight.is_contiguous()
+        else:
+            assert "forward" in qkv.__dict__  # multiplies by its packed copy
         assert model.lm_head.weight is model.embed.weight  # still tied
-        assert torch.allclose(model(x), ref, atol=1e-5)
+        with decode_layout(model, batch=5):  # nested: left alone
+            pass
+        with torch.inference_mode():
+            out = model(x)
+        assert torch.allclose(out, ref, atol=1e-5) and not torch.equal(out, torch.zeros_like(out))
     assert all(p.is_contiguous() for p in model.parameters())
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     model.train()
     model(x).sum().backward()  # still trainable: no inference tensors left behind
+    assert model.blocks[0].attn.qkv.weight.grad is not None
 
 
 # --- stop strings and streaming text ------------------------------------------------------------------

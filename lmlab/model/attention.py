@@ -234,9 +234,13 @@ class Attention(nn.Module):
             S = k.shape[2]
             if T == 1 and plain and not dropout:  # decode: every returned key is causal and in the window
                 mask = cache.real_keys(self.layer, first, S) if left_pad is not None else None
-                # fold the query heads of a KV group into the query-length dimension: no K/V repeat
-                y = F.scaled_dot_product_attention(q.reshape(B, K, H // K, D), k, v, attn_mask=mask,
-                                                   scale=self.scale)
+                # fold the query heads of a KV group into the query-length dimension: no K/V repeat. Written
+                # out: for one query row per head, two matmuls and a softmax beat SDPA's flash kernel on CPU
+                # (107 vs 59 us at batch 8, 21 vs 22 at batch 1, demo shape)
+                scores = torch.matmul(q.reshape(B, K, H // K, D) * self.scale, k.transpose(-1, -2))  # (B,K,G,S)
+                if mask is not None:
+                    scores = scores.masked_fill(~mask, float("-inf"))
+                y = torch.matmul(torch.softmax(scores.float(), dim=-1).to(v.dtype), v)  # (B, K, G, D)
                 return self.out(y.reshape(B, 1, H * D))
             if plain and S == T and self.window is None and left_pad is None:  # prefill of an empty cache
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=self.scale,
