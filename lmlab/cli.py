@@ -7,6 +7,7 @@ Every error a user can cause (bad config, missing data, wrong checkpoint, ...) e
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -16,6 +17,39 @@ from lmlab.config import ConfigError
 DEFAULT_DATA = Path("data")
 BUILTIN_CONFIGS = Path(__file__).parent / "configs"
 
+
+
+# --- argument types: a bad number is refused by argparse, naming the flag (exit 2) -----------------------
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {low}")
+        return value
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def _float_in(low: float, high: float, low_open: bool = False, high_open: bool = False):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        too_low = value <= low if low_open else value < low
+        too_high = value >= high if high_open else value > high
+        if too_low or too_high or value != value:
+            lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+            raise argparse.ArgumentTypeError(f"{value} must be in {lo}{low}, {high}{hi}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+POSITIVE, NON_NEGATIVE = _int_at_least(1), _int_at_least(0)
 
 def _default_data_dir(tokenizer: str, vocab_size: int) -> Path:
     return DEFAULT_DATA / (f"shakespeare-bpe{vocab_size}" if tokenizer == "bpe" else "shakespeare-bytes")
@@ -158,6 +192,9 @@ def cmd_train(args) -> int:
         if trainer.dist.is_main:
             print(f"resuming {out} from step {trainer.step} of {trainer.tc.max_steps}", file=sys.stderr)
     else:
+        if args.resume:
+            raise ConfigError(f"--resume: {str(out)!r} holds no run (no run.yaml) to continue; drop --resume to start "
+                              f"a new run there")
         if args.data is None and int(os.environ.get("WORLD_SIZE", "1")) > 1 and \
                 not (_default_data_dir("bpe", 4096) / "manifest.json").is_file():
             raise ConfigError("under torchrun, prepare the data first (`lmlab prepare`) or pass --data DIR")
@@ -257,9 +294,11 @@ def cmd_generate(args) -> int:
     eos = tok.eot_id if args.stop_at_eot else None
     if len(prompts) == 1:  # one prompt: stream the text as it comes
         stream = TextStream(args.stop or ())
+        tokens = generate(model, prompts[0], args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                          args.seed, eos_id=eos, device=device)
+        first = next(tokens)  # checks the prompt (ValueError -> one-line error) before anything is printed
         sys.stdout.write(texts[0])
-        for i in generate(model, prompts[0], args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                          args.seed, eos_id=eos, device=device):
+        for i in itertools.chain([first], tokens):
             sys.stdout.write(stream.push(tok.token_bytes(i)))
             sys.stdout.flush()
             if stream.stopped:
@@ -366,9 +405,6 @@ def cmd_bench_decode(args) -> int:
         title += " (random weights)"
     if args.dtype == "bf16":
         model = model.to(torch.bfloat16)
-    for name, value in (("--batch", args.batch), ("--prompt-len", args.prompt_len), ("--repeats", args.repeats)):
-        if value < 1:
-            raise ConfigError(f"{name}={value} must be >= 1")
     res = bench_decode(model, args.batch, args.prompt_len, args.new_tokens, args.repeats, device)
     res.update(model=title, params=model.num_params())
     if args.json:
@@ -418,12 +454,12 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--data", help="a .txt file or a folder of .txt documents (default: the Shakespeare corpus)")
     sp.add_argument("--out", help="output folder (default data/shakespeare-bpe<V> or data/shakespeare-bytes)")
     sp.add_argument("--tokenizer", choices=["bpe", "bytes"], default="bpe")
-    sp.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary size incl. <|endoftext|>")
+    sp.add_argument("--vocab-size", type=_int_at_least(257), default=4096, help="BPE vocabulary size incl. <|endoftext|>")
     sp.add_argument("--tokenizer-file", help="tokenise with this existing tokenizer.json (e.g. an imported run's) "
                                              "instead of training one")
     sp.add_argument("--val-docs", help="comma-separated document names held out for validation "
                                        "(default corpus: hamlet, sonnets, tempest)")
-    sp.add_argument("--val-fraction", type=float, default=0.1, help="fraction of documents held out otherwise")
+    sp.add_argument("--val-fraction", type=_float_in(0, 1, True, True), default=0.1, help="fraction of documents held out otherwise")
     sp.add_argument("--overwrite", action="store_true")
     sp.set_defaults(func=cmd_prepare)
 
@@ -442,8 +478,8 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("run")
     sp.add_argument("--data", help="prepared data folder (default: the run's)")
     sp.add_argument("--split", default="val", choices=["val", "train"])
-    sp.add_argument("--stride", type=int, help="new tokens scored per window (default context_length)")
-    sp.add_argument("--batch-size", type=int, default=16)
+    sp.add_argument("--stride", type=POSITIVE, help="new tokens scored per window (default context_length)")
+    sp.add_argument("--batch-size", type=POSITIVE, default=16)
     sp.add_argument("--device", default="auto")
     sp.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "auto"])
     sp.add_argument("--json", action="store_true", help="print one JSON object")
@@ -454,10 +490,10 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--prompt", action="append", help="text to continue (default: start of a document); "
                                                       "repeat for a batch of prompts")
     sp.add_argument("--stop", action="append", metavar="TEXT", help="stop before this text (repeatable)")
-    sp.add_argument("--max-new-tokens", type=int, default=200)
-    sp.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    sp.add_argument("--top-k", type=int)
-    sp.add_argument("--top-p", type=float)
+    sp.add_argument("--max-new-tokens", type=POSITIVE, default=200)
+    sp.add_argument("--temperature", type=_float_in(0, float("inf")), default=0.8, help="0 = greedy")
+    sp.add_argument("--top-k", type=POSITIVE)
+    sp.add_argument("--top-p", type=_float_in(0, 1, low_open=True))
     sp.add_argument("--seed", type=int)
     sp.add_argument("--stop-at-eot", action="store_true", help="stop at the end-of-text token")
     sp.add_argument("--prompt-after-eot", action="store_true", help="prefix the prompt with <|endoftext|>")
@@ -472,7 +508,7 @@ def make_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("sweep", help="run an ablation spec: every variant x seed trained, evaluated, recorded")
     sp.add_argument("spec", nargs="?", help="a sweep spec YAML file or a shipped spec name (see --list)")
     sp.add_argument("--out", help="sweep folder (default sweeps/NAME); an existing one is resumed")
-    sp.add_argument("--jobs", type=int, default=1, help="runs trained at once, each with cores // jobs threads")
+    sp.add_argument("--jobs", type=POSITIVE, default=1, help="runs trained at once, each with cores // jobs threads")
     sp.add_argument("--dry-run", action="store_true", help="print the runs, steps, tokens and FLOPs; train nothing")
     sp.add_argument("--list", action="store_true", help="list the shipped specs and their claims")
     sp.set_defaults(func=cmd_sweep)
@@ -492,7 +528,7 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--format", choices=["hf"], default="hf")
     sp.add_argument("--out", required=True, help="folder to create (config.json, model.safetensors)")
     sp.add_argument("--family", help="HF model_type to write (default: the imported one, else the first that fits)")
-    sp.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+    sp.add_argument("--step", type=NON_NEGATIVE, help="checkpoint step (default: the latest)")
     sp.set_defaults(func=cmd_export)
 
     sp = sub.add_parser("analyze", help="parameters, FLOPs/token, KV cache and arithmetic intensity of a config")
@@ -500,11 +536,11 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--preset", help="a model family preset (see `lmlab presets`)")
     sp.add_argument("--scale", choices=["real", "tiny"], default="real", help="preset scale (default real)")
     sp.add_argument("--config", help="a YAML/JSON file with a 'model:' section (or a flat ModelConfig mapping)")
-    sp.add_argument("--context", type=int, help="sequence length (default the config's context_length)")
-    sp.add_argument("--batch", type=int, default=1, help="sequences (KV cache, decode intensity)")
+    sp.add_argument("--context", type=POSITIVE, help="sequence length (default the config's context_length)")
+    sp.add_argument("--batch", type=POSITIVE, default=1, help="sequences (KV cache, decode intensity)")
     sp.add_argument("--device", choices=["h100", "h200", "a100", "cpu"], default="h100")
-    sp.add_argument("--peak-flops", type=float, help="override the device's peak FLOP/s")
-    sp.add_argument("--bandwidth", type=float, help="override the device's memory bandwidth in bytes/s")
+    sp.add_argument("--peak-flops", type=_float_in(0, float("inf"), low_open=True), help="override the device's peak FLOP/s")
+    sp.add_argument("--bandwidth", type=_float_in(0, float("inf"), low_open=True), help="override the device's memory bandwidth in bytes/s")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.set_defaults(func=cmd_analyze)
 
@@ -518,13 +554,13 @@ def make_parser() -> argparse.ArgumentParser:
     bp.add_argument("run", nargs="?", help="a run folder (its trained weights); default the demo config")
     bp.add_argument("--preset", help="a preset with random weights")
     bp.add_argument("--scale", choices=["tiny", "real"], default="tiny", help="preset scale (default tiny)")
-    bp.add_argument("--batch", type=int, default=1)
-    bp.add_argument("--prompt-len", type=int, default=32)
-    bp.add_argument("--new-tokens", type=int, default=64)
-    bp.add_argument("--repeats", type=int, default=5, help="timed runs (medians), after one warm-up")
+    bp.add_argument("--batch", type=POSITIVE, default=1)
+    bp.add_argument("--prompt-len", type=POSITIVE, default=32)
+    bp.add_argument("--new-tokens", type=_int_at_least(2), default=64)
+    bp.add_argument("--repeats", type=POSITIVE, default=5, help="timed runs (medians), after one warm-up")
     bp.add_argument("--device", default="cpu")
     bp.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    bp.add_argument("--threads", type=int, help="torch CPU threads (default torch's choice)")
+    bp.add_argument("--threads", type=POSITIVE, help="torch CPU threads (default torch's choice)")
     bp.add_argument("--json", action="store_true", help="print one JSON object")
     bp.set_defaults(func=cmd_bench_decode, command="bench decode")
 

@@ -17,6 +17,8 @@ from lmlab.checkpoint import CheckpointError, read_run
 def read_metrics(run: Path) -> list[dict]:
     """The records of ``run/metrics.jsonl``; CheckpointError when the run has none."""
     path = run / "metrics.jsonl"
+    if not (run / "run.yaml").is_file():
+        raise CheckpointError(f"{str(run)!r} is not a run folder (no run.yaml); give folders made by `lmlab train`")
     if not path.is_file():
         raise CheckpointError(f"run {str(run)!r} has no metrics.jsonl to plot; train it first")
     out = []
@@ -25,6 +27,19 @@ def read_metrics(run: Path) -> list[dict]:
             out.append(json.loads(line))
         except json.JSONDecodeError:
             continue
+    return out
+
+
+def cumulative_wall_time(records: list[dict]) -> list[dict]:
+    """Copies of training records whose ``elapsed_s`` keeps counting across resumes: each resumed
+    process restarts its clock at 0, so a drop in elapsed_s adds the time reached before it."""
+    out, offset, previous = [], 0.0, 0.0
+    for r in records:
+        t = r.get("elapsed_s", 0.0)
+        if t < previous:  # a resumed segment began
+            offset += previous
+        previous = t
+        out.append(dict(r, elapsed_s=t + offset))
     return out
 
 
@@ -37,12 +52,13 @@ def plot_runs(runs: list[Path], out_dir: Path) -> list[Path]:
 
     from lmlab.train import TrainConfig, lr_at
 
+    records_of = {run: read_metrics(run) for run in runs}  # every run is checked before anything is written
     out_dir.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
     fig_lr, ax_lr = plt.subplots(figsize=(6, 4))
     for run in runs:
-        records = read_metrics(run)
-        train = [r for r in records if "loss" in r and "tokens" in r and not r.get("skipped")]
+        records = records_of[run]
+        train = cumulative_wall_time([r for r in records if "loss" in r and "tokens" in r and not r.get("skipped")])
         val = [r for r in records if "val_loss" in r]
         label = run.name
         for ax, key in zip(axes, ("step", "tokens", "elapsed_s")):

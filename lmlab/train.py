@@ -20,6 +20,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -494,7 +495,7 @@ class Trainer:
         tc = self.tc
         tok_per_step = tc.batch_size * tc.grad_accum * self.dist.world_size * self.cfg.context_length
         bar = tqdm(total=tc.max_steps, initial=self.step, disable=not (self.progress and self.dist.is_main),
-                   unit="step", dynamic_ncols=True)
+                   unit="step", dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 30.0)  # logs: 1 line / 30 s
         last_val: dict = {}
         t0, window_t, window_steps = time.perf_counter(), time.perf_counter(), 0
         self.model.train()

@@ -71,8 +71,29 @@ def test_text_shorter_than_one_context(tmp_path, capsys):
 
 
 def test_prompt_longer_than_context(run_dir, capsys):
+    capsys.readouterr()
     assert main(["generate", str(run_dir), "--prompt", "word " * 200]) == 2
     assert "more than context_length=32" in error_line(capsys)
+    assert capsys.readouterr().out == ""  # the prompt is not echoed before the error
+
+
+@pytest.mark.parametrize("argv, flag, says", [
+    (["eval", "RUN", "--batch-size", "0"], "--batch-size", "0 must be >= 1"),
+    (["eval", "RUN", "--stride", "-3"], "--stride", "-3 must be >= 1"),
+    (["generate", "RUN", "--max-new-tokens", "-5"], "--max-new-tokens", "-5 must be >= 1"),
+    (["generate", "RUN", "--top-p", "1.5"], "--top-p", "1.5 must be in (0, 1]"),
+    (["generate", "RUN", "--top-k", "x"], "--top-k", "'x' is not an integer"),
+    (["generate", "RUN", "--temperature", "-1"], "--temperature", "must be in [0, inf]"),
+    (["prepare", "--val-fraction", "1.5"], "--val-fraction", "1.5 must be in (0, 1)"),
+    (["bench", "decode", "--new-tokens", "1"], "--new-tokens", "1 must be >= 2"),
+])
+def test_bad_numbers_are_refused_naming_the_flag(run_dir, argv, flag, says, capsys):
+    argv = [str(run_dir) if a == "RUN" else a for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    line = error_line(capsys)
+    assert f"argument {flag}" in line and says in line
 
 
 def test_existing_run_folder_not_overwritten(run_dir, data_dir, capsys):
@@ -155,3 +176,28 @@ def test_resume_rules_for_data_steps_and_devices(run_dir, tmp_path, small_corpus
     assert (run_dir / "run.yaml").read_text() == before
     assert main(["eval", str(run_dir), "--device", "tpu"]) == 2
     assert "device='tpu' is not" in error_line(capsys)
+
+
+def test_resume_without_a_run_is_refused(tmp_path, data_dir, capsys):
+    out = tmp_path / "nothing-here"
+    assert main(["train", "--data", str(data_dir), "--out", str(out), *TRAIN, "--resume"]) == 2
+    assert "holds no run" in error_line(capsys) and not out.exists()
+
+
+def test_plot_checks_every_run_before_writing(run_dir, tmp_path, capsys):
+    out = tmp_path / "plots"
+    (tmp_path / "not-a-run").mkdir()
+    assert main(["plot", str(run_dir), str(tmp_path / "not-a-run"), "--out", str(out)]) == 2
+    assert "not a run folder" in error_line(capsys) and not out.exists()
+    assert main(["plot", str(run_dir), "--out", str(out)]) == 0
+    assert {"loss.png", "lr.png"} <= {p.name for p in out.iterdir()}
+    assert all((out / n).stat().st_size > 1000 for n in ("loss.png", "lr.png"))
+
+
+def test_wall_time_keeps_counting_across_resumes():
+    from lmlab.plot import cumulative_wall_time
+
+    recs = [{"step": s, "elapsed_s": t} for s, t in [(1, 1.0), (2, 2.5), (3, 0.4), (4, 1.4), (5, 0.2)]]
+    # second segment starts after 2.5 s, third after 2.5 + 1.4 s
+    assert [r["elapsed_s"] for r in cumulative_wall_time(recs)] == pytest.approx([1.0, 2.5, 2.9, 3.9, 4.1])
+    assert recs[2]["elapsed_s"] == 0.4  # the input is not modified
