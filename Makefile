@@ -2,6 +2,8 @@
 #   make demo   create .venv, install, get the corpus, train the demo model on CPU, print held-out
 #               bits-per-byte and a sample
 #   make test   create .venv, install with the test extras, run the test suite
+#   make ablations  run every shipped spec (lmlab sweep) and write its report to docs/ablations/NAME/
+#               (about 1.5 hours on 2 CPU cores; SPECS="01-norm-placement ..." for a subset)
 PYTHON ?= python3
 VENV   ?= .venv
 # The torch wheel to install first; pinned so pip does not pick a multi-GB build when a local index
@@ -10,7 +12,8 @@ TORCH  ?= torch==2.13.0
 RUN    ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 BIN     = $(VENV)/bin
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean ablations
+SPECS ?= $(basename $(notdir $(wildcard lmlab/specs/*.yaml)))
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +34,12 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+ablations: install
+	@for s in $(SPECS); do \
+	  $(BIN)/lmlab sweep $$s --out sweeps/$$s --jobs 1 && \
+	  $(BIN)/lmlab report sweeps/$$s --out docs/ablations/$$s/report.md || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) runs data

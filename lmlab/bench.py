@@ -18,6 +18,30 @@ import torch
 from lmlab.model import TransformerLM
 
 
+def describe_machine(device: str | torch.device = "cpu") -> str:
+    """One line naming the machine measurements were taken on: CPU model, cores visible to this process,
+    memory, torch version and threads, and the GPU when ``device`` is CUDA."""
+    import os
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    mem = ""
+    try:
+        mem = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
+    except (ValueError, OSError, AttributeError):
+        pass
+    line = f"{cpu}, {cores} cores visible{mem}, torch {torch.__version__} ({torch.get_num_threads()} threads)"
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        line += f", {torch.cuda.get_device_name(torch.device(device))}"
+    return line
+
+
 def stamps_of(stream: Iterable) -> list[float]:
     """Consume ``stream``, returning the time (``time.perf_counter``) of each item."""
     return [time.perf_counter() for _ in stream]

@@ -19,6 +19,7 @@ them ``NAME-loss.png``, ..., ``NAME-results.csv``.
 from __future__ import annotations
 
 import csv
+import datetime
 import json
 import math
 import re
@@ -310,7 +311,12 @@ def _setup_lines(spec_raw: dict, rows: list[dict], sweep_dir: Path) -> list[str]
         lines.append(f"- **Training**: batch {t['batch_size']} x {m['context_length']} tokens, AdamW lr {t['lr']:g} "
                      f"({t['schedule']}, {t['warmup_steps']} warmup steps), weight decay {t['weight_decay']:g}, "
                      f"grad clip {t['grad_clip']:g}, dtype {t['dtype']}.")
-        lines.append(f"- **Data**: `{run.get('data')}`; bits-per-byte over the whole validation split.")
+        data = str(run.get("data"))
+        try:  # a path inside the working directory is shown relative to it
+            data = str(Path(data).relative_to(Path.cwd()))
+        except ValueError:
+            pass
+        lines.append(f"- **Data**: `{data}`; bits-per-byte over the whole validation split.")
     budget = spec_raw.get("budget")
     if budget:
         lines.append(f"- **Budget per run**: {', '.join(f'{k} {v}' for k, v in budget.items())}.")
@@ -358,6 +364,14 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     L.append(f"{len(rows)} run(s) recorded" + (f" of {planned} planned" if planned else "")
              + f" ({len(aggs)} variant(s)); {diverged} diverged, {failed} failed; "
              f"{wall / 60:.1f} min of training wall time in all.")
+    stamps = sorted(r["finished_at"] for r in rows if r.get("finished_at"))
+    machines = sorted({r["machine"] for r in rows if r.get("machine")})
+    if stamps:
+        L.append(f"Executed {stamps[0]}" + (f" to {stamps[-1]}" if stamps[-1] != stamps[0] else "")
+                 + (f" on {'; '.join(machines)}" if machines else "") + ".")
+    else:  # results written before lmlab recorded the time and machine of each run
+        when = datetime.datetime.fromtimestamp((sweep_dir / RESULTS_FILE).stat().st_mtime, datetime.timezone.utc)
+        L.append(f"Results file last written {when:%Y-%m-%d %H:%M} UTC (its rows carry no time or machine).")
     L.append("")
     L += _setup_lines(spec_raw, rows, sweep_dir)
     L.append("")
@@ -397,7 +411,7 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     L.append("## Runs")
     L.append("")
     L.append(f"One row per run (all columns in [{csv_path.name}]({csv_path.name}), the same data as "
-             f"`{RESULTS_FILE}`; run folders under `runs/`).")
+             f"`{RESULTS_FILE}`; run folders under `{sweep_dir / 'runs'}/`).")
     L.append("")
     head = ["run", "seed", "status", "val bpb"] + [f"@{c}" for c in ctxs] + ["train loss", "steps", "wall s", "tokens/s"]
     L.append("| " + " | ".join(head) + " |")

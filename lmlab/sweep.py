@@ -41,6 +41,7 @@ evaluated, interrupted runs continue from their last checkpoint. A run that stop
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import itertools
 import json
 import math
@@ -470,6 +471,16 @@ def _check_existing(p: RunPlan, run_dir: Path) -> None:
 
 
 # --- evaluation ----------------------------------------------------------------------------
+def _machine(device_name: str) -> str:
+    from lmlab.bench import describe_machine
+    from lmlab.train import resolve_device
+
+    try:
+        return describe_machine(resolve_device(device_name))
+    except Exception:  # noqa: BLE001 -- an unusable device name was already reported by the run itself
+        return describe_machine("cpu")
+
+
 def _nan_to_none(x: Any) -> Any:
     return None if isinstance(x, float) and not math.isfinite(x) else x
 
@@ -595,6 +606,8 @@ def collect_result(p: RunPlan, run_dir: Path, spec: Spec, diverged: bool, error:
         kv = kv_cache_bytes(p.cfg, p.cfg.context_length, batch=1, dtype="fp32")
         row["kv_bytes_per_token"], row["kv_bytes_context"] = kv["per_token"], kv["total"]
     row["fields"] = p.fields
+    row["finished_at"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    row["machine"] = _machine(p.tc.device)
     return {k: _nan_to_none(v) for k, v in row.items()}
 
 

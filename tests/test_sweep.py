@@ -2,10 +2,12 @@
 
 import csv
 import json
+import re
 import math
 import shutil
 
 import pytest
+import torch
 import yaml
 
 from lmlab.cli import main
@@ -129,6 +131,8 @@ def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
         rope["flops_per_token"] * rope["tokens"])
     assert rope["kv_bytes_per_token"] == 2 * 2 * 32 * 4  # K and V, 2 layers, 32 channels, fp32
     assert rope["fields"] == {"position": "rope"} and rope["tokens_per_s"] > 0
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", rope["finished_at"])
+    assert "cores visible" in rope["machine"] and torch.__version__ in rope["machine"]
 
     # a second invocation trains nothing
     files = [out / "runs" / n / "metrics.jsonl" for n in rows] + [out / "logs" / f"{n}.log" for n in rows]
@@ -156,6 +160,7 @@ def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
     assert main(["report", str(out)]) == 0
     md = (out / "report.md").read_text()
     assert spec["claim"] in md
+    assert rows['rope-s1']['machine'] in md and "Executed 20" in md
     table = [line for line in md.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
              or line.startswith("| 3 |")]
     assert [line.split(" | ")[1] for line in table][2] == "boom"  # diverged sorts last
