@@ -384,7 +384,7 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
            ["train loss", "tokens/s", "step ms", "params", "non-emb", "steps", "train FLOPs", "spikes", "diverged"]
     decode = any(a.get("decode_tokens_per_s") is not None for a in aggs)
     if decode:
-        head += ["KV B/token", "decode tok/s"]
+        head += ["KV B/token", "KV KiB @ctx", "decode tok/s"]
     L.append("| " + " | ".join(head) + " |")
     L.append("|" + "|".join(" --- " for _ in head) + "|")
     for i, a in enumerate(order, 1):
@@ -397,7 +397,9 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
                   f"{a['flops']:.3g}" if _ok(a.get("flops")) else "n/a", _num(a.get("spikes"), 1),
                   f"{a['diverged']}/{a['runs']}"]
         if decode:
-            cells += [_num(a.get("kv_bytes_per_token"), 0), _count(a.get("decode_tokens_per_s"))]
+            kv_ctx = a.get("kv_bytes_context")
+            cells += [_num(a.get("kv_bytes_per_token"), 0), _num(kv_ctx / 1024 if _ok(kv_ctx) else None, 0),
+                      _count(a.get("decode_tokens_per_s"))]
         L.append("| " + " | ".join(cells) + " |")
     notes = sorted({n for a in aggs for n in a["notes"]})
     if notes:
