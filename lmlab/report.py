@@ -72,7 +72,8 @@ def aggregate(rows: list[dict]) -> list[dict]:
             a[f"{key}_std"] = statistics.stdev(vals) if len(vals) > 1 else (0.0 if vals else None)
             a[f"{key}_all"] = vals
         for key in ("final_train_loss", "tokens_per_s", "step_ms", "steps", "tokens", "flops", "wall_s", "spikes",
-                    "decode_tokens_per_s", "params", "non_embedding_params", "kv_bytes_per_token", "kv_bytes_context"):
+                    "decode_tokens_per_s", "params", "non_embedding_params", "kv_bytes_per_token", "kv_bytes_context",
+                    "max_attn_logit", "log_z_max"):
             vals = [r.get(key) for r in g if _ok(r.get(key))]
             a[key] = sum(vals) / len(vals) if vals else None
             a[f"{key}_min"] = min(vals) if vals else None
@@ -382,6 +383,9 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     L.append("")
     head = ["#", "variant", "val bpb", "spread"] + [f"bpb @{c} ctx" for c in ctxs] + \
            ["train loss", "tokens/s", "step ms", "params", "non-emb", "steps", "train FLOPs", "spikes", "diverged"]
+    diag = any(a.get("max_attn_logit") is not None for a in aggs)
+    if diag:
+        head += ["max attn logit", "max log Z"]
     decode = any(a.get("decode_tokens_per_s") is not None for a in aggs)
     if decode:
         head += ["KV B/token", "KV KiB @ctx", "decode tok/s"]
@@ -396,6 +400,8 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
                   _count(a.get("params")), _count(a.get("non_embedding_params")), _num(a.get("steps"), 0),
                   f"{a['flops']:.3g}" if _ok(a.get("flops")) else "n/a", _num(a.get("spikes"), 1),
                   f"{a['diverged']}/{a['runs']}"]
+        if diag:
+            cells += [_num(a.get("max_attn_logit_max"), 1), _num(a.get("log_z_max_max"), 1)]
         if decode:
             kv_ctx = a.get("kv_bytes_context")
             cells += [_num(a.get("kv_bytes_per_token"), 0), _num(kv_ctx / 1024 if _ok(kv_ctx) else None, 0),

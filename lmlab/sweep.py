@@ -564,6 +564,7 @@ def training_summary(run_dir: Path) -> dict:
     if ckpts and (ckpts[-1] / "trainer.json").is_file():
         state = json.loads((ckpts[-1] / "trainer.json").read_text())
     final = sum(losses) / len(losses) if losses else None
+    diag = [r for r in recs if "max_attn_logit" in r]  # TrainConfig.diag_interval records
     return {
         "steps": state.get("step", train[-1]["step"] if train else 0),
         "tokens": state.get("tokens_seen", train[-1]["tokens"] if train else 0),
@@ -574,6 +575,10 @@ def training_summary(run_dir: Path) -> dict:
         "spikes": train[-1].get("spikes", 0) if train else 0,
         "skipped_steps": sum(1 for r in recs if r.get("skipped")),
         "stopped_early": any(r.get("stopped") == "max_seconds" for r in recs),
+        # largest attention logit (any layer) and output log Z seen by the diagnostics, None without them
+        "max_attn_logit": _nan_to_none(max((max(r["max_attn_logit"]) for r in diag if r["max_attn_logit"]),
+                                           default=None)),
+        "log_z_max": _nan_to_none(max((r["log_z_max"] for r in diag if "log_z_max" in r), default=None)),
     }
 
 

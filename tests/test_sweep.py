@@ -108,7 +108,8 @@ def test_max_seconds_stops_training(byte_data, tmp_path):
 def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
     spec = {
         "name": "tiny", "claim": "Learned positions cannot run past the training context.",
-        "model": TINY_MODEL, "train": {**TINY_TRAIN, "checkpoint_interval": 5, "keep_checkpoints": 2},
+        "model": TINY_MODEL, "train": {**TINY_TRAIN, "checkpoint_interval": 5, "keep_checkpoints": 2,
+                                         "diag_interval": 5},
         "data": str(byte_data),
         "axes": {"zip": [{"label": "rope", "position": "rope"}, {"label": "learned", "position": "learned"},
                          {"label": "boom", "lr": 1.0e30}]},  # non-finite after one step
@@ -132,6 +133,11 @@ def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
     assert rope["kv_bytes_per_token"] == 2 * 2 * 32 * 4  # K and V, 2 layers, 32 channels, fp32
     assert rope["fields"] == {"position": "rope"} and rope["tokens_per_s"] > 0
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", rope["finished_at"])
+    # diagnostics (diag_interval 5): the largest attention logit and log Z seen, from the metrics
+    diag = [json.loads(x) for x in (out / "runs" / "rope-s1" / "metrics.jsonl").read_text().splitlines()]
+    diag = [r for r in diag if "max_attn_logit" in r]
+    assert len(diag) == 2 and rope["max_attn_logit"] == max(max(r["max_attn_logit"]) for r in diag)
+    assert rope["log_z_max"] == max(r["log_z_max"] for r in diag)
     assert "cores visible" in rope["machine"] and torch.__version__ in rope["machine"]
 
     # a second invocation trains nothing
@@ -160,7 +166,7 @@ def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
     assert main(["report", str(out)]) == 0
     md = (out / "report.md").read_text()
     assert spec["claim"] in md
-    assert rows['rope-s1']['machine'] in md and "Executed 20" in md
+    assert rows['rope-s1']['machine'] in md and "Executed 20" in md and "max attn logit" in md
     table = [line for line in md.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
              or line.startswith("| 3 |")]
     assert [line.split(" | ")[1] for line in table][2] == "boom"  # diverged sorts last
