@@ -49,6 +49,18 @@ def _float_in(low: float, high: float, low_open: bool = False, high_open: bool =
     return parse
 
 
+def _int_range(low: int, high: int):
+    at_least = _int_at_least(low)
+
+    def parse(text: str) -> int:
+        value = at_least(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"{value} must be <= {high}")
+        return value
+    parse.__name__ = f"integer in [{low}, {high}]"
+    return parse
+
+
 POSITIVE, NON_NEGATIVE = _int_at_least(1), _int_at_least(0)
 
 def _default_data_dir(tokenizer: str, vocab_size: int) -> Path:
@@ -389,6 +401,8 @@ def cmd_bench_decode(args) -> int:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     args.config = None
+    if args.run and args.preset:
+        raise ConfigError("give one of --preset NAME or a RUN folder, not both")
     if args.run:
         from lmlab.checkpoint import load_run
 
@@ -494,7 +508,7 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--temperature", type=_float_in(0, float("inf")), default=0.8, help="0 = greedy")
     sp.add_argument("--top-k", type=POSITIVE)
     sp.add_argument("--top-p", type=_float_in(0, 1, low_open=True))
-    sp.add_argument("--seed", type=int)
+    sp.add_argument("--seed", type=_int_range(0, 2**63 - 1))
     sp.add_argument("--stop-at-eot", action="store_true", help="stop at the end-of-text token")
     sp.add_argument("--prompt-after-eot", action="store_true", help="prefix the prompt with <|endoftext|>")
     sp.add_argument("--device", default="auto")
@@ -583,6 +597,15 @@ def main(argv=None) -> int:
     except (ConfigError, DataError, CheckpointError, CorpusError, TokenizerError, UnsupportedError, ValueError,
             FloatingPointError) as exc:
         print(f"lmlab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # e.g. `lmlab survey | head`: the reader left; say nothing more
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as exc:  # a path that cannot be read or written: one line naming it
+        where = f": {exc.filename!r}" if exc.filename else ""
+        print(f"lmlab {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"lmlab {args.command}: interrupted", file=sys.stderr)

@@ -455,8 +455,8 @@ def get_preset(name: str) -> Preset:
     if key in PRESETS:
         return PRESETS[key]
     near = difflib.get_close_matches(key, list(PRESETS), n=1, cutoff=0.3)
-    hint = f"; did you mean {near[0]!r}?" if near else ""
-    raise ConfigError(f"unknown preset {name!r}{hint} Valid presets: {', '.join(PRESETS)}")
+    hint = f"; did you mean {near[0]!r}?" if near else "."
+    raise ConfigError(f"unknown preset {name!r}{hint} Valid presets: {', '.join(PRESETS)}.")
 
 
 def preset_config(name: str, scale: str = "tiny", **overrides: Any) -> ModelConfig:

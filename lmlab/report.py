@@ -12,8 +12,9 @@
   (diverged and failed runs last), one row per run, and ``results.csv``: every row of ``results.jsonl``
   (the ``fields`` a variant sets as ``set.<field>`` columns).
 
-In the sweep folder the files have these names; a report written elsewhere (``--out DIR/NAME.md``) names
-them ``NAME-loss.png``, ..., ``NAME-results.csv``.
+A report named ``report.md`` (in the sweep folder or elsewhere) has its files under these names beside it;
+one written as ``--out DIR/NAME.md`` names them ``NAME-loss.png``, ..., ``NAME-results.csv``. An existing
+``--out`` file is replaced only when it is an lmlab report (it starts with ``# Ablation:``).
 """
 
 from __future__ import annotations
@@ -336,9 +337,15 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     if not rows:
         raise ValueError(f"{str(sweep_dir)!r} has no {RESULTS_FILE} rows; run `lmlab sweep SPEC --out {sweep_dir}` first")
     out = Path(out) if out else sweep_dir / "report.md"
+    if out.is_dir() or out.suffix.lower() != ".md":
+        raise ValueError(f"--out {str(out)!r} must be a markdown file path ending in .md (its plots and CSV go "
+                         f"beside it)")
+    if out.exists() and not out.read_text(errors="replace").startswith("# Ablation:"):
+        raise ValueError(f"--out {str(out)!r} exists and is not an lmlab report; choose another file (nothing was "
+                         f"written)")
     out.parent.mkdir(parents=True, exist_ok=True)
-    same = out.parent.resolve() == sweep_dir.resolve()
-    prefix = "" if same else f"{out.stem}-"
+    # report.md, or a report beside its sweep: plain names (loss.png, ...); NAME.md elsewhere: NAME-loss.png, ...
+    prefix = "" if (out.parent.resolve() == sweep_dir.resolve() or out.stem == "report") else f"{out.stem}-"
     spec_raw: dict = {}
     if (sweep_dir / "spec.yaml").is_file():
         spec_raw = yaml.safe_load((sweep_dir / "spec.yaml").read_text()) or {}

@@ -784,6 +784,11 @@ def run_sweep(spec: str | Path | Spec, out: Optional[str | Path] = None, jobs: i
         raise ConfigError(f"--jobs {jobs!r} must be an integer >= 1")
     spec = spec if isinstance(spec, Spec) else load_spec(spec)
     sweep_dir = Path(out) if out else default_out(spec)
+    if sweep_dir.exists() and not sweep_dir.is_dir():
+        raise ConfigError(f"--out {str(sweep_dir)!r} is a file, not a sweep folder; choose a folder path")
+    if sweep_dir.is_dir() and any(sweep_dir.iterdir()) and not (sweep_dir / "spec.yaml").is_file():
+        raise ConfigError(f"--out {str(sweep_dir)!r} is a non-empty folder that is not a sweep (no spec.yaml); "
+                          f"choose a new folder or an existing sweep's folder")
     plans = plan_runs(spec, data_dir)
     for p in plans:
         _check_existing(p, sweep_dir / "runs" / p.name)

@@ -163,6 +163,36 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return dev
 
 
+def available_memory(device: torch.device) -> Optional[int]:
+    """Bytes that can still be allocated on ``device``: free GPU memory (``torch.cuda.mem_get_info``), or
+    MemAvailable of /proc/meminfo for the CPU; None where neither is known."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_memory(cfg: ModelConfig, device: torch.device, shards: int = 1) -> None:
+    """Refuse (ConfigError) to build a model for training whose fp32 weights, gradients and AdamW moments
+    alone, 16 bytes per parameter (``shards`` ways split under FSDP), exceed the memory available on
+    ``device``: a lower bound (activations come on top), checked before any memory is taken."""
+    from lmlab.analysis import param_counts
+
+    n = param_counts(cfg)["total"]
+    need, free = 16 * n / shards, available_memory(device)
+    if free is not None and need > free:
+        raise ConfigError(f"training this model ({n / 1e9:.2f}B parameters) needs at least {need / 2**30:.1f} GiB "
+                          f"on {device} for fp32 weights, gradients and AdamW moments (16 bytes per parameter"
+                          f"{f', over {shards} FSDP shards' if shards > 1 else ''}), but {free / 2**30:.1f} GiB is "
+                          f"available; choose a smaller model (e.g. --scale tiny) or a larger device")
+
+
 def resolve_dtype(name: str, device: torch.device) -> Optional[torch.dtype]:
     """The autocast dtype (None = fp32). 'auto' picks bf16 on CUDA with bf16 support and on CPUs with
     native bf16 (AVX512-BF16 / AMX, through oneDNN), else fp32. fp16 is CUDA-only (it needs loss scaling)."""
@@ -239,6 +269,7 @@ class Trainer:
         self.device = resolve_device(tc.device, self.dist.local_rank)
         self.amp_dtype = resolve_dtype(tc.dtype, self.device)
         torch.manual_seed(tc.seed)
+        check_memory(cfg, self.device, self.dist.world_size if tc.parallel == "fsdp" else 1)
         self.model = TransformerLM(cfg).to(self.device)
         self.mode = tc.parallel if self.dist.enabled else "none"
         self.fwd = wrap_model(self.model, self.mode, self.dist, self.device)

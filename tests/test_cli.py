@@ -201,3 +201,64 @@ def test_wall_time_keeps_counting_across_resumes():
     # second segment starts after 2.5 s, third after 2.5 + 1.4 s
     assert [r["elapsed_s"] for r in cumulative_wall_time(recs)] == pytest.approx([1.0, 2.5, 2.9, 3.9, 4.1])
     assert recs[2]["elapsed_s"] == 0.4  # the input is not modified
+
+
+def test_model_too_large_for_memory_is_refused_before_building(data_dir, tmp_path, monkeypatch, capsys):
+    import lmlab.train as train
+
+    monkeypatch.setattr(train, "available_memory", lambda device: 2**10)  # 1 KiB free
+    built = []
+    monkeypatch.setattr(train, "TransformerLM", lambda cfg: built.append(cfg))
+    out = tmp_path / "big"
+    assert main(["train", "--data", str(data_dir), "--out", str(out), *TRAIN]) == 2
+    line = error_line(capsys)
+    # d_model 32, 1 layer, vocab 400 (tied): about 25k parameters x 16 bytes is more than 1 KiB
+    assert "needs at least" in line and "16 bytes per parameter" in line and "GiB is available" in line
+    assert not built and not (out / "checkpoints").exists()
+
+
+def test_prepare_overwrite_only_replaces_prepared_data(data_dir, small_corpus, tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    args = ["prepare", "--data", str(small_corpus), "--tokenizer", "bytes", "--overwrite", "--out"]
+    assert main([*args, str(mine)]) == 2
+    assert "not a prepared data folder" in error_line(capsys) and (mine / "notes.txt").read_text() == "keep me"
+    assert main([*args, str(small_corpus)]) == 2  # would delete the input itself
+    assert "holds the input documents" in error_line(capsys) and any(small_corpus.iterdir())
+    (tmp_path / "file").write_text("x")
+    assert main([*args, str(tmp_path / "file")]) == 2
+    assert "is a file" in error_line(capsys)
+
+
+def test_report_and_sweep_refuse_foreign_outputs(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "results.jsonl").write_text(json.dumps({"run": "a-s1", "variant": "a", "seed": 1, "status": "ok",
+                                                      "val_bpb": 2.0}) + "\n")
+    readme = tmp_path / "README.md"
+    readme.write_text("# my project\n")
+    assert main(["report", str(sweep), "--out", str(readme)]) == 2
+    assert "is not an lmlab report" in error_line(capsys) and readme.read_text() == "# my project\n"
+    assert main(["report", str(sweep), "--out", str(tmp_path)]) == 2
+    assert "must be a markdown file" in error_line(capsys)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "data.txt").write_text("x")
+    assert main(["sweep", "09-parallel-block", "--out", str(other), "--dry-run"]) == 2
+    assert "not a sweep" in error_line(capsys) and sorted(p.name for p in other.iterdir()) == ["data.txt"]
+    assert main(["sweep", "09-parallel-block", "--out", str(readme), "--dry-run"]) == 2
+    assert "is a file" in error_line(capsys)
+
+
+def test_unwritable_paths_give_one_line(run_dir, tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    assert main(["plot", str(run_dir), "--out", str(tmp_path / "f")]) == 2
+    assert str(tmp_path / "f") in error_line(capsys)
+
+
+def test_output_into_a_closed_pipe_is_quiet():
+    proc = subprocess.run(f"{sys.executable} -m lmlab.cli survey --format csv | head -1", shell=True,
+                          capture_output=True, text=True)
+    assert proc.stdout.startswith("preset") or proc.stdout.count(",") > 3
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr

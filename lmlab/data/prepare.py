@@ -86,13 +86,24 @@ def prepare(source: str | Path, out_dir: str | Path, tokenizer: str = "bpe", voc
     """Tokenise the documents at ``source`` into ``out_dir`` (see module docstring); returns the manifest.
     ``tokenizer_file``: use this existing ``tokenizer.json`` (e.g. an imported run's) instead of training one.
 
-    Raises DataError for bad input or an existing non-empty ``out_dir`` without ``overwrite``. The
+    Raises DataError for bad input, an existing non-empty ``out_dir`` without ``overwrite`` (with it, one
+    that is not a prepared data folder), or an ``out_dir`` that holds ``source``. The
     folder is written beside and renamed into place, so a failure leaves nothing half-written.
     """
     out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise DataError(f"output folder {str(out_dir)!r} already exists and is not empty; "
-                        f"choose another --out or pass --overwrite")
+    src = Path(source).resolve()
+    if out_dir.resolve() == src or out_dir.resolve() in src.parents:
+        raise DataError(f"--out {str(out_dir)!r} holds the input documents {str(source)!r}; write the prepared "
+                        f"data to another folder")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DataError(f"--out {str(out_dir)!r} is a file, not a folder; choose a folder path")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        if not overwrite:
+            raise DataError(f"output folder {str(out_dir)!r} already exists and is not empty; "
+                            f"choose another --out or pass --overwrite")
+        if not (out_dir / "manifest.json").is_file():  # --overwrite replaces prepared data, nothing else
+            raise DataError(f"--overwrite refused: {str(out_dir)!r} is not a prepared data folder (no manifest.json) "
+                            f"and would be deleted; choose another --out")
     docs = read_documents(source)
     train, val = split_documents(docs, val_docs, val_fraction, str(source))
     if tokenizer_file is not None:
