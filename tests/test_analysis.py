@@ -221,7 +221,9 @@ def test_cli_analyze_survey_and_bench(capsys, tmp_path):
                  "--new-tokens", "3", "--repeats", "1", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["batch"] == 2 and res["decode_tokens_per_s"] > 0 and res["prefill_tokens_per_s"] > 0
-    assert main(["bench", "decode", "--new-tokens", "1", "--repeats", "1"]) == 2
+    with pytest.raises(SystemExit) as exc:  # argparse refuses it, naming the flag
+        main(["bench", "decode", "--new-tokens", "1", "--repeats", "1"])
+    assert exc.value.code == 2 and "--new-tokens: 1 must be >= 2" in capsys.readouterr().err
 
 
 def test_survey_rows_and_formats():
