@@ -3,7 +3,7 @@
 #               bits-per-byte and a sample
 #   make test   create .venv, install with the test extras, run the test suite
 #   make ablations  run every shipped spec (lmlab sweep) and write its report to docs/ablations/NAME/
-#               (about 1.5 hours on 2 CPU cores; SPECS="01-norm-placement ..." for a subset)
+#               (about 75 minutes on 2 CPU cores; SPECS="01-norm-placement ..." for a subset)
 PYTHON ?= python3
 VENV   ?= .venv
 # The torch wheel to install first; pinned so pip does not pick a multi-GB build when a local index
