@@ -53,6 +53,8 @@ def plot_runs(runs: list[Path], out_dir: Path) -> list[Path]:
     from lmlab.train import TrainConfig, lr_at
 
     records_of = {run: read_metrics(run) for run in runs}  # every run is checked before anything is written
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CheckpointError(f"--out {str(out_dir)!r} is a file; choose a folder for the plots")
     out_dir.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
     fig_lr, ax_lr = plt.subplots(figsize=(6, 4))

@@ -306,7 +306,7 @@ def _setup_lines(spec_raw: dict, rows: list[dict], sweep_dir: Path) -> list[str]
             continue
     if run:
         m, t = run["model"], run["train"]
-        lines.append(f"- **Model** (run `{first}`; the other variants change the fields their labels name): d_model {m['d_model']}, {m['n_layers']} layers, "
+        lines.append(f"- **Model** (run `{first}`; the other variants change the fields their labels name): d_model {m['d_model']}, {m['n_layers']} layer{'s' if m['n_layers'] != 1 else ''}, "
                      f"{m['n_heads']} heads ({m['n_kv_heads']} KV), d_ff {m['d_ff']} ({m['activation']}), "
                      f"{m['norm_type']} {m['norm_position']}-norm, {m['position']} positions, context "
                      f"{m['context_length']}, vocabulary {m['vocab_size']}.")

@@ -254,7 +254,8 @@ def test_report_and_sweep_refuse_foreign_outputs(tmp_path, capsys):
 def test_unwritable_paths_give_one_line(run_dir, tmp_path, capsys):
     (tmp_path / "f").write_text("x")
     assert main(["plot", str(run_dir), "--out", str(tmp_path / "f")]) == 2
-    assert str(tmp_path / "f") in error_line(capsys)
+    line = error_line(capsys)
+    assert str(tmp_path / "f") in line and "choose a folder" in line
 
 
 def test_output_into_a_closed_pipe_is_quiet():
