@@ -17,14 +17,12 @@ warm-up of each; medians of --repeats runs, and the median of the per-pair ratio
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
 
 import torch
 
-from lmlab.bench import random_prompts, stamps_of, time_stream
+from lmlab.bench import describe_machine, random_prompts, stamps_of, time_stream
 from lmlab.config import ModelConfig
 from lmlab.generate import decode_layout, decode_layout_kind, stream_batch
 from lmlab.model import TransformerLM
@@ -110,9 +108,7 @@ def main() -> None:
     x = torch.randint(0, cfg.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         diff = (ours(x) - hf(x).logits).abs().max().item()
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    print(f"machine: {platform.machine()} {platform.processor() or ''}, {cpus} CPUs visible, torch "
-          f"{torch.__version__} ({torch.get_num_threads()} threads), transformers {transformers.__version__}")
+    print(f"machine: {describe_machine()}, transformers {transformers.__version__}")
     print(f"model: d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / {cfg.n_kv_heads} KV heads, "
           f"vocab {cfg.vocab_size}, {ours.num_params():,} params, fp32; max |logit difference| lmlab vs HF "
           f"{diff:.2e}")

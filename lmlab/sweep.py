@@ -477,7 +477,7 @@ def _machine(device_name: str) -> str:
 
     try:
         return describe_machine(resolve_device(device_name))
-    except Exception:  # noqa: BLE001 -- an unusable device name was already reported by the run itself
+    except ConfigError:  # a device name the run itself already refused: it trained nowhere else
         return describe_machine("cpu")
 
 
@@ -545,18 +545,12 @@ def training_summary(run_dir: Path) -> dict:
     steps), spikes, skipped
     steps and whether training stopped on its wall-time budget."""
     from lmlab.checkpoint import checkpoint_dirs
+    from lmlab.plot import cumulative_wall_time
 
     recs = read_jsonl(run_dir / "metrics.jsonl")
     train = [r for r in recs if "loss" in r and "tokens" in r and not r.get("skipped")]
-    wall, last = 0.0, None
-    for r in recs:  # elapsed_s restarts at each resumed invocation: sum each segment's last value
-        e = r.get("elapsed_s")
-        if e is None:
-            continue
-        if last is not None and e < last:
-            wall += last
-        last = e
-    wall += last or 0.0
+    timed = cumulative_wall_time([r for r in recs if r.get("elapsed_s") is not None])  # across resumes
+    wall = timed[-1]["elapsed_s"] if timed else 0.0
     losses = [r["loss"] for r in train if r["step"] >= 0.9 * train[-1]["step"]] if train else []
     tps = [r["tokens_per_s"] for r in train if r.get("tokens_per_s")]
     state: dict = {}
