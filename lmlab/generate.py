@@ -51,7 +51,8 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[
     temperature < 0, top_k < 1 or top_p outside (0, 1].
     """
     _check_sampling(temperature, top_k, top_p)
-    logits = logits.float()
+    if logits.dtype != torch.float32:
+        logits = logits.float()
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
@@ -118,8 +119,10 @@ def decode_layout_kind(model: TransformerLM, batch: int = 1) -> str:
 @contextlib.contextmanager
 def decode_layout(model: TransformerLM, batch: int = 1) -> Iterator[None]:
     """Lay the linear weights out for decoding on CPU, where each step multiplies a few rows (``batch``,
-    one per sequence) by every weight matrix; restored on exit. Nested uses and non-CPU models are left
-    alone (see :func:`decode_layout_kind`).
+    one per sequence) by every weight matrix, and let one-token steps take the model's lean path
+    (``TransformerLM.lean_decode``: each block's ``decode_one``, when ``lean_decode_possible()``, i.e. no
+    hooks and plain attention); both are undone on exit. Nested uses are left alone; non-CPU models keep
+    their weights as they are (see :func:`decode_layout_kind`).
 
     - 'onednn-packed' (fp32 weights, at most ``PACK_LIMIT_BYTES`` of them, a PyTorch built with oneDNN):
       each ``nn.Linear`` multiplies by a copy of its weight reordered once into oneDNN's blocked format
@@ -133,12 +136,16 @@ def decode_layout(model: TransformerLM, batch: int = 1) -> Iterator[None]:
 
     Side by side on the demo shape (2 CPU threads; ``python bench/decode_vs_hf.py``): see the README."""
     kind = decode_layout_kind(model, batch)
-    if getattr(model, "_decode_layout_active", False) or kind == "unchanged":
+    if getattr(model, "_decode_layout_active", False):
         yield
         return
     model._decode_layout_active = True
+    model.lean_decode = model.lean_decode_possible()
     changed, patched = [], []
     try:
+        if kind == "unchanged":
+            yield
+            return
         with torch.inference_mode(False), torch.no_grad():  # new storage must stay usable by autograd
             if kind == "onednn-packed":
                 for module in model.modules():
@@ -162,7 +169,7 @@ def decode_layout(model: TransformerLM, batch: int = 1) -> Iterator[None]:
                 w.data = w.data.contiguous()
         for module in patched:
             del module.forward  # back to nn.Linear.forward
-        model._decode_layout_active = False
+        model._decode_layout_active = model.lean_decode = False
 
 
 @torch.inference_mode()

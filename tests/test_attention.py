@@ -173,6 +173,76 @@ def test_kv_cache_decoding_equals_full_forward(name):
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
 
 
+LEAN_CONFIGS = {
+    "gqa": dict(n_kv_heads=2, n_layers=2),
+    "mqa_bias_layernorm": dict(n_kv_heads=1, bias="all", norm_type="layernorm", norm_bias=True),
+    "rolling_hybrid_nope_global": dict(n_layers=3, layer_pattern="LLG", sliding_window=3, nope_global_layers=True,
+                                       rope_local_theta=100.0),
+    "partial_interleaved_geglu": dict(rope_fraction=0.5, rope_style="interleaved", activation="geglu"),
+    "parallel_shared_norm_gemma": dict(parallel_block=True, parallel_shared_norm=True, norm_type="gemma_rmsnorm",
+                                       activation="gelu"),
+    "parallel_two_norms_nope": dict(parallel_block=True, position="nope", n_kv_heads=2),
+    "learned_window": dict(position="learned", sliding_window=4, tie_embeddings=True),
+    "scaled_query_and_embeddings": dict(query_pre_attn_scalar=12.0, scale_embeddings=True),
+}
+
+
+@pytest.mark.parametrize("name", list(LEAN_CONFIGS))
+@pytest.mark.parametrize("padded", [False, True])
+def test_lean_decode_step_equals_the_full_forward(name, padded, monkeypatch):
+    """Inside ``decode_layout`` one-token steps run each block's ``decode_one`` (counted here), and the
+    logits still equal the full forward, past the window, with and without left padding."""
+    from lmlab.generate import decode_layout
+    from lmlab.model.transformer import Block
+
+    calls = []
+    original = Block.decode_one
+    monkeypatch.setattr(Block, "decode_one", lambda self, *a: calls.append(1) or original(self, *a))
+    m = model(**LEAN_CONFIGS[name])
+    T, P = 14, 4
+    idx = tokens(T=T)
+    pad = torch.tensor([0, 2]) if padded else None
+    with torch.no_grad():
+        full = m(idx, left_pad=pad)
+    with decode_layout(m, batch=2), torch.inference_mode():
+        assert m.lean_decode
+        cache = KVCache(m.cfg, batch=2, max_len=T, left_pad=pad)
+        steps = [m(idx[:, :P], cache=cache)] + [m(idx[:, t:t + 1], cache=cache) for t in range(P, T)]
+    assert not m.lean_decode  # only while generating
+    assert len(calls) == (T - P) * m.cfg.n_layers
+    stepped = torch.cat(steps, dim=1)
+    rows = [slice(None)] if pad is None else [(i, slice(int(pad[i]), None)) for i in range(2)]
+    for r in rows:
+        assert torch.allclose(stepped[r], full[r], atol=1e-5)
+    assert not torch.allclose(stepped[:, -1], stepped[:, -2])  # the positions differ: the check can fail
+
+
+@pytest.mark.parametrize("kw", [dict(qk_norm="rmsnorm"), dict(attn_logit_softcap=5.0), dict(clip_qkv=1.0),
+                                dict(position="alibi"), dict(position="t5"), dict(norm_position="post"),
+                                dict(norm_position="sandwich")])
+def test_lean_decode_not_used_where_it_does_not_apply(kw):
+    from lmlab.generate import decode_layout
+
+    m = model(**kw)
+    with decode_layout(m, batch=1):
+        assert not m.lean_decode
+
+
+def test_forward_hooks_keep_the_ordinary_decode_path():
+    """A hook on any module inside the blocks must see every step: decode_layout then leaves lean
+    decoding off, and the hooked module is called on each one-token step."""
+    from lmlab.generate import generate
+
+    m = model(n_layers=2)
+    seen = []
+    handle = m.blocks[1].mlp.w_in.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape))
+    out = list(generate(m, [1, 2, 3], 5, temperature=0))
+    assert len(seen) == 1 + 4  # the prefill, then the 4 steps after the first new token
+    handle.remove()
+    assert list(generate(m, [1, 2, 3], 5, temperature=0)) == out  # same tokens on the lean path
+    assert len(seen) == 5
+
+
 def test_kv_cache_stores_only_kv_heads():
     cfg = tiny(n_kv_heads=1, n_layers=2)
     cache = KVCache(cfg, batch=3, max_len=16)

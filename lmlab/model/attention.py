@@ -234,14 +234,7 @@ class Attention(nn.Module):
             S = k.shape[2]
             if T == 1 and plain and not dropout:  # decode: every returned key is causal and in the window
                 mask = cache.real_keys(self.layer, first, S) if left_pad is not None else None
-                # fold the query heads of a KV group into the query-length dimension: no K/V repeat. Written
-                # out: for one query row per head, two matmuls and a softmax beat SDPA's flash kernel on CPU
-                # (107 vs 59 us at batch 8, 21 vs 22 at batch 1, demo shape)
-                scores = torch.matmul(q.reshape(B, K, H // K, D) * self.scale, k.transpose(-1, -2))  # (B,K,G,S)
-                if mask is not None:
-                    scores = scores.masked_fill(~mask, float("-inf"))
-                y = torch.matmul(torch.softmax(scores.float(), dim=-1).to(v.dtype), v)  # (B, K, G, D)
-                return self.out(y.reshape(B, 1, H * D))
+                return self.out(self._attend_one(q, k, v, mask).view(B, 1, H * D))
             if plain and S == T and self.window is None and left_pad is None:  # prefill of an empty cache
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=self.scale,
                                                    enable_gqa=K != H)
@@ -265,6 +258,45 @@ class Attention(nn.Module):
             y = self._explicit(q, k, v, allowed, bias, dropout)
         y = y.transpose(1, 2).reshape(B, T, H * D)
         return self.out(y)
+
+    @property
+    def supports_decode_one(self) -> bool:
+        """Whether :meth:`decode_one` can run this layer: no QK-norm, clip_qkv, soft-cap or logit recording
+        (position biases are the model's: ALiBi and T5 models never take the lean path)."""
+        return self.q_norm is None and self.clip_qkv is None and self.logit_cap is None and not self.record_max_logit
+
+    def decode_one(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One new token per row, inference only (see ``TransformerLM.hidden``): x (batch, d_model) ->
+        (batch, d_model), the same as :meth:`forward` for a layer with :attr:`supports_decode_one`, in fewer
+        operations: the projections are called without ``nn.Module`` hooks, q and k are rotated together
+        and the cache's left padding (if any) masks the keys."""
+        B = x.shape[0]
+        H, K, D = self.n_heads, self.n_kv_heads, self.head_dim
+        qkv = self.qkv.forward(x).view(B, H + 2 * K, 1, D)  # one token: (B, 1, heads, D) is (B, heads, 1, D)
+        qk = qkv.narrow(1, 0, H + K)
+        if self.rope is not None:
+            qk = self.rope.rotate(qk, positions)
+        keys, values, first = cache.update(self.layer, qk.narrow(1, H, K), qkv.narrow(1, H + K, K))
+        mask = cache.real_keys(self.layer, first, keys.shape[2]) if cache.left_pad is not None else None
+        return self.out.forward(self._attend_one(qk.narrow(1, 0, H), keys, values, mask))
+
+    def _attend_one(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]):
+        """Single-query attention over every key given (all causal and inside the window): q (batch, heads,
+        1, head_dim), k and v (batch, n_kv_heads, S, head_dim), mask (batch,
+        1, 1, S) bool (False: padding) or None -> (batch, heads * head_dim).
+
+        The query heads of a KV group are folded into the query-length dimension: no K/V repeat. Written
+        out, for one query row per head two matmuls and a softmax beat SDPA's flash kernel on CPU (107 vs
+        59 us at batch 8, 21 vs 22 at batch 1, demo shape)."""
+        B, H, K, D = q.shape[0], self.n_heads, self.n_kv_heads, self.head_dim
+        S = k.shape[2]
+        # (B * K, G, D) @ (B * K, D, S): one bmm over the batch and the KV heads, then the scale in place
+        scores = torch.bmm(q.reshape(B * K, H // K, D), k.reshape(B * K, S, D).transpose(1, 2)).mul_(self.scale)
+        if mask is not None:
+            scores.view(B, K, H // K, S).masked_fill_(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1) if scores.dtype == torch.float32 else \
+            torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)  # fp32 whatever the cache dtype
+        return torch.bmm(probs, v.reshape(B * K, S, D)).view(B, H * D)
 
     def _explicit(self, q, k, v, allowed, bias, dropout):
         """Softmax attention written out (fp32 logits), for soft-caps and logit diagnostics."""

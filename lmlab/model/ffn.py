@@ -49,9 +49,11 @@ class FeedForward(nn.Module):
         self.w_out.is_residual_projection = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.w_in(x)
+        return self.w_out(self.hidden(self.w_in(x)))
+
+    def hidden(self, h: torch.Tensor) -> torch.Tensor:
+        """The activation between the two projections: (..., (2 if gated else 1) * d_ff) -> (..., d_ff)."""
         if self.gated:
-            h = self.act(h.narrow(-1, 0, self.d_ff)) * h.narrow(-1, self.d_ff, self.d_ff)  # gate, up
-        else:
-            h = self.act(h)
-        return self.w_out(h)
+            gate, up = h.chunk(2, dim=-1)
+            return self.act(gate) * up
+        return self.act(h)

@@ -104,7 +104,9 @@ class RotaryEmbedding(nn.Module):
         return self._rotate(x, cos, sin)
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Like :meth:`forward` for the (batch, seq, heads, head_dim) layout (q and k side by side).
+        """Like :meth:`forward` for the (batch, seq, heads, head_dim) layout (q and k side by side); for one
+        token (batch, heads, 1, head_dim) works too. ``positions``: (seq,), per row (batch, seq), or a
+        ``slice`` of consecutive positions (then the tables are read as a view, no gather).
 
         Without autograd (inference, decoding) the gathered tables are kept for the next call with the
         same ``positions`` tensor: the layers sharing this module (TransformerLM shares one per distinct
@@ -126,7 +128,7 @@ class RotaryEmbedding(nn.Module):
             swapped = torch.roll(xf, self.rot_dim // 2, dims=-1)
         else:
             swapped = xf.unflatten(-1, (self.rot_dim // 2, 2)).flip(-1).flatten(-2)
-        out = xf * cos + swapped * sin_signed
+        out = torch.addcmul(xf * cos, swapped, sin_signed)
         if out.dtype != x.dtype:
             out = out.to(x.dtype)
         return out if rest is None else torch.cat([out, rest], dim=-1)

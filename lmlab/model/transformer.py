@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
 from lmlab.config import ModelConfig
 from lmlab.model.attention import Attention, KVCache, softcap
@@ -73,6 +74,24 @@ class Block(nn.Module):
         x = x + self.attn_norm(attn(x))
         return x + self.mlp_norm(mlp(x))
 
+    @property
+    def supports_decode_one(self) -> bool:
+        """Whether :meth:`decode_one` can run this block: pre-norm (serial or parallel), plain attention
+        (see ``Attention.supports_decode_one``)."""
+        return self.position_kind == "pre" and self.attn.supports_decode_one
+
+    def decode_one(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One new token per row, inference only: x (batch, d_model) -> (batch, d_model), equal to
+        :meth:`forward` (on (batch, 1, d_model)) for a block with :attr:`supports_decode_one`, with the sub-modules' ``forward`` called
+        directly (no ``nn.Module.__call__``: at one token a step its overhead rivals the arithmetic)."""
+        h = self.attn_norm.forward(x)
+        mlp = self.mlp
+        if self.parallel:
+            g = h if self.mlp_norm is None else self.mlp_norm.forward(x)
+            return x + self.attn.decode_one(h, positions, cache) + mlp.w_out.forward(mlp.hidden(mlp.w_in.forward(g)))
+        x = x + self.attn.decode_one(h, positions, cache)
+        return x + mlp.w_out.forward(mlp.hidden(mlp.w_in.forward(self.mlp_norm.forward(x))))
+
 
 class TransformerLM(nn.Module):
     """Decoder-only LM: token ids (batch, seq) -> logits (batch, seq, vocab_size), fp32."""
@@ -102,6 +121,7 @@ class TransformerLM(nn.Module):
             if block.attn.rope is not None:
                 block.attn.rope = ropes.setdefault(block.attn.rope.key, block.attn.rope)
         self._position_tables = [m for m in self.modules() if hasattr(m, "ensure")]
+        self.lean_decode = False  # set by lmlab.generate.decode_layout while generating (see hidden)
         self.reset_parameters()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
@@ -152,9 +172,13 @@ class TransformerLM(nn.Module):
             left_pad = torch.as_tensor(left_pad, dtype=torch.long, device=idx.device)
             pad_min = int(left_pad.min())
             left_pad = left_pad if int(left_pad.max()) else None
-        positions = torch.arange(start, start + T, device=idx.device)
-        if left_pad is not None:  # per row: cache index minus the row's padding (padding itself at 0)
-            positions = (positions[None, :] - left_pad[:, None]).clamp(min=0)
+        lean = T == 1 and cache is not None and self.lean_decode and not (torch.is_grad_enabled() or self.training)
+        if lean and left_pad is None and self.abs_pos is None:
+            positions = slice(start, start + 1)  # RoPE then reads a view of its tables, no gather
+        else:
+            positions = torch.arange(start, start + T, device=idx.device)
+            if left_pad is not None:  # per row: cache index minus the row's padding (padding itself at 0)
+                positions = (positions[None, :] - left_pad[:, None]).clamp(min=0)
         for module in self._position_tables:
             module.ensure(start + T - pad_min)
         x = self.embed(idx)
@@ -167,18 +191,38 @@ class TransformerLM(nn.Module):
         if self.training and self.embd_drop.p > 0:
             x = self.embd_drop(x)
         bias_fn = self._bias_fn()
-        for block in self.blocks:
-            x = block(x, positions, cache, bias_fn, left_pad)
+        if lean:  # the blocks' one-token path works on (batch, d_model)
+            x = x.view(x.shape[0], x.shape[2])
+            for block in self.blocks:
+                x = block.decode_one(x, positions, cache)
+            x = x.unsqueeze(1)
+        else:
+            for block in self.blocks:
+                x = block(x, positions, cache, bias_fn, left_pad)
         if cache is not None:
             cache.length += T
         return self.final_norm(x) if self.final_norm is not None else x
+
+    def lean_decode_possible(self) -> bool:
+        """Whether one-token cached steps may take the blocks' lean ``decode_one`` path: no ALiBi/T5 bias,
+        every block eligible (``Block.supports_decode_one``), and no forward hooks on the blocks or inside them,
+        nor global ones (hooks, e.g. FSDP's, must see every call, so they keep the ordinary path).
+        :func:`lmlab.generate.decode_layout` checks this once when generation starts and sets
+        ``lean_decode`` for its duration; ``hidden`` then takes the lean path for steps of one token under
+        inference (no autograd, eval mode)."""
+        if self.cfg.position in ("alibi", "t5") or _global_forward_hooks or _global_forward_pre_hooks:
+            return False
+        return all(b.supports_decode_one for b in self.blocks) and not any(
+            m._forward_hooks or m._forward_pre_hooks for m in self.blocks.modules())
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """LM head with the optional final-logit soft-cap: (batch, seq, d_model) -> fp32 logits. With
         ``embed_dim`` != d_model the states are first projected out to embed_dim (``proj_out``)."""
         if self.proj_out is not None:  # embed_dim != d_model: back to the embedding width (OPT-350M)
             h = self.proj_out(h)
-        logits = self.lm_head(h).float()
+        logits = self.lm_head(h)
+        if logits.dtype != torch.float32:
+            logits = logits.float()
         if self.cfg.logit_scale != 1.0:  # Cohere: logits * logit_scale, before any soft-cap
             logits = logits * self.cfg.logit_scale
         return softcap(logits, self.cfg.final_logit_softcap)
