@@ -144,7 +144,8 @@ def test_decode_layout_is_transparent_and_restored(kind, monkeypatch):
     with decode_layout(model, batch=2):
         qkv = model.blocks[0].attn.qkv
         if kind == "transposed":
-            assert not qkv.weight.is_contiguous()
+            assert not qkv.weight.is_contiguous()  # (out, in) held as (in, out): more outputs than inputs
+            assert model.blocks[0].mlp.w_out.weight.is_contiguous()  # fewer outputs (d_ff -> d_model): kept
         else:
             assert "forward" in qkv.__dict__  # multiplies by its packed copy
         assert model.lm_head.weight is model.embed.weight  # still tied
