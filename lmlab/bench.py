@@ -95,5 +95,5 @@ def bench_decode(model: TransformerLM, batch: int = 1, prompt_len: int = 32, new
         res = time_stream(lambda: stamps_of(stream_batch(model, prompts, new_tokens, temperature=0.0, device=device)),
                           batch, prompt_len, new_tokens, repeats)
     res.update(threads=torch.get_num_threads(), device=str(device), dtype=str(next(model.parameters()).dtype),
-               decode_layout=decode_layout_kind(model, batch))
+               decode_layout=decode_layout_kind(model, batch), lean_decode=model.lean_decode_possible())
     return res

@@ -426,6 +426,7 @@ def cmd_bench_decode(args) -> int:
         return 0
     print(f"lmlab bench decode: {title}, {res['params']:,} params, {res['dtype'].replace('torch.', '')} on "
           f"{res['device']}" + (f" ({res['threads']} threads, {res['decode_layout']} weights)" if str(device) == "cpu" else "")
+          + ("" if res["lean_decode"] else " (ordinary block path: no lean one-token decode for this config)")
           + f"; greedy, batch {args.batch}, prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, "
           f"median of {args.repeats}")
     print(f"  prefill {res['prefill_tokens_per_s']:>12,.0f} tokens/s   ({res['prefill_s'] * 1e3:.2f} ms for "

@@ -221,6 +221,12 @@ def test_cli_analyze_survey_and_bench(capsys, tmp_path):
                  "--new-tokens", "3", "--repeats", "1", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["batch"] == 2 and res["decode_tokens_per_s"] > 0 and res["prefill_tokens_per_s"] > 0
+    from lmlab.generate import packed_decode_available
+
+    assert res["lean_decode"] is True  # pre-norm, GQA, windows: the lean one-token path
+    assert res["decode_layout"] == ("onednn-packed" if packed_decode_available() else "transposed")
+    assert main(["bench", "decode", "--preset", "qwen3-8b", "--prompt-len", "4", "--new-tokens", "2", "--repeats", "1"]) == 0
+    assert "ordinary block path" in capsys.readouterr().out  # QK-norm: no lean one-token path
     with pytest.raises(SystemExit) as exc:  # argparse refuses it, naming the flag
         main(["bench", "decode", "--new-tokens", "1", "--repeats", "1"])
     assert exc.value.code == 2 and "--new-tokens: 1 must be >= 2" in capsys.readouterr().err
