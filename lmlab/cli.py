@@ -63,6 +63,15 @@ def _int_range(low: int, high: int):
 
 POSITIVE, NON_NEGATIVE = _int_at_least(1), _int_at_least(0)
 
+
+def _stop_text(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("an empty stop string would stop before the first token; give some text")
+    return text
+
+
+_stop_text.__name__ = "stop text"
+
 def _default_data_dir(tokenizer: str, vocab_size: int) -> Path:
     return DEFAULT_DATA / (f"shakespeare-bpe{vocab_size}" if tokenizer == "bpe" else "shakespeare-bytes")
 
@@ -78,13 +87,25 @@ def cmd_prepare(args) -> int:
     else:
         source = Path(args.data)
         val_docs = args.val_docs.split(",") if args.val_docs else None
-    out = Path(args.out) if args.out else _default_data_dir(args.tokenizer, args.vocab_size)
-    manifest = prepare(source, out, args.tokenizer, args.vocab_size, val_docs, args.val_fraction, args.overwrite,
+    if args.tokenizer_file and (args.tokenizer != "bpe" or args.vocab_size is not None):
+        flag = "--tokenizer bytes" if args.tokenizer != "bpe" else f"--vocab-size {args.vocab_size}"
+        raise ConfigError(f"{flag} does not apply with --tokenizer-file {args.tokenizer_file!r} (the file's own "
+                          f"tokenizer and vocabulary are used); give one or the other")
+    if args.tokenizer == "bytes" and args.vocab_size is not None:
+        raise ConfigError(f"--vocab-size {args.vocab_size} does not apply with --tokenizer bytes (its vocabulary is "
+                          f"the 256 bytes and <|endoftext|>: 257)")
+    vocab_size = 4096 if args.vocab_size is None else args.vocab_size
+    out = Path(args.out) if args.out else _default_data_dir(args.tokenizer, vocab_size)
+    manifest = prepare(source, out, args.tokenizer, vocab_size, val_docs, args.val_fraction, args.overwrite,
                        tokenizer_file=args.tokenizer_file)
     for split, info in manifest["splits"].items():
         print(f"{split}: {len(info['documents'])} documents, {info['bytes']:,} bytes, {info['tokens']:,} tokens "
               f"({info['bytes'] / max(info['tokens'], 1):.2f} bytes/token)")
-    print(f"wrote {out} (tokenizer {manifest['tokenizer']['type']}, vocab {manifest['tokenizer']['vocab_size']})")
+    got = manifest["tokenizer"]["vocab_size"]
+    print(f"wrote {out} (tokenizer {manifest['tokenizer']['type']}, vocab {got})")
+    if args.tokenizer == "bpe" and not args.tokenizer_file and got < vocab_size:
+        print(f"note: the BPE stopped at {got:,} tokens, below --vocab-size {vocab_size:,}: the training split "
+              f"has no more pairs to merge within its words", file=sys.stderr)
     return 0
 
 
@@ -469,7 +490,9 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--data", help="a .txt file or a folder of .txt documents (default: the Shakespeare corpus)")
     sp.add_argument("--out", help="output folder (default data/shakespeare-bpe<V> or data/shakespeare-bytes)")
     sp.add_argument("--tokenizer", choices=["bpe", "bytes"], default="bpe")
-    sp.add_argument("--vocab-size", type=_int_at_least(257), default=4096, help="BPE vocabulary size incl. <|endoftext|>")
+    sp.add_argument("--vocab-size", type=_int_at_least(257), help="BPE vocabulary size incl. <|endoftext|> "
+                                                                   "(default 4096; an upper bound: a small corpus may "
+                                                                   "run out of merges first)")
     sp.add_argument("--tokenizer-file", help="tokenise with this existing tokenizer.json (e.g. an imported run's) "
                                              "instead of training one")
     sp.add_argument("--val-docs", help="comma-separated document names held out for validation "
@@ -504,7 +527,7 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("run")
     sp.add_argument("--prompt", action="append", help="text to continue (default: start of a document); "
                                                       "repeat for a batch of prompts")
-    sp.add_argument("--stop", action="append", metavar="TEXT", help="stop before this text (repeatable)")
+    sp.add_argument("--stop", action="append", type=_stop_text, metavar="TEXT", help="stop before this text (repeatable)")
     sp.add_argument("--max-new-tokens", type=POSITIVE, default=200)
     sp.add_argument("--temperature", type=_float_in(0, float("inf")), default=0.8, help="0 = greedy")
     sp.add_argument("--top-k", type=POSITIVE)

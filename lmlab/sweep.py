@@ -290,6 +290,9 @@ def parse_spec(raw: dict, path: Optional[Path] = None) -> Spec:
     source = str(path) if path else "sweep spec"
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: a sweep spec must be a mapping")
+    if not raw:
+        raise ConfigError(f"{source}: the spec is empty; give at least 'axes' (the variants to compare) or "
+                          f"'model'/'train' settings (examples: lmlab/specs/*.yaml)")
     unknown = [k for k in raw if k not in SPEC_KEYS]
     if unknown:
         import difflib
@@ -391,13 +394,17 @@ def plan_runs(spec: Spec, data_dir: Optional[Path] = None) -> list[RunPlan]:
         model = {**base_model, **spec.model, **vm}
         if "vocab_size" not in spec.model and "vocab_size" not in vm:
             model["vocab_size"] = vocab  # the data's tokenizer decides
+        where = f"{spec.path or 'sweep spec'}, variant {v.label!r}"  # named in every error of this variant
         try:
-            cfg = ModelConfig.from_dict(model, f"variant {v.label!r} model")
-        except TypeError as exc:
-            raise ConfigError(f"variant {v.label!r}: {exc}") from None
+            cfg = ModelConfig.from_dict(model, f"{where} model")
+        except (TypeError, ConfigError) as exc:
+            raise ConfigError(f"{where}: {exc}") from None
         for seed in spec.seeds:
             train = {**SWEEP_TRAIN_DEFAULTS, **spec.train, **vt, "seed": seed}
-            tc = TrainConfig.from_dict(train, f"variant {v.label!r} train")
+            try:
+                tc = TrainConfig.from_dict(train, f"{where} train")
+            except (TypeError, ConfigError) as exc:
+                raise ConfigError(f"{where}: {exc}") from None
             tps = tc.batch_size * tc.grad_accum * cfg.context_length
             fpt = flops_per_token(cfg)
             steps = budget_steps(spec.budget, tps, fpt, tc.max_steps)
@@ -428,8 +435,16 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def read_results(sweep_dir: str | Path) -> list[dict]:
-    """The rows of ``results.jsonl`` (one per run)."""
-    return read_jsonl(Path(sweep_dir) / RESULTS_FILE)
+    """The rows of ``results.jsonl`` (one per run). A line that is not JSON (cut by a kill mid-write) is
+    skipped with a warning on stderr: its run counts as not finished, so ``lmlab sweep`` scores it again."""
+    path = Path(sweep_dir) / RESULTS_FILE
+    rows = read_jsonl(path)
+    if path.is_file():
+        bad = sum(1 for line in path.read_text().splitlines() if line.strip()) - len(rows)
+        if bad:
+            print(f"warning: {path}: skipped {bad} unreadable line(s) (cut by an interrupted write?); "
+                  f"their runs count as unfinished", file=sys.stderr)
+    return rows
 
 
 def _last_checkpoint_step(run_dir: Path) -> int:

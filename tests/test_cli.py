@@ -86,6 +86,7 @@ def test_prompt_longer_than_context(run_dir, capsys):
     (["generate", "RUN", "--temperature", "-1"], "--temperature", "must be in [0, inf]"),
     (["prepare", "--val-fraction", "1.5"], "--val-fraction", "1.5 must be in (0, 1)"),
     (["bench", "decode", "--new-tokens", "1"], "--new-tokens", "1 must be >= 2"),
+    (["generate", "RUN", "--stop", ""], "--stop", "an empty stop string would stop before the first token"),
 ])
 def test_bad_numbers_are_refused_naming_the_flag(run_dir, argv, flag, says, capsys):
     argv = [str(run_dir) if a == "RUN" else a for a in argv]
@@ -94,6 +95,32 @@ def test_bad_numbers_are_refused_naming_the_flag(run_dir, argv, flag, says, caps
     assert exc.value.code == 2
     line = error_line(capsys)
     assert f"argument {flag}" in line and says in line
+
+
+def test_prepare_tokenizer_flags_that_do_not_combine(small_corpus, data_dir, tmp_path, capsys):
+    """--vocab-size means nothing to the byte tokenizer or an existing tokenizer file: refused, nothing
+    written; a --vocab-size the corpus cannot reach is reported, not silently shrunk."""
+    out = tmp_path / "d"
+    base = ["prepare", "--data", str(small_corpus), "--out", str(out), "--val-docs", "tempest_gut.txt"]
+    for extra, says in [(["--tokenizer", "bytes", "--vocab-size", "300"], "--vocab-size 300 does not apply with "
+                                                                          "--tokenizer bytes"),
+                        (["--tokenizer-file", str(data_dir / "tokenizer.json"), "--vocab-size", "300"],
+                         "--vocab-size 300 does not apply with --tokenizer-file"),
+                        (["--tokenizer-file", str(data_dir / "tokenizer.json"), "--tokenizer", "bytes"],
+                         "--tokenizer bytes does not apply with --tokenizer-file")]:
+        assert main(base + extra) == 2
+        assert says in error_line(capsys)
+        assert not out.exists()
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    for i in range(2):
+        (tiny / f"d{i}.txt").write_text("to be or not to be " * 50)
+    assert main(["prepare", "--data", str(tiny), "--out", str(tmp_path / "t"), "--val-docs", "d1.txt",
+                 "--vocab-size", "5000"]) == 0
+    captured = capsys.readouterr()
+    got = json.loads((tmp_path / "t" / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    assert 257 < got < 5000 and f"vocab {got})" in captured.out
+    assert f"the BPE stopped at {got:,} tokens, below --vocab-size 5,000" in captured.err
 
 
 def test_existing_run_folder_not_overwritten(run_dir, data_dir, capsys):

@@ -91,6 +91,15 @@ def test_budget_conversion_and_dry_run(byte_data, tmp_path, capsys):
     assert main(["sweep", str(path), "--out", str(tmp_path / "sw"), "--dry-run"]) == 0
     assert "n_layers=2-s2" in capsys.readouterr().out
     assert not (tmp_path / "sw").exists()  # a dry run writes nothing
+    # a bad value inside a variant names the spec file and the variant; an empty spec is refused
+    path.write_text(yaml.safe_dump({**spec, "data": str(byte_data), "axes": {"grid": {"d_model": [32, 33]}}}))
+    assert main(["sweep", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}, variant 'd_model=33'" in err and "d_model=33 is not divisible by n_heads=2" in err
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert main(["sweep", str(empty), "--dry-run"]) == 2
+    assert "the spec is empty" in capsys.readouterr().err
 
 
 def test_max_seconds_stops_training(byte_data, tmp_path):
@@ -204,3 +213,11 @@ def test_shipped_specs_are_valid(byte_data):
             assert spec.budget["flops"] * len(plans) <= 3e13
         else:
             assert all(p.steps <= 300 for p in plans) and sum(p.tokens for p in plans) <= 8 * 300 * 16 * 128
+
+
+def test_unreadable_results_line_is_reported(tmp_path, capsys):
+    (tmp_path / "results.jsonl").write_text('{"run": "a-s1", "bpb": 2.5}\n{"run": "b-s1", "bp\n')
+    assert [r["run"] for r in read_results(tmp_path)] == ["a-s1"]
+    assert "skipped 1 unreadable line(s)" in capsys.readouterr().err
+    (tmp_path / "results.jsonl").write_text('{"run": "a-s1"}\n')
+    assert len(read_results(tmp_path)) == 1 and capsys.readouterr().err == ""
