@@ -4,10 +4,11 @@ A Hugging Face ``LlamaForCausalLM`` (d_model 256, 4 layers, 8 query heads, 4 KV 
 vocab 4096, tied embeddings, RMSNorm eps 1e-5, RoPE theta 10000) is built with HF's own init and its
 weights are copied into the lmlab demo shape: q/k/v_proj -> ``attn.qkv`` rows [q | k | v], o_proj ->
 ``attn.out``, gate/up_proj -> ``mlp.w_in`` rows [gate | up], down_proj -> ``mlp.w_out``; RoPE's
-half-split pairing is HF's rotate_half. The script checks that the two forwards agree, then times
-greedy generation of --new-tokens tokens after prompts of --prompt-len tokens at each --batch, fp32:
-lmlab through ``lmlab.generate.stream_batch``, HF through ``model.generate`` (default dynamic cache,
-sdpa attention) with a streamer that timestamps each step. Prefill = time to the first new token;
+half-split pairing is HF's rotate_half. The script checks that the two forwards agree (largest logit
+difference at most 1e-4, else it stops), then times greedy generation of --new-tokens tokens after
+prompts of --prompt-len tokens at each --batch, fp32: lmlab through ``lmlab.generate.stream_batch``, HF
+through ``model.generate`` (default dynamic cache, sdpa attention) with a streamer that timestamps each
+step. Prefill = time to the first new token;
 decode = the remaining new_tokens - 1 steps. The two run alternately (lmlab, HF, lmlab, ...) after a
 warm-up of each; medians of --repeats runs, and the median of the per-pair ratios. Run:
 
@@ -93,13 +94,17 @@ def median_of(results: list[dict]) -> dict:
 
 
 def main() -> None:
+    from lmlab.cli import POSITIVE, _int_at_least
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=9)
-    ap.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    ap.add_argument("--batch", type=POSITIVE, nargs="+", default=[1, 8])
+    ap.add_argument("--prompt-len", type=POSITIVE, default=32)
+    ap.add_argument("--new-tokens", type=_int_at_least(2), default=64)
+    ap.add_argument("--repeats", type=POSITIVE, default=9)
+    ap.add_argument("--threads", type=POSITIVE, help="torch threads (default: torch's choice)")
     args = ap.parse_args()
+    if args.prompt_len + args.new_tokens - 1 > 256:  # the demo shape's context_length
+        ap.error(f"--prompt-len {args.prompt_len} + --new-tokens {args.new_tokens} - 1 exceeds the context of 256")
     if args.threads:
         torch.set_num_threads(args.threads)
     import transformers
@@ -108,6 +113,8 @@ def main() -> None:
     x = torch.randint(0, cfg.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         diff = (ours(x) - hf(x).logits).abs().max().item()
+    if diff > 1e-4:  # the same weights must give the same logits, else the timing compares different models
+        raise SystemExit(f"lmlab and HF logits differ by {diff:.2e} (> 1e-4): the weight mapping is wrong")
     print(f"machine: {describe_machine()}, transformers {transformers.__version__}")
     print(f"model: d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / {cfg.n_kv_heads} KV heads, "
           f"vocab {cfg.vocab_size}, {ours.num_params():,} params, fp32; max |logit difference| lmlab vs HF "

@@ -299,14 +299,20 @@ def analyze(cfg: ModelConfig, context: Optional[int] = None, batch: int = 1, dev
 
 
 def _bytes(n: float) -> str:
-    for unit, scale in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+    if n >= 2 ** 70:  # beyond EiB: no unit helps a reader any more
+        return f"{n:.2e} B"
+    for unit, scale in (("EiB", 2 ** 60), ("PiB", 2 ** 50), ("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20),
+                        ("KiB", 2 ** 10)):
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{n:.0f} B"
 
 
 def _flops(n: float) -> str:
-    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("KFLOP", 1e3)):
+    if n >= 1e21:
+        return f"{n:.2e} FLOP"
+    for unit, scale in (("EFLOP", 1e18), ("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6),
+                        ("KFLOP", 1e3)):
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n:.0f} FLOP"
@@ -318,7 +324,7 @@ def format_analysis(res: dict, title: str) -> str:
     p, f, n, B = res["params"], res["flops"], res["context"], res["batch"]
     dev = res["device"]
     L = []
-    L.append(f"{title}: context {n:,}, batch {B}, device {dev['name']} "
+    L.append(f"{title}: context {n:,}, batch {B:,}, device {dev['name']} "
              f"({dev['peak_flops'] / 1e12:,.4g} TFLOP/s {dev['dtype']} dense, {dev['bandwidth'] / 1e12:.3g} TB/s)")
     L.append(f"  d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads x head_dim {cfg.head_dim} "
              f"({cfg.n_kv_heads} KV heads), d_ff {cfg.d_ff} ({cfg.activation}), vocab {cfg.vocab_size:,}, "
@@ -354,7 +360,7 @@ def format_analysis(res: dict, title: str) -> str:
              + (f"; windowed layers hold at most {cfg.sliding_window} tokens)" if cfg.sliding_window else ")"))
     L.append(f"  {'':28}{'fp32':>12}{'bf16':>12}{'fp8':>12}")
     L.append(f"  {'per token (all layers)':28}" + "".join(f"{_bytes(kv[d]['per_token']):>12}" for d in DTYPE_BYTES))
-    L.append(f"  {f'{n:,} tokens x batch {B}':28}" + "".join(f"{_bytes(kv[d]['total']):>12}" for d in DTYPE_BYTES))
+    L.append(f"  {f'{n:,} tokens x batch {B:,}':28}" + "".join(f"{_bytes(kv[d]['total']):>12}" for d in DTYPE_BYTES))
     L.append(f"  {'plain MHA, no window':28}" + "".join(f"{_bytes(kv[d]['mha_total']):>12}" for d in DTYPE_BYTES))
     k0 = kv["bf16"]
     L.append(f"  saving vs plain MHA: {k0['saving']:.2f}x  (GQA/MQA {cfg.n_heads}:{cfg.n_kv_heads} {k0['gqa_saving']:.2f}x, "
@@ -380,7 +386,7 @@ def format_analysis(res: dict, title: str) -> str:
         L.append(row("", "decode", k["decode"]))
     L.append(row("whole model + head", "prefill", it["model"]["prefill"]))
     L.append(row("", "decode", it["model"]["decode"]))
-    L.append(f"  (per layer: prefill of {B} x {n:,} tokens; decode of {B} token(s) at context {n:,}. "
+    L.append(f"  (per layer: prefill of {B:,} x {n:,} tokens; decode of {B:,} token(s) at context {n:,}. "
              f"Device figures: {dev['source']})")
     return "\n".join(L)
 

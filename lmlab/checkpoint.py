@@ -132,9 +132,18 @@ def read_run(run_dir: str | Path) -> dict:
         raise CheckpointError(f"{str(run_dir)!r} is not an lmlab run folder (no {RUN_FILE}); "
                               f"give the folder that `lmlab train --out` created")
     try:
-        return yaml.safe_load(path.read_text())
+        run = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{str(path)!r} is not UTF-8 text (a binary file?); it should be the run's YAML "
+                              f"config") from None
     except (OSError, yaml.YAMLError) as exc:
-        raise CheckpointError(f"{str(path)!r} could not be read: {exc}") from None
+        from lmlab.config import yaml_error_line
+
+        raise CheckpointError(f"{str(path)!r} could not be read: {yaml_error_line(exc)}") from None
+    if not isinstance(run, dict) or not isinstance(run.get("model"), dict):
+        raise CheckpointError(f"{str(path)!r} has no 'model:' mapping; it is not an lmlab run file (lmlab train "
+                              f"writes 'model:' and 'train:' sections)")
+    return run
 
 
 def _verified_weights(model: TransformerLM, ckpt_dir: Path) -> dict:

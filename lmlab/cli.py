@@ -126,24 +126,15 @@ def ensure_default_data(data: str | None) -> Path:
 def build_configs(args, data_vocab: int | None, base: dict | None = None):
     """ModelConfig and TrainConfig from ``base`` (a run's saved ``model``/``train``, when resuming),
     then --config / --preset, then --set overrides."""
-    from lmlab.config import ModelConfig, apply_overrides, check_keys, load_mapping
+    from lmlab.config import ModelConfig, apply_overrides
     from lmlab.train import TrainConfig
 
     model: dict = dict((base or {}).get("model") or {})
     train: dict = dict((base or {}).get("train") or {})
+    sources = ["the resumed run"] if base else []
     if args.config:
-        path = Path(args.config)
-        if not path.exists() and (BUILTIN_CONFIGS / f"{args.config}.yaml").exists():
-            path = BUILTIN_CONFIGS / f"{args.config}.yaml"
-        spec = load_mapping(path)
-        check_keys_section = {k: v for k, v in spec.items() if k not in ("model", "train")}
-        if check_keys_section:
-            raise ConfigError(f"config file {str(path)!r}: unknown section(s) {sorted(check_keys_section)}; "
-                              f"use 'model:' and 'train:'")
-        model = dict(spec.get("model") or {})
-        train = dict(spec.get("train") or {})
-        check_keys(ModelConfig, model, f"{path} model")
-        check_keys(TrainConfig, train, f"{path} train")
+        path, model, train = read_config_file(args.config)
+        sources.append(str(path))
     explicit_vocab = "vocab_size" in model or any(i.partition("=")[0].strip() == "vocab_size" for i in args.set or [])
     if args.preset:
         from lmlab.presets import get_preset
@@ -153,6 +144,7 @@ def build_configs(args, data_vocab: int | None, base: dict | None = None):
         if args.scale == "tiny":
             base.update(preset.tiny)
         model = {**base, **model}
+        sources.insert(0, f"preset {preset.name!r}")
     model_keys = {f for f in ModelConfig.__dataclass_fields__}
     train_keys = {f for f in TrainConfig.__dataclass_fields__}
     m_over, t_over = [], []
@@ -171,7 +163,32 @@ def build_configs(args, data_vocab: int | None, base: dict | None = None):
     train = apply_overrides(train, t_over, TrainConfig)
     if not explicit_vocab and data_vocab is not None:  # the data's tokenizer decides, not the preset
         model["vocab_size"] = data_vocab
-    return ModelConfig.from_dict(model, "model config"), TrainConfig.from_dict(train, "train config")
+    if args.set:
+        sources.append("--set")
+    where = f" (from {' + '.join(sources)})" if sources else ""
+    return ModelConfig.from_dict(model, f"model config{where}"), TrainConfig.from_dict(train, f"train config{where}")
+
+
+def read_config_file(name: str) -> tuple[Path, dict, dict]:
+    """A config file (YAML/JSON, or the name of a built-in config such as 'demo') -> (path, model
+    mapping, train mapping), its keys checked. Raises ConfigError for an empty file, a section other
+    than 'model:'/'train:', or an unknown key, naming the file."""
+    from lmlab.config import ModelConfig, check_keys, load_mapping
+    from lmlab.train import TrainConfig
+
+    path = Path(name)
+    if not path.exists() and (BUILTIN_CONFIGS / f"{name}.yaml").exists():
+        path = BUILTIN_CONFIGS / f"{name}.yaml"
+    spec = load_mapping(path)
+    if not spec:
+        raise ConfigError(f"config file {str(path)!r} is empty; give a 'model:' and/or a 'train:' section")
+    unknown = sorted(str(k) for k in spec if k not in ("model", "train"))
+    if unknown:
+        raise ConfigError(f"config file {str(path)!r}: unknown section(s) {unknown}; use 'model:' and 'train:'")
+    model, train = dict(spec.get("model") or {}), dict(spec.get("train") or {})
+    check_keys(ModelConfig, model, f"{path} model")
+    check_keys(TrainConfig, train, f"{path} train")
+    return path, model, train
 
 
 def _attach_data(out: Path, run: dict, data_dir: Path) -> None:
@@ -199,6 +216,7 @@ def cmd_train(args) -> int:
     from lmlab.data.prepare import TokenData
     from lmlab.train import Trainer
 
+    _resolve_scale(args, "tiny")
     out = Path(args.out)
     if (out / "run.yaml").exists():
         run = read_run(out)
@@ -353,9 +371,16 @@ def cmd_generate(args) -> int:
 
 
 # --- analyze / survey / bench --------------------------------------------------------------
+def _resolve_scale(args, default: str) -> None:
+    """--scale belongs to --preset: refused without one; ``default`` when not given."""
+    if args.scale is not None and not args.preset:
+        raise ConfigError(f"--scale {args.scale} applies to --preset only (a config file or run sets its own size)")
+    args.scale = args.scale or default
+
+
 def _model_config_for(args):
     """(ModelConfig, title, published params or None) from exactly one of --preset, --config, RUN."""
-    from lmlab.config import ModelConfig, check_keys, load_mapping
+    from lmlab.config import ModelConfig
 
     given = [x for x in (args.preset, args.config, args.run) if x]
     if len(given) > 1:
@@ -367,20 +392,18 @@ def _model_config_for(args):
         published = preset.published_params if args.scale == "real" else None
         return preset.config(args.scale), f"{preset.name} ({args.scale} scale)", published
     if args.config:
-        path = Path(args.config)
-        if not path.exists() and (BUILTIN_CONFIGS / f"{args.config}.yaml").exists():
-            path = BUILTIN_CONFIGS / f"{args.config}.yaml"
-        spec = load_mapping(path)
-        model = spec.get("model") or {} if ("model" in spec or "train" in spec) else spec
-        check_keys(ModelConfig, model, f"{path} model")
+        from lmlab.train import TrainConfig
+
+        path, model, train = read_config_file(args.config)
+        TrainConfig.from_dict(train, f"{path} train")  # the same file `lmlab train` would accept
         return ModelConfig.from_dict(model, f"{path} model"), str(path), None
     if args.run:
         from lmlab.checkpoint import CheckpointError, read_run
 
         run = read_run(args.run)
         try:
-            return ModelConfig.from_dict(run["model"], f"{args.run}/run.yaml"), f"run {args.run}", None
-        except (KeyError, TypeError) as exc:
+            return ModelConfig.from_dict(run["model"], f"{args.run}/run.yaml model"), f"run {args.run}", None
+        except TypeError as exc:
             raise CheckpointError(f"{args.run}/run.yaml: no valid model config ({exc})") from None
     return None, None, None
 
@@ -390,11 +413,19 @@ def cmd_analyze(args) -> int:
 
     from lmlab.analysis import DEVICES, analyze, format_analysis
 
+    _resolve_scale(args, "real")
     cfg, title, published = _model_config_for(args)
     if cfg is None:
         raise ConfigError("give a model: --preset NAME [--scale real|tiny], --config FILE or a RUN folder")
     if args.context is not None and args.context < 1 or args.batch < 1:
         raise ConfigError(f"--context and --batch must be >= 1, got {args.context} and {args.batch}")
+    if args.context is not None and args.context > cfg.context_length:
+        if cfg.position == "learned":
+            raise ConfigError(f"--context {args.context:,} is beyond the model's learned positions (context_length "
+                              f"{cfg.context_length:,}): it cannot run that long; choose --context <= "
+                              f"{cfg.context_length:,}")
+        print(f"note: --context {args.context:,} exceeds the model's context_length {cfg.context_length:,} "
+              f"(its training length); the figures assume it runs that long", file=sys.stderr)
     device = DEVICES[args.device]
     if args.peak_flops or args.bandwidth:
         device = replace(device, name=device.name + " (overridden)", peak_flops=args.peak_flops or device.peak_flops,
@@ -411,6 +442,22 @@ def cmd_survey(args) -> int:
     return 0
 
 
+def check_decode_memory(cfg, device, batch: int, length: int, dtype: str) -> None:
+    """Refuse (ConfigError) a decode benchmark whose fp32 weights (as built or loaded), KV cache for
+    ``batch`` x ``length`` tokens and packed weight copy (CPU, batch >= 2, see
+    :func:`lmlab.generate.decode_layout`) exceed the memory available on ``device``."""
+    from lmlab.analysis import kv_cache_bytes, param_counts
+    from lmlab.generate import PACK_LIMIT_BYTES
+    from lmlab.train import require_memory
+
+    weights = 4 * param_counts(cfg)["total"]
+    kv = kv_cache_bytes(cfg, length, batch, "bf16" if dtype == "bf16" else "fp32")["total"]
+    packed = min(weights, PACK_LIMIT_BYTES) if device.type == "cpu" and batch >= 2 else 0
+    require_memory(weights + kv + packed, device, f"this decode benchmark (fp32 weights {weights / 2**30:.2f} GiB, "
+                   f"KV cache for batch {batch:,} x {length:,} tokens {kv / 2**30:.2f} GiB)",
+                   "choose a smaller model (e.g. --scale tiny), --batch or --prompt-len")
+
+
 def cmd_bench_decode(args) -> int:
     import torch
 
@@ -424,17 +471,22 @@ def cmd_bench_decode(args) -> int:
     args.config = None
     if args.run and args.preset:
         raise ConfigError("give one of --preset NAME or a RUN folder, not both")
+    _resolve_scale(args, "tiny")
+    cfg, title, _ = _model_config_for(args)  # a run's config from its run.yaml: checked before any weights load
+    if cfg is None:
+        from lmlab.config import ModelConfig, load_mapping
+
+        cfg, title = ModelConfig.from_dict(load_mapping(BUILTIN_CONFIGS / "demo.yaml")["model"]), "the demo config"
+    length = args.prompt_len + args.new_tokens - 1
+    if length > cfg.context_length:
+        raise ConfigError(f"--prompt-len {args.prompt_len} + --new-tokens {args.new_tokens} - 1 = {length} tokens "
+                          f"exceed the model's context_length {cfg.context_length}; shorten one of them")
+    check_decode_memory(cfg, device, args.batch, length, args.dtype)
     if args.run:
         from lmlab.checkpoint import load_run
 
         model, cfg, _, _, _ = load_run(args.run, device=str(device))
-        title = f"run {args.run}"
     else:
-        cfg, title, _ = _model_config_for(args)
-        if cfg is None:
-            from lmlab.config import ModelConfig, load_mapping
-
-            cfg, title = ModelConfig.from_dict(load_mapping(BUILTIN_CONFIGS / "demo.yaml")["model"]), "the demo config"
         torch.manual_seed(0)
         model = TransformerLM(cfg).to(device)
         title += " (random weights)"
@@ -482,8 +534,15 @@ def cmd_presets(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (and where to find the usage) instead of the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lmlab", description="A language-model architecture lab.")
+    p = _Parser(prog="lmlab", description="A language-model architecture lab.")
     sub = p.add_subparsers(dest="command", required=True)
 
     sp = sub.add_parser("prepare", help="tokenise a corpus into shards + manifest")
@@ -504,7 +563,7 @@ def make_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("train", help="train a model from scratch (or --resume a run)")
     sp.add_argument("--config", help="YAML file with 'model:' and 'train:' sections, or a built-in name (demo)")
     sp.add_argument("--preset", help="a model family preset (see `lmlab presets`)")
-    sp.add_argument("--scale", choices=["tiny", "real"], default="tiny", help="preset scale (default tiny)")
+    sp.add_argument("--scale", choices=["tiny", "real"], help="preset scale (default tiny)")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a model or train field")
     sp.add_argument("--data", help="a prepared data folder (default: data/shakespeare-bpe4096, prepared on first use)")
     sp.add_argument("--out", required=True, help="run folder to create")
@@ -572,13 +631,13 @@ def make_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("analyze", help="parameters, FLOPs/token, KV cache and arithmetic intensity of a config")
     sp.add_argument("run", nargs="?", help="a run folder (its run.yaml)")
     sp.add_argument("--preset", help="a model family preset (see `lmlab presets`)")
-    sp.add_argument("--scale", choices=["real", "tiny"], default="real", help="preset scale (default real)")
-    sp.add_argument("--config", help="a YAML/JSON file with a 'model:' section (or a flat ModelConfig mapping)")
+    sp.add_argument("--scale", choices=["real", "tiny"], help="preset scale (default real)")
+    sp.add_argument("--config", help="a YAML/JSON file with a 'model:' section (and optionally 'train:')")
     sp.add_argument("--context", type=POSITIVE, help="sequence length (default the config's context_length)")
     sp.add_argument("--batch", type=POSITIVE, default=1, help="sequences (KV cache, decode intensity)")
     sp.add_argument("--device", choices=["h100", "h200", "a100", "cpu"], default="h100")
-    sp.add_argument("--peak-flops", type=_float_in(0, float("inf"), low_open=True), help="override the device's peak FLOP/s")
-    sp.add_argument("--bandwidth", type=_float_in(0, float("inf"), low_open=True), help="override the device's memory bandwidth in bytes/s")
+    sp.add_argument("--peak-flops", type=_float_in(0, float("inf"), low_open=True, high_open=True), help="override the device's peak FLOP/s")
+    sp.add_argument("--bandwidth", type=_float_in(0, float("inf"), low_open=True, high_open=True), help="override the device's memory bandwidth in bytes/s")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.set_defaults(func=cmd_analyze)
 
@@ -591,7 +650,7 @@ def make_parser() -> argparse.ArgumentParser:
     bp = bench.add_parser("decode", help="prefill and decode tokens/s of KV-cache generation (greedy)")
     bp.add_argument("run", nargs="?", help="a run folder (its trained weights); default the demo config")
     bp.add_argument("--preset", help="a preset with random weights")
-    bp.add_argument("--scale", choices=["tiny", "real"], default="tiny", help="preset scale (default tiny)")
+    bp.add_argument("--scale", choices=["tiny", "real"], help="preset scale (default tiny)")
     bp.add_argument("--batch", type=POSITIVE, default=1)
     bp.add_argument("--prompt-len", type=POSITIVE, default=32)
     bp.add_argument("--new-tokens", type=_int_at_least(2), default=64)

@@ -338,10 +338,33 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "config") -> "ModelConfig":
-        """Build from a mapping; unknown keys raise ConfigError suggesting the nearest valid key."""
-        check_keys(cls, data, source)
+    def from_dict(cls, data: dict, source: Optional[str] = None) -> "ModelConfig":
+        """Build from a mapping; unknown keys raise ConfigError suggesting the nearest valid key, and an
+        invalid value ConfigError naming the field; both start with ``source`` (e.g. the file) when given."""
+        return build_checked(cls, data, source)
+
+
+def build_checked(cls, data: dict, source: Optional[str] = None):
+    """``cls(**data)`` for a config dataclass, with :func:`check_keys` first; a ConfigError from the
+    dataclass's own validation is prefixed with ``source`` (when given), so it names where the value came from."""
+    check_keys(cls, data, source or "config")
+    try:
         return cls(**data)
+    except ConfigError as exc:
+        if source is None:
+            raise
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def yaml_error_line(exc: Exception) -> str:
+    """A YAML or JSON parse error on one line: what is wrong and where (line and column, 1-based)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is not None and problem:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at line {exc.lineno}, column {exc.colno}"
+    return " ".join(str(exc).split())
 
 
 def check_keys(cls, data: dict, source: str) -> None:
@@ -387,13 +410,18 @@ def apply_overrides(data: dict, overrides: list[str], cls, source: str = "--set"
 def load_mapping(path: str | Path) -> dict:
     """Read a YAML or JSON mapping from ``path``; raises ConfigError naming the file when unreadable."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {str(path)!r} is a folder; give a YAML or JSON file")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
         text = path.read_text()
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (a binary file?)") from None
+    try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config file {str(path)!r} could not be parsed: {exc}") from None
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"config file {str(path)!r} could not be parsed: {yaml_error_line(exc)}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -15,6 +15,12 @@ the new tokens must fit in ``context_length``.
 The decode loop feeds the sampled id tensor straight back (no Python list round trip), runs the LM
 head on the last position only, and runs under ``torch.inference_mode``. Sliding-window layers keep a
 rolling cache of ``sliding_window`` entries (see :class:`lmlab.model.KVCache`).
+
+:func:`generate` and :func:`stream_batch` are generators that hold the model in :func:`decode_layout`
+from the first token until they finish: one left suspended (partly consumed) keeps the weights in the
+decode layout, e.g. non-contiguous for ``safetensors.torch.save_file``. Exhaust it or call its
+``close()`` (``contextlib.closing``) before using the model otherwise; lmlab's own checkpoints and
+training work either way.
 """
 
 from __future__ import annotations

@@ -397,13 +397,13 @@ def plan_runs(spec: Spec, data_dir: Optional[Path] = None) -> list[RunPlan]:
         where = f"{spec.path or 'sweep spec'}, variant {v.label!r}"  # named in every error of this variant
         try:
             cfg = ModelConfig.from_dict(model, f"{where} model")
-        except (TypeError, ConfigError) as exc:
+        except TypeError as exc:
             raise ConfigError(f"{where}: {exc}") from None
         for seed in spec.seeds:
             train = {**SWEEP_TRAIN_DEFAULTS, **spec.train, **vt, "seed": seed}
             try:
                 tc = TrainConfig.from_dict(train, f"{where} train")
-            except (TypeError, ConfigError) as exc:
+            except TypeError as exc:
                 raise ConfigError(f"{where}: {exc}") from None
             tps = tc.batch_size * tc.grad_accum * cfg.context_length
             fpt = flops_per_token(cfg)

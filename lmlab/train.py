@@ -31,7 +31,7 @@ import torch
 import yaml
 
 from lmlab.checkpoint import (RUN_FILE, CheckpointError, checkpoint_dirs, read_checkpoint, read_run, save_checkpoint)
-from lmlab.config import ConfigError, ModelConfig, _choice, _non_negative, _positive, _positive_int, check_keys
+from lmlab.config import ConfigError, ModelConfig, _choice, _non_negative, _positive, _positive_int, build_checked, check_keys
 from lmlab.data.prepare import DataError, TokenData
 from lmlab.evaluate import evaluate
 from lmlab.model import TransformerLM, lm_loss
@@ -110,9 +110,9 @@ class TrainConfig:
             raise ConfigError(f"wd_exclude={self.wd_exclude!r} must be a list drawn from {list(WD_GROUPS)}")
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "config") -> "TrainConfig":
-        check_keys(cls, data, source)
-        return cls(**data)
+    def from_dict(cls, data: dict, source: Optional[str] = None) -> "TrainConfig":
+        """Build from a mapping, as ``ModelConfig.from_dict`` (errors start with ``source`` when given)."""
+        return build_checked(cls, data, source)
 
 
 def lr_at(step: int, tc: TrainConfig) -> float:
@@ -185,12 +185,19 @@ def check_memory(cfg: ModelConfig, device: torch.device, shards: int = 1) -> Non
     from lmlab.analysis import param_counts
 
     n = param_counts(cfg)["total"]
-    need, free = 16 * n / shards, available_memory(device)
+    require_memory(16 * n / shards, device, f"training this model ({n / 1e9:.2f}B parameters)",
+                   "choose a smaller model (e.g. --scale tiny) or a larger device",
+                   f" for fp32 weights, gradients and AdamW moments (16 bytes per parameter"
+                   f"{f', over {shards} FSDP shards' if shards > 1 else ''})")
+
+
+def require_memory(need: float, device: torch.device, what: str, advice: str, detail: str = "") -> None:
+    """Raise ConfigError when ``need`` bytes exceed :func:`available_memory` on ``device`` (unknown: pass),
+    saying ``what`` needs them (``detail`` after the figure) and ``advice``."""
+    free = available_memory(device)
     if free is not None and need > free:
-        raise ConfigError(f"training this model ({n / 1e9:.2f}B parameters) needs at least {need / 2**30:.1f} GiB "
-                          f"on {device} for fp32 weights, gradients and AdamW moments (16 bytes per parameter"
-                          f"{f', over {shards} FSDP shards' if shards > 1 else ''}), but {free / 2**30:.1f} GiB is "
-                          f"available; choose a smaller model (e.g. --scale tiny) or a larger device")
+        raise ConfigError(f"{what} needs at least {need / 2**30:.1f} GiB on {device}{detail}, but "
+                          f"{free / 2**30:.1f} GiB is available; {advice}")
 
 
 def resolve_dtype(name: str, device: torch.device) -> Optional[torch.dtype]:

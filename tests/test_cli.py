@@ -87,6 +87,7 @@ def test_prompt_longer_than_context(run_dir, capsys):
     (["prepare", "--val-fraction", "1.5"], "--val-fraction", "1.5 must be in (0, 1)"),
     (["bench", "decode", "--new-tokens", "1"], "--new-tokens", "1 must be >= 2"),
     (["generate", "RUN", "--stop", ""], "--stop", "an empty stop string would stop before the first token"),
+    (["analyze", "--preset", "llama-2-7b", "--peak-flops", "inf"], "--peak-flops", "inf must be in (0, inf)"),
 ])
 def test_bad_numbers_are_refused_naming_the_flag(run_dir, argv, flag, says, capsys):
     argv = [str(run_dir) if a == "RUN" else a for a in argv]
@@ -244,6 +245,29 @@ def test_model_too_large_for_memory_is_refused_before_building(data_dir, tmp_pat
     assert not built and not (out / "checkpoints").exists()
 
 
+def test_decode_benchmark_checks_memory_and_lengths_before_building(run_dir, monkeypatch, capsys):
+    """bench decode sizes weights + KV cache (+ the packed copy) against free memory, and the prompt and
+    new tokens against the context, before it builds or loads anything."""
+    import lmlab.checkpoint as checkpoint
+    import lmlab.model as model_pkg
+    import lmlab.train as train
+    from lmlab.analysis import kv_cache_bytes
+    from lmlab.config import ModelConfig, load_mapping
+
+    monkeypatch.setattr(checkpoint, "load_run", lambda *a, **k: pytest.fail("loaded weights"))
+    monkeypatch.setattr(model_pkg, "TransformerLM", lambda cfg: pytest.fail("built a model"))
+    from lmlab.cli import BUILTIN_CONFIGS
+
+    demo = ModelConfig.from_dict(load_mapping(BUILTIN_CONFIGS / "demo.yaml")["model"])
+    kv = kv_cache_bytes(demo, 32 + 64 - 1, 4096, "fp32")["total"]  # the KV cache alone: about 1.6 GiB
+    monkeypatch.setattr(train, "available_memory", lambda device: kv)
+    assert main(["bench", "decode", "--batch", "4096"]) == 2
+    line = error_line(capsys)
+    assert f"KV cache for batch 4,096 x 95 tokens {kv / 2**30:.2f} GiB" in line and "GiB is available" in line
+    assert main(["bench", "decode", str(run_dir), "--prompt-len", "30", "--new-tokens", "4"]) == 2
+    assert "--prompt-len 30 + --new-tokens 4 - 1 = 33 tokens exceed the model's context_length 32" in error_line(capsys)
+
+
 def test_prepare_overwrite_only_replaces_prepared_data(data_dir, small_corpus, tmp_path, capsys):
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -290,3 +314,42 @@ def test_output_into_a_closed_pipe_is_quiet():
                           capture_output=True, text=True)
     assert proc.stdout.startswith("preset") or proc.stdout.count(",") > 3
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
+
+
+def test_config_files_and_analyze_inputs_are_checked(run_dir, tmp_path, capsys):
+    """Each bad config file or analyze input: one line naming the file (or flag), exit 2."""
+    cases = {
+        "value.yaml": ("model:\n  d_model: 64\n  n_heads: 4\n  sliding_window: -5\n",
+                       "sliding_window=-5 must be an integer >= 1"),
+        "train.yaml": ("model:\n  d_model: 64\ntrain:\n  lr: -1\n", "lr=-1 must be a finite number > 0"),
+        "syntax.yaml": ("model:\n  d_model: [\n", "could not be parsed: expected the node content, but found "
+                                                  "'<stream end>' at line 3, column 1"),
+        "section.yaml": ("d_model: 64\n", "unknown section(s) ['d_model']; use 'model:' and 'train:'"),
+        "empty.yaml": ("", "is empty; give a 'model:' and/or a 'train:' section"),
+    }
+    for name, (text, says) in cases.items():
+        (tmp_path / name).write_text(text)
+        for argv in (["analyze", "--config", str(tmp_path / name)],
+                     ["train", "--out", str(tmp_path / "never"), "--config", str(tmp_path / name)]):
+            assert main(argv) == 2, (name, argv)
+            line = error_line(capsys)
+            assert says in line and name in line, (name, line)
+    assert not (tmp_path / "never").exists()
+    (tmp_path / "binary.yaml").write_bytes(bytes(range(128, 256)))
+    assert main(["analyze", "--config", str(tmp_path / "binary.yaml")]) == 2
+    assert "binary.yaml' is not UTF-8 text" in error_line(capsys)
+    assert main(["analyze", "--config", str(tmp_path)]) == 2
+    assert "is a folder; give a YAML or JSON file" in error_line(capsys)
+    assert main(["analyze", "--config", str(tmp_path / "value.yaml"), "--scale", "tiny"]) == 2
+    assert "--scale tiny applies to --preset only" in error_line(capsys)
+    assert main(["analyze", "--preset", "gpt2-124m", "--context", "2048"]) == 2
+    assert "--context 2,048 is beyond the model's learned positions (context_length 1,024)" in error_line(capsys)
+    assert main(["analyze", "--preset", "llama-2-7b", "--context", "8192", "--batch", "1000", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "exceeds the model's context_length 4,096" in captured.err and json.loads(captured.out)["batch"] == 1000
+    # a run folder whose run.yaml is not an lmlab run file
+    fake = tmp_path / "fake_run"
+    fake.mkdir()
+    (fake / "run.yaml").write_text("hello: 1\n")
+    assert main(["analyze", str(fake)]) == 2
+    assert "run.yaml' has no 'model:' mapping; it is not an lmlab run file" in error_line(capsys)

@@ -221,3 +221,13 @@ def test_cli_generate_stop_and_batch(byte_run, capsys):
     assert main(["bench", "decode", str(byte_run), "--prompt-len", "3", "--new-tokens", "3", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "prefill" in out and "decode" in out and "tokens/s" in out
+
+
+def test_suspended_generator_holds_the_decode_layout_until_closed():
+    torch.manual_seed(0)
+    model = TransformerLM(ModelConfig(vocab_size=40, context_length=16, d_model=32, n_layers=1, n_heads=4)).eval()
+    tokens = generate(model, [1, 2, 3], 8, temperature=0)
+    next(tokens)
+    assert model.lean_decode and not model.blocks[0].attn.qkv.weight.is_contiguous()  # as documented
+    tokens.close()
+    assert not model.lean_decode and all(p.is_contiguous() for p in model.parameters())
