@@ -29,11 +29,15 @@ from lmlab.generate import decode_layout, decode_layout_kind, stream_batch
 from lmlab.model import TransformerLM
 
 
+def demo_config() -> ModelConfig:
+    return ModelConfig(vocab_size=4096, context_length=256, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4,
+                       tie_embeddings=True, norm_eps=1e-5, rope_theta=10000.0)
+
+
 def build_pair(seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = ModelConfig(vocab_size=4096, context_length=256, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4,
-                      tie_embeddings=True, norm_eps=1e-5, rope_theta=10000.0)
+    cfg = demo_config()
     hc = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
                      num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
                      num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
@@ -103,8 +107,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=POSITIVE, default=9)
     ap.add_argument("--threads", type=POSITIVE, help="torch threads (default: torch's choice)")
     args = ap.parse_args()
-    if args.prompt_len + args.new_tokens - 1 > 256:  # the demo shape's context_length
-        ap.error(f"--prompt-len {args.prompt_len} + --new-tokens {args.new_tokens} - 1 exceeds the context of 256")
+    cfg = demo_config()
+    length = args.prompt_len + args.new_tokens - 1
+    if length > cfg.context_length:
+        ap.error(f"--prompt-len {args.prompt_len} + --new-tokens {args.new_tokens} - 1 exceeds the context of "
+                 f"{cfg.context_length}")
+    from lmlab.analysis import kv_cache_bytes, param_counts
+    from lmlab.config import ConfigError
+    from lmlab.train import require_memory
+
+    try:  # two models (lmlab, HF) with a KV cache each, at the largest batch
+        require_memory(2 * (4 * param_counts(cfg)["total"] + kv_cache_bytes(cfg, length, max(args.batch), "fp32")["total"]),
+                       torch.device("cpu"), f"this benchmark at --batch {max(args.batch)}", "choose a smaller --batch")
+    except ConfigError as exc:
+        ap.error(str(exc))
     if args.threads:
         torch.set_num_threads(args.threads)
     import transformers

@@ -378,7 +378,9 @@ def format_analysis(res: dict, title: str) -> str:
                 verdict += f"; never compute-bound at this context (KV limit {r['limit']:.1f} FLOP/byte)"
             elif not r["compute_bound"]:
                 verdict += f"; compute-bound from batch {r['compute_bound_from_batch']:,}"
-        return f"  {label:22}{phase:9}{_flops(r['flops']):>12}{_bytes(r['bytes']):>12}{r['intensity']:>11.1f}  {verdict}"
+        ai = r["intensity"]
+        return f"  {label:22}{phase:9}{_flops(r['flops']):>12}{_bytes(r['bytes']):>12}" \
+               f"{f'{ai:.1f}' if ai < 1e7 else f'{ai:.2e}':>11}  {verdict}"
 
     for kind, k in it["kinds"].items():
         label = f"{kind} x{k['layers']}" + (f" (W {k['window']})" if k["window"] else "")

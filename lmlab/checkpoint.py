@@ -182,8 +182,10 @@ def load_run(run_dir: str | Path, step: Optional[int] = None, device: str = "cpu
 
     run = read_run(run_dir)
     try:
-        cfg = ModelConfig.from_dict(run["model"], source=f"{run_dir}/{RUN_FILE}")
-    except (ConfigError, KeyError, TypeError) as exc:
+        cfg = ModelConfig.from_dict(run["model"], source=f"{run_dir}/{RUN_FILE} model")
+    except ConfigError as exc:  # already names the file
+        raise CheckpointError(str(exc)) from None
+    except (KeyError, TypeError) as exc:
         raise CheckpointError(f"{run_dir}/{RUN_FILE}: invalid model config: {exc}") from None
     ckpts = checkpoint_dirs(run_dir)
     if step is not None:

@@ -185,6 +185,10 @@ def read_config_file(name: str) -> tuple[Path, dict, dict]:
     unknown = sorted(str(k) for k in spec if k not in ("model", "train"))
     if unknown:
         raise ConfigError(f"config file {str(path)!r}: unknown section(s) {unknown}; use 'model:' and 'train:'")
+    for section in ("model", "train"):
+        if not isinstance(spec.get(section) or {}, dict):
+            raise ConfigError(f"config file {str(path)!r}: '{section}:' must be a mapping of field names to values, "
+                              f"got {spec[section]!r}")
     model, train = dict(spec.get("model") or {}), dict(spec.get("train") or {})
     check_keys(ModelConfig, model, f"{path} model")
     check_keys(TrainConfig, train, f"{path} train")
@@ -226,10 +230,11 @@ def cmd_train(args) -> int:
             raise ConfigError(f"--data {args.data!r} differs from the data of run {str(out)!r} ({run.get('data')!r}); "
                               f"a run keeps its data: train a new run on the new data (another --out)")
         if args.resume:  # continue, possibly with changed training settings
-            cfg, tc = build_configs(args, run["model"]["vocab_size"], base=run) if (args.config or args.preset or args.set) else (None, None)
+            cfg, tc = build_configs(args, run["model"].get("vocab_size"), base=run) \
+                if (args.config or args.preset or args.set) else (None, None)
         else:  # the same command again continues the run; a different one is refused
             data_dir = Path(args.data).resolve() if args.data else _default_data_dir("bpe", 4096).resolve()
-            cfg, tc = build_configs(args, run["model"]["vocab_size"])
+            cfg, tc = build_configs(args, run["model"].get("vocab_size"))
             diff = [f"model.{k}: run has {v!r}, asked {getattr(cfg, k)!r}" for k, v in run["model"].items()
                     if getattr(cfg, k, None) != v]
             diff += [f"train.{k}: run has {v!r}, asked {getattr(tc, k)!r}" for k, v in run["train"].items()
@@ -249,6 +254,7 @@ def cmd_train(args) -> int:
         if args.data is None and int(os.environ.get("WORLD_SIZE", "1")) > 1 and \
                 not (_default_data_dir("bpe", 4096) / "manifest.json").is_file():
             raise ConfigError("under torchrun, prepare the data first (`lmlab prepare`) or pass --data DIR")
+        build_configs(args, 4096)  # a bad config is refused before any data is prepared or downloaded
         data_dir = ensure_default_data(args.data)
         data = TokenData(data_dir)
         cfg, tc = build_configs(args, data.vocab_size)
@@ -541,6 +547,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
+def _innermost_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``args`` were parsed for (``lmlab bench decode`` -> its own)."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = str(getattr(args, subs[0].dest, "")).split(" ")[0] if subs else None  # 'bench decode' -> 'bench'
+        if name not in (subs[0].choices if subs else {}):
+            return parser
+        parser = subs[0].choices[name]
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="lmlab", description="A language-model architecture lab.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -674,7 +690,9 @@ def main(argv=None) -> int:
     from lmlab.interop.registry import UnsupportedError
 
     parser = make_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # refused by the (sub)command they were given to, so the hint names its --help
+        _innermost_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except (ConfigError, DataError, CheckpointError, CorpusError, TokenizerError, UnsupportedError, ValueError,

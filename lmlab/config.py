@@ -412,6 +412,8 @@ def load_mapping(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"config file {str(path)!r} is a folder; give a YAML or JSON file")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} is not a regular file; give a YAML or JSON file")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:

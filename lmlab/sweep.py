@@ -302,6 +302,9 @@ def parse_spec(raw: dict, path: Optional[Path] = None) -> Spec:
                                                                      f"; valid keys: {', '.join(SPEC_KEYS)}"))
     from lmlab.train import TrainConfig
 
+    for section in ("model", "train"):
+        if not isinstance(raw.get(section) or {}, dict):
+            raise ConfigError(f"{source}: '{section}:' must be a mapping of field names to values, got {raw[section]!r}")
     model = dict(raw.get("model") or {})
     train = dict(raw.get("train") or {})
     check_keys(ModelConfig, model, f"{source} model")
@@ -361,12 +364,19 @@ def flops_per_token(cfg: ModelConfig) -> float:
 def budget_steps(budget: dict, tokens_per_step: int, flops_per_tok: float, default_steps: int) -> int:
     """Training steps a budget buys: ``steps``; floor(tokens / tokens per step); floor(FLOPs / (training
     FLOPs per token x tokens per step)); for ``seconds`` the step cap (``steps`` or the spec's max_steps).
-    At least one step."""
+    Raises ConfigError when a tokens or FLOPs budget buys no whole step."""
     if "tokens" in budget:
-        return max(1, int(budget["tokens"] // tokens_per_step))
-    if "flops" in budget:
-        return max(1, int(budget["flops"] // (flops_per_tok * tokens_per_step)))
-    return int(budget.get("steps", default_steps))
+        steps = int(budget["tokens"] // tokens_per_step)
+        unit = f"{tokens_per_step:,} tokens"
+    elif "flops" in budget:
+        steps = int(budget["flops"] // (flops_per_tok * tokens_per_step))
+        unit = f"{flops_per_tok * tokens_per_step:.3g} FLOPs"
+    else:
+        return int(budget.get("steps", default_steps))
+    if steps < 1:
+        key = "tokens" if "tokens" in budget else "flops"
+        raise ConfigError(f"budget {key}={budget[key]:g} buys no training step (one step is {unit}); raise the budget")
+    return steps
 
 
 def plan_runs(spec: Spec, data_dir: Optional[Path] = None) -> list[RunPlan]:
@@ -407,7 +417,10 @@ def plan_runs(spec: Spec, data_dir: Optional[Path] = None) -> list[RunPlan]:
                 raise ConfigError(f"{where}: {exc}") from None
             tps = tc.batch_size * tc.grad_accum * cfg.context_length
             fpt = flops_per_token(cfg)
-            steps = budget_steps(spec.budget, tps, fpt, tc.max_steps)
+            try:
+                steps = budget_steps(spec.budget, tps, fpt, tc.max_steps)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
             changes = {"max_steps": steps}
             if "seconds" in spec.budget:
                 changes["max_seconds"] = float(spec.budget["seconds"])
@@ -799,6 +812,7 @@ def run_sweep(spec: str | Path | Spec, out: Optional[str | Path] = None, jobs: i
         raise ConfigError(f"--out {str(sweep_dir)!r} is a non-empty folder that is not a sweep (no spec.yaml); "
                           f"choose a new folder or an existing sweep's folder")
     plans = plan_runs(spec, data_dir)
+    jobs = min(jobs, len(plans))  # no more workers than runs
     for p in plans:
         _check_existing(p, sweep_dir / "runs" / p.name)
     rows = {r["run"]: r for r in read_results(sweep_dir)}

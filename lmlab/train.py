@@ -178,17 +178,28 @@ def available_memory(device: torch.device) -> Optional[int]:
     return None
 
 
-def check_memory(cfg: ModelConfig, device: torch.device, shards: int = 1) -> None:
+def check_memory(cfg: ModelConfig, device: torch.device, shards: int = 1, batch_size: int = 0,
+                 activation_bytes: int = 4) -> None:
     """Refuse (ConfigError) to build a model for training whose fp32 weights, gradients and AdamW moments
-    alone, 16 bytes per parameter (``shards`` ways split under FSDP), exceed the memory available on
-    ``device``: a lower bound (activations come on top), checked before any memory is taken."""
+    (16 bytes per parameter, ``shards`` ways split under FSDP) and the activations one micro-batch of
+    ``batch_size`` x context_length tokens certainly keeps for the backward pass exceed the memory
+    available on ``device``, checked before any memory is taken. The activation count is a lower bound:
+    the fp32 logits and their gradient (2 x vocab per token) and, per layer, the block input, the normed
+    input, q|k|v, the attention output and its projection, the FFN input and its d_ff-wide hidden states
+    (6 x d_model + 2 x d_ff per token, ``activation_bytes`` each: 2 under bf16/fp16 autocast)."""
     from lmlab.analysis import param_counts
 
     n = param_counts(cfg)["total"]
-    require_memory(16 * n / shards, device, f"training this model ({n / 1e9:.2f}B parameters)",
-                   "choose a smaller model (e.g. --scale tiny) or a larger device",
-                   f" for fp32 weights, gradients and AdamW moments (16 bytes per parameter"
-                   f"{f', over {shards} FSDP shards' if shards > 1 else ''})")
+    tokens = batch_size * cfg.context_length
+    acts = tokens * (2 * cfg.vocab_size * 4 + cfg.n_layers * (6 * cfg.d_model + 2 * cfg.d_ff) * activation_bytes)
+    detail = (f" for fp32 weights, gradients and AdamW moments (16 bytes per parameter"
+              f"{f', over {shards} FSDP shards' if shards > 1 else ''})")
+    if acts:
+        detail += f" and at least {acts / 2**30:.1f} GiB of activations for {batch_size:,} x {cfg.context_length:,} tokens"
+    count = f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.1f}M"
+    require_memory(16 * n / shards + acts, device, f"training this model ({count} parameters)",
+                   "choose a smaller model (e.g. --scale tiny), batch_size or context_length, or a larger device",
+                   detail)
 
 
 def require_memory(need: float, device: torch.device, what: str, advice: str, detail: str = "") -> None:
@@ -276,7 +287,8 @@ class Trainer:
         self.device = resolve_device(tc.device, self.dist.local_rank)
         self.amp_dtype = resolve_dtype(tc.dtype, self.device)
         torch.manual_seed(tc.seed)
-        check_memory(cfg, self.device, self.dist.world_size if tc.parallel == "fsdp" else 1)
+        check_memory(cfg, self.device, self.dist.world_size if tc.parallel == "fsdp" else 1, tc.batch_size,
+                     4 if self.amp_dtype is None else 2)
         self.model = TransformerLM(cfg).to(self.device)
         self.mode = tc.parallel if self.dist.enabled else "none"
         self.fwd = wrap_model(self.model, self.mode, self.dist, self.device)

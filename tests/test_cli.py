@@ -353,3 +353,57 @@ def test_config_files_and_analyze_inputs_are_checked(run_dir, tmp_path, capsys):
     (fake / "run.yaml").write_text("hello: 1\n")
     assert main(["analyze", str(fake)]) == 2
     assert "run.yaml' has no 'model:' mapping; it is not an lmlab run file" in error_line(capsys)
+
+
+def test_training_memory_bound_counts_weights_and_activations(monkeypatch):
+    """16 bytes per parameter plus, per token of a micro-batch, fp32 logits and their gradient and six
+    d_model-wide and two d_ff-wide activations per layer: refused one byte short of that, accepted at it."""
+    import torch
+
+    import lmlab.train as train
+    from lmlab.analysis import param_counts
+    from lmlab.config import ModelConfig
+
+    cfg = ModelConfig(vocab_size=400, context_length=32, d_model=32, n_layers=2, n_heads=2, d_ff=96)
+    n = param_counts(cfg)["total"]
+    need = 16 * n + 8 * 32 * (2 * 400 * 4 + 2 * (6 * 32 + 2 * 96) * 2)  # batch 8, bf16 activations
+    for free, ok in ((need - 1, False), (need, True)):
+        monkeypatch.setattr(train, "available_memory", lambda device, free=free: free)
+        if ok:
+            train.check_memory(cfg, torch.device("cpu"), batch_size=8, activation_bytes=2)
+        else:
+            with pytest.raises(train.ConfigError, match="of activations for 8 x 32 tokens"):
+                train.check_memory(cfg, torch.device("cpu"), batch_size=8, activation_bytes=2)
+
+
+def test_train_checks_its_config_before_preparing_data(tmp_path, monkeypatch, capsys):
+    import lmlab.cli as cli
+
+    monkeypatch.setattr(cli, "ensure_default_data", lambda data: pytest.fail("prepared data first"))
+    bad = tmp_path / "bad.yaml"
+    for text, says in (("model:\n  sliding_window: -5\n", "sliding_window=-5 must be an integer >= 1"),
+                       ("model: 5\n", "'model:' must be a mapping of field names to values, got 5")):
+        bad.write_text(text)
+        assert main(["train", "--config", str(bad), "--out", str(tmp_path / "run")]) == 2
+        line = error_line(capsys)
+        assert says in line and "bad.yaml" in line
+    assert main(["train", "--preset", "nope", "--out", str(tmp_path / "run")]) == 2
+    assert not (tmp_path / "run").exists()
+    # a run folder whose model section lacks vocab_size: one line, not a KeyError
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "run.yaml").write_text("model:\n  d_model: -3\ntrain: {}\n")
+    assert main(["train", "--out", str(tmp_path / "odd"), "--set", "max_steps=1"]) == 2
+    assert "already holds a different run (model.d_model: run has -3" in error_line(capsys)
+    assert main(["train", "--out", str(tmp_path / "odd"), "--resume", "--set", "max_steps=1"]) == 2
+    assert "(from the resumed run + --set): d_model=-3 must be an integer >= 1" in error_line(capsys)
+
+
+@pytest.mark.parametrize("argv, prog", [(["train", "--out", "x", "--bogus"], "lmlab train"),
+                                        (["bench", "decode", "--bogus"], "lmlab bench decode"),
+                                        (["presets", "extra"], "lmlab presets")])
+def test_unknown_arguments_name_their_subcommand(argv, prog, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    line = error_line(capsys)
+    assert line.startswith(f"{prog}: error: unrecognized arguments") and line.endswith(f"(see `{prog} --help`)")

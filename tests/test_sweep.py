@@ -86,6 +86,11 @@ def test_budget_conversion_and_dry_run(byte_data, tmp_path, capsys):
     assert timed[0].tc.max_seconds == 30 and timed[0].steps == 50
     with pytest.raises(ConfigError, match="give one of"):
         parse_spec({**spec, "budget": {"tokens": 10, "flops": 10}})
+    with pytest.raises(ConfigError, match=r"variant 'n_layers=1': budget tokens=100 buys no training step \(one step "
+                                          r"is 128 tokens\)"):
+        plan_runs(parse_spec({**spec, "budget": {"tokens": 100}}), byte_data)
+    with pytest.raises(ConfigError, match="'train:' must be a mapping"):
+        parse_spec({**spec, "train": [1]})
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump({**spec, "data": str(byte_data), "budget": {"tokens": 1000}}))
     assert main(["sweep", str(path), "--out", str(tmp_path / "sw"), "--dry-run"]) == 0

@@ -108,7 +108,8 @@ def prepare(source: str | Path, out_dir: str | Path, tokenizer: str = "bpe", voc
     train, val = split_documents(docs, val_docs, val_fraction, str(source))
     if tokenizer_file is not None:
         if not Path(tokenizer_file).is_file():
-            raise DataError(f"tokenizer file {str(tokenizer_file)!r} does not exist")
+            raise DataError(f"tokenizer file {str(tokenizer_file)!r} " + ("is not a file; give a tokenizer.json"
+                            if Path(tokenizer_file).exists() else "does not exist"))
         tok = Tokenizer.load(tokenizer_file)
     elif tokenizer == "bytes":
         tok = Tokenizer.bytes_tokenizer()
