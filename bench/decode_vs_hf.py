@@ -98,15 +98,19 @@ def median_of(results: list[dict]) -> dict:
 
 
 def main() -> None:
-    from lmlab.cli import POSITIVE, _int_at_least
+    from lmlab.cli import POSITIVE, _int_at_least, _Parser
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=POSITIVE, nargs="+", default=[1, 8])
     ap.add_argument("--prompt-len", type=POSITIVE, default=32)
     ap.add_argument("--new-tokens", type=_int_at_least(2), default=64)
     ap.add_argument("--repeats", type=POSITIVE, default=9)
     ap.add_argument("--threads", type=POSITIVE, help="torch threads (default: torch's choice)")
     args = ap.parse_args()
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        ap.error("needs Hugging Face transformers: pip install -e '.[hf]'")
     cfg = demo_config()
     length = args.prompt_len + args.new_tokens - 1
     if length > cfg.context_length:

@@ -254,14 +254,20 @@ def cmd_train(args) -> int:
         if args.data is None and int(os.environ.get("WORLD_SIZE", "1")) > 1 and \
                 not (_default_data_dir("bpe", 4096) / "manifest.json").is_file():
             raise ConfigError("under torchrun, prepare the data first (`lmlab prepare`) or pass --data DIR")
-        build_configs(args, 4096)  # a bad config is refused before any data is prepared or downloaded
+        # a bad config or --out, or a model too large, is refused before any data is prepared or downloaded
+        cfg, tc = build_configs(args, TokenData(args.data).vocab_size if args.data else 4096)  # default: BPE 4096
+        Trainer.check_new_run_dir(out)
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1:  # the Trainer's own memory check, early
+            from lmlab.train import check_memory, resolve_device
+
+            check_memory(cfg, resolve_device(tc.device), 1, tc.batch_size, 4 if tc.dtype == "fp32" else 2)
         data_dir = ensure_default_data(args.data)
         data = TokenData(data_dir)
         cfg, tc = build_configs(args, data.vocab_size)
         trainer = Trainer.create(out, cfg, tc, data_dir, progress=not args.no_progress)
     if trainer.dist.is_main:
         print(f"model: {trainer.model.num_params():,} parameters ({trainer.model.num_params(non_embedding=True):,} "
-              f"non-embedding), device {trainer.device}, dtype {trainer.amp_dtype or 'fp32'}, "
+              f"non-embedding), device {trainer.device}, dtype {str(trainer.amp_dtype or 'fp32').replace('torch.', '')}, "
               f"{trainer.dist.world_size} process(es) ({trainer.mode}); run folder {out}", file=sys.stderr)
     if trainer.step >= trainer.tc.max_steps:
         if trainer.dist.is_main:

@@ -380,16 +380,23 @@ def budget_steps(budget: dict, tokens_per_step: int, flops_per_tok: float, defau
 
 
 def plan_runs(spec: Spec, data_dir: Optional[Path] = None) -> list[RunPlan]:
-    """Every (variant, seed) of ``spec`` with its validated ModelConfig and TrainConfig."""
+    """Every (variant, seed) of ``spec`` with its validated ModelConfig and TrainConfig. Without
+    ``data_dir`` the spec's data (or the default corpus, prepared on first use) is used; every variant is
+    checked before anything is prepared."""
     from lmlab.data.prepare import TokenData
-    from lmlab.train import TrainConfig
 
     if data_dir is None:
         from lmlab.cli import ensure_default_data
 
+        _plan(spec, None, TokenData(spec.data).vocab_size if spec.data else 4096)  # the default corpus: BPE 4096
         data_dir = ensure_default_data(spec.data)
     data_dir = Path(data_dir).resolve()
-    vocab = TokenData(data_dir).vocab_size
+    return _plan(spec, data_dir, TokenData(data_dir).vocab_size)
+
+
+def _plan(spec: Spec, data_dir: Optional[Path], vocab: int) -> list[RunPlan]:
+    from lmlab.train import TrainConfig
+
     base_model: dict = {}
     if spec.preset:
         from lmlab.presets import get_preset

@@ -192,11 +192,11 @@ def check_memory(cfg: ModelConfig, device: torch.device, shards: int = 1, batch_
     n = param_counts(cfg)["total"]
     tokens = batch_size * cfg.context_length
     acts = tokens * (2 * cfg.vocab_size * 4 + cfg.n_layers * (6 * cfg.d_model + 2 * cfg.d_ff) * activation_bytes)
-    detail = (f" for fp32 weights, gradients and AdamW moments (16 bytes per parameter"
-              f"{f', over {shards} FSDP shards' if shards > 1 else ''})")
-    if acts:
-        detail += f" and at least {acts / 2**30:.1f} GiB of activations for {batch_size:,} x {cfg.context_length:,} tokens"
-    count = f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.1f}M"
+    detail = (f" (fp32 weights, gradients and AdamW moments, 16 bytes per parameter"
+              f"{f' over {shards} FSDP shards' if shards > 1 else ''}: {16 * n / shards / 2**30:.1f} GiB")
+    detail += (f"; activations of one micro-batch of {batch_size:,} x {cfg.context_length:,} tokens: at least "
+               f"{acts / 2**30:.1f} GiB)" if acts else ")")
+    count = f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
     require_memory(16 * n / shards + acts, device, f"training this model ({count} parameters)",
                    "choose a smaller model (e.g. --scale tiny), batch_size or context_length, or a larger device",
                    detail)
@@ -311,12 +311,7 @@ class Trainer:
     def create(cls, run_dir: str | Path, cfg: ModelConfig, tc: TrainConfig, data_dir: str | Path, **kw) -> "Trainer":
         """Start a new run in ``run_dir``; raises CheckpointError if it already holds a run."""
         run_dir = Path(run_dir)
-        if (run_dir / RUN_FILE).exists() or checkpoint_dirs(run_dir):
-            raise CheckpointError(f"run folder {str(run_dir)!r} already holds a run; pass --resume to continue it "
-                                  f"or choose another --out")
-        if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-            raise CheckpointError(f"--out {str(run_dir)!r} exists and is not an empty folder or an lmlab run; "
-                                  f"choose a new run folder")
+        cls.check_new_run_dir(run_dir)
         data = TokenData(data_dir)
         trainer = cls(run_dir, cfg, tc, data, **kw)
         barrier(trainer.dist)  # every rank has checked the folder before rank 0 writes it
@@ -327,6 +322,21 @@ class Trainer:
             (run_dir / RUN_FILE).write_text(yaml.safe_dump(spec, sort_keys=False))
         barrier(trainer.dist)
         return trainer
+
+    @staticmethod
+    def check_new_run_dir(run_dir: Path) -> None:
+        """Raise CheckpointError unless ``run_dir`` can hold a new run: a new path or an empty folder (not
+        a run, not a file, not a blank name)."""
+        if not str(run_dir).strip():
+            raise CheckpointError("--out is blank; give a folder path for the new run")
+        if (run_dir / RUN_FILE).exists() or checkpoint_dirs(run_dir):
+            raise CheckpointError(f"run folder {str(run_dir)!r} already holds a run; pass --resume to continue it "
+                                  f"or choose another --out")
+        if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+            raise CheckpointError(f"--out {str(run_dir)!r} exists and is not an empty folder or an lmlab run; "
+                                  f"choose a new run folder")
+        if any(p.exists() and not p.is_dir() for p in run_dir.parents):
+            raise CheckpointError(f"--out {str(run_dir)!r} lies under a file; choose a folder path")
 
     @classmethod
     def resume(cls, run_dir: str | Path, cfg: Optional[ModelConfig] = None, tc: Optional[TrainConfig] = None,

@@ -372,7 +372,7 @@ def test_training_memory_bound_counts_weights_and_activations(monkeypatch):
         if ok:
             train.check_memory(cfg, torch.device("cpu"), batch_size=8, activation_bytes=2)
         else:
-            with pytest.raises(train.ConfigError, match="of activations for 8 x 32 tokens"):
+            with pytest.raises(train.ConfigError, match="activations of one micro-batch of 8 x 32 tokens"):
                 train.check_memory(cfg, torch.device("cpu"), batch_size=8, activation_bytes=2)
 
 
@@ -407,3 +407,24 @@ def test_unknown_arguments_name_their_subcommand(argv, prog, capsys):
     assert exc.value.code == 2
     line = error_line(capsys)
     assert line.startswith(f"{prog}: error: unrecognized arguments") and line.endswith(f"(see `{prog} --help`)")
+
+
+def test_refused_train_and_sweep_write_no_data(tmp_path, monkeypatch, capsys):
+    """A bad --out, a model too large for memory, or a spec that plans no step is refused before the
+    default corpus is prepared (nothing is written)."""
+    import lmlab.cli as cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "ensure_default_data", lambda data: pytest.fail("prepared data first"))
+    (tmp_path / "afile").write_text("x")
+    for out, says in (("afile/x", "lies under a file"), ("afile", "exists and is not an empty folder"),
+                      ("  ", "--out is blank")):
+        assert main(["train", "--config", "demo", "--out", out]) == 2
+        assert says in error_line(capsys)
+    assert main(["train", "--out", "run", "--set", "batch_size=100000"]) == 2
+    assert "activations of one micro-batch of 100,000 x 256 tokens" in error_line(capsys)
+    spec = tmp_path / "s.yaml"
+    spec.write_text("model:\n  d_model: 32\n  n_layers: 1\n  n_heads: 2\n  context_length: 32\nbudget:\n  tokens: 5\n")
+    assert main(["sweep", str(spec), "--dry-run"]) == 2
+    assert "budget tokens=5 buys no training step" in error_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "s.yaml"]
