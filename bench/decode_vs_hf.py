@@ -108,7 +108,7 @@ def main() -> None:
     ap.add_argument("--threads", type=POSITIVE, help="torch threads (default: torch's choice)")
     args = ap.parse_args()
     try:
-        import transformers  # noqa: F401
+        import transformers
     except ImportError:
         ap.error("needs Hugging Face transformers: pip install -e '.[hf]'")
     cfg = demo_config()
@@ -116,18 +116,15 @@ def main() -> None:
     if length > cfg.context_length:
         ap.error(f"--prompt-len {args.prompt_len} + --new-tokens {args.new_tokens} - 1 exceeds the context of "
                  f"{cfg.context_length}")
-    from lmlab.analysis import kv_cache_bytes, param_counts
+    from lmlab.bench import check_decode_memory
     from lmlab.config import ConfigError
-    from lmlab.train import require_memory
 
     try:  # two models (lmlab, HF) with a KV cache each, at the largest batch
-        require_memory(2 * (4 * param_counts(cfg)["total"] + kv_cache_bytes(cfg, length, max(args.batch), "fp32")["total"]),
-                       torch.device("cpu"), f"this benchmark at --batch {max(args.batch)}", "choose a smaller --batch")
+        check_decode_memory(cfg, torch.device("cpu"), max(args.batch), length, models=2)
     except ConfigError as exc:
         ap.error(str(exc))
     if args.threads:
         torch.set_num_threads(args.threads)
-    import transformers
 
     ours, hf, cfg = build_pair()
     x = torch.randint(0, cfg.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))

@@ -80,6 +80,24 @@ def random_prompts(vocab_size: int, batch: int, prompt_len: int, seed: int = 0) 
     return torch.randint(0, vocab_size, (batch, prompt_len), generator=g).tolist()
 
 
+def check_decode_memory(cfg, device: torch.device, batch: int, length: int, dtype: str = "fp32",
+                        models: int = 1) -> None:
+    """Refuse (ConfigError) a decode benchmark whose fp32 weights (as built or loaded) and KV cache for
+    ``batch`` x ``length`` tokens, for each of ``models`` models, plus the packed weight copy (CPU, batch
+    >= 2, see :func:`lmlab.generate.decode_layout`) exceed the memory available on ``device``."""
+    from lmlab.analysis import kv_cache_bytes, param_counts
+    from lmlab.generate import PACK_LIMIT_BYTES
+    from lmlab.train import require_memory
+
+    weights = 4 * param_counts(cfg)["total"]
+    kv = kv_cache_bytes(cfg, length, batch, "bf16" if dtype == "bf16" else "fp32")["total"]
+    packed = min(weights, PACK_LIMIT_BYTES) if device.type == "cpu" and batch >= 2 else 0
+    what = "this decode benchmark" + (f" ({models} models)" if models > 1 else "")
+    require_memory(models * (weights + kv) + packed, device, f"{what} (fp32 weights {weights / 2**30:.2f} GiB, "
+                   f"KV cache for batch {batch:,} x {length:,} tokens {kv / 2**30:.2f} GiB)",
+                   "choose a smaller model (e.g. --scale tiny), --batch or --prompt-len")
+
+
 def bench_decode(model: TransformerLM, batch: int = 1, prompt_len: int = 32, new_tokens: int = 64,
                  repeats: int = 3, device: str | torch.device = "cpu", seed: int = 0,
                  prompts: Optional[list[list[int]]] = None) -> dict:

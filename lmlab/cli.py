@@ -255,7 +255,8 @@ def cmd_train(args) -> int:
                 not (_default_data_dir("bpe", 4096) / "manifest.json").is_file():
             raise ConfigError("under torchrun, prepare the data first (`lmlab prepare`) or pass --data DIR")
         # a bad config or --out, or a model too large, is refused before any data is prepared or downloaded
-        cfg, tc = build_configs(args, TokenData(args.data).vocab_size if args.data else 4096)  # default: BPE 4096
+        vocab = TokenData(args.data).vocab_size if args.data else 4096  # the default corpus gets BPE 4096
+        cfg, tc = build_configs(args, vocab)
         Trainer.check_new_run_dir(out)
         if int(os.environ.get("WORLD_SIZE", "1")) == 1:  # the Trainer's own memory check, early
             from lmlab.train import check_memory, resolve_device
@@ -263,7 +264,8 @@ def cmd_train(args) -> int:
             check_memory(cfg, resolve_device(tc.device), 1, tc.batch_size, 4 if tc.dtype == "fp32" else 2)
         data_dir = ensure_default_data(args.data)
         data = TokenData(data_dir)
-        cfg, tc = build_configs(args, data.vocab_size)
+        if data.vocab_size != vocab:
+            cfg, tc = build_configs(args, data.vocab_size)
         trainer = Trainer.create(out, cfg, tc, data_dir, progress=not args.no_progress)
     if trainer.dist.is_main:
         print(f"model: {trainer.model.num_params():,} parameters ({trainer.model.num_params(non_embedding=True):,} "
@@ -454,26 +456,10 @@ def cmd_survey(args) -> int:
     return 0
 
 
-def check_decode_memory(cfg, device, batch: int, length: int, dtype: str) -> None:
-    """Refuse (ConfigError) a decode benchmark whose fp32 weights (as built or loaded), KV cache for
-    ``batch`` x ``length`` tokens and packed weight copy (CPU, batch >= 2, see
-    :func:`lmlab.generate.decode_layout`) exceed the memory available on ``device``."""
-    from lmlab.analysis import kv_cache_bytes, param_counts
-    from lmlab.generate import PACK_LIMIT_BYTES
-    from lmlab.train import require_memory
-
-    weights = 4 * param_counts(cfg)["total"]
-    kv = kv_cache_bytes(cfg, length, batch, "bf16" if dtype == "bf16" else "fp32")["total"]
-    packed = min(weights, PACK_LIMIT_BYTES) if device.type == "cpu" and batch >= 2 else 0
-    require_memory(weights + kv + packed, device, f"this decode benchmark (fp32 weights {weights / 2**30:.2f} GiB, "
-                   f"KV cache for batch {batch:,} x {length:,} tokens {kv / 2**30:.2f} GiB)",
-                   "choose a smaller model (e.g. --scale tiny), --batch or --prompt-len")
-
-
 def cmd_bench_decode(args) -> int:
     import torch
 
-    from lmlab.bench import bench_decode
+    from lmlab.bench import bench_decode, check_decode_memory
     from lmlab.model import TransformerLM
     from lmlab.train import resolve_device
 

@@ -82,15 +82,19 @@ class Block(nn.Module):
 
     def decode_one(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One new token per row, inference only: x (batch, d_model) -> (batch, d_model), equal to
-        :meth:`forward` (on (batch, 1, d_model)) for a block with :attr:`supports_decode_one`, with the sub-modules' ``forward`` called
-        directly (no ``nn.Module.__call__``: at one token a step its overhead rivals the arithmetic)."""
-        h = self.attn_norm.forward(x)
+        :meth:`forward` (on (batch, 1, d_model)) for a block with :attr:`supports_decode_one`, with the
+        sub-modules' ``forward`` called directly (no ``nn.Module.__call__``: at one token a step its overhead
+        rivals the arithmetic)."""
         mlp = self.mlp
+
+        def ffn(h: torch.Tensor) -> torch.Tensor:
+            return mlp.w_out.forward(mlp.hidden(mlp.w_in.forward(h)))
+
+        h = self.attn_norm.forward(x)
         if self.parallel:
-            g = h if self.mlp_norm is None else self.mlp_norm.forward(x)
-            return x + self.attn.decode_one(h, positions, cache) + mlp.w_out.forward(mlp.hidden(mlp.w_in.forward(g)))
+            return x + self.attn.decode_one(h, positions, cache) + ffn(h if self.mlp_norm is None else self.mlp_norm.forward(x))
         x = x + self.attn.decode_one(h, positions, cache)
-        return x + mlp.w_out.forward(mlp.hidden(mlp.w_in.forward(self.mlp_norm.forward(x))))
+        return x + ffn(self.mlp_norm.forward(x))
 
 
 class TransformerLM(nn.Module):
