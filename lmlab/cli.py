@@ -14,8 +14,6 @@ from pathlib import Path
 
 from lmlab.config import ConfigError
 
-DEFAULT_DATA = Path("data")
-BUILTIN_CONFIGS = Path(__file__).parent / "configs"
 
 
 
@@ -72,14 +70,12 @@ def _stop_text(text: str) -> str:
 
 _stop_text.__name__ = "stop text"
 
-def _default_data_dir(tokenizer: str, vocab_size: int) -> Path:
-    return DEFAULT_DATA / (f"shakespeare-bpe{vocab_size}" if tokenizer == "bpe" else "shakespeare-bytes")
-
 
 # --- prepare -------------------------------------------------------------------------------
 def cmd_prepare(args) -> int:
     from lmlab.data.corpus import VALIDATION_WORKS, default_corpus_dir
     from lmlab.data.prepare import prepare
+    from lmlab.runs import default_data_dir, describe_manifest
 
     if args.data is None:
         source = default_corpus_dir()
@@ -95,12 +91,11 @@ def cmd_prepare(args) -> int:
         raise ConfigError(f"--vocab-size {args.vocab_size} does not apply with --tokenizer bytes (its vocabulary is "
                           f"the 256 bytes and <|endoftext|>: 257)")
     vocab_size = 4096 if args.vocab_size is None else args.vocab_size
-    out = Path(args.out) if args.out else _default_data_dir(args.tokenizer, vocab_size)
+    out = Path(args.out) if args.out else default_data_dir(args.tokenizer, vocab_size)
     manifest = prepare(source, out, args.tokenizer, vocab_size, val_docs, args.val_fraction, args.overwrite,
                        tokenizer_file=args.tokenizer_file)
-    for split, info in manifest["splits"].items():
-        print(f"{split}: {len(info['documents'])} documents, {info['bytes']:,} bytes, {info['tokens']:,} tokens "
-              f"({info['bytes'] / max(info['tokens'], 1):.2f} bytes/token)")
+    for line in describe_manifest(manifest):
+        print(line)
     got = manifest["tokenizer"]["vocab_size"]
     print(f"wrote {out} (tokenizer {manifest['tokenizer']['type']}, vocab {got})")
     if args.tokenizer == "bpe" and not args.tokenizer_file and got < vocab_size:
@@ -109,164 +104,14 @@ def cmd_prepare(args) -> int:
     return 0
 
 
-def ensure_default_data(data: str | None) -> Path:
-    """The prepared data folder to train on: ``data`` if given, else the default corpus with BPE 4096,
-    prepared on first use."""
-    if data is not None:
-        return Path(data)
-    folder = _default_data_dir("bpe", 4096)
-    if not (folder / "manifest.json").is_file():
-        ns = argparse.Namespace(data=None, val_docs=None, out=str(folder), tokenizer="bpe", vocab_size=4096,
-                                val_fraction=0.1, overwrite=False, tokenizer_file=None)
-        cmd_prepare(ns)
-    return folder
-
-
 # --- train ---------------------------------------------------------------------------------
-def build_configs(args, data_vocab: int | None, base: dict | None = None):
-    """ModelConfig and TrainConfig from ``base`` (a run's saved ``model``/``train``, when resuming),
-    then --config / --preset, then --set overrides."""
-    from lmlab.config import ModelConfig, apply_overrides
-    from lmlab.train import TrainConfig
-
-    model: dict = dict((base or {}).get("model") or {})
-    train: dict = dict((base or {}).get("train") or {})
-    sources = ["the resumed run"] if base else []
-    if args.config:
-        path, model, train = read_config_file(args.config)
-        sources.append(str(path))
-    explicit_vocab = "vocab_size" in model or any(i.partition("=")[0].strip() == "vocab_size" for i in args.set or [])
-    if args.preset:
-        from lmlab.presets import get_preset
-
-        preset = get_preset(args.preset)
-        base = dict(preset.real)
-        if args.scale == "tiny":
-            base.update(preset.tiny)
-        model = {**base, **model}
-        sources.insert(0, f"preset {preset.name!r}")
-    model_keys = {f for f in ModelConfig.__dataclass_fields__}
-    train_keys = {f for f in TrainConfig.__dataclass_fields__}
-    m_over, t_over = [], []
-    for item in args.set or []:
-        key = item.partition("=")[0].strip()
-        if key in model_keys:
-            m_over.append(item)
-        elif key in train_keys:
-            t_over.append(item)
-        else:
-            import difflib
-
-            near = difflib.get_close_matches(key, sorted(model_keys | train_keys), n=1)
-            raise ConfigError(f"--set {item!r}: unknown key {key!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
-    model = apply_overrides(model, m_over, ModelConfig)
-    train = apply_overrides(train, t_over, TrainConfig)
-    if not explicit_vocab and data_vocab is not None:  # the data's tokenizer decides, not the preset
-        model["vocab_size"] = data_vocab
-    if args.set:
-        sources.append("--set")
-    where = f" (from {' + '.join(sources)})" if sources else ""
-    return ModelConfig.from_dict(model, f"model config{where}"), TrainConfig.from_dict(train, f"train config{where}")
-
-
-def read_config_file(name: str) -> tuple[Path, dict, dict]:
-    """A config file (YAML/JSON, or the name of a built-in config such as 'demo') -> (path, model
-    mapping, train mapping), its keys checked. Raises ConfigError for an empty file, a section other
-    than 'model:'/'train:', or an unknown key, naming the file."""
-    from lmlab.config import ModelConfig, check_keys, load_mapping
-    from lmlab.train import TrainConfig
-
-    path = Path(name)
-    if not path.exists() and (BUILTIN_CONFIGS / f"{name}.yaml").exists():
-        path = BUILTIN_CONFIGS / f"{name}.yaml"
-    spec = load_mapping(path)
-    if not spec:
-        raise ConfigError(f"config file {str(path)!r} is empty; give a 'model:' and/or a 'train:' section")
-    unknown = sorted(str(k) for k in spec if k not in ("model", "train"))
-    if unknown:
-        raise ConfigError(f"config file {str(path)!r}: unknown section(s) {unknown}; use 'model:' and 'train:'")
-    for section in ("model", "train"):
-        if not isinstance(spec.get(section) or {}, dict):
-            raise ConfigError(f"config file {str(path)!r}: '{section}:' must be a mapping of field names to values, "
-                              f"got {spec[section]!r}")
-    model, train = dict(spec.get("model") or {}), dict(spec.get("train") or {})
-    check_keys(ModelConfig, model, f"{path} model")
-    check_keys(TrainConfig, train, f"{path} train")
-    return path, model, train
-
-
-def _attach_data(out: Path, run: dict, data_dir: Path) -> None:
-    """Give a run without data (an imported one) the data folder ``data_dir``, which must have been
-    prepared with the run's own tokenizer (``lmlab prepare --tokenizer-file RUN/tokenizer.json``)."""
-    import yaml
-
-    from lmlab.checkpoint import RUN_FILE
-    from lmlab.data.prepare import DataError, TokenData
-
-    data = TokenData(data_dir)
-    run_tok = out / "tokenizer.json"
-    if not run_tok.is_file() or run_tok.read_bytes() != (data.folder / "tokenizer.json").read_bytes():
-        raise DataError(f"data {str(data.folder)!r} was not prepared with the tokenizer of run {str(out)!r}; prepare it "
-                        f"with `lmlab prepare --tokenizer-file {run_tok} ...`")
-    run["data"] = str(data.folder.resolve())
-    (out / RUN_FILE).write_text(yaml.safe_dump(run, sort_keys=False))
-
-
 def cmd_train(args) -> int:
-    import dataclasses
-    import os
-
-    from lmlab.checkpoint import read_run
-    from lmlab.data.prepare import TokenData
-    from lmlab.train import Trainer
+    from lmlab.runs import setup_run
 
     _resolve_scale(args, "tiny")
     out = Path(args.out)
-    if (out / "run.yaml").exists():
-        run = read_run(out)
-        if args.resume and args.data and run.get("data") is None:  # fine-tuning an imported run: record its data
-            _attach_data(out, run, Path(args.data))
-        elif args.resume and args.data and str(Path(args.data).resolve()) != run.get("data"):
-            raise ConfigError(f"--data {args.data!r} differs from the data of run {str(out)!r} ({run.get('data')!r}); "
-                              f"a run keeps its data: train a new run on the new data (another --out)")
-        if args.resume:  # continue, possibly with changed training settings
-            cfg, tc = build_configs(args, run["model"].get("vocab_size"), base=run) \
-                if (args.config or args.preset or args.set) else (None, None)
-        else:  # the same command again continues the run; a different one is refused
-            data_dir = Path(args.data).resolve() if args.data else _default_data_dir("bpe", 4096).resolve()
-            cfg, tc = build_configs(args, run["model"].get("vocab_size"))
-            diff = [f"model.{k}: run has {v!r}, asked {getattr(cfg, k)!r}" for k, v in run["model"].items()
-                    if getattr(cfg, k, None) != v]
-            diff += [f"train.{k}: run has {v!r}, asked {getattr(tc, k)!r}" for k, v in run["train"].items()
-                     if getattr(tc, k, None) != v]
-            if run.get("data") != str(data_dir):
-                diff.append(f"data: run has {run.get('data')!r}, asked {str(data_dir)!r}")
-            if diff:
-                raise ConfigError(f"run folder {str(out)!r} already holds a different run ({'; '.join(diff[:4])}); "
-                                  f"choose another --out, or pass --resume to continue it with new train settings")
-        trainer = Trainer.resume(out, cfg, tc, progress=not args.no_progress)
-        if trainer.dist.is_main:
-            print(f"resuming {out} from step {trainer.step} of {trainer.tc.max_steps}", file=sys.stderr)
-    else:
-        if args.resume:
-            raise ConfigError(f"--resume: {str(out)!r} holds no run (no run.yaml) to continue; drop --resume to start "
-                              f"a new run there")
-        if args.data is None and int(os.environ.get("WORLD_SIZE", "1")) > 1 and \
-                not (_default_data_dir("bpe", 4096) / "manifest.json").is_file():
-            raise ConfigError("under torchrun, prepare the data first (`lmlab prepare`) or pass --data DIR")
-        # a bad config or --out, or a model too large, is refused before any data is prepared or downloaded
-        vocab = TokenData(args.data).vocab_size if args.data else 4096  # the default corpus gets BPE 4096
-        cfg, tc = build_configs(args, vocab)
-        Trainer.check_new_run_dir(out)
-        if int(os.environ.get("WORLD_SIZE", "1")) == 1:  # the Trainer's own memory check, early
-            from lmlab.train import check_memory, resolve_device
-
-            check_memory(cfg, resolve_device(tc.device), 1, tc.batch_size, 4 if tc.dtype == "fp32" else 2)
-        data_dir = ensure_default_data(args.data)
-        data = TokenData(data_dir)
-        if data.vocab_size != vocab:
-            cfg, tc = build_configs(args, data.vocab_size)
-        trainer = Trainer.create(out, cfg, tc, data_dir, progress=not args.no_progress)
+    trainer = setup_run(out, config=args.config, preset=args.preset, scale=args.scale, sets=args.set or [],
+                        data=args.data, resume=args.resume, progress=not args.no_progress)
     if trainer.dist.is_main:
         print(f"model: {trainer.model.num_params():,} parameters ({trainer.model.num_params(non_embedding=True):,} "
               f"non-embedding), device {trainer.device}, dtype {str(trainer.amp_dtype or 'fp32').replace('torch.', '')}, "
@@ -408,6 +253,8 @@ def _model_config_for(args):
     if args.config:
         from lmlab.train import TrainConfig
 
+        from lmlab.runs import read_config_file
+
         path, model, train = read_config_file(args.config)
         TrainConfig.from_dict(train, f"{path} train")  # the same file `lmlab train` would accept
         return ModelConfig.from_dict(model, f"{path} model"), str(path), None
@@ -473,6 +320,8 @@ def cmd_bench_decode(args) -> int:
     cfg, title, _ = _model_config_for(args)  # a run's config from its run.yaml: checked before any weights load
     if cfg is None:
         from lmlab.config import ModelConfig, load_mapping
+
+        from lmlab.runs import BUILTIN_CONFIGS
 
         cfg, title = ModelConfig.from_dict(load_mapping(BUILTIN_CONFIGS / "demo.yaml")["model"]), "the demo config"
     length = args.prompt_len + args.new_tokens - 1

@@ -386,9 +386,9 @@ def plan_runs(spec: Spec, data_dir: Optional[Path] = None) -> list[RunPlan]:
     from lmlab.data.prepare import TokenData
 
     if data_dir is None:
-        from lmlab.cli import ensure_default_data
+        from lmlab.runs import DEFAULT_VOCAB, ensure_default_data
 
-        _plan(spec, None, TokenData(spec.data).vocab_size if spec.data else 4096)  # the default corpus: BPE 4096
+        _plan(spec, None, TokenData(spec.data).vocab_size if spec.data else DEFAULT_VOCAB)
         data_dir = ensure_default_data(spec.data)
     data_dir = Path(data_dir).resolve()
     return _plan(spec, data_dir, TokenData(data_dir).vocab_size)

@@ -256,7 +256,7 @@ def test_decode_benchmark_checks_memory_and_lengths_before_building(run_dir, mon
 
     monkeypatch.setattr(checkpoint, "load_run", lambda *a, **k: pytest.fail("loaded weights"))
     monkeypatch.setattr(model_pkg, "TransformerLM", lambda cfg: pytest.fail("built a model"))
-    from lmlab.cli import BUILTIN_CONFIGS
+    from lmlab.runs import BUILTIN_CONFIGS
 
     demo = ModelConfig.from_dict(load_mapping(BUILTIN_CONFIGS / "demo.yaml")["model"])
     kv = kv_cache_bytes(demo, 32 + 64 - 1, 4096, "fp32")["total"]  # the KV cache alone: about 1.6 GiB
@@ -377,9 +377,9 @@ def test_training_memory_bound_counts_weights_and_activations(monkeypatch):
 
 
 def test_train_checks_its_config_before_preparing_data(tmp_path, monkeypatch, capsys):
-    import lmlab.cli as cli
+    import lmlab.runs as runs
 
-    monkeypatch.setattr(cli, "ensure_default_data", lambda data: pytest.fail("prepared data first"))
+    monkeypatch.setattr(runs, "ensure_default_data", lambda data: pytest.fail("prepared data first"))
     bad = tmp_path / "bad.yaml"
     for text, says in (("model:\n  sliding_window: -5\n", "sliding_window=-5 must be an integer >= 1"),
                        ("model: 5\n", "'model:' must be a mapping of field names to values, got 5")):
@@ -412,10 +412,10 @@ def test_unknown_arguments_name_their_subcommand(argv, prog, capsys):
 def test_refused_train_and_sweep_write_no_data(tmp_path, monkeypatch, capsys):
     """A bad --out, a model too large for memory, or a spec that plans no step is refused before the
     default corpus is prepared (nothing is written)."""
-    import lmlab.cli as cli
+    import lmlab.runs as runs
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli, "ensure_default_data", lambda data: pytest.fail("prepared data first"))
+    monkeypatch.setattr(runs, "ensure_default_data", lambda data: pytest.fail("prepared data first"))
     (tmp_path / "afile").write_text("x")
     for out, says in (("afile/x", "lies under a file"), ("afile", "exists and is not an empty folder"),
                       ("  ", "--out is blank")):
