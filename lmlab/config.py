@@ -39,7 +39,7 @@ QK_NORMS = ("none", "rmsnorm", "layernorm", "gemma_rmsnorm")  # gemma_rmsnorm: G
 # projection across heads (OLMo 2), or each head with its own weights (Cohere use_qk_norm)
 QK_NORM_SCOPES = ("head", "all", "head_untied")
 BOOL_FIELDS = ("norm_bias", "norm_affine", "final_norm", "lm_head_bias", "parallel_block", "parallel_shared_norm",
-               "nope_global_layers", "tie_embeddings", "scale_embeddings")
+               "nope_global_layers", "tie_embeddings", "scale_embeddings", "norm_weight_fp32")
 ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")  # Chen 2023; bloc97 2023; Peng 2023; Llama 3.1
 # rope_scaling keys per type: (required, optional), besides "type"; the names of Hugging Face's rope_parameters
 ROPE_SCALING_KEYS = {
@@ -110,6 +110,10 @@ class ModelConfig:
     norm_bias: bool = False  # LayerNorm only: learnable shift
     norm_affine: bool = True  # False: block/final norms without weight or bias (OLMo 1; Groeneveld et al. 2024, 2.1)
     norm_eps: float = 1e-5
+    # RMSNorm (block, final and QK norms) on inputs below fp32: False casts the fp32-normalised value to the
+    # input dtype, then multiplies by the weight (Llama, Qwen, Mistral: HF LlamaRMSNorm, Meta's reference);
+    # True multiplies by the weight in fp32, then casts (OLMo 2: HF Olmo2RMSNorm). Equal in fp32.
+    norm_weight_fp32: bool = False
     final_norm: bool = True
 
     # --- linear layers -----------------------------------------------------------------------

@@ -390,7 +390,7 @@ _add("olmo-7b", "OLMo",
 
 _real = dict(_LLAMA_STYLE, vocab_size=100352, context_length=4096, d_model=4096, n_layers=32, n_heads=32,
              d_ff=11008, norm_position="reordered", norm_eps=1e-6, rope_theta=500000.0, qk_norm="rmsnorm",
-             qk_norm_scope="all")
+             qk_norm_scope="all", norm_weight_fp32=True)
 _add("olmo-2-7b", "OLMo 2",
      "OLMo Team 2024, '2 OLMo 2 Furious', section 3, https://arxiv.org/abs/2501.00656; "
      "https://huggingface.co/allenai/OLMo-2-1124-7B/blob/main/config.json",

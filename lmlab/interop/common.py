@@ -217,6 +217,8 @@ def layer_signature(cfg: ModelConfig) -> dict:
         if hasattr(cfg, extra):
             sig[extra] = getattr(cfg, extra)
     sig["norm_affine"] = cfg.norm_affine
+    rms_weight = (cfg.norm_type == "rmsnorm" and cfg.norm_affine) or cfg.qk_norm == "rmsnorm"
+    sig["norm_weight_fp32"] = cfg.norm_weight_fp32 if rms_weight else None  # bf16 rounding order of RMSNorm
     sig["norm_bias"] = cfg.norm_bias if cfg.norm_affine else False
     sig["parallel_shared_norm"] = cfg.parallel_shared_norm if cfg.parallel_block else None
     sig["qk_norm_scope"] = qk_scope

@@ -36,6 +36,7 @@ class Spec:
     defaults: dict  # the transformers config class defaults of the fields read below
     norm: str = "rms"  # rms (rms_norm_eps) | gemma ((1 + w) RMSNorm) | olmo (LayerNorm without parameters, eps 1e-5)
     #                    | cohere (LayerNorm with weight, no bias, layer_norm_eps)
+    rms_weight_fp32: bool = False  # RMSNorm weight applied in fp32 before the cast (OLMo 2), else after (Llama)
     layout: str = "pre"  # pre | sandwich (Gemma 2/3) | reordered (OLMo 2) | parallel (Cohere: one shared norm)
     act_key: str = "hidden_act"  # the field naming the gated MLP's activation (Gemma 2/3: hidden_activation)
     bias: str = "attention_bias"  # attention_bias (q, k, v, o: refused when true) | llama (attention_bias + mlp_bias)
@@ -106,7 +107,7 @@ def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
 
     # norms and their placement
     if spec.norm == "rms":
-        kw.update(norm_type="rmsnorm", norm_eps=float(g("rms_norm_eps")))
+        kw.update(norm_type="rmsnorm", norm_eps=float(g("rms_norm_eps")), norm_weight_fp32=spec.rms_weight_fp32)
     elif spec.norm == "gemma":
         kw.update(norm_type="gemma_rmsnorm", norm_eps=float(g("rms_norm_eps")))
     elif spec.norm == "olmo":

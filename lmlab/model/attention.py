@@ -174,8 +174,9 @@ class Attention(nn.Module):
         elif cfg.qk_norm != "none":
             width_q, width_k = (cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim) if self.qk_norm_all \
                 else (cfg.head_dim, cfg.head_dim)
-            self.q_norm = make_norm(cfg.qk_norm, width_q, cfg.norm_eps, bias=False)
-            self.k_norm = make_norm(cfg.qk_norm, width_k, cfg.norm_eps, bias=False)
+            fp32 = cfg.norm_weight_fp32  # OLMo 2's order of weight and cast (see RMSNorm)
+            self.q_norm = make_norm(cfg.qk_norm, width_q, cfg.norm_eps, bias=False, weight_fp32=fp32)
+            self.k_norm = make_norm(cfg.qk_norm, width_k, cfg.norm_eps, bias=False, weight_fp32=fp32)
         else:
             self.q_norm = self.k_norm = None
         self.rope = None

@@ -9,7 +9,9 @@
 - Non-parametric norms (``affine=False``; OLMo 1's LayerNorm, Groeneveld et al. 2024, section 2.1): no
   weight and no bias, the normalisation alone.
 
-All of them compute in fp32 whatever the input dtype and cast back, as bf16 statistics are too coarse.
+All of them compute their statistics in fp32 whatever the input dtype and cast back, as bf16 statistics
+are too coarse; where the weight is applied relative to that cast follows the reference of each family
+(see :class:`RMSNorm`).
 """
 
 from __future__ import annotations
@@ -20,23 +22,39 @@ import torch.nn.functional as F
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm over the last dim: (..., dim) -> (..., dim). ``offset=1`` gives Gemma's (1 + weight);
-    ``affine=False`` has no weight."""
+    """RMSNorm over the last dim: (..., dim) -> (..., dim), in the input's dtype. ``offset=1`` gives
+    Gemma's (1 + weight); ``affine=False`` has no weight.
 
-    def __init__(self, dim: int, eps: float = 1e-5, offset: float = 0.0, affine: bool = True):
+    The statistics are computed in fp32. Below fp32 the weight is applied in one of two orders, as the
+    reference implementations differ (bitwise, in bf16):
+
+    - default (``weight_fp32=False``): the normalised value is cast to the input dtype first, then
+      multiplied by the weight in its own dtype, ``weight * norm(x.float()).to(x.dtype)`` (Meta's LLaMA
+      reference ``RMSNorm``; HF ``LlamaRMSNorm``, also Mistral, Qwen2, Qwen3);
+    - ``weight_fp32=True``, and always with ``offset``: the weight multiplies in fp32 and the product is
+      cast, ``(norm(x.float()) * (offset + weight.float())).to(x.dtype)`` (HF ``Olmo2RMSNorm``;
+      ``GemmaRMSNorm`` / ``Gemma2RMSNorm`` / ``Gemma3RMSNorm`` with the (1 + w) offset).
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5, offset: float = 0.0, affine: bool = True,
+                 weight_fp32: bool = False):
         super().__init__()
         self.eps = eps
         self.offset = offset
+        self.weight_fp32 = weight_fp32 or bool(offset)
         self.weight = (nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))) if affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # F.rms_norm: the same x * rsqrt(mean(x^2) + eps) * w (bitwise, here), in one op instead of ~8
-        weight = self.weight
-        if weight is not None and (self.offset or weight.dtype != torch.float32):
-            weight = weight.float() + self.offset
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
-        return F.rms_norm(x.float(), (x.shape[-1],), weight, self.eps).to(x.dtype)
+        weight, shape = self.weight, (x.shape[-1],)
+        if weight is not None and not self.weight_fp32 and x.dtype != torch.float32:
+            # Llama / Meta: the normalised value cast to the input dtype first, then the weight in its own dtype
+            y = F.rms_norm(x.float(), shape, None, self.eps).to(x.dtype) * weight
+        else:  # the product in fp32, then the cast (in fp32 the two orders are the same)
+            if weight is not None and (self.offset or weight.dtype != torch.float32):
+                weight = weight.float() + self.offset
+            y = F.rms_norm(x.float(), shape, weight, self.eps)  # x.float() is x itself for fp32
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 class LayerNorm(nn.Module):
@@ -72,11 +90,14 @@ class HeadwiseNorm(nn.Module):
         return (self.norm(x.float()) * w).to(x.dtype)
 
 
-def make_norm(norm_type: str, dim: int, eps: float, bias: bool = False, affine: bool = True) -> nn.Module:
-    """Build the norm named by ``ModelConfig.norm_type`` ('rmsnorm' | 'layernorm' | 'gemma_rmsnorm');
-    ``affine=False``: no learnable parameters (the (1 + w) form then equals plain RMSNorm)."""
+def make_norm(norm_type: str, dim: int, eps: float, bias: bool = False, affine: bool = True,
+              weight_fp32: bool = False) -> nn.Module:
+    """Build the norm named by ``ModelConfig.norm_type`` ('rmsnorm' | 'layernorm' | 'gemma_rmsnorm' |
+    'layernorm1p'); ``affine=False``: no learnable parameters (the (1 + w) form then equals plain RMSNorm);
+    ``weight_fp32``: 'rmsnorm' applies its weight in fp32 (``ModelConfig.norm_weight_fp32``, see RMSNorm).
+    Raises ValueError for another name."""
     if norm_type == "rmsnorm" or (norm_type == "gemma_rmsnorm" and not affine):
-        return RMSNorm(dim, eps, affine=affine)
+        return RMSNorm(dim, eps, affine=affine, weight_fp32=weight_fp32)
     if norm_type == "gemma_rmsnorm":
         return RMSNorm(dim, eps, offset=1.0)
     if norm_type == "layernorm":

@@ -40,7 +40,8 @@ class Block(nn.Module):
         super().__init__()
         self.position_kind = cfg.norm_position
         self.parallel = cfg.parallel_block
-        norm = lambda: make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine)  # noqa: E731
+        norm = lambda: make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine,  # noqa: E731
+                                 cfg.norm_weight_fp32)
         self.attn = Attention(cfg, layer)
         self.mlp = FeedForward(cfg)
         self.attn_norm = norm()
@@ -110,8 +111,8 @@ class TransformerLM(nn.Module):
         self.abs_pos = AbsolutePositions(cfg) if cfg.position in ("learned", "sinusoidal") else None
         self.embd_drop = nn.Dropout(cfg.embd_dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.final_norm = (make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine)
-                           if cfg.final_norm else None)
+        self.final_norm = (make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine,
+                                     cfg.norm_weight_fp32) if cfg.final_norm else None)
         self.lm_head = nn.Linear(embed_dim, cfg.vocab_size, bias=cfg.lm_head_bias)
         if cfg.position == "alibi":
             self.register_buffer("alibi", alibi_slopes(cfg.n_heads), persistent=False)
