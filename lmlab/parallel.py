@@ -7,6 +7,12 @@
 Backends: NCCL on CUDA, gloo on CPU. The rank layout comes from torchrun's environment variables
 (RANK, WORLD_SIZE, LOCAL_RANK). Checkpoints are always gathered into full (unsharded) tensors on
 rank 0, so a run written by N ranks resumes on any number of ranks.
+
+Meta-device initialisation (no memory for the full model on any rank): build ``TransformerLM`` under
+``torch.device('meta')``, :func:`wrap_model` it, ``model.to_empty(device=...)``, then load the weights
+(:func:`load_full_state`, or ``reset_parameters``). ``TransformerLM._apply`` re-ties a tied LM head and
+recomputes the non-persistent tables (RoPE, ALiBi, sinusoidal), which no state dict carries, as it leaves
+the meta device (``tests/test_correctness_defects.py`` checks the logits on 2 ranks).
 """
 
 from __future__ import annotations

@@ -108,3 +108,120 @@ def test_imported_model_in_bf16_norms_equal_hf(tmp_path, family):
         x = _bf16_input((2, 8, width), seed=len(a))
         with torch.no_grad():
             assert torch.equal(ours[a](x), theirs[b](x)), (family, a)
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. Meta-device construction, then to_empty and load_state_dict
+# ------------------------------------------------------------------------------------------------
+
+META_CASES = {
+    "rope_tied": dict(position="rope"),
+    "rope_scaled_untied": dict(position="rope", tie_embeddings=False, rope_fraction=0.5,
+                               rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}),
+    "alibi": dict(position="alibi", n_kv_heads=3, n_heads=6, d_model=48),
+    "sinusoidal": dict(position="sinusoidal", tie_embeddings=False),
+    "learned_tied": dict(position="learned"),
+    "t5_untied": dict(position="t5", tie_embeddings=False),
+}
+
+
+@pytest.mark.parametrize("case", list(META_CASES))
+def test_meta_to_empty_load_gives_the_same_model(case):
+    """TransformerLM built on the meta device, ``to_empty(device='cpu')``, ``load_state_dict`` of an
+    ordinary model's state: the same logits (exactly) as that model, with and without a KV cache past the
+    initial table length, and a tied LM head is the embedding's Parameter (one storage, trained as one)."""
+    cfg = ModelConfig(**{**dict(vocab_size=V, context_length=64, d_model=32, n_layers=2, n_heads=4,
+                                n_kv_heads=2), **META_CASES[case]})
+    torch.manual_seed(0)
+    ref = TransformerLM(cfg).eval()
+    with torch.device("meta"):
+        model = TransformerLM(cfg)
+    assert model.embed.weight.is_meta
+    model.to_empty(device="cpu")
+    model.load_state_dict(ref.state_dict())
+    model.eval()
+    if cfg.tie_embeddings:
+        assert model.lm_head.weight is model.embed.weight
+        assert model.lm_head.weight.data_ptr() == model.embed.weight.data_ptr()
+        assert sum(1 for _ in model.parameters()) == sum(1 for _ in ref.parameters())
+    else:
+        assert model.lm_head.weight is not model.embed.weight
+    for name, buf in ref.named_buffers():  # every table recomputed, none left as uninitialised memory
+        assert torch.equal(dict(model.named_buffers())[name], buf), name
+    idx = torch.randint(0, V, (2, 48))
+    with torch.no_grad():
+        assert torch.equal(model(idx), ref(idx))
+        assert torch.isfinite(model(idx)).all()
+    if cfg.tie_embeddings:  # one Parameter: an update to the embedding moves the head too
+        with torch.no_grad():
+            model.embed.weight[3] += 1.0
+        assert torch.equal(model.lm_head.weight[3], model.embed.weight[3])
+
+
+def test_meta_materialised_model_trains_like_the_original():
+    """One optimizer step on the materialised tied model equals one on the original (the tie matters:
+    two separate copies would receive separate gradients)."""
+    cfg = ModelConfig(vocab_size=V, context_length=32, d_model=32, n_layers=1, n_heads=4)
+    torch.manual_seed(0)
+    ref = TransformerLM(cfg)
+    with torch.device("meta"):
+        model = TransformerLM(cfg)
+    model.to_empty(device="cpu").load_state_dict(ref.state_dict())
+    idx = torch.randint(0, V, (2, 16))
+    from lmlab.model import lm_loss
+
+    for m in (ref, model):
+        opt = torch.optim.SGD(m.parameters(), lr=0.5)
+        lm_loss(m(idx[:, :-1]), idx[:, 1:])[0].backward()
+        opt.step()
+    assert torch.equal(model.embed.weight, ref.embed.weight)
+    assert torch.equal(model(idx), ref(idx))
+
+
+FSDP_META_SCRIPT = '''
+import json, sys, torch, torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from lmlab.config import ModelConfig
+from lmlab.model import TransformerLM
+from lmlab.parallel import init_distributed, wrap_model
+info = init_distributed("cpu")
+out = {}
+for position in ("rope", "alibi", "sinusoidal", "learned"):
+    cfg = ModelConfig(vocab_size=64, context_length=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                      position=position)
+    torch.manual_seed(0)
+    ref = TransformerLM(cfg).eval()
+    with torch.device("meta"):
+        model = TransformerLM(cfg)
+    model = wrap_model(model, "fsdp", info, torch.device("cpu"))
+    model.to_empty(device="cpu")
+    set_model_state_dict(model, ref.state_dict(), options=StateDictOptions(full_state_dict=True))
+    model.eval()
+    idx = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out[position] = [float((model(idx) - ref(idx)).abs().max()), model.lm_head.weight is model.embed.weight]
+if info.is_main:
+    open(sys.argv[1], "w").write(json.dumps(out))
+dist.destroy_process_group()
+'''
+
+
+def test_meta_fsdp_two_ranks_materialise(tmp_path):
+    """The FSDP path (lmlab.parallel.wrap_model, 2 gloo ranks): a meta-device model sharded, then
+    ``to_empty`` and a full state dict loaded, computes the original logits (RoPE, ALiBi, sinusoidal,
+    learned) and keeps its LM head tied."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    script = tmp_path / "meta_fsdp.py"
+    script.write_text(FSDP_META_SCRIPT)
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
+    proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", str(script), str(tmp_path / "out.json")],
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "out.json").read_text())
+    for position, (diff, tied) in result.items():
+        assert diff <= 1e-6 and tied, (position, diff, tied)

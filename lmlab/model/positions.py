@@ -59,16 +59,33 @@ class RotaryEmbedding(nn.Module):
         self.rot_dim = int(round(head_dim * rope_fraction))
         self.key = (head_dim, rope_fraction, theta, style, repr(scaling))  # equal keys: equal tables
         self.style = style
-        inv_freq = rope_inv_freq(self.rot_dim, theta)
+        self._theta, self._scaling = theta, scaling
+        inv_freq = self._frequencies()
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._build(min(max_len, 8192), inv_freq.device)  # grown on demand by ensure()
+
+    def _frequencies(self) -> torch.Tensor:
+        """(rot_dim // 2,) fp32 inverse frequencies (scaled), on the default device; sets the attention
+        factor and the master copy ``_inv_freq_fp32`` (not cast by module.to(dtype))."""
+        inv_freq = rope_inv_freq(self.rot_dim, self._theta)
         attention_factor = 1.0
-        if scaling is not None:
+        if self._scaling is not None:
             from lmlab.model.rope_scaling import scale_inv_freq  # RoPE context extension methods
 
-            inv_freq, attention_factor = scale_inv_freq(inv_freq, self.rot_dim, theta, scaling)
+            inv_freq, attention_factor = scale_inv_freq(inv_freq, self.rot_dim, self._theta, self._scaling)
         self.attention_factor = attention_factor
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self._inv_freq_fp32 = inv_freq.float().clone()  # master copy: not cast by module.to(dtype)
-        self._build(min(max_len, 8192), inv_freq.device)  # grown on demand by ensure()
+        self._inv_freq_fp32 = inv_freq.float().clone()
+        return inv_freq
+
+    def reset_tables(self) -> None:
+        """Recompute every table (non-persistent buffers, not in a state dict) from the constructor's
+        arguments, on the device the tables are on: after ``Module.to_empty`` (meta-device construction)
+        they hold uninitialised memory. ``TransformerLM`` calls this when it leaves the meta device."""
+        device = self.cos.device
+        with torch.device("cpu"):  # the formulas, whatever the default device (meta while building)
+            inv_freq = self._frequencies()
+        self.inv_freq = inv_freq.to(device=device, dtype=self.inv_freq.dtype)
+        self._build(self.cos.shape[0], device)
 
     def _build(self, length: int, device) -> None:
         inv_freq = self._inv_freq_fp32.to(device)
@@ -167,6 +184,14 @@ class AbsolutePositions(nn.Module):
             self.weight = nn.Parameter(torch.zeros(cfg.context_length + self.offset, cfg.d_model))
         else:
             self.register_buffer("table", sinusoidal_table(cfg.context_length, cfg.d_model), persistent=False)
+
+    def reset_tables(self) -> None:
+        """Recompute the sinusoidal table (a non-persistent buffer) in place of uninitialised memory
+        after ``Module.to_empty``, on its device and in its dtype; learned positions have none."""
+        if self.kind == "sinusoidal":
+            with torch.device("cpu"):
+                table = sinusoidal_table(self.table.shape[0], self.table.shape[1])
+            self.table = table.to(device=self.table.device, dtype=self.table.dtype)
 
     def ensure(self, length: int) -> None:
         """Check/extend for positions < ``length`` (a Python int; no device sync in forward).

@@ -131,6 +131,34 @@ class TransformerLM(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
 
+    def _apply(self, fn, recurse: bool = True):
+        """``nn.Module._apply`` (behind ``to``, ``to_empty``, ``cuda``, ``float``, ...), then two repairs for
+        a model leaving the meta device (``with torch.device('meta'): TransformerLM(cfg)``, then
+        ``model.to_empty(device=...)``, then ``load_state_dict``): a tied LM head is tied again (``_apply``
+        gives each of the two names its own new Parameter when the device type changes), and the
+        non-persistent tables (RoPE cos/sin, ALiBi slopes, sinusoidal positions), which no state dict
+        carries and ``to_empty`` leaves uninitialised, are recomputed (see :meth:`reset_tables`)."""
+        was_meta = any(b.is_meta for b in self.buffers())
+        super()._apply(fn, recurse)
+        if self.cfg.tie_embeddings and self.lm_head.weight is not self.embed.weight:
+            self.lm_head.weight = self.embed.weight
+        if was_meta and not any(b.is_meta for b in self.buffers()):
+            self.reset_tables()
+        return self
+
+    def reset_tables(self) -> None:
+        """Recompute the non-persistent buffers from the config, on their devices: RoPE tables, ALiBi
+        slopes, the sinusoidal position table. Called by :meth:`_apply` after materialisation from the
+        meta device; parameters and persistent buffers come from ``load_state_dict`` (or
+        :meth:`reset_parameters`)."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "reset_tables"):
+                module.reset_tables()
+        if self.cfg.position == "alibi":
+            with torch.device("cpu"):
+                slopes = alibi_slopes(self.cfg.n_heads)
+            self.alibi = slopes.to(device=self.alibi.device, dtype=self.alibi.dtype)
+
     def reset_parameters(self) -> None:
         std = self.cfg.init_std
         for module in self.modules():
