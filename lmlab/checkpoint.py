@@ -6,20 +6,32 @@ A run folder holds:
 - ``metrics.jsonl``: one JSON object per logged step / evaluation;
 - ``checkpoints/step_XXXXXXX/``: ``model.safetensors`` (weights), ``optimizer.pt`` (AdamW state by
   parameter name) and ``rng.pt`` (RNG states), both read back with ``torch.load(weights_only=True)``,
-  and ``trainer.json`` (step, tokens, counters).
+  ``trainer.json`` (step, tokens, counters), a copy of ``run.yaml`` as it was at that step, and
+  ``manifest.json``: the size and SHA-256 of every other file, written last.
 
-Checkpoints are written into a ``.tmp`` folder beside and renamed into place, so a checkpoint folder
-that exists is complete; an interrupted write leaves only a ``.tmp`` folder, which is never loaded.
+Integrity: checkpoints are written into a ``.tmp`` folder beside and renamed into place, so a checkpoint
+folder that exists is complete; an interrupted write leaves only a ``.tmp`` folder, which is never
+loaded. Every read (resume, ``eval``, ``generate``, ``export``) first checks each file against the
+manifest, so a truncated, bit-flipped or missing file (e.g. ``optimizer.pt``) is never used: the
+error names the file; :func:`load_latest` then falls back to the previous checkpoint that verifies,
+saying so on stderr, and refuses when none does. Pruning (``keep``) only removes checkpoints older
+than the one just written, so the newest intact checkpoint always stays.
+
+Older checkpoints (written before manifests existed; their ``trainer.json`` has no
+``checkpoint_version``) are accepted with a one-line note on stderr that their bytes are not verified.
+A checkpoint whose ``trainer.json`` says it was written with a manifest but has none is damaged.
 Weights are never unpickled: safetensors only.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import math
 import os
-import pickle
 import shutil
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -29,9 +41,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from lmlab.config import ConfigError, ModelConfig
+from lmlab.fsutil import _fsync_dir
 from lmlab.model import TransformerLM
 
 RUN_FILE = "run.yaml"
+MANIFEST = "manifest.json"
+CHECKPOINT_VERSION = 2  # 2: with manifest.json (SHA-256 per file); 1 (no key in trainer.json): none
+REQUIRED_FILES = ("model.safetensors", "trainer.json")
 
 
 class CheckpointError(RuntimeError):
@@ -55,7 +71,8 @@ def _fsync_write(path: Path, data: bytes) -> None:
 
 def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, state: dict, keep: int = 3,
                     tied: Optional[bool] = None, rng: Optional[dict] = None) -> Path:
-    """Write checkpoint ``step`` atomically and keep the newest ``keep`` (0 = all). Returns its folder.
+    """Write checkpoint ``step`` atomically, with its manifest (size + SHA-256 per file) written last,
+    and keep the newest ``keep`` (0 = all) up to this step. Returns its folder.
 
     ``model``: a module or its state dict; ``optimizer``: an optimizer, an optimizer state dict (by
     parameter name, see ``lmlab.parallel.optimizer_state_by_name``) or None; ``state``: JSON-able trainer
@@ -78,79 +95,339 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, state: dic
     weights = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
     if tied:
         weights.pop("lm_head.weight", None)  # shares storage with embed.weight
+    files = {"model.safetensors": save(weights)}
+    if optimizer is not None:
+        buf = io.BytesIO()
+        torch.save(optimizer, buf)
+        files["optimizer.pt"] = buf.getvalue()
+    if rng is not None:
+        buf = io.BytesIO()
+        torch.save(rng, buf)
+        files["rng.pt"] = buf.getvalue()
+    files["trainer.json"] = json.dumps(dict(state, checkpoint_version=CHECKPOINT_VERSION), indent=1).encode()
+    run_file = Path(run_dir) / RUN_FILE
+    if run_file.is_file():
+        files[RUN_FILE] = run_file.read_bytes()
+    manifest = {"format": "lmlab checkpoint", "version": CHECKPOINT_VERSION, "step": step,
+                "files": {name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                          for name, data in files.items()}}
+    aside = None
     try:
         root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # lmlab's own leftover of an interrupted save
         tmp.mkdir()
-        _fsync_write(tmp / "model.safetensors", save(weights))
-        if optimizer is not None:
-            buf = io.BytesIO()
-            torch.save(optimizer, buf)
-            _fsync_write(tmp / "optimizer.pt", buf.getvalue())
-        if rng is not None:
-            buf = io.BytesIO()
-            torch.save(rng, buf)
-            _fsync_write(tmp / "rng.pt", buf.getvalue())
-        _fsync_write(tmp / "trainer.json", json.dumps(state, indent=1).encode())
-        if final.exists():
-            shutil.rmtree(final)
+        for name, data in files.items():
+            _fsync_write(tmp / name, data)
+        _fsync_write(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())  # last
+        if final.exists():  # the same step again (e.g. replacing a damaged checkpoint): swap, then remove
+            aside = root / f".{final.name}.replaced"
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(final, aside)
         os.replace(tmp, final)
+        _fsync_dir(root)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if aside is not None and aside.exists() and not final.exists():
+            os.replace(aside, final)
         raise CheckpointError(f"could not write checkpoint {str(final)!r}: {exc}; "
                               f"earlier checkpoints in {str(root)!r} are intact") from None
-    if keep:
-        for old in checkpoint_dirs(run_dir)[:-keep]:
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+    if keep:  # only checkpoints older than this one count: a newer (damaged) one never pushes it out
+        older = [c for c in checkpoint_dirs(run_dir) if c.name < final.name]
+        for old in older[:max(0, len(older) - (keep - 1))]:
             shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+def _note(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _read_json(path: Path, what: str):
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise CheckpointError(f"{str(path)!r} is unreadable (truncated or corrupt?): expected {what} as JSON: "
+                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+
+
+def verify_checkpoint(ckpt_dir: str | Path) -> Optional[dict]:
+    """Check every file of a checkpoint folder against its ``manifest.json`` (size and SHA-256).
+
+    Returns the manifest's file table ``{name: {"bytes": int, "sha256": hex}}``, or None for an
+    older checkpoint without a manifest (a one-line note on stderr says its bytes are unverified).
+    Raises CheckpointError naming the file when a listed file is missing, of another size or of
+    another hash, when the manifest itself is unreadable or of the wrong shape (naming the key), or
+    when it is missing from a checkpoint whose ``trainer.json`` says it was written with one."""
+    ckpt_dir = Path(ckpt_dir)
+    mpath = ckpt_dir / MANIFEST
+    if not mpath.exists():
+        tpath = ckpt_dir / "trainer.json"
+        state = _read_json(tpath, "the trainer state") if tpath.is_file() else None
+        if not isinstance(state, dict) or state.get("checkpoint_version", 1) != 1:
+            raise CheckpointError(f"checkpoint {str(ckpt_dir)!r} has no {MANIFEST} (deleted or not fully "
+                                  f"copied?), so its files cannot be verified")
+        _note(f"note: checkpoint {str(ckpt_dir)!r} predates checksum manifests; its files are read unverified")
+        return None
+    manifest = _read_json(mpath, "the checkpoint's manifest")
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        got = type(manifest).__name__ if not isinstance(manifest, dict) else f"files={files!r:.60}"
+        raise CheckpointError(f"{str(mpath)!r}: key 'files' must map file names to their bytes and sha256 "
+                              f"(a JSON object), got {got}")
+    for name in REQUIRED_FILES:
+        if name not in files:
+            raise CheckpointError(f"{str(mpath)!r}: key 'files' does not list {name!r}; the checkpoint is incomplete")
+    for name, entry in files.items():
+        if not name or "/" in name or name in (".", "..", MANIFEST):
+            raise CheckpointError(f"{str(mpath)!r}: key 'files' lists {name!r}, which is not a checkpoint file name")
+        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
+                and isinstance(entry.get("bytes"), int) and not isinstance(entry.get("bytes"), bool)):
+            raise CheckpointError(f"{str(mpath)!r}: key 'files.{name}' must be an object with 'bytes' (an "
+                                  f"integer) and 'sha256' (hex text), got {entry!r:.80}")
+        path = ckpt_dir / name
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint file {str(path)!r} is missing (it is listed in {MANIFEST})")
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            raise CheckpointError(f"checkpoint file {str(path)!r} is unreadable (truncated or corrupt?): "
+                                  f"{size:,} bytes where {MANIFEST} records {entry['bytes']:,}")
+        if _sha256_file(path) != entry["sha256"].lower():
+            raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt: its SHA-256 differs from the one "
+                                  f"{MANIFEST} records (damaged on disk or edited)")
+    return files
+
+
+def _is_count(value, low: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def check_trainer_state(state, path: Path, resume: bool = False, folder_step: Optional[int] = None) -> dict:
+    """Validate a checkpoint's ``trainer.json`` mapping: ``step`` (required; equal to ``folder_step``,
+    the step in the folder's name, when given), ``tokens_seen`` (required when ``resume``), the
+    counters ``clipped_steps``/``spikes`` (non-negative integers), ``world_size`` (positive),
+    ``loss_ema`` (finite number or null), ``grad_scaler`` (mapping). Returns ``state``; raises
+    CheckpointError naming the file, the key and what was expected."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{str(path)!r}: expected a JSON object of trainer counters (step, tokens_seen, ...), "
+                              f"got a JSON {type(state).__name__}")
+    checks = [("step", True, lambda v: _is_count(v), "a non-negative integer (the finished steps)"),
+              ("tokens_seen", resume, lambda v: _is_count(v), "a non-negative integer (tokens trained on)"),
+              ("clipped_steps", False, lambda v: _is_count(v), "a non-negative integer"),
+              ("spikes", False, lambda v: _is_count(v), "a non-negative integer"),
+              ("world_size", False, lambda v: _is_count(v, 1), "a positive integer"),
+              ("checkpoint_version", False, lambda v: _is_count(v, 1), "a positive integer"),
+              ("loss_ema", False, lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                          and math.isfinite(v)), "a finite number or null"),
+              ("grad_scaler", False, lambda v: isinstance(v, dict), "a JSON object")]
+    for key, required, ok, what in checks:
+        if key not in state:
+            if required:
+                raise CheckpointError(f"{str(path)!r}: missing key {key!r} ({what})")
+        elif not ok(state[key]):
+            raise CheckpointError(f"{str(path)!r}: key {key!r} must be {what}, got {state[key]!r:.60}")
+    if folder_step is not None and state["step"] != folder_step:
+        raise CheckpointError(f"{str(path)!r}: key 'step' is {state['step']} but its folder is step {folder_step}")
+    return state
+
+
+def _torch_load(path: Path):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a damaged or foreign file: torch raises many kinds; one line naming it
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CheckpointError(f"checkpoint file {str(path)!r} is unreadable (truncated, corrupt or not written "
+                              f"by lmlab?): {first[:200]}") from None
+
+
+def _check_optimizer_state(opt, path: Path, model: TransformerLM) -> None:
+    groups = opt.get("param_groups") if isinstance(opt, dict) else None
+    if not isinstance(opt, dict) or not isinstance(opt.get("state"), dict) or not isinstance(groups, list) \
+            or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
+        raise CheckpointError(f"checkpoint file {str(path)!r}: expected an optimizer state with keys 'state' (a "
+                              f"mapping) and 'param_groups' (a list of groups with 'params'), got {type(opt).__name__}")
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    for name, entry in opt["state"].items():
+        if name not in shapes or not isinstance(entry, dict):
+            raise CheckpointError(f"checkpoint file {str(path)!r}: key 'state' holds {name!r}, which is not a "
+                                  f"parameter of this model (or not a mapping)")
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor) and value.dim() and tuple(value.shape) != shapes[name]:
+                raise CheckpointError(f"checkpoint file {str(path)!r}: state[{name!r}][{key!r}] has shape "
+                                      f"{tuple(value.shape)}, expected {shapes[name]}")
+
+
+def _check_rng_state(rng, path: Path) -> None:
+    want = torch.get_rng_state().numel()
+    cpu = rng.get("cpu") if isinstance(rng, dict) else None
+    ok = isinstance(cpu, torch.Tensor) and cpu.dtype == torch.uint8 and cpu.numel() == want
+    cuda = rng.get("cuda") if isinstance(rng, dict) else None
+    if not ok or (cuda is not None and not (isinstance(cuda, torch.Tensor) and cuda.dtype == torch.uint8)):
+        raise CheckpointError(f"checkpoint file {str(path)!r}: expected RNG states {{'cpu': uint8 tensor of {want} "
+                              f"values, 'cuda': optional uint8 tensor}}, got {type(rng).__name__}")
+
+
 def read_checkpoint(ckpt_dir: Path, model: TransformerLM, with_optimizer: bool = False):
     """Read and verify a checkpoint for ``model``: returns (weights, optimizer state or None,
-    trainer state dict, rng dict or None). Weights through safetensors; optimizer and RNG states
-    through ``torch.load(weights_only=True)``. Raises CheckpointError for unreadable files or
-    tensors that do not fit the model."""
+    trainer state dict, rng dict or None). Every file is first checked against the manifest
+    (:func:`verify_checkpoint`); weights through safetensors; optimizer and RNG states through
+    ``torch.load(weights_only=True)``, their structure checked against ``model``. With
+    ``with_optimizer`` (resuming) a checkpoint past step 0 must hold optimizer and RNG states (else a
+    resume would silently restart AdamW's moments). Raises CheckpointError naming the file."""
+    ckpt_dir = Path(ckpt_dir)
+    listed = verify_checkpoint(ckpt_dir)
+
+    def present(name: str) -> bool:
+        return name in listed if listed is not None else (ckpt_dir / name).is_file()
+
+    if not present("trainer.json"):
+        raise CheckpointError(f"checkpoint {str(ckpt_dir)!r} has no trainer.json (its step and counters)")
+    try:
+        folder_step = int(ckpt_dir.name.split("_", 1)[1])
+    except (IndexError, ValueError):
+        folder_step = None
+    state = check_trainer_state(_read_json(ckpt_dir / "trainer.json", "the trainer state"),
+                                ckpt_dir / "trainer.json", resume=with_optimizer, folder_step=folder_step)
     weights = _verified_weights(model, ckpt_dir)
     opt = rng = None
-    try:
-        if with_optimizer and (ckpt_dir / "optimizer.pt").exists():
-            opt = torch.load(ckpt_dir / "optimizer.pt", map_location="cpu", weights_only=True)
-        if (ckpt_dir / "rng.pt").exists():
-            rng = torch.load(ckpt_dir / "rng.pt", map_location="cpu", weights_only=True)
-        state = json.loads((ckpt_dir / "trainer.json").read_text()) if (ckpt_dir / "trainer.json").exists() else {}
-    except (OSError, RuntimeError, EOFError, json.JSONDecodeError, pickle.UnpicklingError) as exc:
-        raise CheckpointError(f"checkpoint {str(ckpt_dir)!r} is unreadable (truncated or corrupt?): {exc}") from None
+    if with_optimizer and state["step"] > 0:
+        for name in ("optimizer.pt", "rng.pt"):
+            if not present(name):
+                raise CheckpointError(f"checkpoint {str(ckpt_dir)!r} has no {name}; resuming at step {state['step']} "
+                                      f"without it would not continue the same run")
+    if with_optimizer and present("optimizer.pt"):
+        opt = _torch_load(ckpt_dir / "optimizer.pt")
+        _check_optimizer_state(opt, ckpt_dir / "optimizer.pt", model)
+    if present("rng.pt"):
+        rng = _torch_load(ckpt_dir / "rng.pt")
+        _check_rng_state(rng, ckpt_dir / "rng.pt")
     if model.cfg.tie_embeddings:
         weights["lm_head.weight"] = weights["embed.weight"]
     return weights, opt, state, rng
 
 
+def load_latest(run_dir: str | Path, model: TransformerLM, with_optimizer: bool = False,
+                step: Optional[int] = None):
+    """The newest checkpoint of ``run_dir`` (or the one of ``step``) that verifies and fits ``model``:
+    (checkpoint folder, weights, optimizer state, trainer state, rng), or None when the run has no
+    checkpoint. A damaged newest checkpoint is skipped for the previous one, with a warning on stderr
+    naming the damaged file; raises CheckpointError (the newest one's error) when none is usable."""
+    ckpts = checkpoint_dirs(run_dir)
+    if step is not None:
+        ckpts = [c for c in ckpts if c.name == f"step_{step:07d}"]
+    if not ckpts:
+        return None
+    errors = []
+    for i in range(len(ckpts) - 1, -1, -1):
+        try:
+            return (ckpts[i], *read_checkpoint(ckpts[i], model, with_optimizer))
+        except CheckpointError as exc:
+            errors.append(str(exc))
+            if i:
+                _note(f"warning: {exc}; falling back to the previous checkpoint {ckpts[i - 1].name}")
+    if len(errors) == 1:
+        raise CheckpointError(errors[0])
+    raise CheckpointError(f"{errors[0]}; and none of the {len(errors) - 1} older checkpoint(s) is usable either")
+
+
+def _run_copy_hint(run_dir: Path) -> str:
+    copies = [c / RUN_FILE for c in checkpoint_dirs(run_dir) if (c / RUN_FILE).is_file()]
+    return (f"; the run's config as of its last checkpoint is in {str(copies[-1])!r} (copy it back to restore "
+            f"the run)" if copies else "")
+
+
 def read_run(run_dir: str | Path) -> dict:
-    """The parsed ``run.yaml`` of a run folder; raises CheckpointError when absent or unreadable."""
+    """The parsed ``run.yaml`` of a run folder, its shape checked: ``model`` and ``train`` mappings,
+    ``data`` a path or null, ``hf`` a mapping or absent. Raises CheckpointError when absent, unreadable
+    or of the wrong shape, naming the file and the key (and the copy kept in the last checkpoint)."""
     path = Path(run_dir) / RUN_FILE
     if not path.is_file():
         raise CheckpointError(f"{str(run_dir)!r} is not an lmlab run folder (no {RUN_FILE}); "
                               f"give the folder that `lmlab train --out` created")
+    hint = _run_copy_hint(Path(run_dir))
     try:
         run = yaml.safe_load(path.read_text())
     except UnicodeDecodeError:
         raise CheckpointError(f"{str(path)!r} is not UTF-8 text (a binary file?); it should be the run's YAML "
-                              f"config") from None
+                              f"config{hint}") from None
     except (OSError, yaml.YAMLError) as exc:
         from lmlab.config import yaml_error_line
 
-        raise CheckpointError(f"{str(path)!r} could not be read: {yaml_error_line(exc)}") from None
+        raise CheckpointError(f"{str(path)!r} could not be read: {yaml_error_line(exc)}{hint}") from None
     if not isinstance(run, dict) or not isinstance(run.get("model"), dict):
         raise CheckpointError(f"{str(path)!r} has no 'model:' mapping; it is not an lmlab run file (lmlab train "
-                              f"writes 'model:' and 'train:' sections)")
+                              f"writes 'model:' and 'train:' sections){hint}")
+    if not isinstance(run.get("train"), dict):
+        raise CheckpointError(f"{str(path)!r}: key 'train' must be a mapping of training settings, got "
+                              f"{run.get('train')!r:.60}{hint}")
+    if run.get("data") is not None and not isinstance(run["data"], str):
+        raise CheckpointError(f"{str(path)!r}: key 'data' must be a data folder path or null, got "
+                              f"{run['data']!r:.60}{hint}")
+    if run.get("hf") is not None and not isinstance(run["hf"], dict):
+        raise CheckpointError(f"{str(path)!r}: key 'hf' must be a mapping (an imported model's origin), got "
+                              f"{run['hf']!r:.60}{hint}")
     return run
+
+
+METRIC_NUMBERS = ("loss", "lr", "grad_norm", "val_loss", "val_bpb", "val_tokens", "tokens", "tokens_per_s", "mfu",
+                  "elapsed_s", "clip_fraction", "spikes")
+
+
+def metrics_lines(path: str | Path) -> list[tuple[str, dict]]:
+    """The lines of a run's ``metrics.jsonl`` with their records, validated: each a JSON object with a
+    non-negative integer ``step``, and numbers where the trainer writes numbers (``loss``, ``lr``,
+    ``val_loss``, ``tokens``, ``elapsed_s``, ...). A last line without its newline that is not JSON (cut
+    by a kill mid-write) is dropped. Raises CheckpointError naming the file, the line and the key."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{str(path)!r} is not UTF-8 text (byte {exc.start}); expected one JSON object "
+                              f"per line (lmlab's training log)") from None
+    lines = text.split("\n")
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines):  # no newline after it: the cut last line of a killed writer
+                continue
+            raise CheckpointError(f"{str(path)!r} line {i} is not JSON (damaged?); expected one JSON object per "
+                                  f"line (lmlab's training log)") from None
+        if not isinstance(rec, dict):
+            raise CheckpointError(f"{str(path)!r} line {i}: expected a JSON object, got a JSON {type(rec).__name__}")
+        if not _is_count(rec.get("step")):
+            raise CheckpointError(f"{str(path)!r} line {i}: key 'step' must be a non-negative integer, got "
+                                  f"{rec.get('step', '(missing)')!r:.40}")
+        for key in METRIC_NUMBERS:
+            v = rec.get(key)
+            if key in rec and (not isinstance(v, (int, float)) or isinstance(v, bool)):
+                raise CheckpointError(f"{str(path)!r} line {i}: key {key!r} must be a number, got {v!r:.40}")
+        out.append((line, rec))
+    return out
+
+
+def read_metrics_file(path: str | Path) -> list[dict]:
+    """The validated records of a ``metrics.jsonl`` (see :func:`metrics_lines`); [] when absent."""
+    return [rec for _, rec in metrics_lines(path)] if Path(path).is_file() else []
 
 
 def _verified_weights(model: TransformerLM, ckpt_dir: Path) -> dict:
     path = ckpt_dir / "model.safetensors"
     try:
         weights = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as exc:
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"checkpoint {str(path)!r} is unreadable (truncated or corrupt?): {exc}") from None
     expected = model.state_dict()
     if model.cfg.tie_embeddings:
@@ -168,8 +445,9 @@ def _verified_weights(model: TransformerLM, ckpt_dir: Path) -> dict:
 
 
 def load_weights(model: TransformerLM, ckpt_dir: Path) -> None:
-    """Load ``model.safetensors`` of ``ckpt_dir`` into ``model`` strictly; raises CheckpointError for a
-    truncated/corrupt file or tensors of another config."""
+    """Load ``model.safetensors`` of ``ckpt_dir`` into ``model`` strictly, after checking the checkpoint
+    against its manifest; raises CheckpointError for a truncated/corrupt file or tensors of another config."""
+    verify_checkpoint(ckpt_dir)
     model.load_state_dict(_verified_weights(model, ckpt_dir), strict=False)
 
 
@@ -177,7 +455,8 @@ def load_run(run_dir: str | Path, step: Optional[int] = None, device: str = "cpu
     """Load a run's model (latest checkpoint or ``step``), config and tokenizer.
 
     Returns (model in eval mode, ModelConfig, Tokenizer, run dict, checkpoint folder).
-    Raises CheckpointError when the run has no complete checkpoint or it does not fit its config."""
+    Checkpoints are verified (:func:`load_latest`: a damaged newest one falls back to the previous one,
+    saying so). Raises CheckpointError when the run has no usable checkpoint or it does not fit its config."""
     from lmlab.data.tokenizer import Tokenizer
 
     run = read_run(run_dir)
@@ -187,10 +466,8 @@ def load_run(run_dir: str | Path, step: Optional[int] = None, device: str = "cpu
         raise CheckpointError(str(exc)) from None
     except (KeyError, TypeError) as exc:
         raise CheckpointError(f"{run_dir}/{RUN_FILE}: invalid model config: {exc}") from None
-    ckpts = checkpoint_dirs(run_dir)
-    if step is not None:
-        ckpts = [c for c in ckpts if c.name == f"step_{step:07d}"]
-    if not ckpts:
+    if not checkpoint_dirs(run_dir) or (step is not None and not (
+            Path(run_dir) / "checkpoints" / f"step_{step:07d}").is_dir()):
         raise CheckpointError(f"run {str(run_dir)!r} has no complete checkpoint"
                               f"{f' at step {step}' if step is not None else ''}; train it first")
     if not (Path(run_dir) / "tokenizer.json").is_file():
@@ -202,5 +479,6 @@ def load_run(run_dir: str | Path, step: Optional[int] = None, device: str = "cpu
         raise CheckpointError(f"run {str(run_dir)!r}: tokenizer has {tok.vocab_size} tokens but the model "
                               f"config says vocab_size={cfg.vocab_size}")
     model = TransformerLM(cfg)
-    load_weights(model, ckpts[-1])
-    return model.to(device).eval(), cfg, tok, run, ckpts[-1]
+    ckpt, weights = load_latest(run_dir, model, step=step)[:2]
+    model.load_state_dict(weights, strict=False)
+    return model.to(device).eval(), cfg, tok, run, ckpt

@@ -19,7 +19,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,10 +29,12 @@ import numpy as np
 import torch
 import yaml
 
-from lmlab.checkpoint import (RUN_FILE, CheckpointError, checkpoint_dirs, read_checkpoint, read_run, save_checkpoint)
+from lmlab.checkpoint import (RUN_FILE, CheckpointError, checkpoint_dirs, load_latest, metrics_lines, read_run,
+                              save_checkpoint)
 from lmlab.config import ConfigError, ModelConfig, _choice, _non_negative, _positive, _positive_int, build_checked, check_keys
 from lmlab.data.prepare import DataError, TokenData
 from lmlab.evaluate import evaluate
+from lmlab.fsutil import atomic_write_bytes, atomic_write_text
 from lmlab.model import TransformerLM, lm_loss
 from lmlab.parallel import Dist, all_reduce_mean, barrier, full_state, init_distributed, load_full_state, wrap_model
 
@@ -317,9 +318,9 @@ class Trainer:
         barrier(trainer.dist)  # every rank has checked the folder before rank 0 writes it
         if trainer.dist.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(data.folder / "tokenizer.json", run_dir / "tokenizer.json")
+            atomic_write_bytes(run_dir / "tokenizer.json", (data.folder / "tokenizer.json").read_bytes())
             spec = {"model": cfg.to_dict(), "train": dataclasses.asdict(tc), "data": str(Path(data_dir).resolve())}
-            (run_dir / RUN_FILE).write_text(yaml.safe_dump(spec, sort_keys=False))
+            atomic_write_text(run_dir / RUN_FILE, yaml.safe_dump(spec, sort_keys=False))  # last: marks a run
         barrier(trainer.dist)
         return trainer
 
@@ -355,21 +356,26 @@ class Trainer:
         if run.get("data") is None:
             raise CheckpointError(f"run {str(run_dir)!r} names no data folder; pass --data to fine-tune it")
         trainer = cls(run_dir, saved, tc, TokenData(run["data"]), padded_vocab=isinstance(run.get("hf"), dict), **kw)
-        ckpts = checkpoint_dirs(run_dir)
-        if ckpts:
-            trainer._load(ckpts[-1])
+        trainer._load()
         if trainer.step > tc.max_steps:
             raise CheckpointError(f"max_steps={tc.max_steps} is below the step {trainer.step} run {str(run_dir)!r} "
                                   f"has reached; give max_steps >= {trainer.step}")
         if trainer.dist.is_main:
+            keep = trainer._metrics_to_keep()  # checked before anything is written
             spec = dict(run, train=dataclasses.asdict(tc))
-            (Path(run_dir) / RUN_FILE).write_text(yaml.safe_dump(spec, sort_keys=False))
-            trainer._truncate_metrics()
+            atomic_write_text(Path(run_dir) / RUN_FILE, yaml.safe_dump(spec, sort_keys=False))
+            if keep is not None:
+                atomic_write_text(trainer.run_dir / "metrics.jsonl", "".join(k + "\n" for k in keep))
         barrier(trainer.dist)
         return trainer
 
-    def _load(self, ckpt: Path) -> None:
-        weights, opt_state, state, rng = read_checkpoint(ckpt, self.model, with_optimizer=True)
+    def _load(self) -> None:
+        """Load the newest checkpoint that verifies (a damaged one falls back to the previous one, with a
+        warning; none usable: CheckpointError); no checkpoint: stay at step 0."""
+        found = load_latest(self.run_dir, self.model, with_optimizer=True)
+        if found is None:
+            return
+        _, weights, opt_state, state, rng = found
         load_full_state(self.model, self.opt, weights, opt_state, self.mode, self.dist)
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
         self.clipped_steps = state.get("clipped_steps", 0)
@@ -382,21 +388,13 @@ class Trainer:
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"], self.device)
 
-    def _truncate_metrics(self) -> None:
-        """Drop metric lines past the resumed step (written by the interrupted run after its last checkpoint)."""
+    def _metrics_to_keep(self) -> Optional[list[str]]:
+        """The lines of metrics.jsonl up to the resumed step (later ones were written by the interrupted run
+        after its last checkpoint), or None without a log. Raises CheckpointError for a damaged log."""
         path = self.run_dir / "metrics.jsonl"
         if not path.exists():
-            return
-        keep = []
-        for line in path.read_text().splitlines():
-            try:
-                if json.loads(line).get("step", 0) <= self.step:
-                    keep.append(line)
-            except json.JSONDecodeError:  # a line cut by the kill
-                continue
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(k + "\n" for k in keep))
-        os.replace(tmp, path)
+            return None
+        return [line for line, rec in metrics_lines(path) if rec["step"] <= self.step]
 
     # --- pieces ----------------------------------------------------------------------------
     def _mfu_inputs(self) -> tuple[float, Optional[float]]:
@@ -409,8 +407,13 @@ class Trainer:
     def _log(self, record: dict) -> None:
         if not self.dist.is_main:
             return
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        # one write() of a whole line in append mode: a kill leaves at most a cut last line, which a
+        # resume drops (_metrics_to_keep) and readers skip
+        fd = os.open(self.run_dir / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            os.write(fd, (json.dumps(record) + "\n").encode())
+        finally:
+            os.close(fd)
         if self.tc.tensorboard:
             if self._tb is None:
                 try:
