@@ -363,6 +363,8 @@ def cmd_import(args) -> int:
     info = import_hf(args.path, args.out)
     print(f"imported {info['model_type']} ({info['params']:,} parameters) into {info['run']}"
           + ("" if info["tokenizer"] else "; the HF folder has no tokenizer.json, so the run has no tokenizer"))
+    for note in info["notes"]:  # accepted config.json fields that transformers never reads
+        print(f"note: config.json {note}")
     return 0
 
 

@@ -225,3 +225,67 @@ def test_meta_fsdp_two_ranks_materialise(tmp_path):
     result = json.loads((tmp_path / "out.json").read_text())
     for position, (diff, tied) in result.items():
         assert diff <= 1e-6 and tied, (position, diff, tied)
+
+
+# ------------------------------------------------------------------------------------------------
+# 3-4. Config fields transformers never reads: Gemma 3's attention soft-cap, published legacy keys
+# ------------------------------------------------------------------------------------------------
+
+def _hf_folder(tmp_path, cls: str, overrides: dict, extra_json: dict, name: str = "hf"):
+    """A random HF model of config class ``cls`` saved to ``tmp_path/name``, with ``extra_json`` written
+    into its config.json; returns (folder, the HF model reloaded from that folder, eval, eager attention)."""
+    import json
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls)(**overrides))
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm" in pname or "ln" in pname:
+                p.add_(torch.randn_like(p) * 0.3)
+    folder = tmp_path / name
+    model.save_pretrained(folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(extra_json)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    ref = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    for key, value in extra_json.items():  # transformers keeps the field, and (the point) ignores it
+        assert getattr(ref.config, key) == value
+    return folder, ref
+
+
+def _import(folder, out, capsys):
+    """``lmlab import`` through the CLI: (exit status, stdout, model of the run)."""
+    from lmlab.cli import main
+
+    rc = main(["import", str(folder), "--out", str(out)])
+    text = capsys.readouterr().out
+    model = hfio.load_run_model(out)[0] if rc == 0 else None
+    return rc, text, model
+
+
+def _logits_diff(model, ref, seq=40) -> float:
+    idx = torch.randint(0, V, (2, seq), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        return float((model(idx) - ref(idx).logits.float()).abs().max())
+
+
+GEMMA3 = dict(BASE, head_dim=16, num_hidden_layers=3, sliding_window=8, query_pre_attn_scalar=16,
+              layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+
+
+def test_gemma3_attn_logit_softcapping_follows_hf(tmp_path, capsys):
+    """transformers' Gemma 3 ignores attn_logit_softcapping; lmlab imports such a config without the cap
+    (the logits equal HF's), says so in a note, and would differ from HF had it applied the cap."""
+    from dataclasses import replace
+
+    folder, ref = _hf_folder(tmp_path, "Gemma3TextConfig", dict(GEMMA3, attn_logit_softcapping=0.5), {})
+    rc, text, model = _import(folder, tmp_path / "run", capsys)
+    assert rc == 0
+    assert model.cfg.attn_logit_softcap is None
+    assert "note: config.json attn_logit_softcapping=0.5: not applied" in text
+    assert _logits_diff(model, ref) <= 1e-4
+    capped = TransformerLM(replace(model.cfg, attn_logit_softcap=0.5)).eval()
+    capped.load_state_dict(model.state_dict())
+    assert _logits_diff(capped, ref) > 1e-2  # applying the cap is not what HF computes
+    with pytest.raises(hfio.UnsupportedError, match="attn_logit_softcap"):  # cannot be written as Gemma 3
+        hfio.lmlab_to_hf_config(capped.cfg, family="gemma3_text")

@@ -72,6 +72,48 @@ def check_fields(hf: dict, family: str, handled: set | frozenset) -> None:
             f"{', '.join(sorted(handled))} plus RoPE and metadata fields")
 
 
+@dataclass(frozen=True)
+class Unread:
+    """A config.json field that the family's transformers code never reads (a key of the original code
+    base, left in published configs). Accepted when its value says what the HF model computes anyway:
+    one of ``accepted`` (None: any value), or equal to the (resolved) field ``same_as``; refused otherwise,
+    since such a checkpoint would mean another model. ``meaning``: what the field describes, for the note
+    ``lmlab import`` prints and for the error."""
+
+    key: str
+    meaning: str
+    accepted: Optional[tuple] = None
+    same_as: Optional[str] = None
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal and of the same kind (True is not 1, 1.0 is 1)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    return a == b
+
+
+def check_unread(hf: dict, family: str, unread: Sequence[Unread], defaults: Optional[dict] = None) -> list[str]:
+    """Validate the fields of ``unread`` present in ``hf``; UnsupportedError for a value that would describe
+    another model. Returns one note per field present and not null: 'key=value: meaning'."""
+    notes = []
+    for u in unread:
+        if u.key not in hf:
+            continue
+        value = hf[u.key]
+        if u.same_as is not None:
+            want = get(hf, u.same_as, defaults or {})
+            if not _same_value(value, want):
+                raise unsupported(family, u.key, value, f"{want!r}, the value of {u.same_as} ({u.meaning}; "
+                                  f"transformers never reads {u.key}, so another value would describe another model)")
+        elif u.accepted is not None and not any(_same_value(value, a) for a in u.accepted):
+            raise unsupported(family, u.key, value, f"{' or '.join(map(repr, u.accepted))} ({u.meaning}; "
+                              f"transformers never reads {u.key}, so another value would describe another model)")
+        if value is not None:  # null: nothing to note
+            notes.append(f"{u.key}={value!r}: {u.meaning}")
+    return notes
+
+
 def get(hf: dict, key: str, defaults: dict) -> Any:
     """``hf[key]`` if the key is present (even None), else the family's default from ``defaults`` (the
     transformers config class defaults, as HF itself fills an absent key)."""

@@ -155,7 +155,9 @@ def _refuse_existing(folder: Path, what: str) -> None:
 def import_hf(path: str | Path, out_run_dir: str | Path) -> dict:
     """Convert HF model folder ``path`` into a new lmlab run folder ``out_run_dir``.
 
-    Returns a summary: model_type, parameter count, whether a tokenizer was copied, checkpoint folder.
+    Returns a summary: model_type, parameter count, whether a tokenizer was copied, checkpoint folder, and
+    ``notes``: the config.json fields transformers never reads that were accepted as describing this
+    model anyway (``common.Unread``; e.g. Qwen2.5's ``use_mrope: false``), one line each.
     Raises UnsupportedError (a config or tensor lmlab cannot represent), HFFormatError (an unreadable
     folder, or ``out_run_dir`` exists). Nothing is written unless the import succeeds."""
     from lmlab.checkpoint import RUN_FILE, save_checkpoint
@@ -186,8 +188,9 @@ def import_hf(path: str | Path, out_run_dir: str | Path) -> dict:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    notes = family.unread_notes(hf) if family.unread_notes is not None else []
     return {"model_type": family.model_type, "params": model.num_params(), "tokenizer": tokenizer,
-            "run": str(out), "checkpoint": str(out / "checkpoints" / "step_0000000")}
+            "run": str(out), "checkpoint": str(out / "checkpoints" / "step_0000000"), "notes": notes}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -54,6 +54,8 @@ class Spec:
     clip_qkv: bool = False  # OLMo
     bidirectional_key: bool = False  # Gemma: use_bidirectional_attention (refused when true)
     ignored: frozenset = field(default_factory=frozenset)  # fields HF's modeling code never reads
+    unread: tuple = ()  # common.Unread: legacy fields HF never reads, checked to describe this model, noted
+    attn_softcap: bool = True  # the model applies attn_logit_softcapping (Gemma 2); False: HF ignores it (Gemma 3)
     notes: str = ""
 
     def handled(self) -> set:
@@ -81,7 +83,7 @@ class Spec:
             keys.add("clip_qkv")
         if self.bidirectional_key:
             keys.add("use_bidirectional_attention")
-        return keys | set(self.ignored)
+        return keys | set(self.ignored) | {u.key for u in self.unread}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -91,6 +93,7 @@ class Spec:
 def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
     fam, d = spec.model_type, spec.defaults
     C.check_fields(hf, fam, spec.handled())
+    C.check_unread(hf, fam, spec.unread, d)
     g = lambda key: C.get(hf, key, d)  # noqa: E731
     hidden, heads = g("hidden_size"), g("num_attention_heads")
     kv = g("num_key_value_heads") or heads
@@ -190,7 +193,8 @@ def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
         kw.update(qk_norm="layernorm", qk_norm_scope="head_untied")
     if spec.gemma:
         kw.update(scale_embeddings=True, query_pre_attn_scalar=float(g("query_pre_attn_scalar")),
-                  attn_logit_softcap=g("attn_logit_softcapping"), final_logit_softcap=g("final_logit_softcapping"))
+                  attn_logit_softcap=g("attn_logit_softcapping") if spec.attn_softcap else None,
+                  final_logit_softcap=g("final_logit_softcapping"))
     elif spec.norm == "gemma":
         kw["scale_embeddings"] = True
     if spec.bidirectional_key and g("use_bidirectional_attention"):
@@ -253,8 +257,8 @@ def config_to_hf(spec: Spec, cfg: ModelConfig) -> dict:
         if float(scalar) != int(scalar):  # transformers types the field as int
             raise C.unsupported(spec.model_type, "query_pre_attn_scalar", scalar, "a whole number")
         cap = lambda v: None if v is None else float(v)  # noqa: E731
-        hf.update(query_pre_attn_scalar=int(scalar), attn_logit_softcapping=cap(cfg.attn_logit_softcap),
-                  final_logit_softcapping=cap(cfg.final_logit_softcap))
+        hf.update(query_pre_attn_scalar=int(scalar), final_logit_softcapping=cap(cfg.final_logit_softcap),
+                  attn_logit_softcapping=cap(cfg.attn_logit_softcap) if spec.attn_softcap else None)
     if spec.bidirectional_key:
         hf["use_bidirectional_attention"] = False
     if spec.logit_scale:
@@ -284,4 +288,5 @@ def build(spec: Spec) -> Family:
     return register(Family(model_type=spec.model_type, hf_class=spec.hf_class,
                            config_to_lmlab=lambda hf: config_to_lmlab(spec, hf), state_to_lmlab=to_lmlab_state,
                            config_to_hf=lambda cfg: config_to_hf(spec, cfg), state_to_hf=to_hf_state,
-                           notes=spec.notes))
+                           notes=spec.notes,
+                           unread_notes=lambda hf: C.check_unread(hf, spec.model_type, spec.unread, spec.defaults)))

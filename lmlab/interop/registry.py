@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -37,6 +37,8 @@ class Family:
     config_to_hf: Callable[[ModelConfig], dict]  # ModelConfig -> config.json mapping (incl. model_type)
     state_to_hf: Callable[[StateDict, ModelConfig], StateDict]  # lmlab state -> HF state
     notes: str = ""  # what is checked / what cannot match, for the README's support table
+    # config.json -> notes on the fields transformers never reads that the import accepted (common.check_unread)
+    unread_notes: Optional[Callable[[dict], list]] = None
 
 
 _FAMILIES: dict[str, Family] = {}

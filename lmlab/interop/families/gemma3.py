@@ -6,8 +6,14 @@ qk_norm='gemma_rmsnorm') and no soft-caps by default; 5 sliding-window layers to
 layer type (legacy: ``rope_theta`` + ``rope_scaling`` for full layers, ``rope_local_base_freq`` for
 sliding ones) -> lmlab ``rope_theta`` + ``rope_scaling`` and ``rope_local_theta``. The multimodal
 'gemma3' checkpoints (4B and up, with a vision tower) are not this model type.
+
+``attn_logit_softcapping``: ``Gemma3TextConfig`` has the field, but transformers 5's ``Gemma3Attention``
+never passes it to the attention function, so HF's Gemma 3 does not cap attention logits whatever its
+value. lmlab follows HF: the field is accepted, not applied (``lmlab import`` prints a note), and
+export writes null; a config with ``attn_logit_softcap`` set is refused for this family.
 """
 
+from lmlab.interop.common import Unread
 from lmlab.interop.llama_like import Spec, build
 
 FAMILY = build(Spec(
@@ -19,6 +25,8 @@ FAMILY = build(Spec(
                   max_position_embeddings=131072, rms_norm_eps=1e-6, tie_word_embeddings=True, attention_bias=False,
                   attention_dropout=0.0, query_pre_attn_scalar=256, sliding_window=4096,
                   final_logit_softcapping=None, attn_logit_softcapping=None, use_bidirectional_attention=False),
-    ignored=frozenset({"hidden_act", "cache_implementation"}),
+    ignored=frozenset({"hidden_act", "cache_implementation"}), attn_softcap=False,
+    unread=(Unread("attn_logit_softcapping", "not applied: transformers' Gemma3Attention ignores it, and so "
+                   "does lmlab (Gemma 3 has no attention soft-cap)"),),
     notes="sandwich norms, (1+w) QK-norm, 5:1 local/global with local RoPE theta",
 ))
