@@ -257,6 +257,7 @@ def _import(folder, out, capsys):
     """``lmlab import`` through the CLI: (exit status, stdout, model of the run)."""
     from lmlab.cli import main
 
+    capsys.readouterr()
     rc = main(["import", str(folder), "--out", str(out)])
     text = capsys.readouterr().out
     model = hfio.load_run_model(out)[0] if rc == 0 else None
@@ -289,3 +290,56 @@ def test_gemma3_attn_logit_softcapping_follows_hf(tmp_path, capsys):
     assert _logits_diff(capped, ref) > 1e-2  # applying the cap is not what HF computes
     with pytest.raises(hfio.UnsupportedError, match="attn_logit_softcap"):  # cannot be written as Gemma 3
         hfio.lmlab_to_hf_config(capped.cfg, family="gemma3_text")
+
+
+COHERE2 = dict(BASE, num_hidden_layers=4, sliding_window=8, logit_scale=0.25)
+R7B_LEGACY = {"order_of_interleaved_layers": "local_attn_first", "position_embedding_type": "rope_gptj",
+              "rotary_pct": 1.0, "use_embedding_sharing": True, "use_gated_activation": True,
+              "use_parallel_block": True, "use_parallel_embedding": True}
+GPTJ = dict(vocab_size=V, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=128, initializer_range=0.1)
+PUBLISHED = {  # case -> (config class, tiny config, the published keys transformers never reads)
+    "qwen2.5": ("Qwen2Config", dict(BASE, use_sliding_window=False), {"use_mrope": False}),
+    "gpt-j-6b": ("GPTJConfig", GPTJ, {"rotary": True}),
+    "command-r7b": ("Cohere2Config", COHERE2, R7B_LEGACY),
+    "command-r": ("CohereConfig", dict(BASE, logit_scale=0.25),
+                  {k: v for k, v in R7B_LEGACY.items() if k != "order_of_interleaved_layers"}),
+}
+
+
+@pytest.mark.parametrize("case", list(PUBLISHED))
+def test_published_unread_keys_import_with_a_note(tmp_path, capsys, case):
+    """A tiny random model of the family with the published config's unread keys (Qwen2.5 use_mrope:
+    false, GPT-J-6B rotary: true, Command R7B's legacy Cohere keys): imports, lists each key in a note,
+    and gives HF's logits."""
+    cls, overrides, extra = PUBLISHED[case]
+    folder, ref = _hf_folder(tmp_path, cls, overrides, extra)
+    rc, text, model = _import(folder, tmp_path / "run", capsys)
+    assert rc == 0, text
+    for key, value in extra.items():
+        assert f"note: config.json {key}={value!r}: " in text
+    assert _logits_diff(model, ref) <= 1e-4
+
+
+REFUSED = {  # a value of an unread key that would describe another model than transformers builds
+    "use_mrope=true": ("Qwen2Config", dict(BASE), {"use_mrope": True}, "use_mrope=True"),
+    "rotary=false": ("GPTJConfig", GPTJ, {"rotary": False}, "rotary=False"),
+    "ungated": ("Cohere2Config", COHERE2, dict(R7B_LEGACY, use_gated_activation=False), "use_gated_activation=False"),
+    "untied sharing": ("Cohere2Config", COHERE2, {"use_embedding_sharing": False}, "use_embedding_sharing=False"),
+    "rotary_pct": ("CohereConfig", dict(BASE), {"rotary_pct": 0.5}, "rotary_pct=0.5"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_unread_keys_that_would_change_the_model_are_refused(tmp_path, capsys, case):
+    """The same keys with a value that describes another model stay refused: exit 2, one line naming the
+    field and value, no run folder."""
+    from lmlab.cli import main
+
+    cls, overrides, extra, named = REFUSED[case]
+    folder, _ = _hf_folder(tmp_path, cls, overrides, extra)
+    capsys.readouterr()  # transformers' own output while saving
+    rc = main(["import", str(folder), "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert named in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()

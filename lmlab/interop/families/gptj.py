@@ -4,7 +4,8 @@ Parallel block off one LayerNorm (x + attn(ln(x)) + mlp(ln(x))), attention witho
 with biases, an LM head with a bias, RoPE on the first ``rotary_dim`` channels of each head with
 interleaved pairs (2i, 2i+1; ``rotate_every_two``) and the fixed base 10000.
 ``rotary_dim=None`` rotates the whole hidden width in HF, which only fits a single head; other heads
-counts raise.
+counts raise. GPT-J-6B's published ``rotary: true`` (a mesh-transformer-jax key transformers never reads)
+is accepted with a note; ``rotary: false`` is refused (it would describe a model without RoPE).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from lmlab.config import ModelConfig
 from lmlab.interop.families._tools import (put_output, cat_qkv, check_expressible, check_fields, hf_act_name, hf_activation,
                                            hf_get, lm_key, put, reject, rotated_dims, split_qkv, StateReader)
+from lmlab.interop.common import Unread, check_unread
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
 
 NAME = "gptj"
@@ -22,10 +24,13 @@ HANDLED = frozenset({  # config.json fields this converter reads (besides RoPE a
     "max_position_embeddings", "num_hidden_layers", "num_attention_heads",
     "scale_attn_weights",  # old GPT-J configs; HF GPT-J always scales
 })
+# GPT-J-6B's published config.json: a key of mesh-transformer-jax that transformers' GPT-J never reads
+UNREAD = (Unread("rotary", "RoPE on, as HF's GPT-J always rotates rotary_dim channels", accepted=(True,)),)
 
 
 def config_to_lmlab(hf: dict) -> ModelConfig:
-    check_fields(hf, NAME, HANDLED)
+    check_fields(hf, NAME, HANDLED | {u.key for u in UNREAD})
+    check_unread(hf, NAME, UNREAD)
     d_model = hf_get(hf, "n_embd", "hidden_size", default=4096)
     n_heads = hf_get(hf, "n_head", "num_attention_heads", default=16)
     head_dim = d_model // n_heads
@@ -117,7 +122,7 @@ def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
 
 FAMILY = register(Family(
     model_type=NAME, hf_class="GPTJForCausalLM", config_to_lmlab=config_to_lmlab, state_to_lmlab=state_to_lmlab,
-    config_to_hf=config_to_hf, state_to_hf=state_to_hf,
+    config_to_hf=config_to_hf, state_to_hf=state_to_hf, unread_notes=lambda hf: check_unread(hf, NAME, UNREAD),
     notes="exact: parallel block off one LayerNorm, partial interleaved RoPE (rotary_dim, base 10000), "
           "LM-head bias. Unsupported: rotary_dim=None with more than one head (HF itself fails there).",
 ))
