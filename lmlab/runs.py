@@ -133,6 +133,7 @@ def attach_data(out: Path, run: dict, data_dir: Path) -> None:
 
     from lmlab.checkpoint import RUN_FILE
     from lmlab.data.prepare import DataError, TokenData
+    from lmlab.fsutil import atomic_write_text
 
     data = TokenData(data_dir)
     run_tok = out / "tokenizer.json"
@@ -140,7 +141,7 @@ def attach_data(out: Path, run: dict, data_dir: Path) -> None:
         raise DataError(f"data {str(data.folder)!r} was not prepared with the tokenizer of run {str(out)!r}; "
                         f"prepare it with `lmlab prepare --tokenizer-file {run_tok} ...`")
     run["data"] = str(data.folder.resolve())
-    (out / RUN_FILE).write_text(yaml.safe_dump(run, sort_keys=False))
+    atomic_write_text(out / RUN_FILE, yaml.safe_dump(run, sort_keys=False))
 
 
 def check_run_memory(cfg, tc) -> None:

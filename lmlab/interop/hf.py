@@ -5,9 +5,10 @@
   ``torch.load(weights_only=True)``), picks the family by ``model_type`` (:mod:`lmlab.interop.registry`),
   maps config and tensors, loads them strictly into :class:`lmlab.model.TransformerLM` and writes a run
   folder: ``run.yaml`` (``model``, a default ``train`` section, ``data: null``, and ``hf`` saying where it
-  came from), ``tokenizer.json`` when the HF folder has one, and ``checkpoints/step_0000000/``.
-- :func:`export_hf` writes ``config.json`` (with ``model_type``, ``architectures``, ``dtype`` float32) and
-  ``model.safetensors`` that ``transformers.AutoModelForCausalLM.from_pretrained`` loads, choosing the
+  came from), ``tokenizer.json`` when the HF folder has one, and ``checkpoints/step_0000000/``, its
+  weights in the HF checkpoint's dtype (bf16 or fp32) or the one asked for (``dtype``).
+- :func:`export_hf` writes ``config.json`` (with ``model_type``, ``architectures``, ``dtype``) and
+  ``model.safetensors`` (in the run checkpoint's dtype, or the one asked for) that ``transformers.AutoModelForCausalLM.from_pretrained`` loads, choosing the
   family from the run's ``hf.model_type`` (set by import), else the first family that represents the
   config exactly, or the one asked for.
 
@@ -130,17 +131,45 @@ def load_strict(model: torch.nn.Module, state: StateDict) -> None:
         model.load_state_dict({k: v.to(expected[k].dtype) for k, v in full.items()}, strict=True)
 
 
-def hf_to_lmlab(path: str | Path):
-    """(model (fp32, eval mode), ModelConfig, Family, HF config) from HF model folder ``path``."""
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+HF_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}  # config.json's spelling
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}  # lmlab's (--dtype)
+DTYPE_CHOICES = ("auto", "fp32", "bf16")
+
+
+def stored_dtype(dtypes) -> torch.dtype:
+    """The dtype ``--dtype auto`` keeps for weights stored in ``dtypes`` (their floating dtypes): bf16 when
+    every floating tensor is bf16, else fp32 (fp32, fp16 or a mix convert to fp32 exactly; lmlab stores
+    no fp16)."""
+    floating = {d for d in dtypes if d.is_floating_point}
+    return torch.bfloat16 if floating == {torch.bfloat16} else torch.float32
+
+
+def resolve_dtype(dtype: str, source: torch.dtype) -> torch.dtype:
+    """``dtype`` ('auto' | 'fp32' | 'bf16') -> a torch dtype, 'auto' being ``source``; ValueError otherwise."""
+    if dtype == "auto":
+        return source
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not one of {', '.join(map(repr, DTYPE_CHOICES))}")
+    return DTYPES[dtype]
+
+
+def hf_to_lmlab(path: str | Path, dtype: str = "fp32"):
+    """(model (eval mode), ModelConfig, Family, HF config) from HF model folder ``path``. The model's
+    parameters are fp32 or bf16 (``dtype``: 'fp32', 'bf16', or 'auto': bf16 when the checkpoint stores
+    every floating tensor in bf16, else fp32; see :func:`stored_dtype`)."""
     from lmlab.model import TransformerLM
 
+    resolve_dtype(dtype, torch.float32)  # the name checked before anything is read
     hf = read_hf_config(path)
     family = get_family(hf["model_type"])
     cfg = family.config_to_lmlab(dict(hf))
-    state = family.state_to_lmlab(read_hf_state(path), cfg, hf)
+    hf_state = read_hf_state(path)
+    target = resolve_dtype(dtype, stored_dtype(t.dtype for t in hf_state.values()))
+    state = family.state_to_lmlab(hf_state, cfg, hf)
     model = TransformerLM(cfg)
-    load_strict(model, state)
-    return model.eval(), cfg, family, hf
+    load_strict(model, state)  # fp32: exact for bf16 and fp16 tensors
+    return model.to(target).eval(), cfg, family, hf
 
 
 # ------------------------------------------------------------------------------------------------
@@ -152,8 +181,13 @@ def _refuse_existing(folder: Path, what: str) -> None:
         raise HFFormatError(f"{what} {str(folder)!r} already exists; choose another folder (nothing is overwritten)")
 
 
-def import_hf(path: str | Path, out_run_dir: str | Path) -> dict:
+def import_hf(path: str | Path, out_run_dir: str | Path, dtype: str = "auto") -> dict:
     """Convert HF model folder ``path`` into a new lmlab run folder ``out_run_dir``.
+
+    ``dtype`` of the stored checkpoint: 'auto' (default) keeps the HF checkpoint's, bf16 when all its
+    floating tensors are bf16 and fp32 otherwise (fp16 becomes fp32, exactly); 'fp32' or 'bf16' convert
+    (fp32 -> bf16 rounds to nearest). Runs load any checkpoint into an fp32 model for training and
+    evaluation; the dtype is that of the stored weights (a bf16 checkpoint is half the size).
 
     Returns a summary: model_type, parameter count, whether a tokenizer was copied, checkpoint folder, and
     ``notes``: the config.json fields transformers never reads that were accepted as describing this
@@ -165,7 +199,8 @@ def import_hf(path: str | Path, out_run_dir: str | Path) -> dict:
 
     path, out = Path(path), Path(out_run_dir)
     _refuse_existing(out, "run folder")
-    model, cfg, family, hf = hf_to_lmlab(path)
+    model, cfg, family, hf = hf_to_lmlab(path, dtype)
+    stored = DTYPE_NAMES[next(model.parameters()).dtype]
     tmp = out.with_name(out.name + ".import-tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -175,7 +210,7 @@ def import_hf(path: str | Path, out_run_dir: str | Path) -> dict:
             shutil.copyfile(path / "tokenizer.json", tmp / "tokenizer.json")
         spec = {"model": cfg.to_dict(), "train": dataclasses.asdict(TrainConfig()), "data": None,
                 "hf": {"model_type": family.model_type, "hf_class": family.hf_class,
-                       "source": str(path.resolve()), "tokenizer": tokenizer,
+                       "source": str(path.resolve()), "tokenizer": tokenizer, "dtype": stored,
                        "special_tokens": {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in hf},
                        "note": "imported with `lmlab import`; fine-tune with `lmlab train --out RUN --resume "
                                "--data DIR` on data prepared with this run's tokenizer"}}
@@ -190,7 +225,8 @@ def import_hf(path: str | Path, out_run_dir: str | Path) -> dict:
         raise
     notes = family.unread_notes(hf) if family.unread_notes is not None else []
     return {"model_type": family.model_type, "params": model.num_params(), "tokenizer": tokenizer,
-            "run": str(out), "checkpoint": str(out / "checkpoints" / "step_0000000"), "notes": notes}
+            "run": str(out), "checkpoint": str(out / "checkpoints" / "step_0000000"), "notes": notes,
+            "dtype": stored}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -245,32 +281,48 @@ def load_run_model(run_dir: str | Path, step: Optional[int] = None):
 
 
 def export_model(model: torch.nn.Module, out_dir: str | Path, family: Optional[str] = None,
-                 hint: Optional[str] = None, extra_config: Optional[dict] = None) -> tuple[Family, dict]:
-    """Write ``model`` (a TransformerLM) as an HF model folder: config.json and model.safetensors (fp32).
-    ``family`` / ``hint`` as in :func:`lmlab_to_hf_config`; ``extra_config``: metadata fields added to
-    config.json (special token ids). Returns (family, config.json mapping)."""
+                 hint: Optional[str] = None, extra_config: Optional[dict] = None,
+                 dtype: torch.dtype = torch.float32) -> tuple[Family, dict]:
+    """Write ``model`` (a TransformerLM) as an HF model folder: config.json and model.safetensors in
+    ``dtype`` (torch.float32 or torch.bfloat16; config.json's ``dtype`` says which). ``family`` / ``hint``
+    as in :func:`lmlab_to_hf_config`; ``extra_config``: metadata fields added to config.json (special
+    token ids). Returns (family, config.json mapping)."""
     cfg = model.cfg
     fam, hf = lmlab_to_hf_config(cfg, family, hint)
-    state = fam.state_to_hf({k: v.detach().float().cpu() for k, v in model.state_dict().items()}, cfg)
+    state = fam.state_to_hf({k: v.detach().to(device="cpu", dtype=dtype) for k, v in model.state_dict().items()}, cfg)
     state = {k: v.clone().contiguous() for k, v in state.items()}  # no shared storage in safetensors
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    hf = dict(hf, **(extra_config or {}), dtype="float32", torch_dtype="float32")
+    hf = dict(hf, **(extra_config or {}), dtype=HF_DTYPE_NAMES[dtype], torch_dtype=HF_DTYPE_NAMES[dtype])
     (out / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
     return fam, hf
 
 
+def checkpoint_dtype(ckpt_dir: str | Path) -> torch.dtype:
+    """The dtype of the weights stored in checkpoint ``ckpt_dir`` (:func:`stored_dtype` of its
+    model.safetensors, read from the header only)."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(ckpt_dir) / "model.safetensors"), framework="pt") as f:
+        names = set(f.get_slice(k).get_dtype() for k in f.keys())
+    return stored_dtype({"BF16": torch.bfloat16, "F16": torch.float16}.get(n, torch.float32) for n in names)
+
+
 def export_hf(run_dir: str | Path, out_dir: str | Path, family: Optional[str] = None,
-              step: Optional[int] = None) -> dict:
+              step: Optional[int] = None, dtype: str = "auto") -> dict:
     """Write the run's latest checkpoint (or ``step``) as an HF model folder ``out_dir``: config.json,
-    model.safetensors (fp32) and tokenizer.json when the run has one. An imported run's special token ids
+    model.safetensors and tokenizer.json when the run has one. ``dtype`` of the written weights: 'auto'
+    (default) that of the checkpoint's stored weights (:func:`checkpoint_dtype`: bf16 for an import kept
+    in bf16, fp32 for a run lmlab trained), else 'fp32' or 'bf16'. An imported run's special token ids
     (bos/eos/pad) go back into config.json; a run with lmlab's own tokenizer gets its <|endoftext|> as
     bos and eos. Returns a summary. Raises UnsupportedError when the family (or none) represents the
     config, CheckpointError for a bad run, HFFormatError when ``out_dir`` exists and is not empty."""
     run_dir, out = Path(run_dir), Path(out_dir)
+    resolve_dtype(dtype, torch.float32)  # the name checked before anything is read
     _refuse_existing(out, "output folder")
     model, cfg, run, ckpt = load_run_model(run_dir, step)
+    target = resolve_dtype(dtype, checkpoint_dtype(ckpt))
     meta = run["hf"] if isinstance(run.get("hf"), dict) else {}
     special = dict(meta.get("special_tokens") or {})
     if not meta and (run_dir / "tokenizer.json").is_file():
@@ -281,7 +333,8 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, family: Optional[str] = 
             special = {"bos_token_id": eot, "eos_token_id": eot}
         except TokenizerError:
             pass
-    fam, hf = export_model(model, out, family, meta.get("model_type"), special)
+    fam, hf = export_model(model, out, family, meta.get("model_type"), special, target)
     if (run_dir / "tokenizer.json").is_file():
         shutil.copyfile(run_dir / "tokenizer.json", out / "tokenizer.json")
-    return {"model_type": fam.model_type, "hf_class": fam.hf_class, "checkpoint": str(ckpt), "out": str(out)}
+    return {"model_type": fam.model_type, "hf_class": fam.hf_class, "checkpoint": str(ckpt), "out": str(out),
+            "dtype": DTYPE_NAMES[target]}
