@@ -360,8 +360,8 @@ def cmd_bench_decode(args) -> int:
 def cmd_import(args) -> int:
     from lmlab.interop.hf import import_hf
 
-    info = import_hf(args.path, args.out)
-    print(f"imported {info['model_type']} ({info['params']:,} parameters) into {info['run']}"
+    info = import_hf(args.path, args.out, dtype=args.dtype)
+    print(f"imported {info['model_type']} ({info['params']:,} parameters, {info['dtype']}) into {info['run']}"
           + ("" if info["tokenizer"] else "; the HF folder has no tokenizer.json, so the run has no tokenizer"))
     for note in info["notes"]:  # accepted config.json fields that transformers never reads
         print(f"note: config.json {note}")
@@ -371,8 +371,9 @@ def cmd_import(args) -> int:
 def cmd_export(args) -> int:
     from lmlab.interop.hf import export_hf
 
-    info = export_hf(args.run, args.out, family=args.family, step=args.step)
-    print(f"exported {info['checkpoint']} as {info['hf_class']} (model_type {info['model_type']}) to {info['out']}")
+    info = export_hf(args.run, args.out, family=args.family, step=args.step, dtype=args.dtype)
+    print(f"exported {info['checkpoint']} as {info['hf_class']} (model_type {info['model_type']}, {info['dtype']}) "
+          f"to {info['out']}")
     return 0
 
 
@@ -477,6 +478,9 @@ def make_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("import", help="convert a Hugging Face model folder into a new run folder")
     sp.add_argument("path", help="HF model folder: config.json + model.safetensors (or shards, or pytorch_model.bin)")
     sp.add_argument("--out", required=True, help="run folder to create")
+    sp.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
+                    help="dtype of the stored weights (default auto: the HF checkpoint's, bf16 when all its "
+                         "floating tensors are bf16, else fp32)")
     sp.set_defaults(func=cmd_import)
 
     sp = sub.add_parser("export", help="write a run's checkpoint as a Hugging Face model folder")
@@ -485,6 +489,9 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", required=True, help="folder to create (config.json, model.safetensors)")
     sp.add_argument("--family", help="HF model_type to write (default: the imported one, else the first that fits)")
     sp.add_argument("--step", type=NON_NEGATIVE, help="checkpoint step (default: the latest)")
+    sp.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
+                    help="dtype of the written weights (default auto: the checkpoint's, so a run imported in "
+                         "bf16 exports bf16 and a run lmlab trained exports fp32)")
     sp.set_defaults(func=cmd_export)
 
     sp = sub.add_parser("analyze", help="parameters, FLOPs/token, KV cache and arithmetic intensity of a config")

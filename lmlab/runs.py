@@ -161,12 +161,37 @@ def setup_run(out: str | Path, config: Optional[str] = None, preset: Optional[st
     config, ``out`` and the memory are checked before any data is prepared or downloaded), the same
     command again (continues the run; a different config is refused, naming the fields), or
     ``resume=True`` (continue, possibly with new training settings such as a larger max_steps).
-    Raises ConfigError / CheckpointError / DataError with one line naming what is wrong."""
+
+    The run folder is locked first (:func:`lmlab.fsutil.acquire_lock`, by rank 0 under torchrun): a
+    second ``lmlab train`` into the same ``out`` while this one runs is refused with a LockError naming
+    the holder's PID and host; a stale lock (its process gone) is taken over with a note on stderr. The
+    returned trainer holds the lock until ``trainer.release_lock()`` (or the process ends).
+    Raises ConfigError / CheckpointError / DataError / LockError with one line naming what is wrong."""
+    from lmlab.checkpoint import CheckpointError
+    from lmlab.fsutil import acquire_lock
+
+    if not str(out).strip():
+        raise CheckpointError("--out is blank; give a folder path for the new run")
+    lock = None
+    if int(os.environ.get("RANK", "0")) == 0:
+        lock = acquire_lock(out, "lmlab train")
+        if lock.note:
+            print(lock.note, file=sys.stderr)
+    try:
+        trainer = _setup_locked(Path(out), config, preset, scale, sets, data, resume, progress)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    trainer.lock = lock
+    return trainer
+
+
+def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress):
     from lmlab.checkpoint import RUN_FILE, read_run
     from lmlab.data.prepare import TokenData
     from lmlab.train import Trainer
 
-    out = Path(out)
     sets = list(sets)
     if (out / RUN_FILE).exists():
         run = read_run(out)

@@ -306,6 +306,13 @@ class Trainer:
         self.loss_ema: Optional[float] = None
         self.flops_per_token, self.peak_flops = self._mfu_inputs()
         self._tb = None
+        self.lock = None  # the run folder's lmlab.fsutil.FolderLock, set by lmlab.runs.setup_run
+
+    def release_lock(self) -> None:
+        """Release the run folder's lock (if this trainer holds one)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     # --- run folder ------------------------------------------------------------------------
     @classmethod
