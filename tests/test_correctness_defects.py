@@ -343,3 +343,95 @@ def test_unread_keys_that_would_change_the_model_are_refused(tmp_path, capsys, c
     assert rc == 2
     assert named in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# 5. dtype on import and export
+# ------------------------------------------------------------------------------------------------
+
+def _safetensors(folder):
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def _bf16_llama(tmp_path):
+    """A random Llama saved by transformers in bf16: (folder, its tensors)."""
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**BASE, tie_word_embeddings=False))
+    ref.to(torch.bfloat16).save_pretrained(tmp_path / "hf")
+    tensors = _safetensors(tmp_path / "hf")
+    assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
+    return tmp_path / "hf", tensors
+
+
+def test_bf16_round_trip_keeps_dtype_and_values(tmp_path, capsys):
+    """A bf16 HF checkpoint imported with the default --dtype auto is stored in bf16 (half the bytes of
+    fp32) and exported in bf16: every tensor comes back bitwise equal, config.json says bfloat16, and
+    transformers loads it in bf16 with the original's logits."""
+    import json
+
+    from lmlab.cli import main
+
+    folder, original = _bf16_llama(tmp_path)
+    capsys.readouterr()
+    assert main(["import", str(folder), "--out", str(tmp_path / "run")]) == 0
+    assert "parameters, bf16) into" in capsys.readouterr().out
+    ckpt = _safetensors(tmp_path / "run" / "checkpoints" / "step_0000000")
+    assert {t.dtype for t in ckpt.values()} == {torch.bfloat16}
+    assert torch.equal(ckpt["embed.weight"], original["model.embed_tokens.weight"])
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "exp")]) == 0
+    assert "(model_type llama, bf16) to" in capsys.readouterr().out
+    back = _safetensors(tmp_path / "exp")
+    assert set(back) == set(original)
+    for name, tensor in original.items():
+        assert back[name].dtype == torch.bfloat16 and torch.equal(back[name], tensor), name
+    assert json.loads((tmp_path / "exp" / "config.json").read_text())["dtype"] == "bfloat16"
+    a = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    b = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exp").eval()
+    assert next(b.parameters()).dtype == torch.bfloat16
+    idx = torch.randint(0, V, (1, 16))
+    with torch.no_grad():
+        assert torch.equal(a(idx).logits, b(idx).logits)
+
+
+def test_dtype_flags_convert_as_asked(tmp_path, capsys):
+    """--dtype fp32 on import of a bf16 checkpoint widens exactly; --dtype bf16 on export of that run
+    rounds back to the same bf16 tensors; --dtype bf16 on import of an fp32 checkpoint rounds to nearest."""
+    from lmlab.cli import main
+
+    folder, original = _bf16_llama(tmp_path)
+    assert main(["import", str(folder), "--out", str(tmp_path / "run32"), "--dtype", "fp32"]) == 0
+    ckpt = _safetensors(tmp_path / "run32" / "checkpoints" / "step_0000000")
+    assert ckpt["embed.weight"].dtype == torch.float32
+    assert torch.equal(ckpt["embed.weight"], original["model.embed_tokens.weight"].float())
+    assert main(["export", str(tmp_path / "run32"), "--out", str(tmp_path / "exp32")]) == 0  # auto: fp32
+    assert _safetensors(tmp_path / "exp32")["lm_head.weight"].dtype == torch.float32
+    assert main(["export", str(tmp_path / "run32"), "--out", str(tmp_path / "exp16"), "--dtype", "bf16"]) == 0
+    back = _safetensors(tmp_path / "exp16")
+    assert all(torch.equal(back[k], v) for k, v in original.items())
+    # an fp32 checkpoint asked for in bf16
+    fp32 = _safetensors(tmp_path / "exp32")
+    assert main(["import", str(tmp_path / "exp32"), "--out", str(tmp_path / "run16"), "--dtype", "bf16"]) == 0
+    ckpt16 = _safetensors(tmp_path / "run16" / "checkpoints" / "step_0000000")
+    assert torch.equal(ckpt16["lm_head.weight"], fp32["lm_head.weight"].to(torch.bfloat16))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:  # argparse: one line naming the flag, exit 2
+        main(["import", str(folder), "--out", str(tmp_path / "bad"), "--dtype", "fp16"])
+    assert exit_info.value.code == 2
+    assert "--dtype" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    with pytest.raises(ValueError, match="dtype='fp16'"):  # the library names it too
+        hfio.import_hf(folder, tmp_path / "bad", dtype="fp16")
+    assert not (tmp_path / "bad").exists()
+
+
+def test_bf16_import_evaluates_in_fp32_like_the_original(tmp_path):
+    """The run of a bf16 import loads into lmlab's usual fp32 model with exactly the bf16 values: its
+    logits equal those of the HF bf16 weights widened to fp32."""
+    folder, _ = _bf16_llama(tmp_path)
+    hfio.import_hf(folder, tmp_path / "run")
+    model = hfio.load_run_model(tmp_path / "run")[0]
+    assert next(model.parameters()).dtype == torch.float32
+    ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
+                                                            attn_implementation="eager").eval()
+    assert _logits_diff(model, ref) <= 1e-4
