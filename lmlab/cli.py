@@ -112,6 +112,13 @@ def cmd_train(args) -> int:
     out = Path(args.out)
     trainer = setup_run(out, config=args.config, preset=args.preset, scale=args.scale, sets=args.set or [],
                         data=args.data, resume=args.resume, progress=not args.no_progress)
+    try:
+        return _train(trainer, out)
+    finally:
+        trainer.release_lock()
+
+
+def _train(trainer, out: Path) -> int:
     if trainer.dist.is_main:
         print(f"model: {trainer.model.num_params():,} parameters ({trainer.model.num_params(non_embedding=True):,} "
               f"non-embedding), device {trainer.device}, dtype {str(trainer.amp_dtype or 'fp32').replace('torch.', '')}, "
