@@ -565,9 +565,9 @@ def main(argv=None) -> int:
         where = f": {exc.filename!r}" if exc.filename else ""
         print(f"lmlab {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"lmlab {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # lmlab.train.TrainingInterrupted says what was saved
+        print(f"lmlab {args.command}: {exc or 'interrupted'}", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,6 +265,47 @@ def _local(p: torch.Tensor) -> torch.Tensor:
 def windows_to_batch(tokens: np.ndarray, starts: np.ndarray, T: int) -> tuple[torch.Tensor, torch.Tensor]:
     chunk = torch.from_numpy(np.stack([np.asarray(tokens[s:s + T + 1], dtype=np.int64) for s in starts]))
     return chunk[:, :-1], chunk[:, 1:]
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached :meth:`Trainer.fit`, which checkpointed the last finished step and stopped.
+    ``signum``: the signal; ``exit_code``: 128 + signum (130 for SIGINT, 143 for SIGTERM), as a shell reports."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum, self.exit_code = signum, 128 + signum
+
+
+class StopSignals:
+    """While active (``with``), SIGINT and SIGTERM only ask the training loop to stop after the step in
+    progress (:attr:`signum` set, one line on stderr); a second signal interrupts at once
+    (KeyboardInterrupt; the checkpoints on disk stay intact, being written atomically). Installed only in
+    the main thread (elsewhere signals cannot be caught and this does nothing); the previous handlers
+    come back on exit."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+        self._old: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(f"\n{signal.Signals(signum).name} received: finishing the current step and saving a checkpoint "
+              f"(send it again to stop at once)", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old = {}
 
 
 class Trainer:
@@ -559,7 +602,28 @@ class Trainer:
         ``checkpoint_interval`` steps and at the end (or when ``max_seconds`` of wall time are spent: then
         a ``{"stopped": "max_seconds"}`` record is logged). Returns the last validation figures.
         Raises FloatingPointError after ``max_bad_steps`` non-finite steps in a row (the last good
-        state is checkpointed first)."""
+        state is checkpointed first). SIGINT / SIGTERM (:class:`StopSignals`) stop it after the step in
+        progress (and its evaluation / checkpoint, if due): the last finished step is checkpointed, a
+        ``{"stopped": "SIGINT"}`` record logged, and :class:`TrainingInterrupted` raised; running the
+        same command again resumes bit for bit."""
+        with StopSignals() as stop:
+            last_val = self._fit(stop)
+        if stop.signum is not None and self.step < self.tc.max_steps:  # (a signal after the last step: done)
+            name = signal.Signals(stop.signum).name
+            raise TrainingInterrupted(f"interrupted by {name} at step {self.step} of {self.tc.max_steps}; its "
+                                      f"checkpoint is saved in {str(self.run_dir)!r}: run the same command again "
+                                      f"to continue", stop.signum)
+        return last_val
+
+    def _stop_requested(self, stop: StopSignals) -> bool:
+        if not self.dist.enabled:
+            return stop.signum is not None
+        asked = all_reduce_mean(float(stop.signum is not None), self.dist, self.device) > 0  # every rank agrees
+        if asked and stop.signum is None:
+            stop.signum = signal.SIGTERM  # a signal reached another rank only
+        return asked
+
+    def _fit(self, stop: StopSignals) -> dict:
         from tqdm import tqdm
 
         tc = self.tc
@@ -570,6 +634,9 @@ class Trainer:
         t0, window_t, window_steps = time.perf_counter(), time.perf_counter(), 0
         self.model.train()
         while self.step < tc.max_steps:
+            if self._stop_requested(stop):  # the previous step, its evaluation and checkpoint are done
+                self._log({"step": self.step, "stopped": signal.Signals(stop.signum).name})
+                break
             rec = self.train_step()
             window_steps += 1
             if rec.get("skipped"):
