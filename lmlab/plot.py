@@ -4,30 +4,69 @@
   estimates as markers;
 - ``lr.png``: each run's learning-rate schedule over its ``max_steps`` (computed from ``run.yaml``
   by the same function the trainer uses).
+
+Files are only ever replaced when lmlab wrote them: each PNG carries a ``Source: lmlab plot`` text
+chunk, and an existing ``loss.png`` / ``lr.png`` without it (a user's file) makes ``plot_runs`` refuse
+before anything is written. PNGs are written atomically (temp file + fsync + rename).
 """
 
 from __future__ import annotations
 
-import json
+import io
+import struct
 from pathlib import Path
 
-from lmlab.checkpoint import CheckpointError, read_run
+from lmlab.checkpoint import CheckpointError, read_metrics_file, read_run
+from lmlab.fsutil import atomic_write_bytes
+
+PNG_SOURCE = "lmlab plot"  # the text of the PNG "Source" chunk marking files this module wrote
 
 
 def read_metrics(run: Path) -> list[dict]:
-    """The records of ``run/metrics.jsonl``; CheckpointError when the run has none."""
+    """The records of ``run/metrics.jsonl``, validated (:func:`lmlab.checkpoint.metrics_lines`: a damaged
+    line or a record of the wrong type is an error naming the file, line and key); CheckpointError when
+    the run has none."""
     path = run / "metrics.jsonl"
     if not (run / "run.yaml").is_file():
         raise CheckpointError(f"{str(run)!r} is not a run folder (no run.yaml); give folders made by `lmlab train`")
     if not path.is_file():
         raise CheckpointError(f"run {str(run)!r} has no metrics.jsonl to plot; train it first")
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+    return read_metrics_file(path)
+
+
+def png_source(path: Path) -> str | None:
+    """The text of the ``Source`` tEXt chunk of PNG file ``path`` (None: not a PNG, or no such chunk)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if not data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return None
+    pos = 8
+    while pos + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"tEXt" and body.startswith(b"Source\0"):
+            return body[7:].decode("latin-1")
+        if kind in (b"IDAT", b"IEND"):  # matplotlib writes its text chunks before the image data
+            return None
+        pos += 12 + length
+    return None
+
+
+def check_own_outputs(paths: list[Path], flag: str = "--out") -> None:
+    """Refuse (CheckpointError) when any of ``paths`` exists but is not a PNG this module wrote."""
+    for path in paths:
+        if path.exists() and (not path.is_file() or png_source(path) != PNG_SOURCE):
+            raise CheckpointError(f"{flag} {str(path.parent)!r} already holds {path.name}, which lmlab plot did not "
+                                  f"write; choose another folder (nothing was written)")
+
+
+def save_png(fig, path: Path) -> None:
+    """``fig`` as a PNG marked as lmlab's (``Source: lmlab plot``), written atomically to ``path``."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, metadata={"Source": PNG_SOURCE})
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def cumulative_wall_time(records: list[dict]) -> list[dict]:
@@ -53,8 +92,11 @@ def plot_runs(runs: list[Path], out_dir: Path) -> list[Path]:
     from lmlab.train import TrainConfig, lr_at
 
     records_of = {run: read_metrics(run) for run in runs}  # every run is checked before anything is written
+    configs = {run: TrainConfig.from_dict(read_run(run)["train"], source=f"{run}/run.yaml train") for run in runs}
     if out_dir.exists() and not out_dir.is_dir():
         raise CheckpointError(f"--out {str(out_dir)!r} is a file; choose a folder for the plots")
+    paths = [out_dir / "loss.png", out_dir / "lr.png"]
+    check_own_outputs(paths)
     out_dir.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
     fig_lr, ax_lr = plt.subplots(figsize=(6, 4))
@@ -68,7 +110,7 @@ def plot_runs(runs: list[Path], out_dir: Path) -> list[Path]:
             if key == "step" and val:
                 ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o", color=line.get_color(), ms=4,
                         label=f"{label} (val)")
-        tc = TrainConfig.from_dict(read_run(run)["train"], source=str(run))
+        tc = configs[run]
         steps = list(range(tc.max_steps))
         ax_lr.plot(steps, [lr_at(s, tc) for s in steps], label=label)
     for ax, xlabel in zip(axes, ("step", "tokens", "wall time (s)")):
@@ -82,9 +124,8 @@ def plot_runs(runs: list[Path], out_dir: Path) -> list[Path]:
     ax_lr.grid(alpha=0.3)
     ax_lr.legend(fontsize=8)
     fig_lr.tight_layout()
-    paths = [out_dir / "loss.png", out_dir / "lr.png"]
-    fig.savefig(paths[0], dpi=110)
-    fig_lr.savefig(paths[1], dpi=110)
+    save_png(fig, paths[0])
+    save_png(fig_lr, paths[1])
     plt.close(fig)
     plt.close(fig_lr)
     return paths

@@ -201,10 +201,13 @@ def import_hf(path: str | Path, out_run_dir: str | Path, dtype: str = "auto") ->
     _refuse_existing(out, "run folder")
     model, cfg, family, hf = hf_to_lmlab(path, dtype)
     stored = DTYPE_NAMES[next(model.parameters()).dtype]
-    tmp = out.with_name(out.name + ".import-tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    from lmlab.fsutil import make_temp_dir
+
+    tmp = make_temp_dir(out, "import-tmp")  # a new, uniquely named folder: the only one ever removed here
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the run folder gets the usual permissions
         tokenizer = (path / "tokenizer.json").is_file()
         if tokenizer:
             shutil.copyfile(path / "tokenizer.json", tmp / "tokenizer.json")
