@@ -435,3 +435,49 @@ def test_bf16_import_evaluates_in_fp32_like_the_original(tmp_path):
     ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
                                                             attn_implementation="eager").eval()
     assert _logits_diff(model, ref) <= 1e-4
+
+
+# ------------------------------------------------------------------------------------------------
+# 6. The pickle refusal: one line naming the file
+# ------------------------------------------------------------------------------------------------
+
+class _Payload:
+    """Unpickling this runs os.system (writes a marker file): what weights_only must refuse."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("damage", ["pickle", "truncated"])
+def test_bin_refusal_is_one_line_naming_the_file(tmp_path, capsys, damage):
+    """pytorch_model.bin with a Python object beyond tensors (a code-running pickle), or truncated: lmlab
+    import exits 2 with exactly one line naming the file (and, for the pickle, the global it would call),
+    nothing is executed and no run folder appears."""
+    import json
+
+    from lmlab.cli import main
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(dict(BASE, model_type="llama")))
+    marker = tmp_path / "executed"
+    torch.save({"model.embed_tokens.weight": torch.zeros(V, 64), "x": _Payload(marker)}, folder / "pytorch_model.bin")
+    if damage == "truncated":
+        data = (folder / "pytorch_model.bin").read_bytes()
+        (folder / "pytorch_model.bin").write_bytes(data[: len(data) // 2])
+    capsys.readouterr()
+    rc = main(["import", str(folder), "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert str(folder / "pytorch_model.bin") in err
+    if damage == "pickle":
+        assert "system" in err and "never unpickles" in err
+    else:
+        assert "truncated or corrupt" in err
+    assert not marker.exists() and not (tmp_path / "run").exists()

@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
+import re
 import shutil
 from pathlib import Path
 from typing import Optional
@@ -71,11 +73,27 @@ def _load_safetensors(file: Path) -> StateDict:
         raise HFFormatError(f"{str(file)!r} is unreadable (truncated or corrupt?): {exc}") from None
 
 
+def _bin_error(file: Path, exc: Exception) -> HFFormatError:
+    """One line for a pytorch_model.bin that ``torch.load(weights_only=True)`` refused: a pickle of
+    Python objects beyond tensors (naming the first global torch names, e.g. posix.system), or a damaged
+    file (the first line of torch's message); torch's own text spans several lines."""
+    text = str(exc)
+    if isinstance(exc, pickle.UnpicklingError) and "weights only load failed" in text.lower():
+        found = re.search(r"GLOBAL ([\w.]+)", text)
+        what = f" ({found.group(1)})" if found else ""
+        return HFFormatError(f"{str(file)!r} holds Python objects beyond tensors{what} that only full unpickling "
+                             f"would load: refused, lmlab never unpickles (torch.load(weights_only=True) at most); "
+                             f"convert it to safetensors where it comes from")
+    first = (text.strip().splitlines() or [type(exc).__name__])[0]
+    return HFFormatError(f"{str(file)!r} could not be read with torch.load(weights_only=True) (truncated or "
+                         f"corrupt?): {first[:200]}")
+
+
 def _load_bin(file: Path) -> StateDict:
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle errors of many kinds; weights_only refuses arbitrary objects
-        raise HFFormatError(f"{str(file)!r} could not be read with torch.load(weights_only=True): {exc}") from None
+        raise _bin_error(file, exc) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise HFFormatError(f"{str(file)!r} does not hold a flat state dict of tensors")
     return state
