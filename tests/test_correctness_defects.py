@@ -2,7 +2,14 @@
 independent reference (Hugging Face transformers' implementation, or the model built the ordinary way).
 
 - RMSNorm in bf16 rounds as the family's reference does: Llama / Qwen / Meta cast the normalised value
-  to the input dtype before the weight, OLMo 2 and Gemma's (1 + w) multiply in fp32 and cast after.
+  to the input dtype before the weight, OLMo 2 and Gemma's (1 + w) multiply in fp32 and cast after;
+- a TransformerLM built on the meta device, then ``to_empty`` and ``load_state_dict``, is the original
+  model (tied head, RoPE / ALiBi / sinusoidal tables), also sharded by FSDP on 2 ranks;
+- config.json fields transformers never reads: Gemma 3's attn_logit_softcapping (not applied, as in HF),
+  the published legacy keys of Qwen2.5, GPT-J-6B and Command R7B (accepted with a note, logits equal
+  HF's; values that would describe another model refused);
+- ``--dtype`` on import and export keeps a bf16 checkpoint bf16, bitwise;
+- a pytorch_model.bin that needs full unpickling is refused in one line naming the file.
 """
 
 import pytest
@@ -70,6 +77,30 @@ def test_rmsnorm_fp32_orders_agree():
         a.weight.normal_()
         b.weight.copy_(a.weight)
         assert torch.equal(a(x), b(x))
+
+
+def test_bf16_lean_decode_uses_the_same_norm_order():
+    """The one-token decode path (Block.decode_one, which calls the norms' forward directly) gives the
+    ordinary path's logits bitwise in bf16, with non-trivial norm weights."""
+    from lmlab.model import KVCache
+
+    cfg = ModelConfig(vocab_size=V, context_length=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2)
+    model = TransformerLM(cfg).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, RMSNorm):
+                module.weight.add_(torch.randn_like(module.weight) * 0.5)
+    model = model.to(torch.bfloat16)
+    assert model.lean_decode_possible()
+    idx = torch.randint(0, V, (2, 10))
+    out = []
+    for lean in (False, True):
+        model.lean_decode = lean
+        cache = KVCache(cfg, 2, 64, dtype=torch.bfloat16)
+        with torch.no_grad():
+            model(idx[:, :9], cache)
+            out.append(model(idx[:, 9:], cache))
+    assert torch.equal(out[0], out[1])
 
 
 # lmlab module -> HF module of the same norm, per family (the families whose HF norm classes differ)
