@@ -93,7 +93,8 @@ def _same_value(a: Any, b: Any) -> bool:
     return a == b
 
 
-def check_unread(hf: dict, family: str, unread: Sequence[Unread], defaults: Optional[dict] = None) -> list[str]:
+def check_unread(hf: dict, family: str, unread: Sequence[Unread],
+                 defaults: Optional[dict] = None) -> list[str]:
     """Validate the fields of ``unread`` present in ``hf``; UnsupportedError for a value that would describe
     another model. Returns one note per field present and not null: 'key=value: meaning'."""
     notes = []
@@ -101,14 +102,13 @@ def check_unread(hf: dict, family: str, unread: Sequence[Unread], defaults: Opti
         if u.key not in hf:
             continue
         value = hf[u.key]
+        why = f"{u.meaning}; transformers never reads {u.key}, so another value would describe another model"
         if u.same_as is not None:
             want = get(hf, u.same_as, defaults or {})
             if not _same_value(value, want):
-                raise unsupported(family, u.key, value, f"{want!r}, the value of {u.same_as} ({u.meaning}; "
-                                  f"transformers never reads {u.key}, so another value would describe another model)")
+                raise unsupported(family, u.key, value, f"{want!r}, the value of {u.same_as} ({why})")
         elif u.accepted is not None and not any(_same_value(value, a) for a in u.accepted):
-            raise unsupported(family, u.key, value, f"{' or '.join(map(repr, u.accepted))} ({u.meaning}; "
-                              f"transformers never reads {u.key}, so another value would describe another model)")
+            raise unsupported(family, u.key, value, f"{' or '.join(map(repr, u.accepted))} ({why})")
         if value is not None:  # null: nothing to note
             notes.append(f"{u.key}={value!r}: {u.meaning}")
     return notes

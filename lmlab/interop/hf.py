@@ -8,9 +8,10 @@
   came from), ``tokenizer.json`` when the HF folder has one, and ``checkpoints/step_0000000/``, its
   weights in the HF checkpoint's dtype (bf16 or fp32) or the one asked for (``dtype``).
 - :func:`export_hf` writes ``config.json`` (with ``model_type``, ``architectures``, ``dtype``) and
-  ``model.safetensors`` (in the run checkpoint's dtype, or the one asked for) that ``transformers.AutoModelForCausalLM.from_pretrained`` loads, choosing the
-  family from the run's ``hf.model_type`` (set by import), else the first family that represents the
-  config exactly, or the one asked for.
+  ``model.safetensors`` (in the run checkpoint's dtype, or the one asked for) that
+  ``transformers.AutoModelForCausalLM.from_pretrained`` loads, choosing the family from the run's
+  ``hf.model_type`` (set by import), else the first family that represents the config exactly, or the
+  one asked for.
 
 Whatever a family cannot represent is refused with :class:`UnsupportedError` naming it; nothing is
 dropped or approximated. transformers itself is not needed for either direction.
@@ -81,9 +82,9 @@ def _bin_error(file: Path, exc: Exception) -> HFFormatError:
     if isinstance(exc, pickle.UnpicklingError) and "weights only load failed" in text.lower():
         found = re.search(r"GLOBAL ([\w.]+)", text)
         what = f" ({found.group(1)})" if found else ""
-        return HFFormatError(f"{str(file)!r} holds Python objects beyond tensors{what} that only full unpickling "
-                             f"would load: refused, lmlab never unpickles (torch.load(weights_only=True) at most); "
-                             f"convert it to safetensors where it comes from")
+        return HFFormatError(f"{str(file)!r} holds Python objects beyond tensors{what} that only full "
+                             f"unpickling would load: refused, lmlab never unpickles (torch.load("
+                             f"weights_only=True) at most); convert it to safetensors where it comes from")
     first = (text.strip().splitlines() or [type(exc).__name__])[0]
     return HFFormatError(f"{str(file)!r} could not be read with torch.load(weights_only=True) (truncated or "
                          f"corrupt?): {first[:200]}")

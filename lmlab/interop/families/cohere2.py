@@ -19,7 +19,8 @@ FAMILY = build(Spec(
                   num_hidden_layers=40, num_attention_heads=64, num_key_value_heads=None, hidden_act="silu",
                   max_position_embeddings=8192, layer_norm_eps=1e-5, tie_word_embeddings=True, attention_bias=False,
                   attention_dropout=0.0, sliding_window=4096),
-    unread=LEGACY + (Unread("order_of_interleaved_layers", "sliding layers first in each group, as HF's "
-                            "layer_types / sliding_window_pattern place them", accepted=("local_attn_first",)),),
+    unread=LEGACY + (Unread("order_of_interleaved_layers", "sliding layers first in each group, as "
+                            "HF's layer_types / sliding_window_pattern place them",
+                            accepted=("local_attn_first",)),),
     notes="parallel block, interleaved RoPE on sliding layers only (NoPE full layers), logit_scale",
 ))

@@ -122,7 +122,8 @@ def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
 
 FAMILY = register(Family(
     model_type=NAME, hf_class="GPTJForCausalLM", config_to_lmlab=config_to_lmlab, state_to_lmlab=state_to_lmlab,
-    config_to_hf=config_to_hf, state_to_hf=state_to_hf, unread_notes=lambda hf: check_unread(hf, NAME, UNREAD),
+    config_to_hf=config_to_hf, state_to_hf=state_to_hf,
+    unread_notes=lambda hf: check_unread(hf, NAME, UNREAD),
     notes="exact: parallel block off one LayerNorm, partial interleaved RoPE (rotary_dim, base 10000), "
           "LM-head bias. Unsupported: rotary_dim=None with more than one head (HF itself fails there).",
 ))

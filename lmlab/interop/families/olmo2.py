@@ -9,7 +9,8 @@ heads: lmlab qk_norm_scope='all'). ``Olmo2RMSNorm`` multiplies by its weight in 
 from lmlab.interop.llama_like import Spec, build
 
 FAMILY = build(Spec(
-    model_type="olmo2", hf_class="Olmo2ForCausalLM", layout="reordered", qk_norm="all_rms", rms_weight_fp32=True,
+    model_type="olmo2", hf_class="Olmo2ForCausalLM", layout="reordered", qk_norm="all_rms",
+    rms_weight_fp32=True,
     defaults=dict(vocab_size=50304, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                   num_attention_heads=32, num_key_value_heads=None, hidden_act="silu", max_position_embeddings=2048,
                   tie_word_embeddings=False, attention_bias=False, attention_dropout=0.0, rms_norm_eps=1e-5),

@@ -16,7 +16,7 @@ FAMILY = build(Spec(
                   num_attention_heads=32, num_key_value_heads=32, hidden_act="silu", max_position_embeddings=32768,
                   rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False, sliding_window=4096,
                   max_window_layers=28, attention_dropout=0.0),
-    unread=(Unread("use_mrope", "Qwen2-VL's multimodal RoPE, off: plain RoPE, as Qwen2ForCausalLM computes it",
-                   accepted=(False,)),),
+    unread=(Unread("use_mrope", "Qwen2-VL's multimodal RoPE, off: plain RoPE, as Qwen2ForCausalLM "
+                   "computes it", accepted=(False,)),),
     notes="q/k/v biases, optional sliding window on the upper layers",
 ))
