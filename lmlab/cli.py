@@ -134,7 +134,8 @@ def _train(trainer, out: Path) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from lmlab.sweep import builtin_specs, load_spec, run_sweep
+    from lmlab.lab.runner import run_sweep
+    from lmlab.lab.spec import builtin_specs, load_spec
 
     if args.list:
         for name, path in builtin_specs().items():
@@ -143,14 +144,23 @@ def cmd_sweep(args) -> int:
         return 0
     if not args.spec:
         raise ConfigError("give a spec file or a shipped spec name (`lmlab sweep --list` shows them)")
-    run_sweep(args.spec, out=args.out, jobs=args.jobs, dry_run=args.dry_run)
+    command = "lmlab " + " ".join(sys.argv[1:]) if Path(sys.argv[0]).name == "lmlab" else None
+    run_sweep(args.spec, out=args.out, jobs=args.jobs, dry_run=args.dry_run, command=command)
     return 0
 
 
 def cmd_report(args) -> int:
-    from lmlab.report import write_report
+    from lmlab.lab.report import write_index, write_report
 
-    for path in write_report(Path(args.sweep), args.out):
+    if args.index:
+        if args.out is None:
+            raise ConfigError("--index needs --out FILE.md (the index page; its forest plot goes beside it)")
+        paths = write_index([Path(d) for d in [*([args.sweep] if args.sweep else []), *args.index]], Path(args.out))
+    else:
+        if not args.sweep:
+            raise ConfigError("give a sweep folder (`lmlab sweep --out`), or --index DIR... --out FILE.md")
+        paths = write_report(Path(args.sweep), args.out)
+    for path in paths:
         print(f"wrote {path}")
     return 0
 
@@ -477,13 +487,15 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--list", action="store_true", help="list the shipped specs and their claims")
     sp.set_defaults(func=cmd_sweep)
 
-    sp = sub.add_parser("report", help="markdown report of a sweep with PNG plots and results.csv")
-    sp.add_argument("sweep", help="a sweep folder (`lmlab sweep --out`)")
+    sp = sub.add_parser("report", help="markdown report of a sweep (verdicts, plots, results.csv), or an index")
+    sp.add_argument("sweep", nargs="?", help="a sweep folder (`lmlab sweep --out`)")
     sp.add_argument("--out", help="the markdown file (default SWEEP/report.md; plots and CSV beside it)")
     sp.set_defaults(func=cmd_report)
 
     sp = sub.add_parser("import", help="convert a Hugging Face model folder into a new run folder")
     sp.add_argument("path", help="HF model folder: config.json + model.safetensors (or shards, or pytorch_model.bin)")
+    sp.add_argument("--index", nargs="+", metavar="DIR",
+                    help="write one index page of every claim of these sweep folders (needs --out)")
     sp.add_argument("--out", required=True, help="run folder to create")
     sp.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
                     help="dtype of the stored weights (default auto: the HF checkpoint's, bf16 when all its "

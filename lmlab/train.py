@@ -68,7 +68,8 @@ class TrainConfig:
     checkpoint_interval: int = 0  # 0 = only at the end
     keep_checkpoints: int = 2  # newest K kept; 0 keeps all
     log_interval: int = 10
-    diag_interval: int = 0  # every N steps: attention-logit max, log Z, update/param RMS (0 = off)
+    diag_interval: int = 0  # every N steps and at step 1: attention-logit max, log Z, update/param RMS,
+    # per-layer gradient norms (0 = off)
     spike_ratio: float = 1.5  # a loss above spike_ratio x its running mean counts as a spike
     max_bad_steps: int = 5  # stop after this many consecutive non-finite steps
     seed: int = 1337
@@ -179,6 +180,24 @@ def available_memory(device: torch.device) -> Optional[int]:
     except OSError:
         pass
     return None
+
+
+def layer_grad_norms(model: torch.nn.Module) -> list[float]:
+    """The L2 norm of the gradient of each Transformer block's parameters taken together (block 0
+    first): sqrt(sum over the block's parameters of ||grad||^2). The per-layer figure Xiong et al. 2020
+    (Fig. 3) draw for pre- vs post-norm at initialisation. Sharded (FSDP2) gradients are reduced over
+    ranks, so every rank must call it. Parameters without a gradient count 0."""
+    out = []
+    for block in model.blocks:
+        sq = None
+        for p in block.parameters():
+            if p.grad is None:
+                continue
+            n = torch.linalg.vector_norm(p.grad.float())
+            n = n.full_tensor() if hasattr(n, "full_tensor") else n
+            sq = n * n if sq is None else sq + n * n
+        out.append(float(sq.sqrt()) if sq is not None else 0.0)
+    return out
 
 
 def check_memory(cfg: ModelConfig, device: torch.device, shards: int = 1, batch_size: int = 0,
@@ -544,7 +563,8 @@ class Trainer:
         micro = self._global_batch()
         local_tokens = sum(int((y != -100).sum()) for _, y in micro)
         global_tokens = all_reduce_mean(float(local_tokens), info, self.device) * info.world_size
-        diag = self._diagnostics(micro[0][0]) if tc.diag_interval and (self.step + 1) % tc.diag_interval == 0 else None
+        diag = self._diagnostics(micro[0][0]) if tc.diag_interval and (
+            self.step == 0 or (self.step + 1) % tc.diag_interval == 0) else None  # step 1: at initialisation
         ce_sum = 0.0
         for i, (x, y) in enumerate(micro):
             sync = i == len(micro) - 1
@@ -568,6 +588,8 @@ class Trainer:
             if self.scaler is not None:
                 self.scaler.update()  # lowers the scale after an overflow
             self.bad_in_row += 1
+        if diag is not None:  # before clipping: the gradients backprop delivered
+            diag["grad_norm_layers"] = layer_grad_norms(self.model)
             self.step += 1
             rec["skipped"] = True
             return rec

@@ -35,6 +35,19 @@ def small_corpus(tmp_path_factory, shakespeare) -> Path:
     return folder
 
 
+@pytest.fixture(scope="session")
+def byte_data(tmp_path_factory, small_corpus):
+    """A prepared raw-byte data folder: 20 kB of Macbeth for training, 6 kB of The Tempest held out."""
+    from lmlab.data.prepare import prepare
+
+    src = tmp_path_factory.mktemp("sweep_corpus")
+    (src / "macbeth_gut.txt").write_bytes((small_corpus / "macbeth_gut.txt").read_bytes()[:20000])
+    (src / "tempest_gut.txt").write_bytes((small_corpus / "tempest_gut.txt").read_bytes()[:6000])
+    out = tmp_path_factory.mktemp("sweep_data") / "bytes"
+    prepare(src, out, "bytes", val_docs=["tempest_gut.txt"])
+    return out
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -1,20 +1,22 @@
-"""``lmlab report SWEEP_DIR``: a markdown page of a sweep (``lmlab sweep``) with PNG plots and a CSV.
+"""``lmlab report SWEEP_DIR``: the answer page of a sweep (``lmlab sweep``), with its plots and CSV;
+``lmlab report --index DIR... --out FILE.md``: one page of every claim of several sweeps.
 
-- ``loss.png``: training loss per variant (mean over seeds) against step and against training FLOPs
-  (tokens x :func:`lmlab.analysis.flops_per_token`), validation estimates as markers;
-- ``bpb.png``: held-out bits-per-byte per variant (full validation split): each seed as a dot, the mean
-  with a min-max bar; at longer evaluation contexts (``eval_contexts``) as open markers;
-- ``throughput.png``: training tokens/s per variant (median over logged steps, mean and min-max over
-  seeds) and, when measured, KV-cache decode tokens/s;
-- ``params.png``: total and non-embedding parameters per variant;
-- ``tradeoff.png`` (with decode measurements): bits-per-byte against decode tokens/s, with KV-cache bytes;
-- the report (``report.md``): the claim, the setup, a table of variants sorted by mean bits-per-byte
-  (diverged and failed runs last), one row per run, and ``results.csv``: every row of ``results.jsonl``
-  (the ``fields`` a variant sets as ``set.<field>`` columns).
+The page (``report.md``) opens with the **verdict table**: per expectation of the spec (and per scale of
+a ladder) the measured effect with its interval and a verdict computed by :mod:`lmlab.lab.verdicts`
+(``agrees`` / ``disagrees`` / ``inconclusive``); nothing about the result is written by hand. Then:
+every variant against the baseline (paired per-seed differences), the provenance (lmlab version, git
+commit, spec SHA-256, commands, machine, dates, load average), the controls (parameters, FLOPs/token,
+tokens and steps per variant, with the quantities that drift from the baseline flagged), the tuned
+values chosen (edges of the grid flagged), the timing block's ratios, the figures (:mod:`lmlab.lab.plots`:
+LR sensitivity, basins of numeric axes, the ladder, bits/byte by variant, loss curves, diagnostics,
+training throughput for information) and the run table (contended runs marked). ``verdicts.json`` beside
+it holds the numbers of the page; ``results.csv`` every row of ``results.jsonl`` (the ``fields`` a
+variant sets as ``set.<field>`` columns).
 
-A report named ``report.md`` (in the sweep folder or elsewhere) has its files under these names beside it;
-one written as ``--out DIR/NAME.md`` names them ``NAME-loss.png``, ..., ``NAME-results.csv``. An existing
-``--out`` file is replaced only when it is an lmlab report (it starts with ``# Ablation:``).
+A report named ``report.md`` (in the sweep folder or elsewhere) has its files under plain names beside
+it; one written as ``--out DIR/NAME.md`` names them ``NAME-loss.png``, ..., ``NAME-results.csv``. An
+existing ``--out`` file is replaced only when it is an lmlab report (it starts with ``# Ablation:`` or
+``# Ablation index``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,13 @@ from typing import Any, Optional
 
 import yaml
 
-from lmlab.sweep import RESULTS_FILE, parse_spec, read_jsonl, read_results
+from lmlab.lab import plots
+from lmlab.lab.runner import LOAD_FILE, PROVENANCE_FILE, RESULTS_FILE, TIMING_FILE, read_jsonl, read_results
+from lmlab.lab.spec import parse_spec
+from lmlab.lab.verdicts import analyze, tune_key
+
+VERDICTS_FILE = "verdicts.json"
+REPORT_MARKS = ("# Ablation:", "# Ablation index")
 
 COLUMNS = ("sweep", "run", "variant", "seed", "status", "diverged", "val_bpb", "val_loss", "final_train_loss",
            "first_train_loss", "params", "non_embedding_params", "steps", "max_steps", "tokens", "flops",
@@ -143,156 +151,6 @@ def write_csv(rows: list[dict], path: Path) -> Path:
     return path
 
 
-# --- plots ---------------------------------------------------------------------------------
-def _curves(sweep_dir: Path, runs: list[dict]) -> tuple[dict, dict]:
-    """Mean over the runs of training loss by step and validation loss by step (steps any run logged)."""
-    train: dict[int, list] = {}
-    val: dict[int, list] = {}
-    for r in runs:
-        for rec in read_jsonl(sweep_dir / "runs" / r["run"] / "metrics.jsonl"):
-            if "loss" in rec and "tokens" in rec and not rec.get("skipped") and _ok(rec["loss"]):
-                train.setdefault(rec["step"], []).append(rec["loss"])
-            elif _ok(rec.get("val_loss")):
-                val.setdefault(rec["step"], []).append(rec["val_loss"])
-    mean = lambda d: {s: sum(v) / len(v) for s, v in sorted(d.items())}  # noqa: E731
-    return mean(train), mean(val)
-
-
-def make_plots(sweep_dir: Path, rows: list[dict], aggs: list[dict], out_dir: Path, prefix: str = "") -> dict:
-    """Write the PNGs; returns {kind: path}."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths: dict[str, Path] = {}
-    order = sorted(aggs, key=sort_key)
-    names = [a["variant"] for a in order]
-    colors = {a["variant"]: f"C{i % 10}" for i, a in enumerate(aggs)}
-    height = max(2.6, 0.45 * len(order) + 1.4)
-
-    # loss curves
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6), sharey=True)
-    tails, lows = [], []
-    for a in aggs:
-        runs = [r for r in rows if r["variant"] == a["variant"]]
-        train, val = _curves(sweep_dir, runs)
-        if not train:
-            continue
-        fpt = _mean([r.get("flops_per_token") for r in runs]) or 0.0
-        tps = _mean([r["tokens"] / r["steps"] for r in runs if _ok(r.get("tokens")) and r.get("steps")]) or 0.0
-        steps, losses = list(train), list(train.values())
-        label = a["variant"] + (f" ({len(runs)} seeds)" if len(runs) > 1 else "")
-        for ax, xs in ((axes[0], steps), (axes[1], [s * tps * fpt for s in steps])):
-            ax.plot(xs, losses, color=colors[a["variant"]], lw=1.3, label=label)
-        if val:
-            axes[0].plot(list(val), list(val.values()), "o", color=colors[a["variant"]], ms=4)
-            axes[1].plot([s * tps * fpt for s in val], list(val.values()), "o", color=colors[a["variant"]], ms=4)
-        tails.append(losses[min(len(losses) - 1, max(1, len(losses) // 5))])
-        lows.append(min(losses + list(val.values())))
-    if tails:  # cut off the first fifth of training so the end is readable
-        lo, hi = min(lows), max(tails)
-        if hi > lo:
-            axes[0].set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
-    axes[0].set_xlabel("step")
-    axes[1].set_xlabel("training FLOPs")
-    axes[0].set_ylabel("train loss (nats/token), mean over seeds")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    axes[0].set_title("training loss (dots: validation estimates)", fontsize=10)
-    fig.tight_layout()
-    paths["loss"] = out_dir / f"{prefix}loss.png"
-    fig.savefig(paths["loss"], dpi=100)
-    plt.close(fig)
-
-    # held-out bits-per-byte
-    ctxs = extra_contexts(rows)
-    fig, ax = plt.subplots(figsize=(8, height))
-    for i, a in enumerate(order):
-        y = len(order) - 1 - i
-        series = [("val_bpb", "o", colors[a["variant"]], 0.0)] + \
-                 [(f"val_bpb_{c}", "s", "none", 0.18 * (k + 1)) for k, c in enumerate(ctxs)]
-        if a.get("val_bpb") is None:
-            ax.text(0.01, y, "  n/a (" + ("diverged" if a["diverged"] else "failed" if a["failed"] else "no result") + ")",
-                    transform=ax.get_yaxis_transform(), va="center", fontsize=8, color="C3")
-        for key, marker, face, dy in series:
-            if a.get(key) is None:
-                continue
-            m, lo, hi = a[key], a[f"{key}_min"], a[f"{key}_max"]
-            ax.errorbar([m], [y - dy], xerr=[[m - lo], [hi - m]], fmt=marker, color=colors[a["variant"]],
-                        mfc=face if face != "none" else "none", ms=7, capsize=3)
-            ax.plot(a[f"{key}_all"], [y - dy] * len(a[f"{key}_all"]), ".", color="k", ms=3, alpha=0.6)
-    ax.set_yticks(range(len(order)))
-    ax.set_yticklabels(list(reversed(names)), fontsize=8)
-    ax.set_xlabel("held-out bits-per-byte (full validation split; lower is better)")
-    title = "mean over seeds, bar: min-max, dots: seeds"
-    if ctxs:
-        title += "; open squares: at " + ", ".join(ctxs) + " the training context"
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3, axis="x")
-    fig.tight_layout()
-    paths["bpb"] = out_dir / f"{prefix}bpb.png"
-    fig.savefig(paths["bpb"], dpi=100)
-    plt.close(fig)
-
-    # throughput
-    has_decode = any(a.get("decode_tokens_per_s") is not None for a in aggs)
-    fig, axes = plt.subplots(1, 2 if has_decode else 1, figsize=(13 if has_decode else 7.5, height), squeeze=False)
-    panels = [("tokens_per_s", "training tokens/s (median over logged steps)")]
-    if has_decode:
-        panels.append(("decode_tokens_per_s", "KV-cache decode tokens/s"))
-    for ax, (key, xlabel) in zip(axes[0], panels):
-        ys = list(range(len(order)))[::-1]
-        vals = [a.get(key) or 0.0 for a in order]
-        err = [[(a.get(key) or 0) - (a.get(f"{key}_min") or a.get(key) or 0) for a in order],
-               [(a.get(f"{key}_max") or a.get(key) or 0) - (a.get(key) or 0) for a in order]]
-        ax.barh(ys, vals, xerr=err, color=[colors[n] for n in names], capsize=3)
-        ax.set_yticks(ys)
-        ax.set_yticklabels(names, fontsize=8)
-        ax.set_xlabel(xlabel)
-        ax.grid(alpha=0.3, axis="x")
-    fig.tight_layout()
-    paths["throughput"] = out_dir / f"{prefix}throughput.png"
-    fig.savefig(paths["throughput"], dpi=100)
-    plt.close(fig)
-
-    # parameters
-    fig, ax = plt.subplots(figsize=(7.5, height))
-    ys = list(range(len(order)))[::-1]
-    ax.barh([y + 0.2 for y in ys], [a.get("params") or 0 for a in order], height=0.4, color="C0", label="total")
-    ax.barh([y - 0.2 for y in ys], [a.get("non_embedding_params") or 0 for a in order], height=0.4, color="C1",
-            label="non-embedding")
-    ax.set_yticks(ys)
-    ax.set_yticklabels(names, fontsize=8)
-    ax.set_xlabel("parameters")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, axis="x")
-    fig.tight_layout()
-    paths["params"] = out_dir / f"{prefix}params.png"
-    fig.savefig(paths["params"], dpi=100)
-    plt.close(fig)
-
-    if has_decode:
-        fig, ax = plt.subplots(figsize=(7.5, 5))
-        for a in aggs:
-            if a.get("decode_tokens_per_s") is None or a.get("val_bpb") is None:
-                continue
-            ax.plot([a["decode_tokens_per_s"]], [a["val_bpb"]], "o", color=colors[a["variant"]], ms=8)
-            kv = f", KV {a['kv_bytes_per_token']:.0f} B/token" if a.get("kv_bytes_per_token") else ""
-            ax.annotate(f"{a['variant']}{kv}", (a["decode_tokens_per_s"], a["val_bpb"]), fontsize=8,
-                        xytext=(5, 5), textcoords="offset points")
-        ax.set_xlabel("KV-cache decode tokens/s (higher is better)")
-        ax.set_ylabel("held-out bits-per-byte (lower is better)")
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        paths["tradeoff"] = out_dir / f"{prefix}tradeoff.png"
-        fig.savefig(paths["tradeoff"], dpi=100)
-        plt.close(fig)
-    return paths
-
-
-# --- the page ------------------------------------------------------------------------------
 def _setup_lines(spec_raw: dict, rows: list[dict], sweep_dir: Path) -> list[str]:
     from lmlab.checkpoint import read_run
 
@@ -329,81 +187,381 @@ def _setup_lines(spec_raw: dict, rows: list[dict], sweep_dir: Path) -> list[str]
     return lines
 
 
+
+def _ci(lo: Any, hi: Any, digits: int = 4, k: float = 1.0) -> str:
+    return f"[{lo * k:+.{digits}f}, {hi * k:+.{digits}f}]" if _ok(lo) and _ok(hi) else "n/a"
+
+
+def _effect(c: dict) -> str:
+    """A claim's measured effect and interval in its unit (bits/byte, nats, or %)."""
+    if c.get("effect") is None:
+        return "n/a"
+    if c.get("relative"):
+        lo, hi = c.get("lo"), c.get("hi")
+        ci = f"[{100 * lo:+.2f}%, {100 * hi:+.2f}%]" if _ok(lo) and _ok(hi) else "n/a"
+        return f"{100 * c['effect']:+.2f}% {ci}"
+    return f"{c['effect']:+.4f} {_ci(c.get('lo'), c.get('hi'))}"
+
+
+def _expected(c: dict) -> str:
+    amount = f"{100 * c['by']:g}%" if c.get("relative") else f"{c['by']:g}"
+    if c["kind"] == "equal":
+        return f"\\|{_md_escape(c['a'])} - {_md_escape(c['b'])}\\| < {amount}"
+    return f"{_md_escape(c['a'])} lower than {_md_escape(c['b'])} by > {amount}" if c["by"] else \
+        f"{_md_escape(c['a'])} lower than {_md_escape(c['b'])}"
+
+
+def _unit(metric: str) -> str:
+    return {"val_bpb": "bits/byte", "final_train_loss": "nats/token", "step_time": "step time",
+            "decode_time": "decode step time"}.get(metric, "bits/byte" if metric.startswith("val_bpb") else metric)
+
+
+def _json_safe(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def _label(scale: Optional[str], variant: str) -> str:
+    return variant + (f" @{scale}" if scale else "")
+
+
+def verdict_lines(claims: list[dict], show_scale: bool) -> list[str]:
+    head = ["claim"] + (["scale"] if show_scale else []) + ["metric", "expected", "measured effect [interval]",
+                                                            "seeds", "method", "verdict", "note"]
+    L = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
+    for c in claims:
+        cells = [_md_escape(c["text"])] + ([str(c.get("scale") or "")] if show_scale else []) + \
+                [_unit(c["metric"]), _expected(c), _effect(c), str(c.get("n", "")), c.get("method", ""),
+                 f"**{c['verdict']}**", _md_escape(c.get("note") or "")]
+        L.append("| " + " | ".join(cells) + " |")
+    return L
+
+
+def _provenance_lines(sweep_dir: Path, rows: list[dict]) -> list[str]:
+    L = []
+    recs = read_jsonl(sweep_dir / PROVENANCE_FILE)
+    if recs:
+        versions = sorted({f"lmlab {r.get('lmlab_version')}" + (f" (git {r['git_commit'][:12]}"
+                                                                  f"{'+dirty' if r['git_commit'].endswith('+dirty') else ''})"
+                                                                  if r.get("git_commit") else "") for r in recs})
+        L.append(f"- **Code**: {'; '.join(versions)}.")
+        hashes = sorted({r.get("spec_sha256", "")[:16] for r in recs})
+        L.append(f"- **Spec**: `{recs[-1].get('spec') or 'given inline'}`, SHA-256 {', '.join(hashes)}"
+                 + (" (the spec changed between invocations)" if len(hashes) > 1 else "") + ".")
+        cmds = list(dict.fromkeys(r.get("command", "") for r in recs))
+        L.append("- **Commands**: " + "; ".join(f"`{c}`" for c in cmds) + f" ({len(recs)} invocation"
+                 f"{'s' if len(recs) != 1 else ''}, from {recs[0].get('started_at')}).")
+    stamps = sorted(r["finished_at"] for r in rows if r.get("finished_at"))
+    machines = sorted({r["machine"] for r in rows if r.get("machine")})
+    if stamps:
+        L.append(f"- **Executed** {stamps[0]}" + (f" to {stamps[-1]}" if stamps[-1] != stamps[0] else "")
+                 + (f" on {'; '.join(machines)}" if machines else "") + ".")
+    else:  # results written before lmlab recorded the time and machine of each run
+        when = datetime.datetime.fromtimestamp((sweep_dir / RESULTS_FILE).stat().st_mtime, datetime.timezone.utc)
+        L.append(f"- Results file last written {when:%Y-%m-%d %H:%M} UTC (its rows carry no time or machine).")
+    load = [r["load_1m"] for r in read_jsonl(sweep_dir / LOAD_FILE) if _ok(r.get("load_1m"))]
+    if load:
+        L.append(f"- **Load average** (1 min, sampled every 15 s while the sweep ran): median "
+                 f"{statistics.median(load):.2f}, max {max(load):.2f}, over {len(load)} samples.")
+    return L
+
+
+def _numeric_axes(chosen: list[dict], baseline: str) -> dict:
+    """field -> scale -> [(x, per-seed bpb, variant)] for fields taking >= 2 numeric values across the
+    variants (incl. solved sizes), and d_model/n_layers when both are known and it takes >= 3 values."""
+    by_cell: dict = {}
+    for r in chosen:
+        f = dict(r.get("fields") or {})
+        by_cell.setdefault((r.get("scale"), r["variant"]), {"fields": f, "vals": []})
+        if _ok(r.get("val_bpb")):
+            by_cell[(r.get("scale"), r["variant"])]["vals"].append(r["val_bpb"])
+    out: dict = {}
+    for fld in sorted({k for c in by_cell.values() for k in c["fields"]}):
+        xs = {c["fields"].get(fld) for c in by_cell.values()}
+        if len(xs) >= 2 and all(_ok(x) for x in xs):
+            for (scale, variant), c in by_cell.items():
+                out.setdefault(fld, {}).setdefault(scale, []).append((c["fields"][fld], c["vals"], variant))
+    return out
+
+
 def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> list[Path]:
-    """Write the report of ``sweep_dir`` (default ``SWEEP_DIR/report.md``), its PNGs and CSV; returns the
-    files written. Raises ValueError when the sweep has no results yet."""
+    """Write the report of ``sweep_dir`` (default ``SWEEP_DIR/report.md``), its PNGs, CSV and
+    ``verdicts.json``; returns the files written. Raises ValueError when the sweep has no results yet or
+    ``out`` is not a markdown path or an existing non-report file (nothing is written then)."""
     sweep_dir = Path(sweep_dir)
     rows = read_results(sweep_dir)
     if not rows:
         raise ValueError(f"{str(sweep_dir)!r} has no {RESULTS_FILE} rows; run `lmlab sweep SPEC --out {sweep_dir}` first")
-    out = Path(out) if out else sweep_dir / "report.md"
-    if out.is_dir() or out.suffix.lower() != ".md":
-        raise ValueError(f"--out {str(out)!r} must be a markdown file path ending in .md (its plots and CSV go "
-                         f"beside it)")
-    if out.exists() and not out.read_text(errors="replace").startswith("# Ablation:"):
-        raise ValueError(f"--out {str(out)!r} exists and is not an lmlab report; choose another file (nothing was "
-                         f"written)")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = _check_out(Path(out) if out else sweep_dir / "report.md")
     # report.md, or a report beside its sweep: plain names (loss.png, ...); NAME.md elsewhere: NAME-loss.png, ...
     prefix = "" if (out.parent.resolve() == sweep_dir.resolve() or out.stem == "report") else f"{out.stem}-"
     spec_raw: dict = {}
     if (sweep_dir / "spec.yaml").is_file():
         spec_raw = yaml.safe_load((sweep_dir / "spec.yaml").read_text()) or {}
-    planned = None
+    spec = None
     try:
         spec = parse_spec(spec_raw)
-        planned = len(spec.variants) * len(spec.seeds)
     except Exception:  # noqa: BLE001 -- the report does not need a valid spec
-        spec = None
-    aggs = aggregate(rows)
+        pass
+    timing = None
+    if (sweep_dir / TIMING_FILE).is_file():
+        try:
+            timing = json.loads((sweep_dir / TIMING_FILE).read_text())
+        except json.JSONDecodeError:
+            timing = None
+    res = analyze(rows, spec, timing)
+    name = spec_raw.get("name") or rows[0].get("sweep") or sweep_dir.name
+    res["spec"] = name
+    res["claim"] = str(spec_raw.get("claim") or "").strip()
+    planned = None
+    if spec:
+        planned = len(spec.variants) * len(spec.seeds) * max(1, len(spec.scales)) * \
+            math.prod(len(v) for v in spec.tune.values())
+    selected = {(s["scale"], s["variant"]): s for s in res["selected"]}
+    chosen = [r for r in rows if (r.get("scale"), r["variant"]) in selected
+              and tune_key(r) == selected[(r.get("scale"), r["variant"])]["key"]]
+    labelled = [{**r, "variant": _label(r.get("scale"), r["variant"])} for r in chosen]
+    aggs = aggregate(labelled)
     order = sorted(aggs, key=sort_key)
     ctxs = extra_contexts(rows)
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    colors = {v: f"C{i % 10}" for i, v in enumerate(variants)}
+    conf = res["confidence"]
+    written: list[Path] = []
     csv_path = write_csv(rows, out.parent / f"{prefix}results.csv")
-    plots = make_plots(sweep_dir, rows, aggs, out.parent, prefix)
+    figs: list[tuple[str, Optional[Path], str]] = []
+    if spec and spec.tune:
+        figs.append(("Learning-rate (tuning) sensitivity", plots.lr_sensitivity(
+            rows, res["selected"], spec.tune, out.parent / f"{prefix}sensitivity.png", colors),
+            "Final held-out bits/byte at each tuned value: a variant whose best value sits at the end of the "
+            "grid may do better outside it; a narrow basin means a fragile variant (Wortsman et al. 2023)."))
+    for fld, pts in _numeric_axes(chosen, res["baseline"]).items():
+        figs.append((f"Basin: {fld}", plots.basin(pts, fld, out.parent / f"{prefix}basin-{fld}.png", conf, colors),
+                     ""))
+    sizes = {c["scale"]: c.get("non_embedding_params") for c in res["controls"] if c["variant"] == res["baseline"]}
+    if spec and spec.scales:
+        figs.append(("Ladder: the effect against model size",
+                     plots.ladder(res["claims"], sizes, out.parent / f"{prefix}ladder.png"), ""))
+    groups = []
+    for a in order:
+        vals = a["val_bpb_all"]
+        lo = hi = None
+        if len(vals) >= 2:
+            from lmlab.lab.stats import t_interval
 
-    name = spec_raw.get("name") or rows[0].get("sweep") or sweep_dir.name
+            ti = t_interval(vals, conf)
+            lo, hi = ti["lo"], ti["hi"]
+        groups.append((a["variant"], vals, lo, hi))
+    figs.append(("Held-out bits-per-byte", plots.bpb_by_variant(groups, out.parent / f"{prefix}bpb.png", colors,
+                                                                 conf), ""))
+    curves, diag = {}, {}
+    for r in chosen:
+        lab = _label(r.get("scale"), r["variant"])
+        recs = read_jsonl(sweep_dir / "runs" / r["run"] / "metrics.jsonl")
+        bpt = (r["val_tokens"] / r["val_bytes"] / math.log(2)) if _ok(r.get("val_tokens")) and r.get("val_bytes") \
+            else None
+        c = curves.setdefault(lab, {"train": [], "val_bpb": []})
+        c["train"].append({x["step"]: x["loss"] for x in recs if "loss" in x and "tokens" in x and not x.get("skipped")})
+        if bpt:
+            c["val_bpb"].append({x["step"]: x["val_loss"] * bpt for x in recs if _ok(x.get("val_loss"))})
+        d = [x for x in recs if "max_attn_logit" in x or "grad_norm_layers" in x]
+        if d and lab not in diag:
+            diag[lab] = d
+    figs.append(("Loss curves", plots.loss_curves(curves, out.parent / f"{prefix}loss.png", colors),
+                 "Validation bits/byte here are the periodic sampled estimates converted with the full split's "
+                 "bytes per token; the headline figures are the full split."))
+    if diag:
+        figs.append(("Diagnostics", plots.diagnostics(diag, out.parent / f"{prefix}diagnostics.png", colors),
+                     "One seed per variant (the first), at the chosen tuned values."))
+    figs.append(("Training throughput (information only)", _throughput_plot(order, out.parent /
+                                                                           f"{prefix}throughput.png", colors), ""))
+
     L = [f"# Ablation: {name}", ""]
-    claim = str(spec_raw.get("claim") or "").strip()
-    if claim:
-        L += [f"> **Claim.** {claim}", ""]
+    if res["claim"]:
+        L += [f"> **Claim.** {res['claim']}", ""]
+    L.append("## Verdicts")
+    L.append("")
+    if res["claims"]:
+        L += verdict_lines(res["claims"], bool(spec and spec.scales))
+        L.append("")
+        L.append(f"How to read: the effect is measured in the direction the claim states (positive = as claimed; "
+                 f"for 'equal' the signed difference); the interval is {100 * conf:g}% (Student t over paired "
+                 f"seeds, or the pooled per-run noise when a variant has one seed). A claim **agrees** when the "
+                 f"whole interval clears the smallest effect that counts, **disagrees** when it lies wholly on "
+                 f"the other side, and is **inconclusive** when it contains it (more seeds narrow it).")
+    else:
+        L.append("The spec states no expectations (`expect:`), so this page gives differences and intervals "
+                 "but no verdict.")
+    pooled = res["pooled"]
+    L.append("")
+    L.append(f"Per-run noise of held-out bits/byte in this sweep (pooled over {pooled[1]} degree(s) of freedom): "
+             f"{pooled[0]:.4f}." if pooled else "No cell ran two seeds, so this sweep has no noise estimate.")
+    L.append("")
+    L.append(f"## Against the baseline ({_md_escape(res['baseline'])})")
+    L.append("")
+    L.append("Held-out bits/byte, variant minus baseline (negative = the variant is better), paired by seed "
+             f"(same seed = same batches), {100 * conf:g}% interval.")
+    L.append("")
+    head = ["variant", "tuned", "val bpb", "baseline bpb", "difference [interval]", "seeds", "method"]
+    L += ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
+    for c in res["comparisons"]:
+        tuned = selected[(c["scale"], c["variant"])]["tune"]
+        L.append("| " + " | ".join([
+            _md_escape(_label(c["scale"], c["variant"])), ", ".join(f"{k}={v:g}" if _ok(v) else f"{k}={v}"
+                                                                   for k, v in tuned.items()),
+            _num(c["variant_mean"]), _num(c["baseline_mean"]),
+            (f"{c['mean']:+.4f} {_ci(c['lo'], c['hi'])}" if _ok(c["mean"]) else "n/a"), str(c["n"]),
+            c["method"] + (f"; {c['failed']} diverged/failed" if c["failed"] else "")]) + " |")
+    L.append("")
+    L.append("## Setup and provenance")
+    L.append("")
+    recorded = len(rows)
     diverged = sum(1 for r in rows if r.get("diverged"))
     failed = sum(1 for r in rows if r.get("status") == "failed")
     wall = sum(r.get("wall_s") or 0 for r in rows)
-    L.append(f"{len(rows)} run(s) recorded" + (f" of {planned} planned" if planned else "")
-             + f" ({len(aggs)} variant(s)); {diverged} diverged, {failed} failed; "
-             f"{wall / 60:.1f} min of training wall time in all.")
-    stamps = sorted(r["finished_at"] for r in rows if r.get("finished_at"))
-    machines = sorted({r["machine"] for r in rows if r.get("machine")})
-    if stamps:
-        L.append(f"Executed {stamps[0]}" + (f" to {stamps[-1]}" if stamps[-1] != stamps[0] else "")
-                 + (f" on {'; '.join(machines)}" if machines else "") + ".")
-    else:  # results written before lmlab recorded the time and machine of each run
-        when = datetime.datetime.fromtimestamp((sweep_dir / RESULTS_FILE).stat().st_mtime, datetime.timezone.utc)
-        L.append(f"Results file last written {when:%Y-%m-%d %H:%M} UTC (its rows carry no time or machine).")
+    L.append(f"{recorded} run(s) recorded" + (f" of {planned} planned" if planned else "")
+             + f" ({len(selected)} variant(s) x scale); {diverged} diverged, {failed} failed; "
+             + (f"{wall / 60:.1f} min" if wall >= 60 else f"{wall:.1f} s") + " of training wall time in all.")
     L.append("")
+    L += _provenance_lines(sweep_dir, rows)
     L += _setup_lines(spec_raw, rows, sweep_dir)
     L.append("")
-    L.append("## Results")
+    L += _controls_lines(res, spec)
+    L += _tuning_lines(res, spec)
+    L += _timing_lines(res, timing)
+    L.append("## Figures")
     L.append("")
-    L.append("Variants sorted by held-out bits-per-byte (mean over seeds; lower is better; spread = min-max over "
-             "seeds). Diverged and failed runs have no bits-per-byte (n/a) and sort last.")
+    for title, path, note in figs:
+        if path is None:
+            continue
+        written.append(path)
+        L += [f"### {title}", "", f"![{title}]({path.name})", ""] + ([note, ""] if note else [])
+    L += _results_lines(order, ctxs, aggs)
+    L += _runs_lines(rows, ctxs, res, csv_path, sweep_dir)
+    verdict_path = out.parent / f"{prefix}{VERDICTS_FILE}"
+    verdict_path.write_text(json.dumps(_json_safe(res), indent=1))
+    out.write_text("\n".join(L))
+    return [out, csv_path, verdict_path, *written]
+
+
+def _check_out(out: Path) -> Path:
+    if out.is_dir() or out.suffix.lower() != ".md":
+        raise ValueError(f"--out {str(out)!r} must be a markdown file path ending in .md (its plots and CSV go "
+                         f"beside it)")
+    if out.exists() and not out.read_text(errors="replace").startswith(REPORT_MARKS):
+        raise ValueError(f"--out {str(out)!r} exists and is not an lmlab report; choose another file (nothing was "
+                         f"written)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _throughput_plot(order: list[dict], path: Path, colors: dict) -> Path:
+    plt = plots._plt()
+    fig, ax = plt.subplots(figsize=(7.5, max(2.6, 0.45 * len(order) + 1.4)))
+    ys = list(range(len(order)))[::-1]
+    vals = [a.get("tokens_per_s") or 0.0 for a in order]
+    err = [[v - (a.get("tokens_per_s_min") or v) for v, a in zip(vals, order)],
+           [(a.get("tokens_per_s_max") or v) - v for v, a in zip(vals, order)]]
+    ax.barh(ys, vals, xerr=err, color=[colors.get(a["variant"].split(" @")[0], "C0") for a in order], capsize=3)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([a["variant"] for a in order], fontsize=8)
+    ax.set_xlabel("training tokens/s (median over logged steps; bar: min-max over seeds)")
+    ax.set_title("information only: speed claims come from the timing block", fontsize=9)
+    ax.grid(alpha=0.3, axis="x")
+    return plots._save(fig, path)
+
+
+def _controls_lines(res: dict, spec) -> list[str]:
+    L = ["## Controls", ""]
+    hold = res.get("hold")
+    if hold:
+        solve = f" by solving `{spec.match.solve}`" if spec and spec.match and spec.match.solve else ""
+        L.append(f"Held fixed: **{hold}**{solve} (every variant within {100 * (res.get('tolerance') or 0.02):g}% "
+                 f"of the target). Other quantities more than 5% off the baseline and not declared in `varies:` "
+                 f"are flagged.")
+    else:
+        L.append("The spec holds nothing fixed by construction (`match:`); quantities more than 5% off the baseline "
+                 "and not declared in `varies:` are flagged.")
     L.append("")
-    head = ["#", "variant", "val bpb", "spread"] + [f"bpb @{c} ctx" for c in ctxs] + \
-           ["train loss", "tokens/s", "step ms", "params", "non-emb", "steps", "train FLOPs", "spikes", "diverged"]
+    head = ["variant", "params", "non-emb", "FLOPs/token", "tokens", "steps", "solved", "flags"]
+    L += ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
+    for c in res["controls"]:
+        flags = ", ".join(f"{q} {100 * r:+.0f}%" for q, r in c["flags"])
+        L.append("| " + " | ".join([
+            _md_escape(_label(c["scale"], c["variant"])), _count(c.get("params")), _count(c.get("non_embedding_params")),
+            _count(c.get("flops_per_token")), _count(c.get("tokens")), _num(c.get("steps"), 0),
+            ", ".join(f"{k}={v}" for k, v in (c.get("solved") or {}).items()),
+            f"**{flags}**" if flags else ""]) + " |")
+    L.append("")
+    return L
+
+
+def _tuning_lines(res: dict, spec) -> list[str]:
+    if not spec or not spec.tune:
+        return []
+    L = ["## Tuned values", "", "Each variant's runs at its best tuned value (lowest mean held-out bits/byte over "
+         "seeds; a diverged seed counts as the worst) enter the comparisons.", ""]
+    head = ["variant", "chosen", "mean bpb at each value", "flag"]
+    L += ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
+    for s in res["selected"]:
+        grid = "; ".join(", ".join(f"{k}={v:g}" if _ok(v) else f"{k}={v}" for k, v in g["tune"].items()) + ": "
+                         + ("diverged" if g["failed"] else _num(g["mean"])) for g in s["grid"])
+        flag = ("**at the edge of the grid for " + ", ".join(s["edge"]) + ": extend the grid**") if s["edge"] else ""
+        if s.get("all_failed"):
+            flag = "**every value diverged or failed**"
+        L.append("| " + " | ".join([_md_escape(_label(s["scale"], s["variant"])),
+                                    ", ".join(f"{k}={v:g}" if _ok(v) else f"{k}={v}" for k, v in s["tune"].items()),
+                                    grid, flag]) + " |")
+    L.append("")
+    return L
+
+
+def _timing_lines(res: dict, timing: Optional[dict]) -> list[str]:
+    if not res["timing"]:
+        return []
+    scales = (timing or {}).get("scales") or {}
+    any_block = next(iter(scales.values()), {})
+    L = ["## Timing block", "",
+         f"Untrained models, {any_block.get('rounds')} interleaved rounds (order rotated each round) of "
+         f"{any_block.get('steps')} training steps (forward + backward + AdamW) at batch {any_block.get('batch')}, "
+         f"{any_block.get('threads')} thread(s), {any_block.get('dtype')}, on {(timing or {}).get('machine')}; "
+         f"1-min load average {' -> '.join(_num(x, 2) for x in any_block.get('load_avg') or [])} (before -> after). Ratio = variant / baseline in the same "
+         f"round; median, {100 * res['confidence']:g}% sign-test interval, interquartile range.", ""]
+    head = ["variant", "kind", "ms", "ratio to baseline", "interval", "IQR", "rounds"]
+    L += ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
+    for t in res["timing"]:
+        L.append("| " + " | ".join([
+            _md_escape(_label(t["scale"], t["variant"])), "train step" if t["kind"] == "step_s" else "decode step",
+            f"{1e3 * t['seconds']:.2f}", f"{t['median']:.3f}",
+            f"[{t['lo']:.3f}, {t['hi']:.3f}]" if _ok(t.get("lo")) else "n/a", f"{t['q1']:.3f}-{t['q3']:.3f}",
+            str(t["n"])]) + " |")
+    L.append("")
+    return L
+
+
+def _results_lines(order: list[dict], ctxs: list[str], aggs: list[dict]) -> list[str]:
+    L = ["## Results by variant", "",
+         "At each variant's chosen tuned values; sorted by mean held-out bits/byte (lower is better); diverged "
+         "and failed runs have none (n/a) and sort last. Training tokens/s is for information only.", ""]
+    head = ["#", "variant", "val bpb", "sd"] + [f"bpb @{c} ctx" for c in ctxs] + \
+           ["train loss", "tokens/s", "params", "non-emb", "steps", "train FLOPs", "spikes", "diverged"]
     diag = any(a.get("max_attn_logit") is not None for a in aggs)
     if diag:
         head += ["max attn logit", "max log Z"]
     decode = any(a.get("decode_tokens_per_s") is not None for a in aggs)
     if decode:
         head += ["KV B/token", "KV KiB @ctx", "decode tok/s"]
-    L.append("| " + " | ".join(head) + " |")
-    L.append("|" + "|".join(" --- " for _ in head) + "|")
+    L += ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     for i, a in enumerate(order, 1):
-        spread = (f"{a['val_bpb_min']:.4f}-{a['val_bpb_max']:.4f}" if a["runs"] > 1 and a.get("val_bpb") is not None
-                  else "")
-        cells = [str(i), _md_escape(a["variant"]), _num(a.get("val_bpb")), spread]
+        sd = _num(a.get("val_bpb_std")) if len(a["val_bpb_all"]) > 1 else ""
+        cells = [str(i), _md_escape(a["variant"]), _num(a.get("val_bpb")), sd]
         cells += [_num(a.get(f"val_bpb_{c}")) for c in ctxs]
-        cells += [_num(a.get("final_train_loss")), _count(a.get("tokens_per_s")), _num(a.get("step_ms"), 0),
+        cells += [_num(a.get("final_train_loss")), _count(a.get("tokens_per_s")),
                   _count(a.get("params")), _count(a.get("non_embedding_params")), _num(a.get("steps"), 0),
                   f"{a['flops']:.3g}" if _ok(a.get("flops")) else "n/a", _num(a.get("spikes"), 1),
                   f"{a['diverged']}/{a['runs']}"]
@@ -419,28 +577,91 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
         L.append("")
         L += [f"n/a at a longer context: {n}." for n in notes]
     L.append("")
-    titles = {"loss": "Training loss", "bpb": "Held-out bits-per-byte", "throughput": "Throughput",
-              "params": "Parameters", "tradeoff": "Quality against decode speed"}
-    for kind, path in plots.items():
-        L += [f"### {titles[kind]}", "", f"![{titles[kind]}]({path.name})", ""]
-    L.append("## Runs")
-    L.append("")
-    L.append(f"One row per run (all columns in [{csv_path.name}]({csv_path.name}), the same data as "
-             f"`{RESULTS_FILE}`; run folders under `{sweep_dir / 'runs'}/`).")
-    L.append("")
-    head = ["run", "seed", "status", "val bpb"] + [f"@{c}" for c in ctxs] + ["train loss", "steps", "wall s", "tokens/s"]
-    L.append("| " + " | ".join(head) + " |")
-    L.append("|" + "|".join(" --- " for _ in head) + "|")
+    return L
+
+
+def _runs_lines(rows: list[dict], ctxs: list[str], res: dict, csv_path: Path, sweep_dir: Path) -> list[str]:
+    contended = {c["run"]: c for c in res["contention"]}
+    L = ["## Runs", "",
+         f"One row per run (all columns in [{csv_path.name}]({csv_path.name}), the same data as `{RESULTS_FILE}`; "
+         f"run folders under `{sweep_dir / 'runs'}/`). Marked *contended*: wall time over 1.2 x tokens / median "
+         f"tokens/s (the machine was shared, or time went to evaluation and checkpoints)."
+         + (f" {len(contended)} of {len(rows)} runs are marked." if contended else ""), ""]
+    head = ["run", "seed", "status", "val bpb"] + [f"@{c}" for c in ctxs] + ["train loss", "steps", "wall s",
+                                                                              "tokens/s", "load"]
+    L += ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     for r in sorted(rows, key=lambda r: (r.get("val_bpb") is None, r.get("val_bpb") or 0)):
+        wall = _num(r.get("wall_s"), 0 if (r.get("wall_s") or 0) >= 10 else 1) + (f" *contended ({contended[r['run']]['ratio']:.2f}x)*"
+                                           if r["run"] in contended else "")
         cells = [_md_escape(r["run"]), str(r["seed"]), r.get("status", ""), _num(r.get("val_bpb"))]
         cells += [_num(r.get(f"val_bpb_{c}")) for c in ctxs]
-        cells += [_num(r.get("final_train_loss")), str(r.get("steps", "")), _num(r.get("wall_s"), 0),
-                  _count(r.get("tokens_per_s"))]
+        cells += [_num(r.get("final_train_loss")), str(r.get("steps", "")), wall, _count(r.get("tokens_per_s")),
+                  _num(r.get("load_avg_1m"), 2)]
         L.append("| " + " | ".join(cells) + " |")
     errors = [r for r in rows if r.get("error")]
     if errors:
         L.append("")
         L += [f"- `{r['run']}`: {r['error']}" for r in errors]
     L.append("")
+    return L
+
+
+# --- the index -----------------------------------------------------------------------------
+def write_index(dirs: list[Path], out: Path) -> list[Path]:
+    """One page of every claim of the sweeps (or report folders holding ``verdicts.json``) ``dirs``: a
+    row per claim (spec, claim, scale, expected, measured effect and interval, verdict) and a forest
+    plot (``NAME-forest.png`` beside ``out``). A sweep folder is analysed from its results; a folder
+    with only a ``verdicts.json`` (a committed report) is read as it is. Raises ValueError for a folder
+    that is neither, or a bad ``out``."""
+    out = _check_out(Path(out))
+    claims, specs = [], []
+    for d in dirs:
+        d = Path(d)
+        if (d / RESULTS_FILE).is_file():
+            rows = read_results(d)
+            spec_raw = yaml.safe_load((d / "spec.yaml").read_text()) if (d / "spec.yaml").is_file() else {}
+            spec = parse_spec(spec_raw or {"axes": None})
+            timing = json.loads((d / TIMING_FILE).read_text()) if (d / TIMING_FILE).is_file() else None
+            res = analyze(rows, spec, timing)
+            res["spec"], res["claim"] = spec_raw.get("name") or d.name, str(spec_raw.get("claim") or "").strip()
+            link = None
+        elif (d / VERDICTS_FILE).is_file():
+            res = json.loads((d / VERDICTS_FILE).read_text())
+            link = d / "report.md"
+        else:
+            raise ValueError(f"{str(d)!r} is neither a sweep folder ({RESULTS_FILE}) nor a report folder "
+                             f"({VERDICTS_FILE}); give the folders `lmlab sweep --out` or `lmlab report --out` wrote")
+        specs.append((res.get("spec") or d.name, res.get("claim", ""), link, len(res["claims"]), res.get("pooled")))
+        for c in res["claims"]:
+            claims.append({**c, "spec": res.get("spec") or d.name})
+    forest = plots.forest(claims, out.parent / f"{out.stem}-forest.png")
+    counts = {v: sum(1 for c in claims if c["verdict"] == v) for v in ("agrees", "disagrees", "inconclusive")}
+    L = ["# Ablation index", "",
+         f"{len(claims)} claim(s) from {len(specs)} sweep(s): {counts['agrees']} agree, {counts['disagrees']} "
+         f"disagree, {counts['inconclusive']} inconclusive. Generated by `lmlab report --index` from the sweeps' "
+         f"numbers; nothing here is written by hand.", "",
+         "| spec | claim | scale | metric | expected | measured effect [interval] | seeds | verdict |",
+         "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in claims:
+        L.append("| " + " | ".join([_md_escape(c["spec"]), _md_escape(c["text"]), str(c.get("scale") or ""),
+                                    _unit(c["metric"]), _expected(c), _effect(c), str(c.get("n", "")),
+                                    f"**{c['verdict']}**"]) + " |")
+    L.append("")
+    if forest:
+        L += [f"![every claim]({forest.name})", ""]
+    L += ["## Sweeps", ""]
+    for name, claim, link, n, pooled in specs:
+        where = f"[{name}]({Path(link).relative_to(out.parent)})" if link and _under(link, out.parent) else name
+        noise = f"; per-run noise {pooled[0]:.4f} bits/byte" if pooled else "; no noise estimate (one seed)"
+        L.append(f"- {where}: {n} claim(s){noise}. {_md_escape(claim)}")
+    L.append("")
     out.write_text("\n".join(L))
-    return [out, csv_path, *plots.values()]
+    return [out] + ([forest] if forest else [])
+
+
+def _under(path: Path, folder: Path) -> bool:
+    try:
+        Path(path).resolve().relative_to(folder.resolve())
+        return True
+    except ValueError:
+        return False

@@ -1,8 +1,8 @@
-"""``lmlab sweep``: run an ablation side by side, every variant x seed as an ordinary run folder.
+"""The ablation spec: parse, expand into runs, and hold the controls (``lmlab sweep SPEC``).
 
 A spec is a YAML mapping::
 
-    name: parallel-block                 # default: the file name
+    name: gated-ffn                      # default: the file name
     claim: "..."                         # the claim under test, printed at the top of the report
     preset: llama-2-7b                   # optional base preset (scale: tiny by default)
     model: {d_model: 128, n_layers: 4}   # ModelConfig fields, over the preset
@@ -16,66 +16,98 @@ A spec is a YAML mapping::
           - {label: LayerNorm, norm_type: layernorm}
       zip:                               # lists varied together (equal lengths), crossed with the grid
         activation: [gelu, swiglu]
-        d_ff: [512, 341]
         label: [GELU, SwiGLU]            # optional
-    seeds: [1, 2]
+    baseline: GELU                       # the variant every other is compared with (default: the first)
+    tune: {lr: [1.0e-3, 3.0e-3, 1.0e-2]} # trained at every value; the best per variant enters verdicts
+    match:                               # what is held fixed across variants (the control)
+      hold: non_embedding_params         # non_embedding_params | params | flops_per_token | tokens | flops
+      solve: d_ff                        # the size lmlab sets per variant to hold it: d_ff | d_model | n_layers
+      multiple: 8                        # ... in steps of this (d_model: also a multiple of head_dim)
+      target: baseline                   # the baseline variant's count, or a number
+      tolerance: 0.02                    # every variant within 2% of the target, else an error
+    varies: [flops_per_token]            # quantities meant to differ (others > 5% off baseline are flagged)
+    expect:                              # the claims, each judged by lmlab.lab.stats.verdict
+      - {better: SwiGLU, than: GELU, by: 0.01}     # SwiGLU lower by >= 0.01 bits/byte ("1%": relative)
+      - {equal: [RMSNorm, LayerNorm], within: 0.01}  # |difference| < 0.01 bits/byte
+      - {better: RMSNorm, than: LayerNorm, metric: step_time, by: "5%"}  # from the timing block
+    scales:                              # a ladder: the whole comparison at each size
+      - {label: d64, d_model: 64}
+      - {label: d128, d_model: 128}
+    timing: {batch: 8, pairs: 15}        # interleaved step-time micro-benchmark (lmlab.lab.timing)
+    confidence: 0.95                     # of every interval
+    seeds: [1, 2, 3]
     budget: {steps: 300}                 # or {tokens: N}, {flops: F} (training FLOPs per run, converted
                                          # with lmlab.analysis.flops_per_token), {seconds: S} (wall time)
     eval_contexts: [1, 2]                # held-out bits-per-byte at 1x and 2x the training context
-    measure_decode: true                 # KV-cache decode tokens/s (lmlab.bench.bench_decode)
+    measure_decode: true                 # KV-cache decode tokens/s per trained run (information only)
 
-Axis values name ModelConfig or TrainConfig fields (found by name, as ``--set`` does). The sweep folder
-holds ``spec.yaml`` (the spec as run), ``configs/RUN.yaml`` (each run's full config), ``logs/RUN.log``
-(the training output), ``runs/RUN/`` (ordinary run folders: ``lmlab eval``, ``generate`` and ``plot``
-work on them) and ``results.jsonl`` (one JSON object per run). A run is named after its variant and
-seed (``parallel_block=true-s1``).
-
-Each run trains in a subprocess (``python -m lmlab.cli train``; ``--jobs N`` runs N at once, each with
-cores // N torch threads); the sweep process then scores the whole validation split (bits-per-byte,
-:func:`lmlab.evaluate.evaluate`), optionally at longer contexts and the decode speed, and records the
-result. Rerunning the same command resumes: runs with a result are skipped, trained runs are only
-evaluated, interrupted runs continue from their last checkpoint. A run that stops on non-finite losses
-(``FloatingPointError`` after ``max_bad_steps``) is recorded as diverged and the sweep goes on.
+Axis values name ModelConfig or TrainConfig fields (found by name, as ``--set`` does). A *cell* is one
+(scale, variant, tuned values); each cell is trained once per seed. Runs with the same seed see the
+same batches in the same order (the data order is a function of the seed and the step), so differences
+between variants are paired by seed (:mod:`lmlab.lab.stats`). Metrics for ``expect``: ``val_bpb``
+(default; held-out bits/byte), ``val_bpb_2x`` (at an ``eval_contexts`` multiple), ``final_train_loss``,
+``step_time`` and ``decode_time`` (ratios from the timing block).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import itertools
 import json
 import math
-import os
 import re
-import statistics
-import subprocess
-import sys
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
-
-import yaml
+from typing import Any, Optional
 
 from lmlab.config import ConfigError, ModelConfig, check_keys, load_mapping
 
-SPECS_DIR = Path(__file__).parent / "specs"
+SPECS_DIR = Path(__file__).resolve().parents[1] / "specs"
 SPEC_KEYS = ("name", "claim", "preset", "scale", "model", "train", "data", "axes", "seeds", "budget",
-             "eval_contexts", "measure_decode", "decode", "notes")
+             "eval_contexts", "measure_decode", "decode", "notes", "baseline", "tune", "match", "varies",
+             "expect", "scales", "timing", "confidence")
 BUDGET_KEYS = ("steps", "tokens", "flops", "seconds")
 # training settings a sweep changes from TrainConfig's defaults unless the spec sets them
 SWEEP_TRAIN_DEFAULTS = {"tensorboard": False, "keep_checkpoints": 1, "checkpoint_interval": 100}
 DECODE_DEFAULTS = {"batch": 8, "prompt_len": 32, "new_tokens": 64, "repeats": 3}
-RESULTS_FILE = "results.jsonl"
-DIVERGED_MARK = "non-finite steps in a row"  # the FloatingPointError message of Trainer.fit
+TIMING_DEFAULTS = {"batch": 8, "context": None, "pairs": 15, "steps": 3, "threads": None, "decode": False,
+                   "decode_batch": 8, "decode_context": None}
+HOLDS = ("non_embedding_params", "params", "flops_per_token", "tokens", "flops")
+SOLVABLE = ("d_ff", "d_model", "n_layers")
+QUANTITIES = ("params", "non_embedding_params", "flops_per_token", "tokens", "flops", "steps")
+METRICS = ("val_bpb", "final_train_loss", "step_time", "decode_time")  # + val_bpb_{m}x
+TIMING_METRICS = {"step_time": "step_s", "decode_time": "decode_s"}
 
 
 @dataclass
 class Variant:
     label: str
     fields: dict  # field name -> value, model and train fields together
+
+
+@dataclass
+class Match:
+    """The control: ``hold`` a quantity fixed across variants by solving ``solve`` (a size field) in
+    steps of ``multiple`` so every variant is within ``tolerance`` of ``target`` (the baseline's value or
+    a number). ``hold: tokens | flops`` needs no solving: the budget holds them (checked)."""
+    hold: str
+    solve: Optional[str] = None
+    multiple: int = 8
+    target: Any = "baseline"
+    tolerance: float = 0.02
+
+
+@dataclass
+class Expectation:
+    """One claim: ``better`` has a lower ``metric`` than ``than`` by at least ``by`` (absolute, or a
+    fraction of ``than``'s value when ``relative``), or (``kind == 'equal'``) the two are within ``by``."""
+    kind: str  # "better" | "equal"
+    a: str  # better (or the first of the pair)
+    b: str  # than (or the second of the pair)
+    by: float
+    relative: bool
+    metric: str = "val_bpb"
+    text: str = ""
 
 
 @dataclass
@@ -95,6 +127,14 @@ class Spec:
     eval_contexts: list
     measure_decode: bool
     decode: dict
+    baseline: str = ""
+    tune: dict = field(default_factory=dict)  # field -> list of values
+    match: Optional[Match] = None
+    varies: list = field(default_factory=list)
+    expect: list = field(default_factory=list)  # Expectation
+    scales: list = field(default_factory=list)  # Variant (label + fields); [] = one unnamed scale
+    timing: Optional[dict] = None
+    confidence: float = 0.95
 
 
 @dataclass
@@ -108,6 +148,9 @@ class RunPlan:
     tokens_per_step: int
     flops_per_token: float
     data: Path
+    scale: Optional[str] = None  # the ladder rung's label, None without scales
+    tune: dict = field(default_factory=dict)  # the tuned values this run trains with
+    solved: dict = field(default_factory=dict)  # the size fields the match control set
 
     @property
     def steps(self) -> int:
@@ -121,6 +164,10 @@ class RunPlan:
     def flops(self) -> float:
         return self.tokens * self.flops_per_token
 
+    @property
+    def cell(self) -> tuple:
+        """(scale, variant, tuned values): the runs of one cell differ only by seed."""
+        return (self.scale, self.variant, json.dumps(self.tune, sort_keys=True))
 
 # --- spec ----------------------------------------------------------------------------------
 def builtin_specs() -> dict[str, Path]:
@@ -334,17 +381,312 @@ def parse_spec(raw: dict, path: Optional[Path] = None) -> Spec:
     name = raw.get("name") or (path.stem if path else "sweep")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", str(name)):
         raise ConfigError(f"{source}: name={name!r} may hold only letters, digits, '.', '_' and '-'")
+    variants = expand_axes(raw.get("axes"), f"{source} axes")
+    labels = [v.label for v in variants]
+    baseline = raw.get("baseline", labels[0])
+    if str(baseline) not in labels:
+        import difflib
+
+        near = difflib.get_close_matches(str(baseline), labels, n=1)
+        raise ConfigError(f"{source}: baseline={baseline!r} is not a variant" +
+                          (f"; did you mean {near[0]!r}?" if near else f"; variants: {', '.join(labels)}"))
+    contexts = sorted({1, *contexts})
+    varies = raw.get("varies") or []
+    if not isinstance(varies, list) or any(q not in QUANTITIES for q in varies):
+        raise ConfigError(f"{source}: varies={varies!r} must list quantities among {', '.join(QUANTITIES)}")
+    confidence = raw.get("confidence", 0.95)
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.5 <= confidence < 1:
+        raise ConfigError(f"{source}: confidence={confidence!r} must be a probability in [0.5, 1), e.g. 0.95")
+    tune = parse_tune(raw.get("tune"), source)
+    clash = sorted(set(tune) & {k for v in variants for k in v.fields})
+    if clash:
+        raise ConfigError(f"{source}: {clash} is both tuned and set by a variant; tune a field the axes leave alone")
+    timing = parse_timing(raw.get("timing"), source)
+    expect = parse_expect(raw.get("expect"), labels, str(baseline), contexts, source)
+    if any(e.metric in TIMING_METRICS for e in expect) and timing is None:
+        raise ConfigError(f"{source}: an expectation on step_time/decode_time needs a 'timing:' block")
+    if any(e.metric == "decode_time" for e in expect) and not timing["decode"]:
+        raise ConfigError(f"{source}: an expectation on decode_time needs timing: {{decode: true}}")
     return Spec(name=str(name), claim=str(raw.get("claim") or "").strip(), path=path, raw=raw,
                 preset=raw.get("preset"), scale=scale, model=model, train=train,
                 data=None if raw.get("data") is None else str(raw["data"]),
-                variants=expand_axes(raw.get("axes"), f"{source} axes"), seeds=seeds,
-                budget=parse_budget(raw.get("budget"), f"{source} budget"),
-                eval_contexts=sorted({1, *contexts}), measure_decode=raw.get("measure_decode", False), decode=decode)
+                variants=variants, seeds=seeds, budget=parse_budget(raw.get("budget"), f"{source} budget"),
+                eval_contexts=contexts, measure_decode=raw.get("measure_decode", False), decode=decode,
+                baseline=str(baseline), tune=tune, match=parse_match(raw.get("match"), source), varies=varies,
+                expect=expect, scales=parse_scales(raw.get("scales"), source), timing=timing,
+                confidence=float(confidence))
 
 
 def load_spec(spec: str | Path) -> Spec:
     path = resolve_spec_path(spec)
     return parse_spec(load_mapping(path), path)
+
+
+def _threshold(value: Any, where: str) -> tuple[float, bool]:
+    """``0.01`` (absolute, in the metric's unit) or ``"1%"`` (relative) -> (value, relative)."""
+    if value is None:
+        return 0.0, False
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            x = float(value.strip()[:-1]) / 100
+        except ValueError:
+            raise ConfigError(f"{where}={value!r} must be a number or a percentage such as '2%'") from None
+        relative = True
+    else:
+        x, relative = value, False
+        if isinstance(x, str):
+            try:
+                x = float(x)
+            except ValueError:
+                raise ConfigError(f"{where}={value!r} must be a number or a percentage such as '2%'") from None
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
+        raise ConfigError(f"{where}={value!r} must be a finite number >= 0 (or a percentage such as '2%')")
+    return float(x), relative
+
+
+def parse_expect(raw: Any, labels: list[str], baseline: str, contexts: list, source: str) -> list[Expectation]:
+    """The ``expect:`` list (see the module docstring); every variant named must exist."""
+    if raw is None:
+        return []
+    if isinstance(raw, dict):
+        raw = [raw]
+    if not isinstance(raw, list):
+        raise ConfigError(f"{source}: expect must be a list of claims such as {{better: A, than: B, by: 0.01}}")
+    metrics = set(METRICS) | {f"val_bpb_{_fmt(m)}x" for m in contexts if m != 1}
+    out = []
+    for i, e in enumerate(raw):
+        where = f"{source}.expect[{i}]"
+        if not isinstance(e, dict):
+            raise ConfigError(f"{where}: expected a mapping such as {{better: A, than: B, by: 0.01}}, got {e!r}")
+        unknown = set(e) - {"better", "than", "by", "equal", "within", "metric", "claim"}
+        if unknown:
+            raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; use better/than/by, or equal/within, "
+                              f"metric, claim")
+        metric = str(e.get("metric", "val_bpb"))
+        if metric not in metrics:
+            raise ConfigError(f"{where}: metric={metric!r} is not one of {', '.join(sorted(metrics))}")
+        if ("better" in e) == ("equal" in e):
+            raise ConfigError(f"{where}: give either 'better: A' (with 'than: B', default the baseline) or "
+                              f"'equal: [A, B]'")
+        if "better" in e:
+            if "within" in e:
+                raise ConfigError(f"{where}: 'within' goes with 'equal'; a 'better' claim takes 'by'")
+            a, b = str(e["better"]), str(e.get("than", baseline))
+            by, rel = _threshold(e.get("by"), f"{where}.by")
+            kind = "better"
+        else:
+            pair = e["equal"]
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise ConfigError(f"{where}: equal={pair!r} must name two variants, e.g. [RMSNorm, LayerNorm]")
+            if "by" in e:
+                raise ConfigError(f"{where}: 'by' goes with 'better'; an 'equal' claim takes 'within'")
+            a, b = str(pair[0]), str(pair[1])
+            by, rel = _threshold(e.get("within"), f"{where}.within")
+            if by <= 0:
+                raise ConfigError(f"{where}: an 'equal' claim needs within > 0 (the largest difference that "
+                                  f"still counts as equal)")
+            kind = "equal"
+        for name in (a, b):
+            if name not in labels:
+                import difflib
+
+                near = difflib.get_close_matches(name, labels, n=1)
+                raise ConfigError(f"{where}: no variant {name!r}" + (f"; did you mean {near[0]!r}?" if near else
+                                                                     f"; variants: {', '.join(labels)}"))
+        if a == b:
+            raise ConfigError(f"{where}: compares {a!r} with itself")
+        unit = "%" if rel else ("" if metric in TIMING_METRICS else " bits/byte" if "bpb" in metric else " nats")
+        amount = f"{100 * by:g}%" if rel else f"{by:g}{unit}"
+        text = str(e.get("claim") or (f"{a} better than {b}" + (f" by >= {amount}" if by else "")
+                                      if kind == "better" else f"{a} equal to {b} within {amount}"))
+        out.append(Expectation(kind, a, b, by, rel, metric, text))
+    return out
+
+
+def parse_match(raw: Any, source: str) -> Optional[Match]:
+    """``match: HOLD`` or a mapping (see the module docstring)."""
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        raw = {"hold": raw}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: match must be a quantity ({', '.join(HOLDS)}) or a mapping with 'hold'")
+    unknown = set(raw) - {"hold", "solve", "multiple", "target", "tolerance"}
+    if unknown:
+        raise ConfigError(f"{source}.match: unknown key(s) {sorted(unknown)}; use hold, solve, multiple, target, "
+                          f"tolerance")
+    hold = raw.get("hold")
+    if hold not in HOLDS:
+        raise ConfigError(f"{source}.match.hold={hold!r} must be one of {', '.join(HOLDS)}")
+    solve = raw.get("solve", "d_ff" if hold in ("non_embedding_params", "params", "flops_per_token") else None)
+    if hold in ("tokens", "flops"):
+        if "solve" in raw:
+            raise ConfigError(f"{source}.match: hold={hold} is held by the budget, not by solving a size; drop "
+                              f"'solve'")
+    elif solve not in SOLVABLE:
+        raise ConfigError(f"{source}.match.solve={solve!r} must be one of {', '.join(SOLVABLE)}")
+    multiple = raw.get("multiple", 1 if solve == "n_layers" else 8)
+    if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
+        raise ConfigError(f"{source}.match.multiple={multiple!r} must be an integer >= 1")
+    target = raw.get("target", "baseline")
+    if target != "baseline":
+        target = _number(target, f"{source}.match.target")
+    tol = raw.get("tolerance", 0.02)
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < 1:
+        raise ConfigError(f"{source}.match.tolerance={tol!r} must be a fraction in (0, 1), e.g. 0.02")
+    return Match(hold, solve, multiple, target, float(tol))
+
+
+def parse_tune(raw: Any, source: str) -> dict:
+    """``tune: {field: [values...]}``: every variant is trained at every combination."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"{source}: tune must map a field to a list of values, e.g. {{lr: [1.0e-3, 3.0e-3]}}")
+    out = {}
+    for k, v in raw.items():
+        _check_field(str(k), f"{source}.tune")
+        if not isinstance(v, list) or len(v) < 2:
+            raise ConfigError(f"{source}.tune.{k}={v!r} must be a list of at least two values to choose from")
+        if len({json.dumps(x, sort_keys=True) for x in v}) != len(v):
+            raise ConfigError(f"{source}.tune.{k}={v!r} repeats a value")
+        out[str(k)] = [float(x) if isinstance(x, str) and _is_float(x) else x for x in v]
+    return out
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def parse_scales(raw: Any, source: str) -> list[Variant]:
+    """``scales:`` a list of field bundles (each with an optional label) or ``{field: [values]}``."""
+    if raw is None:
+        return []
+    if isinstance(raw, dict):
+        if len(raw) != 1 or not isinstance(next(iter(raw.values())), list):
+            raise ConfigError(f"{source}: scales must be a list of field bundles or {{field: [values]}}")
+        k, values = next(iter(raw.items()))
+        raw = [{k: v} for v in values]
+    if not isinstance(raw, list) or len(raw) < 2:
+        raise ConfigError(f"{source}: scales must list at least two sizes, e.g. [{{d_model: 64}}, {{d_model: 128}}]")
+    out = []
+    for i, v in enumerate(raw):
+        if not isinstance(v, dict):
+            raise ConfigError(f"{source}.scales[{i}]: expected a mapping of fields, got {v!r}")
+        label, fields_ = _bundle(v, f"{source}.scales[{i}]")
+        out.append(Variant(label or ", ".join(f"{k}={_fmt(x)}" for k, x in fields_.items()), fields_))
+    labels = [v.label for v in out]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"{source}: scale labels {labels} repeat; give distinct labels")
+    return out
+
+
+def parse_timing(raw: Any, source: str) -> Optional[dict]:
+    """``timing:`` true or a mapping over TIMING_DEFAULTS (batch, context, pairs >= 15, steps, threads,
+    decode, decode_batch, decode_context)."""
+    if raw is None or raw is False:
+        return None
+    raw = {} if raw is True else raw
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: timing must be true or a mapping with keys {', '.join(TIMING_DEFAULTS)}")
+    unknown = set(raw) - set(TIMING_DEFAULTS)
+    if unknown:
+        raise ConfigError(f"{source}.timing: unknown key(s) {sorted(unknown)}; valid: {', '.join(TIMING_DEFAULTS)}")
+    out = {**TIMING_DEFAULTS, **raw}
+    for k, v in out.items():
+        if k == "decode":
+            if not isinstance(v, bool):
+                raise ConfigError(f"{source}.timing.decode={v!r} must be true or false")
+        elif v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(f"{source}.timing.{k}={v!r} must be an integer >= 1")
+    if out["pairs"] < 15:
+        raise ConfigError(f"{source}.timing.pairs={out['pairs']} must be >= 15 (a median of per-pair ratios "
+                          f"needs that many pairs to carry a useful interval)")
+    return out
+
+
+# --- controls ------------------------------------------------------------------------------
+def measure(cfg: ModelConfig, quantity: str) -> float:
+    """A size of ``cfg`` by formula (:mod:`lmlab.analysis`): ``params``, ``non_embedding_params`` or
+    ``flops_per_token`` (training FLOPs per token at the model's context)."""
+    from lmlab.analysis import param_counts
+
+    if quantity == "flops_per_token":
+        return flops_per_token(cfg)
+    counts = param_counts(cfg)
+    return float(counts["total"] if quantity == "params" else counts["non_embedding"])
+
+
+def solve_size(model: dict, match: Match, target: float, where: str) -> tuple[dict, dict]:
+    """Set ``match.solve`` in the model mapping ``model`` (a multiple of ``match.multiple``) so that
+    ``measure(cfg, match.hold)`` is as close to ``target`` as the grid allows. Solving ``d_model`` keeps
+    head_dim and the query/KV group size (n_heads = d_model / head_dim); solving ``d_ff`` replaces an
+    ``ffn_ratio``. Returns (the new mapping, {field: value set}); raises ConfigError when the closest
+    value is more than ``match.tolerance`` off the target (the message gives it and the target)."""
+    base = ModelConfig.from_dict(model, f"{where} model")
+    step, extra = match.multiple, {}
+    if match.solve == "d_model":
+        step = math.lcm(step, base.head_dim)
+        group = base.n_heads // base.n_kv_heads
+
+    def build(k: int) -> tuple[dict, ModelConfig]:
+        value = k * step
+        m = dict(model)
+        m[match.solve] = value
+        if match.solve == "d_ff":
+            m.pop("ffn_ratio", None)
+        if match.solve == "d_model":
+            heads = value // base.head_dim
+            m.update(n_heads=heads, head_dim=base.head_dim)
+            if heads % group == 0:
+                m["n_kv_heads"] = heads // group
+            else:
+                m["n_kv_heads"] = math.gcd(heads, base.n_kv_heads)
+        return m, ModelConfig.from_dict(m, f"{where} model ({match.solve}={value} solved for {match.hold})")
+
+    f = lambda k: measure(build(k)[1], match.hold)  # noqa: E731 -- increasing in k
+    lo, hi = 1, 1
+    while f(hi) < target:
+        lo, hi = hi, hi * 2
+        if hi > 1 << 24:
+            raise ConfigError(f"{where}: no {match.solve} reaches {match.hold}={target:,.0f}")
+    while hi - lo > 1:  # f(lo) < target <= f(hi), or lo == hi == 1
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
+    k = min({lo, hi}, key=lambda k: abs(f(k) - target))
+    m, cfg = build(k)
+    got = measure(cfg, match.hold)
+    if abs(got - target) > match.tolerance * target:
+        raise ConfigError(f"{where}: {match.solve}={k * step} gives {match.hold}={got:,.0f}, "
+                          f"{100 * (got / target - 1):+.1f}% off the target {target:,.0f} (tolerance "
+                          f"{100 * match.tolerance:g}%); use a smaller match.multiple or another match.solve")
+    extra = {kk: m[kk] for kk in (match.solve, "n_heads", "n_kv_heads") if kk in m and m[kk] != model.get(kk)}
+    return m, extra
+
+
+def control_flags(cells: dict, baseline: str, hold: Optional[str], varies: list, limit: float = 0.05) -> dict:
+    """Per (scale, variant) the quantities (QUANTITIES) that differ from the same scale's baseline by more
+    than ``limit`` (a fraction), unless held (``hold``) or declared in ``varies``: {key: [(quantity,
+    relative difference)]}. ``cells`` maps (scale, variant) -> {quantity: value}."""
+    out: dict = {}
+    for (scale, variant), q in cells.items():
+        ref = cells.get((scale, baseline))
+        if ref is None or variant == baseline:
+            continue
+        bad = []
+        for name in QUANTITIES:
+            if name == hold or name in varies or not q.get(name) or not ref.get(name):
+                continue
+            rel = q[name] / ref[name] - 1
+            if abs(rel) > limit:
+                bad.append((name, rel))
+        if bad:
+            out[(scale, variant)] = bad
+    return out
 
 
 # --- plan ----------------------------------------------------------------------------------
@@ -380,18 +722,26 @@ def budget_steps(budget: dict, tokens_per_step: int, flops_per_tok: float, defau
 
 
 def plan_runs(spec: Spec, data_dir: Optional[Path] = None) -> list[RunPlan]:
-    """Every (variant, seed) of ``spec`` with its validated ModelConfig and TrainConfig. Without
-    ``data_dir`` the spec's data (or the default corpus, prepared on first use) is used; every variant is
-    checked before anything is prepared."""
+    """Every (scale, variant, tuned values, seed) of ``spec`` with its validated ModelConfig and
+    TrainConfig, the match control solved and the memory checked. Without ``data_dir`` the spec's data
+    (or the default corpus, prepared on first use) is used; every run is checked before anything is
+    prepared."""
     from lmlab.data.prepare import TokenData
+    from lmlab.runs import DEFAULT_VOCAB, check_run_memory, ensure_default_data
 
     if data_dir is None:
-        from lmlab.runs import DEFAULT_VOCAB, ensure_default_data
-
-        _plan(spec, None, TokenData(spec.data).vocab_size if spec.data else DEFAULT_VOCAB)
+        plans = _plan(spec, None, TokenData(spec.data).vocab_size if spec.data else DEFAULT_VOCAB)
+        for p in {p.cell: p for p in plans}.values():
+            check_run_memory(p.cfg, p.tc)
         data_dir = ensure_default_data(spec.data)
     data_dir = Path(data_dir).resolve()
     return _plan(spec, data_dir, TokenData(data_dir).vocab_size)
+
+
+def _split_fields(fields: dict) -> tuple[dict, dict]:
+    model_keys, train_keys = _field_names()
+    return ({k: x for k, x in fields.items() if k in model_keys},
+            {k: x for k, x in fields.items() if k in train_keys and k not in model_keys})
 
 
 def _plan(spec: Spec, data_dir: Optional[Path], vocab: int) -> list[RunPlan]:
@@ -403,448 +753,91 @@ def _plan(spec: Spec, data_dir: Optional[Path], vocab: int) -> list[RunPlan]:
 
         preset = get_preset(spec.preset)
         base_model = {**preset.real, **(preset.tiny if spec.scale == "tiny" else {})}
-    model_keys, train_keys = _field_names()
+    tune_combos = [dict(zip(spec.tune, combo)) for combo in itertools.product(*spec.tune.values())] or [{}]
     plans, names = [], set()
-    for v in spec.variants:
-        vm = {k: x for k, x in v.fields.items() if k in model_keys}
-        vt = {k: x for k, x in v.fields.items() if k in train_keys and k not in model_keys}
-        model = {**base_model, **spec.model, **vm}
-        if "vocab_size" not in spec.model and "vocab_size" not in vm:
-            model["vocab_size"] = vocab  # the data's tokenizer decides
-        where = f"{spec.path or 'sweep spec'}, variant {v.label!r}"  # named in every error of this variant
-        try:
-            cfg = ModelConfig.from_dict(model, f"{where} model")
-        except TypeError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
-        for seed in spec.seeds:
-            train = {**SWEEP_TRAIN_DEFAULTS, **spec.train, **vt, "seed": seed}
-            try:
-                tc = TrainConfig.from_dict(train, f"{where} train")
-            except TypeError as exc:
-                raise ConfigError(f"{where}: {exc}") from None
-            tps = tc.batch_size * tc.grad_accum * cfg.context_length
-            fpt = flops_per_token(cfg)
-            try:
-                steps = budget_steps(spec.budget, tps, fpt, tc.max_steps)
-            except ConfigError as exc:
-                raise ConfigError(f"{where}: {exc}") from None
-            changes = {"max_steps": steps}
-            if "seconds" in spec.budget:
-                changes["max_seconds"] = float(spec.budget["seconds"])
-            tc = dataclasses.replace(tc, **changes)
-            name = f"{slug(v.label)}-s{seed}"
-            k = 2
-            while name in names:  # two labels with one slug
-                name = f"{slug(v.label)}-{k}-s{seed}"
-                k += 1
-            names.add(name)
-            plans.append(RunPlan(name, v.label, seed, dict(v.fields), cfg, tc, tps, fpt, data_dir))
+    for scale in spec.scales or [None]:
+        scale_fields = scale.fields if scale else {}
+        sm, st = _split_fields(scale_fields)
+        models = {}
+        for v in spec.variants:
+            vm, _ = _split_fields(v.fields)
+            model = {**base_model, **spec.model, **sm, **vm}
+            if "vocab_size" not in model:
+                model["vocab_size"] = vocab  # the data's tokenizer decides
+            models[v.label] = model
+        target = None
+        if spec.match and spec.match.solve:
+            where = f"{spec.path or 'sweep spec'}, baseline {spec.baseline!r}" + (f", scale {scale.label!r}"
+                                                                                 if scale else "")
+            target = spec.match.target
+            if target == "baseline":
+                target = measure(ModelConfig.from_dict(models[spec.baseline], f"{where} model"), spec.match.hold)
+        for v in spec.variants:
+            where = f"{spec.path or 'sweep spec'}, variant {v.label!r}" + (f", scale {scale.label!r}" if scale else "")
+            model, solved = models[v.label], {}
+            if target is not None and not (v.label == spec.baseline and spec.match.target == "baseline"):
+                model, solved = solve_size(model, spec.match, target, where)
+            _, vt = _split_fields(v.fields)
+            for tune in tune_combos:
+                tm, tt = _split_fields(tune)
+                try:
+                    cfg = ModelConfig.from_dict({**model, **tm}, f"{where} model")
+                except TypeError as exc:
+                    raise ConfigError(f"{where}: {exc}") from None
+                for seed in spec.seeds:
+                    train = {**SWEEP_TRAIN_DEFAULTS, **spec.train, **st, **vt, **tt, "seed": seed}
+                    try:
+                        tc = TrainConfig.from_dict(train, f"{where} train")
+                    except TypeError as exc:
+                        raise ConfigError(f"{where}: {exc}") from None
+                    tps = tc.batch_size * tc.grad_accum * cfg.context_length
+                    fpt = flops_per_token(cfg)
+                    try:
+                        steps = budget_steps(spec.budget, tps, fpt, tc.max_steps)
+                    except ConfigError as exc:
+                        raise ConfigError(f"{where}: {exc}") from None
+                    changes = {"max_steps": steps}
+                    if "seconds" in spec.budget:
+                        changes["max_seconds"] = float(spec.budget["seconds"])
+                    tc = dataclasses.replace(tc, **changes)
+                    stem = slug(v.label) + (f"_{slug(scale.label)}" if scale else "") + \
+                        "".join(f"_{k}={_fmt(x)}" for k, x in tune.items())
+                    name, k = f"{stem}-s{seed}", 2
+                    while name in names:  # two labels with one slug
+                        name = f"{stem}-{k}-s{seed}"
+                        k += 1
+                    names.add(name)
+                    fields_ = {**scale_fields, **v.fields, **solved, **tune}
+                    plans.append(RunPlan(name, v.label, seed, fields_, cfg, tc, tps, fpt, data_dir,
+                                         scale.label if scale else None, dict(tune), solved))
+    if spec.match and spec.match.hold in ("tokens", "flops"):
+        _check_budget_hold(spec, plans)
     return plans
 
 
-# --- run state -----------------------------------------------------------------------------
-def read_jsonl(path: Path) -> list[dict]:
-    out = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut by a kill
-                continue
-    return out
+def _check_budget_hold(spec: Spec, plans: list[RunPlan]) -> None:
+    """``match: tokens | flops``: every run's training tokens (FLOPs) within the tolerance of the
+    baseline's at its scale; raises ConfigError naming the first that is not."""
+    key = spec.match.hold
+    ref = {p.scale: getattr(p, key) for p in plans if p.variant == spec.baseline}
+    for p in plans:
+        got, want = getattr(p, key), ref[p.scale]
+        if abs(got - want) > spec.match.tolerance * want:
+            raise ConfigError(f"{spec.path or 'sweep spec'}: match.hold={key}, but run {p.name!r} trains "
+                              f"{got:.4g} {key}, {100 * (got / want - 1):+.1f}% off the baseline's {want:.4g}; "
+                              f"set budget: {{{key}: ...}} so every variant gets the same")
 
 
-def read_results(sweep_dir: str | Path) -> list[dict]:
-    """The rows of ``results.jsonl`` (one per run). A line that is not JSON (cut by a kill mid-write) is
-    skipped with a warning on stderr: its run counts as not finished, so ``lmlab sweep`` scores it again."""
-    path = Path(sweep_dir) / RESULTS_FILE
-    rows = read_jsonl(path)
-    if path.is_file():
-        bad = sum(1 for line in path.read_text().splitlines() if line.strip()) - len(rows)
-        if bad:
-            print(f"warning: {path}: skipped {bad} unreadable line(s) (cut by an interrupted write?); "
-                  f"their runs count as unfinished", file=sys.stderr)
-    return rows
-
-
-def _last_checkpoint_step(run_dir: Path) -> int:
-    from lmlab.checkpoint import checkpoint_dirs
-
-    ckpts = checkpoint_dirs(run_dir)
-    return int(ckpts[-1].name.split("_")[1]) if ckpts else 0
-
-
-def run_state(run_dir: Path, max_steps: int) -> str:
-    """``new`` (no run folder), ``trained`` (the last checkpoint is at max_steps, or training stopped on
-    its wall-time budget) or ``partial``."""
-    if not (run_dir / "run.yaml").is_file():
-        return "new"
-    step = _last_checkpoint_step(run_dir)
-    if step >= max_steps:
-        return "trained"
-    if step and any(r.get("stopped") == "max_seconds" and r.get("step") == step
-                    for r in read_jsonl(run_dir / "metrics.jsonl")):
-        return "trained"
-    return "partial"
-
-
-def _check_existing(p: RunPlan, run_dir: Path) -> None:
-    """An existing run folder must hold this very run (else the spec changed under it)."""
-    from lmlab.checkpoint import read_run
-
-    if not (run_dir / "run.yaml").is_file():
-        return
-    run = read_run(run_dir)
-    want = {"model": p.cfg.to_dict(), "train": dataclasses.asdict(p.tc)}
-    diff = [f"{sec}.{k}: run has {run.get(sec, {}).get(k)!r}, spec asks {v!r}"
-            for sec in ("model", "train") for k, v in want[sec].items() if run.get(sec, {}).get(k, v) != v]
-    if run.get("data") != str(p.data):
-        diff.append(f"data: run has {run.get('data')!r}, spec asks {str(p.data)!r}")
-    if diff:
-        raise ConfigError(f"run folder {str(run_dir)!r} holds a different run than the spec asks "
-                          f"({'; '.join(diff[:3])}); give the sweep another --out, or delete that run folder")
-
-
-# --- evaluation ----------------------------------------------------------------------------
-def _machine(device_name: str) -> str:
-    from lmlab.bench import describe_machine
-    from lmlab.train import resolve_device
-
-    try:
-        return describe_machine(resolve_device(device_name))
-    except ConfigError:  # a device name the run itself already refused: it trained nowhere else
-        return describe_machine("cpu")
-
-
-def _nan_to_none(x: Any) -> Any:
-    return None if isinstance(x, float) and not math.isfinite(x) else x
-
-
-def evaluate_run(run_dir: Path, contexts: list, decode: Optional[dict] = None) -> dict:
-    """Full validation split of a trained run: loss and bits-per-byte at ``contexts`` multiples of the
-    training context (a multiple the positions cannot reach, learned positions beyond the table, gives
-    None and the reason), KV-cache bytes and, with ``decode``, decode tokens/s."""
-    import torch
-
-    from lmlab.analysis import kv_cache_bytes
-    from lmlab.checkpoint import load_run
-    from lmlab.data.prepare import TokenData
-    from lmlab.evaluate import evaluate
-    from lmlab.model import TransformerLM
-    from lmlab.train import resolve_device
-
-    device = resolve_device("auto")
-    model, cfg, _, run, _ = load_run(run_dir, device=str(device))
-    data = TokenData(run["data"])
-    tokens, n_bytes = data.tokens("val"), data.bytes("val")
-    out: dict = {"params": model.num_params(), "non_embedding_params": model.num_params(non_embedding=True)}
-    for mult in contexts:
-        suffix = "" if mult == 1 else f"_{_fmt(mult)}x"
-        ctx = int(cfg.context_length * mult)
-        if mult == 1:
-            m = model
-        elif cfg.position == "learned" and ctx > cfg.context_length:
-            out[f"val_loss{suffix}"] = out[f"val_bpb{suffix}"] = None
-            out[f"eval_note{suffix}"] = f"learned positions exist only below context_length={cfg.context_length}"
-            continue
-        else:  # the same weights in a model built for the longer context
-            m = TransformerLM(dataclasses.replace(cfg, context_length=ctx)).to(device)
-            m.load_state_dict(model.state_dict())
-            m.eval()
-        res = evaluate(m, tokens, n_bytes, batch_size=16, device=device)
-        out[f"val_loss{suffix}"] = _nan_to_none(res["loss"])
-        out[f"val_bpb{suffix}"] = _nan_to_none(res["bits_per_byte"])
-        if mult == 1:
-            out["val_tokens"], out["val_bytes"] = res["tokens"], res["bytes"]
-    kv = kv_cache_bytes(cfg, cfg.context_length, batch=1, dtype="fp32")
-    out["kv_bytes_per_token"] = kv["per_token"]
-    out["kv_bytes_context"] = kv["total"]
-    if decode:
-        from lmlab.bench import bench_decode
-
-        d = dict(decode)
-        d["prompt_len"] = min(d["prompt_len"], cfg.context_length // 2)
-        d["new_tokens"] = max(2, min(d["new_tokens"], cfg.context_length - d["prompt_len"] + 1))
-        res = bench_decode(model, batch=d["batch"], prompt_len=d["prompt_len"], new_tokens=d["new_tokens"],
-                           repeats=d["repeats"], device=device)
-        out["decode_tokens_per_s"] = res["decode_tokens_per_s"]
-        out["prefill_tokens_per_s"] = res["prefill_tokens_per_s"]
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return out
-
-
-def training_summary(run_dir: Path) -> dict:
-    """From ``metrics.jsonl`` and the last checkpoint: steps, tokens, training wall time (summed over
-    resumed invocations), median tokens/s, final train loss (mean of those logged in the last 10% of the
-    steps), spikes, skipped
-    steps and whether training stopped on its wall-time budget."""
-    from lmlab.checkpoint import checkpoint_dirs
-    from lmlab.plot import cumulative_wall_time
-
-    recs = read_jsonl(run_dir / "metrics.jsonl")
-    train = [r for r in recs if "loss" in r and "tokens" in r and not r.get("skipped")]
-    timed = cumulative_wall_time([r for r in recs if r.get("elapsed_s") is not None])  # across resumes
-    wall = timed[-1]["elapsed_s"] if timed else 0.0
-    losses = [r["loss"] for r in train if r["step"] >= 0.9 * train[-1]["step"]] if train else []
-    tps = [r["tokens_per_s"] for r in train if r.get("tokens_per_s")]
-    state: dict = {}
-    ckpts = checkpoint_dirs(run_dir)
-    if ckpts and (ckpts[-1] / "trainer.json").is_file():
-        state = json.loads((ckpts[-1] / "trainer.json").read_text())
-    final = sum(losses) / len(losses) if losses else None
-    diag = [r for r in recs if "max_attn_logit" in r]  # TrainConfig.diag_interval records
-    return {
-        "steps": state.get("step", train[-1]["step"] if train else 0),
-        "tokens": state.get("tokens_seen", train[-1]["tokens"] if train else 0),
-        "wall_s": wall,
-        "tokens_per_s": statistics.median(tps) if tps else None,
-        "first_train_loss": train[0]["loss"] if train else None,
-        "final_train_loss": _nan_to_none(final),
-        "spikes": train[-1].get("spikes", 0) if train else 0,
-        "skipped_steps": sum(1 for r in recs if r.get("skipped")),
-        "stopped_early": any(r.get("stopped") == "max_seconds" for r in recs),
-        # largest attention logit (any layer) and output log Z seen by the diagnostics, None without them
-        "max_attn_logit": _nan_to_none(max((max(r["max_attn_logit"]) for r in diag if r["max_attn_logit"]),
-                                           default=None)),
-        "log_z_max": _nan_to_none(max((r["log_z_max"] for r in diag if "log_z_max" in r), default=None)),
-    }
-
-
-def collect_result(p: RunPlan, run_dir: Path, spec: Spec, diverged: bool, error: Optional[str]) -> dict:
-    """The results row of one run (see RESULT_COLUMNS in lmlab.report)."""
-    summary = training_summary(run_dir)
-    final = summary["final_train_loss"]
-    first = summary["first_train_loss"]
-    if summary["steps"] and not error and (final is None or (first is not None and final > first)):
-        diverged = True  # non-finite at the end, or the loss ended above where it was first logged
-    row: dict = {"sweep": spec.name, "run": p.name, "variant": p.variant, "seed": p.seed,
-                 "status": "failed" if error else ("diverged" if diverged else "ok"),
-                 "diverged": bool(diverged), "max_steps": p.steps}
-    row.update(summary)
-    row["flops_per_token"] = p.flops_per_token
-    row["flops"] = summary["tokens"] * p.flops_per_token
-    row["step_ms"] = (1000 * p.tokens_per_step / summary["tokens_per_s"]) if summary["tokens_per_s"] else None
-    if error:
-        row["error"] = error
-    if not diverged and not error:
-        row.update(evaluate_run(run_dir, spec.eval_contexts, spec.decode if spec.measure_decode else None))
-    else:
-        from lmlab.analysis import kv_cache_bytes, param_counts
-
-        counts = param_counts(p.cfg)
-        row["params"], row["non_embedding_params"] = counts["total"], counts["non_embedding"]
-        for mult in spec.eval_contexts:
-            suffix = "" if mult == 1 else f"_{_fmt(mult)}x"
-            row[f"val_loss{suffix}"] = row[f"val_bpb{suffix}"] = None
-        kv = kv_cache_bytes(p.cfg, p.cfg.context_length, batch=1, dtype="fp32")
-        row["kv_bytes_per_token"], row["kv_bytes_context"] = kv["per_token"], kv["total"]
-    row["fields"] = p.fields
-    row["finished_at"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    row["machine"] = _machine(p.tc.device)
-    return {k: _nan_to_none(v) for k, v in row.items()}
-
-
-# --- the sweep -----------------------------------------------------------------------------
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def _log_since(path: Path, offset: int, n: int = 4000) -> str:
-    """The last ``n`` characters written to ``path`` after byte ``offset``."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace")[-n:]
-    except OSError:
-        return ""
-
-
-class _Sweep:
-    def __init__(self, spec: Spec, sweep_dir: Path, plans: list[RunPlan], jobs: int, threads: int,
-                 log: Callable[[str], None]):
-        self.spec, self.dir, self.plans, self.jobs, self.threads, self.log = spec, sweep_dir, plans, jobs, threads, log
-        self.lock = threading.Lock()  # results file
-        self.eval_lock = threading.Lock()  # one evaluation at a time in this process
-        self.procs: set = set()
-        self.stopping = False
-        self.rows = {r["run"]: r for r in read_results(sweep_dir)}
-        self.done_count = 0
-
-    def write_results(self) -> None:
-        order = [p.name for p in self.plans]
-        rows = [self.rows[n] for n in order if n in self.rows] + [r for n, r in self.rows.items() if n not in order]
-        path = self.dir / RESULTS_FILE
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        os.replace(tmp, path)
-
-    def train(self, p: RunPlan, run_dir: Path) -> tuple[bool, Optional[str]]:
-        """Train (or continue) one run in a subprocess; returns (diverged, error)."""
-        cfg_path = self.dir / "configs" / f"{p.name}.yaml"
-        cfg_path.write_text(yaml.safe_dump({"model": p.cfg.to_dict(), "train": dataclasses.asdict(p.tc)},
-                                           sort_keys=False))
-        log_path = self.dir / "logs" / f"{p.name}.log"
-        cmd = [sys.executable, "-m", "lmlab.cli", "train", "--out", str(run_dir), "--config", str(cfg_path),
-               "--data", str(p.data), "--no-progress"]
-        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
-        root = str(Path(__file__).resolve().parents[1])  # the lmlab being run, also when not installed
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        with open(log_path, "a") as f:
-            f.write(f"$ {' '.join(cmd)}\n")
-            f.flush()
-            offset = f.tell()
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-            with self.lock:
-                self.procs.add(proc)
-            try:
-                rc = proc.wait()
-            finally:
-                with self.lock:
-                    self.procs.discard(proc)
-        if rc == 0:
-            return False, None
-        if self.stopping or rc == 130 or rc < 0:  # interrupted (Ctrl-C reaches the subprocess too) or killed
-            raise KeyboardInterrupt
-        tail = _log_since(log_path, offset)  # this attempt's output only
-        if DIVERGED_MARK in tail:
-            return True, None
-        lines = [line for line in tail.splitlines() if line.strip()]
-        return False, f"training exited with status {rc}: {lines[-1] if lines else '(no output)'} (see {log_path})"
-
-    def job(self, p: RunPlan) -> None:
-        if self.stopping:
-            return
-        run_dir = self.dir / "runs" / p.name
-        state = run_state(run_dir, p.steps)
-        t0 = time.perf_counter()
-        diverged, error = False, None
-        if state != "trained":
-            self.log(f"train {p.name}: {'continuing, ' if state == 'partial' else ''}{p.steps} steps, "
-                     f"{p.tokens:,} tokens, {p.flops:.3g} FLOPs")
-            diverged, error = self.train(p, run_dir)
-        with self.eval_lock:
-            import torch
-
-            torch.set_num_threads(self.threads)
-            try:
-                row = collect_result(p, run_dir, self.spec, diverged, error)
-            except Exception as exc:  # noqa: BLE001 -- one broken run must not end the sweep
-                if self.stopping:
-                    raise KeyboardInterrupt from None
-                row = {"sweep": self.spec.name, "run": p.name, "variant": p.variant, "seed": p.seed,
-                       "status": "failed", "diverged": False, "error": f"evaluation failed: {exc}",
-                       "fields": p.fields}
-        with self.lock:
-            self.rows[p.name] = row
-            self.write_results()
-            self.done_count += 1
-            n = self.done_count
-        took = time.perf_counter() - t0
-        what = f"val bpb {row['val_bpb']:.4f}" if row.get("val_bpb") is not None else row["status"].upper()
-        loss = row.get("final_train_loss")
-        self.log(f"[{n}/{self.pending}] {p.name}: {what}, train loss {'n/a' if loss is None else f'{loss:.4f}'}, "
-                 f"{took:.0f} s" + (f" ({row['error']})" if row.get("error") else ""))
-
-    def run(self) -> None:
-        todo = []
-        for p in self.plans:
-            row = self.rows.get(p.name)
-            if row is not None and row.get("status") in ("ok", "diverged"):
-                self.log(f"skip {p.name}: done ({row['status']})")
-                continue
-            todo.append(p)
-        self.pending = len(todo)
-        if not todo:
-            return
-        pool = ThreadPoolExecutor(max_workers=self.jobs) if self.jobs > 1 else None
-        try:
-            if pool is None:
-                for p in todo:
-                    self.job(p)
-            else:
-                futures = [pool.submit(self.job, p) for p in todo]
-                for f in futures:
-                    f.result()
-        except KeyboardInterrupt:
-            self.stopping = True
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
-            with self.lock:
-                procs = list(self.procs)
-            for proc in procs:  # the training subprocesses this sweep started
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-            raise
-        finally:
-            if pool is not None:
-                pool.shutdown(wait=True)
-
-
-def default_out(spec: Spec) -> Path:
-    return Path("sweeps") / spec.name
-
-
-def format_plan(plans: list[RunPlan], states: dict) -> str:
+def plan_quantities(plans: list[RunPlan]) -> dict:
+    """(scale, variant) -> {quantity: value} of the planned runs (first run of each), for control_flags."""
     from lmlab.analysis import param_counts
 
-    lines = [f"{'run':40} {'steps':>6} {'tokens':>11} {'train FLOPs':>11} {'params':>10} {'non-emb':>10}  state"]
+    out = {}
     for p in plans:
-        c = param_counts(p.cfg)
-        lines.append(f"{p.name[:40]:40} {p.steps:>6} {p.tokens:>11,} {p.flops:>11.3g} {c['total']:>10,} "
-                     f"{c['non_embedding']:>10,}  {states[p.name]}")
-    total = sum(p.flops for p in plans)
-    lines.append(f"{len(plans)} runs, {sum(p.tokens for p in plans):,} tokens, {total:.3g} training FLOPs in all")
-    return "\n".join(lines)
-
-
-def run_sweep(spec: str | Path | Spec, out: Optional[str | Path] = None, jobs: int = 1, dry_run: bool = False,
-              log: Callable[[str], None] = print, data_dir: Optional[Path] = None) -> Path:
-    """Plan, train, evaluate and record every run of ``spec`` in the sweep folder ``out`` (default
-    ``sweeps/NAME``); returns the folder. Resumes a folder it finds (see the module docstring)."""
-    if not isinstance(jobs, int) or jobs < 1:
-        raise ConfigError(f"--jobs {jobs!r} must be an integer >= 1")
-    spec = spec if isinstance(spec, Spec) else load_spec(spec)
-    sweep_dir = Path(out) if out else default_out(spec)
-    if sweep_dir.exists() and not sweep_dir.is_dir():
-        raise ConfigError(f"--out {str(sweep_dir)!r} is a file, not a sweep folder; choose a folder path")
-    if sweep_dir.is_dir() and any(sweep_dir.iterdir()) and not (sweep_dir / "spec.yaml").is_file():
-        raise ConfigError(f"--out {str(sweep_dir)!r} is a non-empty folder that is not a sweep (no spec.yaml); "
-                          f"choose a new folder or an existing sweep's folder")
-    plans = plan_runs(spec, data_dir)
-    jobs = min(jobs, len(plans))  # no more workers than runs
-    for p in plans:
-        _check_existing(p, sweep_dir / "runs" / p.name)
-    rows = {r["run"]: r for r in read_results(sweep_dir)}
-    states = {}
-    for p in plans:
-        row = rows.get(p.name)
-        states[p.name] = ("done" if row is not None and row.get("status") in ("ok", "diverged")
-                          else run_state(sweep_dir / "runs" / p.name, p.steps))
-    threads = max(1, _cores() // jobs)
-    log(f"sweep {spec.name}: {len(spec.variants)} variant(s) x {len(spec.seeds)} seed(s) in {sweep_dir}, "
-        f"{jobs} job(s) x {threads} thread(s)")
-    log(format_plan(plans, states))
-    if dry_run:
-        return sweep_dir
-    for sub in ("runs", "configs", "logs"):
-        (sweep_dir / sub).mkdir(parents=True, exist_ok=True)
-    (sweep_dir / "spec.yaml").write_text(yaml.safe_dump(spec.raw, sort_keys=False, allow_unicode=True))
-    import torch
-
-    before = torch.get_num_threads()
-    t0 = time.perf_counter()
-    try:
-        _Sweep(spec, sweep_dir, plans, jobs, threads, log).run()
-    finally:
-        torch.set_num_threads(before)
-    log(f"sweep {spec.name} finished in {time.perf_counter() - t0:.0f} s; results in {sweep_dir / RESULTS_FILE}; "
-        f"`lmlab report {sweep_dir}` writes the report")
-    return sweep_dir
+        key = (p.scale, p.variant)
+        if key not in out:
+            c = param_counts(p.cfg)
+            out[key] = {"params": c["total"], "non_embedding_params": c["non_embedding"],
+                        "flops_per_token": p.flops_per_token, "tokens": p.tokens, "flops": p.flops,
+                        "steps": p.steps}
+    return out

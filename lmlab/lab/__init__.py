@@ -1,0 +1,12 @@
+"""The ablation lab: a spec of variants becomes runs, numbers, and verdicts a researcher can cite.
+
+- :mod:`lmlab.lab.spec`: the spec format (axes, baseline, tune, match, expect, scales, timing), its
+  validation and its expansion into runs, with the controls solved (``lmlab sweep --dry-run``);
+- :mod:`lmlab.lab.runner`: trains and scores every run as an ordinary run folder, resumable, with the
+  timing block, provenance and the machine's load recorded (``lmlab sweep``);
+- :mod:`lmlab.lab.timing`: the interleaved speed micro-benchmark of a spec's variants;
+- :mod:`lmlab.lab.stats`: paired differences, t- and sign-test intervals, pooled noise, verdicts;
+- :mod:`lmlab.lab.verdicts`: a sweep's results turned into chosen tuned values, comparisons and claims;
+- :mod:`lmlab.lab.report`, :mod:`lmlab.lab.plots`: the page, its figures and the index of all claims
+  (``lmlab report``).
+"""

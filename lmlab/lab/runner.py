@@ -1,0 +1,599 @@
+"""The ablation runner (``lmlab sweep SPEC``): every run of a spec as an ordinary run folder.
+
+The sweep folder holds ``spec.yaml`` (the spec as run), ``configs/RUN.yaml`` (each run's full config),
+``logs/RUN.log`` (the training output), ``runs/RUN/`` (ordinary run folders: ``lmlab eval``,
+``generate`` and ``plot`` work on them), ``results.jsonl`` (one JSON object per run), ``timing.json``
+(the spec's timing block, :mod:`lmlab.lab.timing`), ``provenance.jsonl`` (one record per invocation:
+command, lmlab version, git commit, spec SHA-256, machine, time) and ``load.jsonl`` (the 1-minute load
+average, sampled every 15 s while the sweep runs). A run is named after its variant, scale, tuned values
+and seed (``parallel_block=true-s1``, ``SwiGLU_d128_lr=0.003-s2``).
+
+Each run trains in a subprocess (``python -m lmlab.cli train``, which sets the run up with
+:func:`lmlab.runs.setup_run`; ``--jobs N`` runs N at once, each with cores // N torch threads); the
+sweep process then scores the whole validation split (bits-per-byte, :func:`lmlab.evaluate.evaluate`),
+optionally at longer contexts and the decode speed, and records the result. The timing block runs
+first, alone, before any training. Rerunning the same command resumes: runs with a result are skipped,
+trained runs are only evaluated, interrupted runs continue from their last checkpoint, a finished timing
+block is kept. A run that stops on non-finite losses (``FloatingPointError`` after ``max_bad_steps``)
+is recorded as diverged and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import yaml
+
+from lmlab.config import ConfigError
+from lmlab.lab.spec import (RunPlan, Spec, _fmt, control_flags, load_spec, plan_quantities, plan_runs)
+
+RESULTS_FILE = "results.jsonl"
+TIMING_FILE = "timing.json"
+PROVENANCE_FILE = "provenance.jsonl"
+LOAD_FILE = "load.jsonl"
+DIVERGED_MARK = "non-finite steps in a row"  # the FloatingPointError message of Trainer.fit
+
+
+# --- run state -----------------------------------------------------------------------------
+def read_jsonl(path: Path) -> list[dict]:
+    out = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut by a kill
+                continue
+    return out
+
+
+def read_results(sweep_dir: str | Path) -> list[dict]:
+    """The rows of ``results.jsonl`` (one per run). A line that is not JSON (cut by a kill mid-write) is
+    skipped with a warning on stderr: its run counts as not finished, so ``lmlab sweep`` scores it again."""
+    path = Path(sweep_dir) / RESULTS_FILE
+    rows = read_jsonl(path)
+    if path.is_file():
+        bad = sum(1 for line in path.read_text().splitlines() if line.strip()) - len(rows)
+        if bad:
+            print(f"warning: {path}: skipped {bad} unreadable line(s) (cut by an interrupted write?); "
+                  f"their runs count as unfinished", file=sys.stderr)
+    return rows
+
+
+def _last_checkpoint_step(run_dir: Path) -> int:
+    from lmlab.checkpoint import checkpoint_dirs
+
+    ckpts = checkpoint_dirs(run_dir)
+    return int(ckpts[-1].name.split("_")[1]) if ckpts else 0
+
+
+def run_state(run_dir: Path, max_steps: int) -> str:
+    """``new`` (no run folder), ``trained`` (the last checkpoint is at max_steps, or training stopped on
+    its wall-time budget) or ``partial``."""
+    if not (run_dir / "run.yaml").is_file():
+        return "new"
+    step = _last_checkpoint_step(run_dir)
+    if step >= max_steps:
+        return "trained"
+    if step and any(r.get("stopped") == "max_seconds" and r.get("step") == step
+                    for r in read_jsonl(run_dir / "metrics.jsonl")):
+        return "trained"
+    return "partial"
+
+
+def _check_existing(p: RunPlan, run_dir: Path) -> None:
+    """An existing run folder must hold this very run (else the spec changed under it)."""
+    from lmlab.checkpoint import read_run
+
+    if not (run_dir / "run.yaml").is_file():
+        return
+    run = read_run(run_dir)
+    want = {"model": p.cfg.to_dict(), "train": dataclasses.asdict(p.tc)}
+    diff = [f"{sec}.{k}: run has {run.get(sec, {}).get(k)!r}, spec asks {v!r}"
+            for sec in ("model", "train") for k, v in want[sec].items() if run.get(sec, {}).get(k, v) != v]
+    if run.get("data") != str(p.data):
+        diff.append(f"data: run has {run.get('data')!r}, spec asks {str(p.data)!r}")
+    if diff:
+        raise ConfigError(f"run folder {str(run_dir)!r} holds a different run than the spec asks "
+                          f"({'; '.join(diff[:3])}); give the sweep another --out, or delete that run folder")
+
+
+# --- evaluation ----------------------------------------------------------------------------
+def _machine(device_name: str) -> str:
+    from lmlab.bench import describe_machine
+    from lmlab.train import resolve_device
+
+    try:
+        return describe_machine(resolve_device(device_name))
+    except ConfigError:  # a device name the run itself already refused: it trained nowhere else
+        return describe_machine("cpu")
+
+
+def _nan_to_none(x: Any) -> Any:
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def evaluate_run(run_dir: Path, contexts: list, decode: Optional[dict] = None) -> dict:
+    """Full validation split of a trained run: loss and bits-per-byte at ``contexts`` multiples of the
+    training context (a multiple the positions cannot reach, learned positions beyond the table, gives
+    None and the reason), KV-cache bytes and, with ``decode``, decode tokens/s."""
+    import torch
+
+    from lmlab.analysis import kv_cache_bytes
+    from lmlab.checkpoint import load_run
+    from lmlab.data.prepare import TokenData
+    from lmlab.evaluate import evaluate
+    from lmlab.model import TransformerLM
+    from lmlab.train import resolve_device
+
+    device = resolve_device("auto")
+    model, cfg, _, run, _ = load_run(run_dir, device=str(device))
+    data = TokenData(run["data"])
+    tokens, n_bytes = data.tokens("val"), data.bytes("val")
+    out: dict = {"params": model.num_params(), "non_embedding_params": model.num_params(non_embedding=True)}
+    for mult in contexts:
+        suffix = "" if mult == 1 else f"_{_fmt(mult)}x"
+        ctx = int(cfg.context_length * mult)
+        if mult == 1:
+            m = model
+        elif cfg.position == "learned" and ctx > cfg.context_length:
+            out[f"val_loss{suffix}"] = out[f"val_bpb{suffix}"] = None
+            out[f"eval_note{suffix}"] = f"learned positions exist only below context_length={cfg.context_length}"
+            continue
+        else:  # the same weights in a model built for the longer context
+            m = TransformerLM(dataclasses.replace(cfg, context_length=ctx)).to(device)
+            m.load_state_dict(model.state_dict())
+            m.eval()
+        res = evaluate(m, tokens, n_bytes, batch_size=16, device=device)
+        out[f"val_loss{suffix}"] = _nan_to_none(res["loss"])
+        out[f"val_bpb{suffix}"] = _nan_to_none(res["bits_per_byte"])
+        if mult == 1:
+            out["val_tokens"], out["val_bytes"] = res["tokens"], res["bytes"]
+    kv = kv_cache_bytes(cfg, cfg.context_length, batch=1, dtype="fp32")
+    out["kv_bytes_per_token"] = kv["per_token"]
+    out["kv_bytes_context"] = kv["total"]
+    if decode:
+        from lmlab.bench import bench_decode
+
+        d = dict(decode)
+        d["prompt_len"] = min(d["prompt_len"], cfg.context_length // 2)
+        d["new_tokens"] = max(2, min(d["new_tokens"], cfg.context_length - d["prompt_len"] + 1))
+        res = bench_decode(model, batch=d["batch"], prompt_len=d["prompt_len"], new_tokens=d["new_tokens"],
+                           repeats=d["repeats"], device=device)
+        out["decode_tokens_per_s"] = res["decode_tokens_per_s"]
+        out["prefill_tokens_per_s"] = res["prefill_tokens_per_s"]
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def training_summary(run_dir: Path) -> dict:
+    """From ``metrics.jsonl`` and the last checkpoint: steps, tokens, training wall time (summed over
+    resumed invocations), median tokens/s, final train loss (mean of those logged in the last 10% of the
+    steps), spikes, skipped
+    steps and whether training stopped on its wall-time budget."""
+    from lmlab.checkpoint import checkpoint_dirs
+    from lmlab.plot import cumulative_wall_time
+
+    recs = read_jsonl(run_dir / "metrics.jsonl")
+    train = [r for r in recs if "loss" in r and "tokens" in r and not r.get("skipped")]
+    timed = cumulative_wall_time([r for r in recs if r.get("elapsed_s") is not None])  # across resumes
+    wall = timed[-1]["elapsed_s"] if timed else 0.0
+    losses = [r["loss"] for r in train if r["step"] >= 0.9 * train[-1]["step"]] if train else []
+    tps = [r["tokens_per_s"] for r in train if r.get("tokens_per_s")]
+    state: dict = {}
+    ckpts = checkpoint_dirs(run_dir)
+    if ckpts and (ckpts[-1] / "trainer.json").is_file():
+        state = json.loads((ckpts[-1] / "trainer.json").read_text())
+    final = sum(losses) / len(losses) if losses else None
+    diag = [r for r in recs if "max_attn_logit" in r]  # TrainConfig.diag_interval records
+    return {
+        "steps": state.get("step", train[-1]["step"] if train else 0),
+        "tokens": state.get("tokens_seen", train[-1]["tokens"] if train else 0),
+        "wall_s": wall,
+        "tokens_per_s": statistics.median(tps) if tps else None,
+        "first_train_loss": train[0]["loss"] if train else None,
+        "final_train_loss": _nan_to_none(final),
+        "spikes": train[-1].get("spikes", 0) if train else 0,
+        "skipped_steps": sum(1 for r in recs if r.get("skipped")),
+        "stopped_early": any(r.get("stopped") == "max_seconds" for r in recs),
+        # largest attention logit (any layer) and output log Z seen by the diagnostics, None without them
+        "max_attn_logit": _nan_to_none(max((max(r["max_attn_logit"]) for r in diag if r["max_attn_logit"]),
+                                           default=None)),
+        "log_z_max": _nan_to_none(max((r["log_z_max"] for r in diag if "log_z_max" in r), default=None)),
+    }
+
+
+def collect_result(p: RunPlan, run_dir: Path, spec: Spec, diverged: bool, error: Optional[str]) -> dict:
+    """The results row of one run (see RESULT_COLUMNS in lmlab.report)."""
+    summary = training_summary(run_dir)
+    final = summary["final_train_loss"]
+    first = summary["first_train_loss"]
+    if summary["steps"] and not error and (final is None or (first is not None and final > first)):
+        diverged = True  # non-finite at the end, or the loss ended above where it was first logged
+    row: dict = {"sweep": spec.name, "run": p.name, "variant": p.variant, "seed": p.seed,
+                 "status": "failed" if error else ("diverged" if diverged else "ok"),
+                 "diverged": bool(diverged), "max_steps": p.steps, "scale": p.scale, "tune": p.tune,
+                 "solved": p.solved}
+    row.update(summary)
+    row["flops_per_token"] = p.flops_per_token
+    row["flops"] = summary["tokens"] * p.flops_per_token
+    row["step_ms"] = (1000 * p.tokens_per_step / summary["tokens_per_s"]) if summary["tokens_per_s"] else None
+    if error:
+        row["error"] = error
+    if not diverged and not error:
+        row.update(evaluate_run(run_dir, spec.eval_contexts, spec.decode if spec.measure_decode else None))
+    else:
+        from lmlab.analysis import kv_cache_bytes, param_counts
+
+        counts = param_counts(p.cfg)
+        row["params"], row["non_embedding_params"] = counts["total"], counts["non_embedding"]
+        for mult in spec.eval_contexts:
+            suffix = "" if mult == 1 else f"_{_fmt(mult)}x"
+            row[f"val_loss{suffix}"] = row[f"val_bpb{suffix}"] = None
+        kv = kv_cache_bytes(p.cfg, p.cfg.context_length, batch=1, dtype="fp32")
+        row["kv_bytes_per_token"], row["kv_bytes_context"] = kv["per_token"], kv["total"]
+    row["fields"] = p.fields
+    row["finished_at"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    row["machine"] = _machine(p.tc.device)
+    row["load_avg_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {k: _nan_to_none(v) for k, v in row.items()}
+
+
+# --- the sweep -----------------------------------------------------------------------------
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _log_since(path: Path, offset: int, n: int = 4000) -> str:
+    """The last ``n`` characters written to ``path`` after byte ``offset``."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+class _Sweep:
+    def __init__(self, spec: Spec, sweep_dir: Path, plans: list[RunPlan], jobs: int, threads: int,
+                 log: Callable[[str], None]):
+        self.spec, self.dir, self.plans, self.jobs, self.threads, self.log = spec, sweep_dir, plans, jobs, threads, log
+        self.lock = threading.Lock()  # results file
+        self.eval_lock = threading.Lock()  # one evaluation at a time in this process
+        self.procs: set = set()
+        self.stopping = False
+        self.rows = {r["run"]: r for r in read_results(sweep_dir)}
+        self.done_count = 0
+
+    def write_results(self) -> None:
+        order = [p.name for p in self.plans]
+        rows = [self.rows[n] for n in order if n in self.rows] + [r for n, r in self.rows.items() if n not in order]
+        path = self.dir / RESULTS_FILE
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        os.replace(tmp, path)
+
+    def train(self, p: RunPlan, run_dir: Path) -> tuple[bool, Optional[str]]:
+        """Train (or continue) one run in a subprocess; returns (diverged, error)."""
+        cfg_path = self.dir / "configs" / f"{p.name}.yaml"
+        cfg_path.write_text(yaml.safe_dump({"model": p.cfg.to_dict(), "train": dataclasses.asdict(p.tc)},
+                                           sort_keys=False))
+        log_path = self.dir / "logs" / f"{p.name}.log"
+        cmd = [sys.executable, "-m", "lmlab.cli", "train", "--out", str(run_dir), "--config", str(cfg_path),
+               "--data", str(p.data), "--no-progress"]
+        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
+        root = str(Path(__file__).resolve().parents[1])  # the lmlab being run, also when not installed
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        with open(log_path, "a") as f:
+            f.write(f"$ {' '.join(cmd)}\n")
+            f.flush()
+            offset = f.tell()
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+            with self.lock:
+                self.procs.add(proc)
+            try:
+                rc = proc.wait()
+            finally:
+                with self.lock:
+                    self.procs.discard(proc)
+        if rc == 0:
+            return False, None
+        if self.stopping or rc == 130 or rc < 0:  # interrupted (Ctrl-C reaches the subprocess too) or killed
+            raise KeyboardInterrupt
+        tail = _log_since(log_path, offset)  # this attempt's output only
+        if DIVERGED_MARK in tail:
+            return True, None
+        lines = [line for line in tail.splitlines() if line.strip()]
+        return False, f"training exited with status {rc}: {lines[-1] if lines else '(no output)'} (see {log_path})"
+
+    def job(self, p: RunPlan) -> None:
+        if self.stopping:
+            return
+        run_dir = self.dir / "runs" / p.name
+        state = run_state(run_dir, p.steps)
+        t0 = time.perf_counter()
+        diverged, error = False, None
+        if state != "trained":
+            self.log(f"train {p.name}: {'continuing, ' if state == 'partial' else ''}{p.steps} steps, "
+                     f"{p.tokens:,} tokens, {p.flops:.3g} FLOPs")
+            diverged, error = self.train(p, run_dir)
+        with self.eval_lock:
+            import torch
+
+            torch.set_num_threads(self.threads)
+            try:
+                row = collect_result(p, run_dir, self.spec, diverged, error)
+            except Exception as exc:  # noqa: BLE001 -- one broken run must not end the sweep
+                if self.stopping:
+                    raise KeyboardInterrupt from None
+                row = {"sweep": self.spec.name, "run": p.name, "variant": p.variant, "seed": p.seed,
+                       "scale": p.scale, "tune": p.tune, "status": "failed", "diverged": False,
+                       "error": f"evaluation failed: {exc}", "fields": p.fields}
+        with self.lock:
+            self.rows[p.name] = row
+            self.write_results()
+            self.done_count += 1
+            n = self.done_count
+        took = time.perf_counter() - t0
+        what = f"val bpb {row['val_bpb']:.4f}" if row.get("val_bpb") is not None else row["status"].upper()
+        loss = row.get("final_train_loss")
+        self.log(f"[{n}/{self.pending}] {p.name}: {what}, train loss {'n/a' if loss is None else f'{loss:.4f}'}, "
+                 f"{took:.0f} s" + (f" ({row['error']})" if row.get("error") else ""))
+
+    def run(self) -> None:
+        todo = []
+        for p in self.plans:
+            row = self.rows.get(p.name)
+            if row is not None and row.get("status") in ("ok", "diverged"):
+                self.log(f"skip {p.name}: done ({row['status']})")
+                continue
+            todo.append(p)
+        self.pending = len(todo)
+        if not todo:
+            return
+        pool = ThreadPoolExecutor(max_workers=self.jobs) if self.jobs > 1 else None
+        try:
+            if pool is None:
+                for p in todo:
+                    self.job(p)
+            else:
+                futures = [pool.submit(self.job, p) for p in todo]
+                for f in futures:
+                    f.result()
+        except KeyboardInterrupt:
+            self.stopping = True
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+            with self.lock:
+                procs = list(self.procs)
+            for proc in procs:  # the training subprocesses this sweep started
+                proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            raise
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
+
+
+# --- provenance, machine load and the timing block ---------------------------------------
+def git_commit(path: Path = Path(__file__)) -> Optional[str]:
+    """The git commit of the lmlab source tree holding ``path`` (``+dirty`` when it has uncommitted
+    changes), or None outside a git checkout or without git."""
+    root = Path(path).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def spec_sha256(spec: Spec) -> str:
+    """SHA-256 of the spec file's bytes (of its canonical YAML dump when it came from no file)."""
+    if spec.path is not None and Path(spec.path).is_file():
+        data = Path(spec.path).read_bytes()
+    else:
+        data = yaml.safe_dump(spec.raw, sort_keys=True).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def provenance_record(spec: Spec, command: Optional[str]) -> dict:
+    """What a reader needs to reproduce one sweep invocation: the command, lmlab version and git
+    commit, the spec file and its SHA-256, the machine, the time and the load average at the start."""
+    import lmlab
+
+    return {"command": command or f"lmlab sweep {spec.path or spec.name}", "cwd": os.getcwd(),
+            "lmlab_version": getattr(lmlab, "__version__", None), "git_commit": git_commit(),
+            "spec": str(spec.path) if spec.path else None, "spec_sha256": spec_sha256(spec),
+            "machine": _machine("auto"), "python": sys.version.split()[0],
+            "started_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+            "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+
+
+class LoadSampler(threading.Thread):
+    """Appends {time, load_1m, load_5m} to ``path`` every ``interval`` seconds until stopped: the
+    machine's load while the sweep ran, for the report (contended runs are not speed measurements)."""
+
+    def __init__(self, path: Path, interval: float = 15.0):
+        super().__init__(daemon=True)
+        self.path, self.interval, self.halt = path, interval, threading.Event()
+
+    def sample(self) -> None:
+        if not hasattr(os, "getloadavg"):
+            return
+        one, five, _ = os.getloadavg()
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"time": time.time(), "load_1m": one, "load_5m": five}) + "\n")
+
+    def run(self) -> None:
+        while True:
+            self.sample()
+            if self.halt.wait(self.interval):
+                return
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=5)
+        self.sample()
+
+
+def timing_key(spec: Spec, plans: list[RunPlan]) -> dict:
+    """What a stored timing block must match to be reused: its settings and every model config timed."""
+    cells = {}
+    for p in plans:
+        cells.setdefault(f"{p.variant}@{p.scale}" if p.scale else p.variant, p.cfg.to_dict())
+    return {"settings": spec.timing, "dtype": plans[0].tc.dtype, "models": cells}
+
+
+def run_timing(spec: Spec, plans: list[RunPlan], sweep_dir: Path, log: Callable[[str], None]) -> Optional[dict]:
+    """Run the spec's timing block (per scale, every variant's untrained model, interleaved; see
+    :mod:`lmlab.lab.timing`) unless ``timing.json`` holds one with the same settings and models; returns
+    {"key", "scales": {scale or "": time_variants result}, "machine", "finished_at"}."""
+    if not spec.timing:
+        return None
+    path = sweep_dir / TIMING_FILE
+    key = timing_key(spec, plans)
+    if path.is_file():
+        try:
+            stored = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            stored = None
+        if isinstance(stored, dict) and stored.get("key") == json.loads(json.dumps(key)):
+            log(f"timing: kept {path} (same settings and models)")
+            return stored
+    from lmlab.lab.timing import time_variants
+    from lmlab.train import resolve_device, resolve_dtype
+
+    t = spec.timing
+    device = resolve_device(plans[0].tc.device)
+    dtype = resolve_dtype(plans[0].tc.dtype, device)
+    out: dict = {"key": key, "scales": {}}
+    for scale in dict.fromkeys(p.scale for p in plans):
+        cfgs: dict = {}
+        for p in plans:
+            if p.scale == scale:
+                cfgs.setdefault(p.variant, p.cfg)
+        log(f"timing{f' @{scale}' if scale else ''}: {len(cfgs)} model(s), {t['pairs']} interleaved rounds of "
+            f"{t['steps']} training steps at batch {t['batch']}")
+        out["scales"][scale or ""] = time_variants(
+            cfgs, t["batch"], t["context"], t["pairs"], t["steps"], dtype, device, t["threads"], t["decode"],
+            t["decode_batch"], t["decode_context"])
+    out["machine"] = _machine(plans[0].tc.device)
+    out["finished_at"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(out, indent=1))
+    os.replace(tmp, path)
+    return out
+
+
+def default_out(spec: Spec) -> Path:
+    return Path("sweeps") / spec.name
+
+
+def format_plan(plans: list[RunPlan], states: dict, spec: Optional[Spec] = None) -> str:
+    """The dry-run table: one line per run (steps, tokens, FLOPs, parameters, state), the totals and,
+    with ``spec``, the controls: quantities that differ > 5% from the baseline without being declared."""
+    from lmlab.analysis import param_counts
+
+    lines = [f"{'run':44} {'steps':>6} {'tokens':>11} {'train FLOPs':>11} {'params':>10} {'non-emb':>10}  state"]
+    for p in plans:
+        c = param_counts(p.cfg)
+        lines.append(f"{p.name[:44]:44} {p.steps:>6} {p.tokens:>11,} {p.flops:>11.3g} {c['total']:>10,} "
+                     f"{c['non_embedding']:>10,}  {states[p.name]}")
+    total = sum(p.flops for p in plans)
+    lines.append(f"{len(plans)} runs, {sum(p.tokens for p in plans):,} tokens, {total:.3g} training FLOPs in all")
+    if spec is not None:
+        if spec.match:
+            solved = {(p.scale, p.variant): p.solved for p in plans if p.solved}
+            lines.append(f"control: {spec.match.hold} held" + (f" by solving {spec.match.solve} (multiple "
+                                                              f"{spec.match.multiple})" if spec.match.solve else "")
+                         + "".join(f"; {v}{f' @{s}' if s else ''}: " + ", ".join(f"{k}={x}" for k, x in f.items())
+                                   for (s, v), f in solved.items()))
+        flags = control_flags(plan_quantities(plans), spec.baseline, spec.match.hold if spec.match else None,
+                              spec.varies)
+        for (s, v), bad in flags.items():
+            lines.append(f"warning: {v}{f' @{s}' if s else ''} differs from the baseline {spec.baseline!r} in "
+                         + ", ".join(f"{q} ({100 * r:+.0f}%)" for q, r in bad)
+                         + " (not held and not declared in 'varies:')")
+    return "\n".join(lines)
+
+
+def run_sweep(spec: str | Path | Spec, out: Optional[str | Path] = None, jobs: int = 1, dry_run: bool = False,
+              log: Callable[[str], None] = print, data_dir: Optional[Path] = None,
+              command: Optional[str] = None) -> Path:
+    """Plan, time, train, evaluate and record every run of ``spec`` in the sweep folder ``out`` (default
+    ``sweeps/NAME``); returns the folder. Resumes a folder it finds (see the module docstring).
+    ``command`` is recorded in the provenance (default: ``lmlab sweep SPEC``). Raises ConfigError for a
+    bad spec, --out or --jobs before anything is written."""
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError(f"--jobs {jobs!r} must be an integer >= 1")
+    spec = spec if isinstance(spec, Spec) else load_spec(spec)
+    sweep_dir = Path(out) if out else default_out(spec)
+    if sweep_dir.exists() and not sweep_dir.is_dir():
+        raise ConfigError(f"--out {str(sweep_dir)!r} is a file, not a sweep folder; choose a folder path")
+    if sweep_dir.is_dir() and any(sweep_dir.iterdir()) and not (sweep_dir / "spec.yaml").is_file():
+        raise ConfigError(f"--out {str(sweep_dir)!r} is a non-empty folder that is not a sweep (no spec.yaml); "
+                          f"choose a new folder or an existing sweep's folder")
+    plans = plan_runs(spec, data_dir)
+    jobs = min(jobs, len(plans))  # no more workers than runs
+    for p in plans:
+        _check_existing(p, sweep_dir / "runs" / p.name)
+    rows = {r["run"]: r for r in read_results(sweep_dir)}
+    states = {}
+    for p in plans:
+        row = rows.get(p.name)
+        states[p.name] = ("done" if row is not None and row.get("status") in ("ok", "diverged")
+                          else run_state(sweep_dir / "runs" / p.name, p.steps))
+    threads = max(1, _cores() // jobs)
+    cells = len({p.cell for p in plans})
+    log(f"sweep {spec.name}: {cells} cell(s) (variant x scale x tuned values) x {len(spec.seeds)} seed(s) in "
+        f"{sweep_dir}, {jobs} job(s) x {threads} thread(s)")
+    log(format_plan(plans, states, spec))
+    if dry_run:
+        return sweep_dir
+    for sub in ("runs", "configs", "logs"):
+        (sweep_dir / sub).mkdir(parents=True, exist_ok=True)
+    (sweep_dir / "spec.yaml").write_text(yaml.safe_dump(spec.raw, sort_keys=False, allow_unicode=True))
+    import torch
+
+    with open(sweep_dir / PROVENANCE_FILE, "a") as f:
+        f.write(json.dumps(provenance_record(spec, command)) + "\n")
+    before = torch.get_num_threads()
+    t0 = time.perf_counter()
+    sampler = LoadSampler(sweep_dir / LOAD_FILE)
+    sampler.start()
+    try:
+        run_timing(spec, plans, sweep_dir, log)  # alone on the machine, before any training job
+        _Sweep(spec, sweep_dir, plans, jobs, threads, log).run()
+    finally:
+        sampler.stop()
+        torch.set_num_threads(before)
+    log(f"sweep {spec.name} finished in {time.perf_counter() - t0:.0f} s; results in {sweep_dir / RESULTS_FILE}; "
+        f"`lmlab report {sweep_dir}` writes the report")
+    return sweep_dir

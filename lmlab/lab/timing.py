@@ -1,0 +1,132 @@
+"""The timing block of a spec: speed claims measured apart from training, interleaved in one process.
+
+Training throughput on a shared machine is not a speed measurement: two seeds of one config differ by
+10-26% on a busy 2-core CPU. A spec's ``timing:`` block instead builds each variant's untrained model
+once and times them in *rounds*: every round measures each variant once, in an order rotated from round
+to round, so slow phases of the machine hit every variant alike. One measurement is the mean wall time
+of ``steps`` training steps (forward + backward + AdamW step; seconds per step) on a fixed random batch
+of ``batch`` x ``context`` tokens after one untimed warm-up round; with ``decode: true`` also the time
+of one greedy KV-cache decode step at ``decode_batch`` x ``decode_context`` (:mod:`lmlab.bench`).
+Ratios are taken per round (variant / baseline in the same round) and summarised by their median and
+a distribution-free interval (:func:`lmlab.lab.stats.median_interval`).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Callable, Optional
+
+import torch
+
+from lmlab.config import ModelConfig
+
+
+def _step_timer(cfg: ModelConfig, batch: int, context: int, dtype: Optional[torch.dtype], steps: int,
+                device: torch.device, seed: int = 0) -> Callable[[], float]:
+    """A closure timing ``steps`` training steps of a fresh ``TransformerLM(cfg)``; returns seconds/step."""
+    from lmlab.model import TransformerLM
+    from lmlab.model.transformer import lm_loss
+
+    torch.manual_seed(seed)
+    model = TransformerLM(cfg).to(device)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)  # a real optimiser step; lr too small to matter
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, cfg.vocab_size, (batch, context + 1), generator=g).to(device)
+    inputs, targets = x[:, :-1], x[:, 1:]
+
+    def run() -> float:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                logits = model(inputs)
+            loss, _ = lm_loss(logits, targets, cfg.z_loss)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - t0) / steps
+
+    return run
+
+
+def _decode_timer(cfg: ModelConfig, batch: int, context: int, device: torch.device,
+                  seed: int = 0) -> Callable[[], float]:
+    """A closure timing greedy KV-cache decoding of an untrained ``TransformerLM(cfg)`` from a prompt
+    of context // 2 tokens to ``context`` tokens; returns seconds per decode step (median of one call)."""
+    from lmlab.bench import bench_decode, random_prompts
+    from lmlab.model import TransformerLM
+
+    torch.manual_seed(seed)
+    model = TransformerLM(cfg).to(device).eval()
+    prompt_len = max(1, context // 2)
+    new_tokens = max(2, context - prompt_len + 1)
+    prompts = random_prompts(cfg.vocab_size, batch, prompt_len, seed)
+
+    def run() -> float:
+        res = bench_decode(model, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=1,
+                           device=device, prompts=prompts)
+        return res["decode_s_per_step"]
+
+    return run
+
+
+def time_variants(cfgs: dict[str, ModelConfig], batch: int, context: Optional[int] = None, pairs: int = 15,
+                  steps: int = 3, dtype: Optional[torch.dtype] = None, device: str | torch.device = "cpu",
+                  threads: Optional[int] = None, decode: bool = False, decode_batch: int = 8,
+                  decode_context: Optional[int] = None, log: Callable[[str], None] = lambda s: None) -> dict:
+    """Interleaved step-time (and decode-step-time) measurements of the models ``cfgs`` (label ->
+    ModelConfig), ``pairs`` rounds after one warm-up round (see the module docstring).
+
+    Returns {"step_s": {label: [seconds per step, one per round]}, "decode_s": {...} (with ``decode``),
+    "rounds", "batch", "context", "steps", "threads", "dtype", "device", "load_avg": [1-min load average
+    before and after]}. ``context`` defaults to each model's context_length."""
+    device = torch.device(device)
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    labels = list(cfgs)
+    try:
+        timers = {"step_s": {k: _step_timer(c, batch, context or c.context_length, dtype, steps, device)
+                             for k, c in cfgs.items()}}
+        if decode:
+            timers["decode_s"] = {k: _decode_timer(c, decode_batch, decode_context or c.context_length, device)
+                                  for k, c in cfgs.items()}
+        out: dict = {kind: {k: [] for k in labels} for kind in timers}
+        load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        for r in range(pairs + 1):  # round 0 warms every model up and is not recorded
+            order = labels[r % len(labels):] + labels[:r % len(labels)]
+            for kind, ts in timers.items():
+                for k in order:
+                    t = ts[k]()
+                    if r:
+                        out[kind][k].append(t)
+            if r:
+                log(f"timing round {r}/{pairs}: " + ", ".join(f"{k} {1e3 * out['step_s'][k][-1]:.1f} ms"
+                                                            for k in labels))
+        load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        out.update(rounds=pairs, batch=batch, context=context, steps=steps, threads=torch.get_num_threads(),
+                   dtype=str(dtype or "fp32").replace("torch.", ""), device=str(device), load_avg=[load0, load1])
+        return out
+    finally:
+        torch.set_num_threads(before)
+
+
+def round_ratios(times: dict, a: str, b: str) -> list[float]:
+    """Per-round ratios times[b] / times[a] (``times``: label -> seconds per round)."""
+    return [tb / ta for ta, tb in zip(times[a], times[b])]
+
+
+def summarize_ratio(times: dict, a: str, b: str, confidence: float = 0.95) -> dict:
+    """Median of the per-round ratios b / a with its distribution-free interval and the spread
+    (interquartile range): {median, lo, hi, n, coverage, q1, q3}."""
+    from lmlab.lab.stats import median_interval
+
+    ratios = round_ratios(times, a, b)
+    out = median_interval(ratios, confidence)
+    qs = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
+    out.update(q1=qs[0], q3=qs[2])
+    return out
