@@ -2,7 +2,8 @@
 #   make demo   create .venv, install, get the corpus, train the demo model on CPU, print held-out
 #               bits-per-byte and a sample
 #   make test   create .venv, install with the test extras, run the test suite
-#   make ablations  run every shipped spec (lmlab sweep) and write its report to docs/ablations/NAME/
+#   make ablations  run every shipped spec (lmlab sweep), write its report to docs/ablations/NAME/ and
+#               the index of all claims to docs/ablations/README.md
 #               (about 75 minutes on 2 CPU cores; SPECS="01-norm-placement ..." for a subset)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -40,6 +41,7 @@ ablations: install
 	  $(BIN)/lmlab sweep $$s --out sweeps/$$s --jobs 1 && \
 	  $(BIN)/lmlab report sweeps/$$s --out docs/ablations/$$s/report.md || exit 1; \
 	done
+	$(BIN)/lmlab report --index $(addprefix docs/ablations/,$(SPECS)) --out docs/ablations/README.md
 
 clean:
 	rm -rf $(VENV) runs data

@@ -269,3 +269,43 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path):
     index = (tmp_path / "index.md").read_text()
     assert index.startswith("# Ablation index") and "SwiGLU better than SiLU" in index
     assert (tmp_path / "index-forest.png").stat().st_size > 1000
+
+
+def test_ladder_plans_every_scale_and_judges_each(byte_data, tmp_path):
+    raw = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "context_length": 32},
+           "axes": {"grid": {"v": [{"label": "A", "activation": "silu", "d_ff": 96},
+                                   {"label": "B", "activation": "swiglu"}]}},
+           "match": {"hold": "non_embedding_params", "solve": "d_ff", "multiple": 2},
+           "scales": [{"label": "small", "d_model": 32}, {"label": "big", "d_model": 64, "n_heads": 4}],
+           "expect": [{"better": "B", "than": "A"}], "seeds": [1, 2], "budget": {"steps": 5}}
+    spec = parse_spec(raw)
+    plans = plan_runs(spec, byte_data)
+    assert len(plans) == 2 * 2 * 2 and {p.scale for p in plans} == {"small", "big"}
+    for scale in ("small", "big"):  # each rung holds its own baseline's non-embedding parameters
+        a, b = (next(p for p in plans if p.scale == scale and p.variant == v) for v in "AB")
+        assert abs(param_counts(b.cfg)["non_embedding"] / param_counts(a.cfg)["non_embedding"] - 1) <= 0.02
+    assert next(p for p in plans if p.scale == "big").cfg.d_model == 64
+    rows = [{"run": p.name, "variant": p.variant, "seed": p.seed, "scale": p.scale, "tune": {}, "status": "ok",
+             "val_bpb": 2.5 - (0.05 if p.variant == "B" and p.scale == "big" else 0.0) + 0.001 * p.seed,
+             "non_embedding_params": param_counts(p.cfg)["non_embedding"]} for p in plans]
+    claims = {c["scale"]: c for c in analyze(rows, spec)["claims"]}
+    assert claims["big"]["effect"] == pytest.approx(0.05) and claims["small"]["effect"] == pytest.approx(0.0)
+    from lmlab.lab import plots
+
+    sizes = {"small": 1e4, "big": 4e4}
+    assert plots.ladder(list(claims.values()), sizes, tmp_path / "ladder.png").stat().st_size > 1000
+
+
+def test_results_csv_reads_back_as_rows(tmp_path):
+    from lmlab.lab.report import read_results_csv, write_csv
+
+    rows = [{"sweep": "s", "run": "a-s1", "variant": "1e-3", "seed": 1, "status": "ok", "diverged": False,
+             "val_bpb": 2.5, "steps": 10, "tune": {"lr": 0.001}, "solved": {}, "error": None,
+             "fields": {"n_layers": 2, "activation": "gelu"}},
+            {"sweep": "s", "run": "b-s1", "variant": "b", "seed": 1, "status": "diverged", "diverged": True,
+             "val_bpb": None, "steps": 3, "tune": {"lr": 0.01}, "solved": {"d_ff": 84}, "error": None,
+             "fields": {}}]
+    back = read_results_csv(write_csv(rows, tmp_path / "r.csv"))
+    for r, b in zip(rows, back):
+        for k, v in r.items():
+            assert b.get(k) == v and type(b.get(k)) is type(v), (k, v, b.get(k))  # "1e-3" stays a label
