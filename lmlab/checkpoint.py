@@ -111,6 +111,10 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, state: dic
     manifest = {"format": "lmlab checkpoint", "version": CHECKPOINT_VERSION, "step": step,
                 "files": {name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
                           for name, data in files.items()}}
+    tok_file = Path(run_dir) / "tokenizer.json"
+    if tok_file.is_file():  # the run's own copy of its tokenizer, checked by check_run_files
+        tok = tok_file.read_bytes()
+        manifest["run_files"] = {"tokenizer.json": {"bytes": len(tok), "sha256": hashlib.sha256(tok).hexdigest()}}
     aside = None
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -315,6 +319,37 @@ def read_checkpoint(ckpt_dir: Path, model: TransformerLM, with_optimizer: bool =
     return weights, opt, state, rng
 
 
+def check_run_files(run_dir: str | Path, ckpt_dir: str | Path, run: dict) -> None:
+    """Check the run folder's own files against what checkpoint ``ckpt_dir`` recorded when it was written:
+    ``tokenizer.json`` (its SHA-256 in the manifest's ``run_files``) and the ``model`` section of
+    ``run.yaml`` (``run``, parsed) against the checkpoint's copy of run.yaml. Raises CheckpointError
+    naming the file and how to restore it. Checkpoints without these records (older ones) pass."""
+    run_dir, ckpt_dir = Path(run_dir), Path(ckpt_dir)
+    manifest = _read_json(ckpt_dir / MANIFEST, "the checkpoint's manifest") if (ckpt_dir / MANIFEST).is_file() else {}
+    record = (manifest.get("run_files") or {}).get("tokenizer.json") if isinstance(manifest, dict) else None
+    tok = run_dir / "tokenizer.json"
+    if isinstance(record, dict):
+        if not tok.is_file():
+            raise CheckpointError(f"{str(tok)!r} is missing (the run was trained with it); copy the data folder's "
+                                  f"tokenizer.json back into the run folder")
+        if tok.stat().st_size != record.get("bytes") or _sha256_file(tok) != record.get("sha256"):
+            raise CheckpointError(f"{str(tok)!r} differs from the tokenizer the run was trained with (its SHA-256 "
+                                  f"in {str(ckpt_dir / MANIFEST)!r}); damaged or replaced: copy the data folder's "
+                                  f"tokenizer.json back into the run folder")
+    copy = ckpt_dir / RUN_FILE
+    if copy.is_file():
+        try:
+            saved = yaml.safe_load(copy.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            saved = None
+        model = saved.get("model") if isinstance(saved, dict) else None
+        if isinstance(model, dict) and model != run.get("model"):
+            diff = sorted(k for k in set(model) | set(run["model"]) if model.get(k) != run["model"].get(k))
+            raise CheckpointError(f"{str(run_dir / RUN_FILE)!r}: key 'model' differs from the config checkpoint "
+                                  f"{ckpt_dir.name} was trained with (fields {diff[:4]}); damaged or edited: copy "
+                                  f"{str(copy)!r} back to restore it")
+
+
 def load_latest(run_dir: str | Path, model: TransformerLM, with_optimizer: bool = False,
                 step: Optional[int] = None):
     """The newest checkpoint of ``run_dir`` (or the one of ``step``) that verifies and fits ``model``:
@@ -480,5 +515,6 @@ def load_run(run_dir: str | Path, step: Optional[int] = None, device: str = "cpu
                               f"config says vocab_size={cfg.vocab_size}")
     model = TransformerLM(cfg)
     ckpt, weights = load_latest(run_dir, model, step=step)[:2]
+    check_run_files(run_dir, ckpt, run)
     model.load_state_dict(weights, strict=False)
     return model.to(device).eval(), cfg, tok, run, ckpt

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 import yaml
 
-from lmlab.checkpoint import (RUN_FILE, CheckpointError, checkpoint_dirs, load_latest, metrics_lines, read_run,
-                              save_checkpoint)
+from lmlab.checkpoint import (RUN_FILE, CheckpointError, check_run_files, checkpoint_dirs, load_latest, metrics_lines,
+                              read_run, save_checkpoint)
 from lmlab.config import ConfigError, ModelConfig, _choice, _non_negative, _positive, _positive_int, build_checked, check_keys
 from lmlab.data.prepare import DataError, TokenData
 from lmlab.evaluate import evaluate
@@ -444,7 +444,8 @@ class Trainer:
         found = load_latest(self.run_dir, self.model, with_optimizer=True)
         if found is None:
             return
-        _, weights, opt_state, state, rng = found
+        ckpt, weights, opt_state, state, rng = found
+        check_run_files(self.run_dir, ckpt, read_run(self.run_dir))
         load_full_state(self.model, self.opt, weights, opt_state, self.mode, self.dist)
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
         self.clipped_steps = state.get("clipped_steps", 0)
@@ -461,9 +462,16 @@ class Trainer:
         """The lines of metrics.jsonl up to the resumed step (later ones were written by the interrupted run
         after its last checkpoint), or None without a log. Raises CheckpointError for a damaged log."""
         path = self.run_dir / "metrics.jsonl"
+        lines = metrics_lines(path) if path.exists() else []
+        expected = self.step // self.tc.log_interval * self.tc.log_interval  # the last step logged for sure
+        reached = max((rec["step"] for _, rec in lines), default=0)
+        if reached < expected:
+            print(f"warning: {str(path)!r} {'ends at step ' + str(reached) if lines else 'is missing or empty'}, "
+                  f"before step {expected} the checkpoint had logged (truncated or deleted?); training goes on "
+                  f"and its log will lack those steps", file=sys.stderr)
         if not path.exists():
             return None
-        return [line for line, rec in metrics_lines(path) if rec["step"] <= self.step]
+        return [line for line, rec in lines if rec["step"] <= self.step]
 
     # --- pieces ----------------------------------------------------------------------------
     def _mfu_inputs(self) -> tuple[float, Optional[float]]:

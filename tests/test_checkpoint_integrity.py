@@ -129,7 +129,6 @@ def test_eval_load_falls_back_too(reference, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(reference / "at6", run)
     flip_bit(checkpoint_dirs(run)[-1] / "model.safetensors")
-    (run / "tokenizer.json").write_text(json.dumps({"type": "bytes"}))
     _, _, _, _, ckpt = load_run(run)
     assert ckpt.name == "step_0000004"
     assert "model.safetensors" in capsys.readouterr().err
@@ -159,6 +158,22 @@ def test_manifest_of_the_wrong_shape_names_the_key(reference, tmp_path):
     (ckpt / MANIFEST).write_text(json.dumps({"files": {"model.safetensors": {"bytes": 1}, "trainer.json": {}}}))
     with pytest.raises(CheckpointError, match=r"key 'files.model.safetensors' must be an object with 'bytes'"):
         verify_checkpoint(ckpt)
+
+
+def test_run_files_checked_against_the_checkpoint(reference, tmp_path):
+    """A run's tokenizer.json and run.yaml model section must be those its checkpoint was trained with."""
+    run = tmp_path / "run"
+    shutil.copytree(reference / "at6", run)
+    tok = (run / "tokenizer.json").read_text()
+    (run / "tokenizer.json").write_text(tok.replace("}", " }", 1))  # same JSON meaning, other bytes
+    with pytest.raises(CheckpointError, match="tokenizer.json.*differs from the tokenizer the run was trained"):
+        load_run(run)
+    (run / "tokenizer.json").write_text(tok)
+    spec = (run / "run.yaml").read_text()
+    (run / "run.yaml").write_text(spec.replace("rope_theta: 10000.0", "rope_theta: 10001.0"))
+    with pytest.raises(CheckpointError, match=r"key 'model' differs .* \['rope_theta'\]"):
+        Trainer.resume(run, tc=tc(8), progress=False)
+    assert (run / "run.yaml").read_text() == spec.replace("rope_theta: 10000.0", "rope_theta: 10001.0")
 
 
 def test_damaged_run_yaml_points_at_the_checkpoint_copy(reference, tmp_path):
