@@ -96,7 +96,7 @@ def test_diagnostics_logged_and_correct(tmp_path, byte_data):
     t.fit()
     recs = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     diag = [r for r in recs if "log_z_mean" in r]
-    assert [r["step"] for r in diag] == [2, 4]
+    assert [r["step"] for r in diag] == [1, 2, 4]  # step 1: at initialisation, then every diag_interval
     for r in diag:
         assert len(r["max_attn_logit"]) == 2
         # QK-norm with unit RMSNorm weights bounds |q.k|/sqrt(d) by sqrt(head_dim) = sqrt(8)
