@@ -93,9 +93,11 @@ def cmd_prepare(args) -> int:
     vocab_size = 4096 if args.vocab_size is None else args.vocab_size
     out = Path(args.out) if args.out else default_data_dir(args.tokenizer, vocab_size)
     manifest = prepare(source, out, args.tokenizer, vocab_size, val_docs, args.val_fraction, args.overwrite,
-                       tokenizer_file=args.tokenizer_file)
+                       tokenizer_file=args.tokenizer_file, allow_special=args.allow_special_files)
     for line in describe_manifest(manifest):
         print(line)
+    for line in manifest["notes"]:
+        print(f"note: {line}", file=sys.stderr)
     got = manifest["tokenizer"]["vocab_size"]
     print(f"wrote {out} (tokenizer {manifest['tokenizer']['type']}, vocab {got})")
     if args.tokenizer == "bpe" and not args.tokenizer_file and got < vocab_size:
@@ -435,6 +437,8 @@ def make_parser() -> argparse.ArgumentParser:
                                        "(default corpus: hamlet, sonnets, tempest)")
     sp.add_argument("--val-fraction", type=_float_in(0, 1, True, True), default=0.1, help="fraction of documents held out otherwise")
     sp.add_argument("--overwrite", action="store_true")
+    sp.add_argument("--allow-special-files", action="store_true",
+                    help="also read FIFOs and devices given as --data or inside it (refused otherwise; read up to 1 GiB)")
     sp.set_defaults(func=cmd_prepare)
 
     sp = sub.add_parser("train", help="train a model from scratch (or --resume a run)")

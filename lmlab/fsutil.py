@@ -123,6 +123,9 @@ def acquire_lock(folder: PathLike, what: str) -> FolderLock:
     """
     folder = Path(os.path.abspath(folder))
     path = lock_path(folder)
+    above = next((p for p in folder.parents if os.path.lexists(p)), None)
+    if above is not None and not above.is_dir():
+        raise LockError(f"{str(folder)!r} lies under a file, {str(above)!r}, not a folder; choose a folder path")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -5,11 +5,26 @@ Output folder:
 - ``train.bin`` / ``val.bin``: flat numpy memmaps of token ids (uint16 when vocab_size <= 65536, else
   uint32). Each split is ``EOT doc1 EOT doc2 ...``: every document is preceded by the end-of-text
   token, so its first token is predicted from a defined context;
-- ``manifest.json``: tokenizer, dtype, and per split the documents with their UTF-8 bytes and tokens.
+- ``manifest.json``: tokenizer, dtype, per split the documents with their UTF-8 bytes and tokens and
+  the shard's SHA-256, and ``notes`` (e.g. long pre-tokenisation chunks that were cut).
 
 Splits are made of whole documents, never by cutting one text. The tokenizer is trained on the
 training split only. A folder is a set of documents (every ``*.txt``, recursively, sorted); a single
 file is split into documents at blank lines (paragraphs).
+
+Bounded and safe:
+- Input is streamed: documents are located first (names and byte ranges, not their text), then read
+  in segments of about :data:`SEGMENT_BYTES`, cut where the tokenizer gives the same ids as for the
+  whole document (:func:`cut_point`); ids go straight to the shard files. Memory is O(segment), not
+  O(corpus) (an imported ``hf`` tokenizer encodes one whole document at a time).
+- Special files (FIFOs, character/block devices, sockets) are refused naming the file unless
+  ``allow_special`` (``--allow-special-files``); then they are copied (at most
+  :data:`SPECIAL_FILE_LIMIT` bytes) into a temporary folder first. Symlink loops, broken links and
+  unreadable files are refused with one line naming them.
+- ``out_dir`` is locked (:func:`lmlab.fsutil.acquire_lock`) for the whole run, so a second
+  ``prepare`` into it is refused. The result is written into a new ``tempfile.mkdtemp`` folder beside
+  ``out_dir`` and renamed into place; only the folders this call created are ever removed. An
+  interruption (Ctrl-C) or error leaves ``out_dir`` in its previous complete state.
 """
 
 from __future__ import annotations
@@ -19,55 +34,305 @@ import json
 import os
 import re
 import shutil
+import signal
+import stat
+import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from lmlab.data.tokenizer import Tokenizer
+from lmlab.data.tokenizer import MAX_CHUNK_BYTES, Tokenizer, long_chunks
+from lmlab.fsutil import acquire_lock, atomic_write_text, fsync_tree, make_temp_dir
 
 MANIFEST_VERSION = 1
+SEGMENT_BYTES = 1 << 20  # a document is read and encoded in pieces of about this size
+MAX_SEGMENT_BYTES = 8 << 20  # past this without a safe cut (no space / line break), a piece is cut anyway
+SPECIAL_FILE_LIMIT = 1 << 30  # at most this much is read from a FIFO / device, and only if allowed
+_WS = b" \t\n\r\x0b\x0c"  # what bytes.strip() strips
+_PARAGRAPH_SEP = re.compile(rb"\r?\n(?:[ \t]*\r?\n)+")
+# a cut between printable ASCII: after "X\n" before "Y", or after "X" before " Y". GPT-2's pre-tokeniser
+# ends a chunk there whatever follows or precedes, so both sides encode as they would in the whole text
+_SAFE_CUT = re.compile(rb"[!-~]\n(?=[!-~])|[!-~](?= [!-~])")
 
 
 class DataError(ValueError):
     """Unusable input data or a prepared data folder that does not hold together."""
 
 
-def read_documents(path: str | Path) -> list[tuple[str, bytes]]:
-    """Read (name, raw bytes) documents from a ``.txt`` file or a folder; raises DataError when the
-    path is missing or holds no non-empty text."""
+class PrepareInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``prepare``; the message says that the output folder was left as it was."""
+
+
+@dataclass(frozen=True)
+class Document:
+    """One document: ``name`` (its path relative to the input folder, or ``file#paragraph``) and the
+    byte range [``start``, ``end``) of ``path`` that holds it (read lazily, never kept whole)."""
+    name: str
+    path: Path
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def read(self) -> bytes:
+        """The whole document (for small inputs and tests; :meth:`segments` streams)."""
+        return b"".join(self.segments("any"))
+
+    def segments(self, mode: str = "any", hard_cuts: Optional[list] = None) -> Iterator[bytes]:
+        """The document in consecutive pieces of about :data:`SEGMENT_BYTES` whose concatenation is the
+        document. ``mode``: ``"any"`` (cut anywhere), ``"safe"`` (only at :func:`cut_point`s; past
+        :data:`MAX_SEGMENT_BYTES` without one, cut anyway and append the offset to ``hard_cuts``) or
+        ``"whole"`` (one piece). Raises DataError naming the file when it cannot be read."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.start)
+                left, buf = self.size, b""
+
+                def more() -> bytes:
+                    nonlocal left
+                    chunk = f.read(min(left, SEGMENT_BYTES))
+                    if not chunk:
+                        raise DataError(f"{str(self.path)!r} became shorter while it was read; nothing was written")
+                    left -= len(chunk)
+                    return chunk
+
+                while True:
+                    while left > 0 and (mode == "whole" or len(buf) < SEGMENT_BYTES):
+                        buf += more()
+                    if left == 0 or mode == "whole":
+                        if buf:
+                            yield buf
+                        return
+                    cut = SEGMENT_BYTES if mode == "any" else cut_point(buf)
+                    if cut is None:
+                        if len(buf) < MAX_SEGMENT_BYTES:
+                            buf += more()
+                            continue
+                        cut = len(buf)
+                        if hard_cuts is not None:
+                            hard_cuts.append(self.end - left - self.start)
+                    yield buf[:cut]
+                    buf = buf[cut:]
+        except OSError as exc:
+            raise DataError(f"document {self.name!r}: {str(self.path)!r} could not be read: "
+                            f"{exc.strerror or exc}") from None
+
+
+def cut_point(buf: bytes) -> Optional[int]:
+    """The last position inside ``buf`` where the text may be cut so that byte-level BPE (GPT-2's
+    pre-tokeniser) encodes both sides as it would the whole: between printable ASCII, after a line
+    break or before a space (``_SAFE_CUT``); None if there is none. Searched from the end."""
+    n, window = len(buf), 4096
+    while True:
+        lo = max(0, n - window)
+        best = None
+        for m in _SAFE_CUT.finditer(buf, lo):
+            best = m.end()
+        if best is not None:
+            return best
+        if lo == 0:
+            return None
+        window *= 4
+
+
+def _describe_special(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def _stat_input(path: Path) -> os.stat_result:
+    """stat ``path`` following links; one-line DataError for a symlink loop, broken link or no access."""
+    try:
+        return os.stat(path)
+    except OSError as exc:
+        if os.path.islink(path):
+            if exc.errno == 40:  # ELOOP
+                raise DataError(f"{str(path)!r} is a symlink loop; point it at a text file or remove it") from None
+            if not os.path.lexists(os.path.realpath(path)):
+                raise DataError(f"{str(path)!r} is a broken symlink (its target "
+                                f"{os.path.realpath(path)!r} does not exist)") from None
+        if exc.errno == 40:
+            raise DataError(f"{str(path)!r} goes through a symlink loop") from None
+        if not os.path.lexists(path):
+            raise DataError(f"data path {str(path)!r} does not exist; give a text file or a folder of .txt "
+                            f"documents") from None
+        raise DataError(f"{str(path)!r} could not be read: {exc.strerror or exc}") from None
+
+
+def _check_readable(path: Path) -> None:
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as exc:
+        raise DataError(f"{str(path)!r} could not be read: {exc.strerror or exc}") from None
+
+
+def _spool(path: Path, mode: int, allow_special: bool, spool_dir: Optional[Path]) -> Path:
+    """A regular copy of the special file ``path`` (at most SPECIAL_FILE_LIMIT bytes) when allowed."""
+    if not allow_special or spool_dir is None:
+        raise DataError(f"{str(path)!r} is {_describe_special(mode)}, not a regular file; lmlab reads such "
+                        f"files only with --allow-special-files")
+    spool_dir.mkdir(exist_ok=True)
+    copy = Path(spool_dir) / f"{len(list(spool_dir.iterdir()))}.txt"
+    n = 0
+    try:
+        with open(path, "rb") as src, open(copy, "xb") as dst:
+            while chunk := src.read(SEGMENT_BYTES):
+                n += len(chunk)
+                if n > SPECIAL_FILE_LIMIT:
+                    raise DataError(f"{str(path)!r} ({_describe_special(mode)}) gave more than "
+                                    f"{SPECIAL_FILE_LIMIT:,} bytes; refused (special files are read up to "
+                                    f"that size)")
+                dst.write(chunk)
+    except OSError as exc:
+        raise DataError(f"{str(path)!r} could not be read: {exc.strerror or exc}") from None
+    return copy
+
+
+def _has_text(path: Path, start: int = 0, end: Optional[int] = None) -> bool:
+    """True when bytes [start, end) of ``path`` hold a non-whitespace byte (stops at the first)."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        left = end - start if end is not None else None
+        while left is None or left > 0:
+            chunk = f.read(SEGMENT_BYTES if left is None else min(left, SEGMENT_BYTES))
+            if not chunk:
+                return False
+            if chunk.strip(_WS):
+                return True
+            if left is not None:
+                left -= len(chunk)
+    return False
+
+
+def paragraph_ranges(path: Path) -> list[tuple[int, int]]:
+    """Byte ranges of the non-blank paragraphs of ``path``, exactly those of
+    ``re.split(_PARAGRAPH_SEP, whole_file)`` that are not blank, found while streaming the file."""
+    ranges: list[tuple[int, int]] = []
+    para_start, nonblank = 0, False  # the open paragraph: its start and whether it has text so far
+    buf, base, eof = b"", 0, False  # buf holds the file's bytes [base, base + len(buf))
+    with open(path, "rb") as f:
+        while not eof:
+            chunk = f.read(SEGMENT_BYTES)
+            eof = not chunk
+            buf += chunk
+            # a separator is whitespace only: one followed by a non-whitespace byte cannot grow any more
+            settled = len(buf) if eof else len(buf.rstrip(_WS))
+            pos = 0
+            for m in _PARAGRAPH_SEP.finditer(buf):
+                if m.end() >= settled and not eof:
+                    break
+                if nonblank or buf[pos:m.start()].strip(_WS):
+                    ranges.append((para_start, base + m.start()))
+                para_start, pos, nonblank = base + m.end(), m.end(), False
+            keep = len(buf) if eof else max(pos, settled)  # later separators start in the trailing whitespace
+            nonblank = nonblank or bool(buf[pos:keep].strip(_WS))
+            buf, base = buf[keep:], base + keep
+    if nonblank or buf.strip(_WS):
+        ranges.append((para_start, base + len(buf)))
+    return ranges
+
+
+def _walk_txt(root: Path) -> Iterator[Path]:
+    """Every ``*.txt`` entry under ``root``, by name; links to folders are followed, a folder reached
+    twice (a symlink loop) is refused with DataError. Entries are checked by :func:`scan_documents`."""
+    seen = set()
+
+    def walk(folder: Path):
+        st = _stat_input(folder)
+        if (st.st_dev, st.st_ino) in seen:
+            raise DataError(f"{str(folder)!r} leads back to a folder already read (a symlink loop); "
+                            f"remove the link")
+        seen.add((st.st_dev, st.st_ino))
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as exc:
+            raise DataError(f"folder {str(folder)!r} could not be listed: {exc.strerror or exc}") from None
+        for entry in entries:
+            if entry.name.endswith(".txt"):
+                yield Path(entry.path)
+            try:
+                is_dir = entry.is_dir()  # follows links; False for broken ones
+            except OSError:  # a symlink loop: refused below if it is a .txt, else not a document
+                is_dir = False
+            if is_dir:
+                yield from walk(Path(entry.path))
+
+    yield from walk(root)
+
+
+def scan_documents(path: str | Path, allow_special: bool = False,
+                   spool_dir: Optional[Path] = None) -> list[Document]:
+    """Locate the documents at ``path`` (a ``.txt`` file, split at blank lines, or a folder of ``*.txt``)
+    without keeping their text: names and byte ranges, blank documents dropped. Raises DataError (one
+    line, naming the file) for a missing path, symlink loop, broken link, unreadable file, a special
+    file unless ``allow_special`` (then copied into ``spool_dir``), or no non-blank text."""
     path = Path(path)
-    if not path.exists():
+    if not os.path.lexists(path):
         raise DataError(f"data path {str(path)!r} does not exist; give a text file or a folder of .txt documents")
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*.txt") if p.is_file())
-        docs = [(str(p.relative_to(path)), p.read_bytes()) for p in files]
-        docs = [(n, b) for n, b in docs if b.strip()]
+    st = _stat_input(path)
+    if stat.S_ISDIR(st.st_mode):
+        docs = []
+        for p in sorted(_walk_txt(path), key=lambda q: q.relative_to(path).parts):
+            pst = _stat_input(p)
+            if stat.S_ISDIR(pst.st_mode):
+                continue  # a folder whose name ends in .txt
+            source = p
+            if not stat.S_ISREG(pst.st_mode):
+                source = _spool(p, pst.st_mode, allow_special, spool_dir)
+            _check_readable(source)
+            size = os.path.getsize(source)
+            if _has_text(source):
+                docs.append(Document(str(p.relative_to(path)), source, 0, size))
         if not docs:
             raise DataError(f"data folder {str(path)!r} holds no non-empty .txt files")
         return docs
-    raw = path.read_bytes()
-    parts = [p for p in re.split(rb"\r?\n(?:[ \t]*\r?\n)+", raw) if p.strip()]
-    if not parts:
+    source = path
+    if not stat.S_ISREG(st.st_mode):
+        source = _spool(path, st.st_mode, allow_special, spool_dir)
+    _check_readable(source)
+    try:
+        ranges = paragraph_ranges(source)
+    except OSError as exc:
+        raise DataError(f"{str(path)!r} could not be read: {exc.strerror or exc}") from None
+    if not ranges:
         raise DataError(f"data file {str(path)!r} is empty")
-    return [(f"{path.name}#{i}", p) for i, p in enumerate(parts)]
+    return [Document(f"{path.name}#{i}", source, a, b) for i, (a, b) in enumerate(ranges)]
 
 
-def split_documents(docs: list[tuple[str, bytes]], val_docs: Optional[Sequence[str]], val_fraction: float,
+def read_documents(path: str | Path) -> list[tuple[str, bytes]]:
+    """(name, raw bytes) of every document at ``path`` (see :func:`scan_documents`), read whole:
+    for small inputs; :func:`prepare` streams instead."""
+    return [(d.name, d.read()) for d in scan_documents(path)]
+
+
+def split_documents(docs: list, val_docs: Optional[Sequence[str]], val_fraction: float,
                     source: str) -> tuple[list, list]:
-    """Whole-document train/validation split: the named documents, else the last ``val_fraction`` of
-    them (at least one). Raises DataError when a named document is absent or nothing is left to train."""
+    """Whole-document train/validation split of :class:`Document`s: the named documents, else the last
+    ``val_fraction`` of them (at least one). Raises DataError when a named document is absent or
+    nothing is left to train."""
     if len(docs) < 2:
         raise DataError(f"data {source!r} holds {len(docs)} document; at least 2 are needed for a "
                         f"train/validation split by whole documents")
     if val_docs:
-        names = {n for n, _ in docs}
+        names = {d.name for d in docs}
         missing = [v for v in val_docs if v not in names]
         if missing:
             raise DataError(f"validation document(s) {missing} not found in {source!r}; "
                             f"available: {', '.join(sorted(names)[:10])}{' ...' if len(names) > 10 else ''}")
-        val = [d for d in docs if d[0] in set(val_docs)]
-        train = [d for d in docs if d[0] not in set(val_docs)]
+        val = [d for d in docs if d.name in set(val_docs)]
+        train = [d for d in docs if d.name not in set(val_docs)]
     else:
         n_val = max(1, int(round(len(docs) * val_fraction)))
         train, val = docs[:-n_val], docs[-n_val:]
@@ -77,87 +342,192 @@ def split_documents(docs: list[tuple[str, bytes]], val_docs: Optional[Sequence[s
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(SEGMENT_BYTES):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_split(tok: Tokenizer, docs: list, path: Path, dtype, notes: dict) -> dict:
+    """Encode ``docs`` segment by segment into the shard ``path`` (``EOT doc EOT doc ...``)."""
+    mode = tok.segment_mode
+    h, total, entries = hashlib.sha256(), 0, []
+    eot = np.array([tok.eot_id], dtype=dtype).tobytes()
+    with open(path, "wb") as f:
+        for doc in docs:
+            f.write(eot)
+            h.update(eot)
+            n, cuts = 0, []
+            for seg in doc.segments(mode, cuts):
+                if tok.kind == "bpe" and mode == "safe":
+                    count, longest = long_chunks(seg)
+                    if count:
+                        notes["long_chunks"] = notes.get("long_chunks", 0) + count
+                        notes["longest"] = max(notes.get("longest", 0), longest)
+                        notes.setdefault("long_doc", doc.name)
+                arr = np.asarray(tok.encode_bytes(seg), dtype=dtype)
+                raw = arr.tobytes()
+                f.write(raw)
+                h.update(raw)
+                n += len(arr)
+            if cuts:
+                notes["hard_cuts"] = notes.get("hard_cuts", 0) + len(cuts)
+                notes.setdefault("hard_doc", doc.name)
+            entries.append({"name": doc.name, "bytes": doc.size, "tokens": n})
+            total += n + 1
+    return {"file": path.name, "documents": entries, "bytes": sum(d.size for d in docs), "tokens": total,
+            "sha256": h.hexdigest()}
+
+
+def _note_lines(notes: dict) -> list[str]:
+    lines = []
+    if notes.get("long_chunks"):
+        lines.append(f"{notes['long_chunks']:,} pre-tokenisation chunk(s) longer than {MAX_CHUNK_BYTES} bytes "
+                     f"(runs without whitespace; longest {notes['longest']:,} bytes, first in "
+                     f"{notes['long_doc']!r}) were tokenised in pieces of at most {MAX_CHUNK_BYTES} bytes")
+    if notes.get("hard_cuts"):
+        lines.append(f"{notes['hard_cuts']:,} place(s) with more than {MAX_SEGMENT_BYTES:,} bytes without a space "
+                     f"or line break (first in {notes['hard_doc']!r}) were cut there to bound memory; the "
+                     f"tokens at such a cut may differ from encoding that text whole")
+    return lines
+
+
+def _swap_into_place(tmp: Path, out_dir: Path) -> None:
+    """Rename the finished ``tmp`` onto ``out_dir`` (an existing one is moved aside first and removed
+    after); SIGINT/SIGTERM are held back meanwhile so an interruption cannot fall between the renames."""
+    blocked = {signal.SIGINT, signal.SIGTERM}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        old = None
+        if os.path.lexists(out_dir):
+            old = make_temp_dir(out_dir, "old")
+            os.rename(out_dir, old)  # onto our own empty folder
+        try:
+            os.rename(tmp, out_dir)
+        except OSError:
+            if old is not None:
+                os.rename(old, out_dir)
+            raise
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    if old is not None:
+        shutil.rmtree(old)
 
 
 def prepare(source: str | Path, out_dir: str | Path, tokenizer: str = "bpe", vocab_size: int = 4096,
             val_docs: Optional[Sequence[str]] = None, val_fraction: float = 0.1, overwrite: bool = False,
-            tokenizer_file: Optional[str | Path] = None) -> dict:
-    """Tokenise the documents at ``source`` into ``out_dir`` (see module docstring); returns the manifest.
+            tokenizer_file: Optional[str | Path] = None, allow_special: bool = False) -> dict:
+    """Tokenise the documents at ``source`` into ``out_dir`` (see module docstring); returns the manifest
+    (its ``notes``: lines for the user, e.g. long chunks that were cut).
     ``tokenizer_file``: use this existing ``tokenizer.json`` (e.g. an imported run's) instead of training one.
+    ``allow_special``: read FIFOs / devices given as (or inside) ``source``.
 
     Raises DataError for bad input, an existing non-empty ``out_dir`` without ``overwrite`` (with it, one
-    that is not a prepared data folder), or an ``out_dir`` that holds ``source``. The
-    folder is written beside and renamed into place, so a failure leaves nothing half-written.
+    that is not a prepared data folder), or an ``out_dir`` that holds ``source``; LockError when another
+    process prepares into ``out_dir``; PrepareInterrupted on Ctrl-C. Then ``out_dir`` is as it was.
     """
-    out_dir = Path(out_dir)
-    src = Path(source).resolve()
-    if out_dir.resolve() == src or out_dir.resolve() in src.parents:
+    out_dir = Path(os.path.abspath(out_dir))
+    src, real_out = Path(os.path.realpath(source)), Path(os.path.realpath(out_dir))  # realpath: no error on loops
+    if real_out == src or real_out in src.parents:
         raise DataError(f"--out {str(out_dir)!r} holds the input documents {str(source)!r}; write the prepared "
                         f"data to another folder")
     if out_dir.exists() and not out_dir.is_dir():
         raise DataError(f"--out {str(out_dir)!r} is a file, not a folder; choose a folder path")
-    if out_dir.exists() and any(out_dir.iterdir()):
-        if not overwrite:
-            raise DataError(f"output folder {str(out_dir)!r} already exists and is not empty; "
-                            f"choose another --out or pass --overwrite")
-        if not (out_dir / "manifest.json").is_file():  # --overwrite replaces prepared data, nothing else
-            raise DataError(f"--overwrite refused: {str(out_dir)!r} is not a prepared data folder (no manifest.json) "
-                            f"and would be deleted; choose another --out")
-    docs = read_documents(source)
-    train, val = split_documents(docs, val_docs, val_fraction, str(source))
+    lock = acquire_lock(out_dir, "lmlab prepare")
+    if lock.note:  # a stale lock of a killed prepare was taken over
+        print(lock.note, file=sys.stderr)
+    tmp = spool = None
+    try:
+        if out_dir.exists() and any(out_dir.iterdir()):
+            if not overwrite:
+                raise DataError(f"output folder {str(out_dir)!r} already exists and is not empty; "
+                                f"choose another --out or pass --overwrite")
+            if not (out_dir / "manifest.json").is_file():  # --overwrite replaces prepared data, nothing else
+                raise DataError(f"--overwrite refused: {str(out_dir)!r} is not a prepared data folder (no "
+                                f"manifest.json) and would be deleted; choose another --out")
+        if allow_special:
+            spool = make_temp_dir(out_dir, "input")
+        docs = scan_documents(source, allow_special, spool)
+        train, val = split_documents(docs, val_docs, val_fraction, str(source))
+        tok = _make_tokenizer(train, tokenizer, vocab_size, tokenizer_file)
+        dtype = np.uint16 if tok.vocab_size <= 2 ** 16 else np.uint32
+        tmp = make_temp_dir(out_dir, "partial")
+        if tokenizer_file is not None:  # byte for byte, so runs and data compare equal
+            shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
+        else:
+            tok.save(tmp / "tokenizer.json")
+        manifest = {
+            "version": MANIFEST_VERSION,
+            "source": str(src),
+            "tokenizer": {"type": tok.kind, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id,
+                          "file": "tokenizer.json", "sha256": _sha256(tmp / "tokenizer.json")},
+            "dtype": np.dtype(dtype).name,
+            "splits": {},
+        }
+        notes: dict = {}
+        for split, split_docs in (("train", train), ("val", val)):
+            manifest["splits"][split] = _write_split(tok, split_docs, tmp / f"{split}.bin", dtype, notes)
+        manifest["notes"] = _note_lines(notes)
+        atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=1))
+        fsync_tree(tmp)
+        _swap_into_place(tmp, out_dir)
+        tmp = None
+        return manifest
+    except KeyboardInterrupt:
+        state = "left as it was" if out_dir.exists() else "not created"
+        raise PrepareInterrupted(f"interrupted: {str(out_dir)!r} {state} (its previous complete state); "
+                                 f"nothing half-written kept") from None
+    finally:
+        for folder in (tmp, spool):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+        lock.release()
+
+
+def _make_tokenizer(train: list, tokenizer: str, vocab_size: int, tokenizer_file) -> Tokenizer:
     if tokenizer_file is not None:
         if not Path(tokenizer_file).is_file():
             raise DataError(f"tokenizer file {str(tokenizer_file)!r} " + ("is not a file; give a tokenizer.json"
                             if Path(tokenizer_file).exists() else "does not exist"))
-        tok = Tokenizer.load(tokenizer_file)
-    elif tokenizer == "bytes":
-        tok = Tokenizer.bytes_tokenizer()
-    elif tokenizer == "bpe":
-        tok = Tokenizer.train_bpe((b.decode("utf-8", errors="replace") for _, b in train), vocab_size)
-    else:
-        raise DataError(f"tokenizer={tokenizer!r} is not valid; choose 'bpe' or 'bytes'")
-    dtype = np.uint16 if tok.vocab_size <= 2 ** 16 else np.uint32
+        return Tokenizer.load(tokenizer_file)
+    if tokenizer == "bytes":
+        return Tokenizer.bytes_tokenizer()
+    if tokenizer == "bpe":  # trained from a stream of segments: the HF trainer keeps word counts only
+        texts = (seg.decode("utf-8", errors="replace") for d in train for seg in d.segments("safe"))
+        return Tokenizer.train_bpe(texts, vocab_size)
+    raise DataError(f"tokenizer={tokenizer!r} is not valid; choose 'bpe' or 'bytes'")
 
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    if tokenizer_file is not None:  # byte for byte, so runs and data compare equal
-        shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
-    else:
-        tok.save(tmp / "tokenizer.json")
-    manifest = {
-        "version": MANIFEST_VERSION,
-        "source": str(Path(source).resolve()),
-        "tokenizer": {"type": tok.kind, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id,
-                      "file": "tokenizer.json", "sha256": _sha256(tmp / "tokenizer.json")},
-        "dtype": np.dtype(dtype).name,
-        "splits": {},
-    }
-    for split, split_docs in (("train", train), ("val", val)):
-        ids_per_doc = [tok.encode_bytes(b) for _, b in split_docs]
-        stream = np.empty(sum(len(i) + 1 for i in ids_per_doc), dtype=dtype)
-        pos = 0
-        for ids in ids_per_doc:
-            stream[pos] = tok.eot_id
-            stream[pos + 1: pos + 1 + len(ids)] = ids
-            pos += len(ids) + 1
-        stream.tofile(tmp / f"{split}.bin")
-        manifest["splits"][split] = {
-            "file": f"{split}.bin",
-            "documents": [{"name": n, "bytes": len(b), "tokens": len(i)} for (n, b), i in zip(split_docs, ids_per_doc)],
-            "bytes": sum(len(b) for _, b in split_docs),
-            "tokens": int(len(stream)),
-        }
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
-    return manifest
+
+def _key(obj, key: str, kind, path: Path, where: str = ""):
+    """``obj[key]`` checked to be of ``kind``; DataError naming the file and the key otherwise."""
+    if not isinstance(obj, dict) or key not in obj:
+        raise DataError(f"manifest {str(path)!r} has no key {where + key!r}; the file is damaged or not "
+                        f"lmlab's: re-run `lmlab prepare`")
+    value = obj[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise DataError(f"manifest {str(path)!r}: {where + key!r} is {value!r:.60}, not a {names}; the file is "
+                        f"damaged: re-run `lmlab prepare`")
+    return value
+
+
+def _file_name(obj, key: str, path: Path, where: str) -> str:
+    name = _key(obj, key, str, path, where)
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise DataError(f"manifest {str(path)!r}: {where + key!r} = {name!r} is not a file name inside the data "
+                        f"folder; the file is damaged: re-run `lmlab prepare`")
+    return name
 
 
 class TokenData:
-    """A prepared data folder: its manifest, tokenizer, and token streams as read-only memmaps."""
+    """A prepared data folder: its manifest, tokenizer, and token streams as read-only memmaps.
+
+    The manifest is validated when opened (a JSON object with ``tokenizer``, ``dtype`` and ``splits``
+    of the right types; file names inside the folder); a shard is checked when first read (its size,
+    its SHA-256 when the manifest records one, its largest id). Each problem raises DataError naming
+    the file and the key, e.g. for a truncated, emptied or hand-edited file.
+    """
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
@@ -167,27 +537,66 @@ class TokenData:
                             f"run `lmlab prepare --data PATH --out {self.folder}` first")
         try:
             self.manifest = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise DataError(f"manifest {str(path)!r} could not be read: {exc}") from None
-        tok_info = self.manifest["tokenizer"]
-        tok_path = self.folder / tok_info["file"]
-        if not tok_path.is_file() or _sha256(tok_path) != tok_info["sha256"]:
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise DataError(f"manifest {str(path)!r} could not be read ({exc}); the file is damaged: "
+                            f"re-run `lmlab prepare`") from None
+        if not isinstance(self.manifest, dict):
+            raise DataError(f"manifest {str(path)!r} holds a JSON {type(self.manifest).__name__}, not an object; "
+                            f"the file is damaged: re-run `lmlab prepare`")
+        self._path = path
+        tok_info = _key(self.manifest, "tokenizer", dict, path)
+        tok_path = self.folder / _file_name(tok_info, "file", path, "tokenizer.")
+        sha = _key(tok_info, "sha256", str, path, "tokenizer.")
+        dtype = _key(self.manifest, "dtype", str, path)
+        if dtype not in ("uint16", "uint32"):
+            raise DataError(f"manifest {str(path)!r}: 'dtype' is {dtype!r}, not 'uint16' or 'uint32'; the file is "
+                            f"damaged: re-run `lmlab prepare`")
+        splits = _key(self.manifest, "splits", dict, path)
+        for split in ("train", "val"):
+            info = _key(splits, split, dict, path, "splits.")
+            _file_name(info, "file", path, f"splits.{split}.")
+            for key in ("tokens", "bytes"):
+                if _key(info, key, int, path, f"splits.{split}.") < 0:
+                    raise DataError(f"manifest {str(path)!r}: 'splits.{split}.{key}' is negative; re-run "
+                                    f"`lmlab prepare`")
+        if not tok_path.is_file() or _sha256(tok_path) != sha:
             raise DataError(f"tokenizer {str(tok_path)!r} does not match manifest {str(path)!r} "
                             f"(missing or changed since prepare); re-run `lmlab prepare`")
         self.tokenizer = Tokenizer.load(tok_path)
         self.vocab_size = self.tokenizer.vocab_size
+        self._checked: dict = {}
 
     def tokens(self, split: str) -> np.ndarray:
-        """The token stream of ``split`` ('train' | 'val'), (n_tokens,) memmap."""
+        """The token stream of ``split`` ('train' | 'val'), (n_tokens,) memmap. Raises DataError naming
+        the shard when it is missing, truncated or changed (size, SHA-256, ids past the vocabulary)."""
+        if split not in ("train", "val"):
+            raise DataError(f"split {split!r} is not valid; choose 'train' or 'val'")
         info = self.manifest["splits"][split]
         path = self.folder / info["file"]
-        arr = np.memmap(path, dtype=self.manifest["dtype"], mode="r")
-        if len(arr) != info["tokens"]:
-            raise DataError(f"{str(path)!r} holds {len(arr)} tokens, manifest says {info['tokens']}; "
+        dtype = np.dtype(self.manifest["dtype"])
+        try:
+            size = os.path.getsize(path)
+        except OSError as exc:
+            raise DataError(f"shard {str(path)!r} (manifest key 'splits.{split}.file') could not be read: "
+                            f"{exc.strerror or exc}; re-run `lmlab prepare`") from None
+        if size != info["tokens"] * dtype.itemsize:
+            raise DataError(f"shard {str(path)!r} has {size:,} bytes, manifest 'splits.{split}.tokens' says "
+                            f"{info['tokens']:,} {dtype.name} tokens ({info['tokens'] * dtype.itemsize:,} bytes): "
                             f"the file is truncated or changed: re-run `lmlab prepare`")
-        if len(arr) and int(arr.max()) >= self.vocab_size:
-            raise DataError(f"{str(path)!r} holds token id {int(arr.max())} >= tokenizer vocab_size "
-                            f"{self.vocab_size}: the shards do not match the tokenizer; re-run `lmlab prepare`")
+        if info["tokens"] == 0:
+            return np.zeros(0, dtype=dtype)
+        if split not in self._checked:
+            want = info.get("sha256")
+            if isinstance(want, str) and _sha256(path) != want:
+                raise DataError(f"shard {str(path)!r} does not match its SHA-256 in the manifest "
+                                f"('splits.{split}.sha256'): the file is damaged or changed: re-run `lmlab prepare`")
+        arr = np.memmap(path, dtype=dtype, mode="r")
+        if split not in self._checked:
+            top = int(arr.max())
+            if top >= self.vocab_size:
+                raise DataError(f"{str(path)!r} holds token id {top} >= tokenizer vocab_size "
+                                f"{self.vocab_size}: the shards do not match the tokenizer; re-run `lmlab prepare`")
+            self._checked[split] = True
         return arr
 
     def bytes(self, split: str) -> int:

@@ -10,6 +10,12 @@ Both reserve one special token, ``<|endoftext|>`` (EOT), which lmlab places befo
   else its beginning-of-sequence token (<s>, <bos>, ...), else an end-of-sequence one. Token bytes: ``<0xNN>`` byte-fallback pieces are that byte, byte-level pieces go through the
   byte table, SentencePiece's U+2581 is a space, special tokens are empty.
 
+Bounded pre-tokenisation: lmlab's BPE splits every pre-tokenisation chunk (GPT-2 regex word) longer
+than :data:`MAX_CHUNK_BYTES` into pieces of at most that many bytes (a ``Split`` after ``ByteLevel``),
+so no token spans more and BPE training / encoding cannot go quadratic on one giant "word" (a 1 MB
+line without whitespace). Real text rarely has such chunks (the Shakespeare corpus has none over 200
+bytes, so its tokenizer is unchanged); :func:`long_chunks` counts them for a note.
+
 ``encode_bytes``/``decode_bytes`` round-trip arbitrary bytes, including ones that are not valid UTF-8
 (an invalid byte becomes its single-byte token); ``decode`` returns text with U+FFFD for invalid UTF-8.
 """
@@ -23,6 +29,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 EOT = "<|endoftext|>"
+MAX_CHUNK_BYTES = 256  # longest pre-tokenisation chunk lmlab's BPE sees; longer ones are cut into pieces
 
 
 class TokenizerError(ValueError):
@@ -111,7 +118,7 @@ class Tokenizer:
             raise TokenizerError(f"vocab_size={vocab_size!r} is too small for byte-level BPE; it needs >= 257 "
                                  f"(256 bytes + {EOT})")
         hf = HFTokenizer(models.BPE())
-        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        hf.pre_tokenizer = _bounded_byte_level()
         hf.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -126,8 +133,18 @@ class Tokenizer:
             data = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise TokenizerError(f"tokenizer file {str(path)!r} could not be read: {exc}") from None
+        if not isinstance(data, dict):
+            raise TokenizerError(f"tokenizer file {str(path)!r} holds a JSON {type(data).__name__}, not an object "
+                                 f"(a Hugging Face tokenizer.json or lmlab's {{\"type\": \"bytes\"}}); re-run "
+                                 f"`lmlab prepare` or restore the file")
         if data.get("type") == "bytes":
+            if data.get("vocab_size", 257) != 257 or data.get("eot", 256) != 256:
+                raise TokenizerError(f"tokenizer file {str(path)!r}: a bytes tokenizer has vocab_size 257 and eot "
+                                     f"256, not {data.get('vocab_size')!r} / {data.get('eot')!r}")
             return cls.bytes_tokenizer()
+        if "model" not in data:
+            raise TokenizerError(f"tokenizer file {str(path)!r} has no key 'model' (nor \"type\": \"bytes\"): "
+                                 f"not a tokenizer.json")
         from tokenizers import Tokenizer as HFTokenizer
 
         try:
@@ -137,17 +154,35 @@ class Tokenizer:
         if data.get("post_processor") is None and hf.token_to_id(EOT) is not None:
             try:
                 return cls("bpe", hf)  # lmlab's own byte-level BPE
-            except (KeyError, TypeError):
+            except (KeyError, TypeError, IndexError):
                 pass
         byte_level = '"ByteLevel"' in json.dumps([data.get("pre_tokenizer"), data.get("decoder")])
         return cls("hf", hf, byte_level)
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
+        """Write ``tokenizer.json`` atomically (temp file + fsync + rename: never a half-written file)."""
+        from lmlab.fsutil import atomic_write_text
+
         if self.kind == "bytes":
-            path.write_text(json.dumps({"type": "bytes", "vocab_size": 257, "eot": 256}))
+            atomic_write_text(path, json.dumps({"type": "bytes", "vocab_size": 257, "eot": 256}))
         else:
-            self.hf.save(str(path))
+            atomic_write_text(path, self.hf.to_str(pretty=True))
+
+    @property
+    def segment_mode(self) -> str:
+        """Where a long document may be cut into pieces encoded one by one with the same ids as whole:
+        ``"any"`` (bytes), ``"safe"`` (byte-level BPE with GPT-2's regex and no normaliser: at a space or
+        line break between printable ASCII, see :mod:`lmlab.data.prepare`), else ``"whole"``."""
+        if self.kind == "bytes":
+            return "any"
+        if getattr(self, "_segment_mode", None) is None:
+            data = json.loads(self.hf.to_str())
+            pre = data.get("pre_tokenizer") or {}
+            parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+            first_ok = bool(parts) and parts[0].get("type") == "ByteLevel" and parts[0].get("use_regex", True)
+            rest_ok = all(p.get("type") == "Split" for p in parts[1:])
+            self._segment_mode = "safe" if data.get("normalizer") is None and first_ok and rest_ok else "whole"
+        return self._segment_mode
 
     # --- encoding --------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -191,3 +226,34 @@ class Tokenizer:
     def token_bytes(self, i: int) -> bytes:
         """The bytes of one token id (b'' for EOT)."""
         return self.decode_bytes([i])
+
+
+def _bounded_byte_level():
+    """GPT-2's byte-level pre-tokeniser followed by a cut of every chunk into pieces of at most
+    :data:`MAX_CHUNK_BYTES` byte-level characters (= bytes: each byte is one character there)."""
+    from tokenizers import Regex, pre_tokenizers
+
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        pre_tokenizers.Split(Regex(f".{{1,{MAX_CHUNK_BYTES}}}"), behavior="isolated"),
+    ])
+
+
+_LONG_RUN = re.compile(rb"[^ \t\n\r\x0b\x0c]{%d,}" % (MAX_CHUNK_BYTES + 1))
+
+
+def long_chunks(data: bytes) -> tuple[int, int]:
+    """(count, longest in bytes) of GPT-2 pre-tokenisation chunks in ``data`` longer than
+    :data:`MAX_CHUNK_BYTES`, i.e. the chunks lmlab's BPE cuts into pieces. Only runs without ASCII
+    whitespace are candidates; each is pre-tokenised exactly (cheap: such runs are rare)."""
+    from tokenizers import pre_tokenizers
+
+    count, longest = 0, 0
+    pre = None
+    for m in _LONG_RUN.finditer(data):
+        pre = pre or pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        start = m.start() - (m.start() > 0 and data[m.start() - 1] == 0x20)  # a leading space joins the chunk
+        for piece, _ in pre.pre_tokenize_str(data[start:m.end()].decode("utf-8", errors="replace")):
+            if len(piece) > MAX_CHUNK_BYTES:
+                count, longest = count + 1, max(longest, len(piece))
+    return count, longest
