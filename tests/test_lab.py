@@ -264,6 +264,13 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path):
     assert main(["report", str(out)]) == 0
     assert _verdict_table((out / "report.md").read_text()) == table
 
+    # a report into a user's folder never replaces a file lmlab did not write
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "loss.png").write_bytes(b"my own figure")
+    assert main(["report", str(out), "--out", str(user / "report.md")]) == 2
+    assert (user / "loss.png").read_bytes() == b"my own figure" and not (user / "report.md").exists()
+
     # the index of claims reads the sweep and its committed report folder alike
     assert main(["report", "--index", str(out), "--out", str(tmp_path / "index.md")]) == 0
     index = (tmp_path / "index.md").read_text()

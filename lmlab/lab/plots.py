@@ -38,9 +38,16 @@ def _ok(x: Any) -> bool:
 
 
 def _save(fig, path: Path) -> Path:
+    """Write ``fig`` marked as lmlab's, atomically (:func:`lmlab.plot.save_png`); a file of that name
+    that lmlab did not write is refused (CheckpointError), never overwritten."""
+    from lmlab.plot import check_own_outputs, save_png
+
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    _plt().close(fig)
+    try:
+        check_own_outputs([path])
+        save_png(fig, path)
+    finally:
+        _plt().close(fig)
     return path
 
 

@@ -370,6 +370,7 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     colors = {v: f"C{i % 10}" for i, v in enumerate(variants)}
     conf = res["confidence"]
     written: list[Path] = []
+    _check_own_data([out.parent / f"{prefix}results.csv", out.parent / f"{prefix}{VERDICTS_FILE}"])
     csv_path = write_csv(rows, out.parent / f"{prefix}results.csv")
     figs: list[tuple[str, Optional[Path], str]] = []
     if spec and spec.tune:
@@ -495,6 +496,19 @@ def _check_out(out: Path) -> Path:
                          f"written)")
     out.parent.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def _check_own_data(paths: list[Path]) -> None:
+    """Refuse (ValueError) to replace a results.csv / verdicts.json that lmlab report did not write."""
+    for path in paths:
+        if not path.exists():
+            continue
+        head = path.read_bytes()[:64] if path.is_file() else b""
+        ours = head.startswith(b"sweep,run,") or head.startswith(b"run,") if path.suffix == ".csv" else \
+            head.startswith(b'{\n "confidence"')
+        if not ours:
+            raise ValueError(f"--out {str(path.parent)!r} already holds {path.name}, which lmlab report did not "
+                             f"write; choose another folder (nothing was written)")
 
 
 def _throughput_plot(order: list[dict], path: Path, colors: dict) -> Path:

@@ -314,7 +314,7 @@ class _Sweep:
                     self.procs.discard(proc)
         if rc == 0:
             return False, None
-        if self.stopping or rc in (130, 143) or rc < 0:  # SIGINT/SIGTERM (train checkpoints and exits 130/143) or killed
+        if self.stopping or rc in (130, 143) or rc < 0:  # SIGINT/SIGTERM (checkpointed: 130/143) or killed
             raise KeyboardInterrupt
         tail = _log_since(log_path, offset)  # this attempt's output only
         if DIVERGED_MARK in tail:
