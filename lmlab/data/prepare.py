@@ -65,7 +65,7 @@ class PrepareInterrupted(KeyboardInterrupt):
     """Ctrl-C during ``prepare``; the message says that the output folder was left as it was."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Document:
     """One document: ``name`` (its path relative to the input folder, or ``file#paragraph``) and the
     byte range [``start``, ``end``) of ``path`` that holds it (read lazily, never kept whole)."""
