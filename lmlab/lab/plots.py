@@ -9,7 +9,7 @@ or None when the sweep has nothing to draw for it.
 - :func:`loss_curves`: EMA-smoothed training loss and validation bits/byte per variant, seed bands,
   full y-range (a diverged variant stays visible);
 - :func:`diagnostics`: per-layer gradient norms at initialisation and during training (Xiong et al.
-  2020, Fig. 3), the largest attention logit and log Z over training;
+  2020, Fig. 3), the largest attention logit, log Z and the loss spikes over training;
 - :func:`bpb_by_variant`: every seed as a dot and the mean with its t-interval;
 - :func:`forest`: one row per claim (the index page).
 """
@@ -232,12 +232,13 @@ def loss_curves(curves: dict, path: Path, colors: dict) -> Optional[Path]:
 
 
 def diagnostics(diag: dict, path: Path, colors: dict) -> Optional[Path]:
-    """``diag``: label -> list of metrics records with ``grad_norm_layers`` / ``max_attn_logit`` /
-    ``log_z_max`` (one seed's run). Four panels; None when no run logged diagnostics."""
+    """``diag``: label -> the metrics records of one seed's run (``grad_norm_layers``, ``max_attn_logit``,
+    ``log_z_max`` from the diagnostics, ``spikes`` from every logged step). Five panels; None when no run
+    logged diagnostics."""
     if not any(diag.values()):
         return None
     plt = _plt()
-    fig, axes = plt.subplots(1, 4, figsize=(20, 4.4))
+    fig, axes = plt.subplots(1, 5, figsize=(24, 4.4))
     for label, recs in diag.items():
         col = colors.get(label.split(" @")[0], "k")
         gn = [r for r in recs if r.get("grad_norm_layers")]
@@ -254,9 +255,13 @@ def diagnostics(diag: dict, path: Path, colors: dict) -> Optional[Path]:
         lz = [r for r in recs if _ok(r.get("log_z_max"))]
         if lz:
             axes[3].plot([r["step"] for r in lz], [r["log_z_max"] for r in lz], "-", color=col, label=label)
+        sp = [r for r in recs if "spikes" in r]
+        if sp:
+            axes[4].step([r["step"] for r in sp], [r["spikes"] for r in sp], where="post", color=col, label=label)
     titles = ("gradient norm per layer at initialisation", "gradient norm of the first/last layer",
-              "largest attention logit (any layer)", "largest output log Z")
-    xlabels = ("layer", "step", "step", "step")
+              "largest attention logit (any layer)", "largest output log Z",
+              "loss spikes so far (loss > spike_ratio x its running mean)")
+    xlabels = ("layer", "step", "step", "step", "step")
     for ax, t, xl in zip(axes, titles, xlabels):
         ax.set_title(t, fontsize=9)
         ax.set_xlabel(xl)

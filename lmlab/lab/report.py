@@ -310,10 +310,12 @@ def _provenance_lines(sweep_dir: Path, rows: list[dict]) -> list[str]:
 
 def _numeric_axes(chosen: list[dict], baseline: str) -> dict:
     """field -> scale -> [(x, per-seed bpb, variant)] for fields taking >= 2 numeric values across the
-    variants (incl. solved sizes), and d_model/n_layers when both are known and it takes >= 3 values."""
+    variants (incl. solved sizes), and the aspect ratio d_model/n_layers where both are set."""
     by_cell: dict = {}
     for r in chosen:
         f = dict(r.get("fields") or {})
+        if _ok(f.get("d_model")) and _ok(f.get("n_layers")) and f["n_layers"]:
+            f["d_model/n_layers"] = f["d_model"] / f["n_layers"]  # the aspect ratio (Kaplan et al. 2020)
         by_cell.setdefault((r.get("scale"), r["variant"]), {"fields": f, "vals": []})
         if _ok(r.get("val_bpb")):
             by_cell[(r.get("scale"), r["variant"])]["vals"].append(r["val_bpb"])
@@ -379,7 +381,8 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
             "Final held-out bits/byte at each tuned value: a variant whose best value sits at the end of the "
             "grid may do better outside it; a narrow basin means a fragile variant (Wortsman et al. 2023)."))
     for fld, pts in _numeric_axes(chosen, res["baseline"]).items():
-        figs.append((f"Basin: {fld}", plots.basin(pts, fld, out.parent / f"{prefix}basin-{fld}.png", conf, colors),
+        name = fld.replace("/", "-per-")
+        figs.append((f"Basin: {fld}", plots.basin(pts, fld, out.parent / f"{prefix}basin-{name}.png", conf, colors),
                      ""))
     sizes = {c["scale"]: c.get("non_embedding_params") for c in res["controls"] if c["variant"] == res["baseline"]}
     if spec and spec.scales:
@@ -407,9 +410,8 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
         c["train"].append({x["step"]: x["loss"] for x in recs if "loss" in x and "tokens" in x and not x.get("skipped")})
         if bpt:
             c["val_bpb"].append({x["step"]: x["val_loss"] * bpt for x in recs if _ok(x.get("val_loss"))})
-        d = [x for x in recs if "max_attn_logit" in x or "grad_norm_layers" in x]
-        if d and lab not in diag:
-            diag[lab] = d
+        if any("max_attn_logit" in x or "grad_norm_layers" in x for x in recs) and lab not in diag:
+            diag[lab] = [x for x in recs if "step" in x]
     figs.append(("Loss curves", plots.loss_curves(curves, out.parent / f"{prefix}loss.png", colors),
                  "Validation bits/byte here are the periodic sampled estimates converted with the full split's "
                  "bytes per token; the headline figures are the full split."))
