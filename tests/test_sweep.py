@@ -169,7 +169,7 @@ def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
     assert main(["report", str(out)]) == 0
     md = (out / "report.md").read_text()
     assert spec["claim"] in md
-    assert rows['rope-s1']['machine'] in md and "Executed 20" in md and "max attn logit" in md
+    assert rows['rope-s1']['machine'] in md and "**Executed** 20" in md and "max attn logit" in md
     table = [line for line in md.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
              or line.startswith("| 3 |")]
     assert [line.split(" | ")[1] for line in table][2] == "boom"  # diverged sorts last
@@ -183,7 +183,7 @@ def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
     for c, r in zip(csv_rows, results):
         for key, value in r.items():
             if isinstance(value, dict) and key != "fields":
-                assert json.loads(c[key] or "null") == (value or None)
+                assert json.loads(c[key]) == value
             elif key == "fields":
                 assert {k[4:]: v for k, v in c.items() if k.startswith("set.") and v} == {
                     k: str(v) for k, v in value.items()}
