@@ -494,12 +494,12 @@ def make_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("report", help="markdown report of a sweep (verdicts, plots, results.csv), or an index")
     sp.add_argument("sweep", nargs="?", help="a sweep folder (`lmlab sweep --out`)")
     sp.add_argument("--out", help="the markdown file (default SWEEP/report.md; plots and CSV beside it)")
+    sp.add_argument("--index", nargs="+", metavar="DIR",
+                    help="write one index page of every claim of these sweep folders (needs --out)")
     sp.set_defaults(func=cmd_report)
 
     sp = sub.add_parser("import", help="convert a Hugging Face model folder into a new run folder")
     sp.add_argument("path", help="HF model folder: config.json + model.safetensors (or shards, or pytorch_model.bin)")
-    sp.add_argument("--index", nargs="+", metavar="DIR",
-                    help="write one index page of every claim of these sweep folders (needs --out)")
     sp.add_argument("--out", required=True, help="run folder to create")
     sp.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
                     help="dtype of the stored weights (default auto: the HF checkpoint's, bf16 when all its "

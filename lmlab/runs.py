@@ -27,9 +27,11 @@ def default_data_dir(tokenizer: str = "bpe", vocab_size: int = DEFAULT_VOCAB) ->
 
 def describe_manifest(manifest: dict) -> list[str]:
     """One line per split of a prepared data folder's manifest: documents, bytes, tokens, bytes/token."""
-    return [f"{split}: {len(info['documents'])} documents, {info['bytes']:,} bytes, {info['tokens']:,} tokens "
-            f"({info['bytes'] / max(info['tokens'], 1):.2f} bytes/token)"
-            for split, info in manifest["splits"].items()]
+    return [
+        f"{split}: {len(info['documents'])} documents, {info['bytes']:,} bytes, {info['tokens']:,} tokens "
+        f"({info['bytes'] / max(info['tokens'], 1):.2f} bytes/token)"
+        for split, info in manifest["splits"].items()
+    ]
 
 
 def ensure_default_data(data: Optional[str | Path]) -> Path:
@@ -43,10 +45,14 @@ def ensure_default_data(data: Optional[str | Path]) -> Path:
         from lmlab.data.corpus import VALIDATION_WORKS, default_corpus_dir
         from lmlab.data.prepare import prepare
 
-        manifest = prepare(default_corpus_dir(), folder, "bpe", DEFAULT_VOCAB, list(VALIDATION_WORKS), 0.1, False)
+        manifest = prepare(
+            default_corpus_dir(), folder, "bpe", DEFAULT_VOCAB, list(VALIDATION_WORKS), 0.1, False
+        )
         for line in describe_manifest(manifest):
             print(line)
-        print(f"wrote {folder} (tokenizer {manifest['tokenizer']['type']}, vocab {manifest['tokenizer']['vocab_size']})")
+        print(
+            f"wrote {folder} (tokenizer {manifest['tokenizer']['type']}, vocab {manifest['tokenizer']['vocab_size']})"
+        )
     return folder
 
 
@@ -65,19 +71,29 @@ def read_config_file(name: str | Path) -> tuple[Path, dict, dict]:
         raise ConfigError(f"config file {str(path)!r} is empty; give a 'model:' and/or a 'train:' section")
     unknown = sorted(str(k) for k in spec if k not in ("model", "train"))
     if unknown:
-        raise ConfigError(f"config file {str(path)!r}: unknown section(s) {unknown}; use 'model:' and 'train:'")
+        raise ConfigError(
+            f"config file {str(path)!r}: unknown section(s) {unknown}; use 'model:' and 'train:'"
+        )
     for section in ("model", "train"):
         if not isinstance(spec.get(section) or {}, dict):
-            raise ConfigError(f"config file {str(path)!r}: '{section}:' must be a mapping of field names to "
-                              f"values, got {spec[section]!r}")
+            raise ConfigError(
+                f"config file {str(path)!r}: '{section}:' must be a mapping of field names to "
+                f"values, got {spec[section]!r}"
+            )
     model, train = dict(spec.get("model") or {}), dict(spec.get("train") or {})
     check_keys(ModelConfig, model, f"{path} model")
     check_keys(TrainConfig, train, f"{path} train")
     return path, model, train
 
 
-def build_configs(config: Optional[str] = None, preset: Optional[str] = None, scale: str = "tiny",
-                  sets: Sequence[str] = (), data_vocab: Optional[int] = None, base: Optional[dict] = None):
+def build_configs(
+    config: Optional[str] = None,
+    preset: Optional[str] = None,
+    scale: str = "tiny",
+    sets: Sequence[str] = (),
+    data_vocab: Optional[int] = None,
+    base: Optional[dict] = None,
+):
     """(ModelConfig, TrainConfig) from ``base`` (a run's saved ``model``/``train``, when resuming), then
     the config file, the preset (at ``scale``: 'tiny' or 'real') and the ``KEY=VALUE`` overrides
     ``sets``. The data's vocabulary ``data_vocab`` replaces the preset's unless a file or override sets
@@ -114,7 +130,9 @@ def build_configs(config: Optional[str] = None, preset: Optional[str] = None, sc
             import difflib
 
             near = difflib.get_close_matches(key, sorted(model_keys | train_keys), n=1)
-            raise ConfigError(f"--set {item!r}: unknown key {key!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
+            raise ConfigError(
+                f"--set {item!r}: unknown key {key!r}" + (f"; did you mean {near[0]!r}?" if near else "")
+            )
     model = apply_overrides(model, m_over, ModelConfig)
     train = apply_overrides(train, t_over, TrainConfig)
     if not explicit_vocab and data_vocab is not None:  # the data's tokenizer decides, not the preset
@@ -122,7 +140,9 @@ def build_configs(config: Optional[str] = None, preset: Optional[str] = None, sc
     if sets:
         sources.append("--set")
     where = f" (from {' + '.join(sources)})" if sources else ""
-    return ModelConfig.from_dict(model, f"model config{where}"), TrainConfig.from_dict(train, f"train config{where}")
+    return ModelConfig.from_dict(model, f"model config{where}"), TrainConfig.from_dict(
+        train, f"train config{where}"
+    )
 
 
 def attach_data(out: Path, run: dict, data_dir: Path) -> None:
@@ -138,8 +158,10 @@ def attach_data(out: Path, run: dict, data_dir: Path) -> None:
     data = TokenData(data_dir)
     run_tok = out / "tokenizer.json"
     if not run_tok.is_file() or run_tok.read_bytes() != (data.folder / "tokenizer.json").read_bytes():
-        raise DataError(f"data {str(data.folder)!r} was not prepared with the tokenizer of run {str(out)!r}; "
-                        f"prepare it with `lmlab prepare --tokenizer-file {run_tok} ...`")
+        raise DataError(
+            f"data {str(data.folder)!r} was not prepared with the tokenizer of run {str(out)!r}; "
+            f"prepare it with `lmlab prepare --tokenizer-file {run_tok} ...`"
+        )
     run["data"] = str(data.folder.resolve())
     atomic_write_text(out / RUN_FILE, yaml.safe_dump(run, sort_keys=False))
 
@@ -155,8 +177,16 @@ def check_run_memory(cfg, tc) -> None:
     check_memory(cfg, resolve_device(tc.device), 1, tc.batch_size, 4 if tc.dtype == "fp32" else 2)
 
 
-def setup_run(out: str | Path, config: Optional[str] = None, preset: Optional[str] = None, scale: str = "tiny",
-              sets: Sequence[str] = (), data: Optional[str] = None, resume: bool = False, progress: bool = True):
+def setup_run(
+    out: str | Path,
+    config: Optional[str] = None,
+    preset: Optional[str] = None,
+    scale: str = "tiny",
+    sets: Sequence[str] = (),
+    data: Optional[str] = None,
+    resume: bool = False,
+    progress: bool = True,
+):
     """A :class:`lmlab.train.Trainer` ready to ``fit()`` for the run folder ``out``: a new run (the
     config, ``out`` and the memory are checked before any data is prepared or downloaded), the same
     command again (continues the run; a different config is refused, naming the fields), or
@@ -198,32 +228,50 @@ def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress
         if resume and data and run.get("data") is None:  # fine-tuning an imported run: record its data
             attach_data(out, run, Path(data))
         elif resume and data and str(Path(data).resolve()) != run.get("data"):
-            raise ConfigError(f"--data {data!r} differs from the data of run {str(out)!r} ({run.get('data')!r}); "
-                              f"a run keeps its data: train a new run on the new data (another --out)")
+            raise ConfigError(
+                f"--data {data!r} differs from the data of run {str(out)!r} ({run.get('data')!r}); "
+                f"a run keeps its data: train a new run on the new data (another --out)"
+            )
         if resume:  # continue, possibly with changed training settings
-            cfg, tc = build_configs(config, preset, scale, sets, run["model"].get("vocab_size"), base=run) \
-                if (config or preset or sets) else (None, None)
+            cfg, tc = (
+                build_configs(config, preset, scale, sets, run["model"].get("vocab_size"), base=run)
+                if (config or preset or sets)
+                else (None, None)
+            )
         else:  # the same command again continues the run; a different one is refused
             data_dir = Path(data).resolve() if data else default_data_dir().resolve()
             cfg, tc = build_configs(config, preset, scale, sets, run["model"].get("vocab_size"))
-            diff = [f"model.{k}: run has {v!r}, asked {getattr(cfg, k)!r}" for k, v in run["model"].items()
-                    if getattr(cfg, k, None) != v]
-            diff += [f"train.{k}: run has {v!r}, asked {getattr(tc, k)!r}" for k, v in run["train"].items()
-                     if getattr(tc, k, None) != v]
+            diff = [
+                f"model.{k}: run has {v!r}, asked {getattr(cfg, k)!r}"
+                for k, v in run["model"].items()
+                if getattr(cfg, k, None) != v
+            ]
+            diff += [
+                f"train.{k}: run has {v!r}, asked {getattr(tc, k)!r}"
+                for k, v in run["train"].items()
+                if getattr(tc, k, None) != v
+            ]
             if run.get("data") != str(data_dir):
                 diff.append(f"data: run has {run.get('data')!r}, asked {str(data_dir)!r}")
             if diff:
-                raise ConfigError(f"run folder {str(out)!r} already holds a different run ({'; '.join(diff[:4])}); "
-                                  f"choose another --out, or pass --resume to continue it with new train settings")
+                raise ConfigError(
+                    f"run folder {str(out)!r} already holds a different run ({'; '.join(diff[:4])}); "
+                    f"choose another --out, or pass --resume to continue it with new train settings"
+                )
         trainer = Trainer.resume(out, cfg, tc, progress=progress)
         if trainer.dist.is_main:
             print(f"resuming {out} from step {trainer.step} of {trainer.tc.max_steps}", file=sys.stderr)
         return trainer
     if resume:
-        raise ConfigError(f"--resume: {str(out)!r} holds no run (no run.yaml) to continue; drop --resume to start "
-                          f"a new run there")
-    if data is None and int(os.environ.get("WORLD_SIZE", "1")) > 1 and \
-            not (default_data_dir() / "manifest.json").is_file():
+        raise ConfigError(
+            f"--resume: {str(out)!r} holds no run (no run.yaml) to continue; drop --resume to start "
+            f"a new run there"
+        )
+    if (
+        data is None
+        and int(os.environ.get("WORLD_SIZE", "1")) > 1
+        and not (default_data_dir() / "manifest.json").is_file()
+    ):
         raise ConfigError("under torchrun, prepare the data first (`lmlab prepare`) or pass --data DIR")
     # a bad config or --out, or a model too large, is refused before any data is prepared or downloaded
     vocab = TokenData(data).vocab_size if data else DEFAULT_VOCAB

@@ -29,7 +29,7 @@ def test_paired_difference_and_verdict_by_hand():
     d = stats.difference(base, var)
     assert d["method"] == "paired t" and d["n"] == 3
     assert d["mean"] == pytest.approx(-0.04)
-    sd = math.sqrt(((0.0) ** 2 + 0.01 ** 2 + 0.01 ** 2) / 2)  # 0.01
+    sd = math.sqrt(((0.0) ** 2 + 0.01**2 + 0.01**2) / 2)  # 0.01
     half = T975[2] * sd / math.sqrt(3)
     assert d["lo"] == pytest.approx(-0.04 - half) and d["hi"] == pytest.approx(-0.04 + half)
     # the claim "var better than base by 0.01": the improvement base - var has interval [0.04 -+ half]
@@ -57,7 +57,11 @@ def test_pooled_noise_for_single_seed_variants():
     from scipy import stats as sst
 
     half = sst.t.ppf(0.975, 3) * 0.01 * math.sqrt(2)
-    assert d["method"] == "pooled" and d["lo"] == pytest.approx(-0.1 - half) and d["hi"] == pytest.approx(-0.1 + half)
+    assert (
+        d["method"] == "pooled"
+        and d["lo"] == pytest.approx(-0.1 - half)
+        and d["hi"] == pytest.approx(-0.1 + half)
+    )
     assert stats.difference({1: 2.0}, {1: 1.9})["method"] == "none"
 
 
@@ -65,7 +69,7 @@ def test_median_interval_is_the_sign_test_interval():
     xs = list(range(1, 16))  # n = 15: the 95% interval is (x_(4), x_(12)), coverage 96.48%
     m = stats.median_interval(xs)
     assert m["median"] == 8 and (m["lo"], m["hi"]) == (4, 12)
-    assert m["coverage"] == pytest.approx(1 - 2 * sum(math.comb(15, k) for k in range(4)) / 2 ** 15)
+    assert m["coverage"] == pytest.approx(1 - 2 * sum(math.comb(15, k) for k in range(4)) / 2**15)
     assert stats.median_interval([1.0, 2.0, 3.0])["lo"] is None  # too few for 95%
 
 
@@ -75,24 +79,46 @@ def _rows(table):
     rows = []
     for (variant, lr), vals in table.items():
         for seed, v in enumerate(vals, 1):
-            rows.append({"run": f"{variant}-{lr}-s{seed}", "variant": variant, "seed": seed, "tune": {"lr": lr},
-                         "scale": None, "val_bpb": v, "status": "ok" if v is not None else "diverged",
-                         "diverged": v is None})
+            rows.append(
+                {
+                    "run": f"{variant}-{lr}-s{seed}",
+                    "variant": variant,
+                    "seed": seed,
+                    "tune": {"lr": lr},
+                    "scale": None,
+                    "val_bpb": v,
+                    "status": "ok" if v is not None else "diverged",
+                    "diverged": v is None,
+                }
+            )
     return rows
 
 
 def _spec(**extra):
-    raw = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "context_length": 32},
-           "axes": {"grid": {"v": [{"label": "A", "activation": "silu"}, {"label": "B", "activation": "swiglu"}]}},
-           "seeds": [1, 2, 3], "tune": {"lr": [1e-3, 3e-3, 1e-2]}, **extra}
+    raw = {
+        "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "context_length": 32},
+        "axes": {
+            "grid": {"v": [{"label": "A", "activation": "silu"}, {"label": "B", "activation": "swiglu"}]}
+        },
+        "seeds": [1, 2, 3],
+        "tune": {"lr": [1e-3, 3e-3, 1e-2]},
+        **extra,
+    }
     return parse_spec(raw)
 
 
 def test_tune_picks_argmin_per_variant_and_flags_the_edge():
     spec = _spec(expect=[{"better": "B", "than": "A", "by": 0.01}])
-    rows = _rows({("A", 1e-3): [2.60, 2.62, 2.61], ("A", 3e-3): [2.50, 2.52, 2.48], ("A", 1e-2): [2.55, 2.56, 2.54],
-                  ("B", 1e-3): [2.70, 2.71, 2.69], ("B", 3e-3): [2.50, 2.51, 2.49],
-                  ("B", 1e-2): [2.46, 2.49, 2.43]})
+    rows = _rows(
+        {
+            ("A", 1e-3): [2.60, 2.62, 2.61],
+            ("A", 3e-3): [2.50, 2.52, 2.48],
+            ("A", 1e-2): [2.55, 2.56, 2.54],
+            ("B", 1e-3): [2.70, 2.71, 2.69],
+            ("B", 3e-3): [2.50, 2.51, 2.49],
+            ("B", 1e-2): [2.46, 2.49, 2.43],
+        }
+    )
     sel = select_tuned(rows, spec)
     assert sel[(None, "A")]["tune"] == {"lr": 3e-3} and sel[(None, "A")]["edge"] == []
     assert sel[(None, "B")]["tune"] == {"lr": 1e-2} and sel[(None, "B")]["edge"] == ["lr"]  # best at the end
@@ -101,8 +127,18 @@ def test_tune_picks_argmin_per_variant_and_flags_the_edge():
     # paired at the chosen values: A@3e-3 minus B@1e-2 = 0.04, 0.03, 0.05
     assert claim["effect"] == pytest.approx(0.04) and claim["verdict"] == "agrees"
     # a seed diverging at the best value makes that value lose: the next best is chosen
-    rows2 = _rows({**{k: v for k, v in {("A", 1e-3): [2.6] * 3, ("A", 3e-3): [2.5, None, 2.5],
-                                          ("A", 1e-2): [2.55] * 3}.items()}})
+    rows2 = _rows(
+        {
+            **{
+                k: v
+                for k, v in {
+                    ("A", 1e-3): [2.6] * 3,
+                    ("A", 3e-3): [2.5, None, 2.5],
+                    ("A", 1e-2): [2.55] * 3,
+                }.items()
+            }
+        }
+    )
     assert select_tuned(rows2, spec)[(None, "A")]["tune"] == {"lr": 1e-2}
     # a variant diverging everywhere: the claim that it is worse agrees
     rows3 = _rows({("A", 3e-3): [None, None, None], ("B", 3e-3): [2.5, 2.5, 2.5]})
@@ -129,13 +165,20 @@ def test_spec_refuses_bad_expectations_and_controls():
 
 # --- controls ----------------------------------------------------------------------------------
 def test_match_non_embedding_params_across_gated_and_ratios(byte_data):
-    raw = {"model": {"d_model": 64, "n_layers": 2, "n_heads": 4, "context_length": 32},
-           "axes": {"zip": [{"label": "GELU x4", "activation": "gelu", "ffn_ratio": 4},
-                            {"label": "SwiGLU", "activation": "swiglu"},
-                            {"label": "ReGLU", "activation": "reglu", "ffn_ratio": 1},
-                            {"label": "GELU x1", "activation": "gelu", "ffn_ratio": 1},
-                            {"label": "GELU x16", "activation": "gelu", "ffn_ratio": 16}]},
-           "match": {"hold": "non_embedding_params", "solve": "d_ff", "multiple": 1}, "budget": {"steps": 5}}
+    raw = {
+        "model": {"d_model": 64, "n_layers": 2, "n_heads": 4, "context_length": 32},
+        "axes": {
+            "zip": [
+                {"label": "GELU x4", "activation": "gelu", "ffn_ratio": 4},
+                {"label": "SwiGLU", "activation": "swiglu"},
+                {"label": "ReGLU", "activation": "reglu", "ffn_ratio": 1},
+                {"label": "GELU x1", "activation": "gelu", "ffn_ratio": 1},
+                {"label": "GELU x16", "activation": "gelu", "ffn_ratio": 16},
+            ]
+        },
+        "match": {"hold": "non_embedding_params", "solve": "d_ff", "multiple": 1},
+        "budget": {"steps": 5},
+    }
     plans = plan_runs(parse_spec(raw), byte_data)
     target = param_counts(plans[0].cfg)["non_embedding"]
     for p in plans:
@@ -146,9 +189,12 @@ def test_match_non_embedding_params_across_gated_and_ratios(byte_data):
     swiglu = next(p for p in plans if p.variant == "SwiGLU")
     assert swiglu.cfg.d_ff == round(2 / 3 * 4 * 64)  # the 2/3 rule, found by the solver (multiple 1)
     # solving d_model keeps head_dim and the KV group size
-    raw2 = {"model": {"d_model": 128, "n_layers": 2, "n_heads": 8, "n_kv_heads": 4, "context_length": 32},
-            "axes": {"grid": {"n_layers": [2, 8]}}, "match": {"hold": "non_embedding_params", "solve": "d_model"},
-            "budget": {"steps": 5}}
+    raw2 = {
+        "model": {"d_model": 128, "n_layers": 2, "n_heads": 8, "n_kv_heads": 4, "context_length": 32},
+        "axes": {"grid": {"n_layers": [2, 8]}},
+        "match": {"hold": "non_embedding_params", "solve": "d_model"},
+        "budget": {"steps": 5},
+    }
     deep = plan_runs(parse_spec(raw2), byte_data)[-1]
     assert deep.cfg.head_dim == 16 and deep.cfg.n_heads // deep.cfg.n_kv_heads == 2
     assert deep.cfg.d_model == 64 and deep.solved == {"d_model": 64, "n_heads": 4, "n_kv_heads": 2}
@@ -165,7 +211,9 @@ def test_timing_block_ratios():
     small = ModelConfig(vocab_size=64, context_length=32, d_model=64, n_layers=2, n_heads=2)
     cfgs = {"a": small, "b": small, "deep": ModelConfig(**{**small.to_dict(), "n_layers": 4})}
     res = time_variants(cfgs, batch=4, pairs=21, steps=5, threads=1, decode=True, decode_batch=2)
-    assert all(len(v) == 21 for v in res["step_s"].values()) and all(len(v) == 21 for v in res["decode_s"].values())
+    assert all(len(v) == 21 for v in res["step_s"].values()) and all(
+        len(v) == 21 for v in res["decode_s"].values()
+    )
     same = summarize_ratio(res["step_s"], "a", "b")
     assert 0.9 <= same["median"] <= 1.1
     deeper = summarize_ratio(res["step_s"], "a", "deep")
@@ -186,7 +234,7 @@ def test_layer_grad_norms_equal_autograd_by_hand():
     loss.backward()
     hand, i = [], 0
     for ps in params:
-        gs = grads[i:i + len(ps)]
+        gs = grads[i : i + len(ps)]
         i += len(ps)
         hand.append(math.sqrt(sum(float((g.double() ** 2).sum()) for g in gs)))
     got = layer_grad_norms(model)
@@ -196,17 +244,36 @@ def test_layer_grad_norms_equal_autograd_by_hand():
 
 # --- a whole sweep -------------------------------------------------------------------------------
 BAR_SPEC = {
-    "name": "bar", "claim": "SwiGLU beats SiLU at equal non-embedding parameters.",
+    "name": "bar",
+    "claim": "SwiGLU beats SiLU at equal non-embedding parameters.",
     "model": {"context_length": 32, "d_model": 32, "n_layers": 2, "n_heads": 2},
-    "train": {"batch_size": 4, "warmup_steps": 2, "log_interval": 2, "eval_interval": 6, "eval_windows": 4,
-              "device": "cpu", "diag_interval": 6},
-    "axes": {"grid": {"ffn": [{"label": "SiLU", "activation": "silu", "d_ff": 128},
-                              {"label": "SwiGLU", "activation": "swiglu"}]}},
-    "baseline": "SiLU", "tune": {"lr": [3.0e-3, 1.0e-2]},
+    "train": {
+        "batch_size": 4,
+        "warmup_steps": 2,
+        "log_interval": 2,
+        "eval_interval": 6,
+        "eval_windows": 4,
+        "device": "cpu",
+        "diag_interval": 6,
+    },
+    "axes": {
+        "grid": {
+            "ffn": [
+                {"label": "SiLU", "activation": "silu", "d_ff": 128},
+                {"label": "SwiGLU", "activation": "swiglu"},
+            ]
+        }
+    },
+    "baseline": "SiLU",
+    "tune": {"lr": [3.0e-3, 1.0e-2]},
     "match": {"hold": "non_embedding_params", "solve": "d_ff", "multiple": 4},
-    "expect": [{"better": "SwiGLU", "than": "SiLU"},
-               {"equal": ["SwiGLU", "SiLU"], "within": "50%", "metric": "step_time"}],
-    "timing": {"batch": 4, "pairs": 15, "steps": 1}, "seeds": [1, 2, 3], "budget": {"steps": 12},
+    "expect": [
+        {"better": "SwiGLU", "than": "SiLU"},
+        {"equal": ["SwiGLU", "SiLU"], "within": "50%", "metric": "step_time"},
+    ],
+    "timing": {"batch": 4, "pairs": 15, "steps": 1},
+    "seeds": [1, 2, 3],
+    "budget": {"steps": 12},
 }
 
 
@@ -244,13 +311,18 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path):
     bpb = verdicts["claims"][0]
     # the verdict follows from the numbers on the page: recompute the paired difference by hand
     chosen = {s["variant"]: s["tune"]["lr"] for s in verdicts["selected"]}
-    vals = {v: {r["seed"]: r["val_bpb"] for r in rows if r["variant"] == v and r["tune"]["lr"] == chosen[v]}
-            for v in ("SiLU", "SwiGLU")}
+    vals = {
+        v: {r["seed"]: r["val_bpb"] for r in rows if r["variant"] == v and r["tune"]["lr"] == chosen[v]}
+        for v in ("SiLU", "SwiGLU")
+    }
     diffs = [vals["SiLU"][s] - vals["SwiGLU"][s] for s in (1, 2, 3)]
     assert bpb["effect"] == pytest.approx(statistics.fmean(diffs))
     half = T975[2] * statistics.stdev(diffs) / math.sqrt(3)
     assert bpb["lo"] == pytest.approx(statistics.fmean(diffs) - half)
-    assert bpb["verdict"] == stats.verdict("better", bpb["lo"], bpb["hi"], 0.0) and f"**{bpb['verdict']}**" in table[1]
+    assert (
+        bpb["verdict"] == stats.verdict("better", bpb["lo"], bpb["hi"], 0.0)
+        and f"**{bpb['verdict']}**" in table[1]
+    )
     for fig in ("sensitivity.png", "bpb.png", "loss.png", "diagnostics.png", "basin-d_ff.png"):
         assert (out / fig).stat().st_size > 1000, fig
     assert "](sensitivity.png)" in md and "SHA-256" in md and "Load average" in md and "lmlab sweep" in md
@@ -280,12 +352,22 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path):
 
 
 def test_ladder_plans_every_scale_and_judges_each(byte_data, tmp_path):
-    raw = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "context_length": 32},
-           "axes": {"grid": {"v": [{"label": "A", "activation": "silu", "d_ff": 96},
-                                   {"label": "B", "activation": "swiglu"}]}},
-           "match": {"hold": "non_embedding_params", "solve": "d_ff", "multiple": 2},
-           "scales": [{"label": "small", "d_model": 32}, {"label": "big", "d_model": 64, "n_heads": 4}],
-           "expect": [{"better": "B", "than": "A"}], "seeds": [1, 2], "budget": {"steps": 5}}
+    raw = {
+        "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "context_length": 32},
+        "axes": {
+            "grid": {
+                "v": [
+                    {"label": "A", "activation": "silu", "d_ff": 96},
+                    {"label": "B", "activation": "swiglu"},
+                ]
+            }
+        },
+        "match": {"hold": "non_embedding_params", "solve": "d_ff", "multiple": 2},
+        "scales": [{"label": "small", "d_model": 32}, {"label": "big", "d_model": 64, "n_heads": 4}],
+        "expect": [{"better": "B", "than": "A"}],
+        "seeds": [1, 2],
+        "budget": {"steps": 5},
+    }
     spec = parse_spec(raw)
     plans = plan_runs(spec, byte_data)
     assert len(plans) == 2 * 2 * 2 and {p.scale for p in plans} == {"small", "big"}
@@ -293,9 +375,19 @@ def test_ladder_plans_every_scale_and_judges_each(byte_data, tmp_path):
         a, b = (next(p for p in plans if p.scale == scale and p.variant == v) for v in "AB")
         assert abs(param_counts(b.cfg)["non_embedding"] / param_counts(a.cfg)["non_embedding"] - 1) <= 0.02
     assert next(p for p in plans if p.scale == "big").cfg.d_model == 64
-    rows = [{"run": p.name, "variant": p.variant, "seed": p.seed, "scale": p.scale, "tune": {}, "status": "ok",
-             "val_bpb": 2.5 - (0.05 if p.variant == "B" and p.scale == "big" else 0.0) + 0.001 * p.seed,
-             "non_embedding_params": param_counts(p.cfg)["non_embedding"]} for p in plans]
+    rows = [
+        {
+            "run": p.name,
+            "variant": p.variant,
+            "seed": p.seed,
+            "scale": p.scale,
+            "tune": {},
+            "status": "ok",
+            "val_bpb": 2.5 - (0.05 if p.variant == "B" and p.scale == "big" else 0.0) + 0.001 * p.seed,
+            "non_embedding_params": param_counts(p.cfg)["non_embedding"],
+        }
+        for p in plans
+    ]
     claims = {c["scale"]: c for c in analyze(rows, spec)["claims"]}
     assert claims["big"]["effect"] == pytest.approx(0.05) and claims["small"]["effect"] == pytest.approx(0.0)
     from lmlab.lab import plots
@@ -307,12 +399,36 @@ def test_ladder_plans_every_scale_and_judges_each(byte_data, tmp_path):
 def test_results_csv_reads_back_as_rows(tmp_path):
     from lmlab.lab.report import read_results_csv, write_csv
 
-    rows = [{"sweep": "s", "run": "a-s1", "variant": "1e-3", "seed": 1, "status": "ok", "diverged": False,
-             "val_bpb": 2.5, "steps": 10, "tune": {"lr": 0.001}, "solved": {}, "error": None,
-             "fields": {"n_layers": 2, "activation": "gelu"}},
-            {"sweep": "s", "run": "b-s1", "variant": "b", "seed": 1, "status": "diverged", "diverged": True,
-             "val_bpb": None, "steps": 3, "tune": {"lr": 0.01}, "solved": {"d_ff": 84}, "error": None,
-             "fields": {}}]
+    rows = [
+        {
+            "sweep": "s",
+            "run": "a-s1",
+            "variant": "1e-3",
+            "seed": 1,
+            "status": "ok",
+            "diverged": False,
+            "val_bpb": 2.5,
+            "steps": 10,
+            "tune": {"lr": 0.001},
+            "solved": {},
+            "error": None,
+            "fields": {"n_layers": 2, "activation": "gelu"},
+        },
+        {
+            "sweep": "s",
+            "run": "b-s1",
+            "variant": "b",
+            "seed": 1,
+            "status": "diverged",
+            "diverged": True,
+            "val_bpb": None,
+            "steps": 3,
+            "tune": {"lr": 0.01},
+            "solved": {"d_ff": 84},
+            "error": None,
+            "fields": {},
+        },
+    ]
     back = read_results_csv(write_csv(rows, tmp_path / "r.csv"))
     for r, b in zip(rows, back):
         for k, v in r.items():

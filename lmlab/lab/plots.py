@@ -65,8 +65,9 @@ def _seed_band(vals: list[float], confidence: float) -> tuple[float, float, floa
     return vals[0], vals[0], vals[0]
 
 
-def lr_sensitivity(rows: list[dict], selected: list[dict], tuned: dict, path: Path,
-                   colors: dict) -> Optional[Path]:
+def lr_sensitivity(
+    rows: list[dict], selected: list[dict], tuned: dict, path: Path, colors: dict
+) -> Optional[Path]:
     """Final held-out bits/byte against each tuned field (one panel per field), see the module doc."""
     fields = [f for f, vals in tuned.items() if all(_ok(v) for v in vals)]
     if not fields:
@@ -79,7 +80,9 @@ def lr_sensitivity(rows: list[dict], selected: list[dict], tuned: dict, path: Pa
         for r in rows:
             t = r.get("tune") or {}
             if fld in t:
-                groups.setdefault((r.get("scale"), r["variant"]), {}).setdefault(t[fld], []).append(r.get("val_bpb"))
+                groups.setdefault((r.get("scale"), r["variant"]), {}).setdefault(t[fld], []).append(
+                    r.get("val_bpb")
+                )
         worst = max((v for g in groups.values() for vs in g.values() for v in vs if _ok(v)), default=None)
         for (scale, variant), by_x in groups.items():
             xs = sorted(by_x)
@@ -110,8 +113,9 @@ def lr_sensitivity(rows: list[dict], selected: list[dict], tuned: dict, path: Pa
             ax.set_xscale("log")
         ax.set_xlabel(f"{fld} (tuned)")
         ax.set_ylabel("held-out bits/byte (lower is better)")
-        ax.set_title(f"sensitivity to {fld}: mean over seeds, band min-max, x = diverged, ring = chosen",
-                     fontsize=9)
+        ax.set_title(
+            f"sensitivity to {fld}: mean over seeds, band min-max, x = diverged, ring = chosen", fontsize=9
+        )
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
     return _save(fig, path)
@@ -162,8 +166,10 @@ def ladder(claims: list[dict], sizes: dict, path: Path) -> Optional[Path]:
         cs = sorted(cs, key=lambda c: sizes[c["scale"]])
         xs = [sizes[c["scale"]] for c in cs]
         ys = [c["effect"] for c in cs]
-        err = [[y - (c["lo"] if c["lo"] is not None else y) for y, c in zip(ys, cs)],
-               [(c["hi"] if c["hi"] is not None else y) - y for y, c in zip(ys, cs)]]
+        err = [
+            [y - (c["lo"] if c["lo"] is not None else y) for y, c in zip(ys, cs)],
+            [(c["hi"] if c["hi"] is not None else y) - y for y, c in zip(ys, cs)],
+        ]
         ax.errorbar(xs, ys, yerr=err, fmt="o-", color=f"C{i}", capsize=3, label=text)
         ax.axhline(cs[0]["by"], color=f"C{i}", ls=":", lw=1)
     ax.axhline(0, color="k", lw=0.8)
@@ -217,8 +223,15 @@ def loss_curves(curves: dict, path: Path, colors: dict) -> Optional[Path]:
                 mean.append(statistics.fmean(fin) if fin else math.nan)
                 lo.append(min(fin) if fin else math.nan)
                 hi.append(max(fin) if fin else math.nan)
-            ax.plot(steps, mean, "-" if smooth else "o-", color=col, lw=1.3, ms=3,
-                    label=f"{label} ({len(seeds)} seed{'s' if len(seeds) != 1 else ''})")
+            ax.plot(
+                steps,
+                mean,
+                "-" if smooth else "o-",
+                color=col,
+                lw=1.3,
+                ms=3,
+                label=f"{label} ({len(seeds)} seed{'s' if len(seeds) != 1 else ''})",
+            )
             if len(seeds) > 1:
                 ax.fill_between(steps, lo, hi, color=col, alpha=0.15)
     axes[0].set_ylabel("training loss (nats/token), EMA-smoothed")
@@ -246,21 +259,36 @@ def diagnostics(diag: dict, path: Path, colors: dict) -> Optional[Path]:
             first = gn[0]["grad_norm_layers"]
             axes[0].plot(range(len(first)), first, "o-", color=col, label=f"{label} (step {gn[0]['step']})")
             steps = [r["step"] for r in gn]
-            axes[1].plot(steps, [r["grad_norm_layers"][0] for r in gn], "-", color=col, label=f"{label}: layer 0")
-            axes[1].plot(steps, [r["grad_norm_layers"][-1] for r in gn], "--", color=col,
-                         label=f"{label}: layer {len(first) - 1}")
+            axes[1].plot(
+                steps, [r["grad_norm_layers"][0] for r in gn], "-", color=col, label=f"{label}: layer 0"
+            )
+            axes[1].plot(
+                steps,
+                [r["grad_norm_layers"][-1] for r in gn],
+                "--",
+                color=col,
+                label=f"{label}: layer {len(first) - 1}",
+            )
         al = [r for r in recs if r.get("max_attn_logit")]
         if al:
-            axes[2].plot([r["step"] for r in al], [max(r["max_attn_logit"]) for r in al], "-", color=col, label=label)
+            axes[2].plot(
+                [r["step"] for r in al], [max(r["max_attn_logit"]) for r in al], "-", color=col, label=label
+            )
         lz = [r for r in recs if _ok(r.get("log_z_max"))]
         if lz:
             axes[3].plot([r["step"] for r in lz], [r["log_z_max"] for r in lz], "-", color=col, label=label)
         sp = [r for r in recs if "spikes" in r]
         if sp:
-            axes[4].step([r["step"] for r in sp], [r["spikes"] for r in sp], where="post", color=col, label=label)
-    titles = ("gradient norm per layer at initialisation", "gradient norm of the first/last layer",
-              "largest attention logit (any layer)", "largest output log Z",
-              "loss spikes so far (loss > spike_ratio x its running mean)")
+            axes[4].step(
+                [r["step"] for r in sp], [r["spikes"] for r in sp], where="post", color=col, label=label
+            )
+    titles = (
+        "gradient norm per layer at initialisation",
+        "gradient norm of the first/last layer",
+        "largest attention logit (any layer)",
+        "largest output log Z",
+        "loss spikes so far (loss > spike_ratio x its running mean)",
+    )
     xlabels = ("layer", "step", "step", "step", "step")
     for ax, t, xl in zip(axes, titles, xlabels):
         ax.set_title(t, fontsize=9)
@@ -274,8 +302,12 @@ def diagnostics(diag: dict, path: Path, colors: dict) -> Optional[Path]:
     return _save(fig, path)
 
 
-def bpb_by_variant(groups: list[tuple[str, list[float], Optional[float], Optional[float]]], path: Path,
-                   colors: dict, confidence: float) -> Path:
+def bpb_by_variant(
+    groups: list[tuple[str, list[float], Optional[float], Optional[float]]],
+    path: Path,
+    colors: dict,
+    confidence: float,
+) -> Path:
     """``groups``: (label, per-seed bits/byte, interval lo, hi) in display order (best first)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, max(2.6, 0.45 * len(groups) + 1.4)))
@@ -283,8 +315,15 @@ def bpb_by_variant(groups: list[tuple[str, list[float], Optional[float], Optiona
         y = len(groups) - 1 - i
         col = colors.get(label.split(" @")[0], "k")
         if not vals:
-            ax.text(0.01, y, "  n/a (diverged or failed)", transform=ax.get_yaxis_transform(), va="center",
-                    fontsize=8, color="C3")
+            ax.text(
+                0.01,
+                y,
+                "  n/a (diverged or failed)",
+                transform=ax.get_yaxis_transform(),
+                va="center",
+                fontsize=8,
+                color="C3",
+            )
             continue
         m = statistics.fmean(vals)
         if lo is not None:
@@ -295,8 +334,10 @@ def bpb_by_variant(groups: list[tuple[str, list[float], Optional[float], Optiona
     ax.set_yticks(range(len(groups)))
     ax.set_yticklabels([g[0] for g in reversed(groups)], fontsize=8)
     ax.set_xlabel("held-out bits/byte (full validation split; lower is better)")
-    ax.set_title(f"mean over seeds, bar: {100 * confidence:g}% t-interval of the mean (>= 2 seeds), dots: seeds",
-                 fontsize=9)
+    ax.set_title(
+        f"mean over seeds, bar: {100 * confidence:g}% t-interval of the mean (>= 2 seeds), dots: seeds",
+        fontsize=9,
+    )
     ax.grid(alpha=0.3, axis="x")
     return _save(fig, path)
 
@@ -307,8 +348,10 @@ def forest(claims: list[dict], path: Path) -> Optional[Path]:
     claims = [c for c in claims if c.get("effect") is not None]
     if not claims:
         return None
-    panels = [("absolute", [c for c in claims if not c.get("relative")]),
-              ("relative", [c for c in claims if c.get("relative")])]
+    panels = [
+        ("absolute", [c for c in claims if not c.get("relative")]),
+        ("relative", [c for c in claims if c.get("relative")]),
+    ]
     panels = [p for p in panels if p[1]]
     plt = _plt()
     n = max(len(p[1]) for p in panels)
@@ -321,15 +364,22 @@ def forest(claims: list[dict], path: Path) -> Optional[Path]:
             e = c["effect"] * k
             lo = c["lo"] * k if c.get("lo") is not None else e
             hi = c["hi"] * k if c.get("hi") is not None else e
-            ax.errorbar([e], [y], xerr=[[e - lo], [hi - e]], fmt="o", color=color.get(c["verdict"], "k"), capsize=3)
+            ax.errorbar(
+                [e], [y], xerr=[[e - lo], [hi - e]], fmt="o", color=color.get(c["verdict"], "k"), capsize=3
+            )
             if c["kind"] == "equal":
                 ax.plot([-c["by"] * k, c["by"] * k], [y, y], "|", color="k", ms=12)
             else:
                 ax.plot([c["by"] * k], [y], "|", color="k", ms=12)
         ax.axvline(0, color="k", lw=0.8)
         ax.set_yticks(range(len(cs)))
-        ax.set_yticklabels([f"{c['spec']}: {c['text']}"[:70] + (f" @{c['scale']}" if c.get("scale") else "")
-                            for c in reversed(cs)], fontsize=7)
+        ax.set_yticklabels(
+            [
+                f"{c['spec']}: {c['text']}"[:70] + (f" @{c['scale']}" if c.get("scale") else "")
+                for c in reversed(cs)
+            ],
+            fontsize=7,
+        )
         ax.set_xlabel("effect as claimed (%)" if kind == "relative" else "effect as claimed (bits/byte)")
         ax.grid(alpha=0.3, axis="x")
         ax.set_title("green agrees, red disagrees, grey inconclusive; | threshold", fontsize=9)

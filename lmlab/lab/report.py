@@ -40,11 +40,38 @@ from lmlab.lab.verdicts import analyze, tune_key
 VERDICTS_FILE = "verdicts.json"
 REPORT_MARKS = ("# Ablation:", "# Ablation index")
 
-COLUMNS = ("sweep", "run", "variant", "seed", "status", "diverged", "val_bpb", "val_loss", "final_train_loss",
-           "first_train_loss", "params", "non_embedding_params", "steps", "max_steps", "tokens", "flops",
-           "flops_per_token", "wall_s", "tokens_per_s", "step_ms", "spikes", "skipped_steps", "stopped_early",
-           "kv_bytes_per_token", "kv_bytes_context", "decode_tokens_per_s", "prefill_tokens_per_s",
-           "val_tokens", "val_bytes", "error")
+COLUMNS = (
+    "sweep",
+    "run",
+    "variant",
+    "seed",
+    "status",
+    "diverged",
+    "val_bpb",
+    "val_loss",
+    "final_train_loss",
+    "first_train_loss",
+    "params",
+    "non_embedding_params",
+    "steps",
+    "max_steps",
+    "tokens",
+    "flops",
+    "flops_per_token",
+    "wall_s",
+    "tokens_per_s",
+    "step_ms",
+    "spikes",
+    "skipped_steps",
+    "stopped_early",
+    "kv_bytes_per_token",
+    "kv_bytes_context",
+    "decode_tokens_per_s",
+    "prefill_tokens_per_s",
+    "val_tokens",
+    "val_bytes",
+    "error",
+)
 
 
 def _ok(x: Any) -> bool:
@@ -70,9 +97,13 @@ def aggregate(rows: list[dict]) -> list[dict]:
     ctxs = extra_contexts(rows)
     out = []
     for variant, g in groups.items():
-        a: dict = {"variant": variant, "runs": len(g), "seeds": [r["seed"] for r in g],
-                   "diverged": sum(1 for r in g if r.get("diverged")),
-                   "failed": sum(1 for r in g if r.get("status") == "failed")}
+        a: dict = {
+            "variant": variant,
+            "runs": len(g),
+            "seeds": [r["seed"] for r in g],
+            "diverged": sum(1 for r in g if r.get("diverged")),
+            "failed": sum(1 for r in g if r.get("status") == "failed"),
+        }
         for key in ("val_bpb", "val_loss", *(f"val_bpb_{c}" for c in ctxs)):
             vals = [r.get(key) for r in g if _ok(r.get(key))]
             a[key] = sum(vals) / len(vals) if vals else None
@@ -80,9 +111,23 @@ def aggregate(rows: list[dict]) -> list[dict]:
             a[f"{key}_max"] = max(vals) if vals else None
             a[f"{key}_std"] = statistics.stdev(vals) if len(vals) > 1 else (0.0 if vals else None)
             a[f"{key}_all"] = vals
-        for key in ("final_train_loss", "tokens_per_s", "step_ms", "steps", "tokens", "flops", "wall_s", "spikes",
-                    "decode_tokens_per_s", "params", "non_embedding_params", "kv_bytes_per_token", "kv_bytes_context",
-                    "max_attn_logit", "log_z_max"):
+        for key in (
+            "final_train_loss",
+            "tokens_per_s",
+            "step_ms",
+            "steps",
+            "tokens",
+            "flops",
+            "wall_s",
+            "spikes",
+            "decode_tokens_per_s",
+            "params",
+            "non_embedding_params",
+            "kv_bytes_per_token",
+            "kv_bytes_context",
+            "max_attn_logit",
+            "log_z_max",
+        ):
             vals = [r.get(key) for r in g if _ok(r.get(key))]
             a[key] = sum(vals) / len(vals) if vals else None
             a[f"{key}_min"] = min(vals) if vals else None
@@ -201,13 +246,17 @@ def _setup_lines(spec_raw: dict, rows: list[dict], sweep_dir: Path) -> list[str]
             continue
     if run:
         m, t = run["model"], run["train"]
-        lines.append(f"- **Model** (run `{first}`; the other variants change the fields their labels name): d_model {m['d_model']}, {m['n_layers']} layer{'s' if m['n_layers'] != 1 else ''}, "
-                     f"{m['n_heads']} heads ({m['n_kv_heads']} KV), d_ff {m['d_ff']} ({m['activation']}), "
-                     f"{m['norm_type']} {m['norm_position']}-norm, {m['position']} positions, context "
-                     f"{m['context_length']}, vocabulary {m['vocab_size']}.")
-        lines.append(f"- **Training**: batch {t['batch_size']} x {m['context_length']} tokens, AdamW lr {t['lr']:g} "
-                     f"({t['schedule']}, {t['warmup_steps']} warmup steps), weight decay {t['weight_decay']:g}, "
-                     f"grad clip {t['grad_clip']:g}, dtype {t['dtype']}.")
+        lines.append(
+            f"- **Model** (run `{first}`; the other variants change the fields their labels name): d_model {m['d_model']}, {m['n_layers']} layer{'s' if m['n_layers'] != 1 else ''}, "
+            f"{m['n_heads']} heads ({m['n_kv_heads']} KV), d_ff {m['d_ff']} ({m['activation']}), "
+            f"{m['norm_type']} {m['norm_position']}-norm, {m['position']} positions, context "
+            f"{m['context_length']}, vocabulary {m['vocab_size']}."
+        )
+        lines.append(
+            f"- **Training**: batch {t['batch_size']} x {m['context_length']} tokens, AdamW lr {t['lr']:g} "
+            f"({t['schedule']}, {t['warmup_steps']} warmup steps), weight decay {t['weight_decay']:g}, "
+            f"grad clip {t['grad_clip']:g}, dtype {t['dtype']}."
+        )
         data = str(run.get("data"))
         try:  # a path inside the working directory is shown relative to it
             data = str(Path(data).relative_to(Path.cwd()))
@@ -222,7 +271,6 @@ def _setup_lines(spec_raw: dict, rows: list[dict], sweep_dir: Path) -> list[str]
     if spec_raw.get("notes"):
         lines.append(f"- **Notes**: {str(spec_raw['notes']).strip()}")
     return lines
-
 
 
 def _ci(lo: Any, hi: Any, digits: int = 4, k: float = 1.0) -> str:
@@ -244,13 +292,20 @@ def _expected(c: dict) -> str:
     amount = f"{100 * c['by']:g}%" if c.get("relative") else f"{c['by']:g}"
     if c["kind"] == "equal":
         return f"\\|{_md_escape(c['a'])} - {_md_escape(c['b'])}\\| < {amount}"
-    return f"{_md_escape(c['a'])} lower than {_md_escape(c['b'])} by > {amount}" if c["by"] else \
-        f"{_md_escape(c['a'])} lower than {_md_escape(c['b'])}"
+    return (
+        f"{_md_escape(c['a'])} lower than {_md_escape(c['b'])} by > {amount}"
+        if c["by"]
+        else f"{_md_escape(c['a'])} lower than {_md_escape(c['b'])}"
+    )
 
 
 def _unit(metric: str) -> str:
-    return {"val_bpb": "bits/byte", "final_train_loss": "nats/token", "step_time": "step time",
-            "decode_time": "decode step time"}.get(metric, "bits/byte" if metric.startswith("val_bpb") else metric)
+    return {
+        "val_bpb": "bits/byte",
+        "final_train_loss": "nats/token",
+        "step_time": "step time",
+        "decode_time": "decode step time",
+    }.get(metric, "bits/byte" if metric.startswith("val_bpb") else metric)
 
 
 def _json_safe(x: Any) -> Any:
@@ -268,13 +323,26 @@ def _label(scale: Optional[str], variant: str) -> str:
 
 
 def verdict_lines(claims: list[dict], show_scale: bool) -> list[str]:
-    head = ["claim"] + (["scale"] if show_scale else []) + ["metric", "expected", "measured effect [interval]",
-                                                            "seeds", "method", "verdict", "note"]
+    head = (
+        ["claim"]
+        + (["scale"] if show_scale else [])
+        + ["metric", "expected", "measured effect [interval]", "seeds", "method", "verdict", "note"]
+    )
     L = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     for c in claims:
-        cells = [_md_escape(c["text"])] + ([str(c.get("scale") or "")] if show_scale else []) + \
-                [_unit(c["metric"]), _expected(c), _effect(c), str(c.get("n", "")), c.get("method", ""),
-                 f"**{c['verdict']}**", _md_escape(c.get("note") or "")]
+        cells = (
+            [_md_escape(c["text"])]
+            + ([str(c.get("scale") or "")] if show_scale else [])
+            + [
+                _unit(c["metric"]),
+                _expected(c),
+                _effect(c),
+                str(c.get("n", "")),
+                c.get("method", ""),
+                f"**{c['verdict']}**",
+                _md_escape(c.get("note") or ""),
+            ]
+        )
         L.append("| " + " | ".join(cells) + " |")
     return L
 
@@ -283,28 +351,52 @@ def _provenance_lines(sweep_dir: Path, rows: list[dict]) -> list[str]:
     L = []
     recs = read_jsonl(sweep_dir / PROVENANCE_FILE)
     if recs:
-        versions = sorted({f"lmlab {r.get('lmlab_version')}" + (f" (git {r['git_commit'][:12]}"
-                                                                  f"{'+dirty' if r['git_commit'].endswith('+dirty') else ''})"
-                                                                  if r.get("git_commit") else "") for r in recs})
+        versions = sorted(
+            {
+                f"lmlab {r.get('lmlab_version')}"
+                + (
+                    f" (git {r['git_commit'][:12]}"
+                    f"{'+dirty' if r['git_commit'].endswith('+dirty') else ''})"
+                    if r.get("git_commit")
+                    else ""
+                )
+                for r in recs
+            }
+        )
         L.append(f"- **Code**: {'; '.join(versions)}.")
         hashes = sorted({r.get("spec_sha256", "")[:16] for r in recs})
-        L.append(f"- **Spec**: `{recs[-1].get('spec') or 'given inline'}`, SHA-256 {', '.join(hashes)}"
-                 + (" (the spec changed between invocations)" if len(hashes) > 1 else "") + ".")
+        L.append(
+            f"- **Spec**: `{recs[-1].get('spec') or 'given inline'}`, SHA-256 {', '.join(hashes)}"
+            + (" (the spec changed between invocations)" if len(hashes) > 1 else "")
+            + "."
+        )
         cmds = list(dict.fromkeys(r.get("command", "") for r in recs))
-        L.append("- **Commands**: " + "; ".join(f"`{c}`" for c in cmds) + f" ({len(recs)} invocation"
-                 f"{'s' if len(recs) != 1 else ''}, from {recs[0].get('started_at')}).")
+        L.append(
+            "- **Commands**: " + "; ".join(f"`{c}`" for c in cmds) + f" ({len(recs)} invocation"
+            f"{'s' if len(recs) != 1 else ''}, from {recs[0].get('started_at')})."
+        )
     stamps = sorted(r["finished_at"] for r in rows if r.get("finished_at"))
     machines = sorted({r["machine"] for r in rows if r.get("machine")})
     if stamps:
-        L.append(f"- **Executed** {stamps[0]}" + (f" to {stamps[-1]}" if stamps[-1] != stamps[0] else "")
-                 + (f" on {'; '.join(machines)}" if machines else "") + ".")
+        L.append(
+            f"- **Executed** {stamps[0]}"
+            + (f" to {stamps[-1]}" if stamps[-1] != stamps[0] else "")
+            + (f" on {'; '.join(machines)}" if machines else "")
+            + "."
+        )
     else:  # results written before lmlab recorded the time and machine of each run
-        when = datetime.datetime.fromtimestamp((sweep_dir / RESULTS_FILE).stat().st_mtime, datetime.timezone.utc)
-        L.append(f"- Results file last written {when:%Y-%m-%d %H:%M} UTC (its rows carry no time or machine).")
+        when = datetime.datetime.fromtimestamp(
+            (sweep_dir / RESULTS_FILE).stat().st_mtime, datetime.timezone.utc
+        )
+        L.append(
+            f"- Results file last written {when:%Y-%m-%d %H:%M} UTC (its rows carry no time or machine)."
+        )
     load = [r["load_1m"] for r in read_jsonl(sweep_dir / LOAD_FILE) if _ok(r.get("load_1m"))]
     if load:
-        L.append(f"- **Load average** (1 min, sampled every 15 s while the sweep ran): median "
-                 f"{statistics.median(load):.2f}, max {max(load):.2f}, over {len(load)} samples.")
+        L.append(
+            f"- **Load average** (1 min, sampled every 15 s while the sweep ran): median "
+            f"{statistics.median(load):.2f}, max {max(load):.2f}, over {len(load)} samples."
+        )
     return L
 
 
@@ -335,7 +427,9 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     sweep_dir = Path(sweep_dir)
     rows = read_results(sweep_dir)
     if not rows:
-        raise ValueError(f"{str(sweep_dir)!r} has no {RESULTS_FILE} rows; run `lmlab sweep SPEC --out {sweep_dir}` first")
+        raise ValueError(
+            f"{str(sweep_dir)!r} has no {RESULTS_FILE} rows; run `lmlab sweep SPEC --out {sweep_dir}` first"
+        )
     out = _check_out(Path(out) if out else sweep_dir / "report.md")
     # report.md, or a report beside its sweep: plain names (loss.png, ...); NAME.md elsewhere: NAME-loss.png, ...
     prefix = "" if (out.parent.resolve() == sweep_dir.resolve() or out.stem == "report") else f"{out.stem}-"
@@ -359,11 +453,19 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     res["claim"] = str(spec_raw.get("claim") or "").strip()
     planned = None
     if spec:
-        planned = len(spec.variants) * len(spec.seeds) * max(1, len(spec.scales)) * \
-            math.prod(len(v) for v in spec.tune.values())
+        planned = (
+            len(spec.variants)
+            * len(spec.seeds)
+            * max(1, len(spec.scales))
+            * math.prod(len(v) for v in spec.tune.values())
+        )
     selected = {(s["scale"], s["variant"]): s for s in res["selected"]}
-    chosen = [r for r in rows if (r.get("scale"), r["variant"]) in selected
-              and tune_key(r) == selected[(r.get("scale"), r["variant"])]["key"]]
+    chosen = [
+        r
+        for r in rows
+        if (r.get("scale"), r["variant"]) in selected
+        and tune_key(r) == selected[(r.get("scale"), r["variant"])]["key"]
+    ]
     labelled = [{**r, "variant": _label(r.get("scale"), r["variant"])} for r in chosen]
     aggs = aggregate(labelled)
     order = sorted(aggs, key=sort_key)
@@ -376,18 +478,36 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     csv_path = write_csv(rows, out.parent / f"{prefix}results.csv")
     figs: list[tuple[str, Optional[Path], str]] = []
     if spec and spec.tune:
-        figs.append(("Learning-rate (tuning) sensitivity", plots.lr_sensitivity(
-            rows, res["selected"], spec.tune, out.parent / f"{prefix}sensitivity.png", colors),
-            "Final held-out bits/byte at each tuned value: a variant whose best value sits at the end of the "
-            "grid may do better outside it; a narrow basin means a fragile variant (Wortsman et al. 2023)."))
+        figs.append(
+            (
+                "Learning-rate (tuning) sensitivity",
+                plots.lr_sensitivity(
+                    rows, res["selected"], spec.tune, out.parent / f"{prefix}sensitivity.png", colors
+                ),
+                "Final held-out bits/byte at each tuned value: a variant whose best value sits at the end of the "
+                "grid may do better outside it; a narrow basin means a fragile variant (Wortsman et al. 2023).",
+            )
+        )
     for fld, pts in _numeric_axes(chosen, res["baseline"]).items():
         name = fld.replace("/", "-per-")
-        figs.append((f"Basin: {fld}", plots.basin(pts, fld, out.parent / f"{prefix}basin-{name}.png", conf, colors),
-                     ""))
-    sizes = {c["scale"]: c.get("non_embedding_params") for c in res["controls"] if c["variant"] == res["baseline"]}
+        figs.append(
+            (
+                f"Basin: {fld}",
+                plots.basin(pts, fld, out.parent / f"{prefix}basin-{name}.png", conf, colors),
+                "",
+            )
+        )
+    sizes = {
+        c["scale"]: c.get("non_embedding_params") for c in res["controls"] if c["variant"] == res["baseline"]
+    }
     if spec and spec.scales:
-        figs.append(("Ladder: the effect against model size",
-                     plots.ladder(res["claims"], sizes, out.parent / f"{prefix}ladder.png"), ""))
+        figs.append(
+            (
+                "Ladder: the effect against model size",
+                plots.ladder(res["claims"], sizes, out.parent / f"{prefix}ladder.png"),
+                "",
+            )
+        )
     groups = []
     for a in order:
         vals = a["val_bpb_all"]
@@ -398,28 +518,53 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
             ti = t_interval(vals, conf)
             lo, hi = ti["lo"], ti["hi"]
         groups.append((a["variant"], vals, lo, hi))
-    figs.append(("Held-out bits-per-byte", plots.bpb_by_variant(groups, out.parent / f"{prefix}bpb.png", colors,
-                                                                 conf), ""))
+    figs.append(
+        (
+            "Held-out bits-per-byte",
+            plots.bpb_by_variant(groups, out.parent / f"{prefix}bpb.png", colors, conf),
+            "",
+        )
+    )
     curves, diag = {}, {}
     for r in chosen:
         lab = _label(r.get("scale"), r["variant"])
         recs = read_jsonl(sweep_dir / "runs" / r["run"] / "metrics.jsonl")
-        bpt = (r["val_tokens"] / r["val_bytes"] / math.log(2)) if _ok(r.get("val_tokens")) and r.get("val_bytes") \
+        bpt = (
+            (r["val_tokens"] / r["val_bytes"] / math.log(2))
+            if _ok(r.get("val_tokens")) and r.get("val_bytes")
             else None
+        )
         c = curves.setdefault(lab, {"train": [], "val_bpb": []})
-        c["train"].append({x["step"]: x["loss"] for x in recs if "loss" in x and "tokens" in x and not x.get("skipped")})
+        c["train"].append(
+            {x["step"]: x["loss"] for x in recs if "loss" in x and "tokens" in x and not x.get("skipped")}
+        )
         if bpt:
             c["val_bpb"].append({x["step"]: x["val_loss"] * bpt for x in recs if _ok(x.get("val_loss"))})
         if any("max_attn_logit" in x or "grad_norm_layers" in x for x in recs) and lab not in diag:
             diag[lab] = [x for x in recs if "step" in x]
-    figs.append(("Loss curves", plots.loss_curves(curves, out.parent / f"{prefix}loss.png", colors),
-                 "Validation bits/byte here are the periodic sampled estimates converted with the full split's "
-                 "bytes per token; the headline figures are the full split."))
+    figs.append(
+        (
+            "Loss curves",
+            plots.loss_curves(curves, out.parent / f"{prefix}loss.png", colors),
+            "Validation bits/byte here are the periodic sampled estimates converted with the full split's "
+            "bytes per token; the headline figures are the full split.",
+        )
+    )
     if diag:
-        figs.append(("Diagnostics", plots.diagnostics(diag, out.parent / f"{prefix}diagnostics.png", colors),
-                     "One seed per variant (the first), at the chosen tuned values."))
-    figs.append(("Training throughput (information only)", _throughput_plot(order, out.parent /
-                                                                           f"{prefix}throughput.png", colors), ""))
+        figs.append(
+            (
+                "Diagnostics",
+                plots.diagnostics(diag, out.parent / f"{prefix}diagnostics.png", colors),
+                "One seed per variant (the first), at the chosen tuned values.",
+            )
+        )
+    figs.append(
+        (
+            "Training throughput (information only)",
+            _throughput_plot(order, out.parent / f"{prefix}throughput.png", colors),
+            "",
+        )
+    )
 
     L = [f"# Ablation: {name}", ""]
     if res["claim"]:
@@ -429,34 +574,53 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     if res["claims"]:
         L += verdict_lines(res["claims"], bool(spec and spec.scales))
         L.append("")
-        L.append(f"How to read: the effect is measured in the direction the claim states (positive = as claimed; "
-                 f"for 'equal' the signed difference); the interval is {100 * conf:g}% (Student t over paired "
-                 f"seeds, or the pooled per-run noise when a variant has one seed). A claim **agrees** when the "
-                 f"whole interval clears the smallest effect that counts, **disagrees** when it lies wholly on "
-                 f"the other side, and is **inconclusive** when it contains it (more seeds narrow it).")
+        L.append(
+            f"How to read: the effect is measured in the direction the claim states (positive = as claimed; "
+            f"for 'equal' the signed difference); the interval is {100 * conf:g}% (Student t over paired "
+            f"seeds, or the pooled per-run noise when a variant has one seed). A claim **agrees** when the "
+            f"whole interval clears the smallest effect that counts, **disagrees** when it lies wholly on "
+            f"the other side, and is **inconclusive** when it contains it (more seeds narrow it)."
+        )
     else:
-        L.append("The spec states no expectations (`expect:`), so this page gives differences and intervals "
-                 "but no verdict.")
+        L.append(
+            "The spec states no expectations (`expect:`), so this page gives differences and intervals "
+            "but no verdict."
+        )
     pooled = res["pooled"]
     L.append("")
-    L.append(f"Per-run noise of held-out bits/byte in this sweep (pooled over {pooled[1]} degree(s) of freedom): "
-             f"{pooled[0]:.4f}." if pooled else "No cell ran two seeds, so this sweep has no noise estimate.")
+    L.append(
+        f"Per-run noise of held-out bits/byte in this sweep (pooled over {pooled[1]} degree(s) of freedom): "
+        f"{pooled[0]:.4f}."
+        if pooled
+        else "No cell ran two seeds, so this sweep has no noise estimate."
+    )
     L.append("")
     L.append(f"## Against the baseline ({_md_escape(res['baseline'])})")
     L.append("")
-    L.append("Held-out bits/byte, variant minus baseline (negative = the variant is better), paired by seed "
-             f"(same seed = same batches), {100 * conf:g}% interval.")
+    L.append(
+        "Held-out bits/byte, variant minus baseline (negative = the variant is better), paired by seed "
+        f"(same seed = same batches), {100 * conf:g}% interval."
+    )
     L.append("")
     head = ["variant", "tuned", "val bpb", "baseline bpb", "difference [interval]", "seeds", "method"]
     L += ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     for c in res["comparisons"]:
         tuned = selected[(c["scale"], c["variant"])]["tune"]
-        L.append("| " + " | ".join([
-            _md_escape(_label(c["scale"], c["variant"])), ", ".join(f"{k}={v:g}" if _ok(v) else f"{k}={v}"
-                                                                   for k, v in tuned.items()),
-            _num(c["variant_mean"]), _num(c["baseline_mean"]),
-            (f"{c['mean']:+.4f} {_ci(c['lo'], c['hi'])}" if _ok(c["mean"]) else "n/a"), str(c["n"]),
-            c["method"] + (f"; {c['failed']} diverged/failed" if c["failed"] else "")]) + " |")
+        L.append(
+            "| "
+            + " | ".join(
+                [
+                    _md_escape(_label(c["scale"], c["variant"])),
+                    ", ".join(f"{k}={v:g}" if _ok(v) else f"{k}={v}" for k, v in tuned.items()),
+                    _num(c["variant_mean"]),
+                    _num(c["baseline_mean"]),
+                    (f"{c['mean']:+.4f} {_ci(c['lo'], c['hi'])}" if _ok(c["mean"]) else "n/a"),
+                    str(c["n"]),
+                    c["method"] + (f"; {c['failed']} diverged/failed" if c["failed"] else ""),
+                ]
+            )
+            + " |"
+        )
     L.append("")
     L.append("## Setup and provenance")
     L.append("")
@@ -464,9 +628,13 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     diverged = sum(1 for r in rows if r.get("diverged"))
     failed = sum(1 for r in rows if r.get("status") == "failed")
     wall = sum(r.get("wall_s") or 0 for r in rows)
-    L.append(f"{recorded} run(s) recorded" + (f" of {planned} planned" if planned else "")
-             + f" ({len(selected)} variant(s) x scale); {diverged} diverged, {failed} failed; "
-             + (f"{wall / 60:.1f} min" if wall >= 60 else f"{wall:.1f} s") + " of training wall time in all.")
+    L.append(
+        f"{recorded} run(s) recorded"
+        + (f" of {planned} planned" if planned else "")
+        + f" ({len(selected)} variant(s) x scale); {diverged} diverged, {failed} failed; "
+        + (f"{wall / 60:.1f} min" if wall >= 60 else f"{wall:.1f} s")
+        + " of training wall time in all."
+    )
     L.append("")
     L += _provenance_lines(sweep_dir, rows)
     L += _setup_lines(spec_raw, rows, sweep_dir)
@@ -491,11 +659,15 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
 
 def _check_out(out: Path) -> Path:
     if out.is_dir() or out.suffix.lower() != ".md":
-        raise ValueError(f"--out {str(out)!r} must be a markdown file path ending in .md (its plots and CSV go "
-                         f"beside it)")
+        raise ValueError(
+            f"--out {str(out)!r} must be a markdown file path ending in .md (its plots and CSV go "
+            f"beside it)"
+        )
     if out.exists() and not out.read_text(errors="replace").startswith(REPORT_MARKS):
-        raise ValueError(f"--out {str(out)!r} exists and is not an lmlab report; choose another file (nothing was "
-                         f"written)")
+        raise ValueError(
+            f"--out {str(out)!r} exists and is not an lmlab report; choose another file (nothing was "
+            f"written)"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -506,11 +678,16 @@ def _check_own_data(paths: list[Path]) -> None:
         if not path.exists():
             continue
         head = path.read_bytes()[:64] if path.is_file() else b""
-        ours = head.startswith(b"sweep,run,") or head.startswith(b"run,") if path.suffix == ".csv" else \
-            head.startswith(b'{\n "confidence"')
+        ours = (
+            head.startswith(b"sweep,run,") or head.startswith(b"run,")
+            if path.suffix == ".csv"
+            else head.startswith(b'{\n "confidence"')
+        )
         if not ours:
-            raise ValueError(f"--out {str(path.parent)!r} already holds {path.name}, which lmlab report did not "
-                             f"write; choose another folder (nothing was written)")
+            raise ValueError(
+                f"--out {str(path.parent)!r} already holds {path.name}, which lmlab report did not "
+                f"write; choose another folder (nothing was written)"
+            )
 
 
 def _throughput_plot(order: list[dict], path: Path, colors: dict) -> Path:
@@ -518,9 +695,13 @@ def _throughput_plot(order: list[dict], path: Path, colors: dict) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, max(2.6, 0.45 * len(order) + 1.4)))
     ys = list(range(len(order)))[::-1]
     vals = [a.get("tokens_per_s") or 0.0 for a in order]
-    err = [[v - (a.get("tokens_per_s_min") or v) for v, a in zip(vals, order)],
-           [(a.get("tokens_per_s_max") or v) - v for v, a in zip(vals, order)]]
-    ax.barh(ys, vals, xerr=err, color=[colors.get(a["variant"].split(" @")[0], "C0") for a in order], capsize=3)
+    err = [
+        [v - (a.get("tokens_per_s_min") or v) for v, a in zip(vals, order)],
+        [(a.get("tokens_per_s_max") or v) - v for v, a in zip(vals, order)],
+    ]
+    ax.barh(
+        ys, vals, xerr=err, color=[colors.get(a["variant"].split(" @")[0], "C0") for a in order], capsize=3
+    )
     ax.set_yticks(ys)
     ax.set_yticklabels([a["variant"] for a in order], fontsize=8)
     ax.set_xlabel("training tokens/s (median over logged steps; bar: min-max over seeds)")
@@ -534,22 +715,37 @@ def _controls_lines(res: dict, spec) -> list[str]:
     hold = res.get("hold")
     if hold:
         solve = f" by solving `{spec.match.solve}`" if spec and spec.match and spec.match.solve else ""
-        L.append(f"Held fixed: **{hold}**{solve} (every variant within {100 * (res.get('tolerance') or 0.02):g}% "
-                 f"of the target). Other quantities more than 5% off the baseline and not declared in `varies:` "
-                 f"are flagged.")
+        L.append(
+            f"Held fixed: **{hold}**{solve} (every variant within {100 * (res.get('tolerance') or 0.02):g}% "
+            f"of the target). Other quantities more than 5% off the baseline and not declared in `varies:` "
+            f"are flagged."
+        )
     else:
-        L.append("The spec holds nothing fixed by construction (`match:`); quantities more than 5% off the baseline "
-                 "and not declared in `varies:` are flagged.")
+        L.append(
+            "The spec holds nothing fixed by construction (`match:`); quantities more than 5% off the baseline "
+            "and not declared in `varies:` are flagged."
+        )
     L.append("")
     head = ["variant", "params", "non-emb", "FLOPs/token", "tokens", "steps", "solved", "flags"]
     L += ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     for c in res["controls"]:
         flags = ", ".join(f"{q} {100 * r:+.0f}%" for q, r in c["flags"])
-        L.append("| " + " | ".join([
-            _md_escape(_label(c["scale"], c["variant"])), _count(c.get("params")), _count(c.get("non_embedding_params")),
-            _count(c.get("flops_per_token")), _count(c.get("tokens")), _num(c.get("steps"), 0),
-            ", ".join(f"{k}={v}" for k, v in (c.get("solved") or {}).items()),
-            f"**{flags}**" if flags else ""]) + " |")
+        L.append(
+            "| "
+            + " | ".join(
+                [
+                    _md_escape(_label(c["scale"], c["variant"])),
+                    _count(c.get("params")),
+                    _count(c.get("non_embedding_params")),
+                    _count(c.get("flops_per_token")),
+                    _count(c.get("tokens")),
+                    _num(c.get("steps"), 0),
+                    ", ".join(f"{k}={v}" for k, v in (c.get("solved") or {}).items()),
+                    f"**{flags}**" if flags else "",
+                ]
+            )
+            + " |"
+        )
     L.append("")
     return L
 
@@ -557,19 +753,41 @@ def _controls_lines(res: dict, spec) -> list[str]:
 def _tuning_lines(res: dict, spec) -> list[str]:
     if not spec or not spec.tune:
         return []
-    L = ["## Tuned values", "", "Each variant's runs at its best tuned value (lowest mean held-out bits/byte over "
-         "seeds; a diverged seed counts as the worst) enter the comparisons.", ""]
+    L = [
+        "## Tuned values",
+        "",
+        "Each variant's runs at its best tuned value (lowest mean held-out bits/byte over "
+        "seeds; a diverged seed counts as the worst) enter the comparisons.",
+        "",
+    ]
     head = ["variant", "chosen", "mean bpb at each value", "flag"]
     L += ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     for s in res["selected"]:
-        grid = "; ".join(", ".join(f"{k}={v:g}" if _ok(v) else f"{k}={v}" for k, v in g["tune"].items()) + ": "
-                         + ("diverged" if g["failed"] else _num(g["mean"])) for g in s["grid"])
-        flag = ("**at the edge of the grid for " + ", ".join(s["edge"]) + ": extend the grid**") if s["edge"] else ""
+        grid = "; ".join(
+            ", ".join(f"{k}={v:g}" if _ok(v) else f"{k}={v}" for k, v in g["tune"].items())
+            + ": "
+            + ("diverged" if g["failed"] else _num(g["mean"]))
+            for g in s["grid"]
+        )
+        flag = (
+            ("**at the edge of the grid for " + ", ".join(s["edge"]) + ": extend the grid**")
+            if s["edge"]
+            else ""
+        )
         if s.get("all_failed"):
             flag = "**every value diverged or failed**"
-        L.append("| " + " | ".join([_md_escape(_label(s["scale"], s["variant"])),
-                                    ", ".join(f"{k}={v:g}" if _ok(v) else f"{k}={v}" for k, v in s["tune"].items()),
-                                    grid, flag]) + " |")
+        L.append(
+            "| "
+            + " | ".join(
+                [
+                    _md_escape(_label(s["scale"], s["variant"])),
+                    ", ".join(f"{k}={v:g}" if _ok(v) else f"{k}={v}" for k, v in s["tune"].items()),
+                    grid,
+                    flag,
+                ]
+            )
+            + " |"
+        )
     L.append("")
     return L
 
@@ -579,30 +797,51 @@ def _timing_lines(res: dict, timing: Optional[dict]) -> list[str]:
         return []
     scales = (timing or {}).get("scales") or {}
     any_block = next(iter(scales.values()), {})
-    L = ["## Timing block", "",
-         f"Untrained models, {any_block.get('rounds')} interleaved rounds (order rotated each round) of "
-         f"{any_block.get('steps')} training steps (forward + backward + AdamW) at batch {any_block.get('batch')}, "
-         f"{any_block.get('threads')} thread(s), {any_block.get('dtype')}, on {(timing or {}).get('machine')}; "
-         f"1-min load average {' -> '.join(_num(x, 2) for x in any_block.get('load_avg') or [])} (before -> after). Ratio = variant / baseline in the same "
-         f"round; median, {100 * res['confidence']:g}% sign-test interval, interquartile range.", ""]
+    L = [
+        "## Timing block",
+        "",
+        f"Untrained models, {any_block.get('rounds')} interleaved rounds (order rotated each round) of "
+        f"{any_block.get('steps')} training steps (forward + backward + AdamW) at batch {any_block.get('batch')}, "
+        f"{any_block.get('threads')} thread(s), {any_block.get('dtype')}, on {(timing or {}).get('machine')}; "
+        f"1-min load average {' -> '.join(_num(x, 2) for x in any_block.get('load_avg') or [])} (before -> after). Ratio = variant / baseline in the same "
+        f"round; median, {100 * res['confidence']:g}% sign-test interval, interquartile range.",
+        "",
+    ]
     head = ["variant", "kind", "ms", "ratio to baseline", "interval", "IQR", "rounds"]
     L += ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     for t in res["timing"]:
-        L.append("| " + " | ".join([
-            _md_escape(_label(t["scale"], t["variant"])), "train step" if t["kind"] == "step_s" else "decode step",
-            f"{1e3 * t['seconds']:.2f}", f"{t['median']:.3f}",
-            f"[{t['lo']:.3f}, {t['hi']:.3f}]" if _ok(t.get("lo")) else "n/a", f"{t['q1']:.3f}-{t['q3']:.3f}",
-            str(t["n"])]) + " |")
+        L.append(
+            "| "
+            + " | ".join(
+                [
+                    _md_escape(_label(t["scale"], t["variant"])),
+                    "train step" if t["kind"] == "step_s" else "decode step",
+                    f"{1e3 * t['seconds']:.2f}",
+                    f"{t['median']:.3f}",
+                    f"[{t['lo']:.3f}, {t['hi']:.3f}]" if _ok(t.get("lo")) else "n/a",
+                    f"{t['q1']:.3f}-{t['q3']:.3f}",
+                    str(t["n"]),
+                ]
+            )
+            + " |"
+        )
     L.append("")
     return L
 
 
 def _results_lines(order: list[dict], ctxs: list[str], aggs: list[dict]) -> list[str]:
-    L = ["## Results by variant", "",
-         "At each variant's chosen tuned values; sorted by mean held-out bits/byte (lower is better); diverged "
-         "and failed runs have none (n/a) and sort last. Training tokens/s is for information only.", ""]
-    head = ["#", "variant", "val bpb", "sd"] + [f"bpb @{c} ctx" for c in ctxs] + \
-           ["train loss", "tokens/s", "params", "non-emb", "steps", "train FLOPs", "spikes", "diverged"]
+    L = [
+        "## Results by variant",
+        "",
+        "At each variant's chosen tuned values; sorted by mean held-out bits/byte (lower is better); diverged "
+        "and failed runs have none (n/a) and sort last. Training tokens/s is for information only.",
+        "",
+    ]
+    head = (
+        ["#", "variant", "val bpb", "sd"]
+        + [f"bpb @{c} ctx" for c in ctxs]
+        + ["train loss", "tokens/s", "params", "non-emb", "steps", "train FLOPs", "spikes", "diverged"]
+    )
     diag = any(a.get("max_attn_logit") is not None for a in aggs)
     if diag:
         head += ["max attn logit", "max log Z"]
@@ -614,16 +853,25 @@ def _results_lines(order: list[dict], ctxs: list[str], aggs: list[dict]) -> list
         sd = _num(a.get("val_bpb_std")) if len(a["val_bpb_all"]) > 1 else ""
         cells = [str(i), _md_escape(a["variant"]), _num(a.get("val_bpb")), sd]
         cells += [_num(a.get(f"val_bpb_{c}")) for c in ctxs]
-        cells += [_num(a.get("final_train_loss")), _count(a.get("tokens_per_s")),
-                  _count(a.get("params")), _count(a.get("non_embedding_params")), _num(a.get("steps"), 0),
-                  f"{a['flops']:.3g}" if _ok(a.get("flops")) else "n/a", _num(a.get("spikes"), 1),
-                  f"{a['diverged']}/{a['runs']}"]
+        cells += [
+            _num(a.get("final_train_loss")),
+            _count(a.get("tokens_per_s")),
+            _count(a.get("params")),
+            _count(a.get("non_embedding_params")),
+            _num(a.get("steps"), 0),
+            f"{a['flops']:.3g}" if _ok(a.get("flops")) else "n/a",
+            _num(a.get("spikes"), 1),
+            f"{a['diverged']}/{a['runs']}",
+        ]
         if diag:
             cells += [_num(a.get("max_attn_logit_max"), 1), _num(a.get("log_z_max_max"), 1)]
         if decode:
             kv_ctx = a.get("kv_bytes_context")
-            cells += [_num(a.get("kv_bytes_per_token"), 0), _num(kv_ctx / 1024 if _ok(kv_ctx) else None, 0),
-                      _count(a.get("decode_tokens_per_s"))]
+            cells += [
+                _num(a.get("kv_bytes_per_token"), 0),
+                _num(kv_ctx / 1024 if _ok(kv_ctx) else None, 0),
+                _count(a.get("decode_tokens_per_s")),
+            ]
         L.append("| " + " | ".join(cells) + " |")
     notes = sorted({n for a in aggs for n in a["notes"]})
     if notes:
@@ -635,21 +883,34 @@ def _results_lines(order: list[dict], ctxs: list[str], aggs: list[dict]) -> list
 
 def _runs_lines(rows: list[dict], ctxs: list[str], res: dict, csv_path: Path, sweep_dir: Path) -> list[str]:
     contended = {c["run"]: c for c in res["contention"]}
-    L = ["## Runs", "",
-         f"One row per run (all columns in [{csv_path.name}]({csv_path.name}), the same data as `{RESULTS_FILE}`; "
-         f"run folders under `{sweep_dir / 'runs'}/`). Marked *contended*: wall time over 1.2 x tokens / median "
-         f"tokens/s (the machine was shared, or time went to evaluation and checkpoints)."
-         + (f" {len(contended)} of {len(rows)} runs are marked." if contended else ""), ""]
-    head = ["run", "seed", "status", "val bpb"] + [f"@{c}" for c in ctxs] + ["train loss", "steps", "wall s",
-                                                                              "tokens/s", "load"]
+    L = [
+        "## Runs",
+        "",
+        f"One row per run (all columns in [{csv_path.name}]({csv_path.name}), the same data as `{RESULTS_FILE}`; "
+        f"run folders under `{sweep_dir / 'runs'}/`). Marked *contended*: wall time over 1.2 x tokens / median "
+        f"tokens/s (the machine was shared, or time went to evaluation and checkpoints)."
+        + (f" {len(contended)} of {len(rows)} runs are marked." if contended else ""),
+        "",
+    ]
+    head = (
+        ["run", "seed", "status", "val bpb"]
+        + [f"@{c}" for c in ctxs]
+        + ["train loss", "steps", "wall s", "tokens/s", "load"]
+    )
     L += ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     for r in sorted(rows, key=lambda r: (r.get("val_bpb") is None, r.get("val_bpb") or 0)):
-        wall = _num(r.get("wall_s"), 0 if (r.get("wall_s") or 0) >= 10 else 1) + (f" *contended ({contended[r['run']]['ratio']:.2f}x)*"
-                                           if r["run"] in contended else "")
+        wall = _num(r.get("wall_s"), 0 if (r.get("wall_s") or 0) >= 10 else 1) + (
+            f" *contended ({contended[r['run']]['ratio']:.2f}x)*" if r["run"] in contended else ""
+        )
         cells = [_md_escape(r["run"]), str(r["seed"]), r.get("status", ""), _num(r.get("val_bpb"))]
         cells += [_num(r.get(f"val_bpb_{c}")) for c in ctxs]
-        cells += [_num(r.get("final_train_loss")), str(r.get("steps", "")), wall, _count(r.get("tokens_per_s")),
-                  _num(r.get("load_avg_1m"), 2)]
+        cells += [
+            _num(r.get("final_train_loss")),
+            str(r.get("steps", "")),
+            wall,
+            _count(r.get("tokens_per_s")),
+            _num(r.get("load_avg_1m"), 2),
+        ]
         L.append("| " + " | ".join(cells) + " |")
     errors = [r for r in rows if r.get("error")]
     if errors:
@@ -676,7 +937,10 @@ def write_index(dirs: list[Path], out: Path) -> list[Path]:
             spec = parse_spec(spec_raw or {"axes": None})
             timing = json.loads((d / TIMING_FILE).read_text()) if (d / TIMING_FILE).is_file() else None
             res = analyze(rows, spec, timing)
-            res["spec"], res["claim"] = spec_raw.get("name") or d.name, str(spec_raw.get("claim") or "").strip()
+            res["spec"], res["claim"] = (
+                spec_raw.get("name") or d.name,
+                str(spec_raw.get("claim") or "").strip(),
+            )
             link = None
         elif (d / VERDICTS_FILE).is_file():
             res = json.loads((d / VERDICTS_FILE).read_text())
@@ -690,38 +954,64 @@ def write_index(dirs: list[Path], out: Path) -> list[Path]:
             res["spec"], res["claim"] = spec.name if (d / "spec.yaml").is_file() else d.name, spec.claim
             link = d / "report.md" if (d / "report.md").is_file() else None
         else:
-            raise ValueError(f"{str(d)!r} is neither a sweep folder ({RESULTS_FILE}) nor a report folder "
-                             f"(results.csv with spec.yaml or a shipped spec's name, or {VERDICTS_FILE}); give the "
-                             f"folders `lmlab sweep --out` or `lmlab report --out` wrote")
-        specs.append((res.get("spec") or d.name, res.get("claim", ""), link, len(res["claims"]), res.get("pooled")))
+            raise ValueError(
+                f"{str(d)!r} is neither a sweep folder ({RESULTS_FILE}) nor a report folder "
+                f"(results.csv with spec.yaml or a shipped spec's name, or {VERDICTS_FILE}); give the "
+                f"folders `lmlab sweep --out` or `lmlab report --out` wrote"
+            )
+        specs.append(
+            (res.get("spec") or d.name, res.get("claim", ""), link, len(res["claims"]), res.get("pooled"))
+        )
         for c in res["claims"]:
             claims.append({**c, "spec": res.get("spec") or d.name})
     forest = plots.forest(claims, out.parent / f"{out.stem}-forest.png")
     counts = {v: sum(1 for c in claims if c["verdict"] == v) for v in ("agrees", "disagrees", "inconclusive")}
-    L = ["# Ablation index", "",
-         f"{len(claims)} claim(s) from {len(specs)} sweep(s): {counts['agrees']} agree, {counts['disagrees']} "
-         f"disagree, {counts['inconclusive']} inconclusive. Generated by `lmlab report --index` from the sweeps' "
-         f"numbers; nothing here is written by hand.", "",
-         "The effect is measured in the direction each claim states (positive = as claimed; for 'equal' the signed "
-         "difference), with a 95% interval (Student t over paired seeds; the sweep's pooled per-run noise when a "
-         "variant has one seed; none when no cell of the sweep ran two seeds). A claim agrees when the interval "
-         "clears the smallest effect that counts, disagrees when it lies wholly on the other side, and is "
-         "inconclusive otherwise.", ""]
+    L = [
+        "# Ablation index",
+        "",
+        f"{len(claims)} claim(s) from {len(specs)} sweep(s): {counts['agrees']} agree, {counts['disagrees']} "
+        f"disagree, {counts['inconclusive']} inconclusive. Generated by `lmlab report --index` from the sweeps' "
+        f"numbers; nothing here is written by hand.",
+        "",
+        "The effect is measured in the direction each claim states (positive = as claimed; for 'equal' the signed "
+        "difference), with a 95% interval (Student t over paired seeds; the sweep's pooled per-run noise when a "
+        "variant has one seed; none when no cell of the sweep ran two seeds). A claim agrees when the interval "
+        "clears the smallest effect that counts, disagrees when it lies wholly on the other side, and is "
+        "inconclusive otherwise.",
+        "",
+    ]
     scaled = any(c.get("scale") for c in claims)
-    head = ["spec", "claim"] + (["scale"] if scaled else []) + ["metric", "expected", "measured effect [interval]",
-                                                                "seeds", "method", "verdict"]
+    head = (
+        ["spec", "claim"]
+        + (["scale"] if scaled else [])
+        + ["metric", "expected", "measured effect [interval]", "seeds", "method", "verdict"]
+    )
     L += ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     for c in claims:
-        L.append("| " + " | ".join([_md_escape(c["spec"]), _md_escape(c["text"])]
-                                   + ([str(c.get("scale") or "")] if scaled else [])
-                                   + [_unit(c["metric"]), _expected(c), _effect(c), str(c.get("n", "")),
-                                      c.get("method", ""), f"**{c['verdict']}**"]) + " |")
+        L.append(
+            "| "
+            + " | ".join(
+                [_md_escape(c["spec"]), _md_escape(c["text"])]
+                + ([str(c.get("scale") or "")] if scaled else [])
+                + [
+                    _unit(c["metric"]),
+                    _expected(c),
+                    _effect(c),
+                    str(c.get("n", "")),
+                    c.get("method", ""),
+                    f"**{c['verdict']}**",
+                ]
+            )
+            + " |"
+        )
     L.append("")
     if forest:
         L += [f"![every claim]({forest.name})", ""]
     L += ["## Sweeps", ""]
     for name, claim, link, n, pooled in specs:
-        where = f"[{name}]({Path(link).relative_to(out.parent)})" if link and _under(link, out.parent) else name
+        where = (
+            f"[{name}]({Path(link).relative_to(out.parent)})" if link and _under(link, out.parent) else name
+        )
         noise = f"; per-run noise {pooled[0]:.4f} bits/byte" if pooled else "; no noise estimate (one seed)"
         L.append(f"- {where}: {n} claim(s){noise}. {_md_escape(claim)}")
     L.append("")

@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional
 import yaml
 
 from lmlab.config import ConfigError
-from lmlab.lab.spec import (RunPlan, Spec, _fmt, control_flags, load_spec, plan_quantities, plan_runs)
+from lmlab.lab.spec import RunPlan, Spec, _fmt, control_flags, load_spec, plan_quantities, plan_runs
 
 RESULTS_FILE = "results.jsonl"
 TIMING_FILE = "timing.json"
@@ -67,8 +67,11 @@ def read_results(sweep_dir: str | Path) -> list[dict]:
     if path.is_file():
         bad = sum(1 for line in path.read_text().splitlines() if line.strip()) - len(rows)
         if bad:
-            print(f"warning: {path}: skipped {bad} unreadable line(s) (cut by an interrupted write?); "
-                  f"their runs count as unfinished", file=sys.stderr)
+            print(
+                f"warning: {path}: skipped {bad} unreadable line(s) (cut by an interrupted write?); "
+                f"their runs count as unfinished",
+                file=sys.stderr,
+            )
     return rows
 
 
@@ -87,8 +90,10 @@ def run_state(run_dir: Path, max_steps: int) -> str:
     step = _last_checkpoint_step(run_dir)
     if step >= max_steps:
         return "trained"
-    if step and any(r.get("stopped") == "max_seconds" and r.get("step") == step
-                    for r in read_jsonl(run_dir / "metrics.jsonl")):
+    if step and any(
+        r.get("stopped") == "max_seconds" and r.get("step") == step
+        for r in read_jsonl(run_dir / "metrics.jsonl")
+    ):
         return "trained"
     return "partial"
 
@@ -101,13 +106,19 @@ def _check_existing(p: RunPlan, run_dir: Path) -> None:
         return
     run = read_run(run_dir)
     want = {"model": p.cfg.to_dict(), "train": dataclasses.asdict(p.tc)}
-    diff = [f"{sec}.{k}: run has {run.get(sec, {}).get(k)!r}, spec asks {v!r}"
-            for sec in ("model", "train") for k, v in want[sec].items() if run.get(sec, {}).get(k, v) != v]
+    diff = [
+        f"{sec}.{k}: run has {run.get(sec, {}).get(k)!r}, spec asks {v!r}"
+        for sec in ("model", "train")
+        for k, v in want[sec].items()
+        if run.get(sec, {}).get(k, v) != v
+    ]
     if run.get("data") != str(p.data):
         diff.append(f"data: run has {run.get('data')!r}, spec asks {str(p.data)!r}")
     if diff:
-        raise ConfigError(f"run folder {str(run_dir)!r} holds a different run than the spec asks "
-                          f"({'; '.join(diff[:3])}); give the sweep another --out, or delete that run folder")
+        raise ConfigError(
+            f"run folder {str(run_dir)!r} holds a different run than the spec asks "
+            f"({'; '.join(diff[:3])}); give the sweep another --out, or delete that run folder"
+        )
 
 
 # --- evaluation ----------------------------------------------------------------------------
@@ -150,7 +161,9 @@ def evaluate_run(run_dir: Path, contexts: list, decode: Optional[dict] = None) -
             m = model
         elif cfg.position == "learned" and ctx > cfg.context_length:
             out[f"val_loss{suffix}"] = out[f"val_bpb{suffix}"] = None
-            out[f"eval_note{suffix}"] = f"learned positions exist only below context_length={cfg.context_length}"
+            out[f"eval_note{suffix}"] = (
+                f"learned positions exist only below context_length={cfg.context_length}"
+            )
             continue
         else:  # the same weights in a model built for the longer context
             m = TransformerLM(dataclasses.replace(cfg, context_length=ctx)).to(device)
@@ -170,8 +183,14 @@ def evaluate_run(run_dir: Path, contexts: list, decode: Optional[dict] = None) -
         d = dict(decode)
         d["prompt_len"] = min(d["prompt_len"], cfg.context_length // 2)
         d["new_tokens"] = max(2, min(d["new_tokens"], cfg.context_length - d["prompt_len"] + 1))
-        res = bench_decode(model, batch=d["batch"], prompt_len=d["prompt_len"], new_tokens=d["new_tokens"],
-                           repeats=d["repeats"], device=device)
+        res = bench_decode(
+            model,
+            batch=d["batch"],
+            prompt_len=d["prompt_len"],
+            new_tokens=d["new_tokens"],
+            repeats=d["repeats"],
+            device=device,
+        )
         out["decode_tokens_per_s"] = res["decode_tokens_per_s"]
         out["prefill_tokens_per_s"] = res["prefill_tokens_per_s"]
     if device.type == "cuda":
@@ -210,8 +229,9 @@ def training_summary(run_dir: Path) -> dict:
         "skipped_steps": sum(1 for r in recs if r.get("skipped")),
         "stopped_early": any(r.get("stopped") == "max_seconds" for r in recs),
         # largest attention logit (any layer) and output log Z seen by the diagnostics, None without them
-        "max_attn_logit": _nan_to_none(max((max(r["max_attn_logit"]) for r in diag if r["max_attn_logit"]),
-                                           default=None)),
+        "max_attn_logit": _nan_to_none(
+            max((max(r["max_attn_logit"]) for r in diag if r["max_attn_logit"]), default=None)
+        ),
         "log_z_max": _nan_to_none(max((r["log_z_max"] for r in diag if "log_z_max" in r), default=None)),
     }
 
@@ -223,10 +243,18 @@ def collect_result(p: RunPlan, run_dir: Path, spec: Spec, diverged: bool, error:
     first = summary["first_train_loss"]
     if summary["steps"] and not error and (final is None or (first is not None and final > first)):
         diverged = True  # non-finite at the end, or the loss ended above where it was first logged
-    row: dict = {"sweep": spec.name, "run": p.name, "variant": p.variant, "seed": p.seed,
-                 "status": "failed" if error else ("diverged" if diverged else "ok"),
-                 "diverged": bool(diverged), "max_steps": p.steps, "scale": p.scale, "tune": p.tune,
-                 "solved": p.solved}
+    row: dict = {
+        "sweep": spec.name,
+        "run": p.name,
+        "variant": p.variant,
+        "seed": p.seed,
+        "status": "failed" if error else ("diverged" if diverged else "ok"),
+        "diverged": bool(diverged),
+        "max_steps": p.steps,
+        "scale": p.scale,
+        "tune": p.tune,
+        "solved": p.solved,
+    }
     row.update(summary)
     row["flops_per_token"] = p.flops_per_token
     row["flops"] = summary["tokens"] * p.flops_per_token
@@ -271,9 +299,23 @@ def _log_since(path: Path, offset: int, n: int = 4000) -> str:
 
 
 class _Sweep:
-    def __init__(self, spec: Spec, sweep_dir: Path, plans: list[RunPlan], jobs: int, threads: int,
-                 log: Callable[[str], None]):
-        self.spec, self.dir, self.plans, self.jobs, self.threads, self.log = spec, sweep_dir, plans, jobs, threads, log
+    def __init__(
+        self,
+        spec: Spec,
+        sweep_dir: Path,
+        plans: list[RunPlan],
+        jobs: int,
+        threads: int,
+        log: Callable[[str], None],
+    ):
+        self.spec, self.dir, self.plans, self.jobs, self.threads, self.log = (
+            spec,
+            sweep_dir,
+            plans,
+            jobs,
+            threads,
+            log,
+        )
         self.lock = threading.Lock()  # results file
         self.eval_lock = threading.Lock()  # one evaluation at a time in this process
         self.procs: set = set()
@@ -283,7 +325,9 @@ class _Sweep:
 
     def write_results(self) -> None:
         order = [p.name for p in self.plans]
-        rows = [self.rows[n] for n in order if n in self.rows] + [r for n, r in self.rows.items() if n not in order]
+        rows = [self.rows[n] for n in order if n in self.rows] + [
+            r for n, r in self.rows.items() if n not in order
+        ]
         path = self.dir / RESULTS_FILE
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -292,11 +336,23 @@ class _Sweep:
     def train(self, p: RunPlan, run_dir: Path) -> tuple[bool, Optional[str]]:
         """Train (or continue) one run in a subprocess; returns (diverged, error)."""
         cfg_path = self.dir / "configs" / f"{p.name}.yaml"
-        cfg_path.write_text(yaml.safe_dump({"model": p.cfg.to_dict(), "train": dataclasses.asdict(p.tc)},
-                                           sort_keys=False))
+        cfg_path.write_text(
+            yaml.safe_dump({"model": p.cfg.to_dict(), "train": dataclasses.asdict(p.tc)}, sort_keys=False)
+        )
         log_path = self.dir / "logs" / f"{p.name}.log"
-        cmd = [sys.executable, "-m", "lmlab.cli", "train", "--out", str(run_dir), "--config", str(cfg_path),
-               "--data", str(p.data), "--no-progress"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "lmlab.cli",
+            "train",
+            "--out",
+            str(run_dir),
+            "--config",
+            str(cfg_path),
+            "--data",
+            str(p.data),
+            "--no-progress",
+        ]
         env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
         root = str(Path(__file__).resolve().parents[1])  # the lmlab being run, also when not installed
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -320,7 +376,10 @@ class _Sweep:
         if DIVERGED_MARK in tail:
             return True, None
         lines = [line for line in tail.splitlines() if line.strip()]
-        return False, f"training exited with status {rc}: {lines[-1] if lines else '(no output)'} (see {log_path})"
+        return (
+            False,
+            f"training exited with status {rc}: {lines[-1] if lines else '(no output)'} (see {log_path})",
+        )
 
     def job(self, p: RunPlan) -> None:
         if self.stopping:
@@ -330,8 +389,10 @@ class _Sweep:
         t0 = time.perf_counter()
         diverged, error = False, None
         if state != "trained":
-            self.log(f"train {p.name}: {'continuing, ' if state == 'partial' else ''}{p.steps} steps, "
-                     f"{p.tokens:,} tokens, {p.flops:.3g} FLOPs")
+            self.log(
+                f"train {p.name}: {'continuing, ' if state == 'partial' else ''}{p.steps} steps, "
+                f"{p.tokens:,} tokens, {p.flops:.3g} FLOPs"
+            )
             diverged, error = self.train(p, run_dir)
         with self.eval_lock:
             import torch
@@ -342,9 +403,18 @@ class _Sweep:
             except Exception as exc:  # noqa: BLE001 -- one broken run must not end the sweep
                 if self.stopping:
                     raise KeyboardInterrupt from None
-                row = {"sweep": self.spec.name, "run": p.name, "variant": p.variant, "seed": p.seed,
-                       "scale": p.scale, "tune": p.tune, "status": "failed", "diverged": False,
-                       "error": f"evaluation failed: {exc}", "fields": p.fields}
+                row = {
+                    "sweep": self.spec.name,
+                    "run": p.name,
+                    "variant": p.variant,
+                    "seed": p.seed,
+                    "scale": p.scale,
+                    "tune": p.tune,
+                    "status": "failed",
+                    "diverged": False,
+                    "error": f"evaluation failed: {exc}",
+                    "fields": p.fields,
+                }
         with self.lock:
             self.rows[p.name] = row
             self.write_results()
@@ -353,8 +423,10 @@ class _Sweep:
         took = time.perf_counter() - t0
         what = f"val bpb {row['val_bpb']:.4f}" if row.get("val_bpb") is not None else row["status"].upper()
         loss = row.get("final_train_loss")
-        self.log(f"[{n}/{self.pending}] {p.name}: {what}, train loss {'n/a' if loss is None else f'{loss:.4f}'}, "
-                 f"{took:.0f} s" + (f" ({row['error']})" if row.get("error") else ""))
+        self.log(
+            f"[{n}/{self.pending}] {p.name}: {what}, train loss {'n/a' if loss is None else f'{loss:.4f}'}, "
+            f"{took:.0f} s" + (f" ({row['error']})" if row.get("error") else "")
+        )
 
     def run(self) -> None:
         todo = []
@@ -403,10 +475,15 @@ def git_commit(path: Path = Path(__file__)) -> Optional[str]:
     if not (root / ".git").exists():
         return None
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10)
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if head.returncode:
@@ -428,12 +505,18 @@ def provenance_record(spec: Spec, command: Optional[str]) -> dict:
     commit, the spec file and its SHA-256, the machine, the time and the load average at the start."""
     import lmlab
 
-    return {"command": command or f"lmlab sweep {spec.path or spec.name}", "cwd": os.getcwd(),
-            "lmlab_version": getattr(lmlab, "__version__", None), "git_commit": git_commit(),
-            "spec": str(spec.path) if spec.path else None, "spec_sha256": spec_sha256(spec),
-            "machine": _machine("auto"), "python": sys.version.split()[0],
-            "started_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-            "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    return {
+        "command": command or f"lmlab sweep {spec.path or spec.name}",
+        "cwd": os.getcwd(),
+        "lmlab_version": getattr(lmlab, "__version__", None),
+        "git_commit": git_commit(),
+        "spec": str(spec.path) if spec.path else None,
+        "spec_sha256": spec_sha256(spec),
+        "machine": _machine("auto"),
+        "python": sys.version.split()[0],
+        "started_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
 
 
 class LoadSampler(threading.Thread):
@@ -471,7 +554,9 @@ def timing_key(spec: Spec, plans: list[RunPlan]) -> dict:
     return {"settings": spec.timing, "dtype": plans[0].tc.dtype, "models": cells}
 
 
-def run_timing(spec: Spec, plans: list[RunPlan], sweep_dir: Path, log: Callable[[str], None]) -> Optional[dict]:
+def run_timing(
+    spec: Spec, plans: list[RunPlan], sweep_dir: Path, log: Callable[[str], None]
+) -> Optional[dict]:
     """Run the spec's timing block (per scale, every variant's untrained model, interleaved; see
     :mod:`lmlab.lab.timing`) unless ``timing.json`` holds one with the same settings and models; returns
     {"key", "scales": {scale or "": time_variants result}, "machine", "finished_at"}."""
@@ -499,11 +584,23 @@ def run_timing(spec: Spec, plans: list[RunPlan], sweep_dir: Path, log: Callable[
         for p in plans:
             if p.scale == scale:
                 cfgs.setdefault(p.variant, p.cfg)
-        log(f"timing{f' @{scale}' if scale else ''}: {len(cfgs)} model(s), {t['pairs']} interleaved rounds of "
-            f"{t['steps']} training steps at batch {t['batch']}")
+        log(
+            f"timing{f' @{scale}' if scale else ''}: {len(cfgs)} model(s), {t['pairs']} interleaved rounds of "
+            f"{t['steps']} training steps at batch {t['batch']}"
+        )
         out["scales"][scale or ""] = time_variants(
-            cfgs, t["batch"], t["context"], t["pairs"], t["steps"], dtype, device, t["threads"], t["decode"],
-            t["decode_batch"], t["decode_context"])
+            cfgs,
+            t["batch"],
+            t["context"],
+            t["pairs"],
+            t["steps"],
+            dtype,
+            device,
+            t["threads"],
+            t["decode"],
+            t["decode_batch"],
+            t["decode_context"],
+        )
     out["machine"] = _machine(plans[0].tc.device)
     out["finished_at"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     tmp = path.with_suffix(".json.tmp")
@@ -521,32 +618,55 @@ def format_plan(plans: list[RunPlan], states: dict, spec: Optional[Spec] = None)
     with ``spec``, the controls: quantities that differ > 5% from the baseline without being declared."""
     from lmlab.analysis import param_counts
 
-    lines = [f"{'run':44} {'steps':>6} {'tokens':>11} {'train FLOPs':>11} {'params':>10} {'non-emb':>10}  state"]
+    lines = [
+        f"{'run':44} {'steps':>6} {'tokens':>11} {'train FLOPs':>11} {'params':>10} {'non-emb':>10}  state"
+    ]
     for p in plans:
         c = param_counts(p.cfg)
-        lines.append(f"{p.name[:44]:44} {p.steps:>6} {p.tokens:>11,} {p.flops:>11.3g} {c['total']:>10,} "
-                     f"{c['non_embedding']:>10,}  {states[p.name]}")
+        lines.append(
+            f"{p.name[:44]:44} {p.steps:>6} {p.tokens:>11,} {p.flops:>11.3g} {c['total']:>10,} "
+            f"{c['non_embedding']:>10,}  {states[p.name]}"
+        )
     total = sum(p.flops for p in plans)
-    lines.append(f"{len(plans)} runs, {sum(p.tokens for p in plans):,} tokens, {total:.3g} training FLOPs in all")
+    lines.append(
+        f"{len(plans)} runs, {sum(p.tokens for p in plans):,} tokens, {total:.3g} training FLOPs in all"
+    )
     if spec is not None:
         if spec.match:
             solved = {(p.scale, p.variant): p.solved for p in plans if p.solved}
-            lines.append(f"control: {spec.match.hold} held" + (f" by solving {spec.match.solve} (multiple "
-                                                              f"{spec.match.multiple})" if spec.match.solve else "")
-                         + "".join(f"; {v}{f' @{s}' if s else ''}: " + ", ".join(f"{k}={x}" for k, x in f.items())
-                                   for (s, v), f in solved.items()))
-        flags = control_flags(plan_quantities(plans), spec.baseline, spec.match.hold if spec.match else None,
-                              spec.varies)
+            lines.append(
+                f"control: {spec.match.hold} held"
+                + (
+                    f" by solving {spec.match.solve} (multiple " f"{spec.match.multiple})"
+                    if spec.match.solve
+                    else ""
+                )
+                + "".join(
+                    f"; {v}{f' @{s}' if s else ''}: " + ", ".join(f"{k}={x}" for k, x in f.items())
+                    for (s, v), f in solved.items()
+                )
+            )
+        flags = control_flags(
+            plan_quantities(plans), spec.baseline, spec.match.hold if spec.match else None, spec.varies
+        )
         for (s, v), bad in flags.items():
-            lines.append(f"warning: {v}{f' @{s}' if s else ''} differs from the baseline {spec.baseline!r} in "
-                         + ", ".join(f"{q} ({100 * r:+.0f}%)" for q, r in bad)
-                         + " (not held and not declared in 'varies:')")
+            lines.append(
+                f"warning: {v}{f' @{s}' if s else ''} differs from the baseline {spec.baseline!r} in "
+                + ", ".join(f"{q} ({100 * r:+.0f}%)" for q, r in bad)
+                + " (not held and not declared in 'varies:')"
+            )
     return "\n".join(lines)
 
 
-def run_sweep(spec: str | Path | Spec, out: Optional[str | Path] = None, jobs: int = 1, dry_run: bool = False,
-              log: Callable[[str], None] = print, data_dir: Optional[Path] = None,
-              command: Optional[str] = None) -> Path:
+def run_sweep(
+    spec: str | Path | Spec,
+    out: Optional[str | Path] = None,
+    jobs: int = 1,
+    dry_run: bool = False,
+    log: Callable[[str], None] = print,
+    data_dir: Optional[Path] = None,
+    command: Optional[str] = None,
+) -> Path:
     """Plan, time, train, evaluate and record every run of ``spec`` in the sweep folder ``out`` (default
     ``sweeps/NAME``); returns the folder. Resumes a folder it finds (see the module docstring).
     ``command`` is recorded in the provenance (default: ``lmlab sweep SPEC``). Raises ConfigError for a
@@ -558,8 +678,10 @@ def run_sweep(spec: str | Path | Spec, out: Optional[str | Path] = None, jobs: i
     if sweep_dir.exists() and not sweep_dir.is_dir():
         raise ConfigError(f"--out {str(sweep_dir)!r} is a file, not a sweep folder; choose a folder path")
     if sweep_dir.is_dir() and any(sweep_dir.iterdir()) and not (sweep_dir / "spec.yaml").is_file():
-        raise ConfigError(f"--out {str(sweep_dir)!r} is a non-empty folder that is not a sweep (no spec.yaml); "
-                          f"choose a new folder or an existing sweep's folder")
+        raise ConfigError(
+            f"--out {str(sweep_dir)!r} is a non-empty folder that is not a sweep (no spec.yaml); "
+            f"choose a new folder or an existing sweep's folder"
+        )
     plans = plan_runs(spec, data_dir)
     jobs = min(jobs, len(plans))  # no more workers than runs
     for p in plans:
@@ -568,12 +690,17 @@ def run_sweep(spec: str | Path | Spec, out: Optional[str | Path] = None, jobs: i
     states = {}
     for p in plans:
         row = rows.get(p.name)
-        states[p.name] = ("done" if row is not None and row.get("status") in ("ok", "diverged")
-                          else run_state(sweep_dir / "runs" / p.name, p.steps))
+        states[p.name] = (
+            "done"
+            if row is not None and row.get("status") in ("ok", "diverged")
+            else run_state(sweep_dir / "runs" / p.name, p.steps)
+        )
     threads = max(1, _cores() // jobs)
     cells = len({p.cell for p in plans})
-    log(f"sweep {spec.name}: {cells} cell(s) (variant x scale x tuned values) x {len(spec.seeds)} seed(s) in "
-        f"{sweep_dir}, {jobs} job(s) x {threads} thread(s)")
+    log(
+        f"sweep {spec.name}: {cells} cell(s) (variant x scale x tuned values) x {len(spec.seeds)} seed(s) in "
+        f"{sweep_dir}, {jobs} job(s) x {threads} thread(s)"
+    )
     log(format_plan(plans, states, spec))
     if dry_run:
         return sweep_dir
@@ -594,6 +721,8 @@ def run_sweep(spec: str | Path | Spec, out: Optional[str | Path] = None, jobs: i
     finally:
         sampler.stop()
         torch.set_num_threads(before)
-    log(f"sweep {spec.name} finished in {time.perf_counter() - t0:.0f} s; results in {sweep_dir / RESULTS_FILE}; "
-        f"`lmlab report {sweep_dir}` writes the report")
+    log(
+        f"sweep {spec.name} finished in {time.perf_counter() - t0:.0f} s; results in {sweep_dir / RESULTS_FILE}; "
+        f"`lmlab report {sweep_dir}` writes the report"
+    )
     return sweep_dir

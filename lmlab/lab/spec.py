@@ -63,15 +63,44 @@ from typing import Any, Optional
 from lmlab.config import ConfigError, ModelConfig, check_keys, load_mapping
 
 SPECS_DIR = Path(__file__).resolve().parents[1] / "specs"
-SPEC_KEYS = ("name", "claim", "preset", "scale", "model", "train", "data", "axes", "seeds", "budget",
-             "eval_contexts", "measure_decode", "decode", "notes", "baseline", "tune", "match", "varies",
-             "expect", "scales", "timing", "confidence")
+SPEC_KEYS = (
+    "name",
+    "claim",
+    "preset",
+    "scale",
+    "model",
+    "train",
+    "data",
+    "axes",
+    "seeds",
+    "budget",
+    "eval_contexts",
+    "measure_decode",
+    "decode",
+    "notes",
+    "baseline",
+    "tune",
+    "match",
+    "varies",
+    "expect",
+    "scales",
+    "timing",
+    "confidence",
+)
 BUDGET_KEYS = ("steps", "tokens", "flops", "seconds")
 # training settings a sweep changes from TrainConfig's defaults unless the spec sets them
 SWEEP_TRAIN_DEFAULTS = {"tensorboard": False, "keep_checkpoints": 1, "checkpoint_interval": 100}
 DECODE_DEFAULTS = {"batch": 8, "prompt_len": 32, "new_tokens": 64, "repeats": 3}
-TIMING_DEFAULTS = {"batch": 8, "context": None, "pairs": 15, "steps": 3, "threads": None, "decode": False,
-                   "decode_batch": 8, "decode_context": None}
+TIMING_DEFAULTS = {
+    "batch": 8,
+    "context": None,
+    "pairs": 15,
+    "steps": 3,
+    "threads": None,
+    "decode": False,
+    "decode_batch": 8,
+    "decode_context": None,
+}
 HOLDS = ("non_embedding_params", "params", "flops_per_token", "tokens", "flops")
 SOLVABLE = ("d_ff", "d_model", "n_layers")
 QUANTITIES = ("params", "non_embedding_params", "flops_per_token", "tokens", "flops", "steps")
@@ -90,6 +119,7 @@ class Match:
     """The control: ``hold`` a quantity fixed across variants by solving ``solve`` (a size field) in
     steps of ``multiple`` so every variant is within ``tolerance`` of ``target`` (the baseline's value or
     a number). ``hold: tokens | flops`` needs no solving: the budget holds them (checked)."""
+
     hold: str
     solve: Optional[str] = None
     multiple: int = 8
@@ -101,6 +131,7 @@ class Match:
 class Expectation:
     """One claim: ``better`` has a lower ``metric`` than ``than`` by at least ``by`` (absolute, or a
     fraction of ``than``'s value when ``relative``), or (``kind == 'equal'``) the two are within ``by``."""
+
     kind: str  # "better" | "equal"
     a: str  # better (or the first of the pair)
     b: str  # than (or the second of the pair)
@@ -169,6 +200,7 @@ class RunPlan:
         """(scale, variant, tuned values): the runs of one cell differ only by seed."""
         return (self.scale, self.variant, json.dumps(self.tune, sort_keys=True))
 
+
 # --- spec ----------------------------------------------------------------------------------
 def builtin_specs() -> dict[str, Path]:
     """Shipped specs by name (``lmlab/specs/NAME.yaml``)."""
@@ -186,8 +218,10 @@ def resolve_spec_path(spec: str | Path) -> Path:
     import difflib
 
     near = difflib.get_close_matches(str(spec), list(shipped), n=1)
-    raise ConfigError(f"sweep spec {str(spec)!r} is neither a file nor a shipped spec"
-                      + (f"; did you mean {near[0]!r}?" if near else f"; shipped: {', '.join(shipped)}"))
+    raise ConfigError(
+        f"sweep spec {str(spec)!r} is neither a file nor a shipped spec"
+        + (f"; did you mean {near[0]!r}?" if near else f"; shipped: {', '.join(shipped)}")
+    )
 
 
 def _fmt(value: Any) -> str:
@@ -209,8 +243,10 @@ def _check_field(name: str, source: str) -> None:
         import difflib
 
         near = difflib.get_close_matches(name, sorted(model_keys | train_keys), n=1)
-        raise ConfigError(f"{source}: {name!r} is not a ModelConfig or TrainConfig field"
-                          + (f"; did you mean {near[0]!r}?" if near else ""))
+        raise ConfigError(
+            f"{source}: {name!r} is not a ModelConfig or TrainConfig field"
+            + (f"; did you mean {near[0]!r}?" if near else "")
+        )
 
 
 def _bundle(value: dict, source: str) -> tuple[Optional[str], dict]:
@@ -233,8 +269,10 @@ def expand_axes(axes: Any, source: str = "axes") -> list[Variant]:
         raise ConfigError(f"{source}: expected a mapping with 'grid' and/or 'zip', got {type(axes).__name__}")
     unknown = set(axes) - {"grid", "zip"}
     if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {sorted(unknown)}; use 'grid:' (cartesian product) and "
-                          f"'zip:' (lists varied together)")
+        raise ConfigError(
+            f"{source}: unknown key(s) {sorted(unknown)}; use 'grid:' (cartesian product) and "
+            f"'zip:' (lists varied together)"
+        )
     groups: list[list[tuple[str, dict]]] = []
     grid = axes.get("grid") or {}
     if not isinstance(grid, dict):
@@ -271,13 +309,19 @@ def expand_axes(axes: Any, source: str = "axes") -> list[Variant]:
             if labels is not None:
                 lengths["label"] = len(labels) if isinstance(labels, list) else -1
             if min(lengths.values()) < 1 or len(set(lengths.values())) != 1:
-                raise ConfigError(f"{where}: every entry must be a non-empty list, all of one length; got lengths "
-                                  + ", ".join(f"{k}={n if n >= 0 else 'not a list'}" for k, n in lengths.items()))
+                raise ConfigError(
+                    f"{where}: every entry must be a non-empty list, all of one length; got lengths "
+                    + ", ".join(f"{k}={n if n >= 0 else 'not a list'}" for k, n in lengths.items())
+                )
             for k in lists:
                 _check_field(str(k), where)
             for i in range(len(next(iter(lists.values())))):
                 fields_ = {k: v[i] for k, v in lists.items()}
-                label = str(labels[i]) if labels is not None else ", ".join(f"{k}={_fmt(x)}" for k, x in fields_.items())
+                label = (
+                    str(labels[i])
+                    if labels is not None
+                    else ", ".join(f"{k}={_fmt(x)}" for k, x in fields_.items())
+                )
                 options.append((label, fields_))
         else:
             raise ConfigError(f"{where}: expected a mapping of field -> list, or a list of variants")
@@ -288,7 +332,9 @@ def expand_axes(axes: Any, source: str = "axes") -> list[Variant]:
         for _, fields_ in combo:
             for k, v in fields_.items():
                 if k in merged and merged[k] != v:
-                    raise ConfigError(f"{source}: field {k!r} is set twice in one variant ({merged[k]!r} and {v!r})")
+                    raise ConfigError(
+                        f"{source}: field {k!r} is set twice in one variant ({merged[k]!r} and {v!r})"
+                    )
                 merged[k] = v
         variants.append(Variant(", ".join(label for label, _ in combo), merged))
     labels = [v.label for v in variants]
@@ -304,7 +350,12 @@ def _number(value: Any, where: str) -> float:
             value = float(value)
         except ValueError:
             pass
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ConfigError(f"{where}={value!r} must be a finite number > 0")
     return value
 
@@ -321,8 +372,10 @@ def parse_budget(budget: Any, source: str = "budget") -> dict:
         raise ConfigError(f"{source}: unknown key(s) {sorted(unknown)}; use one of {', '.join(BUDGET_KEYS)}")
     keys = set(budget)
     if len(keys) > 1 and keys != {"seconds", "steps"}:
-        raise ConfigError(f"{source}: give one of {', '.join(BUDGET_KEYS)} (or seconds with a steps cap), got "
-                          f"{sorted(keys)}")
+        raise ConfigError(
+            f"{source}: give one of {', '.join(BUDGET_KEYS)} (or seconds with a steps cap), got "
+            f"{sorted(keys)}"
+        )
     out = {k: _number(v, f"{source}.{k}") for k, v in budget.items()}
     for k in ("steps", "tokens"):
         if k in out:
@@ -338,35 +391,50 @@ def parse_spec(raw: dict, path: Optional[Path] = None) -> Spec:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: a sweep spec must be a mapping")
     if not raw:
-        raise ConfigError(f"{source}: the spec is empty; give at least 'axes' (the variants to compare) or "
-                          f"'model'/'train' settings (examples: lmlab/specs/*.yaml)")
+        raise ConfigError(
+            f"{source}: the spec is empty; give at least 'axes' (the variants to compare) or "
+            f"'model'/'train' settings (examples: lmlab/specs/*.yaml)"
+        )
     unknown = [k for k in raw if k not in SPEC_KEYS]
     if unknown:
         import difflib
 
         near = difflib.get_close_matches(str(unknown[0]), SPEC_KEYS, n=1)
-        raise ConfigError(f"{source}: unknown key {unknown[0]!r}" + (f"; did you mean {near[0]!r}?" if near else
-                                                                     f"; valid keys: {', '.join(SPEC_KEYS)}"))
+        raise ConfigError(
+            f"{source}: unknown key {unknown[0]!r}"
+            + (f"; did you mean {near[0]!r}?" if near else f"; valid keys: {', '.join(SPEC_KEYS)}")
+        )
     from lmlab.train import TrainConfig
 
     for section in ("model", "train"):
         if not isinstance(raw.get(section) or {}, dict):
-            raise ConfigError(f"{source}: '{section}:' must be a mapping of field names to values, got {raw[section]!r}")
+            raise ConfigError(
+                f"{source}: '{section}:' must be a mapping of field names to values, got {raw[section]!r}"
+            )
     model = dict(raw.get("model") or {})
     train = dict(raw.get("train") or {})
     check_keys(ModelConfig, model, f"{source} model")
     check_keys(TrainConfig, train, f"{source} train")
     seeds = raw.get("seeds", [train.get("seed", TrainConfig.seed)])
-    if not isinstance(seeds, list) or not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0
-                                                       for s in seeds) or len(set(seeds)) != len(seeds):
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds)
+        or len(set(seeds)) != len(seeds)
+    ):
         raise ConfigError(f"{source}: seeds={seeds!r} must be a non-empty list of distinct integers >= 0")
     contexts = raw.get("eval_contexts", [1])
-    if not isinstance(contexts, list) or any(isinstance(c, bool) or not isinstance(c, (int, float)) or c <= 0
-                                             for c in contexts):
-        raise ConfigError(f"{source}: eval_contexts={contexts!r} must be a list of context multiples, e.g. [1, 2]")
+    if not isinstance(contexts, list) or any(
+        isinstance(c, bool) or not isinstance(c, (int, float)) or c <= 0 for c in contexts
+    ):
+        raise ConfigError(
+            f"{source}: eval_contexts={contexts!r} must be a list of context multiples, e.g. [1, 2]"
+        )
     if any(c < 1 or int(c * 8) != c * 8 for c in contexts):
-        raise ConfigError(f"{source}: eval_contexts={contexts!r}: multiples must be >= 1 and whole eighths "
-                          f"(1, 1.5, 2, ...)")
+        raise ConfigError(
+            f"{source}: eval_contexts={contexts!r}: multiples must be >= 1 and whole eighths "
+            f"(1, 1.5, 2, ...)"
+        )
     decode = {**DECODE_DEFAULTS, **(raw.get("decode") or {})}
     if set(decode) != set(DECODE_DEFAULTS):
         raise ConfigError(f"{source}: decode keys must be among {', '.join(DECODE_DEFAULTS)}")
@@ -388,8 +456,10 @@ def parse_spec(raw: dict, path: Optional[Path] = None) -> Spec:
         import difflib
 
         near = difflib.get_close_matches(str(baseline), labels, n=1)
-        raise ConfigError(f"{source}: baseline={baseline!r} is not a variant" +
-                          (f"; did you mean {near[0]!r}?" if near else f"; variants: {', '.join(labels)}"))
+        raise ConfigError(
+            f"{source}: baseline={baseline!r} is not a variant"
+            + (f"; did you mean {near[0]!r}?" if near else f"; variants: {', '.join(labels)}")
+        )
     contexts = sorted({1, *contexts})
     varies = raw.get("varies") or []
     if not isinstance(varies, list) or any(q not in QUANTITIES for q in varies):
@@ -400,21 +470,40 @@ def parse_spec(raw: dict, path: Optional[Path] = None) -> Spec:
     tune = parse_tune(raw.get("tune"), source)
     clash = sorted(set(tune) & {k for v in variants for k in v.fields})
     if clash:
-        raise ConfigError(f"{source}: {clash} is both tuned and set by a variant; tune a field the axes leave alone")
+        raise ConfigError(
+            f"{source}: {clash} is both tuned and set by a variant; tune a field the axes leave alone"
+        )
     timing = parse_timing(raw.get("timing"), source)
     expect = parse_expect(raw.get("expect"), labels, str(baseline), contexts, source)
     if any(e.metric in TIMING_METRICS for e in expect) and timing is None:
         raise ConfigError(f"{source}: an expectation on step_time/decode_time needs a 'timing:' block")
     if any(e.metric == "decode_time" for e in expect) and not timing["decode"]:
         raise ConfigError(f"{source}: an expectation on decode_time needs timing: {{decode: true}}")
-    return Spec(name=str(name), claim=str(raw.get("claim") or "").strip(), path=path, raw=raw,
-                preset=raw.get("preset"), scale=scale, model=model, train=train,
-                data=None if raw.get("data") is None else str(raw["data"]),
-                variants=variants, seeds=seeds, budget=parse_budget(raw.get("budget"), f"{source} budget"),
-                eval_contexts=contexts, measure_decode=raw.get("measure_decode", False), decode=decode,
-                baseline=str(baseline), tune=tune, match=parse_match(raw.get("match"), source), varies=varies,
-                expect=expect, scales=parse_scales(raw.get("scales"), source), timing=timing,
-                confidence=float(confidence))
+    return Spec(
+        name=str(name),
+        claim=str(raw.get("claim") or "").strip(),
+        path=path,
+        raw=raw,
+        preset=raw.get("preset"),
+        scale=scale,
+        model=model,
+        train=train,
+        data=None if raw.get("data") is None else str(raw["data"]),
+        variants=variants,
+        seeds=seeds,
+        budget=parse_budget(raw.get("budget"), f"{source} budget"),
+        eval_contexts=contexts,
+        measure_decode=raw.get("measure_decode", False),
+        decode=decode,
+        baseline=str(baseline),
+        tune=tune,
+        match=parse_match(raw.get("match"), source),
+        varies=varies,
+        expect=expect,
+        scales=parse_scales(raw.get("scales"), source),
+        timing=timing,
+        confidence=float(confidence),
+    )
 
 
 def load_spec(spec: str | Path) -> Spec:
@@ -438,36 +527,48 @@ def _threshold(value: Any, where: str) -> tuple[float, bool]:
             try:
                 x = float(x)
             except ValueError:
-                raise ConfigError(f"{where}={value!r} must be a number or a percentage such as '2%'") from None
+                raise ConfigError(
+                    f"{where}={value!r} must be a number or a percentage such as '2%'"
+                ) from None
     if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
         raise ConfigError(f"{where}={value!r} must be a finite number >= 0 (or a percentage such as '2%')")
     return float(x), relative
 
 
-def parse_expect(raw: Any, labels: list[str], baseline: str, contexts: list, source: str) -> list[Expectation]:
+def parse_expect(
+    raw: Any, labels: list[str], baseline: str, contexts: list, source: str
+) -> list[Expectation]:
     """The ``expect:`` list (see the module docstring); every variant named must exist."""
     if raw is None:
         return []
     if isinstance(raw, dict):
         raw = [raw]
     if not isinstance(raw, list):
-        raise ConfigError(f"{source}: expect must be a list of claims such as {{better: A, than: B, by: 0.01}}")
+        raise ConfigError(
+            f"{source}: expect must be a list of claims such as {{better: A, than: B, by: 0.01}}"
+        )
     metrics = set(METRICS) | {f"val_bpb_{_fmt(m)}x" for m in contexts if m != 1}
     out = []
     for i, e in enumerate(raw):
         where = f"{source}.expect[{i}]"
         if not isinstance(e, dict):
-            raise ConfigError(f"{where}: expected a mapping such as {{better: A, than: B, by: 0.01}}, got {e!r}")
+            raise ConfigError(
+                f"{where}: expected a mapping such as {{better: A, than: B, by: 0.01}}, got {e!r}"
+            )
         unknown = set(e) - {"better", "than", "by", "equal", "within", "metric", "claim"}
         if unknown:
-            raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; use better/than/by, or equal/within, "
-                              f"metric, claim")
+            raise ConfigError(
+                f"{where}: unknown key(s) {sorted(unknown)}; use better/than/by, or equal/within, "
+                f"metric, claim"
+            )
         metric = str(e.get("metric", "val_bpb"))
         if metric not in metrics:
             raise ConfigError(f"{where}: metric={metric!r} is not one of {', '.join(sorted(metrics))}")
         if ("better" in e) == ("equal" in e):
-            raise ConfigError(f"{where}: give either 'better: A' (with 'than: B', default the baseline) or "
-                              f"'equal: [A, B]'")
+            raise ConfigError(
+                f"{where}: give either 'better: A' (with 'than: B', default the baseline) or "
+                f"'equal: [A, B]'"
+            )
         if "better" in e:
             if "within" in e:
                 raise ConfigError(f"{where}: 'within' goes with 'equal'; a 'better' claim takes 'by'")
@@ -477,28 +578,42 @@ def parse_expect(raw: Any, labels: list[str], baseline: str, contexts: list, sou
         else:
             pair = e["equal"]
             if not isinstance(pair, list) or len(pair) != 2:
-                raise ConfigError(f"{where}: equal={pair!r} must name two variants, e.g. [RMSNorm, LayerNorm]")
+                raise ConfigError(
+                    f"{where}: equal={pair!r} must name two variants, e.g. [RMSNorm, LayerNorm]"
+                )
             if "by" in e:
                 raise ConfigError(f"{where}: 'by' goes with 'better'; an 'equal' claim takes 'within'")
             a, b = str(pair[0]), str(pair[1])
             by, rel = _threshold(e.get("within"), f"{where}.within")
             if by <= 0:
-                raise ConfigError(f"{where}: an 'equal' claim needs within > 0 (the largest difference that "
-                                  f"still counts as equal)")
+                raise ConfigError(
+                    f"{where}: an 'equal' claim needs within > 0 (the largest difference that "
+                    f"still counts as equal)"
+                )
             kind = "equal"
         for name in (a, b):
             if name not in labels:
                 import difflib
 
                 near = difflib.get_close_matches(name, labels, n=1)
-                raise ConfigError(f"{where}: no variant {name!r}" + (f"; did you mean {near[0]!r}?" if near else
-                                                                     f"; variants: {', '.join(labels)}"))
+                raise ConfigError(
+                    f"{where}: no variant {name!r}"
+                    + (f"; did you mean {near[0]!r}?" if near else f"; variants: {', '.join(labels)}")
+                )
         if a == b:
             raise ConfigError(f"{where}: compares {a!r} with itself")
-        unit = "%" if rel else ("" if metric in TIMING_METRICS else " bits/byte" if "bpb" in metric else " nats")
+        unit = (
+            "%" if rel else ("" if metric in TIMING_METRICS else " bits/byte" if "bpb" in metric else " nats")
+        )
         amount = f"{100 * by:g}%" if rel else f"{by:g}{unit}"
-        text = str(e.get("claim") or (f"{a} better than {b}" + (f" by >= {amount}" if by else "")
-                                      if kind == "better" else f"{a} equal to {b} within {amount}"))
+        text = str(
+            e.get("claim")
+            or (
+                f"{a} better than {b}" + (f" by >= {amount}" if by else "")
+                if kind == "better"
+                else f"{a} equal to {b} within {amount}"
+            )
+        )
         out.append(Expectation(kind, a, b, by, rel, metric, text))
     return out
 
@@ -513,16 +628,21 @@ def parse_match(raw: Any, source: str) -> Optional[Match]:
         raise ConfigError(f"{source}: match must be a quantity ({', '.join(HOLDS)}) or a mapping with 'hold'")
     unknown = set(raw) - {"hold", "solve", "multiple", "target", "tolerance"}
     if unknown:
-        raise ConfigError(f"{source}.match: unknown key(s) {sorted(unknown)}; use hold, solve, multiple, target, "
-                          f"tolerance")
+        raise ConfigError(
+            f"{source}.match: unknown key(s) {sorted(unknown)}; use hold, solve, multiple, target, "
+            f"tolerance"
+        )
     hold = raw.get("hold")
     if hold not in HOLDS:
         raise ConfigError(f"{source}.match.hold={hold!r} must be one of {', '.join(HOLDS)}")
-    solve = raw.get("solve", "d_ff" if hold in ("non_embedding_params", "params", "flops_per_token") else None)
+    solve = raw.get(
+        "solve", "d_ff" if hold in ("non_embedding_params", "params", "flops_per_token") else None
+    )
     if hold in ("tokens", "flops"):
         if "solve" in raw:
-            raise ConfigError(f"{source}.match: hold={hold} is held by the budget, not by solving a size; drop "
-                              f"'solve'")
+            raise ConfigError(
+                f"{source}.match: hold={hold} is held by the budget, not by solving a size; drop " f"'solve'"
+            )
     elif solve not in SOLVABLE:
         raise ConfigError(f"{source}.match.solve={solve!r} must be one of {', '.join(SOLVABLE)}")
     multiple = raw.get("multiple", 1 if solve == "n_layers" else 8)
@@ -542,7 +662,9 @@ def parse_tune(raw: Any, source: str) -> dict:
     if raw is None:
         return {}
     if not isinstance(raw, dict) or not raw:
-        raise ConfigError(f"{source}: tune must map a field to a list of values, e.g. {{lr: [1.0e-3, 3.0e-3]}}")
+        raise ConfigError(
+            f"{source}: tune must map a field to a list of values, e.g. {{lr: [1.0e-3, 3.0e-3]}}"
+        )
     out = {}
     for k, v in raw.items():
         _check_field(str(k), f"{source}.tune")
@@ -572,7 +694,9 @@ def parse_scales(raw: Any, source: str) -> list[Variant]:
         k, values = next(iter(raw.items()))
         raw = [{k: v} for v in values]
     if not isinstance(raw, list) or len(raw) < 2:
-        raise ConfigError(f"{source}: scales must list at least two sizes, e.g. [{{d_model: 64}}, {{d_model: 128}}]")
+        raise ConfigError(
+            f"{source}: scales must list at least two sizes, e.g. [{{d_model: 64}}, {{d_model: 128}}]"
+        )
     out = []
     for i, v in enumerate(raw):
         if not isinstance(v, dict):
@@ -592,10 +716,14 @@ def parse_timing(raw: Any, source: str) -> Optional[dict]:
         return None
     raw = {} if raw is True else raw
     if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: timing must be true or a mapping with keys {', '.join(TIMING_DEFAULTS)}")
+        raise ConfigError(
+            f"{source}: timing must be true or a mapping with keys {', '.join(TIMING_DEFAULTS)}"
+        )
     unknown = set(raw) - set(TIMING_DEFAULTS)
     if unknown:
-        raise ConfigError(f"{source}.timing: unknown key(s) {sorted(unknown)}; valid: {', '.join(TIMING_DEFAULTS)}")
+        raise ConfigError(
+            f"{source}.timing: unknown key(s) {sorted(unknown)}; valid: {', '.join(TIMING_DEFAULTS)}"
+        )
     out = {**TIMING_DEFAULTS, **raw}
     for k, v in out.items():
         if k == "decode":
@@ -604,8 +732,10 @@ def parse_timing(raw: Any, source: str) -> Optional[dict]:
         elif v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ConfigError(f"{source}.timing.{k}={v!r} must be an integer >= 1")
     if out["pairs"] < 15:
-        raise ConfigError(f"{source}.timing.pairs={out['pairs']} must be >= 15 (a median of per-pair ratios "
-                          f"needs that many pairs to carry a useful interval)")
+        raise ConfigError(
+            f"{source}.timing.pairs={out['pairs']} must be >= 15 (a median of per-pair ratios "
+            f"needs that many pairs to carry a useful interval)"
+        )
     return out
 
 
@@ -661,9 +791,11 @@ def solve_size(model: dict, match: Match, target: float, where: str) -> tuple[di
     m, cfg = build(k)
     got = measure(cfg, match.hold)
     if abs(got - target) > match.tolerance * target:
-        raise ConfigError(f"{where}: {match.solve}={k * step} gives {match.hold}={got:,.0f}, "
-                          f"{100 * (got / target - 1):+.1f}% off the target {target:,.0f} (tolerance "
-                          f"{100 * match.tolerance:g}%); use a smaller match.multiple or another match.solve")
+        raise ConfigError(
+            f"{where}: {match.solve}={k * step} gives {match.hold}={got:,.0f}, "
+            f"{100 * (got / target - 1):+.1f}% off the target {target:,.0f} (tolerance "
+            f"{100 * match.tolerance:g}%); use a smaller match.multiple or another match.solve"
+        )
     extra = {kk: m[kk] for kk in (match.solve, "n_heads", "n_kv_heads") if kk in m and m[kk] != model.get(kk)}
     return m, extra
 
@@ -717,7 +849,9 @@ def budget_steps(budget: dict, tokens_per_step: int, flops_per_tok: float, defau
         return int(budget.get("steps", default_steps))
     if steps < 1:
         key = "tokens" if "tokens" in budget else "flops"
-        raise ConfigError(f"budget {key}={budget[key]:g} buys no training step (one step is {unit}); raise the budget")
+        raise ConfigError(
+            f"budget {key}={budget[key]:g} buys no training step (one step is {unit}); raise the budget"
+        )
     return steps
 
 
@@ -740,8 +874,10 @@ def plan_runs(spec: Spec, data_dir: Optional[Path] = None) -> list[RunPlan]:
 
 def _split_fields(fields: dict) -> tuple[dict, dict]:
     model_keys, train_keys = _field_names()
-    return ({k: x for k, x in fields.items() if k in model_keys},
-            {k: x for k, x in fields.items() if k in train_keys and k not in model_keys})
+    return (
+        {k: x for k, x in fields.items() if k in model_keys},
+        {k: x for k, x in fields.items() if k in train_keys and k not in model_keys},
+    )
 
 
 def _plan(spec: Spec, data_dir: Optional[Path], vocab: int) -> list[RunPlan]:
@@ -767,13 +903,18 @@ def _plan(spec: Spec, data_dir: Optional[Path], vocab: int) -> list[RunPlan]:
             models[v.label] = model
         target = None
         if spec.match and spec.match.solve:
-            where = f"{spec.path or 'sweep spec'}, baseline {spec.baseline!r}" + (f", scale {scale.label!r}"
-                                                                                 if scale else "")
+            where = f"{spec.path or 'sweep spec'}, baseline {spec.baseline!r}" + (
+                f", scale {scale.label!r}" if scale else ""
+            )
             target = spec.match.target
             if target == "baseline":
-                target = measure(ModelConfig.from_dict(models[spec.baseline], f"{where} model"), spec.match.hold)
+                target = measure(
+                    ModelConfig.from_dict(models[spec.baseline], f"{where} model"), spec.match.hold
+                )
         for v in spec.variants:
-            where = f"{spec.path or 'sweep spec'}, variant {v.label!r}" + (f", scale {scale.label!r}" if scale else "")
+            where = f"{spec.path or 'sweep spec'}, variant {v.label!r}" + (
+                f", scale {scale.label!r}" if scale else ""
+            )
             model, solved = models[v.label], {}
             if target is not None and not (v.label == spec.baseline and spec.match.target == "baseline"):
                 model, solved = solve_size(model, spec.match, target, where)
@@ -800,16 +941,33 @@ def _plan(spec: Spec, data_dir: Optional[Path], vocab: int) -> list[RunPlan]:
                     if "seconds" in spec.budget:
                         changes["max_seconds"] = float(spec.budget["seconds"])
                     tc = dataclasses.replace(tc, **changes)
-                    stem = slug(v.label) + (f"_{slug(scale.label)}" if scale else "") + \
-                        "".join(f"_{k}={_fmt(x)}" for k, x in tune.items())
+                    stem = (
+                        slug(v.label)
+                        + (f"_{slug(scale.label)}" if scale else "")
+                        + "".join(f"_{k}={_fmt(x)}" for k, x in tune.items())
+                    )
                     name, k = f"{stem}-s{seed}", 2
                     while name in names:  # two labels with one slug
                         name = f"{stem}-{k}-s{seed}"
                         k += 1
                     names.add(name)
                     fields_ = {**scale_fields, **v.fields, **solved, **tune}
-                    plans.append(RunPlan(name, v.label, seed, fields_, cfg, tc, tps, fpt, data_dir,
-                                         scale.label if scale else None, dict(tune), solved))
+                    plans.append(
+                        RunPlan(
+                            name,
+                            v.label,
+                            seed,
+                            fields_,
+                            cfg,
+                            tc,
+                            tps,
+                            fpt,
+                            data_dir,
+                            scale.label if scale else None,
+                            dict(tune),
+                            solved,
+                        )
+                    )
     if spec.match and spec.match.hold in ("tokens", "flops"):
         _check_budget_hold(spec, plans)
     return plans
@@ -823,9 +981,11 @@ def _check_budget_hold(spec: Spec, plans: list[RunPlan]) -> None:
     for p in plans:
         got, want = getattr(p, key), ref[p.scale]
         if abs(got - want) > spec.match.tolerance * want:
-            raise ConfigError(f"{spec.path or 'sweep spec'}: match.hold={key}, but run {p.name!r} trains "
-                              f"{got:.4g} {key}, {100 * (got / want - 1):+.1f}% off the baseline's {want:.4g}; "
-                              f"set budget: {{{key}: ...}} so every variant gets the same")
+            raise ConfigError(
+                f"{spec.path or 'sweep spec'}: match.hold={key}, but run {p.name!r} trains "
+                f"{got:.4g} {key}, {100 * (got / want - 1):+.1f}% off the baseline's {want:.4g}; "
+                f"set budget: {{{key}: ...}} so every variant gets the same"
+            )
 
 
 def plan_quantities(plans: list[RunPlan]) -> dict:
@@ -837,7 +997,12 @@ def plan_quantities(plans: list[RunPlan]) -> dict:
         key = (p.scale, p.variant)
         if key not in out:
             c = param_counts(p.cfg)
-            out[key] = {"params": c["total"], "non_embedding_params": c["non_embedding"],
-                        "flops_per_token": p.flops_per_token, "tokens": p.tokens, "flops": p.flops,
-                        "steps": p.steps}
+            out[key] = {
+                "params": c["total"],
+                "non_embedding_params": c["non_embedding"],
+                "flops_per_token": p.flops_per_token,
+                "tokens": p.tokens,
+                "flops": p.flops,
+                "steps": p.steps,
+            }
     return out

@@ -63,7 +63,9 @@ def paired(a: dict, b: dict) -> list[tuple[int, float]]:
     return [(s, b[s] - a[s]) for s in sorted(set(a) & set(b))]
 
 
-def difference(a: dict, b: dict, confidence: float = 0.95, pooled: Optional[tuple[float, int]] = None) -> dict:
+def difference(
+    a: dict, b: dict, confidence: float = 0.95, pooled: Optional[tuple[float, int]] = None
+) -> dict:
     """The difference b - a (``a``/``b``: seed -> value of one metric) with its interval.
 
     Returns {mean, lo, hi, n, method, diffs}: ``method`` is ``paired t`` (>= 2 shared seeds),
@@ -71,8 +73,13 @@ def difference(a: dict, b: dict, confidence: float = 0.95, pooled: Optional[tupl
     (sd, df)), or ``none`` (no shared seed, or one without a noise estimate: lo = hi = None)."""
     diffs = paired(a, b)
     values = [d for _, d in diffs]
-    out = {"n": len(values), "diffs": diffs, "mean": statistics.fmean(values) if values else None,
-           "lo": None, "hi": None}
+    out = {
+        "n": len(values),
+        "diffs": diffs,
+        "mean": statistics.fmean(values) if values else None,
+        "lo": None,
+        "hi": None,
+    }
     if len(values) >= 2:
         ti = t_interval(values, confidence)
         out.update(lo=ti["lo"], hi=ti["hi"], sd=ti["sd"], method="paired t")

@@ -23,8 +23,15 @@ import torch
 from lmlab.config import ModelConfig
 
 
-def _step_timer(cfg: ModelConfig, batch: int, context: int, dtype: Optional[torch.dtype], steps: int,
-                device: torch.device, seed: int = 0) -> Callable[[], float]:
+def _step_timer(
+    cfg: ModelConfig,
+    batch: int,
+    context: int,
+    dtype: Optional[torch.dtype],
+    steps: int,
+    device: torch.device,
+    seed: int = 0,
+) -> Callable[[], float]:
     """A closure timing ``steps`` training steps of a fresh ``TransformerLM(cfg)``; returns seconds/step."""
     from lmlab.model import TransformerLM
     from lmlab.model.transformer import lm_loss
@@ -53,8 +60,9 @@ def _step_timer(cfg: ModelConfig, batch: int, context: int, dtype: Optional[torc
     return run
 
 
-def _decode_timer(cfg: ModelConfig, batch: int, context: int, device: torch.device,
-                  seed: int = 0) -> Callable[[], float]:
+def _decode_timer(
+    cfg: ModelConfig, batch: int, context: int, device: torch.device, seed: int = 0
+) -> Callable[[], float]:
     """A closure timing greedy KV-cache decoding of an untrained ``TransformerLM(cfg)`` from a prompt
     of context // 2 tokens to ``context`` tokens; returns seconds per decode step (median of one call)."""
     from lmlab.bench import bench_decode, random_prompts
@@ -67,17 +75,34 @@ def _decode_timer(cfg: ModelConfig, batch: int, context: int, device: torch.devi
     prompts = random_prompts(cfg.vocab_size, batch, prompt_len, seed)
 
     def run() -> float:
-        res = bench_decode(model, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, repeats=1,
-                           device=device, prompts=prompts)
+        res = bench_decode(
+            model,
+            batch=batch,
+            prompt_len=prompt_len,
+            new_tokens=new_tokens,
+            repeats=1,
+            device=device,
+            prompts=prompts,
+        )
         return res["decode_s_per_step"]
 
     return run
 
 
-def time_variants(cfgs: dict[str, ModelConfig], batch: int, context: Optional[int] = None, pairs: int = 15,
-                  steps: int = 3, dtype: Optional[torch.dtype] = None, device: str | torch.device = "cpu",
-                  threads: Optional[int] = None, decode: bool = False, decode_batch: int = 8,
-                  decode_context: Optional[int] = None, log: Callable[[str], None] = lambda s: None) -> dict:
+def time_variants(
+    cfgs: dict[str, ModelConfig],
+    batch: int,
+    context: Optional[int] = None,
+    pairs: int = 15,
+    steps: int = 3,
+    dtype: Optional[torch.dtype] = None,
+    device: str | torch.device = "cpu",
+    threads: Optional[int] = None,
+    decode: bool = False,
+    decode_batch: int = 8,
+    decode_context: Optional[int] = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> dict:
     """Interleaved step-time (and decode-step-time) measurements of the models ``cfgs`` (label ->
     ModelConfig), ``pairs`` rounds after one warm-up round (see the module docstring).
 
@@ -90,26 +115,42 @@ def time_variants(cfgs: dict[str, ModelConfig], batch: int, context: Optional[in
         torch.set_num_threads(threads)
     labels = list(cfgs)
     try:
-        timers = {"step_s": {k: _step_timer(c, batch, context or c.context_length, dtype, steps, device)
-                             for k, c in cfgs.items()}}
+        timers = {
+            "step_s": {
+                k: _step_timer(c, batch, context or c.context_length, dtype, steps, device)
+                for k, c in cfgs.items()
+            }
+        }
         if decode:
-            timers["decode_s"] = {k: _decode_timer(c, decode_batch, decode_context or c.context_length, device)
-                                  for k, c in cfgs.items()}
+            timers["decode_s"] = {
+                k: _decode_timer(c, decode_batch, decode_context or c.context_length, device)
+                for k, c in cfgs.items()
+            }
         out: dict = {kind: {k: [] for k in labels} for kind in timers}
         load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         for r in range(pairs + 1):  # round 0 warms every model up and is not recorded
-            order = labels[r % len(labels):] + labels[:r % len(labels)]
+            order = labels[r % len(labels) :] + labels[: r % len(labels)]
             for kind, ts in timers.items():
                 for k in order:
                     t = ts[k]()
                     if r:
                         out[kind][k].append(t)
             if r:
-                log(f"timing round {r}/{pairs}: " + ", ".join(f"{k} {1e3 * out['step_s'][k][-1]:.1f} ms"
-                                                            for k in labels))
+                log(
+                    f"timing round {r}/{pairs}: "
+                    + ", ".join(f"{k} {1e3 * out['step_s'][k][-1]:.1f} ms" for k in labels)
+                )
         load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-        out.update(rounds=pairs, batch=batch, context=context, steps=steps, threads=torch.get_num_threads(),
-                   dtype=str(dtype or "fp32").replace("torch.", ""), device=str(device), load_avg=[load0, load1])
+        out.update(
+            rounds=pairs,
+            batch=batch,
+            context=context,
+            steps=steps,
+            threads=torch.get_num_threads(),
+            dtype=str(dtype or "fp32").replace("torch.", ""),
+            device=str(device),
+            load_avg=[load0, load1],
+        )
         return out
     finally:
         torch.set_num_threads(before)

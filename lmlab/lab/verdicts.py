@@ -66,10 +66,19 @@ def select_tuned(rows: list[dict], spec: Optional[Spec], metric: str = "val_bpb"
         edge = []
         for fld, values in grid_values.items():
             nums = [x for x in values if _ok(x)]
-            if len(nums) == len(values) and len(nums) >= 2 and best["tune"].get(fld) in (min(nums), max(nums)):
+            if (
+                len(nums) == len(values)
+                and len(nums) >= 2
+                and best["tune"].get(fld) in (min(nums), max(nums))
+            ):
                 edge.append(fld)
-        out[k] = {"tune": best["tune"], "key": best["key"], "edge": edge if len(options) > 1 else [],
-                  "grid": sorted(grid, key=lambda g: g["key"]), "all_failed": best["mean"] == math.inf}
+        out[k] = {
+            "tune": best["tune"],
+            "key": best["key"],
+            "edge": edge if len(options) > 1 else [],
+            "grid": sorted(grid, key=lambda g: g["key"]),
+            "all_failed": best["mean"] == math.inf,
+        }
     return out
 
 
@@ -104,29 +113,52 @@ def _divergence_verdict(kind: str, a: dict, b: dict) -> Optional[tuple[str, str]
 def judge(e, a: dict, b: dict, confidence: float, pooled) -> dict:
     """The verdict of expectation ``e`` (:class:`lmlab.lab.spec.Expectation`) from per-seed values of
     its two variants (``a`` = better / first, ``b`` = than / second; seed -> value or None)."""
-    out = {"text": e.text, "kind": e.kind, "a": e.a, "b": e.b, "metric": e.metric, "by": e.by,
-           "relative": e.relative, "n": 0, "effect": None, "lo": None, "hi": None, "method": "none", "note": ""}
+    out = {
+        "text": e.text,
+        "kind": e.kind,
+        "a": e.a,
+        "b": e.b,
+        "metric": e.metric,
+        "by": e.by,
+        "relative": e.relative,
+        "n": 0,
+        "effect": None,
+        "lo": None,
+        "hi": None,
+        "method": "none",
+        "note": "",
+    }
     decided = _divergence_verdict(e.kind, a, b)
     if decided:
         out["verdict"], out["note"] = decided
         return out
     fa, fb = _finite(a), _finite(b)
     # effect: better -> b - a (an improvement is positive); equal -> a - b
-    d = stats.difference(fa, fb, confidence, pooled) if e.kind == "better" else \
-        stats.difference(fb, fa, confidence, pooled)
+    d = (
+        stats.difference(fa, fb, confidence, pooled)
+        if e.kind == "better"
+        else stats.difference(fb, fa, confidence, pooled)
+    )
     scale = 1.0
     if e.relative and fb:
         scale = statistics.fmean(fb.values())
-    out.update(n=d["n"], method=d["method"],
-               effect=None if d["mean"] is None else d["mean"] / scale,
-               lo=None if d["lo"] is None else d["lo"] / scale, hi=None if d["hi"] is None else d["hi"] / scale)
+    out.update(
+        n=d["n"],
+        method=d["method"],
+        effect=None if d["mean"] is None else d["mean"] / scale,
+        lo=None if d["lo"] is None else d["lo"] / scale,
+        hi=None if d["hi"] is None else d["hi"] / scale,
+    )
     dropped = (len(a) - len(fa)) + (len(b) - len(fb))
     notes = []
     if d["method"] == "pooled":
         notes.append("one seed: interval from the sweep's pooled per-run noise (unpaired)")
     if d["method"] == "none":
-        notes.append("no interval: one seed and no cell with two seeds to estimate the noise"
-                     if d["n"] else "no seed shared by both variants")
+        notes.append(
+            "no interval: one seed and no cell with two seeds to estimate the noise"
+            if d["n"]
+            else "no seed shared by both variants"
+        )
     if dropped:
         notes.append(f"{dropped} diverged/failed run(s) left out")
     out["note"] = "; ".join(notes)
@@ -140,11 +172,20 @@ def judge_timing(e, times: dict, confidence: float) -> dict:
     equal: effect = median(t_a / t_b) - 1. Thresholds are fractions (0.05 or '5%')."""
     from lmlab.lab.timing import summarize_ratio
 
-    out = {"text": e.text, "kind": e.kind, "a": e.a, "b": e.b, "metric": e.metric, "by": e.by, "relative": True,
-           "note": "median of per-round ratios, sign-test interval"}
+    out = {
+        "text": e.text,
+        "kind": e.kind,
+        "a": e.a,
+        "b": e.b,
+        "metric": e.metric,
+        "by": e.by,
+        "relative": True,
+        "note": "median of per-round ratios, sign-test interval",
+    }
     if e.a not in times or e.b not in times:
-        out.update(verdict=stats.INCONCLUSIVE, effect=None, lo=None, hi=None, n=0, method="none",
-                   note="not timed")
+        out.update(
+            verdict=stats.INCONCLUSIVE, effect=None, lo=None, hi=None, n=0, method="none", note="not timed"
+        )
         return out
     r = summarize_ratio(times, e.b, e.a, confidence)  # t_a / t_b per round
     lo, hi = r["lo"], r["hi"]
@@ -165,8 +206,14 @@ def contention(rows: list[dict]) -> list[dict]:
         if _ok(r.get("wall_s")) and _ok(r.get("tokens_per_s")) and r.get("tokens"):
             expected = r["tokens"] / r["tokens_per_s"]
             if expected > 0 and r["wall_s"] > CONTENTION_LIMIT * expected:
-                out.append({"run": r["run"], "wall_s": r["wall_s"], "expected_s": expected,
-                            "ratio": r["wall_s"] / expected})
+                out.append(
+                    {
+                        "run": r["run"],
+                        "wall_s": r["wall_s"],
+                        "expected_s": expected,
+                        "ratio": r["wall_s"] / expected,
+                    }
+                )
     return out
 
 
@@ -198,11 +245,21 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
             continue
         base = values[(scale, baseline)]
         d = stats.difference(_finite(base), _finite(vals), confidence, pooled)
-        comparisons.append({"scale": scale, "variant": variant, "baseline": baseline, "mean": d["mean"],
-                            "lo": d["lo"], "hi": d["hi"], "n": d["n"], "method": d["method"],
-                            "variant_mean": statistics.fmean(_finite(vals).values()) if _finite(vals) else None,
-                            "baseline_mean": statistics.fmean(_finite(base).values()) if _finite(base) else None,
-                            "failed": sum(v is None for v in vals.values())})
+        comparisons.append(
+            {
+                "scale": scale,
+                "variant": variant,
+                "baseline": baseline,
+                "mean": d["mean"],
+                "lo": d["lo"],
+                "hi": d["hi"],
+                "n": d["n"],
+                "method": d["method"],
+                "variant_mean": statistics.fmean(_finite(vals).values()) if _finite(vals) else None,
+                "baseline_mean": statistics.fmean(_finite(base).values()) if _finite(base) else None,
+                "failed": sum(v is None for v in vals.values()),
+            }
+        )
     claims = []
     metric_values: dict = {"val_bpb": values}
     for e in (spec.expect if spec else []):
@@ -222,8 +279,10 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
     q = quantities(rows, selected)
     hold = spec.match.hold if spec and spec.match else None
     flags = control_flags(q, baseline, hold, spec.varies if spec else [])
-    controls = [{"scale": s, "variant": v, **vals, "flags": [[n, r] for n, r in flags.get((s, v), [])]}
-                for (s, v), vals in q.items()]
+    controls = [
+        {"scale": s, "variant": v, **vals, "flags": [[n, r] for n, r in flags.get((s, v), [])]}
+        for (s, v), vals in q.items()
+    ]
     timing_rows = []
     for scale, block in ((timing or {}).get("scales") or {}).items():
         from lmlab.lab.timing import summarize_ratio
@@ -233,10 +292,25 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
                 continue
             for variant in times:
                 r = summarize_ratio(times, baseline, variant, confidence)
-                timing_rows.append({"scale": scale or None, "variant": variant, "kind": kind,
-                                    "seconds": statistics.median(times[variant]), **r})
-    return {"confidence": confidence, "baseline": baseline, "pooled": list(pooled) if pooled else None,
-            "selected": [{"scale": s, "variant": v, **sel} for (s, v), sel in selected.items()],
-            "comparisons": comparisons, "claims": claims, "controls": controls, "timing": timing_rows,
-            "contention": contention(rows), "hold": hold,
-            "tolerance": spec.match.tolerance if spec and spec.match else None}
+                timing_rows.append(
+                    {
+                        "scale": scale or None,
+                        "variant": variant,
+                        "kind": kind,
+                        "seconds": statistics.median(times[variant]),
+                        **r,
+                    }
+                )
+    return {
+        "confidence": confidence,
+        "baseline": baseline,
+        "pooled": list(pooled) if pooled else None,
+        "selected": [{"scale": s, "variant": v, **sel} for (s, v), sel in selected.items()],
+        "comparisons": comparisons,
+        "claims": claims,
+        "controls": controls,
+        "timing": timing_rows,
+        "contention": contention(rows),
+        "hold": hold,
+        "tolerance": spec.match.tolerance if spec and spec.match else None,
+    }
