@@ -146,7 +146,7 @@ def cmd_sweep(args) -> int:
         return 0
     if not args.spec:
         raise ConfigError("give a spec file or a shipped spec name (`lmlab sweep --list` shows them)")
-    command = "lmlab " + " ".join(sys.argv[1:]) if Path(sys.argv[0]).name == "lmlab" else None
+    command = f"lmlab sweep {args.spec}" + (f" --out {args.out}" if args.out else "") + f" --jobs {args.jobs}"
     run_sweep(args.spec, out=args.out, jobs=args.jobs, dry_run=args.dry_run, command=command)
     return 0
 
@@ -582,7 +582,7 @@ def main(argv=None) -> int:
         print(f"lmlab {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # lmlab.train.TrainingInterrupted says what was saved
-        print(f"lmlab {args.command}: {exc or 'interrupted'}", file=sys.stderr)
+        print(f"lmlab {args.command}: {str(exc) or 'interrupted'}", file=sys.stderr)
         return getattr(exc, "exit_code", 130)
 
 

@@ -588,6 +588,8 @@ class Trainer:
         mean_loss = all_reduce_mean(ce_sum, info, self.device) * info.world_size / global_tokens
         if self.scaler is not None:
             self.scaler.unscale_(self.opt)
+        if diag is not None:  # before clipping: the gradients backprop delivered
+            diag["grad_norm_layers"] = layer_grad_norms(self.model)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip if tc.grad_clip else float("inf"))
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         rec = {"step": self.step + 1, "loss": mean_loss, "lr": lr, "grad_norm": grad_norm}
@@ -596,8 +598,6 @@ class Trainer:
             if self.scaler is not None:
                 self.scaler.update()  # lowers the scale after an overflow
             self.bad_in_row += 1
-        if diag is not None:  # before clipping: the gradients backprop delivered
-            diag["grad_norm_layers"] = layer_grad_norms(self.model)
             self.step += 1
             rec["skipped"] = True
             return rec

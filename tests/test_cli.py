@@ -290,7 +290,7 @@ def test_report_and_sweep_refuse_foreign_outputs(tmp_path, capsys):
     readme = tmp_path / "README.md"
     readme.write_text("# my project\n")
     assert main(["report", str(sweep), "--out", str(readme)]) == 2
-    assert "is not an lmlab report" in error_line(capsys) and readme.read_text() == "# my project\n"
+    assert "is not an lmlab sweep report" in error_line(capsys) and readme.read_text() == "# my project\n"
     assert main(["report", str(sweep), "--out", str(tmp_path)]) == 2
     assert "must be a markdown file" in error_line(capsys)
     other = tmp_path / "other"

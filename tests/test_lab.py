@@ -433,3 +433,54 @@ def test_results_csv_reads_back_as_rows(tmp_path):
     for r, b in zip(rows, back):
         for k, v in r.items():
             assert b.get(k) == v and type(b.get(k)) is type(v), (k, v, b.get(k))  # "1e-3" stays a label
+
+
+def test_sweep_sigterm_stops_its_trainers(byte_data, tmp_path):
+    """kill (SIGTERM) of a running sweep stops its training subprocesses (no orphan keeps writing a run
+    folder; the trainer checkpoints its last step), says what was kept and exits 143."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    spec = {
+        "model": {"context_length": 32, "d_model": 32, "n_layers": 2, "n_heads": 2},
+        "train": {
+            "batch_size": 4,
+            "log_interval": 1,
+            "eval_interval": 1000,
+            "eval_windows": 2,
+            "device": "cpu",
+            "checkpoint_interval": 0,
+        },
+        "axes": {"grid": {"n_layers": [1, 2]}},
+        "seeds": [1],
+        "budget": {"steps": 4000},
+        "data": str(byte_data),
+    }
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "sw"
+    env = dict(os.environ, PYTHONPATH=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    metrics = out / "runs" / "n_layers=1-s1" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.is_file() and metrics.read_text().count("\n") >= 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143
+    assert "sweep interrupted (SIGTERM)" in err.strip().splitlines()[-1]
+    time.sleep(1.0)
+    size = metrics.stat().st_size
+    time.sleep(1.5)
+    assert metrics.stat().st_size == size  # no orphaned trainer writes on
+    ckpts = list((out / "runs" / "n_layers=1-s1" / "checkpoints").glob("step_*"))
+    assert ckpts, "the stopped trainer checkpointed its last finished step"

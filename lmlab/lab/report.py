@@ -628,12 +628,18 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     diverged = sum(1 for r in rows if r.get("diverged"))
     failed = sum(1 for r in rows if r.get("status") == "failed")
     wall = sum(r.get("wall_s") or 0 for r in rows)
+    run_wall = sum(r.get("run_wall_s") or 0 for r in rows)
     L.append(
         f"{recorded} run(s) recorded"
         + (f" of {planned} planned" if planned else "")
         + f" ({len(selected)} variant(s) x scale); {diverged} diverged, {failed} failed; "
-        + (f"{wall / 60:.1f} min" if wall >= 60 else f"{wall:.1f} s")
-        + " of training wall time in all."
+        + f"{_duration(wall)} in the training loops"
+        + (
+            f", {_duration(run_wall)} per run end to end (process start, training, evaluation)"
+            if run_wall
+            else ""
+        )
+        + " in all."
     )
     L.append("")
     L += _provenance_lines(sweep_dir, rows)
@@ -657,16 +663,20 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     return [out, csv_path, verdict_path, *written]
 
 
-def _check_out(out: Path) -> Path:
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
+
+
+def _check_out(out: Path, mark: str = REPORT_MARKS[0]) -> Path:
     if out.is_dir() or out.suffix.lower() != ".md":
         raise ValueError(
             f"--out {str(out)!r} must be a markdown file path ending in .md (its plots and CSV go "
             f"beside it)"
         )
-    if out.exists() and not out.read_text(errors="replace").startswith(REPORT_MARKS):
+    if out.exists() and not out.read_text(errors="replace").startswith(mark):
+        what = "an lmlab index page" if mark == REPORT_MARKS[1] else "an lmlab sweep report"
         raise ValueError(
-            f"--out {str(out)!r} exists and is not an lmlab report; choose another file (nothing was "
-            f"written)"
+            f"--out {str(out)!r} exists and is not {what}; choose another file (nothing was written)"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     return out
@@ -927,7 +937,7 @@ def write_index(dirs: list[Path], out: Path) -> list[Path]:
     plot (``NAME-forest.png`` beside ``out``). A sweep folder is analysed from its results; a folder
     with only a ``verdicts.json`` (a committed report) is read as it is. Raises ValueError for a folder
     that is neither, or a bad ``out``."""
-    out = _check_out(Path(out))
+    out = _check_out(Path(out), REPORT_MARKS[1])
     claims, specs = [], []
     for d in dirs:
         d = Path(d)

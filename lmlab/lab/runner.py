@@ -26,6 +26,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -363,11 +364,9 @@ class _Sweep:
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
             with self.lock:
                 self.procs.add(proc)
-            try:
-                rc = proc.wait()
-            finally:
-                with self.lock:
-                    self.procs.discard(proc)
+            rc = proc.wait()  # an interrupt here leaves proc in self.procs: run() stops it
+            with self.lock:
+                self.procs.discard(proc)
         if rc == 0:
             return False, None
         if self.stopping or rc in (130, 143) or rc < 0:  # SIGINT/SIGTERM (checkpointed: 130/143) or killed
@@ -415,6 +414,7 @@ class _Sweep:
                     "error": f"evaluation failed: {exc}",
                     "fields": p.fields,
                 }
+        row["run_wall_s"] = time.perf_counter() - t0  # this invocation: training subprocess + evaluation
         with self.lock:
             self.rows[p.name] = row
             self.write_results()
@@ -465,6 +465,29 @@ class _Sweep:
         finally:
             if pool is not None:
                 pool.shutdown(wait=True)
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """A sweep stopped by SIGINT or SIGTERM after stopping its training subprocesses (each checkpoints
+    its last finished step); ``exit_code`` 130 or 143. The same command resumes."""
+
+    def __init__(self, message: str, exit_code: int = 130):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _on_sigterm_interrupt():
+    """From the main thread: make SIGTERM raise KeyboardInterrupt (exit 143) so that ``kill`` stops the
+    sweep's training subprocesses too; returns the previous handler (None off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        exc = KeyboardInterrupt("SIGTERM")
+        exc.exit_code = 143
+        raise exc
+
+    return signal.signal(signal.SIGTERM, handler)
 
 
 # --- provenance, machine load and the timing block ---------------------------------------
@@ -715,10 +738,20 @@ def run_sweep(
     t0 = time.perf_counter()
     sampler = LoadSampler(sweep_dir / LOAD_FILE)
     sampler.start()
+    previous = _on_sigterm_interrupt()
     try:
         run_timing(spec, plans, sweep_dir, log)  # alone on the machine, before any training job
         _Sweep(spec, sweep_dir, plans, jobs, threads, log).run()
+    except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: the training subprocesses were stopped first
+        done = len([r for r in read_results(sweep_dir) if r.get("status") in ("ok", "diverged")])
+        raise SweepInterrupted(
+            f"sweep interrupted ({exc or 'SIGINT'}); {done} of {len(plans)} run(s) recorded, the others "
+            f"checkpointed where they stopped; the same command resumes",
+            getattr(exc, "exit_code", 130),
+        ) from None
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         sampler.stop()
         torch.set_num_threads(before)
     log(

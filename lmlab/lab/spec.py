@@ -563,6 +563,12 @@ def parse_expect(
             )
         metric = str(e.get("metric", "val_bpb"))
         if metric not in metrics:
+            m = re.fullmatch(r"val_bpb_(.+)x", metric)
+            if m:
+                raise ConfigError(
+                    f"{where}: metric={metric!r} needs the spec to score at {m.group(1)}x the "
+                    f"training context: add eval_contexts: [1, {m.group(1)}]"
+                )
             raise ConfigError(f"{where}: metric={metric!r} is not one of {', '.join(sorted(metrics))}")
         if ("better" in e) == ("equal" in e):
             raise ConfigError(
@@ -574,6 +580,11 @@ def parse_expect(
                 raise ConfigError(f"{where}: 'within' goes with 'equal'; a 'better' claim takes 'by'")
             a, b = str(e["better"]), str(e.get("than", baseline))
             by, rel = _threshold(e.get("by"), f"{where}.by")
+            if rel and by >= 1:  # bits/byte, loss and time are positive: none can drop by 100%
+                raise ConfigError(
+                    f"{where}.by={e['by']!r}: an improvement of 100% or more is impossible; give a "
+                    f"percentage below 100%"
+                )
             kind = "better"
         else:
             pair = e["equal"]
