@@ -133,6 +133,20 @@ def param_counts(cfg: ModelConfig) -> dict:
     }
 
 
+INSTANTIATE_MAX_LAYERS = 512  # analyze builds the model on the meta device only up to this depth (time ~ layers)
+
+
+def layer_windows(cfg: ModelConfig) -> list[tuple[Optional[int], int]]:
+    """(window or None for full attention, number of layers) per kind of layer, from one period of
+    ``layer_pattern`` (its length divides n_layers): O(pattern length), not O(n_layers)."""
+    period = len(cfg.layer_pattern) if cfg.layer_pattern else 1
+    counts: dict = {}
+    for i in range(period):
+        w = cfg.layer_window(i)
+        counts[w] = counts.get(w, 0) + cfg.n_layers // period
+    return list(counts.items())
+
+
 def instantiated_params(cfg: ModelConfig) -> tuple[int, int]:
     """(total, non-embedding) of ``TransformerLM(cfg)`` built on the meta device (no memory)."""
     import torch
@@ -161,7 +175,7 @@ def mean_keys(context: int, window: Optional[int]) -> float:
 def attention_flops_per_token(cfg: ModelConfig, context: int) -> float:
     """Forward FLOPs of QK^T and AV per token, summed over layers, averaged over positions 1..context."""
     width = cfg.n_heads * cfg.head_dim
-    return sum(4 * width * mean_keys(context, cfg.layer_window(i)) for i in range(cfg.n_layers))
+    return sum(layers * 4 * width * mean_keys(context, w) for w, layers in layer_windows(cfg))
 
 
 def flops_per_token(cfg: ModelConfig, context: Optional[int] = None, training: bool = True) -> float:
@@ -187,8 +201,8 @@ def kv_cache_bytes(cfg: ModelConfig, context: int, batch: int = 1, dtype: str = 
     windows (``no_window_total``), with the savings as factors."""
     b = DTYPE_BYTES[dtype]
     per_layer_token = 2 * cfg.n_kv_heads * cfg.head_dim * b
-    held = [min(context, w) if w is not None else context for w in (cfg.layer_window(i) for i in range(cfg.n_layers))]
-    total = batch * per_layer_token * sum(held)
+    held = sum(layers * (min(context, w) if w is not None else context) for w, layers in layer_windows(cfg))
+    total = batch * per_layer_token * held
     no_window = batch * per_layer_token * context * cfg.n_layers
     mha = batch * 2 * cfg.n_heads * cfg.head_dim * b * context * cfg.n_layers
     return {"dtype": dtype, "bytes_per_value": b, "per_token": per_layer_token * cfg.n_layers,
@@ -239,10 +253,9 @@ def intensity(cfg: ModelConfig, context: int, batch: int = 1, device: Device | s
     dev = DEVICES[device] if isinstance(device, str) else device
     b = DTYPE_BYTES[dtype]
     kinds: dict = {}
-    for i in range(cfg.n_layers):
-        w = cfg.layer_window(i)
+    for w, layers in layer_windows(cfg):
         kind = "global" if w is None else "local"
-        kinds.setdefault(kind, {"window": w, "layers": 0})["layers"] += 1
+        kinds.setdefault(kind, {"window": w, "layers": 0})["layers"] += layers
     out: dict = {"device": dev.name, "ridge": dev.ridge, "dtype": dtype, "context": context, "batch": batch,
                  "kinds": {}}
     tot = {"weight_bytes": 0.0, "decode_flops": 0.0, "decode_bytes": 0.0, "prefill_flops": 0.0, "prefill_bytes": 0.0}
@@ -276,14 +289,19 @@ def intensity(cfg: ModelConfig, context: int, batch: int = 1, device: Device | s
 
 def analyze(cfg: ModelConfig, context: Optional[int] = None, batch: int = 1, device: Device | str = "h100",
             published_params: Optional[float] = None, check_instantiated: bool = True) -> dict:
-    """Everything ``lmlab analyze`` prints, as a dict (``--json``)."""
+    """Everything ``lmlab analyze`` prints, as a dict (``--json``). Bounded time for any valid config:
+    the figures are formulas over the kinds of layers; the meta-device cross-check of the parameter
+    count (``instantiated``) runs only up to :data:`INSTANTIATE_MAX_LAYERS` layers (else ``skipped``)."""
     n = cfg.context_length if context is None else context
     dev = DEVICES[device] if isinstance(device, str) else device
     counts = param_counts(cfg)
     res: dict = {"config": cfg.to_dict(), "context": n, "batch": batch, "params": counts}
     if published_params is not None:
         res["published_params"] = published_params
-    if check_instantiated:
+    if check_instantiated and cfg.n_layers > INSTANTIATE_MAX_LAYERS:
+        res["instantiated"] = {"skipped": f"n_layers={cfg.n_layers:,} > {INSTANTIATE_MAX_LAYERS}: not built on "
+                                          f"the meta device (its time grows with the layers)"}
+    elif check_instantiated:
         total, non_emb = instantiated_params(cfg)
         res["instantiated"] = {"total": total, "non_embedding": non_emb,
                                "equal": total == counts["total"] and non_emb == counts["non_embedding"]}
@@ -344,7 +362,9 @@ def format_analysis(res: dict, title: str) -> str:
     if p["head"]:
         L.append(f"  LM head          {p['head']:>18,}")
     inst = res.get("instantiated")
-    if inst:
+    if inst and "skipped" in inst:
+        L.append(f"  instantiated on the meta device: skipped ({inst['skipped']})")
+    elif inst:
         L.append(f"  instantiated on the meta device: {inst['total']:,} total, {inst['non_embedding']:,} "
                  f"non-embedding ({'equal' if inst['equal'] else 'DIFFERENT'})")
     L.append("")

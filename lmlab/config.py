@@ -52,13 +52,29 @@ ROPE_SCALING_KEYS = {
 
 
 def _choice(name: str, value: Any, allowed: tuple) -> None:
-    if value not in allowed:
+    if not isinstance(value, str) or value not in allowed:
         raise ConfigError(f"{name}={value!r} is not valid; choose one of {', '.join(map(repr, allowed))}")
 
 
-def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
+# the largest size a model field may have: 2**31 - 1 (int32 indexing, and far past any model; a larger
+# value would make analysis figures overflow or torch fail)
+MAX_SIZE = 2 ** 31 - 1
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1, maximum: int = MAX_SIZE) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}")
+        raise ConfigError(f"{name}={value!r:.60} must be an integer >= {minimum}")
+    if value > maximum:
+        raise ConfigError(f"{name}={value!r:.60} is too large; it must be an integer <= {maximum:,}")
+
+
+def _number_in(name: str, value: Any, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> None:
+    """``value`` a finite real number (not a bool) in the interval lo..hi (open ends as given)."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    ok = ok and (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
+    if not ok:
+        interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        raise ConfigError(f"{name}={value!r:.60} must be in {interval} (a finite number, not true/false)")
 
 
 def _non_negative(name: str, value: Any) -> None:
@@ -214,8 +230,7 @@ class ModelConfig:
         _positive("rope_theta", self.rope_theta)
         if self.rope_local_theta is not None:
             _positive("rope_local_theta", self.rope_local_theta)
-        if not (0 < self.rope_fraction <= 1):
-            raise ConfigError(f"rope_fraction={self.rope_fraction!r} must be in (0, 1]")
+        _number_in("rope_fraction", self.rope_fraction, 0, 1, lo_open=True)
         rotated = int(round(self.head_dim * self.rope_fraction))
         if self.position == "rope" and (rotated < 2 or rotated % 2):
             raise ConfigError(
@@ -273,9 +288,7 @@ class ModelConfig:
             raise ConfigError(f"parallel_block=True needs norm_position='pre', got {self.norm_position!r}")
         _non_negative("z_loss", self.z_loss)
         for name in ("embd_dropout", "attn_dropout", "resid_dropout"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < 1):
-                raise ConfigError(f"{name}={value!r} must be in [0, 1)")
+            _number_in(name, getattr(self, name), 0, 1, hi_open=True)
         _positive("init_std", self.init_std)
         for name in BOOL_FIELDS:  # a YAML/JSON "no" or 0 would otherwise pass as a truthy or falsy switch
             if not isinstance(getattr(self, name), bool):

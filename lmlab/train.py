@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -33,7 +34,8 @@ import yaml
 
 from lmlab.checkpoint import (RUN_FILE, CheckpointError, check_run_files, checkpoint_dirs, load_latest, metrics_lines,
                               read_run, save_checkpoint)
-from lmlab.config import ConfigError, ModelConfig, _choice, _non_negative, _positive, _positive_int, build_checked, check_keys
+from lmlab.config import (ConfigError, ModelConfig, _choice, _non_negative, _number_in, _positive, _positive_int,
+                          build_checked, check_keys)
 from lmlab.data.prepare import DataError, TokenData
 from lmlab.evaluate import evaluate
 from lmlab.fsutil import atomic_write_bytes, atomic_write_text
@@ -41,6 +43,7 @@ from lmlab.model import TransformerLM, lm_loss
 from lmlab.parallel import Dist, all_reduce_mean, barrier, full_state, init_distributed, load_full_state, wrap_model
 
 WD_GROUPS = ("norm", "bias", "embedding")
+MAX_COUNT = 2 ** 53  # step counts and intervals: exact as floats (schedules divide them)
 SCHEDULES = ("cosine", "wsd", "constant")
 
 
@@ -84,23 +87,22 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("batch_size", "grad_accum", "max_steps", "eval_interval", "eval_windows", "log_interval",
                      "max_bad_steps"):
-            _positive_int(name, getattr(self, name))
-        for name in ("warmup_steps", "checkpoint_interval", "keep_checkpoints", "seed", "diag_interval"):
-            _positive_int(name, getattr(self, name), 0)
+            _positive_int(name, getattr(self, name), 1, MAX_COUNT)
+        for name in ("warmup_steps", "checkpoint_interval", "keep_checkpoints", "diag_interval"):
+            _positive_int(name, getattr(self, name), 0, MAX_COUNT)
+        _positive_int("seed", self.seed, 0, 2 ** 63 - 1)  # torch.manual_seed's range
         _positive("lr", self.lr)
         _non_negative("weight_decay", self.weight_decay)
         _non_negative("grad_clip", self.grad_clip)
         _positive("eps", self.eps)
-        if not isinstance(self.spike_ratio, (int, float)) or self.spike_ratio <= 1:
-            raise ConfigError(f"spike_ratio={self.spike_ratio!r} must be a number > 1")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError(f"min_lr_ratio={self.min_lr_ratio!r} must be in [0, 1]")
-        if not 0 < self.decay_fraction <= 1:
-            raise ConfigError(f"decay_fraction={self.decay_fraction!r} must be in (0, 1]")
+        _number_in("spike_ratio", self.spike_ratio, 1, math.inf, lo_open=True, hi_open=True)
+        _number_in("min_lr_ratio", self.min_lr_ratio, 0, 1)
+        _number_in("decay_fraction", self.decay_fraction, 0, 1, lo_open=True)
         for name in ("beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ConfigError(f"{name}={getattr(self, name)!r} must be in [0, 1)")
+            _number_in(name, getattr(self, name), 0, 1, hi_open=True)
         _choice("schedule", self.schedule, SCHEDULES)
+        if not isinstance(self.device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"device={self.device!r:.60} is not valid; use auto, cpu, cuda or cuda:N")
         _choice("dtype", self.dtype, ("fp32", "bf16", "fp16", "auto"))
         _choice("parallel", self.parallel, ("ddp", "fsdp"))
         for name in ("compile", "tensorboard"):
