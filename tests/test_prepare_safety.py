@@ -380,3 +380,13 @@ def test_scan_documents_keeps_no_text(tmp_path):
     assert [(d.name, d.start, d.end) for d in docs] == [("book.txt#0", 0, 3), ("book.txt#1", 5, 12),
                                                          ("book.txt#2", 16, 21)]
     assert all(not hasattr(d, "data") for d in docs) and docs[1].read() == b"two two"
+
+
+def test_out_that_is_a_symlink_is_refused_untouched(tmp_path, small_corpus, capsys):
+    real = tmp_path / "real"
+    assert main(["prepare", "--data", str(small_corpus), "--out", str(real), "--tokenizer", "bytes"]) == 0
+    (tmp_path / "link").symlink_to(real)
+    before = tree(tmp_path)
+    assert main(["prepare", "--data", str(small_corpus), "--out", str(tmp_path / "link"), "--tokenizer", "bytes",
+                 "--overwrite"]) == 2
+    assert "is a symlink" in capsys.readouterr().err and tree(tmp_path) == before

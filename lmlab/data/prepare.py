@@ -402,7 +402,11 @@ def _swap_into_place(tmp: Path, out_dir: Path) -> None:
         old = None
         if os.path.lexists(out_dir):
             old = make_temp_dir(out_dir, "old")
-            os.rename(out_dir, old)  # onto our own empty folder
+            try:
+                os.rename(out_dir, old)  # onto our own empty folder
+            except OSError:
+                old.rmdir()
+                raise
         try:
             os.rename(tmp, out_dir)
         except OSError:
@@ -434,6 +438,9 @@ def prepare(source: str | Path, out_dir: str | Path, tokenizer: str = "bpe", voc
                         f"data to another folder")
     if out_dir.exists() and not out_dir.is_dir():
         raise DataError(f"--out {str(out_dir)!r} is a file, not a folder; choose a folder path")
+    if out_dir.is_symlink():
+        raise DataError(f"--out {str(out_dir)!r} is a symlink; give the folder it points to "
+                        f"({os.path.realpath(out_dir)!r}) or another path")
     lock = acquire_lock(out_dir, "lmlab prepare")
     if lock.note:  # a stale lock of a killed prepare was taken over
         print(lock.note, file=sys.stderr)
