@@ -613,16 +613,17 @@ def parse_expect(
                 )
         if a == b:
             raise ConfigError(f"{where}: compares {a!r} with itself")
-        unit = (
-            "%" if rel else ("" if metric in TIMING_METRICS else " bits/byte" if "bpb" in metric else " nats")
-        )
+        if metric in TIMING_METRICS:
+            rel = True  # a time claim's threshold is a fraction of the time: 0.05 and "5%" mean the same
+        unit = " bits/byte" if "bpb" in metric else " nats"
         amount = f"{100 * by:g}%" if rel else f"{by:g}{unit}"
+        what = {"step_time": " in step time", "decode_time": " in decode step time"}.get(metric, "")
         text = str(
             e.get("claim")
             or (
-                f"{a} better than {b}" + (f" by >= {amount}" if by else "")
+                f"{a} better than {b}{what}" + (f" by >= {amount}" if by else "")
                 if kind == "better"
-                else f"{a} equal to {b} within {amount}"
+                else f"{a} equal to {b}{what} within {amount}"
             )
         )
         out.append(Expectation(kind, a, b, by, rel, metric, text))
