@@ -58,7 +58,7 @@ def check_own_outputs(paths: list[Path], flag: str = "--out") -> None:
     """Refuse (CheckpointError) when any of ``paths`` exists but is not a PNG this module wrote."""
     for path in paths:
         if path.exists() and (not path.is_file() or png_source(path) != PNG_SOURCE):
-            raise CheckpointError(f"{flag} {str(path.parent)!r} already holds {path.name}, which lmlab plot did not "
+            raise CheckpointError(f"{flag} {str(path.parent)!r} already holds {path.name}, which lmlab did not "
                                   f"write; choose another folder (nothing was written)")
 
 

@@ -190,7 +190,7 @@ def test_plot_never_overwrites_a_users_png(straight, tmp_path, capsys):
     before = tree(out)
     assert main(["plot", str(straight), "--out", str(out)]) == 2
     line = capsys.readouterr().err.strip().splitlines()
-    assert len(line) == 1 and "already holds loss.png, which lmlab plot did not write" in line[0]
+    assert len(line) == 1 and "already holds loss.png, which lmlab did not write" in line[0]
     assert tree(out) == before
     # lmlab's own plots are replaced by a new plot into the same folder
     own = tmp_path / "own"

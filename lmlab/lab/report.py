@@ -322,6 +322,23 @@ def _label(scale: Optional[str], variant: str) -> str:
     return variant + (f" @{scale}" if scale else "")
 
 
+def claim_cells(c: dict, show_scale: bool) -> list[str]:
+    """A judged claim's table cells: claim, (scale), metric, expected, effect [interval], seeds, method,
+    verdict."""
+    return (
+        [_md_escape(c["text"])]
+        + ([str(c.get("scale") or "")] if show_scale else [])
+        + [
+            _unit(c["metric"]),
+            _expected(c),
+            _effect(c),
+            str(c.get("n", "")),
+            c.get("method", ""),
+            f"**{c['verdict']}**",
+        ]
+    )
+
+
 def verdict_lines(claims: list[dict], show_scale: bool) -> list[str]:
     head = (
         ["claim"]
@@ -330,19 +347,7 @@ def verdict_lines(claims: list[dict], show_scale: bool) -> list[str]:
     )
     L = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     for c in claims:
-        cells = (
-            [_md_escape(c["text"])]
-            + ([str(c.get("scale") or "")] if show_scale else [])
-            + [
-                _unit(c["metric"]),
-                _expected(c),
-                _effect(c),
-                str(c.get("n", "")),
-                c.get("method", ""),
-                f"**{c['verdict']}**",
-                _md_escape(c.get("note") or ""),
-            ]
-        )
+        cells = claim_cells(c, show_scale) + [_md_escape(c.get("note") or "")]
         L.append("| " + " | ".join(cells) + " |")
     return L
 
@@ -998,22 +1003,7 @@ def write_index(dirs: list[Path], out: Path) -> list[Path]:
     )
     L += ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     for c in claims:
-        L.append(
-            "| "
-            + " | ".join(
-                [_md_escape(c["spec"]), _md_escape(c["text"])]
-                + ([str(c.get("scale") or "")] if scaled else [])
-                + [
-                    _unit(c["metric"]),
-                    _expected(c),
-                    _effect(c),
-                    str(c.get("n", "")),
-                    c.get("method", ""),
-                    f"**{c['verdict']}**",
-                ]
-            )
-            + " |"
-        )
+        L.append("| " + " | ".join([_md_escape(c["spec"])] + claim_cells(c, scaled)) + " |")
     L.append("")
     if forest:
         L += [f"![every claim]({forest.name})", ""]

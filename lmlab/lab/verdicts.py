@@ -110,10 +110,9 @@ def _divergence_verdict(kind: str, a: dict, b: dict) -> Optional[tuple[str, str]
     return stats.INCONCLUSIVE, "partly diverged"
 
 
-def judge(e, a: dict, b: dict, confidence: float, pooled) -> dict:
-    """The verdict of expectation ``e`` (:class:`lmlab.lab.spec.Expectation`) from per-seed values of
-    its two variants (``a`` = better / first, ``b`` = than / second; seed -> value or None)."""
-    out = {
+def claim_record(e) -> dict:
+    """The fields every judged claim carries, before its numbers: the expectation ``e`` as stated."""
+    return {
         "text": e.text,
         "kind": e.kind,
         "a": e.a,
@@ -128,6 +127,12 @@ def judge(e, a: dict, b: dict, confidence: float, pooled) -> dict:
         "method": "none",
         "note": "",
     }
+
+
+def judge(e, a: dict, b: dict, confidence: float, pooled) -> dict:
+    """The verdict of expectation ``e`` (:class:`lmlab.lab.spec.Expectation`) from per-seed values of
+    its two variants (``a`` = better / first, ``b`` = than / second; seed -> value or None)."""
+    out = claim_record(e)
     decided = _divergence_verdict(e.kind, a, b)
     if decided:
         out["verdict"], out["note"] = decided
@@ -172,16 +177,7 @@ def judge_timing(e, times: dict, confidence: float) -> dict:
     equal: effect = median(t_a / t_b) - 1. Thresholds are fractions (0.05 or '5%')."""
     from lmlab.lab.timing import summarize_ratio
 
-    out = {
-        "text": e.text,
-        "kind": e.kind,
-        "a": e.a,
-        "b": e.b,
-        "metric": e.metric,
-        "by": e.by,
-        "relative": True,
-        "note": "median of per-round ratios, sign-test interval",
-    }
+    out = {**claim_record(e), "relative": True, "note": "median of per-round ratios, sign-test interval"}
     if e.a not in times or e.b not in times:
         out.update(
             verdict=stats.INCONCLUSIVE, effect=None, lo=None, hi=None, n=0, method="none", note="not timed"
