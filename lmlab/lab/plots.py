@@ -109,7 +109,7 @@ def lr_sensitivity(
             best = chosen.get((scale, variant), {}).get(fld)
             if best in by_x:
                 ax.plot([best], [mean[xs.index(best)]], "o", ms=12, mfc="none", color=c)
-        if geometric(tuned[fld]):
+        if all(_ok(v) and v > 0 for v in tuned[fld]) and max(tuned[fld]) >= 2 * min(tuned[fld]):  # rates: log
             ax.set_xscale("log")
         ax.set_xlabel(f"{fld} (tuned)")
         ax.set_ylabel("held-out bits/byte (lower is better)")
