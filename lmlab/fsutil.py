@@ -119,9 +119,10 @@ def acquire_lock(folder: PathLike, what: str) -> FolderLock:
     died (no ``flock`` held; its PID not running) is taken over; ``FolderLock.note`` then says so.
     Raises :class:`LockError` also when the lock path is not a regular file (a user's folder or
     symlink of that name is never touched) or cannot be created (e.g. a read-only parent).
-    Locks are advisory and per open file: a second acquire in the same process is refused too.
+    Locks are advisory and per open file: a second acquire in the same process is refused too. The
+    lock belongs to the real folder (symlinks resolved), so a symlink to a locked folder is refused too.
     """
-    folder = Path(os.path.abspath(folder))
+    folder = Path(os.path.realpath(folder))  # one lock per real folder, whatever symlink names it
     path = lock_path(folder)
     above = next((p for p in folder.parents if os.path.lexists(p)), None)
     if above is not None and not above.is_dir():
@@ -228,13 +229,18 @@ def atomic_write_text(path: PathLike, text: str, encoding: str = "utf-8", mode: 
 def make_temp_dir(target: PathLike, purpose: str = "partial") -> Path:
     """A new, uniquely named empty folder beside ``target``: ``<parent>/.<name>.<purpose>.<random>``.
 
-    Made with ``tempfile.mkdtemp`` (never an existing path), so the caller owns it and may remove it;
+    Made with ``tempfile.mkdtemp`` (never an existing path), so the caller owns it and may remove it,
+    then given the mode a plain ``mkdir`` would (0777 less the umask), as it is renamed into place;
     the parent is created if missing. Being on the same file system as ``target``, it can be renamed
     onto it atomically.
     """
     target = Path(os.path.abspath(target))
     target.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{target.name}.{purpose}.", dir=target.parent))
+    path = Path(tempfile.mkdtemp(prefix=f".{target.name}.{purpose}.", dir=target.parent))
+    mask = os.umask(0)  # mkdtemp makes it 0700; the folder it becomes gets a plain mkdir's mode
+    os.umask(mask)
+    os.chmod(path, 0o777 & ~mask)
+    return path
 
 
 def fsync_tree(folder: PathLike) -> None:

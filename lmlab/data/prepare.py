@@ -419,6 +419,24 @@ def _swap_into_place(tmp: Path, out_dir: Path) -> None:
         shutil.rmtree(old)
 
 
+def _check_replaceable(out_dir: Path) -> None:
+    """--overwrite replaces a folder only if it is lmlab's prepared data and nothing else: a manifest
+    that reads as one (not just any manifest.json) and no file besides the manifest, the tokenizer and
+    the shards it names. Raises DataError naming what would be lost."""
+    try:
+        data = TokenData(out_dir)
+        owned = {"manifest.json", data.manifest["tokenizer"].get("file", "tokenizer.json")}
+        owned |= {info["file"] for info in data.manifest["splits"].values() if isinstance(info, dict) and "file" in info}
+    except DataError as exc:
+        raise DataError(f"--overwrite refused: {str(out_dir)!r} is not a prepared data folder lmlab can read ({exc})"
+                        f"; choose another --out") from None
+    foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in owned)
+    if foreign:
+        raise DataError(f"--overwrite refused: {str(out_dir)!r} also holds {', '.join(foreign[:5])}"
+                        f"{' ...' if len(foreign) > 5 else ''}, which lmlab prepare did not write and would delete; "
+                        f"move them away or choose another --out")
+
+
 def prepare(source: str | Path, out_dir: str | Path, tokenizer: str = "bpe", vocab_size: int = 4096,
             val_docs: Optional[Sequence[str]] = None, val_fraction: float = 0.1, overwrite: bool = False,
             tokenizer_file: Optional[str | Path] = None, allow_special: bool = False) -> dict:
@@ -453,6 +471,7 @@ def prepare(source: str | Path, out_dir: str | Path, tokenizer: str = "bpe", voc
             if not (out_dir / "manifest.json").is_file():  # --overwrite replaces prepared data, nothing else
                 raise DataError(f"--overwrite refused: {str(out_dir)!r} is not a prepared data folder (no "
                                 f"manifest.json) and would be deleted; choose another --out")
+            _check_replaceable(out_dir)
         if allow_special:
             spool = make_temp_dir(out_dir, "input")
         docs = scan_documents(source, allow_special, spool)

@@ -27,6 +27,7 @@ import json
 import math
 import re
 import statistics
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -439,19 +440,15 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     # report.md, or a report beside its sweep: plain names (loss.png, ...); NAME.md elsewhere: NAME-loss.png, ...
     prefix = "" if (out.parent.resolve() == sweep_dir.resolve() or out.stem == "report") else f"{out.stem}-"
     spec_raw: dict = {}
-    if (sweep_dir / "spec.yaml").is_file():
-        spec_raw = yaml.safe_load((sweep_dir / "spec.yaml").read_text()) or {}
+    if (sweep_dir / "spec.yaml").exists():
+        spec_raw = read_spec_file(sweep_dir / "spec.yaml")
     spec = None
     try:
         spec = parse_spec(spec_raw)
-    except Exception:  # noqa: BLE001 -- the report does not need a valid spec
-        pass
-    timing = None
-    if (sweep_dir / TIMING_FILE).is_file():
-        try:
-            timing = json.loads((sweep_dir / TIMING_FILE).read_text())
-        except json.JSONDecodeError:
-            timing = None
+    except Exception as exc:  # noqa: BLE001 -- a page from the results alone still works, said so
+        print(f"warning: {sweep_dir / 'spec.yaml'} is not a valid spec ({exc}); the page has no baseline, tuning "
+              f"or verdicts", file=sys.stderr)
+    timing = read_json_file(sweep_dir / TIMING_FILE) if (sweep_dir / TIMING_FILE).exists() else None
     res = analyze(rows, spec, timing)
     name = spec_raw.get("name") or rows[0].get("sweep") or sweep_dir.name
     res["spec"] = name
@@ -670,6 +667,30 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
 
 def _duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
+
+
+def read_spec_file(path: Path) -> dict:
+    """A sweep's ``spec.yaml`` as a mapping; ValueError naming the file when it is damaged (not YAML,
+    not a mapping, not UTF-8)."""
+    from lmlab.config import ConfigError, load_mapping
+
+    try:
+        return load_mapping(path)
+    except ConfigError as exc:
+        raise ValueError(f"{exc}; the sweep's spec.yaml is damaged: rerun `lmlab sweep SPEC --out "
+                         f"{path.parent}` to rewrite it") from None
+
+
+def read_json_file(path: Path) -> dict:
+    """A JSON object written by the lab (timing.json, verdicts.json); ValueError naming the file."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{str(path)!r} could not be read ({exc}); the file is damaged: delete it (a rerun of "
+                         f"the sweep or report writes it again)") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{str(path)!r} holds a JSON {type(data).__name__}, not an object; the file is damaged")
+    return data
 
 
 def _check_out(out: Path, mark: str = REPORT_MARKS[0]) -> Path:
@@ -948,9 +969,9 @@ def write_index(dirs: list[Path], out: Path) -> list[Path]:
         d = Path(d)
         if (d / RESULTS_FILE).is_file():
             rows = read_results(d)
-            spec_raw = yaml.safe_load((d / "spec.yaml").read_text()) if (d / "spec.yaml").is_file() else {}
-            spec = parse_spec(spec_raw or {"axes": None})
-            timing = json.loads((d / TIMING_FILE).read_text()) if (d / TIMING_FILE).is_file() else None
+            spec_raw = read_spec_file(d / "spec.yaml") if (d / "spec.yaml").exists() else {}
+            spec = parse_spec(spec_raw or {"axes": None}, d / "spec.yaml")
+            timing = read_json_file(d / TIMING_FILE) if (d / TIMING_FILE).exists() else None
             res = analyze(rows, spec, timing)
             res["spec"], res["claim"] = (
                 spec_raw.get("name") or d.name,
@@ -958,13 +979,14 @@ def write_index(dirs: list[Path], out: Path) -> list[Path]:
             )
             link = None
         elif (d / VERDICTS_FILE).is_file():
-            res = json.loads((d / VERDICTS_FILE).read_text())
+            res = read_json_file(d / VERDICTS_FILE)
+            if not isinstance(res.get("claims"), list):
+                raise ValueError(f"{str(d / VERDICTS_FILE)!r} has no 'claims' list: not an lmlab report's verdicts")
             link = d / "report.md"
         elif (d / "results.csv").is_file() and ((d / "spec.yaml").is_file() or d.name in builtin_specs()):
             # a committed report folder: its results.csv, judged by its spec.yaml or the shipped spec of its name
             spec_path = d / "spec.yaml" if (d / "spec.yaml").is_file() else builtin_specs()[d.name]
-            spec_raw = yaml.safe_load(spec_path.read_text()) or {}
-            spec = parse_spec(spec_raw, spec_path)
+            spec = parse_spec(read_spec_file(spec_path), spec_path)
             res = analyze(read_results_csv(d / "results.csv"), spec)
             res["spec"], res["claim"] = spec.name if (d / "spec.yaml").is_file() else d.name, spec.claim
             link = d / "report.md" if (d / "report.md").is_file() else None

@@ -706,6 +706,13 @@ def run_sweep(
             f"choose a new folder or an existing sweep's folder"
         )
     plans = plan_runs(spec, data_dir)
+    if (sweep_dir / "spec.yaml").is_file():
+        from lmlab.config import load_mapping
+
+        try:
+            load_mapping(sweep_dir / "spec.yaml")
+        except ConfigError as exc:  # lmlab's own copy, damaged: the runs are checked against the spec below
+            log(f"warning: {exc}; it is rewritten from the spec given (every run folder is checked against it)")
     jobs = min(jobs, len(plans))  # no more workers than runs
     for p in plans:
         _check_existing(p, sweep_dir / "runs" / p.name)
