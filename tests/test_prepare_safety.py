@@ -238,11 +238,18 @@ def test_interrupt_keeps_the_previous_complete_state(tmp_path, small_corpus, mon
     assert tree(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def _default_sigint() -> None:
+    """In the child: SIGINT as Python expects it. A test suite started in the background by a
+    non-interactive shell inherits SIGINT ignored, and Python then installs no KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_blocked_prepare(fifo: Path, out: Path) -> subprocess.Popen:
     """A real `lmlab prepare` that holds the lock of ``out`` while it waits on the FIFO ``fifo``."""
     proc = subprocess.Popen([sys.executable, "-m", "lmlab.cli", "prepare", "--data", str(fifo), "--out", str(out),
                              "--tokenizer", "bytes", "--allow-special-files", "--overwrite"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
     deadline = time.monotonic() + 60
     while not lock_path(out).exists() or f'"pid": {proc.pid}' not in lock_path(out).read_text():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
