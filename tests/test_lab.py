@@ -304,6 +304,7 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path):
 
     assert main(["report", str(out)]) == 0
     md = (out / "report.md").read_text()
+    assert md.startswith("# Ablation: bar\n")  # the spec's name, also when basins are drawn
     assert md.index("## Verdicts") < md.index("## Against the baseline") < md.index("## Setup and provenance")
     table = _verdict_table(md)
     assert len(table) == 3 and "SwiGLU better than SiLU" in table[1] and "step time" in table[2]

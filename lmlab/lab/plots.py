@@ -51,6 +51,14 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def _dash(scale, scales: list) -> str:
+    """The line style of a ladder rung (solid for the first or only scale)."""
+    return LINESTYLES[scales.index(scale) % len(LINESTYLES)] if scale in scales else "-"
+
+
 def geometric(values: list) -> bool:
     """Positive values spanning a factor >= 4: drawn on a log axis."""
     return all(_ok(v) and v > 0 for v in values) and max(values) >= 4 * min(values)
@@ -84,6 +92,7 @@ def lr_sensitivity(
                     r.get("val_bpb")
                 )
         worst = max((v for g in groups.values() for vs in g.values() for v in vs if _ok(v)), default=None)
+        scales = list(dict.fromkeys(k[0] for k in groups))
         for (scale, variant), by_x in groups.items():
             xs = sorted(by_x)
             mean, lo, hi, dx, dy = [], [], [], [], []
@@ -102,7 +111,7 @@ def lr_sensitivity(
                     hi.append(math.nan)
             label = variant + (f" @{scale}" if scale else "")
             c = colors.get(variant, "k")
-            ax.plot(xs, mean, "o-", color=c, label=label, lw=1.4, ms=4)
+            ax.plot(xs, mean, "o", ls=_dash(scale, scales), color=c, label=label, lw=1.4, ms=4)
             ax.fill_between(xs, lo, hi, color=c, alpha=0.15)
             if dx:
                 ax.plot(dx, dy, "x", color=c, ms=9, mew=2)
@@ -202,6 +211,7 @@ def loss_curves(curves: dict, path: Path, colors: dict) -> Optional[Path]:
         return None
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
+    scales = list(dict.fromkeys(label.partition(" @")[2] or None for label in curves))
     for label, c in curves.items():
         col = colors.get(label.split(" @")[0], "k")
         for ax, key, smooth in ((axes[0], "train", True), (axes[1], "val_bpb", False)):
@@ -226,7 +236,8 @@ def loss_curves(curves: dict, path: Path, colors: dict) -> Optional[Path]:
             ax.plot(
                 steps,
                 mean,
-                "-" if smooth else "o-",
+                ls=_dash(label.partition(" @")[2] or None, scales),
+                marker=None if smooth else "o",
                 color=col,
                 lw=1.3,
                 ms=3,

@@ -491,11 +491,11 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
             )
         )
     for fld, pts in _numeric_axes(chosen, res["baseline"]).items():
-        name = fld.replace("/", "-per-")
+        file_stem = fld.replace("/", "-per-")
         figs.append(
             (
                 f"Basin: {fld}",
-                plots.basin(pts, fld, out.parent / f"{prefix}basin-{name}.png", conf, colors),
+                plots.basin(pts, fld, out.parent / f"{prefix}basin-{file_stem}.png", conf, colors),
                 "",
             )
         )
