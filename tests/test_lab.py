@@ -46,6 +46,12 @@ def test_paired_difference_and_verdict_by_hand():
     assert stats.verdict("equal", 0.02, 0.03, 0.01) == "disagrees"
     assert stats.verdict("equal", 0.005, 0.03, 0.01) == "inconclusive"
     assert stats.verdict("better", None, None, 0.0) == "inconclusive"
+    # non-inferiority: "at most 0.02 worse" is a better-claim with margin -0.02
+    assert stats.verdict("better", -0.015, 0.03, -0.02) == "agrees"
+    assert stats.verdict("better", -0.03, 0.01, -0.02) == "inconclusive"
+    assert stats.verdict("better", -0.08, -0.03, -0.02) == "disagrees"
+    spec = _spec(expect=[{"better": "B", "than": "A", "by": -0.02}])
+    assert spec.expect[0].by == -0.02 and "no worse than A by more than 0.02" in spec.expect[0].text
 
 
 def test_pooled_noise_for_single_seed_variants():

@@ -293,6 +293,8 @@ def _expected(c: dict) -> str:
     amount = f"{100 * c['by']:g}%" if c.get("relative") else f"{c['by']:g}"
     if c["kind"] == "equal":
         return f"\\|{_md_escape(c['a'])} - {_md_escape(c['b'])}\\| < {amount}"
+    if c["by"] < 0:  # non-inferiority
+        return f"{_md_escape(c['a'])} at most {amount.lstrip('-')} worse than {_md_escape(c['b'])}"
     return (
         f"{_md_escape(c['a'])} lower than {_md_escape(c['b'])} by > {amount}"
         if c["by"]
@@ -446,8 +448,11 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     try:
         spec = parse_spec(spec_raw)
     except Exception as exc:  # noqa: BLE001 -- a page from the results alone still works, said so
-        print(f"warning: {sweep_dir / 'spec.yaml'} is not a valid spec ({exc}); the page has no baseline, tuning "
-              f"or verdicts", file=sys.stderr)
+        print(
+            f"warning: {sweep_dir / 'spec.yaml'} is not a valid spec ({exc}); the page has no baseline, tuning "
+            f"or verdicts",
+            file=sys.stderr,
+        )
     timing = read_json_file(sweep_dir / TIMING_FILE) if (sweep_dir / TIMING_FILE).exists() else None
     res = analyze(rows, spec, timing)
     name = spec_raw.get("name") or rows[0].get("sweep") or sweep_dir.name
@@ -677,8 +682,10 @@ def read_spec_file(path: Path) -> dict:
     try:
         return load_mapping(path)
     except ConfigError as exc:
-        raise ValueError(f"{exc}; the sweep's spec.yaml is damaged: rerun `lmlab sweep SPEC --out "
-                         f"{path.parent}` to rewrite it") from None
+        raise ValueError(
+            f"{exc}; the sweep's spec.yaml is damaged: rerun `lmlab sweep SPEC --out "
+            f"{path.parent}` to rewrite it"
+        ) from None
 
 
 def read_json_file(path: Path) -> dict:
@@ -686,10 +693,14 @@ def read_json_file(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{str(path)!r} could not be read ({exc}); the file is damaged: delete it (a rerun of "
-                         f"the sweep or report writes it again)") from None
+        raise ValueError(
+            f"{str(path)!r} could not be read ({exc}); the file is damaged: delete it (a rerun of "
+            f"the sweep or report writes it again)"
+        ) from None
     if not isinstance(data, dict):
-        raise ValueError(f"{str(path)!r} holds a JSON {type(data).__name__}, not an object; the file is damaged")
+        raise ValueError(
+            f"{str(path)!r} holds a JSON {type(data).__name__}, not an object; the file is damaged"
+        )
     return data
 
 
@@ -981,7 +992,9 @@ def write_index(dirs: list[Path], out: Path) -> list[Path]:
         elif (d / VERDICTS_FILE).is_file():
             res = read_json_file(d / VERDICTS_FILE)
             if not isinstance(res.get("claims"), list):
-                raise ValueError(f"{str(d / VERDICTS_FILE)!r} has no 'claims' list: not an lmlab report's verdicts")
+                raise ValueError(
+                    f"{str(d / VERDICTS_FILE)!r} has no 'claims' list: not an lmlab report's verdicts"
+                )
             link = d / "report.md"
         elif (d / "results.csv").is_file() and ((d / "spec.yaml").is_file() or d.name in builtin_specs()):
             # a committed report folder: its results.csv, judged by its spec.yaml or the shipped spec of its name

@@ -712,7 +712,9 @@ def run_sweep(
         try:
             load_mapping(sweep_dir / "spec.yaml")
         except ConfigError as exc:  # lmlab's own copy, damaged: the runs are checked against the spec below
-            log(f"warning: {exc}; it is rewritten from the spec given (every run folder is checked against it)")
+            log(
+                f"warning: {exc}; it is rewritten from the spec given (every run folder is checked against it)"
+            )
     jobs = min(jobs, len(plans))  # no more workers than runs
     for p in plans:
         _check_existing(p, sweep_dir / "runs" / p.name)

@@ -28,6 +28,7 @@ A spec is a YAML mapping::
     varies: [flops_per_token]            # quantities meant to differ (others > 5% off baseline are flagged)
     expect:                              # the claims, each judged by lmlab.lab.stats.verdict
       - {better: SwiGLU, than: GELU, by: 0.01}     # SwiGLU lower by >= 0.01 bits/byte ("1%": relative)
+      - {better: parallel, than: serial, by: -0.02}  # non-inferiority: parallel at most 0.02 worse
       - {equal: [RMSNorm, LayerNorm], within: 0.01}  # |difference| < 0.01 bits/byte
       - {better: RMSNorm, than: LayerNorm, metric: step_time, by: "5%"}  # from the timing block
     scales:                              # a ladder: the whole comparison at each size
@@ -511,8 +512,9 @@ def load_spec(spec: str | Path) -> Spec:
     return parse_spec(load_mapping(path), path)
 
 
-def _threshold(value: Any, where: str) -> tuple[float, bool]:
-    """``0.01`` (absolute, in the metric's unit) or ``"1%"`` (relative) -> (value, relative)."""
+def _threshold(value: Any, where: str, negative: bool = False) -> tuple[float, bool]:
+    """``0.01`` (absolute, in the metric's unit) or ``"1%"`` (relative) -> (value, relative); with
+    ``negative`` a margin below 0 is allowed (a non-inferiority claim: ``by: -0.02``)."""
     if value is None:
         return 0.0, False
     if isinstance(value, str) and value.strip().endswith("%"):
@@ -530,7 +532,12 @@ def _threshold(value: Any, where: str) -> tuple[float, bool]:
                 raise ConfigError(
                     f"{where}={value!r} must be a number or a percentage such as '2%'"
                 ) from None
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
+    if (
+        isinstance(x, bool)
+        or not isinstance(x, (int, float))
+        or not math.isfinite(x)
+        or (x < 0 and not negative)
+    ):
         raise ConfigError(f"{where}={value!r} must be a finite number >= 0 (or a percentage such as '2%')")
     return float(x), relative
 
@@ -579,8 +586,8 @@ def parse_expect(
             if "within" in e:
                 raise ConfigError(f"{where}: 'within' goes with 'equal'; a 'better' claim takes 'by'")
             a, b = str(e["better"]), str(e.get("than", baseline))
-            by, rel = _threshold(e.get("by"), f"{where}.by")
-            if rel and by >= 1:  # bits/byte, loss and time are positive: none can drop by 100%
+            by, rel = _threshold(e.get("by"), f"{where}.by", negative=True)  # < 0: non-inferiority
+            if rel and abs(by) >= 1:  # bits/byte, loss and time are positive: none can drop by 100%
                 raise ConfigError(
                     f"{where}.by={e['by']!r}: an improvement of 100% or more is impossible; give a "
                     f"percentage below 100%"
@@ -621,7 +628,11 @@ def parse_expect(
         text = str(
             e.get("claim")
             or (
-                f"{a} better than {b}{what}" + (f" by >= {amount}" if by else "")
+                (
+                    f"{a} better than {b}{what}" + (f" by >= {amount}" if by else "")
+                    if by >= 0
+                    else f"{a} no worse than {b}{what} by more than {amount.lstrip('-')}"
+                )
                 if kind == "better"
                 else f"{a} equal to {b}{what} within {amount}"
             )

@@ -15,7 +15,7 @@ effect that counts for superiority):
 
 - ``better`` by delta (effect = value(than) - value(better), positive when the claim holds): agrees
   when the whole interval lies above delta, disagrees when it lies below delta, inconclusive when it
-  contains delta;
+  contains delta; a negative delta is a non-inferiority margin ("at most |delta| worse");
 - ``equal`` within eps (effect = value(a) - value(b)): agrees when the interval lies inside (-eps, eps),
   disagrees when it lies wholly outside [-eps, eps], inconclusive otherwise.
 """
