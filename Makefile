@@ -4,7 +4,7 @@
 #   make test   create .venv, install with the test extras, run the test suite
 #   make ablations  run every shipped spec (lmlab sweep), write its report to docs/ablations/NAME/ and
 #               the index of all claims to docs/ablations/README.md
-#               (about 75 minutes on 2 CPU cores; SPECS="01-norm-placement ..." for a subset)
+#               (about 100 minutes on 2 CPU cores, estimated; SPECS="01-norm-placement ..." for a subset)
 PYTHON ?= python3
 VENV   ?= .venv
 # The torch wheel to install first; pinned so pip does not pick a multi-GB build when a local index
