@@ -238,7 +238,7 @@ def training_summary(run_dir: Path) -> dict:
 
 
 def collect_result(p: RunPlan, run_dir: Path, spec: Spec, diverged: bool, error: Optional[str]) -> dict:
-    """The results row of one run (see RESULT_COLUMNS in lmlab.report)."""
+    """The results row of one run (columns: lmlab.lab.report.COLUMNS)."""
     summary = training_summary(run_dir)
     final = summary["final_train_loss"]
     first = summary["first_train_loss"]
