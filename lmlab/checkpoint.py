@@ -41,7 +41,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from lmlab.config import ConfigError, ModelConfig
-from lmlab.fsutil import _fsync_dir
+from lmlab.fsutil import _fsync_dir, sha256_file
 from lmlab.model import TransformerLM
 
 RUN_FILE = "run.yaml"
@@ -148,14 +148,6 @@ def _note(text: str) -> None:
     print(text, file=sys.stderr)
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _read_json(path: Path, what: str):
     try:
         return json.loads(path.read_bytes().decode("utf-8"))
@@ -205,7 +197,7 @@ def verify_checkpoint(ckpt_dir: str | Path) -> Optional[dict]:
         if size != entry["bytes"]:
             raise CheckpointError(f"checkpoint file {str(path)!r} is unreadable (truncated or corrupt?): "
                                   f"{size:,} bytes where {MANIFEST} records {entry['bytes']:,}")
-        if _sha256_file(path) != entry["sha256"].lower():
+        if sha256_file(path) != entry["sha256"].lower():
             raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt: its SHA-256 differs from the one "
                                   f"{MANIFEST} records (damaged on disk or edited)")
     return files
@@ -332,7 +324,7 @@ def check_run_files(run_dir: str | Path, ckpt_dir: str | Path, run: dict) -> Non
         if not tok.is_file():
             raise CheckpointError(f"{str(tok)!r} is missing (the run was trained with it); copy the data folder's "
                                   f"tokenizer.json back into the run folder")
-        if tok.stat().st_size != record.get("bytes") or _sha256_file(tok) != record.get("sha256"):
+        if tok.stat().st_size != record.get("bytes") or sha256_file(tok) != record.get("sha256"):
             raise CheckpointError(f"{str(tok)!r} differs from the tokenizer the run was trained with (its SHA-256 "
                                   f"in {str(ckpt_dir / MANIFEST)!r}); damaged or replaced: copy the data folder's "
                                   f"tokenizer.json back into the run folder")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import hashlib
 import os
 import socket
 import sys
@@ -224,6 +225,15 @@ def atomic_write_bytes(path: PathLike, data: bytes, mode: Optional[int] = None) 
 def atomic_write_text(path: PathLike, text: str, encoding: str = "utf-8", mode: Optional[int] = None) -> None:
     """:func:`atomic_write_bytes` of ``text`` encoded with ``encoding`` (UTF-8 by default)."""
     atomic_write_bytes(path, text.encode(encoding), mode=mode)
+
+
+def sha256_file(path: PathLike, block: int = 1 << 20) -> str:
+    """Hex SHA-256 of the file at ``path``, read in ``block``-byte pieces (constant memory)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def make_temp_dir(target: PathLike, purpose: str = "partial") -> Path:

@@ -44,7 +44,7 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 
 from lmlab.data.tokenizer import MAX_CHUNK_BYTES, Tokenizer, long_chunks
-from lmlab.fsutil import acquire_lock, atomic_write_text, fsync_tree, make_temp_dir
+from lmlab.fsutil import acquire_lock, atomic_write_text, fsync_tree, make_temp_dir, sha256_file
 
 MANIFEST_VERSION = 1
 SEGMENT_BYTES = 1 << 20  # a document is read and encoded in pieces of about this size
@@ -341,14 +341,6 @@ def split_documents(docs: list, val_docs: Optional[Sequence[str]], val_fraction:
     return train, val
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(SEGMENT_BYTES):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _write_split(tok: Tokenizer, docs: list, path: Path, dtype, notes: dict) -> dict:
     """Encode ``docs`` segment by segment into the shard ``path`` (``EOT doc EOT doc ...``)."""
     mode = tok.segment_mode
@@ -487,7 +479,7 @@ def prepare(source: str | Path, out_dir: str | Path, tokenizer: str = "bpe", voc
             "version": MANIFEST_VERSION,
             "source": str(src),
             "tokenizer": {"type": tok.kind, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id,
-                          "file": "tokenizer.json", "sha256": _sha256(tmp / "tokenizer.json")},
+                          "file": "tokenizer.json", "sha256": sha256_file(tmp / "tokenizer.json")},
             "dtype": np.dtype(dtype).name,
             "splits": {},
         }
@@ -585,7 +577,7 @@ class TokenData:
                 if _key(info, key, int, path, f"splits.{split}.") < 0:
                     raise DataError(f"manifest {str(path)!r}: 'splits.{split}.{key}' is negative; re-run "
                                     f"`lmlab prepare`")
-        if not tok_path.is_file() or _sha256(tok_path) != sha:
+        if not tok_path.is_file() or sha256_file(tok_path) != sha:
             raise DataError(f"tokenizer {str(tok_path)!r} does not match manifest {str(path)!r} "
                             f"(missing or changed since prepare); re-run `lmlab prepare`")
         self.tokenizer = Tokenizer.load(tok_path)
@@ -613,7 +605,7 @@ class TokenData:
             return np.zeros(0, dtype=dtype)
         if split not in self._checked:
             want = info.get("sha256")
-            if isinstance(want, str) and _sha256(path) != want:
+            if isinstance(want, str) and sha256_file(path) != want:
                 raise DataError(f"shard {str(path)!r} does not match its SHA-256 in the manifest "
                                 f"('splits.{split}.sha256'): the file is damaged or changed: re-run `lmlab prepare`")
         arr = np.memmap(path, dtype=dtype, mode="r")

@@ -11,6 +11,7 @@ or None when the sweep has nothing to draw for it.
 - :func:`diagnostics`: per-layer gradient norms at initialisation and during training (Xiong et al.
   2020, Fig. 3), the largest attention logit, log Z and the loss spikes over training;
 - :func:`bpb_by_variant`: every seed as a dot and the mean with its t-interval;
+- :func:`throughput`: training tokens/s per variant, for information only;
 - :func:`forest`: one row per claim (the index page).
 """
 
@@ -20,6 +21,8 @@ import math
 import statistics
 from pathlib import Path
 from typing import Any, Optional
+
+from lmlab.lab.stats import finite as _ok
 
 LN2 = math.log(2)
 
@@ -31,10 +34,6 @@ def _plt():
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def _ok(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _save(fig, path: Path) -> Path:
@@ -349,6 +348,28 @@ def bpb_by_variant(
         f"mean over seeds, bar: {100 * confidence:g}% t-interval of the mean (>= 2 seeds), dots: seeds",
         fontsize=9,
     )
+    ax.grid(alpha=0.3, axis="x")
+    return _save(fig, path)
+
+
+def throughput(order: list[dict], path: Path, colors: dict) -> Path:
+    """Training tokens/s per variant (``order``: aggregated rows, best first), median over logged steps
+    with the min-max over seeds; for information only (speed claims come from the timing block)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, max(2.6, 0.45 * len(order) + 1.4)))
+    ys = list(range(len(order)))[::-1]
+    vals = [a.get("tokens_per_s") or 0.0 for a in order]
+    err = [
+        [v - (a.get("tokens_per_s_min") or v) for v, a in zip(vals, order)],
+        [(a.get("tokens_per_s_max") or v) - v for v, a in zip(vals, order)],
+    ]
+    ax.barh(
+        ys, vals, xerr=err, color=[colors.get(a["variant"].split(" @")[0], "C0") for a in order], capsize=3
+    )
+    ax.set_yticks(ys)
+    ax.set_yticklabels([a["variant"] for a in order], fontsize=8)
+    ax.set_xlabel("training tokens/s (median over logged steps; bar: min-max over seeds)")
+    ax.set_title("information only: speed claims come from the timing block", fontsize=9)
     ax.grid(alpha=0.3, axis="x")
     return _save(fig, path)
 

@@ -34,7 +34,16 @@ from typing import Any, Optional
 import yaml
 
 from lmlab.lab import plots
-from lmlab.lab.runner import LOAD_FILE, PROVENANCE_FILE, RESULTS_FILE, TIMING_FILE, read_jsonl, read_results
+from lmlab.lab.stats import finite as _ok
+from lmlab.lab.runner import (
+    LOAD_FILE,
+    PROVENANCE_FILE,
+    RESULTS_FILE,
+    TIMING_FILE,
+    run_metrics,
+    read_jsonl,
+    read_results,
+)
 from lmlab.lab.spec import builtin_specs, parse_spec
 from lmlab.lab.verdicts import analyze, tune_key
 
@@ -73,10 +82,6 @@ COLUMNS = (
     "val_bytes",
     "error",
 )
-
-
-def _ok(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _mean(xs: list) -> Optional[float]:
@@ -535,7 +540,7 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     curves, diag = {}, {}
     for r in chosen:
         lab = _label(r.get("scale"), r["variant"])
-        recs = read_jsonl(sweep_dir / "runs" / r["run"] / "metrics.jsonl")
+        recs = run_metrics(sweep_dir / "runs" / r["run"])
         bpt = (
             (r["val_tokens"] / r["val_bytes"] / math.log(2))
             if _ok(r.get("val_tokens")) and r.get("val_bytes")
@@ -568,7 +573,7 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     figs.append(
         (
             "Training throughput (information only)",
-            _throughput_plot(order, out.parent / f"{prefix}throughput.png", colors),
+            plots.throughput(order, out.parent / f"{prefix}throughput.png", colors),
             "",
         )
     )
@@ -735,26 +740,6 @@ def _check_own_data(paths: list[Path]) -> None:
                 f"--out {str(path.parent)!r} already holds {path.name}, which lmlab report did not "
                 f"write; choose another folder (nothing was written)"
             )
-
-
-def _throughput_plot(order: list[dict], path: Path, colors: dict) -> Path:
-    plt = plots._plt()
-    fig, ax = plt.subplots(figsize=(7.5, max(2.6, 0.45 * len(order) + 1.4)))
-    ys = list(range(len(order)))[::-1]
-    vals = [a.get("tokens_per_s") or 0.0 for a in order]
-    err = [
-        [v - (a.get("tokens_per_s_min") or v) for v, a in zip(vals, order)],
-        [(a.get("tokens_per_s_max") or v) - v for v, a in zip(vals, order)],
-    ]
-    ax.barh(
-        ys, vals, xerr=err, color=[colors.get(a["variant"].split(" @")[0], "C0") for a in order], capsize=3
-    )
-    ax.set_yticks(ys)
-    ax.set_yticklabels([a["variant"] for a in order], fontsize=8)
-    ax.set_xlabel("training tokens/s (median over logged steps; bar: min-max over seeds)")
-    ax.set_title("information only: speed claims come from the timing block", fontsize=9)
-    ax.grid(alpha=0.3, axis="x")
-    return plots._save(fig, path)
 
 
 def _controls_lines(res: dict, spec) -> list[str]:

@@ -39,6 +39,7 @@ from typing import Any, Callable, Optional
 import yaml
 
 from lmlab.config import ConfigError
+from lmlab.fsutil import atomic_write_text
 from lmlab.lab.spec import RunPlan, Spec, _fmt, control_flags, load_spec, plan_quantities, plan_runs
 
 RESULTS_FILE = "results.jsonl"
@@ -58,6 +59,13 @@ def read_jsonl(path: Path) -> list[dict]:
             except json.JSONDecodeError:  # a line cut by a kill
                 continue
     return out
+
+
+def run_metrics(run_dir: Path) -> list[dict]:
+    """A run's validated training log (:func:`lmlab.checkpoint.read_metrics_file`; [] when absent)."""
+    from lmlab.checkpoint import read_metrics_file
+
+    return read_metrics_file(run_dir / "metrics.jsonl")
 
 
 def read_results(sweep_dir: str | Path) -> list[dict]:
@@ -92,8 +100,7 @@ def run_state(run_dir: Path, max_steps: int) -> str:
     if step >= max_steps:
         return "trained"
     if step and any(
-        r.get("stopped") == "max_seconds" and r.get("step") == step
-        for r in read_jsonl(run_dir / "metrics.jsonl")
+        r.get("stopped") == "max_seconds" and r.get("step") == step for r in run_metrics(run_dir)
     ):
         return "trained"
     return "partial"
@@ -207,7 +214,7 @@ def training_summary(run_dir: Path) -> dict:
     from lmlab.checkpoint import checkpoint_dirs
     from lmlab.plot import cumulative_wall_time
 
-    recs = read_jsonl(run_dir / "metrics.jsonl")
+    recs = run_metrics(run_dir)
     train = [r for r in recs if "loss" in r and "tokens" in r and not r.get("skipped")]
     timed = cumulative_wall_time([r for r in recs if r.get("elapsed_s") is not None])  # across resumes
     wall = timed[-1]["elapsed_s"] if timed else 0.0
@@ -330,9 +337,7 @@ class _Sweep:
             r for n, r in self.rows.items() if n not in order
         ]
         path = self.dir / RESULTS_FILE
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        os.replace(tmp, path)
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
     def train(self, p: RunPlan, run_dir: Path) -> tuple[bool, Optional[str]]:
         """Train (or continue) one run in a subprocess; returns (diverged, error)."""
@@ -626,9 +631,7 @@ def run_timing(
         )
     out["machine"] = _machine(plans[0].tc.device)
     out["finished_at"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(out, indent=1))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(out, indent=1))
     return out
 
 

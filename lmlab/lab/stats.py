@@ -29,6 +29,11 @@ from typing import Optional, Sequence
 AGREES, DISAGREES, INCONCLUSIVE = "agrees", "disagrees", "inconclusive"
 
 
+def finite(x) -> bool:
+    """A real, finite number (not a bool, None, NaN or inf): a value the statistics may use."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def t_quantile(p: float, df: float) -> float:
     """The p-quantile of Student's t with ``df`` degrees of freedom (scipy.stats.t.ppf)."""
     from scipy import stats

@@ -21,13 +21,10 @@ import statistics
 from typing import Any, Optional
 
 from lmlab.lab import stats
+from lmlab.lab.stats import finite as _ok
 from lmlab.lab.spec import QUANTITIES, TIMING_METRICS, Spec, control_flags
 
 CONTENTION_LIMIT = 1.2  # a run whose wall time exceeds tokens / median rate by 20% shared the machine
-
-
-def _ok(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def tune_key(row: dict) -> str:
