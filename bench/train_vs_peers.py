@@ -1,14 +1,38 @@
-"""Training throughput against peers, side by side in one run: lmlab's TransformerLM vs Hugging Face
-``LlamaForCausalLM`` (same LLaMA recipe) and ``GPT2LMHeadModel`` (GPT-2 recipe), and lmlab's own GPT-2
-preset shape against GPT-2. Same d_model / layers / heads / context / vocab / batch, torch.optim.AdamW.
+"""Training throughput against peers, side by side in one process, with every setting equalised.
 
-Each (model, repeat) runs in its own subprocess, in interleaved order, so peak memory (max RSS on CPU,
-``torch.cuda.max_memory_allocated`` on CUDA) is per model and background load hits all alike. Prints
-median tokens/s, peak memory, MFU (CUDA, from lmlab.analysis) and ratios.
+Systems (each one's own training step, as its users write it; the same config, batch, precision and
+AdamW hyperparameters):
+- ``lmlab``: ``lmlab train``'s step: ``TransformerLM(x, targets=y)`` (chunked LM head + loss,
+  lmlab.model.loss), ``lmlab.train.make_optimizer`` (fused AdamW), and ``torch.compile`` of the model
+  when ``--lmlab-compile`` (its recommended setting on CPU; compile time reported apart);
+- ``hf``: Hugging Face ``LlamaForCausalLM`` / ``GPT2LMHeadModel`` (SDPA attention), logits then
+  ``F.cross_entropy``;
+- ``litgpt``: ``litgpt.model.GPT`` (LLaMA recipes only), logits then ``F.cross_entropy``;
+- ``nanogpt``: karpathy/nanoGPT's ``model.py`` (GPT-2 recipe only) with its own loss, from the folder
+  given by ``--nanogpt DIR`` (a clone of https://github.com/karpathy/nanoGPT, MIT licence; not
+  shipped with lmlab);
+- ``xt``: lucidrains' x-transformers ``TransformerWrapper`` (optional, when importable).
+Peers run eagerly with torch's default AdamW (foreach), as their users run them; ``--peers-compiled``
+also runs each peer with ``torch.compile`` and fused AdamW: the strongest form of each peer, for the
+sceptic's column.
 
-    python bench/train_vs_peers.py                       # CPU, fp32, d_model 256, 4 layers, batch 8
-    python bench/train_vs_peers.py --device cuda --dtype bf16 --compile --d-model 768 --layers 12 \\
-        --heads 12 --context 1024 --batch 16 --vocab 50304    # GPT-2-small size on a GPU
+Recipes: ``llama`` (pre-norm RMSNorm, SwiGLU d_ff from the 8/3 rule, RoPE, no biases, tied
+embeddings; ``--kv-heads`` for GQA), ``gpt2`` (pre-norm LayerNorm with biases, exact-erf GELU MLP 4x,
+learned positions, tied embeddings), ``demo`` (lmlab's demo config: llama recipe, 4 KV heads, batch 16).
+Checked before timing, and printed: equal parameter counts, no dropout module with p > 0 and no
+attention dropout, the same activation, AdamW settings and autocast dtype. HF GPT-2 is built with
+``activation_function="gelu"`` (exact) and all pdrop 0, as nanoGPT's GELU and lmlab's ``gelu``.
+
+Timing: all systems built in one process, warmed up, then ``--rounds`` rounds, each timing
+``--steps`` steps of every system in a rotated order; the figure per pair is the median over rounds of
+the per-round ratio of step times, with its interquartile range. Peak memory: max RSS of a fresh
+process per system that imports, builds and trains a few steps, and its RSS before the first step
+(what the import and the model cost), so "training adds" is comparable across libraries.
+
+    python bench/train_vs_peers.py --recipe llama --threads 1 --dtype fp32 --lmlab-compile
+    python bench/train_vs_peers.py --recipe gpt2 --nanogpt ~/src/nanoGPT --dtype bf16 --markdown
+Install the peers in a separate venv (they pin their own dependencies):
+    python -m venv .venv-bench && .venv-bench/bin/pip install torch==2.13.0 -e ".[hf]" litgpt x-transformers
 """
 
 from __future__ import annotations
@@ -22,136 +46,307 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import torch
+import torch.nn.functional as F
 
-KINDS = ("lmlab-llama", "hf-llama", "lmlab-gpt2", "hf-gpt2")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+ADAMW = dict(lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+RECIPES = {  # d_model, layers, heads, kv heads, context, vocab, batch
+    "llama": dict(d_model=256, layers=4, heads=8, kv_heads=8, context=256, vocab=4096, batch=8),
+    "gpt2": dict(d_model=256, layers=4, heads=8, kv_heads=8, context=256, vocab=4096, batch=8),
+    "demo": dict(d_model=256, layers=4, heads=8, kv_heads=4, context=256, vocab=4096, batch=16),
+}
+PEERS = {"llama": ("hf", "litgpt", "xt"), "demo": ("hf", "litgpt", "xt"), "gpt2": ("hf", "nanogpt", "xt")}
 
 
-def lmlab_config(kind: str, a):
+@dataclass
+class Args:
+    """The benchmark's shape (also used by bench/profile_train_step.py)."""
+    recipe: str = "llama"
+    d_model: int = 256
+    layers: int = 4
+    heads: int = 8
+    kv_heads: int = 8
+    context: int = 256
+    vocab: int = 4096
+    batch: int = 8
+    nanogpt: Optional[str] = None
+
+
+def lmlab_config(a: Args):
     from lmlab.config import ModelConfig
 
     common = dict(vocab_size=a.vocab, context_length=a.context, d_model=a.d_model, n_layers=a.layers,
-                  n_heads=a.heads, tie_embeddings=True)
-    if kind == "lmlab-gpt2":
-        return ModelConfig(**common, norm_type="layernorm", norm_bias=True, bias="all", activation="gelu_tanh",
-                           position="learned")
+                  n_heads=a.heads, n_kv_heads=a.kv_heads, tie_embeddings=True)
+    if a.recipe == "gpt2":
+        return ModelConfig(**common, norm_type="layernorm", norm_bias=True, bias="all", activation="gelu",
+                           d_ff=4 * a.d_model, position="learned")
     return ModelConfig(**common)
 
 
-def build(kind: str, a):
-    if kind.startswith("lmlab"):
-        from lmlab.model import TransformerLM
-
-        return TransformerLM(lmlab_config(kind, a))
-    cfg = lmlab_config("lmlab-llama", a)
-    if kind == "hf-llama":
+def build_peer(system: str, a: Args) -> tuple[torch.nn.Module, Callable]:
+    """(model, loss_fn(model, x, y) -> scalar mean cross-entropy) for a peer library."""
+    cfg = lmlab_config(a)
+    ce = lambda logits, y: F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())  # noqa: E731
+    if system == "hf" and a.recipe != "gpt2":
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        return LlamaForCausalLM(LlamaConfig(
+        m = LlamaForCausalLM(LlamaConfig(
             vocab_size=a.vocab, hidden_size=a.d_model, intermediate_size=cfg.d_ff, num_hidden_layers=a.layers,
-            num_attention_heads=a.heads, num_key_value_heads=a.heads, max_position_embeddings=a.context,
-            tie_word_embeddings=True, attn_implementation="sdpa"))
-    from transformers import GPT2Config, GPT2LMHeadModel
+            num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, max_position_embeddings=a.context,
+            tie_word_embeddings=True, attention_dropout=0.0, rms_norm_eps=cfg.norm_eps))
+        m.config._attn_implementation = "sdpa"
+        return m, lambda m, x, y: ce(m(input_ids=x).logits, y)
+    if system == "hf":
+        from transformers import GPT2Config, GPT2LMHeadModel
 
-    return GPT2LMHeadModel(GPT2Config(vocab_size=a.vocab, n_positions=a.context, n_embd=a.d_model, n_layer=a.layers,
-                                      n_head=a.heads, attn_implementation="sdpa"))
+        m = GPT2LMHeadModel(GPT2Config(
+            vocab_size=a.vocab, n_positions=a.context, n_embd=a.d_model, n_layer=a.layers, n_head=a.heads,
+            activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+        m.config._attn_implementation = "sdpa"
+        return m, lambda m, x, y: ce(m(input_ids=x).logits, y)
+    if system == "litgpt":
+        from litgpt import Config
+        from litgpt.model import GPT
+
+        m = GPT(Config(n_embd=a.d_model, n_layer=a.layers, n_head=a.heads, n_query_groups=a.kv_heads,
+                       intermediate_size=cfg.d_ff, mlp_class_name="LLaMAMLP", norm_class_name="RMSNorm",
+                       bias=False, rotary_percentage=1.0, parallel_residual=False, padded_vocab_size=a.vocab,
+                       vocab_size=a.vocab, block_size=a.context, norm_eps=cfg.norm_eps))
+        m.lm_head.weight = m.transformer.wte.weight  # tied, as the others
+        return m, lambda m, x, y: ce(m(x), y)
+    if system == "nanogpt":
+        if not a.nanogpt:
+            raise SystemExit("nanogpt: give --nanogpt DIR (a clone of https://github.com/karpathy/nanoGPT)")
+        sys.path.insert(0, os.path.abspath(os.path.expanduser(a.nanogpt)))
+        from model import GPT, GPTConfig  # nanoGPT's model.py
+
+        m = GPT(GPTConfig(block_size=a.context, vocab_size=a.vocab, n_layer=a.layers, n_head=a.heads,
+                          n_embd=a.d_model, dropout=0.0, bias=True))
+        return m, lambda m, x, y: m(x, y)[1]
+    if system == "xt":
+        from x_transformers import Decoder, TransformerWrapper
+
+        if a.recipe == "gpt2":
+            dec = Decoder(dim=a.d_model, depth=a.layers, heads=a.heads, attn_dim_head=a.d_model // a.heads,
+                          ff_mult=4, attn_flash=True)
+            m = TransformerWrapper(num_tokens=a.vocab, max_seq_len=a.context, attn_layers=dec, tie_embedding=True)
+        else:
+            dec = Decoder(dim=a.d_model, depth=a.layers, heads=a.heads, attn_kv_heads=a.kv_heads,
+                          attn_dim_head=a.d_model // a.heads, rotary_pos_emb=True, use_rmsnorm=True, ff_glu=True,
+                          ff_swish=True, ff_no_bias=True, attn_flash=True, ff_mult=cfg.d_ff / a.d_model)
+            m = TransformerWrapper(num_tokens=a.vocab, max_seq_len=a.context, attn_layers=dec, tie_embedding=True,
+                                   use_abs_pos_emb=False)
+        return m, lambda m, x, y: ce(m(x), y)
+    raise SystemExit(f"unknown system {system!r}")
 
 
-def measure(kind: str, a) -> dict:
+@dataclass
+class System:
+    name: str
+    step: Callable[[], None]
+    params: int
+    compile_s: float = 0.0
+    notes: list = field(default_factory=list)
+
+
+def make_system(name: str, a: Args, dtype: Optional[torch.dtype], compile_: bool, fused: bool) -> System:
+    """Build ``name`` ('lmlab' or a peer), its batch and its step; runs the first step (compiling)."""
     torch.manual_seed(0)
-    device = torch.device(a.device)
-    model = build(kind, a).to(device)
-    if a.compile:
-        model = torch.compile(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-    x = torch.randint(0, a.vocab, (a.batch, a.context + 1), device=device)
-    dtype = {"fp32": None, "bf16": torch.bfloat16}[a.dtype]
-    from lmlab.model import lm_loss
+    x = torch.randint(0, a.vocab, (a.batch, a.context + 1))
+    inputs, targets = x[:, :-1], x[:, 1:]
+    if name == "lmlab":
+        from lmlab.model import TransformerLM
+        from lmlab.train import TrainConfig, make_optimizer, param_groups
+
+        model = TransformerLM(lmlab_config(a))
+        tc = TrainConfig(lr=ADAMW["lr"], beta1=ADAMW["betas"][0], beta2=ADAMW["betas"][1], eps=ADAMW["eps"],
+                         weight_decay=ADAMW["weight_decay"])
+        opt = make_optimizer(param_groups(model, tc), tc, torch.device("cpu"))
+        fwd = torch.compile(model) if compile_ else model
+        loss_fn = lambda: fwd(inputs, targets=targets)[0]  # noqa: E731
+    else:
+        model, peer_loss = build_peer(name, a)
+        fwd = torch.compile(model) if compile_ else model
+        opt = torch.optim.AdamW(model.parameters(), **ADAMW, fused=True if fused else None)
+        loss_fn = lambda: peer_loss(fwd, inputs, targets)  # noqa: E731
+    model.train()
 
     def step():
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            if kind.startswith("lmlab"):
-                logits = model(x[:, :-1])
-            else:
-                logits = model(input_ids=x[:, :-1]).logits
-        loss, _ = lm_loss(logits, x[:, 1:])  # the same fp32 cross-entropy for all
+        with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = loss_fn()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(a.warmup):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    for _ in range(a.steps):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
-    peak = (torch.cuda.max_memory_allocated() if device.type == "cuda"
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    n_params = sum(p.numel() for p in (model._orig_mod if a.compile else model).parameters())
-    return {"kind": kind, "tokens_per_s": a.batch * a.context * a.steps / dt, "peak_bytes": peak, "params": n_params}
+    step()
+    first = time.perf_counter() - t0
+    s = System(name, step, sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
+               compile_s=first if compile_ else 0.0)
+    s.notes = check_equal_settings(model)
+    return s
 
 
-def main():
+def check_equal_settings(model: torch.nn.Module) -> list[str]:
+    """What would make the comparison unequal: dropout modules with p > 0, attention dropout fields."""
+    bad = [f"{n}: Dropout p={m.p}" for n, m in model.named_modules()
+           if isinstance(m, torch.nn.Dropout) and m.p > 0]
+    for n, m in model.named_modules():
+        for attr in ("attention_dropout", "attn_dropout", "dropout"):
+            v = getattr(m, attr, None)
+            if isinstance(v, float) and v > 0:
+                bad.append(f"{n}.{attr}={v}")
+    return bad
+
+
+def machine_line(threads: int) -> str:
+    load = os.getloadavg()
+    return (f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+            f"threads {threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+
+def peak_rss(system: str, argv: list[str]) -> dict:
+    """A fresh process: import, build, 3 steps; its RSS before the first step and its max RSS (bytes)."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--rss-of", system],
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    if out.returncode:
+        raise SystemExit(f"{system}: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def rss_now() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+    return q[0], statistics.median(xs), q[2]
+
+
+def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
-    ap.add_argument("--compile", action="store_true")
-    ap.add_argument("--d-model", dest="d_model", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--context", type=int, default=256)
-    ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--recipe", choices=sorted(RECIPES), default="llama")
+    ap.add_argument("--kv-heads", type=int, help="KV heads (GQA) for the llama recipe")
+    ap.add_argument("--context", type=int, help="context length (default 256)")
+    ap.add_argument("--batch", type=int, help="sequences per step (default: the recipe's)")
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16 = autocast, for every system")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--systems", help="comma-separated subset of lmlab and the recipe's peers")
+    ap.add_argument("--nanogpt", help="folder holding nanoGPT's model.py (GPT-2 recipe)")
+    ap.add_argument("--lmlab-compile", action="store_true", help="torch.compile lmlab's model (its CPU default)")
+    ap.add_argument("--peers-compiled", action="store_true", help="also time every peer compiled, fused AdamW")
+    ap.add_argument("--steps", type=int, default=2, help="steps per system per round")
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--kinds", default=",".join(KINDS))
-    ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--no-rss", action="store_true", help="skip the fresh-process memory measurement")
+    ap.add_argument("--markdown", action="store_true", help="also print a markdown table")
+    ap.add_argument("--rss-of", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.one:
-        print(json.dumps(measure(a.one, a)))
+    if a.threads < 1 or a.steps < 1 or a.rounds < 1 or a.warmup < 0:
+        ap.error("--threads, --steps and --rounds must be >= 1 and --warmup >= 0")
+    torch.set_num_threads(a.threads)
+    shape = Args(recipe=a.recipe, nanogpt=a.nanogpt, **RECIPES[a.recipe])
+    shape.kv_heads = a.kv_heads or shape.kv_heads
+    shape.context = a.context or shape.context
+    shape.batch = a.batch or shape.batch
+    if shape.heads % shape.kv_heads:
+        ap.error(f"--kv-heads {shape.kv_heads} must divide the {shape.heads} heads")
+    dtype = torch.bfloat16 if a.dtype == "bf16" else None
+    if a.rss_of:
+        name, _, mode = a.rss_of.partition("+")
+        base = rss_now()
+        s = make_system(name, shape, dtype, compile_=bool(mode), fused=bool(mode))
+        before = rss_now()
+        for _ in range(3):
+            s.step()
+        print(json.dumps({"import_and_build": before, "base": base,
+                          "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
         return
-    kinds = a.kinds.split(",")
-    results = {k: [] for k in kinds}
-    argv = [x for x in sys.argv[1:]]
-    for _ in range(a.repeats):
-        for k in kinds:
-            out = subprocess.run([sys.executable, __file__, *argv, "--one", k], capture_output=True, text=True,
-                                 env=dict(os.environ, PYTHONWARNINGS="ignore"))
-            if out.returncode:
-                sys.exit(out.stderr)
-            results[k].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    dev = torch.cuda.get_device_name() if a.device.startswith("cuda") else (platform.processor() or platform.machine())
-    print(f"machine: {dev}, {os.cpu_count()} CPUs, torch {torch.__version__}, threads {torch.get_num_threads()}; "
-          f"{a.dtype}{' + compile' if a.compile else ''}; d_model {a.d_model}, {a.layers} layers, {a.heads} heads, "
-          f"context {a.context}, vocab {a.vocab}, batch {a.batch}; median of {a.repeats} x {a.steps} steps")
-    med = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in results.items()}
-    mem = {k: statistics.median(r["peak_bytes"] for r in v) for k, v in results.items()}
-    mfu = {}
-    if a.device.startswith("cuda"):
-        from lmlab.analysis import flops_per_token
-        from lmlab.train import device_peak_flops
-
-        peak = device_peak_flops(torch.device(a.device), torch.bfloat16 if a.dtype == "bf16" else None)
-        for k in kinds:
-            cfg = lmlab_config("lmlab-gpt2" if "gpt2" in k else "lmlab-llama", a)
-            mfu[k] = flops_per_token(cfg, a.context, training=True) * med[k] / peak if peak else None
-    for k in kinds:
-        extra = f"  MFU {mfu[k]:.1%}" if mfu.get(k) else ""
-        print(f"{k:12s} {med[k]:10.0f} tokens/s  peak {mem[k] / 2**20:8.0f} MiB  {results[k][0]['params']:,} params{extra}")
-    for ours, theirs in (("lmlab-llama", "hf-llama"), ("lmlab-gpt2", "hf-gpt2")):
-        if ours in med and theirs in med:
-            print(f"{ours} / {theirs}: {med[ours] / med[theirs]:.2f}x tokens/s, {mem[ours] / mem[theirs]:.2f}x peak memory")
-    if "lmlab-llama" in med:
-        peers = [med[k] for k in ("hf-llama", "hf-gpt2") if k in med]
-        if peers:
-            print(f"lmlab-llama / faster peer: {med['lmlab-llama'] / max(peers):.2f}x")
+    peers = [p for p in PEERS[a.recipe] if p != "nanogpt" or a.nanogpt]
+    wanted = a.systems.split(",") if a.systems else ["lmlab", *peers]
+    unknown = [w for w in wanted if w not in ("lmlab", *PEERS[a.recipe])]
+    if unknown:
+        ap.error(f"--systems: {unknown} not among lmlab, {', '.join(PEERS[a.recipe])} for recipe {a.recipe}")
+    if "xt" in wanted:
+        try:
+            import x_transformers  # noqa: F401
+        except ImportError:
+            wanted.remove("xt")
+            print("x-transformers not installed: skipped")
+    variants = [(w, a.lmlab_compile if w == "lmlab" else False) for w in wanted]
+    if a.peers_compiled:
+        variants += [(w, True) for w in wanted if w != "lmlab"]
+    systems = {}
+    lm = "lmlab+compile" if a.lmlab_compile else "lmlab"
+    for name, comp in variants:
+        label = name + ("+compile" if comp else "")
+        systems[label] = make_system(name, shape, dtype, compile_=comp, fused=comp and name != "lmlab")
+    counts = {k: s.params for k, s in systems.items()}
+    ref = counts.get(lm, next(iter(counts.values())))
+    for k in [k for k in systems if counts[k] != ref]:
+        if not k.startswith("xt"):
+            raise SystemExit(f"parameter counts differ, the comparison is not equal: {counts}")
+        print(f"{k}: {counts[k]:,} params against lmlab's {ref:,}: left out (not equal)")
+        del systems[k], counts[k]
+    bad = {k: s.notes for k, s in systems.items() if s.notes}
+    if bad:
+        raise SystemExit(f"dropout is on, the comparison is not equal: {bad}")
+    for s in systems.values():
+        for _ in range(a.warmup):
+            s.step()
+    labels = list(systems)
+    times: dict[str, list[float]] = {k: [] for k in labels}
+    for r in range(a.rounds):
+        for k in labels[r % len(labels):] + labels[:r % len(labels)]:
+            t0 = time.perf_counter()
+            for _ in range(a.steps):
+                systems[k].step()
+            times[k].append((time.perf_counter() - t0) / a.steps)
+    tokens = shape.batch * shape.context
+    print(machine_line(a.threads))
+    print(f"recipe {a.recipe}: d_model {shape.d_model}, {shape.layers} layers, {shape.heads} heads, "
+          f"{shape.kv_heads} KV heads, context {shape.context}, vocab {shape.vocab}, batch {shape.batch}; "
+          f"{a.dtype}{' autocast' if dtype else ''}; {a.rounds} rounds x {a.steps} steps, rotated order")
+    print(f"equalised: {counts[labels[0]]:,} params in every system; dropout 0 everywhere (checked); "
+          f"AdamW {ADAMW} for all; activation {'GELU (erf)' if a.recipe == 'gpt2' else 'SwiGLU'}; "
+          "SDPA attention in every system")
+    print("not equalised (printed, by design): lmlab's chunked loss, fused AdamW"
+          f"{' and torch.compile' if a.lmlab_compile else ''}; peers eager with torch's default AdamW (foreach)"
+          f"{', and again compiled with fused AdamW' if a.peers_compiled else ''}")
+    rss = {} if a.no_rss else {k: peak_rss(k.replace("+compile", "+c"), sys.argv[1:]) for k in labels}
+    rows = []
+    for k in labels:
+        med = statistics.median(times[k])
+        q1, r, q3 = quartiles([t / l for t, l in zip(times[k], times[lm])]) if k != lm else (1, 1, 1)
+        mem = rss.get(k)
+        rows.append((k, med, tokens / med, r, q1, q3, systems[k].compile_s, mem))
+        extra = (f"  peak RSS {mem['peak'] / 2**20:6.0f} MiB (training adds {(mem['peak'] - mem['import_and_build']) / 2**20:5.0f})"
+                 if mem else "")
+        comp = f"  compile {systems[k].compile_s:5.1f} s" if systems[k].compile_s else ""
+        vs = "" if k == lm else f"  {lm} speed-up {r:.2f}x (IQR {q1:.2f}-{q3:.2f})"
+        print(f"{k:16s} {med * 1e3:8.1f} ms/step {tokens / med:8.0f} tokens/s{vs}{comp}{extra}")
+    peer_rows = [row for row in rows if row[0] != lm and not row[0].endswith("+compile")]
+    if peer_rows:
+        fastest = max(peer_rows, key=lambda row: row[2])
+        print(f"{lm} / fastest eager peer ({fastest[0]}): {fastest[3]:.2f}x (IQR {fastest[4]:.2f}-{fastest[5]:.2f})")
+    comp_rows = [row for row in rows if row[0].endswith("+compile") and row[0] != lm]
+    if comp_rows:
+        fastest = max(comp_rows, key=lambda row: row[2])
+        print(f"{lm} / fastest compiled peer ({fastest[0]}): {fastest[3]:.2f}x (IQR {fastest[4]:.2f}-{fastest[5]:.2f})")
+    if a.markdown:
+        print(f"\n| system | ms/step | tokens/s | {lm} speed-up (IQR) | compile s | peak RSS MiB (training adds) |")
+        print("|---|---|---|---|---|---|")
+        for k, med, tps, r, q1, q3, cs, mem in rows:
+            sp = "1" if k == lm else f"{r:.2f}x ({q1:.2f}-{q3:.2f})"
+            m = f"{mem['peak'] / 2**20:.0f} ({(mem['peak'] - mem['import_and_build']) / 2**20:.0f})" if mem else "-"
+            print(f"| {k} | {med * 1e3:.1f} | {tps:.0f} | {sp} | {cs:.1f} | {m} |" if cs else
+                  f"| {k} | {med * 1e3:.1f} | {tps:.0f} | {sp} | - | {m} |")
 
 
 if __name__ == "__main__":

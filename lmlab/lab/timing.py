@@ -34,12 +34,14 @@ def _step_timer(
 ) -> Callable[[], float]:
     """A closure timing ``steps`` training steps of a fresh ``TransformerLM(cfg)``; returns seconds/step."""
     from lmlab.model import TransformerLM
-    from lmlab.model.transformer import lm_loss
+    from lmlab.train import TrainConfig, make_optimizer
 
     torch.manual_seed(seed)
     model = TransformerLM(cfg).to(device)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)  # a real optimiser step; lr too small to matter
+    # lmlab train's step: the chunked loss from TransformerLM.forward(targets=...), its AdamW (lr too
+    # small to matter)
+    opt = make_optimizer([{"params": list(model.parameters())}], TrainConfig(lr=1e-4), device)
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, cfg.vocab_size, (batch, context + 1), generator=g).to(device)
     inputs, targets = x[:, :-1], x[:, 1:]
@@ -48,8 +50,7 @@ def _step_timer(
         t0 = time.perf_counter()
         for _ in range(steps):
             with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-                logits = model(inputs)
-            loss, _ = lm_loss(logits, targets, cfg.z_loss)
+                loss, _ = model(inputs, targets=targets)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lmlab.config import ModelConfig
+from lmlab.model.causal_attention import blocked_causal_attention, use_blocked
 from lmlab.model.norms import HeadwiseNorm, make_norm
 from lmlab.model.positions import RotaryEmbedding
 
@@ -185,6 +186,9 @@ class Attention(nn.Module):
             scaling = None if (self.window is not None and cfg.rope_local_theta) else cfg.rope_scaling
             self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_fraction, theta, cfg.rope_style,
                                         cfg.context_length, scaling)
+        # training on CPU: lmlab.model.causal_attention's blocked kernel where use_blocked() says so
+        # (False: always SDPA, e.g. to compare the two)
+        self.blocked_kernel = True
         self.scale = (cfg.query_pre_attn_scalar ** -0.5) if cfg.query_pre_attn_scalar else 1.0 / math.sqrt(cfg.head_dim)
         self.logit_cap = cfg.attn_logit_softcap
         self.attn_dropout = cfg.attn_dropout
@@ -225,8 +229,11 @@ class Attention(nn.Module):
         plain = self.logit_cap is None and not self.record_max_logit and bias_fn is None
         if cache is None:
             if plain and self.window is None and left_pad is None:  # the training path
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=self.scale,
-                                                   enable_gqa=K != H)
+                if not dropout and self.blocked_kernel and torch.is_grad_enabled() and use_blocked(q):
+                    y = blocked_causal_attention(q, k, v, self.scale)  # CPU: faster than SDPA there
+                else:
+                    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout,
+                                                       scale=self.scale, enable_gqa=K != H)
                 return self.out(y.transpose(1, 2).reshape(B, T, H * D))
             q_idx = k_idx = torch.arange(T, device=x.device)
         else:

@@ -30,6 +30,7 @@ from lmlab.config import ModelConfig
 from lmlab.model.attention import Attention, KVCache, softcap
 from lmlab.model.ffn import FeedForward
 from lmlab.model.norms import make_norm
+from lmlab.model.loss import linear_cross_entropy, lm_loss  # noqa: F401 (lm_loss re-exported)
 from lmlab.model.positions import AbsolutePositions, alibi_slopes
 
 
@@ -183,13 +184,35 @@ class TransformerLM(nn.Module):
         return None
 
     def forward(self, idx: torch.Tensor, cache: Optional[KVCache] = None,
-                left_pad: Optional[torch.Tensor] = None) -> torch.Tensor:
+                left_pad: Optional[torch.Tensor] = None, targets: Optional[torch.Tensor] = None,
+                reduction: str = "mean"):
         """idx: (batch, seq) token ids. With ``cache``, idx continues the cached positions and the
         cache is advanced by seq. ``left_pad`` (batch,): leading padding tokens of each row (batched
         prompts of different lengths): row b's token i sits at position i - left_pad[b] and padding is
         never attended to; with a cache it is stored there (set it with the first tokens) and applies to
-        every later call. Returns logits (batch, seq, vocab_size) in fp32."""
-        return self.logits(self.hidden(idx, cache, left_pad))
+        every later call. Returns logits (batch, seq, vocab_size) in fp32.
+
+        With ``targets`` (batch, seq) ids (-100 not scored) it returns the training loss instead:
+        (cross-entropy + ``cfg.z_loss`` z-loss, cross-entropy alone, detached) in nats, summed or
+        averaged over the scored tokens (``reduction``), from :func:`lmlab.model.loss.linear_cross_entropy`
+        (chunked; the logits are never materialised). This is the call ``lmlab train`` makes, through
+        DDP/FSDP wrappers too."""
+        h = self.hidden(idx, cache, left_pad)
+        if targets is None:
+            return self.logits(h)
+        return self.loss_from_hidden(h, targets, reduction)
+
+    def loss_from_hidden(self, h: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"):
+        """The LM head and loss of :meth:`forward` with ``targets``, from final hidden states
+        (batch, seq, d_model): the same numbers as ``lm_loss(self.logits(h), targets, cfg.z_loss)``."""
+        if self.proj_out is not None:
+            h = self.proj_out(h)
+        bias = self.lm_head.bias
+        if self.cfg.logit_scale != 1.0:  # s (h W^T + b) = (s h) W^T + s b
+            h = h * self.cfg.logit_scale
+            bias = None if bias is None else bias * self.cfg.logit_scale
+        return linear_cross_entropy(h, self.lm_head.weight, targets, bias, self.cfg.z_loss,
+                                    self.cfg.final_logit_softcap, reduction)
 
     def hidden(self, idx: torch.Tensor, cache: Optional[KVCache] = None,
                left_pad: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -269,24 +292,3 @@ class TransformerLM(nn.Module):
             if self.abs_pos is not None and self.cfg.position == "learned":
                 n -= self.abs_pos.weight.numel()
         return n
-
-
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0,
-            reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
-    """Next-token cross-entropy in nats, computed in fp32, plus the z-loss z_loss * (log Z)^2
-    (PaLM, Chowdhery et al. 2022, section 5) where log Z = logsumexp of the logits.
-
-    logits: (batch, seq, vocab); targets: (batch, seq) ids, -100 ignored.
-    Returns (loss to optimise, mean cross-entropy) with ``reduction`` 'mean' (per scored token) or 'sum'.
-    """
-    logits = logits.float().flatten(0, 1)
-    targets = targets.flatten()
-    ce = F.cross_entropy(logits, targets, ignore_index=-100, reduction=reduction)
-    if not z_loss:
-        return ce, ce.detach()
-    keep = targets != -100
-    log_z = torch.logsumexp(logits[keep], dim=-1)
-    z = log_z.pow(2).sum()
-    if reduction == "mean":
-        z = z / keep.sum().clamp(min=1)
-    return ce + z_loss * z, ce.detach()

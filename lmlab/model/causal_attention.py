@@ -1,0 +1,105 @@
+"""Causal softmax attention in row blocks, for training on CPU: the same function as
+``F.scaled_dot_product_attention(q, k, v, is_causal=True)``, faster there at short contexts.
+
+Queries are taken ``block`` rows at a time; block i attends only to keys 0 .. end of block i, so the
+key blocks above the diagonal (almost half of the T x T scores) are never computed, and each block's
+scores, softmax and products are large batched matmuls (``torch.bmm`` over batch x heads) instead of
+the per-head tiles of SDPA's CPU flash kernel, which at head_dim 32 run far below the matmul rate.
+Forward keeps each block's probabilities P (the compute dtype) for backward; backward is the standard
+one (Dao et al. 2022, FlashAttention, Appendix B.2): dV = P^T dO, dP = dO V^T,
+dS = P * (dP - rowsum(dO * O)), dQ = dS K * scale, dK = dS^T Q * scale, with dK and dV accumulated in
+fp32. Scores and softmax are fp32 whatever the input dtype (bf16 under autocast).
+
+Measured (fwd+bwd of one layer, batch 8, 8 heads, head_dim 32, alternated with SDPA, medians of 10;
+2 EPYC cores): context 256: 23.5 vs 29.7 ms fp32, 17.5 vs 39.9 ms bf16 at 1 thread, 16.0 vs 17.0 ms
+fp32 and 12.9 vs 26.2 ms bf16 at 2 threads; context 512: 79 vs 117 ms fp32, 58 vs 124 ms bf16;
+context 1024: 309 vs 355 ms fp32, 248 vs 298 ms bf16. The saved probabilities cost
+batch x heads x T (T + block) / 2 elements per layer (SDPA saves only O and the log-sum-exp), so
+:func:`use_blocked` keeps SDPA where they would exceed ``MAX_SAVED_BYTES`` or the context exceeds
+``MAX_CONTEXT``, and on GPUs (whose SDPA kernels are the fast path).
+"""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK = 64  # query rows per block (32: 2-10% slower, 128: 5-15% slower at context 256)
+MAX_CONTEXT = 1024
+MAX_SAVED_BYTES = 256 * 2**20
+
+
+def use_blocked(q: torch.Tensor) -> bool:
+    """Whether :func:`blocked_causal_attention` should run q (batch, heads, T, head_dim) in training:
+    on CPU, T <= MAX_CONTEXT and the saved probabilities within MAX_SAVED_BYTES."""
+    B, H, T, _ = q.shape
+    saved = B * H * T * (T + BLOCK) // 2 * q.element_size()
+    return q.device.type == "cpu" and 1 < T <= MAX_CONTEXT and saved <= MAX_SAVED_BYTES
+
+
+class _BlockedCausal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale, block):
+        B, H, T, D = q.shape
+        acc = torch.promote_types(q.dtype, torch.float32)
+        q3, k3, v3 = (t.reshape(B * H, T, D) for t in (q, k, v))
+        out = torch.empty_like(q3)
+        above = torch.ones(block, block, dtype=torch.bool, device=q.device).triu_(1)
+        probs = []
+        for r0 in range(0, T, block):
+            r1 = min(r0 + block, T)
+            s = torch.bmm(q3[:, r0:r1], k3[:, :r1].transpose(1, 2)).to(acc).mul_(scale)
+            s[:, :, r0:r1].masked_fill_(above[: r1 - r0, : r1 - r0], float("-inf"))
+            p = torch.softmax(s, dim=-1).to(q.dtype)
+            torch.bmm(p, v3[:, :r1], out=out[:, r0:r1])
+            probs.append(p)
+        ctx.save_for_backward(q3, k3, v3, out, *probs)
+        ctx.meta = (B, H, T, D, scale, block)
+        return out.view(B, H, T, D)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q3, k3, v3, out, *probs = ctx.saved_tensors
+        B, H, T, D, scale, block = ctx.meta
+        acc = torch.promote_types(q3.dtype, torch.float32)
+        do = grad_out.reshape(B * H, T, D).to(q3.dtype)
+        dq = torch.empty_like(q3)
+        dk = torch.zeros(q3.shape, dtype=acc, device=q3.device)
+        dv = torch.zeros(q3.shape, dtype=acc, device=q3.device)
+        delta = (do.to(acc) * out.to(acc)).sum(-1)  # rowsum(dO * O): (B*H, T)
+        for i, r0 in enumerate(range(0, T, block)):
+            r1 = min(r0 + block, T)
+            p, do_i, q_i = probs[i], do[:, r0:r1], q3[:, r0:r1]
+            ds = torch.bmm(do_i, v3[:, :r1].transpose(1, 2)).to(acc)
+            ds = ds.sub_(delta[:, r0:r1, None]).mul_(p).mul_(scale).to(q3.dtype)
+            torch.bmm(ds, k3[:, :r1], out=dq[:, r0:r1])
+            if acc == q3.dtype:
+                dv[:, :r1].baddbmm_(p.transpose(1, 2), do_i)
+                dk[:, :r1].baddbmm_(ds.transpose(1, 2), q_i)
+            else:
+                dv[:, :r1] += torch.bmm(p.transpose(1, 2), do_i)
+                dk[:, :r1] += torch.bmm(ds.transpose(1, 2), q_i)
+        shape = (B, H, T, D)
+        return dq.view(shape), dk.to(q3.dtype).view(shape), dv.to(q3.dtype).view(shape), None, None
+
+
+@torch.compiler.disable  # run eagerly inside a compiled model: inductor's version measured slower
+def blocked_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                             block: int = BLOCK) -> torch.Tensor:
+    """Causal attention softmax(q k^T * scale, masked) v in query blocks of ``block`` rows.
+
+    q: (batch, heads, T, head_dim); k, v: (batch, kv_heads, T, head_dim) with kv_heads dividing heads
+    (GQA: query head h reads KV head h // (heads / kv_heads), as HF's ``repeat_kv``). Returns
+    (batch, heads, T, head_dim) in q's dtype. Raises ValueError on shapes that do not match.
+    """
+    B, H, T, D = q.shape
+    if k.shape != v.shape or k.shape[0] != B or k.shape[2:] != (T, D) or H % k.shape[1]:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: expected k and v "
+                         "(batch, kv_heads, T, head_dim) with kv_heads dividing q's heads")
+    if k.shape[1] != H:
+        k = k.repeat_interleave(H // k.shape[1], dim=1)
+        v = v.repeat_interleave(H // v.shape[1], dim=1)
+    dtype = q.dtype
+    if torch.is_autocast_enabled(q.device.type):
+        dtype = torch.get_autocast_dtype(q.device.type)
+    with torch.autocast(q.device.type, enabled=False):
+        return _BlockedCausal.apply(q.to(dtype), k.to(dtype), v.to(dtype), float(scale), int(block))
