@@ -16,8 +16,8 @@ run $py -m lmlab.cli train --config demo --out /tmp/r_fp16 $common --set dtype=f
 tail -1 /tmp/r_fp16/metrics.jsonl
 run $py -m lmlab.cli train --config demo --out /tmp/r_comp $common --set dtype=bf16 --set compile=true --set max_steps=100
 tail -1 /tmp/r_comp/metrics.jsonl
-echo "== GPT-2 small (124M) shape, bf16, batch 16 x 1024"
-g="--device cuda --dtype bf16 --d-model 768 --layers 12 --heads 12 --context 1024 --vocab 50304 --batch 16 --steps 10 --warmup 3 --repeats 1"
-timeout 120 $py bench/train_vs_peers.py $g 2>&1 | tail -8
-echo "== same, + torch.compile"
-timeout 240 $py bench/train_vs_peers.py $g --compile --kinds lmlab-gpt2,hf-gpt2,lmlab-llama 2>&1 | tail -6
+echo "== GPT-2 small (124M) shape, bf16, batch 16 x 1024: lmlab vs HF, eager and compiled"
+g="--device cuda --dtype bf16 --d-model 768 --layers 12 --heads 12 --context 1024 --vocab 50304 --batch 16"
+g="$g --steps 5 --rounds 3 --warmup 2 --systems lmlab,hf"
+timeout 240 $py bench/train_vs_peers.py --recipe gpt2 $g --lmlab-compile --peers-compiled 2>&1 | tail -8
+timeout 240 $py bench/train_vs_peers.py --recipe llama $g --lmlab-compile --peers-compiled 2>&1 | tail -8

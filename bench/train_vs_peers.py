@@ -154,34 +154,40 @@ class System:
     notes: list = field(default_factory=list)
 
 
-def make_system(name: str, a: Args, dtype: Optional[torch.dtype], compile_: bool, fused: bool) -> System:
-    """Build ``name`` ('lmlab' or a peer), its batch and its step; runs the first step (compiling)."""
+def make_system(name: str, a: Args, dtype: Optional[torch.dtype], compile_: bool, fused: bool,
+                device: str = "cpu") -> System:
+    """Build ``name`` ('lmlab' or a peer), its batch and its step on ``device``; runs the first step
+    (compiling)."""
     torch.manual_seed(0)
-    x = torch.randint(0, a.vocab, (a.batch, a.context + 1))
-    inputs, targets = x[:, :-1], x[:, 1:]
+    dev = torch.device(device)
+    x = torch.randint(0, a.vocab, (a.batch, a.context + 1), device=dev)
+    inputs, targets = x[:, :-1].contiguous(), x[:, 1:].contiguous()  # nanoGPT views its targets
     if name == "lmlab":
         from lmlab.model import TransformerLM
         from lmlab.train import TrainConfig, make_optimizer, param_groups
 
-        model = TransformerLM(lmlab_config(a))
+        model = TransformerLM(lmlab_config(a)).to(dev)
         tc = TrainConfig(lr=ADAMW["lr"], beta1=ADAMW["betas"][0], beta2=ADAMW["betas"][1], eps=ADAMW["eps"],
                          weight_decay=ADAMW["weight_decay"])
-        opt = make_optimizer(param_groups(model, tc), tc, torch.device("cpu"))
+        opt = make_optimizer(param_groups(model, tc), tc, dev)
         fwd = torch.compile(model) if compile_ else model
         loss_fn = lambda: fwd(inputs, targets=targets)[0]  # noqa: E731
     else:
         model, peer_loss = build_peer(name, a)
+        model = model.to(dev)
         fwd = torch.compile(model) if compile_ else model
         opt = torch.optim.AdamW(model.parameters(), **ADAMW, fused=True if fused else None)
         loss_fn = lambda: peer_loss(fwd, inputs, targets)  # noqa: E731
     model.train()
 
     def step():
-        with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+        with torch.autocast(dev.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             loss = loss_fn()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
 
     t0 = time.perf_counter()
     step()
@@ -204,9 +210,10 @@ def check_equal_settings(model: torch.nn.Module) -> list[str]:
     return bad
 
 
-def machine_line(threads: int) -> str:
+def machine_line(threads: int, device: str = "cpu") -> str:
     load = os.getloadavg()
-    return (f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+    gpu = f"{torch.cuda.get_device_name()}; " if device.startswith("cuda") else ""
+    return (f"machine: {gpu}{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
             f"threads {threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
 
@@ -217,6 +224,16 @@ def peak_rss(system: str, argv: list[str]) -> dict:
     if out.returncode:
         raise SystemExit(f"{system}: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def peak_rss_self() -> int:
+    """This process's peak RSS in bytes (VmHWM; unlike getrusage's ru_maxrss it is not inherited
+    across fork + exec from the parent's high-water mark)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def rss_now() -> int:
@@ -233,6 +250,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", choices=sorted(RECIPES), default="llama")
     ap.add_argument("--kv-heads", type=int, help="KV heads (GQA) for the llama recipe")
+    ap.add_argument("--d-model", dest="d_model", type=int, help="width (default 256)")
+    ap.add_argument("--layers", type=int, help="layers (default 4)")
+    ap.add_argument("--heads", type=int, help="attention heads (default 8)")
+    ap.add_argument("--vocab", type=int, help="vocabulary size (default 4096)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (CUDA: MFU and peak allocated memory)")
     ap.add_argument("--context", type=int, help="context length (default 256)")
     ap.add_argument("--batch", type=int, help="sequences per step (default: the recipe's)")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16 = autocast, for every system")
@@ -252,6 +274,13 @@ def main() -> None:
         ap.error("--threads, --steps and --rounds must be >= 1 and --warmup >= 0")
     torch.set_num_threads(a.threads)
     shape = Args(recipe=a.recipe, nanogpt=a.nanogpt, **RECIPES[a.recipe])
+    for f in ("d_model", "layers", "heads", "vocab"):
+        if getattr(a, f) is not None:
+            if getattr(a, f) < 1:
+                ap.error(f"--{f.replace('_', '-')} must be >= 1")
+            setattr(shape, f, getattr(a, f))
+    if a.heads is not None and a.kv_heads is None:
+        shape.kv_heads = a.heads if a.recipe != "demo" else max(1, a.heads // 2)
     shape.kv_heads = a.kv_heads or shape.kv_heads
     shape.context = a.context or shape.context
     shape.batch = a.batch or shape.batch
@@ -261,12 +290,15 @@ def main() -> None:
     if a.rss_of:
         name, _, mode = a.rss_of.partition("+")
         base = rss_now()
-        s = make_system(name, shape, dtype, compile_=bool(mode), fused=bool(mode))
+        s = make_system(name, shape, dtype, compile_=bool(mode), fused=bool(mode), device=a.device)
         before = rss_now()
+        if a.device.startswith("cuda"):
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
         for _ in range(3):
             s.step()
-        print(json.dumps({"import_and_build": before, "base": base,
-                          "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+        peak = torch.cuda.max_memory_allocated() if a.device.startswith("cuda") else peak_rss_self()
+        print(json.dumps({"import_and_build": before, "base": base, "peak": peak}))
         return
     peers = [p for p in PEERS[a.recipe] if p != "nanogpt" or a.nanogpt]
     wanted = a.systems.split(",") if a.systems else ["lmlab", *peers]
@@ -286,7 +318,8 @@ def main() -> None:
     lm = "lmlab+compile" if a.lmlab_compile else "lmlab"
     for name, comp in variants:
         label = name + ("+compile" if comp else "")
-        systems[label] = make_system(name, shape, dtype, compile_=comp, fused=comp and name != "lmlab")
+        systems[label] = make_system(name, shape, dtype, compile_=comp, fused=comp and name != "lmlab",
+                                     device=a.device)
     counts = {k: s.params for k, s in systems.items()}
     ref = counts.get(lm, next(iter(counts.values())))
     for k in [k for k in systems if counts[k] != ref]:
@@ -309,7 +342,7 @@ def main() -> None:
                 systems[k].step()
             times[k].append((time.perf_counter() - t0) / a.steps)
     tokens = shape.batch * shape.context
-    print(machine_line(a.threads))
+    print(machine_line(a.threads, a.device))
     print(f"recipe {a.recipe}: d_model {shape.d_model}, {shape.layers} layers, {shape.heads} heads, "
           f"{shape.kv_heads} KV heads, context {shape.context}, vocab {shape.vocab}, batch {shape.batch}; "
           f"{a.dtype}{' autocast' if dtype else ''}; {a.rounds} rounds x {a.steps} steps, rotated order")
@@ -320,34 +353,48 @@ def main() -> None:
           f"{' and torch.compile' if a.lmlab_compile else ''}; peers eager with torch's default AdamW (foreach)"
           f"{', and again compiled with fused AdamW' if a.peers_compiled else ''}")
     rss = {} if a.no_rss else {k: peak_rss(k.replace("+compile", "+c"), sys.argv[1:]) for k in labels}
+    mem_name = "peak allocated" if a.device.startswith("cuda") else "peak RSS"
+    mfu_of = mfu_function(shape, a.device, dtype)
     rows = []
     for k in labels:
         med = statistics.median(times[k])
         q1, r, q3 = quartiles([t / l for t, l in zip(times[k], times[lm])]) if k != lm else (1, 1, 1)
         mem = rss.get(k)
-        rows.append((k, med, tokens / med, r, q1, q3, systems[k].compile_s, mem))
-        extra = (f"  peak RSS {mem['peak'] / 2**20:6.0f} MiB (training adds {(mem['peak'] - mem['import_and_build']) / 2**20:5.0f})"
-                 if mem else "")
+        mfu = mfu_of(tokens / med)
+        rows.append((k, med, tokens / med, r, q1, q3, systems[k].compile_s, mem, mfu))
+        extra = (f"  {mem_name} {mem['peak'] / 2**20:6.0f} MiB (training adds "
+                 f"{(mem['peak'] - mem['import_and_build']) / 2**20:5.0f})" if mem else "")
         comp = f"  compile {systems[k].compile_s:5.1f} s" if systems[k].compile_s else ""
         vs = "" if k == lm else f"  {lm} speed-up {r:.2f}x (IQR {q1:.2f}-{q3:.2f})"
-        print(f"{k:16s} {med * 1e3:8.1f} ms/step {tokens / med:8.0f} tokens/s{vs}{comp}{extra}")
-    peer_rows = [row for row in rows if row[0] != lm and not row[0].endswith("+compile")]
-    if peer_rows:
-        fastest = max(peer_rows, key=lambda row: row[2])
-        print(f"{lm} / fastest eager peer ({fastest[0]}): {fastest[3]:.2f}x (IQR {fastest[4]:.2f}-{fastest[5]:.2f})")
-    comp_rows = [row for row in rows if row[0].endswith("+compile") and row[0] != lm]
-    if comp_rows:
-        fastest = max(comp_rows, key=lambda row: row[2])
-        print(f"{lm} / fastest compiled peer ({fastest[0]}): {fastest[3]:.2f}x (IQR {fastest[4]:.2f}-{fastest[5]:.2f})")
+        m = f"  MFU {mfu:.1%}" if mfu else ""
+        print(f"{k:16s} {med * 1e3:8.1f} ms/step {tokens / med:8.0f} tokens/s{m}{vs}{comp}{extra}")
+    for title, pick in (("eager", lambda k: not k.endswith("+compile")), ("compiled", lambda k: k.endswith("+compile"))):
+        cands = [row for row in rows if row[0] != lm and pick(row[0])]
+        if cands:
+            f = max(cands, key=lambda row: row[2])
+            print(f"{lm} / fastest {title} peer ({f[0]}): {f[3]:.2f}x (IQR {f[4]:.2f}-{f[5]:.2f})")
     if a.markdown:
-        print(f"\n| system | ms/step | tokens/s | {lm} speed-up (IQR) | compile s | peak RSS MiB (training adds) |")
-        print("|---|---|---|---|---|---|")
-        for k, med, tps, r, q1, q3, cs, mem in rows:
+        print(f"\n| system | ms/step | tokens/s | {lm} speed-up (IQR) | compile s | {mem_name} MiB (training adds) |"
+              f"{' MFU |' if mfu_of(1.0) else ''}")
+        print("|---|---|---|---|---|---|" + ("---|" if mfu_of(1.0) else ""))
+        for k, med, tps, r, q1, q3, cs, mem, mfu in rows:
             sp = "1" if k == lm else f"{r:.2f}x ({q1:.2f}-{q3:.2f})"
             m = f"{mem['peak'] / 2**20:.0f} ({(mem['peak'] - mem['import_and_build']) / 2**20:.0f})" if mem else "-"
-            print(f"| {k} | {med * 1e3:.1f} | {tps:.0f} | {sp} | {cs:.1f} | {m} |" if cs else
-                  f"| {k} | {med * 1e3:.1f} | {tps:.0f} | {sp} | - | {m} |")
+            print(f"| {k} | {med * 1e3:.1f} | {tps:.0f} | {sp} | {f'{cs:.1f}' if cs else '-'} | {m} |"
+                  + (f" {mfu:.1%} |" if mfu else ""))
 
+
+def mfu_function(shape: Args, device: str, dtype: Optional[torch.dtype]) -> Callable[[float], Optional[float]]:
+    """tokens/s -> model FLOPs utilisation on CUDA (lmlab.analysis.flops_per_token, attention included,
+    against lmlab.train.device_peak_flops); None on CPU or an unknown GPU."""
+    if not device.startswith("cuda"):
+        return lambda tps: None
+    from lmlab.analysis import flops_per_token
+    from lmlab.train import device_peak_flops
+
+    peak = device_peak_flops(torch.device(device), dtype)
+    per_token = flops_per_token(lmlab_config(shape), shape.context, training=True)
+    return lambda tps: per_token * tps / peak if peak else None
 
 if __name__ == "__main__":
     main()
