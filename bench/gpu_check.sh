@@ -10,6 +10,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 $py -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 run() { echo "== $*"; timeout 150 "$@" 2>&1 | grep -v -E "it/s\]|Warning" | tail -6; }
 common="--data data/shakespeare-bpe4096 --no-progress --set device=cuda --set eval_interval=1000 --set log_interval=50"
+common="$common --set batch_size=16 --set lr=0.002 --set compile=false"  # the eager GPU runs
 run $py -m lmlab.cli train --config demo --out /tmp/r_bf16 $common --set dtype=bf16 --set max_steps=300
 tail -1 /tmp/r_bf16/metrics.jsonl; $py -m lmlab.cli eval /tmp/r_bf16 --json
 run $py -m lmlab.cli train --config demo --out /tmp/r_fp16 $common --set dtype=fp16 --set max_steps=100

@@ -155,9 +155,9 @@ class System:
 
 
 def make_system(name: str, a: Args, dtype: Optional[torch.dtype], compile_: bool, fused: bool,
-                device: str = "cpu") -> System:
+                device: str = "cpu", checkpointing: bool = False) -> System:
     """Build ``name`` ('lmlab' or a peer), its batch and its step on ``device``; runs the first step
-    (compiling)."""
+    (compiling). ``checkpointing``: lmlab with activation checkpointing (TrainConfig's switch)."""
     torch.manual_seed(0)
     dev = torch.device(device)
     x = torch.randint(0, a.vocab, (a.batch, a.context + 1), device=dev)
@@ -167,6 +167,7 @@ def make_system(name: str, a: Args, dtype: Optional[torch.dtype], compile_: bool
         from lmlab.train import TrainConfig, make_optimizer, param_groups
 
         model = TransformerLM(lmlab_config(a)).to(dev)
+        model.checkpoint_blocks = checkpointing
         tc = TrainConfig(lr=ADAMW["lr"], beta1=ADAMW["betas"][0], beta2=ADAMW["betas"][1], eps=ADAMW["eps"],
                          weight_decay=ADAMW["weight_decay"])
         opt = make_optimizer(param_groups(model, tc), tc, dev)
@@ -263,6 +264,8 @@ def main() -> None:
     ap.add_argument("--nanogpt", help="folder holding nanoGPT's model.py (GPT-2 recipe)")
     ap.add_argument("--lmlab-compile", action="store_true", help="torch.compile lmlab's model (its CPU default)")
     ap.add_argument("--peers-compiled", action="store_true", help="also time every peer compiled, fused AdamW")
+    ap.add_argument("--lmlab-checkpointing", action="store_true",
+                    help="also time lmlab with activation checkpointing (lmlab+ckpt)")
     ap.add_argument("--steps", type=int, default=2, help="steps per system per round")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
@@ -290,7 +293,8 @@ def main() -> None:
     if a.rss_of:
         name, _, mode = a.rss_of.partition("+")
         base = rss_now()
-        s = make_system(name, shape, dtype, compile_=bool(mode), fused=bool(mode), device=a.device)
+        comp = mode == "c" or (mode == "k" and a.lmlab_compile)
+        s = make_system(name, shape, dtype, compile_=comp, fused=comp, device=a.device, checkpointing=mode == "k")
         before = rss_now()
         if a.device.startswith("cuda"):
             before = torch.cuda.memory_allocated()
@@ -311,15 +315,17 @@ def main() -> None:
         except ImportError:
             wanted.remove("xt")
             print("x-transformers not installed: skipped")
-    variants = [(w, a.lmlab_compile if w == "lmlab" else False) for w in wanted]
+    variants = [(w, a.lmlab_compile if w == "lmlab" else False, False) for w in wanted]
+    if a.lmlab_checkpointing and "lmlab" in wanted:
+        variants.insert(1, ("lmlab", a.lmlab_compile, True))
     if a.peers_compiled:
-        variants += [(w, True) for w in wanted if w != "lmlab"]
+        variants += [(w, True, False) for w in wanted if w != "lmlab"]
     systems = {}
     lm = "lmlab+compile" if a.lmlab_compile else "lmlab"
-    for name, comp in variants:
-        label = name + ("+compile" if comp else "")
+    for name, comp, ckpt in variants:
+        label = "lmlab+ckpt" if ckpt else name + ("+compile" if comp else "")
         systems[label] = make_system(name, shape, dtype, compile_=comp, fused=comp and name != "lmlab",
-                                     device=a.device)
+                                     device=a.device, checkpointing=ckpt)
     counts = {k: s.params for k, s in systems.items()}
     ref = counts.get(lm, next(iter(counts.values())))
     for k in [k for k in systems if counts[k] != ref]:
@@ -352,7 +358,8 @@ def main() -> None:
     print("not equalised (printed, by design): lmlab's chunked loss, fused AdamW"
           f"{' and torch.compile' if a.lmlab_compile else ''}; peers eager with torch's default AdamW (foreach)"
           f"{', and again compiled with fused AdamW' if a.peers_compiled else ''}")
-    rss = {} if a.no_rss else {k: peak_rss(k.replace("+compile", "+c"), sys.argv[1:]) for k in labels}
+    rss = {} if a.no_rss else {k: peak_rss(k.replace("+compile", "+c").replace("+ckpt", "+k"), sys.argv[1:])
+                               for k in labels}
     mem_name = "peak allocated" if a.device.startswith("cuda") else "peak RSS"
     mfu_of = mfu_function(shape, a.device, dtype)
     rows = []
@@ -368,7 +375,8 @@ def main() -> None:
         vs = "" if k == lm else f"  {lm} speed-up {r:.2f}x (IQR {q1:.2f}-{q3:.2f})"
         m = f"  MFU {mfu:.1%}" if mfu else ""
         print(f"{k:16s} {med * 1e3:8.1f} ms/step {tokens / med:8.0f} tokens/s{m}{vs}{comp}{extra}")
-    for title, pick in (("eager", lambda k: not k.endswith("+compile")), ("compiled", lambda k: k.endswith("+compile"))):
+    for title, pick in (("eager", lambda k: not k.endswith(("+compile", "+ckpt"))),
+                        ("compiled", lambda k: k.endswith("+compile"))):
         cands = [row for row in rows if row[0] != lm and pick(row[0])]
         if cands:
             f = max(cands, key=lambda row: row[2])

@@ -79,6 +79,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + GradScaler, CUDA) | auto
     compile: bool = False  # torch.compile the model for training
+    activation_checkpointing: bool = False  # recompute each block's activations in backward: less memory
     parallel: str = "ddp"  # with torchrun and >1 ranks: ddp | fsdp
     peak_flops: Optional[float] = None  # device peak FLOP/s for MFU; default from lmlab.analysis's table
     tensorboard: bool = True  # also write TensorBoard events when the package is installed
@@ -105,7 +106,7 @@ class TrainConfig:
             raise ConfigError(f"device={self.device!r:.60} is not valid; use auto, cpu, cuda or cuda:N")
         _choice("dtype", self.dtype, ("fp32", "bf16", "fp16", "auto"))
         _choice("parallel", self.parallel, ("ddp", "fsdp"))
-        for name in ("compile", "tensorboard"):
+        for name in ("compile", "tensorboard", "activation_checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
         if self.peak_flops is not None:
@@ -366,6 +367,7 @@ class Trainer:
         check_memory(cfg, self.device, self.dist.world_size if tc.parallel == "fsdp" else 1, tc.batch_size,
                      4 if self.amp_dtype is None else 2)
         self.model = TransformerLM(cfg).to(self.device)
+        self.model.checkpoint_blocks = tc.activation_checkpointing
         self.mode = tc.parallel if self.dist.enabled else "none"
         self.fwd = wrap_model(self.model, self.mode, self.dist, self.device)
         if tc.compile:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lmlab.checkpoint import CheckpointError, checkpoint_dirs
-from lmlab.config import ModelConfig
+from lmlab.config import ConfigError, ModelConfig
 from lmlab.data.prepare import prepare
 from lmlab.train import TrainConfig, Trainer, lr_at
 
@@ -212,3 +212,23 @@ def test_full_disk_keeps_previous_checkpoint(tmp_path, byte_data, monkeypatch):
     assert checkpoint_dirs(tmp_path / "run") == [first]
     assert (first / "model.safetensors").read_bytes() == before
     assert not list((tmp_path / "run" / "checkpoints").glob("*.tmp"))
+
+
+def test_activation_checkpointing_gives_the_same_gradients_and_is_validated():
+    from lmlab.model import TransformerLM
+
+    cfg = ModelConfig(vocab_size=50, context_length=16, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2)
+    torch.manual_seed(0)
+    model = TransformerLM(cfg)
+    x, y = torch.randint(0, 50, (2, 16)), torch.randint(0, 50, (2, 16))
+    grads = []
+    for ckpt in (False, True):
+        model.checkpoint_blocks = ckpt
+        model.zero_grad(set_to_none=True)
+        loss, _ = model(x, targets=y)
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-5, atol=1e-7, msg=n)
+    with pytest.raises(ConfigError, match="activation_checkpointing"):
+        TrainConfig(activation_checkpointing="yes")

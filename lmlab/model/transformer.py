@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
 from lmlab.config import ModelConfig
@@ -128,6 +129,9 @@ class TransformerLM(nn.Module):
                 block.attn.rope = ropes.setdefault(block.attn.rope.key, block.attn.rope)
         self._position_tables = [m for m in self.modules() if hasattr(m, "ensure")]
         self.lean_decode = False  # set by lmlab.generate.decode_layout while generating (see hidden)
+        # activation checkpointing (TrainConfig.activation_checkpointing): in training, each block's
+        # activations are recomputed in backward (torch.utils.checkpoint, non-reentrant) instead of kept
+        self.checkpoint_blocks = False
         self.reset_parameters()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
@@ -252,6 +256,9 @@ class TransformerLM(nn.Module):
             for block in self.blocks:
                 x = block.decode_one(x, positions, cache)
             x = x.unsqueeze(1)
+        elif self.checkpoint_blocks and cache is None and self.training and torch.is_grad_enabled():
+            for block in self.blocks:  # activations recomputed in backward, block by block
+                x = checkpoint(block, x, positions, cache, bias_fn, left_pad, use_reentrant=False)
         else:
             for block in self.blocks:
                 x = block(x, positions, cache, bias_fn, left_pad)
