@@ -151,6 +151,21 @@ def test_blocked_attention_bf16_close_to_fp32_and_rejects_bad_shapes():
 
 
 def test_use_blocked_rule_and_the_model_takes_it_only_in_training():
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert not use_blocked(torch.empty(8, 8, 256, 32))  # fp32 on 2 threads: SDPA
+        assert use_blocked(torch.empty(8, 8, 256, 32, dtype=torch.bfloat16))
+    finally:
+        torch.set_num_threads(threads)
+    torch.set_num_threads(1)
+    try:
+        _blocked_rule_and_dispatch()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _blocked_rule_and_dispatch():
     assert use_blocked(torch.empty(8, 8, 256, 32))
     assert not use_blocked(torch.empty(8, 8, 4096, 32))  # context over MAX_CONTEXT
     assert not use_blocked(torch.empty(512, 32, 1024, 32))  # saved probabilities over the budget

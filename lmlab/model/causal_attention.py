@@ -16,7 +16,8 @@ fp32 and 12.9 vs 26.2 ms bf16 at 2 threads; context 512: 79 vs 117 ms fp32, 58 v
 context 1024: 309 vs 355 ms fp32, 248 vs 298 ms bf16. The saved probabilities cost
 batch x heads x T (T + block) / 2 elements per layer (SDPA saves only O and the log-sum-exp), so
 :func:`use_blocked` keeps SDPA where they would exceed ``MAX_SAVED_BYTES`` or the context exceeds
-``MAX_CONTEXT``, and on GPUs (whose SDPA kernels are the fast path).
+``MAX_CONTEXT``, in fp32 with more than one thread (a whole GPT-2-recipe step on 2 threads: 505 ms
+with it, 445 ms with SDPA), and on GPUs (whose SDPA kernels are the fast path).
 """
 
 from __future__ import annotations
@@ -30,10 +31,14 @@ MAX_SAVED_BYTES = 256 * 2**20
 
 def use_blocked(q: torch.Tensor) -> bool:
     """Whether :func:`blocked_causal_attention` should run q (batch, heads, T, head_dim) in training:
-    on CPU, T <= MAX_CONTEXT and the saved probabilities within MAX_SAVED_BYTES."""
+    on CPU, T <= MAX_CONTEXT, the saved probabilities within MAX_SAVED_BYTES, and q in bf16/fp16 or
+    torch running one thread. In fp32 on 2 threads the whole GPT-2-recipe step measured slower with it
+    (505 vs 445 ms, bench/train_step_gains.py), as SDPA's kernel parallelises better there."""
     B, H, T, _ = q.shape
     saved = B * H * T * (T + BLOCK) // 2 * q.element_size()
-    return q.device.type == "cpu" and 1 < T <= MAX_CONTEXT and saved <= MAX_SAVED_BYTES
+    low_precision_or_one_thread = q.dtype != torch.float32 or torch.get_num_threads() == 1
+    return (q.device.type == "cpu" and 1 < T <= MAX_CONTEXT and saved <= MAX_SAVED_BYTES
+            and low_precision_or_one_thread)
 
 
 class _BlockedCausal(torch.autograd.Function):
