@@ -84,9 +84,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 tanh = torch.tanh(logits / cap)
                 logits = tanh * cap
             lse = torch.logsumexp(logits, dim=-1)
-            ce_chunk = ((lse - logits.gather(1, yc[:, None]).squeeze(1)) * kc).sum()
-            ce_total += ce_chunk
-            total += ce_chunk
+            ce_rows = (lse - logits.gather(1, yc[:, None]).squeeze(1)) * kc
+            ce_total += ce_rows.sum()
+            total += ce_rows.sum()
             if z_loss:
                 total += z_loss * (lse.pow(2) * kc).sum()
             if not want_grad:
