@@ -22,3 +22,7 @@ g="--device cuda --dtype bf16 --d-model 768 --layers 12 --heads 12 --context 102
 g="$g --steps 5 --rounds 3 --warmup 2 --systems lmlab,hf"
 timeout 240 $py bench/train_vs_peers.py --recipe gpt2 $g --lmlab-compile --peers-compiled 2>&1 | tail -8
 timeout 240 $py bench/train_vs_peers.py --recipe llama $g --lmlab-compile --peers-compiled 2>&1 | tail -8
+echo "== sweep batching (issue 14 item 4): K runs as one vmapped module vs one after another"
+timeout 120 $py bench/sweep_batching.py --device cuda --k 8 --shape lab --steps 10 --rounds 3 2>&1 | grep -v Warn | tail -7
+timeout 120 $py bench/sweep_batching.py --device cuda --k 8 --shape demo --dtype bf16 --steps 10 --rounds 3 2>&1 \
+  | grep -v Warn | tail -7
