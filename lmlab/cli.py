@@ -137,17 +137,23 @@ def _train(trainer, out: Path) -> int:
 
 def cmd_sweep(args) -> int:
     from lmlab.lab.runner import run_sweep
-    from lmlab.lab.spec import builtin_specs, load_spec
+    from lmlab.lab.spec import builtin_specs, load_spec, spec_tiers
 
     if args.list:
         for name, path in builtin_specs().items():
             spec = load_spec(path)
-            print(f"{name}: {len(spec.variants)} variant(s) x {len(spec.seeds)} seed(s); {spec.claim}")
+            tiers = spec_tiers(path)
+            print(f"{name}: {len(spec.variants)} variant(s) x {len(spec.seeds)} seed(s)"
+                  + (f"; tiers: {', '.join(tiers)}" if tiers else "") + f"; {spec.claim}")
         return 0
     if not args.spec:
         raise ConfigError("give a spec file or a shipped spec name (`lmlab sweep --list` shows them)")
-    command = f"lmlab sweep {args.spec}" + (f" --out {args.out}" if args.out else "") + f" --jobs {args.jobs}"
-    run_sweep(args.spec, out=args.out, jobs=args.jobs, dry_run=args.dry_run, command=command)
+    command = (f"lmlab sweep {args.spec}" + (f" --tier {args.tier}" if args.tier else "")
+               + (f" --out {args.out}" if args.out else "") + f" --jobs {args.jobs}")
+    if args.data:
+        command += f" --data {args.data}"
+    run_sweep(args.spec, out=args.out, jobs=args.jobs, dry_run=args.dry_run, command=command, tier=args.tier,
+              data_dir=Path(args.data) if args.data else None)
     return 0
 
 
@@ -489,6 +495,10 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--jobs", type=POSITIVE, default=1, help="runs trained at once, each with cores // jobs threads")
     sp.add_argument("--dry-run", action="store_true", help="print the runs, steps, tokens and FLOPs; train nothing")
     sp.add_argument("--list", action="store_true", help="list the shipped specs and their claims")
+    sp.add_argument("--data", help="a prepared data folder (`lmlab prepare --out`) for every run, over the spec's "
+                                   "'data:' (default: the spec's, else the default corpus)")
+    sp.add_argument("--tier", help="run the spec at one of its tiers (e.g. gpu: 20-100M parameters on one GPU); "
+                                   "default: the spec as written (CPU-sized)")
     sp.set_defaults(func=cmd_sweep)
 
     sp = sub.add_parser("report", help="markdown report of a sweep (verdicts, plots, results.csv), or an index")

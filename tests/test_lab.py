@@ -227,6 +227,29 @@ def test_timing_block_ratios():
     assert summarize_ratio(res["decode_s"], "a", "deep")["median"] > 1.2
 
 
+def test_decode_timing_past_the_training_context(monkeypatch):
+    """timing.decode_context beyond context_length (a KV-bound decode) times the same architecture built
+    for that context, decoding from half of it to all of it; learned positions are refused."""
+    import lmlab.bench
+    from lmlab.config import ConfigError
+    from lmlab.lab.timing import _decode_timer
+
+    seen = {}
+
+    def fake(model, batch, prompt_len, new_tokens, **kw):
+        seen.update(ctx=model.cfg.context_length, prompt=prompt_len, new=new_tokens, batch=batch)
+        return {"decode_s_per_step": 1e-3}
+
+    monkeypatch.setattr(lmlab.bench, "bench_decode", fake)
+    cfg = ModelConfig(vocab_size=64, context_length=32, d_model=32, n_layers=1, n_heads=2)
+    assert _decode_timer(cfg, 2, 96, torch.device("cpu"))() == 1e-3
+    assert seen == {"ctx": 96, "prompt": 48, "new": 49, "batch": 2}
+    learned = ModelConfig(**{**cfg.to_dict(), "position": "learned"})
+    with pytest.raises(ConfigError, match="decode_context=96 exceeds context_length=32"):
+        _decode_timer(learned, 2, 96, torch.device("cpu"))
+    _decode_timer(learned, 2, 32, torch.device("cpu"))  # within the table: fine
+
+
 # --- per-layer gradient norms ----------------------------------------------------------------------
 def test_layer_grad_norms_equal_autograd_by_hand():
     torch.manual_seed(0)

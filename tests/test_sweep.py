@@ -199,7 +199,7 @@ def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
 
 def test_shipped_specs_are_valid(byte_data):
     specs = builtin_specs()
-    assert len(specs) == 11
+    assert len(specs) == 13
     for name, path in specs.items():
         spec = load_spec(path)
         assert spec.claim and spec.name == name
@@ -217,3 +217,94 @@ def test_unreadable_results_line_is_reported(tmp_path, capsys):
     assert "skipped 1 unreadable line(s)" in capsys.readouterr().err
     (tmp_path / "results.jsonl").write_text('{"run": "a-s1"}\n')
     assert len(read_results(tmp_path)) == 1 and capsys.readouterr().err == ""
+
+
+# --- tiers -----------------------------------------------------------------------------------------
+def test_tier_overrides_and_errors(byte_data, tmp_path, capsys):
+    """A tier merges model/train field by field, replaces the other keys it names, gets its own name
+    (and so its own sweep folder); a missing tier or a key a tier may not set is refused by name."""
+    spec = {"name": "t", "model": {**TINY_MODEL, "d_ff": 64}, "train": TINY_TRAIN, "data": str(byte_data),
+            "axes": {"grid": {"n_layers": [1, 2]}}, "seeds": [1], "budget": {"steps": 2},
+            "tiers": {"big": {"model": {"d_model": 64}, "train": {"batch_size": 2},
+                              "axes": {"grid": {"n_layers": [3]}}, "seeds": [4, 5]}}}
+    plain = parse_spec(spec)
+    assert plain.name == "t" and plain.tier is None and "tiers" not in plain.raw
+    assert [p.cfg.d_model for p in plan_runs(plain, byte_data)] == [32, 32]
+    big = parse_spec(spec, tier="big")
+    assert big.name == "t-big" and big.tier == "big" and "tiers" not in big.raw
+    plans = plan_runs(big, byte_data)
+    assert [(p.cfg.d_model, p.cfg.n_layers, p.cfg.d_ff, p.tc.batch_size, p.tc.seed) for p in plans] == [
+        (64, 3, 64, 2, 4), (64, 3, 64, 2, 5)]  # d_ff and the rest of train kept from the spec
+    assert plans[0].tc.lr == TINY_TRAIN["lr"]
+    with pytest.raises(ConfigError, match="no tier 'gpu'; this spec defines 'big'"):
+        parse_spec(spec, tier="gpu")
+    with pytest.raises(ConfigError, match="tiers.big.claim is not a key a tier may set"):
+        parse_spec({**spec, "tiers": {"big": {"claim": "x"}}}, tier="big")
+    with pytest.raises(ConfigError, match="tiers must map tier names to mappings"):
+        parse_spec({**spec, "tiers": [1]})
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert main(["sweep", str(path), "--tier", "nope", "--dry-run"]) == 2
+    assert "no tier 'nope'" in capsys.readouterr().err
+    # the tier trains for real: its own folder, the tier recorded in the provenance and the plan's data line
+    out = tmp_path / "sw"
+    assert main(["sweep", str(path), "--tier", "big", "--out", str(out)]) == 0
+    assert "data: " in capsys.readouterr().out
+    rows = read_results(out)
+    assert sorted(r["run"] for r in rows) == ["n_layers=3-s4", "n_layers=3-s5"]
+    prov = [json.loads(line) for line in (out / "provenance.jsonl").read_text().splitlines()]
+    assert prov[-1]["tier"] == "big" and "--tier big" in prov[-1]["command"]
+    assert yaml.safe_load((out / "spec.yaml").read_text())["model"]["d_model"] == 64
+
+
+def test_plan_warns_when_runs_repeat_the_data(byte_data, capsys):
+    from lmlab.lab.runner import epochs_line
+
+    spec = {"model": TINY_MODEL, "train": TINY_TRAIN, "seeds": [1]}
+    train_tokens = 20000  # byte_data: 20,000 bytes of training text, one token per byte
+    once = plan_runs(parse_spec({**spec, "budget": {"tokens": 4 * 32 * 10}}), byte_data)
+    line = epochs_line(once)
+    assert line.startswith("data: ") and "reads 1,280 (0.06 epochs)" in line
+    twice = plan_runs(parse_spec({**spec, "budget": {"steps": 2 * train_tokens // (4 * 32) + 1}}), byte_data)
+    assert epochs_line(twice).startswith("warning: ") and "2.0" in epochs_line(twice)
+
+
+def test_shipped_gpu_tiers_fit_one_gpu_hour():
+    """Every shipped spec has a gpu tier whose baseline has 20-100M parameters (every variant 10-150M:
+    04 holds FLOPs, not parameters, across a 32x range of FF ratios) and whose whole sweep fits in an hour
+    on one GPU, estimated at 25% of an H100/H200's dense bf16 peak (989 TFLOP/s) plus 30 s per run of
+    process start, compile-free warm-up and evaluation."""
+    from lmlab.analysis import param_counts
+
+    for name, path in builtin_specs().items():
+        spec = load_spec(path, tier="gpu")
+        plans = _plan(spec, None, 4096)
+        sizes = [param_counts(p.cfg)["total"] for p in plans]
+        base = [param_counts(p.cfg)["total"] for p in plans if p.variant == spec.baseline]
+        assert base and all(20e6 <= n <= 100e6 for n in base), (name, base)
+        assert all(10e6 <= n <= 150e6 for n in sizes), (name, min(sizes), max(sizes))
+        assert all(p.tc.dtype == "bf16" for p in plans), name
+        hours = (sum(p.flops for p in plans) / (0.25 * 989e12) + 30 * len(plans)) / 3600
+        assert hours < 1.0, (name, hours)
+
+
+def test_gpu_tier_model_trains_a_step_on_cpu():
+    """Smoke test of a gpu tier on CPU: its baseline model (27M parameters, context 512) takes a
+    forward + backward step in bf16 autocast at batch 1, and the loss is the untrained model's,
+    about ln(vocab); an AdamW step then changes it."""
+    from lmlab.model import TransformerLM
+
+    spec = load_spec("09-parallel-block", tier="gpu")
+    p = _plan(spec, None, 4096)[0]
+    assert (p.cfg.d_model, p.cfg.n_layers, p.cfg.context_length, p.tc.dtype) == (512, 8, 512, "bf16")
+    model = TransformerLM(p.cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, 4096, (1, 513))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _ = model(x[:, :-1], targets=x[:, 1:])
+    loss.backward()
+    opt.step()
+    assert abs(float(loss) - math.log(4096)) < 0.5
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        after, _ = model(x[:, :-1], targets=x[:, 1:])
+    assert float(after) < float(loss)

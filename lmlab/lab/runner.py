@@ -540,6 +540,7 @@ def provenance_record(spec: Spec, command: Optional[str]) -> dict:
         "git_commit": git_commit(),
         "spec": str(spec.path) if spec.path else None,
         "spec_sha256": spec_sha256(spec),
+        "tier": spec.tier,
         "machine": _machine("auto"),
         "python": sys.version.split()[0],
         "started_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
@@ -639,6 +640,23 @@ def default_out(spec: Spec) -> Path:
     return Path("sweeps") / spec.name
 
 
+def epochs_line(plans: list[RunPlan]) -> str:
+    """How many passes over the data's training split the longest run makes; past one pass the
+    comparison is made on repeated data (a different regime: memorisation, where dropout and weight
+    decay act differently), so the line then starts with ``warning:``."""
+    from lmlab.data.prepare import TokenData
+
+    train = int(TokenData(plans[0].data).manifest["splits"]["train"]["tokens"])
+    most = max(p.tokens for p in plans)
+    epochs = most / max(train, 1)
+    text = (f"data: {train:,} training tokens in {plans[0].data}; the longest run reads {most:,} "
+            f"({epochs:.2f} epochs)")
+    if epochs > 1:
+        text = (f"warning: {text}: the runs repeat the data; pass a larger corpus (`lmlab sweep --data DIR`, "
+                f"a folder of `lmlab prepare`) for single-pass results")
+    return text
+
+
 def format_plan(plans: list[RunPlan], states: dict, spec: Optional[Spec] = None) -> str:
     """The dry-run table: one line per run (steps, tokens, FLOPs, parameters, state), the totals and,
     with ``spec``, the controls: quantities that differ > 5% from the baseline without being declared."""
@@ -657,6 +675,8 @@ def format_plan(plans: list[RunPlan], states: dict, spec: Optional[Spec] = None)
     lines.append(
         f"{len(plans)} runs, {sum(p.tokens for p in plans):,} tokens, {total:.3g} training FLOPs in all"
     )
+    if plans:
+        lines.append(epochs_line(plans))
     if spec is not None:
         if spec.match:
             solved = {(p.scale, p.variant): p.solved for p in plans if p.solved}
@@ -692,14 +712,18 @@ def run_sweep(
     log: Callable[[str], None] = print,
     data_dir: Optional[Path] = None,
     command: Optional[str] = None,
+    tier: Optional[str] = None,
 ) -> Path:
     """Plan, time, train, evaluate and record every run of ``spec`` in the sweep folder ``out`` (default
-    ``sweeps/NAME``); returns the folder. Resumes a folder it finds (see the module docstring).
-    ``command`` is recorded in the provenance (default: ``lmlab sweep SPEC``). Raises ConfigError for a
-    bad spec, --out or --jobs before anything is written."""
+    ``sweeps/NAME``, ``sweeps/NAME-TIER`` at a ``tier`` of the spec's ``tiers:``); returns the folder.
+    Resumes a folder it finds (see the module docstring). ``command`` is recorded in the provenance
+    (default: ``lmlab sweep SPEC``). Raises ConfigError for a bad spec, tier, --out or --jobs before
+    anything is written."""
     if not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"--jobs {jobs!r} must be an integer >= 1")
-    spec = spec if isinstance(spec, Spec) else load_spec(spec)
+    if isinstance(spec, Spec) and tier is not None and spec.tier != tier:
+        raise ConfigError(f"the spec was read at tier {spec.tier!r}, not {tier!r}; pass its file or name")
+    spec = spec if isinstance(spec, Spec) else load_spec(spec, tier)
     sweep_dir = Path(out) if out else default_out(spec)
     if sweep_dir.exists() and not sweep_dir.is_dir():
         raise ConfigError(f"--out {str(sweep_dir)!r} is a file, not a sweep folder; choose a folder path")

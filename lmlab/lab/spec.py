@@ -41,6 +41,11 @@ A spec is a YAML mapping::
                                          # with lmlab.analysis.flops_per_token), {seconds: S} (wall time)
     eval_contexts: [1, 2]                # held-out bits-per-byte at 1x and 2x the training context
     measure_decode: true                 # KV-cache decode tokens/s per trained run (information only)
+    tiers:                               # named sizes of the same comparison: `lmlab sweep SPEC --tier gpu`
+      gpu:                               # model/train merged field by field, other keys replaced
+        model: {d_model: 512, n_layers: 8, context_length: 512}
+        train: {batch_size: 32, dtype: bf16}
+        budget: {tokens: 2.0e+7}
 
 Axis values name ModelConfig or TrainConfig fields (found by name, as ``--set`` does). A *cell* is one
 (scale, variant, tuned values); each cell is trained once per seed. Runs with the same seed see the
@@ -87,6 +92,7 @@ SPEC_KEYS = (
     "scales",
     "timing",
     "confidence",
+    "tiers",
 )
 BUDGET_KEYS = ("steps", "tokens", "flops", "seconds")
 # training settings a sweep changes from TrainConfig's defaults unless the spec sets them
@@ -107,6 +113,9 @@ SOLVABLE = ("d_ff", "d_model", "n_layers")
 QUANTITIES = ("params", "non_embedding_params", "flops_per_token", "tokens", "flops", "steps")
 METRICS = ("val_bpb", "final_train_loss", "step_time", "decode_time")  # + val_bpb_{m}x
 TIMING_METRICS = {"step_time": "step_s", "decode_time": "decode_s"}
+# what a tier (``tiers: {gpu: {...}}``) may change: model/train are merged over the spec's, the rest replaced
+TIER_KEYS = ("model", "train", "data", "axes", "seeds", "budget", "tune", "match", "scales", "timing",
+             "notes", "eval_contexts", "expect", "varies", "baseline")
 
 
 @dataclass
@@ -167,6 +176,7 @@ class Spec:
     scales: list = field(default_factory=list)  # Variant (label + fields); [] = one unnamed scale
     timing: Optional[dict] = None
     confidence: float = 0.95
+    tier: Optional[str] = None  # the tier the spec was read at (None: the spec as written, the CPU tier)
 
 
 @dataclass
@@ -386,11 +396,45 @@ def parse_budget(budget: Any, source: str = "budget") -> dict:
     return out
 
 
-def parse_spec(raw: dict, path: Optional[Path] = None) -> Spec:
-    """Validate a spec mapping (see the module docstring); raises ConfigError naming the key."""
-    source = str(path) if path else "sweep spec"
+def apply_tier(raw: dict, tier: Optional[str], source: str = "sweep spec") -> dict:
+    """The spec mapping at ``tier``: the spec's ``tiers.TIER`` entries over the spec (``model`` and
+    ``train`` merged field by field, every other key in TIER_KEYS replaced), named ``NAME-TIER`` so its
+    sweep gets a folder of its own; ``tier=None`` gives the spec as written. The ``tiers`` key itself is
+    dropped either way, so the mapping recorded in a sweep folder is one plain spec. Raises ConfigError
+    for a malformed ``tiers`` or a tier the spec does not define (naming the ones it does)."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: a sweep spec must be a mapping")
+    tiers = raw.get("tiers") or {}
+    if not isinstance(tiers, dict) or any(not isinstance(v, dict) for v in tiers.values()):
+        raise ConfigError(f"{source}: tiers must map tier names to mappings of spec keys, e.g. "
+                          f"tiers: {{gpu: {{model: {{d_model: 512}}, budget: {{tokens: 2.0e7}}}}}}")
+    out = {k: v for k, v in raw.items() if k != "tiers"}
+    if tier is None:
+        return out
+    if tier not in tiers:
+        raise ConfigError(f"{source}: no tier {tier!r}; "
+                          + (f"this spec defines {', '.join(map(repr, tiers))}" if tiers else
+                             "this spec defines none (add a 'tiers:' mapping)"))
+    for key, value in tiers[tier].items():
+        if key not in TIER_KEYS:
+            raise ConfigError(f"{source}: tiers.{tier}.{key} is not a key a tier may set; "
+                              f"valid: {', '.join(TIER_KEYS)}")
+        if key in ("model", "train"):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: tiers.{tier}.{key} must be a mapping of fields, got {value!r}")
+            out[key] = {**(out.get(key) or {}), **value}
+        else:
+            out[key] = value
+    base = raw.get("name") or (Path(source).stem if source.endswith((".yaml", ".yml")) else "sweep")
+    out["name"] = f"{base}-{tier}"
+    return out
+
+
+def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = None) -> Spec:
+    """Validate a spec mapping (see the module docstring) at ``tier`` (:func:`apply_tier`; None: as
+    written); raises ConfigError naming the key."""
+    source = str(path) if path else "sweep spec"
+    raw = apply_tier(raw, tier, source)
     if not raw:
         raise ConfigError(
             f"{source}: the spec is empty; give at least 'axes' (the variants to compare) or "
@@ -504,12 +548,21 @@ def parse_spec(raw: dict, path: Optional[Path] = None) -> Spec:
         scales=parse_scales(raw.get("scales"), source),
         timing=timing,
         confidence=float(confidence),
+        tier=tier,
     )
 
 
-def load_spec(spec: str | Path) -> Spec:
+def load_spec(spec: str | Path, tier: Optional[str] = None) -> Spec:
+    """A spec file or shipped spec name, read at ``tier`` (None: as written)."""
     path = resolve_spec_path(spec)
-    return parse_spec(load_mapping(path), path)
+    return parse_spec(load_mapping(path), path, tier)
+
+
+def spec_tiers(spec: str | Path) -> list[str]:
+    """The tier names a spec file or shipped spec defines (``tiers:``)."""
+    raw = load_mapping(resolve_spec_path(spec))
+    tiers = raw.get("tiers") if isinstance(raw, dict) else None
+    return list(tiers) if isinstance(tiers, dict) else []
 
 
 def _threshold(value: Any, where: str, negative: bool = False) -> tuple[float, bool]:
@@ -891,8 +944,12 @@ def plan_runs(spec: Spec, data_dir: Optional[Path] = None) -> list[RunPlan]:
         for p in {p.cell: p for p in plans}.values():
             check_run_memory(p.cfg, p.tc)
         data_dir = ensure_default_data(spec.data)
+        return _plan(spec, Path(data_dir).resolve(), TokenData(data_dir).vocab_size)
     data_dir = Path(data_dir).resolve()
-    return _plan(spec, data_dir, TokenData(data_dir).vocab_size)
+    plans = _plan(spec, data_dir, TokenData(data_dir).vocab_size)
+    for p in {p.cell: p for p in plans}.values():
+        check_run_memory(p.cfg, p.tc)
+    return plans
 
 
 def _split_fields(fields: dict) -> tuple[dict, dict]:

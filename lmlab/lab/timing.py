@@ -13,6 +13,7 @@ a distribution-free interval (:func:`lmlab.lab.stats.median_interval`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -65,10 +66,20 @@ def _decode_timer(
     cfg: ModelConfig, batch: int, context: int, device: torch.device, seed: int = 0
 ) -> Callable[[], float]:
     """A closure timing greedy KV-cache decoding of an untrained ``TransformerLM(cfg)`` from a prompt
-    of context // 2 tokens to ``context`` tokens; returns seconds per decode step (median of one call)."""
+    of context // 2 tokens to ``context`` tokens; returns seconds per decode step (median of one call).
+    A ``context`` beyond cfg.context_length (decode made long enough for the KV cache, not the weights,
+    to dominate memory traffic) times the same architecture built with that context_length; learned
+    absolute positions would then get a larger table, so they raise ConfigError instead."""
     from lmlab.bench import bench_decode, random_prompts
+    from lmlab.config import ConfigError
     from lmlab.model import TransformerLM
 
+    if context > cfg.context_length:
+        if cfg.position == "learned":
+            raise ConfigError(f"timing.decode_context={context} exceeds context_length={cfg.context_length} "
+                              f"with learned positions (the position table would change); use at most "
+                              f"{cfg.context_length}")
+        cfg = dataclasses.replace(cfg, context_length=context)
     torch.manual_seed(seed)
     model = TransformerLM(cfg).to(device).eval()
     prompt_len = max(1, context // 2)
