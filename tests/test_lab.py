@@ -54,6 +54,35 @@ def test_paired_difference_and_verdict_by_hand():
     assert spec.expect[0].by == -0.02 and "no worse than A by more than 0.02" in spec.expect[0].text
 
 
+def test_seeds_to_settle_by_hand():
+    """n = the smallest with t(0.975, n-1) * sd / sqrt(n) < the distance to the undecided region's
+    edge. effect 0.05, sd 0.1, threshold 0: t(16)/sqrt(17) = 2.120/4.123 = 0.514 > 0.5 but
+    t(17)/sqrt(18) = 2.110/4.243 = 0.497 < 0.5, so 18; 'equal' measures to the nearer margin."""
+    from lmlab.lab.stats import seeds_to_settle
+
+    assert seeds_to_settle("better", 0.05, 0.1, 0.0) == 18
+    assert seeds_to_settle("better", -0.05, 0.1, 0.0) == 18  # settles as 'disagrees' just as fast
+    assert seeds_to_settle("equal", 0.01, 0.02, 0.02) == 18  # 0.01 inside the margin
+    assert seeds_to_settle("equal", 0.03, 0.02, 0.02) == 18  # 0.01 outside it
+    assert seeds_to_settle("better", 0.1, 0.1, 0.0) == 7  # t(5)/sqrt(6) = 1.05 > 1 > t(6)/sqrt(7) = 0.925
+    assert seeds_to_settle("better", 0.02, 0.1, 0.02) is None  # on the threshold
+    assert seeds_to_settle("better", 1e-4, 0.5, 0.0) is None  # more than 1000 seeds
+    assert seeds_to_settle("better", 0.05, None, 0.0) is None
+
+
+def test_inconclusive_verdict_says_how_many_seeds_would_settle_it():
+    from lmlab.lab.verdicts import judge
+
+    e = _spec(expect=[{"better": "B", "than": "A"}]).expect[0]
+    # effect 0.035 from 2 seeds (sd 0.00707): t(1) makes it inconclusive; 3 seeds would clear 0:
+    # t(2) * 0.00707 / sqrt(3) = 0.0176 < 0.035
+    out = judge(e, {1: 2.46, 2: 2.49}, {1: 2.50, 2: 2.52}, 0.95, None)
+    assert out["verdict"] == "inconclusive" and out["settle_seeds"] == 3
+    assert "about 3 paired seeds would settle it" in out["note"]
+    decided = judge(e, {1: 2.46, 2: 2.49, 3: 2.43}, {1: 2.50, 2: 2.52, 3: 2.48}, 0.95, None)
+    assert decided["verdict"] == "agrees" and "settle_seeds" not in decided
+
+
 def test_pooled_noise_for_single_seed_variants():
     groups = [[1.0, 1.2], [2.0, 2.1, 2.3]]
     sd, df = stats.pooled_sd(groups)

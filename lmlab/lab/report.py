@@ -1012,18 +1012,22 @@ def write_index(dirs: list[Path], out: Path) -> list[Path]:
         "difference), with a 95% interval (Student t over paired seeds; the sweep's pooled per-run noise when a "
         "variant has one seed; none when no cell of the sweep ran two seeds). A claim agrees when the interval "
         "clears the smallest effect that counts, disagrees when it lies wholly on the other side, and is "
-        "inconclusive otherwise.",
+        "inconclusive otherwise. 'Seeds to settle': for an inconclusive claim with a paired interval, about how "
+        "many paired seeds would decide it if the measured effect and noise held (a planning figure; 'none "
+        "feasible': the effect sits on the threshold, so more steps or a larger model, not seeds).",
         "",
     ]
     scaled = any(c.get("scale") for c in claims)
     head = (
         ["spec", "claim"]
         + (["scale"] if scaled else [])
-        + ["metric", "expected", "measured effect [interval]", "seeds", "method", "verdict"]
+        + ["metric", "expected", "measured effect [interval]", "seeds", "method", "verdict", "seeds to settle"]
     )
     L += ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     for c in claims:
-        L.append("| " + " | ".join([_md_escape(c["spec"])] + claim_cells(c, scaled)) + " |")
+        settle = c.get("settle_seeds")
+        settle = "" if "settle_seeds" not in c else (f"~{settle}" if settle else "none feasible")
+        L.append("| " + " | ".join([_md_escape(c["spec"])] + claim_cells(c, scaled) + [settle]) + " |")
     L.append("")
     if forest:
         L += [f"![every claim]({forest.name})", ""]

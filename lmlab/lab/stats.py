@@ -120,6 +120,26 @@ def verdict(kind: str, lo: Optional[float], hi: Optional[float], threshold: floa
     raise ValueError(f"unknown claim kind {kind!r}; use 'better' or 'equal'")
 
 
+def seeds_to_settle(kind: str, mean: Optional[float], sd: Optional[float], threshold: float,
+                    confidence: float = 0.95, n_max: int = 1000) -> Optional[int]:
+    """How many paired seeds would make an *inconclusive* claim decide, if the effect and the per-seed
+    noise were what was measured: the smallest n with t(n-1) * sd / sqrt(n) below the distance from the
+    measured effect ``mean`` to the nearest boundary of the undecided region (``better``: the threshold;
+    ``equal``: the margin -threshold / +threshold nearest |mean|). A planning figure, not a promise: the
+    next seeds move both estimates. None when there is no estimate, the effect sits on the boundary, or
+    more than ``n_max`` seeds would be needed."""
+    if mean is None or sd is None or not finite(mean) or not finite(sd) or sd <= 0:
+        return None
+    gap = abs(mean - threshold) if kind == "better" else abs(threshold - abs(mean))
+    if gap <= 0:
+        return None
+    q = (1 + confidence) / 2
+    for n in range(2, n_max + 1):
+        if t_quantile(q, n - 1) * sd / math.sqrt(n) < gap:
+            return n
+    return None
+
+
 def median_interval(values: Sequence[float], confidence: float = 0.95) -> dict:
     """Median of ``values`` with a distribution-free interval: the order statistics x_(k), x_(n-k+1)
     with k the largest index such that P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2 (the sign-test

@@ -163,8 +163,14 @@ def judge(e, a: dict, b: dict, confidence: float, pooled) -> dict:
         )
     if dropped:
         notes.append(f"{dropped} diverged/failed run(s) left out")
-    out["note"] = "; ".join(notes)
     out["verdict"] = stats.verdict(e.kind, out["lo"], out["hi"], e.by)
+    if out["verdict"] == stats.INCONCLUSIVE and d.get("sd") is not None:
+        need = stats.seeds_to_settle(e.kind, out["effect"], d["sd"] / scale, e.by, confidence)
+        out["settle_seeds"] = need
+        notes.append(f"about {need} paired seeds would settle it at the measured effect and noise" if need
+                     else "no feasible number of seeds settles it at the measured effect (it sits on the "
+                          "threshold): more steps or a larger model")
+    out["note"] = "; ".join(notes)
     return out
 
 
