@@ -4,7 +4,8 @@
 #   make test   create .venv, install with the test extras, run the test suite
 #   make ablations  run every shipped spec (lmlab sweep), write its report to docs/ablations/NAME/ and
 #               the index of all claims to docs/ablations/README.md
-#               (about 100 minutes on 2 CPU cores, estimated; SPECS="01-norm-placement ..." for a subset)
+#               (about 3 hours on 2 CPU cores, from the executions in docs/ablations; SPECS="01-norm-placement ..."
+#               for a subset; JOBS=1 for one run at a time)
 PYTHON ?= python3
 VENV   ?= .venv
 # The torch wheel to install first; pinned so pip does not pick a multi-GB build when a local index
@@ -14,6 +15,8 @@ RUN    ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 BIN     = $(VENV)/bin
 
 .PHONY: demo test install clean ablations
+# two one-thread runs at once: 1.01-1.20x one two-thread run at a time (bench/sweep_batching.py)
+JOBS   ?= 2
 SPECS ?= $(basename $(notdir $(wildcard lmlab/specs/*.yaml)))
 
 $(BIN)/python:
@@ -38,7 +41,7 @@ test: install
 
 ablations: install
 	@for s in $(SPECS); do \
-	  $(BIN)/lmlab sweep $$s --out sweeps/$$s --jobs 1 && \
+	  $(BIN)/lmlab sweep $$s --out sweeps/$$s --jobs $(JOBS) && \
 	  $(BIN)/lmlab report sweeps/$$s --out docs/ablations/$$s/report.md || exit 1; \
 	done
 	$(BIN)/lmlab report --index $(addprefix docs/ablations/,$(SPECS)) --out docs/ablations/README.md
