@@ -137,12 +137,12 @@ def _train(trainer, out: Path) -> int:
 
 def cmd_sweep(args) -> int:
     from lmlab.lab.runner import run_sweep
-    from lmlab.lab.spec import builtin_specs, load_spec, spec_tiers
+    from lmlab.lab.spec import builtin_specs, load_spec
 
     if args.list:
         for name, path in builtin_specs().items():
             spec = load_spec(path)
-            tiers = spec_tiers(path)
+            tiers = spec.tiers
             print(f"{name}: {len(spec.variants)} variant(s) x {len(spec.seeds)} seed(s)"
                   + (f"; tiers: {', '.join(tiers)}" if tiers else "") + f"; {spec.claim}")
         return 0

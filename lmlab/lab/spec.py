@@ -177,6 +177,7 @@ class Spec:
     timing: Optional[dict] = None
     confidence: float = 0.95
     tier: Optional[str] = None  # the tier the spec was read at (None: the spec as written, the CPU tier)
+    tiers: list = field(default_factory=list)  # the tier names the spec defines
 
 
 @dataclass
@@ -396,9 +397,10 @@ def parse_budget(budget: Any, source: str = "budget") -> dict:
     return out
 
 
-def apply_tier(raw: dict, tier: Optional[str], source: str = "sweep spec") -> dict:
+def apply_tier(raw: dict, tier: Optional[str], source: str = "sweep spec", base: str = "sweep") -> dict:
     """The spec mapping at ``tier``: the spec's ``tiers.TIER`` entries over the spec (``model`` and
-    ``train`` merged field by field, every other key in TIER_KEYS replaced), named ``NAME-TIER`` so its
+    ``train`` merged field by field, every other key in TIER_KEYS replaced), named ``NAME-TIER`` (NAME: the
+    spec's ``name``, else ``base``, the file's stem) so its
     sweep gets a folder of its own; ``tier=None`` gives the spec as written. The ``tiers`` key itself is
     dropped either way, so the mapping recorded in a sweep folder is one plain spec. Raises ConfigError
     for a malformed ``tiers`` or a tier the spec does not define (naming the ones it does)."""
@@ -425,8 +427,7 @@ def apply_tier(raw: dict, tier: Optional[str], source: str = "sweep spec") -> di
             out[key] = {**(out.get(key) or {}), **value}
         else:
             out[key] = value
-    base = raw.get("name") or (Path(source).stem if source.endswith((".yaml", ".yml")) else "sweep")
-    out["name"] = f"{base}-{tier}"
+    out["name"] = f"{raw.get('name') or base}-{tier}"
     return out
 
 
@@ -434,7 +435,8 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
     """Validate a spec mapping (see the module docstring) at ``tier`` (:func:`apply_tier`; None: as
     written); raises ConfigError naming the key."""
     source = str(path) if path else "sweep spec"
-    raw = apply_tier(raw, tier, source)
+    tiers = list(raw.get("tiers") or {}) if isinstance(raw, dict) and isinstance(raw.get("tiers"), dict) else []
+    raw = apply_tier(raw, tier, source, path.stem if path else "sweep")
     if not raw:
         raise ConfigError(
             f"{source}: the spec is empty; give at least 'axes' (the variants to compare) or "
@@ -549,6 +551,7 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
         timing=timing,
         confidence=float(confidence),
         tier=tier,
+        tiers=tiers,
     )
 
 
@@ -556,13 +559,6 @@ def load_spec(spec: str | Path, tier: Optional[str] = None) -> Spec:
     """A spec file or shipped spec name, read at ``tier`` (None: as written)."""
     path = resolve_spec_path(spec)
     return parse_spec(load_mapping(path), path, tier)
-
-
-def spec_tiers(spec: str | Path) -> list[str]:
-    """The tier names a spec file or shipped spec defines (``tiers:``)."""
-    raw = load_mapping(resolve_spec_path(spec))
-    tiers = raw.get("tiers") if isinstance(raw, dict) else None
-    return list(tiers) if isinstance(tiers, dict) else []
 
 
 def _threshold(value: Any, where: str, negative: bool = False) -> tuple[float, bool]:
