@@ -181,6 +181,49 @@ def test_tune_picks_argmin_per_variant_and_flags_the_edge():
     assert c3["verdict"] == "agrees" and "diverged" in c3["note"]
 
 
+def test_lr_sensitivity_and_tolerated_range_by_hand():
+    """Wortsman et al. 2023 eq. 1 per seed: mean over the grid of min(bpb, bpb_0) - the best; a
+    diverged run counts as bpb_0 (the untrained model: first loss x tokens/byte / ln 2)."""
+    spec = _spec(
+        expect=[{"better": "B", "than": "A", "metric": "lr_sensitivity", "by": 0.1}],
+        tolerated_within=0.05,
+    )
+    rows = _rows(
+        {
+            ("A", 1e-3): [2.60, 2.70],
+            ("A", 3e-3): [2.50, 2.52],
+            ("A", 1e-2): [None, 9.0],  # diverged; finished above the untrained loss
+            ("B", 1e-3): [2.55, 2.57],
+            ("B", 3e-3): [2.50, 2.50],
+            ("B", 1e-2): [2.52, 2.56],
+        }
+    )
+    for r in rows:  # untrained: 8 nats/token; validation split 1 token per 2 bytes
+        r.update(first_train_loss=8.0, val_tokens=100, val_bytes=200)
+    l0 = 8.0 * 0.5 / math.log(2)  # 5.7708 bits/byte
+    res = analyze(rows, spec)
+    sel = {s["variant"]: s for s in res["selected"]}
+    a1 = (2.60 + 2.50 + l0) / 3 - 2.50
+    a2 = (2.70 + 2.52 + l0) / 3 - 2.52  # 9.0 capped at l0
+    b1, b2 = (2.55 + 2.50 + 2.52) / 3 - 2.50, (2.57 + 2.50 + 2.56) / 3 - 2.50
+    assert sel["A"]["lr_sensitivity"] == pytest.approx((a1 + a2) / 2)
+    assert sel["B"]["lr_sensitivity"] == pytest.approx((b1 + b2) / 2)
+    # tolerated: means within 0.05 of the best (A: 2.51 -> only 3e-3; B: 2.50 -> 1e-3 at 2.56 is out)
+    assert sel["A"]["tolerated"] == [{"lr": 3e-3}]
+    assert sorted(t["lr"] for t in sel["B"]["tolerated"]) == [3e-3, 1e-2]
+    (claim,) = res["claims"]
+    assert claim["metric"] == "lr_sensitivity" and claim["n"] == 2 and claim["method"] == "paired t"
+    assert claim["effect"] == pytest.approx(((a1 - b1) + (a2 - b2)) / 2)
+    # a seed missing one grid value has no sensitivity; with one seed left there is no interval
+    (c2,) = analyze([r for r in rows if not (r["variant"] == "B" and r["seed"] == 2
+                                              and r["tune"]["lr"] == 1e-2)], spec)["claims"]
+    assert c2["n"] == 1 and c2["verdict"] == "inconclusive"
+    with pytest.raises(ConfigError, match="lr_sensitivity needs a tuned grid"):
+        parse_spec({**spec.raw, "tune": None})
+    with pytest.raises(ConfigError, match="tolerated_within"):
+        _spec(tolerated_within=-1)
+
+
 def test_spec_refuses_bad_expectations_and_controls():
     with pytest.raises(ConfigError, match="no variant 'C'"):
         _spec(expect=[{"better": "C"}])
@@ -280,6 +323,43 @@ def test_decode_timing_past_the_training_context(monkeypatch):
 
 
 # --- per-layer gradient norms ----------------------------------------------------------------------
+def test_init_grad_norms_are_the_step0_batch_gradients_of_a_fresh_model(byte_data):
+    """lmlab.lab.init_grads: per block, the gradient norm of a model initialised with the seed, on the
+    batch that seed's step 0 trains on, at each depth; checked against torch.autograd.grad by hand."""
+    import dataclasses
+
+    from lmlab.data.prepare import TokenData
+    from lmlab.lab.init_grads import init_grad_norms, top_to_bottom
+    from lmlab.train import TrainConfig, global_batch_starts, windows_to_batch
+
+    tokens = TokenData(byte_data).tokens("train")
+    cfg = ModelConfig(vocab_size=260, d_model=32, n_layers=2, n_heads=2, context_length=16,
+                      norm_position="post")
+    got = init_grad_norms(cfg, tokens, [1, 3], [5, 6], 3)
+    assert sorted(got) == [1, 3] and [len(v) for v in got[3].values()] == [3, 3]
+    torch.manual_seed(6)
+    model = TransformerLM(dataclasses.replace(cfg, n_layers=3))
+    x, y = windows_to_batch(tokens, global_batch_starts(len(tokens), 0, 3, TrainConfig(seed=6), 16), 16)
+    loss, _ = model(x, targets=y)
+    grads = torch.autograd.grad(loss, [p for b in model.blocks for p in b.parameters()])
+    per_block, i = [], 0
+    for b in model.blocks:
+        n = len(list(b.parameters()))
+        per_block.append(math.sqrt(sum(float((g * g).sum()) for g in grads[i:i + n])))
+        i += n
+    assert got[3][6] == pytest.approx(per_block, rel=1e-5)
+    assert got[3][5] != got[3][6]  # another seed: another model and batch
+    assert top_to_bottom(got)[3] == pytest.approx(
+        statistics.median([got[3][s][-1] / got[3][s][0] for s in (5, 6)])
+    )
+    with pytest.raises(ValueError, match="fewer than one window"):
+        init_grad_norms(cfg, tokens[:10], [1], [1], 1)
+    with pytest.raises(ConfigError, match="init_grads.depths"):
+        _spec(init_grads={"depths": [0]})
+    with pytest.raises(ConfigError, match="must be a mapping with 'depths'"):
+        _spec(init_grads={"layers": [4]})
+
+
 def test_layer_grad_norms_equal_autograd_by_hand():
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=50, context_length=8, d_model=16, n_layers=2, n_heads=2)
@@ -330,6 +410,7 @@ BAR_SPEC = {
         {"equal": ["SwiGLU", "SiLU"], "within": "50%", "metric": "step_time"},
     ],
     "timing": {"batch": 4, "pairs": 15, "steps": 1},
+    "init_grads": {"depths": [2, 3], "seeds": [1, 2], "batch": 2},
     "seeds": [1, 2, 3],
     "budget": {"steps": 12},
 }
@@ -357,6 +438,9 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path):
     assert [r["step"] for r in gn] == [1, 6, 12] and all(len(r["grad_norm_layers"]) == 2 for r in gn)
     timing = json.loads((out / "timing.json").read_text())
     assert set(timing["scales"][""]["step_s"]) == {"SiLU", "SwiGLU"}
+    grads = json.loads((out / "init_grads.json").read_text())["variants"]
+    assert set(grads) == {"SiLU", "SwiGLU"} and sorted(grads["SiLU"]) == ["2", "3"]
+    assert [len(v) for v in grads["SwiGLU"]["3"].values()] == [3, 3]  # a norm per block, per seed
     prov = [json.loads(x) for x in (out / "provenance.jsonl").read_text().splitlines()]
     assert prov[0]["spec_sha256"] == __import__("hashlib").sha256(path.read_bytes()).hexdigest()
 
@@ -382,7 +466,10 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path):
         bpb["verdict"] == stats.verdict("better", bpb["lo"], bpb["hi"], 0.0)
         and f"**{bpb['verdict']}**" in table[1]
     )
-    for fig in ("sensitivity.png", "bpb.png", "loss.png", "diagnostics.png", "basin-d_ff.png"):
+    assert "## Gradients at initialisation" in md
+    figs = ("sensitivity.png", "bpb.png", "loss.png", "diagnostics.png", "diagnostics-high.png", "basin-d_ff.png",
+            "init-grads.png")
+    for fig in figs:
         assert (out / fig).stat().st_size > 1000, fig
     assert "](sensitivity.png)" in md and "SHA-256" in md and "Load average" in md and "lmlab sweep" in md
     assert "## Controls" in md and "d_ff=84" in md and "## Timing block" in md

@@ -160,6 +160,34 @@ def basin(points: dict, axis: str, path: Path, confidence: float, colors: dict) 
     return _save(fig, path)
 
 
+def init_grads(variants: dict, path: Path, colors: dict) -> Optional[Path]:
+    """``variants``: label -> {depth: {seed: [gradient norm per block]}} (lmlab.lab.init_grads); one
+    panel per depth, one line per variant (median over seeds, band min-max), log y: Xiong et al. 2020,
+    Fig. 3."""
+    depths = sorted({int(d) for v in variants.values() for d in v}, key=int)
+    if not depths:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(depths), figsize=(6 * len(depths), 4.2), squeeze=False)
+    for ax, depth in zip(axes[0], depths):
+        for label, by_depth in variants.items():
+            per_seed = list((by_depth.get(str(depth)) or by_depth.get(depth) or {}).values())
+            if not per_seed:
+                continue
+            layers = range(len(per_seed[0]))
+            cols = list(zip(*per_seed))
+            col = colors.get(label.split(" @")[0], "k")
+            ax.plot(layers, [statistics.median(c) for c in cols], "o-", color=col, label=label, ms=3)
+            ax.fill_between(layers, [min(c) for c in cols], [max(c) for c in cols], color=col, alpha=0.15)
+        ax.set_yscale("log")
+        ax.set_xlabel("block (0 = next to the embedding)")
+        ax.set_ylabel("gradient L2 norm of the block")
+        ax.set_title(f"{depth} layers, at initialisation: median over seeds, band min-max", fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def ladder(claims: list[dict], sizes: dict, path: Path) -> Optional[Path]:
     """Each claim's effect and interval against the baseline's non-embedding parameters per scale."""
     groups: dict = {}

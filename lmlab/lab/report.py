@@ -36,6 +36,7 @@ import yaml
 from lmlab.lab import plots
 from lmlab.lab.stats import finite as _ok
 from lmlab.lab.runner import (
+    INIT_GRADS_FILE,
     LOAD_FILE,
     PROVENANCE_FILE,
     RESULTS_FILE,
@@ -313,6 +314,7 @@ def _unit(metric: str) -> str:
         "final_train_loss": "nats/token",
         "step_time": "step time",
         "decode_time": "decode step time",
+        "lr_sensitivity": "LR sensitivity (bits/byte)",
     }.get(metric, "bits/byte" if metric.startswith("val_bpb") else metric)
 
 
@@ -459,6 +461,9 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
             file=sys.stderr,
         )
     timing = read_json_file(sweep_dir / TIMING_FILE) if (sweep_dir / TIMING_FILE).exists() else None
+    grads = (
+        read_json_file(sweep_dir / INIT_GRADS_FILE) if (sweep_dir / INIT_GRADS_FILE).exists() else None
+    )
     res = analyze(rows, spec, timing)
     name = spec_raw.get("name") or rows[0].get("sweep") or sweep_dir.name
     res["spec"] = name
@@ -537,7 +542,15 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
             "",
         )
     )
-    curves, diag = {}, {}
+    curves, diag, diag_high = {}, {}, {}
+    high = _largest_tuned(spec)
+    if high:
+        for r in rows:
+            lab = _label(r.get("scale"), r["variant"])
+            if (r.get("tune") or {}) == high and lab not in diag_high:
+                recs = run_metrics(sweep_dir / "runs" / r["run"])
+                if any("max_attn_logit" in x or "grad_norm_layers" in x for x in recs):
+                    diag_high[lab] = [x for x in recs if "step" in x]
     for r in chosen:
         lab = _label(r.get("scale"), r["variant"])
         recs = run_metrics(sweep_dir / "runs" / r["run"])
@@ -568,6 +581,25 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
                 "Diagnostics",
                 plots.diagnostics(diag, out.parent / f"{prefix}diagnostics.png", colors),
                 "One seed per variant (the first), at the chosen tuned values.",
+            )
+        )
+    if grads and grads.get("variants"):
+        figs.append(
+            (
+                "Gradient norm per layer at initialisation",
+                plots.init_grads(grads["variants"], out.parent / f"{prefix}init-grads.png", colors),
+                "Xiong et al. 2020, Fig. 3: one forward/backward pass of each untrained model on a real "
+                "training batch; post-norm's gradients grow towards the output, pre-norm's stay flat.",
+            )
+        )
+    if diag_high:
+        where = ", ".join(f"{k}={v:g}" for k, v in high.items())
+        figs.append(
+            (
+                f"Diagnostics at {where} (the largest tuned value)",
+                plots.diagnostics(diag_high, out.parent / f"{prefix}diagnostics-high.png", colors),
+                "One seed per variant (the first recorded), where instabilities show first; a run that "
+                "stopped on non-finite losses ends early.",
             )
         )
     figs.append(
@@ -660,6 +692,7 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     L += _controls_lines(res, spec)
     L += _tuning_lines(res, spec)
     L += _timing_lines(res, timing)
+    L += _init_grads_lines(grads)
     L.append("## Figures")
     L.append("")
     for title, path, note in figs:
@@ -789,10 +822,14 @@ def _tuning_lines(res: dict, spec) -> list[str]:
         "## Tuned values",
         "",
         "Each variant's runs at its best tuned value (lowest mean held-out bits/byte over "
-        "seeds; a diverged seed counts as the worst) enter the comparisons.",
+        "seeds; a diverged seed counts as the worst) enter the comparisons. *Tolerated*: the values "
+        f"whose mean is within {res.get('tolerated_within', 0.05):g} bits/byte of the variant's best. "
+        "*LR sensitivity* (Wortsman et al. 2023, eq. 1): the mean over the grid of min(bits/byte, "
+        "the untrained model's) minus the best, per seed, averaged over seeds (0 = the whole grid "
+        "is as good as the best).",
         "",
     ]
-    head = ["variant", "chosen", "mean bpb at each value", "flag"]
+    head = ["variant", "chosen", "mean bpb at each value", "tolerated", "LR sensitivity", "flag"]
     L += ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     for s in res["selected"]:
         grid = "; ".join(
@@ -815,6 +852,8 @@ def _tuning_lines(res: dict, spec) -> list[str]:
                     _md_escape(_label(s["scale"], s["variant"])),
                     ", ".join(f"{k}={v:g}" if _ok(v) else f"{k}={v}" for k, v in s["tune"].items()),
                     grid,
+                    _tolerated(s.get("tolerated") or [], len(s["grid"])),
+                    _num(s.get("lr_sensitivity")),
                     flag,
                 ]
             )
@@ -822,6 +861,57 @@ def _tuning_lines(res: dict, spec) -> list[str]:
         )
     L.append("")
     return L
+
+
+def _largest_tuned(spec) -> Optional[dict]:
+    """The tuned values of the grid's largest point when the spec tunes one numeric field (the highest
+    learning rate), else None."""
+    if not spec or len(spec.tune) != 1:
+        return None
+    ((fld, values),) = spec.tune.items()
+    nums = [v for v in values if _ok(v)]
+    return {fld: max(nums)} if len(nums) == len(values) else None
+
+
+def _init_grads_lines(grads: Optional[dict]) -> list[str]:
+    """The init_grads block as a table: per variant and depth, the last block's gradient norm over the
+    first block's (median over seeds)."""
+    if not grads or not grads.get("variants"):
+        return []
+    from lmlab.lab.init_grads import top_to_bottom
+
+    ratios = {label: top_to_bottom(v) for label, v in grads["variants"].items()}
+    depths = sorted({d for r in ratios.values() for d in r}, key=int)
+    settings = (grads.get("key") or {}).get("settings") or {}
+    L = [
+        "## Gradients at initialisation",
+        "",
+        "Gradient L2 norm of the last block over the first block's, median over seeds "
+        f"{settings.get('seeds', '')} (batch {settings.get('batch', '?')} of real training windows, "
+        "untrained models; Xiong et al. 2020 find post-norm's ratio grows with depth, pre-norm's near "
+        "or below 1). Measured with lmlab.lab.init_grads"
+        + (f", {grads['finished_at']}" if grads.get("finished_at") else "")
+        + ".",
+        "",
+    ]
+    head = ["variant"] + [f"{d} layers" for d in depths]
+    L += ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
+    for label, r in ratios.items():
+        L.append("| " + " | ".join([_md_escape(label)] + [_num(r.get(d), 3) for d in depths]) + " |")
+    L.append("")
+    return L
+
+
+def _tolerated(values: list[dict], n_grid: int) -> str:
+    """'lr 0.001-0.01 (3 of 5)' for one tuned field; each combination listed for several."""
+    if not values:
+        return "none"
+    fields = sorted({k for v in values for k in v})
+    if len(fields) == 1 and all(_ok(v[fields[0]]) for v in values):
+        xs = sorted(v[fields[0]] for v in values)
+        span = f"{xs[0]:g}" if len(xs) == 1 else f"{xs[0]:g}-{xs[-1]:g}"
+        return f"{fields[0]} {span} ({len(xs)} of {n_grid})"
+    return "; ".join(", ".join(f"{k}={v[k]}" for k in fields) for v in values)
 
 
 def _timing_lines(res: dict, timing: Optional[dict]) -> list[str]:

@@ -3,7 +3,8 @@
 The sweep folder holds ``spec.yaml`` (the spec as run), ``configs/RUN.yaml`` (each run's full config),
 ``logs/RUN.log`` (the training output), ``runs/RUN/`` (ordinary run folders: ``lmlab eval``,
 ``generate`` and ``plot`` work on them), ``results.jsonl`` (one JSON object per run), ``timing.json``
-(the spec's timing block, :mod:`lmlab.lab.timing`), ``provenance.jsonl`` (one record per invocation:
+(the spec's timing block, :mod:`lmlab.lab.timing`), ``init_grads.json`` (per-layer gradient norms at
+initialisation, :mod:`lmlab.lab.init_grads`), ``provenance.jsonl`` (one record per invocation:
 command, lmlab version, git commit, spec SHA-256, machine, time) and ``load.jsonl`` (the 1-minute load
 average, sampled every 15 s while the sweep runs). A run is named after its variant, scale, tuned values
 and seed (``parallel_block=true-s1``, ``SwiGLU_d128_lr=0.003-s2``).
@@ -44,6 +45,7 @@ from lmlab.lab.spec import RunPlan, Spec, _fmt, control_flags, load_spec, plan_q
 
 RESULTS_FILE = "results.jsonl"
 TIMING_FILE = "timing.json"
+INIT_GRADS_FILE = "init_grads.json"
 PROVENANCE_FILE = "provenance.jsonl"
 LOAD_FILE = "load.jsonl"
 DIVERGED_MARK = "non-finite steps in a row"  # the FloatingPointError message of Trainer.fit
@@ -583,6 +585,21 @@ def timing_key(spec: Spec, plans: list[RunPlan]) -> dict:
     return {"settings": spec.timing, "dtype": plans[0].tc.dtype, "models": cells}
 
 
+def _kept(path: Path, key: dict, what: str, log: Callable[[str], None]) -> Optional[dict]:
+    """The block stored in ``path`` when it was measured with ``key`` (settings and models), else None
+    (also for a missing or unreadable file: the block is measured again)."""
+    if not path.is_file():
+        return None
+    try:
+        stored = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    if isinstance(stored, dict) and stored.get("key") == json.loads(json.dumps(key)):
+        log(f"{what}: kept {path} (same settings and models)")
+        return stored
+    return None
+
+
 def run_timing(
     spec: Spec, plans: list[RunPlan], sweep_dir: Path, log: Callable[[str], None]
 ) -> Optional[dict]:
@@ -593,14 +610,9 @@ def run_timing(
         return None
     path = sweep_dir / TIMING_FILE
     key = timing_key(spec, plans)
-    if path.is_file():
-        try:
-            stored = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            stored = None
-        if isinstance(stored, dict) and stored.get("key") == json.loads(json.dumps(key)):
-            log(f"timing: kept {path} (same settings and models)")
-            return stored
+    stored = _kept(path, key, "timing", log)
+    if stored:
+        return stored
     from lmlab.lab.timing import time_variants
     from lmlab.train import resolve_device, resolve_dtype
 
@@ -634,6 +646,48 @@ def run_timing(
     out["finished_at"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     atomic_write_text(path, json.dumps(out, indent=1))
     return out
+
+
+def run_init_grads(
+    spec: Spec, plans: list[RunPlan], sweep_dir: Path, log: Callable[[str], None]
+) -> Optional[dict]:
+    """The spec's ``init_grads:`` block (:mod:`lmlab.lab.init_grads`) for every variant (and scale),
+    kept when ``init_grads.json`` holds one with the same settings and models; returns
+    {"key", "variants": {label: {depth: {seed: [norm per block]}}}, "finished_at"}."""
+    if not spec.init_grads:
+        return None
+    path = sweep_dir / INIT_GRADS_FILE
+    cfgs: dict = {}
+    for p in plans:
+        cfgs.setdefault(f"{p.variant} @{p.scale}" if p.scale else p.variant, p)
+    key = {"settings": spec.init_grads, "models": {k: p.cfg.to_dict() for k, p in cfgs.items()}}
+    stored = _kept(path, key, "init_grads", log)
+    if stored:
+        return stored
+    import torch
+
+    from lmlab.data.prepare import TokenData
+    from lmlab.lab.init_grads import init_grad_norms
+
+    g = spec.init_grads
+    log(f"init_grads: {len(cfgs)} model(s) at depths {g['depths']}, seeds {g['seeds']}, batch {g['batch']}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(_cores())
+    try:
+        out = {
+            "key": key,
+            "variants": {
+                label: init_grad_norms(
+                    p.cfg, TokenData(p.data).tokens("train"), g["depths"], g["seeds"], g["batch"]
+                )
+                for label, p in cfgs.items()
+            },
+        }
+    finally:
+        torch.set_num_threads(threads)
+    out["finished_at"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    atomic_write_text(path, json.dumps(out, indent=1))
+    return json.loads(json.dumps(out))  # depths and seeds as the file holds them (string keys)
 
 
 def default_out(spec: Spec) -> Path:
@@ -777,6 +831,7 @@ def run_sweep(
     previous = _on_sigterm_interrupt()
     try:
         run_timing(spec, plans, sweep_dir, log)  # alone on the machine, before any training job
+        run_init_grads(spec, plans, sweep_dir, log)
         _Sweep(spec, sweep_dir, plans, jobs, threads, log).run()
     except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: the training subprocesses were stopped first
         done = len([r for r in read_results(sweep_dir) if r.get("status") in ("ok", "diverged")])

@@ -35,7 +35,10 @@ A spec is a YAML mapping::
       - {label: d64, d_model: 64}
       - {label: d128, d_model: 128}
     timing: {batch: 8, pairs: 15}        # interleaved step-time micro-benchmark (lmlab.lab.timing)
+    init_grads: {depths: [4, 16]}        # per-layer gradient norms at initialisation (lmlab.lab.init_grads)
     confidence: 0.95                     # of every interval
+    tolerated_within: 0.05               # bits/byte: the tuned values this close to a variant's best
+                                         # are the range it tolerates (the report's "tolerated" column)
     seeds: [1, 2, 3]
     budget: {steps: 300}                 # or {tokens: N}, {flops: F} (training FLOPs per run, converted
                                          # with lmlab.analysis.flops_per_token), {seconds: S} (wall time)
@@ -52,7 +55,9 @@ Axis values name ModelConfig or TrainConfig fields (found by name, as ``--set`` 
 same batches in the same order (the data order is a function of the seed and the step), so differences
 between variants are paired by seed (:mod:`lmlab.lab.stats`). Metrics for ``expect``: ``val_bpb``
 (default; held-out bits/byte), ``val_bpb_2x`` (at an ``eval_contexts`` multiple), ``final_train_loss``,
-``step_time`` and ``decode_time`` (ratios from the timing block).
+``step_time`` and ``decode_time`` (ratios from the timing block), ``lr_sensitivity`` (Wortsman et al.
+2023: the mean over the tuned grid of min(bits/byte, the untrained model's) minus the best, per seed;
+see :func:`lmlab.lab.verdicts.lr_sensitivity`).
 """
 
 from __future__ import annotations
@@ -92,6 +97,8 @@ SPEC_KEYS = (
     "scales",
     "timing",
     "confidence",
+    "tolerated_within",
+    "init_grads",
     "tiers",
 )
 BUDGET_KEYS = ("steps", "tokens", "flops", "seconds")
@@ -111,7 +118,7 @@ TIMING_DEFAULTS = {
 HOLDS = ("non_embedding_params", "params", "flops_per_token", "tokens", "flops")
 SOLVABLE = ("d_ff", "d_model", "n_layers")
 QUANTITIES = ("params", "non_embedding_params", "flops_per_token", "tokens", "flops", "steps")
-METRICS = ("val_bpb", "final_train_loss", "step_time", "decode_time")  # + val_bpb_{m}x
+METRICS = ("val_bpb", "final_train_loss", "step_time", "decode_time", "lr_sensitivity")  # + val_bpb_{m}x
 TIMING_METRICS = {"step_time": "step_s", "decode_time": "decode_s"}
 # what a tier (``tiers: {gpu: {...}}``) may change: model/train are merged over the spec's, the rest replaced
 TIER_KEYS = ("model", "train", "data", "axes", "seeds", "budget", "tune", "match", "scales", "timing",
@@ -175,7 +182,9 @@ class Spec:
     expect: list = field(default_factory=list)  # Expectation
     scales: list = field(default_factory=list)  # Variant (label + fields); [] = one unnamed scale
     timing: Optional[dict] = None
+    init_grads: Optional[dict] = None  # {depths, seeds, batch}: lmlab.lab.init_grads
     confidence: float = 0.95
+    tolerated_within: float = 0.05  # bits/byte: a tuned value this close to a variant's best is tolerated
     tier: Optional[str] = None  # the tier the spec was read at (None: the spec as written, the CPU tier)
     tiers: list = field(default_factory=list)  # the tier names the spec defines
 
@@ -515,6 +524,12 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.5 <= confidence < 1:
         raise ConfigError(f"{source}: confidence={confidence!r} must be a probability in [0.5, 1), e.g. 0.95")
     tune = parse_tune(raw.get("tune"), source)
+    tolerated = raw.get("tolerated_within", 0.05)
+    if isinstance(tolerated, bool) or not isinstance(tolerated, (int, float)) or not tolerated > 0:
+        raise ConfigError(
+            f"{source}: tolerated_within={tolerated!r} must be a positive number of bits/byte, e.g. 0.05"
+        )
+    tolerated = float(tolerated)
     clash = sorted(set(tune) & {k for v in variants for k in v.fields})
     if clash:
         raise ConfigError(
@@ -526,6 +541,11 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
         raise ConfigError(f"{source}: an expectation on step_time/decode_time needs a 'timing:' block")
     if any(e.metric == "decode_time" for e in expect) and not timing["decode"]:
         raise ConfigError(f"{source}: an expectation on decode_time needs timing: {{decode: true}}")
+    if any(e.metric == "lr_sensitivity" for e in expect) and math.prod(len(v) for v in tune.values()) < 2:
+        raise ConfigError(
+            f"{source}: an expectation on lr_sensitivity needs a tuned grid of at least 2 values, "
+            f"e.g. tune: {{lr: [1.0e-3, 3.0e-3, 1.0e-2]}}"
+        )
     return Spec(
         name=str(name),
         claim=str(raw.get("claim") or "").strip(),
@@ -549,7 +569,9 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
         expect=expect,
         scales=parse_scales(raw.get("scales"), source),
         timing=timing,
+        init_grads=parse_init_grads(raw.get("init_grads"), seeds, source),
         confidence=float(confidence),
+        tolerated_within=tolerated,
         tier=tier,
         tiers=tiers,
     )
@@ -808,6 +830,31 @@ def parse_timing(raw: Any, source: str) -> Optional[dict]:
             f"{source}.timing.pairs={out['pairs']} must be >= 15 (a median of per-pair ratios "
             f"needs that many pairs to carry a useful interval)"
         )
+    return out
+
+
+def parse_init_grads(raw: Any, seeds: list, source: str) -> Optional[dict]:
+    """``init_grads: {depths: [4, 16], seeds: [1, 2], batch: 16}`` (seeds default: the spec's; batch
+    default 16): per-layer gradient norms of every untrained variant at each depth
+    (:mod:`lmlab.lab.init_grads`)."""
+    if raw is None:
+        return None
+    keys = ("depths", "seeds", "batch")
+    if not isinstance(raw, dict) or "depths" not in raw or set(raw) - set(keys):
+        raise ConfigError(
+            f"{source}: init_grads={raw!r} must be a mapping with 'depths' (a list of n_layers) and "
+            f"optional 'seeds' and 'batch', e.g. {{depths: [4, 16], batch: 16}}"
+        )
+    out = {"depths": raw["depths"], "seeds": raw.get("seeds", seeds), "batch": raw.get("batch", 16)}
+    for k in ("depths", "seeds"):
+        v = out[k]
+        if not isinstance(v, list) or not v or any(isinstance(x, bool) or not isinstance(x, int) for x in v):
+            raise ConfigError(f"{source}.init_grads.{k}={v!r} must be a non-empty list of integers")
+    if any(d < 1 for d in out["depths"]):
+        raise ConfigError(f"{source}.init_grads.depths={out['depths']!r}: every depth must be >= 1")
+    b = out["batch"]
+    if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+        raise ConfigError(f"{source}.init_grads.batch={b!r} must be an integer >= 1")
     return out
 
 

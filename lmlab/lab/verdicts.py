@@ -79,6 +79,62 @@ def select_tuned(rows: list[dict], spec: Optional[Spec], metric: str = "val_bpb"
     return out
 
 
+def tolerated(grid: list[dict], within: float) -> list[dict]:
+    """The tuned values (``grid`` entries of :func:`select_tuned`) whose mean bits/byte is within
+    ``within`` of the best finite mean (every seed finite); [] when none finished."""
+    best = min((g["mean"] for g in grid), default=math.inf)
+    if not math.isfinite(best):
+        return []
+    return [g["tune"] for g in grid if g["mean"] <= best + within]
+
+
+def untrained_bpb(rows: list[dict]) -> dict:
+    """(scale, seed) -> the untrained model's bits/byte, estimated as the median first logged training
+    loss (nats/token) of that seed's runs times tokens/byte of the validation split over ln 2."""
+    per_byte = {}
+    for r in rows:
+        if r.get("val_tokens") and r.get("val_bytes"):
+            per_byte.setdefault(r.get("scale"), r["val_tokens"] / r["val_bytes"])
+    first: dict = {}
+    for r in rows:
+        if _ok(r.get("first_train_loss")) and r.get("scale") in per_byte:
+            first.setdefault((r.get("scale"), r["seed"]), []).append(r["first_train_loss"])
+    return {
+        (scale, seed): statistics.median(v) * per_byte[scale] / math.log(2)
+        for (scale, seed), v in first.items()
+    }
+
+
+def lr_sensitivity(rows: list[dict]) -> dict:
+    """(scale, variant) -> {seed: LR sensitivity in bits/byte, or None when a grid value is missing}.
+
+    Wortsman et al. 2023 ("Small-scale proxies for large-scale Transformer training instabilities",
+    eq. 1): E over the learning-rate grid of [min(loss(lr), loss_0) - loss*], with loss_0 the untrained
+    model's loss (:func:`untrained_bpb`) and loss* the best over the grid; here per seed, over every
+    tuned value (a diverged or failed run counts as loss_0). 0 = every learning rate of the grid is as
+    good as the best; a larger value = a narrower basin. On a geometric grid the mean over grid points
+    is the expectation over log learning rate."""
+    init = untrained_bpb(rows)
+    table = cells(rows, "val_bpb")
+    keys_of: dict = {}
+    for scale, variant, key in table:
+        keys_of.setdefault((scale, variant), []).append(key)
+    out: dict = {}
+    for (scale, variant), keys in keys_of.items():
+        seeds = sorted({s for k in keys for s in table[(scale, variant, k)]})
+        per = {}
+        for seed in seeds:
+            l0 = init.get((scale, seed))
+            vals = [table[(scale, variant, k)].get(seed, "missing") for k in keys]
+            if l0 is None or "missing" in vals or len(vals) < 2:
+                per[seed] = None
+                continue
+            capped = [l0 if v is None else min(v, l0) for v in vals]
+            per[seed] = statistics.fmean(capped) - min(capped)
+        out[(scale, variant)] = per
+    return out
+
+
 def chosen_values(rows: list[dict], selected: dict, metric: str) -> dict:
     """(scale, variant) -> {seed: value or None} at the chosen tuned values."""
     table = cells(rows, metric)
@@ -235,6 +291,12 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
     confidence = spec.confidence if spec else 0.95
     baseline = spec.baseline if spec else (rows[0]["variant"] if rows else "")
     selected = select_tuned(rows, spec)
+    within = spec.tolerated_within if spec else 0.05
+    sensitivity = lr_sensitivity(rows)
+    for k, sel in selected.items():
+        sel["tolerated"] = tolerated(sel["grid"], within) if len(sel["grid"]) > 1 else []
+        per = [v for v in sensitivity.get(k, {}).values() if v is not None]
+        sel["lr_sensitivity"] = statistics.fmean(per) if per and len(sel["grid"]) > 1 else None
     pooled = pooled_noise(rows)
     values = chosen_values(rows, selected, "val_bpb")
     scales = list(dict.fromkeys(k[0] for k in selected))
@@ -269,9 +331,18 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
                 c = judge_timing(e, times, confidence)
             else:
                 if e.metric not in metric_values:
-                    metric_values[e.metric] = chosen_values(rows, selected, e.metric)
+                    metric_values[e.metric] = (
+                        sensitivity
+                        if e.metric == "lr_sensitivity"
+                        else chosen_values(rows, selected, e.metric)
+                    )
                 mv = metric_values[e.metric]
-                noise = pooled if e.metric == "val_bpb" else pooled_noise(rows, e.metric)
+                if e.metric == "val_bpb":
+                    noise = pooled
+                elif e.metric == "lr_sensitivity":  # one value per seed: no per-cell noise to pool
+                    noise = None
+                else:
+                    noise = pooled_noise(rows, e.metric)
                 c = judge(e, mv.get((scale, e.a), {}), mv.get((scale, e.b), {}), confidence, noise)
             c["scale"] = scale
             claims.append(c)
@@ -312,4 +383,5 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
         "contention": contention(rows),
         "hold": hold,
         "tolerance": spec.match.tolerance if spec and spec.match else None,
+        "tolerated_within": within,
     }
