@@ -417,12 +417,15 @@ def _provenance_lines(sweep_dir: Path, rows: list[dict]) -> list[str]:
 
 def _numeric_axes(chosen: list[dict], baseline: str) -> dict:
     """field -> scale -> [(x, per-seed bpb, variant)] for fields taking >= 2 numeric values across the
-    variants (incl. solved sizes), and the aspect ratio d_model/n_layers where both are set."""
+    variants (incl. solved sizes), and the aspect ratio d_model/n_layers and the feed-forward ratio
+    d_ff/d_model where both of their fields are set."""
     by_cell: dict = {}
     for r in chosen:
         f = dict(r.get("fields") or {})
         if _ok(f.get("d_model")) and _ok(f.get("n_layers")) and f["n_layers"]:
             f["d_model/n_layers"] = f["d_model"] / f["n_layers"]  # the aspect ratio (Kaplan et al. 2020)
+        if _ok(f.get("d_model")) and _ok(f.get("d_ff")) and f["d_model"]:
+            f["d_ff/d_model"] = f["d_ff"] / f["d_model"]  # the feed-forward ratio (Kaplan et al. 2020)
         by_cell.setdefault((r.get("scale"), r["variant"]), {"fields": f, "vals": []})
         if _ok(r.get("val_bpb")):
             by_cell[(r.get("scale"), r["variant"])]["vals"].append(r["val_bpb"])
