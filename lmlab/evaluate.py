@@ -39,9 +39,14 @@ def windows(n_tokens: int, context_length: int, stride: Optional[int] = None) ->
 @torch.no_grad()
 def evaluate(model: TransformerLM, tokens: np.ndarray, n_bytes: int, batch_size: int = 16,
              stride: Optional[int] = None, device: str | torch.device = "cpu", max_windows: Optional[int] = None,
-             autocast_dtype: Optional[torch.dtype] = None) -> dict:
+             autocast_dtype: Optional[torch.dtype] = None, by_position: bool = False) -> dict:
     """Score ``tokens`` (1-D ids) with ``model``. Returns a dict with ``loss`` (nats/token),
     ``perplexity``, ``bits_per_byte``, ``nll_nats`` (total), ``tokens`` (scored) and ``bytes``.
+
+    ``by_position``: also ``loss_by_position``, a list of ``context_length`` mean losses (nats/token):
+    entry j averages the targets predicted from j + 1 tokens of context, over the windows that score
+    all their targets (with the default stride every window but a short last one); the figure of loss against
+    context position that shows what a sliding window or a short receptive field gives up.
 
     ``max_windows`` scores only that many windows, evenly spread over the split (a quick estimate
     during training); then ``bytes`` is prorated by the fraction of tokens scored and the figures are marked ``partial``.
@@ -54,6 +59,8 @@ def evaluate(model: TransformerLM, tokens: np.ndarray, n_bytes: int, batch_size:
     if partial:  # evenly spread over the split, so the estimate is not biased to its first document
         wins = [wins[i] for i in np.linspace(0, len(wins) - 1, max_windows).round().astype(int)]
     total_nll, scored = 0.0, 0
+    pos_sum = torch.zeros(T, dtype=torch.float64)
+    pos_n = 0
     # group windows of equal input length so they batch
     by_len: dict[int, list] = {}
     for w in wins:
@@ -71,6 +78,9 @@ def evaluate(model: TransformerLM, tokens: np.ndarray, n_bytes: int, batch_size:
             for row, (s, a, b) in enumerate(chunk):  # score only this window's new targets a..b-1
                 total_nll += float(nll[row, a - 1 - s:].sum(dtype=torch.float64))
                 scored += b - a
+                if by_position and length == T and a - 1 == s:  # a full window, every target scored
+                    pos_sum += nll[row].double().cpu()
+                    pos_n += 1
     model.train(was_training)
     if partial:
         n_bytes = n_bytes * scored / max(1, len(tokens) - 1)
@@ -83,4 +93,5 @@ def evaluate(model: TransformerLM, tokens: np.ndarray, n_bytes: int, batch_size:
         "tokens": scored,
         "bytes": n_bytes,
         "partial": partial,
+        **({"loss_by_position": (pos_sum / pos_n).tolist() if pos_n else None} if by_position else {}),
     }

@@ -67,3 +67,25 @@ def test_windows_give_each_target_its_context(stride):
     assert res["tokens"] == 42
     assert res["nll_nats"] == pytest.approx(nll, rel=1e-5)
     assert res["bits_per_byte"] == pytest.approx(nll / math.log(2) / 100, rel=1e-5)
+
+
+def test_loss_by_position_is_the_mean_over_full_windows_by_hand():
+    """by_position: entry j is the mean over the full windows (every one but a short last one with the
+    default stride) of -log p(target j | its j + 1 tokens of context), each scored by its own forward
+    pass here."""
+    cfg = ModelConfig(vocab_size=50, context_length=8, d_model=16, n_layers=2, n_heads=2)
+    model = TransformerLM(cfg).eval()
+    tokens = np.random.default_rng(1).integers(0, 50, 43).astype(np.uint16)
+    res = evaluate(model, tokens, n_bytes=100, batch_size=4, by_position=True)
+    full = [(s, a, b) for s, a, b in windows(43, 8) if a - 1 == s and b - a == 8]
+    assert len(full) == 5  # targets 1-8, 9-16, ..., 33-40; the last chunk (41-42) is short
+    want = []
+    for j in range(8):
+        vals = []
+        for s, a, b in full:
+            ctx = torch.tensor(tokens[s:s + j + 1].astype(np.int64))[None]
+            logp = torch.log_softmax(model(ctx)[0, -1].double(), -1)
+            vals.append(-logp[int(tokens[s + j + 1])].item())
+        want.append(sum(vals) / len(vals))
+    assert res["loss_by_position"] == pytest.approx(want, rel=1e-5)
+    assert "loss_by_position" not in evaluate(model, tokens, n_bytes=100)

@@ -411,6 +411,7 @@ BAR_SPEC = {
     ],
     "timing": {"batch": 4, "pairs": 15, "steps": 1},
     "init_grads": {"depths": [2, 3], "seeds": [1, 2], "batch": 2},
+    "loss_by_position": True,
     "seeds": [1, 2, 3],
     "budget": {"steps": 12},
 }
@@ -438,6 +439,7 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path):
     assert [r["step"] for r in gn] == [1, 6, 12] and all(len(r["grad_norm_layers"]) == 2 for r in gn)
     timing = json.loads((out / "timing.json").read_text())
     assert set(timing["scales"][""]["step_s"]) == {"SiLU", "SwiGLU"}
+    assert len(swiglu["val_loss_by_position"]) == 32  # one mean loss per position of the context
     grads = json.loads((out / "init_grads.json").read_text())["variants"]
     assert set(grads) == {"SiLU", "SwiGLU"} and sorted(grads["SiLU"]) == ["2", "3"]
     assert [len(v) for v in grads["SwiGLU"]["3"].values()] == [3, 3]  # a norm per block, per seed
@@ -466,9 +468,9 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path):
         bpb["verdict"] == stats.verdict("better", bpb["lo"], bpb["hi"], 0.0)
         and f"**{bpb['verdict']}**" in table[1]
     )
-    assert "## Gradients at initialisation" in md
+    assert "## Gradients at initialisation" in md and "## Loss by position" in md
     figs = ("sensitivity.png", "bpb.png", "loss.png", "diagnostics.png", "diagnostics-high.png", "basin-d_ff.png",
-            "init-grads.png")
+            "init-grads.png", "loss-by-position.png")
     for fig in figs:
         assert (out / fig).stat().st_size > 1000, fig
     assert "](sensitivity.png)" in md and "SHA-256" in md and "Load average" in md and "lmlab sweep" in md

@@ -188,6 +188,32 @@ def init_grads(variants: dict, path: Path, colors: dict) -> Optional[Path]:
     return _save(fig, path)
 
 
+def loss_by_position(curves: dict, path: Path, colors: dict, bucket: int = 8) -> Optional[Path]:
+    """``curves``: label -> [per-seed list of held-out loss (nats/token) at each context position];
+    one line per variant, the mean over seeds in buckets of ``bucket`` positions (log x)."""
+    if not any(curves.values()):
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    for label, per_seed in curves.items():
+        if not per_seed:
+            continue
+        mean = [statistics.fmean(col) for col in zip(*per_seed)]
+        xs, ys = [], []
+        for i in range(0, len(mean), bucket):
+            part = mean[i:i + bucket]
+            xs.append(i + 1 + (len(part) - 1) / 2)  # context tokens seen, bucket centre
+            ys.append(statistics.fmean(part))
+        ax.plot(xs, ys, "-", color=colors.get(label.split(" @")[0], "k"), label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens of context (position + 1)")
+    ax.set_ylabel("held-out loss (nats/token)")
+    ax.set_title(f"loss by position: mean over seeds, buckets of {bucket} positions", fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def ladder(claims: list[dict], sizes: dict, path: Path) -> Optional[Path]:
     """Each claim's effect and interval against the baseline's non-embedding parameters per scale."""
     groups: dict = {}

@@ -586,6 +586,19 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
                 "One seed per variant (the first), at the chosen tuned values.",
             )
         )
+    by_pos: dict = {}
+    for r in chosen:
+        if r.get("val_loss_by_position"):
+            by_pos.setdefault(_label(r.get("scale"), r["variant"]), []).append(r["val_loss_by_position"])
+    if by_pos:
+        figs.append(
+            (
+                "Held-out loss by context position",
+                plots.loss_by_position(by_pos, out.parent / f"{prefix}loss-by-position.png", colors),
+                "Every full validation window of the training context, at the chosen tuned values; "
+                "the table 'Loss by position' gives the same numbers in ranges.",
+            )
+        )
     if grads and grads.get("variants"):
         figs.append(
             (
@@ -696,6 +709,7 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     L += _tuning_lines(res, spec)
     L += _timing_lines(res, timing)
     L += _init_grads_lines(grads)
+    L += _by_position_lines(by_pos)
     L.append("## Figures")
     L.append("")
     for title, path, note in figs:
@@ -874,6 +888,34 @@ def _largest_tuned(spec) -> Optional[dict]:
     ((fld, values),) = spec.tune.items()
     nums = [v for v in values if _ok(v)]
     return {fld: max(nums)} if len(nums) == len(values) else None
+
+
+def _by_position_lines(by_pos: dict) -> list[str]:
+    """Mean held-out loss (nats/token, mean over seeds) per range of context tokens seen: 1-16,
+    17-32, 33-64, ... up to the training context."""
+    if not by_pos:
+        return []
+    T = max(len(v[0]) for v in by_pos.values())
+    edges = [0, 16]
+    while edges[-1] < T:
+        edges.append(min(2 * edges[-1], T))
+    head = ["variant"] + [f"{a + 1}-{b} tokens" for a, b in zip(edges, edges[1:])]
+    L = [
+        "## Loss by position",
+        "",
+        "Held-out loss (nats/token) of the targets predicted from each range of context tokens, mean "
+        "over the chosen runs' seeds (every full validation window; the loss falls with context "
+        "while the model can use it).",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(" --- " for _ in head) + "|",
+    ]
+    for label, per_seed in by_pos.items():
+        mean = [statistics.fmean(col) for col in zip(*per_seed)]
+        cells = [_num(statistics.fmean(mean[a:b]), 3) if mean[a:b] else "n/a" for a, b in zip(edges, edges[1:])]
+        L.append("| " + " | ".join([_md_escape(label)] + cells) + " |")
+    L.append("")
+    return L
 
 
 def _init_grads_lines(grads: Optional[dict]) -> list[str]:

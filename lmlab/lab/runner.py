@@ -146,10 +146,14 @@ def _nan_to_none(x: Any) -> Any:
     return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
-def evaluate_run(run_dir: Path, contexts: list, decode: Optional[dict] = None) -> dict:
+def evaluate_run(
+    run_dir: Path, contexts: list, decode: Optional[dict] = None, by_position: bool = False
+) -> dict:
     """Full validation split of a trained run: loss and bits-per-byte at ``contexts`` multiples of the
     training context (a multiple the positions cannot reach, learned positions beyond the table, gives
-    None and the reason), KV-cache bytes and, with ``decode``, decode tokens/s."""
+    None and the reason), KV-cache bytes, with ``decode`` decode tokens/s and with ``by_position``
+    ``val_loss_by_position`` (nats/token at each position of the training context,
+    :func:`lmlab.evaluate.evaluate`)."""
     import torch
 
     from lmlab.analysis import kv_cache_bytes
@@ -179,7 +183,11 @@ def evaluate_run(run_dir: Path, contexts: list, decode: Optional[dict] = None) -
             m = TransformerLM(dataclasses.replace(cfg, context_length=ctx)).to(device)
             m.load_state_dict(model.state_dict())
             m.eval()
-        res = evaluate(m, tokens, n_bytes, batch_size=16, device=device)
+        res = evaluate(
+            m, tokens, n_bytes, batch_size=16, device=device, by_position=by_position and mult == 1
+        )
+        if res.get("loss_by_position"):
+            out["val_loss_by_position"] = [round(x, 5) for x in res["loss_by_position"]]
         out[f"val_loss{suffix}"] = _nan_to_none(res["loss"])
         out[f"val_bpb{suffix}"] = _nan_to_none(res["bits_per_byte"])
         if mult == 1:
@@ -272,7 +280,14 @@ def collect_result(p: RunPlan, run_dir: Path, spec: Spec, diverged: bool, error:
     if error:
         row["error"] = error
     if not diverged and not error:
-        row.update(evaluate_run(run_dir, spec.eval_contexts, spec.decode if spec.measure_decode else None))
+        row.update(
+            evaluate_run(
+                run_dir,
+                spec.eval_contexts,
+                spec.decode if spec.measure_decode else None,
+                by_position=spec.loss_by_position,
+            )
+        )
     else:
         from lmlab.analysis import kv_cache_bytes, param_counts
 

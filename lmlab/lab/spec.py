@@ -44,6 +44,7 @@ A spec is a YAML mapping::
                                          # with lmlab.analysis.flops_per_token), {seconds: S} (wall time)
     eval_contexts: [1, 2]                # held-out bits-per-byte at 1x and 2x the training context
     measure_decode: true                 # KV-cache decode tokens/s per trained run (information only)
+    loss_by_position: true               # held-out loss at each context position (the report's figure)
     tiers:                               # named sizes of the same comparison: `lmlab sweep SPEC --tier gpu`
       gpu:                               # model/train merged field by field, other keys replaced
         model: {d_model: 512, n_layers: 8, context_length: 512}
@@ -87,6 +88,7 @@ SPEC_KEYS = (
     "budget",
     "eval_contexts",
     "measure_decode",
+    "loss_by_position",
     "decode",
     "notes",
     "baseline",
@@ -183,6 +185,7 @@ class Spec:
     scales: list = field(default_factory=list)  # Variant (label + fields); [] = one unnamed scale
     timing: Optional[dict] = None
     init_grads: Optional[dict] = None  # {depths, seeds, batch}: lmlab.lab.init_grads
+    loss_by_position: bool = False  # record the held-out loss at every context position per run
     confidence: float = 0.95
     tolerated_within: float = 0.05  # bits/byte: a tuned value this close to a variant's best is tolerated
     tier: Optional[str] = None  # the tier the spec was read at (None: the spec as written, the CPU tier)
@@ -499,6 +502,8 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
             raise ConfigError(f"{source}: decode.{k}={v!r} must be an integer >= 1")
     if not isinstance(raw.get("measure_decode", False), bool):
         raise ConfigError(f"{source}: measure_decode must be true or false")
+    if not isinstance(raw.get("loss_by_position", False), bool):
+        raise ConfigError(f"{source}: loss_by_position must be true or false")
     scale = raw.get("scale", "tiny")
     if scale not in ("tiny", "real"):
         raise ConfigError(f"{source}: scale={scale!r} must be 'tiny' or 'real'")
@@ -561,6 +566,7 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
         budget=parse_budget(raw.get("budget"), f"{source} budget"),
         eval_contexts=contexts,
         measure_decode=raw.get("measure_decode", False),
+        loss_by_position=raw.get("loss_by_position", False),
         decode=decode,
         baseline=str(baseline),
         tune=tune,
