@@ -180,11 +180,8 @@ def init_grads(variants: dict, path: Path, colors: dict) -> Optional[Path]:
             ax.plot(layers, [statistics.median(c) for c in cols], "o-", color=col, label=label, ms=3)
             ax.fill_between(layers, [min(c) for c in cols], [max(c) for c in cols], color=col, alpha=0.15)
         ax.set_yscale("log")
-        ax.set_xlabel("block (0 = next to the embedding)")
-        ax.set_ylabel("gradient L2 norm of the block")
-        ax.set_title(f"{depth} layers, at initialisation: median over seeds, band min-max", fontsize=9)
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
+        _axes(ax, "block (0 = next to the embedding)", "gradient L2 norm of the block",
+              f"{depth} layers, at initialisation: median over seeds, band min-max")
     return _save(fig, path)
 
 
@@ -206,12 +203,18 @@ def loss_by_position(curves: dict, path: Path, colors: dict, bucket: int = 8) ->
             ys.append(statistics.fmean(part))
         ax.plot(xs, ys, "-", color=colors.get(label.split(" @")[0], "k"), label=label)
     ax.set_xscale("log")
-    ax.set_xlabel("tokens of context (position + 1)")
-    ax.set_ylabel("held-out loss (nats/token)")
-    ax.set_title(f"loss by position: mean over seeds, buckets of {bucket} positions", fontsize=9)
+    _axes(ax, "tokens of context (position + 1)", "held-out loss (nats/token)",
+          f"loss by position: mean over seeds, buckets of {bucket} positions")
+    return _save(fig, path)
+
+
+def _axes(ax, xlabel: str, ylabel: str, title: str) -> None:
+    """Labels, a small title, a light grid on both scales and a small legend."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
-    return _save(fig, path)
 
 
 def ladder(claims: list[dict], sizes: dict, path: Path) -> Optional[Path]:
