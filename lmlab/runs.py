@@ -34,19 +34,22 @@ def describe_manifest(manifest: dict) -> list[str]:
     ]
 
 
-def ensure_default_data(data: Optional[str | Path]) -> Path:
+def ensure_default_data(
+    data: Optional[str | Path], tokenizer: str = "bpe", vocab_size: int = DEFAULT_VOCAB
+) -> Path:
     """The prepared data folder to train on: ``data`` if given, else the default corpus (the
-    Shakespeare works, :mod:`lmlab.data.corpus`) with BPE 4096, prepared on first use. Raises
-    DataError when the corpus cannot be obtained."""
+    Shakespeare works, :mod:`lmlab.data.corpus`) with ``tokenizer`` ('bpe' with ``vocab_size``, or
+    'bytes'), prepared on first use into :func:`default_data_dir`. Raises DataError when the corpus
+    cannot be obtained."""
     if data is not None:
         return Path(data)
-    folder = default_data_dir()
+    folder = default_data_dir(tokenizer, vocab_size)
     if not (folder / "manifest.json").is_file():
         from lmlab.data.corpus import VALIDATION_WORKS, default_corpus_dir
         from lmlab.data.prepare import prepare
 
         manifest = prepare(
-            default_corpus_dir(), folder, "bpe", DEFAULT_VOCAB, list(VALIDATION_WORKS), 0.1, False
+            default_corpus_dir(), folder, tokenizer, vocab_size, list(VALIDATION_WORKS), 0.1, False
         )
         for line in describe_manifest(manifest):
             print(line)

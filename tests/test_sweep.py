@@ -199,12 +199,17 @@ def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
 
 def test_shipped_specs_are_valid(byte_data):
     specs = builtin_specs()
-    assert len(specs) == 13
+    assert len(specs) == 14
     for name, path in specs.items():
         spec = load_spec(path)
         assert spec.claim and spec.name == name
-        plans = plan_runs(spec, byte_data)  # every config validates (steps here follow the 257-token vocabulary)
-        assert all(p.cfg.d_model <= 256 and p.cfg.context_length == 128 for p in plans)
+        if any("data" in v.fields for v in spec.variants):  # variants with their own tokenizations
+            with pytest.raises(ConfigError, match="train on their own data"):
+                plan_runs(spec, byte_data)
+            plans = _plan(spec, None, 4096)  # validated, nothing prepared
+        else:
+            plans = plan_runs(spec, byte_data)  # every config validates (steps follow the 257-token vocabulary)
+        assert all(p.cfg.d_model <= 256 and p.cfg.context_length <= 256 for p in plans)
         # sized for <= 20 minutes on 2 CPU cores (a 1.4M-parameter model trains at ~80 GFLOP/s): the
         # FLOPs the plan asks for, with the 4096-token vocabulary the default corpus has
         full = _plan(spec, None, 4096)
@@ -308,3 +313,47 @@ def test_gpu_tier_model_trains_a_step_on_cpu():
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         after, _ = model(x[:, :-1], targets=x[:, 1:])
     assert float(after) < float(loss)
+
+
+def test_variants_with_their_own_data_train_and_score_on_it(byte_data, small_corpus, tmp_path, capsys):
+    """A variant's data: (a prepared folder, or the default corpus with another tokenizer) sets its
+    runs' data and vocab_size; bits/byte of two tokenizations of the same documents are compared; --data
+    cannot replace it (refused, naming the variants); malformed values are refused by name."""
+    from lmlab.data.prepare import prepare
+    from lmlab.lab.spec import variant_data
+    from lmlab.runs import default_data_dir
+
+    bpe = tmp_path / "bpe300"
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("macbeth_gut.txt", "tempest_gut.txt"):  # the documents byte_data holds
+        (src / name).write_bytes((small_corpus / name).read_bytes()[:{"macbeth_gut.txt": 20000}.get(name, 6000)])
+    prepare(src, bpe, "bpe", 300, val_docs=["tempest_gut.txt"])
+    spec = {"name": "v", "model": TINY_MODEL, "train": TINY_TRAIN, "seeds": [1], "budget": {"flops": 2e9},
+            "axes": {"grid": {"tok": [{"label": "bytes", "data": str(byte_data)},
+                                      {"label": "bpe", "data": str(bpe)}]}},
+            "match": "flops", "varies": ["params", "tokens", "flops_per_token", "steps"],
+            "expect": [{"better": "bpe", "than": "bytes"}]}
+    plans = {p.variant: p for p in plan_runs(parse_spec(spec))}
+    assert plans["bytes"].data == byte_data.resolve() and plans["bytes"].cfg.vocab_size == 257
+    assert plans["bpe"].data == bpe.resolve() and plans["bpe"].cfg.vocab_size == 300
+    assert plans["bytes"].steps > plans["bpe"].steps  # equal FLOPs: the smaller LM head trains longer
+    with pytest.raises(ConfigError, match=r"variant\(s\) 'bytes', 'bpe' train on their own data"):
+        plan_runs(parse_spec(spec), byte_data)
+    path = tmp_path / "v.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "sw"
+    assert main(["sweep", str(path), "--out", str(out)]) == 0
+    rows = {r["variant"]: r for r in read_results(out)}
+    assert rows["bytes"]["val_bytes"] == rows["bpe"]["val_bytes"]  # the same held-out documents
+    assert rows["bytes"]["val_tokens"] > rows["bpe"]["val_tokens"]
+    assert main(["sweep", str(path), "--out", str(tmp_path / "sw2"), "--data", str(byte_data)]) == 2
+    assert "train on their own data" in capsys.readouterr().err
+    # the default corpus with another tokenizer: its folder, not prepared without prepare=True
+    folder, vocab = variant_data({"tokenizer": "bpe", "vocab_size": 1024}, None, prepare=False)
+    assert (folder, vocab) in ((None, 1024), (default_data_dir("bpe", 1024).resolve(), 1024))
+    for bad in ({"tokenizer": "bpe"}, {"tokenizer": "wordpiece"}, {"tokenizer": "bytes", "vocab_size": 9}, 3):
+        raw = {**spec, "axes": {"grid": {"tok": [{"label": "x", "data": bad}, {"label": "y", "d_ff": 64}]}},
+               "expect": []}
+        with pytest.raises(ConfigError, match=r"data=.* must be a prepared data folder"):
+            parse_spec(raw)

@@ -715,10 +715,14 @@ def epochs_line(plans: list[RunPlan]) -> str:
     decay act differently), so the line then starts with ``warning:``."""
     from lmlab.data.prepare import TokenData
 
-    train = int(TokenData(plans[0].data).manifest["splits"]["train"]["tokens"])
-    most = max(p.tokens for p in plans)
-    epochs = most / max(train, 1)
-    text = (f"data: {train:,} training tokens in {plans[0].data}; the longest run reads {most:,} "
+    worst = None  # (epochs, training tokens, data folder, tokens read) of the run with the most passes
+    for data in dict.fromkeys(p.data for p in plans):
+        train = int(TokenData(data).manifest["splits"]["train"]["tokens"])
+        most = max(p.tokens for p in plans if p.data == data)
+        if worst is None or most / max(train, 1) > worst[0]:
+            worst = (most / max(train, 1), train, data, most)
+    epochs, train, data, most = worst
+    text = (f"data: {train:,} training tokens in {data}; the longest run reads {most:,} "
             f"({epochs:.2f} epochs)")
     if epochs > 1:
         text = (f"warning: {text}: the runs repeat the data; pass a larger corpus (`lmlab sweep --data DIR`, "

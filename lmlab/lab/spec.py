@@ -279,8 +279,50 @@ def _bundle(value: dict, source: str) -> tuple[Optional[str], dict]:
     if not value:
         raise ConfigError(f"{source}: a variant needs at least one field besides 'label'")
     for k in value:
-        _check_field(str(k), source)
+        if k == "data":
+            _check_variant_data(value[k], f"{source}.data")
+        else:
+            _check_field(str(k), source)
     return (None if label is None else str(label)), value
+
+
+def _check_variant_data(value: Any, where: str) -> None:
+    """A variant's own data: a prepared folder (a path) or the default corpus with another tokenizer,
+    ``{tokenizer: bytes}`` or ``{tokenizer: bpe, vocab_size: 1024}`` (prepared on first use)."""
+    if isinstance(value, str) and value:
+        return
+    ok = isinstance(value, dict) and set(value) <= {"tokenizer", "vocab_size"}
+    tok = value.get("tokenizer") if ok else None
+    if ok and tok == "bytes" and "vocab_size" not in value:
+        return
+    size = value.get("vocab_size") if ok else None
+    if ok and tok == "bpe" and isinstance(size, int) and not isinstance(size, bool) and size >= 258:
+        return
+    raise ConfigError(
+        f"{where}={value!r} must be a prepared data folder (a path) or the default corpus with a "
+        f"tokenizer: {{tokenizer: bytes}} or {{tokenizer: bpe, vocab_size: N}} with N >= 258"
+    )
+
+
+def variant_data(value: Any, default: Optional[Path], prepare: bool) -> tuple[Optional[Path], Optional[int]]:
+    """(data folder, vocab_size) of a variant's ``data:`` value (:func:`_check_variant_data`), or of
+    ``default`` when the variant has none. With ``prepare`` the default corpus is prepared with the
+    variant's tokenizer on first use; without, a folder that does not exist yet gives (None, the
+    vocabulary the tokenizer will have: 257 for bytes)."""
+    from lmlab.data.prepare import TokenData
+    from lmlab.runs import default_data_dir, ensure_default_data
+
+    if value is None:
+        return default, (TokenData(default).vocab_size if default is not None else None)
+    if isinstance(value, str):
+        return Path(value).resolve(), TokenData(value).vocab_size
+    tok, size = value["tokenizer"], value.get("vocab_size", 0)
+    folder = default_data_dir(tok, size)
+    if prepare:
+        folder = ensure_default_data(None, tok, size)
+    elif not (folder / "manifest.json").is_file():
+        return None, 257 if tok == "bytes" else size
+    return Path(folder).resolve(), TokenData(folder).vocab_size
 
 
 def expand_axes(axes: Any, source: str = "axes") -> list[Variant]:
@@ -984,18 +1026,26 @@ def plan_runs(spec: Spec, data_dir: Optional[Path] = None) -> list[RunPlan]:
     """Every (scale, variant, tuned values, seed) of ``spec`` with its validated ModelConfig and
     TrainConfig, the match control solved and the memory checked. Without ``data_dir`` the spec's data
     (or the default corpus, prepared on first use) is used; every run is checked before anything is
-    prepared."""
+    prepared. A variant with a ``data:`` field trains on that (:func:`variant_data`); ``data_dir``
+    together with such variants raises ConfigError (it could not replace their data)."""
     from lmlab.data.prepare import TokenData
     from lmlab.runs import DEFAULT_VOCAB, check_run_memory, ensure_default_data
 
     if data_dir is None:
-        plans = _plan(spec, None, TokenData(spec.data).vocab_size if spec.data else DEFAULT_VOCAB)
+        plans = _plan(spec, None, TokenData(spec.data).vocab_size if spec.data else DEFAULT_VOCAB, False)
         for p in {p.cell: p for p in plans}.values():
             check_run_memory(p.cfg, p.tc)
         data_dir = ensure_default_data(spec.data)
-        return _plan(spec, Path(data_dir).resolve(), TokenData(data_dir).vocab_size)
+        return _plan(spec, Path(data_dir).resolve(), TokenData(data_dir).vocab_size, True)
+    own = [v.label for v in spec.variants if "data" in v.fields]
+    if own:
+        raise ConfigError(
+            f"{spec.path or 'sweep spec'}: variant(s) {', '.join(map(repr, own))} train on their own data "
+            f"(their 'data:' field), which --data {str(data_dir)!r} would not replace; run without --data, "
+            f"or give those variants prepared folders of your corpus (data: PATH, from `lmlab prepare`)"
+        )
     data_dir = Path(data_dir).resolve()
-    plans = _plan(spec, data_dir, TokenData(data_dir).vocab_size)
+    plans = _plan(spec, data_dir, TokenData(data_dir).vocab_size, True)
     for p in {p.cell: p for p in plans}.values():
         check_run_memory(p.cfg, p.tc)
     return plans
@@ -1009,7 +1059,9 @@ def _split_fields(fields: dict) -> tuple[dict, dict]:
     )
 
 
-def _plan(spec: Spec, data_dir: Optional[Path], vocab: int) -> list[RunPlan]:
+def _plan(spec: Spec, data_dir: Optional[Path], vocab: int, prepare: bool = False) -> list[RunPlan]:
+    """The runs of ``spec`` on ``data_dir`` (tokenizer vocabulary ``vocab``); a variant with its own
+    ``data:`` trains on that (prepared first when ``prepare``)."""
     from lmlab.train import TrainConfig
 
     base_model: dict = {}
@@ -1023,12 +1075,16 @@ def _plan(spec: Spec, data_dir: Optional[Path], vocab: int) -> list[RunPlan]:
     for scale in spec.scales or [None]:
         scale_fields = scale.fields if scale else {}
         sm, st = _split_fields(scale_fields)
-        models = {}
+        models, datas = {}, {}
         for v in spec.variants:
             vm, _ = _split_fields(v.fields)
             model = {**base_model, **spec.model, **sm, **vm}
+            vdata, vvocab = (data_dir, vocab)
+            if "data" in v.fields:
+                vdata, vvocab = variant_data(v.fields["data"], data_dir, prepare)
+            datas[v.label] = vdata
             if "vocab_size" not in model:
-                model["vocab_size"] = vocab  # the data's tokenizer decides
+                model["vocab_size"] = vvocab  # the data's tokenizer decides
             models[v.label] = model
         target = None
         if spec.match and spec.match.solve:
@@ -1091,7 +1147,7 @@ def _plan(spec: Spec, data_dir: Optional[Path], vocab: int) -> list[RunPlan]:
                             tc,
                             tps,
                             fpt,
-                            data_dir,
+                            datas[v.label],
                             scale.label if scale else None,
                             dict(tune),
                             solved,
