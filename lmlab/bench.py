@@ -18,6 +18,11 @@ import torch
 from lmlab.model import TransformerLM
 
 
+
+def plural(n: int, word: str) -> str:
+    """'1 thread', '2 threads'."""
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
 def describe_machine(device: str | torch.device = "cpu") -> str:
     """One line naming the machine measurements were taken on: CPU model, cores visible to this process,
     memory, torch version and threads, and the GPU when ``device`` is CUDA."""
@@ -36,7 +41,7 @@ def describe_machine(device: str | torch.device = "cpu") -> str:
         mem = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
     except (ValueError, OSError, AttributeError):
         pass
-    line = f"{cpu}, {cores} cores visible{mem}, torch {torch.__version__} ({torch.get_num_threads()} threads)"
+    line = f"{cpu}, {cores} cores visible{mem}, torch {torch.__version__} ({plural(torch.get_num_threads(), 'thread')})"
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         line += f", {torch.cuda.get_device_name(torch.device(device))}"
     return line

@@ -233,11 +233,16 @@ def cmd_generate(args) -> int:
                           args.seed, eos_id=eos, device=device)
         first = next(tokens)  # checks the prompt (ValueError -> one-line error) before anything is printed
         sys.stdout.write(texts[0])
-        for i in itertools.chain([first], tokens):
-            sys.stdout.write(stream.push(tok.token_bytes(i)))
+        try:
+            for i in itertools.chain([first], tokens):
+                sys.stdout.write(stream.push(tok.token_bytes(i)))
+                sys.stdout.flush()
+                if stream.stopped:
+                    break
+        except KeyboardInterrupt:
+            sys.stdout.write("\n")  # end the text's line before the 'interrupted' message
             sys.stdout.flush()
-            if stream.stopped:
-                break
+            raise
         sys.stdout.write(stream.flush() + "\n")
         return 0
     # several prompts: one batch (left-padded), each continuation printed when the batch is done
@@ -331,7 +336,7 @@ def cmd_survey(args) -> int:
 def cmd_bench_decode(args) -> int:
     import torch
 
-    from lmlab.bench import bench_decode, check_decode_memory
+    from lmlab.bench import bench_decode, check_decode_memory, plural
     from lmlab.model import TransformerLM
     from lmlab.train import resolve_device
 
@@ -370,12 +375,12 @@ def cmd_bench_decode(args) -> int:
         print(json.dumps(res))
         return 0
     print(f"lmlab bench decode: {title}, {res['params']:,} params, {res['dtype'].replace('torch.', '')} on "
-          f"{res['device']}" + (f" ({res['threads']} threads, {res['decode_layout']} weights)" if str(device) == "cpu" else "")
+          f"{res['device']}" + (f" ({plural(res['threads'], 'thread')}, {res['decode_layout']} weights)" if str(device) == "cpu" else "")
           + ("" if res["lean_decode"] else " (ordinary block path: no lean one-token decode for this config)")
           + f"; greedy, batch {args.batch}, prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, "
           f"median of {args.repeats}")
     print(f"  prefill {res['prefill_tokens_per_s']:>12,.0f} tokens/s   ({res['prefill_s'] * 1e3:.2f} ms for "
-          f"{args.batch} x {args.prompt_len} tokens)")
+          f"{args.batch} x {plural(args.prompt_len, 'token')})")
     print(f"  decode  {res['decode_tokens_per_s']:>12,.0f} tokens/s   ({res['decode_s_per_step'] * 1e3:.2f} ms per "
           f"step of {args.batch} token{'s' if args.batch > 1 else ''})")
     return 0
@@ -427,7 +432,10 @@ def _innermost_parser(parser: argparse.ArgumentParser, args) -> argparse.Argumen
 
 
 def make_parser() -> argparse.ArgumentParser:
+    from lmlab import __version__
+
     p = _Parser(prog="lmlab", description="A language-model architecture lab.")
+    p.add_argument("--version", action="version", version=f"lmlab {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     sp = sub.add_parser("prepare", help="tokenise a corpus into shards + manifest")

@@ -217,6 +217,14 @@ def setup_run(
             lock.release()
         raise
     trainer.lock = lock
+    tc = trainer.tc
+    if tc.warmup_steps > tc.max_steps and trainer.dist.is_main:
+        print(
+            f"warning: warmup_steps={tc.warmup_steps} > max_steps={tc.max_steps}: the run ends before the "
+            f"learning rate reaches lr={tc.lr:g} (it peaks at {tc.lr * tc.max_steps / tc.warmup_steps:g}); "
+            f"lower warmup_steps (--set warmup_steps=N) or raise max_steps",
+            file=sys.stderr,
+        )
     return trainer
 
 
@@ -262,7 +270,7 @@ def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress
                     f"choose another --out, or pass --resume to continue it with new train settings"
                 )
         trainer = Trainer.resume(out, cfg, tc, progress=progress)
-        if trainer.dist.is_main:
+        if trainer.dist.is_main and trainer.step < trainer.tc.max_steps:  # a finished run says so itself
             print(f"resuming {out} from step {trainer.step} of {trainer.tc.max_steps}", file=sys.stderr)
         return trainer
     if resume:

@@ -133,8 +133,19 @@ def test_existing_run_folder_not_overwritten(run_dir, data_dir, capsys):
     # the same command again resumes; the run is complete, so nothing changes
     contents = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     assert main(["train", "--data", str(data_dir), "--out", str(run_dir), *TRAIN]) == 0
-    assert "already complete at step 6" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "already complete at step 6" in captured.out and "resuming" not in captured.err
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == contents
+
+
+def test_version_and_warmup_past_max_steps(data_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == "lmlab 0.1.0"
+    assert main(["train", "--data", str(data_dir), "--out", str(tmp_path / "w"), *TRAIN,
+                 "--set", "warmup_steps=10", "--set", "max_steps=2"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: warmup_steps=10 > max_steps=2" in err and "peaks at" in err
 
 
 def test_resume_with_other_config_refused(run_dir, capsys):

@@ -232,6 +232,8 @@ def test_cli_import_export_and_errors(llama_dir, tmp_path, capsys):
     assert "already exists" in capsys.readouterr().err.strip().splitlines()[-1]
     assert main(["export", str(run), "--format", "hf", "--out", str(exp)]) == 0
     assert json.loads((exp / "config.json").read_text())["model_type"] == "llama"
+    modes = {f.name: f.stat().st_mode & 0o777 for f in exp.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"]  # not 0600 (safetensors' own default)
     capsys.readouterr()
     assert main(["export", str(run), "--format", "hf", "--out", str(tmp_path / "e2"), "--family", "gemma2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -316,6 +316,9 @@ def export_model(model: torch.nn.Module, out_dir: str | Path, family: Optional[s
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(out / "model.safetensors", 0o666 & ~umask)  # safetensors creates it 0600; match config.json
     hf = dict(hf, **(extra_config or {}), dtype=HF_DTYPE_NAMES[dtype], torch_dtype=HF_DTYPE_NAMES[dtype])
     (out / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
     return fam, hf
