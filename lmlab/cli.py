@@ -340,8 +340,6 @@ def cmd_bench_decode(args) -> int:
     from lmlab.model import TransformerLM
     from lmlab.train import resolve_device
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     args.config = None
     if args.run and args.preset:
@@ -431,6 +429,9 @@ def _innermost_parser(parser: argparse.ArgumentParser, args) -> argparse.Argumen
         parser = subs[0].choices[name]
 
 
+THREADS_HELP = "torch CPU threads (default: the physical cores, at most OMP_NUM_THREADS when set)"
+
+
 def make_parser() -> argparse.ArgumentParser:
     from lmlab import __version__
 
@@ -464,6 +465,7 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", required=True, help="run folder to create")
     sp.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
     sp.set_defaults(func=cmd_train)
 
     sp = sub.add_parser("eval", help="held-out loss, perplexity and bits-per-byte of a run")
@@ -475,6 +477,7 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--device", default="auto")
     sp.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "auto"])
     sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
     sp.set_defaults(func=cmd_eval)
 
     sp = sub.add_parser("generate", help="sample from a run with a KV cache")
@@ -490,6 +493,7 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--stop-at-eot", action="store_true", help="stop at the end-of-text token")
     sp.add_argument("--prompt-after-eot", action="store_true", help="prefix the prompt with <|endoftext|>")
     sp.add_argument("--device", default="auto")
+    sp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
     sp.set_defaults(func=cmd_generate)
 
     sp = sub.add_parser("plot", help="PNG plots of runs: loss vs step, tokens and wall time; the LR schedule")
@@ -564,7 +568,7 @@ def make_parser() -> argparse.ArgumentParser:
     bp.add_argument("--repeats", type=POSITIVE, default=5, help="timed runs (medians), after one warm-up")
     bp.add_argument("--device", default="cpu")
     bp.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    bp.add_argument("--threads", type=POSITIVE, help="torch CPU threads (default torch's choice)")
+    bp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
     bp.add_argument("--json", action="store_true", help="print one JSON object")
     bp.set_defaults(func=cmd_bench_decode, command="bench decode")
 
@@ -584,6 +588,10 @@ def main(argv=None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # refused by the (sub)command they were given to, so the hint names its --help
         _innermost_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    if hasattr(args, "threads"):  # every compute command: train, eval, generate, bench decode
+        from lmlab.runs import set_threads
+
+        set_threads(args.threads)
     try:
         return args.func(args)
     except (ConfigError, DataError, CheckpointError, CorpusError, TokenizerError, UnsupportedError, ValueError,

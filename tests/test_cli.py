@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from lmlab.cli import main
 
@@ -439,3 +440,33 @@ def test_refused_train_and_sweep_write_no_data(tmp_path, monkeypatch, capsys):
     assert main(["sweep", str(spec), "--dry-run"]) == 2
     assert "budget tokens=5 buys no training step" in error_line(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "s.yaml"]
+
+
+def test_threads_flag_and_default(run_dir, monkeypatch, capsys):
+    """--threads N sets torch's CPU threads for train/eval/generate/bench; without it, the physical
+    cores capped by OMP_NUM_THREADS (a hand count of the sysfs topology)."""
+    import os
+    from pathlib import Path
+
+    from lmlab.runs import default_threads, physical_cores
+
+    before = torch.get_num_threads()
+    try:
+        assert main(["eval", str(run_dir), "--json", "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+        pairs = set()
+        for cpu in os.sched_getaffinity(0):
+            t = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+            pairs.add(((t / "physical_package_id").read_text(), (t / "core_id").read_text()))
+        assert physical_cores() == len(pairs)
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        assert default_threads() == 1
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        assert default_threads() == physical_cores()
+        assert main(["generate", str(run_dir), "--prompt", "To", "--max-new-tokens", "2"]) == 0
+        assert torch.get_num_threads() == physical_cores()
+        with pytest.raises(SystemExit) as exc:  # refused by the parser
+            main(["eval", str(run_dir), "--threads", "0"])
+        assert exc.value.code == 2 and "--threads" in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(before)
