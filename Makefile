@@ -32,6 +32,7 @@ install: $(VENV)/.installed
 
 demo: install
 	@test -f data/shakespeare-bpe4096/manifest.json || $(BIN)/lmlab prepare
+	@echo "demo run folder: $(RUN) (interrupted? \`make demo RUN=$(RUN)\` resumes it)"
 	$(BIN)/lmlab train --config demo --out $(RUN)
 	$(BIN)/lmlab eval $(RUN)
 	$(BIN)/lmlab generate $(RUN) --prompt "HAMLET." --max-new-tokens 200 --temperature 0.8 --top-k 50 --seed 0
