@@ -31,6 +31,33 @@ def test_bpe_round_trip_and_vocab(bpe):
     assert len(bpe.encode(text)) < len(text.encode()) / 2
 
 
+def test_literal_end_of_text_is_text(tmp_path):
+    """A document or prompt that contains the string "<|endoftext|>" round-trips as text (never the EOT
+    id, also after save/load and through prepare), and BPE training learns no piece of that string."""
+    texts = ["hello world <|endoftext|> foo bar " * 50, "x <|endoftext|> y " * 50, "the cat sat " * 50]
+    tok = Tokenizer.train_bpe(texts, 400)
+    assert [t for t in tok.hf.get_vocab() if t != EOT and ("<|" in t or "oftext" in t)] == []
+    raw = b"x <|endoftext|> y"
+    for t in (tok, Tokenizer.load(_saved(tok, tmp_path / "t.json"))):
+        ids = t.encode_bytes(raw)
+        assert t.eot_id not in ids and t.decode_bytes(ids) == raw
+        assert t.eot_id not in t.encode_batch([raw.decode()])[0] and t.decode(t.encode(EOT)) == EOT
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("x <|endoftext|> y\n" * 40)
+    (docs / "b.txt").write_text("the cat sat\n" * 40)
+    prepare(docs, tmp_path / "data", "bpe", 300, val_docs=["b.txt"])
+    data = TokenData(tmp_path / "data")
+    train = list(data.tokens("train"))
+    assert train.count(data.tokenizer.eot_id) == 1  # only the one lmlab puts before the document
+    assert data.tokenizer.decode_bytes(train) == ("x <|endoftext|> y\n" * 40).encode()
+
+
+def _saved(tok, path):
+    tok.save(path)
+    return path
+
+
 def test_bytes_round_trip():
     tok = Tokenizer.bytes_tokenizer()
     assert (tok.vocab_size, tok.eot_id) == (257, 256)

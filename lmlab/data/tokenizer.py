@@ -61,6 +61,10 @@ class Tokenizer:
     def __init__(self, kind: str, hf=None, byte_level: bool = True):
         self.kind = kind
         self.hf = hf
+        if hf is not None:
+            # text is text: a literal "<|endoftext|>" (or another special token's string) in a document
+            # or a prompt is encoded as its characters, never as the special id (lmlab places EOT itself)
+            hf.encode_special_tokens = True
         if kind == "bytes":
             self.vocab_size, self.eot_id = 257, 256
         elif kind == "bpe":
@@ -122,7 +126,9 @@ class Tokenizer:
         hf.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-        hf.train_from_iterator(texts, trainer=trainer)
+        # the trainer does not split at special tokens: cut the texts there, so no merge learns a piece
+        # of the reserved string (b"<|", b"endoftext") from a literal occurrence
+        hf.train_from_iterator((piece for t in texts for piece in t.split(EOT)), trainer=trainer)
         return cls("bpe", hf)
 
     @classmethod
