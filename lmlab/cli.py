@@ -446,7 +446,8 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--vocab-size", type=_int_at_least(257), help="BPE vocabulary size incl. <|endoftext|> "
                                                                    "(default 4096; an upper bound: a small corpus may "
                                                                    "run out of merges first)")
-    sp.add_argument("--tokenizer-file", help="tokenise with this existing tokenizer.json (e.g. an imported run's) "
+    sp.add_argument("--tokenizer-file", help="tokenise with this existing tokenizer.json (e.g. an imported run's), "
+                                             "or an HF model folder's (tokenizer.json or vocab.json + merges.txt), "
                                              "instead of training one")
     sp.add_argument("--val-docs", help="comma-separated document names held out for validation "
                                        "(default corpus: hamlet, sonnets, tempest)")

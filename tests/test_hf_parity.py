@@ -345,3 +345,43 @@ def test_sharded_bin_and_v4_config_spellings(tmp_path):
     v4_ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "v4", attn_implementation="eager").eval()
     assert float((hf_logits(v4_ref, x) - outs["v4"]).abs().max()) <= TOL
     assert float((hf_logits(ref, x) - outs["bin"]).abs().max()) <= TOL
+
+
+def test_gpt2_style_tokenizer_imported_and_generates_as_hf(tmp_path, capsys):
+    """An HF folder with vocab.json + merges.txt (no tokenizer.json): `lmlab import` builds the
+    tokenizer into the run, and `lmlab generate` (greedy) prints what HF's GPT2TokenizerFast + generate
+    produce from the same prompt; `lmlab prepare --tokenizer-file FOLDER` takes the same folder."""
+    from lmlab.data.tokenizer import Tokenizer
+
+    texts = [TEXT * 4, "the cat sat on the mat and the dog sat on the log " * 20]
+    ours = Tokenizer.train_bpe(texts, 320)
+    hf_dir = tmp_path / "gpt2"
+    hf_dir.mkdir()
+    ours.hf.model.save(str(hf_dir))  # vocab.json + merges.txt, as a GPT-2 folder holds them
+    vocab = json.loads((hf_dir / "vocab.json").read_text())
+    cfg = transformers.GPT2Config(vocab_size=len(vocab), n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                                  eos_token_id=vocab["<|endoftext|>"], bos_token_id=vocab["<|endoftext|>"])
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(hf_dir)
+    assert not (hf_dir / "tokenizer.json").exists()
+    run = tmp_path / "run"
+    assert main(["import", str(hf_dir), "--out", str(run)]) == 0
+    assert (run / "tokenizer.json").is_file()
+    capsys.readouterr()
+    prompt = "It is a truth"
+    assert main(["generate", str(run), "--prompt", prompt, "--max-new-tokens", "12", "--temperature", "0"]) == 0
+    printed = capsys.readouterr().out.rstrip("\n")
+    hf_tok = transformers.GPT2TokenizerFast(vocab=str(hf_dir / "vocab.json"), merges=str(hf_dir / "merges.txt"))
+    ids = hf_tok(prompt, return_tensors="pt").input_ids
+    assert ids[0].tolist() == Tokenizer.load(run / "tokenizer.json").encode(prompt)
+    model = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
+    out = model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=cfg.eos_token_id)
+    assert printed == hf_tok.decode(out[0], skip_special_tokens=True)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text(TEXT * 3)
+    (docs / "b.txt").write_text(TEXT)
+    assert main(["prepare", "--data", str(docs), "--out", str(tmp_path / "data"), "--tokenizer-file",
+                 str(hf_dir), "--val-docs", "b.txt"]) == 0
+    data_tok = Tokenizer.load(tmp_path / "data" / "tokenizer.json")
+    assert data_tok.encode(TEXT) == hf_tok(TEXT).input_ids

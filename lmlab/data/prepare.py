@@ -471,8 +471,8 @@ def prepare(source: str | Path, out_dir: str | Path, tokenizer: str = "bpe", voc
         tok = _make_tokenizer(train, tokenizer, vocab_size, tokenizer_file)
         dtype = np.uint16 if tok.vocab_size <= 2 ** 16 else np.uint32
         tmp = make_temp_dir(out_dir, "partial")
-        if tokenizer_file is not None:  # byte for byte, so runs and data compare equal
-            shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
+        if tokenizer_file is not None and Path(tokenizer_file).is_file():
+            shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")  # byte for byte: runs and data compare equal
         else:
             tok.save(tmp / "tokenizer.json")
         manifest = {
@@ -505,9 +505,16 @@ def prepare(source: str | Path, out_dir: str | Path, tokenizer: str = "bpe", voc
 
 def _make_tokenizer(train: list, tokenizer: str, vocab_size: int, tokenizer_file) -> Tokenizer:
     if tokenizer_file is not None:
-        if not Path(tokenizer_file).is_file():
+        path = Path(tokenizer_file)
+        if path.is_dir():  # an HF model folder: tokenizer.json, or GPT-2-style vocab.json + merges.txt
+            tok, _ = Tokenizer.from_folder(path)
+            if tok is None:
+                raise DataError(f"--tokenizer-file {str(path)!r} is a folder without tokenizer.json or "
+                                f"vocab.json + merges.txt; give a tokenizer.json or such a folder")
+            return tok
+        if not path.is_file():
             raise DataError(f"tokenizer file {str(tokenizer_file)!r} " + ("is not a file; give a tokenizer.json"
-                            if Path(tokenizer_file).exists() else "does not exist"))
+                            if path.exists() else "does not exist"))
         return Tokenizer.load(tokenizer_file)
     if tokenizer == "bytes":
         return Tokenizer.bytes_tokenizer()

@@ -26,7 +26,7 @@ import json
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 EOT = "<|endoftext|>"
 MAX_CHUNK_BYTES = 256  # longest pre-tokenisation chunk lmlab's BPE sees; longer ones are cut into pieces
@@ -139,6 +139,12 @@ class Tokenizer:
             data = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise TokenizerError(f"tokenizer file {str(path)!r} could not be read: {exc}") from None
+        return cls.from_json(data, str(path))
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> "Tokenizer":
+        """A tokenizer from the parsed contents of a ``tokenizer.json`` (``where`` names it in errors)."""
+        path = where
         if not isinstance(data, dict):
             raise TokenizerError(f"tokenizer file {str(path)!r} holds a JSON {type(data).__name__}, not an object "
                                  f"(a Hugging Face tokenizer.json or lmlab's {{\"type\": \"bytes\"}}); re-run "
@@ -164,6 +170,39 @@ class Tokenizer:
                 pass
         byte_level = '"ByteLevel"' in json.dumps([data.get("pre_tokenizer"), data.get("decoder")])
         return cls("hf", hf, byte_level)
+
+    @classmethod
+    def from_vocab_merges(cls, vocab: str | Path, merges: str | Path) -> "Tokenizer":
+        """GPT-2-style byte-level BPE from ``vocab.json`` + ``merges.txt`` (the files of GPT-2, RoBERTa
+        and other slow-tokenizer folders): the BPE model from the tokenizers library with GPT-2's
+        byte-level pre-tokeniser and decoder, ``<|endoftext|>`` (when the vocabulary has it) a special
+        token. Raises TokenizerError naming the files when they cannot be read."""
+        from tokenizers import AddedToken, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            hf = HFTokenizer(models.BPE.from_file(str(vocab), str(merges)))
+        except Exception as exc:  # tokenizers raises a plain Exception for malformed files
+            raise TokenizerError(f"{str(vocab)!r} + {str(merges)!r} are not a BPE vocabulary and merges: "
+                                 f"{exc}") from None
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        hf.decoder = decoders.ByteLevel()
+        if hf.token_to_id(EOT) is not None:
+            hf.add_special_tokens([AddedToken(EOT, special=True)])
+        return cls.from_json(json.loads(hf.to_str()), f"{vocab} + {merges}")
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> tuple[Optional["Tokenizer"], Optional[str]]:
+        """The tokenizer of a Hugging Face model folder: its ``tokenizer.json``, else GPT-2-style
+        ``vocab.json`` + ``merges.txt`` (:meth:`from_vocab_merges`). Returns (tokenizer, the
+        tokenizer.json text to store), or (None, None) when the folder has neither."""
+        folder = Path(folder)
+        if (folder / "tokenizer.json").is_file():
+            return cls.load(folder / "tokenizer.json"), (folder / "tokenizer.json").read_text()
+        if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
+            tok = cls.from_vocab_merges(folder / "vocab.json", folder / "merges.txt")
+            return tok, tok.hf.to_str(pretty=True)
+        return None, None
 
     def save(self, path: str | Path) -> None:
         """Write ``tokenizer.json`` atomically (temp file + fsync + rename: never a half-written file)."""

@@ -5,7 +5,8 @@
   ``torch.load(weights_only=True)``), picks the family by ``model_type`` (:mod:`lmlab.interop.registry`),
   maps config and tensors, loads them strictly into :class:`lmlab.model.TransformerLM` and writes a run
   folder: ``run.yaml`` (``model``, a default ``train`` section, ``data: null``, and ``hf`` saying where it
-  came from), ``tokenizer.json`` when the HF folder has one, and ``checkpoints/step_0000000/``, its
+  came from), ``tokenizer.json`` when the HF folder has one (or one built from GPT-2-style
+  ``vocab.json`` + ``merges.txt``), and ``checkpoints/step_0000000/``, its
   weights in the HF checkpoint's dtype (bf16 or fp32) or the one asked for (``dtype``).
 - :func:`export_hf` writes ``config.json`` (with ``model_type``, ``architectures``, ``dtype``) and
   ``model.safetensors`` (in the run checkpoint's dtype, or the one asked for) that
@@ -227,9 +228,15 @@ def import_hf(path: str | Path, out_run_dir: str | Path, dtype: str = "auto") ->
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the run folder gets the usual permissions
-        tokenizer = (path / "tokenizer.json").is_file()
-        if tokenizer:
+        from lmlab.data.tokenizer import Tokenizer
+
+        if (path / "tokenizer.json").is_file():  # byte for byte
             shutil.copyfile(path / "tokenizer.json", tmp / "tokenizer.json")
+        else:  # GPT-2-style vocab.json + merges.txt, built into a tokenizer.json
+            tok, text = Tokenizer.from_folder(path)
+            if tok is not None:
+                (tmp / "tokenizer.json").write_text(text)
+        tokenizer = (tmp / "tokenizer.json").is_file()
         spec = {"model": cfg.to_dict(), "train": dataclasses.asdict(TrainConfig()), "data": None,
                 "hf": {"model_type": family.model_type, "hf_class": family.hf_class,
                        "source": str(path.resolve()), "tokenizer": tokenizer, "dtype": stored,
