@@ -470,3 +470,21 @@ def test_threads_flag_and_default(run_dir, monkeypatch, capsys):
         assert exc.value.code == 2 and "--threads" in capsys.readouterr().err
     finally:
         torch.set_num_threads(before)
+
+
+def test_tensorboard_events_hold_the_logged_scalars(data_dir, tmp_path):
+    """With tensorboard installed (the `tb` extra, in `make` installs), a run writes event files that
+    TensorBoard's own reader reads back: the training loss and lr of every logged step, as in
+    metrics.jsonl."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "tb"
+    assert main(["train", "--data", str(data_dir), "--out", str(out), *TRAIN, "--set", "log_interval=2"]) == 0
+    acc = EventAccumulator(str(out / "tensorboard"))
+    acc.Reload()
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in recs if "loss" in r and "lr" in r]
+    assert {"loss", "lr"} <= set(acc.Tags()["scalars"])
+    got = {e.step: e.value for e in acc.Scalars("loss")}
+    assert sorted(got) == [r["step"] for r in train]
+    assert all(abs(got[r["step"]] - r["loss"]) <= 1e-6 * abs(r["loss"]) for r in train)
