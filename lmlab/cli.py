@@ -214,7 +214,7 @@ def cmd_eval(args) -> int:
 # --- generate ------------------------------------------------------------------------------
 def cmd_generate(args) -> int:
     from lmlab.checkpoint import load_run
-    from lmlab.generate import TextStream, generate, generate_batch
+    from lmlab.generate import TextStream, generate_batch, generate_logprobs
     from lmlab.train import resolve_device
 
     device = resolve_device(args.device)
@@ -227,14 +227,18 @@ def cmd_generate(args) -> int:
             ids = [tok.eot_id] + ids
         prompts.append(ids)
     eos = tok.eot_id if args.stop_at_eot else None
+    if args.logprobs and len(prompts) > 1:
+        raise ConfigError("--logprobs takes one --prompt (the log-probabilities of one stream)")
     if len(prompts) == 1:  # one prompt: stream the text as it comes
         stream = TextStream(args.stop or ())
-        tokens = generate(model, prompts[0], args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                          args.seed, eos_id=eos, device=device)
-        first = next(tokens)  # checks the prompt (ValueError -> one-line error) before anything is printed
+        steps = generate_logprobs(model, prompts[0], args.max_new_tokens, args.temperature, args.top_k,
+                                  args.top_p, args.seed, eos_id=eos, device=device)
+        first = next(steps)  # checks the prompt (ValueError -> one-line error) before anything is printed
         sys.stdout.write(texts[0])
+        seen = []
         try:
-            for i in itertools.chain([first], tokens):
+            for i, lp in itertools.chain([first], steps):
+                seen.append((i, lp))
                 sys.stdout.write(stream.push(tok.token_bytes(i)))
                 sys.stdout.flush()
                 if stream.stopped:
@@ -244,6 +248,11 @@ def cmd_generate(args) -> int:
             sys.stdout.flush()
             raise
         sys.stdout.write(stream.flush() + "\n")
+        if args.logprobs:
+            print("token id\tlog-probability (nats, the model's distribution before sampling settings)\ttext")
+            for i, lp in seen:
+                print(f"{i}\t{lp:.4f}\t{tok.token_bytes(i).decode('utf-8', errors='replace')!r}")
+            print(f"total\t{sum(lp for _, lp in seen):.4f}\t({len(seen)} tokens)")
         return 0
     # several prompts: one batch (left-padded), each continuation printed when the batch is done
     outs = generate_batch(model, prompts, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
@@ -493,6 +502,8 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=_int_range(0, 2**63 - 1))
     sp.add_argument("--stop-at-eot", action="store_true", help="stop at the end-of-text token")
     sp.add_argument("--prompt-after-eot", action="store_true", help="prefix the prompt with <|endoftext|>")
+    sp.add_argument("--logprobs", action="store_true",
+                    help="after the text, each new token's id, log-probability (nats) and text")
     sp.add_argument("--device", default="auto")
     sp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
     sp.set_defaults(func=cmd_generate)

@@ -180,13 +180,37 @@ def decode_layout(model: TransformerLM, batch: int = 1) -> Iterator[None]:
         model._decode_layout_active = model.lean_decode = False
 
 
-@torch.inference_mode()
+def eos_set(eos_id: "int | Sequence[int] | None") -> frozenset:
+    """The end-of-sequence ids as a set: one id, several (e.g. Llama 3's <|end_of_text|> and
+    <|eot_id|>), or none. Raises ValueError for anything that is not an int or a sequence of ints."""
+    if eos_id is None:
+        return frozenset()
+    ids = [eos_id] if isinstance(eos_id, int) and not isinstance(eos_id, bool) else list(eos_id)
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        raise ValueError(f"eos_id={eos_id!r} must be a token id or a list of token ids")
+    return frozenset(ids)
+
+
 def generate(model: TransformerLM, prompt: list[int], max_new_tokens: int, temperature: float = 1.0,
              top_k: Optional[int] = None, top_p: Optional[float] = None, seed: Optional[int] = None,
-             eos_id: Optional[int] = None, device: str | torch.device = "cpu") -> Iterator[int]:
+             eos_id: "int | Sequence[int] | None" = None, device: str | torch.device = "cpu") -> Iterator[int]:
     """Yield up to ``max_new_tokens`` token ids continuing ``prompt`` (a non-empty list of ids), one
-    at a time; stops after yielding ``eos_id``. Raises ValueError for an empty prompt or one longer than
-    ``context_length`` (see the module docstring for what happens when the window fills)."""
+    at a time; stops after yielding an id of ``eos_id`` (one id or several). Raises ValueError for an
+    empty prompt or one longer than ``context_length`` (see the module docstring for what happens when
+    the window fills)."""
+    for token, _ in generate_logprobs(model, prompt, max_new_tokens, temperature, top_k, top_p, seed,
+                                      eos_id, device):
+        yield token
+
+
+@torch.inference_mode()
+def generate_logprobs(model: TransformerLM, prompt: list[int], max_new_tokens: int, temperature: float = 1.0,
+                      top_k: Optional[int] = None, top_p: Optional[float] = None, seed: Optional[int] = None,
+                      eos_id: "int | Sequence[int] | None" = None,
+                      device: str | torch.device = "cpu") -> Iterator[tuple[int, float]]:
+    """:func:`generate`, yielding (token id, its log-probability in nats under the model's own
+    distribution: log-softmax of the logits before temperature, top-k or top-p)."""
+    eos = eos_set(eos_id)
     T = model.cfg.context_length
     if not prompt:
         raise ValueError("the prompt is empty; give at least one token")
@@ -204,8 +228,8 @@ def generate(model: TransformerLM, prompt: list[int], max_new_tokens: int, tempe
         for i in range(max_new_tokens):
             nxt = sample_next(logits, temperature, top_k, top_p, gen)
             token = int(nxt)
-            yield token
-            if (eos_id is not None and token == eos_id) or i + 1 == max_new_tokens:
+            yield token, float(torch.log_softmax(logits[0].float(), -1)[token])
+            if token in eos or i + 1 == max_new_tokens:
                 return
             history.append(token)
             if cache.length == T:  # window full: keep the last half, re-encode from position 0
@@ -264,18 +288,19 @@ def stream_batch(model: TransformerLM, prompts: Sequence[Sequence[int]], max_new
 
 def generate_batch(model: TransformerLM, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                    temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
-                   seed: Optional[int] = None, eos_id: Optional[int] = None,
+                   seed: Optional[int] = None, eos_id: "int | Sequence[int] | None" = None,
                    device: str | torch.device = "cpu", pad_id: int = 0) -> list[list[int]]:
-    """Continue every prompt by up to ``max_new_tokens`` ids; a row ends after its ``eos_id`` (kept),
+    """Continue every prompt by up to ``max_new_tokens`` ids; a row ends after an id of ``eos_id`` (kept),
     and decoding stops once every row has ended. Greedy rows equal :func:`generate` on each prompt alone
     (within context_length). Returns one list of new ids per prompt."""
+    eos = eos_set(eos_id)
     out: list[list[int]] = [[] for _ in prompts]
     done = [False] * len(prompts)
     for nxt in stream_batch(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, device, pad_id):
         for row, token in enumerate(nxt.tolist()):
             if not done[row]:
                 out[row].append(token)
-                done[row] = eos_id is not None and token == eos_id
+                done[row] = token in eos
         if all(done):
             break
     return out

@@ -231,3 +231,47 @@ def test_suspended_generator_holds_the_decode_layout_until_closed():
     assert model.lean_decode and not model.blocks[0].attn.qkv.weight.is_contiguous()  # as documented
     tokens.close()
     assert not model.lean_decode and all(p.is_contiguous() for p in model.parameters())
+
+
+def test_several_eos_ids_and_logprobs():
+    """eos_id may be several ids (each ends a row or the stream); generate_logprobs yields each token's
+    log-probability under the model, checked against a full forward pass by hand; a bad eos_id is refused."""
+    from lmlab.generate import eos_set, generate_logprobs
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=40, context_length=32, d_model=32, n_layers=1, n_heads=4, init_std=0.5)
+    model = TransformerLM(cfg).eval()
+    greedy = list(generate(model, [1, 2], 12, temperature=0))
+    new = [i for i in range(1, 12) if greedy[i] not in greedy[:i]]  # positions of first occurrences
+    assert len(new) >= 2, greedy  # two distinct ids that first appear after the start
+    a, b = new[0], new[1]
+    first, second = greedy[a], greedy[b]
+    assert list(generate(model, [1, 2], 12, temperature=0, eos_id=[second, first])) == greedy[:a + 1]
+    assert list(generate(model, [1, 2], 12, temperature=0, eos_id=[second])) == greedy[:b + 1]
+    rows = generate_batch(model, [[1, 2], [1, 2]], 12, temperature=0, eos_id=(first, 99))
+    assert rows == [greedy[:a + 1], greedy[:a + 1]]
+    steps = list(generate_logprobs(model, [1, 2], 6, temperature=1.0, seed=5))
+    ctx = [1, 2]
+    for token, lp in steps:
+        want = torch.log_softmax(model(torch.tensor([ctx]))[0, -1].double(), -1)[token].item()
+        assert lp == pytest.approx(want, abs=1e-5)
+        ctx.append(token)
+    assert [t for t, _ in steps] == list(generate(model, [1, 2], 6, temperature=1.0, seed=5))
+    assert eos_set(None) == frozenset() and eos_set(3) == {3}
+    with pytest.raises(ValueError, match="eos_id"):
+        eos_set(["a"])
+
+
+def test_cli_logprobs(byte_run, capsys):
+    from lmlab.cli import main
+
+    args = ["generate", str(byte_run), "--max-new-tokens", "5", "--temperature", "0", "--prompt", "ab"]
+    assert main(args + ["--logprobs"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line.split("\t") for line in out[2:7]]
+    assert out[1].startswith("token id\tlog-probability") and len(rows) == 5
+    assert all(float(r[1]) <= 0 for r in rows)
+    total = out[7].split("\t")
+    assert total[0] == "total" and float(total[1]) == pytest.approx(sum(float(r[1]) for r in rows), abs=1e-3)
+    assert main(args + ["--prompt", "cd", "--logprobs"]) == 2
+    assert "--logprobs takes one --prompt" in capsys.readouterr().err
