@@ -210,10 +210,11 @@ def test_shipped_specs_are_valid(byte_data):
         else:
             plans = plan_runs(spec, byte_data)  # every config validates (steps follow the 257-token vocabulary)
         assert all(p.cfg.d_model <= 256 and p.cfg.context_length <= 256 for p in plans)
-        # sized for <= 20 minutes on 2 CPU cores (a 1.4M-parameter model trains at ~80 GFLOP/s): the
-        # FLOPs the plan asks for, with the 4096-token vocabulary the default corpus has
+        # sized for about 30 minutes or less on 2 CPU cores with --jobs 2 (measured: 1.17e14 FLOPs of
+        # d_model-96 runs took 30 min for spec 03): the FLOPs the plan asks for, with the 4096-token
+        # vocabulary the default corpus has
         full = _plan(spec, None, 4096)
-        assert sum(p.flops for p in full) <= 1.2e14, (name, sum(p.flops for p in full))
+        assert sum(p.flops for p in full) <= 1.25e14, (name, sum(p.flops for p in full))
 
 
 def test_unreadable_results_line_is_reported(tmp_path, capsys):
