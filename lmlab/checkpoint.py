@@ -33,7 +33,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import yaml
@@ -43,6 +43,9 @@ from safetensors.torch import load_file, save
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.fsutil import _fsync_dir, sha256_file
 from lmlab.model import TransformerLM
+
+if TYPE_CHECKING:
+    from lmlab.data.tokenizer import Tokenizer
 
 RUN_FILE = "run.yaml"
 MANIFEST = "manifest.json"
@@ -69,6 +72,15 @@ def _fsync_write(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+def tied_head(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s ``lm_head.weight`` is its ``embed.weight`` (the same tensor: tied
+    embeddings), the one weight a checkpoint then stores once. Any module: one without these names
+    is not tied."""
+    sd = model.state_dict(keep_vars=True)
+    head, emb = sd.get("lm_head.weight"), sd.get("embed.weight")
+    return head is not None and emb is not None and head is emb
+
+
 def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, state: dict, keep: int = 3,
                     tied: Optional[bool] = None, rng: Optional[dict] = None) -> Path:
     """Write checkpoint ``step`` atomically, with its manifest (size + SHA-256 per file) written last,
@@ -76,8 +88,9 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, state: dic
 
     ``model``: a module or its state dict; ``optimizer``: an optimizer, an optimizer state dict (by
     parameter name, see ``lmlab.parallel.optimizer_state_by_name``) or None; ``state``: JSON-able trainer
-    counters; ``rng``: RNG state tensors. With ``tied`` (default: the model's ``tie_embeddings``)
-    ``lm_head.weight`` is not stored (it is ``embed.weight``).
+    counters; ``rng``: RNG state tensors. With ``tied`` (default: :func:`tied_head` of a module, False
+    for a state dict) ``lm_head.weight`` is not stored (it is ``embed.weight``). :func:`read_checkpoint`
+    and :func:`load_weights` take any module this accepted.
     Raises CheckpointError when the write fails (e.g. a full disk); earlier checkpoints stay intact."""
     from lmlab.parallel import optimizer_state_by_name
 
@@ -86,7 +99,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, state: dic
     tmp = root / f"step_{step:07d}.tmp"
     if isinstance(model, torch.nn.Module):
         if tied is None:
-            tied = bool(getattr(getattr(model, "cfg", None), "tie_embeddings", False))
+            tied = tied_head(model)
         if isinstance(optimizer, torch.optim.Optimizer):
             optimizer = optimizer_state_by_name(model, optimizer)
         weights = model.state_dict()
@@ -272,7 +285,8 @@ def _check_rng_state(rng, path: Path) -> None:
                               f"values, 'cuda': optional uint8 tensor}}, got {type(rng).__name__}")
 
 
-def read_checkpoint(ckpt_dir: Path, model: TransformerLM, with_optimizer: bool = False):
+def read_checkpoint(ckpt_dir: Path, model: torch.nn.Module,
+                    with_optimizer: bool = False) -> tuple[dict, Optional[dict], dict, Optional[dict]]:
     """Read and verify a checkpoint for ``model``: returns (weights, optimizer state or None,
     trainer state dict, rng dict or None). Every file is first checked against the manifest
     (:func:`verify_checkpoint`); weights through safetensors; optimizer and RNG states through
@@ -306,7 +320,7 @@ def read_checkpoint(ckpt_dir: Path, model: TransformerLM, with_optimizer: bool =
     if present("rng.pt"):
         rng = _torch_load(ckpt_dir / "rng.pt")
         _check_rng_state(rng, ckpt_dir / "rng.pt")
-    if model.cfg.tie_embeddings:
+    if tied_head(model) and "lm_head.weight" not in weights:
         weights["lm_head.weight"] = weights["embed.weight"]
     return weights, opt, state, rng
 
@@ -450,14 +464,14 @@ def read_metrics_file(path: str | Path) -> list[dict]:
     return [rec for _, rec in metrics_lines(path)] if Path(path).is_file() else []
 
 
-def _verified_weights(model: TransformerLM, ckpt_dir: Path) -> dict:
+def _verified_weights(model: torch.nn.Module, ckpt_dir: Path) -> dict:
     path = ckpt_dir / "model.safetensors"
     try:
         weights = load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"checkpoint {str(path)!r} is unreadable (truncated or corrupt?): {exc}") from None
     expected = model.state_dict()
-    if model.cfg.tie_embeddings:
+    if tied_head(model):
         expected = {k: v for k, v in expected.items() if k != "lm_head.weight"}
     missing = sorted(set(expected) - set(weights))
     extra = sorted(set(weights) - set(expected))
@@ -471,17 +485,20 @@ def _verified_weights(model: TransformerLM, ckpt_dir: Path) -> dict:
     return weights
 
 
-def load_weights(model: TransformerLM, ckpt_dir: Path) -> None:
+def load_weights(model: torch.nn.Module, ckpt_dir: Path) -> None:
     """Load ``model.safetensors`` of ``ckpt_dir`` into ``model`` strictly, after checking the checkpoint
     against its manifest; raises CheckpointError for a truncated/corrupt file or tensors of another config."""
     verify_checkpoint(ckpt_dir)
     model.load_state_dict(_verified_weights(model, ckpt_dir), strict=False)
 
 
-def load_run(run_dir: str | Path, step: Optional[int] = None, device: str = "cpu"):
+def load_run(run_dir: str | Path, step: Optional[int] = None, device: str = "cpu",
+             tokenizer: bool = True) -> tuple[TransformerLM, ModelConfig, Optional["Tokenizer"], dict, Path]:
     """Load a run's model (latest checkpoint or ``step``), config and tokenizer.
 
-    Returns (model in eval mode, ModelConfig, Tokenizer, run dict, checkpoint folder).
+    Returns (model in eval mode, ModelConfig, Tokenizer, run dict, checkpoint folder); with
+    ``tokenizer=False`` the tokenizer is None and a run without ``tokenizer.json`` (an imported model)
+    loads too.
     Checkpoints are verified (:func:`load_latest`: a damaged newest one falls back to the previous one,
     saying so). Raises CheckpointError when the run has no usable checkpoint or it does not fit its config."""
     from lmlab.data.tokenizer import Tokenizer
@@ -497,12 +514,15 @@ def load_run(run_dir: str | Path, step: Optional[int] = None, device: str = "cpu
             Path(run_dir) / "checkpoints" / f"step_{step:07d}").is_dir()):
         raise CheckpointError(f"run {str(run_dir)!r} has no complete checkpoint"
                               f"{f' at step {step}' if step is not None else ''}; train it first")
-    if not (Path(run_dir) / "tokenizer.json").is_file():
+    tok = None
+    if tokenizer and not (Path(run_dir) / "tokenizer.json").is_file():
         raise CheckpointError(f"run {str(run_dir)!r} has no tokenizer (no tokenizer.json: it was imported from a "
-                              f"Hugging Face folder without one); copy the model's tokenizer.json into the run folder")
-    tok = Tokenizer.load(Path(run_dir) / "tokenizer.json")
+                              f"Hugging Face folder without one); copy the model's tokenizer.json into the run "
+                              f"folder, or load it with tokenizer=False")
+    if tokenizer:
+        tok = Tokenizer.load(Path(run_dir) / "tokenizer.json")
     imported = isinstance(run.get("hf"), dict)  # HF models often pad the embedding past the tokenizer's vocabulary
-    if tok.vocab_size != cfg.vocab_size and not (imported and tok.vocab_size < cfg.vocab_size):
+    if tok is not None and tok.vocab_size != cfg.vocab_size and not (imported and tok.vocab_size < cfg.vocab_size):
         raise CheckpointError(f"run {str(run_dir)!r}: tokenizer has {tok.vocab_size} tokens but the model "
                               f"config says vocab_size={cfg.vocab_size}")
     model = TransformerLM(cfg)

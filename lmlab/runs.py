@@ -11,9 +11,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from lmlab.config import ConfigError
+
+if TYPE_CHECKING:
+    from lmlab.train import Trainer
 
 DEFAULT_DATA = Path("data")
 BUILTIN_CONFIGS = Path(__file__).parent / "configs"
@@ -223,7 +226,7 @@ def setup_run(
     data: Optional[str] = None,
     resume: bool = False,
     progress: bool = True,
-):
+) -> "Trainer":
     """A :class:`lmlab.train.Trainer` ready to ``fit()`` for the run folder ``out``: a new run (the
     config, ``out`` and the memory are checked before any data is prepared or downloaded), the same
     command again (continues the run; a different config is refused, naming the fields), or

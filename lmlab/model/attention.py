@@ -147,6 +147,41 @@ def softcap(x: torch.Tensor, cap: Optional[float]) -> torch.Tensor:
     return x if cap is None else cap * torch.tanh(x / cap)
 
 
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor] = None, *,
+              scale: Optional[float] = None, logit_softcap: Optional[float] = None,
+              bias: Optional[torch.Tensor] = None, dropout: float = 0.0,
+              stats: Optional[dict] = None) -> torch.Tensor:
+    """Softmax attention with an arbitrary boolean mask, written out (fp32 logits).
+
+    q: (batch, n_heads, T, head_dim); k, v: (batch, n_kv_heads, S, head_dim) with n_heads a multiple of
+    n_kv_heads (GQA/MQA: each group of n_heads / n_kv_heads query heads reads one K/V head; Ainslie et
+    al. 2023); mask: bool, broadcastable to (batch, n_heads, T, S), True where a query may attend (None:
+    everywhere; a causal mask is :func:`causal_mask`); scale: default 1 / sqrt(head_dim) (Vaswani et al.
+    2017); logit_softcap: cap * tanh(s / cap) on the logits (Gemma 2); bias: added to the logits
+    after the cap (ALiBi, T5), broadcastable to the scores; dropout: on the probabilities (training
+    only: pass 0 at evaluation); stats: a dict that gets "max_logit", the largest unmasked logit.
+    Returns (batch, n_heads, T, head_dim) in v's dtype. A query row with no allowed key is NaN."""
+    group = q.shape[1] // k.shape[1]
+    if group * k.shape[1] != q.shape[1]:
+        raise ValueError(f"attention: {q.shape[1]} query heads are not a multiple of {k.shape[1]} K/V heads")
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # (B, H, T, S)
+    scores = softcap(scores, logit_softcap)
+    if bias is not None:
+        scores = scores + bias
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    if stats is not None:
+        stats["max_logit"] = float(scores.max())
+    probs = torch.softmax(scores, dim=-1)
+    if dropout:
+        probs = F.dropout(probs, dropout)
+    return torch.matmul(probs.to(v.dtype), v)
+
+
 class Attention(nn.Module):
     """Multi-head causal self-attention: (batch, seq, d_model) -> (batch, seq, d_model).
 
@@ -307,19 +342,10 @@ class Attention(nn.Module):
         return torch.bmm(probs, v.reshape(B * K, S, D)).view(B, H * D)
 
     def _explicit(self, q, k, v, allowed, bias, dropout):
-        """Softmax attention written out (fp32 logits), for soft-caps and logit diagnostics."""
-        group = self.n_heads // self.n_kv_heads
-        if group > 1:
-            k = k.repeat_interleave(group, dim=1)
-            v = v.repeat_interleave(group, dim=1)
-        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * self.scale  # (B, H, T, S)
-        scores = softcap(scores, self.logit_cap)
-        if bias is not None:
-            scores = scores + bias
-        if self.record_max_logit:
-            self.max_logit = float(scores.masked_fill(~allowed, float("-inf")).max())
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        if dropout:
-            probs = F.dropout(probs, dropout)
-        return torch.matmul(probs.to(v.dtype), v)
+        """:func:`attention` written out, for soft-caps and logit diagnostics (records max_logit)."""
+        stats = {} if self.record_max_logit else None
+        y = attention(q, k, v, allowed, scale=self.scale, logit_softcap=self.logit_cap, bias=bias,
+                      dropout=dropout, stats=stats)
+        if stats is not None:
+            self.max_logit = stats["max_logit"]
+        return y
