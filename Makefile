@@ -45,7 +45,7 @@ ablations: install
 	  $(BIN)/lmlab sweep $$s --out sweeps/$$s --jobs $(JOBS) && \
 	  $(BIN)/lmlab report sweeps/$$s --out docs/ablations/$$s/report.md || exit 1; \
 	done
-	$(BIN)/lmlab report --index $(addprefix docs/ablations/,$(SPECS)) --out docs/ablations/README.md
+	$(BIN)/lmlab report --index $(addprefix docs/ablations/,$(SPECS)) --out docs/ablations/README.md --readme README.md
 
 clean:
 	rm -rf $(VENV) runs data

@@ -160,10 +160,13 @@ def cmd_sweep(args) -> int:
 def cmd_report(args) -> int:
     from lmlab.lab.report import write_index, write_report
 
+    if args.readme and not args.index:
+        raise ConfigError("--readme goes with --index DIR... --out FILE.md (the summary is the index's)")
     if args.index:
         if args.out is None:
             raise ConfigError("--index needs --out FILE.md (the index page; its forest plot goes beside it)")
-        paths = write_index([Path(d) for d in [*([args.sweep] if args.sweep else []), *args.index]], Path(args.out))
+        paths = write_index([Path(d) for d in [*([args.sweep] if args.sweep else []), *args.index]], Path(args.out),
+                            readme=Path(args.readme) if args.readme else None)
     else:
         if not args.sweep:
             raise ConfigError("give a sweep folder (`lmlab sweep --out`), or --index DIR... --out FILE.md")
@@ -530,6 +533,9 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", help="the markdown file (default SWEEP/report.md; plots and CSV beside it)")
     sp.add_argument("--index", nargs="+", metavar="DIR",
                     help="write one index page of every claim of these sweep folders (needs --out)")
+    sp.add_argument("--readme", metavar="FILE.md",
+                    help="with --index: also rewrite the summary table between FILE.md's lmlab:ablation-summary "
+                         "markers")
     sp.set_defaults(func=cmd_report)
 
     sp = sub.add_parser("import", help="convert a Hugging Face model folder into a new run folder")

@@ -497,6 +497,19 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path):
     index = (tmp_path / "index.md").read_text()
     assert index.startswith("# Ablation index") and "SwiGLU better than SiLU" in index
     assert (tmp_path / "index-forest.png").stat().st_size > 1000
+    # --readme rewrites only the block between the markers; a README without them is refused
+    from lmlab.lab.report import README_END, README_START
+
+    readme = tmp_path / "R.md"
+    readme.write_text(f"intro\n{README_START}\nold table\n{README_END}\nrest\n")
+    assert main(["report", "--index", str(out), "--out", str(tmp_path / "index.md"), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith(f"{README_END}\nrest\n") and "old table" not in text
+    assert "| bar | SwiGLU better than SiLU |" in text and "](index.md)" in text
+    (tmp_path / "bad.md").write_text("no markers\n")
+    assert main(["report", "--index", str(out), "--out", str(tmp_path / "i2.md"), "--readme",
+                 str(tmp_path / "bad.md")]) == 2
+    assert (tmp_path / "bad.md").read_text() == "no markers\n"
 
 
 def test_ladder_plans_every_scale_and_judges_each(byte_data, tmp_path):

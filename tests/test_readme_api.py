@@ -83,3 +83,17 @@ def test_checkpoints_of_any_module_and_runs_without_a_tokenizer(tmp_path):
         lm.load_run(run)
     model, cfg2, tok, _, _ = lm.load_run(run, tokenizer=False)
     assert tok is None and cfg2 == cfg and model(torch.tensor([[1, 2, 3]])).shape == (1, 3, 20)
+
+
+def test_readme_ablation_summary_is_the_committed_index():
+    """The README's ablation table is what `lmlab report --index docs/ablations/[0-9]* --readme` writes
+    from the committed results: regenerated, not edited by hand."""
+    from lmlab.lab.report import collect_claims, readme_block, summary_block
+
+    root = README.parent
+    dirs = sorted(d for d in (root / "docs" / "ablations").iterdir() if d.is_dir() and d.name[:1].isdigit())
+    claims, _, executed = collect_claims(dirs)
+    want = summary_block(claims, executed, Path("docs/ablations/README.md"))
+    assert readme_block(README) == want, "regenerate: lmlab report --index docs/ablations/[0-9]* " \
+        "--out docs/ablations/README.md --readme README.md"
+    assert len(claims) >= 14 and all(c["verdict"] in ("agrees", "disagrees", "inconclusive") for c in claims)

@@ -25,6 +25,7 @@ import csv
 import datetime
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -1088,16 +1089,17 @@ def _runs_lines(rows: list[dict], ctxs: list[str], res: dict, csv_path: Path, sw
 
 
 # --- the index -----------------------------------------------------------------------------
-def write_index(dirs: list[Path], out: Path) -> list[Path]:
-    """One page of every claim of the sweeps (or report folders holding ``verdicts.json``) ``dirs``: a
-    row per claim (spec, claim, scale, expected, measured effect and interval, verdict) and a forest
-    plot (``NAME-forest.png`` beside ``out``). A sweep folder is analysed from its results; a folder
-    with only a ``verdicts.json`` (a committed report) is read as it is. Raises ValueError for a folder
-    that is neither, or a bad ``out``."""
-    out = _check_out(Path(out), REPORT_MARKS[1])
+def collect_claims(dirs: list[Path]) -> tuple[list[dict], list[tuple], dict]:
+    """Every judged claim of the sweeps (or report folders) ``dirs``: (claims, each with its "spec";
+    per folder (name, claim, report link, number of claims, pooled noise); {"first", "last": the
+    earliest and latest run finish times, "machines": the machines the runs name}). A sweep folder is
+    analysed from its results; a report folder from its results.csv and spec, or read from its
+    ``verdicts.json``. Raises ValueError for a folder that is neither."""
     claims, specs = [], []
+    when, machines = [], []
     for d in dirs:
         d = Path(d)
+        rows: list[dict] = []
         if (d / RESULTS_FILE).is_file():
             rows = read_results(d)
             spec_raw = read_spec_file(d / "spec.yaml") if (d / "spec.yaml").exists() else {}
@@ -1116,12 +1118,17 @@ def write_index(dirs: list[Path], out: Path) -> list[Path]:
                     f"{str(d / VERDICTS_FILE)!r} has no 'claims' list: not an lmlab report's verdicts"
                 )
             link = d / "report.md"
+            if (d / "results.csv").is_file():
+                rows = read_results_csv(d / "results.csv")
         elif (d / "results.csv").is_file() and ((d / "spec.yaml").is_file() or d.name in builtin_specs()):
             # a committed report folder: its results.csv, judged by its spec.yaml or the shipped spec of its name
             spec_path = d / "spec.yaml" if (d / "spec.yaml").is_file() else builtin_specs()[d.name]
             spec = parse_spec(read_spec_file(spec_path), spec_path)
-            res = analyze(read_results_csv(d / "results.csv"), spec)
-            res["spec"], res["claim"] = spec.name if (d / "spec.yaml").is_file() else d.name, spec.claim
+            rows = read_results_csv(d / "results.csv")
+            res = analyze(rows, spec)
+            # a spec.yaml in the folder is the spec it ran with; its name is the folder's unless it says one
+            raw_name = read_spec_file(spec_path).get("name") if (d / "spec.yaml").is_file() else None
+            res["spec"], res["claim"] = raw_name or d.name, spec.claim
             link = d / "report.md" if (d / "report.md").is_file() else None
         else:
             raise ValueError(
@@ -1134,6 +1141,28 @@ def write_index(dirs: list[Path], out: Path) -> list[Path]:
         )
         for c in res["claims"]:
             claims.append({**c, "spec": res.get("spec") or d.name})
+        when += [str(r["finished_at"]) for r in rows if r.get("finished_at")]
+        machines += [str(r["machine"]).split(" (")[0] for r in rows if r.get("machine")]
+    executed = {
+        "first": min(when) if when else None,
+        "last": max(when) if when else None,
+        "machines": sorted(set(machines)),
+    }
+    return claims, specs, executed
+
+
+def write_index(dirs: list[Path], out: Path, readme: Optional[Path] = None) -> list[Path]:
+    """One page of every claim of the sweeps (or report folders holding ``verdicts.json``) ``dirs``: a
+    row per claim (spec, claim, scale, expected, measured effect and interval, verdict) and a forest
+    plot (``NAME-forest.png`` beside ``out``); with ``readme`` also the summary table between the
+    README's markers (:func:`update_readme`). A folder is read by :func:`collect_claims`. Raises
+    ValueError for a folder that is neither a sweep nor a report, a bad ``out``, or a README without
+    the markers."""
+    out = _check_out(Path(out), REPORT_MARKS[1])
+    claims, specs, executed = collect_claims(dirs)
+    if readme is not None:
+        link = Path(os.path.relpath(out.resolve(), Path(readme).resolve().parent))
+        update_readme(Path(readme), summary_block(claims, executed, link))
     forest = plots.forest(claims, out.parent / f"{out.stem}-forest.png")
     counts = {v: sum(1 for c in claims if c["verdict"] == v) for v in ("agrees", "disagrees", "inconclusive")}
     L = [
@@ -1175,7 +1204,57 @@ def write_index(dirs: list[Path], out: Path) -> list[Path]:
         L.append(f"- {where}: {n} claim(s){noise}. {_md_escape(claim)}")
     L.append("")
     out.write_text("\n".join(L))
-    return [out] + ([forest] if forest else [])
+    return [out] + ([forest] if forest else []) + ([Path(readme)] if readme is not None else [])
+
+
+README_START = "<!-- lmlab:ablation-summary (generated by `lmlab report --index ... --readme`; do not edit) -->"
+README_END = "<!-- /lmlab:ablation-summary -->"
+
+
+def summary_block(claims: list[dict], executed: dict, index: Path) -> str:
+    """The README's summary of the lab: one row per claim (spec, claim, verdict, effect [interval]), the
+    counts, the execution dates and machines, and a link to the index page ``index`` (relative to the
+    README)."""
+    counts = {v: sum(1 for c in claims if c["verdict"] == v) for v in ("agrees", "disagrees", "inconclusive")}
+    dates = sorted({str(executed.get(k) or "")[:10] for k in ("first", "last")} - {""})
+    machines = "; ".join(executed.get("machines") or []) or "machine not recorded"
+    L = [
+        f"{len(claims)} claims: **{counts['agrees']} agree, {counts['disagrees']} disagree, "
+        f"{counts['inconclusive']} inconclusive**; executed {' to '.join(dates) or 'on unrecorded dates'} on "
+        f"{machines}. The verdict column of [the index]({index.as_posix()}), where every interval and "
+        f"note is.",
+        "",
+        "| spec | claim | verdict | measured effect [interval] |",
+        "| --- | --- | --- | --- |",
+    ]
+    for c in claims:
+        scale = f" (@{c['scale']})" if c.get("scale") else ""
+        L.append(
+            f"| {_md_escape(c['spec'])} | {_md_escape(c['text'])}{scale} | **{c['verdict']}** | {_effect(c)} |"
+        )
+    return "\n".join(L)
+
+
+def update_readme(readme: Path, block: str) -> None:
+    """Replace what lies between :data:`README_START` and :data:`README_END` in ``readme`` with
+    ``block`` (atomically). Raises ValueError when the markers are missing or out of order."""
+    from lmlab.fsutil import atomic_write_text
+
+    text = readme.read_text()
+    a, b = text.find(README_START), text.find(README_END)
+    if a < 0 or b < a:
+        raise ValueError(
+            f"{str(readme)!r} has no summary markers; put the lines {README_START!r} and {README_END!r} "
+            f"where the table should go"
+        )
+    atomic_write_text(readme, text[: a + len(README_START)] + "\n" + block + "\n" + text[b:])
+
+
+def readme_block(readme: Path) -> str:
+    """The summary block now in ``readme`` (between the markers), '' without them."""
+    text = readme.read_text()
+    a, b = text.find(README_START), text.find(README_END)
+    return text[a + len(README_START):b].strip("\n") if 0 <= a < b else ""
 
 
 def _under(path: Path, folder: Path) -> bool:
