@@ -89,7 +89,9 @@ def layer_params(cfg: ModelConfig) -> dict:
     d, H, K, D, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
     qkv_out = (H + 2 * K) * D
     attn_mm = d * qkv_out + H * D * d
-    attn_bias = (qkv_out if cfg.bias in ("all", "qkv") else 0) + (d if cfg.bias == "all" else 0)
+    attn_bias = (qkv_out if cfg.bias in ("all", "qkv", "attention") else 0) + (
+        d if cfg.bias in ("all", "attention") else 0
+    )
     if cfg.qk_norm == "none":
         qk_norm = 0
     elif cfg.qk_norm_scope == "head":  # one head_dim weight for q, one for k

@@ -29,11 +29,14 @@ class ConfigError(ValueError):
 NORM_TYPES = ("rmsnorm", "layernorm", "gemma_rmsnorm", "layernorm1p")  # Zhang & Sennrich 2019; Ba 2016; Gemma (1+w)
 # layernorm1p: LayerNorm whose weight is stored as an offset from one, (1 + w) (Megatron "layernorm1p"; Nemotron-4)
 NORM_POSITIONS = ("pre", "post", "sandwich", "reordered")  # Xiong 2020; Vaswani 2017; Gemma 2; OLMo 2
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2", "reglu", "geglu", "swiglu")  # Shazeer 2020; So 2021
-GATED_ACTIVATIONS = ("reglu", "geglu", "swiglu")
+# Shazeer 2020 (GLU variants, incl. the sigmoid GLU of Dauphin et al. 2017 and the "bilinear" one with no
+# nonlinearity); So et al. 2021 (squared ReLU); Clevert et al. 2016 (ELU); Klambauer et al. 2017 (SELU)
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2", "elu", "selu",
+               "reglu", "geglu", "swiglu", "glu", "bilinear")
+GATED_ACTIVATIONS = ("reglu", "geglu", "swiglu", "glu", "bilinear")
 POSITIONS = ("rope", "nope", "learned", "sinusoidal", "alibi", "t5")
 ROPE_STYLES = ("half", "interleaved")  # GPT-NeoX / HF "rotate_half" pairing; GPT-J / Meta interleaved pairing
-BIASES = ("none", "all", "qkv", "mlp")
+BIASES = ("none", "all", "qkv", "mlp", "attention")
 QK_NORMS = ("none", "rmsnorm", "layernorm", "gemma_rmsnorm")  # gemma_rmsnorm: Gemma 3's (1 + w) QK-norm
 # what one QK-norm normalises: each head with one weight shared by the heads (Qwen3, Gemma 3), the whole
 # projection across heads (OLMo 2), or each head with its own weights (Cohere use_qk_norm)
@@ -133,7 +136,9 @@ class ModelConfig:
     final_norm: bool = True
 
     # --- linear layers -----------------------------------------------------------------------
-    bias: str = "none"  # which linear layers carry a bias: none | all | qkv (Qwen2) | mlp
+    # which linear layers carry a bias: none | all | qkv (Qwen2) | mlp | attention (q, k, v and o: Llama's
+    # attention_bias=True without mlp_bias)
+    bias: str = "none"
     lm_head_bias: bool = False
     activation: str = "swiglu"
     parallel_block: bool = False  # GPT-J / PaLM: x + attn(norm(x)) + mlp(norm(x))

@@ -175,15 +175,12 @@ def test_family_parity(case, tmp_path):
     ("gpt2", "scale_attn_by_inverse_layer_idx", True),
     ("gpt_neox", "attention_bias", False),
     ("phi", "qk_layernorm", True),
-    ("nemotron", "mlp_bias", False),  # with attention_bias=True below
     ("falcon", "alibi", True),
     ("opt", "some_future_switch", 3),
 ])
 def test_unsupported_fields_raise(model_type, field, value):
     hf = {"model_type": model_type, field: value}
-    if model_type == "nemotron":
-        hf["attention_bias"] = True
-    with pytest.raises(UnsupportedError, match=field if model_type != "nemotron" else "attention_bias"):
+    with pytest.raises(UnsupportedError, match=field):
         get_family(model_type).config_to_lmlab(hf)
 
 

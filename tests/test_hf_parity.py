@@ -43,9 +43,10 @@ CASES = {
                                                        original_max_position_embeddings=32)),
               "q/k/v biases, window 8 on layer 1 only, YaRN, tied"),
     "qwen3": ("Qwen3Config", dict(head_dim=32, num_hidden_layers=3, use_sliding_window=True, sliding_window=8,
+                                  attention_bias=True,
                                   max_window_layers=2, rope_parameters=dict(rope_type="linear", rope_theta=1e6,
                                                                             factor=2.0)),
-              "per-head QK RMSNorm, head_dim 32, window on layer 2, linear RoPE scaling"),
+              "per-head QK RMSNorm, q/k/v/o biases, head_dim 32, window on layer 2, linear RoPE scaling"),
     "gemma": ("GemmaConfig", dict(head_dim=32, num_key_value_heads=1, hidden_act="gelu"),
               "(1+w) RMSNorm, GeGLU (legacy 'gelu' = tanh), MQA, embeddings x sqrt(d), tied"),
     "gemma2": ("Gemma2Config", dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=24,
@@ -178,7 +179,6 @@ def llama_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("changes, words", [
-    (dict(attention_bias=True), ["attention_bias=True", "mlp_bias"]),
     (dict(rope_parameters=dict(rope_type="dynamic", rope_theta=1e4, factor=2.0)), ["'dynamic'", "llama3"]),
     (dict(rope_parameters=dict(rope_type="default", rope_theta=1e4, partial_rotary_factor=0.5)),
      ["partial_rotary_factor=0.5"]),
@@ -385,3 +385,25 @@ def test_gpt2_style_tokenizer_imported_and_generates_as_hf(tmp_path, capsys):
                  str(hf_dir), "--val-docs", "b.txt"]) == 0
     data_tok = Tokenizer.load(tmp_path / "data" / "tokenizer.json")
     assert data_tok.encode(TEXT) == hf_tok(TEXT).input_ids
+
+
+def test_llama_attention_bias_without_mlp_bias(tmp_path):
+    """Llama with attention_bias=True and mlp_bias=False (q, k, v and o biases only) imports as
+    bias='attention', gives HF's logits and exports back to the same flags."""
+    save_llama(tmp_path / "hf", attention_bias=True, mlp_bias=False)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", attn_implementation="eager").eval()
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            if n.endswith("bias"):
+                p.normal_(0.0, 0.1)
+    ref.save_pretrained(tmp_path / "hf")
+    hfio.import_hf(tmp_path / "hf", tmp_path / "run")
+    model, cfg, _, _ = hfio.load_run_model(tmp_path / "run")
+    assert cfg.bias == "attention" and model.blocks[0].attn.out.bias is not None
+    assert model.blocks[0].mlp.w_in.bias is None
+    x = torch.randint(3, V, (2, T), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert float((model(x) - hf_logits(ref, x)).abs().max()) <= TOL
+    hfio.export_hf(tmp_path / "run", tmp_path / "exp")
+    exported = json.loads((tmp_path / "exp" / "config.json").read_text())
+    assert exported["attention_bias"] is True and exported["mlp_bias"] is False

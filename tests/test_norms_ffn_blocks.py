@@ -129,25 +129,31 @@ _HAND = {
     "gelu_tanh": lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
     "silu": lambda x: x / (1 + torch.exp(-x)),  # a.k.a. swish-1
     "relu2": lambda x: torch.where(x > 0, x * x, torch.zeros_like(x)),  # So et al. 2021 (Primer)
+    "elu": lambda x: torch.where(x > 0, x, torch.exp(x) - 1),  # Clevert et al. 2016, alpha 1
+    # Klambauer et al. 2017: lambda and alpha to the digits of their eq. 14
+    "selu": lambda x: 1.0507009873554805 * torch.where(x > 0, x, 1.6732632423543772 * (torch.exp(x) - 1)),
+    "sigmoid": lambda x: 1 / (1 + torch.exp(-x)),
+    "identity": lambda x: x,
 }
 _HF_NAME = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "silu", "relu2": "relu2"}
 # the gate nonlinearity of each GLU variant (Shazeer 2020): ReGLU = ReLU, GeGLU = GELU (tanh form, as
-# T5 v1.1 and Gemma ship it), SwiGLU = SiLU
-_GATE_OF = {"reglu": "relu", "geglu": "gelu_tanh", "swiglu": "silu"}
+# T5 v1.1 and Gemma ship it), SwiGLU = SiLU, GLU = sigmoid (Dauphin et al. 2017), Bilinear = none
+_GATE_OF = {"reglu": "relu", "geglu": "gelu_tanh", "swiglu": "silu", "glu": "sigmoid", "bilinear": "identity"}
+_PLAIN = sorted(k for k in _HAND if k not in ("sigmoid", "identity"))
 
 
-@pytest.mark.parametrize("name", sorted(_HAND))
+@pytest.mark.parametrize("name", _PLAIN)
 def test_activation_matches_formula(name):
     torch.testing.assert_close(ACTIVATION_FNS[name](_X), _HAND[name](_X), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", sorted(_HAND))
+@pytest.mark.parametrize("name", sorted(_HF_NAME))
 def test_activation_matches_hugging_face(name):
     activations = pytest.importorskip("transformers.activations")
     torch.testing.assert_close(ACTIVATION_FNS[name](_X), activations.ACT2FN[_HF_NAME[name]](_X))
 
 
-@pytest.mark.parametrize("name", sorted(_HAND))
+@pytest.mark.parametrize("name", _PLAIN)
 def test_plain_ffn_is_w2_act_w1(name):
     cfg = small(activation=name, bias="mlp")
     ffn = FeedForward(cfg)

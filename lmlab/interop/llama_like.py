@@ -39,7 +39,7 @@ class Spec:
     rms_weight_fp32: bool = False  # RMSNorm weight applied in fp32 before the cast (OLMo 2), else after (Llama)
     layout: str = "pre"  # pre | sandwich (Gemma 2/3) | reordered (OLMo 2) | parallel (Cohere: one shared norm)
     act_key: str = "hidden_act"  # the field naming the gated MLP's activation (Gemma 2/3: hidden_activation)
-    bias: str = "attention_bias"  # attention_bias (q, k, v, o: refused when true) | llama (attention_bias + mlp_bias)
+    bias: str = "attention_bias"  # attention_bias (q, k, v, o) | llama (attention_bias + mlp_bias)
     #                              | qkv (Qwen2: always q, k, v) | none (Mistral: no field)
     head_dim: str = "key"  # key (head_dim field, else hidden/heads) | derived (always hidden/heads: Cohere 2)
     sliding: str = "none"  # none | all (Mistral: every layer) | qwen (use_sliding_window, max_window_layers,
@@ -125,15 +125,9 @@ def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
     # linear biases
     if spec.bias == "llama":
         ab, mb = bool(g("attention_bias")), bool(g("mlp_bias"))
-        if ab and not mb:
-            raise C.unsupported(fam, "attention_bias", True, "attention_bias and mlp_bias both true (bias='all'), "
-                                "mlp_bias alone (bias='mlp') or neither: lmlab has no bias choice for q, k, v "
-                                "and o without the MLP")
-        kw["bias"] = "all" if ab else ("mlp" if mb else "none")
-    elif spec.bias == "attention_bias":
-        C.require(hf, fam, "attention_bias", False, "false (q, k, v and o biases without MLP biases have no "
-                  "lmlab bias choice)", d)
-        kw["bias"] = "none"
+        kw["bias"] = {(True, True): "all", (True, False): "attention", (False, True): "mlp"}.get((ab, mb), "none")
+    elif spec.bias == "attention_bias":  # q, k, v and o (the family's attention honours attention_bias)
+        kw["bias"] = "attention" if bool(g("attention_bias")) else "none"
     else:
         kw["bias"] = spec.bias
 
@@ -232,9 +226,9 @@ def config_to_hf(spec: Spec, cfg: ModelConfig) -> dict:
     elif spec.norm == "cohere":
         hf["layer_norm_eps"] = float(cfg.norm_eps)
     if spec.bias == "llama":
-        hf.update(attention_bias=cfg.bias == "all", mlp_bias=cfg.bias in ("all", "mlp"))
+        hf.update(attention_bias=cfg.bias in ("all", "attention"), mlp_bias=cfg.bias in ("all", "mlp"))
     elif spec.bias == "attention_bias":
-        hf["attention_bias"] = False
+        hf["attention_bias"] = cfg.bias == "attention"
     types = C.types_from_cfg(cfg)
     local = "sliding_attention" in types
     if spec.sliding == "all":

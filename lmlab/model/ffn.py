@@ -1,9 +1,11 @@
 """Feed-forward networks (lecture 3: "activations and gated linear units", "FF ratio").
 
 Non-gated: W2 act(W1 x) with act in ReLU (Vaswani 2017), GELU exact / tanh (Hendrycks & Gimpel 2016;
-GPT-2), SiLU, squared ReLU (So et al. 2021, "Primer"; Nemotron-4).
+GPT-2), SiLU, squared ReLU (So et al. 2021, "Primer"; Nemotron-4), ELU (Clevert et al. 2016), SELU
+(Klambauer et al. 2017).
 Gated (Shazeer 2020, "GLU Variants Improve Transformer"): W2 (act(W_gate x) * W_up x) with
-ReGLU (ReLU), GeGLU (GELU, tanh approximation as in T5 v1.1 / Gemma), SwiGLU (SiLU; PaLM, LLaMA).
+ReGLU (ReLU), GeGLU (GELU, tanh approximation as in T5 v1.1 / Gemma), SwiGLU (SiLU; PaLM, LLaMA),
+GLU (sigmoid; Dauphin et al. 2017) and Bilinear (no nonlinearity: the gate is W_gate x itself).
 Gated FFNs carry three matrices, so d_ff is usually scaled by 2/3 (the 8/3 rule) to keep parameters equal.
 """
 
@@ -26,9 +28,13 @@ ACTIVATION_FNS = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "silu": F.silu,
     "relu2": _relu2,
+    "elu": F.elu,
+    "selu": F.selu,
     "reglu": F.relu,
     "geglu": lambda x: F.gelu(x, approximate="tanh"),
     "swiglu": F.silu,
+    "glu": torch.sigmoid,
+    "bilinear": lambda x: x,
 }
 
 

@@ -4,8 +4,8 @@ Sequential pre-norm blocks with ``NemotronLayerNorm1P``: LayerNorm (with bias) w
 offset from one, (1 + w) (``norm_type='layernorm1p'``, the weights copied unchanged); a plain MLP of
 squared ReLU (``relu2``) by default; GQA with a free ``head_dim``; partial RoPE with rotate-half pairs
 (``partial_rotary_factor``, default 0.5); no biases by default; an untied LM head.
-Biases: ``attention_bias`` covers q, k, v and o; ``mlp_bias`` the MLP. Both, neither, or the MLP alone
-map to lmlab's ``bias``; attention biases without MLP ones raise (lmlab's 'qkv' has no output bias).
+Biases: ``attention_bias`` covers q, k, v and o; ``mlp_bias`` the MLP. Every combination maps to
+lmlab's ``bias`` (attention biases alone: ``bias="attention"``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from lmlab.interop.families._tools import (put_output, cat_qkv, check_expressibl
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
 
 NAME = "nemotron"
-_BIAS = {(False, False): "none", (True, True): "all", (False, True): "mlp"}
+_BIAS = {(False, False): "none", (True, True): "all", (False, True): "mlp", (True, False): "attention"}
 
 HANDLED = frozenset({  # config.json fields this converter reads (besides RoPE and metadata)
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "head_dim",
@@ -33,9 +33,6 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     head_dim = hf_get(hf, "head_dim", default=d_model // n_heads)
     attn_bias = expect(NAME, hf, "attention_bias", (True, False), False)
     mlp_bias = expect(NAME, hf, "mlp_bias", (True, False), False)
-    if (attn_bias, mlp_bias) not in _BIAS:
-        reject(NAME, "attention_bias", attn_bias, "attention biases only together with mlp_bias=True "
-                                                  "(lmlab's bias='qkv' has no output-projection bias)")
     return ModelConfig(
         vocab_size=hf_get(hf, "vocab_size", default=256000),
         context_length=hf_get(hf, "max_position_embeddings", default=4096),
@@ -59,7 +56,7 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
 def state_to_lmlab(hf_state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
     r = StateReader(NAME, hf_state, prefixes=("model.",))
     out: StateDict = {"embed.weight": r.take("embed_tokens.weight")}
-    attn_bias, mlp_bias = cfg.bias == "all", cfg.bias in ("all", "mlp")
+    attn_bias, mlp_bias = cfg.bias in ("all", "attention"), cfg.bias in ("all", "mlp")
     for i in range(cfg.n_layers):
         h, b = f"layers.{i}.", f"blocks.{i}."
         for hf_norm, lm_norm in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "mlp_norm")):
@@ -91,7 +88,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
         "head_dim": cfg.head_dim, "intermediate_size": cfg.d_ff,
         "hidden_act": hf_act_name(NAME, cfg.activation, gated=False, tanh_name="gelu_pytorch_tanh"),
-        "norm_eps": cfg.norm_eps, "attention_bias": cfg.bias == "all", "mlp_bias": cfg.bias in ("all", "mlp"),
+        "norm_eps": cfg.norm_eps, "attention_bias": cfg.bias in ("all", "attention"), "mlp_bias": cfg.bias in ("all", "mlp"),
         "rope_parameters": rope_parameters(cfg), "tie_word_embeddings": cfg.tie_embeddings,
         "attention_dropout": cfg.attn_dropout, "initializer_range": cfg.init_std,
     }
@@ -101,7 +98,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
 
 def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
     out: StateDict = {"model.embed_tokens.weight": lm_key(state, "embed.weight")}
-    attn_bias, mlp_bias = cfg.bias == "all", cfg.bias in ("all", "mlp")
+    attn_bias, mlp_bias = cfg.bias in ("all", "attention"), cfg.bias in ("all", "mlp")
     for i in range(cfg.n_layers):
         h, b = f"model.layers.{i}.", f"blocks.{i}."
         for hf_norm, lm_norm in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "mlp_norm")):
