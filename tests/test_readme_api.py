@@ -97,3 +97,15 @@ def test_readme_ablation_summary_is_the_committed_index():
     assert readme_block(README) == want, "regenerate: lmlab report --index docs/ablations/[0-9]* " \
         "--out docs/ablations/README.md --readme README.md"
     assert len(claims) >= 14 and all(c["verdict"] in ("agrees", "disagrees", "inconclusive") for c in claims)
+
+
+def test_readme_contents_line_links_every_section():
+    """The Contents line links each '## ' section by its GitHub anchor, in order."""
+    text = README.read_text()
+    heads = [line[3:].strip() for line in text.splitlines() if line.startswith("## ")]
+
+    def anchor(h: str) -> str:
+        return re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-")
+
+    contents = next(line for line in text.splitlines() if line.startswith("Contents: "))
+    assert re.findall(r"\(#([^)]+)\)", contents) == [anchor(h) for h in heads]
