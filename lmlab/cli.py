@@ -185,6 +185,25 @@ def cmd_plot(args) -> int:
 
 
 # --- eval ----------------------------------------------------------------------------------
+def _eval_tasks(args, device) -> int:
+    try:
+        from lmlab.lm_eval_backend import run_tasks
+    except ImportError as exc:
+        raise ConfigError(f"--tasks needs lm-evaluation-harness ({exc}); install the extra: "
+                          f"pip install 'lmlab[eval]'") from None
+    names = [t for t in args.tasks.split(",") if t]
+    out = run_tasks(args.run, names, include_path=args.include_path, num_fewshot=args.num_fewshot,
+                    limit=args.limit, batch_size=args.batch_size, device=str(device))
+    if args.json:
+        print(json.dumps(out["results"], default=str))
+        return 0
+    for task, metrics in out["results"].items():
+        shown = ", ".join(f"{k.split(',')[0]} {v:.4f}" for k, v in metrics.items()
+                          if isinstance(v, float) and not k.endswith("_stderr,none"))
+        print(f"{task}: {shown}")
+    return 0
+
+
 def cmd_eval(args) -> int:
     from lmlab.checkpoint import load_run
     from lmlab.data.prepare import DataError, TokenData
@@ -192,6 +211,8 @@ def cmd_eval(args) -> int:
     from lmlab.train import resolve_device, resolve_dtype
 
     device = resolve_device(args.device)
+    if args.tasks:  # downstream tasks through lm-evaluation-harness
+        return _eval_tasks(args, device)
     model, cfg, tok, run, ckpt = load_run(args.run, device=str(device))
     if not args.data and not run.get("data"):
         raise DataError(f"run {args.run!r} has no data folder (it was imported); pass --data DIR, a folder prepared "
@@ -490,6 +511,11 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--device", default="auto")
     sp.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "auto"])
     sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.add_argument("--tasks", help="comma-separated lm-evaluation-harness tasks (the eval extra) instead of "
+                                    "bits-per-byte, e.g. hellaswag,arc_easy")
+    sp.add_argument("--include-path", help="with --tasks: a folder of task YAMLs of your own")
+    sp.add_argument("--num-fewshot", type=int, help="with --tasks: few-shot examples per prompt")
+    sp.add_argument("--limit", type=POSITIVE, help="with --tasks: at most this many documents per task")
     sp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
     sp.set_defaults(func=cmd_eval)
 
