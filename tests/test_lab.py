@@ -292,11 +292,15 @@ def test_timing_block_ratios():
     assert all(len(v) == 21 for v in res["step_s"].values()) and all(
         len(v) == 21 for v in res["decode_s"].values()
     )
-    same = summarize_ratio(res["step_s"], "a", "b")
-    assert 0.9 <= same["median"] <= 1.1
-    deeper = summarize_ratio(res["step_s"], "a", "deep")
-    assert deeper["median"] > 1.2 and deeper["lo"] > 1.0  # twice the layers: measured slower
-    assert summarize_ratio(res["decode_s"], "a", "deep")["median"] > 1.2
+    assert all(t > 0 for v in res["step_s"].values() for t in v)
+    # no timed assertion (a loaded machine moves any bound): the ratio summary by hand instead, the
+    # median of the per-round ratios b / a (rounds paired) and its sign-test interval
+    ratios = [1.1, 1.2, 1.3, 1.1, 1.6, 1.2, 1.4, 1.0, 1.2]
+    base = [1.0, 2.0, 1.0, 4.0, 1.0, 3.0, 1.0, 2.0, 1.0]
+    r = summarize_ratio({"a": base, "b": [x * q for x, q in zip(base, ratios)]}, "a", "b")
+    assert r["median"] == pytest.approx(1.2) and r["n"] == 9
+    # 9 rounds, 95%: the 2nd and 8th order statistics (binomial coverage 0.961)
+    assert (r["lo"], r["hi"]) == pytest.approx((1.1, 1.4))
 
 
 def test_decode_timing_past_the_training_context(monkeypatch):
