@@ -348,6 +348,7 @@ def test_variants_with_their_own_data_train_and_score_on_it(byte_data, small_cor
     rows = {r["variant"]: r for r in read_results(out)}
     assert rows["bytes"]["val_bytes"] == rows["bpe"]["val_bytes"]  # the same held-out documents
     assert rows["bytes"]["val_tokens"] > rows["bpe"]["val_tokens"]
+    assert main(["report", str(out)]) == 0  # a variant's data: mapping is no basin axis
     assert main(["sweep", str(path), "--out", str(tmp_path / "sw2"), "--data", str(byte_data)]) == 2
     assert "train on their own data" in capsys.readouterr().err
     # the default corpus with another tokenizer: its folder, not prepared without prepare=True

@@ -432,8 +432,8 @@ def _numeric_axes(chosen: list[dict], baseline: str) -> dict:
             by_cell[(r.get("scale"), r["variant"])]["vals"].append(r["val_bpb"])
     out: dict = {}
     for fld in sorted({k for c in by_cell.values() for k in c["fields"]}):
-        xs = {c["fields"].get(fld) for c in by_cell.values()}
-        if len(xs) >= 2 and all(_ok(x) for x in xs):
+        xs = [c["fields"].get(fld) for c in by_cell.values()]
+        if all(_ok(x) for x in xs) and len(set(xs)) >= 2:  # numeric values only (a variant's data: is a mapping)
             for (scale, variant), c in by_cell.items():
                 out.setdefault(fld, {}).setdefault(scale, []).append((c["fields"][fld], c["vals"], variant))
     return out
