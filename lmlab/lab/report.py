@@ -255,7 +255,8 @@ def _setup_lines(spec_raw: dict, rows: list[dict], sweep_dir: Path) -> list[str]
     if run:
         m, t = run["model"], run["train"]
         lines.append(
-            f"- **Model** (run `{first}`; the other variants change the fields their labels name): d_model {m['d_model']}, {m['n_layers']} layer{'s' if m['n_layers'] != 1 else ''}, "
+            f"- **Model** (run `{first}`; the other variants change the fields their labels name): "
+            f"d_model {m['d_model']}, {m['n_layers']} layer{'s' if m['n_layers'] != 1 else ''}, "
             f"{m['n_heads']} heads ({m['n_kv_heads']} KV), d_ff {m['d_ff']} ({m['activation']}), "
             f"{m['norm_type']} {m['norm_position']}-norm, {m['position']} positions, context "
             f"{m['context_length']}, vocabulary {m['vocab_size']}."
@@ -971,7 +972,8 @@ def _timing_lines(res: dict, timing: Optional[dict]) -> list[str]:
         f"Untrained models, {any_block.get('rounds')} interleaved rounds (order rotated each round) of "
         f"{any_block.get('steps')} training steps (forward + backward + AdamW) at batch {any_block.get('batch')}, "
         f"{any_block.get('threads')} thread(s), {any_block.get('dtype')}, on {(timing or {}).get('machine')}; "
-        f"1-min load average {' -> '.join(_num(x, 2) for x in any_block.get('load_avg') or [])} (before -> after). Ratio = variant / baseline in the same "
+        f"1-min load average {' -> '.join(_num(x, 2) for x in any_block.get('load_avg') or [])} "
+        "(before -> after). Ratio = variant / baseline in the same "
         f"round; median, {100 * res['confidence']:g}% sign-test interval, interquartile range.",
         "",
     ]
@@ -1151,6 +1153,11 @@ def collect_claims(dirs: list[Path]) -> tuple[list[dict], list[tuple], dict]:
     return claims, specs, executed
 
 
+def _verdict_counts(claims: list[dict]) -> dict:
+    """{"agrees": n, "disagrees": n, "inconclusive": n} over ``claims``."""
+    return {v: sum(1 for c in claims if c["verdict"] == v) for v in ("agrees", "disagrees", "inconclusive")}
+
+
 def write_index(dirs: list[Path], out: Path, readme: Optional[Path] = None) -> list[Path]:
     """One page of every claim of the sweeps (or report folders holding ``verdicts.json``) ``dirs``: a
     row per claim (spec, claim, scale, expected, measured effect and interval, verdict) and a forest
@@ -1164,7 +1171,7 @@ def write_index(dirs: list[Path], out: Path, readme: Optional[Path] = None) -> l
         link = Path(os.path.relpath(out.resolve(), Path(readme).resolve().parent))
         update_readme(Path(readme), summary_block(claims, executed, link))
     forest = plots.forest(claims, out.parent / f"{out.stem}-forest.png")
-    counts = {v: sum(1 for c in claims if c["verdict"] == v) for v in ("agrees", "disagrees", "inconclusive")}
+    counts = _verdict_counts(claims)
     L = [
         "# Ablation index",
         "",
@@ -1215,7 +1222,7 @@ def summary_block(claims: list[dict], executed: dict, index: Path) -> str:
     """The README's summary of the lab: one row per claim (spec, claim, verdict, effect [interval]), the
     counts, the execution dates and machines, and a link to the index page ``index`` (relative to the
     README)."""
-    counts = {v: sum(1 for c in claims if c["verdict"] == v) for v in ("agrees", "disagrees", "inconclusive")}
+    counts = _verdict_counts(claims)
     dates = sorted({str(executed.get(k) or "")[:10] for k in ("first", "last")} - {""})
     machines = "; ".join(executed.get("machines") or []) or "machine not recorded"
     L = [
