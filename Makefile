@@ -25,7 +25,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e ".[test,hf,plot,tb,eval]"
+	$(BIN)/pip install --quiet -e ".[test,hf,plot,tb,eval,data]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -74,14 +74,14 @@ _stop_text.__name__ = "stop text"
 # --- prepare -------------------------------------------------------------------------------
 def cmd_prepare(args) -> int:
     from lmlab.data.corpus import VALIDATION_WORKS, default_corpus_dir
-    from lmlab.data.prepare import prepare
+    from lmlab.data.prepare import expand_inputs, prepare
     from lmlab.runs import default_data_dir, describe_manifest
 
     if args.data is None:
-        source = default_corpus_dir()
+        source = [default_corpus_dir()]
         val_docs = list(VALIDATION_WORKS) if args.val_docs is None else args.val_docs.split(",")
     else:
-        source = Path(args.data)
+        source = expand_inputs(args.data)
         val_docs = args.val_docs.split(",") if args.val_docs else None
     if args.tokenizer_file and (args.tokenizer != "bpe" or args.vocab_size is not None):
         flag = "--tokenizer bytes" if args.tokenizer != "bpe" else f"--vocab-size {args.vocab_size}"
@@ -92,10 +92,15 @@ def cmd_prepare(args) -> int:
                           f"the 256 bytes and <|endoftext|>: 257)")
     vocab_size = 4096 if args.vocab_size is None else args.vocab_size
     out = Path(args.out) if args.out else default_data_dir(args.tokenizer, vocab_size)
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
     manifest = prepare(source, out, args.tokenizer, vocab_size, val_docs, args.val_fraction, args.overwrite,
-                       tokenizer_file=args.tokenizer_file, allow_special=args.allow_special_files)
+                       tokenizer_file=args.tokenizer_file, allow_special=args.allow_special_files,
+                       text_field=args.text_field, progress=progress)
     for line in describe_manifest(manifest):
         print(line)
+    sec, mb = manifest["stats"]["seconds"], manifest["stats"]["bytes"] / 1e6
+    print(f"{mb:,.1f} MB of text: scan {sec['scan']:.1f} s, tokenizer {sec['tokenizer']:.1f} s, encoding "
+          f"{sec['encode']:.1f} s ({mb / max(sec['encode'], 1e-9):,.1f} MB/s)")
     for line in manifest["notes"]:
         print(f"note: {line}", file=sys.stderr)
     got = manifest["tokenizer"]["vocab_size"]
@@ -473,7 +478,13 @@ def make_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     sp = sub.add_parser("prepare", help="tokenise a corpus into shards + manifest")
-    sp.add_argument("--data", help="a .txt file or a folder of .txt documents (default: the Shakespeare corpus)")
+    sp.add_argument("--data", nargs="+", metavar="PATH",
+                    help="one or more inputs: a .txt file (split at blank lines), a folder of .txt documents, "
+                         ".jsonl / .jsonl.gz / .json files, .parquet shards (a quoted glob such as "
+                         "'shards/*.parquet' is expanded), a `datasets` save_to_disk folder "
+                         "(default: the Shakespeare corpus)")
+    sp.add_argument("--text-field", default="text", help="the text field of JSON / parquet / datasets records "
+                                                          "(default: text)")
     sp.add_argument("--out", help="output folder (default data/shakespeare-bpe<V> or data/shakespeare-bytes)")
     sp.add_argument("--tokenizer", choices=["bpe", "bytes"], default="bpe")
     sp.add_argument("--vocab-size", type=_int_at_least(257), help="BPE vocabulary size incl. <|endoftext|> "
@@ -484,10 +495,14 @@ def make_parser() -> argparse.ArgumentParser:
                                              "instead of training one")
     sp.add_argument("--val-docs", help="comma-separated document names held out for validation "
                                        "(default corpus: hamlet, sonnets, tempest)")
-    sp.add_argument("--val-fraction", type=_float_in(0, 1, True, True), default=0.1, help="fraction of documents held out otherwise")
+    sp.add_argument("--val-fraction", type=_float_in(0, 1, True, True), default=0.1,
+                    help="otherwise about this fraction of the documents is held out, chosen by a hash of each "
+                         "document's text (adding documents moves none of the others)")
     sp.add_argument("--overwrite", action="store_true")
     sp.add_argument("--allow-special-files", action="store_true",
                     help="also read FIFOs and devices given as --data or inside it (refused otherwise; read up to 1 GiB)")
+    sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="progress bars with MB/s on stderr (default: when stderr is a terminal)")
     sp.set_defaults(func=cmd_prepare)
 
     sp = sub.add_parser("train", help="train a model from scratch (or --resume a run)")

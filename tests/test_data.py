@@ -1,5 +1,6 @@
 """Tokenizers, corpus preparation and the default corpus."""
 
+import hashlib
 import json
 
 import numpy as np
@@ -100,12 +101,50 @@ def test_prepare_splits_whole_documents(tmp_path, small_corpus, kind):
     assert json.loads((tmp_path / "d" / "manifest.json").read_text())["tokenizer"]["type"] == kind
 
 
-def test_prepare_single_file_splits_at_paragraphs(tmp_path):
+def _hash_fraction(raw: bytes) -> float:
+    """The split key by hand: BLAKE2b-64 of the document's bytes as a fraction of 2**64."""
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big") / 2**64
+
+
+def test_prepare_single_file_splits_at_paragraphs_by_hash(tmp_path):
+    paras = [f"Paragraph {i}. " + "word " * 20 for i in range(20)]
     f = tmp_path / "play.txt"
-    f.write_text("\n\n".join(f"Paragraph {i}. " + "word " * 20 for i in range(20)))
+    f.write_text("\n\n".join(paras))
     m = prepare(f, tmp_path / "d", "bytes", val_fraction=0.1)
-    assert len(m["splits"]["val"]["documents"]) == 2 and len(m["splits"]["train"]["documents"]) == 18
-    assert m["splits"]["val"]["documents"][0]["name"] == "play.txt#18"
+    want = [f"play.txt#{i}" for i, p in enumerate(paras) if _hash_fraction(p.encode()) < 0.1]
+    assert want  # this corpus has some (2): the rule, not the fallback, is tested
+    assert [d["name"] for d in m["splits"]["val"]["documents"]] == want
+    assert len(m["splits"]["train"]["documents"]) == 20 - len(want)
+
+
+def test_hash_split_is_stable_as_the_corpus_grows(tmp_path):
+    """Adding documents moves none of the old ones between the splits (a 'last 10%' rule would)."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(30):
+        (docs / f"d{i:03d}.txt").write_text(f"text number {i} " * 5)
+    before = prepare(docs, tmp_path / "a", "bytes", val_fraction=0.2)
+    for i in range(30, 60):
+        (docs / f"d{i:03d}.txt").write_text(f"text number {i} " * 5)
+    after = prepare(docs, tmp_path / "b", "bytes", val_fraction=0.2)
+    val = lambda m: {d["name"] for d in m["splits"]["val"]["documents"]}  # noqa: E731
+    old = {f"d{i:03d}.txt" for i in range(30)}
+    assert val(after) & old == val(before) and len(val(after)) > len(val(before))
+    want = {p.name for p in docs.iterdir() if _hash_fraction(p.read_bytes()) < 0.2}
+    assert val(after) == want
+
+
+def test_hash_split_holds_out_the_nearest_document_when_none_falls_below(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    texts = {f"{c}.txt": f"{c} " * 9 for c in "abc"}
+    for name, text in texts.items():
+        (docs / name).write_text(text)
+    keys = {name: _hash_fraction(t.encode()) for name, t in texts.items()}
+    fraction = min(keys.values()) / 2  # below every key: none falls under it
+    m = prepare(docs, tmp_path / "d", "bytes", val_fraction=fraction)
+    assert [d["name"] for d in m["splits"]["val"]["documents"]] == [min(keys, key=keys.get)]
+    assert any("nearest" in n for n in m["notes"])
 
 
 def test_prepare_bad_input(tmp_path, small_corpus):

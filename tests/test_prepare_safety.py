@@ -222,14 +222,15 @@ def test_interrupt_keeps_the_previous_complete_state(tmp_path, small_corpus, mon
     out = tmp_path / "out"
     assert main(["prepare", "--data", str(small_corpus), "--out", str(out), "--tokenizer", "bytes"]) == 0
     before = tree(out)
-    real = prep._write_split
+    real, started = prep._Shard.start, []
 
-    def interrupted(tok, docs, path, dtype, notes):
-        if path.name == "val.bin":  # the second split: train.bin is half a new folder by now
+    def interrupted(shard, doc):
+        started.append(doc.name)
+        if len(started) >= 3:  # mid-encoding: the shards are half a new folder by now
             raise KeyboardInterrupt
-        return real(tok, docs, path, dtype, notes)
+        return real(shard, doc)
 
-    monkeypatch.setattr(prep, "_write_split", interrupted)
+    monkeypatch.setattr(prep._Shard, "start", interrupted)
     with pytest.raises(PrepareInterrupted, match="left as it was"):
         prepare(small_corpus, out, "bpe", 300, overwrite=True)
     assert main(["prepare", "--data", str(small_corpus), "--out", str(out), "--overwrite"]) == 130
@@ -386,7 +387,7 @@ def test_scan_documents_keeps_no_text(tmp_path):
     docs = scan_documents(f)
     assert [(d.name, d.start, d.end) for d in docs] == [("book.txt#0", 0, 3), ("book.txt#1", 5, 12),
                                                          ("book.txt#2", 16, 21)]
-    assert all(not hasattr(d, "data") for d in docs) and docs[1].read() == b"two two"
+    assert all(d.data is None for d in docs) and docs[1].read() == b"two two"
 
 
 def test_out_that_is_a_symlink_is_refused_untouched(tmp_path, small_corpus, capsys):

@@ -8,15 +8,22 @@ Output folder:
 - ``manifest.json``: tokenizer, dtype, per split the documents with their UTF-8 bytes and tokens and
   the shard's SHA-256, and ``notes`` (e.g. long pre-tokenisation chunks that were cut).
 
-Splits are made of whole documents, never by cutting one text. The tokenizer is trained on the
-training split only. A folder is a set of documents (every ``*.txt``, recursively, sorted); a single
-file is split into documents at blank lines (paragraphs).
+Splits are made of whole documents, never by cutting one text: the documents named by ``val_docs``,
+else those whose hash falls below ``val_fraction`` (:func:`split_key`, :func:`assign_splits`). The
+tokenizer is trained on the training split only. Inputs (:class:`Corpus`): a folder is a set of
+documents (every ``*.txt``, recursively, sorted); a single text file is split into documents at blank
+lines (paragraphs); JSON lines / JSON arrays / parquet shards / ``datasets`` folders give one document
+per record (:mod:`lmlab.data.sources`); several inputs are read in the order given.
 
 Bounded and safe:
-- Input is streamed: documents are located first (names and byte ranges, not their text), then read
-  in segments of about :data:`SEGMENT_BYTES`, cut where the tokenizer gives the same ids as for the
-  whole document (:func:`cut_point`); ids go straight to the shard files. Memory is O(segment), not
-  O(corpus) (an imported ``hf`` tokenizer encodes one whole document at a time).
+- Input is streamed, in three passes (names, sizes and split hashes; BPE training on the training
+  documents when a tokenizer is trained; encoding): text files are read in segments of about
+  :data:`SEGMENT_BYTES`, cut where the tokenizer gives the same ids as for the whole document
+  (:func:`cut_point`), records one at a time; segments go to the tokenizers library's batch encoder
+  about :data:`ENCODE_BATCH_BYTES` at a time (all cores) and the ids straight to the shard files.
+  Memory is O(batch) plus a name and two integers per document, not O(corpus) (an imported ``hf``
+  tokenizer encodes one whole document at a time). Each pass checks it sees the documents of the
+  first, so a corpus changed meanwhile is refused, not mixed.
 - Special files (FIFOs, character/block devices, sockets) are refused naming the file unless
   ``allow_special`` (``--allow-special-files``); then they are copied (at most
   :data:`SPECIAL_FILE_LIMIT` bytes) into a temporary folder first. Symlink loops, broken links and
@@ -29,9 +36,13 @@ Bounded and safe:
 
 from __future__ import annotations
 
+import glob
 import hashlib
+import io
 import json
 import os
+import time
+from array import array
 import re
 import shutil
 import signal
@@ -43,6 +54,7 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
+from lmlab.data.sources import DataError, input_kind, iter_records
 from lmlab.data.tokenizer import MAX_CHUNK_BYTES, Tokenizer, long_chunks
 from lmlab.fsutil import acquire_lock, atomic_write_text, fsync_tree, make_temp_dir, sha256_file
 
@@ -57,22 +69,20 @@ _PARAGRAPH_SEP = re.compile(rb"\r?\n(?:[ \t]*\r?\n)+")
 _SAFE_CUT = re.compile(rb"[!-~]\n(?=[!-~])|[!-~](?= [!-~])")
 
 
-class DataError(ValueError):
-    """Unusable input data or a prepared data folder that does not hold together."""
-
-
 class PrepareInterrupted(KeyboardInterrupt):
     """Ctrl-C during ``prepare``; the message says that the output folder was left as it was."""
 
 
 @dataclass(frozen=True, slots=True)
 class Document:
-    """One document: ``name`` (its path relative to the input folder, or ``file#paragraph``) and the
-    byte range [``start``, ``end``) of ``path`` that holds it (read lazily, never kept whole)."""
+    """One document: ``name`` (its path relative to the input folder, ``file#paragraph`` or
+    ``file#row``) and the byte range [``start``, ``end``) of ``path`` that holds it (read lazily, never
+    kept whole), or, for a record of a JSON / parquet / ``datasets`` corpus, its UTF-8 ``data``."""
     name: str
     path: Path
     start: int
     end: int
+    data: Optional[bytes] = None
 
     @property
     def size(self) -> int:
@@ -88,7 +98,7 @@ class Document:
         :data:`MAX_SEGMENT_BYTES` without one, cut anyway and append the offset to ``hard_cuts``) or
         ``"whole"`` (one piece). Raises DataError naming the file when it cannot be read."""
         try:
-            with open(self.path, "rb") as f:
+            with (io.BytesIO(self.data) if self.data is not None else open(self.path, "rb")) as f:
                 f.seek(self.start)
                 left, buf = self.size, b""
 
@@ -296,7 +306,8 @@ def scan_documents(path: str | Path, allow_special: bool = False,
             if _has_text(source):
                 docs.append(Document(str(p.relative_to(path)), source, 0, size))
         if not docs:
-            raise DataError(f"data folder {str(path)!r} holds no non-empty .txt files")
+            raise DataError(f"data folder {str(path)!r} holds no non-empty .txt files (a folder is read as "
+                            f".txt documents; give .jsonl / .parquet shards as files, e.g. --data DIR/*.parquet)")
         return docs
     source = path
     if not stat.S_ISREG(st.st_mode):
@@ -317,59 +328,237 @@ def read_documents(path: str | Path) -> list[tuple[str, bytes]]:
     return [(d.name, d.read()) for d in scan_documents(path)]
 
 
-def split_documents(docs: list, val_docs: Optional[Sequence[str]], val_fraction: float,
-                    source: str) -> tuple[list, list]:
-    """Whole-document train/validation split of :class:`Document`s: the named documents, else the last
-    ``val_fraction`` of them (at least one). Raises DataError when a named document is absent or
-    nothing is left to train."""
-    if len(docs) < 2:
-        raise DataError(f"data {source!r} holds {len(docs)} document; at least 2 are needed for a "
+class Corpus:
+    """The documents of one or more inputs, in input order, read afresh on each pass over them
+    (iterating yields :class:`Document` s; a record's text is held only while it is processed).
+
+    ``sources``: paths of :func:`lmlab.data.sources.input_kind` kinds: a ``.txt`` file (split at blank
+    lines), a folder of ``*.txt``, ``.jsonl`` / ``.jsonl.gz`` / ``.json`` files, ``.parquet`` shards,
+    a ``datasets.save_to_disk`` folder; ``text_field`` names the records' text. Text inputs are
+    located at once (:func:`scan_documents`); record files are checked to exist and be readable here
+    and read when iterated. Raises DataError naming the path."""
+
+    def __init__(self, sources: Sequence[str | Path], text_field: str = "text", allow_special: bool = False,
+                 spool_dir: Optional[Path] = None):
+        if not sources:
+            raise DataError("no data given; give a .txt file, a folder of .txt documents, .jsonl / .parquet "
+                            "files or a saved `datasets` folder")
+        self.text_field = text_field
+        self.parts: list = []  # a list of Documents (text input) or (path, kind, label) of a record input
+        for source in map(Path, sources):
+            if not os.path.lexists(source):
+                raise DataError(f"data path {str(source)!r} does not exist; give a text file, a folder of .txt "
+                                f"documents, .jsonl / .parquet files or a saved `datasets` folder")
+            st = _stat_input(source)
+            kind = input_kind(source)
+            if kind == "text":
+                self.parts.append(scan_documents(source, allow_special, spool_dir))
+                continue
+            path = source
+            if not stat.S_ISDIR(st.st_mode):
+                if not stat.S_ISREG(st.st_mode):
+                    path = _spool(source, st.st_mode, allow_special, spool_dir)
+                _check_readable(path)
+            self.parts.append((path, kind, source.name))
+
+    def __iter__(self) -> Iterator[Document]:
+        for part in self.parts:
+            if isinstance(part, list):
+                yield from part
+                continue
+            path, kind, label = part
+            for name, data in iter_records(path, kind, self.text_field, label):
+                yield Document(name, path, 0, len(data), data)
+
+
+def split_key(data_segments) -> float:
+    """A document's place in [0, 1) for the validation split: the first 8 bytes of the BLAKE2b hash of
+    its bytes (fed in pieces, ``data_segments``) read as a fraction. It depends on the text alone, so
+    adding or reordering documents moves no other document between the splits, and copies of one text
+    land in the same split."""
+    h = hashlib.blake2b(digest_size=8)
+    for seg in data_segments:
+        h.update(seg)
+    return int.from_bytes(h.digest(), "big") / 2.0 ** 64
+
+
+@dataclass
+class DocumentTable(Sequence):
+    """The documents of one split, kept compactly (a name and two integers each): item ``i`` is
+    ``{"name", "bytes", "tokens"}``, as the manifest lists it."""
+    names: list
+    nbytes: array
+    ntokens: array
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return {"name": self.names[i], "bytes": int(self.nbytes[i]), "tokens": int(self.ntokens[i])}
+
+
+def scan_corpus(corpus: Corpus, progress=None) -> tuple[list[str], array, array]:
+    """One pass over ``corpus``: every document's name, size (bytes) and :func:`split_key`. Raises
+    DataError when two documents have one name."""
+    names, sizes, keys = [], array("q"), array("d")
+    for doc in corpus:
+        names.append(doc.name)
+        sizes.append(doc.size)
+        keys.append(split_key(doc.segments("any")))
+        if progress is not None:
+            progress.update(doc.size)
+    if len(set(names)) < len(names):
+        seen: set = set()
+        dup = next(n for n in names if n in seen or seen.add(n))
+        raise DataError(f"two documents are named {dup!r} (inputs with the same file name?); give inputs "
+                        f"whose names differ")
+    return names, sizes, keys
+
+
+def assign_splits(names: list[str], keys: Sequence[float], val_docs: Optional[Sequence[str]],
+                  val_fraction: float, source: str) -> tuple[bytearray, list[str]]:
+    """Which documents are held out (``is_val[i]`` = 1) and notes for the user. With ``val_docs``,
+    exactly the named documents; else every document whose :func:`split_key` is below
+    ``val_fraction`` (about that fraction of the documents, the same ones however the corpus grows),
+    and if none falls below it, the one with the smallest key (said in a note). Raises DataError when
+    a named document is absent, there are fewer than 2 documents, or no training document is left."""
+    if len(names) < 2:
+        raise DataError(f"data {source!r} holds {len(names)} document; at least 2 are needed for a "
                         f"train/validation split by whole documents")
+    notes = []
     if val_docs:
-        names = {d.name for d in docs}
-        missing = [v for v in val_docs if v not in names]
+        present = set(names)
+        missing = [v for v in val_docs if v not in present]
         if missing:
+            shown = sorted(present)[:10]
             raise DataError(f"validation document(s) {missing} not found in {source!r}; "
-                            f"available: {', '.join(sorted(names)[:10])}{' ...' if len(names) > 10 else ''}")
-        val = [d for d in docs if d.name in set(val_docs)]
-        train = [d for d in docs if d.name not in set(val_docs)]
+                            f"available: {', '.join(shown)}{' ...' if len(present) > 10 else ''}")
+        wanted = set(val_docs)
+        is_val = bytearray(n in wanted for n in names)
     else:
-        n_val = max(1, int(round(len(docs) * val_fraction)))
-        train, val = docs[:-n_val], docs[-n_val:]
-    if not train:
-        raise DataError(f"no training documents left in {source!r} after holding out {len(val)} for validation")
-    return train, val
+        is_val = bytearray(k < val_fraction for k in keys)
+        if not any(is_val):
+            i = min(range(len(keys)), key=keys.__getitem__)
+            is_val[i] = 1
+            notes.append(f"no document's split hash fell below --val-fraction {val_fraction:g} "
+                         f"({len(names)} documents); the one nearest it, {names[i]!r}, is held out")
+    if all(is_val):
+        raise DataError(f"no training documents left in {source!r} after holding out {len(names)} for validation")
+    return is_val, notes
 
 
-def _write_split(tok: Tokenizer, docs: list, path: Path, dtype, notes: dict) -> dict:
-    """Encode ``docs`` segment by segment into the shard ``path`` (``EOT doc EOT doc ...``)."""
+class _Shard:
+    """One split's token file being written: ``EOT doc EOT doc ...``, its SHA-256 and per-document
+    counts."""
+
+    def __init__(self, path: Path, dtype, eot_id: int):
+        self.path, self.dtype = path, dtype
+        self.f = open(path, "wb")
+        self.h = hashlib.sha256()
+        self.eot = np.array([eot_id], dtype=dtype)
+        self.docs = DocumentTable([], array("q"), array("q"))
+        self.tokens = 0
+
+    def _write(self, ids: np.ndarray) -> None:
+        raw = ids.astype(self.dtype, copy=False).tobytes()
+        self.f.write(raw)
+        self.h.update(raw)
+        self.tokens += len(ids)
+
+    def start(self, doc: Document) -> None:
+        self._write(self.eot)
+        self.docs.names.append(doc.name)
+        self.docs.nbytes.append(doc.size)
+        self.docs.ntokens.append(0)
+
+    def add(self, ids: np.ndarray) -> None:
+        self._write(ids)
+        self.docs.ntokens[-1] += len(ids)
+
+    def info(self) -> dict:
+        self.f.close()
+        return {"file": self.path.name, "documents": self.docs, "bytes": sum(self.docs.nbytes),
+                "tokens": self.tokens, "sha256": self.h.hexdigest()}
+
+
+ENCODE_BATCH_BYTES = 1 << 21  # text handed to the batch encoder at once (all cores share it)
+
+
+def _same_documents(corpus: Corpus, names: list[str], sizes: array) -> Iterator[tuple[int, Document]]:
+    """(i, document) of ``corpus``, checked to be the documents the first pass found."""
+    n = 0
+    for n, doc in enumerate(corpus, 1):
+        i = n - 1
+        if i >= len(names) or doc.name != names[i] or doc.size != sizes[i]:
+            raise DataError(f"the input changed while it was prepared (document {doc.name!r}); nothing was "
+                            f"written: run again on data that is not being modified")
+        yield i, doc
+    if n != len(names):
+        raise DataError(f"the input changed while it was prepared ({n} documents, earlier {len(names)}); "
+                        f"nothing was written")
+
+
+def _write_splits(tok: Tokenizer, docs: Iterator[tuple[int, Document]], is_val: bytearray,
+                  shards: dict, notes: dict, progress=None) -> None:
+    """Encode every document into its split's shard, many segments at a time
+    (:meth:`Tokenizer.encode_bytes_batch`), in document order."""
     mode = tok.segment_mode
-    h, total, entries = hashlib.sha256(), 0, []
-    eot = np.array([tok.eot_id], dtype=dtype).tobytes()
-    with open(path, "wb") as f:
-        for doc in docs:
-            f.write(eot)
-            h.update(eot)
-            n, cuts = 0, []
-            for seg in doc.segments(mode, cuts):
-                if tok.kind == "bpe" and mode == "safe":
-                    count, longest = long_chunks(seg)
-                    if count:
-                        notes["long_chunks"] = notes.get("long_chunks", 0) + count
-                        notes["longest"] = max(notes.get("longest", 0), longest)
-                        notes.setdefault("long_doc", doc.name)
-                arr = np.asarray(tok.encode_bytes(seg), dtype=dtype)
-                raw = arr.tobytes()
-                f.write(raw)
-                h.update(raw)
-                n += len(arr)
-            if cuts:
-                notes["hard_cuts"] = notes.get("hard_cuts", 0) + len(cuts)
-                notes.setdefault("hard_doc", doc.name)
-            entries.append({"name": doc.name, "bytes": doc.size, "tokens": n})
-            total += n + 1
-    return {"file": path.name, "documents": entries, "bytes": sum(d.size for d in docs), "tokens": total,
-            "sha256": h.hexdigest()}
+    pending: list = []  # (shard, document or None when not its first segment, segment bytes)
+    size = 0
+
+    def flush():
+        nonlocal size
+        for (shard, first, _), ids in zip(pending, tok.encode_bytes_batch([p[2] for p in pending])):
+            if first is not None:
+                shard.start(first)
+            shard.add(ids)
+        if progress is not None:
+            progress.update(size)
+        pending.clear()
+        size = 0
+
+    for i, doc in docs:
+        shard = shards["val" if is_val[i] else "train"]
+        cuts: list = []
+        first: Optional[Document] = doc
+        for seg in doc.segments(mode, cuts):
+            if tok.kind == "bpe" and mode == "safe":
+                count, longest = long_chunks(seg)
+                if count:
+                    notes["long_chunks"] = notes.get("long_chunks", 0) + count
+                    notes["longest"] = max(notes.get("longest", 0), longest)
+                    notes.setdefault("long_doc", doc.name)
+            pending.append((shard, first, seg))
+            first, size = None, size + len(seg)
+            if size >= ENCODE_BATCH_BYTES:
+                flush()
+        if first is not None:  # an empty document: its EOT still marks it
+            pending.append((shard, first, b""))
+        if cuts:
+            notes["hard_cuts"] = notes.get("hard_cuts", 0) + len(cuts)
+            notes.setdefault("hard_doc", doc.name)
+    flush()
+
+
+def _write_manifest(path: Path, manifest: dict) -> None:
+    """``manifest`` as JSON (indent 1), each split's documents written one line each from their
+    :class:`DocumentTable` rather than built as one string."""
+    marks = {split: f"\u0000documents:{split}" for split in manifest["splits"]}
+    skeleton = {**manifest, "splits": {s: {**info, "documents": marks[s]}
+                                       for s, info in manifest["splits"].items()}}
+    text = json.dumps(skeleton, indent=1)
+    with open(path, "w", encoding="utf-8") as f:
+        for split, info in manifest["splits"].items():
+            head, text = text.split(json.dumps(marks[split]), 1)
+            f.write(head + "[")
+            for j, d in enumerate(info["documents"]):
+                f.write(("," if j else "") + "\n    " + json.dumps(d))
+            f.write("\n   ]")
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _note_lines(notes: dict) -> list[str]:
@@ -429,23 +618,61 @@ def _check_replaceable(out_dir: Path) -> None:
                         f"move them away or choose another --out")
 
 
-def prepare(source: str | Path, out_dir: str | Path, tokenizer: str = "bpe", vocab_size: int = 4096,
-            val_docs: Optional[Sequence[str]] = None, val_fraction: float = 0.1, overwrite: bool = False,
-            tokenizer_file: Optional[str | Path] = None, allow_special: bool = False) -> dict:
-    """Tokenise the documents at ``source`` into ``out_dir`` (see module docstring); returns the manifest
-    (its ``notes``: lines for the user, e.g. long chunks that were cut).
-    ``tokenizer_file``: use this existing ``tokenizer.json`` (e.g. an imported run's) instead of training one.
-    ``allow_special``: read FIFOs / devices given as (or inside) ``source``.
+def expand_inputs(patterns: Sequence[str | Path]) -> list[Path]:
+    """The input paths ``patterns`` name: each as it is when it exists, else its ``glob`` matches in
+    sorted order (``--data 'shards/*.parquet'`` quoted, so the shell did not expand it). Raises
+    DataError for a pattern that matches nothing."""
+    out: list[Path] = []
+    for pat in map(str, patterns):
+        if os.path.lexists(pat) or not glob.has_magic(pat):
+            out.append(Path(pat))
+            continue
+        found = sorted(glob.glob(pat))
+        if not found:
+            raise DataError(f"--data {pat!r} matches no file")
+        out += map(Path, found)
+    return out
+
+
+def _bar(progress: bool, total: Optional[int], desc: str):
+    """A tqdm bar over bytes (MB/s shown) when ``progress``, else None."""
+    if not progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1000, file=sys.stderr,
+                leave=False, mininterval=0.5, dynamic_ncols=True)
+
+
+def prepare(source: str | Path | Sequence[str | Path], out_dir: str | Path, tokenizer: str = "bpe",
+            vocab_size: int = 4096, val_docs: Optional[Sequence[str]] = None, val_fraction: float = 0.1,
+            overwrite: bool = False, tokenizer_file: Optional[str | Path] = None, allow_special: bool = False,
+            text_field: str = "text", progress: bool = False) -> dict:
+    """Tokenise the documents at ``source`` (one path or several: see :class:`Corpus`) into ``out_dir``
+    (see module docstring); returns the manifest (its ``notes``: lines for the user, e.g. long chunks
+    that were cut; ``stats``, not written to the file: ``bytes`` of text and ``seconds`` per pass,
+    ``scan``, ``tokenizer`` (BPE training), ``encode``).
+
+    Three streaming passes: every document's name, size and split hash (:func:`assign_splits`); BPE
+    training on the training documents (only when a tokenizer is trained); encoding into both shards.
+    ``val_docs``: hold out these documents by name; else by hash, about ``val_fraction`` of them.
+    ``tokenizer_file``: use this existing ``tokenizer.json`` (e.g. an imported run's) instead of
+    training one. ``allow_special``: read FIFOs / devices given as (or inside) ``source``.
+    ``text_field``: the text of a JSON / parquet / ``datasets`` record. ``progress``: tqdm bars (MB/s)
+    on stderr.
 
     Raises DataError for bad input, an existing non-empty ``out_dir`` without ``overwrite`` (with it, one
     that is not a prepared data folder), or an ``out_dir`` that holds ``source``; LockError when another
     process prepares into ``out_dir``; PrepareInterrupted on Ctrl-C. Then ``out_dir`` is as it was.
     """
+    sources = [Path(source)] if isinstance(source, (str, Path)) else [Path(p) for p in source]
     out_dir = Path(os.path.abspath(out_dir))
-    src, real_out = Path(os.path.realpath(source)), Path(os.path.realpath(out_dir))  # realpath: no error on loops
-    if real_out == src or real_out in src.parents:
-        raise DataError(f"--out {str(out_dir)!r} holds the input documents {str(source)!r}; write the prepared "
-                        f"data to another folder")
+    real_out = Path(os.path.realpath(out_dir))  # realpath: no error on loops
+    for src in sources:
+        real = Path(os.path.realpath(src))
+        if real_out == real or real_out in real.parents:
+            raise DataError(f"--out {str(out_dir)!r} holds the input documents {str(src)!r}; write the prepared "
+                            f"data to another folder")
     if out_dir.exists() and not out_dir.is_dir():
         raise DataError(f"--out {str(out_dir)!r} is a file, not a folder; choose a folder path")
     if out_dir.is_symlink():
@@ -455,6 +682,7 @@ def prepare(source: str | Path, out_dir: str | Path, tokenizer: str = "bpe", voc
     if lock.note:  # a stale lock of a killed prepare was taken over
         print(lock.note, file=sys.stderr)
     tmp = spool = None
+    shards: dict = {}
     try:
         if out_dir.exists() and any(out_dir.iterdir()):
             if not overwrite:
@@ -466,44 +694,68 @@ def prepare(source: str | Path, out_dir: str | Path, tokenizer: str = "bpe", voc
             _check_replaceable(out_dir)
         if allow_special:
             spool = make_temp_dir(out_dir, "input")
-        docs = scan_documents(source, allow_special, spool)
-        train, val = split_documents(docs, val_docs, val_fraction, str(source))
-        tok = _make_tokenizer(train, tokenizer, vocab_size, tokenizer_file)
+        where = str(sources[0]) if len(sources) == 1 else f"{len(sources)} inputs ({sources[0]} ...)"
+        seconds: dict = {}
+        t0 = time.perf_counter()
+        corpus = Corpus(sources, text_field, allow_special, spool)
+        bar = _bar(progress, None, "scan")
+        names, sizes, keys = scan_corpus(corpus, bar)
+        bar is not None and bar.close()
+        is_val, split_notes = assign_splits(names, keys, val_docs, val_fraction, where)
+        del keys
+        seconds["scan"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        total = sum(sizes)
+        train_bytes = sum(n for n, v in zip(sizes, is_val) if not v)
+        bar = _bar(progress and tokenizer_file is None and tokenizer == "bpe", train_bytes, "train BPE")
+        train_docs = (d for i, d in _same_documents(corpus, names, sizes) if not is_val[i])
+        tok = _make_tokenizer(train_docs, tokenizer, vocab_size, tokenizer_file, bar)
+        bar is not None and bar.close()
+        seconds["tokenizer"] = time.perf_counter() - t0
         dtype = np.uint16 if tok.vocab_size <= 2 ** 16 else np.uint32
         tmp = make_temp_dir(out_dir, "partial")
         if tokenizer_file is not None and Path(tokenizer_file).is_file():
             shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")  # byte for byte: runs and data compare equal
         else:
             tok.save(tmp / "tokenizer.json")
+        real_src = [str(Path(os.path.realpath(p))) for p in sources]
         manifest = {
             "version": MANIFEST_VERSION,
-            "source": str(src),
+            "source": real_src[0] if len(real_src) == 1 else real_src,
             "tokenizer": {"type": tok.kind, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id,
                           "file": "tokenizer.json", "sha256": sha256_file(tmp / "tokenizer.json")},
             "dtype": np.dtype(dtype).name,
             "splits": {},
         }
+        t0 = time.perf_counter()
         notes: dict = {}
-        for split, split_docs in (("train", train), ("val", val)):
-            manifest["splits"][split] = _write_split(tok, split_docs, tmp / f"{split}.bin", dtype, notes)
-        manifest["notes"] = _note_lines(notes)
-        atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=1))
+        shards = {split: _Shard(tmp / f"{split}.bin", dtype, tok.eot_id) for split in ("train", "val")}
+        bar = _bar(progress, total, "tokenise")
+        _write_splits(tok, _same_documents(corpus, names, sizes), is_val, shards, notes, bar)
+        bar is not None and bar.close()
+        manifest["splits"] = {split: shard.info() for split, shard in shards.items()}
+        manifest["notes"] = split_notes + _note_lines(notes)
+        _write_manifest(tmp / "manifest.json", manifest)
         fsync_tree(tmp)
+        seconds["encode"] = time.perf_counter() - t0
         _swap_into_place(tmp, out_dir)
         tmp = None
-        return manifest
+        return {**manifest, "stats": {"bytes": total, "seconds": seconds}}
     except KeyboardInterrupt:
         state = "left as it was" if out_dir.exists() else "not created"
         raise PrepareInterrupted(f"interrupted: {str(out_dir)!r} {state} (its previous complete state); "
                                  f"nothing half-written kept") from None
     finally:
+        for shard in shards.values():
+            shard.f.close()
         for folder in (tmp, spool):
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
         lock.release()
 
 
-def _make_tokenizer(train: list, tokenizer: str, vocab_size: int, tokenizer_file) -> Tokenizer:
+def _make_tokenizer(train: Iterator[Document], tokenizer: str, vocab_size: int, tokenizer_file,
+                    progress=None) -> Tokenizer:
     if tokenizer_file is not None:
         path = Path(tokenizer_file)
         if path.is_dir():  # an HF model folder: tokenizer.json, or GPT-2-style vocab.json + merges.txt
@@ -519,8 +771,14 @@ def _make_tokenizer(train: list, tokenizer: str, vocab_size: int, tokenizer_file
     if tokenizer == "bytes":
         return Tokenizer.bytes_tokenizer()
     if tokenizer == "bpe":  # trained from a stream of segments: the HF trainer keeps word counts only
-        texts = (seg.decode("utf-8", errors="replace") for d in train for seg in d.segments("safe"))
-        return Tokenizer.train_bpe(texts, vocab_size)
+        def texts():
+            for d in train:
+                for seg in d.segments("safe"):
+                    if progress is not None:
+                        progress.update(len(seg))
+                    yield seg.decode("utf-8", errors="replace")
+
+        return Tokenizer.train_bpe(texts(), vocab_size)
     raise DataError(f"tokenizer={tokenizer!r} is not valid; choose 'bpe' or 'bytes'")
 
 

@@ -28,6 +28,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
+import numpy as np
+
 EOT = "<|endoftext|>"
 MAX_CHUNK_BYTES = 256  # longest pre-tokenisation chunk lmlab's BPE sees; longer ones are cut into pieces
 
@@ -251,6 +253,35 @@ class Tokenizer:
             elif part:
                 ids.extend(self.hf.encode(part).ids)
         return ids
+
+    def encode_bytes_batch(self, pieces: Sequence[bytes], dtype=np.int64) -> list[np.ndarray]:
+        """:meth:`encode_bytes` of each of ``pieces`` (a list of (n_i,) arrays of ``dtype``), the text in
+        one call of HF ``tokenizers``' batch encoder (``encode_batch_fast``: all cores, no offsets
+        kept). Equal to encoding each piece alone."""
+        if self.kind == "bytes":
+            return [np.frombuffer(p, dtype=np.uint8).astype(dtype) for p in pieces]
+        texts: list[str] = []
+        plans: list[list] = []  # per piece: an int (index into texts) or a list of byte-token ids, in order
+        for p in pieces:
+            if self.kind == "hf":
+                parts = [p.decode("utf-8", errors="replace")]
+            else:
+                parts = _SURROGATES.split(p.decode("utf-8", errors="surrogateescape"))
+            plan = []
+            for i, part in enumerate(parts):
+                if i % 2:
+                    plan.append([self._byte_ids[ord(c) - 0xDC00] for c in part])
+                elif part:
+                    plan.append(len(texts))
+                    texts.append(part)
+            plans.append(plan)
+        encode = getattr(self.hf, "encode_batch_fast", self.hf.encode_batch)
+        encoded = encode(texts, add_special_tokens=self.kind != "hf") if texts else []
+        out = []
+        for plan in plans:
+            arrays = [np.asarray(encoded[x].ids if isinstance(x, int) else x, dtype=dtype) for x in plan]
+            out.append(np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype))
+        return out
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         if self.kind == "bytes":
