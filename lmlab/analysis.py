@@ -140,12 +140,14 @@ INSTANTIATE_MAX_LAYERS = 512  # analyze builds the model on the meta device only
 
 def layer_windows(cfg: ModelConfig) -> list[tuple[Optional[int], int]]:
     """(window or None for full attention, number of layers) per kind of layer, from one period of
-    ``layer_pattern`` (its length divides n_layers): O(pattern length), not O(n_layers)."""
+    ``layer_pattern`` (repeated over n_layers, the last repeat possibly cut short): O(pattern length),
+    not O(n_layers)."""
     period = len(cfg.layer_pattern) if cfg.layer_pattern else 1
+    full, rest = divmod(cfg.n_layers, period)
     counts: dict = {}
-    for i in range(period):
+    for i in range(min(period, cfg.n_layers)):
         w = cfg.layer_window(i)
-        counts[w] = counts.get(w, 0) + cfg.n_layers // period
+        counts[w] = counts.get(w, 0) + full + (i < rest)
     return list(counts.items())
 
 
@@ -447,7 +449,11 @@ def _windows(cfg: ModelConfig) -> str:
         return "-"
     if cfg.layer_pattern is None or "G" not in cfg.layer_pattern:
         return f"all {cfg.sliding_window}"
-    return f"{cfg.layer_pattern} {cfg.sliding_window}"
+    p = cfg.layer_pattern
+    full, rest = divmod(cfg.n_layers, len(p))
+    if not rest:
+        return f"{p} {cfg.sliding_window}"
+    return f"{p} {cfg.sliding_window} ({cfg.n_layers} layers: {full} x {p} + {p[:rest]})"
 
 
 def _stability(cfg: ModelConfig) -> str:

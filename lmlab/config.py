@@ -165,7 +165,9 @@ class ModelConfig:
     attn_logit_softcap: Optional[float] = None  # cap * tanh(s / cap) on attention logits (Gemma 2)
     query_pre_attn_scalar: Optional[float] = None  # scale = query_pre_attn_scalar**-0.5 (Gemma 2)
     sliding_window: Optional[int] = None  # tokens visible, counting the current one (Mistral / HF)
-    layer_pattern: Optional[str] = None  # per-layer 'L' (local, windowed) / 'G' (global), tiled
+    layer_pattern: Optional[str] = None  # per-layer 'L' (local, windowed) / 'G' (global), repeated over
+    # the depth and free to end mid-pattern (Gemma 3 1B: 'LLLLLG' over 26 layers ends 'LL'); a string of
+    # n_layers letters spells every layer out
 
     # --- output ------------------------------------------------------------------------------
     tie_embeddings: bool = True
@@ -274,11 +276,6 @@ class ModelConfig:
             if not isinstance(self.layer_pattern, str) or not self.layer_pattern or set(self.layer_pattern) - {"L", "G"}:
                 raise ConfigError(
                     f"layer_pattern={self.layer_pattern!r} must be a non-empty string of 'L' (local) and 'G' (global)"
-                )
-            if self.n_layers % len(self.layer_pattern):
-                raise ConfigError(
-                    f"layer_pattern={self.layer_pattern!r} (length {len(self.layer_pattern)}) does not tile "
-                    f"n_layers={self.n_layers}; its length must divide n_layers"
                 )
             if "L" in self.layer_pattern and self.sliding_window is None:
                 raise ConfigError(f"layer_pattern={self.layer_pattern!r} has local layers but sliding_window is not set")

@@ -373,10 +373,43 @@ _add("gemma-3-12b", "Gemma 3",
      "sandwich norms",
      _real, _tiny(_real, n_layers=6), published_params=11.771e9,
      params_source="Gemma Team 2025 (Gemma 3), Table 1 (1,012M embedding + 10,759M non-embedding)",
-     notes="Gemma 3 4B "
-           "and 27B (34 and 62 layers) cannot be written: their 6-layer pattern does not tile the depth and "
-           "ModelConfig requires len(layer_pattern) to divide n_layers. Text model only (the 417M SigLIP "
-           "encoder is not counted).")
+     notes="Text model only (the 417M SigLIP encoder is not counted).")
+
+# Gemma 3 at 1B, 4B and 27B: 26, 34 and 62 layers, so the 6-layer pattern ends mid-pattern (HF's
+# layer_types: layer i is full when (i + 1) % 6 == 0). The tiny scale has one period (6 layers, as
+# gemma-3-12b's); tests/test_hf_parity.py checks a depth that ends mid-pattern against HF.
+_GEMMA3_SRC = ("Gemma Team 2025, 'Gemma 3 Technical Report', Table 1, https://arxiv.org/abs/2503.19786; "
+               "https://huggingface.co/google/gemma-3-{size}-pt/blob/main/config.json")
+_GEMMA3_COUNT = ("keras-hub gemma3 presets, text-only checkpoint parameter count{rows}; the report's "
+                 "Table 1 rounds to {report}")
+_ROWS = " (262,144 embedding rows; the HF config's 262,208 add 64 x d_model, which lmlab counts)"
+_real = dict(_GEMMA_STYLE, vocab_size=262144, context_length=32768, d_model=1152, n_layers=26, n_heads=4,
+             n_kv_heads=1, head_dim=256, d_ff=6912, norm_position="sandwich", rope_theta=1000000.0,
+             rope_local_theta=10000.0, qk_norm="gemma_rmsnorm", query_pre_attn_scalar=256.0,
+             sliding_window=512, layer_pattern="LLLLLG")
+_add("gemma-3-1b", "Gemma 3", _GEMMA3_SRC.format(size="1b"),
+     "5 local (window 512) : 1 global layers over 26 layers (ends mid-pattern: ...LL), MQA, no RoPE "
+     "scaling at 32k context",
+     _real, _tiny(_real, n_layers=6), published_params=999_885_952,
+     params_source=_GEMMA3_COUNT.format(rows="", report="302M embedding + 698M non-embedding"),
+     notes="Text only, as released.")
+_real = dict(_real, vocab_size=262208, context_length=131072, d_model=2560, n_layers=34, n_heads=8,
+             n_kv_heads=4, head_dim=256, d_ff=10240, sliding_window=1024,
+             rope_scaling={"type": "linear", "factor": 8.0})
+_add("gemma-3-4b", "Gemma 3", _GEMMA3_SRC.format(size="4b"),
+     "5 local (window 1024) : 1 global layers over 34 layers (ends mid-pattern: ...LLLL), GQA 8:4, "
+     "global RoPE 1M linear x8",
+     _real, _tiny(_real, n_layers=6), published_params=3_880_099_328,
+     params_source=_GEMMA3_COUNT.format(rows=_ROWS, report="675M embedding + 3,209M non-embedding"),
+     notes="Text model only (the 417M SigLIP encoder is not counted).")
+_real = dict(_real, d_model=5376, n_layers=62, n_heads=32, n_kv_heads=16, head_dim=128, d_ff=21504,
+             query_pre_attn_scalar=168.0)
+_add("gemma-3-27b", "Gemma 3", _GEMMA3_SRC.format(size="27b"),
+     "5 local (window 1024) : 1 global layers over 62 layers (ends mid-pattern: ...LL), GQA 32:16, "
+     "head_dim 128 with queries scaled by 168^-0.5 (= (d_model / n_heads)^-0.5; tiny: head_dim 32, 42)",
+     _real, _tiny(_real, n_layers=6, head_dim=32, query_pre_attn_scalar=42.0), published_params=27_009_002_240,
+     params_source=_GEMMA3_COUNT.format(rows=_ROWS, report="1,416M embedding + 25,600M non-embedding"),
+     notes="Text model only (the 417M SigLIP encoder is not counted).")
 
 # --- OLMo ----------------------------------------------------------------------------------------
 _real = dict(_LLAMA_STYLE, vocab_size=50304, context_length=2048, d_model=4096, n_layers=32, n_heads=32,

@@ -13,7 +13,7 @@ from lmlab.config import ConfigError, ModelConfig, apply_overrides, load_mapping
     (dict(activation="swish"), "activation='swish' is not valid"),
     (dict(sliding_window=0), "sliding_window=0 must be an integer >= 1"),
     (dict(rope_fraction=0.3, d_model=64, n_heads=4), "rope_fraction=0.3 of head_dim=16 rotates 5 dims"),
-    (dict(layer_pattern="LLG", n_layers=4, sliding_window=8), "layer_pattern='LLG' (length 3) does not tile n_layers=4"),
+    (dict(layer_pattern="LLX", n_layers=4, sliding_window=8), "must be a non-empty string of 'L' (local) and 'G'"),
     (dict(layer_pattern="LG"), "has local layers but sliding_window is not set"),
     (dict(attn_dropout=1.0), "attn_dropout=1.0 must be in [0, 1)"),
     (dict(norm_bias=True), "norm_bias=True needs norm_type='layernorm'"),
@@ -49,3 +49,10 @@ def test_unknown_keys_and_overrides(tmp_path):
         load_mapping(tmp_path / "bad.yaml")
     with pytest.raises(ConfigError, match="does not exist"):
         load_mapping(tmp_path / "missing.yaml")
+
+
+def test_layer_pattern_repeats_and_may_end_mid_pattern():
+    """Gemma 3 1B: 'LLLLLG' over 26 layers; layer i is local unless (i + 1) % 6 == 0 (HF's rule)."""
+    cfg = ModelConfig(n_layers=26, sliding_window=8, layer_pattern="LLLLLG")
+    assert [cfg.layer_window(i) for i in range(26)] == [None if (i + 1) % 6 == 0 else 8 for i in range(26)]
+    assert ModelConfig(n_layers=2, sliding_window=8, layer_pattern="GLL").layer_window(1) == 8

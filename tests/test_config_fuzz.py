@@ -141,6 +141,11 @@ def test_analyze_windowed_pattern_counts_each_kind(tmp_path, capsys):
     assert main(["analyze", "--config", str(cfg), "--json"]) == 0
     kinds = json.loads(capsys.readouterr().out)["intensity"]["kinds"]
     assert kinds["local"]["layers"] == 2_000_000 and kinds["global"]["layers"] == 1_000_000
+    # one layer more ends mid-pattern ('L'): counted without walking the layers
+    cfg.write_text(cfg.read_text().replace("3000000", "3000001"))
+    assert main(["analyze", "--config", str(cfg), "--json"]) == 0
+    kinds = json.loads(capsys.readouterr().out)["intensity"]["kinds"]
+    assert kinds["local"]["layers"] == 2_000_001 and kinds["global"]["layers"] == 1_000_000
 
 
 def test_analyze_refuses_sizes_past_the_limit(tmp_path, capsys):

@@ -302,6 +302,7 @@ def test_hf_tokenizer_of_another_kind(tmp_path):
 
 PRESET_FAMILIES = {"llama-2-7b": "llama", "llama-3-8b": "llama", "mistral-7b": "mistral", "qwen2-7b": "qwen2",
                    "qwen3-8b": "qwen3", "gemma-2b": "gemma", "gemma-2-9b": "gemma2", "gemma-3-12b": "gemma3_text",
+                   "gemma-3-1b": "gemma3_text", "gemma-3-4b": "gemma3_text", "gemma-3-27b": "gemma3_text",
                    "olmo-7b": "olmo", "olmo-2-7b": "olmo2", "command-r7b": "cohere2"}
 
 
@@ -407,3 +408,36 @@ def test_llama_attention_bias_without_mlp_bias(tmp_path):
     hfio.export_hf(tmp_path / "run", tmp_path / "exp")
     exported = json.loads((tmp_path / "exp" / "config.json").read_text())
     assert exported["attention_bias"] is True and exported["mlp_bias"] is False
+
+
+def test_layer_pattern_that_ends_mid_pattern(tmp_path):
+    """Gemma 3 1B/4B/27B (26, 34, 62 layers) end mid-pattern. The presets put local and global layers
+    exactly where HF's default ``layer_types`` does; a 5-layer Gemma 3 (S S F S S) imports as 'LLG'
+    cut at the depth, with the same logits and greedy tokens, and exports the same layer_types."""
+    from lmlab.presets import preset_config
+
+    for preset, n in (("gemma-3-1b", 26), ("gemma-3-4b", 34), ("gemma-3-27b", 62)):
+        cfg = preset_config(preset, "real")
+        hf_types = transformers.Gemma3TextConfig(num_hidden_layers=n).layer_types
+        assert cfg.n_layers == n and len(hf_types) == n and hf_types[-1] == "sliding_attention"
+        assert [cfg.layer_is_local(i) for i in range(n)] == [t == "sliding_attention" for t in hf_types]
+    types = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]
+    cls, over, _ = CASES["gemma3_text"]
+    hf_cfg = getattr(transformers, cls)(**{**BASE, **over, "num_hidden_layers": 5, "layer_types": types,
+                                           "eos_token_id": None})  # min_new_tokens would mask token 2
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="eager").eval()
+    ref.save_pretrained(tmp_path / "hf")
+    hfio.import_hf(tmp_path / "hf", tmp_path / "run")
+    model, cfg, _, _ = hfio.load_run_model(tmp_path / "run")
+    assert cfg.layer_pattern == "LLG" and cfg.n_layers == 5
+    x = torch.randint(3, V, (2, T), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert float((model(x) - hf_logits(ref, x)).abs().max()) <= TOL
+    prompt = x[0, :8]
+    with torch.no_grad():
+        out = ref.generate(prompt[None], attention_mask=torch.ones_like(prompt[None]), do_sample=False,
+                           max_new_tokens=32, min_new_tokens=32, pad_token_id=0)
+    assert list(generate(model, prompt.tolist(), 32, temperature=0.0)) == out[0, 8:].tolist()
+    hfio.export_hf(tmp_path / "run", tmp_path / "exp")
+    assert json.loads((tmp_path / "exp" / "config.json").read_text())["layer_types"] == types

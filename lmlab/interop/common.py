@@ -201,7 +201,8 @@ def rope_to_hf(theta: float, scaling: Optional[dict], rot_dim: int) -> dict:
 
 def pattern_from_types(types: Sequence[str], family: str) -> Optional[str]:
     """HF ``layer_types`` ('sliding_attention' / 'full_attention' per layer) -> the shortest lmlab
-    ``layer_pattern`` that tiles them, or None when every layer is full."""
+    ``layer_pattern`` whose repetition (cut at the depth) gives them, or None when every layer is full.
+    Gemma 3 1B's 26 layers (5 sliding : 1 full) give 'LLLLLG'."""
     letters = []
     for i, t in enumerate(types):
         if t == "sliding_attention":
@@ -214,7 +215,7 @@ def pattern_from_types(types: Sequence[str], family: str) -> Optional[str]:
         return None
     n = len(letters)
     for period in range(1, n + 1):
-        if n % period == 0 and letters == letters[:period] * (n // period):
+        if all(letters[i] == letters[i % period] for i in range(period, n)):
             return "".join(letters[:period])
     return "".join(letters)
 
