@@ -429,8 +429,8 @@ def cmd_import(args) -> int:
     info = import_hf(args.path, args.out, dtype=args.dtype)
     print(f"imported {info['model_type']} ({info['params']:,} parameters, {info['dtype']}) into {info['run']}"
           + ("" if info["tokenizer"] else "; the HF folder has no tokenizer.json, so the run has no tokenizer"))
-    for note in info["notes"]:  # accepted config.json fields that transformers never reads
-        print(f"note: config.json {note}")
+    for note in info["notes"]:  # the conversion from Meta's layout; accepted config.json fields HF never reads
+        print(f"note: {note}")
     return 0
 
 

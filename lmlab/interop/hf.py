@@ -1,6 +1,7 @@
 """Import Hugging Face checkpoints into lmlab run folders, and export runs back.
 
-- :func:`import_hf` reads an HF model folder (``config.json`` plus ``model.safetensors``, a sharded
+- :func:`import_hf` reads an HF model folder (or Meta's original Llama layout, :mod:`lmlab.interop.meta`)
+  (``config.json`` plus ``model.safetensors``, a sharded
   ``model.safetensors.index.json``, or ``pytorch_model.bin`` / its index, the latter only through
   ``torch.load(weights_only=True)``), picks the family by ``model_type`` (:mod:`lmlab.interop.registry`),
   maps config and tensors, loads them strictly into :class:`lmlab.model.TransformerLM` and writes a run
@@ -174,17 +175,30 @@ def resolve_dtype(dtype: str, source: torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def hf_to_lmlab(path: str | Path, dtype: str = "fp32"):
-    """(model (eval mode), ModelConfig, Family, HF config) from HF model folder ``path``. The model's
-    parameters are fp32 or bf16 (``dtype``: 'fp32', 'bf16', or 'auto': bf16 when the checkpoint stores
-    every floating tensor in bf16, else fp32; see :func:`stored_dtype`)."""
+def _read_folder(path: Path) -> tuple[dict, StateDict, list[str]]:
+    """(HF config, HF state dict, notes) of an HF model folder, or of a Meta checkpoint folder
+    (``params.json`` + ``consolidated.NN.pth``, converted to the HF Llama form by
+    :func:`lmlab.interop.meta.read_meta`)."""
+    from lmlab.interop.meta import is_meta_folder, read_meta
+
+    if path.is_dir() and not (path / "config.json").is_file() and is_meta_folder(path):
+        return read_meta(path)
+    return read_hf_config(path), read_hf_state(path), []
+
+
+def hf_to_lmlab(path: str | Path, dtype: str = "fp32", notes: Optional[list] = None):
+    """(model (eval mode), ModelConfig, Family, HF config) from HF model folder ``path`` (or a Meta
+    checkpoint folder, see :func:`_read_folder`; its conversion notes are appended to ``notes``). The
+    model's parameters are fp32 or bf16 (``dtype``: 'fp32', 'bf16', or 'auto': bf16 when the checkpoint
+    stores every floating tensor in bf16, else fp32; see :func:`stored_dtype`)."""
     from lmlab.model import TransformerLM
 
     resolve_dtype(dtype, torch.float32)  # the name checked before anything is read
-    hf = read_hf_config(path)
+    hf, hf_state, extra = _read_folder(Path(path))
+    if notes is not None:
+        notes.extend(extra)
     family = get_family(hf["model_type"])
     cfg = family.config_to_lmlab(dict(hf))
-    hf_state = read_hf_state(path)
     target = resolve_dtype(dtype, stored_dtype(t.dtype for t in hf_state.values()))
     state = family.state_to_lmlab(hf_state, cfg, hf)
     model = TransformerLM(cfg)
@@ -210,8 +224,9 @@ def import_hf(path: str | Path, out_run_dir: str | Path, dtype: str = "auto") ->
     evaluation; the dtype is that of the stored weights (a bf16 checkpoint is half the size).
 
     Returns a summary: model_type, parameter count, whether a tokenizer was copied, checkpoint folder, and
-    ``notes``: the config.json fields transformers never reads that were accepted as describing this
-    model anyway (``common.Unread``; e.g. Qwen2.5's ``use_mrope: false``), one line each.
+    ``notes``, one line each: what a conversion from Meta's layout did, and the config.json fields
+    transformers never reads that were accepted as describing this model anyway (``common.Unread``;
+    e.g. Qwen2.5's ``use_mrope: false``).
     Raises UnsupportedError (a config or tensor lmlab cannot represent), HFFormatError (an unreadable
     folder, or ``out_run_dir`` exists). Nothing is written unless the import succeeds."""
     from lmlab.checkpoint import RUN_FILE, save_checkpoint
@@ -219,7 +234,8 @@ def import_hf(path: str | Path, out_run_dir: str | Path, dtype: str = "auto") ->
 
     path, out = Path(path), Path(out_run_dir)
     _refuse_existing(out, "run folder")
-    model, cfg, family, hf = hf_to_lmlab(path, dtype)
+    conversion: list[str] = []
+    model, cfg, family, hf = hf_to_lmlab(path, dtype, conversion)
     stored = DTYPE_NAMES[next(model.parameters()).dtype]
     from lmlab.fsutil import make_temp_dir
 
@@ -252,7 +268,8 @@ def import_hf(path: str | Path, out_run_dir: str | Path, dtype: str = "auto") ->
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    notes = family.unread_notes(hf) if family.unread_notes is not None else []
+    unread = family.unread_notes(hf) if family.unread_notes is not None else []
+    notes = conversion + [f"config.json {n}" for n in unread]
     return {"model_type": family.model_type, "params": model.num_params(), "tokenizer": tokenizer,
             "run": str(out), "checkpoint": str(out / "checkpoints" / "step_0000000"), "notes": notes,
             "dtype": stored}
