@@ -83,9 +83,27 @@ def _norm_params(cfg: ModelConfig, width: int) -> int:
     return width * (2 if cfg.norm_bias else 1)
 
 
-def layer_params(cfg: ModelConfig) -> dict:
-    """Parameters of one block: attention (projections and QK-norm), MLP, norms; ``matmul`` = the
-    weight matrices a token is multiplied by (no biases or norm weights)."""
+def _ffn_params(cfg: ModelConfig, width: int) -> tuple[int, int]:
+    """(parameters, matmul weights) of one FeedForward of hidden ``width``."""
+    gate = 2 if cfg.activation in GATED_ACTIVATIONS else 1
+    mm = gate * cfg.d_model * width + width * cfg.d_model
+    return mm + ((gate * width + cfg.d_model) if cfg.bias in ("all", "mlp") else 0), mm
+
+
+def moe_layer_count(cfg: ModelConfig) -> int:
+    """Layers with a mixture-of-experts FFN (:meth:`ModelConfig.layer_is_moe`), in O(pattern length)."""
+    if not cfg.n_experts:
+        return 0
+    p = cfg.moe_pattern
+    full, rest = divmod(max(0, cfg.n_layers - cfg.moe_first_dense), len(p))
+    return full * p.count("M") + p[:rest].count("M")
+
+
+def layer_params(cfg: ModelConfig, moe: bool = False) -> dict:
+    """Parameters of one block (a mixture-of-experts one with ``moe``): attention (projections and
+    QK-norm), MLP (a MoE's: router + every expert + the shared experts), norms; ``matmul`` = the weight
+    matrices a token is multiplied by (no biases or norm weights; a MoE's router, its k experts and the
+    shared ones); ``active`` = the parameters a token uses (``total`` for a dense block)."""
     d, H, K, D, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
     qkv_out = (H + 2 * K) * D
     attn_mm = d * qkv_out + H * D * d
@@ -98,41 +116,58 @@ def layer_params(cfg: ModelConfig) -> dict:
         qk_norm = 2 * D
     else:  # 'all' (across heads) or 'head_untied' (per head): n_heads*D + n_kv_heads*D
         qk_norm = (H + K) * D
-    gate = 2 if cfg.activation in GATED_ACTIVATIONS else 1
-    mlp_mm = gate * d * F + F * d
-    mlp_bias = (gate * F + d) if cfg.bias in ("all", "mlp") else 0
+    mlp, mlp_mm = _ffn_params(cfg, F)
+    mlp_active = mlp
+    if moe:
+        width = cfg.expert_d_ff or F
+        expert, expert_mm = _ffn_params(cfg, width)
+        shared, shared_mm = _ffn_params(cfg, width * cfg.n_shared_experts) if cfg.n_shared_experts else (0, 0)
+        router = d * cfg.n_experts
+        mlp = router + cfg.n_experts * expert + shared
+        mlp_active = router + cfg.experts_per_token * expert + shared
+        mlp_mm = router + cfg.experts_per_token * expert_mm + shared_mm
     n_norms = 1 + (0 if (cfg.parallel_block and cfg.parallel_shared_norm) else 1)
     if cfg.norm_position == "sandwich":
         n_norms += 2
     norms = n_norms * _norm_params(cfg, d)
     attention = attn_mm + attn_bias + qk_norm
-    mlp = mlp_mm + mlp_bias
     return {"attention": attention, "mlp": mlp, "norms": norms, "total": attention + mlp + norms,
-            "matmul": attn_mm + mlp_mm, "attention_matmul": attn_mm, "mlp_matmul": mlp_mm}
+            "matmul": attn_mm + mlp_mm, "attention_matmul": attn_mm, "mlp_matmul": mlp_mm,
+            "active": attention + mlp_active + norms}
 
 
 def param_counts(cfg: ModelConfig) -> dict:
     """Parameter counts by formula (tied weights once): total, non_embedding, embedding (token
     embedding), positions (learned table / T5 buckets), per_layer (:func:`layer_params`), layers, head
     (an untied LM head's weight, and its bias), projections (embed_dim != d_model), final_norm, and
-    ``matmul``: the weights each token is multiplied by (layers + projections + LM head)."""
+    ``matmul``: the weights each token is multiplied by (layers + projections + LM head). With
+    mixture-of-experts layers also ``moe_layers`` (their number), ``per_moe_layer`` and ``active`` /
+    ``active_non_embedding``: the parameters one token uses (its k experts of each MoE layer)."""
     d, V = cfg.d_model, cfg.vocab_size
     E = cfg.embed_dim or d
     per_layer = layer_params(cfg)
+    n_moe = moe_layer_count(cfg)
+    moe = layer_params(cfg, moe=True) if n_moe else None
     embedding = V * E
     projections = 2 * E * d if E != d else 0
     learned = (cfg.context_length + cfg.learned_pos_offset) * d if cfg.position == "learned" else 0
     t5 = cfg.t5_num_buckets * cfg.n_heads if cfg.position == "t5" else 0
     final_norm = _norm_params(cfg, d) if cfg.final_norm else 0
     head = (0 if cfg.tie_embeddings else V * E) + (V if cfg.lm_head_bias else 0)
-    layers = cfg.n_layers * per_layer["total"]
+    n_dense = cfg.n_layers - n_moe
+    layers = n_dense * per_layer["total"] + (n_moe * moe["total"] if moe else 0)
     total = embedding + projections + learned + t5 + layers + final_norm + head
-    return {
+    matmul = n_dense * per_layer["matmul"] + (n_moe * moe["matmul"] if moe else 0) + projections + V * E
+    out = {
         "total": total, "non_embedding": total - embedding - learned, "embedding": embedding,
         "positions": learned + t5, "per_layer": per_layer, "layers": layers, "head": head,
-        "projections": projections, "final_norm": final_norm,
-        "matmul": cfg.n_layers * per_layer["matmul"] + projections + V * E,
+        "projections": projections, "final_norm": final_norm, "matmul": matmul,
     }
+    if moe:
+        inactive = n_moe * (moe["total"] - moe["active"])
+        out.update(moe_layers=n_moe, per_moe_layer=moe, active=total - inactive,
+                   active_non_embedding=total - embedding - learned - inactive)
+    return out
 
 
 INSTANTIATE_MAX_LAYERS = 512  # analyze builds the model on the meta device only up to this depth (time ~ layers)
@@ -222,7 +257,12 @@ def kv_cache_bytes(cfg: ModelConfig, context: int, batch: int = 1, dtype: str = 
 
 def _layer_costs(cfg: ModelConfig, window: Optional[int], context: int, b: int) -> dict:
     """One layer: weight bytes, and per sequence the decode FLOPs / bytes and the prefill FLOPs / bytes."""
-    lp = layer_params(cfg)
+    lp = dict(layer_params(cfg))
+    n_moe = moe_layer_count(cfg)
+    if n_moe:  # MoE layers by the weights a token uses (exact at batch 1; more experts load at larger batches)
+        moe = layer_params(cfg, moe=True)
+        for key, dense_key in (("total", "active"), ("matmul", "matmul")):
+            lp[key] = ((cfg.n_layers - n_moe) * lp[dense_key] + n_moe * moe[dense_key]) / cfg.n_layers
     width, d = cfg.n_heads * cfg.head_dim, cfg.d_model
     kv_entry = 2 * cfg.n_kv_heads * cfg.head_dim * b  # K and V of one token
     held = min(context, window) if window is not None else context
@@ -361,6 +401,13 @@ def format_analysis(res: dict, title: str) -> str:
     pl = p["per_layer"]
     L.append(f"  per layer        {pl['total']:>18,}   (attention {pl['attention']:,}, MLP {pl['mlp']:,}, "
              f"norms {pl['norms']:,})")
+    if p.get("moe_layers"):
+        pm = p["per_moe_layer"]
+        L.append(f"  per MoE layer    {pm['total']:>18,}   ({p['moe_layers']} of the {cfg.n_layers} layers: "
+                 f"{cfg.n_experts} experts of d_ff {cfg.expert_d_ff or cfg.d_ff}, top-{cfg.experts_per_token}"
+                 f"{f', {cfg.n_shared_experts} shared' if cfg.n_shared_experts else ''})")
+        L.append(f"  active per token {p['active']:>18,}   (non-embedding {p['active_non_embedding']:,}; "
+                 f"FLOPs below use these)")
     if p["positions"]:
         L.append(f"  positions        {p['positions']:>18,}")
     if p["head"]:

@@ -42,7 +42,8 @@ QK_NORMS = ("none", "rmsnorm", "layernorm", "gemma_rmsnorm")  # gemma_rmsnorm: G
 # projection across heads (OLMo 2), or each head with its own weights (Cohere use_qk_norm)
 QK_NORM_SCOPES = ("head", "all", "head_untied")
 BOOL_FIELDS = ("norm_bias", "norm_affine", "final_norm", "lm_head_bias", "parallel_block", "parallel_shared_norm",
-               "nope_global_layers", "tie_embeddings", "scale_embeddings", "norm_weight_fp32")
+               "nope_global_layers", "tie_embeddings", "scale_embeddings", "norm_weight_fp32", "router_renormalize")
+ROUTER_SCORES = ("softmax", "sigmoid")  # Mixtral / Qwen-MoE / DeepSeek-V2: softmax; DeepSeek-V3: sigmoid
 ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")  # Chen 2023; bloc97 2023; Peng 2023; Llama 3.1
 # rope_scaling keys per type: (required, optional), besides "type"; the names of Hugging Face's rope_parameters
 ROPE_SCALING_KEYS = {
@@ -143,6 +144,18 @@ class ModelConfig:
     activation: str = "swiglu"
     parallel_block: bool = False  # GPT-J / PaLM: x + attn(norm(x)) + mlp(norm(x))
     parallel_shared_norm: bool = True  # one norm feeding both branches (GPT-J) or two (NeoX)
+
+    # --- mixture of experts (lmlab/model/moe.py) ------------------------------------------------
+    n_experts: int = 0  # routed experts per MoE layer; 0: every FFN dense (Shazeer et al. 2017; Fedus et al. 2021)
+    experts_per_token: int = 2  # top-k (Mixtral 2, Switch 1, DeepSeek-V2 6)
+    n_shared_experts: int = 0  # experts every token goes through (DeepSeek-V2: 2)
+    expert_d_ff: Optional[int] = None  # hidden width of each expert (default d_ff)
+    router_score: str = "softmax"  # softmax over all experts, or sigmoid per expert
+    router_renormalize: bool = True  # top-k weights divided by their sum (Mixtral yes, DeepSeek-V2 no)
+    moe_aux_loss: float = 0.0  # weight of the load-balancing loss (Switch Transformer; Mixtral 0.02)
+    moe_router_z_loss: float = 0.0  # weight of the router z-loss (ST-MoE, Zoph et al. 2022: 0.001)
+    moe_first_dense: int = 0  # the first layers keep a dense FFN (DeepSeek first_k_dense_replace)
+    moe_pattern: str = "M"  # after them, 'M' (MoE) / 'D' (dense) per layer, repeated ('DM': every 2nd)
 
     # --- positions ---------------------------------------------------------------------------
     position: str = "rope"
@@ -286,6 +299,26 @@ class ModelConfig:
                 f"nope_global_layers=True needs a layer_pattern with local 'L' layers (e.g. 'LLLG'), "
                 f"got layer_pattern={self.layer_pattern!r}"
             )
+        # mixture of experts: every field checked, the relations only when n_experts > 0
+        _positive_int("n_experts", self.n_experts, minimum=0)
+        _positive_int("experts_per_token", self.experts_per_token)
+        _positive_int("n_shared_experts", self.n_shared_experts, minimum=0)
+        if self.expert_d_ff is not None:
+            _positive_int("expert_d_ff", self.expert_d_ff)
+        _choice("router_score", self.router_score, ROUTER_SCORES)
+        _non_negative("moe_aux_loss", self.moe_aux_loss)
+        _non_negative("moe_router_z_loss", self.moe_router_z_loss)
+        _positive_int("moe_first_dense", self.moe_first_dense, minimum=0)
+        if not isinstance(self.moe_pattern, str) or not self.moe_pattern or set(self.moe_pattern) - {"M", "D"}:
+            raise ConfigError(f"moe_pattern={self.moe_pattern!r} must be a non-empty string of 'M' (MoE) and "
+                              f"'D' (dense)")
+        if self.n_experts:
+            if self.experts_per_token > self.n_experts:
+                raise ConfigError(f"experts_per_token={self.experts_per_token} exceeds n_experts={self.n_experts}; "
+                                  f"valid: 1 to {self.n_experts}")
+            if not any(self.layer_is_moe(i) for i in range(min(self.n_layers, self.moe_first_dense + len(self.moe_pattern)))):
+                raise ConfigError(f"n_experts={self.n_experts} but no layer is MoE (n_layers={self.n_layers}, "
+                                  f"moe_first_dense={self.moe_first_dense}, moe_pattern={self.moe_pattern!r})")
         if self.parallel_block and self.norm_position != "pre":
             raise ConfigError(f"parallel_block=True needs norm_position='pre', got {self.norm_position!r}")
         _non_negative("z_loss", self.z_loss)
@@ -347,6 +380,13 @@ class ModelConfig:
         if self.layer_pattern is None:
             return True
         return self.layer_pattern[layer % len(self.layer_pattern)] == "L"
+
+    def layer_is_moe(self, layer: int) -> bool:
+        """True when layer ``layer`` (0-based) has a mixture-of-experts FFN: ``n_experts`` > 0, past the
+        first ``moe_first_dense`` layers, where ``moe_pattern`` (repeated from there) says 'M'."""
+        if not self.n_experts or layer < self.moe_first_dense:
+            return False
+        return self.moe_pattern[(layer - self.moe_first_dense) % len(self.moe_pattern)] == "M"
 
     def layer_window(self, layer: int) -> Optional[int]:
         """The sliding window of layer ``layer`` in tokens (counting the current one), or None for full."""

@@ -30,6 +30,7 @@ from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_h
 from lmlab.config import ModelConfig
 from lmlab.model.attention import Attention, KVCache, softcap
 from lmlab.model.ffn import FeedForward
+from lmlab.model.moe import MoEFeedForward
 from lmlab.model.norms import make_norm
 from lmlab.model.loss import linear_cross_entropy, lm_loss  # noqa: F401 (lm_loss re-exported)
 from lmlab.model.positions import AbsolutePositions, alibi_slopes
@@ -45,7 +46,7 @@ class Block(nn.Module):
         norm = lambda: make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine,  # noqa: E731
                                  cfg.norm_weight_fp32)
         self.attn = Attention(cfg, layer)
-        self.mlp = FeedForward(cfg)
+        self.mlp = MoEFeedForward(cfg) if cfg.layer_is_moe(layer) else FeedForward(cfg)
         self.attn_norm = norm()
         self.mlp_norm = None if (self.parallel and cfg.parallel_shared_norm) else norm()
         if cfg.norm_position == "sandwich":
@@ -91,6 +92,8 @@ class Block(nn.Module):
         mlp = self.mlp
 
         def ffn(h: torch.Tensor) -> torch.Tensor:
+            if isinstance(mlp, MoEFeedForward):
+                return mlp.forward(h)
             return mlp.w_out.forward(mlp.hidden(mlp.w_in.forward(h)))
 
         h = self.attn_norm.forward(x)
@@ -197,7 +200,8 @@ class TransformerLM(nn.Module):
         every later call. Returns logits (batch, seq, vocab_size) in fp32.
 
         With ``targets`` (batch, seq) ids (-100 not scored) it returns the training loss instead:
-        (cross-entropy + ``cfg.z_loss`` z-loss, cross-entropy alone, detached) in nats, summed or
+        (cross-entropy + ``cfg.z_loss`` z-loss + the MoE auxiliary losses (:meth:`moe_aux_loss`),
+        cross-entropy alone, detached) in nats, summed or
         averaged over the scored tokens (``reduction``), from :func:`lmlab.model.loss.linear_cross_entropy`
         (chunked; the logits are never materialised). This is the call ``lmlab train`` makes, through
         DDP/FSDP wrappers too."""
@@ -215,8 +219,28 @@ class TransformerLM(nn.Module):
         if self.cfg.logit_scale != 1.0:  # s (h W^T + b) = (s h) W^T + s b
             h = h * self.cfg.logit_scale
             bias = None if bias is None else bias * self.cfg.logit_scale
-        return linear_cross_entropy(h, self.lm_head.weight, targets, bias, self.cfg.z_loss,
-                                    self.cfg.final_logit_softcap, reduction)
+        loss, ce = linear_cross_entropy(h, self.lm_head.weight, targets, bias, self.cfg.z_loss,
+                                        self.cfg.final_logit_softcap, reduction)
+        aux = self.moe_aux_loss()
+        if aux is not None:  # per token, like the cross-entropy: times the scored tokens for 'sum'
+            loss = loss + aux * (int((targets != -100).sum()) if reduction == "sum" else 1)
+        return loss, ce
+
+    def moe_layers(self) -> list[MoEFeedForward]:
+        """The mixture-of-experts FFNs, in layer order (none for a dense model)."""
+        return [b.mlp for b in self.blocks if isinstance(b.mlp, MoEFeedForward)]
+
+    def moe_aux_loss(self) -> Optional[torch.Tensor]:
+        """``moe_aux_loss`` x the load-balancing loss + ``moe_router_z_loss`` x the router z-loss, each
+        averaged over the MoE layers' last forward (:mod:`lmlab.model.moe`); None for a dense model or
+        when both weights are 0."""
+        layers = self.moe_layers()
+        a, z = self.cfg.moe_aux_loss, self.cfg.moe_router_z_loss
+        if not layers or not (a or z) or any(m.aux is None for m in layers):
+            return None
+        balance = torch.stack([m.aux[0] for m in layers]).mean()
+        router_z = torch.stack([m.aux[1] for m in layers]).mean()
+        return a * balance + z * router_z
 
     def hidden(self, idx: torch.Tensor, cache: Optional[KVCache] = None,
                left_pad: Optional[torch.Tensor] = None) -> torch.Tensor:

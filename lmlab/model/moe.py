@@ -1,0 +1,89 @@
+"""Mixture-of-experts FFN (Shazeer et al. 2017, "Outrageously Large Neural Networks"; Fedus et al.
+2021, "Switch Transformers"; Jiang et al. 2024, "Mixtral of Experts"; DeepSeek-AI 2024, DeepSeek-V2).
+
+Each token's hidden state x (d_model) is scored by a router, r = W_r x (n_experts logits); the scores
+are softmax(r) over the experts (Mixtral, DeepSeek-V2) or sigmoid(r) per expert (DeepSeek-V3); the
+``experts_per_token`` (k) highest are kept and, with ``router_renormalize``, divided by their sum. The
+output is sum_{e in top-k} w_e FFN_e(x), plus the shared experts' FFN (every token; DeepSeek) when
+``n_shared_experts`` > 0. Each expert is an ordinary :class:`lmlab.model.ffn.FeedForward` of width
+``expert_d_ff``; the shared ones are one FeedForward of width n_shared x expert_d_ff (as DeepSeek-V2
+fuses them).
+
+Dispatch: the (token, slot) pairs are sorted by expert (a stable sort), each expert runs once on its
+tokens gathered into one matrix, and its weighted outputs are added back at their tokens
+(``index_add_``). No capacity limit: no token is dropped or duplicated, whatever the load.
+
+Auxiliary losses (each layer's, averaged over the MoE layers by the model and weighted into the
+training loss, :meth:`lmlab.model.transformer.TransformerLM.loss_from_hidden`):
+- load balancing (Fedus et al. 2021, eq. 4; for top-k as in HF's Mixtral ``load_balancing_loss_func``):
+  n_experts x sum_e f_e P_e, with f_e the fraction of tokens routed to expert e (counting each of
+  the k slots, so sum_e f_e = k) and P_e the mean router probability of e (softmax scores; sigmoid
+  scores normalised to sum 1 per token). Uniform routing gives k; all tokens on one expert, up to
+  n_experts x k.
+- router z-loss (Zoph et al. 2022, "ST-MoE", eq. 5): the mean over tokens of logsumexp(r)^2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from lmlab.config import ModelConfig
+from lmlab.model.ffn import FeedForward
+
+
+class MoEFeedForward(nn.Module):
+    """(batch, seq, d_model) -> (batch, seq, d_model); after each forward :attr:`aux` holds this
+    layer's (load-balancing loss, router z-loss) as 0-dim fp32 tensors (in the autograd graph) and
+    :attr:`tokens_per_expert` the (n_experts,) routed counts of that call."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        width = cfg.expert_d_ff or cfg.d_ff
+        expert_cfg = dataclasses.replace(cfg, d_ff=width, n_experts=0)
+        self.n_experts, self.k = cfg.n_experts, cfg.experts_per_token
+        self.score, self.renormalize = cfg.router_score, cfg.router_renormalize
+        self.router = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)
+        self.experts = nn.ModuleList(FeedForward(expert_cfg) for _ in range(cfg.n_experts))
+        self.shared = (FeedForward(dataclasses.replace(expert_cfg, d_ff=width * cfg.n_shared_experts))
+                       if cfg.n_shared_experts else None)
+        self.aux: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self.tokens_per_expert: Optional[torch.Tensor] = None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (tokens, d_model) -> (weights (tokens, k) fp32, experts (tokens, k) long, probabilities
+        (tokens, n_experts) fp32 summing to 1 per token, router logits (tokens, n_experts) fp32)."""
+        logits = self.router(x).float()
+        scores = torch.softmax(logits, -1) if self.score == "softmax" else torch.sigmoid(logits)
+        weights, experts = scores.topk(self.k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        probs = scores if self.score == "softmax" else scores / scores.sum(-1, keepdim=True)
+        return weights, experts, probs, logits
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        weights, experts, probs, logits = self.route(flat)
+        slots = experts.reshape(-1)  # (tokens * k,): slot j belongs to token j // k
+        order = torch.argsort(slots, stable=True)
+        counts = torch.bincount(slots, minlength=self.n_experts)
+        out = torch.zeros_like(flat)
+        w = weights.reshape(-1)
+        start = 0
+        for e, n in enumerate(counts.tolist()):
+            if n:
+                sel = order[start:start + n]
+                tokens = sel // self.k
+                y = self.experts[e](flat[tokens]) * w[sel, None].to(flat.dtype)
+                out.index_add_(0, tokens, y)
+                start += n
+        if self.shared is not None:
+            out = out + self.shared(flat)
+        f = counts.float() / flat.shape[0]
+        self.aux = (self.n_experts * (f * probs.mean(0)).sum(), torch.logsumexp(logits, -1).pow(2).mean())
+        self.tokens_per_expert = counts.detach()
+        return out.reshape(shape)

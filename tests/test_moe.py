@@ -1,0 +1,148 @@
+"""Mixture-of-experts FFN (lmlab/model/moe.py): exact against the dense FFN and a per-token loop,
+the router and its auxiliary losses against a hand computation, cached decoding, training, counts."""
+
+import math
+
+import pytest
+import torch
+
+from lmlab.analysis import analyze
+from lmlab.config import ConfigError, ModelConfig
+from lmlab.generate import generate
+from lmlab.model import TransformerLM
+from lmlab.model.ffn import FeedForward
+from lmlab.model.moe import MoEFeedForward
+
+BASE = dict(vocab_size=64, context_length=32, d_model=32, n_layers=2, n_heads=4)
+
+
+def test_one_expert_top_1_is_the_dense_ffn_bit_for_bit():
+    cfg = ModelConfig(**BASE, n_experts=1, experts_per_token=1)
+    torch.manual_seed(0)
+    moe, dense = MoEFeedForward(cfg), FeedForward(cfg)
+    moe.experts[0].load_state_dict(dense.state_dict())
+    x = torch.randn(3, 7, 32)
+    assert torch.equal(moe(x), dense(x))
+
+
+def naive(moe: MoEFeedForward, x: torch.Tensor) -> torch.Tensor:
+    """Token by token: sum over its top-k experts of weight x expert(x), plus the shared FFN."""
+    flat = x.reshape(-1, x.shape[-1])
+    w, idx, _, _ = moe.route(flat)
+    rows = []
+    for t in range(flat.shape[0]):
+        y = sum(w[t, j] * moe.experts[int(idx[t, j])](flat[t:t + 1])[0] for j in range(moe.k))
+        rows.append(y + (moe.shared(flat[t:t + 1])[0] if moe.shared is not None else 0))
+    return torch.stack(rows).reshape(x.shape)
+
+
+@pytest.mark.parametrize("over", [dict(n_experts=4, experts_per_token=2),
+                                  dict(n_experts=5, experts_per_token=3, n_shared_experts=2, expert_d_ff=24,
+                                       router_score="sigmoid", router_renormalize=False)])
+def test_dispatch_equals_the_per_token_loop_and_keeps_every_token(over):
+    cfg = ModelConfig(**BASE, **over)
+    torch.manual_seed(1)
+    moe = MoEFeedForward(cfg)
+    x = torch.randn(2, 9, 32)
+    assert torch.allclose(moe(x), naive(moe, x), atol=1e-6)
+    assert int(moe.tokens_per_expert.sum()) == 18 * cfg.experts_per_token  # every (token, slot) once
+    with torch.no_grad():  # every token's first choice is expert 0: still no token dropped
+        moe.router.weight.zero_()
+        moe.router.weight[0] = 1.0
+    x = torch.rand(2, 9, 32) + 0.1  # positive: expert 0's logit is the largest for every token
+    assert torch.allclose(moe(x), naive(moe, x), atol=1e-6)
+    assert int(moe.tokens_per_expert[0]) == 18
+
+
+def test_router_and_auxiliary_losses_by_hand():
+    """4 tokens, 3 experts, top-2 softmax with renormalisation: logits fixed through the router weights."""
+    cfg = ModelConfig(**dict(BASE, d_model=4, n_heads=1), n_experts=3, experts_per_token=2)
+    moe = MoEFeedForward(cfg)
+    logits = torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 1.0], [1.0, 1.0, 4.0], [0.5, 0.0, 0.0]])
+    with torch.no_grad():
+        moe.router.weight.zero_()
+        moe.router.weight[:, :3] = torch.eye(3)  # x = [logits, 0] -> router(x) = logits
+    x = torch.cat([logits, torch.zeros(4, 1)], 1)
+    w, idx, probs, got_logits = moe.route(x)
+    assert torch.equal(got_logits, logits)
+    e = [[math.exp(v) for v in row] for row in logits.tolist()]
+    p = [[v / sum(row) for v in row] for row in e]
+    top = [sorted(range(3), key=lambda j: -p[t][j])[:2] for t in range(4)]
+    assert idx.tolist() == top
+    want_w = [[p[t][j] / (p[t][top[t][0]] + p[t][top[t][1]]) for j in top[t]] for t in range(4)]
+    assert torch.allclose(w, torch.tensor(want_w), atol=1e-6)
+    moe(x[None])
+    f = [sum(j in top[t] for t in range(4)) / 4 for j in range(3)]  # fraction of tokens per expert
+    P = [sum(p[t][j] for t in range(4)) / 4 for j in range(3)]
+    balance = 3 * sum(fj * pj for fj, pj in zip(f, P))
+    router_z = sum(math.log(sum(row)) ** 2 for row in e) / 4
+    assert math.isclose(float(moe.aux[0].detach()), balance, rel_tol=1e-6)
+    assert math.isclose(float(moe.aux[1].detach()), router_z, rel_tol=1e-6)
+
+
+def test_aux_losses_enter_the_training_loss_and_decode_matches_the_forward():
+    cfg = ModelConfig(**dict(BASE, n_layers=3), n_experts=4, experts_per_token=2, moe_aux_loss=0.02,
+                      moe_router_z_loss=0.001, moe_first_dense=1)
+    torch.manual_seed(0)
+    model = TransformerLM(cfg)
+    assert [type(b.mlp).__name__ for b in model.blocks] == ["FeedForward", "MoEFeedForward", "MoEFeedForward"]
+    x = torch.randint(0, 64, (2, 16))
+    loss, ce = model(x, targets=x, reduction="sum")
+    aux = [m.aux for m in model.moe_layers()]
+    want = 0.02 * (aux[0][0] + aux[1][0]) / 2 + 0.001 * (aux[0][1] + aux[1][1]) / 2
+    assert math.isclose(float(loss - ce), 32 * float(want), rel_tol=1e-4)
+    loss.backward()
+    assert model.blocks[1].mlp.router.weight.grad.abs().sum() > 0  # the router learns through both paths
+    prompt = [1, 2, 3, 4]
+    toks = list(generate(model, prompt, 8, temperature=0.0))
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(8):
+            seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
+    assert toks == seq[4:]
+
+
+def test_counts_total_and_active_and_config_errors():
+    cfg = ModelConfig(**dict(BASE, n_layers=4), n_experts=8, experts_per_token=2, n_shared_experts=1,
+                      expert_d_ff=16, moe_first_dense=1, moe_pattern="DM")
+    res = analyze(cfg)
+    assert res["instantiated"]["equal"]
+    p = res["params"]
+    expert = 3 * 32 * 16  # SwiGLU: gate, up, down
+    assert p["moe_layers"] == 1  # layers 0 (dense), 1 (D), 2 (M), 3 (D)
+    assert p["total"] - p["active"] == 6 * expert  # 8 experts stored, 2 used
+    assert p["matmul"] < p["total"]
+    with pytest.raises(ConfigError, match="experts_per_token=3 exceeds n_experts=2"):
+        ModelConfig(**BASE, n_experts=2, experts_per_token=3)
+    with pytest.raises(ConfigError, match="no layer is MoE"):
+        ModelConfig(**BASE, n_experts=2, moe_first_dense=2)
+    with pytest.raises(ConfigError, match="router_score='relu' is not valid"):
+        ModelConfig(**BASE, n_experts=2, router_score="relu")
+
+
+def test_a_moe_model_trains_and_logs_its_router(tmp_path, byte_data):
+    import json
+
+    from lmlab.train import TrainConfig, Trainer
+
+    cfg = ModelConfig(vocab_size=257, context_length=64, d_model=64, n_layers=2, n_heads=4, n_experts=4,
+                      experts_per_token=2, moe_aux_loss=0.02, moe_router_z_loss=0.001)
+    tc = TrainConfig(batch_size=8, max_steps=40, lr=3e-3, warmup_steps=5, eval_interval=40, eval_windows=4, log_interval=10,
+                     device="cpu")
+    trainer = Trainer.create(tmp_path / "run", cfg, tc, byte_data, progress=False)
+    trainer.fit()
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in lines if "moe_balance" in r]
+    assert logged and logged[-1]["loss"] < min(logged[0]["loss"] - 0.3, math.log(257) - 1.5)
+    for r in logged:  # balanced top-2 routing gives 2; all on one expert 8; the busiest share >= 1/4
+        assert 2.0 - 1e-4 <= r["moe_balance"] <= 8.0 and r["moe_router_z"] >= 0 and 0.25 <= r["moe_max_load"] <= 1.0
+
+
+def test_no_dense_family_exports_a_moe_model():
+    from lmlab.interop.hf import lmlab_to_hf_config
+    from lmlab.interop.registry import UnsupportedError
+
+    cfg = ModelConfig(**BASE, n_experts=4, tie_embeddings=False)
+    with pytest.raises(UnsupportedError, match=r"llama: moe=\(4, 2, 0"):
+        lmlab_to_hf_config(cfg)
+    lmlab_to_hf_config(ModelConfig(**BASE, tie_embeddings=False))  # the same model without experts exports
