@@ -399,13 +399,15 @@ def format_analysis(res: dict, title: str) -> str:
     L.append(f"  non-embedding    {p['non_embedding']:>18,}")
     L.append(f"  token embedding  {p['embedding']:>18,}")
     pl = p["per_layer"]
-    L.append(f"  per layer        {pl['total']:>18,}   (attention {pl['attention']:,}, MLP {pl['mlp']:,}, "
-             f"norms {pl['norms']:,})")
+    if p.get("moe_layers", 0) < cfg.n_layers:
+        label = "per dense layer " if p.get("moe_layers") else "per layer       "
+        L.append(f"  {label} {pl['total']:>18,}   (attention {pl['attention']:,}, MLP {pl['mlp']:,}, "
+                 f"norms {pl['norms']:,})")
     if p.get("moe_layers"):
         pm = p["per_moe_layer"]
         L.append(f"  per MoE layer    {pm['total']:>18,}   ({p['moe_layers']} of the {cfg.n_layers} layers: "
-                 f"{cfg.n_experts} experts of d_ff {cfg.expert_d_ff or cfg.d_ff}, top-{cfg.experts_per_token}"
-                 f"{f', {cfg.n_shared_experts} shared' if cfg.n_shared_experts else ''})")
+                 f"attention {pm['attention']:,}, {cfg.n_experts} experts of d_ff {cfg.expert_d_ff or cfg.d_ff}, "
+                 f"top-{cfg.experts_per_token}{f', {cfg.n_shared_experts} shared' if cfg.n_shared_experts else ''})")
         L.append(f"  active per token {p['active']:>18,}   (non-embedding {p['active_non_embedding']:,}; "
                  f"FLOPs below use these)")
     if p["positions"]:

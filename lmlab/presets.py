@@ -103,6 +103,8 @@ def _tiny(real: dict, d_model: int = 128, n_heads: int = 4, n_layers: int = 2, *
         head_dim = _round_to(full.head_dim * full.n_heads / full.d_model * d_model / n_heads, 8)
         out["head_dim"] = head_dim
     out["d_ff"] = _round_to(full.d_ff / full.d_model * d_model, 8)
+    if full.expert_d_ff is not None:  # a MoE's experts keep their width ratio too
+        out["expert_d_ff"] = _round_to(full.expert_d_ff / full.d_model * d_model, 8)
     if full.sliding_window is not None:
         out["sliding_window"] = TINY_WINDOW
     if full.query_pre_attn_scalar is not None:
@@ -283,22 +285,24 @@ _add("llama-3-8b", "Llama 3",
 
 _real = dict(_LLAMA_STYLE, vocab_size=202048, context_length=10485760, d_model=5120, n_layers=48, n_heads=40,
              n_kv_heads=8, head_dim=128, d_ff=16384, norm_eps=1e-5, rope_theta=500000.0, rope_style="interleaved",
-             sliding_window=8192, layer_pattern="LLLG", nope_global_layers=True)
+             sliding_window=8192, layer_pattern="LLLG", nope_global_layers=True, n_experts=16,
+             experts_per_token=1, n_shared_experts=1, expert_d_ff=8192, router_score="sigmoid",
+             router_renormalize=False)
 _add("llama-4-scout", "Llama 4",
      "Meta 2025, 'The Llama 4 herd', https://ai.meta.com/blog/llama-4-multimodal-intelligence/; "
      "https://huggingface.co/meta-llama/Llama-4-Scout-17B-16E/blob/main/config.json (text_config)",
      "iRoPE: 3 RoPE layers with chunked local attention (8192, modelled as a sliding window) : 1 global "
      "NoPE layer; GQA 40:8",
      _real, _tiny(_real, d_model=160, n_heads=10, n_layers=4),
-     notes="Llama 4 uses chunked attention (blocks of 8192 tokens attend within their block), represented "
-           "as an 8192-token sliding window. Not modelled: the MoE FFN (16 routed experts of width 8192, "
-           "top-1, plus a shared expert; 109B total params) -- the dense d_ff=16384 equals the width "
-           "active per token (routed + shared expert), so the count approximates the published 17B active "
-           "parameters; QK L2-norm without weights on RoPE layers only; attention temperature tuning on "
-           "NoPE layers; rope_scaling llama3 (factor 16, low_freq_factor = high_freq_factor = 1, "
-           "original 8192) is rejected by ModelConfig's check high_freq_factor > low_freq_factor, so it "
-           "is left out.",
-     total_params=109e9, active_params=17e9)
+     notes="Every FFN is a mixture of 16 routed experts of width 8192, top-1, plus one shared expert, as "
+           "published (lmlab analyze: total and active parameters); the router differs in one detail: "
+           "Llama 4 scales the expert's input by sigmoid(top logit), lmlab its output. Llama 4 uses "
+           "chunked attention (blocks of 8192 tokens attend within their block), represented as an "
+           "8192-token sliding window. Not modelled: QK L2-norm without weights on RoPE layers only; "
+           "attention temperature tuning on NoPE layers; rope_scaling llama3 (factor 16, "
+           "low_freq_factor = high_freq_factor = 1, original 8192) is rejected by ModelConfig's check "
+           "high_freq_factor > low_freq_factor, so it is left out.",
+     total_params=109e9, active_params=17e9)  # the model card (multimodal checkpoint); the text model: 107.8B
 
 # --- Mistral -------------------------------------------------------------------------------------
 _real = dict(_LLAMA_STYLE, vocab_size=32000, context_length=8192, d_model=4096, n_layers=32, n_heads=32,
@@ -310,6 +314,19 @@ _add("mistral-7b", "Mistral",
      _real, _tiny(_real, n_heads=8), published_params=7_241_732_096,
      params_source="the Hugging Face checkpoint (the paper's '7.3B')",
      notes="context_length 8192 is the paper's; the config.json allows 32768 positions.")
+
+_real = dict(_LLAMA_STYLE, vocab_size=32000, context_length=32768, d_model=4096, n_layers=32, n_heads=32,
+             n_kv_heads=8, d_ff=14336, norm_eps=1e-5, rope_theta=1000000.0, n_experts=8, experts_per_token=2,
+             router_score="softmax", router_renormalize=True, moe_aux_loss=0.02)
+_add("mixtral-8x7b", "Mixtral",
+     "Jiang et al. 2024, 'Mixtral of Experts', Table 1, https://arxiv.org/abs/2401.04088; "
+     "https://huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json",
+     "Mistral's attention with every FFN a mixture of 8 SwiGLU experts (d_ff 14336), top-2 softmax "
+     "renormalised: 46.7B parameters, 12.9B active per token",
+     _real, _tiny(_real, n_heads=8), published_params=46_702_792_704,
+     params_source="the Hugging Face checkpoint (the paper's '47B total, 13B active')",
+     notes="moe_aux_loss 0.02 is the config.json's router_aux_loss_coef; no sliding window (the paper's "
+           "32k context, config.json sliding_window null).")
 
 # --- Qwen ----------------------------------------------------------------------------------------
 _real = dict(_LLAMA_STYLE, vocab_size=152064, context_length=32768, d_model=3584, n_layers=28, n_heads=28,

@@ -58,6 +58,8 @@ CASES = {
                                                  sliding_attention=dict(rope_type="default", rope_theta=10000.0),
                                                  full_attention=dict(rope_type="linear", rope_theta=1e6, factor=8.0))),
                     "(1+w) QK-norm, 2 local(8) : 1 global, local theta 1e4, global 1e6 linear x8"),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
+                "mixture of 4 SwiGLU experts, top-2 softmax renormalised, sliding window 8, GQA"),
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), "LayerNorm without parameters, clip_qkv 1.0, GQA"),
     "olmo2": ("Olmo2Config", dict(), "reordered norms, QK RMSNorm across heads, GQA"),
     "cohere": ("CohereConfig", dict(use_qk_norm=True, logit_scale=0.25),
@@ -303,6 +305,7 @@ def test_hf_tokenizer_of_another_kind(tmp_path):
 PRESET_FAMILIES = {"llama-2-7b": "llama", "llama-3-8b": "llama", "mistral-7b": "mistral", "qwen2-7b": "qwen2",
                    "qwen3-8b": "qwen3", "gemma-2b": "gemma", "gemma-2-9b": "gemma2", "gemma-3-12b": "gemma3_text",
                    "gemma-3-1b": "gemma3_text", "gemma-3-4b": "gemma3_text", "gemma-3-27b": "gemma3_text",
+                   "mixtral-8x7b": "mixtral",
                    "olmo-7b": "olmo", "olmo-2-7b": "olmo2", "command-r7b": "cohere2"}
 
 

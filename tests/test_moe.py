@@ -138,11 +138,13 @@ def test_a_moe_model_trains_and_logs_its_router(tmp_path, byte_data):
         assert 2.0 - 1e-4 <= r["moe_balance"] <= 8.0 and r["moe_router_z"] >= 0 and 0.25 <= r["moe_max_load"] <= 1.0
 
 
-def test_no_dense_family_exports_a_moe_model():
+def test_a_moe_model_exports_only_as_mixtral():
     from lmlab.interop.hf import lmlab_to_hf_config
     from lmlab.interop.registry import UnsupportedError
 
-    cfg = ModelConfig(**BASE, n_experts=4, tie_embeddings=False)
-    with pytest.raises(UnsupportedError, match=r"llama: moe=\(4, 2, 0"):
-        lmlab_to_hf_config(cfg)
-    lmlab_to_hf_config(ModelConfig(**BASE, tie_embeddings=False))  # the same model without experts exports
+    fam, hf = lmlab_to_hf_config(ModelConfig(**BASE, n_experts=4, tie_embeddings=False))
+    assert fam.model_type == "mixtral" and (hf["num_local_experts"], hf["num_experts_per_tok"]) == (4, 2)
+    shared = ModelConfig(**BASE, n_experts=4, n_shared_experts=1, tie_embeddings=False)  # no family has both
+    with pytest.raises(UnsupportedError, match=r"llama: moe=\(4, 2, 1"):
+        lmlab_to_hf_config(shared)
+    assert lmlab_to_hf_config(ModelConfig(**BASE, tie_embeddings=False))[0].model_type == "llama"

@@ -1,6 +1,7 @@
 """One converter for the Hugging Face families laid out like Llama (``model.embed_tokens``,
 ``model.layers.N.self_attn.{q,k,v,o}_proj``, ``model.layers.N.mlp.{gate,up,down}_proj``, ``model.norm``,
-``lm_head``): Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3 (text), OLMo, OLMo 2, Cohere, Cohere 2.
+``lm_head``): Llama, Mistral, Mixtral (its MLP a mixture of experts), Qwen2, Qwen3, Gemma, Gemma 2,
+Gemma 3 (text), OLMo, OLMo 2, Cohere, Cohere 2.
 
 Each family module describes its differences in a :class:`Spec` (which norm, where the norms go, which
 biases, how sliding windows and RoPE are configured, QK-norm, soft-caps, logit scale, ...), read off the
@@ -56,6 +57,7 @@ class Spec:
     ignored: frozenset = field(default_factory=frozenset)  # fields HF's modeling code never reads
     unread: tuple = ()  # common.Unread: legacy fields HF never reads, checked to describe this model, noted
     attn_softcap: bool = True  # the model applies attn_logit_softcapping (Gemma 2); False: HF ignores it (Gemma 3)
+    moe: Optional[str] = None  # None | mixtral (every layer's MLP: block_sparse_moe, softmax top-k renormalised)
     notes: str = ""
 
     def handled(self) -> set:
@@ -83,6 +85,9 @@ class Spec:
             keys.add("clip_qkv")
         if self.bidirectional_key:
             keys.add("use_bidirectional_attention")
+        if self.moe == "mixtral":
+            keys |= {"num_local_experts", "num_experts_per_tok", "output_router_logits", "router_aux_loss_coef",
+                     "router_jitter_noise"}
         return keys | set(self.ignored) | {u.key for u in self.unread}
 
 
@@ -200,6 +205,14 @@ def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
         kw["logit_scale"] = float(scale)
     if spec.clip_qkv and g("clip_qkv") is not None:
         kw["clip_qkv"] = float(g("clip_qkv"))
+    if spec.moe == "mixtral":  # MixtralTopKRouter: softmax over the experts, top-k, renormalised
+        if g("router_jitter_noise"):
+            raise C.unsupported(fam, "router_jitter_noise", g("router_jitter_noise"),
+                                "0.0 (lmlab's router adds no training-time noise)")
+        kw.update(n_experts=g("num_local_experts"), experts_per_token=g("num_experts_per_tok"),
+                  router_score="softmax", router_renormalize=True,
+                  # HF adds the load-balancing loss only when output_router_logits is set
+                  moe_aux_loss=float(g("router_aux_loss_coef")) if g("output_router_logits") else 0.0)
     try:
         return ModelConfig(**kw)
     except ConfigError as exc:
@@ -259,6 +272,12 @@ def config_to_hf(spec: Spec, cfg: ModelConfig) -> dict:
         hf["logit_scale"] = float(cfg.logit_scale)
     if spec.clip_qkv:
         hf["clip_qkv"] = None if cfg.clip_qkv is None else float(cfg.clip_qkv)
+    if spec.moe == "mixtral":
+        hf.update(num_local_experts=cfg.n_experts, num_experts_per_tok=cfg.experts_per_token,
+                  output_router_logits=cfg.moe_aux_loss > 0, router_jitter_noise=0.0,
+                  router_aux_loss_coef=cfg.moe_aux_loss or spec.defaults["router_aux_loss_coef"])
+        if cfg.expert_d_ff is not None:
+            hf["intermediate_size"] = cfg.expert_d_ff
     return C.verify_roundtrip(spec.model_type, cfg, hf, lambda h: config_to_lmlab(spec, h))
 
 
@@ -267,7 +286,18 @@ def config_to_hf(spec: Spec, cfg: ModelConfig) -> dict:
 # ------------------------------------------------------------------------------------------------
 
 def tensor_maps(spec: Spec, cfg: ModelConfig) -> list[C.TensorMap]:
-    return C.model_maps(cfg, C.llama_layer_maps(cfg, NORM_LAYOUTS[spec.layout]))
+    layers = C.llama_layer_maps(cfg, NORM_LAYOUTS[spec.layout])
+    if spec.moe == "mixtral":  # each layer's MLP: block_sparse_moe.gate (router), experts.E.{w1 gate, w3 up, w2 down}
+        layers = [m for m in layers if ".mlp." not in m.lmlab]
+        F = cfg.expert_d_ff or cfg.d_ff
+        for i in range(cfg.n_layers):
+            p, b = f"model.layers.{i}.block_sparse_moe", f"blocks.{i}.mlp"
+            layers.append(C.TensorMap(f"{b}.router.weight", (f"{p}.gate.weight",), (cfg.n_experts,)))
+            for e in range(cfg.n_experts):
+                q = f"{p}.experts.{e}"
+                layers.append(C.TensorMap(f"{b}.experts.{e}.w_in.weight", (f"{q}.w1.weight", f"{q}.w3.weight"), (F, F)))
+                layers.append(C.TensorMap(f"{b}.experts.{e}.w_out.weight", (f"{q}.w2.weight",), (cfg.d_model,)))
+    return C.model_maps(cfg, layers)
 
 
 def build(spec: Spec) -> Family:
