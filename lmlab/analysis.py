@@ -30,6 +30,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import csv
 import io
 import math
@@ -202,19 +204,24 @@ def instantiated_params(cfg: ModelConfig) -> tuple[int, int]:
 # ------------------------------------------------------------------------------------------------
 
 
-def mean_keys(context: int, window: Optional[int]) -> float:
-    """Keys a query sees on average over positions 1..context with causal masking: (1/n) sum min(p, W)."""
+def mean_keys(context: int, window: Optional[int], chunk: bool = False) -> float:
+    """Keys a query sees on average over positions 1..context with causal masking: (1/n) sum min(p, W);
+    with ``chunk`` (chunked attention) position p sees ((p - 1) mod W) + 1 keys."""
     n = context
     if window is None or window >= n:
         return (n + 1) / 2
     W = window
+    if chunk:
+        full, rest = divmod(n, W)
+        return (full * W * (W + 1) / 2 + rest * (rest + 1) / 2) / n
     return (W * (W + 1) / 2 + (n - W) * W) / n
 
 
 def attention_flops_per_token(cfg: ModelConfig, context: int) -> float:
     """Forward FLOPs of QK^T and AV per token, summed over layers, averaged over positions 1..context."""
     width = cfg.n_heads * cfg.head_dim
-    return sum(layers * 4 * width * mean_keys(context, w) for w, layers in layer_windows(cfg))
+    chunk = cfg.local_attention == "chunk"
+    return sum(layers * 4 * width * mean_keys(context, w, chunk) for w, layers in layer_windows(cfg))
 
 
 def flops_per_token(cfg: ModelConfig, context: Optional[int] = None, training: bool = True) -> float:
@@ -265,8 +272,11 @@ def _layer_costs(cfg: ModelConfig, window: Optional[int], context: int, b: int) 
             lp[key] = ((cfg.n_layers - n_moe) * lp[dense_key] + n_moe * moe[dense_key]) / cfg.n_layers
     width, d = cfg.n_heads * cfg.head_dim, cfg.d_model
     kv_entry = 2 * cfg.n_kv_heads * cfg.head_dim * b  # K and V of one token
+    chunk = cfg.local_attention == "chunk" and window is not None
     held = min(context, window) if window is not None else context
-    keys_sum = mean_keys(context, window) * context  # sum over positions of keys seen
+    if chunk:  # decoding the next token after ``context``: the keys of its own chunk so far
+        held = context % window + 1 if context >= window else context + 1
+    keys_sum = mean_keys(context, window, chunk) * context  # sum over positions of keys seen
     return {
         "weight_bytes": lp["total"] * b,
         "decode_flops": 2 * lp["matmul"] + 4 * width * held,
@@ -496,6 +506,9 @@ def _positions(cfg: ModelConfig) -> str:
 def _windows(cfg: ModelConfig) -> str:
     if cfg.sliding_window is None:
         return "-"
+    if cfg.local_attention == "chunk":
+        return _windows(dataclasses.replace(cfg, local_attention="window")).replace(
+            f" {cfg.sliding_window}", f" chunk {cfg.sliding_window}", 1)
     if cfg.layer_pattern is None or "G" not in cfg.layer_pattern:
         return f"all {cfg.sliding_window}"
     p = cfg.layer_pattern

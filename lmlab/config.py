@@ -178,6 +178,9 @@ class ModelConfig:
     attn_logit_softcap: Optional[float] = None  # cap * tanh(s / cap) on attention logits (Gemma 2)
     query_pre_attn_scalar: Optional[float] = None  # scale = query_pre_attn_scalar**-0.5 (Gemma 2)
     sliding_window: Optional[int] = None  # tokens visible, counting the current one (Mistral / HF)
+    # what a local layer sees: 'window' (the last sliding_window tokens) or 'chunk' (the earlier tokens of
+    # its own block of sliding_window tokens: Llama 4's chunked attention, attention_chunk_size)
+    local_attention: str = "window"
     layer_pattern: Optional[str] = None  # per-layer 'L' (local, windowed) / 'G' (global), repeated over
     # the depth and free to end mid-pattern (Gemma 3 1B: 'LLLLLG' over 26 layers ends 'LL'); a string of
     # n_layers letters spells every layer out
@@ -285,6 +288,7 @@ class ModelConfig:
                 _positive(name, getattr(self, name))
         if self.sliding_window is not None:
             _positive_int("sliding_window", self.sliding_window)
+        _choice("local_attention", self.local_attention, ("window", "chunk"))
         if self.layer_pattern is not None:
             if not isinstance(self.layer_pattern, str) or not self.layer_pattern or set(self.layer_pattern) - {"L", "G"}:
                 raise ConfigError(

@@ -285,20 +285,20 @@ _add("llama-3-8b", "Llama 3",
 
 _real = dict(_LLAMA_STYLE, vocab_size=202048, context_length=10485760, d_model=5120, n_layers=48, n_heads=40,
              n_kv_heads=8, head_dim=128, d_ff=16384, norm_eps=1e-5, rope_theta=500000.0, rope_style="interleaved",
-             sliding_window=8192, layer_pattern="LLLG", nope_global_layers=True, n_experts=16,
+             sliding_window=8192, local_attention="chunk", layer_pattern="LLLG", nope_global_layers=True, n_experts=16,
              experts_per_token=1, n_shared_experts=1, expert_d_ff=8192, router_score="sigmoid",
              router_renormalize=False)
 _add("llama-4-scout", "Llama 4",
      "Meta 2025, 'The Llama 4 herd', https://ai.meta.com/blog/llama-4-multimodal-intelligence/; "
      "https://huggingface.co/meta-llama/Llama-4-Scout-17B-16E/blob/main/config.json (text_config)",
-     "iRoPE: 3 RoPE layers with chunked local attention (8192, modelled as a sliding window) : 1 global "
-     "NoPE layer; GQA 40:8",
+     "iRoPE: 3 RoPE layers with chunked local attention (blocks of 8192) : 1 global NoPE layer; GQA 40:8; "
+     "every FFN a mixture of 16 experts (top-1) plus a shared one",
      _real, _tiny(_real, d_model=160, n_heads=10, n_layers=4),
      notes="Every FFN is a mixture of 16 routed experts of width 8192, top-1, plus one shared expert, as "
            "published (lmlab analyze: total and active parameters); the router differs in one detail: "
-           "Llama 4 scales the expert's input by sigmoid(top logit), lmlab its output. Llama 4 uses "
-           "chunked attention (blocks of 8192 tokens attend within their block), represented as an "
-           "8192-token sliding window. Not modelled: QK L2-norm without weights on RoPE layers only; "
+           "Llama 4 scales the expert's input by sigmoid(top logit), lmlab its output. The local layers use "
+           "chunked attention (local_attention='chunk': a token sees the earlier tokens of its block of "
+           "8192). Not modelled: QK L2-norm without weights on RoPE layers only; "
            "attention temperature tuning on NoPE layers; rope_scaling llama3 (factor 16, "
            "low_freq_factor = high_freq_factor = 1, original 8192) is rejected by ModelConfig's check "
            "high_freq_factor > low_freq_factor, so it is left out.",

@@ -451,7 +451,7 @@ def test_attention_fast_and_explicit_paths_agree():
     (dict(d_model=64, rope_fraction=0.3125), "rope_fraction"),  # head_dim 16 * 0.3125 = 5 rotated channels
     (dict(n_kv_heads=3), "n_kv_heads"),
     (dict(n_kv_heads=8), "n_kv_heads"),
-    (dict(n_layers=4, layer_pattern="LLG", sliding_window=2), "layer_pattern"),
+    (dict(n_layers=4, layer_pattern="", sliding_window=2), "layer_pattern"),  # (a pattern may end mid-way)
     (dict(layer_pattern="LX", n_layers=2, sliding_window=2), "layer_pattern"),
     (dict(layer_pattern="L"), "sliding_window"),
     (dict(nope_global_layers=True), "nope_global_layers"),
@@ -461,3 +461,48 @@ def test_attention_fast_and_explicit_paths_agree():
 def test_invalid_attention_configs_raise(kw, field):
     with pytest.raises(ConfigError, match=field):
         tiny(**kw)
+
+
+def test_chunked_attention_sees_exactly_its_own_chunk():
+    """Llama 4's chunked local attention: position t attends to s <= t with s // W == t // W."""
+    from lmlab.model.attention import causal_mask
+
+    W, n = 4, 11
+    pos = torch.arange(n)
+    got = causal_mask(pos, pos, W, chunk=True)
+    want = torch.tensor([[s <= t and s // W == t // W for s in range(n)] for t in range(n)])
+    assert torch.equal(got, want)
+    assert got[4].tolist() == [False] * 4 + [True] + [False] * 6  # a chunk's first token sees itself only
+    from lmlab.analysis import mean_keys
+
+    assert mean_keys(10, 4, chunk=True) == pytest.approx(23 / 10)  # 1,2,3,4,1,2,3,4,1,2
+
+
+def test_chunked_model_ignores_earlier_chunks_and_decodes_as_its_forward():
+    from lmlab.config import ModelConfig
+    from lmlab.model import TransformerLM
+
+    cfg = ModelConfig(vocab_size=50, context_length=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                      sliding_window=4, local_attention="chunk")
+    torch.manual_seed(0)
+    model = TransformerLM(cfg).eval()
+    x = torch.randint(0, 50, (1, 12))
+    y = x.clone()
+    y[0, :8] = (y[0, :8] + 7) % 50  # change every token before the last chunk (positions 8..11)
+    with torch.no_grad():
+        a, b = model(x), model(y)
+    assert torch.allclose(a[0, 8:], b[0, 8:], atol=1e-6) and not torch.allclose(a[0, :8], b[0, :8])
+    window = TransformerLM(ModelConfig(**{**cfg.to_dict(), "local_attention": "window"})).eval()
+    window.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert not torch.allclose(window(y)[0, 8:], b[0, 8:])  # a sliding window would see them
+    from lmlab.generate import generate_logprobs
+
+    prompt = [3, 1, 4, 1, 5]
+    steps = list(generate_logprobs(model, prompt, 20, temperature=0.0))  # past several chunks: the buffer wraps
+    seq = prompt + [t for t, _ in steps]
+    with torch.no_grad():
+        full = torch.log_softmax(model(torch.tensor([seq]))[0], -1)
+    for i, (t, lp) in enumerate(steps):  # each decoded token's log-probability from the cache = the forward's
+        assert t == int(full[len(prompt) - 1 + i].argmax())
+        assert lp == pytest.approx(float(full[len(prompt) - 1 + i, t]), abs=1e-5)

@@ -274,6 +274,8 @@ def layer_signature(cfg: ModelConfig) -> dict:
     layers = []
     for i in range(cfg.n_layers):
         window = cfg.layer_window(i)
+        if window is not None and cfg.local_attention == "chunk":
+            window = ("chunk", window)  # no exported family has chunked attention: export refuses it
         rope = None
         if cfg.position == "rope" and not (cfg.nope_global_layers and window is None):
             local = window is not None and cfg.rope_local_theta

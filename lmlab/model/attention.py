@@ -132,12 +132,16 @@ class KVCache:
         return (idx[None, :] >= self.left_pad[:, None])[:, None, None, :]
 
 
-def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: Optional[int]) -> torch.Tensor:
+def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: Optional[int], chunk: bool = False) -> torch.Tensor:
     """Boolean (seq_q, seq_k) mask, True where query at q_pos may attend key at k_pos:
-    k_pos <= q_pos and, with a window W, q_pos - k_pos < W."""
+    k_pos <= q_pos and, with a window W, q_pos - k_pos < W; with ``chunk``, instead k_pos // W ==
+    q_pos // W (chunked attention: the earlier tokens of the query's own block of W; Llama 4)."""
     diff = q_pos[:, None] - k_pos[None, :]
     allowed = diff >= 0
-    if window is not None:
+    if window is not None and chunk:
+        allowed = allowed & (torch.div(q_pos, window, rounding_mode="floor")[:, None]
+                             == torch.div(k_pos, window, rounding_mode="floor")[None, :])
+    elif window is not None:
         allowed = allowed & (diff < window)
     return allowed
 
@@ -198,6 +202,7 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.layer = layer
         self.window = cfg.layer_window(layer)
+        self.chunk = self.window is not None and cfg.local_attention == "chunk"
         bias = cfg.bias in ("all", "qkv", "attention")
         self.qkv = nn.Linear(cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=bias)
         self.out = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=cfg.bias in ("all", "attention"))
@@ -277,6 +282,7 @@ class Attention(nn.Module):
             S = k.shape[2]
             if T == 1 and plain and not dropout:  # decode: every returned key is causal and in the window
                 mask = cache.real_keys(self.layer, first, S) if left_pad is not None else None
+                mask = self._chunk_keys(cache, first, S, mask)
                 return self.out(self._attend_one(q, k, v, mask).view(B, 1, H * D))
             if plain and S == T and self.window is None and left_pad is None:  # prefill of an empty cache
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=self.scale,
@@ -286,7 +292,7 @@ class Attention(nn.Module):
             k_idx = cache.key_index(self.layer, first, S)
         # cache indices and positions differ by the row's padding only: masks and relative biases use indices
         bias = bias_fn(q_idx, k_idx, self.layer) if bias_fn is not None else None
-        allowed = causal_mask(q_idx, k_idx, self.window)
+        allowed = causal_mask(q_idx, k_idx, self.window, self.chunk)
         if left_pad is not None:  # no attending to padding; a padding query attends to itself (no empty row)
             allowed = (allowed & (k_idx[None, :] >= left_pad[:, None])[:, None, None, :]) \
                 | (q_idx[:, None] == k_idx[None, :])
@@ -321,7 +327,22 @@ class Attention(nn.Module):
             qk = self.rope.rotate(qk, positions)
         keys, values, first = cache.update(self.layer, qk.narrow(1, H, K), qkv.narrow(1, H + K, K))
         mask = cache.real_keys(self.layer, first, keys.shape[2]) if cache.left_pad is not None else None
+        mask = self._chunk_keys(cache, first, keys.shape[2], mask)
         return self.out.forward(self._attend_one(qk.narrow(1, 0, H), keys, values, mask))
+
+    def _chunk_keys(self, cache: KVCache, first: Optional[int], n_keys: int,
+                    mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """For a chunked layer decoding one token (its cache index is ``cache.length``: the model advances
+        the length after every layer): ``mask`` (batch, 1, 1, n_keys) or None, also False at the cached
+        keys of earlier chunks (the rolling buffer of W slots still holds some of them)."""
+        if not self.chunk:
+            return mask
+        idx = cache.key_index(self.layer, first, n_keys)
+        start = (cache.length // self.window) * self.window  # the new token's index is cache.length
+        if int(idx.min()) >= start:
+            return mask
+        same = (idx >= start)[None, None, None, :]
+        return same if mask is None else mask & same
 
     def _attend_one(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]):
         """Single-query attention over every key given (all causal and inside the window): q (batch, heads,
