@@ -112,6 +112,12 @@ def layer_params(cfg: ModelConfig, moe: bool = False) -> dict:
     attn_bias = (qkv_out if cfg.bias in ("all", "qkv", "attention") else 0) + (
         d if cfg.bias in ("all", "attention") else 0
     )
+    if cfg.attention == "mla":  # lmlab.model.mla: q (direct or low-rank), kv down / up, out; two RMSNorms
+        qk, r = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.kv_lora_rank
+        q_mm = (d * cfg.q_lora_rank + cfg.q_lora_rank * H * qk) if cfg.q_lora_rank else d * H * qk
+        attn_mm = q_mm + d * (r + cfg.qk_rope_head_dim) + r * H * (cfg.qk_nope_head_dim + cfg.v_head_dim) \
+            + H * cfg.v_head_dim * d
+        attn_bias = r + (cfg.q_lora_rank or 0)  # the latent norms' weights (no linear biases)
     if cfg.qk_norm == "none":
         qk_norm = 0
     elif cfg.qk_norm_scope == "head":  # one head_dim weight for q, one for k
@@ -219,9 +225,16 @@ def mean_keys(context: int, window: Optional[int], chunk: bool = False) -> float
 
 def attention_flops_per_token(cfg: ModelConfig, context: int) -> float:
     """Forward FLOPs of QK^T and AV per token, summed over layers, averaged over positions 1..context."""
-    width = cfg.n_heads * cfg.head_dim
     chunk = cfg.local_attention == "chunk"
-    return sum(layers * 4 * width * mean_keys(context, w, chunk) for w, layers in layer_windows(cfg))
+    return sum(layers * 2 * _attended_width(cfg) * mean_keys(context, w, chunk) for w, layers in layer_windows(cfg))
+
+
+def _attended_width(cfg: ModelConfig) -> int:
+    """Per key a query attends to, the multiply-adds / 1 of QK^T plus AV over all heads: 2 x n_heads x
+    head_dim, or n_heads x (qk_nope + qk_rope + v_head_dim) for MLA."""
+    if cfg.attention == "mla":
+        return cfg.n_heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim)
+    return 2 * cfg.n_heads * cfg.head_dim
 
 
 def flops_per_token(cfg: ModelConfig, context: Optional[int] = None, training: bool = True) -> float:
@@ -240,17 +253,28 @@ def flops_per_token(cfg: ModelConfig, context: Optional[int] = None, training: b
 # ------------------------------------------------------------------------------------------------
 
 
+def kv_values_per_token(cfg: ModelConfig) -> int:
+    """Values the KV cache holds per token and layer: K and V of every KV head (2 x n_kv_heads x
+    head_dim), or for multi-head latent attention the latent and the shared RoPE key (kv_lora_rank +
+    qk_rope_head_dim; DeepSeek-V2: 576)."""
+    if cfg.attention == "mla":
+        return cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    return 2 * cfg.n_kv_heads * cfg.head_dim
+
+
 def kv_cache_bytes(cfg: ModelConfig, context: int, batch: int = 1, dtype: str = "bf16") -> dict:
     """KV-cache memory: ``per_token`` (bytes added per token while every layer still grows: all layers up
     to their window), ``total`` for ``context`` tokens x ``batch`` (windowed layers hold min(context, W)),
     and the same for plain MHA (``mha_total``: n_heads KV heads, no window) and for this model without its
     windows (``no_window_total``), with the savings as factors."""
     b = DTYPE_BYTES[dtype]
-    per_layer_token = 2 * cfg.n_kv_heads * cfg.head_dim * b
+    per_layer_token = kv_values_per_token(cfg) * b
     held = sum(layers * (min(context, w) if w is not None else context) for w, layers in layer_windows(cfg))
     total = batch * per_layer_token * held
     no_window = batch * per_layer_token * context * cfg.n_layers
-    mha = batch * 2 * cfg.n_heads * cfg.head_dim * b * context * cfg.n_layers
+    # plain MHA: K and V of every head; for MLA its heads' width (DeepSeek-V2 Sec. 2.1.4 compares with 2 n_h d_h)
+    mha_head = cfg.v_head_dim if cfg.attention == "mla" else cfg.head_dim
+    mha = batch * 2 * cfg.n_heads * mha_head * b * context * cfg.n_layers
     return {"dtype": dtype, "bytes_per_value": b, "per_token": per_layer_token * cfg.n_layers,
             "per_token_per_layer": per_layer_token, "total": total, "no_window_total": no_window,
             "mha_total": mha, "gqa_saving": mha / no_window, "window_saving": no_window / total,
@@ -270,8 +294,8 @@ def _layer_costs(cfg: ModelConfig, window: Optional[int], context: int, b: int) 
         moe = layer_params(cfg, moe=True)
         for key, dense_key in (("total", "active"), ("matmul", "matmul")):
             lp[key] = ((cfg.n_layers - n_moe) * lp[dense_key] + n_moe * moe[dense_key]) / cfg.n_layers
-    width, d = cfg.n_heads * cfg.head_dim, cfg.d_model
-    kv_entry = 2 * cfg.n_kv_heads * cfg.head_dim * b  # K and V of one token
+    width, d = _attended_width(cfg) / 2, cfg.d_model
+    kv_entry = kv_values_per_token(cfg) * b  # K and V (or MLA's latent and RoPE key) of one token
     chunk = cfg.local_attention == "chunk" and window is not None
     held = min(context, window) if window is not None else context
     if chunk:  # decoding the next token after ``context``: the keys of its own chunk so far
@@ -439,14 +463,17 @@ def format_analysis(res: dict, title: str) -> str:
              f"params alone: {_flops(f['kaplan_6n_nonembedding'])})")
     L.append("")
     kv = res["kv_cache"]
-    L.append(f"KV cache (2 x {cfg.n_kv_heads} KV heads x head_dim {cfg.head_dim} per token and layer"
+    what = (f"MLA: latent {cfg.kv_lora_rank} + RoPE key {cfg.qk_rope_head_dim}" if cfg.attention == "mla"
+            else f"2 x {cfg.n_kv_heads} KV heads x head_dim {cfg.head_dim}")
+    L.append(f"KV cache ({what} per token and layer"
              + (f"; windowed layers hold at most {cfg.sliding_window} tokens)" if cfg.sliding_window else ")"))
     L.append(f"  {'':28}{'fp32':>12}{'bf16':>12}{'fp8':>12}")
     L.append(f"  {'per token (all layers)':28}" + "".join(f"{_bytes(kv[d]['per_token']):>12}" for d in DTYPE_BYTES))
     L.append(f"  {f'{n:,} tokens x batch {B:,}':28}" + "".join(f"{_bytes(kv[d]['total']):>12}" for d in DTYPE_BYTES))
     L.append(f"  {'plain MHA, no window':28}" + "".join(f"{_bytes(kv[d]['mha_total']):>12}" for d in DTYPE_BYTES))
     k0 = kv["bf16"]
-    L.append(f"  saving vs plain MHA: {k0['saving']:.2f}x  (GQA/MQA {cfg.n_heads}:{cfg.n_kv_heads} {k0['gqa_saving']:.2f}x, "
+    heads = f"MLA {cfg.n_heads} heads" if cfg.attention == "mla" else f"GQA/MQA {cfg.n_heads}:{cfg.n_kv_heads}"
+    L.append(f"  saving vs plain MHA: {k0['saving']:.2f}x  ({heads} {k0['gqa_saving']:.2f}x, "
              f"windows {k0['window_saving']:.2f}x)")
     L.append("")
     it = res["intensity"]

@@ -248,6 +248,12 @@ def cmd_generate(args) -> int:
 
     device = resolve_device(args.device)
     model, cfg, tok, _, _ = load_run(args.run, device=str(device))
+    if args.threads is None and device.type == "cpu" and len(args.prompt or [""]) == 1:
+        import torch
+
+        from lmlab.generate import decode_threads
+
+        torch.set_num_threads(decode_threads(model, torch.get_num_threads()))  # small models: 1 thread
     texts = args.prompt or [""]
     prompts = []
     for text in texts:
@@ -549,7 +555,8 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--logprobs", action="store_true",
                     help="after the text, each new token's id, log-probability (nats) and text")
     sp.add_argument("--device", default="auto")
-    sp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
+    sp.add_argument("--threads", type=POSITIVE, help="torch CPU threads (default: with one prompt, one per 50M "
+                    "weights of the model, so 1 for small models; else the physical cores, at most OMP_NUM_THREADS)")
     sp.set_defaults(func=cmd_generate)
 
     sp = sub.add_parser("plot", help="PNG plots of runs: loss vs step, tokens and wall time; the LR schedule")

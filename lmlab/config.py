@@ -170,6 +170,14 @@ class ModelConfig:
     t5_max_distance: int = 128
 
     # --- attention ---------------------------------------------------------------------------
+    # 'mha': n_heads query heads over n_kv_heads K/V heads (MHA, GQA, MQA); 'mla': multi-head latent
+    # attention (DeepSeek-V2; lmlab/model/mla.py) with the sizes below (DeepSeek-V2's defaults)
+    attention: str = "mha"
+    kv_lora_rank: int = 512  # MLA: the joint K/V latent per token
+    q_lora_rank: Optional[int] = None  # MLA: the query bottleneck (None: queries straight from x)
+    qk_rope_head_dim: int = 64  # MLA: the decoupled RoPE key/query part per head (one key shared by all heads)
+    qk_nope_head_dim: int = 128  # MLA: the per-head key/query part without positions
+    v_head_dim: int = 128  # MLA: values per head
     qk_norm: str = "none"  # normalise q and k before RoPE (Dehghani 2023; OLMo 2; Qwen3; Gemma 3)
     # head: each head, one weight shared by the heads (Qwen3, Gemma 3) | all: the whole projection, n_heads*head_dim
     # wide (OLMo 2, OLMo Team 2024) | head_untied: each head with its own weights (Cohere use_qk_norm, HF modeling_cohere)
@@ -289,6 +297,24 @@ class ModelConfig:
         if self.sliding_window is not None:
             _positive_int("sliding_window", self.sliding_window)
         _choice("local_attention", self.local_attention, ("window", "chunk"))
+        _choice("attention", self.attention, ("mha", "mla"))
+        for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+            _positive_int(name, getattr(self, name))
+        if self.q_lora_rank is not None:
+            _positive_int("q_lora_rank", self.q_lora_rank)
+        if self.attention == "mla":
+            if self.qk_rope_head_dim % 2:
+                raise ConfigError(f"qk_rope_head_dim={self.qk_rope_head_dim} must be even (RoPE rotates pairs)")
+            for name, ok, what in (("position", self.position == "rope", "'rope'"),
+                                   ("sliding_window", self.sliding_window is None, "None"),
+                                   ("qk_norm", self.qk_norm == "none", "'none'"),
+                                   ("attn_logit_softcap", self.attn_logit_softcap is None, "None"),
+                                   ("clip_qkv", self.clip_qkv is None, "None"),
+                                   ("rope_fraction", self.rope_fraction == 1.0, "1.0 (qk_rope_head_dim sets it)"),
+                                   ("query_pre_attn_scalar", self.query_pre_attn_scalar is None, "None"),
+                                   ("bias", self.bias in ("none", "mlp"), "'none' or 'mlp'")):
+                if not ok:
+                    raise ConfigError(f"attention='mla' needs {name}={what}, got {name}={getattr(self, name)!r}")
         if self.layer_pattern is not None:
             if not isinstance(self.layer_pattern, str) or not self.layer_pattern or set(self.layer_pattern) - {"L", "G"}:
                 raise ConfigError(

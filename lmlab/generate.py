@@ -93,6 +93,19 @@ def _dtype(model: TransformerLM) -> torch.dtype:
 # linear weights up to this size (bytes, all layers together) get a packed copy while decoding
 PACK_LIMIT_BYTES = 1 << 30
 
+# Batch-1 decoding multiplies one row by every weight matrix: below this many weights per token a second
+# CPU thread does not pay (and on a busy machine a thread waiting for a core stalls every step).
+# Calibrated with bench/decode_threads.py (see the README's Benchmarks).
+DECODE_WEIGHTS_PER_THREAD = 50_000_000
+
+
+def decode_threads(model: TransformerLM, available: int) -> int:
+    """CPU threads for decoding one sequence at a time with ``model`` when the user set none: one per
+    :data:`DECODE_WEIGHTS_PER_THREAD` linear-layer weights (rounded up), at least 1, at most
+    ``available`` (the compute default: physical cores, capped by OMP_NUM_THREADS)."""
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return max(1, min(available, -(-weights // DECODE_WEIGHTS_PER_THREAD)))
+
 
 def packed_decode_available() -> bool:
     """True when this PyTorch build can pack linear weights for oneDNN (``torch.ops.mkldnn``)."""

@@ -328,6 +328,40 @@ _add("mixtral-8x7b", "Mixtral",
      notes="moe_aux_loss 0.02 is the config.json's router_aux_loss_coef; no sliding window (the paper's "
            "32k context, config.json sliding_window null).")
 
+# --- DeepSeek-V2 (MLA + MoE) ---------------------------------------------------------------------
+_DEEPSEEK_V2 = dict(_LLAMA_STYLE, vocab_size=102400, context_length=163840, norm_eps=1e-6, rope_theta=10000.0,
+                    attention="mla", kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                    n_shared_experts=2, experts_per_token=6, router_score="softmax", router_renormalize=False,
+                    moe_first_dense=1)
+_MLA_TINY = dict(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
+_DEEPSEEK_NOTES = ("Not modelled: YaRN RoPE scaling (factor 40 from 4,096 positions, with its softmax mscale), "
+                   "so context_length is the released 163,840 with plain RoPE; decoding re-expands the "
+                   "cached latents each step (no weight absorption).")
+_real = dict(_DEEPSEEK_V2, d_model=5120, n_layers=60, n_heads=128, q_lora_rank=1536, d_ff=12288, n_experts=160,
+             expert_d_ff=1536)
+_add("deepseek-v2", "DeepSeek-V2",
+     "DeepSeek-AI 2024, 'DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts Language Model', "
+     "Sec. 2 and 3.1.2, https://arxiv.org/abs/2405.04434; "
+     "https://huggingface.co/deepseek-ai/DeepSeek-V2/blob/main/config.json",
+     "multi-head latent attention (KV latent 512 + RoPE key 64 per token: 576 cached values against "
+     "32,768 for MHA), queries through a 1536 bottleneck; DeepSeekMoE: 160 routed experts (top-6) + 2 "
+     "shared, the first layer dense",
+     _real, _tiny(_real, q_lora_rank=48, **_MLA_TINY), total_params=236e9, active_params=21e9,
+     notes="The paper's 236B total / 21B active; lmlab counts 235.7B / 21.4B. The router differs: "
+           "DeepSeek-V2 routes group-limited (8 groups, the top 3 kept) and scales the routed output by "
+           "16 (routed_scaling_factor); lmlab takes the global top-6 unscaled. " + _DEEPSEEK_NOTES)
+_real = dict(_DEEPSEEK_V2, d_model=2048, n_layers=27, n_heads=16, q_lora_rank=None, d_ff=10944, n_experts=64,
+             expert_d_ff=1408)
+_add("deepseek-v2-lite", "DeepSeek-V2",
+     "DeepSeek-AI 2024, 'DeepSeek-V2', Appendix B (DeepSeek-V2-Lite), https://arxiv.org/abs/2405.04434; "
+     "https://huggingface.co/deepseek-ai/DeepSeek-V2-Lite/blob/main/config.json",
+     "MLA without the query bottleneck (KV latent 512 + RoPE key 64), 64 routed experts (top-6, greedy, "
+     "softmax without renormalisation) + 2 shared, the first layer dense",
+     _real, _tiny(_real, **_MLA_TINY), total_params=15.7e9, active_params=2.4e9,
+     notes="The paper's 15.7B total / 2.4B active; lmlab counts 15.71B total and 2.66B active with both "
+           "the embedding and the untied LM head (2.45B counting one of them, 2.24B without either). "
+           "The router is DeepSeek-V2-Lite's (greedy top-6, routed_scaling_factor 1). " + _DEEPSEEK_NOTES)
+
 # --- Qwen ----------------------------------------------------------------------------------------
 _real = dict(_LLAMA_STYLE, vocab_size=152064, context_length=32768, d_model=3584, n_layers=28, n_heads=28,
              n_kv_heads=4, d_ff=18944, norm_eps=1e-6, rope_theta=1000000.0, bias="qkv")

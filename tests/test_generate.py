@@ -275,3 +275,20 @@ def test_cli_logprobs(byte_run, capsys):
     assert total[0] == "total" and float(total[1]) == pytest.approx(sum(float(r[1]) for r in rows), abs=1e-3)
     assert main(args + ["--prompt", "cd", "--logprobs"]) == 2
     assert "--logprobs takes one --prompt" in capsys.readouterr().err
+
+
+def test_decode_threads_follow_the_model_size():
+    """One thread per DECODE_WEIGHTS_PER_THREAD linear weights (rounded up), within [1, available]."""
+    import math
+
+    from lmlab.config import ModelConfig
+    from lmlab.generate import DECODE_WEIGHTS_PER_THREAD, decode_threads
+    from lmlab.model import TransformerLM
+
+    small = TransformerLM(ModelConfig(vocab_size=256, context_length=32, d_model=64, n_layers=2, n_heads=4))
+    assert decode_threads(small, 8) == 1
+    with torch.device("meta"):
+        big = TransformerLM(ModelConfig(vocab_size=32000, context_length=64, d_model=2048, n_layers=8, n_heads=16))
+    weights = sum(m.weight.numel() for m in big.modules() if isinstance(m, torch.nn.Linear))
+    want = math.ceil(weights / DECODE_WEIGHTS_PER_THREAD)
+    assert 2 <= want < 64 and decode_threads(big, 64) == want and decode_threads(big, 2) == 2

@@ -267,6 +267,9 @@ def layer_signature(cfg: ModelConfig) -> dict:
     sig["qk_norm_scope"] = qk_scope
     sig["query_scale"] = cfg.query_pre_attn_scalar if cfg.query_pre_attn_scalar else cfg.head_dim
     sig["t5"] = (cfg.t5_num_buckets, cfg.t5_max_distance) if cfg.position == "t5" else None
+    sig["attention"] = (cfg.attention if cfg.attention == "mha" else
+                        (cfg.attention, cfg.kv_lora_rank, cfg.q_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim,
+                         cfg.v_head_dim))
     sig["moe"] = (None if not cfg.n_experts else
                   (cfg.n_experts, cfg.experts_per_token, cfg.n_shared_experts, cfg.expert_d_ff or cfg.d_ff,
                    cfg.router_score, cfg.router_renormalize,

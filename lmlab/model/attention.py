@@ -40,7 +40,8 @@ class KVCache:
     Sliding-window layers with a window W < max_len keep a rolling buffer of W entries, index i in slot
     i % W: fixed memory however long the sequence, and they never fill up (a model whose layers are all
     windowed decodes past max_len). Memory in bytes:
-    2 * batch * n_kv_heads * head_dim * dtype bytes * sum over layers of min(window or max_len, max_len).
+    2 * batch * n_kv_heads * head_dim * dtype bytes * sum over layers of min(window or max_len, max_len);
+    for multi-head latent attention, (kv_lora_rank + qk_rope_head_dim) instead of 2 * n_kv_heads * head_dim.
 
     ``left_pad`` (batch,) counts padding tokens at the start of each row (batched prompts of different
     lengths, left-padded): the model gives token i of row b the position i - left_pad[b] and never lets a
@@ -52,9 +53,14 @@ class KVCache:
         self.windows = [cfg.layer_window(i) for i in range(cfg.n_layers)]
         self.capacity = [w if (w is not None and w < max_len) else max_len for w in self.windows]
         self.rolling = [c < max_len for c in self.capacity]
-        self.k = [torch.zeros((batch, cfg.n_kv_heads, c, cfg.head_dim), device=device, dtype=dtype)
-                  for c in self.capacity]
-        self.v = [torch.zeros_like(t) for t in self.k]
+        if cfg.attention == "mla":  # lmlab.model.mla: the latent and the shared RoPE key per token
+            self.k = [torch.zeros((batch, 1, c, cfg.kv_lora_rank), device=device, dtype=dtype) for c in self.capacity]
+            self.v = [torch.zeros((batch, 1, c, cfg.qk_rope_head_dim), device=device, dtype=dtype)
+                      for c in self.capacity]
+        else:
+            self.k = [torch.zeros((batch, cfg.n_kv_heads, c, cfg.head_dim), device=device, dtype=dtype)
+                      for c in self.capacity]
+            self.v = [torch.zeros_like(t) for t in self.k]
         self.batch, self.max_len, self.device = batch, max_len, self.k[0].device
         self.length = 0
         self.left_pad: Optional[torch.Tensor] = None  # (batch,) long, None when no row is padded

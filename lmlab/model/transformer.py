@@ -30,6 +30,7 @@ from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_h
 from lmlab.config import ModelConfig
 from lmlab.model.attention import Attention, KVCache, softcap
 from lmlab.model.ffn import FeedForward
+from lmlab.model.mla import MultiHeadLatentAttention
 from lmlab.model.moe import MoEFeedForward
 from lmlab.model.norms import make_norm
 from lmlab.model.loss import linear_cross_entropy, lm_loss  # noqa: F401 (lm_loss re-exported)
@@ -45,7 +46,7 @@ class Block(nn.Module):
         self.parallel = cfg.parallel_block
         norm = lambda: make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine,  # noqa: E731
                                  cfg.norm_weight_fp32)
-        self.attn = Attention(cfg, layer)
+        self.attn = MultiHeadLatentAttention(cfg, layer) if cfg.attention == "mla" else Attention(cfg, layer)
         self.mlp = MoEFeedForward(cfg) if cfg.layer_is_moe(layer) else FeedForward(cfg)
         self.attn_norm = norm()
         self.mlp_norm = None if (self.parallel and cfg.parallel_shared_norm) else norm()
