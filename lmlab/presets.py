@@ -274,6 +274,15 @@ _add("llama-2-7b", "Llama 2",
      "LLaMA with a 4k context (GQA only at 34B/70B)",
      _real, _tiny(_real), published_params=6.74e9, params_source="the Hugging Face model card (6.74B)")
 
+_real = dict(_LLAMA_STYLE, vocab_size=32000, context_length=4096, d_model=8192, n_layers=80, n_heads=64,
+             n_kv_heads=8, d_ff=28672, norm_eps=1e-5, rope_theta=10000.0)
+_add("llama-2-70b", "Llama 2",
+     "Touvron et al. 2023, 'Llama 2', Table 1 (GQA at 70B), https://arxiv.org/abs/2307.09288; "
+     "https://huggingface.co/meta-llama/Llama-2-70b-hf/blob/main/config.json",
+     "Llama 2 at 70B: GQA 64:8, d_ff 28672 (ffn_dim_multiplier 1.3, multiple of 4096)",
+     _real, _tiny(_real, n_heads=8), published_params=68_976_648_192,
+     params_source="the Hugging Face checkpoint (the paper's '70B')")
+
 _real = dict(_LLAMA_STYLE, vocab_size=128256, context_length=8192, d_model=4096, n_layers=32, n_heads=32,
              n_kv_heads=8, d_ff=14336, norm_eps=1e-5, rope_theta=500000.0)
 _add("llama-3-8b", "Llama 3",
@@ -282,6 +291,15 @@ _add("llama-3-8b", "Llama 3",
      "GQA 32:8, 128k vocabulary, RoPE theta 500k, d_ff 14336 (multiplier 1.3, multiple of 1024)",
      _real, _tiny(_real, n_heads=8), published_params=8_030_261_248,
      params_source="the Hugging Face checkpoint (the paper's '8B')")
+
+_real = dict(_LLAMA_STYLE, vocab_size=128256, context_length=8192, d_model=8192, n_layers=80, n_heads=64,
+             n_kv_heads=8, d_ff=28672, norm_eps=1e-5, rope_theta=500000.0)
+_add("llama-3-70b", "Llama 3",
+     "Llama Team 2024, 'The Llama 3 Herd of Models', Table 3, https://arxiv.org/abs/2407.21783; "
+     "https://huggingface.co/meta-llama/Meta-Llama-3-70B/blob/main/config.json",
+     "Llama 3 at 70B: 80 layers, d_model 8192, GQA 64:8, 128k vocabulary, RoPE theta 500k",
+     _real, _tiny(_real, n_heads=8), published_params=70_553_706_496,
+     params_source="the Hugging Face checkpoint (the paper's '70B')")
 
 _real = dict(_LLAMA_STYLE, vocab_size=202048, context_length=10485760, d_model=5120, n_layers=48, n_heads=40,
              n_kv_heads=8, head_dim=128, d_ff=16384, norm_eps=1e-5, rope_theta=500000.0, rope_style="interleaved",

@@ -305,7 +305,7 @@ def test_hf_tokenizer_of_another_kind(tmp_path):
 PRESET_FAMILIES = {"llama-2-7b": "llama", "llama-3-8b": "llama", "mistral-7b": "mistral", "qwen2-7b": "qwen2",
                    "qwen3-8b": "qwen3", "gemma-2b": "gemma", "gemma-2-9b": "gemma2", "gemma-3-12b": "gemma3_text",
                    "gemma-3-1b": "gemma3_text", "gemma-3-4b": "gemma3_text", "gemma-3-27b": "gemma3_text",
-                   "mixtral-8x7b": "mixtral",
+                   "mixtral-8x7b": "mixtral", "llama-2-70b": "llama", "llama-3-70b": "llama",
                    "olmo-7b": "olmo", "olmo-2-7b": "olmo2", "command-r7b": "cohere2"}
 
 
