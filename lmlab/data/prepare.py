@@ -635,13 +635,11 @@ def expand_inputs(patterns: Sequence[str | Path]) -> list[Path]:
 
 
 def _bar(progress: bool, total: Optional[int], desc: str):
-    """A tqdm bar over bytes (MB/s shown) when ``progress``, else None."""
-    if not progress:
-        return None
+    """A tqdm bar over bytes (MB/s shown) when ``progress``, else one that shows nothing."""
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1000, file=sys.stderr,
-                leave=False, mininterval=0.5, dynamic_ncols=True)
+                leave=False, mininterval=0.5, dynamic_ncols=True, disable=not progress)
 
 
 def prepare(source: str | Path | Sequence[str | Path], out_dir: str | Path, tokenizer: str = "bpe",
@@ -698,19 +696,17 @@ def prepare(source: str | Path | Sequence[str | Path], out_dir: str | Path, toke
         seconds: dict = {}
         t0 = time.perf_counter()
         corpus = Corpus(sources, text_field, allow_special, spool)
-        bar = _bar(progress, None, "scan")
-        names, sizes, keys = scan_corpus(corpus, bar)
-        bar is not None and bar.close()
+        with _bar(progress, None, "scan") as bar:
+            names, sizes, keys = scan_corpus(corpus, bar)
         is_val, split_notes = assign_splits(names, keys, val_docs, val_fraction, where)
         del keys
         seconds["scan"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         total = sum(sizes)
         train_bytes = sum(n for n, v in zip(sizes, is_val) if not v)
-        bar = _bar(progress and tokenizer_file is None and tokenizer == "bpe", train_bytes, "train BPE")
         train_docs = (d for i, d in _same_documents(corpus, names, sizes) if not is_val[i])
-        tok = _make_tokenizer(train_docs, tokenizer, vocab_size, tokenizer_file, bar)
-        bar is not None and bar.close()
+        with _bar(progress and tokenizer_file is None and tokenizer == "bpe", train_bytes, "train BPE") as bar:
+            tok = _make_tokenizer(train_docs, tokenizer, vocab_size, tokenizer_file, bar)
         seconds["tokenizer"] = time.perf_counter() - t0
         dtype = np.uint16 if tok.vocab_size <= 2 ** 16 else np.uint32
         tmp = make_temp_dir(out_dir, "partial")
@@ -730,9 +726,8 @@ def prepare(source: str | Path | Sequence[str | Path], out_dir: str | Path, toke
         t0 = time.perf_counter()
         notes: dict = {}
         shards = {split: _Shard(tmp / f"{split}.bin", dtype, tok.eot_id) for split in ("train", "val")}
-        bar = _bar(progress, total, "tokenise")
-        _write_splits(tok, _same_documents(corpus, names, sizes), is_val, shards, notes, bar)
-        bar is not None and bar.close()
+        with _bar(progress, total, "tokenise") as bar:
+            _write_splits(tok, _same_documents(corpus, names, sizes), is_val, shards, notes, bar)
         manifest["splits"] = {split: shard.info() for split, shard in shards.items()}
         manifest["notes"] = split_notes + _note_lines(notes)
         _write_manifest(tmp / "manifest.json", manifest)
