@@ -62,6 +62,10 @@ CASES = {
                 "mixture of 4 SwiGLU experts, top-2 softmax renormalised, sliding window 8, GQA"),
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), "LayerNorm without parameters, clip_qkv 1.0, GQA"),
     "olmo2": ("Olmo2Config", dict(), "reordered norms, QK RMSNorm across heads, GQA"),
+    "olmo3": ("Olmo3Config", dict(num_hidden_layers=4, sliding_window=8, rope_parameters=dict(
+                  sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+                  full_attention=dict(rope_type="linear", rope_theta=500000.0, factor=4.0))),
+              "OLMo 2's block, 3 local(8) : 1 global layers, local theta 1e4, global 5e5 linear x4"),
     "cohere": ("CohereConfig", dict(use_qk_norm=True, logit_scale=0.25),
                "parallel block, bias-free LayerNorm, interleaved RoPE, per-head QK LayerNorm, logit_scale 0.25"),
     "cohere2": ("Cohere2Config", dict(sliding_window=8, logit_scale=0.5,

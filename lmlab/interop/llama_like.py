@@ -1,7 +1,7 @@
 """One converter for the Hugging Face families laid out like Llama (``model.embed_tokens``,
 ``model.layers.N.self_attn.{q,k,v,o}_proj``, ``model.layers.N.mlp.{gate,up,down}_proj``, ``model.norm``,
 ``lm_head``): Llama, Mistral, Mixtral (its MLP a mixture of experts), Qwen2, Qwen3, Gemma, Gemma 2,
-Gemma 3 (text), OLMo, OLMo 2, Cohere, Cohere 2.
+Gemma 3 (text), OLMo, OLMo 2, OLMo 3, Cohere, Cohere 2.
 
 Each family module describes its differences in a :class:`Spec` (which norm, where the norms go, which
 biases, how sliding windows and RoPE are configured, QK-norm, soft-caps, logit scale, ...), read off the
@@ -49,6 +49,7 @@ class Spec:
     pattern_key: bool = True  # the legacy sliding_window_pattern field sets p (Gemma 3, Cohere 2; not Gemma 2)
     qk_norm: Optional[str] = None  # None | head_rms (Qwen3) | head_gemma (Gemma 3) | all_rms (OLMo 2) | cohere
     rope: str = "half"  # half | interleaved (Cohere) | gemma3 (local/global thetas) | cohere2 (sliding layers only)
+    rope_defaults: tuple = (1_000_000.0, 10_000.0)  # rope='gemma3': the full and sliding layers' default thetas
     gemma: bool = False  # embeddings x sqrt(d_model), query_pre_attn_scalar, soft-caps (Gemma 2/3)
     gemma_legacy_gelu: bool = False  # Gemma 1: hidden_act 'gelu' means the tanh approximation
     logit_scale: bool = False  # Cohere: logits * logit_scale
@@ -162,8 +163,9 @@ def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
     # positions
     kw.update(position="rope", rope_style="interleaved" if spec.rope in ("interleaved", "cohere2") else "half")
     if spec.rope == "gemma3":
-        theta, scaling, partial = C.read_rope(hf, fam, "full_attention", 1_000_000.0)
-        l_theta, l_scaling, l_partial = C.read_rope(hf, fam, "sliding_attention", 10_000.0, "rope_local_base_freq")
+        theta, scaling, partial = C.read_rope(hf, fam, "full_attention", spec.rope_defaults[0])
+        l_theta, l_scaling, l_partial = C.read_rope(hf, fam, "sliding_attention", spec.rope_defaults[1],
+                                                    "rope_local_base_freq")
         if pattern is not None and (l_theta, l_scaling) != (theta, scaling):
             if l_scaling is not None:
                 raise C.unsupported(fam, "rope_parameters.sliding_attention.rope_type", l_scaling["type"],
