@@ -527,6 +527,8 @@ def _positions(cfg: ModelConfig) -> str:
         out += f", {cfg.rope_scaling['type']} x{cfg.rope_scaling['factor']:g}"
     if cfg.nope_global_layers:
         out += ", NoPE global"
+    if cfg.nope_layers:
+        out += f", RoPE/NoPE {cfg.nope_layers}"
     return out
 
 

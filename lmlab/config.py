@@ -165,6 +165,8 @@ class ModelConfig:
     rope_local_theta: Optional[float] = None  # another theta on sliding-window layers (Gemma 3: 10k)
     rope_scaling: Optional[dict] = None  # {"type": linear|ntk|yarn|llama3, "factor": ..., ...}
     nope_global_layers: bool = False  # no positions on global layers (Llama 4 iRoPE, Command A)
+    # per-layer 'R' (RoPE) / 'N' (NoPE), repeated over the depth (SmolLM3: 'RRRN', every 4th layer NoPE)
+    nope_layers: Optional[str] = None
     learned_pos_offset: int = 0  # learned positions: position p reads table row p + offset (OPT: 2)
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
@@ -322,6 +324,13 @@ class ModelConfig:
                 )
             if "L" in self.layer_pattern and self.sliding_window is None:
                 raise ConfigError(f"layer_pattern={self.layer_pattern!r} has local layers but sliding_window is not set")
+        if self.nope_layers is not None:
+            if not isinstance(self.nope_layers, str) or not self.nope_layers or set(self.nope_layers) - {"R", "N"}:
+                raise ConfigError(f"nope_layers={self.nope_layers!r} must be a non-empty string of 'R' (RoPE) and "
+                                  f"'N' (NoPE)")
+            if self.position != "rope":
+                raise ConfigError(f"nope_layers={self.nope_layers!r} needs position='rope' on its 'R' layers, "
+                                  f"got position={self.position!r}")
         if self.nope_global_layers and self.position != "rope":
             raise ConfigError(f"nope_global_layers=True needs position='rope' on the local layers, got position={self.position!r}")
         if self.nope_global_layers and (self.layer_pattern is None or "L" not in self.layer_pattern):
@@ -410,6 +419,15 @@ class ModelConfig:
         if self.layer_pattern is None:
             return True
         return self.layer_pattern[layer % len(self.layer_pattern)] == "L"
+
+    def layer_has_rope(self, layer: int) -> bool:
+        """True when layer ``layer`` (0-based) rotates q and k: RoPE models, except the global layers
+        with ``nope_global_layers`` and the 'N' layers of ``nope_layers``."""
+        if self.position != "rope":
+            return False
+        if self.nope_global_layers and self.layer_window(layer) is None:
+            return False
+        return self.nope_layers is None or self.nope_layers[layer % len(self.nope_layers)] == "R"
 
     def layer_is_moe(self, layer: int) -> bool:
         """True when layer ``layer`` (0-based) has a mixture-of-experts FFN: ``n_experts`` > 0, past the

@@ -60,6 +60,8 @@ CASES = {
                     "(1+w) QK-norm, 2 local(8) : 1 global, local theta 1e4, global 1e6 linear x8"),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
                 "mixture of 4 SwiGLU experts, top-2 softmax renormalised, sliding window 8, GQA"),
+    "smollm3": ("SmolLM3Config", dict(num_hidden_layers=5, no_rope_layer_interval=2, tie_word_embeddings=False),
+                "RoPE on layers 1, 3, 5 and NoPE on 2 and 4 (no_rope_layer_interval 2), GQA, untied"),
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), "LayerNorm without parameters, clip_qkv 1.0, GQA"),
     "olmo2": ("Olmo2Config", dict(), "reordered norms, QK RMSNorm across heads, GQA"),
     "olmo3": ("Olmo3Config", dict(num_hidden_layers=4, sliding_window=8, rope_parameters=dict(

@@ -213,11 +213,17 @@ def pattern_from_types(types: Sequence[str], family: str) -> Optional[str]:
             raise unsupported(family, f"layer_types[{i}]", t, "'sliding_attention', 'full_attention'")
     if "L" not in letters:
         return None
+    return shortest_period("".join(letters))
+
+
+def shortest_period(letters: str) -> str:
+    """The shortest prefix p of ``letters`` whose repetition, cut at len(letters), gives ``letters``
+    ('LLGLL' -> 'LLG')."""
     n = len(letters)
     for period in range(1, n + 1):
         if all(letters[i] == letters[i % period] for i in range(period, n)):
-            return "".join(letters[:period])
-    return "".join(letters)
+            return letters[:period]
+    return letters
 
 
 def types_from_cfg(cfg: ModelConfig) -> list[str]:
@@ -280,7 +286,7 @@ def layer_signature(cfg: ModelConfig) -> dict:
         if window is not None and cfg.local_attention == "chunk":
             window = ("chunk", window)  # no exported family has chunked attention: export refuses it
         rope = None
-        if cfg.position == "rope" and not (cfg.nope_global_layers and window is None):
+        if cfg.layer_has_rope(i):
             local = window is not None and cfg.rope_local_theta
             theta = cfg.rope_local_theta if local else cfg.rope_theta
             scaling = None if local else cfg.rope_scaling

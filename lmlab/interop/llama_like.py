@@ -1,7 +1,7 @@
 """One converter for the Hugging Face families laid out like Llama (``model.embed_tokens``,
 ``model.layers.N.self_attn.{q,k,v,o}_proj``, ``model.layers.N.mlp.{gate,up,down}_proj``, ``model.norm``,
 ``lm_head``): Llama, Mistral, Mixtral (its MLP a mixture of experts), Qwen2, Qwen3, Gemma, Gemma 2,
-Gemma 3 (text), OLMo, OLMo 2, OLMo 3, Cohere, Cohere 2.
+Gemma 3 (text), OLMo, OLMo 2, OLMo 3, Cohere, Cohere 2, SmolLM3 (NoPE on every 4th layer).
 
 Each family module describes its differences in a :class:`Spec` (which norm, where the norms go, which
 biases, how sliding windows and RoPE are configured, QK-norm, soft-caps, logit scale, ...), read off the
@@ -50,6 +50,8 @@ class Spec:
     qk_norm: Optional[str] = None  # None | head_rms (Qwen3) | head_gemma (Gemma 3) | all_rms (OLMo 2) | cohere
     rope: str = "half"  # half | interleaved (Cohere) | gemma3 (local/global thetas) | cohere2 (sliding layers only)
     rope_defaults: tuple = (1_000_000.0, 10_000.0)  # rope='gemma3': the full and sliding layers' default thetas
+    default_theta: float = 10_000.0  # otherwise: the theta of a config.json that gives none
+    nope: bool = False  # SmolLM3: no_rope_layers (1 = RoPE) per layer, default every no_rope_layer_interval-th NoPE
     gemma: bool = False  # embeddings x sqrt(d_model), query_pre_attn_scalar, soft-caps (Gemma 2/3)
     gemma_legacy_gelu: bool = False  # Gemma 1: hidden_act 'gelu' means the tanh approximation
     logit_scale: bool = False  # Cohere: logits * logit_scale
@@ -86,6 +88,8 @@ class Spec:
             keys.add("clip_qkv")
         if self.bidirectional_key:
             keys.add("use_bidirectional_attention")
+        if self.nope:
+            keys |= {"no_rope_layers", "no_rope_layer_interval", "use_sliding_window", "sliding_window", "layer_types"}
         if self.moe == "mixtral":
             keys |= {"num_local_experts", "num_experts_per_tok", "output_router_logits", "router_aux_loss_coef",
                      "router_jitter_noise"}
@@ -173,7 +177,7 @@ def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
             kw["rope_local_theta"] = l_theta
         partial = partial if partial != 1.0 else l_partial
     else:
-        theta, scaling, partial = C.read_rope(hf, fam)
+        theta, scaling, partial = C.read_rope(hf, fam, default_theta=spec.default_theta)
     if partial != 1.0:
         raise C.unsupported(fam, "partial_rotary_factor", partial, f"1.0 ({spec.hf_class} rotates the whole head)")
     kw.update(rope_theta=theta, rope_scaling=scaling)
@@ -207,6 +211,16 @@ def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
         kw["logit_scale"] = float(scale)
     if spec.clip_qkv and g("clip_qkv") is not None:
         kw["clip_qkv"] = float(g("clip_qkv"))
+    if spec.nope:  # SmolLM3Attention: RoPE only where no_rope_layers[i] is 1
+        if g("use_sliding_window"):
+            raise C.unsupported(fam, "use_sliding_window", True, "false (SmolLM3's sliding NoPE layers are not "
+                                "represented)")
+        flags = hf.get("no_rope_layers") or [int((i + 1) % g("no_rope_layer_interval") != 0) for i in range(n_layers)]
+        if len(flags) != n_layers or any(f not in (0, 1) for f in flags):
+            raise C.unsupported(fam, "no_rope_layers", flags, f"one 0 or 1 per layer ({n_layers})")
+        pattern = C.shortest_period("".join("R" if f else "N" for f in flags))
+        if "N" in pattern:
+            kw["nope_layers"] = pattern
     if spec.moe == "mixtral":  # MixtralTopKRouter: softmax over the experts, top-k, renormalised
         if g("router_jitter_noise"):
             raise C.unsupported(fam, "router_jitter_noise", g("router_jitter_noise"),
@@ -274,6 +288,9 @@ def config_to_hf(spec: Spec, cfg: ModelConfig) -> dict:
         hf["logit_scale"] = float(cfg.logit_scale)
     if spec.clip_qkv:
         hf["clip_qkv"] = None if cfg.clip_qkv is None else float(cfg.clip_qkv)
+    if spec.nope:
+        hf.update(no_rope_layers=[int(cfg.layer_has_rope(i)) for i in range(cfg.n_layers)], no_rope_layer_interval=4,
+                  use_sliding_window=False, sliding_window=None)
     if spec.moe == "mixtral":
         hf.update(num_local_experts=cfg.n_experts, num_experts_per_tok=cfg.experts_per_token,
                   output_router_logits=cfg.moe_aux_loss > 0, router_jitter_noise=0.0,

@@ -198,7 +198,8 @@ class Attention(nn.Module):
     One fused projection produces q (n_heads heads), k and v (n_kv_heads heads each) of ``head_dim``;
     query head h reads key/value head h // (n_heads / n_kv_heads). Per layer (``cfg.layer_window``):
     local layers mask to the sliding window and use ``rope_local_theta`` (without ``rope_scaling``) when
-    set; global layers attend to the whole prefix and carry no RoPE when ``nope_global_layers``.
+    set; global layers attend to the whole prefix and carry no RoPE when ``nope_global_layers``, nor do
+    the 'N' layers of ``nope_layers`` (``cfg.layer_has_rope``).
     Order of operations: projections -> QK-norm -> RoPE -> logits * scale -> soft-cap -> + position
     bias (ALiBi / T5) -> causal / window mask -> softmax (fp32 on the explicit path).
     """
@@ -227,7 +228,7 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.rope = None
-        if cfg.position == "rope" and not (cfg.nope_global_layers and self.window is None):
+        if cfg.layer_has_rope(layer):
             theta = cfg.rope_local_theta if (self.window is not None and cfg.rope_local_theta) else cfg.rope_theta
             scaling = None if (self.window is not None and cfg.rope_local_theta) else cfg.rope_scaling
             self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_fraction, theta, cfg.rope_style,
