@@ -444,7 +444,8 @@ def test_refused_train_and_sweep_write_no_data(tmp_path, monkeypatch, capsys):
 
 def test_threads_flag_and_default(run_dir, monkeypatch, capsys):
     """--threads N sets torch's CPU threads for train/eval/generate/bench; without it, the physical
-    cores capped by OMP_NUM_THREADS (a hand count of the sysfs topology)."""
+    cores capped by OMP_NUM_THREADS (a hand count of the sysfs topology), and for generate of one
+    prompt one thread per DECODE_WEIGHTS_PER_THREAD weights."""
     import os
     from pathlib import Path
 
@@ -463,8 +464,13 @@ def test_threads_flag_and_default(run_dir, monkeypatch, capsys):
         assert default_threads() == 1
         monkeypatch.delenv("OMP_NUM_THREADS")
         assert default_threads() == physical_cores()
-        assert main(["generate", str(run_dir), "--prompt", "To", "--max-new-tokens", "2"]) == 0
+        assert main(["eval", str(run_dir), "--json"]) == 0
         assert torch.get_num_threads() == physical_cores()
+        # generate decodes one prompt of this small model on one thread (lmlab.generate.decode_threads)
+        assert main(["generate", str(run_dir), "--prompt", "To", "--max-new-tokens", "2"]) == 0
+        assert torch.get_num_threads() == 1
+        assert main(["generate", str(run_dir), "--prompt", "To", "--max-new-tokens", "2", "--threads", "2"]) == 0
+        assert torch.get_num_threads() == 2
         with pytest.raises(SystemExit) as exc:  # refused by the parser
             main(["eval", str(run_dir), "--threads", "0"])
         assert exc.value.code == 2 and "--threads" in capsys.readouterr().err
