@@ -1,7 +1,8 @@
 """`lmlab prepare` throughput and peak memory on a synthetic JSON-lines corpus, beside the floor: the
 HF tokenizers library's own ``encode_batch`` on the same documents with the same tokenizer.
 
-    python bench/prepare_throughput.py --mb 100 1000 --repeats 3 1 --out docs/bench/prepare_throughput.md
+    python bench/prepare_throughput.py --mb 100 --repeats 3 --single --workdir DIR
+    python bench/prepare_throughput.py --mb 1000 --repeats 1 --tokenizer DIR/bpe/tokenizer.json --workdir DIR
 
 For each size: the corpus is written once (documents of about 4 kB: words drawn from a Zipf law over a
 synthetic 30,000-word vocabulary, lines and punctuation; each document made distinct by its number), a
@@ -120,6 +121,9 @@ def main() -> int:
     p.add_argument("--mb", type=int, nargs="+", default=[100, 1000], help="corpus sizes in MB of text")
     p.add_argument("--repeats", type=int, nargs="+", default=[3, 1], help="rounds per size")
     p.add_argument("--workdir", help="where the corpora go (default: a temporary folder, removed)")
+    p.add_argument("--tokenizer", help="a tokenizer.json to use (default: train BPE 8192 on the first corpus)")
+    p.add_argument("--single", action="store_true", help="also time the one-thread encoder (Tokenizer.encode "
+                                                         "per document), one round")
     p.add_argument("--out", help="also write the table (markdown) here")
     args = p.parse_args()
     from lmlab.bench import describe_machine
@@ -131,7 +135,7 @@ def main() -> int:
              f"load average before {' '.join(f'{v:.2f}' for v in os.getloadavg())}"]
     print(lines[0], flush=True)
     rows = []
-    tok_path = None
+    tok_path = Path(args.tokenizer) if args.tokenizer else None
     try:
         for mb, reps in zip(args.mb, repeats):
             corpus = work / f"corpus-{mb}mb.jsonl"
@@ -146,6 +150,17 @@ def main() -> int:
                              "peak": [peak], "ratio": []})
                 print(f"  BPE training prepare: {wall:.1f} s, peak {peak / 1024:.0f} MiB\n  {out.strip()}", flush=True)
             texts = read_texts(corpus)
+            if args.single:
+                from tokenizers import Tokenizer
+
+                one = Tokenizer.from_file(str(tok_path))
+                t0 = time.perf_counter()
+                for text in texts:
+                    one.encode(text)
+                single = mb / (time.perf_counter() - t0)
+                rows.append({"mb": mb, "what": "tokenizers encode, one document at a time (one thread)",
+                             "mbps": [single], "peak": [], "ratio": []})
+                print(f"  one-thread encode: {single:.1f} MB/s", flush=True)
             floor, ours, peaks, ratio = [], [], [], []
             for r in range(reps):
                 f = mb / floor_seconds(tok_path, texts)

@@ -555,7 +555,7 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--logprobs", action="store_true",
                     help="after the text, each new token's id, log-probability (nats) and text")
     sp.add_argument("--device", default="auto")
-    sp.add_argument("--threads", type=POSITIVE, help="torch CPU threads (default: with one prompt, one per 50M "
+    sp.add_argument("--threads", type=POSITIVE, help="torch CPU threads (default: with one prompt, one per 200M "
                     "weights of the model, so 1 for small models; else the physical cores, at most OMP_NUM_THREADS)")
     sp.set_defaults(func=cmd_generate)
 

@@ -93,10 +93,12 @@ def _dtype(model: TransformerLM) -> torch.dtype:
 # linear weights up to this size (bytes, all layers together) get a packed copy while decoding
 PACK_LIMIT_BYTES = 1 << 30
 
-# Batch-1 decoding multiplies one row by every weight matrix: below this many weights per token a second
-# CPU thread does not pay (and on a busy machine a thread waiting for a core stalls every step).
-# Calibrated with bench/decode_threads.py (see the README's Benchmarks).
-DECODE_WEIGHTS_PER_THREAD = 50_000_000
+# Batch-1 decoding multiplies one row by every weight matrix (memory-bound): below this many weights per
+# thread a second CPU thread does not pay, and on a busy machine a thread waiting for a core stalls every
+# step. bench/decode_threads.py on the project's 2-vCPU machine: 2 threads / 1 thread = 1.02x, 1.04x,
+# 0.99x, 1.04x of the time per token at 4M, 26M, 81M, 190M weights (no gain anywhere measured), so the
+# threshold sits above the measured range.
+DECODE_WEIGHTS_PER_THREAD = 200_000_000
 
 
 def decode_threads(model: TransformerLM, available: int) -> int:
