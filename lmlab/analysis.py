@@ -386,7 +386,7 @@ def analyze(cfg: ModelConfig, context: Optional[int] = None, batch: int = 1, dev
     attn = attention_flops_per_token(cfg, n)
     res["flops"] = {"matmul_params": counts["matmul"], "forward_2n": 2 * counts["matmul"], "forward_attention": attn,
                     "forward": flops_per_token(cfg, n, training=False), "training": flops_per_token(cfg, n),
-                    "kaplan_6n_nonembedding": 6 * counts["non_embedding"], "attention_share": attn / (2 * counts["matmul"] + attn)}
+                    "kaplan_6n_nonembedding": 6 * counts.get("active_non_embedding", counts["non_embedding"]), "attention_share": attn / (2 * counts["matmul"] + attn)}
     res["kv_cache"] = {dt: kv_cache_bytes(cfg, n, batch, dt) for dt in DTYPE_BYTES}
     res["device"] = {"name": dev.name, "peak_flops": dev.peak_flops, "bandwidth": dev.bandwidth, "dtype": dev.dtype,
                      "ridge": dev.ridge, "source": dev.source}
@@ -422,9 +422,11 @@ def format_analysis(res: dict, title: str) -> str:
     L = []
     L.append(f"{title}: context {n:,}, batch {B:,}, device {dev['name']} "
              f"({dev['peak_flops'] / 1e12:,.4g} TFLOP/s {dev['dtype']} dense, {dev['bandwidth'] / 1e12:.3g} TB/s)")
-    L.append(f"  d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads x head_dim {cfg.head_dim} "
-             f"({cfg.n_kv_heads} KV heads), d_ff {cfg.d_ff} ({cfg.activation}), vocab {cfg.vocab_size:,}, "
-             f"{'tied' if cfg.tie_embeddings else 'untied'} embeddings")
+    heads = (f"{cfg.n_heads} MLA heads (q/k {cfg.qk_nope_head_dim} + RoPE {cfg.qk_rope_head_dim}, v {cfg.v_head_dim}; "
+             f"KV latent {cfg.kv_lora_rank})" if cfg.attention == "mla" else
+             f"{cfg.n_heads} heads x head_dim {cfg.head_dim} ({cfg.n_kv_heads} KV heads)")
+    L.append(f"  d_model {cfg.d_model}, {cfg.n_layers} layers, {heads}, d_ff {cfg.d_ff} ({cfg.activation}), "
+             f"vocab {cfg.vocab_size:,}, {'tied' if cfg.tie_embeddings else 'untied'} embeddings")
     L.append("")
     L.append("Parameters (by formula)")
     pub = res.get("published_params")
@@ -459,7 +461,8 @@ def format_analysis(res: dict, title: str) -> str:
     L.append(f"  matmul weights N  {f['matmul_params']:>16,}   (linear layers + LM head)")
     L.append(f"  forward           {_flops(f['forward']):>16}   = 2N {_flops(f['forward_2n'])} + attention "
              f"{_flops(f['forward_attention'])} ({f['attention_share']:.1%})")
-    L.append(f"  training          {_flops(f['training']):>16}   = 3 x forward (Kaplan's 6N on non-embedding "
+    active = "active " if p.get("moe_layers") else ""
+    L.append(f"  training          {_flops(f['training']):>16}   = 3 x forward (Kaplan's 6N on {active}non-embedding "
              f"params alone: {_flops(f['kaplan_6n_nonembedding'])})")
     L.append("")
     kv = res["kv_cache"]

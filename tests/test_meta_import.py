@@ -134,3 +134,11 @@ def test_llama_3_1_scaled_rope_and_refusals(tmp_path):
     torch.save({"x": object()}, tmp_path / "pickle" / "consolidated.00.pth")  # not tensors: never unpickled
     with pytest.raises(MetaFormatError, match="weights-only"):
         read_meta(tmp_path / "pickle")
+
+
+def test_a_shard_without_the_lm_head_is_named(tmp_path):
+    state = meta_state(PARAMS)
+    del state["output.weight"]
+    write_meta(tmp_path / "m", PARAMS, state)
+    with pytest.raises(MetaFormatError, match=r"consolidated.00.pth' has no tensor 'output.weight'"):
+        read_meta(tmp_path / "m")

@@ -425,7 +425,8 @@ def assign_splits(names: list[str], keys: Sequence[float], val_docs: Optional[Se
     and if none falls below it, the one with the smallest key (said in a note). Raises DataError when
     a named document is absent, there are fewer than 2 documents, or no training document is left."""
     if len(names) < 2:
-        raise DataError(f"data {source!r} holds {len(names)} document; at least 2 are needed for a "
+        raise DataError(f"data {source!r} holds {len(names)} document{'' if len(names) == 1 else 's'}; at least 2 are "
+                        f"needed for a "
                         f"train/validation split by whole documents")
     notes = []
     if val_docs:

@@ -127,7 +127,10 @@ def read_meta(path: str | Path) -> tuple[dict, dict, list[str]]:
         if sorted(n for n in p if n != "rope.freqs") != sorted(names):
             raise MetaFormatError(f"{str(f)!r} holds other tensors than {shard_files[0].name}")
     state = {n: _join(n, [p[n] for p in pieces], dim) for n in names}
-    vocab = state["output.weight"].shape[0] if "output.weight" in state else None
+    if "output.weight" not in state:
+        raise MetaFormatError(f"{str(shard_files[0])!r} has no tensor 'output.weight' (the LM head); not a "
+                              f"complete Llama checkpoint")
+    vocab = state["output.weight"].shape[0]
     if params.get("vocab_size", -1) not in (-1, None, vocab):
         raise MetaFormatError(f"params.json vocab_size {params['vocab_size']} but output.weight has {vocab} rows")
     head_dim = dim // n_heads
