@@ -411,7 +411,10 @@ def scan_corpus(corpus: Corpus, progress=None) -> tuple[list[str], array, array]
             progress.update(doc.size)
     if len(set(names)) < len(names):
         seen: set = set()
-        dup = next(n for n in names if n in seen or seen.add(n))
+        for dup in names:
+            if dup in seen:
+                break
+            seen.add(dup)
         raise DataError(f"two documents are named {dup!r} (inputs with the same file name?); give inputs "
                         f"whose names differ")
     return names, sizes, keys
@@ -490,11 +493,11 @@ ENCODE_BATCH_BYTES = 1 << 21  # text handed to the batch encoder at once (all co
 def _same_documents(corpus: Corpus, names: list[str], sizes: array) -> Iterator[tuple[int, Document]]:
     """(i, document) of ``corpus``, checked to be the documents the first pass found."""
     n = 0
-    for n, doc in enumerate(corpus, 1):
-        i = n - 1
+    for i, doc in enumerate(corpus):
         if i >= len(names) or doc.name != names[i] or doc.size != sizes[i]:
             raise DataError(f"the input changed while it was prepared (document {doc.name!r}); nothing was "
                             f"written: run again on data that is not being modified")
+        n = i + 1
         yield i, doc
     if n != len(names):
         raise DataError(f"the input changed while it was prepared ({n} documents, earlier {len(names)}); "
