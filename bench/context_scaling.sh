@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Cost as the context grows, tokens per step held at 4,096: bench/train_vs_peers.py (LLaMA recipe,
 # fp32, 2 threads) at context 256 x batch 16, 1024 x 4 and 4096 x 1, lmlab compiled with and without
-# activation checkpointing against HF eager; markdown into docs/bench/context_scaling.md. Quiet machine:
+# activation checkpointing against HF eager; markdown into docs/bench/context_scaling.md
+# (then `python bench/readme_tables.py` for the README). Quiet machine:
 #   PY=.venv-bench/bin/python bash bench/context_scaling.sh      (PY needs transformers)
 set -u
 PY=${PY:-.venv/bin/python}

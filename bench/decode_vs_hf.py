@@ -1,31 +1,46 @@
-"""Side-by-side greedy KV-cache decoding: lmlab vs Hugging Face ``generate``, on the same weights.
+"""Side-by-side greedy KV-cache generation, end to end: lmlab vs Hugging Face ``generate``, same weights.
 
 A Hugging Face ``LlamaForCausalLM`` (d_model 256, 4 layers, 8 query heads, 4 KV heads, SwiGLU d_ff 704,
 vocab 4096, tied embeddings, RMSNorm eps 1e-5, RoPE theta 10000) is built with HF's own init and its
 weights are copied into the lmlab demo shape: q/k/v_proj -> ``attn.qkv`` rows [q | k | v], o_proj ->
 ``attn.out``, gate/up_proj -> ``mlp.w_in`` rows [gate | up], down_proj -> ``mlp.w_out``; RoPE's
 half-split pairing is HF's rotate_half. The script checks that the two forwards agree (largest logit
-difference at most 1e-4, else it stops), then times greedy generation of --new-tokens tokens after
-prompts of --prompt-len tokens at each --batch, fp32: lmlab through ``lmlab.generate.stream_batch``, HF
-through ``model.generate`` (default dynamic cache, sdpa attention) with a streamer that timestamps each
-step. Prefill = time to the first new token;
-decode = the remaining new_tokens - 1 steps. The two run alternately (lmlab, HF, lmlab, ...) after a
-warm-up of each; medians of --repeats runs, and the median of the per-pair ratios. Run:
+difference at most 1e-4, else it stops) and that greedy generation gives the same tokens, then times
+what a user calls, greedy, fp32, --new-tokens tokens after prompts of --prompt-len tokens at each --batch:
 
-    python bench/decode_vs_hf.py [--batch 1 8] [--prompt-len 32] [--new-tokens 64] [--repeats 9] [--threads N]
+- ``lmlab``: ``lmlab.generate.stream_batch`` consumed to the end, whole call timed (prefill, decode
+  steps, and the check that the cached decode copies of the weights are current);
+- ``lmlab cold``: the same call after ``release_decode_copies`` (so it also pays the weight re-layout,
+  as the first call on a model or the first after a training step does);
+- ``HF``: ``model.generate`` (default dynamic cache, sdpa attention, a streamer that timestamps each
+  new token), whole call timed.
+
+Equalised and checked: the same weights (logits within 1e-4), the same greedy tokens, fp32 everywhere,
+SDPA attention in HF, the same prompts, the same threads. Prefill = call start to the first new token;
+decode = the remaining new_tokens - 1 steps. The three run in rotated order in each round (so a slow
+minute of the machine hits all); figures are medians over --repeats rounds, ratios the median of the
+per-round ratios with their IQR. Run:
+
+    python bench/decode_vs_hf.py [--batch 1 8] [--threads 1 2] [--prompt-len 32] [--new-tokens 64]
+        [--repeats 9] [--markdown FILE]
+
+``--markdown FILE`` writes the tables as a page (dated, machine, threads, load average) with
+``<!-- bench:decode_vs_hf -->`` markers; ``python bench/readme_tables.py`` copies it into the README.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from lmlab.bench import describe_machine, random_prompts, stamps_of, time_stream
+from lmlab.bench import describe_machine, random_prompts, stamps_of
 from lmlab.config import ModelConfig
-from lmlab.generate import decode_layout, decode_layout_kind, stream_batch
+from lmlab.generate import decode_layout_kind, release_decode_copies, stream_batch
 from lmlab.model import TransformerLM
 
 
@@ -91,13 +106,72 @@ def hf_stamps(hf, prompts: list[list[int]], new_tokens: int) -> list[float]:
     return clock.stamps
 
 
-def median_of(results: list[dict]) -> dict:
-    """Medians over single-repeat :func:`lmlab.bench.time_stream` results."""
-    keys = ("prefill_tokens_per_s", "decode_tokens_per_s", "decode_s_per_step")
-    return {k: statistics.median(r[k] for r in results) for k in keys}
+def timed(run) -> tuple[float, float, float]:
+    """(prefill s, decode s, whole call s) of ``run()``, which returns each new token's time stamp."""
+    t0 = time.perf_counter()
+    stamps = run()
+    t1 = time.perf_counter()
+    return stamps[0] - t0, stamps[-1] - stamps[0], t1 - t0
+
+
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+    return q[0], statistics.median(xs), q[2]
+
+
+def bench_batch(ours, hf, cfg, B: int, args) -> dict:
+    """Check equal greedy tokens, then time lmlab (warm), lmlab cold and HF in rotated rounds."""
+    prompts = random_prompts(cfg.vocab_size, B, args.prompt_len, seed=B)
+    with torch.inference_mode():
+        same = hf.generate(torch.tensor(prompts), attention_mask=torch.ones(B, args.prompt_len, dtype=torch.long),
+                           max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
+                           pad_token_id=0)[:, args.prompt_len:].tolist()
+    mine = torch.stack(list(stream_batch(ours, prompts, args.new_tokens, temperature=0.0)), 1).tolist()
+    agree = sum(a == b for ra, rb in zip(mine, same) for a, b in zip(ra, rb)) / (B * args.new_tokens)
+
+    def lmlab_call():
+        return stamps_of(stream_batch(ours, prompts, args.new_tokens, temperature=0.0))
+
+    runs = {"lmlab": lmlab_call, "lmlab cold": lmlab_call, "HF": lambda: hf_stamps(hf, prompts, args.new_tokens)}
+    names = list(runs)
+    timed(lmlab_call), timed(runs["HF"])  # warm-up
+    times = {name: [] for name in names}
+    for r in range(args.repeats):
+        for name in names[r % 3:] + names[:r % 3]:
+            if name == "lmlab cold":
+                release_decode_copies(ours)  # not timed: the call then remakes the copies
+            times[name].append(timed(runs[name]))
+    out = {"batch": B, "agree": agree, "layout": decode_layout_kind(ours, B), "systems": {}}
+    for name in names:
+        pre, dec, call = (statistics.median(t[j] for t in times[name]) for j in range(3))
+        ratio = quartiles([h[2] / o[2] for h, o in zip(times["HF"], times[name])])
+        out["systems"][name] = {"prefill_ms": pre * 1e3, "decode_ms_step": dec / (args.new_tokens - 1) * 1e3,
+                                "call_ms": call * 1e3, "tokens_s": B * args.new_tokens / call,
+                                "hf_over": ratio}
+    return out
+
+
+def print_batch(res: dict, threads: int) -> list[str]:
+    """Print one batch's results; return its markdown table rows."""
+    B = res["batch"]
+    print(f"batch {B}, {threads} thread(s): lmlab decode weight layout {res['layout']}; greedy tokens identical "
+          f"{res['agree']:.1%}")
+    print(f"  {'system':11} {'call ms':>9} {'tokens/s':>9} {'prefill ms':>11} {'ms/step':>8}  HF call / this call (IQR)")
+    rows = []
+    for name, r in res["systems"].items():
+        q1, med, q3 = r["hf_over"]
+        vs = "" if name == "HF" else f"{med:.2f}x ({q1:.2f}-{q3:.2f})"
+        print(f"  {name:11} {r['call_ms']:>9.1f} {r['tokens_s']:>9,.0f} {r['prefill_ms']:>11.2f} "
+              f"{r['decode_ms_step']:>8.2f}  {vs}")
+        rows.append(f"| {threads} | {B} | {name} | {r['call_ms']:.1f} | {r['tokens_s']:,.0f} | {r['prefill_ms']:.2f} | "
+                    f"{r['decode_ms_step']:.2f} | {('**' + vs.replace(' (', '** (', 1)) if vs else '1 (reference)'} |")
+    return rows
 
 
 def main() -> None:
+    import datetime
+    import os
+
     from lmlab.cli import POSITIVE, _int_at_least, _Parser
 
     ap = _Parser(description=__doc__.splitlines()[0])
@@ -105,7 +179,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=POSITIVE, default=32)
     ap.add_argument("--new-tokens", type=_int_at_least(2), default=64)
     ap.add_argument("--repeats", type=POSITIVE, default=9)
-    ap.add_argument("--threads", type=POSITIVE, help="torch threads (default: torch's choice)")
+    ap.add_argument("--threads", type=POSITIVE, nargs="+", help="torch threads, one or more (default: torch's choice)")
+    ap.add_argument("--markdown", metavar="FILE", help="also write the tables as a markdown page to FILE")
     args = ap.parse_args()
     try:
         import transformers
@@ -123,8 +198,6 @@ def main() -> None:
         check_decode_memory(cfg, torch.device("cpu"), max(args.batch), length, models=2)
     except ConfigError as exc:
         ap.error(str(exc))
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
     ours, hf, cfg = build_pair()
     x = torch.randint(0, cfg.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))
@@ -132,40 +205,36 @@ def main() -> None:
         diff = (ours(x) - hf(x).logits).abs().max().item()
     if diff > 1e-4:  # the same weights must give the same logits, else the timing compares different models
         raise SystemExit(f"lmlab and HF logits differ by {diff:.2e} (> 1e-4): the weight mapping is wrong")
-    print(f"machine: {describe_machine()}, transformers {transformers.__version__}")
-    print(f"model: d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / {cfg.n_kv_heads} KV heads, "
-          f"vocab {cfg.vocab_size}, {ours.num_params():,} params, fp32; max |logit difference| lmlab vs HF "
-          f"{diff:.2e}")
-    print(f"greedy, prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, median of {args.repeats}")
-    print(f"{'batch':>5}  {'':6} {'prefill tok/s':>14} {'decode tok/s':>13} {'ms/step':>8}")
-    for B in args.batch:
-        prompts = random_prompts(cfg.vocab_size, B, args.prompt_len, seed=B)
-        with torch.inference_mode():
-            same = [list(r) for r in hf.generate(torch.tensor(prompts), attention_mask=torch.ones(B, args.prompt_len,
-                    dtype=torch.long), max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
-                    pad_token_id=0)[:, args.prompt_len:].tolist()]
-        mine = [[] for _ in range(B)]
-        for nxt in stream_batch(ours, prompts, args.new_tokens, temperature=0.0):
-            for r, t in enumerate(nxt.tolist()):
-                mine[r].append(t)
-        agree = sum(a == b for ra, rb in zip(mine, same) for a, b in zip(ra, rb)) / (B * args.new_tokens)
-        run_o = lambda: stamps_of(stream_batch(ours, prompts, args.new_tokens, temperature=0.0))  # noqa: E731
-        run_h = lambda: hf_stamps(hf, prompts, args.new_tokens)  # noqa: E731
-        with decode_layout(ours, B):  # the once-per-generate weight re-layout, kept out of the timed prefill
-            # interleaved: lmlab, HF, lmlab, HF, ... so that a slower minute of the machine hits both
-            pairs = [(time_stream(run_o, B, args.prompt_len, args.new_tokens, 1, warmup=int(i == 0)),
-                      time_stream(run_h, B, args.prompt_len, args.new_tokens, 1, warmup=int(i == 0)))
-                     for i in range(args.repeats)]
-        res_o, res_h = (median_of([p[j] for p in pairs]) for j in (0, 1))
-        ratios = [p[0]["decode_tokens_per_s"] / p[1]["decode_tokens_per_s"] for p in pairs]
-        print(f"{B:>5}  lmlab decode weight layout: {decode_layout_kind(ours, B)}")
-        for name, r in (("lmlab", res_o), ("HF", res_h)):
-            print(f"{B:>5}  {name:6} {r['prefill_tokens_per_s']:>14,.0f} {r['decode_tokens_per_s']:>13,.0f} "
-                  f"{r['decode_s_per_step'] * 1e3:>8.2f}")
-        print(f"{B:>5}  ratio lmlab/HF: prefill {res_o['prefill_tokens_per_s'] / res_h['prefill_tokens_per_s']:.2f}x, "
-              f"decode {res_o['decode_tokens_per_s'] / res_h['decode_tokens_per_s']:.2f}x (median of the {len(ratios)} "
-              f"interleaved pairs' ratios {statistics.median(ratios):.2f}x, range {min(ratios):.2f}-{max(ratios):.2f}); "
-              f"greedy tokens identical: {agree:.1%}")
+    load0 = os.getloadavg()
+    head = [f"machine: {describe_machine()}, transformers {transformers.__version__}; load average "
+            f"{' '.join(f'{v:.2f}' for v in load0)}",
+            f"model: d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / {cfg.n_kv_heads} KV heads, "
+            f"vocab {cfg.vocab_size}, {ours.num_params():,} params, fp32; max |logit difference| lmlab vs HF {diff:.2e}",
+            f"equalised: same weights, fp32, SDPA attention in HF, same prompts and threads, greedy; whole calls "
+            f"timed (prompt {args.prompt_len} tokens, {args.new_tokens} new tokens), {args.repeats} rotated rounds"]
+    print("\n".join(head))
+    rows, agree = [], []
+    for threads in args.threads or [torch.get_num_threads()]:
+        torch.set_num_threads(threads)
+        for B in args.batch:
+            res = bench_batch(ours, hf, cfg, B, args)
+            agree.append(res["agree"])
+            rows += print_batch(res, threads)
+    load1 = os.getloadavg()
+    print(f"load average after {' '.join(f'{v:.2f}' for v in load1)}")
+    if args.markdown:
+        cmd = "python bench/decode_vs_hf.py " + " ".join(sys.argv[1:])
+        page = [f"# Generation end to end: lmlab vs Hugging Face (generated by bench/decode_vs_hf.py)", "",
+                f"`{cmd}`, {datetime.date.today().isoformat()}.", "",
+                "<!-- bench:decode_vs_hf -->",
+                f"{datetime.date.today().isoformat()}; {head[0]}, after {' '.join(f'{v:.2f}' for v in load1)}; "
+                f"{head[1]}; {head[2]}; greedy tokens identical at {min(agree):.1%} of positions (the lowest of all batches).", "",
+                "| threads | batch | system | ms per call | tokens/s (whole call) | prefill ms | ms per decode step "
+                "| HF's call time / this one (IQR) |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- |", *rows,
+                "<!-- /bench:decode_vs_hf -->", ""]
+        Path(args.markdown).write_text("\n".join(page))
+        print(f"wrote {args.markdown}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The training-speed table of the README: bench/train_vs_peers.py for every recipe x precision x
 # threads cell, lmlab compiled (its CPU recipe) against each peer eager and compiled, markdown tables
-# collected into docs/bench/train_vs_peers.md (the README links it). On a quiet machine:
+# collected into docs/bench/train_vs_peers.md; `python bench/readme_tables.py` then writes the README's table
+# from it. On a quiet machine:
 #   PY=.venv-bench/bin/python NANOGPT_DIR=~/src/nanoGPT bash bench/train_matrix.sh
 # (PY: a venv with the peers, see bench/train_vs_peers.py; NANOGPT_DIR: a clone of karpathy/nanoGPT,
 # without it the GPT-2 recipe runs against HF only). CELLS="llama:fp32:1 ..." for a subset.

@@ -425,6 +425,8 @@ def cmd_bench_decode(args) -> int:
           f"{args.batch} x {plural(args.prompt_len, 'token')})")
     print(f"  decode  {res['decode_tokens_per_s']:>12,.0f} tokens/s   ({res['decode_s_per_step'] * 1e3:.2f} ms per "
           f"step of {args.batch} token{'s' if args.batch > 1 else ''})")
+    print(f"  whole call {res['call_s'] * 1e3:.1f} ms ({res['call_tokens_per_s']:,.0f} new tokens/s); the first "
+          f"call on the model, which also lays out its weights for decoding, {res['first_call_s'] * 1e3:.1f} ms")
     return 0
 
 

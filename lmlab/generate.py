@@ -17,20 +17,24 @@ head on the last position only, and runs under ``torch.inference_mode``. Sliding
 rolling cache of ``sliding_window`` entries (see :class:`lmlab.model.KVCache`).
 
 :func:`generate` and :func:`stream_batch` are generators that hold the model in :func:`decode_layout`
-from the first token until they finish: one left suspended (partly consumed) keeps the weights in the
-decode layout, e.g. non-contiguous for ``safetensors.torch.save_file``. Exhaust it or call its
-``close()`` (``contextlib.closing``) before using the model otherwise; lmlab's own checkpoints and
-training work either way.
+from the first token until they finish. Its weight copies are kept between calls (the re-layout is paid
+once per model and weight change, not per call). A model with more than ``PACK_LIMIT_BYTES`` of linear
+weights is re-laid out in place instead: a generator left suspended (partly consumed) then keeps those
+weights non-contiguous, e.g. for ``safetensors.torch.save_file``; exhaust it or call its ``close()``
+(``contextlib.closing``) before using the model otherwise. lmlab's own checkpoints and training work
+either way.
 """
 
 from __future__ import annotations
 
 import codecs
 import contextlib
+import weakref
 from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from lmlab.model import KVCache, TransformerLM
 
@@ -90,7 +94,8 @@ def _dtype(model: TransformerLM) -> torch.dtype:
     return next(model.parameters()).dtype
 
 
-# linear weights up to this size (bytes, all layers together) get a packed copy while decoding
+# linear weights up to this size (bytes, all layers together) get a decode copy (packed or transposed),
+# kept between generate calls; larger ones are re-laid out in place on every call
 PACK_LIMIT_BYTES = 1 << 30
 
 # Batch-1 decoding multiplies one row by every weight matrix (memory-bound): below this many weights per
@@ -115,14 +120,81 @@ def packed_decode_available() -> bool:
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def _packed_forward(module: torch.nn.Linear, packed: torch.Tensor):
-    """A forward for ``module`` multiplying by its oneDNN-packed weight; under autograd (training inside
-    the context) the module's own weight is used, so gradients still reach it."""
+def _prepared_forward(module: torch.nn.Linear, prepared: torch.Tensor, packed: bool):
+    """A forward for ``module`` multiplying by ``prepared``, its weight's decode copy (oneDNN-packed, or
+    the same values held transposed in memory); under autograd (training inside the context) or for an
+    input of another dtype the module's own weight is used, so gradients still reach it."""
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or x.dtype != torch.float32:
+        if torch.is_grad_enabled() or x.dtype != module.weight.dtype:
             return F.linear(x, module.weight, module.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
+        if packed:
+            return torch.ops.mkldnn._linear_pointwise(x, prepared, module.bias, "none", [], "")
+        return F.linear(x, prepared, module.bias)
     return forward
+
+
+# The decode copies of linear weights, kept between calls: module -> (what was prepared, the weight
+# tensor it was made from, its version counter then, the optimizer-step count then, the copy). Keyed
+# weakly, so a model that is dropped frees its copies; see decode_layout for when a copy is remade.
+_DECODE_COPIES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+_OPTIMIZER_STEPS = [0]
+_STEP_HOOK = []
+
+
+def _count_optimizer_steps() -> None:
+    """Count every ``torch.optim`` step in this process (one global post-step hook, registered once):
+    torch's fused AdamW updates parameters without bumping their version counters, so a step must
+    invalidate the decode copies by itself."""
+    if not _STEP_HOOK:
+        def bump(*_):
+            _OPTIMIZER_STEPS[0] += 1
+        _STEP_HOOK.append(register_optimizer_step_post_hook(bump))
+
+
+def _decode_copy(module: torch.nn.Linear, what: tuple) -> torch.Tensor:
+    """``module``'s weight prepared as ``what`` (('packed', batch) or ('transposed',)), from the cache
+    when it was made from the same tensor storage, at the same version, with no optimizer step since."""
+    w = module.weight
+    entry = _DECODE_COPIES.get(module)
+    if entry is not None:
+        made_as, source, version, steps, copy = entry
+        # ``source`` keeps the old storage alive, so an equal data_ptr means the same storage
+        if made_as == what and source.data_ptr() == w.data_ptr() and source.shape == w.shape \
+                and source.dtype == w.dtype and w._version == version and steps == _OPTIMIZER_STEPS[0]:
+            return copy
+    copy = _make_decode_copy(w, what)
+    _DECODE_COPIES[module] = (what, w.detach(), w._version, _OPTIMIZER_STEPS[0], copy)
+    return copy
+
+
+def _make_decode_copy(w: torch.Tensor, what: tuple) -> torch.Tensor:
+    """A weight (out, in) oneDNN-packed for ``what[1]`` rows, or with its values stored as (in, out)."""
+    with torch.inference_mode(False), torch.no_grad():
+        if what[0] == "packed":
+            return torch.ops.mkldnn._reorder_linear_weight(w.detach(), max(1, what[1]))
+        return w.detach().t().contiguous().t()
+
+
+def release_decode_copies(model: torch.nn.Module) -> int:
+    """Free the decode copies of ``model``'s linear weights that :func:`decode_layout` keeps between
+    calls; returns how many bytes they held. The next generation call makes them again."""
+    freed = 0
+    for module in model.modules():
+        entry = _DECODE_COPIES.pop(module, None)
+        if entry is not None:
+            freed += entry[-1].numel() * entry[-1].element_size()
+    return freed
+
+
+def _transposes(w: torch.Tensor) -> bool:
+    """Whether the 'transposed' layout holds ``w`` (out, in) as (in, out): a contiguous matrix with at
+    least as many outputs as inputs (q|k|v, gate|up, the LM head; the FFN's down projection stays)."""
+    return w.dim() == 2 and w.is_contiguous() and w.shape[0] >= w.shape[1] > 1
+
+
+def _linear_bytes(model: torch.nn.Module) -> int:
+    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    return sum(w.numel() * w.element_size() for w in weights.values())
 
 
 def decode_layout_kind(model: TransformerLM, batch: int = 1) -> str:
@@ -132,8 +204,7 @@ def decode_layout_kind(model: TransformerLM, batch: int = 1) -> str:
     if not weights or any(w.device.type != "cpu" for w in weights.values()):
         return "unchanged"
     fp32 = all(w.dtype == torch.float32 for w in weights.values())
-    size = sum(w.numel() * w.element_size() for w in weights.values())
-    pack = batch >= 2 and fp32 and size <= PACK_LIMIT_BYTES and packed_decode_available()
+    pack = batch >= 2 and fp32 and _linear_bytes(model) <= PACK_LIMIT_BYTES and packed_decode_available()
     return "onednn-packed" if pack else "transposed"
 
 
@@ -146,16 +217,25 @@ def decode_layout(model: TransformerLM, batch: int = 1) -> Iterator[None]:
     their weights as they are (see :func:`decode_layout_kind`).
 
     - 'onednn-packed' (fp32 weights, at most ``PACK_LIMIT_BYTES`` of them, a PyTorch built with oneDNN):
-      each ``nn.Linear`` multiplies by a copy of its weight reordered once into oneDNN's blocked format
-      for ``batch`` rows (``torch.ops.mkldnn._reorder_linear_weight``, the packing Inductor's CPU
-      "freezing" uses), through ``torch.ops.mkldnn._linear_pointwise``. The copy costs the linear weights'
-      bytes once more while decoding. Results equal ``F.linear`` up to fp32 summation order.
-    - 'transposed' (otherwise, e.g. bf16 weights or ones too large to copy): each weight with at least
-      as many outputs as inputs (q|k|v, gate|up, the LM head) keeps its values and shape (out, in) but is
-      stored as the (in, out) matrix, which MKL multiplies by one row faster than the (out, in) layout
-      (whole demo-shape decode steps 9% faster for q|k|v, 20% for gate|up); the narrowing ones (the FFN's
-      down projection) stay (out, in), 5-7% faster there. No copy is kept: the storage is re-laid out on
-      entry and made contiguous again on exit (what checkpoints and training expect).
+      each ``nn.Linear`` multiplies by a copy of its weight reordered into oneDNN's blocked format for
+      ``batch`` rows (``torch.ops.mkldnn._reorder_linear_weight``, the packing Inductor's CPU "freezing"
+      uses), through ``torch.ops.mkldnn._linear_pointwise``. Results equal ``F.linear`` up to fp32
+      summation order.
+    - 'transposed' (otherwise, e.g. bf16 weights or batch 1): each weight with at least as many outputs
+      as inputs (q|k|v, gate|up, the LM head) keeps its values and shape (out, in) but is stored as the
+      (in, out) matrix, which MKL multiplies by one row faster than the (out, in) layout (whole demo-shape
+      decode steps 9% faster for q|k|v, 20% for gate|up); the narrowing ones (the FFN's down projection)
+      stay (out, in), 5-7% faster there. Up to ``PACK_LIMIT_BYTES`` of linear weights this is a copy the
+      module multiplies by; above it the weights' own storage is re-laid out on entry and made contiguous
+      again on exit (no second copy of a large model; what checkpoints and training expect).
+
+    The copies (at most ``PACK_LIMIT_BYTES``: the linear weights' bytes once more) are kept between calls,
+    so repeated generation pays the re-layout once; :func:`release_decode_copies` frees them. A copy is
+    remade when its weight changed: a different tensor or storage (``load_state_dict(assign=True)``,
+    ``.to()``, ``p.data = ...``), an in-place write through the parameter (its version counter:
+    ``load_state_dict``, ``p.copy_``), or any ``torch.optim`` step in the process since it was made (torch's
+    fused AdamW does not bump version counters). Writes through ``p.data`` itself bypass all three:
+    call :func:`release_decode_copies` after them.
 
     Side by side on the demo shape (2 CPU threads; ``python bench/decode_vs_hf.py``): see the README."""
     kind = decode_layout_kind(model, batch)
@@ -169,19 +249,22 @@ def decode_layout(model: TransformerLM, batch: int = 1) -> Iterator[None]:
         if kind == "unchanged":
             yield
             return
-        with torch.inference_mode(False), torch.no_grad():  # new storage must stay usable by autograd
-            if kind == "onednn-packed":
-                for module in model.modules():
-                    if isinstance(module, torch.nn.Linear):
-                        packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), max(1, batch))
-                        module.forward = _packed_forward(module, packed)
-                        patched.append(module)
-            else:
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        if kind == "onednn-packed" or _linear_bytes(model) <= PACK_LIMIT_BYTES:
+            _count_optimizer_steps()
+            for module in linears:
+                packed = kind == "onednn-packed"
+                if not packed and not _transposes(module.weight):
+                    continue
+                copy = _decode_copy(module, ("packed", batch) if packed else ("transposed",))
+                module.forward = _prepared_forward(module, copy, packed)
+                patched.append(module)
+        else:
+            with torch.inference_mode(False), torch.no_grad():  # new storage must stay usable by autograd
                 seen = set()
-                for module in model.modules():
-                    w = getattr(module, "weight", None)
-                    if isinstance(module, torch.nn.Linear) and id(w) not in seen and w.dim() == 2 \
-                            and w.is_contiguous() and w.shape[0] >= w.shape[1] > 1:
+                for module in linears:
+                    w = module.weight
+                    if id(w) not in seen and _transposes(w):
                         seen.add(id(w))
                         w.data = w.data.t().contiguous().t()
                         changed.append(w)

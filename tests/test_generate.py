@@ -223,14 +223,90 @@ def test_cli_generate_stop_and_batch(byte_run, capsys):
     assert "prefill" in out and "decode" in out and "tokens/s" in out
 
 
-def test_suspended_generator_holds_the_decode_layout_until_closed():
+@pytest.mark.parametrize("large", [False, True])
+def test_suspended_generator_holds_the_decode_layout_until_closed(large, monkeypatch):
+    """A small model decodes through cached copies (its own weights stay contiguous throughout); one
+    over ``PACK_LIMIT_BYTES`` is re-laid out in place while a generator is suspended, as documented."""
+    import lmlab.generate as gen
+
+    if large:
+        monkeypatch.setattr(gen, "PACK_LIMIT_BYTES", 0)
     torch.manual_seed(0)
     model = TransformerLM(ModelConfig(vocab_size=40, context_length=16, d_model=32, n_layers=1, n_heads=4)).eval()
     tokens = generate(model, [1, 2, 3], 8, temperature=0)
     next(tokens)
-    assert model.lean_decode and not model.blocks[0].attn.qkv.weight.is_contiguous()  # as documented
+    qkv = model.blocks[0].attn.qkv
+    assert model.lean_decode and qkv.weight.is_contiguous() != large
+    assert ("forward" in qkv.__dict__) != large  # small: multiplies by its copy
     tokens.close()
     assert not model.lean_decode and all(p.is_contiguous() for p in model.parameters())
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_decode_copies_are_cached_and_remade_when_the_weights_change(batch):
+    """The decode copies of the weights (transposed at batch 1, oneDNN-packed at batch >= 2) are made
+    once and reused by the next call; a training step (fused AdamW, which bumps no version counter),
+    load_state_dict, or a new tensor assigned to .data makes the next call use the new weights: its
+    outputs equal those of a fresh copy of the model that never decoded (a stale copy would not)."""
+    import copy
+
+    import lmlab.generate as gen
+
+    if batch > 1 and not gen.packed_decode_available():
+        pytest.skip("this PyTorch has no oneDNN")
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=40, context_length=32, d_model=32, n_layers=2, n_heads=4, init_std=0.3)
+    model = TransformerLM(cfg)
+    prompts = [[1, 2, 3]] * batch
+    made = []
+    real = gen._make_decode_copy
+    spy = lambda w, what: made.append(what) or real(w, what)  # noqa: E731
+
+    x = torch.randint(0, 40, (batch, 9), generator=torch.Generator().manual_seed(1))
+
+    def decode(m):  # greedy ids, and logits of a forward through the decode layout's copies
+        out = torch.stack(list(gen.stream_batch(m, prompts, 6, temperature=0)))
+        with gen.decode_layout(m, batch), torch.inference_mode():
+            return out, m(x)
+
+    import unittest.mock as mock
+    with mock.patch.object(gen, "_make_decode_copy", spy):
+        first = decode(model)
+        n = len(made)
+        assert n > 0 and all(w[0] == ("packed" if batch > 1 else "transposed") for w in made)
+        again = decode(model)
+        assert len(made) == n and all(torch.equal(a, b) for a, b in zip(first, again))  # nothing remade
+    entries = {id(m): gen._DECODE_COPIES[m][-1] for m in model.modules() if m in gen._DECODE_COPIES}
+    assert entries  # cached: the second call reused the same copy tensors
+    decode(model)
+    assert all(gen._DECODE_COPIES[m][-1] is entries[id(m)] for m in model.modules() if id(m) in entries)
+
+    def changed_by_training(m):
+        opt = torch.optim.AdamW(m.parameters(), lr=0.05, fused=True)
+        m.train()
+        loss, _ = m(torch.randint(0, 40, (2, 12)), targets=torch.randint(0, 40, (2, 12)))
+        loss.backward()
+        opt.step()
+        m.eval()
+
+    def changed_by_load(m):
+        other = TransformerLM(cfg)
+        m.load_state_dict(other.state_dict())
+
+    def changed_by_data(m):
+        for p in m.parameters():
+            p.data = p.data * 1.5
+
+    for change in (changed_by_training, changed_by_load, changed_by_data):
+        change(model)
+        fresh = copy.deepcopy(model)
+        gen.release_decode_copies(fresh)
+        after, ref = decode(model), decode(fresh)
+        assert torch.allclose(after[1], ref[1], atol=1e-5) and torch.equal(after[0], ref[0]), change.__name__
+        assert not torch.allclose(after[1], first[1], atol=1e-3), change.__name__  # the weights did change
+    freed = gen.release_decode_copies(model)
+    assert freed > 0 and not any(m in gen._DECODE_COPIES for m in model.modules())
 
 
 def test_several_eos_ids_and_logprobs():

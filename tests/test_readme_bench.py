@@ -1,0 +1,55 @@
+"""The README's performance tables are the benchmarks' own output (bench/readme_tables.py): each
+``<!-- bench:NAME -->`` block equals what its generated page gives, so a figure edited by hand, or a
+page regenerated without the README, fails here."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def tables():
+    spec = importlib.util.spec_from_file_location("readme_tables", ROOT / "bench" / "readme_tables.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_readme_blocks_equal_their_pages(tables):
+    readme = (ROOT / "README.md").read_text()
+    names = re.findall(r"<!-- bench:(\w+) -->", readme)
+    assert sorted(names) == sorted(tables.BLOCKS), "every generated table appears in the README once"
+    assert tables.render(readme) == readme, "run python bench/readme_tables.py"
+
+
+def test_a_figure_edited_by_hand_is_caught(tables):
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- bench:train_vs_peers -->.*?<!-- /bench:train_vs_peers -->", readme, flags=re.S)[0]
+    ratio = re.search(r"\| (\d\.\d\d)x \(", block)[1]
+    edited = readme.replace(block, block.replace(f"| {ratio}x (", f"| {float(ratio) + 0.2:.2f}x (", 1))
+    assert edited != readme and tables.render(edited) == readme  # rendering restores the measured figure
+
+
+def test_peer_summary_is_read_from_the_cells(tables, tmp_path, monkeypatch):
+    """The summary takes each cell's 'fastest ... peer' lines: a hand-made page gives a hand-checked row."""
+    page = tmp_path / "docs" / "bench" / "train_vs_peers.md"
+    page.parent.mkdir(parents=True)
+    page.write_text("# t\n\n2026-01-02\n\n## gpt2, bf16, 2 thread(s)\n\n- machine: x, load average 0.50 0.4 0.3\n"
+                    "- lmlab+compile / fastest eager peer (nanogpt): 1.31x (IQR 1.20-1.40)\n"
+                    "- lmlab+compile / fastest compiled peer (hf+compile): 0.97x (IQR 0.90-1.01)\n"
+                    "\n## llama, fp32, 1 thread(s)\n\n- machine: x, load average 0.70 0.6 0.6\n"
+                    "- lmlab+compile / fastest eager peer (litgpt): 1.10x (IQR 1.00-1.20)\n"
+                    "- lmlab+compile / fastest compiled peer (litgpt+compile): 1.01x (IQR 1.00-1.02)\n")
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    monkeypatch.setattr(tables, "DOCS", tmp_path / "docs" / "bench")
+    out = tables.train_vs_peers()
+    assert out[-2:] == ["| GPT-2 | bf16 | 2 | **1.31x** (1.20-1.40, nanoGPT) | 0.97x (0.90-1.01, HF) |",
+                        "| LLaMA | fp32 | 1 | 1.10x (1.00-1.20, litgpt) | 1.01x (1.00-1.02, litgpt) |"]
+    assert "2026-01-02" in out[0] and "load average 0.50-0.70" in out[0]  # the 1-min figures
+    page.write_text(page.read_text().replace("fastest compiled", "slowest compiled"))
+    with pytest.raises(SystemExit, match="no 'fastest compiled peer' line"):
+        tables.train_vs_peers()
