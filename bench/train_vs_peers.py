@@ -352,10 +352,17 @@ def main() -> None:
     print(f"recipe {a.recipe}: d_model {shape.d_model}, {shape.layers} layers, {shape.heads} heads, "
           f"{shape.kv_heads} KV heads, context {shape.context}, vocab {shape.vocab}, batch {shape.batch}; "
           f"{a.dtype}{' autocast' if dtype else ''}; {a.rounds} rounds x {a.steps} steps, rotated order")
+    from lmlab.model.causal_attention import use_blocked
+
+    q = torch.empty(shape.batch, shape.heads, shape.context, shape.d_model // shape.heads,
+                    dtype=dtype or torch.float32, device=a.device)
+    blocked = "lmlab" in wanted and use_blocked(q)  # the rule lmlab's attention applies in training
     print(f"equalised: {counts[labels[0]]:,} params in every system; dropout 0 everywhere (checked); "
           f"AdamW {ADAMW} for all; activation {'GELU (erf)' if a.recipe == 'gpt2' else 'SwiGLU'}; "
-          "SDPA attention in every system")
-    print("not equalised (printed, by design): lmlab's chunked loss, fused AdamW"
+          + ("SDPA attention in the peers" if blocked else "SDPA attention in every system"))
+    print("not equalised (printed, by design): "
+          + ("lmlab's blocked causal attention (lmlab/model/causal_attention.py), " if blocked else "")
+          + "lmlab's chunked loss, fused AdamW"
           f"{' and torch.compile' if a.lmlab_compile else ''}; peers eager with torch's default AdamW (foreach)"
           f"{', and again compiled with fused AdamW' if a.peers_compiled else ''}")
     rss = {} if a.no_rss else {k: peak_rss(k.replace("+compile", "+c").replace("+ckpt", "+k"), sys.argv[1:])
