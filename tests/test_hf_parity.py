@@ -312,7 +312,8 @@ PRESET_FAMILIES = {"llama-2-7b": "llama", "llama-3-8b": "llama", "mistral-7b": "
                    "qwen3-8b": "qwen3", "gemma-2b": "gemma", "gemma-2-9b": "gemma2", "gemma-3-12b": "gemma3_text",
                    "gemma-3-1b": "gemma3_text", "gemma-3-4b": "gemma3_text", "gemma-3-27b": "gemma3_text",
                    "mixtral-8x7b": "mixtral", "llama-2-70b": "llama", "llama-3-70b": "llama",
-                   "olmo-7b": "olmo", "olmo-2-7b": "olmo2", "command-r7b": "cohere2"}
+                   "olmo-7b": "olmo", "olmo-2-7b": "olmo2", "command-r7b": "cohere2", "smollm3-3b": "smollm3",
+                   "marin-8b": "llama", "internlm2-7b": "llama"}
 
 
 @pytest.mark.parametrize("preset", list(PRESET_FAMILIES))
