@@ -305,7 +305,10 @@ _real = dict(_LLAMA_STYLE, vocab_size=202048, context_length=10485760, d_model=5
              n_kv_heads=8, head_dim=128, d_ff=16384, norm_eps=1e-5, rope_theta=500000.0, rope_style="interleaved",
              sliding_window=8192, local_attention="chunk", layer_pattern="LLLG", nope_global_layers=True, n_experts=16,
              experts_per_token=1, n_shared_experts=1, expert_d_ff=8192, router_score="sigmoid",
-             router_renormalize=False)
+             router_renormalize=False, router_weights="input", qk_norm="l2", qk_norm_layers="rope",
+             attn_temperature_tuning=True, attn_temperature_floor=8192, attn_temperature_scale=0.1,
+             rope_scaling={"type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+                           "original_max_position_embeddings": 8192})
 _add("llama-4-scout", "Llama 4",
      "Meta 2025, 'The Llama 4 herd', https://ai.meta.com/blog/llama-4-multimodal-intelligence/; "
      "https://huggingface.co/meta-llama/Llama-4-Scout-17B-16E/blob/main/config.json (text_config)",
@@ -313,13 +316,11 @@ _add("llama-4-scout", "Llama 4",
      "every FFN a mixture of 16 experts (top-1) plus a shared one",
      _real, _tiny(_real, d_model=160, n_heads=10, n_layers=4),
      notes="Every FFN is a mixture of 16 routed experts of width 8192, top-1, plus one shared expert, as "
-           "published (lmlab analyze: total and active parameters); the router differs in one detail: "
-           "Llama 4 scales the expert's input by sigmoid(top logit), lmlab its output. The local layers use "
-           "chunked attention (local_attention='chunk': a token sees the earlier tokens of its block of "
-           "8192). Not modelled: QK L2-norm without weights on RoPE layers only; "
-           "attention temperature tuning on NoPE layers; rope_scaling llama3 (factor 16, "
-           "low_freq_factor = high_freq_factor = 1, original 8192) is rejected by ModelConfig's check "
-           "high_freq_factor > low_freq_factor, so it is left out.",
+           "published (lmlab analyze: total and active parameters); each expert is fed the token times the "
+           "sigmoid of its router logit (router_weights='input'). The RoPE layers use chunked attention "
+           "(local_attention='chunk': a token sees the earlier tokens of its block of 8192) and a weightless "
+           "L2 QK-norm; the NoPE layers attention temperature tuning (floor 8192, scale 0.1). The text model "
+           "is the llama4_text family (HF parity tested); the card's 109B counts the multimodal checkpoint.",
      total_params=109e9, active_params=17e9)  # the model card (multimodal checkpoint); the text model: 107.8B
 
 # --- Mistral -------------------------------------------------------------------------------------

@@ -31,14 +31,19 @@ def naive(moe: MoEFeedForward, x: torch.Tensor) -> torch.Tensor:
     w, idx, _, _ = moe.route(flat)
     rows = []
     for t in range(flat.shape[0]):
-        y = sum(w[t, j] * moe.experts[int(idx[t, j])](flat[t:t + 1])[0] for j in range(moe.k))
+        if moe.weights_input:  # Llama 4: the expert sees the token times its weight
+            y = sum(moe.experts[int(idx[t, j])](w[t, j] * flat[t:t + 1])[0] for j in range(moe.k))
+        else:
+            y = sum(w[t, j] * moe.experts[int(idx[t, j])](flat[t:t + 1])[0] for j in range(moe.k))
         rows.append(y + (moe.shared(flat[t:t + 1])[0] if moe.shared is not None else 0))
     return torch.stack(rows).reshape(x.shape)
 
 
 @pytest.mark.parametrize("over", [dict(n_experts=4, experts_per_token=2),
                                   dict(n_experts=5, experts_per_token=3, n_shared_experts=2, expert_d_ff=24,
-                                       router_score="sigmoid", router_renormalize=False)])
+                                       router_score="sigmoid", router_renormalize=False),
+                                  dict(n_experts=4, experts_per_token=2, n_shared_experts=1, router_score="sigmoid",
+                                       router_renormalize=False, router_weights="input")])
 def test_dispatch_equals_the_per_token_loop_and_keeps_every_token(over):
     cfg = ModelConfig(**BASE, **over)
     torch.manual_seed(1)
@@ -52,6 +57,20 @@ def test_dispatch_equals_the_per_token_loop_and_keeps_every_token(over):
     x = torch.rand(2, 9, 32) + 0.1  # positive: expert 0's logit is the largest for every token
     assert torch.allclose(moe(x), naive(moe, x), atol=1e-6)
     assert int(moe.tokens_per_expert[0]) == 18
+
+
+def test_llama4_router_weights_scale_the_expert_input():
+    """router_weights='input' (HF Llama4TextMoe): one expert, top-1, sigmoid score s of its logit: the
+    output is FFN(s x), not s FFN(x) (they differ: the FFN is not linear)."""
+    cfg = ModelConfig(**BASE, n_experts=1, experts_per_token=1, router_score="sigmoid", router_renormalize=False,
+                      router_weights="input")
+    torch.manual_seed(0)
+    moe, dense = MoEFeedForward(cfg), FeedForward(cfg)
+    moe.experts[0].load_state_dict(dense.state_dict())
+    x = torch.randn(5, 32)
+    s = torch.sigmoid(moe.router(x))  # (5, 1)
+    assert torch.allclose(moe(x), dense(s * x), atol=1e-6)
+    assert not torch.allclose(moe(x), s * dense(x), atol=1e-3)
 
 
 def test_router_and_auxiliary_losses_by_hand():
