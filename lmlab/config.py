@@ -162,6 +162,12 @@ class ModelConfig:
     moe_pattern: str = "M"  # after them, 'M' (MoE) / 'D' (dense) per layer, repeated ('DM': every 2nd)
     # 'output': sum_e w_e FFN_e(x) (Mixtral, DeepSeek); 'input': sum_e FFN_e(w_e x) (Llama 4, HF Llama4TextMoe)
     router_weights: str = "output"
+    # DeepSeek-V2's group-limited routing (HF topk_method='group_limited_greedy'): the experts fall into
+    # router_groups equal groups, each scored by its best expert; only the router_topk_groups best groups'
+    # experts compete for the top-k (1 group: plain top-k). Then every weight x routed_scaling_factor.
+    router_groups: int = 1
+    router_topk_groups: int = 1
+    routed_scaling_factor: float = 1.0
 
     # --- positions ---------------------------------------------------------------------------
     position: str = "rope"
@@ -374,7 +380,17 @@ class ModelConfig:
         if not isinstance(self.moe_pattern, str) or not self.moe_pattern or set(self.moe_pattern) - {"M", "D"}:
             raise ConfigError(f"moe_pattern={self.moe_pattern!r} must be a non-empty string of 'M' (MoE) and "
                               f"'D' (dense)")
+        _positive_int("router_groups", self.router_groups)
+        _positive_int("router_topk_groups", self.router_topk_groups)
+        _positive("routed_scaling_factor", self.routed_scaling_factor)
+        if self.router_topk_groups > self.router_groups:
+            raise ConfigError(f"router_topk_groups={self.router_topk_groups} exceeds router_groups={self.router_groups}")
         if self.n_experts:
+            if self.n_experts % self.router_groups:
+                raise ConfigError(f"n_experts={self.n_experts} is not a multiple of router_groups={self.router_groups}")
+            if self.router_groups > 1 and self.experts_per_token > self.router_topk_groups * (self.n_experts // self.router_groups):
+                raise ConfigError(f"experts_per_token={self.experts_per_token} exceeds the experts of the "
+                                  f"router_topk_groups={self.router_topk_groups} groups kept")
             if self.experts_per_token > self.n_experts:
                 raise ConfigError(f"experts_per_token={self.experts_per_token} exceeds n_experts={self.n_experts}; "
                                   f"valid: 1 to {self.n_experts}")

@@ -349,15 +349,20 @@ _add("mixtral-8x7b", "Mixtral",
 
 # --- DeepSeek-V2 (MLA + MoE) ---------------------------------------------------------------------
 _DEEPSEEK_V2 = dict(_LLAMA_STYLE, vocab_size=102400, context_length=163840, norm_eps=1e-6, rope_theta=10000.0,
+                    rope_style="interleaved", rope_scaling={"type": "yarn", "factor": 40.0,
+                                                            "original_max_position_embeddings": 4096,
+                                                            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707,
+                                                            "mscale_all_dim": 0.707},
                     attention="mla", kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
                     n_shared_experts=2, experts_per_token=6, router_score="softmax", router_renormalize=False,
                     moe_first_dense=1)
 _MLA_TINY = dict(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
-_DEEPSEEK_NOTES = ("Not modelled: YaRN RoPE scaling (factor 40 from 4,096 positions, with its softmax mscale), "
-                   "so context_length is the released 163,840 with plain RoPE; decoding re-expands the "
-                   "cached latents each step (no weight absorption).")
+_DEEPSEEK_NOTES = ("YaRN RoPE scaling (factor 40 from 4,096 positions; mscale 0.707 on the rotary factors and "
+                   "mscale_all_dim 0.707 squared on the softmax scale) as config.json; the deepseek_v2 family "
+                   "is HF-parity tested. Decoding re-expands the cached latents each step (no weight "
+                   "absorption).")
 _real = dict(_DEEPSEEK_V2, d_model=5120, n_layers=60, n_heads=128, q_lora_rank=1536, d_ff=12288, n_experts=160,
-             expert_d_ff=1536)
+             expert_d_ff=1536, router_groups=8, router_topk_groups=3, routed_scaling_factor=16.0)
 _add("deepseek-v2", "DeepSeek-V2",
      "DeepSeek-AI 2024, 'DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts Language Model', "
      "Sec. 2 and 3.1.2, https://arxiv.org/abs/2405.04434; "
@@ -366,9 +371,9 @@ _add("deepseek-v2", "DeepSeek-V2",
      "32,768 for MHA), queries through a 1536 bottleneck; DeepSeekMoE: 160 routed experts (top-6) + 2 "
      "shared, the first layer dense",
      _real, _tiny(_real, q_lora_rank=48, **_MLA_TINY), total_params=236e9, active_params=21e9,
-     notes="The paper's 236B total / 21B active; lmlab counts 235.7B / 21.4B. The router differs: "
-           "DeepSeek-V2 routes group-limited (8 groups, the top 3 kept) and scales the routed output by "
-           "16 (routed_scaling_factor); lmlab takes the global top-6 unscaled. " + _DEEPSEEK_NOTES)
+     notes="The paper's 236B total / 21B active; lmlab counts 235.7B / 21.4B. The router is DeepSeek-V2's: "
+           "group-limited (8 groups of 20 experts, the top-6 taken within the 3 groups whose best expert "
+           "scores highest) and the routed weights x 16 (routed_scaling_factor). " + _DEEPSEEK_NOTES)
 _real = dict(_DEEPSEEK_V2, d_model=2048, n_layers=27, n_heads=16, q_lora_rank=None, d_ff=10944, n_experts=64,
              expert_d_ff=1408)
 _add("deepseek-v2-lite", "DeepSeek-V2",

@@ -69,6 +69,17 @@ CASES = {
                                                                                   rope_theta=10000.0)),
                     "chunked(8) RoPE layers 0-2 with L2 QK-norm, NoPE layer 3 with temperature (floor 4), "
                     "MoE on layers 1 and 3 (4 sigmoid-scored experts fed the scaled token, top-2, shared expert)"),
+    "deepseek_v2": ("DeepseekV2Config", dict(num_hidden_layers=3, num_key_value_heads=4, rms_norm_eps=1e-6,
+                                             kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                                             v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
+                                             n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1,
+                                             topk_method="group_limited_greedy", n_group=4, topk_group=1,
+                                             routed_scaling_factor=2.0, rope_parameters=dict(
+                                                 rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                                 original_max_position_embeddings=32, beta_fast=32.0, beta_slow=1.0,
+                                                 mscale=0.707, mscale_all_dim=0.707)),
+                    "MLA (query bottleneck 24, KV latent 16 + RoPE key 8), YaRN x4 with mscale_all_dim, layer 0 "
+                    "dense, then 8 softmax experts routed group-limited (top-2 within the best of 4 groups) x 2.0 + a shared one"),
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), "LayerNorm without parameters, clip_qkv 1.0, GQA"),
     "olmo2": ("Olmo2Config", dict(), "reordered norms, QK RMSNorm across heads, GQA"),
     "olmo3": ("Olmo3Config", dict(num_hidden_layers=4, sliding_window=8, rope_parameters=dict(
@@ -346,7 +357,8 @@ PRESET_FAMILIES = {"llama-2-7b": "llama", "llama-3-8b": "llama", "mistral-7b": "
                    "gemma-3-1b": "gemma3_text", "gemma-3-4b": "gemma3_text", "gemma-3-27b": "gemma3_text",
                    "mixtral-8x7b": "mixtral", "llama-2-70b": "llama", "llama-3-70b": "llama",
                    "olmo-7b": "olmo", "olmo-2-7b": "olmo2", "command-r7b": "cohere2", "smollm3-3b": "smollm3",
-                   "marin-8b": "llama", "internlm2-7b": "llama", "llama-4-scout": "llama4_text"}
+                   "marin-8b": "llama", "internlm2-7b": "llama", "llama-4-scout": "llama4_text",
+                   "deepseek-v2": "deepseek_v2", "deepseek-v2-lite": "deepseek_v2"}
 
 
 @pytest.mark.parametrize("preset", list(PRESET_FAMILIES))

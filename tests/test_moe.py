@@ -73,6 +73,32 @@ def test_llama4_router_weights_scale_the_expert_input():
     assert not torch.allclose(moe(x), s * dense(x), atol=1e-3)
 
 
+def test_group_limited_routing_and_scaling_by_hand():
+    """DeepSeek-V2's group-limited routing: 4 experts in 2 groups, the best group kept, top-2 within it,
+    weights x routed_scaling_factor. Softmax scores of logits (3, 0, 2.5, 2.4): group {0, 1} is best (3),
+    so experts 0 and 1 are chosen although expert 2 outscores 1 (plain top-2 takes 0 and 2)."""
+    cfg = ModelConfig(**dict(BASE, d_model=4, n_heads=1), n_experts=4, experts_per_token=2, router_groups=2,
+                      router_topk_groups=1, routed_scaling_factor=2.0, router_renormalize=False)
+    moe = MoEFeedForward(cfg)
+    logits = torch.tensor([3.0, 0.0, 2.5, 2.4])
+    with torch.no_grad():  # x = e_0, so the logits are the router weight's first column
+        moe.router.weight.zero_()
+        moe.router.weight[:, 0] = logits
+    w, idx, probs, _ = moe.route(torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+    p = torch.softmax(logits, -1)
+    assert sorted(idx[0].tolist()) == [0, 1]
+    assert torch.allclose(w[0].sort().values, (2.0 * p[[1, 0]]).sort().values)
+    assert torch.allclose(probs[0], p)  # the aux loss sees the unmasked scores
+    plain = MoEFeedForward(ModelConfig(**dict(BASE, d_model=4, n_heads=1), n_experts=4, experts_per_token=2,
+                                       router_renormalize=False))
+    plain.router.load_state_dict(moe.router.state_dict())
+    assert sorted(plain.route(torch.tensor([[1.0, 0.0, 0.0, 0.0]]))[1][0].tolist()) == [0, 2]
+    with pytest.raises(ConfigError, match="router_topk_groups=3 exceeds router_groups=2"):
+        ModelConfig(**BASE, n_experts=4, router_groups=2, router_topk_groups=3)
+    with pytest.raises(ConfigError, match="not a multiple of router_groups=3"):
+        ModelConfig(**BASE, n_experts=4, router_groups=3)
+
+
 def test_router_and_auxiliary_losses_by_hand():
     """4 tokens, 3 experts, top-2 softmax with renormalisation: logits fixed through the router weights."""
     cfg = ModelConfig(**dict(BASE, d_model=4, n_heads=1), n_experts=3, experts_per_token=2)
