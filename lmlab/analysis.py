@@ -118,7 +118,7 @@ def layer_params(cfg: ModelConfig, moe: bool = False) -> dict:
         attn_mm = q_mm + d * (r + cfg.qk_rope_head_dim) + r * H * (cfg.qk_nope_head_dim + cfg.v_head_dim) \
             + H * cfg.v_head_dim * d
         attn_bias = r + (cfg.q_lora_rank or 0)  # the latent norms' weights (no linear biases)
-    if cfg.qk_norm == "none":
+    if cfg.qk_norm in ("none", "l2"):  # l2: no weight
         qk_norm = 0
     elif cfg.qk_norm_scope == "head":  # one head_dim weight for q, one for k
         qk_norm = 2 * D
@@ -553,7 +553,10 @@ def _windows(cfg: ModelConfig) -> str:
 def _stability(cfg: ModelConfig) -> str:
     tricks = []
     if cfg.qk_norm != "none":
-        tricks.append("QK-norm" + ("" if cfg.qk_norm_scope == "head" else f" ({cfg.qk_norm_scope})"))
+        tricks.append("QK-norm" + ("" if cfg.qk_norm_scope == "head" else f" ({cfg.qk_norm_scope})")
+                      + (" (L2, RoPE layers)" if cfg.qk_norm_layers == "rope" else ""))
+    if cfg.attn_temperature_tuning:
+        tricks.append("attn temperature")
     if cfg.attn_logit_softcap:
         tricks.append(f"attn cap {cfg.attn_logit_softcap:g}")
     if cfg.final_logit_softcap:

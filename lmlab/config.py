@@ -37,12 +37,16 @@ GATED_ACTIVATIONS = ("reglu", "geglu", "swiglu", "glu", "bilinear")
 POSITIONS = ("rope", "nope", "learned", "sinusoidal", "alibi", "t5")
 ROPE_STYLES = ("half", "interleaved")  # GPT-NeoX / HF "rotate_half" pairing; GPT-J / Meta interleaved pairing
 BIASES = ("none", "all", "qkv", "mlp", "attention")
-QK_NORMS = ("none", "rmsnorm", "layernorm", "gemma_rmsnorm")  # gemma_rmsnorm: Gemma 3's (1 + w) QK-norm
+QK_NORMS = ("none", "rmsnorm", "layernorm", "gemma_rmsnorm", "l2")  # gemma_rmsnorm: Gemma 3's (1 + w) QK-norm;
+# l2: Llama 4's "L2Norm", x / sqrt(mean(x^2) + eps) over each head with no weight (an RMSNorm without one)
+QK_NORM_LAYERS = ("all", "rope")  # rope: only layers that carry RoPE (Llama 4)
+ROUTER_WEIGHTS = ("output", "input")  # where the router weight multiplies: an expert's output or its input
 # what one QK-norm normalises: each head with one weight shared by the heads (Qwen3, Gemma 3), the whole
 # projection across heads (OLMo 2), or each head with its own weights (Cohere use_qk_norm)
 QK_NORM_SCOPES = ("head", "all", "head_untied")
 BOOL_FIELDS = ("norm_bias", "norm_affine", "final_norm", "lm_head_bias", "parallel_block", "parallel_shared_norm",
-               "nope_global_layers", "tie_embeddings", "scale_embeddings", "norm_weight_fp32", "router_renormalize")
+               "nope_global_layers", "tie_embeddings", "scale_embeddings", "norm_weight_fp32", "router_renormalize",
+               "attn_temperature_tuning")
 ROUTER_SCORES = ("softmax", "sigmoid")  # Mixtral / Qwen-MoE / DeepSeek-V2: softmax; DeepSeek-V3: sigmoid
 ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")  # Chen 2023; bloc97 2023; Peng 2023; Llama 3.1
 # rope_scaling keys per type: (required, optional), besides "type"; the names of Hugging Face's rope_parameters
@@ -156,6 +160,14 @@ class ModelConfig:
     moe_router_z_loss: float = 0.0  # weight of the router z-loss (ST-MoE, Zoph et al. 2022: 0.001)
     moe_first_dense: int = 0  # the first layers keep a dense FFN (DeepSeek first_k_dense_replace)
     moe_pattern: str = "M"  # after them, 'M' (MoE) / 'D' (dense) per layer, repeated ('DM': every 2nd)
+    # 'output': sum_e w_e FFN_e(x) (Mixtral, DeepSeek); 'input': sum_e FFN_e(w_e x) (Llama 4, HF Llama4TextMoe)
+    router_weights: str = "output"
+    # DeepSeek-V2's group-limited routing (HF topk_method='group_limited_greedy'): the experts fall into
+    # router_groups equal groups, each scored by its best expert; only the router_topk_groups best groups'
+    # experts compete for the top-k (1 group: plain top-k). Then every weight x routed_scaling_factor.
+    router_groups: int = 1
+    router_topk_groups: int = 1
+    routed_scaling_factor: float = 1.0
 
     # --- positions ---------------------------------------------------------------------------
     position: str = "rope"
@@ -184,6 +196,12 @@ class ModelConfig:
     # head: each head, one weight shared by the heads (Qwen3, Gemma 3) | all: the whole projection, n_heads*head_dim
     # wide (OLMo 2, OLMo Team 2024) | head_untied: each head with its own weights (Cohere use_qk_norm, HF modeling_cohere)
     qk_norm_scope: str = "head"
+    qk_norm_layers: str = "all"  # 'rope': QK-norm only on the layers with RoPE (Llama 4's use_qk_norm)
+    # Llama 4's attention temperature on layers without RoPE: q x (1 + scale * log(1 + floor((p + 1) / floor)))
+    # at position p (HF Llama4TextAttention: attn_temperature_tuning, floor_scale, attn_scale)
+    attn_temperature_tuning: bool = False
+    attn_temperature_floor: int = 8192
+    attn_temperature_scale: float = 0.1
     clip_qkv: Optional[float] = None  # clamp q, k, v projections to [-c, c] (OLMo 1.7: allenai/OLMo-7B-0424-hf, 8.0)
     attn_logit_softcap: Optional[float] = None  # cap * tanh(s / cap) on attention logits (Gemma 2)
     query_pre_attn_scalar: Optional[float] = None  # scale = query_pre_attn_scalar**-0.5 (Gemma 2)
@@ -292,6 +310,16 @@ class ModelConfig:
         _choice("qk_norm_scope", self.qk_norm_scope, QK_NORM_SCOPES)
         if self.qk_norm_scope != "head" and self.qk_norm == "none":
             raise ConfigError(f"qk_norm_scope={self.qk_norm_scope!r} needs a qk_norm, got qk_norm='none'")
+        if self.qk_norm == "l2" and self.qk_norm_scope != "head":
+            raise ConfigError(f"qk_norm='l2' normalises each head (it has no weight); qk_norm_scope must be 'head', "
+                              f"got {self.qk_norm_scope!r}")
+        _choice("qk_norm_layers", self.qk_norm_layers, QK_NORM_LAYERS)
+        if self.qk_norm_layers != "all" and self.qk_norm != "l2":
+            raise ConfigError(f"qk_norm_layers={self.qk_norm_layers!r} is Llama 4's rule for its weightless QK-norm: "
+                              f"it needs qk_norm='l2', got {self.qk_norm!r}")
+        _positive_int("attn_temperature_floor", self.attn_temperature_floor)
+        _non_negative("attn_temperature_scale", self.attn_temperature_scale)
+        _choice("router_weights", self.router_weights, ROUTER_WEIGHTS)
         _positive("logit_scale", self.logit_scale)
         for name in ("attn_logit_softcap", "query_pre_attn_scalar", "final_logit_softcap", "clip_qkv"):
             if getattr(self, name) is not None:
@@ -312,6 +340,7 @@ class ModelConfig:
                                    ("qk_norm", self.qk_norm == "none", "'none'"),
                                    ("attn_logit_softcap", self.attn_logit_softcap is None, "None"),
                                    ("clip_qkv", self.clip_qkv is None, "None"),
+                                   ("attn_temperature_tuning", not self.attn_temperature_tuning, "False"),
                                    ("rope_fraction", self.rope_fraction == 1.0, "1.0 (qk_rope_head_dim sets it)"),
                                    ("query_pre_attn_scalar", self.query_pre_attn_scalar is None, "None"),
                                    ("bias", self.bias in ("none", "mlp"), "'none' or 'mlp'")):
@@ -351,7 +380,17 @@ class ModelConfig:
         if not isinstance(self.moe_pattern, str) or not self.moe_pattern or set(self.moe_pattern) - {"M", "D"}:
             raise ConfigError(f"moe_pattern={self.moe_pattern!r} must be a non-empty string of 'M' (MoE) and "
                               f"'D' (dense)")
+        _positive_int("router_groups", self.router_groups)
+        _positive_int("router_topk_groups", self.router_topk_groups)
+        _positive("routed_scaling_factor", self.routed_scaling_factor)
+        if self.router_topk_groups > self.router_groups:
+            raise ConfigError(f"router_topk_groups={self.router_topk_groups} exceeds router_groups={self.router_groups}")
         if self.n_experts:
+            if self.n_experts % self.router_groups:
+                raise ConfigError(f"n_experts={self.n_experts} is not a multiple of router_groups={self.router_groups}")
+            if self.router_groups > 1 and self.experts_per_token > self.router_topk_groups * (self.n_experts // self.router_groups):
+                raise ConfigError(f"experts_per_token={self.experts_per_token} exceeds the experts of the "
+                                  f"router_topk_groups={self.router_topk_groups} groups kept")
             if self.experts_per_token > self.n_experts:
                 raise ConfigError(f"experts_per_token={self.experts_per_token} exceeds n_experts={self.n_experts}; "
                                   f"valid: 1 to {self.n_experts}")

@@ -305,7 +305,10 @@ _real = dict(_LLAMA_STYLE, vocab_size=202048, context_length=10485760, d_model=5
              n_kv_heads=8, head_dim=128, d_ff=16384, norm_eps=1e-5, rope_theta=500000.0, rope_style="interleaved",
              sliding_window=8192, local_attention="chunk", layer_pattern="LLLG", nope_global_layers=True, n_experts=16,
              experts_per_token=1, n_shared_experts=1, expert_d_ff=8192, router_score="sigmoid",
-             router_renormalize=False)
+             router_renormalize=False, router_weights="input", qk_norm="l2", qk_norm_layers="rope",
+             attn_temperature_tuning=True, attn_temperature_floor=8192, attn_temperature_scale=0.1,
+             rope_scaling={"type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+                           "original_max_position_embeddings": 8192})
 _add("llama-4-scout", "Llama 4",
      "Meta 2025, 'The Llama 4 herd', https://ai.meta.com/blog/llama-4-multimodal-intelligence/; "
      "https://huggingface.co/meta-llama/Llama-4-Scout-17B-16E/blob/main/config.json (text_config)",
@@ -313,13 +316,11 @@ _add("llama-4-scout", "Llama 4",
      "every FFN a mixture of 16 experts (top-1) plus a shared one",
      _real, _tiny(_real, d_model=160, n_heads=10, n_layers=4),
      notes="Every FFN is a mixture of 16 routed experts of width 8192, top-1, plus one shared expert, as "
-           "published (lmlab analyze: total and active parameters); the router differs in one detail: "
-           "Llama 4 scales the expert's input by sigmoid(top logit), lmlab its output. The local layers use "
-           "chunked attention (local_attention='chunk': a token sees the earlier tokens of its block of "
-           "8192). Not modelled: QK L2-norm without weights on RoPE layers only; "
-           "attention temperature tuning on NoPE layers; rope_scaling llama3 (factor 16, "
-           "low_freq_factor = high_freq_factor = 1, original 8192) is rejected by ModelConfig's check "
-           "high_freq_factor > low_freq_factor, so it is left out.",
+           "published (lmlab analyze: total and active parameters); each expert is fed the token times the "
+           "sigmoid of its router logit (router_weights='input'). The RoPE layers use chunked attention "
+           "(local_attention='chunk': a token sees the earlier tokens of its block of 8192) and a weightless "
+           "L2 QK-norm; the NoPE layers attention temperature tuning (floor 8192, scale 0.1). The text model "
+           "is the llama4_text family (HF parity tested); the card's 109B counts the multimodal checkpoint.",
      total_params=109e9, active_params=17e9)  # the model card (multimodal checkpoint); the text model: 107.8B
 
 # --- Mistral -------------------------------------------------------------------------------------
@@ -348,15 +349,20 @@ _add("mixtral-8x7b", "Mixtral",
 
 # --- DeepSeek-V2 (MLA + MoE) ---------------------------------------------------------------------
 _DEEPSEEK_V2 = dict(_LLAMA_STYLE, vocab_size=102400, context_length=163840, norm_eps=1e-6, rope_theta=10000.0,
+                    rope_style="interleaved", rope_scaling={"type": "yarn", "factor": 40.0,
+                                                            "original_max_position_embeddings": 4096,
+                                                            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707,
+                                                            "mscale_all_dim": 0.707},
                     attention="mla", kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
                     n_shared_experts=2, experts_per_token=6, router_score="softmax", router_renormalize=False,
                     moe_first_dense=1)
 _MLA_TINY = dict(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
-_DEEPSEEK_NOTES = ("Not modelled: YaRN RoPE scaling (factor 40 from 4,096 positions, with its softmax mscale), "
-                   "so context_length is the released 163,840 with plain RoPE; decoding re-expands the "
-                   "cached latents each step (no weight absorption).")
+_DEEPSEEK_NOTES = ("YaRN RoPE scaling (factor 40 from 4,096 positions; mscale 0.707 on the rotary factors and "
+                   "mscale_all_dim 0.707 squared on the softmax scale) as config.json; the deepseek_v2 family "
+                   "is HF-parity tested. Decoding re-expands the cached latents each step (no weight "
+                   "absorption).")
 _real = dict(_DEEPSEEK_V2, d_model=5120, n_layers=60, n_heads=128, q_lora_rank=1536, d_ff=12288, n_experts=160,
-             expert_d_ff=1536)
+             expert_d_ff=1536, router_groups=8, router_topk_groups=3, routed_scaling_factor=16.0)
 _add("deepseek-v2", "DeepSeek-V2",
      "DeepSeek-AI 2024, 'DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts Language Model', "
      "Sec. 2 and 3.1.2, https://arxiv.org/abs/2405.04434; "
@@ -365,9 +371,9 @@ _add("deepseek-v2", "DeepSeek-V2",
      "32,768 for MHA), queries through a 1536 bottleneck; DeepSeekMoE: 160 routed experts (top-6) + 2 "
      "shared, the first layer dense",
      _real, _tiny(_real, q_lora_rank=48, **_MLA_TINY), total_params=236e9, active_params=21e9,
-     notes="The paper's 236B total / 21B active; lmlab counts 235.7B / 21.4B. The router differs: "
-           "DeepSeek-V2 routes group-limited (8 groups, the top 3 kept) and scales the routed output by "
-           "16 (routed_scaling_factor); lmlab takes the global top-6 unscaled. " + _DEEPSEEK_NOTES)
+     notes="The paper's 236B total / 21B active; lmlab counts 235.7B / 21.4B. The router is DeepSeek-V2's: "
+           "group-limited (8 groups of 20 experts, the top-6 taken within the 3 groups whose best expert "
+           "scores highest) and the routed weights x 16 (routed_scaling_factor). " + _DEEPSEEK_NOTES)
 _real = dict(_DEEPSEEK_V2, d_model=2048, n_layers=27, n_heads=16, q_lora_rank=None, d_ff=10944, n_experts=64,
              expert_d_ff=1408)
 _add("deepseek-v2-lite", "DeepSeek-V2",
@@ -499,6 +505,58 @@ _add("olmo-2-7b", "OLMo 2",
      "reordered norm (RMSNorm on each sublayer's output, none on its input), QK-norm, RoPE theta 500k",
      _real, _tiny(_real), published_params=7.30e9, params_source="the Hugging Face model card (7.3B)")
 
+# --- SmolLM3 -------------------------------------------------------------------------------------
+_real = dict(_LLAMA_STYLE, vocab_size=128256, context_length=65536, d_model=2048, n_layers=36, n_heads=16,
+             n_kv_heads=4, d_ff=11008, norm_eps=1e-6, rope_theta=5_000_000.0, tie_embeddings=True,
+             nope_layers="RRRN")
+_add("smollm3-3b", "SmolLM3",
+     "Hugging Face 2025, 'SmolLM3: smol, multilingual, long-context reasoner', https://huggingface.co/blog/smollm3; "
+     "https://huggingface.co/HuggingFaceTB/SmolLM3-3B/blob/main/config.json (transformers' SmolLM3Config "
+     "defaults are this checkpoint's)",
+     "Llama block, GQA 16:4, tied embeddings, NoPE on every 4th layer (layers 3, 7, ..., 35), RoPE theta 5M",
+     _real, _tiny(_real, n_layers=4), published_params=3.08e9,
+     params_source="the Hugging Face model page (3.08B)",
+     notes="The 128k context of the card is reached with YaRN at inference; the trained context (65,536) is used.")
+
+# --- InternLM2 -----------------------------------------------------------------------------------
+_real = dict(_LLAMA_STYLE, vocab_size=92544, context_length=32768, d_model=4096, n_layers=32, n_heads=32,
+             n_kv_heads=8, d_ff=14336, norm_eps=1e-5, rope_theta=1_000_000.0)
+_add("internlm2-7b", "InternLM2",
+     "Cai et al. 2024, 'InternLM2 Technical Report', section 2.2 and Table 1, https://arxiv.org/abs/2403.17297; "
+     "https://huggingface.co/internlm/internlm2-7b/blob/main/config.json",
+     "the Llama block with GQA 32:8, a 92,544-token vocabulary, RoPE theta 1M, untied",
+     _real, _tiny(_real, n_heads=8),
+     notes="No exact parameter count is published beside the '7B' label (lmlab analyze: 7.74B). Its "
+           "checkpoints fuse q, k and v into one 'wqkv' interleaved per KV group; transformers 5.x ships no "
+           "InternLM2 class, so `lmlab import` has no Hugging Face layout to read it from.")
+
+# --- Marin ---------------------------------------------------------------------------------------
+_real = dict(_LLAMA_STYLE, vocab_size=128256, context_length=4096, d_model=4096, n_layers=32, n_heads=32,
+             n_kv_heads=8, d_ff=14336, norm_eps=1e-5, rope_theta=500000.0)
+_add("marin-8b", "Marin",
+     "Marin Community 2025, Marin 8B (trained with Levanter), https://huggingface.co/marin-community/marin-8b-base "
+     "(config.json: LlamaForCausalLM)",
+     "the Llama 3 8B architecture (GQA 32:8, d_ff 14336, Llama 3 tokenizer, RoPE theta 500k) trained openly; "
+     "context 4096",
+     _real, _tiny(_real, n_heads=8),
+     notes="Its configuration is public and is Llama 3 8B's shape, so its parameter count is that checkpoint's "
+           "(8,030,261,248; lmlab analyze gives the same); no separate figure is published for Marin.")
+
+# --- T5 v1.1 -------------------------------------------------------------------------------------
+_real = dict(vocab_size=32128, context_length=512, d_model=768, n_layers=12, n_heads=12, d_ff=2048,
+             norm_type="rmsnorm", norm_position="pre", norm_eps=1e-6, bias="none", activation="geglu",
+             position="t5", t5_num_buckets=32, t5_max_distance=128, tie_embeddings=False,
+             query_pre_attn_scalar=1.0)
+_add("t5-v1.1-base-decoder", "T5 v1.1",
+     "Shazeer 2020, 'GLU Variants Improve Transformer', https://arxiv.org/abs/2002.05202; "
+     "https://github.com/google-research/text-to-text-transfer-transformer/blob/main/released_checkpoints.md"
+     "#t511; https://huggingface.co/google/t5-v1_1-base/blob/main/config.json",
+     "decoder-only T5 v1.1-base: GeGLU FFN (d_ff 2048), untied embeddings, no dropout in pre-training, "
+     "relative position bias, RMS LayerNorm, no biases",
+     _real, _tiny(_real, query_pre_attn_scalar=1.0),
+     notes="Decoder stack only (t5-v1_1-base's 248M include the encoder and cross-attention); q.k unscaled "
+           "as in T5 (query_pre_attn_scalar=1).")
+
 # --- Nemotron-4 ----------------------------------------------------------------------------------
 _real = dict(vocab_size=256000, context_length=4096, d_model=6144, n_layers=32, n_heads=48, n_kv_heads=8,
              d_ff=24576, norm_type="layernorm1p", norm_position="pre", norm_bias=True, norm_eps=1e-5, bias="none",
@@ -513,6 +571,21 @@ _add("nemotron-4-15b", "Nemotron-4",
      params_source="Parmar et al. 2024, section 2 (3.2B embedding + 12.5B non-embedding)",
      notes="d_ff = 4 d_model (24576) and partial RoPE 0.5 follow NVIDIA's Nemotron-4 configs (the paper "
            "gives neither). Its 'layernorm1p' (norm_type) stores the LayerNorm weight as an offset from one.")
+
+_real = dict(vocab_size=256000, context_length=4096, d_model=18432, n_layers=96, n_heads=96, n_kv_heads=8,
+             d_ff=73728, norm_type="layernorm1p", norm_position="pre", norm_bias=True, norm_eps=1e-5, bias="none",
+             activation="relu2", position="rope", rope_style="half", rope_fraction=0.5, rope_theta=10000.0,
+             tie_embeddings=False)
+_add("nemotron-4-340b", "Nemotron-4",
+     "NVIDIA 2024, 'Nemotron-4 340B Technical Report', section 2.1 (96 layers, hidden 18432, 96 heads, 8 KV "
+     "heads, vocabulary 256,000; 9.4B embedding + 331.6B non-embedding params), https://arxiv.org/abs/2406.11704; "
+     "https://huggingface.co/nvidia/Nemotron-4-340B-Base",
+     "Nemotron-4 at 340B: the 15B's block (squared ReLU, partial RoPE, LayerNorm (1 + w), no biases, untied) "
+     "with 96 layers, d_model 18432, GQA 96:8",
+     _real, _tiny(_real, d_model=192, n_heads=12), published_params=341.0e9,
+     params_source="NVIDIA 2024, section 2.1 (9.4B embedding + 331.6B non-embedding)",
+     notes="d_ff = 4 d_model (73728) and partial RoPE 0.5 as in the 15B's configs; the report states the "
+           "dimensions above and the two parameter counts, which these reproduce.")
 
 # --- Cohere --------------------------------------------------------------------------------------
 _real = dict(vocab_size=256000, context_length=8192, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,

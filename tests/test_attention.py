@@ -506,3 +506,34 @@ def test_chunked_model_ignores_earlier_chunks_and_decodes_as_its_forward():
     for i, (t, lp) in enumerate(steps):  # each decoded token's log-probability from the cache = the forward's
         assert t == int(full[len(prompt) - 1 + i].argmax())
         assert lp == pytest.approx(float(full[len(prompt) - 1 + i, t]), abs=1e-5)
+
+
+def test_llama4_temperature_and_l2_qk_norm_by_hand():
+    """Llama 4 (HF Llama4TextAttention): NoPE layers scale q by 1 + scale * log(1 + floor((p + 1) / floor));
+    the weightless L2 QK-norm sits on the RoPE layers only and has no parameters."""
+    from lmlab.analysis import param_counts
+    from lmlab.generate import generate_logprobs
+
+    cfg = ModelConfig(vocab_size=40, context_length=32, d_model=32, n_layers=4, n_heads=4, nope_layers="RRRN",
+                      qk_norm="l2", qk_norm_layers="rope", attn_temperature_tuning=True, attn_temperature_floor=4,
+                      attn_temperature_scale=0.5)
+    model = TransformerLM(cfg)
+    rope_layer, nope_layer = model.blocks[0].attn, model.blocks[3].attn
+    assert rope_layer.q_norm is not None and nope_layer.q_norm is None and rope_layer.temperature is None
+    assert sum(p.numel() for p in rope_layer.q_norm.parameters()) == 0
+    assert model.num_params() == param_counts(cfg)["total"]
+    t = nope_layer.temperature_of(torch.tensor([0, 2, 3, 7, 8, 30])).flatten().tolist()
+    want = [1.0, 1.0, 1 + 0.5 * math.log(2), 1 + 0.5 * math.log(3), 1 + 0.5 * math.log(3), 1 + 0.5 * math.log(8)]
+    assert t == pytest.approx(want, abs=1e-6)
+    q = torch.randn(2, 4, 5, 8)
+    normed = rope_layer.q_norm(q)
+    assert torch.allclose(normed, q / q.pow(2).mean(-1, keepdim=True).add(cfg.norm_eps).sqrt(), atol=1e-6)
+    x = torch.randint(0, 40, (1, 20))  # cached decoding equals the full forward with both switched on
+    got = [lp for _, lp in generate_logprobs(model.eval(), x[0, :6].tolist(), 10, temperature=0)]
+    ids = x[0, :6].tolist()
+    for lp in got:
+        with torch.no_grad():
+            logits = model(torch.tensor([ids]))[0, -1]
+        nxt = int(logits.argmax())
+        assert lp == pytest.approx(float(torch.log_softmax(logits, -1)[nxt]), abs=1e-5)
+        ids.append(nxt)

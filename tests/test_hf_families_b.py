@@ -225,7 +225,8 @@ def test_config_spellings_read_as_transformers_does(model_type, fields):
 
 @pytest.mark.parametrize("preset, model_type", [
     ("gpt2-124m", "gpt2"), ("gpt-j-6b", "gptj"), ("gpt-neox-20b", "gpt_neox"), ("pythia-160m", "gpt_neox"),
-    ("opt-350m", "opt"), ("nemotron-4-15b", "nemotron"), ("phi-2", "phi"),
+    ("opt-350m", "opt"), ("nemotron-4-15b", "nemotron"), ("nemotron-4-340b", "nemotron"), ("phi-2", "phi"),
+    ("llama-4-scout", "llama4_text"), ("deepseek-v2-lite", "deepseek_v2"), ("deepseek-v2", "deepseek_v2"),
 ])
 def test_tiny_preset_exports_to_transformers(preset, model_type, tmp_path):
     """Every preset of these families (tiny scale, random weights, norms and biases perturbed) exports to

@@ -31,14 +31,19 @@ def naive(moe: MoEFeedForward, x: torch.Tensor) -> torch.Tensor:
     w, idx, _, _ = moe.route(flat)
     rows = []
     for t in range(flat.shape[0]):
-        y = sum(w[t, j] * moe.experts[int(idx[t, j])](flat[t:t + 1])[0] for j in range(moe.k))
+        if moe.weights_input:  # Llama 4: the expert sees the token times its weight
+            y = sum(moe.experts[int(idx[t, j])](w[t, j] * flat[t:t + 1])[0] for j in range(moe.k))
+        else:
+            y = sum(w[t, j] * moe.experts[int(idx[t, j])](flat[t:t + 1])[0] for j in range(moe.k))
         rows.append(y + (moe.shared(flat[t:t + 1])[0] if moe.shared is not None else 0))
     return torch.stack(rows).reshape(x.shape)
 
 
 @pytest.mark.parametrize("over", [dict(n_experts=4, experts_per_token=2),
                                   dict(n_experts=5, experts_per_token=3, n_shared_experts=2, expert_d_ff=24,
-                                       router_score="sigmoid", router_renormalize=False)])
+                                       router_score="sigmoid", router_renormalize=False),
+                                  dict(n_experts=4, experts_per_token=2, n_shared_experts=1, router_score="sigmoid",
+                                       router_renormalize=False, router_weights="input")])
 def test_dispatch_equals_the_per_token_loop_and_keeps_every_token(over):
     cfg = ModelConfig(**BASE, **over)
     torch.manual_seed(1)
@@ -52,6 +57,46 @@ def test_dispatch_equals_the_per_token_loop_and_keeps_every_token(over):
     x = torch.rand(2, 9, 32) + 0.1  # positive: expert 0's logit is the largest for every token
     assert torch.allclose(moe(x), naive(moe, x), atol=1e-6)
     assert int(moe.tokens_per_expert[0]) == 18
+
+
+def test_llama4_router_weights_scale_the_expert_input():
+    """router_weights='input' (HF Llama4TextMoe): one expert, top-1, sigmoid score s of its logit: the
+    output is FFN(s x), not s FFN(x) (they differ: the FFN is not linear)."""
+    cfg = ModelConfig(**BASE, n_experts=1, experts_per_token=1, router_score="sigmoid", router_renormalize=False,
+                      router_weights="input")
+    torch.manual_seed(0)
+    moe, dense = MoEFeedForward(cfg), FeedForward(cfg)
+    moe.experts[0].load_state_dict(dense.state_dict())
+    x = torch.randn(5, 32)
+    s = torch.sigmoid(moe.router(x))  # (5, 1)
+    assert torch.allclose(moe(x), dense(s * x), atol=1e-6)
+    assert not torch.allclose(moe(x), s * dense(x), atol=1e-3)
+
+
+def test_group_limited_routing_and_scaling_by_hand():
+    """DeepSeek-V2's group-limited routing: 4 experts in 2 groups, the best group kept, top-2 within it,
+    weights x routed_scaling_factor. Softmax scores of logits (3, 0, 2.5, 2.4): group {0, 1} is best (3),
+    so experts 0 and 1 are chosen although expert 2 outscores 1 (plain top-2 takes 0 and 2)."""
+    cfg = ModelConfig(**dict(BASE, d_model=4, n_heads=1), n_experts=4, experts_per_token=2, router_groups=2,
+                      router_topk_groups=1, routed_scaling_factor=2.0, router_renormalize=False)
+    moe = MoEFeedForward(cfg)
+    logits = torch.tensor([3.0, 0.0, 2.5, 2.4])
+    with torch.no_grad():  # x = e_0, so the logits are the router weight's first column
+        moe.router.weight.zero_()
+        moe.router.weight[:, 0] = logits
+    w, idx, probs, _ = moe.route(torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+    p = torch.softmax(logits, -1)
+    assert sorted(idx[0].tolist()) == [0, 1]
+    assert torch.allclose(w[0].sort().values, (2.0 * p[[1, 0]]).sort().values)
+    assert torch.allclose(probs[0], p)  # the aux loss sees the unmasked scores
+    plain = MoEFeedForward(ModelConfig(**dict(BASE, d_model=4, n_heads=1), n_experts=4, experts_per_token=2,
+                                       router_renormalize=False))
+    plain.router.load_state_dict(moe.router.state_dict())
+    assert sorted(plain.route(torch.tensor([[1.0, 0.0, 0.0, 0.0]]))[1][0].tolist()) == [0, 2]
+    with pytest.raises(ConfigError, match="router_topk_groups=3 exceeds router_groups=2"):
+        ModelConfig(**BASE, n_experts=4, router_groups=2, router_topk_groups=3)
+    with pytest.raises(ConfigError, match="not a multiple of router_groups=3"):
+        ModelConfig(**BASE, n_experts=4, router_groups=3)
 
 
 def test_router_and_auxiliary_losses_by_hand():

@@ -271,6 +271,10 @@ def layer_signature(cfg: ModelConfig) -> dict:
     sig["norm_bias"] = cfg.norm_bias if cfg.norm_affine else False
     sig["parallel_shared_norm"] = cfg.parallel_shared_norm if cfg.parallel_block else None
     sig["qk_norm_scope"] = qk_scope
+    sig["qk_norm_layers"] = cfg.qk_norm_layers if cfg.qk_norm != "none" else None
+    no_rope = any(not cfg.layer_has_rope(i) for i in range(cfg.n_layers))
+    sig["temperature"] = ((cfg.attn_temperature_floor, cfg.attn_temperature_scale)
+                          if cfg.attn_temperature_tuning and no_rope else None)
     sig["query_scale"] = cfg.query_pre_attn_scalar if cfg.query_pre_attn_scalar else cfg.head_dim
     sig["t5"] = (cfg.t5_num_buckets, cfg.t5_max_distance) if cfg.position == "t5" else None
     sig["attention"] = (cfg.attention if cfg.attention == "mha" else
@@ -278,7 +282,8 @@ def layer_signature(cfg: ModelConfig) -> dict:
                          cfg.v_head_dim))
     sig["moe"] = (None if not cfg.n_experts else
                   (cfg.n_experts, cfg.experts_per_token, cfg.n_shared_experts, cfg.expert_d_ff or cfg.d_ff,
-                   cfg.router_score, cfg.router_renormalize,
+                   cfg.router_score, cfg.router_renormalize, cfg.router_weights, cfg.router_groups,
+                   cfg.router_topk_groups if cfg.router_groups > 1 else None, cfg.routed_scaling_factor,
                    tuple(cfg.layer_is_moe(i) for i in range(cfg.n_layers))))
     layers = []
     for i in range(cfg.n_layers):

@@ -200,8 +200,9 @@ class Attention(nn.Module):
     local layers mask to the sliding window and use ``rope_local_theta`` (without ``rope_scaling``) when
     set; global layers attend to the whole prefix and carry no RoPE when ``nope_global_layers``, nor do
     the 'N' layers of ``nope_layers`` (``cfg.layer_has_rope``).
-    Order of operations: projections -> QK-norm -> RoPE -> logits * scale -> soft-cap -> + position
-    bias (ALiBi / T5) -> causal / window mask -> softmax (fp32 on the explicit path).
+    Order of operations: projections -> QK-norm -> RoPE (or, on a layer without it, Llama 4's
+    temperature) -> logits * scale -> soft-cap -> + position bias (ALiBi / T5) -> causal / window mask
+    -> softmax (fp32 on the explicit path).
     """
 
     def __init__(self, cfg: ModelConfig, layer: int):
@@ -216,10 +217,14 @@ class Attention(nn.Module):
         self.out.is_residual_projection = True
         self.qk_norm_all = cfg.qk_norm_scope == "all"
         self.clip_qkv = cfg.clip_qkv
-        if cfg.qk_norm != "none" and cfg.qk_norm_scope == "head_untied":
+        qk_norm = cfg.qk_norm if (cfg.qk_norm_layers == "all" or cfg.layer_has_rope(layer)) else "none"
+        if qk_norm == "l2":  # Llama 4's L2Norm: RMS over each head, no weight (commutes with RoPE, a rotation)
+            self.q_norm = make_norm("rmsnorm", cfg.head_dim, cfg.norm_eps, affine=False)
+            self.k_norm = make_norm("rmsnorm", cfg.head_dim, cfg.norm_eps, affine=False)
+        elif qk_norm != "none" and cfg.qk_norm_scope == "head_untied":
             self.q_norm = HeadwiseNorm(cfg.qk_norm, cfg.n_heads, cfg.head_dim, cfg.norm_eps)
             self.k_norm = HeadwiseNorm(cfg.qk_norm, cfg.n_kv_heads, cfg.head_dim, cfg.norm_eps)
-        elif cfg.qk_norm != "none":
+        elif qk_norm != "none":
             width_q, width_k = (cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim) if self.qk_norm_all \
                 else (cfg.head_dim, cfg.head_dim)
             fp32 = cfg.norm_weight_fp32  # OLMo 2's order of weight and cast (see RMSNorm)
@@ -233,6 +238,9 @@ class Attention(nn.Module):
             scaling = None if (self.window is not None and cfg.rope_local_theta) else cfg.rope_scaling
             self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_fraction, theta, cfg.rope_style,
                                         cfg.context_length, scaling)
+        # Llama 4's attention temperature on layers without RoPE: (floor, scale), see temperature()
+        self.temperature = ((cfg.attn_temperature_floor, cfg.attn_temperature_scale)
+                            if cfg.attn_temperature_tuning and self.rope is None else None)
         # training on CPU: lmlab.model.causal_attention's blocked kernel where use_blocked() says so
         # (False: always SDPA, e.g. to compare the two)
         self.blocked_kernel = True
@@ -272,6 +280,8 @@ class Attention(nn.Module):
                 q, k = self.q_norm(q), self.k_norm(k)
             if self.rope is not None:
                 q, k = self.rope(q, positions), self.rope(k, positions)
+        if self.temperature is not None:
+            q = q * self.temperature_of(positions).to(q.dtype)
         dropout = self.attn_dropout if self.training else 0.0
         plain = self.logit_cap is None and not self.record_max_logit and bias_fn is None
         if cache is None:
@@ -319,7 +329,17 @@ class Attention(nn.Module):
     def supports_decode_one(self) -> bool:
         """Whether :meth:`decode_one` can run this layer: no QK-norm, clip_qkv, soft-cap or logit recording
         (position biases are the model's: ALiBi and T5 models never take the lean path)."""
-        return self.q_norm is None and self.clip_qkv is None and self.logit_cap is None and not self.record_max_logit
+        return self.q_norm is None and self.clip_qkv is None and self.logit_cap is None and not self.record_max_logit \
+            and self.temperature is None
+
+    def temperature_of(self, positions: torch.Tensor) -> torch.Tensor:
+        """Llama 4's query scale at each position p: 1 + scale * log(1 + floor((p + 1) / floor)), fp32,
+        (1, 1, seq, 1) for positions (seq,) or (batch, 1, seq, 1) for (batch, seq). 1 below p = floor - 1:
+        it only grows past the floor (8192 tokens in Llama 4). Source: HF ``Llama4TextAttention``, citing
+        Nakanishi 2025, "Scalable-Softmax Is Superior for Attention" (arXiv 2501.19399)."""
+        floor, scale = self.temperature
+        t = 1.0 + scale * torch.log1p(torch.floor((positions.float() + 1.0) / floor))
+        return t.view(1, 1, -1, 1) if t.dim() == 1 else t[:, None, :, None]
 
     def decode_one(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One new token per row, inference only (see ``TransformerLM.hidden``): x (batch, d_model) ->

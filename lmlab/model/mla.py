@@ -6,8 +6,10 @@ values): c = RMSNorm(W_DKV x). Each head's key is [W_UK c, k_rope] and its value
 k_rope (``qk_rope_head_dim`` values) is one decoupled RoPE key shared by all heads, k_rope =
 RoPE(W_KR x), since RoPE cannot pass through the low-rank up-projection. The query is
 [q_nope, RoPE(q_rope)] per head, from x directly or through a low-rank bottleneck (``q_lora_rank``):
-q = W_UQ RMSNorm(W_DQ x). Scores are scaled by (qk_nope_head_dim + qk_rope_head_dim)^-0.5; heads
-output ``v_head_dim`` values each.
+q = W_UQ RMSNorm(W_DQ x). Scores are scaled by (qk_nope_head_dim + qk_rope_head_dim)^-0.5, times
+mscale(factor, mscale_all_dim)^2 = (0.1 mscale_all_dim ln(factor) + 1)^2 under YaRN scaling with
+``mscale_all_dim`` (DeepSeek-V2's long-context models; HF ``DeepseekV2Attention``); heads output
+``v_head_dim`` values each.
 
 The KV cache stores only c and k_rope: kv_lora_rank + qk_rope_head_dim values per token and layer
 (DeepSeek-V2: 512 + 64 = 576, against 2 x 128 heads x 128 = 32,768 for MHA). Each step here
@@ -59,6 +61,11 @@ class MultiHeadLatentAttention(nn.Module):
         self.rope = RotaryEmbedding(self.rope_dim, 1.0, cfg.rope_theta, cfg.rope_style, cfg.context_length,
                                     cfg.rope_scaling)
         self.scale = qk ** -0.5
+        rs = cfg.rope_scaling or {}
+        if rs.get("mscale_all_dim"):  # DeepSeek-V2 with YaRN: softmax scale x mscale(factor, mscale_all_dim)^2
+            from lmlab.model.rope_scaling import yarn_mscale
+
+            self.scale *= yarn_mscale(float(rs["factor"]), float(rs["mscale_all_dim"])) ** 2
         self.window = None
         self.record_max_logit = False
         self.max_logit: Optional[float] = None

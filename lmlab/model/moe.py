@@ -3,9 +3,12 @@
 
 Each token's hidden state x (d_model) is scored by a router, r = W_r x (n_experts logits); the scores
 are softmax(r) over the experts (Mixtral, DeepSeek-V2) or sigmoid(r) per expert (DeepSeek-V3); the
-``experts_per_token`` (k) highest are kept and, with ``router_renormalize``, divided by their sum. The
-output is sum_{e in top-k} w_e FFN_e(x), plus the shared experts' FFN (every token; DeepSeek) when
-``n_shared_experts`` > 0. Each expert is an ordinary :class:`lmlab.model.ffn.FeedForward` of width
+``experts_per_token`` (k) highest are kept (with ``router_groups`` > 1 only among the experts of the
+``router_topk_groups`` groups whose best expert scores highest: DeepSeek-V2's device-limited routing)
+and, with ``router_renormalize``, divided by their sum, then multiplied by ``routed_scaling_factor``. The
+output is sum_{e in top-k} w_e FFN_e(x) (``router_weights='output'``), or sum_{e in top-k} FFN_e(w_e x)
+(``'input'``: Llama 4 scales each expert's input, HF ``Llama4TextMoe``), plus the shared experts' FFN
+(every token; DeepSeek, Llama 4) when ``n_shared_experts`` > 0. Each expert is an ordinary :class:`lmlab.model.ffn.FeedForward` of width
 ``expert_d_ff``; the shared ones are one FeedForward of width n_shared x expert_d_ff (as DeepSeek-V2
 fuses them).
 
@@ -46,6 +49,8 @@ class MoEFeedForward(nn.Module):
         expert_cfg = dataclasses.replace(cfg, d_ff=width, n_experts=0)
         self.n_experts, self.k = cfg.n_experts, cfg.experts_per_token
         self.score, self.renormalize = cfg.router_score, cfg.router_renormalize
+        self.weights_input = cfg.router_weights == "input"
+        self.groups, self.topk_groups, self.scale = cfg.router_groups, cfg.router_topk_groups, cfg.routed_scaling_factor
         self.router = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)
         self.experts = nn.ModuleList(FeedForward(expert_cfg) for _ in range(cfg.n_experts))
         self.shared = (FeedForward(dataclasses.replace(expert_cfg, d_ff=width * cfg.n_shared_experts))
@@ -58,9 +63,17 @@ class MoEFeedForward(nn.Module):
         (tokens, n_experts) fp32 summing to 1 per token, router logits (tokens, n_experts) fp32)."""
         logits = self.router(x).float()
         scores = torch.softmax(logits, -1) if self.score == "softmax" else torch.sigmoid(logits)
-        weights, experts = scores.topk(self.k, dim=-1)
+        pick = scores
+        if self.groups > 1:  # DeepSeek-V2: only the experts of the best router_topk_groups groups compete
+            by_group = scores.view(-1, self.groups, self.n_experts // self.groups)
+            best = by_group.amax(-1).topk(self.topk_groups, dim=-1).indices
+            keep = torch.zeros_like(by_group[..., 0], dtype=torch.bool).scatter_(1, best, True)
+            pick = by_group.masked_fill(~keep[..., None], 0.0).view_as(scores)
+        weights, experts = pick.topk(self.k, dim=-1)
         if self.renormalize:
             weights = weights / weights.sum(-1, keepdim=True)
+        if self.scale != 1.0:
+            weights = weights * self.scale
         probs = scores if self.score == "softmax" else scores / scores.sum(-1, keepdim=True)
         return weights, experts, probs, logits
 
@@ -78,7 +91,10 @@ class MoEFeedForward(nn.Module):
             if n:
                 sel = order[start:start + n]
                 tokens = sel // self.k
-                y = self.experts[e](flat[tokens]) * w[sel, None].to(flat.dtype)
+                if self.weights_input:
+                    y = self.experts[e](flat[tokens] * w[sel, None].to(flat.dtype))
+                else:
+                    y = self.experts[e](flat[tokens]) * w[sel, None].to(flat.dtype)
                 out.index_add_(0, tokens, y)
                 start += n
         if self.shared is not None:
