@@ -456,7 +456,7 @@ def test_attention_fast_and_explicit_paths_agree():
     (dict(layer_pattern="L"), "sliding_window"),
     (dict(nope_global_layers=True), "nope_global_layers"),
     (dict(attn_logit_softcap=0.0), "attn_logit_softcap"),
-    (dict(qk_norm="l2"), "qk_norm"),
+    (dict(qk_norm="l1"), "qk_norm"),
 ])
 def test_invalid_attention_configs_raise(kw, field):
     with pytest.raises(ConfigError, match=field):
