@@ -137,6 +137,15 @@ def hf_logits(model, x, mask=None):
         return model(input_ids=x, **kw).logits.float()
 
 
+def padded_batch(x):
+    """(row 1 without its first PAD tokens, [row 0; that row left-padded back to T], the padding mask)."""
+    short = x[1, PAD:]
+    padded = torch.stack([x[0], torch.cat([torch.zeros(PAD, dtype=torch.long), short])])
+    mask = torch.ones_like(padded)
+    mask[1, :PAD] = 0
+    return short, padded, mask
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_family_parity(name, tmp_path):
     ref = hf_model(name, tmp_path / "hf")
@@ -155,10 +164,7 @@ def test_family_parity(name, tmp_path):
     assert res["logits"] <= TOL, f"{name}: max |diff| {res['logits']:.2e}"
 
     # left-padded batch: HF with an attention mask vs lmlab on each sequence alone
-    short = x[1, PAD:]
-    padded = torch.stack([x[0], torch.cat([torch.zeros(PAD, dtype=torch.long), short])])
-    mask = torch.ones_like(padded)
-    mask[1, :PAD] = 0
+    short, padded, mask = padded_batch(x)
     theirs_pad = hf_logits(ref, padded, mask)
     with torch.no_grad():
         alone = model(short[None])[0]
@@ -199,11 +205,7 @@ def test_llama4_padded_batch(tmp_path):
     ref.save_pretrained(tmp_path / "hf")
     hfio.import_hf(tmp_path / "hf", tmp_path / "run")
     model, _, _, _ = hfio.load_run_model(tmp_path / "run")
-    x = torch.randint(3, V, (2, T), generator=torch.Generator().manual_seed(1))
-    short = x[1, PAD:]
-    padded = torch.stack([x[0], torch.cat([torch.zeros(PAD, dtype=torch.long), short])])
-    mask = torch.ones_like(padded)
-    mask[1, :PAD] = 0
+    short, padded, mask = padded_batch(torch.randint(3, V, (2, T), generator=torch.Generator().manual_seed(1)))
     theirs = hf_logits(ref, padded, mask)
     with torch.no_grad():
         alone = model(short[None])[0]
@@ -496,3 +498,31 @@ def test_layer_pattern_that_ends_mid_pattern(tmp_path):
     assert list(generate(model, prompt.tolist(), 32, temperature=0.0)) == out[0, 8:].tolist()
     hfio.export_hf(tmp_path / "run", tmp_path / "exp")
     assert json.loads((tmp_path / "exp" / "config.json").read_text())["layer_types"] == types
+
+
+def test_deepseek_v2_stacked_experts_read_as_the_published_layout(tmp_path):
+    """A DeepSeek-V2 checkpoint holding its experts stacked (transformers' in-memory gate_up_proj /
+    down_proj) imports to the same model as the per-expert layout transformers saves."""
+    from safetensors.torch import load_file, save_file
+
+    ref = hf_model("deepseek_v2", tmp_path / "hf")
+    hfio.import_hf(tmp_path / "hf", tmp_path / "run")
+    state = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    n = ref.config.n_routed_experts
+    for i in range(1, ref.config.num_hidden_layers):  # layer 0 is dense
+        p = f"model.layers.{i}.mlp.experts"
+        gate_up = [torch.cat([state.pop(f"{p}.{e}.gate_proj.weight"), state.pop(f"{p}.{e}.up_proj.weight")])
+                   for e in range(n)]
+        state[f"{p}.gate_up_proj"] = torch.stack(gate_up)
+        state[f"{p}.down_proj"] = torch.stack([state.pop(f"{p}.{e}.down_proj.weight") for e in range(n)])
+    save_file(state, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
+    hfio.import_hf(tmp_path / "hf", tmp_path / "run2")
+    a, b = hfio.load_run_model(tmp_path / "run")[0], hfio.load_run_model(tmp_path / "run2")[0]
+    x = torch.randint(3, V, (1, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert torch.equal(a(x), b(x))
+    state["model.layers.1.mlp.experts.down_proj"] = state["model.layers.1.mlp.experts.down_proj"][:3]
+    save_file(state, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(UnsupportedError, match="hold 8 / 3 experts, the config 8"):
+        hfio.import_hf(tmp_path / "hf", tmp_path / "run3")
+    assert not (tmp_path / "run3").exists()

@@ -432,6 +432,22 @@ def state_to_lmlab(hf_state: StateDict, cfg: ModelConfig, maps: list[TensorMap],
     return out
 
 
+def pop_stacked_experts(state: StateDict, cfg: ModelConfig, prefix: str, family: str):
+    """Yield (prefix, gate_up, down) for each layer whose checkpoint stores its experts stacked as
+    ``{prefix}.gate_up_proj`` and ``{prefix}.down_proj`` (``prefix`` formatted with the layer index ``i``),
+    removing both from ``state`` (changed in place); UnsupportedError when their expert count is not
+    the config's. The layouts differ by family (Llama 4 stores them transposed against nn.Linear)."""
+    for i in range(cfg.n_layers):
+        p = prefix.format(i=i)
+        if f"{p}.gate_up_proj" not in state:
+            continue
+        gate_up, down = state.pop(f"{p}.gate_up_proj"), state.pop(f"{p}.down_proj")
+        if gate_up.shape[0] != cfg.n_experts or down.shape[0] != cfg.n_experts:
+            raise UnsupportedError(f"{family}: {p}.gate_up_proj / down_proj hold {gate_up.shape[0]} / "
+                                   f"{down.shape[0]} experts, the config {cfg.n_experts}")
+        yield p, gate_up, down
+
+
 def state_to_hf(state: StateDict, cfg: ModelConfig, maps: list[TensorMap]) -> StateDict:
     """Split lmlab tensors into HF ones (the inverse of :func:`state_to_lmlab`); the tied LM head is left out."""
     out: StateDict = {}

@@ -160,15 +160,8 @@ def _split_experts(state: StateDict, cfg: ModelConfig) -> StateDict:
     """Stacked expert tensors (transformers' in-memory layout, (out, in) per expert), if a checkpoint
     holds them, -> the per-expert names of the published checkpoints."""
     out = dict(state)
-    for i in range(cfg.n_layers):
-        p = f"model.layers.{i}.mlp.experts"
-        if f"{p}.gate_up_proj" not in out:
-            continue
-        gate_up, down = out.pop(f"{p}.gate_up_proj"), out.pop(f"{p}.down_proj")
-        if gate_up.shape[0] != cfg.n_experts or down.shape[0] != cfg.n_experts:
-            raise UnsupportedError(f"{FAM}: {p}.gate_up_proj / down_proj hold {gate_up.shape[0]} / "
-                                   f"{down.shape[0]} experts, the config {cfg.n_experts}")
-        W = cfg.expert_d_ff or cfg.d_ff
+    W = cfg.expert_d_ff or cfg.d_ff
+    for p, gate_up, down in C.pop_stacked_experts(out, cfg, "model.layers.{i}.mlp.experts", FAM):
         for e in range(cfg.n_experts):
             out[f"{p}.{e}.gate_proj.weight"], out[f"{p}.{e}.up_proj.weight"] = gate_up[e][:W], gate_up[e][W:]
             out[f"{p}.{e}.down_proj.weight"] = down[e]

@@ -169,14 +169,7 @@ def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:
 def _split_experts(state: StateDict, cfg: ModelConfig) -> StateDict:
     """HF's stacked expert tensors -> one (out, in) matrix per expert, named as tensor_maps reads them."""
     out = dict(state)
-    for i in range(cfg.n_layers):
-        p = f"model.layers.{i}.feed_forward.experts"
-        if f"{p}.gate_up_proj" not in out:
-            continue
-        gate_up, down = out.pop(f"{p}.gate_up_proj"), out.pop(f"{p}.down_proj")
-        if gate_up.shape[0] != cfg.n_experts or down.shape[0] != cfg.n_experts:
-            raise UnsupportedError(f"{FAM}: {p}.gate_up_proj / down_proj hold {gate_up.shape[0]} / "
-                                   f"{down.shape[0]} experts, the config {cfg.n_experts}")
+    for p, gate_up, down in C.pop_stacked_experts(out, cfg, "model.layers.{i}.feed_forward.experts", FAM):
         for e in range(cfg.n_experts):
             out[f"{p}.{e}.gate_up"] = gate_up[e].t()
             out[f"{p}.{e}.down"] = down[e].t()
