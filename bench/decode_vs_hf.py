@@ -31,6 +31,7 @@ per-round ratios with their IQR. Run:
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import time
@@ -182,6 +183,8 @@ def main() -> None:
     ap.add_argument("--threads", type=POSITIVE, nargs="+", help="torch threads, one or more (default: torch's choice)")
     ap.add_argument("--markdown", metavar="FILE", help="also write the tables as a markdown page to FILE")
     args = ap.parse_args()
+    if args.markdown and not Path(args.markdown).resolve().parent.is_dir():
+        ap.error(f"--markdown {args.markdown}: its folder does not exist")
     try:
         import transformers
     except ImportError:
@@ -206,7 +209,8 @@ def main() -> None:
     if diff > 1e-4:  # the same weights must give the same logits, else the timing compares different models
         raise SystemExit(f"lmlab and HF logits differ by {diff:.2e} (> 1e-4): the weight mapping is wrong")
     load0 = os.getloadavg()
-    head = [f"machine: {describe_machine()}, transformers {transformers.__version__}; load average "
+    machine = re.sub(r" \(\d+ threads?\)", "", describe_machine())  # threads: per row
+    head = [f"machine: {machine}, transformers {transformers.__version__}; load average "
             f"{' '.join(f'{v:.2f}' for v in load0)}",
             f"model: d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / {cfg.n_kv_heads} KV heads, "
             f"vocab {cfg.vocab_size}, {ours.num_params():,} params, fp32; max |logit difference| lmlab vs HF {diff:.2e}",

@@ -203,9 +203,25 @@ BLOCKS = {f.__name__: f for f in (train_vs_peers, train_step_gains, context_scal
                                    decode_vs_hf, decode_threads, prepare_throughput)}
 
 
+def check_markers(readme: str) -> list[str]:
+    """The block names of ``readme`` in order; SystemExit for a block opened twice, one without its
+    closing marker, or a closing marker without an opening one (a block the rewrite would skip)."""
+    opened = re.findall(r"<!-- bench:(\w+) -->", readme)
+    closed = re.findall(r"<!-- /bench:(\w+) -->", readme)
+    twice = sorted({n for n in opened if opened.count(n) > 1})
+    if twice:
+        raise SystemExit(f"README block(s) opened more than once: {', '.join(twice)}")
+    unclosed, stray = sorted(set(opened) - set(closed)), sorted(set(closed) - set(opened))
+    if unclosed or stray:
+        raise SystemExit("README blocks without a closing marker: " + (", ".join(unclosed) or "-")
+                         + "; closing markers without an opening one: " + (", ".join(stray) or "-"))
+    return opened
+
+
 def render(readme: str) -> str:
     """``readme`` with every ``<!-- bench:NAME -->`` block rewritten from its page. Raises SystemExit
-    for a block whose name is unknown."""
+    for a block whose name is unknown or whose markers do not pair (:func:`check_markers`)."""
+    check_markers(readme)
     def sub(m: re.Match) -> str:
         name, indent = m[2], m[1]
         if name not in BLOCKS:
@@ -225,8 +241,11 @@ def main() -> int:
     new = render(old)
     if a.check:
         if new != old:
-            print(f"{path}: benchmark tables differ from their pages; run python bench/readme_tables.py",
-                  file=sys.stderr)
+            block = r"<!-- bench:(\w+) -->\n(.*?)<!-- /bench:\1 -->"
+            was, now = dict(re.findall(block, old, flags=re.S)), dict(re.findall(block, new, flags=re.S))
+            stale = [n for n in now if was.get(n) != now[n]]
+            print(f"{path}: benchmark table(s) {', '.join(stale)} differ from their pages; run python "
+                  f"bench/readme_tables.py", file=sys.stderr)
             return 1
         print(f"{path}: {len(re.findall('<!-- bench:', old))} benchmark tables match their pages")
         return 0

@@ -62,6 +62,14 @@ def _int_range(low: int, high: int):
 POSITIVE, NON_NEGATIVE = _int_at_least(1), _int_at_least(0)
 
 
+def _preset_name(text: str) -> str:
+    """A --preset value: any non-blank name (checked against the presets where it is used)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; give a preset name (see `lmlab presets`)")
+    return text
+_preset_name.__name__ = "preset name"
+
+
 def _stop_text(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError("an empty stop string would stop before the first token; give some text")
@@ -515,7 +523,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("train", help="train a model from scratch (or --resume a run)")
     sp.add_argument("--config", help="YAML file with 'model:' and 'train:' sections, or a built-in name (demo)")
-    sp.add_argument("--preset", help="a model family preset (see `lmlab presets`)")
+    sp.add_argument("--preset", type=_preset_name, help="a model family preset (see `lmlab presets`)")
     sp.add_argument("--scale", choices=["tiny", "real"], help="preset scale (default tiny)")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a model or train field")
     sp.add_argument("--data", help="a prepared data folder (default: data/shakespeare-bpe4096, prepared on first use)")
@@ -609,7 +617,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("analyze", help="parameters, FLOPs/token, KV cache and arithmetic intensity of a config")
     sp.add_argument("run", nargs="?", help="a run folder (its run.yaml)")
-    sp.add_argument("--preset", help="a model family preset (see `lmlab presets`)")
+    sp.add_argument("--preset", type=_preset_name, help="a model family preset (see `lmlab presets`)")
     sp.add_argument("--scale", choices=["real", "tiny"], help="preset scale (default real)")
     sp.add_argument("--config", help="a YAML/JSON file with a 'model:' section (and optionally 'train:')")
     sp.add_argument("--context", type=POSITIVE, help="sequence length (default the config's context_length)")
@@ -628,7 +636,7 @@ def make_parser() -> argparse.ArgumentParser:
     bench = sp.add_subparsers(dest="bench", required=True)
     bp = bench.add_parser("decode", help="prefill and decode tokens/s of KV-cache generation (greedy)")
     bp.add_argument("run", nargs="?", help="a run folder (its trained weights); default the demo config")
-    bp.add_argument("--preset", help="a preset with random weights")
+    bp.add_argument("--preset", type=_preset_name, help="a preset with random weights")
     bp.add_argument("--scale", choices=["tiny", "real"], help="preset scale (default tiny)")
     bp.add_argument("--batch", type=POSITIVE, default=1)
     bp.add_argument("--prompt-len", type=POSITIVE, default=32)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import types
 import weakref
 from typing import Iterable, Iterator, Optional, Sequence
 
@@ -120,25 +121,54 @@ def packed_decode_available() -> bool:
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def _prepared_forward(module: torch.nn.Linear, prepared: torch.Tensor, packed: bool):
-    """A forward for ``module`` multiplying by ``prepared``, its weight's decode copy (oneDNN-packed, or
-    the same values held transposed in memory); under autograd (training inside the context) or for an
-    input of another dtype the module's own weight is used, so gradients still reach it."""
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or x.dtype != module.weight.dtype:
-            return F.linear(x, module.weight, module.bias)
-        if packed:
-            return torch.ops.mkldnn._linear_pointwise(x, prepared, module.bias, "none", [], "")
-        return F.linear(x, prepared, module.bias)
-    return forward
+def _weight_state(w: torch.Tensor) -> tuple:
+    """What identifies the values of weight ``w`` without reading them: its storage, layout, dtype,
+    version counter and the process's optimizer-step count (see :func:`decode_layout`)."""
+    return (w.data_ptr(), tuple(w.shape), w.stride(), w.dtype, w._version, _OPTIMIZER_STEPS[0])
+
+
+class _DecodeCopy:
+    """A module's decode copy of its weight: the copy, whether it is oneDNN-packed, and the weight's
+    state when it was made. A deep copy or pickle of the model carries no copy (an opaque oneDNN
+    tensor cannot be copied, and the clone's weights are other tensors): its forward then uses its
+    own weight."""
+
+    __slots__ = ("copy", "packed", "state")
+
+    def __init__(self, copy: Optional[torch.Tensor], packed: bool, state: Optional[tuple]):
+        self.copy, self.packed, self.state = copy, packed, state
+
+    def __reduce__(self):
+        return _DecodeCopy, (None, self.packed, None)
+
+    def __deepcopy__(self, memo):
+        return _DecodeCopy(None, self.packed, None)
+
+
+def _decode_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``nn.Linear.forward`` for a module holding a decode copy of its weight (``self._decode_copy``, a
+    :class:`_DecodeCopy`); bound to the module as its ``forward`` while decoding. The copy is used only
+    while the weight is unchanged, without autograd, for an input of the weight's dtype; otherwise the
+    module's own weight is (so a step taken while a generator is suspended, or a deep copy of the
+    model, never multiplies by stale or foreign values)."""
+    d = self._decode_copy
+    copy, packed, state = d.copy, d.packed, d.state
+    if copy is None or torch.is_grad_enabled() or x.dtype != self.weight.dtype \
+            or _weight_state(self.weight) != state:
+        return F.linear(x, self.weight, self.bias)
+    if packed:
+        return torch.ops.mkldnn._linear_pointwise(x, copy, self.bias, "none", [], "")
+    return F.linear(x, copy, self.bias)
 
 
 # The decode copies of linear weights, kept between calls: module -> (what was prepared, the weight
-# tensor it was made from, its version counter then, the optimizer-step count then, the copy). Keyed
-# weakly, so a model that is dropped frees its copies; see decode_layout for when a copy is remade.
+# tensor it was made from (holding its storage, so an equal data_ptr means the same storage), the
+# weight's state then (_weight_state), the copy). Keyed weakly, so a model that is dropped frees its
+# copies; see decode_layout for when a copy is remade.
 _DECODE_COPIES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 _OPTIMIZER_STEPS = [0]
 _STEP_HOOK = []
+_ACTIVE: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models inside decode_layout now
 
 
 def _count_optimizer_steps() -> None:
@@ -157,13 +187,11 @@ def _decode_copy(module: torch.nn.Linear, what: tuple) -> torch.Tensor:
     w = module.weight
     entry = _DECODE_COPIES.get(module)
     if entry is not None:
-        made_as, source, version, steps, copy = entry
-        # ``source`` keeps the old storage alive, so an equal data_ptr means the same storage
-        if made_as == what and source.data_ptr() == w.data_ptr() and source.shape == w.shape \
-                and source.dtype == w.dtype and w._version == version and steps == _OPTIMIZER_STEPS[0]:
+        made_as, _source, state, copy = entry
+        if made_as == what and _weight_state(w) == state:
             return copy
     copy = _make_decode_copy(w, what)
-    _DECODE_COPIES[module] = (what, w.detach(), w._version, _OPTIMIZER_STEPS[0], copy)
+    _DECODE_COPIES[module] = (what, w.detach(), _weight_state(w), copy)
     return copy
 
 
@@ -231,18 +259,20 @@ def decode_layout(model: TransformerLM, batch: int = 1) -> Iterator[None]:
 
     The copies (at most ``PACK_LIMIT_BYTES``: the linear weights' bytes once more) are kept between calls,
     so repeated generation pays the re-layout once; :func:`release_decode_copies` frees them. A copy is
-    remade when its weight changed: a different tensor or storage (``load_state_dict(assign=True)``,
-    ``.to()``, ``p.data = ...``), an in-place write through the parameter (its version counter:
-    ``load_state_dict``, ``p.copy_``), or any ``torch.optim`` step in the process since it was made (torch's
-    fused AdamW does not bump version counters). Writes through ``p.data`` itself bypass all three:
-    call :func:`release_decode_copies` after them.
+    remade, and while decoding never used, once its weight changed: a different tensor, storage, shape,
+    stride or dtype (``load_state_dict(assign=True)``, ``.to()``, ``p.data = ...``), an in-place write
+    through the parameter (its version counter: ``load_state_dict``, ``p.copy_``), or any ``torch.optim``
+    step in the process since it was made (torch's fused AdamW does not bump version counters); each
+    call checks this, so a step taken while a generator is suspended takes effect at once. Writes into
+    ``p.data``'s storage in place (``p.data.mul_(2)``) bypass all of these: call
+    :func:`release_decode_copies` after them.
 
     Side by side on the demo shape (2 CPU threads; ``python bench/decode_vs_hf.py``): see the README."""
     kind = decode_layout_kind(model, batch)
-    if getattr(model, "_decode_layout_active", False):
+    if model in _ACTIVE:
         yield
         return
-    model._decode_layout_active = True
+    _ACTIVE.add(model)
     model.lean_decode = model.lean_decode_possible()
     changed, patched = [], []
     try:
@@ -257,7 +287,8 @@ def decode_layout(model: TransformerLM, batch: int = 1) -> Iterator[None]:
                 if not packed and not _transposes(module.weight):
                     continue
                 copy = _decode_copy(module, ("packed", batch) if packed else ("transposed",))
-                module.forward = _prepared_forward(module, copy, packed)
+                module._decode_copy = _DecodeCopy(copy, packed, _weight_state(module.weight))
+                module.forward = types.MethodType(_decode_forward, module)  # deep copies rebind it
                 patched.append(module)
         else:
             with torch.inference_mode(False), torch.no_grad():  # new storage must stay usable by autograd
@@ -274,8 +305,21 @@ def decode_layout(model: TransformerLM, batch: int = 1) -> Iterator[None]:
             for w in changed:
                 w.data = w.data.contiguous()
         for module in patched:
-            del module.forward  # back to nn.Linear.forward
-        model._decode_layout_active = model.lean_decode = False
+            del module.forward, module._decode_copy  # back to nn.Linear.forward
+        _ACTIVE.discard(model)
+        model.lean_decode = False
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """``model.eval()`` for the duration, then the train/eval mode it had before (generation leaves a
+    model that was training in training mode)."""
+    was = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was)
 
 
 def eos_set(eos_id: "int | Sequence[int] | None") -> frozenset:
@@ -315,12 +359,11 @@ def generate_logprobs(model: TransformerLM, prompt: list[int], max_new_tokens: i
     if len(prompt) > T:
         raise ValueError(f"the prompt has {len(prompt)} tokens, more than context_length={T}; shorten it")
     _check_sampling(temperature, top_k, top_p)
-    model.eval()
     gen = _generator(device, seed)
     dtype = _dtype(model)
     history = list(prompt)
     max_len = min(T, len(prompt) + max(max_new_tokens - 1, 0))
-    with decode_layout(model):
+    with eval_mode(model), decode_layout(model):
         cache = KVCache(model.cfg, 1, max_len, device=device, dtype=dtype)
         logits = model.logits(model.hidden(torch.tensor([history], device=device), cache)[:, -1])
         for i in range(max_new_tokens):
@@ -370,12 +413,11 @@ def stream_batch(model: TransformerLM, prompts: Sequence[Sequence[int]], max_new
                          f"fit in context_length={T}; batched generation does not slide the context")
     if max_new_tokens <= 0:
         return
-    model.eval()
     gen = _generator(device, seed)
     ids, pad = left_pad_batch(prompts, pad_id, device)
     cache = KVCache(model.cfg, len(prompts), longest + max_new_tokens - 1, device=device, dtype=_dtype(model),
                     left_pad=pad)
-    with decode_layout(model, len(prompts)):
+    with eval_mode(model), decode_layout(model, len(prompts)):
         logits = model.logits(model.hidden(ids, cache)[:, -1])
         for i in range(max_new_tokens):
             nxt = sample_next(logits, temperature, top_k, top_p, gen)

@@ -608,8 +608,8 @@ class Trainer:
         rec = {"step": self.step + 1, "loss": mean_loss, "lr": lr, "grad_norm": grad_norm}
         moe = self.model.moe_layers() if hasattr(self.model, "moe_layers") else []
         if moe and all(m.aux is not None for m in moe):  # the last micro-batch's, averaged over MoE layers
-            rec["moe_balance"] = float(sum(float(m.aux[0]) for m in moe) / len(moe))
-            rec["moe_router_z"] = float(sum(float(m.aux[1]) for m in moe) / len(moe))
+            rec["moe_balance"] = float(sum(float(m.aux[0].detach()) for m in moe) / len(moe))
+            rec["moe_router_z"] = float(sum(float(m.aux[1].detach()) for m in moe) / len(moe))
             # the busiest expert's share of the routed slots, worst layer (1/n_experts when balanced)
             rec["moe_max_load"] = max(float(m.tokens_per_expert.max() / m.tokens_per_expert.sum()) for m in moe)
         if not (math.isfinite(mean_loss) and math.isfinite(grad_norm)):

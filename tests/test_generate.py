@@ -368,3 +368,66 @@ def test_decode_threads_follow_the_model_size():
     weights = sum(m.weight.numel() for m in big.modules() if isinstance(m, torch.nn.Linear))
     want = math.ceil(weights / DECODE_WEIGHTS_PER_THREAD)
     assert 2 <= want < 64 and decode_threads(big, 64) == want and decode_threads(big, 2) == 2
+
+
+def test_a_suspended_generator_never_serves_stale_or_foreign_weights():
+    """While a generator holds the decode layout (left suspended), a training step (fused AdamW) on the
+    model and a later generation must use the new weights; a deep copy made meanwhile computes with its
+    own weights and sends its gradients to itself; a square weight transposed through .data (same
+    storage and version) is noticed by its strides."""
+    import copy
+
+    from lmlab.generate import decode_layout, generate_logprobs, stream_batch
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=64, context_length=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                      init_std=0.3)
+    model = TransformerLM(cfg)
+    prompts = [[1, 2, 3, 4], [5, 6, 7, 8]]
+
+    def logprobs(m):
+        return torch.tensor([lp for _, lp in generate_logprobs(m, prompts[0], 5, temperature=0)])
+
+    held = stream_batch(model, prompts, 20, temperature=0)
+    next(held)  # suspended inside decode_layout: packed copies patched in
+    clone = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-2, fused=True)
+    model.train()
+    model(torch.tensor(prompts)).logsumexp(-1).mean().backward()
+    opt.step()
+    clean = TransformerLM(cfg)
+    clean.load_state_dict(model.state_dict())
+    assert torch.allclose(logprobs(model), logprobs(clean), atol=1e-5)
+    with torch.no_grad():
+        x = torch.tensor(prompts)
+        assert torch.allclose(model.eval()(x), clean.eval()(x), atol=1e-5)
+        for p in clone.parameters():  # the clone follows its own weights, not the model's
+            p.normal_(0, 0.3)
+        fresh = TransformerLM(cfg)
+        fresh.load_state_dict(clone.state_dict())
+        assert torch.allclose(clone.eval()(x), fresh.eval()(x), atol=1e-5)
+    clone.train()
+    clone(x).sum().backward()
+    assert clone.blocks[0].attn.qkv.weight.grad is not None
+    held.close()
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    with decode_layout(model, batch=2), torch.inference_mode():
+        w = model.blocks[0].attn.out.weight  # square (d_model x d_model)
+        before = model(x)
+        with torch.inference_mode(False), torch.no_grad():
+            w.data = w.data.t()
+        ref = TransformerLM(cfg)
+        ref.load_state_dict(model.state_dict())
+        assert not torch.allclose(model(x), before, atol=1e-3)
+        assert torch.allclose(model(x), ref.eval()(x), atol=1e-5)
+
+
+def test_generation_restores_the_train_or_eval_mode():
+    torch.manual_seed(0)
+    model = TransformerLM(ModelConfig(vocab_size=40, context_length=16, d_model=32, n_layers=1, n_heads=4))
+    model.train()
+    assert len(list(generate(model, [1, 2], 3, temperature=0))) == 3 and model.training
+    assert len(generate_batch(model, [[1], [2, 3]], 3, temperature=0)[0]) == 3 and model.training
+    model.eval()
+    list(generate(model, [1, 2], 3, temperature=0))
+    assert not model.training

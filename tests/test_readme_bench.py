@@ -53,3 +53,14 @@ def test_peer_summary_is_read_from_the_cells(tables, tmp_path, monkeypatch):
     page.write_text(page.read_text().replace("fastest compiled", "slowest compiled"))
     with pytest.raises(SystemExit, match="no 'fastest compiled peer' line"):
         tables.train_vs_peers()
+
+
+def test_unpaired_markers_are_refused(tables):
+    """A block whose closing marker went missing would be skipped by the rewrite: refused instead."""
+    readme = (ROOT / "README.md").read_text()
+    twice = readme + "\n<!-- bench:gpu_check -->\n<!-- /bench:gpu_check -->\n"
+    for broken, words in ((readme.replace("<!-- /bench:gpu_check -->", "", 1), "closing marker: gpu_check"),
+                          (readme.replace("<!-- bench:gpu_check -->", "", 1), "opening one: gpu_check"),
+                          (twice, "more than once")):
+        with pytest.raises(SystemExit, match=words):
+            tables.render(broken)

@@ -149,6 +149,8 @@ def _rope_dict(params: dict, family: str, field: str, max_pos: Optional[int]) ->
             continue
         if key not in keys:
             raise unsupported(family, f"{field}.{key}", value, f"keys {', '.join(sorted(keys))} for rope_type {kind!r}")
+        if key in ("mscale", "mscale_all_dim") and value == 0:
+            continue  # transformers reads 0 as "off", the same as leaving the key out
         if value is not None:
             out[key] = value
     if "original_max_position_embeddings" in keys and "original_max_position_embeddings" not in out:

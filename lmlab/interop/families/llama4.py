@@ -88,8 +88,9 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     flags, chunk = _flags(hf, n_layers), g("attention_chunk_size")
     want = ["chunked_attention" if f and chunk is not None else "full_attention" for f in flags]
     if hf.get("layer_types") is not None and list(hf["layer_types"]) != want:
-        raise C.unsupported(FAM, "layer_types", hf["layer_types"], f"{want} (chunked exactly on the RoPE layers, "
-                            "as Llama4TextConfig derives them)")
+        raise C.unsupported(FAM, "layer_types", hf["layer_types"],
+                            f"{want}: chunked exactly on the RoPE layers of no_rope_layers={flags} when "
+                            f"attention_chunk_size={chunk!r} is set, as Llama4TextConfig derives them")
     letters = "".join("R" if f else "N" for f in flags)
     if chunk is not None and "R" in letters:
         pattern = C.shortest_period(letters.replace("R", "L").replace("N", "G"))
