@@ -494,3 +494,13 @@ def test_tensorboard_events_hold_the_logged_scalars(data_dir, tmp_path):
     got = {e.step: e.value for e in acc.Scalars("loss")}
     assert sorted(got) == [r["step"] for r in train]
     assert all(abs(got[r["step"]] - r["loss"]) <= 1e-6 * abs(r["loss"]) for r in train)
+
+
+@pytest.mark.parametrize("argv", [["analyze", "--preset", ""], ["train", "--preset", " ", "--out", "RUN"],
+                                  ["bench", "decode", "--preset", ""]])
+def test_an_empty_preset_name_is_refused(argv, tmp_path, capsys):
+    argv = [str(tmp_path / a) if a == "RUN" else a for a in argv]
+    with pytest.raises(SystemExit) as err:
+        main(argv)
+    assert err.value.code == 2 and "--preset: is empty" in capsys.readouterr().err
+    assert not (tmp_path / "RUN").exists()

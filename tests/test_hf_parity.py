@@ -526,3 +526,14 @@ def test_deepseek_v2_stacked_experts_read_as_the_published_layout(tmp_path):
     with pytest.raises(UnsupportedError, match="hold 8 / 3 experts, the config 8"):
         hfio.import_hf(tmp_path / "hf", tmp_path / "run3")
     assert not (tmp_path / "run3").exists()
+
+
+def test_yarn_mscale_zero_means_off():
+    """transformers reads mscale / mscale_all_dim 0 as "off": the import drops them (not refused)."""
+    from lmlab.interop import common as C
+
+    params = dict(rope_type="yarn", rope_theta=1e4, factor=4.0, original_max_position_embeddings=32,
+                  mscale=0.0, mscale_all_dim=0.0)
+    theta, scaling, _ = C.read_rope({"rope_parameters": params}, "deepseek_v2")
+    assert theta == 1e4 and "mscale" not in scaling and "mscale_all_dim" not in scaling
+    assert scaling["factor"] == 4.0
