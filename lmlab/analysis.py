@@ -585,13 +585,20 @@ def survey_rows(scale: str = "real") -> list[dict]:
         if cfg.parallel_block:
             norm += ", parallel" + ("" if cfg.parallel_shared_norm else " (2 norms)")
         act = cfg.activation + (" (gated)" if cfg.activation in GATED_ACTIVATIONS else "")
-        n = param_counts(cfg)["total"]
+        counts = param_counts(cfg)
+        n = counts["total"]
         params = human_count(p.published_params) if p.published_params else f"~{human_count(n)}"
+        if cfg.n_experts:  # mixture of experts: routed x top-k (+ shared), and the active parameters
+            act += f", MoE {cfg.n_experts} top-{cfg.experts_per_token}" + (
+                f" +{cfg.n_shared_experts} shared" if cfg.n_shared_experts else "")
+            params += f" ({human_count(counts['active'])} active)"
+        mla = cfg.attention == "mla"  # heads: value width per head; KV: the cached latent
         rows.append({"model": name, "vocab": cfg.vocab_size, "norm": norm, "activation": act,
-                     "d_ff/d": round(cfg.d_ff / cfg.d_model, 2),
-                     "H*hd/d": round(cfg.n_heads * cfg.head_dim / cfg.d_model, 2),
+                     "d_ff/d": round((cfg.expert_d_ff or cfg.d_ff) / cfg.d_model, 2),
+                     "H*hd/d": round(cfg.n_heads * (cfg.v_head_dim if mla else cfg.head_dim) / cfg.d_model, 2),
                      "d/L": round(cfg.d_model / cfg.n_layers, 1), "positions": _positions(cfg),
-                     "heads/kv": f"{cfg.n_heads}/{cfg.n_kv_heads}", "windows": _windows(cfg),
+                     "heads/kv": f"{cfg.n_heads} MLA r{cfg.kv_lora_rank}" if mla else f"{cfg.n_heads}/{cfg.n_kv_heads}",
+                     "windows": _windows(cfg),
                      "stability": _stability(cfg), "params": params})
     return rows
 

@@ -215,6 +215,10 @@ def test_cli_analyze_survey_and_bench(capsys, tmp_path):
     assert by["llama-3-8b"]["heads/kv"] == "32/8" and by["gemma-2-9b"]["windows"] == "LG 4096"
     assert by["gemma-7b"]["H*hd/d"] == "1.33" and by["palm-540b"]["heads/kv"] == "48/1"
     assert "z-loss" in by["palm-540b"]["stability"] and "QK-norm" in by["qwen3-8b"]["stability"]
+    ds = by["deepseek-v2"]  # MLA: value heads 128 x 128 / 5120; experts' width 1536 / 5120
+    assert (ds["heads/kv"], ds["H*hd/d"], ds["d_ff/d"]) == ("128 MLA r512", "3.2", "0.3")
+    assert "MoE 160 top-6 +2 shared" in ds["activation"] and "21.4B active" in ds["params"]
+    assert "MoE 8 top-2" in by["mixtral-8x7b"]["activation"] and "attn temperature" in by["llama-4-scout"]["stability"]
     assert main(["survey", "--format", "markdown"]) == 0
     assert capsys.readouterr().out.count("\n") == len(PRESETS) + 2
     assert main(["bench", "decode", "--preset", "mistral-7b", "--batch", "2", "--prompt-len", "4",
