@@ -518,7 +518,7 @@ def load_run(run_dir: str | Path, step: Optional[int] = None, device: str = "cpu
     if tokenizer and not (Path(run_dir) / "tokenizer.json").is_file():
         raise CheckpointError(f"run {str(run_dir)!r} has no tokenizer (no tokenizer.json: it was imported from a "
                               f"Hugging Face folder without one); copy the model's tokenizer.json into the run "
-                              f"folder, or load it with tokenizer=False")
+                              f"folder; or give token ids (lmlab generate --prompt-ids 1,2,3; Python: load_run(..., tokenizer=False))")
     if tokenizer:
         tok = Tokenizer.load(Path(run_dir) / "tokenizer.json")
     imported = isinstance(run.get("hf"), dict)  # HF models often pad the embedding past the tokenizer's vocabulary

@@ -255,6 +255,8 @@ def cmd_generate(args) -> int:
     from lmlab.train import resolve_device
 
     device = resolve_device(args.device)
+    if args.prompt_ids is not None:
+        return _generate_ids(args, device)
     model, cfg, tok, _, _ = load_run(args.run, device=str(device))
     if args.threads is None and device.type == "cpu" and len(args.prompt or [""]) == 1:
         import torch
@@ -308,6 +310,40 @@ def cmd_generate(args) -> int:
                 break
         print(f"--- [{n}] ---")
         print(text + "".join(body) + stream.flush())
+    return 0
+
+
+def _generate_ids(args, device) -> int:
+    """``generate --prompt-ids``: token ids in, token ids out (a run without a tokenizer, e.g. imported
+    from a Hugging Face folder without tokenizer.json)."""
+    import torch
+
+    from lmlab.checkpoint import load_run
+    from lmlab.generate import decode_threads, generate_logprobs
+
+    if args.prompt or args.stop or args.stop_at_eot or args.prompt_after_eot:
+        raise ConfigError("--prompt-ids takes token ids and prints ids: it cannot be combined with --prompt, "
+                          "--stop, --stop-at-eot or --prompt-after-eot (they need a tokenizer)")
+    try:
+        ids = [int(x) for x in args.prompt_ids.replace(",", " ").split()]
+    except ValueError:
+        raise ConfigError(f"--prompt-ids {args.prompt_ids!r}: give token ids separated by commas or spaces, "
+                          f"e.g. 1,2,3") from None
+    model, cfg, _, _, _ = load_run(args.run, device=str(device), tokenizer=False)
+    bad = [i for i in ids if not 0 <= i < cfg.vocab_size]
+    if not ids or bad:
+        raise ConfigError(f"--prompt-ids {args.prompt_ids!r}: " + (f"id {bad[0]} is outside 0..{cfg.vocab_size - 1}, "
+                          f"the model's vocabulary" if bad else "no ids given"))
+    if args.threads is None and device.type == "cpu":
+        torch.set_num_threads(decode_threads(model, torch.get_num_threads()))
+    seen = list(generate_logprobs(model, ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                                  args.seed, device=device))
+    print(" ".join(str(i) for i, _ in seen))
+    if args.logprobs:
+        print("token id\tlog-probability (nats, the model's distribution before sampling settings)")
+        for i, lp in seen:
+            print(f"{i}\t{lp:.4f}")
+        print(f"total\t{sum(lp for _, lp in seen):.4f}\t({len(seen)} tokens)")
     return 0
 
 
@@ -554,6 +590,8 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("run")
     sp.add_argument("--prompt", action="append", help="text to continue (default: start of a document); "
                                                       "repeat for a batch of prompts")
+    sp.add_argument("--prompt-ids", metavar="IDS", help="token ids to continue, e.g. 1,2,3 (a run without a "
+                    "tokenizer); prints the new ids instead of text")
     sp.add_argument("--stop", action="append", type=_stop_text, metavar="TEXT", help="stop before this text (repeatable)")
     sp.add_argument("--max-new-tokens", type=POSITIVE, default=200)
     sp.add_argument("--temperature", type=_float_in(0, float("inf")), default=0.8, help="0 = greedy")

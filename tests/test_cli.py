@@ -504,3 +504,25 @@ def test_an_empty_preset_name_is_refused(argv, tmp_path, capsys):
         main(argv)
     assert err.value.code == 2 and "--preset: is empty" in capsys.readouterr().err
     assert not (tmp_path / "RUN").exists()
+
+
+def test_generate_prompt_ids(run_dir, capsys):
+    """--prompt-ids: ids in, ids out, equal to greedy generate on the loaded model (an imported run
+    without tokenizer.json is tested in test_hf_parity); bad ids and text-only flags are refused."""
+    from lmlab.checkpoint import load_run
+    from lmlab.generate import generate
+
+    run = run_dir
+    assert main(["generate", str(run), "--prompt-ids", "1,2,3", "--max-new-tokens", "6", "--temperature", "0",
+                 "--logprobs"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    model = load_run(run, tokenizer=False)[0]
+    assert [int(i) for i in out[0].split()] == list(generate(model, [1, 2, 3], 6, temperature=0))
+    assert out[-1].startswith("total\t") and len(out) == 1 + 1 + 6 + 1
+    vocab = model.cfg.vocab_size
+    for bad, words in ((f"1,{vocab}", f"id {vocab} is outside 0..{vocab - 1}"), ("1,x", "separated by commas"),
+                       ("", "no ids given")):
+        assert main(["generate", str(run), "--prompt-ids", bad]) == 2
+        assert words in capsys.readouterr().err
+    assert main(["generate", str(run), "--prompt-ids", "1", "--prompt", "a"]) == 2
+    assert "cannot be combined" in capsys.readouterr().err

@@ -195,7 +195,7 @@ def test_family_parity(name, tmp_path):
         assert torch.equal(model2(x), ours)
 
 
-def test_llama4_padded_batch(tmp_path):
+def test_llama4_padded_batch(tmp_path, capsys):
     """Llama 4 with chunks longer than the padded sequence and the temperature floor past it: HF's padded
     row equals lmlab on the sequence alone (the case above leaves that row out, see PADDED_ROWS)."""
     cls, over, _ = CASES["llama4_text"]
@@ -210,6 +210,11 @@ def test_llama4_padded_batch(tmp_path):
     with torch.no_grad():
         alone = model(short[None])[0]
     assert float((theirs[1, PAD:] - alone).abs().max()) <= TOL
+    # an import without tokenizer.json: the CLI generates from token ids
+    assert main(["generate", str(tmp_path / "run"), "--prompt", "hi"]) == 2
+    assert main(["generate", str(tmp_path / "run"), "--prompt-ids", "5 6 7", "--max-new-tokens", "4",
+                 "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.split() == [str(i) for i in generate(model, [5, 6, 7], 4, temperature=0)]
 
 
 # --- refusals ----------------------------------------------------------------------------------
