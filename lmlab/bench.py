@@ -4,9 +4,10 @@ One measurement runs :func:`lmlab.generate.stream_batch` greedily on ``batch`` r
 ``prompt_len`` tokens for ``new_tokens`` tokens: the time to the first yielded ids is the prefill (the
 forward over batch x prompt_len tokens, the LM head on the last position and the first pick), the time
 from there to the last ids is decode (new_tokens - 1 steps of batch tokens each), and the whole call is
-timed too (what a user waits for). Figures are medians over ``repeats`` calls after one warm-up; the
-decode copies of the weights (:func:`lmlab.generate.decode_layout`) are then cached, as in a user's
-repeated calls, and one call timed after releasing them gives the first call's cost (re-layout included).
+timed too (what a user waits for). Figures are medians over ``repeats`` calls after one warm-up: a call timed
+after releasing the decode copies of the weights (:func:`lmlab.generate.decode_layout`), which gives
+the first call's cost (re-layout included); the timed calls then find the copies cached, as a user's
+repeated calls do.
 """
 
 from __future__ import annotations
@@ -125,11 +126,11 @@ def bench_decode(model: TransformerLM, batch: int = 1, prompt_len: int = 32, new
     def call() -> list[float]:
         return stamps_of(stream_batch(model, prompts, new_tokens, temperature=0.0, device=device))
 
-    release_decode_copies(model)  # one cold call: it pays the weight re-layout, as a user's first call does
-    t0 = time.perf_counter()
+    release_decode_copies(model)  # one cold call: it pays the weight re-layout, as a user's first call does,
+    t0 = time.perf_counter()      # and is the warm-up of the timed calls
     call()
     cold = time.perf_counter() - t0
-    res = time_stream(call, batch, prompt_len, new_tokens, repeats)  # whole calls, decode copies cached
+    res = time_stream(call, batch, prompt_len, new_tokens, repeats, warmup=0)  # whole calls, copies cached
     res.update(first_call_s=cold, threads=torch.get_num_threads(), device=str(device), dtype=str(next(model.parameters()).dtype),
                decode_layout=decode_layout_kind(model, batch), lean_decode=model.lean_decode_possible())
     return res

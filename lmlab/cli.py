@@ -294,10 +294,7 @@ def cmd_generate(args) -> int:
             raise
         sys.stdout.write(stream.flush() + "\n")
         if args.logprobs:
-            print("token id\tlog-probability (nats, the model's distribution before sampling settings)\ttext")
-            for i, lp in seen:
-                print(f"{i}\t{lp:.4f}\t{tok.token_bytes(i).decode('utf-8', errors='replace')!r}")
-            print(f"total\t{sum(lp for _, lp in seen):.4f}\t({len(seen)} tokens)")
+            _print_logprobs(seen, lambda i: repr(tok.token_bytes(i).decode("utf-8", errors="replace")))
         return 0
     # several prompts: one batch (left-padded), each continuation printed when the batch is done
     outs = generate_batch(model, prompts, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
@@ -340,11 +337,18 @@ def _generate_ids(args, device) -> int:
                                   args.seed, device=device))
     print(" ".join(str(i) for i, _ in seen))
     if args.logprobs:
-        print("token id\tlog-probability (nats, the model's distribution before sampling settings)")
-        for i, lp in seen:
-            print(f"{i}\t{lp:.4f}")
-        print(f"total\t{sum(lp for _, lp in seen):.4f}\t({len(seen)} tokens)")
+        _print_logprobs(seen)
     return 0
+
+
+def _print_logprobs(seen: list, text_of=None) -> None:
+    """``generate --logprobs``: one line per (token id, log-probability in nats), with the token's text
+    when ``text_of`` is given, then the total."""
+    print("token id\tlog-probability (nats, the model's distribution before sampling settings)"
+          + ("\ttext" if text_of else ""))
+    for i, lp in seen:
+        print(f"{i}\t{lp:.4f}" + (f"\t{text_of(i)}" if text_of else ""))
+    print(f"total\t{sum(lp for _, lp in seen):.4f}\t({len(seen)} tokens)")
 
 
 # --- analyze / survey / bench --------------------------------------------------------------

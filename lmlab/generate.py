@@ -138,11 +138,8 @@ class _DecodeCopy:
     def __init__(self, copy: Optional[torch.Tensor], packed: bool, state: Optional[tuple]):
         self.copy, self.packed, self.state = copy, packed, state
 
-    def __reduce__(self):
+    def __reduce__(self):  # pickle and copy.deepcopy both rebuild it empty
         return _DecodeCopy, (None, self.packed, None)
-
-    def __deepcopy__(self, memo):
-        return _DecodeCopy(None, self.packed, None)
 
 
 def _decode_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
