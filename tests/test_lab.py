@@ -649,3 +649,77 @@ def test_sweep_sigterm_stops_its_trainers(byte_data, tmp_path):
     assert metrics.stat().st_size == size  # no orphaned trainer writes on
     ckpts = list((out / "runs" / "n_layers=1-s1" / "checkpoints").glob("step_*"))
     assert ckpts, "the stopped trainer checkpointed its last finished step"
+
+
+def test_two_stage_tuning_chooses_on_the_tune_seeds_and_compares_the_others():
+    """tune_seeds: seed 1 trains the grid and picks each variant's value; only seeds 2 and 3 (trained
+    at that value) enter the comparison, so seed 1's lucky best does not bias it."""
+    spec = _spec(tune_seeds=[1], expect=[{"better": "B", "than": "A"}])
+    rows = _rows(
+        {
+            # seed 1 over the grid; seeds 2-3 at the value seed 1 chose (A: 3e-3, B: 1e-2)
+            ("A", 1e-3): [2.60],
+            ("A", 3e-3): [2.40, 2.55, 2.57],  # seed 1 lucky at its chosen value
+            ("A", 1e-2): [2.45],
+            ("B", 1e-3): [2.70],
+            ("B", 3e-3): [2.52],
+            ("B", 1e-2): [2.50, 2.50, 2.54],
+        }
+    )
+    sel = select_tuned([r for r in rows if r["seed"] == 1], spec)
+    assert sel[(None, "A")]["tune"] == {"lr": 3e-3} and sel[(None, "B")]["tune"] == {"lr": 1e-2}
+    res = analyze(rows, spec)
+    assert {s["variant"]: s["tune"]["lr"] for s in res["selected"]} == {"A": 3e-3, "B": 1e-2}
+    (claim,) = res["claims"]
+    diffs = [2.55 - 2.50, 2.57 - 2.54]  # seeds 2 and 3 only (with seed 1: 2.40 - 2.50 would enter)
+    assert claim["n"] == 2 and claim["effect"] == pytest.approx(statistics.fmean(diffs))
+    half = T975[1] * statistics.stdev(diffs) / math.sqrt(2)
+    assert claim["lo"] == pytest.approx(statistics.fmean(diffs) - half)
+    for bad, msg in (
+        ([4], r"tune_seeds \[4\] are not among seeds"),
+        ([1, 2, 3], "lists every seed"),
+        ([], "non-empty list"),
+        ("1", "non-empty list"),
+    ):
+        with pytest.raises(ConfigError, match=msg):
+            _spec(tune_seeds=bad)
+    with pytest.raises(ConfigError, match="needs a 'tune:' grid"):
+        _spec(tune_seeds=[1], tune=None)
+    with pytest.raises(ConfigError, match="lr_sensitivity is judged over the seeds"):
+        _spec(tune_seeds=[1], expect=[{"better": "B", "than": "A", "metric": "lr_sensitivity"}])
+    assert _spec(tune_seeds=[1, 2], expect=[{"better": "B", "than": "A", "metric": "lr_sensitivity"}])
+
+
+def test_two_stage_sweep_trains_stage_2_at_the_chosen_values(byte_data, tmp_path, monkeypatch):
+    """The runner: stage 1 (seed 1 x every lr), then the other seeds at the lr seed 1 chose per variant,
+    and on a second invocation nothing again (the choice is remade from the recorded rows)."""
+    from lmlab.lab import runner
+
+    spec = parse_spec({**BAR_SPEC, "data": str(byte_data), "seeds": [1, 2, 3], "tune_seeds": [1],
+                       "tune": {"lr": [1e-3, 3e-3, 1e-2]}, "timing": None, "init_grads": None,
+                       "expect": [{"better": "SwiGLU", "than": "SiLU"}]})
+    plans = plan_runs(spec, byte_data)
+    assert sum(not p.stage2 for p in plans) == 2 * 3 and all(p.seed == 1 for p in plans if not p.stage2)
+    assert len(runner.trained_plans(plans)) == 2 * 3 + 2 * 2
+    text = runner.format_plan(plans, {p.name: "new" for p in plans}, spec)
+    assert "stage 2: 4 runs (each variant, seeds 2, 3)" in text and "\n10 runs," in text
+    fake = {"SiLU": {1e-3: 2.6, 3e-3: 2.4, 1e-2: 2.5}, "SwiGLU": {1e-3: 2.7, 3e-3: 2.6, 1e-2: 2.3}}
+    trained = []
+
+    def job(self, p):  # a stand-in for training + evaluation: bpb from the table above
+        trained.append(p.name)
+        with self.lock:
+            self.rows[p.name] = {"run": p.name, "variant": p.variant, "seed": p.seed, "scale": p.scale,
+                                 "tune": p.tune, "status": "ok", "val_bpb": fake[p.variant][p.tune["lr"]]}
+
+    monkeypatch.setattr(runner._Sweep, "job", job)
+    sweep = runner._Sweep(spec, tmp_path, plans, 2, 1, lambda line: None)
+    sweep.run()
+    stage2 = sorted(n for n in trained if not n.endswith("-s1"))
+    assert len(trained) == 10 and stage2 == ["SiLU_lr=0.003-s2", "SiLU_lr=0.003-s3",
+                                              "SwiGLU_lr=0.01-s2", "SwiGLU_lr=0.01-s3"]
+    trained.clear()
+    again = runner._Sweep(spec, tmp_path, plans, 2, 1, lambda line: None)
+    again.rows = dict(sweep.rows)
+    again.run()
+    assert trained == []

@@ -14,7 +14,7 @@ from lmlab.cli import main
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.data.prepare import prepare
 from lmlab.lab.runner import read_results, run_state, run_sweep
-from lmlab.lab.spec import _plan, builtin_specs, expand_axes, load_spec, parse_spec, plan_runs
+from lmlab.lab.spec import _plan, builtin_specs, expand_axes, load_spec, parse_spec, plan_runs, trained_plans
 from lmlab.train import TrainConfig, Trainer
 
 TINY_MODEL = {"context_length": 32, "d_model": 32, "n_layers": 2, "n_heads": 2}
@@ -213,7 +213,7 @@ def test_shipped_specs_are_valid(byte_data):
         # sized for about 30 minutes or less on 2 CPU cores with --jobs 2 (measured: 1.17e14 FLOPs of
         # d_model-96 runs took 30 min for spec 03): the FLOPs the plan asks for, with the 4096-token
         # vocabulary the default corpus has
-        full = _plan(spec, None, 4096)
+        full = trained_plans(_plan(spec, None, 4096))
         assert sum(p.flops for p in full) <= 1.25e14, (name, sum(p.flops for p in full))
 
 
@@ -284,7 +284,7 @@ def test_shipped_gpu_tiers_fit_one_gpu_hour():
 
     for name, path in builtin_specs().items():
         spec = load_spec(path, tier="gpu")
-        plans = _plan(spec, None, 4096)
+        plans = trained_plans(_plan(spec, None, 4096))  # two-stage tuning: the runs trained
         sizes = [param_counts(p.cfg)["total"] for p in plans]
         base = [param_counts(p.cfg)["total"] for p in plans if p.variant == spec.baseline]
         assert base and all(20e6 <= n <= 100e6 for n in base), (name, base)

@@ -47,7 +47,7 @@ from lmlab.lab.runner import (
     read_results,
 )
 from lmlab.lab.spec import builtin_specs, parse_spec
-from lmlab.lab.verdicts import analyze, tune_key
+from lmlab.lab.verdicts import analyze, split_stages, tune_key
 
 VERDICTS_FILE = "verdicts.json"
 REPORT_MARKS = ("# Ablation:", "# Ablation index")
@@ -475,16 +475,15 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     res["claim"] = str(spec_raw.get("claim") or "").strip()
     planned = None
     if spec:
-        planned = (
-            len(spec.variants)
-            * len(spec.seeds)
-            * max(1, len(spec.scales))
-            * math.prod(len(v) for v in spec.tune.values())
-        )
+        grid = math.prod(len(v) for v in spec.tune.values())
+        n_tune = len(spec.tune_seeds) if spec.tune_seeds else len(spec.seeds)
+        per_cell = n_tune * grid + (len(spec.seeds) - n_tune)  # stage 2: one value per other seed
+        planned = len(spec.variants) * max(1, len(spec.scales)) * per_cell
+    tune_rows, eval_rows = split_stages(rows, spec)
     selected = {(s["scale"], s["variant"]): s for s in res["selected"]}
     chosen = [
         r
-        for r in rows
+        for r in eval_rows
         if (r.get("scale"), r["variant"]) in selected
         and tune_key(r) == selected[(r.get("scale"), r["variant"])]["key"]
     ]
@@ -504,7 +503,7 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
             (
                 "Learning-rate (tuning) sensitivity",
                 plots.lr_sensitivity(
-                    rows, res["selected"], spec.tune, out.parent / f"{prefix}sensitivity.png", colors
+                    tune_rows, res["selected"], spec.tune, out.parent / f"{prefix}sensitivity.png", colors
                 ),
                 "Final held-out bits/byte at each tuned value: a variant whose best value sits at the end of the "
                 "grid may do better outside it; a narrow basin means a fragile variant (Wortsman et al. 2023).",
@@ -840,8 +839,16 @@ def _tuning_lines(res: dict, spec) -> list[str]:
     L = [
         "## Tuned values",
         "",
-        "Each variant's runs at its best tuned value (lowest mean held-out bits/byte over "
-        "seeds; a diverged seed counts as the worst) enter the comparisons. *Tolerated*: the values "
+        (
+            f"Two-stage tuning: seed(s) {', '.join(map(str, spec.tune_seeds))} trained every value of "
+            "the grid and chose each variant's value (lowest held-out bits/byte, mean over those seeds; "
+            "a diverged run counts as the worst); the other seeds trained only at the chosen value, and "
+            "only they enter the comparisons, so the choice does not bias the figures compared. "
+            if spec.tune_seeds
+            else "Each variant's runs at its best tuned value (lowest mean held-out bits/byte over "
+            "seeds; a diverged seed counts as the worst) enter the comparisons. "
+        )
+        + "*Tolerated*: the values "
         f"whose mean is within {res.get('tolerated_within', 0.05):g} bits/byte of the variant's best. "
         "*LR sensitivity* (Wortsman et al. 2023, eq. 1): the mean over the grid of min(bits/byte, "
         "the untrained model's) minus the best, per seed, averaged over seeds (0 = the whole grid "

@@ -16,7 +16,10 @@ optionally at longer contexts and the decode speed, and records the result. The 
 first, alone, before any training. Rerunning the same command resumes: runs with a result are skipped,
 trained runs are only evaluated, interrupted runs continue from their last checkpoint, a finished timing
 block is kept. A run that stops on non-finite losses (``FloatingPointError`` after ``max_bad_steps``)
-is recorded as diverged and the sweep goes on.
+is recorded as diverged and the sweep goes on. With ``tune_seeds`` (two-stage tuning) the tune seeds'
+runs of every grid value train first; the value each (scale, variant) gets is then chosen from their
+recorded results and the other seeds train at it alone (a resumed sweep makes the same choice from the
+same rows).
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ import yaml
 
 from lmlab.config import ConfigError
 from lmlab.fsutil import atomic_write_text
-from lmlab.lab.spec import RunPlan, Spec, _fmt, control_flags, load_spec, plan_quantities, plan_runs
+from lmlab.lab.spec import (RunPlan, Spec, _fmt, control_flags, load_spec, plan_quantities, plan_runs,
+                            trained_plans)
 
 RESULTS_FILE = "results.jsonl"
 TIMING_FILE = "timing.json"
@@ -450,9 +454,38 @@ class _Sweep:
             f"{took:.0f} s" + (f" ({row['error']})" if row.get("error") else "")
         )
 
+    def stage2_plans(self) -> list[RunPlan]:
+        """Two-stage tuning (``spec.tune_seeds``): the stage-2 runs at the tuned values stage 1 chose
+        for their (scale, variant), from the recorded stage-1 rows (lmlab.lab.verdicts.select_tuned)."""
+        from lmlab.lab.verdicts import select_tuned, split_stages
+
+        tune_rows, _ = split_stages(list(self.rows.values()), self.spec)
+        chosen = select_tuned(tune_rows, self.spec)
+        out = []
+        for (scale, variant), sel in chosen.items():
+            picks = [
+                p
+                for p in self.plans
+                if p.stage2 and (p.scale, p.variant) == (scale, variant) and p.cell[2] == sel["key"]
+            ]
+            at = ", ".join(f"{k}={v:g}" for k, v in sel["tune"].items())
+            self.log(
+                f"stage 2: {variant}{f' @{scale}' if scale else ''} at {at} (chosen by seed(s) "
+                f"{', '.join(map(str, self.spec.tune_seeds))}), seeds {', '.join(str(p.seed) for p in picks)}"
+                + (" -- every stage-1 run of it diverged or failed" if sel.get("all_failed") else "")
+            )
+            out += picks
+        order = {p.name: i for i, p in enumerate(self.plans)}
+        return sorted(out, key=lambda p: order[p.name])
+
     def run(self) -> None:
+        self.run_batch([p for p in self.plans if not p.stage2])
+        if any(p.stage2 for p in self.plans):
+            self.run_batch(self.stage2_plans())
+
+    def run_batch(self, plans: list[RunPlan]) -> None:
         todo = []
-        for p in self.plans:
+        for p in plans:
             row = self.rows.get(p.name)
             if row is not None and row.get("status") in ("ok", "diverged"):
                 self.log(f"skip {p.name}: done ({row['status']})")
@@ -738,15 +771,25 @@ def format_plan(plans: list[RunPlan], states: dict, spec: Optional[Spec] = None)
     lines = [
         f"{'run':44} {'steps':>6} {'tokens':>11} {'train FLOPs':>11} {'params':>10} {'non-emb':>10}  state"
     ]
-    for p in plans:
+    todo = trained_plans(plans)
+    for p in (p for p in todo if not p.stage2):
         c = param_counts(p.cfg)
         lines.append(
             f"{p.name[:44]:44} {p.steps:>6} {p.tokens:>11,} {p.flops:>11.3g} {c['total']:>10,} "
             f"{c['non_embedding']:>10,}  {states[p.name]}"
         )
-    total = sum(p.flops for p in plans)
+    # stage 2 of two-stage tuning: one run per (scale, variant, seed), at the value stage 1 chooses
+    stage2 = [p for p in todo if p.stage2]
+    done2 = sum(states[p.name] == "done" for p in plans if p.stage2)
+    if stage2:
+        seeds2 = sorted({p.seed for p in stage2})
+        lines.append(
+            f"stage 2: {len(stage2)} runs (each variant, seeds {', '.join(map(str, seeds2))}) at the "
+            f"tuned values stage 1 chooses; {done2} done"
+        )
+    total = sum(p.flops for p in todo)
     lines.append(
-        f"{len(plans)} runs, {sum(p.tokens for p in plans):,} tokens, {total:.3g} training FLOPs in all"
+        f"{len(todo)} runs, {sum(p.tokens for p in todo):,} tokens, {total:.3g} training FLOPs in all"
     )
     if plans:
         lines.append(epochs_line(plans))
@@ -855,7 +898,8 @@ def run_sweep(
     except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: the training subprocesses were stopped first
         done = len([r for r in read_results(sweep_dir) if r.get("status") in ("ok", "diverged")])
         raise SweepInterrupted(
-            f"sweep interrupted ({exc or 'SIGINT'}); {done} of {len(plans)} run(s) recorded, the others "
+            f"sweep interrupted ({exc or 'SIGINT'}); {done} of {len(trained_plans(plans))} run(s) recorded, "
+            f"the others "
             f"checkpointed where they stopped; the same command resumes",
             getattr(exc, "exit_code", 130),
         ) from None

@@ -19,6 +19,9 @@ A spec is a YAML mapping::
         label: [GELU, SwiGLU]            # optional
     baseline: GELU                       # the variant every other is compared with (default: the first)
     tune: {lr: [1.0e-3, 3.0e-3, 1.0e-2]} # trained at every value; the best per variant enters verdicts
+    tune_seeds: [1]                      # optional two-stage tuning: only these seeds train the whole
+                                         # grid; the other seeds train at the value they chose, and
+                                         # only those (unbiased) seeds enter the comparisons
     match:                               # what is held fixed across variants (the control)
       hold: non_embedding_params         # non_embedding_params | params | flops_per_token | tokens | flops
       solve: d_ff                        # the size lmlab sets per variant to hold it: d_ff | d_model | n_layers
@@ -93,6 +96,7 @@ SPEC_KEYS = (
     "notes",
     "baseline",
     "tune",
+    "tune_seeds",
     "match",
     "varies",
     "expect",
@@ -123,8 +127,8 @@ QUANTITIES = ("params", "non_embedding_params", "flops_per_token", "tokens", "fl
 METRICS = ("val_bpb", "final_train_loss", "step_time", "decode_time", "lr_sensitivity")  # + val_bpb_{m}x
 TIMING_METRICS = {"step_time": "step_s", "decode_time": "decode_s"}
 # what a tier (``tiers: {gpu: {...}}``) may change: model/train are merged over the spec's, the rest replaced
-TIER_KEYS = ("model", "train", "data", "axes", "seeds", "budget", "tune", "match", "scales", "timing",
-             "notes", "eval_contexts", "expect", "varies", "baseline")
+TIER_KEYS = ("model", "train", "data", "axes", "seeds", "tune_seeds", "budget", "tune", "match", "scales",
+             "timing", "notes", "eval_contexts", "expect", "varies", "baseline")
 
 
 @dataclass
@@ -179,6 +183,7 @@ class Spec:
     decode: dict
     baseline: str = ""
     tune: dict = field(default_factory=dict)  # field -> list of values
+    tune_seeds: list = field(default_factory=list)  # [] = every seed trains the whole grid
     match: Optional[Match] = None
     varies: list = field(default_factory=list)
     expect: list = field(default_factory=list)  # Expectation
@@ -206,6 +211,9 @@ class RunPlan:
     scale: Optional[str] = None  # the ladder rung's label, None without scales
     tune: dict = field(default_factory=dict)  # the tuned values this run trains with
     solved: dict = field(default_factory=dict)  # the size fields the match control set
+    # stage 2 of two-stage tuning (Spec.tune_seeds): trained only if stage 1 chose this run's tuned
+    # values for its (scale, variant); see lmlab.lab.runner
+    stage2: bool = False
 
     @property
     def steps(self) -> int:
@@ -582,6 +590,7 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
         raise ConfigError(
             f"{source}: {clash} is both tuned and set by a variant; tune a field the axes leave alone"
         )
+    tune_seeds = parse_tune_seeds(raw.get("tune_seeds"), seeds, tune, source)
     timing = parse_timing(raw.get("timing"), source)
     expect = parse_expect(raw.get("expect"), labels, str(baseline), contexts, source)
     if any(e.metric in TIMING_METRICS for e in expect) and timing is None:
@@ -592,6 +601,12 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
         raise ConfigError(
             f"{source}: an expectation on lr_sensitivity needs a tuned grid of at least 2 values, "
             f"e.g. tune: {{lr: [1.0e-3, 3.0e-3, 1.0e-2]}}"
+        )
+    if any(e.metric == "lr_sensitivity" for e in expect) and 0 < len(tune_seeds) < 2:
+        raise ConfigError(
+            f"{source}: an expectation on lr_sensitivity is judged over the seeds that train the whole "
+            f"grid, and tune_seeds={tune_seeds!r} gives one (no interval); list at least two, or drop "
+            f"tune_seeds"
         )
     return Spec(
         name=str(name),
@@ -612,6 +627,7 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
         decode=decode,
         baseline=str(baseline),
         tune=tune,
+        tune_seeds=tune_seeds,
         match=parse_match(raw.get("match"), source),
         varies=varies,
         expect=expect,
@@ -797,6 +813,34 @@ def parse_match(raw: Any, source: str) -> Optional[Match]:
     if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < 1:
         raise ConfigError(f"{source}.match.tolerance={tol!r} must be a fraction in (0, 1), e.g. 0.02")
     return Match(hold, solve, multiple, target, float(tol))
+
+
+def parse_tune_seeds(raw: Any, seeds: list, tune: dict, source: str) -> list:
+    """``tune_seeds: [1]``: the seeds that train every value of the ``tune`` grid (stage 1); each other
+    seed of ``seeds`` trains only at the value stage 1 chose for its cell's variant (stage 2), and only
+    those seeds enter the comparisons, so the choice (the best of a grid of noisy means) does not bias
+    the figures compared. [] when absent: every seed trains the whole grid. Raises ConfigError for a
+    value that is not a non-empty proper subset of ``seeds`` or is given without a grid to tune."""
+    if raw is None:
+        return []
+    if not tune:
+        raise ConfigError(f"{source}: tune_seeds={raw!r} needs a 'tune:' grid to choose from")
+    if (
+        not isinstance(raw, list)
+        or not raw
+        or any(isinstance(s, bool) or not isinstance(s, int) for s in raw)
+        or len(set(raw)) != len(raw)
+    ):
+        raise ConfigError(f"{source}: tune_seeds={raw!r} must be a non-empty list of distinct seeds, e.g. [1]")
+    missing = [s for s in raw if s not in seeds]
+    if missing:
+        raise ConfigError(f"{source}: tune_seeds {missing} are not among seeds={seeds!r}")
+    if len(raw) == len(seeds):
+        raise ConfigError(
+            f"{source}: tune_seeds={raw!r} lists every seed, which leaves none to compare at the chosen "
+            f"value; list fewer (e.g. [{seeds[0]}]) or drop tune_seeds to tune on every seed"
+        )
+    return list(raw)
 
 
 def parse_tune(raw: Any, source: str) -> dict:
@@ -1051,6 +1095,14 @@ def plan_runs(spec: Spec, data_dir: Optional[Path] = None) -> list[RunPlan]:
     return plans
 
 
+def trained_plans(plans: list[RunPlan]) -> list[RunPlan]:
+    """The runs a sweep of ``plans`` trains: every stage-1 plan, plus one stage-2 plan per (scale,
+    variant, seed) standing for the run at the value stage 1 chooses (its tuned values are the first
+    candidate's, so its steps, tokens and FLOPs are those of that value)."""
+    stage2 = {(p.scale, p.variant, p.seed): p for p in reversed(plans) if p.stage2}
+    return [p for p in plans if not p.stage2] + list(reversed(list(stage2.values())))
+
+
 def _split_fields(fields: dict) -> tuple[dict, dict]:
     model_keys, train_keys = _field_names()
     return (
@@ -1151,6 +1203,7 @@ def _plan(spec: Spec, data_dir: Optional[Path], vocab: int, prepare: bool = Fals
                             scale.label if scale else None,
                             dict(tune),
                             solved,
+                            bool(spec.tune_seeds) and seed not in spec.tune_seeds,
                         )
                     )
     if spec.match and spec.match.hold in ("tokens", "flops"):

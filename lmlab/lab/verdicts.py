@@ -9,7 +9,10 @@ Tuning: for each (scale, variant) the tuned value (e.g. the learning rate) with 
 ``val_bpb`` over seeds is chosen, a diverged or failed seed counting as infinitely bad; its runs enter
 the comparisons. The choice uses the same seeds as the comparison, which biases each variant's figure
 slightly downward (the best of a grid of noisy means); with the usual 3-5 grid points and 2-3 seeds the
-bias is within the seed noise the intervals already carry. A choice at either end of a numeric grid is
+bias is within the seed noise the intervals already carry. A spec with ``tune_seeds`` removes that
+bias (two-stage tuning): the choice is made on the tune seeds' runs alone, and the comparisons, the
+pooled noise and every verdict use only the other seeds, trained at the chosen value (LR sensitivity,
+which needs the whole grid, comes from the tune seeds). A choice at either end of a numeric grid is
 flagged: the true optimum may lie outside the grid.
 """
 
@@ -283,6 +286,15 @@ def quantities(rows: list[dict], selected: dict) -> dict:
     return out
 
 
+def split_stages(rows: list[dict], spec: Optional[Spec]) -> tuple[list[dict], list[dict]]:
+    """(rows that choose the tuned values, rows that are compared): with ``spec.tune_seeds`` the tune
+    seeds' rows and the other seeds' rows; otherwise every row, twice."""
+    chosen_by = set(spec.tune_seeds) if spec is not None and spec.tune_seeds else None
+    if chosen_by is None:
+        return rows, rows
+    return [r for r in rows if r["seed"] in chosen_by], [r for r in rows if r["seed"] not in chosen_by]
+
+
 def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = None) -> dict:
     """Everything the report states about the results (see the module docstring): "selected",
     "comparisons" (each variant - baseline in val_bpb, per scale), "claims" (one per expectation and
@@ -290,15 +302,16 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
     "pooled" (sd, df) and "confidence"."""
     confidence = spec.confidence if spec else 0.95
     baseline = spec.baseline if spec else (rows[0]["variant"] if rows else "")
-    selected = select_tuned(rows, spec)
+    tune_rows, eval_rows = split_stages(rows, spec)
+    selected = select_tuned(tune_rows, spec)
     within = spec.tolerated_within if spec else 0.05
-    sensitivity = lr_sensitivity(rows)
+    sensitivity = lr_sensitivity(tune_rows)
     for k, sel in selected.items():
         sel["tolerated"] = tolerated(sel["grid"], within) if len(sel["grid"]) > 1 else []
         per = [v for v in sensitivity.get(k, {}).values() if v is not None]
         sel["lr_sensitivity"] = statistics.fmean(per) if per and len(sel["grid"]) > 1 else None
-    pooled = pooled_noise(rows)
-    values = chosen_values(rows, selected, "val_bpb")
+    pooled = pooled_noise(eval_rows)
+    values = chosen_values(eval_rows, selected, "val_bpb")
     scales = list(dict.fromkeys(k[0] for k in selected))
     comparisons = []
     for (scale, variant), vals in values.items():
@@ -334,7 +347,7 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
                     metric_values[e.metric] = (
                         sensitivity
                         if e.metric == "lr_sensitivity"
-                        else chosen_values(rows, selected, e.metric)
+                        else chosen_values(eval_rows, selected, e.metric)
                     )
                 mv = metric_values[e.metric]
                 if e.metric == "val_bpb":
@@ -342,7 +355,7 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
                 elif e.metric == "lr_sensitivity":  # one value per seed: no per-cell noise to pool
                     noise = None
                 else:
-                    noise = pooled_noise(rows, e.metric)
+                    noise = pooled_noise(eval_rows, e.metric)
                 c = judge(e, mv.get((scale, e.a), {}), mv.get((scale, e.b), {}), confidence, noise)
             c["scale"] = scale
             claims.append(c)
@@ -384,4 +397,5 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
         "hold": hold,
         "tolerance": spec.match.tolerance if spec and spec.match else None,
         "tolerated_within": within,
+        "tune_seeds": list(spec.tune_seeds) if spec else [],
     }
