@@ -505,6 +505,24 @@ _add("olmo-2-7b", "OLMo 2",
      "reordered norm (RMSNorm on each sublayer's output, none on its input), QK-norm, RoPE theta 500k",
      _real, _tiny(_real), published_params=7.30e9, params_source="the Hugging Face model card (7.3B)")
 
+_real = dict(_real, vocab_size=100278, context_length=65536, sliding_window=4096, layer_pattern="LLLG",
+             rope_local_theta=500000.0,
+             rope_scaling={"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192,
+                           "beta_fast": 32.0, "beta_slow": 1.0})
+_add("olmo-3-7b", "OLMo 3",
+     "OLMo Team 2025, 'OLMo 3' (allenai/Olmo-3-1025-7B); its config.json as republished in "
+     "https://huggingface.co/mlx-community/Olmo-3-7B-RLZero-Code-4bit/blob/main/config.json (d_model 4096, "
+     "32 layers, 32 heads, d_ff 11008, layer_types 3 sliding : 1 full, 65,536 positions) and "
+     "https://huggingface.co/tiny-random/olmo-3/blob/main/config.json (its shrunk copy: vocabulary 100,278, "
+     "sliding_window 4096, YaRN factor 8 from 8,192 positions, beta 32/1, theta 500k); fairseq2's olmo3_7b "
+     "(YaRN from 8K to 65K)",
+     "OLMo 2's block (reordered RMSNorm, QK-norm) with 3 sliding-window (4096) : 1 full layers, YaRN on the "
+     "full layers",
+     _real, _tiny(_real),
+     notes="No parameter count is published beside the '7B' name (the public config gives 7,298,011,136, "
+           "as HF Olmo3ForCausalLM and lmlab analyze count it); the config was read from two public copies, "
+           "not from allenai's repository, which is not reachable offline.")
+
 # --- SmolLM3 -------------------------------------------------------------------------------------
 _real = dict(_LLAMA_STYLE, vocab_size=128256, context_length=65536, d_model=2048, n_layers=36, n_heads=16,
              n_kv_heads=4, d_ff=11008, norm_eps=1e-6, rope_theta=5_000_000.0, tie_embeddings=True,

@@ -363,7 +363,7 @@ PRESET_FAMILIES = {"llama-2-7b": "llama", "llama-3-8b": "llama", "mistral-7b": "
                    "qwen3-8b": "qwen3", "gemma-2b": "gemma", "gemma-2-9b": "gemma2", "gemma-3-12b": "gemma3_text",
                    "gemma-3-1b": "gemma3_text", "gemma-3-4b": "gemma3_text", "gemma-3-27b": "gemma3_text",
                    "mixtral-8x7b": "mixtral", "llama-2-70b": "llama", "llama-3-70b": "llama",
-                   "olmo-7b": "olmo", "olmo-2-7b": "olmo2", "command-r7b": "cohere2", "smollm3-3b": "smollm3",
+                   "olmo-7b": "olmo", "olmo-2-7b": "olmo2", "olmo-3-7b": "olmo3", "command-r7b": "cohere2", "smollm3-3b": "smollm3",
                    "marin-8b": "llama", "internlm2-7b": "llama", "llama-4-scout": "llama4_text",
                    "deepseek-v2": "deepseek_v2", "deepseek-v2-lite": "deepseek_v2"}
 

@@ -118,6 +118,9 @@ def test_real_configs_spot_checks():
     marin, llama3 = preset_config("marin-8b", "real"), preset_config("llama-3-8b", "real")
     assert real_param_count("marin-8b") == real_param_count("llama-3-8b") == 8_030_261_248
     assert marin.context_length == 4096 and llama3.context_length == 8192
+    olmo3 = preset_config("olmo-3-7b", "real")  # HF's default layer_types: full where (i + 1) % 4 == 0
+    assert [i for i in range(olmo3.n_layers) if olmo3.layer_window(i) is None] == list(range(3, 32, 4))
+    assert olmo3.layer_window(0) == 4096 and real_param_count("olmo-3-7b") == 7_298_011_136  # HF Olmo3, meta
     t5 = preset_config("t5-v1.1-base-decoder", "real")
     assert (t5.activation, t5.tie_embeddings, t5.d_ff, t5.resid_dropout) == ("geglu", False, 2048, 0.0)
 
