@@ -488,6 +488,13 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path):
     assert main(["sweep", str(path), "--out", str(out)]) == 0
     assert main(["report", str(out)]) == 0
     assert _verdict_table((out / "report.md").read_text()) == table
+    # each invocation closes its provenance with its wall time; the page and verdicts.json sum them
+    ends = [json.loads(x) for x in (out / "provenance.jsonl").read_text().splitlines() if "ended_at" in x]
+    assert len(ends) == 2 and all(e["finished"] and e["wall_s"] > 0 for e in ends)
+    wall = json.loads((out / "verdicts.json").read_text())["sweep_wall"]
+    assert wall == {"wall_s": pytest.approx(ends[0]["wall_s"] + ends[1]["wall_s"]), "invocations": 2,
+                    "finished": True}
+    assert "**Wall time** of `lmlab sweep`" in (out / "report.md").read_text()
 
     # a report into a user's folder never replaces a file lmlab did not write
     user = tmp_path / "user"
@@ -500,6 +507,7 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path):
     assert main(["report", "--index", str(out), "--out", str(tmp_path / "index.md")]) == 0
     index = (tmp_path / "index.md").read_text()
     assert index.startswith("# Ablation index") and "SwiGLU better than SiLU" in index
+    assert "Wall time recorded for 1 of 1 sweep(s)" in index and "`lmlab sweep` took" in index
     assert (tmp_path / "index-forest.png").stat().st_size > 1000
     # --readme rewrites only the block between the markers; a README without them is refused
     from lmlab.lab.report import README_END, README_START

@@ -364,9 +364,21 @@ def verdict_lines(claims: list[dict], show_scale: bool) -> list[str]:
     return L
 
 
+def sweep_wall(sweep_dir: Path) -> Optional[dict]:
+    """{"wall_s": the summed wall time of the sweep's invocations, "invocations": how many ended,
+    "finished": whether the last one finished every run} from ``provenance.jsonl``'s end records
+    (:func:`lmlab.lab.runner.end_record`); None when no invocation recorded its end (sweeps run
+    before lmlab recorded it)."""
+    ends = [r for r in read_jsonl(sweep_dir / PROVENANCE_FILE) if "ended_at" in r and _ok(r.get("wall_s"))]
+    if not ends:
+        return None
+    return {"wall_s": sum(r["wall_s"] for r in ends), "invocations": len(ends),
+            "finished": bool(ends[-1].get("finished"))}
+
+
 def _provenance_lines(sweep_dir: Path, rows: list[dict]) -> list[str]:
     L = []
-    recs = read_jsonl(sweep_dir / PROVENANCE_FILE)
+    recs = [r for r in read_jsonl(sweep_dir / PROVENANCE_FILE) if "ended_at" not in r]
     if recs:
         versions = sorted(
             {
@@ -407,6 +419,14 @@ def _provenance_lines(sweep_dir: Path, rows: list[dict]) -> list[str]:
         )
         L.append(
             f"- Results file last written {when:%Y-%m-%d %H:%M} UTC (its rows carry no time or machine)."
+        )
+    wall = sweep_wall(sweep_dir)
+    if wall:
+        L.append(
+            f"- **Wall time** of `lmlab sweep`: {_duration(wall['wall_s'])} over {wall['invocations']} "
+            f"invocation{'s' if wall['invocations'] != 1 else ''} (timing block, training and evaluation"
+            + ("" if wall["finished"] else "; the last one did not finish every run")
+            + ")."
         )
     load = [r["load_1m"] for r in read_jsonl(sweep_dir / LOAD_FILE) if _ok(r.get("load_1m"))]
     if load:
@@ -720,6 +740,7 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
         L += [f"### {title}", "", f"![{title}]({path.name})", ""] + ([note, ""] if note else [])
     L += _results_lines(order, ctxs, aggs)
     L += _runs_lines(rows, ctxs, res, csv_path, sweep_dir)
+    res["sweep_wall"] = sweep_wall(sweep_dir)
     verdict_path = out.parent / f"{prefix}{VERDICTS_FILE}"
     verdict_path.write_text(json.dumps(_json_safe(res), indent=1))
     out.write_text("\n".join(L))
@@ -1100,7 +1121,8 @@ def _runs_lines(rows: list[dict], ctxs: list[str], res: dict, csv_path: Path, sw
 # --- the index -----------------------------------------------------------------------------
 def collect_claims(dirs: list[Path]) -> tuple[list[dict], list[tuple], dict]:
     """Every judged claim of the sweeps (or report folders) ``dirs``: (claims, each with its "spec";
-    per folder (name, claim, report link, number of claims, pooled noise); {"first", "last": the
+    per folder (name, claim, report link, number of claims, pooled noise, :func:`sweep_wall`); {"first",
+    "last": the
     earliest and latest run finish times, "machines": the machines the runs name}). A sweep folder is
     analysed from its results; a report folder from its results.csv and spec, or read from its
     ``verdicts.json``. Raises ValueError for a folder that is neither."""
@@ -1119,6 +1141,7 @@ def collect_claims(dirs: list[Path]) -> tuple[list[dict], list[tuple], dict]:
                 spec_raw.get("name") or d.name,
                 str(spec_raw.get("claim") or "").strip(),
             )
+            res["sweep_wall"] = sweep_wall(d)
             link = None
         elif (d / VERDICTS_FILE).is_file():
             res = read_json_file(d / VERDICTS_FILE)
@@ -1146,7 +1169,8 @@ def collect_claims(dirs: list[Path]) -> tuple[list[dict], list[tuple], dict]:
                 f"folders `lmlab sweep --out` or `lmlab report --out` wrote"
             )
         specs.append(
-            (res.get("spec") or d.name, res.get("claim", ""), link, len(res["claims"]), res.get("pooled"))
+            (res.get("spec") or d.name, res.get("claim", ""), link, len(res["claims"]), res.get("pooled"),
+             res.get("sweep_wall"))
         )
         for c in res["claims"]:
             claims.append({**c, "spec": res.get("spec") or d.name})
@@ -1210,13 +1234,24 @@ def write_index(dirs: list[Path], out: Path, readme: Optional[Path] = None) -> l
     if forest:
         L += [f"![every claim]({forest.name})", ""]
     L += ["## Sweeps", ""]
-    for name, claim, link, n, pooled in specs:
+    for name, claim, link, n, pooled, wall in specs:
         where = (
             f"[{name}]({Path(link).relative_to(out.parent)})" if link and _under(link, out.parent) else name
         )
         noise = f"; per-run noise {pooled[0]:.4f} bits/byte" if pooled else "; no noise estimate (one seed)"
-        L.append(f"- {where}: {n} claim(s){noise}. {_md_escape(claim)}")
+        took = f"; `lmlab sweep` took {_duration(wall['wall_s'])}" if wall else "; wall time not recorded"
+        L.append(f"- {where}: {n} claim(s){noise}{took}. {_md_escape(claim)}")
     L.append("")
+    walls = [w for *_, w in specs if w]
+    if walls:
+        L += [
+            f"Wall time recorded for {len(walls)} of {len(specs)} sweep(s): "
+            f"{_duration(sum(w['wall_s'] for w in walls))} in all (each sweep's invocations summed; "
+            f"`make ablations` runs the sweeps one after another)"
+            + ("" if len(walls) == len(specs) else "; the others ran before lmlab recorded it")
+            + ".",
+            "",
+        ]
     out.write_text("\n".join(L))
     return [out] + ([forest] if forest else []) + ([Path(readme)] if readme is not None else [])
 

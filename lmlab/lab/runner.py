@@ -578,6 +578,16 @@ def spec_sha256(spec: Spec) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def end_record(wall_s: float, finished: bool) -> dict:
+    """The provenance record closing one invocation: when it ended, its wall time in seconds (timing
+    block, training and evaluation) and whether every run finished (False: interrupted or failed)."""
+    return {
+        "ended_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "wall_s": round(wall_s, 1),
+        "finished": finished,
+    }
+
+
 def provenance_record(spec: Spec, command: Optional[str]) -> dict:
     """What a reader needs to reproduce one sweep invocation: the command, lmlab version and git
     commit, the spec file and its SHA-256, the machine, the time and the load average at the start."""
@@ -891,10 +901,12 @@ def run_sweep(
     sampler = LoadSampler(sweep_dir / LOAD_FILE)
     sampler.start()
     previous = _on_sigterm_interrupt()
+    finished = False
     try:
         run_timing(spec, plans, sweep_dir, log)  # alone on the machine, before any training job
         run_init_grads(spec, plans, sweep_dir, log)
         _Sweep(spec, sweep_dir, plans, jobs, threads, log).run()
+        finished = True
     except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: the training subprocesses were stopped first
         done = len([r for r in read_results(sweep_dir) if r.get("status") in ("ok", "diverged")])
         raise SweepInterrupted(
@@ -908,6 +920,8 @@ def run_sweep(
             signal.signal(signal.SIGTERM, previous)
         sampler.stop()
         torch.set_num_threads(before)
+        with open(sweep_dir / PROVENANCE_FILE, "a") as f:  # this invocation's wall time (lmlab.lab.report)
+            f.write(json.dumps(end_record(time.perf_counter() - t0, finished)) + "\n")
     log(
         f"sweep {spec.name} finished in {time.perf_counter() - t0:.0f} s; results in {sweep_dir / RESULTS_FILE}; "
         f"`lmlab report {sweep_dir}` writes the report"
