@@ -491,7 +491,7 @@ class _Sweep:
                 self.log(f"skip {p.name}: done ({row['status']})")
                 continue
             todo.append(p)
-        self.pending = len(todo)
+        self.pending, self.done_count = len(todo), 0  # "[n/pending]" counts this batch (stage)
         if not todo:
             return
         pool = ThreadPoolExecutor(max_workers=self.jobs) if self.jobs > 1 else None
@@ -883,8 +883,14 @@ def run_sweep(
     threads = max(1, _cores() // jobs)
     cells = len({p.cell for p in plans})
     log(
-        f"sweep {spec.name}: {cells} cell(s) (variant x scale x tuned values) x {len(spec.seeds)} seed(s) in "
-        f"{sweep_dir}, {jobs} job(s) x {threads} thread(s)"
+        f"sweep {spec.name}: {cells} cell(s) (variant x scale x tuned values) x {len(spec.seeds)} seed(s)"
+        + (
+            f" in two stages (seed(s) {', '.join(map(str, spec.tune_seeds))} over the grid, the others at "
+            f"the chosen values)"
+            if spec.tune_seeds
+            else ""
+        )
+        + f" in {sweep_dir}, {jobs} job(s) x {threads} thread(s)"
     )
     log(format_plan(plans, states, spec))
     if dry_run:
