@@ -657,6 +657,8 @@ def test_sweep_sigterm_stops_its_trainers(byte_data, tmp_path):
     assert metrics.stat().st_size == size  # no orphaned trainer writes on
     ckpts = list((out / "runs" / "n_layers=1-s1" / "checkpoints").glob("step_*"))
     assert ckpts, "the stopped trainer checkpointed its last finished step"
+    (end,) = [json.loads(x) for x in (out / "provenance.jsonl").read_text().splitlines() if "ended_at" in x]
+    assert end["finished"] is False and end["wall_s"] > 0  # the interrupted invocation says so
 
 
 def test_two_stage_tuning_chooses_on_the_tune_seeds_and_compares_the_others():
