@@ -1099,8 +1099,11 @@ def trained_plans(plans: list[RunPlan]) -> list[RunPlan]:
     """The runs a sweep of ``plans`` trains: every stage-1 plan, plus one stage-2 plan per (scale,
     variant, seed) standing for the run at the value stage 1 chooses (its tuned values are the first
     candidate's, so its steps, tokens and FLOPs are those of that value)."""
-    stage2 = {(p.scale, p.variant, p.seed): p for p in reversed(plans) if p.stage2}
-    return [p for p in plans if not p.stage2] + list(reversed(list(stage2.values())))
+    stage2: dict = {}
+    for p in plans:
+        if p.stage2:
+            stage2.setdefault((p.scale, p.variant, p.seed), p)
+    return [p for p in plans if not p.stage2] + list(stage2.values())
 
 
 def _split_fields(fields: dict) -> tuple[dict, dict]:
