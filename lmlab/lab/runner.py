@@ -4,9 +4,9 @@ The sweep folder holds ``spec.yaml`` (the spec as run), ``configs/RUN.yaml`` (ea
 ``logs/RUN.log`` (the training output), ``runs/RUN/`` (ordinary run folders: ``lmlab eval``,
 ``generate`` and ``plot`` work on them), ``results.jsonl`` (one JSON object per run), ``timing.json``
 (the spec's timing block, :mod:`lmlab.lab.timing`), ``init_grads.json`` (per-layer gradient norms at
-initialisation, :mod:`lmlab.lab.init_grads`), ``provenance.jsonl`` (one record per invocation:
-command, lmlab version, git commit, spec SHA-256, machine, time) and ``load.jsonl`` (the 1-minute load
-average, sampled every 15 s while the sweep runs). A run is named after its variant, scale, tuned values
+initialisation, :mod:`lmlab.lab.init_grads`), ``provenance.jsonl`` (a record per invocation:
+command, lmlab version, git commit, spec SHA-256, machine, time; and one closing it with its wall time)
+and ``load.jsonl`` (the 1-minute load average, sampled every 15 s while the sweep runs). A run is named after its variant, scale, tuned values
 and seed (``parallel_block=true-s1``, ``SwiGLU_d128_lr=0.003-s2``).
 
 Each run trains in a subprocess (``python -m lmlab.cli train``, which sets the run up with
