@@ -700,6 +700,20 @@ def test_two_stage_tuning_chooses_on_the_tune_seeds_and_compares_the_others():
     assert _spec(tune_seeds=[1, 2], expect=[{"better": "B", "than": "A", "metric": "lr_sensitivity"}])
 
 
+def test_report_figures_survive_a_sweep_where_every_run_diverged(byte_data, tmp_path):
+    """No finite bits/byte anywhere: the LR-sensitivity figure is left out (it has no curve), not a
+    matplotlib error; the dry run warns of runs that end inside their warmup."""
+    from lmlab.lab import plots, runner
+
+    rows = _rows({("A", 1e-3): [None, None], ("A", 1e-2): [None, None]})
+    assert plots.lr_sensitivity(rows, [], {"lr": [1e-3, 1e-2]}, tmp_path / "s.png", {}) is None
+    assert not (tmp_path / "s.png").exists()
+    spec = parse_spec({**BAR_SPEC, "train": {**BAR_SPEC["train"], "warmup_steps": 100}, "budget": {"steps": 6}})
+    plans = plan_runs(spec, byte_data)
+    text = runner.format_plan(plans, {p.name: "new" for p in plans}, spec)
+    assert f"warning: {len(plans)} run(s) end before their warmup does" in text
+
+
 def test_two_stage_sweep_trains_stage_2_at_the_chosen_values(byte_data, tmp_path, monkeypatch):
     """The runner: stage 1 (seed 1 x every lr), then the other seeds at the lr seed 1 chose per variant,
     and on a second invocation nothing again (the choice is remade from the recorded rows)."""

@@ -77,7 +77,7 @@ def lr_sensitivity(
 ) -> Optional[Path]:
     """Final held-out bits/byte against each tuned field (one panel per field), see the module doc."""
     fields = [f for f, vals in tuned.items() if all(_ok(v) for v in vals)]
-    if not fields:
+    if not fields or not any(_ok(r.get("val_bpb")) for r in rows):  # nothing finished: no curve to draw
         return None
     plt = _plt()
     fig, axes = plt.subplots(1, len(fields), figsize=(7 * len(fields), 4.6), squeeze=False)

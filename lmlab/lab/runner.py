@@ -803,6 +803,14 @@ def format_plan(plans: list[RunPlan], states: dict, spec: Optional[Spec] = None)
     )
     if plans:
         lines.append(epochs_line(plans))
+    short = [p for p in todo if p.tc.warmup_steps > p.steps]
+    if short:
+        p = short[0]
+        lines.append(
+            f"warning: {len(short)} run(s) end before their warmup does (e.g. {p.name}: warmup_steps="
+            f"{p.tc.warmup_steps} > {p.steps} steps), so their learning rate never reaches its value; "
+            f"set train: {{warmup_steps: ...}} below the budget"
+        )
     if spec is not None:
         if spec.match:
             solved = {(p.scale, p.variant): p.solved for p in plans if p.solved}
@@ -890,7 +898,7 @@ def run_sweep(
             if spec.tune_seeds
             else ""
         )
-        + f" in {sweep_dir}, {jobs} job(s) x {threads} thread(s)"
+        + f" ({len(trained_plans(plans))} runs) in {sweep_dir}, {jobs} job(s) x {threads} thread(s)"
     )
     log(format_plan(plans, states, spec))
     if dry_run:
