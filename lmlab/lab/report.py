@@ -1121,9 +1121,9 @@ def _runs_lines(rows: list[dict], ctxs: list[str], res: dict, csv_path: Path, sw
 # --- the index -----------------------------------------------------------------------------
 def collect_claims(dirs: list[Path]) -> tuple[list[dict], list[tuple], dict]:
     """Every judged claim of the sweeps (or report folders) ``dirs``: (claims, each with its "spec";
-    per folder (name, claim, report link, number of claims, pooled noise, :func:`sweep_wall`); {"first",
-    "last": the
-    earliest and latest run finish times, "machines": the machines the runs name}). A sweep folder is
+    per folder (name, claim, report link, number of claims, pooled noise, :func:`sweep_wall`);
+    {"first", "last": the earliest and latest run finish times, "machines": the machines the runs
+    name}). A sweep folder is
     analysed from its results; a report folder from its results.csv and spec, or read from its
     ``verdicts.json``. Raises ValueError for a folder that is neither."""
     claims, specs = [], []

@@ -6,8 +6,8 @@ The sweep folder holds ``spec.yaml`` (the spec as run), ``configs/RUN.yaml`` (ea
 (the spec's timing block, :mod:`lmlab.lab.timing`), ``init_grads.json`` (per-layer gradient norms at
 initialisation, :mod:`lmlab.lab.init_grads`), ``provenance.jsonl`` (a record per invocation:
 command, lmlab version, git commit, spec SHA-256, machine, time; and one closing it with its wall time)
-and ``load.jsonl`` (the 1-minute load average, sampled every 15 s while the sweep runs). A run is named after its variant, scale, tuned values
-and seed (``parallel_block=true-s1``, ``SwiGLU_d128_lr=0.003-s2``).
+and ``load.jsonl`` (the 1-minute load average, sampled every 15 s while the sweep runs). A run is named
+after its variant, scale, tuned values and seed (``parallel_block=true-s1``, ``SwiGLU_d128_lr=0.003-s2``).
 
 Each run trains in a subprocess (``python -m lmlab.cli train``, which sets the run up with
 :func:`lmlab.runs.setup_run`; ``--jobs N`` runs N at once, each with cores // N torch threads); the
@@ -924,8 +924,8 @@ def run_sweep(
     except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: the training subprocesses were stopped first
         done = len([r for r in read_results(sweep_dir) if r.get("status") in ("ok", "diverged")])
         raise SweepInterrupted(
-            f"sweep interrupted ({exc or 'SIGINT'}); {done} of {len(trained_plans(plans))} run(s) recorded, "
-            f"the others "
+            f"sweep interrupted ({exc or 'SIGINT'}); {done} of {len(trained_plans(plans))} run(s) "
+            f"recorded, the others "
             f"checkpointed where they stopped; the same command resumes",
             getattr(exc, "exit_code", 130),
         ) from None
