@@ -101,13 +101,27 @@ def moe_layer_count(cfg: ModelConfig) -> int:
     return full * p.count("M") + p[:rest].count("M")
 
 
-def layer_params(cfg: ModelConfig, moe: bool = False) -> dict:
-    """Parameters of one block (a mixture-of-experts one with ``moe``): attention (projections and
-    QK-norm), MLP (a MoE's: router + every expert + the shared experts), norms; ``matmul`` = the weight
+def global_layers_differ(cfg: ModelConfig) -> bool:
+    """Whether the global (full-attention) layers have other attention sizes than the local ones (Gemma 4:
+    ``global_head_dim``, ``global_n_kv_heads``, ``global_k_eq_v``)."""
+    return (cfg.layer_head_dim_of(True), cfg.layer_n_kv_heads_of(True), cfg.global_k_eq_v) != \
+        (cfg.head_dim, cfg.n_kv_heads, False)
+
+
+def global_layer_count(cfg: ModelConfig) -> int:
+    """Layers with full attention (no window), from one period of the layer pattern."""
+    return sum(n for w, n in layer_windows(cfg) if w is None)
+
+
+def layer_params(cfg: ModelConfig, moe: bool = False, global_layer: bool = False) -> dict:
+    """Parameters of one block (a mixture-of-experts one with ``moe``; a full-attention one with
+    ``global_layer``, which differs only where Gemma 4's global_* fields are set): attention (projections
+    and QK-norm), MLP (a MoE's: router + every expert + the shared experts), norms; ``matmul`` = the weight
     matrices a token is multiplied by (no biases or norm weights; a MoE's router, its k experts and the
     shared ones); ``active`` = the parameters a token uses (``total`` for a dense block)."""
-    d, H, K, D, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
-    qkv_out = (H + 2 * K) * D
+    d, H, F = cfg.d_model, cfg.n_heads, cfg.d_ff
+    K, D = cfg.layer_n_kv_heads_of(global_layer), cfg.layer_head_dim_of(global_layer)
+    qkv_out = (H + (1 if (global_layer and cfg.global_k_eq_v) else 2) * K) * D  # keys as values: no v rows
     attn_mm = d * qkv_out + H * D * d
     attn_bias = (qkv_out if cfg.bias in ("all", "qkv", "attention") else 0) + (
         d if cfg.bias in ("all", "attention") else 0
@@ -164,13 +178,21 @@ def param_counts(cfg: ModelConfig) -> dict:
     head = (0 if cfg.tie_embeddings else V * E) + (V if cfg.lm_head_bias else 0)
     n_dense = cfg.n_layers - n_moe
     layers = n_dense * per_layer["total"] + (n_moe * moe["total"] if moe else 0)
-    total = embedding + projections + learned + t5 + layers + final_norm + head
     matmul = n_dense * per_layer["matmul"] + (n_moe * moe["matmul"] if moe else 0) + projections + V * E
+    glob = None
+    if global_layers_differ(cfg):  # Gemma 4: the full layers' attention differs (the rest of a block does not)
+        glob = layer_params(cfg, global_layer=True)
+        n_global = global_layer_count(cfg)
+        layers += n_global * (glob["attention"] - per_layer["attention"])
+        matmul += n_global * (glob["attention_matmul"] - per_layer["attention_matmul"])
+    total = embedding + projections + learned + t5 + layers + final_norm + head
     out = {
         "total": total, "non_embedding": total - embedding - learned, "embedding": embedding,
         "positions": learned + t5, "per_layer": per_layer, "layers": layers, "head": head,
         "projections": projections, "final_norm": final_norm, "matmul": matmul,
     }
+    if glob is not None:
+        out.update(per_global_layer=glob, global_layers=global_layer_count(cfg))
     if moe:
         inactive = n_moe * (moe["total"] - moe["active"])
         out.update(moe_layers=n_moe, per_moe_layer=moe, active=total - inactive,
@@ -226,15 +248,16 @@ def mean_keys(context: int, window: Optional[int], chunk: bool = False) -> float
 def attention_flops_per_token(cfg: ModelConfig, context: int) -> float:
     """Forward FLOPs of QK^T and AV per token, summed over layers, averaged over positions 1..context."""
     chunk = cfg.local_attention == "chunk"
-    return sum(layers * 2 * _attended_width(cfg) * mean_keys(context, w, chunk) for w, layers in layer_windows(cfg))
+    return sum(layers * 2 * _attended_width(cfg, w is None) * mean_keys(context, w, chunk)
+               for w, layers in layer_windows(cfg))
 
 
-def _attended_width(cfg: ModelConfig) -> int:
+def _attended_width(cfg: ModelConfig, global_layer: bool = False) -> int:
     """Per key a query attends to, the multiply-adds / 1 of QK^T plus AV over all heads: 2 x n_heads x
-    head_dim, or n_heads x (qk_nope + qk_rope + v_head_dim) for MLA."""
+    head_dim (a global layer's own head_dim: Gemma 4), or n_heads x (qk_nope + qk_rope + v_head_dim) for MLA."""
     if cfg.attention == "mla":
         return cfg.n_heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim)
-    return 2 * cfg.n_heads * cfg.head_dim
+    return 2 * cfg.n_heads * cfg.layer_head_dim_of(global_layer)
 
 
 def flops_per_token(cfg: ModelConfig, context: Optional[int] = None, training: bool = True) -> float:
@@ -253,13 +276,15 @@ def flops_per_token(cfg: ModelConfig, context: Optional[int] = None, training: b
 # ------------------------------------------------------------------------------------------------
 
 
-def kv_values_per_token(cfg: ModelConfig) -> int:
+def kv_values_per_token(cfg: ModelConfig, global_layer: bool = False) -> int:
     """Values the KV cache holds per token and layer: K and V of every KV head (2 x n_kv_heads x
-    head_dim), or for multi-head latent attention the latent and the shared RoPE key (kv_lora_rank +
-    qk_rope_head_dim; DeepSeek-V2: 576)."""
+    head_dim; a global layer's own sizes with Gemma 4's global_* fields, K and V stored apart even when
+    the values come from the key projection: they differ after k-norm, RoPE and v-norm), or for
+    multi-head latent attention the latent and the shared RoPE key (kv_lora_rank + qk_rope_head_dim;
+    DeepSeek-V2: 576)."""
     if cfg.attention == "mla":
         return cfg.kv_lora_rank + cfg.qk_rope_head_dim
-    return 2 * cfg.n_kv_heads * cfg.head_dim
+    return 2 * cfg.layer_n_kv_heads_of(global_layer) * cfg.layer_head_dim_of(global_layer)
 
 
 def kv_cache_bytes(cfg: ModelConfig, context: int, batch: int = 1, dtype: str = "bf16") -> dict:
@@ -268,17 +293,24 @@ def kv_cache_bytes(cfg: ModelConfig, context: int, batch: int = 1, dtype: str = 
     and the same for plain MHA (``mha_total``: n_heads KV heads, no window) and for this model without its
     windows (``no_window_total``), with the savings as factors."""
     b = DTYPE_BYTES[dtype]
-    per_layer_token = kv_values_per_token(cfg) * b
-    held = sum(layers * (min(context, w) if w is not None else context) for w, layers in layer_windows(cfg))
-    total = batch * per_layer_token * held
-    no_window = batch * per_layer_token * context * cfg.n_layers
+    per_layer_token = kv_values_per_token(cfg) * b  # a local layer's (every layer's unless Gemma 4's differ)
+    kinds = layer_windows(cfg)
+    entry = {w: kv_values_per_token(cfg, w is None) * b for w, _ in kinds}  # bytes per token, by layer kind
+    per_token = sum(layers * entry[w] for w, layers in kinds)
+    held = sum(layers * entry[w] * (min(context, w) if w is not None else context) for w, layers in kinds)
+    total = batch * held
+    no_window = batch * per_token * context
     # plain MHA: K and V of every head; for MLA its heads' width (DeepSeek-V2 Sec. 2.1.4 compares with 2 n_h d_h)
-    mha_head = cfg.v_head_dim if cfg.attention == "mla" else cfg.head_dim
-    mha = batch * 2 * cfg.n_heads * mha_head * b * context * cfg.n_layers
-    return {"dtype": dtype, "bytes_per_value": b, "per_token": per_layer_token * cfg.n_layers,
-            "per_token_per_layer": per_layer_token, "total": total, "no_window_total": no_window,
-            "mha_total": mha, "gqa_saving": mha / no_window, "window_saving": no_window / total,
-            "saving": mha / total, "context": context, "batch": batch}
+    mha_heads = sum(layers * (cfg.v_head_dim if cfg.attention == "mla" else cfg.layer_head_dim_of(w is None))
+                    for w, layers in kinds)
+    mha = batch * 2 * cfg.n_heads * b * context * mha_heads
+    out = {"dtype": dtype, "bytes_per_value": b, "per_token": per_token,
+           "per_token_per_layer": per_layer_token, "total": total, "no_window_total": no_window,
+           "mha_total": mha, "gqa_saving": mha / no_window, "window_saving": no_window / total,
+           "saving": mha / total, "context": context, "batch": batch}
+    if global_layers_differ(cfg):
+        out["per_token_per_global_layer"] = kv_values_per_token(cfg, True) * b
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -288,14 +320,15 @@ def kv_cache_bytes(cfg: ModelConfig, context: int, batch: int = 1, dtype: str = 
 
 def _layer_costs(cfg: ModelConfig, window: Optional[int], context: int, b: int) -> dict:
     """One layer: weight bytes, and per sequence the decode FLOPs / bytes and the prefill FLOPs / bytes."""
-    lp = dict(layer_params(cfg))
+    global_layer = window is None
+    lp = dict(layer_params(cfg, global_layer=global_layer))
     n_moe = moe_layer_count(cfg)
     if n_moe:  # MoE layers by the weights a token uses (exact at batch 1; more experts load at larger batches)
-        moe = layer_params(cfg, moe=True)
+        moe = layer_params(cfg, moe=True, global_layer=global_layer)
         for key, dense_key in (("total", "active"), ("matmul", "matmul")):
             lp[key] = ((cfg.n_layers - n_moe) * lp[dense_key] + n_moe * moe[dense_key]) / cfg.n_layers
-    width, d = _attended_width(cfg) / 2, cfg.d_model
-    kv_entry = kv_values_per_token(cfg) * b  # K and V (or MLA's latent and RoPE key) of one token
+    width, d = _attended_width(cfg, global_layer) / 2, cfg.d_model
+    kv_entry = kv_values_per_token(cfg, global_layer) * b  # K and V (or MLA's latent and RoPE key) of one token
     chunk = cfg.local_attention == "chunk" and window is not None
     held = min(context, window) if window is not None else context
     if chunk:  # decoding the next token after ``context``: the keys of its own chunk so far
@@ -425,6 +458,9 @@ def format_analysis(res: dict, title: str) -> str:
     heads = (f"{cfg.n_heads} MLA heads (q/k {cfg.qk_nope_head_dim} + RoPE {cfg.qk_rope_head_dim}, v {cfg.v_head_dim}; "
              f"KV latent {cfg.kv_lora_rank})" if cfg.attention == "mla" else
              f"{cfg.n_heads} heads x head_dim {cfg.head_dim} ({cfg.n_kv_heads} KV heads)")
+    if "per_global_layer" in p:  # Gemma 4: the full-attention layers' own sizes
+        heads += (f"; global layers head_dim {cfg.layer_head_dim_of(True)}, {cfg.layer_n_kv_heads_of(True)} KV "
+                  f"heads{', keys as values' if cfg.global_k_eq_v else ''}")
     L.append(f"  d_model {cfg.d_model}, {cfg.n_layers} layers, {heads}, d_ff {cfg.d_ff} ({cfg.activation}), "
              f"vocab {cfg.vocab_size:,}, {'tied' if cfg.tie_embeddings else 'untied'} embeddings")
     L.append("")
@@ -437,8 +473,13 @@ def format_analysis(res: dict, title: str) -> str:
     pl = p["per_layer"]
     if p.get("moe_layers", 0) < cfg.n_layers:
         label = "per dense layer " if p.get("moe_layers") else "per layer       "
+        label = "per local layer " if "per_global_layer" in p else label
         L.append(f"  {label} {pl['total']:>18,}   (attention {pl['attention']:,}, MLP {pl['mlp']:,}, "
                  f"norms {pl['norms']:,})")
+    if "per_global_layer" in p:
+        pg = p["per_global_layer"]
+        L.append(f"  per global layer {pg['total']:>18,}   ({p['global_layers']} of the {cfg.n_layers} layers: "
+                 f"attention {pg['attention']:,})")
     if p.get("moe_layers"):
         pm = p["per_moe_layer"]
         L.append(f"  per MoE layer    {pm['total']:>18,}   ({p['moe_layers']} of the {cfg.n_layers} layers: "
@@ -468,6 +509,8 @@ def format_analysis(res: dict, title: str) -> str:
     kv = res["kv_cache"]
     what = (f"MLA: latent {cfg.kv_lora_rank} + RoPE key {cfg.qk_rope_head_dim}" if cfg.attention == "mla"
             else f"2 x {cfg.n_kv_heads} KV heads x head_dim {cfg.head_dim}")
+    if "per_global_layer" in p:
+        what += f"; global layers 2 x {cfg.layer_n_kv_heads_of(True)} x {cfg.layer_head_dim_of(True)}"
     L.append(f"KV cache ({what} per token and layer"
              + (f"; windowed layers hold at most {cfg.sliding_window} tokens)" if cfg.sliding_window else ")"))
     L.append(f"  {'':28}{'fp32':>12}{'bf16':>12}{'fp8':>12}")

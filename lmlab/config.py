@@ -46,7 +46,7 @@ ROUTER_WEIGHTS = ("output", "input")  # where the router weight multiplies: an e
 QK_NORM_SCOPES = ("head", "all", "head_untied")
 BOOL_FIELDS = ("norm_bias", "norm_affine", "final_norm", "lm_head_bias", "parallel_block", "parallel_shared_norm",
                "nope_global_layers", "tie_embeddings", "scale_embeddings", "norm_weight_fp32", "router_renormalize",
-               "attn_temperature_tuning")
+               "attn_temperature_tuning", "global_k_eq_v", "v_norm", "layer_scalar")
 ROUTER_SCORES = ("softmax", "sigmoid")  # Mixtral / Qwen-MoE / DeepSeek-V2: softmax; DeepSeek-V3: sigmoid
 ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")  # Chen 2023; bloc97 2023; Peng 2023; Llama 3.1
 # rope_scaling keys per type: (required, optional), besides "type"; the names of Hugging Face's rope_parameters
@@ -206,6 +206,16 @@ class ModelConfig:
     attn_logit_softcap: Optional[float] = None  # cap * tanh(s / cap) on attention logits (Gemma 2)
     query_pre_attn_scalar: Optional[float] = None  # scale = query_pre_attn_scalar**-0.5 (Gemma 2)
     sliding_window: Optional[int] = None  # tokens visible, counting the current one (Mistral / HF)
+    # Gemma 4's global (full-attention) layers differ from its local ones: their own head width and number of
+    # KV heads (HF global_head_dim 512, num_global_key_value_heads), values that are the keys' projection
+    # (attention_k_eq_v: no v projection; the values are the raw k projection, then v_norm), and
+    # "proportional" RoPE: frequencies theta^(-2i/head_dim) over the whole head, only the first fraction of
+    # the pairs rotated (HF rope_type 'proportional', partial_rotary_factor). Each needs local layers.
+    global_head_dim: Optional[int] = None  # None: head_dim
+    global_n_kv_heads: Optional[int] = None  # None: n_kv_heads
+    global_k_eq_v: bool = False
+    global_rope_proportion: Optional[float] = None  # None: ordinary RoPE on the global layers
+    v_norm: bool = False  # RMSNorm without weight on each value head (Gemma 4, every layer)
     # what a local layer sees: 'window' (the last sliding_window tokens) or 'chunk' (the earlier tokens of
     # its own block of sliding_window tokens: Llama 4's chunked attention, attention_chunk_size)
     local_attention: str = "window"
@@ -217,6 +227,9 @@ class ModelConfig:
     tie_embeddings: bool = True
     scale_embeddings: bool = False  # multiply embeddings by sqrt(d_model) (Gemma)
     final_logit_softcap: Optional[float] = None  # Gemma 2
+    # a stored scalar per layer multiplying the block's output, residual stream included (Gemma 4's
+    # layer_scalar: a persistent buffer, 1 at initialisation, not trained, read from checkpoints)
+    layer_scalar: bool = False
     logit_scale: float = 1.0  # logits = lm_head(h) * logit_scale, before any soft-cap (Cohere Command R 0.0625, R7B 0.25)
     z_loss: float = 0.0  # coefficient on (log Z)^2 added to the loss (PaLM; Baichuan 2; OLMo)
 
@@ -353,6 +366,7 @@ class ModelConfig:
                 )
             if "L" in self.layer_pattern and self.sliding_window is None:
                 raise ConfigError(f"layer_pattern={self.layer_pattern!r} has local layers but sliding_window is not set")
+        self._check_global_layers()
         if self.nope_layers is not None:
             if not isinstance(self.nope_layers, str) or not self.nope_layers or set(self.nope_layers) - {"R", "N"}:
                 raise ConfigError(f"nope_layers={self.nope_layers!r} must be a non-empty string of 'R' (RoPE) and "
@@ -406,6 +420,39 @@ class ModelConfig:
         for name in BOOL_FIELDS:  # a YAML/JSON "no" or 0 would otherwise pass as a truthy or falsy switch
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
+
+    def _check_global_layers(self) -> None:
+        """Validate Gemma 4's switches for the global layers (global_head_dim, global_n_kv_heads,
+        global_k_eq_v, global_rope_proportion): each needs local layers to differ from (sliding_window) and
+        multi-head attention; raises ConfigError naming the field."""
+        if self.global_head_dim is not None:
+            _positive_int("global_head_dim", self.global_head_dim)
+        if self.global_n_kv_heads is not None:
+            _positive_int("global_n_kv_heads", self.global_n_kv_heads)
+            if self.n_heads % self.global_n_kv_heads:
+                raise ConfigError(f"global_n_kv_heads={self.global_n_kv_heads} must divide n_heads={self.n_heads}")
+        if self.global_rope_proportion is not None:
+            _number_in("global_rope_proportion", self.global_rope_proportion, 0, 1, lo_open=True)
+            if self.position != "rope" or self.rope_fraction != 1.0:
+                raise ConfigError(f"global_rope_proportion={self.global_rope_proportion} needs position='rope' with "
+                                  f"rope_fraction=1.0, got position={self.position!r}, "
+                                  f"rope_fraction={self.rope_fraction}")
+            if int(self.global_rope_proportion * self.layer_head_dim_of(True) // 2) < 1:
+                raise ConfigError(f"global_rope_proportion={self.global_rope_proportion} rotates no pair of the "
+                                  f"global layers' {self.layer_head_dim_of(True)} channels")
+        used = [name for name, on in (("global_head_dim", self.global_head_dim is not None),
+                                      ("global_n_kv_heads", self.global_n_kv_heads is not None),
+                                      ("global_k_eq_v", self.global_k_eq_v),
+                                      ("global_rope_proportion", self.global_rope_proportion is not None)) if on]
+        if used and self.sliding_window is None:
+            raise ConfigError(f"{used[0]}={getattr(self, used[0])!r} sets the global layers apart from the local "
+                              f"ones, but sliding_window is not set (no local layers); set sliding_window and a "
+                              f"layer_pattern such as 'LLLLLG'")
+        if used and self.local_attention != "window":
+            raise ConfigError(f"{used[0]} is Gemma 4's, whose local layers are sliding windows; got "
+                              f"local_attention={self.local_attention!r}")
+        if (used or self.v_norm) and self.attention != "mha":
+            raise ConfigError(f"{(used or ['v_norm'])[0]} needs attention='mha', got attention={self.attention!r}")
 
     def _check_rope_scaling(self, rot_dim: int) -> None:
         """Validate ``rope_scaling``: a mapping with ``type`` and exactly that type's keys
@@ -474,6 +521,26 @@ class ModelConfig:
         if not self.n_experts or layer < self.moe_first_dense:
             return False
         return self.moe_pattern[(layer - self.moe_first_dense) % len(self.moe_pattern)] == "M"
+
+    def layer_head_dim_of(self, global_layer: bool) -> int:
+        """head_dim of a global (full-attention) layer (``global_head_dim`` when set) or of a local one."""
+        return self.global_head_dim if (global_layer and self.global_head_dim is not None) else self.head_dim
+
+    def layer_n_kv_heads_of(self, global_layer: bool) -> int:
+        """K/V heads of a global layer (``global_n_kv_heads`` when set) or of a local one."""
+        return self.global_n_kv_heads if (global_layer and self.global_n_kv_heads is not None) else self.n_kv_heads
+
+    def layer_head_dim(self, layer: int) -> int:
+        """head_dim of layer ``layer`` (0-based): Gemma 4's global layers may be wider."""
+        return self.layer_head_dim_of(self.layer_window(layer) is None)
+
+    def layer_n_kv_heads(self, layer: int) -> int:
+        """K/V heads of layer ``layer`` (0-based)."""
+        return self.layer_n_kv_heads_of(self.layer_window(layer) is None)
+
+    def layer_k_eq_v(self, layer: int) -> bool:
+        """Whether layer ``layer`` takes its values from the key projection (Gemma 4's global layers)."""
+        return self.global_k_eq_v and self.layer_window(layer) is None
 
     def layer_window(self, layer: int) -> Optional[int]:
         """The sliding window of layer ``layer`` in tokens (counting the current one), or None for full."""

@@ -486,6 +486,30 @@ _add("gemma-3-27b", "Gemma 3", _GEMMA3_SRC.format(size="27b"),
      params_source=_GEMMA3_COUNT.format(rows=_ROWS, report="1,416M embedding + 25,600M non-embedding"),
      notes="Text model only (the 417M SigLIP encoder is not counted).")
 
+# Gemma 4 31B, the dense text model (model_type gemma4_text). Dimensions from its config.json's text_config as
+# republished in public test fixtures (hidden 5376, 60 layers, 32 heads, 16 KV heads x 256 on sliding layers,
+# 4 KV heads x 512 with keys as values on full layers, window 1024, proportional RoPE 1/4 at 1M, 262,144
+# tokens, final soft-cap 30); transformers 5.24's Gemma4TextConfig / modeling_gemma4.py for the rest.
+_real = dict(_GEMMA_STYLE, norm_type="rmsnorm", norm_weight_fp32=True, vocab_size=262144, context_length=262144,
+             d_model=5376, n_layers=60, n_heads=32, n_kv_heads=16, head_dim=256, d_ff=21504,
+             norm_position="sandwich", rope_theta=1000000.0, rope_local_theta=10000.0, qk_norm="rmsnorm",
+             v_norm=True, query_pre_attn_scalar=1.0, sliding_window=1024, layer_pattern="LLLLLG",
+             global_head_dim=512, global_n_kv_heads=4, global_k_eq_v=True, global_rope_proportion=0.25,
+             final_logit_softcap=30.0, layer_scalar=True)
+_add("gemma-4-31b", "Gemma 4",
+     "Gemma Team 2026, Gemma 4 model card, https://huggingface.co/google/gemma-4-31B ('dense, 30.7B "
+     "parameters'); its config.json text_config; transformers 5.24 configuration_gemma4.py / "
+     "modeling_gemma4.py (Gemma4TextConfig)",
+     "5 local (window 1024, 16 KV heads x 256) : 1 global (4 KV heads x 512, keys as values, proportional "
+     "RoPE on 1/4 of the pairs) layers; QK- and V-norm with query scale 1; layer scalars",
+     _real, _tiny(_real, n_layers=6, n_heads=8, head_dim=24, global_head_dim=48, global_n_kv_heads=1,
+                  query_pre_attn_scalar=1.0),
+     published_params=30.7e9, params_source="the Gemma 4 model card (31B dense: 30.7B; the ~550M vision "
+                                            "encoder of the multimodal checkpoint is not in the text model)",
+     notes="Text model only; count equal to HF Gemma4ForCausalLM's on the same config (30,697,345,280). "
+           "E2B/E4B (per-layer input embeddings, KV sharing) and 26B-A4B (an MoE block beside the MLP) have "
+           "no lmlab switches yet and are refused on import.")
+
 # --- OLMo ----------------------------------------------------------------------------------------
 _real = dict(_LLAMA_STYLE, vocab_size=50304, context_length=2048, d_model=4096, n_layers=32, n_heads=32,
              d_ff=11008, norm_type="layernorm", norm_bias=False, norm_affine=False, norm_eps=1e-5, rope_theta=10000.0)

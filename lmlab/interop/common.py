@@ -268,6 +268,8 @@ def layer_signature(cfg: ModelConfig) -> dict:
         if hasattr(cfg, extra):
             sig[extra] = getattr(cfg, extra)
     sig["norm_affine"] = cfg.norm_affine
+    sig["v_norm"] = getattr(cfg, "v_norm", False)
+    sig["layer_scalar"] = getattr(cfg, "layer_scalar", False)
     rms_weight = (cfg.norm_type == "rmsnorm" and cfg.norm_affine) or cfg.qk_norm == "rmsnorm"
     sig["norm_weight_fp32"] = cfg.norm_weight_fp32 if rms_weight else None  # bf16 rounding order of RMSNorm
     sig["norm_bias"] = cfg.norm_bias if cfg.norm_affine else False
@@ -297,11 +299,15 @@ def layer_signature(cfg: ModelConfig) -> dict:
             local = window is not None and cfg.rope_local_theta
             theta = cfg.rope_local_theta if local else cfg.rope_theta
             scaling = None if local else cfg.rope_scaling
-            rot = int(round(cfg.head_dim * cfg.rope_fraction))
+            rot = int(round(cfg.layer_head_dim(i) * cfg.rope_fraction))
             if scaling is not None and scaling["type"] == "ntk":
                 theta, scaling = theta * float(scaling["factor"]) ** (rot / (rot - 2)), None
-            rope = (cfg.rope_style, rot, float(theta), None if scaling is None else tuple(sorted(scaling.items())))
-        layers.append((window, rope))
+            proportion = cfg.global_rope_proportion if window is None else None
+            rope = (cfg.rope_style, rot, float(theta), None if scaling is None else tuple(sorted(scaling.items())),
+                    proportion)
+        # Gemma 4: a layer's own KV heads and head_dim, and whether its values are its keys' projection
+        sizes = (cfg.layer_n_kv_heads(i), cfg.layer_head_dim(i), cfg.layer_k_eq_v(i))
+        layers.append((window, rope, sizes))
     sig["layers"] = layers
     return sig
 
@@ -331,6 +337,8 @@ def verify_roundtrip(family: str, cfg: ModelConfig, hf: dict, to_lmlab: Callable
                         what.append(f"window {la[0]} (the family gives {lb[0]})")
                     if la[1] != lb[1]:
                         what.append(f"RoPE {la[1]} (the family gives {lb[1]})")
+                    if la[2] != lb[2]:
+                        what.append(f"(KV heads, head_dim, keys as values) {la[2]} (the family gives {lb[2]})")
                     diffs.append(f"layer {i}: {', '.join(what)}")
                     break
         elif not _close(a[key], b.get(key)):

@@ -12,6 +12,9 @@
 - ``clip_qkv`` (OLMo 1.7): the q, k and v projections are clamped to [-c, c] before anything else.
 - Attention-logit soft-cap (Gemma 2): s -> cap * tanh(s / cap) before the softmax.
 - Query scale 1/sqrt(head_dim), or query_pre_attn_scalar**-0.5 (Gemma 2).
+- Gemma 4 (Gemma Team 2026; HF ``Gemma4TextAttention``): on the global layers their own head_dim and KV
+  heads (``global_head_dim``, ``global_n_kv_heads``) and, with ``global_k_eq_v``, no value projection: the
+  values are the raw key projection; ``v_norm``: a weightless RMSNorm on each value head.
 
 The fast path is ``torch.nn.functional.scaled_dot_product_attention``; the soft-cap needs the
 explicit softmax (computed in fp32).
@@ -40,7 +43,8 @@ class KVCache:
     Sliding-window layers with a window W < max_len keep a rolling buffer of W entries, index i in slot
     i % W: fixed memory however long the sequence, and they never fill up (a model whose layers are all
     windowed decodes past max_len). Memory in bytes:
-    2 * batch * n_kv_heads * head_dim * dtype bytes * sum over layers of min(window or max_len, max_len);
+    2 * batch * dtype bytes * sum over layers of n_kv_heads * head_dim (each layer's) * min(window or max_len,
+    max_len);
     for multi-head latent attention, (kv_lora_rank + qk_rope_head_dim) instead of 2 * n_kv_heads * head_dim.
 
     ``left_pad`` (batch,) counts padding tokens at the start of each row (batched prompts of different
@@ -57,9 +61,9 @@ class KVCache:
             self.k = [torch.zeros((batch, 1, c, cfg.kv_lora_rank), device=device, dtype=dtype) for c in self.capacity]
             self.v = [torch.zeros((batch, 1, c, cfg.qk_rope_head_dim), device=device, dtype=dtype)
                       for c in self.capacity]
-        else:
-            self.k = [torch.zeros((batch, cfg.n_kv_heads, c, cfg.head_dim), device=device, dtype=dtype)
-                      for c in self.capacity]
+        else:  # per layer: Gemma 4's global layers have their own KV heads and head_dim
+            self.k = [torch.zeros((batch, cfg.layer_n_kv_heads(i), c, cfg.layer_head_dim(i)), device=device,
+                                  dtype=dtype) for i, c in enumerate(self.capacity)]
             self.v = [torch.zeros_like(t) for t in self.k]
         self.batch, self.max_len, self.device = batch, max_len, self.k[0].device
         self.length = 0
@@ -207,44 +211,47 @@ class Attention(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        H, K, D = cfg.n_heads, cfg.layer_n_kv_heads(layer), cfg.layer_head_dim(layer)
+        self.n_heads, self.n_kv_heads, self.head_dim = H, K, D
         self.layer = layer
         self.window = cfg.layer_window(layer)
         self.chunk = self.window is not None and cfg.local_attention == "chunk"
+        self.k_eq_v = cfg.layer_k_eq_v(layer)  # Gemma 4: values are the key projection (no v rows)
         bias = cfg.bias in ("all", "qkv", "attention")
-        self.qkv = nn.Linear(cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=bias)
-        self.out = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=cfg.bias in ("all", "attention"))
+        self.qkv = nn.Linear(cfg.d_model, (H + (1 if self.k_eq_v else 2) * K) * D, bias=bias)
+        self.out = nn.Linear(H * D, cfg.d_model, bias=cfg.bias in ("all", "attention"))
         self.out.is_residual_projection = True
         self.qk_norm_all = cfg.qk_norm_scope == "all"
         self.clip_qkv = cfg.clip_qkv
         qk_norm = cfg.qk_norm if (cfg.qk_norm_layers == "all" or cfg.layer_has_rope(layer)) else "none"
         if qk_norm == "l2":  # Llama 4's L2Norm: RMS over each head, no weight (commutes with RoPE, a rotation)
-            self.q_norm = make_norm("rmsnorm", cfg.head_dim, cfg.norm_eps, affine=False)
-            self.k_norm = make_norm("rmsnorm", cfg.head_dim, cfg.norm_eps, affine=False)
+            self.q_norm = make_norm("rmsnorm", D, cfg.norm_eps, affine=False)
+            self.k_norm = make_norm("rmsnorm", D, cfg.norm_eps, affine=False)
         elif qk_norm != "none" and cfg.qk_norm_scope == "head_untied":
-            self.q_norm = HeadwiseNorm(cfg.qk_norm, cfg.n_heads, cfg.head_dim, cfg.norm_eps)
-            self.k_norm = HeadwiseNorm(cfg.qk_norm, cfg.n_kv_heads, cfg.head_dim, cfg.norm_eps)
+            self.q_norm = HeadwiseNorm(cfg.qk_norm, H, D, cfg.norm_eps)
+            self.k_norm = HeadwiseNorm(cfg.qk_norm, K, D, cfg.norm_eps)
         elif qk_norm != "none":
-            width_q, width_k = (cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim) if self.qk_norm_all \
-                else (cfg.head_dim, cfg.head_dim)
+            width_q, width_k = (H * D, K * D) if self.qk_norm_all else (D, D)
             fp32 = cfg.norm_weight_fp32  # OLMo 2's order of weight and cast (see RMSNorm)
             self.q_norm = make_norm(cfg.qk_norm, width_q, cfg.norm_eps, bias=False, weight_fp32=fp32)
             self.k_norm = make_norm(cfg.qk_norm, width_k, cfg.norm_eps, bias=False, weight_fp32=fp32)
         else:
             self.q_norm = self.k_norm = None
+        self.v_norm = make_norm("rmsnorm", D, cfg.norm_eps, affine=False) if cfg.v_norm else None  # Gemma 4
         self.rope = None
         if cfg.layer_has_rope(layer):
             theta = cfg.rope_local_theta if (self.window is not None and cfg.rope_local_theta) else cfg.rope_theta
             scaling = None if (self.window is not None and cfg.rope_local_theta) else cfg.rope_scaling
-            self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_fraction, theta, cfg.rope_style,
-                                        cfg.context_length, scaling)
+            proportion = cfg.global_rope_proportion if self.window is None else None
+            self.rope = RotaryEmbedding(D, cfg.rope_fraction, theta, cfg.rope_style, cfg.context_length, scaling,
+                                        proportion)
         # Llama 4's attention temperature on layers without RoPE: (floor, scale), see temperature()
         self.temperature = ((cfg.attn_temperature_floor, cfg.attn_temperature_scale)
                             if cfg.attn_temperature_tuning and self.rope is None else None)
         # training on CPU: lmlab.model.causal_attention's blocked kernel where use_blocked() says so
         # (False: always SDPA, e.g. to compare the two)
         self.blocked_kernel = True
-        self.scale = (cfg.query_pre_attn_scalar ** -0.5) if cfg.query_pre_attn_scalar else 1.0 / math.sqrt(cfg.head_dim)
+        self.scale = (cfg.query_pre_attn_scalar ** -0.5) if cfg.query_pre_attn_scalar else 1.0 / math.sqrt(D)
         self.logit_cap = cfg.attn_logit_softcap
         self.attn_dropout = cfg.attn_dropout
         self.max_logit: Optional[float] = None  # set when record_max_logit is on (stability diagnostics)
@@ -262,7 +269,7 @@ class Attention(nn.Module):
         qkv = self.qkv(x)
         if self.clip_qkv is not None:
             qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
-        if self.q_norm is None:  # q and k rotated together in the (B, T, heads, D) layout
+        if self.q_norm is None and not self.k_eq_v and self.v_norm is None:  # q, k rotated together, (B, T, heads, D)
             qkv = qkv.view(B, T, H + 2 * K, D)
             qk, v = qkv.narrow(2, 0, H + K), qkv.narrow(2, H + K, K).transpose(1, 2)
             if self.rope is not None:
@@ -270,14 +277,20 @@ class Attention(nn.Module):
             qk = qk.transpose(1, 2)
             q, k = qk.narrow(1, 0, H), qk.narrow(1, H, K)  # (B, H, T, D), (B, K, T, D)
         else:
-            q, k, v = qkv.split([H * D, K * D, K * D], dim=-1)
-            if self.qk_norm_all:  # OLMo 2: one norm across all heads
+            if self.k_eq_v:  # Gemma 4's global layers: the values are the raw key projection
+                q, k = qkv.split([H * D, K * D], dim=-1)
+                v = k
+            else:
+                q, k, v = qkv.split([H * D, K * D, K * D], dim=-1)
+            if self.q_norm is not None and self.qk_norm_all:  # OLMo 2: one norm across all heads
                 q, k = self.q_norm(q), self.k_norm(k)
             q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
             k = k.view(B, T, K, D).transpose(1, 2)  # (B, K, T, D)
             v = v.view(B, T, K, D).transpose(1, 2)
-            if not self.qk_norm_all:
+            if self.q_norm is not None and not self.qk_norm_all:
                 q, k = self.q_norm(q), self.k_norm(k)
+            if self.v_norm is not None:
+                v = self.v_norm(v)
             if self.rope is not None:
                 q, k = self.rope(q, positions), self.rope(k, positions)
         if self.temperature is not None:
@@ -330,7 +343,7 @@ class Attention(nn.Module):
         """Whether :meth:`decode_one` can run this layer: no QK-norm, clip_qkv, soft-cap or logit recording
         (position biases are the model's: ALiBi and T5 models never take the lean path)."""
         return self.q_norm is None and self.clip_qkv is None and self.logit_cap is None and not self.record_max_logit \
-            and self.temperature is None
+            and self.temperature is None and not self.k_eq_v and self.v_norm is None
 
     def temperature_of(self, positions: torch.Tensor) -> torch.Tensor:
         """Llama 4's query scale at each position p: 1 + scale * log(1 + floor((p + 1) / floor)), fp32,

@@ -46,6 +46,10 @@ class RotaryEmbedding(nn.Module):
     """RoPE applied to q or k of shape (batch, heads, seq, head_dim) at integer positions (seq,).
 
     ``rot_dim`` = round(head_dim * rope_fraction) leading channels are rotated, the rest pass through.
+    ``proportion`` (Gemma 4's "proportional" RoPE, HF rope_type 'proportional'): the whole head is paired
+    and the frequencies are theta^(-2i/head_dim), but only the first int(proportion * head_dim // 2) pairs
+    rotate; the others get frequency 0 (cos 1, sin 0: they pass through). Unlike ``rope_fraction``
+    (GPT-NeoX), which pairs and spaces the frequencies over the rotated channels alone.
     Angles are position * inv_freq radians (fp32). With ``scaling`` (``ModelConfig.rope_scaling``) the
     frequencies come from :func:`lmlab.model.rope_scaling.scale_inv_freq`, and its attention factor
     multiplies the cos/sin tables (so q.k by its square), as Hugging Face applies YaRN's factor.
@@ -54,12 +58,12 @@ class RotaryEmbedding(nn.Module):
     """
 
     def __init__(self, head_dim: int, rope_fraction: float, theta: float, style: str, max_len: int,
-                 scaling: Optional[dict] = None):
+                 scaling: Optional[dict] = None, proportion: Optional[float] = None):
         super().__init__()
         self.rot_dim = int(round(head_dim * rope_fraction))
-        self.key = (head_dim, rope_fraction, theta, style, repr(scaling))  # equal keys: equal tables
+        self.key = (head_dim, rope_fraction, theta, style, repr(scaling), proportion)  # equal keys: equal tables
         self.style = style
-        self._theta, self._scaling = theta, scaling
+        self._theta, self._scaling, self._proportion = theta, scaling, proportion
         inv_freq = self._frequencies()
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._build(min(max_len, 8192), inv_freq.device)  # grown on demand by ensure()
@@ -73,6 +77,9 @@ class RotaryEmbedding(nn.Module):
             from lmlab.model.rope_scaling import scale_inv_freq  # RoPE context extension methods
 
             inv_freq, attention_factor = scale_inv_freq(inv_freq, self.rot_dim, self._theta, self._scaling)
+        if self._proportion is not None:  # proportional RoPE: only the first pairs turn
+            inv_freq = inv_freq.clone()
+            inv_freq[int(self._proportion * self.rot_dim // 2):] = 0.0
         self.attention_factor = attention_factor
         self._inv_freq_fp32 = inv_freq.float().clone()
         return inv_freq

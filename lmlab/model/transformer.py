@@ -53,9 +53,18 @@ class Block(nn.Module):
         if cfg.norm_position == "sandwich":
             self.attn_out_norm, self.mlp_out_norm = norm(), norm()
         self.drop = nn.Dropout(cfg.resid_dropout)
+        if cfg.layer_scalar:  # Gemma 4: the block's output x s, a stored (persistent) buffer, not a parameter
+            self.register_buffer("layer_scalar", torch.ones(1))
+        else:
+            self.layer_scalar = None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: Optional[KVCache] = None,
                 bias_fn=None, left_pad: Optional[torch.Tensor] = None) -> torch.Tensor:
+        y = self._forward(x, positions, cache, bias_fn, left_pad)
+        return y if self.layer_scalar is None else y * self.layer_scalar
+
+    def _forward(self, x: torch.Tensor, positions: torch.Tensor, cache: Optional[KVCache],
+                 bias_fn, left_pad: Optional[torch.Tensor]) -> torch.Tensor:
         if self.training and self.drop.p > 0:
             attn = lambda h: self.drop(self.attn(h, positions, cache, bias_fn, left_pad))  # noqa: E731
             mlp = lambda h: self.drop(self.mlp(h))  # noqa: E731
@@ -83,7 +92,7 @@ class Block(nn.Module):
     def supports_decode_one(self) -> bool:
         """Whether :meth:`decode_one` can run this block: pre-norm (serial or parallel), plain attention
         (see ``Attention.supports_decode_one``)."""
-        return self.position_kind == "pre" and self.attn.supports_decode_one
+        return self.position_kind == "pre" and self.attn.supports_decode_one and self.layer_scalar is None
 
     def decode_one(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One new token per row, inference only: x (batch, d_model) -> (batch, d_model), equal to
@@ -180,6 +189,9 @@ class TransformerLM(nn.Module):
                 nn.init.normal_(module.weight, 0.0, std)
         if self.abs_pos is not None and self.cfg.position == "learned":
             nn.init.normal_(self.abs_pos.weight, 0.0, std)
+        for block in self.blocks:
+            if block.layer_scalar is not None:
+                nn.init.ones_(block.layer_scalar)
 
     def _bias_fn(self):
         if self.cfg.position == "alibi":

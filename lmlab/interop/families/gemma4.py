@@ -1,0 +1,248 @@
+"""Gemma 4, dense text model (transformers ``Gemma4ForCausalLM``, model_type 'gemma4_text'; Gemma Team
+2026, model cards google/gemma-4-*; HF ``modeling_gemma4.py``, ``configuration_gemma4.py``).
+
+Gemma 3's sandwich block (input, post-attention, pre- and post-feedforward RMSNorms; embeddings x
+sqrt(d_model); GeGLU with the tanh GELU; 5 sliding-window layers : 1 full by default, the last layer
+always full) with, read off ``Gemma4TextAttention`` / ``Gemma4TextDecoderLayer``:
+
+- plain RMSNorms, weight applied in fp32 (x / sqrt(mean(x^2) + eps) * w, not Gemma 3's (1 + w)): lmlab
+  ``norm_type='rmsnorm'``, ``norm_weight_fp32``; QK-norm the same over each head (``qk_norm='rmsnorm'``);
+- a weightless RMSNorm on each value head (``v_norm``) and query scale 1 (HF ``scaling = 1.0``: lmlab
+  ``query_pre_attn_scalar=1``);
+- full-attention layers with their own head width and KV heads (``global_head_dim`` and
+  ``num_global_key_value_heads``, which transformers resolves into ``per_layer_config``; the latter only
+  with ``attention_k_eq_v``) and, with ``attention_k_eq_v``, no v_proj: the values are the raw key
+  projection (lmlab ``global_head_dim``, ``global_n_kv_heads``, ``global_k_eq_v``);
+- RoPE per layer type: 'default' on sliding layers, 'default' or 'proportional' on full layers
+  (``partial_rotary_factor`` of the pairs of the whole head rotate, frequencies over the whole head:
+  lmlab ``global_rope_proportion``; a proportional ``factor`` divides the frequencies: linear scaling);
+- ``layer_scalar``: a stored scalar multiplying each block's output (lmlab ``layer_scalar``);
+- the final-logit soft-cap (``final_logit_softcapping``).
+
+Refused, naming the field (lmlab has no exact equivalent): per-layer input embeddings
+(``hidden_size_per_layer_input`` > 0: E2B / E4B), KV sharing across layers (``num_kv_shared_layers`` > 0),
+the MoE block beside the MLP (``enable_moe_block``: 26B-A4B), bidirectional attention, RoPE types other
+than those above, and layer overrides that differ between full layers or touch sliding ones. The
+multimodal ``Gemma4ForConditionalGeneration`` (model_type 'gemma4') is not read: import a folder holding
+its text model.
+"""
+
+from __future__ import annotations
+
+from lmlab.config import ConfigError, ModelConfig
+from lmlab.interop import common as C
+from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
+
+FAM, HF_CLASS = "gemma4_text", "Gemma4ForCausalLM"
+DEFAULTS = dict(vocab_size=262144, hidden_size=2304, intermediate_size=9216, num_hidden_layers=30,
+                num_attention_heads=8, num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh",
+                max_position_embeddings=131072, rms_norm_eps=1e-6, tie_word_embeddings=True, rope_parameters=None,
+                attention_bias=False, attention_dropout=0.0, sliding_window=512, layer_types=None,
+                final_logit_softcapping=None, use_bidirectional_attention=None, vocab_size_per_layer_input=262144,
+                hidden_size_per_layer_input=256, attention_k_eq_v=False, num_kv_shared_layers=0,
+                enable_moe_block=False, use_double_wide_mlp=False, num_experts=None, top_k_experts=None,
+                moe_intermediate_size=None, global_head_dim=512, num_global_key_value_heads=None,
+                per_layer_config=None)
+DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                   "rope_theta": 1_000_000.0}}
+HANDLED = set(DEFAULTS)
+NORMS = {"attn_norm": "input_layernorm", "attn_out_norm": "post_attention_layernorm",
+         "mlp_norm": "pre_feedforward_layernorm", "mlp_out_norm": "post_feedforward_layernorm"}
+
+
+def _layer_types(hf: dict, n_layers: int) -> list[str]:
+    """``layer_types`` as Gemma4TextConfig resolves them: 5 sliding : 1 full by default, the last layer
+    forced to full attention."""
+    types = C.get(hf, "layer_types", DEFAULTS)
+    if types is None:
+        types = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n_layers)]
+    types = list(types)
+    if len(types) != n_layers:
+        raise C.unsupported(FAM, "layer_types", types, f"one entry per layer ({n_layers})")
+    types[-1] = "full_attention"  # Gemma4TextConfig.__post_init__ forces it (with a warning)
+    return types
+
+
+def _global_sizes(hf: dict, types: list[str], head_dim: int, kv: int) -> tuple[int, int]:
+    """(head_dim, KV heads) of the full-attention layers: from ``per_layer_config`` when the config.json
+    carries it (transformers 5 saves it), else from ``global_head_dim`` / ``num_global_key_value_heads`` as
+    Gemma4TextConfig derives it (the KV override only with ``attention_k_eq_v``)."""
+    per_layer = C.get(hf, "per_layer_config", DEFAULTS)
+    if per_layer is None:
+        g_head = C.get(hf, "global_head_dim", DEFAULTS) or 512
+        g_kv = C.get(hf, "num_global_key_value_heads", DEFAULTS)
+        return int(g_head), int(g_kv) if (g_kv is not None and C.get(hf, "attention_k_eq_v", DEFAULTS)) else kv
+    try:  # transformers 5 saves the indices as zero-padded strings ('05')
+        per_layer = {int(k): v for k, v in per_layer.items()}
+    except (AttributeError, TypeError, ValueError):
+        raise C.unsupported(FAM, "per_layer_config", per_layer, "a mapping of layer index to overrides") from None
+    sizes = set()
+    for i, t in enumerate(types):
+        over = per_layer.get(i) or {}
+        if not isinstance(over, dict) or set(over) - {"head_dim", "num_key_value_heads"}:
+            raise C.unsupported(FAM, f"per_layer_config.{i}", over, "overrides of head_dim and num_key_value_heads")
+        if t == "sliding_attention" and over:
+            raise C.unsupported(FAM, f"per_layer_config.{i}", over, "no overrides on sliding layers")
+        if t == "full_attention":
+            sizes.add((int(over.get("head_dim", head_dim)), int(over.get("num_key_value_heads", kv))))
+    if len(sizes) > 1:
+        raise C.unsupported(FAM, "per_layer_config", per_layer, "the same head_dim and KV heads on every full layer")
+    return sizes.pop() if sizes else (head_dim, kv)
+
+
+def _rope(hf: dict, types: list[str]) -> dict:
+    """ModelConfig RoPE fields from the per-layer-type ``rope_parameters``."""
+    params = C.get(hf, "rope_parameters", DEFAULTS) or DEFAULT_ROPE
+    kw: dict = {}
+    for t in sorted(set(types)):
+        p = params.get(t) if isinstance(params, dict) else None
+        field = f"rope_parameters.{t}"
+        if not isinstance(p, dict) or p.get("rope_theta") is None:
+            raise C.unsupported(FAM, field, p, "a mapping with rope_type and rope_theta for each layer type")
+        kind, theta = p.get("rope_type", "default"), float(p["rope_theta"])
+        extra = sorted(set(p) - {"rope_type", "rope_theta", "partial_rotary_factor", "factor"})
+        if extra:
+            raise C.unsupported(FAM, f"{field}.{extra[0]}", p[extra[0]], "rope_type, rope_theta, "
+                                "partial_rotary_factor and (proportional) factor")
+        if t == "sliding_attention":
+            if kind != "default":
+                raise C.unsupported(FAM, f"{field}.rope_type", kind, "'default' on sliding layers")
+            kw["rope_local_theta"] = theta
+            continue
+        if kind not in ("default", "proportional"):
+            raise C.unsupported(FAM, f"{field}.rope_type", kind, "'default' or 'proportional' on full layers")
+        kw["rope_theta"] = theta
+        if kind == "proportional":  # HF: int(factor * head_dim // 2) pairs turn; inv_freq / factor
+            fraction = float(p.get("partial_rotary_factor") or 1.0)
+            factor = float(p.get("factor") or 1.0)
+            if fraction != 1.0:
+                kw["global_rope_proportion"] = fraction
+            if factor != 1.0:
+                kw["rope_scaling"] = {"type": "linear", "factor": factor}
+        elif p.get("factor") is not None:
+            raise C.unsupported(FAM, f"{field}.factor", p["factor"], "no factor with rope_type 'default'")
+    return kw
+
+
+def config_to_lmlab(hf: dict) -> ModelConfig:
+    C.check_fields(hf, FAM, HANDLED)
+    g = lambda k: C.get(hf, k, DEFAULTS)  # noqa: E731
+    for field, ok, what in (("hidden_size_per_layer_input", not g("hidden_size_per_layer_input"),
+                             "0 or null (per-layer input embeddings, Gemma 4 E2B/E4B, have no lmlab switch)"),
+                            ("num_kv_shared_layers", not g("num_kv_shared_layers"),
+                             "0 (KV states shared across layers have no lmlab switch)"),
+                            ("enable_moe_block", not g("enable_moe_block"),
+                             "false (the MoE block beside the dense MLP, Gemma 4 26B-A4B, has no lmlab switch)"),
+                            ("use_bidirectional_attention", g("use_bidirectional_attention") in (None, False),
+                             "null (lmlab models are causal)")):
+        if not ok:
+            raise C.unsupported(FAM, field, g(field), what)
+    n_layers, heads, hidden = g("num_hidden_layers"), g("num_attention_heads"), g("hidden_size")
+    kv, head_dim = g("num_key_value_heads") or heads, g("head_dim") or hidden // heads
+    types = _layer_types(hf, n_layers)
+    g_head, g_kv = _global_sizes(hf, types, head_dim, kv)
+    kw: dict = dict(vocab_size=g("vocab_size"), context_length=g("max_position_embeddings"), d_model=hidden,
+                    n_layers=n_layers, n_heads=heads, n_kv_heads=kv, head_dim=head_dim, d_ff=g("intermediate_size"),
+                    tie_embeddings=bool(g("tie_word_embeddings")), attn_dropout=float(g("attention_dropout") or 0.0),
+                    activation=C.gated_activation(FAM, "hidden_activation", g("hidden_activation")),
+                    norm_type="rmsnorm", norm_weight_fp32=True, norm_eps=float(g("rms_norm_eps")),
+                    norm_position="sandwich", bias="attention" if g("attention_bias") else "none",
+                    position="rope", rope_style="half", qk_norm="rmsnorm", v_norm=True, query_pre_attn_scalar=1.0,
+                    scale_embeddings=True, layer_scalar=True, final_logit_softcap=g("final_logit_softcapping"))
+    pattern = C.pattern_from_types(types, FAM)
+    rope = _rope(hf, types)
+    if pattern is None:  # every layer full: no local layers to set the global ones apart from
+        if (g_head, g_kv) != (head_dim, kv) or g("attention_k_eq_v") or rope.get("global_rope_proportion"):
+            raise C.unsupported(FAM, "layer_types", types, "some sliding layers when the full layers have their "
+                                "own head_dim, KV heads, attention_k_eq_v or proportional RoPE")
+        rope.pop("rope_local_theta", None)
+    else:
+        kw.update(sliding_window=int(g("sliding_window")), layer_pattern=None if pattern == "L" else pattern,
+                  global_head_dim=g_head if g_head != head_dim else None,
+                  global_n_kv_heads=g_kv if g_kv != kv else None, global_k_eq_v=bool(g("attention_k_eq_v")))
+        if "G" not in pattern:  # no full layer: its RoPE and sizes are moot
+            for key in ("global_head_dim", "global_n_kv_heads"):
+                kw[key] = None
+            kw["global_k_eq_v"] = False
+            rope = {"rope_theta": rope.pop("rope_local_theta")}
+    kw.update(rope)
+    try:
+        return ModelConfig(**kw)
+    except ConfigError as exc:
+        raise UnsupportedError(f"{FAM}: the config maps to an invalid lmlab config: {exc}") from None
+
+
+def config_to_hf(cfg: ModelConfig) -> dict:
+    """Gemma4TextConfig for ``cfg``; UnsupportedError naming what Gemma 4 cannot represent."""
+    types = C.types_from_cfg(cfg)
+    g_head, g_kv = cfg.layer_head_dim_of(True), cfg.layer_n_kv_heads_of(True)
+    full: dict = {"rope_type": "default", "rope_theta": float(cfg.rope_theta)}
+    if cfg.global_rope_proportion is not None or cfg.rope_scaling is not None:
+        scaling = cfg.rope_scaling or {"type": "linear", "factor": 1.0}
+        if scaling["type"] != "linear":
+            raise C.unsupported(FAM, "rope_scaling", scaling, "None or linear (proportional RoPE's factor)")
+        full = {"rope_type": "proportional", "rope_theta": float(cfg.rope_theta),
+                "partial_rotary_factor": float(cfg.global_rope_proportion or 1.0), "factor": float(scaling["factor"])}
+    local_theta = cfg.rope_local_theta or cfg.rope_theta
+    rope = {"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": float(local_theta)}}
+    hf: dict = {"architectures": [HF_CLASS], "model_type": FAM, "dtype": "float32", "vocab_size": cfg.vocab_size,
+                "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layers,
+                "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+                "max_position_embeddings": cfg.context_length, "tie_word_embeddings": cfg.tie_embeddings,
+                "attention_dropout": float(cfg.attn_dropout), "rms_norm_eps": float(cfg.norm_eps),
+                "hidden_activation": C.GATED_ACT_TO_HF.get(cfg.activation, cfg.activation),
+                "attention_bias": cfg.bias == "attention", "rope_parameters": rope, "layer_types": types,
+                "sliding_window": cfg.sliding_window or cfg.context_length,
+                "final_logit_softcapping": None if cfg.final_logit_softcap is None else float(cfg.final_logit_softcap),
+                "use_bidirectional_attention": None, "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0,
+                "enable_moe_block": False, "use_double_wide_mlp": False, "attention_k_eq_v": cfg.global_k_eq_v,
+                # the published spelling, and the resolved one transformers 5 saves (it wins when both are read)
+                "global_head_dim": g_head,
+                "per_layer_config": {str(i): {"head_dim": g_head, "num_key_value_heads": g_kv}
+                                     for i, t in enumerate(types) if t == "full_attention"}}
+    if cfg.global_k_eq_v:
+        hf["num_global_key_value_heads"] = g_kv
+    return C.verify_roundtrip(FAM, cfg, hf, config_to_lmlab)
+
+
+def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:
+    """Per layer (each with its own head_dim and KV heads): q/k[/v]_proj -> attn.qkv, o_proj, the QK-norm
+    weights, gate/up/down_proj, the four sandwich norms and ``layer_scalar``."""
+    H, F, d = cfg.n_heads, cfg.d_ff, cfg.d_model
+    maps = []
+    for i in range(cfg.n_layers):
+        p, b = f"model.layers.{i}", f"blocks.{i}"
+        K, D = cfg.layer_n_kv_heads(i), cfg.layer_head_dim(i)
+        names, sizes = ["q_proj", "k_proj"], [H * D, K * D]
+        if not cfg.layer_k_eq_v(i):
+            names.append("v_proj")
+            sizes.append(K * D)
+        for s in ("weight", "bias"):
+            maps.append(C.TensorMap(f"{b}.attn.qkv.{s}", tuple(f"{p}.self_attn.{n}.{s}" for n in names), tuple(sizes)))
+            maps.append(C.TensorMap(f"{b}.attn.out.{s}", (f"{p}.self_attn.o_proj.{s}",), (d,)))
+        for ours in ("q_norm", "k_norm"):
+            maps.append(C.TensorMap(f"{b}.attn.{ours}.weight", (f"{p}.self_attn.{ours}.weight",), (-1,)))
+        maps.append(C.TensorMap(f"{b}.mlp.w_in.weight", (f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"),
+                                (F, F)))
+        maps.append(C.TensorMap(f"{b}.mlp.w_out.weight", (f"{p}.mlp.down_proj.weight",), (d,)))
+        for ours, theirs in NORMS.items():
+            maps.append(C.TensorMap(f"{b}.{ours}.weight", (f"{p}.{theirs}.weight",), (d,)))
+        maps.append(C.TensorMap(f"{b}.layer_scalar", (f"{p}.layer_scalar",), (1,)))
+    return C.model_maps(cfg, maps)
+
+
+def to_lmlab_state(state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
+    return C.state_to_lmlab(state, cfg, tensor_maps(cfg), FAM)
+
+
+def to_hf_state(state: StateDict, cfg: ModelConfig) -> StateDict:
+    return C.state_to_hf(state, cfg, tensor_maps(cfg))
+
+
+FAMILY = register(Family(model_type=FAM, hf_class=HF_CLASS, config_to_lmlab=config_to_lmlab,
+                         state_to_lmlab=to_lmlab_state, config_to_hf=config_to_hf, state_to_hf=to_hf_state,
+                         notes="Gemma 4 dense text: sandwich RMSNorms, QK- and V-norm, query scale 1, full layers "
+                               "with their own head_dim / KV heads, keys as values and proportional RoPE, "
+                               "layer scalars, 5:1 local/global",
+                         unread_notes=lambda hf: []))
