@@ -1,0 +1,156 @@
+"""Gemma 4's switches (lmlab/config.py global_*, v_norm, layer_scalar) checked against hand computations
+and transformers; the logit parity of the whole family is tests/test_hf_parity.py's gemma4_text case."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from lmlab.analysis import kv_cache_bytes, param_counts
+from lmlab.config import ConfigError, ModelConfig
+from lmlab.model import TransformerLM
+from lmlab.model.attention import KVCache
+from lmlab.model.positions import RotaryEmbedding
+
+SMALL = dict(vocab_size=64, d_model=32, n_layers=5, n_heads=4, n_kv_heads=2, head_dim=8, sliding_window=4,
+             layer_pattern="LLG", global_head_dim=16, global_n_kv_heads=1, global_k_eq_v=True,
+             global_rope_proportion=0.25, v_norm=True, layer_scalar=True, qk_norm="rmsnorm",
+             norm_position="sandwich", rope_local_theta=100.0, rope_theta=1e4, context_length=64)
+
+
+def test_proportional_rope_turns_the_first_pairs_at_whole_head_frequencies():
+    """Pairs (i, i + D/2) for i < int(p * D // 2) turn by pos * theta^(-2i/D); the others pass through
+    (HF _compute_proportional_rope_parameters), unlike rope_fraction's theta^(-2i/rot)."""
+    D, theta, pos = 16, 100.0, 5
+    rope = RotaryEmbedding(D, 1.0, theta, "half", 32, proportion=0.25)
+    x = torch.randn(1, 1, 1, D)
+    y = rope(x, torch.tensor([pos]))[0, 0, 0]
+    x = x[0, 0, 0]
+    turned = int(0.25 * D // 2)
+    assert turned == 2
+    for i in range(D // 2):
+        a, b = x[i], x[i + D // 2]
+        angle = pos * theta ** (-2 * i / D) if i < turned else 0.0
+        want = (a * math.cos(angle) - b * math.sin(angle), b * math.cos(angle) + a * math.sin(angle))
+        assert torch.allclose(torch.stack([y[i], y[i + D // 2]]), torch.tensor(want), atol=1e-6), i
+    # the GPT-NeoX partial rotation of the same fraction differs (frequencies over the rotated channels)
+    partial = RotaryEmbedding(D, 0.25, theta, "half", 32)
+    assert not torch.allclose(partial(x.view(1, 1, 1, D), torch.tensor([pos])), y.view(1, 1, 1, D))
+
+
+@pytest.mark.parametrize("changes, words", [
+    (dict(sliding_window=None, layer_pattern=None), ["global_head_dim=16", "sliding_window is not set"]),
+    (dict(global_n_kv_heads=3), ["global_n_kv_heads=3", "divide n_heads=4"]),
+    (dict(global_rope_proportion=1.5), ["global_rope_proportion=1.5"]),
+    (dict(rope_fraction=0.5), ["global_rope_proportion=0.25", "rope_fraction=0.5"]),
+    (dict(global_rope_proportion=0.05), ["global_rope_proportion=0.05", "rotates no pair"]),
+    (dict(local_attention="chunk"), ["global_head_dim", "local_attention='chunk'"]),
+    (dict(global_k_eq_v="yes"), ["global_k_eq_v='yes'", "true or false"]),
+])
+def test_global_layer_switches_refuse_bad_values(changes, words):
+    with pytest.raises(ConfigError) as err:
+        ModelConfig(**{**SMALL, **changes})
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_per_layer_sizes_cache_and_analysis_agree():
+    """Global layers get their own q/k(/v) rows, KV heads and head_dim; the KV cache holds exactly the
+    bytes lmlab analyze reports; cached decoding equals the full forward past the window."""
+    cfg = ModelConfig(**SMALL)
+    model = TransformerLM(cfg).eval()
+    H = cfg.n_heads
+    for i, block in enumerate(model.blocks):
+        glob = cfg.layer_window(i) is None
+        K, D = (1, 16) if glob else (2, 8)
+        rows = (H + (1 if glob else 2) * K) * D  # keys as values: no v rows on the global layers
+        assert block.attn.qkv.weight.shape == (rows, cfg.d_model), i
+        assert block.attn.out.weight.shape == (cfg.d_model, H * D)
+    assert [cfg.layer_window(i) for i in range(5)] == [4, 4, None, 4, 4]
+    assert sum(p.numel() for p in model.parameters()) == param_counts(cfg)["total"]
+    n = 20  # > window: local layers roll
+    cache = KVCache(cfg, 2, n)
+    # bytes by hand: 4 local layers x 2 x 2 heads x 8 x min(20, 4) + 1 global x 2 x 1 x 16 x 20, fp32, batch 2
+    assert cache.nbytes == 2 * 4 * (4 * 2 * 2 * 8 * 4 + 2 * 1 * 16 * 20)
+    assert cache.nbytes == kv_cache_bytes(cfg, n, batch=2, dtype="fp32")["total"]
+    x = torch.randint(0, 64, (2, n))
+    with torch.no_grad():
+        full = model(x)
+        steps = [model(x[:, :6], cache)] + [model(x[:, i:i + 1], cache) for i in range(6, n)]
+    assert (torch.cat(steps, 1) - full).abs().max() < 1e-5
+
+
+def test_layer_scalar_is_a_stored_buffer_that_scales_the_block_output():
+    cfg = ModelConfig(**SMALL)
+    model = TransformerLM(cfg).eval()
+    assert "blocks.0.layer_scalar" in model.state_dict()
+    assert "blocks.0.layer_scalar" not in dict(model.named_parameters())  # not trained (HF: a buffer)
+    x = torch.randn(1, 6, cfg.d_model)
+    pos = torch.arange(6)
+    block = model.blocks[1]
+    with torch.no_grad():
+        base = block(x, pos)
+        block.layer_scalar.fill_(0.5)
+        assert torch.allclose(block(x, pos), 0.5 * base)  # the residual stream included
+
+
+def test_real_preset_count_equals_transformers():
+    """gemma-4-31b at real scale: lmlab's count equals HF Gemma4ForCausalLM's on the same config (meta
+    device), and the model card's 30.7B within 0.5%."""
+    transformers = pytest.importorskip("transformers")
+    from lmlab.interop import hf as hfio
+    from lmlab.presets import preset_config
+
+    cfg = preset_config("gemma-4-31b", "real")
+    fam, hf = hfio.lmlab_to_hf_config(cfg)
+    assert fam.model_type == "gemma4_text"
+    hf_cfg = transformers.Gemma4TextConfig(**{k: v for k, v in hf.items() if k not in ("architectures", "model_type")})
+    with torch.device("meta"):
+        ref = transformers.Gemma4ForCausalLM(hf_cfg)
+    theirs = sum(p.numel() for p in ref.parameters())
+    assert param_counts(cfg)["total"] == theirs == 30_697_345_280
+    assert abs(theirs / 30.7e9 - 1) < 0.005
+    assert [t for t in hf["layer_types"]].count("full_attention") == 10
+
+
+@pytest.fixture(scope="module")
+def gemma4_dir(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    path = tmp_path_factory.mktemp("gemma4") / "hf"
+    cfg = transformers.Gemma4TextConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                        global_head_dim=32, sliding_window=4, hidden_size_per_layer_input=0,
+                                        layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(0)
+    transformers.Gemma4ForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("changes, words", [
+    (dict(hidden_size_per_layer_input=8), ["hidden_size_per_layer_input=8", "per-layer input embeddings"]),
+    (dict(num_kv_shared_layers=1), ["num_kv_shared_layers=1"]),
+    (dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=8),
+     ["enable_moe_block=True", "MoE block"]),
+    (dict(use_bidirectional_attention="all"), ["use_bidirectional_attention='all'"]),
+    (dict(per_layer_config={"0": {"head_dim": 32}, "1": {"head_dim": 32}}), ["per_layer_config.0", "sliding"]),
+    (dict(rope_parameters={"sliding_attention": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0},
+                           "full_attention": {"rope_type": "default", "rope_theta": 1e6}}),
+     ["rope_parameters.sliding_attention.rope_type='yarn'"]),
+])
+def test_import_refuses_what_lmlab_cannot_represent(gemma4_dir, tmp_path, changes, words):
+    import shutil
+
+    from lmlab.interop import hf as hfio
+    from lmlab.interop.registry import UnsupportedError
+
+    src = tmp_path / "hf"
+    shutil.copytree(gemma4_dir, src)
+    data = json.loads((src / "config.json").read_text())
+    data.update(changes)
+    (src / "config.json").write_text(json.dumps(data))
+    with pytest.raises(UnsupportedError) as err:
+        hfio.import_hf(src, tmp_path / "run")
+    for w in words:
+        assert w in str(err.value)
+    assert not (tmp_path / "run").exists()  # nothing half-written
