@@ -555,3 +555,25 @@ def test_yarn_mscale_zero_means_off():
     theta, scaling, _ = C.read_rope({"rope_parameters": params}, "deepseek_v2")
     assert theta == 1e4 and "mscale" not in scaling and "mscale_all_dim" not in scaling
     assert scaling["factor"] == 4.0
+
+
+def test_llama4_scout_card_count_is_the_text_model_plus_the_vision_tower():
+    """The card's 109B total counts the multimodal checkpoint: lmlab's text model (equal to HF's text
+    model) plus the vision tower of the published vision_config (HF Llama4ForConditionalGeneration on the
+    meta device) is within 0.5% of 109B, the text model alone is not."""
+    from lmlab.analysis import param_counts
+    from lmlab.presets import preset_config
+
+    cfg = preset_config("llama-4-scout", "real")
+    _, hf = hfio.lmlab_to_hf_config(cfg)
+    text = transformers.Llama4TextConfig(**{k: v for k, v in hf.items() if k not in ("architectures", "model_type")})
+    vision = dict(hidden_size=1408, image_size=336, intermediate_size=5632, num_attention_heads=16,
+                  num_hidden_layers=34, patch_size=14, pixel_shuffle_ratio=0.5, projector_input_dim=4096,
+                  projector_output_dim=4096, vision_output_dim=4096, multi_modal_projector_bias=False)
+    with torch.device("meta"):
+        full = transformers.Llama4ForConditionalGeneration(transformers.Llama4Config(text_config=text.to_dict(),
+                                                                                     vision_config=vision))
+    total = sum(p.numel() for p in full.parameters())
+    text_only = sum(p.numel() for n, p in full.named_parameters() if "language_model" in n)
+    assert text_only == param_counts(cfg)["total"] == 107_769_861_120
+    assert abs(total / 109e9 - 1) < 0.005 < abs(text_only / 109e9 - 1)
