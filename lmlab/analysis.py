@@ -108,20 +108,40 @@ def global_layers_differ(cfg: ModelConfig) -> bool:
         (cfg.head_dim, cfg.n_kv_heads, False)
 
 
-def global_layer_count(cfg: ModelConfig) -> int:
-    """Layers with full attention (no window), from one period of the layer pattern."""
-    return sum(n for w, n in layer_windows(cfg) if w is None)
+def global_layer_count(cfg: ModelConfig, start: int = 0, end: Optional[int] = None) -> int:
+    """Layers with full attention (no window) among layers start .. end - 1 (default all), in O(pattern
+    length)."""
+    end = cfg.n_layers if end is None else end
+    if cfg.sliding_window is None:
+        return max(0, end - start)
+    p = cfg.layer_pattern or "L"
+    def upto(n: int) -> int:  # global layers among 0 .. n - 1
+        full, rest = divmod(n, len(p))
+        return full * p.count("G") + p[:rest].count("G")
+    return upto(end) - upto(start)
 
 
-def layer_params(cfg: ModelConfig, moe: bool = False, global_layer: bool = False) -> dict:
+def kv_shared_counts(cfg: ModelConfig) -> dict:
+    """{is_global: number of KV-shared layers of that kind} (the last ``kv_shared_layers`` layers)."""
+    if not cfg.kv_shared_layers:
+        return {}
+    n = global_layer_count(cfg, cfg.n_layers - cfg.kv_shared_layers)
+    return {k: v for k, v in ((True, n), (False, cfg.kv_shared_layers - n)) if v}
+
+
+def layer_params(cfg: ModelConfig, moe: bool = False, global_layer: bool = False, kv_shared: bool = False) -> dict:
     """Parameters of one block (a mixture-of-experts one with ``moe``; a full-attention one with
-    ``global_layer``, which differs only where Gemma 4's global_* fields are set): attention (projections
-    and QK-norm), MLP (a MoE's: router + every expert + the shared experts), norms; ``matmul`` = the weight
-    matrices a token is multiplied by (no biases or norm weights; a MoE's router, its k experts and the
-    shared ones); ``active`` = the parameters a token uses (``total`` for a dense block)."""
-    d, H, F = cfg.d_model, cfg.n_heads, cfg.d_ff
+    ``global_layer``, which differs only where Gemma 4's global_* fields are set; a KV-shared one with
+    ``kv_shared``: queries only, and the doubled FFN of ``kv_shared_wide_ffn``): attention (projections
+    and QK-norm), MLP (a MoE's: router + every expert + the shared experts), norms, ``ple`` (the per-layer
+    input gate, projection and norm); ``matmul`` = the weight matrices a token is multiplied by (no biases
+    or norm weights; a MoE's router, its k experts and the shared ones); ``active`` = the parameters a
+    token uses (``total`` for a dense block)."""
+    d, H = cfg.d_model, cfg.n_heads
+    F = 2 * cfg.d_ff if (kv_shared and cfg.kv_shared_wide_ffn) else cfg.d_ff
     K, D = cfg.layer_n_kv_heads_of(global_layer), cfg.layer_head_dim_of(global_layer)
-    qkv_out = (H + (1 if (global_layer and cfg.global_k_eq_v) else 2) * K) * D  # keys as values: no v rows
+    kv_rows = 0 if kv_shared else (1 if (global_layer and cfg.global_k_eq_v) else 2) * K  # keys as values: no v
+    qkv_out = (H + kv_rows) * D
     attn_mm = d * qkv_out + H * D * d
     attn_bias = (qkv_out if cfg.bias in ("all", "qkv", "attention") else 0) + (
         d if cfg.bias in ("all", "attention") else 0
@@ -134,10 +154,10 @@ def layer_params(cfg: ModelConfig, moe: bool = False, global_layer: bool = False
         attn_bias = r + (cfg.q_lora_rank or 0)  # the latent norms' weights (no linear biases)
     if cfg.qk_norm in ("none", "l2"):  # l2: no weight
         qk_norm = 0
-    elif cfg.qk_norm_scope == "head":  # one head_dim weight for q, one for k
-        qk_norm = 2 * D
+    elif cfg.qk_norm_scope == "head":  # one head_dim weight for q, one for k (q only on a KV-shared layer)
+        qk_norm = D if kv_shared else 2 * D
     else:  # 'all' (across heads) or 'head_untied' (per head): n_heads*D + n_kv_heads*D
-        qk_norm = (H + K) * D
+        qk_norm = (H + (0 if kv_shared else K)) * D
     mlp, mlp_mm = _ffn_params(cfg, F)
     mlp_active = mlp
     if moe:
@@ -153,9 +173,11 @@ def layer_params(cfg: ModelConfig, moe: bool = False, global_layer: bool = False
         n_norms += 2
     norms = n_norms * _norm_params(cfg, d)
     attention = attn_mm + attn_bias + qk_norm
-    return {"attention": attention, "mlp": mlp, "norms": norms, "total": attention + mlp + norms,
-            "matmul": attn_mm + mlp_mm, "attention_matmul": attn_mm, "mlp_matmul": mlp_mm,
-            "active": attention + mlp_active + norms}
+    ple_mm = 2 * d * cfg.ple_dim  # per-layer input: gate d -> P, projection P -> d, then a norm
+    ple = ple_mm + (_norm_params(cfg, d) if cfg.ple_dim else 0)
+    return {"attention": attention, "mlp": mlp, "norms": norms, "ple": ple,
+            "total": attention + mlp + norms + ple, "matmul": attn_mm + mlp_mm + ple_mm,
+            "attention_matmul": attn_mm, "mlp_matmul": mlp_mm, "active": attention + mlp_active + norms + ple}
 
 
 def param_counts(cfg: ModelConfig) -> dict:
@@ -185,9 +207,19 @@ def param_counts(cfg: ModelConfig) -> dict:
         n_global = global_layer_count(cfg)
         layers += n_global * (glob["attention"] - per_layer["attention"])
         matmul += n_global * (glob["attention_matmul"] - per_layer["attention_matmul"])
-    total = embedding + projections + learned + t5 + layers + final_norm + head
+    for is_global, n_kind in kv_shared_counts(cfg).items():  # KV sharing: queries only (+ a wider FFN)
+        own, shared = layer_params(cfg, global_layer=is_global), layer_params(cfg, global_layer=is_global,
+                                                                              kv_shared=True)
+        layers += n_kind * (shared["total"] - own["total"])
+        matmul += n_kind * (shared["matmul"] - own["matmul"])
+    ple_embedding = (cfg.ple_vocab_size or V) * cfg.n_layers * cfg.ple_dim  # a lookup table: embedding
+    ple_model = d * cfg.n_layers * cfg.ple_dim + (_norm_params(cfg, cfg.ple_dim) if cfg.ple_dim else 0)
+    layers += ple_model
+    matmul += d * cfg.n_layers * cfg.ple_dim
+    total = embedding + ple_embedding + projections + learned + t5 + layers + final_norm + head
     out = {
-        "total": total, "non_embedding": total - embedding - learned, "embedding": embedding,
+        "total": total, "non_embedding": total - embedding - ple_embedding - learned, "embedding": embedding,
+        "ple_embedding": ple_embedding,
         "positions": learned + t5, "per_layer": per_layer, "layers": layers, "head": head,
         "projections": projections, "final_norm": final_norm, "matmul": matmul,
     }
@@ -196,7 +228,7 @@ def param_counts(cfg: ModelConfig) -> dict:
     if moe:
         inactive = n_moe * (moe["total"] - moe["active"])
         out.update(moe_layers=n_moe, per_moe_layer=moe, active=total - inactive,
-                   active_non_embedding=total - embedding - learned - inactive)
+                   active_non_embedding=total - embedding - ple_embedding - learned - inactive)
     return out
 
 
@@ -291,23 +323,27 @@ def kv_cache_bytes(cfg: ModelConfig, context: int, batch: int = 1, dtype: str = 
     """KV-cache memory: ``per_token`` (bytes added per token while every layer still grows: all layers up
     to their window), ``total`` for ``context`` tokens x ``batch`` (windowed layers hold min(context, W)),
     and the same for plain MHA (``mha_total``: n_heads KV heads, no window) and for this model without its
-    windows (``no_window_total``), with the savings as factors."""
+    windows (``no_window_total``), with the savings as factors: saving = GQA x KV sharing x windows. KV-shared
+    layers (``kv_shared_layers``) cache nothing: they read their source layer's entries."""
     b = DTYPE_BYTES[dtype]
     per_layer_token = kv_values_per_token(cfg) * b  # a local layer's (every layer's unless Gemma 4's differ)
-    kinds = layer_windows(cfg)
+    all_kinds = layer_windows(cfg)
+    shared = kv_shared_counts(cfg)
+    kinds = [(w, layers - shared.get(w is None, 0)) for w, layers in all_kinds]  # the layers that cache
     entry = {w: kv_values_per_token(cfg, w is None) * b for w, _ in kinds}  # bytes per token, by layer kind
     per_token = sum(layers * entry[w] for w, layers in kinds)
     held = sum(layers * entry[w] * (min(context, w) if w is not None else context) for w, layers in kinds)
     total = batch * held
     no_window = batch * per_token * context
+    unshared = batch * context * sum(layers * entry[w] for w, layers in all_kinds)  # every layer caching
     # plain MHA: K and V of every head; for MLA its heads' width (DeepSeek-V2 Sec. 2.1.4 compares with 2 n_h d_h)
     mha_heads = sum(layers * (cfg.v_head_dim if cfg.attention == "mla" else cfg.layer_head_dim_of(w is None))
-                    for w, layers in kinds)
+                    for w, layers in all_kinds)
     mha = batch * 2 * cfg.n_heads * b * context * mha_heads
     out = {"dtype": dtype, "bytes_per_value": b, "per_token": per_token,
            "per_token_per_layer": per_layer_token, "total": total, "no_window_total": no_window,
-           "mha_total": mha, "gqa_saving": mha / no_window, "window_saving": no_window / total,
-           "saving": mha / total, "context": context, "batch": batch}
+           "mha_total": mha, "gqa_saving": mha / unshared, "window_saving": no_window / total,
+           "kv_sharing_saving": unshared / no_window, "saving": mha / total, "context": context, "batch": batch}
     if global_layers_differ(cfg):
         out["per_token_per_global_layer"] = kv_values_per_token(cfg, True) * b
     return out
@@ -487,6 +523,12 @@ def format_analysis(res: dict, title: str) -> str:
                  f"top-{cfg.experts_per_token}{f', {cfg.n_shared_experts} shared' if cfg.n_shared_experts else ''})")
         L.append(f"  active per token {p['active']:>18,}   (non-embedding {p['active_non_embedding']:,}; "
                  f"FLOPs below use these)")
+    if p.get("ple_embedding"):
+        L.append(f"  per-layer inputs {p['ple_embedding']:>18,}   (embedding table: {cfg.ple_vocab_size or cfg.vocab_size:,}"
+                 f" x {cfg.n_layers} layers x {cfg.ple_dim}; not in non-embedding)")
+    if cfg.kv_shared_layers:
+        L.append(f"  KV-shared layers {cfg.kv_shared_layers:>18,}   (the last ones: queries only, keys and values "
+                 f"of an earlier layer{'; FFN 2 x d_ff' if cfg.kv_shared_wide_ffn else ''})")
     if p["positions"]:
         L.append(f"  positions        {p['positions']:>18,}")
     if p["head"]:
@@ -519,7 +561,8 @@ def format_analysis(res: dict, title: str) -> str:
     L.append(f"  {'plain MHA, no window':28}" + "".join(f"{_bytes(kv[d]['mha_total']):>12}" for d in DTYPE_BYTES))
     k0 = kv["bf16"]
     heads = f"MLA {cfg.n_heads} heads" if cfg.attention == "mla" else f"GQA/MQA {cfg.n_heads}:{cfg.n_kv_heads}"
-    L.append(f"  saving vs plain MHA: {k0['saving']:.2f}x  ({heads} {k0['gqa_saving']:.2f}x, "
+    sharing = f", KV sharing {k0['kv_sharing_saving']:.2f}x" if cfg.kv_shared_layers else ""
+    L.append(f"  saving vs plain MHA: {k0['saving']:.2f}x  ({heads} {k0['gqa_saving']:.2f}x{sharing}, "
              f"windows {k0['window_saving']:.2f}x)")
     L.append("")
     it = res["intensity"]

@@ -46,7 +46,7 @@ ROUTER_WEIGHTS = ("output", "input")  # where the router weight multiplies: an e
 QK_NORM_SCOPES = ("head", "all", "head_untied")
 BOOL_FIELDS = ("norm_bias", "norm_affine", "final_norm", "lm_head_bias", "parallel_block", "parallel_shared_norm",
                "nope_global_layers", "tie_embeddings", "scale_embeddings", "norm_weight_fp32", "router_renormalize",
-               "attn_temperature_tuning", "global_k_eq_v", "v_norm", "layer_scalar")
+               "attn_temperature_tuning", "global_k_eq_v", "v_norm", "layer_scalar", "kv_shared_wide_ffn")
 ROUTER_SCORES = ("softmax", "sigmoid")  # Mixtral / Qwen-MoE / DeepSeek-V2: softmax; DeepSeek-V3: sigmoid
 ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")  # Chen 2023; bloc97 2023; Peng 2023; Llama 3.1
 # rope_scaling keys per type: (required, optional), besides "type"; the names of Hugging Face's rope_parameters
@@ -216,6 +216,16 @@ class ModelConfig:
     global_k_eq_v: bool = False
     global_rope_proportion: Optional[float] = None  # None: ordinary RoPE on the global layers
     v_norm: bool = False  # RMSNorm without weight on each value head (Gemma 4, every layer)
+    # KV sharing (Gemma 4 E2B/E4B, HF num_kv_shared_layers): the last kv_shared_layers layers compute no keys or
+    # values; each attends to those of the last earlier layer of its own kind (local or global), and caches
+    # nothing. kv_shared_wide_ffn: their FFN is 2 d_ff wide (HF use_double_wide_mlp).
+    kv_shared_layers: int = 0
+    kv_shared_wide_ffn: bool = False
+    # per-layer input embeddings (PLE; Gemma 4 E2B/E4B, Gemma 3n; HF hidden_size_per_layer_input): a second
+    # embedding table of n_layers x ple_dim per token (ple_vocab_size rows, default vocab_size), mixed with a
+    # projection of the token embedding; after its FFN, layer i adds norm(W_out(act(W_gate x) * e_i)).
+    ple_dim: int = 0
+    ple_vocab_size: Optional[int] = None
     # what a local layer sees: 'window' (the last sliding_window tokens) or 'chunk' (the earlier tokens of
     # its own block of sliding_window tokens: Llama 4's chunked attention, attention_chunk_size)
     local_attention: str = "window"
@@ -453,6 +463,29 @@ class ModelConfig:
                               f"local_attention={self.local_attention!r}")
         if (used or self.v_norm) and self.attention != "mha":
             raise ConfigError(f"{(used or ['v_norm'])[0]} needs attention='mha', got attention={self.attention!r}")
+        _positive_int("kv_shared_layers", self.kv_shared_layers, minimum=0, maximum=self.n_layers - 1)
+        if self.kv_shared_layers:
+            if self.attention != "mha":
+                raise ConfigError(f"kv_shared_layers={self.kv_shared_layers} needs attention='mha', "
+                                  f"got attention={self.attention!r}")
+            for layer in range(self.n_layers - self.kv_shared_layers, self.n_layers):
+                if self.layer_kv_source(layer) is None:
+                    kind = "local" if self.layer_is_local(layer) else "global"
+                    raise ConfigError(f"kv_shared_layers={self.kv_shared_layers}: layer {layer} is {kind} but no "
+                                      f"earlier layer of that kind computes keys and values to share (layers 0-"
+                                      f"{self.n_layers - self.kv_shared_layers - 1})")
+        if self.kv_shared_wide_ffn and (not self.kv_shared_layers or self.n_experts):
+            raise ConfigError(f"kv_shared_wide_ffn=True widens the dense FFN of the KV-shared layers: it needs "
+                              f"kv_shared_layers > 0 and n_experts=0, got kv_shared_layers={self.kv_shared_layers}, "
+                              f"n_experts={self.n_experts}")
+        _positive_int("ple_dim", self.ple_dim, minimum=0)
+        if self.ple_vocab_size is not None:
+            _positive_int("ple_vocab_size", self.ple_vocab_size)
+            if not self.ple_dim:
+                raise ConfigError(f"ple_vocab_size={self.ple_vocab_size} needs ple_dim > 0")
+            if self.ple_vocab_size < self.vocab_size:
+                raise ConfigError(f"ple_vocab_size={self.ple_vocab_size} must be >= vocab_size={self.vocab_size} "
+                                  f"(every token id looks up a row)")
 
     def _check_rope_scaling(self, rot_dim: int) -> None:
         """Validate ``rope_scaling``: a mapping with ``type`` and exactly that type's keys
@@ -541,6 +574,25 @@ class ModelConfig:
     def layer_k_eq_v(self, layer: int) -> bool:
         """Whether layer ``layer`` takes its values from the key projection (Gemma 4's global layers)."""
         return self.global_k_eq_v and self.layer_window(layer) is None
+
+    def layer_kv_source(self, layer: int) -> Optional[int]:
+        """For a KV-shared layer (one of the last ``kv_shared_layers``), the layer whose keys and values it
+        uses: the last earlier non-shared layer of the same kind (local / global), as HF's
+        ``Gemma4TextConfig.kv_sharing_modes``; None for a layer that computes its own (or when none exists)."""
+        first = self.n_layers - self.kv_shared_layers
+        if layer < first:
+            return None
+        local = self.layer_is_local(layer)
+        period = len(self.layer_pattern) if self.layer_pattern else 1
+        for j in range(first - 1, max(-1, first - 1 - period), -1):  # one period back finds every kind
+            if self.layer_is_local(j) == local:
+                return j
+        return None
+
+    def layer_d_ff(self, layer: int) -> int:
+        """d_ff of layer ``layer``'s dense FFN: doubled on KV-shared layers with ``kv_shared_wide_ffn``."""
+        shared = self.kv_shared_wide_ffn and layer >= self.n_layers - self.kv_shared_layers
+        return 2 * self.d_ff if shared else self.d_ff
 
     def layer_window(self, layer: int) -> Optional[int]:
         """The sliding window of layer ``layer`` in tokens (counting the current one), or None for full."""

@@ -512,6 +512,36 @@ _add("gemma-4-31b", "Gemma 4",
            "E2B/E4B (per-layer input embeddings, KV sharing) and 26B-A4B (an MoE block beside the MLP) have "
            "no lmlab switches yet and are refused on import.")
 
+# Gemma 4 E2B and E4B ("effective" 2B / 4B), the on-device dense text models: 1 KV head x 256 (E4B: 2) on local
+# layers, 512 wide on global ones (no keys-as-values), per-layer input embeddings of 256 per layer (a second
+# 262,144-row table), and KV sharing: the last 20 (E4B: 18) layers reuse the keys and values of the last earlier
+# layer of their kind; E2B's shared layers have double-wide MLPs. Configs from their config.json text_config as
+# republished in public test fixtures (several agree).
+_GEMMA4_E_SRC = ("Gemma Team 2026, Gemma 4 model card, https://huggingface.co/google/gemma-4-{size} ('{eff}B "
+                 "effective parameters'); its config.json text_config; transformers 5.24 modeling_gemma4.py")
+_GEMMA4_E_NOTE = ("Text model only. The count equals HF Gemma4ForCausalLM's on the same config ({count}); the "
+                  "card's 'effective' parameters exclude the per-layer embedding table: here {eff} (card: {card}B).")
+_real = dict(_GEMMA_STYLE, norm_type="rmsnorm", norm_weight_fp32=True, vocab_size=262144, context_length=131072,
+             d_model=1536, n_layers=35, n_heads=8, n_kv_heads=1, head_dim=256, d_ff=6144, norm_position="sandwich",
+             rope_theta=1000000.0, rope_local_theta=10000.0, qk_norm="rmsnorm", v_norm=True,
+             query_pre_attn_scalar=1.0, sliding_window=512, layer_pattern="LLLLG", global_head_dim=512,
+             global_rope_proportion=0.25, final_logit_softcap=30.0, layer_scalar=True, kv_shared_layers=20,
+             kv_shared_wide_ffn=True, ple_dim=256)
+_add("gemma-4-e2b", "Gemma 4", _GEMMA4_E_SRC.format(size="E2B", eff="2.3"),
+     "4 local (window 512) : 1 global layers, MQA; per-layer input embeddings (256 per layer); the last 20 layers "
+     "share earlier layers' keys and values and have double-wide MLPs",
+     _real, _tiny(_real, n_layers=10, head_dim=32, global_head_dim=64, query_pre_attn_scalar=1.0,
+                  kv_shared_layers=5, ple_dim=16),
+     notes=_GEMMA4_E_NOTE.format(count="4,628,569,344", eff="2,279,759,104", card="2.3"))
+_real = dict(_real, d_model=2560, n_layers=42, n_kv_heads=2, d_ff=10240, layer_pattern="LLLLLG", kv_shared_layers=18,
+             kv_shared_wide_ffn=False)
+_add("gemma-4-e4b", "Gemma 4", _GEMMA4_E_SRC.format(size="E4B", eff="4.5"),
+     "5 local (window 512) : 1 global layers, GQA 8:2; per-layer input embeddings (256 per layer); the last 18 "
+     "layers share earlier layers' keys and values",
+     _real, _tiny(_real, n_layers=12, n_heads=8, head_dim=32, global_head_dim=64, query_pre_attn_scalar=1.0,
+                  kv_shared_layers=5, ple_dim=16),
+     notes=_GEMMA4_E_NOTE.format(count="7,463,013,376", eff="4,644,441,088", card="4.5"))
+
 # --- OLMo ----------------------------------------------------------------------------------------
 _real = dict(_LLAMA_STYLE, vocab_size=50304, context_length=2048, d_model=4096, n_layers=32, n_heads=32,
              d_ff=11008, norm_type="layernorm", norm_bias=False, norm_affine=False, norm_eps=1e-5, rope_theta=10000.0)

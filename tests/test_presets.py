@@ -133,7 +133,7 @@ _SAME = ("norm_type", "norm_position", "norm_bias", "final_norm", "bias", "lm_he
          "parallel_block", "parallel_shared_norm", "position", "rope_style", "rope_fraction", "rope_theta",
          "rope_local_theta", "nope_global_layers", "qk_norm", "attn_logit_softcap", "layer_pattern",
          "tie_embeddings", "scale_embeddings", "final_logit_softcap", "z_loss", "t5_num_buckets",
-         "t5_max_distance", "norm_eps")
+         "t5_max_distance", "norm_eps", "v_norm", "layer_scalar", "global_k_eq_v", "kv_shared_wide_ffn")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -141,7 +141,11 @@ def test_tiny_keeps_the_shape(name):
     real, tiny = preset_config(name, "real"), preset_config(name, "tiny")
     for f in _SAME:
         assert getattr(tiny, f) == getattr(real, f), f
-    assert 128 <= tiny.d_model <= 256 and 2 <= tiny.n_layers <= 6 and tiny.context_length == 256
+    # KV sharing (Gemma 4 E2B/E4B) needs a whole layer pattern before the shared layers: up to 12 layers
+    assert 128 <= tiny.d_model <= 256 and 2 <= tiny.n_layers <= (12 if real.kv_shared_layers else 6)
+    assert tiny.context_length == 256
+    for f in ("kv_shared_layers", "ple_dim", "global_head_dim", "global_n_kv_heads", "global_rope_proportion"):
+        assert bool(getattr(tiny, f)) == bool(getattr(real, f)), f  # a Gemma 4 switch kept on (or off)
     assert tiny.n_heads // tiny.n_kv_heads == real.n_heads // real.n_kv_heads or real.n_kv_heads == 1 == tiny.n_kv_heads
     assert abs(tiny.d_ff / tiny.d_model - real.d_ff / real.d_model) <= 0.1 * real.d_ff / real.d_model
     if real.sliding_window is not None:

@@ -270,6 +270,7 @@ def layer_signature(cfg: ModelConfig) -> dict:
     sig["norm_affine"] = cfg.norm_affine
     sig["v_norm"] = getattr(cfg, "v_norm", False)
     sig["layer_scalar"] = getattr(cfg, "layer_scalar", False)
+    sig["ple"] = (cfg.ple_dim, cfg.ple_vocab_size or cfg.vocab_size) if cfg.ple_dim else None
     rms_weight = (cfg.norm_type == "rmsnorm" and cfg.norm_affine) or cfg.qk_norm == "rmsnorm"
     sig["norm_weight_fp32"] = cfg.norm_weight_fp32 if rms_weight else None  # bf16 rounding order of RMSNorm
     sig["norm_bias"] = cfg.norm_bias if cfg.norm_affine else False
@@ -305,8 +306,10 @@ def layer_signature(cfg: ModelConfig) -> dict:
             proportion = cfg.global_rope_proportion if window is None else None
             rope = (cfg.rope_style, rot, float(theta), None if scaling is None else tuple(sorted(scaling.items())),
                     proportion)
-        # Gemma 4: a layer's own KV heads and head_dim, and whether its values are its keys' projection
-        sizes = (cfg.layer_n_kv_heads(i), cfg.layer_head_dim(i), cfg.layer_k_eq_v(i))
+        # Gemma 4: a layer's own KV heads and head_dim, whether its values are its keys' projection, the
+        # layer whose keys and values it reads (KV sharing) and its FFN width
+        sizes = (cfg.layer_n_kv_heads(i), cfg.layer_head_dim(i), cfg.layer_k_eq_v(i), cfg.layer_kv_source(i),
+                 cfg.layer_d_ff(i))
         layers.append((window, rope, sizes))
     sig["layers"] = layers
     return sig
@@ -338,7 +341,8 @@ def verify_roundtrip(family: str, cfg: ModelConfig, hf: dict, to_lmlab: Callable
                     if la[1] != lb[1]:
                         what.append(f"RoPE {la[1]} (the family gives {lb[1]})")
                     if la[2] != lb[2]:
-                        what.append(f"(KV heads, head_dim, keys as values) {la[2]} (the family gives {lb[2]})")
+                        what.append(f"(KV heads, head_dim, keys as values, KV source, d_ff) {la[2]} (the family "
+                                    f"gives {lb[2]})")
                     diffs.append(f"layer {i}: {', '.join(what)}")
                     break
         elif not _close(a[key], b.get(key)):

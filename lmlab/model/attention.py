@@ -14,7 +14,9 @@
 - Query scale 1/sqrt(head_dim), or query_pre_attn_scalar**-0.5 (Gemma 2).
 - Gemma 4 (Gemma Team 2026; HF ``Gemma4TextAttention``): on the global layers their own head_dim and KV
   heads (``global_head_dim``, ``global_n_kv_heads``) and, with ``global_k_eq_v``, no value projection: the
-  values are the raw key projection; ``v_norm``: a weightless RMSNorm on each value head.
+  values are the raw key projection; ``v_norm``: a weightless RMSNorm on each value head. KV sharing
+  (``kv_shared_layers``, Gemma 4 E2B/E4B): the last layers project queries only and attend to the keys and
+  values their source layer (``ModelConfig.layer_kv_source``) computed in the same forward; they cache none.
 
 The fast path is ``torch.nn.functional.scaled_dot_product_attention``; the soft-cap needs the
 explicit softmax (computed in fp32).
@@ -61,9 +63,10 @@ class KVCache:
             self.k = [torch.zeros((batch, 1, c, cfg.kv_lora_rank), device=device, dtype=dtype) for c in self.capacity]
             self.v = [torch.zeros((batch, 1, c, cfg.qk_rope_head_dim), device=device, dtype=dtype)
                       for c in self.capacity]
-        else:  # per layer: Gemma 4's global layers have their own KV heads and head_dim
-            self.k = [torch.zeros((batch, cfg.layer_n_kv_heads(i), c, cfg.layer_head_dim(i)), device=device,
-                                  dtype=dtype) for i, c in enumerate(self.capacity)]
+        else:  # per layer: Gemma 4's global layers have their own KV heads and head_dim; KV-shared layers none
+            self.k = [torch.zeros((batch, cfg.layer_n_kv_heads(i), 0 if cfg.layer_kv_source(i) is not None else c,
+                                   cfg.layer_head_dim(i)), device=device, dtype=dtype)
+                      for i, c in enumerate(self.capacity)]
             self.v = [torch.zeros_like(t) for t in self.k]
         self.batch, self.max_len, self.device = batch, max_len, self.k[0].device
         self.length = 0
@@ -217,8 +220,16 @@ class Attention(nn.Module):
         self.window = cfg.layer_window(layer)
         self.chunk = self.window is not None and cfg.local_attention == "chunk"
         self.k_eq_v = cfg.layer_k_eq_v(layer)  # Gemma 4: values are the key projection (no v rows)
+        # KV sharing: a consumer layer projects queries only and reads its source layer's keys and values
+        # (TransformerLM links them: _kv_source, a plain attribute, not a submodule)
+        self.kv_source_layer = cfg.layer_kv_source(layer)
+        self.cache_layer = layer if self.kv_source_layer is None else self.kv_source_layer
+        self._kv_source: Optional["Attention"] = None
+        self.kv_store = False  # set on a source layer: keep this forward's (keys, values, first) in _kv
+        self._kv = None
+        kv_rows = 0 if self.kv_source_layer is not None else (1 if self.k_eq_v else 2) * K
         bias = cfg.bias in ("all", "qkv", "attention")
-        self.qkv = nn.Linear(cfg.d_model, (H + (1 if self.k_eq_v else 2) * K) * D, bias=bias)
+        self.qkv = nn.Linear(cfg.d_model, (H + kv_rows) * D, bias=bias)
         self.out = nn.Linear(H * D, cfg.d_model, bias=cfg.bias in ("all", "attention"))
         self.out.is_residual_projection = True
         self.qk_norm_all = cfg.qk_norm_scope == "all"
@@ -237,7 +248,10 @@ class Attention(nn.Module):
             self.k_norm = make_norm(cfg.qk_norm, width_k, cfg.norm_eps, bias=False, weight_fp32=fp32)
         else:
             self.q_norm = self.k_norm = None
-        self.v_norm = make_norm("rmsnorm", D, cfg.norm_eps, affine=False) if cfg.v_norm else None  # Gemma 4
+        if self.kv_source_layer is not None:  # no keys of its own to normalise
+            self.k_norm = None
+        self.v_norm = (make_norm("rmsnorm", D, cfg.norm_eps, affine=False)
+                       if cfg.v_norm and self.kv_source_layer is None else None)  # Gemma 4
         self.rope = None
         if cfg.layer_has_rope(layer):
             theta = cfg.rope_local_theta if (self.window is not None and cfg.rope_local_theta) else cfg.rope_theta
@@ -269,7 +283,18 @@ class Attention(nn.Module):
         qkv = self.qkv(x)
         if self.clip_qkv is not None:
             qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
-        if self.q_norm is None and not self.k_eq_v and self.v_norm is None:  # q, k rotated together, (B, T, heads, D)
+        shared = self.kv_source_layer is not None
+        if shared:  # KV sharing: queries only; keys and values from the source layer's forward
+            q = qkv.view(B, T, H, D)
+            if self.q_norm is not None and self.qk_norm_all:
+                q = self.q_norm(qkv).view(B, T, H, D)
+            q = q.transpose(1, 2)
+            if self.q_norm is not None and not self.qk_norm_all:
+                q = self.q_norm(q)
+            if self.rope is not None:
+                q = self.rope(q, positions)
+            k, v, first = self._kv_source._kv
+        elif self.q_norm is None and not self.k_eq_v and self.v_norm is None:  # q, k rotated together
             qkv = qkv.view(B, T, H + 2 * K, D)
             qk, v = qkv.narrow(2, 0, H + K), qkv.narrow(2, H + K, K).transpose(1, 2)
             if self.rope is not None:
@@ -283,7 +308,7 @@ class Attention(nn.Module):
             else:
                 q, k, v = qkv.split([H * D, K * D, K * D], dim=-1)
             if self.q_norm is not None and self.qk_norm_all:  # OLMo 2: one norm across all heads
-                q, k = self.q_norm(q), self.k_norm(k)
+                q, k = self.q_norm(q), self.k_norm(k) if self.k_norm is not None else k
             q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
             k = k.view(B, T, K, D).transpose(1, 2)  # (B, K, T, D)
             v = v.view(B, T, K, D).transpose(1, 2)
@@ -297,6 +322,8 @@ class Attention(nn.Module):
             q = q * self.temperature_of(positions).to(q.dtype)
         dropout = self.attn_dropout if self.training else 0.0
         plain = self.logit_cap is None and not self.record_max_logit and bias_fn is None
+        if cache is None and self.kv_store:
+            self._kv = (k, v, None)
         if cache is None:
             if plain and self.window is None and left_pad is None:  # the training path
                 if not dropout and self.blocked_kernel and torch.is_grad_enabled() and use_blocked(q):
@@ -308,10 +335,13 @@ class Attention(nn.Module):
             q_idx = k_idx = torch.arange(T, device=x.device)
         else:
             start = cache.length
-            k, v, first = cache.update(self.layer, k, v)
+            if not shared:
+                k, v, first = cache.update(self.layer, k, v)
+                if self.kv_store:
+                    self._kv = (k, v, first)
             S = k.shape[2]
             if T == 1 and plain and not dropout:  # decode: every returned key is causal and in the window
-                mask = cache.real_keys(self.layer, first, S) if left_pad is not None else None
+                mask = cache.real_keys(self.cache_layer, first, S) if left_pad is not None else None
                 mask = self._chunk_keys(cache, first, S, mask)
                 return self.out(self._attend_one(q, k, v, mask).view(B, 1, H * D))
             if plain and S == T and self.window is None and left_pad is None:  # prefill of an empty cache
@@ -319,7 +349,7 @@ class Attention(nn.Module):
                                                    enable_gqa=K != H)
                 return self.out(y.transpose(1, 2).reshape(B, T, H * D))
             q_idx = torch.arange(start, start + T, device=x.device)
-            k_idx = cache.key_index(self.layer, first, S)
+            k_idx = cache.key_index(self.cache_layer, first, S)
         # cache indices and positions differ by the row's padding only: masks and relative biases use indices
         bias = bias_fn(q_idx, k_idx, self.layer) if bias_fn is not None else None
         allowed = causal_mask(q_idx, k_idx, self.window, self.chunk)
@@ -343,7 +373,8 @@ class Attention(nn.Module):
         """Whether :meth:`decode_one` can run this layer: no QK-norm, clip_qkv, soft-cap or logit recording
         (position biases are the model's: ALiBi and T5 models never take the lean path)."""
         return self.q_norm is None and self.clip_qkv is None and self.logit_cap is None and not self.record_max_logit \
-            and self.temperature is None and not self.k_eq_v and self.v_norm is None
+            and self.temperature is None and not self.k_eq_v and self.v_norm is None \
+            and self.kv_source_layer is None and not self.kv_store
 
     def temperature_of(self, positions: torch.Tensor) -> torch.Tensor:
         """Llama 4's query scale at each position p: 1 + scale * log(1 + floor((p + 1) / floor)), fp32,
@@ -377,7 +408,7 @@ class Attention(nn.Module):
         keys of earlier chunks (the rolling buffer of W slots still holds some of them)."""
         if not self.chunk:
             return mask
-        idx = cache.key_index(self.layer, first, n_keys)
+        idx = cache.key_index(self.cache_layer, first, n_keys)
         start = (cache.length // self.window) * self.window  # the new token's index is cache.length
         if int(idx.min()) >= start:
             return mask

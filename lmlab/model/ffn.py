@@ -11,6 +11,8 @@ Gated FFNs carry three matrices, so d_ff is usually scaled by 2/3 (the 8/3 rule)
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -44,14 +46,14 @@ class FeedForward(nn.Module):
     Gated variants fuse W_gate and W_up into one (d_model -> 2 d_ff) matmul, gate first.
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, d_ff: Optional[int] = None):
         super().__init__()
         bias = cfg.bias in ("all", "mlp")
         self.gated = cfg.activation in GATED_ACTIVATIONS
-        self.d_ff = cfg.d_ff
+        self.d_ff = d_ff = cfg.d_ff if d_ff is None else d_ff  # another width: Gemma 4's double-wide FFNs
         self.act = ACTIVATION_FNS[cfg.activation]
-        self.w_in = nn.Linear(cfg.d_model, (2 if self.gated else 1) * cfg.d_ff, bias=bias)
-        self.w_out = nn.Linear(cfg.d_ff, cfg.d_model, bias=bias)
+        self.w_in = nn.Linear(cfg.d_model, (2 if self.gated else 1) * d_ff, bias=bias)
+        self.w_out = nn.Linear(d_ff, cfg.d_model, bias=bias)
         self.w_out.is_residual_projection = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_h
 
 from lmlab.config import ModelConfig
 from lmlab.model.attention import Attention, KVCache, softcap
-from lmlab.model.ffn import FeedForward
+from lmlab.model.ffn import ACTIVATION_FNS, FeedForward
 from lmlab.model.mla import MultiHeadLatentAttention
 from lmlab.model.moe import MoEFeedForward
 from lmlab.model.norms import make_norm
@@ -47,20 +47,30 @@ class Block(nn.Module):
         norm = lambda: make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine,  # noqa: E731
                                  cfg.norm_weight_fp32)
         self.attn = MultiHeadLatentAttention(cfg, layer) if cfg.attention == "mla" else Attention(cfg, layer)
-        self.mlp = MoEFeedForward(cfg) if cfg.layer_is_moe(layer) else FeedForward(cfg)
+        self.mlp = MoEFeedForward(cfg) if cfg.layer_is_moe(layer) else FeedForward(cfg, cfg.layer_d_ff(layer))
         self.attn_norm = norm()
         self.mlp_norm = None if (self.parallel and cfg.parallel_shared_norm) else norm()
         if cfg.norm_position == "sandwich":
             self.attn_out_norm, self.mlp_out_norm = norm(), norm()
         self.drop = nn.Dropout(cfg.resid_dropout)
+        self.ple = None
+        if cfg.ple_dim:  # per-layer input embeddings (Gemma 4 E2B/E4B): gate d -> P, out P -> d, a norm
+            self.ple = nn.ModuleDict(dict(gate=nn.Linear(cfg.d_model, cfg.ple_dim, bias=False),
+                                          out=nn.Linear(cfg.ple_dim, cfg.d_model, bias=False), norm=norm()))
+            self.ple_act = ACTIVATION_FNS[cfg.activation]  # the FFN's (gate) nonlinearity (HF hidden_activation)
         if cfg.layer_scalar:  # Gemma 4: the block's output x s, a stored (persistent) buffer, not a parameter
             self.register_buffer("layer_scalar", torch.ones(1))
         else:
             self.layer_scalar = None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: Optional[KVCache] = None,
-                bias_fn=None, left_pad: Optional[torch.Tensor] = None) -> torch.Tensor:
+                bias_fn=None, left_pad: Optional[torch.Tensor] = None,
+                layer_input: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x: (batch, seq, d_model); ``layer_input``: this layer's per-layer input embedding (batch, seq,
+        ple_dim) when ``ple_dim`` is set (see :meth:`TransformerLM.per_layer_inputs`)."""
         y = self._forward(x, positions, cache, bias_fn, left_pad)
+        if self.ple is not None:  # Gemma 4: y + norm(W_out(act(W_gate y) * e_i))
+            y = y + self.ple.norm(self.ple.out(self.ple_act(self.ple.gate(y)) * layer_input))
         return y if self.layer_scalar is None else y * self.layer_scalar
 
     def _forward(self, x: torch.Tensor, positions: torch.Tensor, cache: Optional[KVCache],
@@ -92,7 +102,8 @@ class Block(nn.Module):
     def supports_decode_one(self) -> bool:
         """Whether :meth:`decode_one` can run this block: pre-norm (serial or parallel), plain attention
         (see ``Attention.supports_decode_one``)."""
-        return self.position_kind == "pre" and self.attn.supports_decode_one and self.layer_scalar is None
+        return self.position_kind == "pre" and self.attn.supports_decode_one and self.layer_scalar is None \
+            and self.ple is None
 
     def decode_one(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One new token per row, inference only: x (batch, d_model) -> (batch, d_model), equal to
@@ -136,6 +147,18 @@ class TransformerLM(nn.Module):
             from lmlab.model.t5_bias import T5RelativeBias  # T5 relative position buckets
 
             self.rel_bias = T5RelativeBias(cfg)
+        self.ple_embed = self.ple_proj = self.ple_norm = None
+        if cfg.ple_dim:  # per-layer input embeddings (Gemma 4 E2B/E4B; HF embed_tokens_per_layer)
+            width = cfg.n_layers * cfg.ple_dim
+            self.ple_embed = nn.Embedding(cfg.ple_vocab_size or cfg.vocab_size, width)
+            self.ple_proj = nn.Linear(cfg.d_model, width, bias=False)
+            self.ple_norm = make_norm(cfg.norm_type, cfg.ple_dim, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine,
+                                      cfg.norm_weight_fp32)
+        for block in self.blocks:  # KV sharing: each consumer reads its source layer's keys and values
+            src = block.attn.kv_source_layer if isinstance(block.attn, Attention) else None
+            if src is not None:
+                object.__setattr__(block.attn, "_kv_source", self.blocks[src].attn)  # not a submodule
+                self.blocks[src].attn.kv_store = True
         ropes: dict = {}  # layers with the same RoPE share one module: one table, gathered once per forward
         for block in self.blocks:
             if block.attn.rope is not None:
@@ -285,6 +308,7 @@ class TransformerLM(nn.Module):
             x = self.proj_in(x)
         if self.abs_pos is not None:
             x = x + self.abs_pos(positions).to(x.dtype)
+        ple = self.per_layer_inputs(idx, x) if self.ple_embed is not None else None
         if self.training and self.embd_drop.p > 0:
             x = self.embd_drop(x)
         bias_fn = self._bias_fn()
@@ -294,14 +318,29 @@ class TransformerLM(nn.Module):
                 x = block.decode_one(x, positions, cache)
             x = x.unsqueeze(1)
         elif self.checkpoint_blocks and cache is None and self.training and torch.is_grad_enabled():
-            for block in self.blocks:  # activations recomputed in backward, block by block
-                x = checkpoint(block, x, positions, cache, bias_fn, left_pad, use_reentrant=False)
+            for i, block in enumerate(self.blocks):  # activations recomputed in backward, block by block
+                x = checkpoint(block, x, positions, cache, bias_fn, left_pad, None if ple is None else ple[:, :, i],
+                               use_reentrant=False)
         else:
-            for block in self.blocks:
-                x = block(x, positions, cache, bias_fn, left_pad)
+            for i, block in enumerate(self.blocks):
+                x = block(x, positions, cache, bias_fn, left_pad, None if ple is None else ple[:, :, i])
+        if not (self.checkpoint_blocks and self.training):  # checkpointed consumers read them again in backward
+            for block in self.blocks:  # drop the shared keys and values of this forward (KV sharing)
+                if getattr(block.attn, "kv_store", False):
+                    block.attn._kv = None
         if cache is not None:
             cache.length += T
         return self.final_norm(x) if self.final_norm is not None else x
+
+    def per_layer_inputs(self, idx: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Gemma 4's per-layer input embeddings (HF ``get_per_layer_inputs`` + ``project_per_layer_inputs``):
+        idx (batch, seq) ids and x (batch, seq, d_model) the (scaled) token embeddings -> (batch, seq,
+        n_layers, ple_dim) = (norm(W x / sqrt(d_model)) + E[idx] sqrt(ple_dim)) / sqrt(2)."""
+        cfg = self.cfg
+        shape = (*idx.shape, cfg.n_layers, cfg.ple_dim)
+        tok = self.ple_embed(idx) * torch.tensor(math.sqrt(cfg.ple_dim), dtype=self.ple_embed.weight.dtype)
+        proj = self.ple_norm((self.ple_proj(x) * cfg.d_model ** -0.5).view(shape))
+        return (proj + tok.view(shape)) * 2 ** -0.5
 
     def lean_decode_possible(self) -> bool:
         """Whether one-token cached steps may take the blocks' lean ``decode_one`` path: no ALiBi/T5 bias,
@@ -328,11 +367,14 @@ class TransformerLM(nn.Module):
         return softcap(logits, self.cfg.final_logit_softcap)
 
     def num_params(self, non_embedding: bool = False) -> int:
-        """Parameter count (tied weights counted once); ``non_embedding`` drops the token embedding and
-        learned positions (Kaplan et al. 2020's N), keeping an untied LM head."""
+        """Parameter count (tied weights counted once); ``non_embedding`` drops the token embedding, the
+        per-layer input embedding table (``ple_dim``) and learned positions (Kaplan et al. 2020's N), keeping
+        an untied LM head."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             n -= self.embed.weight.numel()
+            if self.ple_embed is not None:  # the per-layer input embedding table is an embedding too
+                n -= self.ple_embed.weight.numel()
             if self.abs_pos is not None and self.cfg.position == "learned":
                 n -= self.abs_pos.weight.numel()
         return n

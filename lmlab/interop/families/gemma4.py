@@ -17,12 +17,16 @@ always full) with, read off ``Gemma4TextAttention`` / ``Gemma4TextDecoderLayer``
   (``partial_rotary_factor`` of the pairs of the whole head rotate, frequencies over the whole head:
   lmlab ``global_rope_proportion``; a proportional ``factor`` divides the frequencies: linear scaling);
 - ``layer_scalar``: a stored scalar multiplying each block's output (lmlab ``layer_scalar``);
-- the final-logit soft-cap (``final_logit_softcapping``).
+- the final-logit soft-cap (``final_logit_softcapping``);
+- E2B / E4B: per-layer input embeddings (``hidden_size_per_layer_input``, ``vocab_size_per_layer_input``:
+  lmlab ``ple_dim``, ``ple_vocab_size``) and KV sharing (``num_kv_shared_layers``: the last layers read
+  the keys and values of the last earlier layer of their type, lmlab ``kv_shared_layers``), whose MLPs are
+  twice as wide with ``use_double_wide_mlp`` (lmlab ``kv_shared_wide_ffn``). HF builds no k/v projections
+  or norms on the KV-shared layers and ignores such tensors in a checkpoint; so does the import.
 
-Refused, naming the field (lmlab has no exact equivalent): per-layer input embeddings
-(``hidden_size_per_layer_input`` > 0: E2B / E4B), KV sharing across layers (``num_kv_shared_layers`` > 0),
-the MoE block beside the MLP (``enable_moe_block``: 26B-A4B), bidirectional attention, RoPE types other
-than those above, and layer overrides that differ between full layers or touch sliding ones. The
+Refused, naming the field (lmlab has no exact equivalent): the MoE block beside the MLP
+(``enable_moe_block``: 26B-A4B), bidirectional attention, RoPE types other than those above, and layer
+overrides that differ between full layers or touch sliding ones. The
 multimodal ``Gemma4ForConditionalGeneration`` (model_type 'gemma4') is not read: import a folder holding
 its text model.
 """
@@ -128,11 +132,7 @@ def _rope(hf: dict, types: list[str]) -> dict:
 def config_to_lmlab(hf: dict) -> ModelConfig:
     C.check_fields(hf, FAM, HANDLED)
     g = lambda k: C.get(hf, k, DEFAULTS)  # noqa: E731
-    for field, ok, what in (("hidden_size_per_layer_input", not g("hidden_size_per_layer_input"),
-                             "0 or null (per-layer input embeddings, Gemma 4 E2B/E4B, have no lmlab switch)"),
-                            ("num_kv_shared_layers", not g("num_kv_shared_layers"),
-                             "0 (KV states shared across layers have no lmlab switch)"),
-                            ("enable_moe_block", not g("enable_moe_block"),
+    for field, ok, what in (("enable_moe_block", not g("enable_moe_block"),
                              "false (the MoE block beside the dense MLP, Gemma 4 26B-A4B, has no lmlab switch)"),
                             ("use_bidirectional_attention", g("use_bidirectional_attention") in (None, False),
                              "null (lmlab models are causal)")):
@@ -150,6 +150,13 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
                     norm_position="sandwich", bias="attention" if g("attention_bias") else "none",
                     position="rope", rope_style="half", qk_norm="rmsnorm", v_norm=True, query_pre_attn_scalar=1.0,
                     scale_embeddings=True, layer_scalar=True, final_logit_softcap=g("final_logit_softcapping"))
+    shared = g("num_kv_shared_layers") or 0
+    if not isinstance(shared, int) or not 0 <= shared < n_layers:
+        raise C.unsupported(FAM, "num_kv_shared_layers", shared, f"a whole number from 0 to {n_layers - 1}")
+    kw.update(kv_shared_layers=shared, kv_shared_wide_ffn=bool(shared and g("use_double_wide_mlp")))
+    if g("hidden_size_per_layer_input"):
+        vocab = g("vocab_size_per_layer_input")
+        kw.update(ple_dim=g("hidden_size_per_layer_input"), ple_vocab_size=None if vocab == kw["vocab_size"] else vocab)
     pattern = C.pattern_from_types(types, FAM)
     rope = _rope(hf, types)
     if pattern is None:  # every layer full: no local layers to set the global ones apart from
@@ -195,8 +202,10 @@ def config_to_hf(cfg: ModelConfig) -> dict:
                 "attention_bias": cfg.bias == "attention", "rope_parameters": rope, "layer_types": types,
                 "sliding_window": cfg.sliding_window or cfg.context_length,
                 "final_logit_softcapping": None if cfg.final_logit_softcap is None else float(cfg.final_logit_softcap),
-                "use_bidirectional_attention": None, "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0,
-                "enable_moe_block": False, "use_double_wide_mlp": False, "attention_k_eq_v": cfg.global_k_eq_v,
+                "use_bidirectional_attention": None, "hidden_size_per_layer_input": cfg.ple_dim,
+                "vocab_size_per_layer_input": cfg.ple_vocab_size or cfg.vocab_size,
+                "num_kv_shared_layers": cfg.kv_shared_layers, "use_double_wide_mlp": cfg.kv_shared_wide_ffn,
+                "enable_moe_block": False, "attention_k_eq_v": cfg.global_k_eq_v,
                 # the published spelling, and the resolved one transformers 5 saves (it wins when both are read)
                 "global_head_dim": g_head,
                 "per_layer_config": {str(i): {"head_dim": g_head, "num_key_value_heads": g_kv}
@@ -207,15 +216,24 @@ def config_to_hf(cfg: ModelConfig) -> dict:
 
 
 def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:
-    """Per layer (each with its own head_dim and KV heads): q/k[/v]_proj -> attn.qkv, o_proj, the QK-norm
-    weights, gate/up/down_proj, the four sandwich norms and ``layer_scalar``."""
-    H, F, d = cfg.n_heads, cfg.d_ff, cfg.d_model
+    """Per layer (each with its own head_dim and KV heads): q/k[/v]_proj -> attn.qkv (q_proj alone on a
+    KV-shared layer), o_proj, the QK-norm weights, gate/up/down_proj, the four sandwich norms, the
+    per-layer-input gate, projection and norm, and ``layer_scalar``; the per-layer embedding table, its
+    model projection and norm."""
+    H, d = cfg.n_heads, cfg.d_model
     maps = []
+    if cfg.ple_dim:
+        maps += [C.TensorMap("ple_embed.weight", ("model.embed_tokens_per_layer.weight",), (-1,)),
+                 C.TensorMap("ple_proj.weight", ("model.per_layer_model_projection.weight",), (-1,)),
+                 C.TensorMap("ple_norm.weight", ("model.per_layer_projection_norm.weight",), (-1,))]
     for i in range(cfg.n_layers):
         p, b = f"model.layers.{i}", f"blocks.{i}"
-        K, D = cfg.layer_n_kv_heads(i), cfg.layer_head_dim(i)
-        names, sizes = ["q_proj", "k_proj"], [H * D, K * D]
-        if not cfg.layer_k_eq_v(i):
+        K, D, F = cfg.layer_n_kv_heads(i), cfg.layer_head_dim(i), cfg.layer_d_ff(i)
+        names, sizes = ["q_proj"], [H * D]
+        if cfg.layer_kv_source(i) is None:
+            names.append("k_proj")
+            sizes.append(K * D)
+        if cfg.layer_kv_source(i) is None and not cfg.layer_k_eq_v(i):
             names.append("v_proj")
             sizes.append(K * D)
         for s in ("weight", "bias"):
@@ -229,11 +247,18 @@ def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:
         for ours, theirs in NORMS.items():
             maps.append(C.TensorMap(f"{b}.{ours}.weight", (f"{p}.{theirs}.weight",), (d,)))
         maps.append(C.TensorMap(f"{b}.layer_scalar", (f"{p}.layer_scalar",), (1,)))
+        for ours, theirs in (("gate", "per_layer_input_gate"), ("out", "per_layer_projection"),
+                             ("norm", "post_per_layer_input_norm")):
+            maps.append(C.TensorMap(f"{b}.ple.{ours}.weight", (f"{p}.{theirs}.weight",), (-1,)))
     return C.model_maps(cfg, maps)
 
 
 def to_lmlab_state(state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
-    return C.state_to_lmlab(state, cfg, tensor_maps(cfg), FAM)
+    # KV-shared layers: HF builds no k/v projections or norms there and ignores them in a checkpoint
+    # (Gemma4TextModel._keys_to_ignore_on_load_unexpected): unused by the forward pass, so dropped here too
+    unused = {f"model.layers.{i}.self_attn.{n}.{s}" for i in range(cfg.n_layers) if cfg.layer_kv_source(i) is not None
+              for n in ("k_proj", "v_proj", "k_norm", "v_norm") for s in ("weight", "bias")}
+    return C.state_to_lmlab({k: v for k, v in state.items() if k not in unused}, cfg, tensor_maps(cfg), FAM)
 
 
 def to_hf_state(state: StateDict, cfg: ModelConfig) -> StateDict:
