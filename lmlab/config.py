@@ -46,7 +46,8 @@ ROUTER_WEIGHTS = ("output", "input")  # where the router weight multiplies: an e
 QK_NORM_SCOPES = ("head", "all", "head_untied")
 BOOL_FIELDS = ("norm_bias", "norm_affine", "final_norm", "lm_head_bias", "parallel_block", "parallel_shared_norm",
                "nope_global_layers", "tie_embeddings", "scale_embeddings", "norm_weight_fp32", "router_renormalize",
-               "attn_temperature_tuning", "global_k_eq_v", "v_norm", "layer_scalar", "kv_shared_wide_ffn")
+               "attn_temperature_tuning", "global_k_eq_v", "v_norm", "layer_scalar", "kv_shared_wide_ffn",
+               "moe_beside_dense", "router_input_norm", "router_expert_scale")
 ROUTER_SCORES = ("softmax", "sigmoid")  # Mixtral / Qwen-MoE / DeepSeek-V2: softmax; DeepSeek-V3: sigmoid
 ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")  # Chen 2023; bloc97 2023; Peng 2023; Llama 3.1
 # rope_scaling keys per type: (required, optional), besides "type"; the names of Hugging Face's rope_parameters
@@ -168,6 +169,13 @@ class ModelConfig:
     router_groups: int = 1
     router_topk_groups: int = 1
     routed_scaling_factor: float = 1.0
+    # Gemma 4 26B-A4B (HF enable_moe_block): on MoE layers the MoE sits beside a dense FFN of d_ff, not in
+    # its place; the two outputs are normalised apart and summed (needs norm_position='sandwich'). The router
+    # reads the raw residual through a weightless RMSNorm times a learned vector / sqrt(d_model)
+    # (router_input_norm), and each routed weight is multiplied by a learned per-expert scale (router_expert_scale).
+    moe_beside_dense: bool = False
+    router_input_norm: bool = False
+    router_expert_scale: bool = False
 
     # --- positions ---------------------------------------------------------------------------
     position: str = "rope"
@@ -421,6 +429,13 @@ class ModelConfig:
             if not any(self.layer_is_moe(i) for i in range(min(self.n_layers, self.moe_first_dense + len(self.moe_pattern)))):
                 raise ConfigError(f"n_experts={self.n_experts} but no layer is MoE (n_layers={self.n_layers}, "
                                   f"moe_first_dense={self.moe_first_dense}, moe_pattern={self.moe_pattern!r})")
+        if self.moe_beside_dense and (not self.n_experts or self.norm_position != "sandwich"):
+            raise ConfigError(f"moe_beside_dense=True (Gemma 4's MoE block beside the dense FFN) needs n_experts > 0 "
+                              f"and norm_position='sandwich', got n_experts={self.n_experts}, "
+                              f"norm_position={self.norm_position!r}")
+        for name in ("router_input_norm", "router_expert_scale"):
+            if getattr(self, name) is True and not self.n_experts:
+                raise ConfigError(f"{name}=True needs n_experts > 0")
         if self.parallel_block and self.norm_position != "pre":
             raise ConfigError(f"parallel_block=True needs norm_position='pre', got {self.norm_position!r}")
         _non_negative("z_loss", self.z_loss)
@@ -474,10 +489,10 @@ class ModelConfig:
                     raise ConfigError(f"kv_shared_layers={self.kv_shared_layers}: layer {layer} is {kind} but no "
                                       f"earlier layer of that kind computes keys and values to share (layers 0-"
                                       f"{self.n_layers - self.kv_shared_layers - 1})")
-        if self.kv_shared_wide_ffn and (not self.kv_shared_layers or self.n_experts):
+        if self.kv_shared_wide_ffn and (not self.kv_shared_layers or (self.n_experts and not self.moe_beside_dense)):
             raise ConfigError(f"kv_shared_wide_ffn=True widens the dense FFN of the KV-shared layers: it needs "
-                              f"kv_shared_layers > 0 and n_experts=0, got kv_shared_layers={self.kv_shared_layers}, "
-                              f"n_experts={self.n_experts}")
+                              f"kv_shared_layers > 0 and a dense FFN (n_experts=0 or moe_beside_dense), got "
+                              f"kv_shared_layers={self.kv_shared_layers}, n_experts={self.n_experts}")
         _positive_int("ple_dim", self.ple_dim, minimum=0)
         if self.ple_vocab_size is not None:
             _positive_int("ple_vocab_size", self.ple_vocab_size)

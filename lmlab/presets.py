@@ -498,6 +498,7 @@ _real = dict(_GEMMA_STYLE, norm_type="rmsnorm", norm_weight_fp32=True, vocab_siz
              v_norm=True, query_pre_attn_scalar=1.0, sliding_window=1024, layer_pattern="LLLLLG",
              global_head_dim=512, global_n_kv_heads=4, global_k_eq_v=True, global_rope_proportion=0.25,
              final_logit_softcap=30.0, layer_scalar=True)
+gemma4_31b = _real
 _add("gemma-4-31b", "Gemma 4",
      "Gemma Team 2026, Gemma 4 model card, https://huggingface.co/google/gemma-4-31B ('dense, 30.7B "
      "parameters'); its config.json text_config; transformers 5.24 configuration_gemma4.py / "
@@ -511,6 +512,26 @@ _add("gemma-4-31b", "Gemma 4",
      notes="Text model only; count equal to HF Gemma4ForCausalLM's on the same config (30,697,345,280). "
            "E2B/E4B (per-layer input embeddings, KV sharing) and 26B-A4B (an MoE block beside the MLP) have "
            "no lmlab switches yet and are refused on import.")
+
+# Gemma 4 26B-A4B: the 31B's attention design at d_model 2816 (16 heads, 8 KV x 256 local, 2 KV x 512 with keys as
+# values global) and, on every layer, a mixture of 128 GeGLU experts of width 704 (top 8) beside a dense FFN of
+# 2112. Config from its config.json text_config as republished in public test fixtures (several agree).
+_real = dict(gemma4_31b, d_model=2816, n_layers=30, n_heads=16, n_kv_heads=8, d_ff=2112, global_n_kv_heads=2,
+             n_experts=128, experts_per_token=8, expert_d_ff=704, router_score="softmax", router_renormalize=True,
+             moe_beside_dense=True, router_input_norm=True, router_expert_scale=True)
+_add("gemma-4-26b-a4b", "Gemma 4",
+     "Gemma Team 2026, Gemma 4 model card, https://huggingface.co/google/gemma-4-26B-A4B ('26B total, 3.8B "
+     "active'); its config.json text_config; transformers 5.24 modeling_gemma4.py (Gemma4TextRouter, "
+     "Gemma4TextExperts)",
+     "the 31B's local/global attention at d_model 2816; on every layer 128 experts (top 8, width 704) beside a "
+     "dense FFN (2112), the router reading the normalised residual, a learned scale per expert",
+     _real, _tiny(_real, n_layers=6, n_heads=8, head_dim=24, global_head_dim=48, global_n_kv_heads=1,
+                  query_pre_attn_scalar=1.0, n_experts=8, experts_per_token=2),
+     notes="Text model only; count equal to HF Gemma4ForCausalLM's on the same config (25,233,141,760; "
+           "3,822,530,560 active per token: lmlab analyze); the card's 26B total counts the multimodal "
+           "checkpoint (with its vision encoder), its 3.8B active agrees (+0.6%). HF adds no load-balancing "
+           "loss to Gemma 4's loss, nor does the preset (moe_aux_loss 0).",
+     total_params=26e9, active_params=3.8e9)  # the model card (multimodal checkpoint)
 
 # Gemma 4 E2B and E4B ("effective" 2B / 4B), the on-device dense text models: 1 KV head x 256 (E4B: 2) on local
 # layers, 512 wide on global ones (no keys-as-values), per-layer input embeddings of 256 per layer (a second

@@ -108,6 +108,7 @@ def test_layer_scalar_is_a_stored_buffer_that_scales_the_block_output():
     ("gemma-4-31b", 30_697_345_280, 30_697_345_280, 30.7e9),
     ("gemma-4-e2b", 4_628_569_344, 2_279_759_104, 2.3e9),
     ("gemma-4-e4b", 7_463_013_376, 4_644_441_088, None),
+    ("gemma-4-26b-a4b", 25_233_141_760, 25_233_141_760, None),
 ])
 def test_real_preset_count_equals_transformers(name, count, effective, card):
     """Each Gemma 4 preset at real scale: lmlab's count equals HF Gemma4ForCausalLM's on the same config
@@ -134,6 +135,8 @@ def test_real_preset_count_equals_transformers(name, count, effective, card):
     want = [store[types[i]] if m == "reuse" else None for i, m in enumerate(modes)]
     assert [cfg.layer_kv_source(i) for i in range(cfg.n_layers)] == want
     assert sum(m == "reuse" for m in modes) == cfg.kv_shared_layers
+    if cfg.n_experts:  # 26B-A4B: the card's 3.8B active (its 26B total includes the vision encoder)
+        assert abs(counts["active"] / 3.8e9 - 1) < 0.01
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +154,8 @@ def gemma4_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("changes, words", [
     (dict(num_kv_shared_layers=2), ["num_kv_shared_layers=2", "0 to 1"]),
-    (dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=8),
-     ["enable_moe_block=True", "MoE block"]),
+    (dict(enable_moe_block=True, num_experts=4, top_k_experts=None, moe_intermediate_size=8),
+     ["top_k_experts=None", "enable_moe_block"]),
     (dict(use_bidirectional_attention="all"), ["use_bidirectional_attention='all'"]),
     (dict(per_layer_config={"0": {"head_dim": 32}, "1": {"head_dim": 32}}), ["per_layer_config.0", "sliding"]),
     (dict(rope_parameters={"sliding_attention": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0},
@@ -231,3 +234,34 @@ def test_kv_sharing_trains_with_activation_checkpointing():
         loss.backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_moe_block_beside_the_dense_ffn():
+    """Gemma 4 26B-A4B's block: norm(norm1(FFN(n(x))) + norm2(MoE(n2(x)))) with the router reading the raw
+    residual (weightless RMSNorm x a learned vector / sqrt(d)) and a learned scale per expert, by hand."""
+    cfg = ModelConfig(**dict(SMALL, n_experts=4, experts_per_token=2, expert_d_ff=8, moe_beside_dense=True,
+                             router_input_norm=True, router_expert_scale=True))
+    block = TransformerLM(cfg).blocks[0].eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+        x = torch.randn(1, 5, cfg.d_model)
+        moe = block.moe
+        # the routing by hand, on the raw x
+        r = x[0] / x[0].pow(2).mean(-1, keepdim=True).add(cfg.norm_eps).sqrt() * moe.router_scale / cfg.d_model ** 0.5
+        probs = torch.softmax(r @ moe.router.weight.T, -1)
+        w, e = probs.topk(2, -1)
+        w = w / w.sum(-1, keepdim=True) * moe.expert_scale[e]
+        h = block.moe_norm(x)[0]
+        want = torch.stack([sum(w[t, j] * moe.experts[int(e[t, j])](h[t]) for j in range(2)) for t in range(5)])
+        assert torch.allclose(moe(block.moe_norm(x), x)[0], want, atol=1e-6)
+        # the block: attention as usual, then the two branches
+        pos = torch.arange(5)
+        mid = x + block.attn_out_norm(block.attn(block.attn_norm(x), pos))
+        both = block.dense_out_norm(block.mlp(block.mlp_norm(mid))) + block.moe_out_norm(moe(block.moe_norm(mid), mid))
+        assert torch.allclose(block(x, pos), (mid + block.mlp_out_norm(both)) * block.layer_scalar, atol=1e-6)
+    counts = param_counts(cfg)
+    assert sum(p.numel() for p in TransformerLM(cfg).parameters()) == counts["total"]
+    with pytest.raises(ConfigError, match="moe_beside_dense=True"):
+        ModelConfig(**dict(SMALL, norm_position="pre", n_experts=4, moe_beside_dense=True))

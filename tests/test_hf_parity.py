@@ -63,14 +63,16 @@ CASES = {
                                              global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
                                              hidden_size_per_layer_input=8, vocab_size_per_layer_input=V,
                                              num_kv_shared_layers=2, use_double_wide_mlp=True,
-                                             final_logit_softcapping=4.0,
+                                             enable_moe_block=True, num_experts=4, top_k_experts=2,
+                                             moe_intermediate_size=16, final_logit_softcapping=4.0,
                                              rope_parameters=dict(
                                                  sliding_attention=dict(rope_type="default", rope_theta=10000.0),
                                                  full_attention=dict(rope_type="proportional", rope_theta=1e6,
                                                                      partial_rotary_factor=0.25, factor=2.0))),
                     "V-norm, query scale 1, local(8)/global with global head_dim 32, 1 KV head, keys as values and "
                     "proportional RoPE (1/4 of the pairs, factor 2), q/k/v/o biases, layer scalars, final soft-cap 4, "
-                    "per-layer input embeddings (8), last 2 layers KV-shared with double-wide MLPs"),
+                    "per-layer input embeddings (8), last 2 layers KV-shared with double-wide MLPs, MoE block "
+                    "beside each MLP (4 experts, top-2, router norm and scales perturbed)"),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
                 "mixture of 4 SwiGLU experts, top-2 softmax renormalised, sliding window 8, GQA"),
     "smollm3": ("SmolLM3Config", dict(num_hidden_layers=5, no_rope_layer_interval=2, tie_word_embeddings=False),
@@ -134,7 +136,7 @@ def hf_model(name: str, path):
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
     with torch.no_grad():  # norm weights away from their init, so a misplaced norm shows
         for n, p in model.named_parameters():
-            if "norm" in n:
+            if "norm" in n or n.endswith(("router.scale", "per_expert_scale")):  # Gemma 4's router scales too
                 p.add_(0.2 * torch.randn_like(p))
             elif n.endswith("bias"):
                 p.normal_(0.0, 0.1)
@@ -378,7 +380,7 @@ def test_hf_tokenizer_of_another_kind(tmp_path):
 PRESET_FAMILIES = {"llama-2-7b": "llama", "llama-3-8b": "llama", "mistral-7b": "mistral", "qwen2-7b": "qwen2",
                    "qwen3-8b": "qwen3", "gemma-2b": "gemma", "gemma-2-9b": "gemma2", "gemma-3-12b": "gemma3_text",
                    "gemma-3-1b": "gemma3_text", "gemma-4-31b": "gemma4_text", "gemma-4-e2b": "gemma4_text",
-                   "gemma-4-e4b": "gemma4_text", "gemma-3-4b": "gemma3_text", "gemma-3-27b": "gemma3_text",
+                   "gemma-4-e4b": "gemma4_text", "gemma-4-26b-a4b": "gemma4_text", "gemma-3-4b": "gemma3_text", "gemma-3-27b": "gemma3_text",
                    "mixtral-8x7b": "mixtral", "llama-2-70b": "llama", "llama-3-70b": "llama",
                    "olmo-7b": "olmo", "olmo-2-7b": "olmo2", "olmo-3-7b": "olmo3", "command-r7b": "cohere2", "smollm3-3b": "smollm3",
                    "marin-8b": "llama", "internlm2-7b": "llama", "llama-4-scout": "llama4_text",

@@ -8,7 +8,9 @@ are softmax(r) over the experts (Mixtral, DeepSeek-V2) or sigmoid(r) per expert 
 and, with ``router_renormalize``, divided by their sum, then multiplied by ``routed_scaling_factor``. The
 output is sum_{e in top-k} w_e FFN_e(x) (``router_weights='output'``), or sum_{e in top-k} FFN_e(w_e x)
 (``'input'``: Llama 4 scales each expert's input, HF ``Llama4TextMoe``), plus the shared experts' FFN
-(every token; DeepSeek, Llama 4) when ``n_shared_experts`` > 0. Each expert is an ordinary :class:`lmlab.model.ffn.FeedForward` of width
+(every token; DeepSeek, Llama 4) when ``n_shared_experts`` > 0. Gemma 4 (``router_input_norm``,
+``router_expert_scale``): the router reads RMSNorm(x) x a learned vector / sqrt(d_model), and each kept
+weight (after renormalisation) is multiplied by a learned scale of its expert. Each expert is an ordinary :class:`lmlab.model.ffn.FeedForward` of width
 ``expert_d_ff``; the shared ones are one FeedForward of width n_shared x expert_d_ff (as DeepSeek-V2
 fuses them).
 
@@ -36,6 +38,7 @@ import torch.nn as nn
 
 from lmlab.config import ModelConfig
 from lmlab.model.ffn import FeedForward
+from lmlab.model.norms import make_norm
 
 
 class MoEFeedForward(nn.Module):
@@ -46,12 +49,19 @@ class MoEFeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         width = cfg.expert_d_ff or cfg.d_ff
-        expert_cfg = dataclasses.replace(cfg, d_ff=width, n_experts=0)
+        expert_cfg = dataclasses.replace(cfg, d_ff=width, n_experts=0, moe_beside_dense=False, router_input_norm=False,
+                                         router_expert_scale=False, kv_shared_wide_ffn=False)
         self.n_experts, self.k = cfg.n_experts, cfg.experts_per_token
         self.score, self.renormalize = cfg.router_score, cfg.router_renormalize
         self.weights_input = cfg.router_weights == "input"
         self.groups, self.topk_groups, self.scale = cfg.router_groups, cfg.router_topk_groups, cfg.routed_scaling_factor
         self.router = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)
+        # Gemma 4: the router's input norm (weightless RMSNorm, then x a learned vector / sqrt(d_model)) and a
+        # learned scale per expert on the routed weights (HF Gemma4TextRouter: scale, per_expert_scale)
+        self.router_norm = make_norm("rmsnorm", cfg.d_model, cfg.norm_eps, affine=False) if cfg.router_input_norm \
+            else None
+        self.router_scale = nn.Parameter(torch.ones(cfg.d_model)) if cfg.router_input_norm else None
+        self.expert_scale = nn.Parameter(torch.ones(cfg.n_experts)) if cfg.router_expert_scale else None
         self.experts = nn.ModuleList(FeedForward(expert_cfg) for _ in range(cfg.n_experts))
         self.shared = (FeedForward(dataclasses.replace(expert_cfg, d_ff=width * cfg.n_shared_experts))
                        if cfg.n_shared_experts else None)
@@ -61,6 +71,8 @@ class MoEFeedForward(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (tokens, d_model) -> (weights (tokens, k) fp32, experts (tokens, k) long, probabilities
         (tokens, n_experts) fp32 summing to 1 per token, router logits (tokens, n_experts) fp32)."""
+        if self.router_norm is not None:  # Gemma 4: RMS-normalised, x a learned vector / sqrt(d_model)
+            x = self.router_norm(x) * self.router_scale * x.shape[-1] ** -0.5
         logits = self.router(x).float()
         scores = torch.softmax(logits, -1) if self.score == "softmax" else torch.sigmoid(logits)
         pick = scores
@@ -74,13 +86,17 @@ class MoEFeedForward(nn.Module):
             weights = weights / weights.sum(-1, keepdim=True)
         if self.scale != 1.0:
             weights = weights * self.scale
+        if self.expert_scale is not None:  # Gemma 4: a learned scale per expert
+            weights = weights * self.expert_scale[experts].float()
         probs = scores if self.score == "softmax" else scores / scores.sum(-1, keepdim=True)
         return weights, experts, probs, logits
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, router_x: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x (batch, seq, d_model) -> (batch, seq, d_model); ``router_x``: what the router reads, when not x
+        (Gemma 4: the raw residual, while the experts read its pre-norm)."""
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        weights, experts, probs, logits = self.route(flat)
+        weights, experts, probs, logits = self.route(flat if router_x is None else router_x.reshape(-1, shape[-1]))
         slots = experts.reshape(-1)  # (tokens * k,): slot j belongs to token j // k
         order = torch.argsort(slots, stable=True)
         counts = torch.bincount(slots, minlength=self.n_experts)

@@ -47,7 +47,12 @@ class Block(nn.Module):
         norm = lambda: make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine,  # noqa: E731
                                  cfg.norm_weight_fp32)
         self.attn = MultiHeadLatentAttention(cfg, layer) if cfg.attention == "mla" else Attention(cfg, layer)
-        self.mlp = MoEFeedForward(cfg) if cfg.layer_is_moe(layer) else FeedForward(cfg, cfg.layer_d_ff(layer))
+        moe = cfg.layer_is_moe(layer)
+        self.mlp = MoEFeedForward(cfg) if moe and not cfg.moe_beside_dense else FeedForward(cfg, cfg.layer_d_ff(layer))
+        self.moe = None
+        if moe and cfg.moe_beside_dense:  # Gemma 4: dense FFN and MoE side by side, each with its own norms
+            self.moe = MoEFeedForward(cfg)
+            self.dense_out_norm, self.moe_norm, self.moe_out_norm = norm(), norm(), norm()
         self.attn_norm = norm()
         self.mlp_norm = None if (self.parallel and cfg.parallel_shared_norm) else norm()
         if cfg.norm_position == "sandwich":
@@ -93,6 +98,9 @@ class Block(nn.Module):
             return self.mlp_norm(x + mlp(x))
         if kind == "sandwich":
             x = x + self.attn_out_norm(attn(self.attn_norm(x)))
+            if self.moe is not None:  # Gemma 4 26B-A4B: norm(norm1(FFN(n(x))) + norm2(MoE(n2(x); router reads x)))
+                both = self.dense_out_norm(mlp(self.mlp_norm(x))) + self.moe_out_norm(self.moe(self.moe_norm(x), x))
+                return x + self.mlp_out_norm(both)
             return x + self.mlp_out_norm(mlp(self.mlp_norm(x)))
         # reordered (OLMo 2): normalise the sublayer output, no input norm
         x = x + self.attn_norm(attn(x))
@@ -264,7 +272,7 @@ class TransformerLM(nn.Module):
 
     def moe_layers(self) -> list[MoEFeedForward]:
         """The mixture-of-experts FFNs, in layer order (none for a dense model)."""
-        return [b.mlp for b in self.blocks if isinstance(b.mlp, MoEFeedForward)]
+        return [m for b in self.blocks for m in (b.mlp, b.moe) if isinstance(m, MoEFeedForward)]
 
     def moe_aux_loss(self) -> Optional[torch.Tensor]:
         """``moe_aux_loss`` x the load-balancing loss + ``moe_router_z_loss`` x the router z-loss, each

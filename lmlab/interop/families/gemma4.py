@@ -24,9 +24,16 @@ always full) with, read off ``Gemma4TextAttention`` / ``Gemma4TextDecoderLayer``
   twice as wide with ``use_double_wide_mlp`` (lmlab ``kv_shared_wide_ffn``). HF builds no k/v projections
   or norms on the KV-shared layers and ignores such tensors in a checkpoint; so does the import.
 
-Refused, naming the field (lmlab has no exact equivalent): the MoE block beside the MLP
-(``enable_moe_block``: 26B-A4B), bidirectional attention, RoPE types other than those above, and layer
-overrides that differ between full layers or touch sliding ones. The
+- 26B-A4B: ``enable_moe_block``, on every layer a mixture of ``num_experts`` GeGLU experts of width
+  ``moe_intermediate_size`` (top ``top_k_experts``, softmax renormalised, x a learned per-expert scale)
+  beside the dense MLP, its router reading the raw residual (weightless RMSNorm x a learned vector /
+  sqrt(d)), the experts their own pre-norm, each branch post-normed, the sum normed again (lmlab
+  ``moe_beside_dense``, ``router_input_norm``, ``router_expert_scale``). Experts are stored stacked:
+  ``experts.gate_up_proj`` (experts, 2 x width, d) and ``experts.down_proj`` (experts, d, width). HF adds
+  no load-balancing loss to Gemma 4's loss, and neither does the import.
+
+Refused, naming the field (lmlab has no exact equivalent): bidirectional attention, RoPE types other than
+those above, and layer overrides that differ between full layers or touch sliding ones. The
 multimodal ``Gemma4ForConditionalGeneration`` (model_type 'gemma4') is not read: import a folder holding
 its text model.
 """
@@ -132,12 +139,9 @@ def _rope(hf: dict, types: list[str]) -> dict:
 def config_to_lmlab(hf: dict) -> ModelConfig:
     C.check_fields(hf, FAM, HANDLED)
     g = lambda k: C.get(hf, k, DEFAULTS)  # noqa: E731
-    for field, ok, what in (("enable_moe_block", not g("enable_moe_block"),
-                             "false (the MoE block beside the dense MLP, Gemma 4 26B-A4B, has no lmlab switch)"),
-                            ("use_bidirectional_attention", g("use_bidirectional_attention") in (None, False),
-                             "null (lmlab models are causal)")):
-        if not ok:
-            raise C.unsupported(FAM, field, g(field), what)
+    if g("use_bidirectional_attention") not in (None, False):
+        raise C.unsupported(FAM, "use_bidirectional_attention", g("use_bidirectional_attention"),
+                            "null (lmlab models are causal)")
     n_layers, heads, hidden = g("num_hidden_layers"), g("num_attention_heads"), g("hidden_size")
     kv, head_dim = g("num_key_value_heads") or heads, g("head_dim") or hidden // heads
     types = _layer_types(hf, n_layers)
@@ -154,6 +158,13 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     if not isinstance(shared, int) or not 0 <= shared < n_layers:
         raise C.unsupported(FAM, "num_kv_shared_layers", shared, f"a whole number from 0 to {n_layers - 1}")
     kw.update(kv_shared_layers=shared, kv_shared_wide_ffn=bool(shared and g("use_double_wide_mlp")))
+    if g("enable_moe_block"):  # Gemma4TextRouter: softmax, top-k, renormalised, x per_expert_scale
+        for field in ("num_experts", "top_k_experts", "moe_intermediate_size"):
+            if not isinstance(g(field), int) or g(field) < 1:
+                raise C.unsupported(FAM, field, g(field), "a whole number >= 1 with enable_moe_block")
+        kw.update(n_experts=g("num_experts"), experts_per_token=g("top_k_experts"),
+                  expert_d_ff=g("moe_intermediate_size"), router_score="softmax", router_renormalize=True,
+                  moe_beside_dense=True, router_input_norm=True, router_expert_scale=True)
     if g("hidden_size_per_layer_input"):
         vocab = g("vocab_size_per_layer_input")
         kw.update(ple_dim=g("hidden_size_per_layer_input"), ple_vocab_size=None if vocab == kw["vocab_size"] else vocab)
@@ -205,13 +216,16 @@ def config_to_hf(cfg: ModelConfig) -> dict:
                 "use_bidirectional_attention": None, "hidden_size_per_layer_input": cfg.ple_dim,
                 "vocab_size_per_layer_input": cfg.ple_vocab_size or cfg.vocab_size,
                 "num_kv_shared_layers": cfg.kv_shared_layers, "use_double_wide_mlp": cfg.kv_shared_wide_ffn,
-                "enable_moe_block": False, "attention_k_eq_v": cfg.global_k_eq_v,
+                "enable_moe_block": bool(cfg.n_experts), "attention_k_eq_v": cfg.global_k_eq_v,
                 # the published spelling, and the resolved one transformers 5 saves (it wins when both are read)
                 "global_head_dim": g_head,
                 "per_layer_config": {str(i): {"head_dim": g_head, "num_key_value_heads": g_kv}
                                      for i, t in enumerate(types) if t == "full_attention"}}
     if cfg.global_k_eq_v:
         hf["num_global_key_value_heads"] = g_kv
+    if cfg.n_experts:
+        hf.update(num_experts=cfg.n_experts, top_k_experts=cfg.experts_per_token,
+                  moe_intermediate_size=cfg.expert_d_ff or cfg.d_ff)
     return C.verify_roundtrip(FAM, cfg, hf, config_to_lmlab)
 
 
@@ -250,6 +264,16 @@ def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:
         for ours, theirs in (("gate", "per_layer_input_gate"), ("out", "per_layer_projection"),
                              ("norm", "post_per_layer_input_norm")):
             maps.append(C.TensorMap(f"{b}.ple.{ours}.weight", (f"{p}.{theirs}.weight",), (-1,)))
+        if cfg.layer_is_moe(i):  # the MoE block beside the MLP; experts split per expert by _split_experts
+            for ours, theirs in (("moe.router.weight", "router.proj.weight"), ("moe.router_scale", "router.scale"),
+                                 ("moe.expert_scale", "router.per_expert_scale"),
+                                 ("dense_out_norm.weight", "post_feedforward_layernorm_1.weight"),
+                                 ("moe_norm.weight", "pre_feedforward_layernorm_2.weight"),
+                                 ("moe_out_norm.weight", "post_feedforward_layernorm_2.weight")):
+                maps.append(C.TensorMap(f"{b}.{ours}", (f"{p}.{theirs}",), (-1,)))
+            for e in range(cfg.n_experts):
+                maps.append(C.TensorMap(f"{b}.moe.experts.{e}.w_in.weight", (f"{p}.experts.{e}.gate_up",), (-1,)))
+                maps.append(C.TensorMap(f"{b}.moe.experts.{e}.w_out.weight", (f"{p}.experts.{e}.down",), (-1,)))
     return C.model_maps(cfg, maps)
 
 
@@ -258,11 +282,23 @@ def to_lmlab_state(state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
     # (Gemma4TextModel._keys_to_ignore_on_load_unexpected): unused by the forward pass, so dropped here too
     unused = {f"model.layers.{i}.self_attn.{n}.{s}" for i in range(cfg.n_layers) if cfg.layer_kv_source(i) is not None
               for n in ("k_proj", "v_proj", "k_norm", "v_norm") for s in ("weight", "bias")}
-    return C.state_to_lmlab({k: v for k, v in state.items() if k not in unused}, cfg, tensor_maps(cfg), FAM)
+    state = {k: v for k, v in state.items() if k not in unused}
+    for p, gate_up, down in C.pop_stacked_experts(state, cfg, "model.layers.{i}.experts", FAM):
+        for e in range(cfg.n_experts):  # stored as nn.Linear weights: (2 x width, d) [gate | up], (d, width)
+            state[f"{p}.{e}.gate_up"], state[f"{p}.{e}.down"] = gate_up[e], down[e]
+    return C.state_to_lmlab(state, cfg, tensor_maps(cfg), FAM)
 
 
 def to_hf_state(state: StateDict, cfg: ModelConfig) -> StateDict:
-    return C.state_to_hf(state, cfg, tensor_maps(cfg))
+    import torch
+
+    out = C.state_to_hf(state, cfg, tensor_maps(cfg))
+    for i in range(cfg.n_layers):
+        p = f"model.layers.{i}.experts"
+        if f"{p}.0.gate_up" in out:
+            out[f"{p}.gate_up_proj"] = torch.stack([out.pop(f"{p}.{e}.gate_up") for e in range(cfg.n_experts)])
+            out[f"{p}.down_proj"] = torch.stack([out.pop(f"{p}.{e}.down") for e in range(cfg.n_experts)])
+    return {k: v.contiguous() for k, v in out.items()}
 
 
 FAMILY = register(Family(model_type=FAM, hf_class=HF_CLASS, config_to_lmlab=config_to_lmlab,
