@@ -517,8 +517,8 @@ def format_analysis(res: dict, title: str) -> str:
                  f"norms {pl['norms']:,})")
     if "per_global_layer" in p:
         pg = p["per_global_layer"]
-        L.append(f"  per global layer {pg['total']:>18,}   ({p['global_layers']} of the {cfg.n_layers} layers: "
-                 f"attention {pg['attention']:,})")
+        L.append(f"  global attention {pg['attention']:>18,}   (per global layer, {p['global_layers']} of the "
+                 f"{cfg.n_layers}; the local layers' attention: {pl['attention']:,})")
     if p.get("moe_layers"):
         pm = p["per_moe_layer"]
         L.append(f"  per MoE layer    {pm['total']:>18,}   ({p['moe_layers']} of the {cfg.n_layers} layers: "
