@@ -76,11 +76,15 @@ def test_per_layer_sizes_cache_and_analysis_agree():
         assert block.attn.out.weight.shape == (cfg.d_model, H * D)
     assert [cfg.layer_window(i) for i in range(5)] == [4, 4, None, 4, 4]
     assert sum(p.numel() for p in model.parameters()) == param_counts(cfg)["total"]
-    n = 20  # > window: local layers roll
-    cache = KVCache(cfg, 2, n)
     # bytes by hand: 4 local layers x 2 x 2 heads x 8 x min(20, 4) + 1 global x 2 x 1 x 16 x 20, fp32, batch 2
-    assert cache.nbytes == 2 * 4 * (4 * 2 * 2 * 8 * 4 + 2 * 1 * 16 * 20)
-    assert cache.nbytes == kv_cache_bytes(cfg, n, batch=2, dtype="fp32")["total"]
+    check_cache_and_decoding(model, 2 * 4 * (4 * 2 * 2 * 8 * 4 + 2 * 1 * 16 * 20))
+
+
+def check_cache_and_decoding(model, nbytes, n=20):
+    """A KV cache of n (> window: local layers roll) positions x batch 2 holds ``nbytes`` (the hand figure),
+    as lmlab analyze says; prefill + one-token steps equal the full forward."""
+    cache = KVCache(model.cfg, 2, n)
+    assert cache.nbytes == nbytes == kv_cache_bytes(model.cfg, n, batch=2, dtype="fp32")["total"]
     x = torch.randint(0, 64, (2, n))
     with torch.no_grad():
         full = model(x)
@@ -205,16 +209,8 @@ def test_kv_sharing_and_per_layer_inputs():
     assert sum(p.numel() for p in model.parameters()) == counts["total"]
     assert model.num_params(non_embedding=True) == counts["non_embedding"]
     assert counts["ple_embedding"] == 80 * 6 * 8
-    n = 20
-    cache = KVCache(cfg, 2, n)
     # only layers 0-2 cache: 2 local x (2 x 2 heads x 8) x min(20, 4) + 1 global x (2 x 1 x 16) x 20, fp32, batch 2
-    assert cache.nbytes == 2 * 4 * (2 * 2 * 2 * 8 * 4 + 2 * 1 * 16 * 20)
-    assert cache.nbytes == kv_cache_bytes(cfg, n, batch=2, dtype="fp32")["total"]
-    x = torch.randint(0, 64, (2, n))
-    with torch.no_grad():
-        full = model(x)
-        steps = [model(x[:, :6], cache)] + [model(x[:, i:i + 1], cache) for i in range(6, n)]
-    assert (torch.cat(steps, 1) - full).abs().max() < 1e-5
+    check_cache_and_decoding(model, 2 * 4 * (2 * 2 * 2 * 8 * 4 + 2 * 1 * 16 * 20))
     # each consumer is linked to its source (which layer it reads is checked against HF in the parity test)
     assert [model.blocks[i].attn._kv_source for i in (3, 4, 5)] == [model.blocks[j].attn for j in (1, 1, 2)]
     assert "blocks.3.attn._kv_source.qkv.weight" not in model.state_dict()  # a link, not a submodule
