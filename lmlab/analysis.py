@@ -498,8 +498,9 @@ def format_analysis(res: dict, title: str) -> str:
              f"KV latent {cfg.kv_lora_rank})" if cfg.attention == "mla" else
              f"{cfg.n_heads} heads x head_dim {cfg.head_dim} ({cfg.n_kv_heads} KV heads)")
     if "per_global_layer" in p:  # Gemma 4: the full-attention layers' own sizes
-        heads += (f"; global layers head_dim {cfg.layer_head_dim_of(True)}, {cfg.layer_n_kv_heads_of(True)} KV "
-                  f"heads{', keys as values' if cfg.global_k_eq_v else ''}")
+        g_kv = cfg.layer_n_kv_heads_of(True)
+        heads += (f"; global layers head_dim {cfg.layer_head_dim_of(True)}, {g_kv} KV "
+                  f"head{'s' if g_kv != 1 else ''}{', keys as values' if cfg.global_k_eq_v else ''}")
     L.append(f"  d_model {cfg.d_model}, {cfg.n_layers} layers, {heads}, d_ff {cfg.d_ff} ({cfg.activation}), "
              f"vocab {cfg.vocab_size:,}, {'tied' if cfg.tie_embeddings else 'untied'} embeddings")
     L.append("")
@@ -564,6 +565,8 @@ def format_analysis(res: dict, title: str) -> str:
     L.append(f"  {'plain MHA, no window':28}" + "".join(f"{_bytes(kv[d]['mha_total']):>12}" for d in DTYPE_BYTES))
     k0 = kv["bf16"]
     heads = f"MLA {cfg.n_heads} heads" if cfg.attention == "mla" else f"GQA/MQA {cfg.n_heads}:{cfg.n_kv_heads}"
+    if "per_global_layer" in p:  # Gemma 4: two ratios, one blended saving
+        heads = f"GQA/MQA {cfg.n_heads}:{cfg.n_kv_heads} local, {cfg.n_heads}:{cfg.layer_n_kv_heads_of(True)} global"
     sharing = f", KV sharing {k0['kv_sharing_saving']:.2f}x" if cfg.kv_shared_layers else ""
     L.append(f"  saving vs plain MHA: {k0['saving']:.2f}x  ({heads} {k0['gqa_saving']:.2f}x{sharing}, "
              f"windows {k0['window_saving']:.2f}x)")

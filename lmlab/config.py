@@ -473,6 +473,19 @@ class ModelConfig:
             raise ConfigError(f"{used[0]}={getattr(self, used[0])!r} sets the global layers apart from the local "
                               f"ones, but sliding_window is not set (no local layers); set sliding_window and a "
                               f"layer_pattern such as 'LLLLLG'")
+        if used and self.sliding_window is not None:
+            period = len(self.layer_pattern) if self.layer_pattern else 1
+            if not any(self.layer_window(i) is None for i in range(min(self.n_layers, period))):
+                raise ConfigError(f"{used[0]}={getattr(self, used[0])!r} sets the global layers apart, but every "
+                                  f"layer is local (layer_pattern={self.layer_pattern!r}); give a layer_pattern with "
+                                  f"'G' layers, e.g. 'LLLLLG'")
+        if self.global_rope_proportion is not None and self.nope_global_layers is True:
+            raise ConfigError(f"global_rope_proportion={self.global_rope_proportion} rotates the global layers, "
+                              f"but nope_global_layers=True gives them no positions; set one of them")
+        g_head = self.layer_head_dim_of(True)
+        if self.position == "rope" and self.nope_global_layers is not True and g_head % 2:
+            raise ConfigError(f"global_head_dim={g_head} is odd; RoPE on the global layers rotates pairs of "
+                              f"channels: give an even global_head_dim (or nope_global_layers=True)")
         if used and self.local_attention != "window":
             raise ConfigError(f"{used[0]} is Gemma 4's, whose local layers are sliding windows; got "
                               f"local_attention={self.local_attention!r}")

@@ -162,6 +162,10 @@ def gemma4_dir(tmp_path_factory):
      ["top_k_experts=None", "enable_moe_block"]),
     (dict(use_bidirectional_attention="all"), ["use_bidirectional_attention='all'"]),
     (dict(per_layer_config={"0": {"head_dim": 32}, "1": {"head_dim": 32}}), ["per_layer_config.0", "sliding"]),
+    (dict(sliding_window=None), ["sliding_window=None"]),
+    (dict(per_layer_config={"1": {"head_dim": None}}), ["per_layer_config.1.head_dim=None"]),
+    (dict(per_layer_config={"9": {"head_dim": 32}}), ["per_layer_config.9", "0 to 1"]),
+    (dict(attention_k_eq_v="yes"), ["attention_k_eq_v='yes'", "true or false"]),
     (dict(rope_parameters={"sliding_attention": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0},
                            "full_attention": {"rope_type": "default", "rope_theta": 1e6}}),
      ["rope_parameters.sliding_attention.rope_type='yarn'"]),
@@ -261,3 +265,48 @@ def test_moe_block_beside_the_dense_ffn():
     assert sum(p.numel() for p in TransformerLM(cfg).parameters()) == counts["total"]
     with pytest.raises(ConfigError, match="moe_beside_dense=True"):
         ModelConfig(**dict(SMALL, norm_position="pre", n_experts=4, moe_beside_dense=True))
+
+
+@pytest.mark.parametrize("changes, words", [
+    (dict(global_head_dim=25), ["global_head_dim=25 is odd"]),
+    (dict(layer_pattern="L"), ["every layer is local", "layer_pattern='L'"]),
+    (dict(nope_global_layers=True), ["global_rope_proportion=0.25", "nope_global_layers=True"]),
+])
+def test_global_layer_switches_refuse_what_would_not_take_effect(changes, words):
+    """Found by a new-user trial: an odd global head (RoPE crashed), global_* fields with no global layer or
+    next to NoPE global layers (silently moot) are refused."""
+    with pytest.raises(ConfigError) as err:
+        ModelConfig(**{**SMALL, **changes})
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_proportional_rope_turning_no_pair_imports_as_nope_global_layers(gemma4_dir, tmp_path):
+    """partial_rotary_factor 0 (transformers: no pair turns) is NoPE on the full layers, not full RoPE; a
+    factor of 0 and non-numbers are refused naming the field."""
+    transformers = pytest.importorskip("transformers")
+    import shutil
+
+    from lmlab.interop import hf as hfio
+    from lmlab.interop.registry import UnsupportedError
+
+    def with_rope(name, full):
+        src = tmp_path / name
+        shutil.copytree(gemma4_dir, src)
+        data = json.loads((src / "config.json").read_text())
+        data["rope_parameters"] = {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4}, "full_attention": full}
+        (src / "config.json").write_text(json.dumps(data))
+        return src
+
+    src = with_rope("zero", {"rope_type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.0})
+    hfio.import_hf(src, tmp_path / "run")
+    model, cfg, _, _ = hfio.load_run_model(tmp_path / "run")
+    assert cfg.nope_global_layers and cfg.global_rope_proportion is None
+    ref = transformers.AutoModelForCausalLM.from_pretrained(src).eval()
+    x = torch.randint(3, 64, (1, 12))
+    with torch.no_grad():
+        assert (model(x) - ref(input_ids=x).logits).abs().max() < 1e-4
+    for name, full, field in (("f0", {"rope_type": "proportional", "rope_theta": 1e6, "factor": 0.0}, "factor=0.0"),
+                              ("abc", {"rope_type": "proportional", "rope_theta": "abc"}, "rope_theta='abc'")):
+        with pytest.raises(UnsupportedError, match=field):
+            hfio.import_hf(with_rope(name, full), tmp_path / f"run_{name}")

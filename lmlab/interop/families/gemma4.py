@@ -62,6 +62,26 @@ NORMS = {"attn_norm": "input_layernorm", "attn_out_norm": "post_attention_layern
          "mlp_norm": "pre_feedforward_layernorm", "mlp_out_norm": "post_feedforward_layernorm"}
 
 
+def _number(field: str, value, minimum: float = 0.0, integer: bool = False):
+    """``value`` checked to be a number (a whole one with ``integer``) >= ``minimum``; UnsupportedError
+    naming ``field`` otherwise (a string, null, true/false or NaN is not read as a number)."""
+    ok = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
+    if not ok or not value >= minimum:
+        what = "a whole number" if integer else "a number"
+        raise C.unsupported(FAM, field, value, f"{what} >= {minimum:g}")
+    return value
+
+
+def _flag(hf: dict, field: str) -> bool:
+    """A true/false field (null: the default); UnsupportedError for anything else ('yes', 1)."""
+    value = C.get(hf, field, DEFAULTS)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise C.unsupported(FAM, field, value, "true or false")
+    return value
+
+
 def _layer_types(hf: dict, n_layers: int) -> list[str]:
     """``layer_types`` as Gemma4TextConfig resolves them: 5 sliding : 1 full by default, the last layer
     forced to full attention."""
@@ -71,8 +91,16 @@ def _layer_types(hf: dict, n_layers: int) -> list[str]:
     types = list(types)
     if len(types) != n_layers:
         raise C.unsupported(FAM, "layer_types", types, f"one entry per layer ({n_layers})")
-    types[-1] = "full_attention"  # Gemma4TextConfig.__post_init__ forces it (with a warning)
+    types[-1] = "full_attention"  # Gemma4TextConfig.__post_init__ forces it (with a warning; see notes)
     return types
+
+
+def notes(hf: dict) -> list[str]:
+    """What the import reads differently from config.json, as transformers does (printed by lmlab import)."""
+    types = hf.get("layer_types")
+    if isinstance(types, list) and types and types[-1] != "full_attention":
+        return [f"layer_types[-1]={types[-1]!r}: the last layer is full attention, as Gemma4TextConfig forces it"]
+    return []
 
 
 def _global_sizes(hf: dict, types: list[str], head_dim: int, kv: int) -> tuple[int, int]:
@@ -81,13 +109,20 @@ def _global_sizes(hf: dict, types: list[str], head_dim: int, kv: int) -> tuple[i
     Gemma4TextConfig derives it (the KV override only with ``attention_k_eq_v``)."""
     per_layer = C.get(hf, "per_layer_config", DEFAULTS)
     if per_layer is None:
-        g_head = C.get(hf, "global_head_dim", DEFAULTS) or 512
+        g_head = C.get(hf, "global_head_dim", DEFAULTS)
+        g_head = 512 if g_head is None else _number("global_head_dim", g_head, 1, integer=True)
         g_kv = C.get(hf, "num_global_key_value_heads", DEFAULTS)
-        return int(g_head), int(g_kv) if (g_kv is not None and C.get(hf, "attention_k_eq_v", DEFAULTS)) else kv
+        if g_kv is None or not _flag(hf, "attention_k_eq_v"):  # the override needs attention_k_eq_v
+            return g_head, kv
+        return g_head, _number("num_global_key_value_heads", g_kv, 1, integer=True)
     try:  # transformers 5 saves the indices as zero-padded strings ('05')
         per_layer = {int(k): v for k, v in per_layer.items()}
     except (AttributeError, TypeError, ValueError):
         raise C.unsupported(FAM, "per_layer_config", per_layer, "a mapping of layer index to overrides") from None
+    outside = sorted(i for i in per_layer if not 0 <= i < len(types))
+    if outside:
+        raise C.unsupported(FAM, f"per_layer_config.{outside[0]}", per_layer[outside[0]],
+                            f"layer indices 0 to {len(types) - 1}")
     sizes = set()
     for i, t in enumerate(types):
         over = per_layer.get(i) or {}
@@ -96,13 +131,15 @@ def _global_sizes(hf: dict, types: list[str], head_dim: int, kv: int) -> tuple[i
         if t == "sliding_attention" and over:
             raise C.unsupported(FAM, f"per_layer_config.{i}", over, "no overrides on sliding layers")
         if t == "full_attention":
-            sizes.add((int(over.get("head_dim", head_dim)), int(over.get("num_key_value_heads", kv))))
+            sizes.add((_number(f"per_layer_config.{i}.head_dim", over.get("head_dim", head_dim), 1, integer=True),
+                       _number(f"per_layer_config.{i}.num_key_value_heads", over.get("num_key_value_heads", kv), 1,
+                               integer=True)))
     if len(sizes) > 1:
         raise C.unsupported(FAM, "per_layer_config", per_layer, "the same head_dim and KV heads on every full layer")
     return sizes.pop() if sizes else (head_dim, kv)
 
 
-def _rope(hf: dict, types: list[str]) -> dict:
+def _rope(hf: dict, types: list[str], head_dim: int) -> dict:
     """ModelConfig RoPE fields from the per-layer-type ``rope_parameters``."""
     params = C.get(hf, "rope_parameters", DEFAULTS) or DEFAULT_ROPE
     kw: dict = {}
@@ -111,7 +148,8 @@ def _rope(hf: dict, types: list[str]) -> dict:
         field = f"rope_parameters.{t}"
         if not isinstance(p, dict) or p.get("rope_theta") is None:
             raise C.unsupported(FAM, field, p, "a mapping with rope_type and rope_theta for each layer type")
-        kind, theta = p.get("rope_type", "default"), float(p["rope_theta"])
+        kind = p.get("rope_type", "default")
+        theta = float(_number(f"{field}.rope_theta", p["rope_theta"], 1e-12))
         extra = sorted(set(p) - {"rope_type", "rope_theta", "partial_rotary_factor", "factor"})
         if extra:
             raise C.unsupported(FAM, f"{field}.{extra[0]}", p[extra[0]], "rope_type, rope_theta, "
@@ -124,10 +162,16 @@ def _rope(hf: dict, types: list[str]) -> dict:
         if kind not in ("default", "proportional"):
             raise C.unsupported(FAM, f"{field}.rope_type", kind, "'default' or 'proportional' on full layers")
         kw["rope_theta"] = theta
-        if kind == "proportional":  # HF: int(factor * head_dim // 2) pairs turn; inv_freq / factor
-            fraction = float(p.get("partial_rotary_factor") or 1.0)
-            factor = float(p.get("factor") or 1.0)
-            if fraction != 1.0:
+        if kind == "proportional":  # HF: int(fraction * head_dim // 2) pairs turn; inv_freq / factor
+            fraction = p.get("partial_rotary_factor")
+            fraction = 1.0 if fraction is None else float(_number(f"{field}.partial_rotary_factor", fraction))
+            if fraction > 1:
+                raise C.unsupported(FAM, f"{field}.partial_rotary_factor", fraction, "a fraction in [0, 1]")
+            factor = p.get("factor")
+            factor = 1.0 if factor is None else float(_number(f"{field}.factor", factor, 1.0))
+            if int(fraction * head_dim // 2) == 0:  # no pair turns: the full layers carry no positions
+                kw["global_nope"] = True
+            elif fraction != 1.0:
                 kw["global_rope_proportion"] = fraction
             if factor != 1.0:
                 kw["rope_scaling"] = {"type": "linear", "factor": factor}
@@ -157,8 +201,11 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     shared = g("num_kv_shared_layers") or 0
     if not isinstance(shared, int) or not 0 <= shared < n_layers:
         raise C.unsupported(FAM, "num_kv_shared_layers", shared, f"a whole number from 0 to {n_layers - 1}")
-    kw.update(kv_shared_layers=shared, kv_shared_wide_ffn=bool(shared and g("use_double_wide_mlp")))
-    if g("enable_moe_block"):  # Gemma4TextRouter: softmax, top-k, renormalised, x per_expert_scale
+    kw.update(kv_shared_layers=shared, kv_shared_wide_ffn=bool(shared and _flag(hf, "use_double_wide_mlp")))
+    for field in ("tie_word_embeddings", "attention_bias"):
+        if not isinstance(g(field), bool):
+            raise C.unsupported(FAM, field, g(field), "true or false")
+    if _flag(hf, "enable_moe_block"):  # Gemma4TextRouter: softmax, top-k, renormalised, x per_expert_scale
         for field in ("num_experts", "top_k_experts", "moe_intermediate_size"):
             if not isinstance(g(field), int) or g(field) < 1:
                 raise C.unsupported(FAM, field, g(field), "a whole number >= 1 with enable_moe_block")
@@ -166,23 +213,29 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
                   expert_d_ff=g("moe_intermediate_size"), router_score="softmax", router_renormalize=True,
                   moe_beside_dense=True, router_input_norm=True, router_expert_scale=True)
     if g("hidden_size_per_layer_input"):
+        _number("hidden_size_per_layer_input", g("hidden_size_per_layer_input"), 1, integer=True)
         vocab = g("vocab_size_per_layer_input")
         kw.update(ple_dim=g("hidden_size_per_layer_input"), ple_vocab_size=None if vocab == kw["vocab_size"] else vocab)
     pattern = C.pattern_from_types(types, FAM)
-    rope = _rope(hf, types)
+    rope = _rope(hf, types, g_head)
+    if rope.pop("global_nope", False):  # proportional RoPE turning no pair (partial_rotary_factor 0)
+        rope.pop("rope_scaling", None)
+        kw["nope_global_layers"] = True
     if pattern is None:  # every layer full: no local layers to set the global ones apart from
-        if (g_head, g_kv) != (head_dim, kv) or g("attention_k_eq_v") or rope.get("global_rope_proportion"):
+        if (g_head, g_kv) != (head_dim, kv) or _flag(hf, "attention_k_eq_v") or rope.get("global_rope_proportion") \
+                or kw.get("nope_global_layers"):
             raise C.unsupported(FAM, "layer_types", types, "some sliding layers when the full layers have their "
                                 "own head_dim, KV heads, attention_k_eq_v or proportional RoPE")
         rope.pop("rope_local_theta", None)
     else:
-        kw.update(sliding_window=int(g("sliding_window")), layer_pattern=None if pattern == "L" else pattern,
+        kw.update(sliding_window=_number("sliding_window", g("sliding_window"), 1, integer=True),
+                  layer_pattern=None if pattern == "L" else pattern,
                   global_head_dim=g_head if g_head != head_dim else None,
-                  global_n_kv_heads=g_kv if g_kv != kv else None, global_k_eq_v=bool(g("attention_k_eq_v")))
+                  global_n_kv_heads=g_kv if g_kv != kv else None, global_k_eq_v=_flag(hf, "attention_k_eq_v"))
         if "G" not in pattern:  # no full layer: its RoPE and sizes are moot
             for key in ("global_head_dim", "global_n_kv_heads"):
                 kw[key] = None
-            kw["global_k_eq_v"] = False
+            kw["global_k_eq_v"] = kw["nope_global_layers"] = False
             rope = {"rope_theta": rope.pop("rope_local_theta")}
     kw.update(rope)
     try:
@@ -196,12 +249,14 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     types = C.types_from_cfg(cfg)
     g_head, g_kv = cfg.layer_head_dim_of(True), cfg.layer_n_kv_heads_of(True)
     full: dict = {"rope_type": "default", "rope_theta": float(cfg.rope_theta)}
-    if cfg.global_rope_proportion is not None or cfg.rope_scaling is not None:
+    if cfg.global_rope_proportion is not None or cfg.rope_scaling is not None or cfg.nope_global_layers:
         scaling = cfg.rope_scaling or {"type": "linear", "factor": 1.0}
         if scaling["type"] != "linear":
             raise C.unsupported(FAM, "rope_scaling", scaling, "None or linear (proportional RoPE's factor)")
-        full = {"rope_type": "proportional", "rope_theta": float(cfg.rope_theta),
-                "partial_rotary_factor": float(cfg.global_rope_proportion or 1.0), "factor": float(scaling["factor"])}
+        fraction = 0.0 if cfg.nope_global_layers else float(cfg.global_rope_proportion or 1.0)
+        full = {"rope_type": "proportional", "rope_theta": float(cfg.rope_theta), "partial_rotary_factor": fraction}
+        if scaling["factor"] != 1.0:  # transformers warns of a factor key it does not list (but applies it)
+            full["factor"] = float(scaling["factor"])
     local_theta = cfg.rope_local_theta or cfg.rope_theta
     rope = {"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": float(local_theta)}}
     hf: dict = {"architectures": [HF_CLASS], "model_type": FAM, "dtype": "float32", "vocab_size": cfg.vocab_size,
@@ -306,4 +361,4 @@ FAMILY = register(Family(model_type=FAM, hf_class=HF_CLASS, config_to_lmlab=conf
                          notes="Gemma 4 dense text: sandwich RMSNorms, QK- and V-norm, query scale 1, full layers "
                                "with their own head_dim / KV heads, keys as values and proportional RoPE, "
                                "layer scalars, 5:1 local/global",
-                         unread_notes=lambda hf: []))
+                         unread_notes=notes))
