@@ -4,7 +4,7 @@
 #   make test   create .venv, install with the test extras, run the test suite
 #   make ablations  run every shipped spec (lmlab sweep), write its report to docs/ablations/NAME/ and
 #               the index of all claims to docs/ablations/README.md
-#               (about 4.5 hours on 2 CPU cores, from the executions in docs/ablations; SPECS="01-norm-placement ..."
+#               (about 3.9 hours on 2 CPU cores, from the executions in docs/ablations; SPECS="01-norm-placement ..."
 #               for a subset; JOBS=1 for one run at a time)
 PYTHON ?= python3
 VENV   ?= .venv
