@@ -268,8 +268,7 @@ def layer_signature(cfg: ModelConfig) -> dict:
         if hasattr(cfg, extra):
             sig[extra] = getattr(cfg, extra)
     sig["norm_affine"] = cfg.norm_affine
-    sig["v_norm"] = getattr(cfg, "v_norm", False)
-    sig["layer_scalar"] = getattr(cfg, "layer_scalar", False)
+    sig["v_norm"], sig["layer_scalar"] = cfg.v_norm, cfg.layer_scalar
     sig["ple"] = (cfg.ple_dim, cfg.ple_vocab_size or cfg.vocab_size) if cfg.ple_dim else None
     rms_weight = (cfg.norm_type == "rmsnorm" and cfg.norm_affine) or cfg.qk_norm == "rmsnorm"
     sig["norm_weight_fp32"] = cfg.norm_weight_fp32 if rms_weight else None  # bf16 rounding order of RMSNorm

@@ -308,7 +308,7 @@ class Attention(nn.Module):
             else:
                 q, k, v = qkv.split([H * D, K * D, K * D], dim=-1)
             if self.q_norm is not None and self.qk_norm_all:  # OLMo 2: one norm across all heads
-                q, k = self.q_norm(q), self.k_norm(k) if self.k_norm is not None else k
+                q, k = self.q_norm(q), self.k_norm(k)
             q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
             k = k.view(B, T, K, D).transpose(1, 2)  # (B, K, T, D)
             v = v.view(B, T, K, D).transpose(1, 2)
