@@ -294,6 +294,9 @@ def test_export_refuses_configs_no_family_represents(tmp_path, llama_dir):
     with pytest.raises(UnsupportedError, match="no Hugging Face family") as err:
         hfio.lmlab_to_hf_config(alibi)
     assert "llama: " in str(err.value) and "position='alibi'" in str(err.value)
+    # one line per family tried, each naming it (not one line of every family's reason)
+    lines = str(err.value).splitlines()[1:]
+    assert sorted(line.split(":")[0].strip() for line in lines) == sorted(hfio.families())
     # a family forced by name names the field it lacks
     hfio.import_hf(llama_dir, tmp_path / "run")
     with pytest.raises(UnsupportedError, match="norm_type='rmsnorm'"):
