@@ -2,9 +2,10 @@
 #   make demo   create .venv, install, get the corpus, train the demo model on CPU, print held-out
 #               bits-per-byte and a sample
 #   make test   create .venv, install with the test extras, run the test suite
-#   make ablations  run every shipped spec (lmlab sweep), write its report to docs/ablations/NAME/ and
-#               the index of all claims to docs/ablations/README.md
-#               (about 3.9 hours on 2 CPU cores, from the executions in docs/ablations; SPECS="01-norm-placement ..."
+#   make ablations  run every shipped spec from scratch (lmlab sweep, into a new sweeps/ablations-<time>
+#               folder), write its report to docs/ablations/NAME/ and the index of all claims to
+#               docs/ablations/README.md
+#               (about 3.3 hours on 2 CPU cores, from the executions in docs/ablations; SPECS="01-norm-placement ..."
 #               for a subset; JOBS=1 for one run at a time)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -12,6 +13,10 @@ VENV   ?= .venv
 # offers one. Override, e.g. `make demo TORCH=torch`, to take whatever your index serves.
 TORCH  ?= torch==2.13.0
 RUN    ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
+RUN    := $(RUN)# evaluated once: each reference would otherwise call date again (a second may tick)
+# make ablations: each invocation a new folder of sweeps, from scratch; SWEEPS=that folder resumes it
+SWEEPS ?= sweeps/ablations-$(shell date +%Y%m%d-%H%M%S)
+SWEEPS := $(SWEEPS)
 BIN     = $(VENV)/bin
 
 .PHONY: demo test install clean ablations
@@ -41,9 +46,10 @@ test: install
 	$(BIN)/python -m pytest -q
 
 ablations: install
+	@echo "sweeps folder: $(SWEEPS) (interrupted? \`make ablations SWEEPS=$(SWEEPS)\` resumes it)"
 	@for s in $(SPECS); do \
-	  $(BIN)/lmlab sweep $$s --out sweeps/$$s --jobs $(JOBS) && \
-	  $(BIN)/lmlab report sweeps/$$s --out docs/ablations/$$s/report.md || exit 1; \
+	  $(BIN)/lmlab sweep $$s --out $(SWEEPS)/$$s --jobs $(JOBS) && \
+	  $(BIN)/lmlab report $(SWEEPS)/$$s --out docs/ablations/$$s/report.md || exit 1; \
 	done
 	$(BIN)/lmlab report --index $(addprefix docs/ablations/,$(SPECS)) --out docs/ablations/README.md --readme README.md
 
