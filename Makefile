@@ -5,8 +5,9 @@
 #   make ablations  run every shipped spec from scratch (lmlab sweep, into a new sweeps/ablations-<time>
 #               folder), write its report to docs/ablations/NAME/ and the index of all claims to
 #               docs/ablations/README.md
-#               (about 3.3 hours on 2 CPU cores, from the executions in docs/ablations; SPECS="01-norm-placement ..."
-#               for a subset; JOBS=1 for one run at a time)
+#               (about 3.3 hours on 2 CPU cores, from the executions in docs/ablations;
+#               SPECS="01-norm-placement ..." for a subset, the index still covering every page in
+#               docs/ablations; JOBS=1 for one run at a time)
 PYTHON ?= python3
 VENV   ?= .venv
 # The torch wheel to install first; pinned so pip does not pick a multi-GB build when a local index
@@ -51,7 +52,7 @@ ablations: install
 	  $(BIN)/lmlab sweep $$s --out $(SWEEPS)/$$s --jobs $(JOBS) && \
 	  $(BIN)/lmlab report $(SWEEPS)/$$s --out docs/ablations/$$s/report.md || exit 1; \
 	done
-	$(BIN)/lmlab report --index $(addprefix docs/ablations/,$(SPECS)) --out docs/ablations/README.md --readme README.md
+	$(BIN)/lmlab report --index docs/ablations/[0-9]*/ --out docs/ablations/README.md --readme README.md
 
 clean:
 	rm -rf $(VENV) runs data

@@ -765,8 +765,8 @@ def epochs_line(plans: list[RunPlan]) -> str:
         if worst is None or most / max(train, 1) > worst[0]:
             worst = (most / max(train, 1), train, data, most)
     epochs, train, data, most = worst
-    text = (f"data: {train:,} training tokens in {data}; the longest run reads {most:,} "
-            f"({epochs:.2f} epochs)")
+    text = (f"data: {train:,} training tokens in {data}; the run with the most passes reads "
+            f"{most:,} ({epochs:.2f} epochs)")
     if epochs > 1:
         text = (f"warning: {text}: the runs repeat the data; pass a larger corpus (`lmlab sweep --data DIR`, "
                 f"a folder of `lmlab prepare`) for single-pass results")
