@@ -328,7 +328,8 @@ def verify_roundtrip(family: str, cfg: ModelConfig, hf: dict, to_lmlab: Callable
     try:
         back = to_lmlab(dict(hf))
     except (ConfigError, UnsupportedError) as exc:
-        raise UnsupportedError(f"{family} cannot represent this config: {exc}") from None
+        why = str(exc).removeprefix(f"{family}: ")  # the inner error may already name the family
+        raise UnsupportedError(f"{family} cannot represent this config: {why}") from None
     a, b = layer_signature(cfg), layer_signature(back)
     diffs = []
     for key in a:

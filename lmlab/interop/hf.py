@@ -301,11 +301,10 @@ def lmlab_to_hf_config(cfg: ModelConfig, family: Optional[str] = None, hint: Opt
             return fam, common.verify_roundtrip(fam.model_type, cfg, fam.config_to_hf(cfg), fam.config_to_lmlab)
         except (UnsupportedError, ConfigError) as exc:
             why = str(exc).split(": ", 1)[-1]
-            if why.startswith(f"{fam.model_type}: "):
-                why = why[len(fam.model_type) + 2:]
             reasons.append(f"  {fam.model_type}: {why if len(why) <= 160 else why[:157] + '...'}")
-    raise UnsupportedError("no Hugging Face family represents this config exactly; why not, per family "
-                           "(`--family NAME` gives one family's reasons in full):\n" + "\n".join(reasons))
+    raise UnsupportedError("no Hugging Face family represents this config exactly; why not, per "
+                           "family (`--family NAME` gives one family's reasons in full):\n"
+                           + "\n".join(reasons))
 
 
 def load_run_model(run_dir: str | Path, step: Optional[int] = None):

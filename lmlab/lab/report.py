@@ -716,7 +716,8 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
         + f" ({len(selected)} variant(s) x scale); {diverged} diverged, {failed} failed; "
         + f"{_duration(wall)} in the training loops"
         + (
-            f", {_duration(run_wall)} end to end summed over the runs (process start, training, evaluation)"
+            f", {_duration(run_wall)} end to end summed over the runs "
+            "(process start, training, evaluation)"
             if run_wall
             else ""
         )
