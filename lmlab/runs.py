@@ -268,7 +268,7 @@ def setup_run(
 def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress):
     from lmlab.checkpoint import RUN_FILE, read_run
     from lmlab.data.prepare import TokenData
-    from lmlab.train import Trainer
+    from lmlab.train import Trainer, planned_config
 
     sets = list(sets)
     if (out / RUN_FILE).exists():
@@ -289,6 +289,7 @@ def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress
         else:  # the same command again continues the run; a different one is refused
             data_dir = Path(data).resolve() if data else default_data_dir().resolve()
             cfg, tc = build_configs(config, preset, scale, sets, run["model"].get("vocab_size"))
+            tc = planned_config(run, tc)[0]  # a budgeted run's planned max_steps is the asked cap's
             diff = [
                 f"model.{k}: run has {v!r}, asked {getattr(cfg, k)!r}"
                 for k, v in run["model"].items()

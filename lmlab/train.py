@@ -84,6 +84,9 @@ class TrainConfig:
     peak_flops: Optional[float] = None  # device peak FLOP/s for MFU; default from lmlab.analysis's table
     tensorboard: bool = True  # also write TensorBoard events when the package is installed
     max_seconds: Optional[float] = None  # stop after this many seconds of one fit() (wall time; None = no limit)
+    budget_seconds: Optional[float] = None  # plan max_steps (then a cap) so that fit() takes about this many
+    # seconds (wall time: compile, evaluations and checkpoints included), from the step time measured in the
+    # run (see budget_plan_after, budget_steps)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "grad_accum", "max_steps", "eval_interval", "eval_windows", "log_interval",
@@ -111,8 +114,9 @@ class TrainConfig:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
         if self.peak_flops is not None:
             _positive("peak_flops", self.peak_flops)
-        if self.max_seconds is not None:
-            _positive("max_seconds", self.max_seconds)
+        for name in ("max_seconds", "budget_seconds"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
         if not isinstance(self.wd_exclude, list) or any(g not in WD_GROUPS for g in self.wd_exclude):
             raise ConfigError(f"wd_exclude={self.wd_exclude!r} must be a list drawn from {list(WD_GROUPS)}")
 
@@ -142,6 +146,58 @@ def lr_at(step: int, tc: TrainConfig) -> float:
     span = max(1, tc.max_steps - tc.warmup_steps)
     progress = min(1.0, (step - tc.warmup_steps) / span)
     return lo + (tc.lr - lo) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+BUDGET_SKIP_STEPS = 5  # steps of a process not timed for the budget plan (compile, allocator warm-up)
+BUDGET_TIMED_STEPS = 20  # steps timed before the plan is made
+
+
+def budget_plan_after(tc: TrainConfig) -> float:
+    """Seconds into a budgeted run after which its steps are planned (at the end of warmup at the
+    earliest). A cosine schedule's learning rate after warmup depends on max_steps, so its plan comes
+    at the end of warmup; wsd and constant rates do not until the decay starts, so their plan waits
+    for half of the stable phase, (1 - decay_fraction) / 2 of the budget, and times more steps."""
+    if tc.schedule == "cosine":
+        return 0.0
+    stable = 1.0 - tc.decay_fraction if tc.schedule == "wsd" else 1.0
+    return tc.budget_seconds * stable / 2
+
+
+def budget_steps(step: int, elapsed_s: float, step_s: float, eval_s: float, save_s: float,
+                 tc: TrainConfig) -> int:
+    """The ``max_steps`` that makes a run end within ``tc.budget_seconds`` of wall time: the largest N in
+    [step, tc.max_steps] with ``elapsed_s + (N - step) * step_s + evals * eval_s + saves * save_s <=
+    budget``, where evals counts the periodic evaluations in (step, N] plus the final one at N, and saves
+    the periodic checkpoints in (step, N) plus the final one. Units: seconds. ``step`` when even one more
+    step does not fit (the budget is spent: the run ends there)."""
+
+    def cost(n: int) -> float:
+        if n == step:
+            return elapsed_s
+        evals = n // tc.eval_interval - step // tc.eval_interval + (n % tc.eval_interval != 0)
+        saves = 1
+        if tc.checkpoint_interval:
+            saves += (n - 1) // tc.checkpoint_interval - step // tc.checkpoint_interval
+        return elapsed_s + (n - step) * step_s + evals * eval_s + saves * save_s
+
+    lo, hi = step, tc.max_steps  # cost grows with n: the largest n that fits, by bisection
+    if cost(hi) <= tc.budget_seconds:
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if cost(mid) <= tc.budget_seconds else (lo, mid)
+    return lo
+
+
+def planned_config(run: dict, tc: TrainConfig) -> tuple[TrainConfig, bool]:
+    """``tc`` with the ``max_steps`` a budgeted run planned (run.yaml's ``budget`` record, written by
+    :meth:`Trainer.fit`), and whether that plan holds: it does while ``tc`` asks the same
+    ``budget_seconds`` and either the same cap or the planned steps themselves."""
+    plan = run.get("budget")
+    if (isinstance(plan, dict) and tc.budget_seconds is not None and tc.budget_seconds == plan.get("seconds")
+            and tc.max_steps in (plan.get("cap"), plan.get("steps")) and isinstance(plan.get("steps"), int)):
+        return dataclasses.replace(tc, max_steps=plan["steps"]), True
+    return tc, False
 
 
 def param_groups(model: TransformerLM, tc: TrainConfig) -> list[dict]:
@@ -383,6 +439,7 @@ class Trainer:
         self.flops_per_token, self.peak_flops = self._mfu_inputs()
         self._tb = None
         self.lock = None  # the run folder's lmlab.fsutil.FolderLock, set by lmlab.runs.setup_run
+        self.budget_planned = False  # max_steps already planned from budget_seconds (run.yaml's "budget")
 
     def release_lock(self) -> None:
         """Release the run folder's lock (if this trainer holds one)."""
@@ -436,16 +493,20 @@ class Trainer:
                     if getattr(cfg, k) != v]
             raise CheckpointError(f"cannot resume {str(run_dir)!r} with another architecture ({'; '.join(diff)})")
         tc = tc or TrainConfig.from_dict(run["train"], source=f"{run_dir}/{RUN_FILE}")
+        tc, planned = planned_config(run, tc)
         if run.get("data") is None:
             raise CheckpointError(f"run {str(run_dir)!r} names no data folder; pass --data to fine-tune it")
         trainer = cls(run_dir, saved, tc, TokenData(run["data"]), padded_vocab=isinstance(run.get("hf"), dict), **kw)
         trainer._load()
+        trainer.budget_planned = planned
         if trainer.step > tc.max_steps:
             raise CheckpointError(f"max_steps={tc.max_steps} is below the step {trainer.step} run {str(run_dir)!r} "
                                   f"has reached; give max_steps >= {trainer.step}")
         if trainer.dist.is_main:
             keep = trainer._metrics_to_keep()  # checked before anything is written
             spec = dict(run, train=dataclasses.asdict(tc))
+            if not planned:  # a plan for another budget or cap no longer holds
+                spec.pop("budget", None)
             atomic_write_text(Path(run_dir) / RUN_FILE, yaml.safe_dump(spec, sort_keys=False))
             if keep is not None:
                 atomic_write_text(trainer.run_dir / "metrics.jsonl", "".join(k + "\n" for k in keep))
@@ -672,6 +733,52 @@ class Trainer:
             stop.signum = signal.SIGTERM  # a signal reached another rank only
         return asked
 
+    def _validate_and_log(self, bar) -> dict:
+        """Validate, log the figures to metrics.jsonl and print them above the progress bar."""
+        val = self.validate()
+        self._log({"step": self.step, "val_loss": val["loss"], "val_bpb": val["bits_per_byte"],
+                   "val_tokens": val["tokens"]})
+        if self.dist.is_main:
+            bar.write(f"step {self.step}: val loss {val['loss']:.4f} nats/token, "
+                      f"~{val['bits_per_byte']:.3f} bits/byte ({val['tokens']} val tokens sampled)")
+        return val
+
+    def _plan_budget(self, bar, t0: float, step_s: float) -> dict:
+        """Plan ``max_steps`` from ``budget_seconds`` (at the step :func:`budget_plan_after` allows): time
+        one evaluation and one checkpoint now (both kept: a validation record and a checkpoint at this
+        step), then :func:`budget_steps` with the measured step time ``step_s`` (seconds, the mean over
+        ranks, evaluations and checkpoints not counted). The plan goes into ``self.tc``, metrics.jsonl
+        (``budget_steps``) and run.yaml (``budget``: seconds, cap, steps, the timings). The run is then
+        the run ``max_steps=steps`` would have been from the start (same data, same learning rates),
+        as long as the plan comes before the schedule's decay (always for cosine: its plan ends warmup)."""
+        t = time.perf_counter()
+        val = self._validate_and_log(bar)
+        eval_s = time.perf_counter() - t
+        t = time.perf_counter()
+        self.save()
+        save_s = time.perf_counter() - t
+        step_s, eval_s, save_s, elapsed = (all_reduce_mean(v, self.dist, self.device)
+                                           for v in (step_s, eval_s, save_s, time.perf_counter() - t0))
+        cap = self.tc.max_steps
+        steps = budget_steps(self.step, elapsed, step_s, eval_s, save_s, self.tc)
+        self.tc = dataclasses.replace(self.tc, max_steps=steps)
+        self.budget_planned = True
+        plan = {"seconds": self.tc.budget_seconds, "cap": cap, "steps": steps, "planned_at_step": self.step,
+                "step_s": step_s, "eval_s": eval_s, "save_s": save_s, "elapsed_s": elapsed}
+        self._log({"step": self.step, "budget_steps": steps, "budget": plan})
+        if self.dist.is_main:
+            run = read_run(self.run_dir)
+            run["train"]["max_steps"] = steps
+            run["budget"] = plan
+            atomic_write_text(self.run_dir / RUN_FILE, yaml.safe_dump(run, sort_keys=False))
+            bar.total = steps
+            bar.refresh()
+            bar.write(f"budget {self.tc.budget_seconds:g} s: {steps} steps planned (cap {cap}) at "
+                      f"{step_s * 1e3:.0f} ms/step, {eval_s:.1f} s/evaluation, {save_s:.1f} s/checkpoint, "
+                      f"{elapsed:.0f} s spent")
+        barrier(self.dist)
+        return val
+
     def _fit(self, stop: StopSignals) -> dict:
         from tqdm import tqdm
 
@@ -681,6 +788,7 @@ class Trainer:
                    unit="step", dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 30.0)  # logs: 1 line / 30 s
         last_val: dict = {}
         t0, window_t, window_steps = time.perf_counter(), time.perf_counter(), 0
+        first_step, timed_from, side_s = self.step, t0, 0.0
         self.model.train()
         while self.step < tc.max_steps:
             if self._stop_requested(stop):  # the previous step, its evaluation and checkpoint are done
@@ -711,16 +819,26 @@ class Trainer:
                 self._log(rec)
                 bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}", lr=f"{rec['lr']:.1e}")
             bar.update(1)
-            if self.step % tc.eval_interval == 0 or self.step == tc.max_steps:
-                last_val = self.validate()
-                self._log({"step": self.step, "val_loss": last_val["loss"], "val_bpb": last_val["bits_per_byte"],
-                           "val_tokens": last_val["tokens"]})
-                if self.dist.is_main:
-                    bar.write(f"step {self.step}: val loss {last_val['loss']:.4f} nats/token, "
-                              f"~{last_val['bits_per_byte']:.3f} bits/byte ({last_val['tokens']} val tokens sampled)")
+            planned_now = False
+            if tc.budget_seconds is not None and not self.budget_planned:
+                if self.step == first_step + BUDGET_SKIP_STEPS:
+                    timed_from, side_s = time.perf_counter(), 0.0
+                elif (self.step >= max(tc.warmup_steps, first_step + BUDGET_SKIP_STEPS + BUDGET_TIMED_STEPS)
+                      and all_reduce_mean(float(time.perf_counter() - t0 >= budget_plan_after(tc)), self.dist,
+                                          self.device) > 0):
+                    step_s = ((time.perf_counter() - timed_from - side_s)
+                              / (self.step - first_step - BUDGET_SKIP_STEPS))
+                    last_val = self._plan_budget(bar, t0, step_s)
+                    tc, planned_now = self.tc, True
+                    window_t = time.perf_counter()
+            side_t = time.perf_counter()  # evaluations and checkpoints are not step time
+            if not planned_now and (self.step % tc.eval_interval == 0 or self.step == tc.max_steps):
+                last_val = self._validate_and_log(bar)
                 window_t = time.perf_counter()  # evaluation time is not training throughput
-            if tc.checkpoint_interval and self.step % tc.checkpoint_interval == 0 and self.step < tc.max_steps:
+            if (tc.checkpoint_interval and self.step % tc.checkpoint_interval == 0 and self.step < tc.max_steps
+                    and not planned_now):
                 self.save()
+            side_s += time.perf_counter() - side_t
             if tc.max_seconds is not None and self.step < tc.max_steps and all_reduce_mean(
                     float(time.perf_counter() - t0 >= tc.max_seconds), self.dist, self.device) > 0:
                 self._log({"step": self.step, "stopped": "max_seconds", "elapsed_s": time.perf_counter() - t0})

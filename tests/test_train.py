@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+import yaml
 
 from lmlab.checkpoint import CheckpointError, checkpoint_dirs, load_run
 from lmlab.config import ConfigError, ModelConfig
@@ -108,3 +109,108 @@ def test_vocab_mismatch_refused(tmp_path, byte_data):
     with pytest.raises(ConfigError, match="vocab_size=300 does not match"):
         Trainer.create(tmp_path / "run", small_model(vocab_size=300), TrainConfig(), byte_data)
     assert not (tmp_path / "run").exists()
+
+
+def test_budget_steps_hand_computed():
+    """The planned max_steps is the largest N whose cost fits the budget: 10 s spent at step 50, 0.125 s
+    a step, 1 s an evaluation (every 100 steps and at the end), 0.5 s a checkpoint, 60 s in all."""
+    from lmlab.train import budget_steps
+
+    tc = TrainConfig(max_steps=1000, eval_interval=100, budget_seconds=60)
+    # N = 406: 10 + 356 x 0.125 + 5 evaluations (100..400, 406) + 1 final checkpoint x 0.5 = 60.0 s
+    assert budget_steps(50, 10.0, 0.125, 1.0, 0.5, tc) == 406
+    # checkpoints every 100 steps add 4 x 0.5 s at N = 406; N = 400 (its evaluation and checkpoint
+    # are the final ones): 10 + 43.75 + 4 + 4 x 0.5 = 59.75 s; N = 401 costs 61.375 s
+    tc_ckpt = TrainConfig(max_steps=1000, eval_interval=100, checkpoint_interval=100, budget_seconds=60)
+    assert budget_steps(50, 10.0, 0.125, 1.0, 0.5, tc_ckpt) == 400
+    assert budget_steps(50, 10.0, 0.125, 1.0, 0.5, TrainConfig(max_steps=300, eval_interval=100,
+                                                                 budget_seconds=60)) == 300  # the cap
+    assert budget_steps(50, 70.0, 0.125, 1.0, 0.5, tc) == 50  # budget spent: the run ends where it is
+    with pytest.raises(ConfigError, match="budget_seconds=0 must be a finite number > 0"):
+        TrainConfig(budget_seconds=0)
+
+
+def test_budgeted_run_plans_its_steps_and_equals_a_fixed_run(tmp_path, byte_data, monkeypatch):
+    """A run with budget_seconds plans max_steps at the end of warmup (here forced to 37 steps) and is
+    then the same run, weight for weight, as one asked for max_steps=37 from the start; the plan is in
+    run.yaml and metrics.jsonl, and the same command again (cap and budget) finds the run complete."""
+    import lmlab.train as train_mod
+    from lmlab.checkpoint import read_run
+    from lmlab.runs import setup_run
+
+    planned = []
+
+    def fake_plan(step, elapsed_s, step_s, eval_s, save_s, tc):
+        planned.append((step, elapsed_s, step_s, eval_s, save_s, tc.max_steps))
+        return step + 7
+
+    monkeypatch.setattr(train_mod, "budget_steps", fake_plan)
+    train = dict(batch_size=2, max_steps=80, lr=3e-3, warmup_steps=30, eval_interval=20, eval_windows=2,
+                 checkpoint_interval=0, device="cpu", tensorboard=False)
+    tc = TrainConfig(**train, budget_seconds=600)
+    budgeted = Trainer.create(tmp_path / "budget", small_model(), tc, byte_data, progress=False)
+    budgeted.fit()
+    (step, elapsed, step_s, eval_s, save_s, cap), = planned
+    assert step == 30 and cap == 80 and 0 < step_s and 0 < eval_s and 0 < save_s and elapsed > 25 * step_s
+    assert budgeted.step == 37 and budgeted.tc.max_steps == 37
+    run = read_run(tmp_path / "budget")
+    assert run["train"]["max_steps"] == 37 and run["budget"]["steps"] == 37 and run["budget"]["cap"] == 80
+    records = [json.loads(x) for x in (tmp_path / "budget" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "budget_steps" in r] == [30]
+    assert [r["step"] for r in records if "val_loss" in r] == [20, 30, 37]  # the plan's evaluation at 30
+    fixed = Trainer.create(tmp_path / "fixed", small_model(), TrainConfig(**{**train, "max_steps": 37}), byte_data,
+                           progress=False)
+    fixed.fit()
+    for (name, a), b in zip(budgeted.model.state_dict().items(), fixed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    # the same command again: the asked cap (80) maps to the planned 37 steps, nothing left to train
+    cfg_file = tmp_path / "budget.yaml"
+    cfg_file.write_text(yaml.safe_dump({"model": small_model().to_dict(), "train": {**train, "budget_seconds": 600}}))
+    again = setup_run(tmp_path / "budget", config=str(cfg_file), data=str(byte_data), progress=False)
+    assert again.step == 37 and again.tc.max_steps == 37 and again.budget_planned
+    again.release_lock()
+    # another budget is another plan: --resume with budget_seconds=1200 drops the old record
+    other = Trainer.resume(tmp_path / "budget", tc=TrainConfig(**train, budget_seconds=1200), progress=False)
+    assert other.tc.max_steps == 80 and not other.budget_planned and "budget" not in read_run(tmp_path / "budget")
+
+
+def test_wsd_budget_plans_late_and_equals_a_fixed_run(tmp_path, byte_data, monkeypatch):
+    """With wsd the plan waits for half of the stable phase, (1 - 0.2) / 2 = 40% of the budget, so it
+    times more steps; planned before the decay, the run equals the fixed run of the planned length."""
+    import lmlab.train as train_mod
+
+    planned = []
+
+    def fake_plan(step, elapsed_s, step_s, eval_s, save_s, tc):
+        planned.append((step, elapsed_s))
+        return 2 * step + 10  # the decay starts at 0.8 x N > step: the plan came before it
+
+    monkeypatch.setattr(train_mod, "budget_steps", fake_plan)
+    train = dict(batch_size=2, max_steps=5000, lr=3e-3, warmup_steps=5, eval_interval=50, eval_windows=2,
+                 device="cpu", tensorboard=False, schedule="wsd")
+    tc = TrainConfig(**train, budget_seconds=1.0)
+    assert train_mod.budget_plan_after(tc) == pytest.approx(0.4)
+    assert train_mod.budget_plan_after(TrainConfig(budget_seconds=1.0)) == 0.0  # cosine: at warmup's end
+    budgeted = Trainer.create(tmp_path / "budget", small_model(n_layers=1), tc, byte_data, progress=False)
+    budgeted.fit()
+    (step, elapsed), = planned
+    assert elapsed >= 0.4 and step >= 25 and budgeted.step == 2 * step + 10
+    fixed = Trainer.create(tmp_path / "fixed", small_model(n_layers=1),
+                           TrainConfig(**{**train, "max_steps": 2 * step + 10}), byte_data, progress=False)
+    fixed.fit()
+    for (name, a), b in zip(budgeted.model.state_dict().items(), fixed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_budget_seconds_end_to_end(tmp_path, byte_data):
+    """Unpatched: the recorded plan is budget_steps of the recorded timings, and the run stops there."""
+    from lmlab.checkpoint import read_run
+    from lmlab.train import budget_steps
+
+    tc = TrainConfig(batch_size=2, max_steps=100000, warmup_steps=30, eval_interval=40, eval_windows=2,
+                     device="cpu", tensorboard=False, budget_seconds=3.0)
+    trainer = Trainer.create(tmp_path / "run", small_model(n_layers=1), tc, byte_data, progress=False)
+    trainer.fit()
+    plan = read_run(tmp_path / "run")["budget"]
+    assert plan["planned_at_step"] == 30 and 30 <= plan["steps"] < 100000 and trainer.step == plan["steps"]
+    assert plan["steps"] == budget_steps(30, plan["elapsed_s"], plan["step_s"], plan["eval_s"], plan["save_s"], tc)
