@@ -15,6 +15,7 @@ number of scored tokens, so gradient accumulation and data parallelism give the 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import json
 import math
@@ -218,6 +219,30 @@ def make_optimizer(groups: list[dict], tc: TrainConfig, device: torch.device, sh
     return adamw(groups, tc, device, sharded)
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc's malloc to keep freed memory for reuse instead of handing it back to the kernel:
+    ``mallopt(M_TRIM_THRESHOLD, 2 GiB - 1)`` (no trimming of the heap's free top) and
+    ``mallopt(M_MMAP_THRESHOLD, 32 MiB)`` (blocks below glibc's maximum threshold come from the heap, not
+    from a fresh ``mmap`` each time). By default glibc returns and maps again the tens of megabytes of
+    activations a CPU training step frees, and the kernel zeroes every page again on its next use:
+    measured on the demo's compiled bf16 step (2 AMD EPYC cores, 120 steps, processes alternated):
+    3.2-3.5M minor page faults and 284-292 ms per step by default, 0.38M and 243-244 ms with this
+    (1.18x), and no slow first few hundred steps while glibc's thresholds adapt. The cost: the process
+    keeps its peak heap until it exits. Returns whether it applied (False where the C library is not
+    glibc or has no ``mallopt``, e.g. macOS or musl: nothing changes there)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1)) and bool(mallopt(M_MMAP_THRESHOLD, 32 << 20))
+
+
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if name == "auto":
         return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
@@ -414,6 +439,8 @@ class Trainer:
         self.dist: Dist = init_distributed(device_type)
         self.device = resolve_device(tc.device, self.dist.local_rank)
         self.amp_dtype = resolve_dtype(tc.dtype, self.device)
+        # CPU steps allocate and free their activations in host memory: keep it mapped (1.18x, above)
+        self.malloc_kept = keep_freed_memory() if self.device.type == "cpu" else False
         torch.manual_seed(tc.seed)
         check_memory(cfg, self.device, self.dist.world_size if tc.parallel == "fsdp" else 1, tc.batch_size,
                      4 if self.amp_dtype is None else 2)

@@ -214,3 +214,30 @@ def test_budget_seconds_end_to_end(tmp_path, byte_data):
     plan = read_run(tmp_path / "run")["budget"]
     assert plan["planned_at_step"] == 30 and 30 <= plan["steps"] < 100000 and trainer.step == plan["steps"]
     assert plan["steps"] == budget_steps(30, plan["elapsed_s"], plan["step_s"], plan["eval_s"], plan["save_s"], tc)
+
+
+FAULT_PROBE = """
+import resource, sys, torch
+from lmlab.train import keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):  # blocks of 1-30 MiB made, written and freed, as a training step's activations
+    held = [torch.ones(n << 18) for n in (1, 3, 6, 12, 24, 30, 2)]
+    del held
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's mallopt")
+def test_keep_freed_memory_stops_the_page_faults_of_reallocation():
+    """By default glibc hands freed blocks back to the kernel and every reuse faults its pages in again
+    (zeroed); with keep_freed_memory (the Trainer on CPU) they are reused: measured 352k against 20k
+    minor faults for this loop, asserted at 5x."""
+    import subprocess
+    import sys
+
+    faults = {m: int(subprocess.run([sys.executable, "-c", FAULT_PROBE, m], check=True, capture_output=True,
+                                    text=True, env=dict(__import__("os").environ, OMP_NUM_THREADS="1")).stdout)
+              for m in ("default", "keep")}
+    assert faults["keep"] * 5 < faults["default"], faults
