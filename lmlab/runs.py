@@ -175,6 +175,13 @@ def build_configs(
             )
     model = apply_overrides(model, m_over, ModelConfig)
     train = apply_overrides(train, t_over, TrainConfig)
+    if base is not None:  # before the merged settings are checked (e.g. muon_lr without muon)
+        from lmlab.optim import optimizer_of
+
+        was, now = optimizer_of(base.get("train")), train.get("optimizer", "adamw")
+        if now != was:
+            raise ConfigError(f"optimizer={now!r}: the resumed run trains with optimizer={was!r}, whose state "
+                              f"its checkpoints hold; keep it, or start a new run")
     if not explicit_vocab and data_vocab is not None:  # the data's tokenizer decides, not the preset
         model["vocab_size"] = data_vocab
     if sets:

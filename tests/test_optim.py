@@ -129,3 +129,15 @@ def test_optimizer_refusals(tmp_path, byte_data):
     Trainer.create(tmp_path / "run", small_model(), tc, byte_data, progress=False).fit()
     with pytest.raises(CheckpointError, match="optimizer='adamw'.*trains with optimizer='muon'"):
         Trainer.resume(tmp_path / "run", tc=TrainConfig(**{**tc.__dict__, "optimizer": "adamw", "max_steps": 4}))
+
+
+def test_resume_settings_refuse_another_optimizer_first():
+    """`lmlab train --resume --set optimizer=adamw` on a Muon run that set muon_lr: the refusal names the
+    optimizer change, not the muon_lr that the change leaves dangling."""
+    from lmlab.runs import build_configs
+
+    base = {"model": small_model().to_dict(), "train": {"optimizer": "muon", "muon_lr": 0.004}}
+    with pytest.raises(ConfigError, match="optimizer='adamw': the resumed run trains with optimizer='muon'"):
+        build_configs(sets=["optimizer=adamw"], base=base)
+    _, tc = build_configs(sets=["max_steps=9"], base=base)
+    assert tc.optimizer == "muon" and tc.muon_lr == 0.004

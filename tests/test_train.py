@@ -221,23 +221,30 @@ import resource, sys, torch
 from lmlab.train import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(20):  # blocks of 1-30 MiB made, written and freed, as a training step's activations
+def make_and_free():  # blocks of 1-30 MiB made, written and freed, as a training step's activations
     held = [torch.ones(n << 18) for n in (1, 3, 6, 12, 24, 30, 2)]
     del held
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+make_and_free()
+f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(19):
+    make_and_free()
+print(f1 - f0, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f1)
 """
 
 
 @pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's mallopt")
-def test_keep_freed_memory_stops_the_page_faults_of_reallocation():
-    """By default glibc hands freed blocks back to the kernel and every reuse faults its pages in again
-    (zeroed); with keep_freed_memory (the Trainer on CPU) they are reused: measured 352k against 20k
-    minor faults for this loop, asserted at 5x."""
+def test_keep_freed_memory_reuses_the_pages_it_freed():
+    """With keep_freed_memory (the Trainer on CPU) the blocks a round frees are reused by the next rounds
+    without faulting their pages in again: measured 512 minor faults in 19 later rounds against ~19.8k
+    in the first round. glibc's default varies from run to run (20k to 333k faults in the same 19
+    rounds measured here, one to 17 rounds' worth), so the bound is on the kept mode: under 5% of one
+    round's pages."""
     import subprocess
     import sys
 
-    faults = {m: int(subprocess.run([sys.executable, "-c", FAULT_PROBE, m], check=True, capture_output=True,
-                                    text=True, env=dict(__import__("os").environ, OMP_NUM_THREADS="1")).stdout)
-              for m in ("default", "keep")}
-    assert faults["keep"] * 5 < faults["default"], faults
+    out = subprocess.run([sys.executable, "-c", FAULT_PROBE, "keep"], check=True, capture_output=True, text=True,
+                         env=dict(__import__("os").environ, OMP_NUM_THREADS="1")).stdout
+    first, later = map(int, out.split())
+    assert first > 15_000  # 78 MiB of fresh pages: the probe did touch them
+    assert later < 0.05 * first, (first, later)
