@@ -49,10 +49,8 @@ def muon_parameters(model: torch.nn.Module) -> list[torch.Tensor]:
     Transformer blocks (attention and FFN projections, MLA's down/up projections, routers), not
     embeddings, the LM head (tied or not), norm gains or biases; 3-D tensors (stacked MoE experts) stay
     with AdamW. A fused projection (``qkv``, SwiGLU's ``w_in``) is orthogonalised as one matrix."""
-    head = getattr(model, "lm_head", None)
-    head_ids = {id(head.weight)} if head is not None else set()
-    return [p for name, p in model.named_parameters()
-            if p.ndim == 2 and name.startswith("blocks.") and param_kind(name) == "weight" and id(p) not in head_ids]
+    return [p for name, p in model.named_parameters()  # the LM head and embeddings lie outside blocks.
+            if p.ndim == 2 and name.startswith("blocks.") and param_kind(name) == "weight"]
 
 
 class OptimizerPair:
@@ -69,10 +67,6 @@ class OptimizerPair:
     @property
     def param_groups(self) -> list[dict]:
         return self.adamw.param_groups + self.muon.param_groups
-
-    @property
-    def state(self):
-        return {**self.adamw.state, **self.muon.state}
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.adamw.zero_grad(set_to_none)
@@ -142,10 +136,11 @@ def adamw(groups: list[dict], tc, device: torch.device, sharded: bool = False) -
 def set_lr(opt, lr: float, tc) -> None:
     """Set the learning rate of step ``lr`` (the schedule's value for ``tc.lr``) on every group of
     ``opt``: AdamW's groups take ``lr``, Muon's ``lr * muon_lr / lr`` (the same schedule, its own peak)."""
-    muon_groups = opt.muon.param_groups if isinstance(opt, OptimizerPair) else []
-    ratio = (tc.muon_lr / tc.lr) if getattr(tc, "muon_lr", None) else 1.0
-    for group in opt.param_groups:
-        group["lr"] = lr * ratio if any(group is g for g in muon_groups) else lr
+    pair = isinstance(opt, OptimizerPair)
+    for group in opt.adamw.param_groups if pair else opt.param_groups:
+        group["lr"] = lr
+    for group in opt.muon.param_groups if pair else []:
+        group["lr"] = lr * (tc.muon_lr or tc.lr) / tc.lr
 
 
 def optimizer_of(run_train: Optional[dict]) -> str:
