@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import json
 import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
@@ -672,16 +673,25 @@ def check_keys(cls, data: dict, source: str) -> None:
             raise ConfigError(f"{source}: unknown {cls.__name__} key {key!r}{hint}")
 
 
+class ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading scientific notation as YAML 1.2 does.
+
+    PyYAML follows YAML 1.1, whose float pattern needs a dot and a signed exponent: ``4e-3``,
+    ``1e5`` and ``1.5e3`` come back as strings (and a config then refuses "4e-3" as not a number).
+    YAML 1.2's core schema reads them as floats; so does this loader. Nothing else changes.
+    """
+
+
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
 def parse_value(text: str) -> Any:
-    """Parse a command-line override value with YAML rules: 384 -> int, 1e-3 -> float, true -> bool,
-    null -> None, anything else a string."""
-    value = yaml.safe_load(text)
-    if isinstance(value, str):
-        try:  # YAML 1.1 reads "1e-3" as a string; accept it as the number it plainly is
-            return float(value)
-        except ValueError:
-            return value
-    return value
+    """Parse a command-line override value with YAML rules (``ConfigLoader``: 384 -> int, 1e-3 and
+    4e-3 -> float, true -> bool, null -> None), anything else a string."""
+    return yaml.load(text, Loader=ConfigLoader)
 
 
 def apply_overrides(data: dict, overrides: list[str], cls, source: str = "--set") -> dict:
@@ -714,7 +724,7 @@ def load_mapping(path: str | Path) -> dict:
     except UnicodeDecodeError:
         raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (a binary file?)") from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=ConfigLoader)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         raise ConfigError(f"config file {str(path)!r} could not be parsed: {yaml_error_line(exc)}") from None
     if data is None:
