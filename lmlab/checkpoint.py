@@ -419,7 +419,7 @@ def read_run(run_dir: str | Path) -> dict:
     return run
 
 
-METRIC_NUMBERS = ("loss", "lr", "grad_norm", "val_loss", "val_bpb", "val_tokens", "tokens", "tokens_per_s", "mfu",
+METRIC_NUMBERS = ("loss", "lr", "muon_lr", "grad_norm", "val_loss", "val_bpb", "val_tokens", "tokens", "tokens_per_s", "mfu",
                   "elapsed_s", "clip_fraction", "spikes")
 
 

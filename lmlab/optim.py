@@ -28,11 +28,13 @@ OPTIMIZERS = ("adamw", "muon")
 
 def param_kind(name: str) -> str:
     """What a parameter of :class:`lmlab.model.TransformerLM` is, from its qualified name: ``bias``,
-    ``norm`` (a norm's gain), ``embedding`` (token or absolute-position embeddings, T5 relative-bias
-    tables) or ``weight`` (everything else: linear layers, the untied LM head)."""
+    ``norm`` (a norm's gain), ``embedding`` (token, absolute-position and Gemma 4's per-layer input
+    embeddings, T5 relative-bias tables) or ``weight`` (everything else: linear layers, the untied LM
+    head, Gemma 4's per-layer input projection)."""
     return ("bias" if name.endswith(".bias") else
             "norm" if "." in name and "norm" in name.split(".")[-2] else
-            "embedding" if name.startswith(("embed.", "abs_pos.")) or "rel_bias" in name else "weight")
+            "embedding" if name.startswith(("embed.", "abs_pos.", "ple_embed.")) or "rel_bias" in name
+            else "weight")
 
 
 def param_groups(model: torch.nn.Module, tc) -> list[dict]:
@@ -133,14 +135,20 @@ def adamw(groups: list[dict], tc, device: torch.device, sharded: bool = False) -
                              fused=not sharded and device.type in ("cuda", "cpu"))
 
 
+def muon_lr_at(lr: float, tc) -> float:
+    """Muon's learning rate when the schedule gives AdamW ``lr``: ``lr * muon_lr / lr`` (the same
+    schedule scaled to Muon's own peak ``tc.muon_lr``, which defaults to ``tc.lr``)."""
+    return lr * (tc.muon_lr or tc.lr) / tc.lr
+
+
 def set_lr(opt, lr: float, tc) -> None:
     """Set the learning rate of step ``lr`` (the schedule's value for ``tc.lr``) on every group of
-    ``opt``: AdamW's groups take ``lr``, Muon's ``lr * muon_lr / lr`` (the same schedule, its own peak)."""
+    ``opt``: AdamW's groups take ``lr``, Muon's :func:`muon_lr_at` (the same schedule, its own peak)."""
     pair = isinstance(opt, OptimizerPair)
     for group in opt.adamw.param_groups if pair else opt.param_groups:
         group["lr"] = lr
     for group in opt.muon.param_groups if pair else []:
-        group["lr"] = lr * (tc.muon_lr or tc.lr) / tc.lr
+        group["lr"] = muon_lr_at(lr, tc)
 
 
 def optimizer_of(run_train: Optional[dict]) -> str:

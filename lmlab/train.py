@@ -41,7 +41,7 @@ from lmlab.data.prepare import DataError, TokenData
 from lmlab.evaluate import evaluate
 from lmlab.fsutil import atomic_write_bytes, atomic_write_text
 from lmlab.model import TransformerLM
-from lmlab.optim import OPTIMIZERS, adamw, build_optimizer, optimizer_of, param_groups, set_lr
+from lmlab.optim import OPTIMIZERS, adamw, build_optimizer, muon_lr_at, optimizer_of, param_groups, set_lr
 from lmlab.parallel import Dist, all_reduce_mean, barrier, full_state, init_distributed, load_full_state, wrap_model
 
 WD_GROUPS = ("norm", "bias", "embedding")
@@ -695,6 +695,8 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip if tc.grad_clip else float("inf"))
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         rec = {"step": self.step + 1, "loss": mean_loss, "lr": lr, "grad_norm": grad_norm}
+        if tc.optimizer == "muon":  # "lr" is AdamW's (embeddings, head, norms); Muon's beside it
+            rec["muon_lr"] = muon_lr_at(lr, tc)
         moe = self.model.moe_layers() if hasattr(self.model, "moe_layers") else []
         if moe and all(m.aux is not None for m in moe):  # the last micro-batch's, averaged over MoE layers
             rec["moe_balance"] = float(sum(float(m.aux[0].detach()) for m in moe) / len(moe))

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from lmlab.checkpoint import CheckpointError, load_run
+from lmlab.checkpoint import CheckpointError, load_run, read_metrics_file
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.model import TransformerLM
 from lmlab.optim import OptimizerPair, build_optimizer, muon_parameters, param_groups, set_lr
@@ -37,6 +37,20 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest(tie):
     assert adam.isdisjoint(muon) and "embed.weight" in adam and "final_norm.weight" in adam
     assert "blocks.0.attn.qkv.bias" in adam and ("lm_head.weight" in adam) == (not tie)
     assert len(adam) + len(muon) == len(list(model.parameters()))
+
+
+def test_parameter_kinds_of_per_layer_inputs_and_positions():
+    """Gemma 4's per-layer input table is an embedding (so wd_exclude=[embedding] spares it, as it
+    does the token table); its projection is a weight, its norm a norm."""
+    from lmlab.optim import param_kind
+
+    kinds = {n: param_kind(n) for n, _ in TransformerLM(small_model(ple_dim=4)).named_parameters()}
+    assert (kinds["ple_embed.weight"], kinds["ple_proj.weight"], kinds["ple_norm.weight"]) == (
+        "embedding", "weight", "norm")
+    assert kinds["embed.weight"] == "embedding"
+    model = TransformerLM(small_model(ple_dim=4))
+    groups = param_groups(model, TrainConfig(wd_exclude=["embedding"]))
+    assert names_of(model, groups[1]["params"]) == {"embed.weight", "ple_embed.weight"}
 
 
 def test_one_step_matches_hand_computations():
@@ -100,6 +114,12 @@ def test_muon_run_trains_and_resumes_bit_for_bit(tmp_path, byte_data):
     assert resumed.step == 4
     assert resumed.opt.muon.state and all("momentum_buffer" in s for s in resumed.opt.muon.state.values())
     resumed.fit()
+    logged = read_metrics_file(tmp_path / "straight" / "metrics.jsonl")
+    steps = [r for r in logged if "loss" in r]
+    assert [r["step"] for r in steps] == list(range(1, 9))  # log_interval 1
+    # warmup 2 steps then constant: AdamW's lr and Muon's, each at its own peak, logged side by side
+    assert [r["lr"] for r in steps[1:]] == pytest.approx([3e-3] * 7)
+    assert [r["muon_lr"] for r in steps] == pytest.approx([r["lr"] * 2 for r in steps])
     a, *_ = load_run(tmp_path / "straight")
     b, *_ = load_run(tmp_path / "split")
     for (n, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
