@@ -274,8 +274,9 @@ def setup_run(
 
 def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress):
     from lmlab.checkpoint import RUN_FILE, read_run
+    from lmlab.config import ModelConfig, check_keys
     from lmlab.data.prepare import TokenData
-    from lmlab.train import Trainer, planned_config
+    from lmlab.train import TrainConfig, Trainer, planned_config
 
     sets = list(sets)
     if (out / RUN_FILE).exists():
@@ -297,6 +298,8 @@ def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress
             data_dir = Path(data).resolve() if data else default_data_dir().resolve()
             cfg, tc = build_configs(config, preset, scale, sets, run["model"].get("vocab_size"))
             tc = planned_config(run, tc)[0]  # a budgeted run's planned max_steps is the asked cap's
+            check_keys(ModelConfig, run["model"], f"{str(out / RUN_FILE)!r} model")  # a damaged key: said
+            check_keys(TrainConfig, run["train"], f"{str(out / RUN_FILE)!r} train")
             diff = [
                 f"model.{k}: run has {v!r}, asked {getattr(cfg, k)!r}"
                 for k, v in run["model"].items()

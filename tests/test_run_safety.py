@@ -198,3 +198,26 @@ def test_plot_never_overwrites_a_users_png(straight, tmp_path, capsys):
     first = tree(own)
     assert main(["plot", str(straight), "--out", str(own)]) == 0
     assert set(tree(own)) == set(first) == {"loss.png", "lr.png"}
+
+
+@pytest.mark.parametrize("section, key", [("model", "kv_shared_layers"), ("train", "compile_scope")])
+def test_same_command_on_a_run_yaml_with_a_damaged_key_is_refused_naming_it(straight, byte_data, tmp_path,
+                                                                            section, key, capsys):
+    """The same `lmlab train` again compares the run's settings with the command's; a key of run.yaml
+    that no config has (one flipped bit: kv_shared_|ayers) is refused naming the file, not a traceback."""
+    import shutil
+
+    import yaml
+
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)
+    text = (run / "run.yaml").read_text()
+    assert key in yaml.safe_load(text)[section]
+    (run / "run.yaml").write_text(text.replace(f"  {key}:", f"  {key[:-3]}|{key[-2:]}:", 1))
+    before = tree(run)
+    capsys.readouterr()
+    assert main(train_cmd(byte_data, run)[3:]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("lmlab train: error: ") and "run.yaml" in err[-1], err
+    assert f"{key[:-3]}|{key[-2:]}" in err[-1] and "Traceback" not in "\n".join(err)
+    assert tree(run) == before
