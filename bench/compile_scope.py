@@ -29,6 +29,7 @@ SCOPES = ("model", "blocks")
 
 def make_step(scope: str, dtype):
     """A demo-recipe training step with ``scope`` compiled; returns (step, seconds of its first call)."""
+    from bench.train_step_gains import training_step
     from lmlab.config import ModelConfig, load_mapping
     from lmlab.model import TransformerLM
     from lmlab.runs import BUILTIN_CONFIGS
@@ -44,17 +45,7 @@ def make_step(scope: str, dtype):
         fwd = torch.compile(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     x = torch.randint(0, cfg.vocab_size, (16, cfg.context_length + 1))
-
-    def step():
-        with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss, _ = fwd(x[:, :-1], targets=x[:, 1:])
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    t0 = time.perf_counter()
-    step()
-    return step, time.perf_counter() - t0
+    return training_step(fwd, opt, x, dtype)
 
 
 def cold_compile(scope: str, a) -> float:

@@ -30,22 +30,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 VARIANTS = ("baseline", "+fused AdamW", "+chunked loss", "+blocked attention", "+compile")
 
 
-def make_step(level: int, cfg, batch: int, dtype):
-    from lmlab.model import TransformerLM, lm_loss
+def training_step(fwd, opt, x: torch.Tensor, dtype, chunked_loss: bool = True):
+    """A training step's closure over ``fwd`` and ``opt`` on the batch x (batch, context + 1):
+    forward (the chunked loss of ``fwd(inputs, targets=...)``, or logits then ``lm_loss``) under
+    ``dtype`` autocast (None: fp32), backward, optimiser step. Returns (step, seconds of its first
+    call)."""
+    from lmlab.model import lm_loss
 
-    torch.manual_seed(0)
-    model = TransformerLM(cfg)
-    for block in model.blocks:
-        block.attn.blocked_kernel = level >= 3
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
-                            fused=True if level >= 1 else None)
-    fwd = torch.compile(model) if level >= 4 else model
-    x = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length + 1))
     inputs, targets = x[:, :-1], x[:, 1:]
 
     def step():
         with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
-            if level >= 2:
+            if chunked_loss:
                 loss, _ = fwd(inputs, targets=targets)
             else:
                 loss, _ = lm_loss(fwd(inputs), targets)
@@ -56,6 +52,20 @@ def make_step(level: int, cfg, batch: int, dtype):
     t0 = time.perf_counter()
     step()
     return step, time.perf_counter() - t0
+
+
+def make_step(level: int, cfg, batch: int, dtype):
+    from lmlab.model import TransformerLM
+
+    torch.manual_seed(0)
+    model = TransformerLM(cfg)
+    for block in model.blocks:
+        block.attn.blocked_kernel = level >= 3
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                            fused=True if level >= 1 else None)
+    fwd = torch.compile(model) if level >= 4 else model
+    x = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length + 1))
+    return training_step(fwd, opt, x, dtype, chunked_loss=level >= 2)
 
 
 def main() -> None:

@@ -419,8 +419,8 @@ def read_run(run_dir: str | Path) -> dict:
     return run
 
 
-METRIC_NUMBERS = ("loss", "lr", "muon_lr", "grad_norm", "val_loss", "val_bpb", "val_tokens", "tokens", "tokens_per_s", "mfu",
-                  "elapsed_s", "clip_fraction", "spikes")
+METRIC_NUMBERS = ("loss", "lr", "muon_lr", "grad_norm", "val_loss", "val_bpb", "val_tokens", "tokens",
+                  "tokens_per_s", "mfu", "elapsed_s", "clip_fraction", "spikes")
 
 
 def metrics_lines(path: str | Path) -> list[tuple[str, dict]]:

@@ -177,8 +177,8 @@ def compile_blocks(model: torch.nn.Module) -> None:
     The blocks share their code, so Dynamo traces and inductor compiles one block and reuses it for the
     others (parameters are graph inputs): the cold compile time of one block instead of the whole
     model (PyTorch's recipe "Reducing torch.compile cold start compilation time with regional
-    compilation"). On the demo's bf16 step, 2 AMD EPYC cores, empty inductor cache: first step 19.6 s
-    against 47.6 s for the whole model (bench/compile_scope.py gives the step time side by side).
+    compilation"). On the demo's bf16 step, 2 AMD EPYC cores, empty inductor cache: first step 19-23 s
+    against 45-52 s for the whole model, each later step 1.066x as long (bench/compile_scope.py).
     Calls outside training should run under :func:`eager` (no graphs compiled for them)."""
     for block in model.blocks:
         block.compile()
@@ -484,7 +484,7 @@ class Trainer:
             if not hasattr(torch.compiler, "set_stance"):
                 raise ConfigError(f"compile_scope='blocks' needs torch >= 2.6 (this is {torch.__version__}); "
                                   f"use compile_scope=model")
-            compile_blocks(self.model)  # in place, before nothing else calls them
+            compile_blocks(self.model)  # in place: every call of a block runs the compiled code
         elif tc.compile:
             self.fwd = torch.compile(self.fwd)
         try:
