@@ -1,7 +1,9 @@
 # lmlab: two commands for a fresh machine.
 #   make demo   create .venv, install, get the corpus, train the demo model on CPU, print held-out
 #               bits-per-byte and a sample
-#   make test   create .venv, install with the test extras, run the test suite
+#               (installs lmlab with the plot and tb extras only: what the demo and the README's tour
+#               use; transformers, lm-eval and datasets come with make install / make test)
+#   make test   create .venv, install with every extra, run the test suite
 #   make ablations  run every shipped spec from scratch (lmlab sweep, into a new sweeps/ablations-<time>
 #               folder), write its report to docs/ablations/NAME/ and the index of all claims to
 #               docs/ablations/README.md
@@ -29,14 +31,20 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml
+# the demo's install: lmlab, torch and the extras the demo and the tour use (plots, TensorBoard)
+$(VENV)/.installed-demo: $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e ".[plot,tb]"
+	touch $@
+
+# every extra: the tests, Hugging Face interop, lm-eval tasks, parquet/datasets corpora
+$(VENV)/.installed: $(VENV)/.installed-demo
 	$(BIN)/pip install --quiet -e ".[test,hf,plot,tb,eval,data]"
 	touch $@
 
 install: $(VENV)/.installed
 
-demo: install
+demo: $(VENV)/.installed-demo
 	@test -f data/shakespeare-bpe4096/manifest.json || $(BIN)/lmlab prepare
 	@echo "demo run folder: $(RUN) (interrupted? \`make demo RUN=$(RUN)\` resumes it)"
 	$(BIN)/lmlab train --config demo --out $(RUN)
