@@ -45,6 +45,7 @@ $(VENV)/.installed: $(VENV)/.installed-demo
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed-demo
+	@test -n "$(strip $(RUN))" || { echo "make demo: RUN is empty; name the run folder, e.g. RUN=runs/demo1" >&2; exit 2; }
 	@test -f data/shakespeare-bpe4096/manifest.json || $(BIN)/lmlab prepare
 	@echo "demo run folder: $(RUN) (interrupted? \`make demo RUN=$(RUN)\` resumes it)"
 	$(BIN)/lmlab train --config demo --out $(RUN)

@@ -697,7 +697,8 @@ def parse_value(text: str) -> Any:
 def apply_overrides(data: dict, overrides: list[str], cls, source: str = "--set") -> dict:
     """Apply ``key=value`` overrides to a config mapping (returns a new dict).
 
-    Raises ConfigError for a malformed override or an unknown key (with the nearest valid key).
+    Raises ConfigError for a malformed override, an empty value (``key=``: write ``key=null``) or an
+    unknown key (with the nearest valid key).
     """
     out = dict(data)
     for item in overrides or []:
@@ -706,6 +707,9 @@ def apply_overrides(data: dict, overrides: list[str], cls, source: str = "--set"
         key, _, raw = item.partition("=")
         key = key.strip()
         check_keys(cls, {key: None}, f"{source} {item!r}")
+        if not raw.strip():  # YAML would read it as null: an empty shell variable would unset the field
+            raise ConfigError(f"{source} {item!r}: no value after '='; give one, or {key}=null to unset "
+                              f"the field")
         out[key] = parse_value(raw)
     return out
 

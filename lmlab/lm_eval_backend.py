@@ -24,7 +24,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-import lm_eval.models  # noqa: F401  (the harness's own backends stay registered beside ours)
+import sys
+
+try:
+    import lm_eval.models  # noqa: F401  (the harness's own backends stay registered beside ours)
+except ImportError as exc:
+    if __name__ == "__main__":  # python -m lmlab.lm_eval_backend: one line, not a traceback
+        sys.exit(f"python -m lmlab.lm_eval_backend: needs lm-evaluation-harness ({exc}); install the "
+                 f"extra: pip install 'lmlab[eval]'")
+    raise
 import torch
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model

@@ -378,11 +378,12 @@ def resolve_dtype(name: str, device: torch.device) -> Optional[torch.dtype]:
 def device_peak_flops(device: torch.device, amp_dtype: Optional[torch.dtype]) -> Optional[float]:
     """Peak dense FLOP/s of ``device`` for MFU, from lmlab.analysis.DEVICES: the H100/H200/A100 bf16/fp16
     datasheet figure (under bf16/fp16 autocast; None in fp32, whose tensor-core rate depends on TF32
-    settings), the nominal 2-core CPU figure on CPU, None for an unknown GPU (pass peak_flops)."""
+    settings), the nominal 2-core fp32 figure on CPU in fp32 (None under autocast: MFU against the
+    fp32 peak could pass 1), None for an unknown GPU (pass peak_flops)."""
     from lmlab.analysis import DEVICES
 
-    if device.type == "cpu":
-        return DEVICES["cpu"].peak_flops
+    if device.type == "cpu":  # the table's CPU figure is fp32 (AVX-512 FMA); bf16 runs faster (AVX512-BF16,
+        return DEVICES["cpu"].peak_flops if amp_dtype is None else None  # AMX) by a factor we do not know
     if device.type != "cuda" or amp_dtype is None:
         return None
     name = torch.cuda.get_device_name(device).lower()
@@ -547,7 +548,8 @@ class Trainer:
         """Continue ``run_dir`` from its last complete checkpoint (from scratch if it has none): weights,
         optimizer state, step and token counters, RNG state; data order and LR schedule follow from the
         step. A ``cfg`` differing from the run's is refused, naming the fields; ``tc`` may change (e.g. a
-        larger max_steps)."""
+        larger max_steps) and is written to run.yaml, unless the run is already at ``tc.max_steps`` (no
+        step will run, so run.yaml keeps the settings it trained with)."""
         run = read_run(run_dir)
         saved = ModelConfig.from_dict(run["model"], source=f"{run_dir}/{RUN_FILE}")
         if cfg is not None and cfg != saved:
@@ -573,7 +575,8 @@ class Trainer:
             spec = dict(run, train=dataclasses.asdict(tc))
             if not planned:  # a plan for another budget or cap no longer holds
                 spec.pop("budget", None)
-            atomic_write_text(Path(run_dir) / RUN_FILE, yaml.safe_dump(spec, sort_keys=False))
+            if trainer.step < tc.max_steps:  # a finished run trains no step: its record stays as it ran
+                atomic_write_text(Path(run_dir) / RUN_FILE, yaml.safe_dump(spec, sort_keys=False))
             if keep is not None:
                 atomic_write_text(trainer.run_dir / "metrics.jsonl", "".join(k + "\n" for k in keep))
         barrier(trainer.dist)

@@ -139,6 +139,37 @@ def test_existing_run_folder_not_overwritten(run_dir, data_dir, capsys):
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == contents
 
 
+def test_resume_of_a_finished_run_keeps_its_record(run_dir, data_dir, tmp_path, capsys):
+    """--resume with new settings on a run already at max_steps trains nothing, so run.yaml keeps the
+    settings it trained with and the plain command still matches the run afterwards."""
+    import shutil
+
+    run = tmp_path / "done"
+    shutil.copytree(run_dir, run)
+    before = (run / "run.yaml").read_bytes()
+    assert main(["train", "--data", str(data_dir), "--out", str(run), *TRAIN, "--set", "lr=0.1", "--resume"]) == 0
+    assert "already complete at step 6" in capsys.readouterr().out
+    assert (run / "run.yaml").read_bytes() == before
+    assert main(["train", "--data", str(data_dir), "--out", str(run), *TRAIN]) == 0
+    assert "already complete at step 6" in capsys.readouterr().out
+    # with steps left, the new settings are recorded: they are the ones the next steps train with
+    assert main(["train", "--data", str(data_dir), "--out", str(run), *TRAIN[:-1], "--set", "max_steps=7",
+                 "--set", "lr=0.1", "--resume", "--no-progress"]) == 0
+    assert "lr: 0.1" in (run / "run.yaml").read_text()
+
+
+def test_lm_eval_backend_module_without_the_harness(monkeypatch):
+    """python -m lmlab.lm_eval_backend without the eval extra: one line naming the extra."""
+    import runpy
+    import sys
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval raises ModuleNotFoundError
+    monkeypatch.setitem(sys.modules, "lm_eval.models", None)
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_module("lmlab.lm_eval_backend", run_name="__main__")
+    assert "needs lm-evaluation-harness" in str(exc.value.code) and "pip install 'lmlab[eval]'" in str(exc.value.code)
+
+
 def test_version_and_warmup_past_max_steps(data_dir, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--version"])

@@ -44,6 +44,9 @@ def test_unknown_keys_and_overrides(tmp_path):
                     "norm_type": "layernorm"}
     with pytest.raises(ConfigError, match="expected key=value"):
         apply_overrides({}, ["d_model"], ModelConfig)
+    # an empty value (an empty shell variable in --set budget_seconds=$B) is refused, not read as null
+    with pytest.raises(ConfigError, match=r"'sliding_window= ': no value after '='; .*sliding_window=null"):
+        apply_overrides({}, ["sliding_window= "], ModelConfig)
     (tmp_path / "bad.yaml").write_text("d_model: [1,\n")
     with pytest.raises(ConfigError, match="bad.yaml"):
         load_mapping(tmp_path / "bad.yaml")

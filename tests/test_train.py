@@ -24,6 +24,18 @@ def small_model(**kw):
     return ModelConfig(**{**dict(vocab_size=257, context_length=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2), **kw})
 
 
+def test_cpu_peak_flops_only_in_fp32():
+    """The CPU row of lmlab.analysis.DEVICES is an fp32 figure: MFU on CPU only in fp32 (against it a
+    bf16 run could pass 1)."""
+    from lmlab.analysis import DEVICES
+    from lmlab.train import device_peak_flops
+
+    assert DEVICES["cpu"].dtype == "fp32"
+    assert device_peak_flops(torch.device("cpu"), None) == DEVICES["cpu"].peak_flops
+    assert device_peak_flops(torch.device("cpu"), torch.bfloat16) is None
+    assert device_peak_flops(torch.device("cpu"), torch.float16) is None
+
+
 def test_short_training_run_lowers_loss(tmp_path, byte_data):
     tc = TrainConfig(batch_size=8, max_steps=60, lr=3e-3, warmup_steps=10, eval_interval=30, eval_windows=8,
                      log_interval=10, device="cpu")
