@@ -337,14 +337,8 @@ class _Sweep:
         threads: int,
         log: Callable[[str], None],
     ):
-        self.spec, self.dir, self.plans, self.jobs, self.threads, self.log = (
-            spec,
-            sweep_dir,
-            plans,
-            jobs,
-            threads,
-            log,
-        )
+        self.spec, self.dir, self.plans, self.jobs, self.threads = spec, sweep_dir, plans, jobs, threads
+        self._say, self.log_lock = log, threading.Lock()
         self.lock = threading.Lock()  # results file
         self.eval_lock = threading.Lock()  # one evaluation at a time in this process
         self.procs: set = set()
@@ -405,6 +399,11 @@ class _Sweep:
             False,
             f"training exited with status {rc}: {lines[-1] if lines else '(no output)'} (see {log_path})",
         )
+
+    def log(self, line: str) -> None:
+        """One line of progress; one worker's at a time (print from two threads can run lines together)."""
+        with self.log_lock:
+            self._say(line)
 
     def job(self, p: RunPlan) -> None:
         if self.stopping:
