@@ -190,3 +190,61 @@ def _blocked_rule_and_dispatch():
         attention.blocked_causal_attention = real
     torch.testing.assert_close(blocked, sdpa, rtol=1e-5, atol=1e-5)
     assert math.isfinite(float(blocked.detach().sum()))
+
+
+def _attention_and_grads(q, k, v, do, **kw):
+    for t in (q, k, v):
+        t.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = blocked_causal_attention(q, k, v, 0.2, **kw)
+    y.backward(do)
+    return [y.float()] + [t.grad.clone() for t in (q, k, v)]
+
+
+def test_fused_blocked_attention_compiles_only_low_precision_and_matches_the_eager_loops(monkeypatch):
+    import lmlab.model.causal_attention as ca
+
+    compiled = []
+    real = ca._compiled
+    monkeypatch.setattr(ca, "_compiled", lambda fn: compiled.append(fn.__name__) or real(fn))
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 37, 16, requires_grad=True)  # 37 rows in blocks of 16: a ragged last block
+    k, v = (torch.randn(2, 2, 37, 16, requires_grad=True) for _ in range(2))  # GQA: 2 KV heads
+    do = torch.randn(2, 4, 37, 16)
+    eager = _attention_and_grads(q, k, v, do, block=16)
+    assert compiled == []
+    fused = _attention_and_grads(q, k, v, do, block=16, in_compiled_model=True)
+    assert compiled == ["_forward_fused", "_backward_fused"]
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.2, enable_gqa=True)
+    ref.backward(do)
+    for name, a, e, r in zip("y dq dk dv".split(), fused, eager, [ref.detach(), q.grad, k.grad, v.grad]):
+        # the same bf16 products and fp32 softmax; the fused loop rounds differently in places
+        torch.testing.assert_close(a, e, rtol=2e-2, atol=2e-2, msg=name)
+        assert (a - r).abs().max() <= 2 * (e - r).abs().max() + 1e-3, name  # as close to fp32 SDPA
+    compiled.clear()
+    y = blocked_causal_attention(q, k, v, 0.2, block=16, in_compiled_model=True)  # fp32: eager loops
+    assert compiled == [] and y.dtype == torch.float32
+
+
+def test_compiled_model_takes_the_fused_loops_and_an_eager_model_does_not(monkeypatch):
+    import lmlab.model.causal_attention as ca
+
+    compiled = []
+    real = ca._compiled
+    monkeypatch.setattr(ca, "_compiled", lambda fn: compiled.append(fn.__name__) or real(fn))
+    cfg = ModelConfig(vocab_size=50, context_length=16, d_model=32, n_layers=1, n_heads=4)
+    torch.manual_seed(0)
+    model = TransformerLM(cfg)
+    x = torch.randint(0, 50, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager = model(x, targets=x)[0]
+        assert compiled == []
+        got = torch.compile(model)(x, targets=x)[0]
+    eager.backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    got.backward()
+    assert compiled == ["_forward_fused", "_backward_fused"]
+    torch.testing.assert_close(got.float(), eager.float(), rtol=1e-2, atol=1e-2)
+    for p, e in zip(model.parameters(), want):
+        torch.testing.assert_close(p.grad, e, rtol=5e-2, atol=5e-3)
