@@ -105,13 +105,14 @@ def train_step_gains() -> list[str]:
     for head, body in _sections(page.read_text()):
         (table,) = _tables(body)[:1]
         dtype = re.search(r"\b(bf16|fp32)\b", head)[1]
-        cols[dtype] = {r[0]: (r[1], r[2].split(" (")[0], r[3]) for r in table[1:]}
+        cols[dtype] = {r[0]: (r[1], r[2].split(" (")[0], r[3], r[-1]) for r in table[1:]}
         names = names or [r[0] for r in table[1:]]
     dtypes = [d for d in ("bf16", "fp32") if d in cols]
-    rows = [[n] + [x for d in dtypes for x in cols[d].get(n, ("", ""))[:2]] for n in names]
-    first = "; ".join(f"{d} first compiled step {cols[d][names[-1]][2]} s" for d in dtypes)
+    rows = [[n] + [x for d in dtypes for x in cols[d].get(n, ("", "", ""))[:3]] for n in names]
+    first = "; ".join(f"{d} first compiled step {cols[d]['+compile'][3]} s" for d in dtypes)
     return [_source(page, " (bench/train_step_gains.py)") + f" Each row adds one change to the row above ({first}).",
-            "", *_md(["variant"] + [x for d in dtypes for x in (f"{d} ms/step", f"{d} speed-up")], rows)]
+            "", *_md(["variant"] + [x for d in dtypes for x in (f"{d} ms/step", f"{d} speed-up",
+                                                                 f"{d} over the row above (IQR)")], rows)]
 
 
 def context_scaling() -> list[str]:

@@ -5,9 +5,12 @@ Variants, each adding one change to the one before (the last is ``lmlab train`` 
   2. + fused AdamW (lmlab.train.make_optimizer)
   3. + chunked linear cross-entropy (lmlab.model.loss, TransformerLM.forward(targets=...))
   4. + blocked causal attention on CPU (lmlab.model.causal_attention)
-  5. + torch.compile of the model
+  5. + torch.compile of the model (the blocked attention's loops still eager)
+  6. + the blocked attention's loops compiled too (what a compiled bf16/fp16 model runs; fp32 keeps
+     the eager loops, so its last two rows are the same code)
 Rounds time ``--steps`` steps of every variant in a rotated order; the figure is the median over
-rounds of baseline time / variant time (IQR), so each row's gain over the row above is its share.
+rounds of baseline time / variant time (IQR), and, paired the same way, each row's gain over the row
+above (its own share).
 
     python bench/train_step_gains.py --dtype bf16 --threads 1 [--markdown docs/bench/train_step_gains.md]
 
@@ -27,19 +30,22 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-VARIANTS = ("baseline", "+fused AdamW", "+chunked loss", "+blocked attention", "+compile")
+VARIANTS = ("baseline", "+fused AdamW", "+chunked loss", "+blocked attention", "+compile",
+            "+compiled attention loops")
 
 
-def training_step(fwd, opt, x: torch.Tensor, dtype, chunked_loss: bool = True):
+def training_step(fwd, opt, x: torch.Tensor, dtype, chunked_loss: bool = True, fused_loops: bool = True):
     """A training step's closure over ``fwd`` and ``opt`` on the batch x (batch, context + 1):
     forward (the chunked loss of ``fwd(inputs, targets=...)``, or logits then ``lm_loss``) under
-    ``dtype`` autocast (None: fp32), backward, optimiser step. Returns (step, seconds of its first
+    ``dtype`` autocast (None: fp32), backward, optimiser step; ``fused_loops``: the value of
+    lmlab.model.causal_attention.FUSED_LOOPS during the step. Returns (step, seconds of its first
     call)."""
-    from lmlab.model import lm_loss
+    from lmlab.model import causal_attention, lm_loss
 
     inputs, targets = x[:, :-1], x[:, 1:]
 
     def step():
+        causal_attention.FUSED_LOOPS = fused_loops
         with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
             if chunked_loss:
                 loss, _ = fwd(inputs, targets=targets)
@@ -65,7 +71,7 @@ def make_step(level: int, cfg, batch: int, dtype):
                             fused=True if level >= 1 else None)
     fwd = torch.compile(model) if level >= 4 else model
     x = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length + 1))
-    return training_step(fwd, opt, x, dtype, chunked_loss=level >= 2)
+    return training_step(fwd, opt, x, dtype, chunked_loss=level >= 2, fused_loops=level >= 5)
 
 
 def main() -> None:
@@ -99,10 +105,13 @@ def main() -> None:
             times[n].append((time.perf_counter() - t0) / a.steps)
     lines = [machine_line(a.threads),
              f"recipe {a.recipe}, {a.dtype}, batch {shape.batch} x {shape.context}; {a.rounds} rounds x {a.steps} steps",
-             "| variant | ms/step | speed-up over baseline (IQR) | first step s |", "|---|---|---|---|"]
-    for n in VARIANTS:
+             "| variant | ms/step | speed-up over baseline (IQR) | over the row above (IQR) | first step s |",
+             "|---|---|---|---|---|"]
+    for i, n in enumerate(VARIANTS):
         q1, m, q3 = quartiles([b / t for b, t in zip(times["baseline"], times[n])])
-        lines.append(f"| {n} | {statistics.median(times[n]) * 1e3:.1f} | {m:.2f}x ({q1:.2f}-{q3:.2f}) | {first[n]:.1f} |")
+        p1, pm, p3 = quartiles([b / t for b, t in zip(times[VARIANTS[max(i - 1, 0)]], times[n])])
+        lines.append(f"| {n} | {statistics.median(times[n]) * 1e3:.1f} | {m:.2f}x ({q1:.2f}-{q3:.2f}) | "
+                     f"{pm:.2f}x ({p1:.2f}-{p3:.2f}) | {first[n]:.1f} |")
     print("\n".join(lines))
     if a.markdown:
         import datetime

@@ -29,6 +29,7 @@ import torch
 BLOCK = 64  # query rows per block (32: 2-10% slower, 128: 5-15% slower at context 256)
 MAX_CONTEXT = 1024
 MAX_SAVED_BYTES = 256 * 2**20
+FUSED_LOOPS = True  # False: the eager loops in compiled models too (bench/train_step_gains.py compares)
 
 
 def use_blocked(q: torch.Tensor) -> bool:
@@ -182,5 +183,5 @@ def blocked_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     if torch.is_autocast_enabled(q.device.type):
         dtype = torch.get_autocast_dtype(q.device.type)
     with torch.autocast(q.device.type, enabled=False):
-        fused = in_compiled_model and dtype in (torch.bfloat16, torch.float16)
+        fused = in_compiled_model and FUSED_LOOPS and dtype in (torch.bfloat16, torch.float16)
         return _BlockedCausal.apply(q.to(dtype), k.to(dtype), v.to(dtype), float(scale), int(block), fused)
