@@ -380,7 +380,9 @@ def load_latest(run_dir: str | Path, model: TransformerLM, with_optimizer: bool 
     raise CheckpointError(f"{errors[0]}; and none of the {len(errors) - 1} older checkpoint(s) is usable either")
 
 
-def _run_copy_hint(run_dir: Path) -> str:
+def run_copy_hint(run_dir: Path) -> str:
+    """'; the run's config as of its last checkpoint is in PATH (copy it back ...)' or '' when no
+    checkpoint of run_dir keeps a copy of run.yaml: the tail of errors about a missing or damaged one."""
     copies = [c / RUN_FILE for c in checkpoint_dirs(run_dir) if (c / RUN_FILE).is_file()]
     return (f"; the run's config as of its last checkpoint is in {str(copies[-1])!r} (copy it back to restore "
             f"the run)" if copies else "")
@@ -393,8 +395,8 @@ def read_run(run_dir: str | Path) -> dict:
     path = Path(run_dir) / RUN_FILE
     if not path.is_file():
         raise CheckpointError(f"{str(run_dir)!r} is not an lmlab run folder (no {RUN_FILE}); "
-                              f"give the folder that `lmlab train --out` created")
-    hint = _run_copy_hint(Path(run_dir))
+                              f"give the folder that `lmlab train --out` created{run_copy_hint(Path(run_dir))}")
+    hint = run_copy_hint(Path(run_dir))
     try:
         run = yaml.safe_load(path.read_text())
     except UnicodeDecodeError:
@@ -516,9 +518,15 @@ def load_run(run_dir: str | Path, step: Optional[int] = None, device: str = "cpu
                               f"{f' at step {step}' if step is not None else ''}; train it first")
     tok = None
     if tokenizer and not (Path(run_dir) / "tokenizer.json").is_file():
-        raise CheckpointError(f"run {str(run_dir)!r} has no tokenizer (no tokenizer.json: it was imported from a "
-                              f"Hugging Face folder without one); copy the model's tokenizer.json into the run "
-                              f"folder; or give token ids (lmlab generate --prompt-ids 1,2,3; Python: load_run(..., tokenizer=False))")
+        if isinstance(run.get("hf"), dict):
+            why = ("it was imported from a Hugging Face folder without one); copy the model's tokenizer.json "
+                   "into the run folder")
+        else:
+            data = run.get("data")
+            why = (f"it was trained with {f'the data folder {str(data)!r}' if data else 'a data folder'}'s "
+                   f"tokenizer.json, missing here); copy that tokenizer.json back into the run folder")
+        raise CheckpointError(f"run {str(run_dir)!r} has no tokenizer (no tokenizer.json: {why}; or give token ids "
+                              f"(lmlab generate --prompt-ids 1,2,3; Python: load_run(..., tokenizer=False))")
     if tokenizer:
         tok = Tokenizer.load(Path(run_dir) / "tokenizer.json")
     imported = isinstance(run.get("hf"), dict)  # HF models often pad the embedding past the tokenizer's vocabulary

@@ -273,7 +273,7 @@ def setup_run(
 
 
 def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress):
-    from lmlab.checkpoint import RUN_FILE, read_run
+    from lmlab.checkpoint import RUN_FILE, read_run, run_copy_hint
     from lmlab.config import ModelConfig, check_keys
     from lmlab.data.prepare import TokenData
     from lmlab.train import TrainConfig, Trainer, planned_config
@@ -324,7 +324,7 @@ def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress
     if resume:
         raise ConfigError(
             f"--resume: {str(out)!r} holds no run (no run.yaml) to continue; drop --resume to start "
-            f"a new run there"
+            f"a new run there{run_copy_hint(Path(out))}"
         )
     if (
         data is None

@@ -34,7 +34,7 @@ import torch
 import yaml
 
 from lmlab.checkpoint import (RUN_FILE, CheckpointError, check_run_files, checkpoint_dirs, load_latest, metrics_lines,
-                              read_run, save_checkpoint)
+                              read_run, run_copy_hint, save_checkpoint)
 from lmlab.config import (ConfigError, ModelConfig, _choice, _non_negative, _number_in, _positive, _positive_int,
                           build_checked, check_keys)
 from lmlab.data.prepare import DataError, TokenData
@@ -450,6 +450,18 @@ class StopSignals:
         self._old = {}
 
 
+def restart_rate(bar) -> None:
+    """Restart a tqdm bar's clock at its current count, so its rate (steps/s) and ETA leave out what
+    came before: the first step, which compiles the model. Without this a log file (one refresh per
+    30 s) showed the compile's 57 s/step and a 47-hour ETA for the first half minute of training."""
+    if bar.disable:
+        return
+    n = bar.n
+    bar.reset(total=bar.total)  # a fresh clock and fresh moving averages, count 0
+    bar.initial = bar.last_print_n = bar.n = n  # rate = (n - initial) / time since the restart
+    bar.refresh()
+
+
 class Trainer:
     """Train a model in a run folder. Build with :meth:`create` (new run) or :meth:`resume`."""
 
@@ -533,7 +545,10 @@ class Trainer:
         a run, not a file, not a blank name)."""
         if not str(run_dir).strip():
             raise CheckpointError("--out is blank; give a folder path for the new run")
-        if (run_dir / RUN_FILE).exists() or checkpoint_dirs(run_dir):
+        if not (run_dir / RUN_FILE).exists() and checkpoint_dirs(run_dir):
+            raise CheckpointError(f"run folder {str(run_dir)!r} holds checkpoints but no {RUN_FILE}; choose another "
+                                  f"--out, or restore it and pass --resume{run_copy_hint(run_dir)}")
+        if (run_dir / RUN_FILE).exists():
             raise CheckpointError(f"run folder {str(run_dir)!r} already holds a run; pass --resume to continue it "
                                   f"or choose another --out")
         if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
@@ -890,6 +905,8 @@ class Trainer:
                 self._log(rec)
                 bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}", lr=f"{rec['lr']:.1e}")
             bar.update(1)
+            if self.step == first_step + 1:
+                restart_rate(bar)  # the first step's compile (tens of seconds) out of the rate and ETA
             planned_now = False
             if tc.budget_seconds is not None and not self.budget_planned:
                 if self.step == first_step + BUDGET_SKIP_STEPS:

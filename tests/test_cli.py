@@ -195,6 +195,18 @@ def test_checkpoint_of_another_vocabulary(run_dir, tmp_path, small_corpus, capsy
     assert "vocab_size=400" in error_line(capsys)
 
 
+def test_trained_run_without_its_tokenizer_says_where_it_came_from(run_dir, data_dir, tmp_path, capsys):
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other)
+    (other / "tokenizer.json").unlink()
+    assert main(["eval", str(other)]) == 2
+    line = error_line(capsys)
+    assert "trained with the data folder" in line and str(data_dir.resolve()) in line
+    assert "imported from a Hugging Face" not in line
+
+
 def test_truncated_checkpoint(run_dir, tmp_path, capsys):
     import shutil
 

@@ -260,3 +260,43 @@ def test_keep_freed_memory_reuses_the_pages_it_freed():
     first, later = map(int, out.split())
     assert first > 15_000  # 78 MiB of fresh pages: the probe did touch them
     assert later < 0.05 * first, (first, later)
+
+
+def test_restart_rate_leaves_the_first_step_out_of_the_progress_rate():
+    import io
+
+    from tqdm import tqdm
+
+    from lmlab.train import restart_rate
+
+    bar = tqdm(total=100, initial=10, file=io.StringIO(), mininterval=0, unit="step")
+    bar.start_t -= 60.0  # a first step (the compile) that took a minute
+    bar.update(1)
+    assert bar.format_dict["elapsed"] >= 60.0
+    restart_rate(bar)
+    for _ in range(5):
+        bar.update(1)
+    d = bar.format_dict
+    assert bar.n == 16 and d["n"] == 16 and d["initial"] == 11
+    assert d["elapsed"] < 5.0  # the minute is gone from the clock
+    rate = d["rate"] or (d["n"] - d["initial"]) / d["elapsed"]
+    assert rate > 1.0  # 5 steps in well under 5 s, not 6 steps in 60 s (0.1 step/s)
+    bar.close()
+
+
+def test_a_run_folder_without_run_yaml_points_to_the_copy_its_checkpoint_keeps(tmp_path):
+    from lmlab.checkpoint import read_run
+
+    ckpt = tmp_path / "checkpoints" / "step_0000004"
+    ckpt.mkdir(parents=True)
+    (ckpt / "run.yaml").write_text("model: {}\ntrain: {}\n")
+    copy = repr(str(ckpt / "run.yaml"))
+    with pytest.raises(CheckpointError, match="holds checkpoints but no run.yaml") as new:
+        Trainer.check_new_run_dir(tmp_path)
+    with pytest.raises(CheckpointError, match="not an lmlab run folder") as read:
+        read_run(tmp_path)
+    assert copy in str(new.value) and copy in str(read.value)
+    (ckpt / "run.yaml").unlink()  # no copy either: no hint
+    with pytest.raises(CheckpointError) as bare:
+        read_run(tmp_path)
+    assert "copy it back" not in str(bare.value)
