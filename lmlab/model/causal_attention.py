@@ -167,11 +167,12 @@ def blocked_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     here) runs the forward and backward loops in bf16/fp16 as torch.compile'd functions, whose casts,
     scale, mask and softmax inductor fuses into one kernel per block (the eager loops pass over the
     scores about ten times); one compile per shape, a few seconds (past torch's recompile_limit,
-    8 shapes in one process, torch warns and those shapes run the loops eagerly: same results). Whole compiled training step,
-    fused loops against eager ones (2026-12-03, 2 EPYC cores, rotated rounds, median of paired ratios,
-    IQR): bf16 GPT-2 recipe 1.07x (1.01-1.09) at 2 threads, 1.11x (1.02-1.18) at 1; demo 1.08x
+    8 shapes in one process, torch warns and those shapes run the loops eagerly: same results).
+    Whole compiled training step, fused loops against eager ones (bench/fused_attention_loops.py;
+    2026-12-03, 2 EPYC cores, alternated rounds, median of paired ratios, IQR): bf16 GPT-2 recipe
+    1.07x (1.01-1.09) and 1.09x (0.96-1.13) at 2 threads, 1.11x (1.02-1.18) at 1; demo 1.08x
     (0.99-1.10) at 2; LLaMA recipe 1.08x (1.05-1.12) at 1. fp32 GPT-2 recipe at 1 thread: 0.99x
-    (0.96-1.03), so fp32 keeps the eager loops.
+    (0.96-1.03) and 1.00x (0.99-1.03), so fp32 keeps the eager loops.
     """
     B, H, T, D = q.shape
     if k.shape != v.shape or k.shape[0] != B or k.shape[2:] != (T, D) or H % k.shape[1]:

@@ -1,0 +1,62 @@
+"""The blocked attention's compiled loops against its eager loops, in a whole compiled training step.
+
+One lmlab model (bench/train_vs_peers.py's make_system: the step ``lmlab train`` runs, compiled, fused
+AdamW) is stepped with ``lmlab.model.causal_attention.FUSED_LOOPS`` on and off in alternating order,
+``--steps`` steps each per round; the figure is the median over rounds of the per-round ratio
+(eager-loop step time / fused-loop step time) with its IQR. Only bf16/fp16 take the fused loops, so
+``--dtype fp32`` times identical code twice: a check of the method's own bias.
+
+    python bench/fused_attention_loops.py --recipe gpt2 --dtype bf16 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipe", choices=["llama", "gpt2", "demo"], default="gpt2")
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=11)
+    ap.add_argument("--steps", type=int, default=2)
+    a = ap.parse_args()
+    if a.threads < 1 or a.rounds < 2 or a.steps < 1:
+        ap.error("--threads and --steps must be >= 1, --rounds >= 2")
+    torch.set_num_threads(a.threads)
+    import lmlab.model.causal_attention as ca
+    from bench.train_vs_peers import RECIPES, Args, machine_line, make_system, quartiles
+
+    shape = Args(recipe=a.recipe, nanogpt=None, **RECIPES[a.recipe])
+    system = make_system("lmlab", shape, torch.bfloat16 if a.dtype == "bf16" else None, compile_=True, fused=True)
+    for fused in (True, False, True, False):  # compile both paths and warm up
+        ca.FUSED_LOOPS = fused
+        system.step()
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for r in range(a.rounds):
+        for fused in ((True, False) if r % 2 == 0 else (False, True)):
+            ca.FUSED_LOOPS = fused
+            t0 = time.perf_counter()
+            for _ in range(a.steps):
+                system.step()
+            times[fused].append((time.perf_counter() - t0) / a.steps)
+    ca.FUSED_LOOPS = True
+    q1, m, q3 = quartiles([e / f for e, f in zip(times[False], times[True])])
+    print(machine_line(a.threads))
+    print(f"recipe {a.recipe}, {a.dtype}, batch {shape.batch} x {shape.context}, compiled; "
+          f"{a.rounds} rounds x {a.steps} steps, alternating order")
+    print(f"eager loops {statistics.median(times[False]) * 1e3:.1f} ms/step, fused loops "
+          f"{statistics.median(times[True]) * 1e3:.1f} ms/step: speed-up {m:.3f}x (IQR {q1:.3f}-{q3:.3f})")
+
+
+if __name__ == "__main__":
+    main()
