@@ -393,10 +393,10 @@ def read_run(run_dir: str | Path) -> dict:
     ``data`` a path or null, ``hf`` a mapping or absent. Raises CheckpointError when absent, unreadable
     or of the wrong shape, naming the file and the key (and the copy kept in the last checkpoint)."""
     path = Path(run_dir) / RUN_FILE
+    hint = run_copy_hint(Path(run_dir))
     if not path.is_file():
         raise CheckpointError(f"{str(run_dir)!r} is not an lmlab run folder (no {RUN_FILE}); "
-                              f"give the folder that `lmlab train --out` created{run_copy_hint(Path(run_dir))}")
-    hint = run_copy_hint(Path(run_dir))
+                              f"give the folder that `lmlab train --out` created{hint}")
     try:
         run = yaml.safe_load(path.read_text())
     except UnicodeDecodeError:
