@@ -342,31 +342,49 @@ def check_run_files(run_dir: str | Path, ckpt_dir: str | Path, run: dict) -> Non
             raise CheckpointError(f"{str(tok)!r} differs from the tokenizer the run was trained with (its SHA-256 "
                                   f"in {str(ckpt_dir / MANIFEST)!r}); damaged or replaced: copy the data folder's "
                                   f"tokenizer.json back into the run folder")
-    copy = ckpt_dir / RUN_FILE
-    if copy.is_file():
-        try:
-            saved = yaml.safe_load(copy.read_text())
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            saved = None
-        model = saved.get("model") if isinstance(saved, dict) else None
-        if isinstance(model, dict) and model != run.get("model"):
-            diff = sorted(k for k in set(model) | set(run["model"]) if model.get(k) != run["model"].get(k))
-            raise CheckpointError(f"{str(run_dir / RUN_FILE)!r}: key 'model' differs from the config checkpoint "
-                                  f"{ckpt_dir.name} was trained with (fields {diff[:4]}); damaged or edited: copy "
-                                  f"{str(copy)!r} back to restore it")
+    check_run_model(run_dir, run, ckpt_dir)
+
+
+def check_run_model(run_dir: str | Path, run: dict, ckpt_dir: Optional[str | Path] = None) -> None:
+    """Check the ``model`` section of ``run.yaml`` (``run``, parsed) against the copy of run.yaml that
+    checkpoint ``ckpt_dir`` (default: the run's newest) keeps: an edited architecture field would
+    otherwise surface as weights that fit no checkpoint. Raises CheckpointError naming the fields and
+    the copy to restore; no checkpoint, or one without a readable copy, passes."""
+    if ckpt_dir is None:
+        ckpts = checkpoint_dirs(run_dir)
+        if not ckpts:
+            return
+        ckpt_dir = ckpts[-1]
+    run_dir, copy = Path(run_dir), Path(ckpt_dir) / RUN_FILE
+    if not copy.is_file():
+        return
+    try:
+        saved = yaml.safe_load(copy.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return
+    model = saved.get("model") if isinstance(saved, dict) else None
+    if isinstance(model, dict) and model != run.get("model"):
+        diff = sorted(k for k in set(model) | set(run["model"]) if model.get(k) != run["model"].get(k))
+        raise CheckpointError(f"{str(run_dir / RUN_FILE)!r}: key 'model' differs from the config checkpoint "
+                              f"{Path(ckpt_dir).name} was trained with (fields {diff[:4]}); damaged or edited: "
+                              f"copy {str(copy)!r} back to restore it")
 
 
 def load_latest(run_dir: str | Path, model: TransformerLM, with_optimizer: bool = False,
-                step: Optional[int] = None):
+                step: Optional[int] = None, run: Optional[dict] = None):
     """The newest checkpoint of ``run_dir`` (or the one of ``step``) that verifies and fits ``model``:
     (checkpoint folder, weights, optimizer state, trainer state, rng), or None when the run has no
     checkpoint. A damaged newest checkpoint is skipped for the previous one, with a warning on stderr
-    naming the damaged file; raises CheckpointError (the newest one's error) when none is usable."""
+    naming the damaged file; raises CheckpointError (the newest one's error) when none is usable.
+    With ``run`` (the parsed run.yaml the model was built from), its model section is first checked
+    against the newest checkpoint's copy (:func:`check_run_model`), so an edited run.yaml is named."""
     ckpts = checkpoint_dirs(run_dir)
     if step is not None:
         ckpts = [c for c in ckpts if c.name == f"step_{step:07d}"]
     if not ckpts:
         return None
+    if run is not None:
+        check_run_model(run_dir, run, ckpts[-1])
     errors = []
     for i in range(len(ckpts) - 1, -1, -1):
         try:
@@ -506,6 +524,7 @@ def load_run(run_dir: str | Path, step: Optional[int] = None, device: str = "cpu
     from lmlab.data.tokenizer import Tokenizer
 
     run = read_run(run_dir)
+    check_run_model(run_dir, run)  # an edited architecture field is named before it breaks anything else
     try:
         cfg = ModelConfig.from_dict(run["model"], source=f"{run_dir}/{RUN_FILE} model")
     except ConfigError as exc:  # already names the file

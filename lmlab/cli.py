@@ -79,6 +79,17 @@ def _stop_text(text: str) -> str:
 _stop_text.__name__ = "stop text"
 
 
+def _path(text: str) -> str:
+    """A file or folder argument: refused when blank (``--out ""`` would otherwise mean the current folder
+    or, where the flag has a default, the default)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is blank; give a file or folder path")
+    return text
+
+
+_path.__name__ = "path"
+
+
 # --- prepare -------------------------------------------------------------------------------
 def cmd_prepare(args) -> int:
     from lmlab.data.corpus import VALIDATION_WORKS, default_corpus_dir
@@ -218,15 +229,33 @@ def _eval_tasks(args, device) -> int:
     return 0
 
 
+def _check_eval_flags(args) -> None:
+    """Refuse flags that do not apply: the harness's (--limit, --include-path, --num-fewshot) without
+    --tasks, and bits-per-byte's (--data, --split, --stride, --dtype) with it (either would be ignored)."""
+    task_only = [f for f, v in (("--limit", args.limit), ("--include-path", args.include_path),
+                                ("--num-fewshot", args.num_fewshot)) if v is not None]
+    bpb_only = [f for f, v in (("--data", args.data), ("--split", args.split), ("--stride", args.stride),
+                               ("--dtype", args.dtype)) if v is not None]
+    if not args.tasks and task_only:
+        raise ConfigError(f"{', '.join(task_only)} only apply with --tasks (lm-evaluation-harness tasks); "
+                          f"drop {'them' if len(task_only) > 1 else 'it'} or name the tasks")
+    if args.tasks and bpb_only:
+        raise ConfigError(f"{', '.join(bpb_only)} only apply to the held-out bits-per-byte evaluation, not with "
+                          f"--tasks (the harness brings its own documents); drop "
+                          f"{'them' if len(bpb_only) > 1 else 'it'} or --tasks")
+
+
 def cmd_eval(args) -> int:
     from lmlab.checkpoint import load_run
     from lmlab.data.prepare import DataError, TokenData
     from lmlab.evaluate import evaluate
     from lmlab.train import resolve_device, resolve_dtype
 
+    _check_eval_flags(args)
     device = resolve_device(args.device)
     if args.tasks:  # downstream tasks through lm-evaluation-harness
         return _eval_tasks(args, device)
+    args.split, args.dtype = args.split or "val", args.dtype or "fp32"
     model, cfg, tok, run, ckpt = load_run(args.run, device=str(device))
     if not args.data and not run.get("data"):
         raise DataError(f"run {args.run!r} has no data folder (it was imported); pass --data DIR, a folder prepared "
@@ -535,21 +564,23 @@ def make_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     sp = sub.add_parser("prepare", help="tokenise a corpus into shards + manifest")
-    sp.add_argument("--data", nargs="+", metavar="PATH",
+    sp.add_argument("--data", type=_path, nargs="+", metavar="PATH",
                     help="one or more inputs: a .txt file (split at blank lines), a folder of .txt documents, "
                          ".jsonl / .jsonl.gz / .json files, .parquet shards (a quoted glob such as "
                          "'shards/*.parquet' is expanded), a `datasets` save_to_disk folder "
                          "(default: the Shakespeare corpus)")
     sp.add_argument("--text-field", default="text", help="the text field of JSON / parquet / datasets records "
                                                           "(default: text)")
-    sp.add_argument("--out", help="output folder (default data/shakespeare-bpe<V> or data/shakespeare-bytes)")
+    sp.add_argument("--out", type=_path,
+                    help="output folder (default data/shakespeare-bpe<V> or data/shakespeare-bytes)")
     sp.add_argument("--tokenizer", choices=["bpe", "bytes"], default="bpe")
     sp.add_argument("--vocab-size", type=_int_at_least(257), help="BPE vocabulary size incl. <|endoftext|> "
                                                                    "(default 4096; an upper bound: a small corpus may "
                                                                    "run out of merges first)")
-    sp.add_argument("--tokenizer-file", help="tokenise with this existing tokenizer.json (e.g. an imported run's), "
-                                             "or an HF model folder's (tokenizer.json or vocab.json + merges.txt), "
-                                             "instead of training one")
+    sp.add_argument("--tokenizer-file", type=_path,
+                    help="tokenise with this existing tokenizer.json (e.g. an imported run's), "
+                         "or an HF model folder's (tokenizer.json or vocab.json + merges.txt), "
+                         "instead of training one")
     sp.add_argument("--val-docs", help="comma-separated document names held out for validation "
                                        "(default corpus: hamlet, sonnets, tempest)")
     sp.add_argument("--val-fraction", type=_float_in(0, 1, True, True), default=0.1,
@@ -563,36 +594,38 @@ def make_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_prepare)
 
     sp = sub.add_parser("train", help="train a model from scratch (or --resume a run)")
-    sp.add_argument("--config", help="YAML file with 'model:' and 'train:' sections, or a built-in name (demo)")
+    sp.add_argument("--config", type=_path,
+                    help="YAML file with 'model:' and 'train:' sections, or a built-in name (demo)")
     sp.add_argument("--preset", type=_preset_name, help="a model family preset (see `lmlab presets`)")
     sp.add_argument("--scale", choices=["tiny", "real"], help="preset scale (default tiny)")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a model or train field")
-    sp.add_argument("--data", help="a prepared data folder (default: data/shakespeare-bpe4096, prepared on first use)")
-    sp.add_argument("--out", required=True, help="run folder to create")
+    sp.add_argument("--data", type=_path,
+                    help="a prepared data folder (default: data/shakespeare-bpe4096, prepared on first use)")
+    sp.add_argument("--out", type=_path, required=True, help="run folder to create")
     sp.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar")
     sp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
     sp.set_defaults(func=cmd_train)
 
     sp = sub.add_parser("eval", help="held-out loss, perplexity and bits-per-byte of a run")
-    sp.add_argument("run")
-    sp.add_argument("--data", help="prepared data folder (default: the run's)")
-    sp.add_argument("--split", default="val", choices=["val", "train"])
+    sp.add_argument("run", type=_path)
+    sp.add_argument("--data", type=_path, help="prepared data folder (default: the run's)")
+    sp.add_argument("--split", choices=["val", "train"], help="the split scored (default val)")
     sp.add_argument("--stride", type=POSITIVE, help="new tokens scored per window (default context_length)")
     sp.add_argument("--batch-size", type=POSITIVE, default=16)
     sp.add_argument("--device", default="auto")
-    sp.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "auto"])
+    sp.add_argument("--dtype", choices=["fp32", "bf16", "auto"], help="autocast dtype (default fp32)")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.add_argument("--tasks", help="comma-separated lm-evaluation-harness tasks (the eval extra) instead of "
                                     "bits-per-byte, e.g. hellaswag,arc_easy")
-    sp.add_argument("--include-path", help="with --tasks: a folder of task YAMLs of your own")
+    sp.add_argument("--include-path", type=_path, help="with --tasks: a folder of task YAMLs of your own")
     sp.add_argument("--num-fewshot", type=int, help="with --tasks: few-shot examples per prompt")
     sp.add_argument("--limit", type=POSITIVE, help="with --tasks: at most this many documents per task")
     sp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
     sp.set_defaults(func=cmd_eval)
 
     sp = sub.add_parser("generate", help="sample from a run with a KV cache")
-    sp.add_argument("run")
+    sp.add_argument("run", type=_path)
     sp.add_argument("--prompt", action="append", help="text to continue (default: start of a document); "
                                                       "repeat for a batch of prompts")
     sp.add_argument("--prompt-ids", metavar="IDS", help="token ids to continue, e.g. 1,2,3 (a run without a "
@@ -613,25 +646,26 @@ def make_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_generate)
 
     sp = sub.add_parser("plot", help="PNG plots of runs: loss vs step, tokens and wall time; the LR schedule")
-    sp.add_argument("runs", nargs="+", help="run folders")
-    sp.add_argument("--out", default="plots", help="output folder (default ./plots)")
+    sp.add_argument("runs", nargs="+", type=_path, help="run folders")
+    sp.add_argument("--out", type=_path, default="plots", help="output folder (default ./plots)")
     sp.set_defaults(func=cmd_plot)
 
     sp = sub.add_parser("sweep", help="run an ablation spec: every variant x seed trained, evaluated, recorded")
-    sp.add_argument("spec", nargs="?", help="a sweep spec YAML file or a shipped spec name (see --list)")
-    sp.add_argument("--out", help="sweep folder (default sweeps/NAME); an existing one is resumed")
+    sp.add_argument("spec", nargs="?", type=_path, help="a sweep spec YAML file or a shipped spec name (see --list)")
+    sp.add_argument("--out", type=_path, help="sweep folder (default sweeps/NAME); an existing one is resumed")
     sp.add_argument("--jobs", type=POSITIVE, default=1, help="runs trained at once, each with cores // jobs threads")
     sp.add_argument("--dry-run", action="store_true", help="print the runs, steps, tokens and FLOPs; train nothing")
     sp.add_argument("--list", action="store_true", help="list the shipped specs and their claims")
-    sp.add_argument("--data", help="a prepared data folder (`lmlab prepare --out`) for every run, over the spec's "
-                                   "'data:' (default: the spec's, else the default corpus)")
+    sp.add_argument("--data", type=_path,
+                    help="a prepared data folder (`lmlab prepare --out`) for every run, over the spec's "
+                         "'data:' (default: the spec's, else the default corpus)")
     sp.add_argument("--tier", help="run the spec at one of its tiers (e.g. gpu: 20-100M parameters on one GPU); "
                                    "default: the spec as written (CPU-sized)")
     sp.set_defaults(func=cmd_sweep)
 
     sp = sub.add_parser("report", help="markdown report of a sweep (verdicts, plots, results.csv), or an index")
-    sp.add_argument("sweep", nargs="?", help="a sweep folder (`lmlab sweep --out`)")
-    sp.add_argument("--out", help="the markdown file (default SWEEP/report.md; plots and CSV beside it)")
+    sp.add_argument("sweep", nargs="?", type=_path, help="a sweep folder (`lmlab sweep --out`)")
+    sp.add_argument("--out", type=_path, help="the markdown file (default SWEEP/report.md; plots and CSV beside it)")
     sp.add_argument("--index", nargs="+", metavar="DIR",
                     help="write one index page of every claim of these sweep folders (needs --out)")
     sp.add_argument("--readme", metavar="FILE.md",
@@ -640,17 +674,18 @@ def make_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_report)
 
     sp = sub.add_parser("import", help="convert a Hugging Face model folder into a new run folder")
-    sp.add_argument("path", help="HF model folder: config.json + model.safetensors (or shards, or pytorch_model.bin)")
-    sp.add_argument("--out", required=True, help="run folder to create")
+    sp.add_argument("path", type=_path,
+                    help="HF model folder: config.json + model.safetensors (or shards, or pytorch_model.bin)")
+    sp.add_argument("--out", type=_path, required=True, help="run folder to create")
     sp.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
                     help="dtype of the stored weights (default auto: the HF checkpoint's, bf16 when all its "
                          "floating tensors are bf16, else fp32)")
     sp.set_defaults(func=cmd_import)
 
     sp = sub.add_parser("export", help="write a run's checkpoint as a Hugging Face model folder")
-    sp.add_argument("run")
+    sp.add_argument("run", type=_path)
     sp.add_argument("--format", choices=["hf"], default="hf")
-    sp.add_argument("--out", required=True, help="folder to create (config.json, model.safetensors)")
+    sp.add_argument("--out", type=_path, required=True, help="folder to create (config.json, model.safetensors)")
     sp.add_argument("--family", help="HF model_type to write (default: the imported one, else the first that fits)")
     sp.add_argument("--step", type=NON_NEGATIVE, help="checkpoint step (default: the latest)")
     sp.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
@@ -659,10 +694,10 @@ def make_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_export)
 
     sp = sub.add_parser("analyze", help="parameters, FLOPs/token, KV cache and arithmetic intensity of a config")
-    sp.add_argument("run", nargs="?", help="a run folder (its run.yaml)")
+    sp.add_argument("run", type=_path, nargs="?", help="a run folder (its run.yaml)")
     sp.add_argument("--preset", type=_preset_name, help="a model family preset (see `lmlab presets`)")
     sp.add_argument("--scale", choices=["real", "tiny"], help="preset scale (default real)")
-    sp.add_argument("--config", help="a YAML/JSON file with a 'model:' section (and optionally 'train:')")
+    sp.add_argument("--config", type=_path, help="a YAML/JSON file with a 'model:' section (and optionally 'train:')")
     sp.add_argument("--context", type=POSITIVE, help="sequence length (default the config's context_length)")
     sp.add_argument("--batch", type=POSITIVE, default=1, help="sequences (KV cache, decode intensity)")
     sp.add_argument("--device", choices=["h100", "h200", "a100", "cpu"], default="h100")
@@ -678,7 +713,7 @@ def make_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("bench", help="benchmarks: `lmlab bench decode`")
     bench = sp.add_subparsers(dest="bench", required=True)
     bp = bench.add_parser("decode", help="prefill and decode tokens/s of KV-cache generation (greedy)")
-    bp.add_argument("run", nargs="?", help="a run folder (its trained weights); default the demo config")
+    bp.add_argument("run", type=_path, nargs="?", help="a run folder (its trained weights); default the demo config")
     bp.add_argument("--preset", type=_preset_name, help="a preset with random weights")
     bp.add_argument("--scale", choices=["tiny", "real"], help="preset scale (default tiny)")
     bp.add_argument("--batch", type=POSITIVE, default=1)

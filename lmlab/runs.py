@@ -133,17 +133,19 @@ def build_configs(
     sets: Sequence[str] = (),
     data_vocab: Optional[int] = None,
     base: Optional[dict] = None,
+    base_source: str = "the resumed run",
 ):
     """(ModelConfig, TrainConfig) from ``base`` (a run's saved ``model``/``train``, when resuming), then
     the config file, the preset (at ``scale``: 'tiny' or 'real') and the ``KEY=VALUE`` overrides
     ``sets``. The data's vocabulary ``data_vocab`` replaces the preset's unless a file or override sets
-    ``vocab_size``. Raises ConfigError naming the field and where it came from."""
+    ``vocab_size``. Raises ConfigError naming the field and where it came from (``base_source``: the
+    run file ``base`` was read from)."""
     from lmlab.config import ModelConfig, apply_overrides
     from lmlab.train import TrainConfig
 
     model: dict = dict((base or {}).get("model") or {})
     train: dict = dict((base or {}).get("train") or {})
-    sources = ["the resumed run"] if base else []
+    sources = [base_source] if base else []
     if config:
         path, model, train = read_config_file(config)
         sources.append(str(path))
@@ -273,7 +275,7 @@ def setup_run(
 
 
 def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress):
-    from lmlab.checkpoint import RUN_FILE, read_run, run_copy_hint
+    from lmlab.checkpoint import RUN_FILE, check_run_model, read_run, run_copy_hint
     from lmlab.config import ModelConfig, check_keys
     from lmlab.data.prepare import TokenData
     from lmlab.train import TrainConfig, Trainer, planned_config
@@ -281,6 +283,7 @@ def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress
     sets = list(sets)
     if (out / RUN_FILE).exists():
         run = read_run(out)
+        check_run_model(out, run)  # an edited architecture field is named, not reported as a misfit
         if resume and data and run.get("data") is None:  # fine-tuning an imported run: record its data
             attach_data(out, run, Path(data))
         elif resume and data and str(Path(data).resolve()) != run.get("data"):
@@ -290,7 +293,8 @@ def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress
             )
         if resume:  # continue, possibly with changed training settings
             cfg, tc = (
-                build_configs(config, preset, scale, sets, run["model"].get("vocab_size"), base=run)
+                build_configs(config, preset, scale, sets, run["model"].get("vocab_size"), base=run,
+                              base_source=str(out / RUN_FILE))
                 if (config or preset or sets)
                 else (None, None)
             )

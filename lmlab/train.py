@@ -580,7 +580,8 @@ class Trainer:
         if run.get("data") is None:
             raise CheckpointError(f"run {str(run_dir)!r} names no data folder; pass --data to fine-tune it")
         trainer = cls(run_dir, saved, tc, TokenData(run["data"]), padded_vocab=isinstance(run.get("hf"), dict), **kw)
-        trainer._load()
+        if not trainer._load():
+            trainer._check_lost_checkpoints(run)
         trainer.budget_planned = planned
         if trainer.step > tc.max_steps:
             raise CheckpointError(f"max_steps={tc.max_steps} is below the step {trainer.step} run {str(run_dir)!r} "
@@ -597,14 +598,15 @@ class Trainer:
         barrier(trainer.dist)
         return trainer
 
-    def _load(self) -> None:
+    def _load(self) -> bool:
         """Load the newest checkpoint that verifies (a damaged one falls back to the previous one, with a
-        warning; none usable: CheckpointError); no checkpoint: stay at step 0."""
-        found = load_latest(self.run_dir, self.model, with_optimizer=True)
+        warning; none usable: CheckpointError); no checkpoint: stay at step 0 and return False."""
+        run = read_run(self.run_dir)
+        found = load_latest(self.run_dir, self.model, with_optimizer=True, run=run)
         if found is None:
-            return
+            return False
         ckpt, weights, opt_state, state, rng = found
-        check_run_files(self.run_dir, ckpt, read_run(self.run_dir))
+        check_run_files(self.run_dir, ckpt, run)
         load_full_state(self.model, self.opt, weights, opt_state, self.mode, self.dist)
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
         self.clipped_steps = state.get("clipped_steps", 0)
@@ -616,6 +618,29 @@ class Trainer:
             torch.set_rng_state(rng["cpu"])
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"], self.device)
+        return True
+
+    def _check_lost_checkpoints(self, run: dict) -> None:
+        """Raise CheckpointError when the run has no checkpoint but its metrics.jsonl shows that one was
+        saved (a record of a step where the trainer always checkpoints: a budget plan, a stop, a
+        ``checkpoint_interval`` step, the last step): its checkpoints were deleted or moved, and
+        resuming would retrain from step 0 and cut the log. A run killed before its first checkpoint
+        passes (it restarts from step 0)."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return
+        train = run.get("train") or {}
+        every, last = train.get("checkpoint_interval") or 0, train.get("max_steps")
+        saved = [rec["step"] for _, rec in metrics_lines(path) if rec["step"] > 0 and (
+            "stopped" in rec or "budget_steps" in rec or (every and rec["step"] % every == 0)
+            or (last is not None and rec["step"] >= last))]
+        if saved:
+            where = "is empty" if (self.run_dir / "checkpoints").is_dir() else "is missing"
+            raise CheckpointError(
+                f"run {str(self.run_dir)!r} has no checkpoint (its checkpoints folder {where}), but "
+                f"{str(path)!r} shows one was saved at step {max(saved)}: deleted or moved? Restore the "
+                f"checkpoints folder to continue from there; to train the run again from step 0, move "
+                f"metrics.jsonl out of the run folder first (nothing was changed)")
 
     def _metrics_to_keep(self) -> Optional[list[str]]:
         """The lines of metrics.jsonl up to the resumed step (later ones were written by the interrupted run

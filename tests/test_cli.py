@@ -89,6 +89,14 @@ def test_prompt_longer_than_context(run_dir, capsys):
     (["bench", "decode", "--new-tokens", "1"], "--new-tokens", "1 must be >= 2"),
     (["generate", "RUN", "--stop", ""], "--stop", "an empty stop string would stop before the first token"),
     (["analyze", "--preset", "llama-2-7b", "--peak-flops", "inf"], "--peak-flops", "inf must be in (0, inf)"),
+    # a blank path would mean the current folder, or the flag's default: refused
+    (["train", "--config", "demo", "--out", ""], "--out", "is blank; give a file or folder path"),
+    (["prepare", "--out", " "], "--out", "is blank"),
+    (["eval", ""], "run", "is blank"),
+    (["eval", "RUN", "--data", ""], "--data", "is blank"),
+    (["plot", "RUN", "--out", ""], "--out", "is blank"),
+    (["sweep", "--out", ""], "--out", "is blank"),
+    (["import", "", "--out", "x"], "path", "is blank"),
 ])
 def test_bad_numbers_are_refused_naming_the_flag(run_dir, argv, flag, says, capsys):
     argv = [str(run_dir) if a == "RUN" else a for a in argv]
@@ -97,6 +105,20 @@ def test_bad_numbers_are_refused_naming_the_flag(run_dir, argv, flag, says, caps
     assert exc.value.code == 2
     line = error_line(capsys)
     assert f"argument {flag}" in line and says in line
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--limit", "3"], "--limit only apply with --tasks"),
+    (["--num-fewshot", "1", "--include-path", "x"], "--include-path, --num-fewshot only apply with --tasks"),
+    (["--tasks", "hellaswag", "--stride", "8"], "--stride only apply to the held-out bits-per-byte"),
+    (["--tasks", "hellaswag", "--split", "train", "--dtype", "bf16"], "--split, --dtype only apply to the held-out"),
+])
+def test_eval_flags_of_the_other_mode_are_refused(run_dir, extra, says, capsys):
+    """eval scores bits-per-byte, or lm-evaluation-harness tasks with --tasks: a flag of the other mode
+    would be ignored, so it is refused (exit 2) before any model is loaded or harness imported."""
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), *extra]) == 2
+    assert says in error_line(capsys)
 
 
 def test_prepare_tokenizer_flags_that_do_not_combine(small_corpus, data_dir, tmp_path, capsys):
@@ -450,7 +472,8 @@ def test_train_checks_its_config_before_preparing_data(tmp_path, monkeypatch, ca
     assert main(["train", "--out", str(tmp_path / "odd"), "--set", "max_steps=1"]) == 2
     assert "already holds a different run (model.d_model: run has -3" in error_line(capsys)
     assert main(["train", "--out", str(tmp_path / "odd"), "--resume", "--set", "max_steps=1"]) == 2
-    assert "(from the resumed run + --set): d_model=-3 must be an integer >= 1" in error_line(capsys)
+    odd_file = str(tmp_path / "odd" / "run.yaml")
+    assert f"(from {odd_file} + --set): d_model=-3 must be an integer >= 1" in error_line(capsys)
 
 
 @pytest.mark.parametrize("argv, prog", [(["train", "--out", "x", "--bogus"], "lmlab train"),
@@ -472,8 +495,7 @@ def test_refused_train_and_sweep_write_no_data(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(runs, "ensure_default_data", lambda data: pytest.fail("prepared data first"))
     (tmp_path / "afile").write_text("x")
-    for out, says in (("afile/x", "lies under a file"), ("afile", "exists and is not an empty folder"),
-                      ("  ", "--out is blank")):
+    for out, says in (("afile/x", "lies under a file"), ("afile", "exists and is not an empty folder")):
         assert main(["train", "--config", "demo", "--out", out]) == 2
         assert says in error_line(capsys)
     assert main(["train", "--out", "run", "--set", "batch_size=100000"]) == 2

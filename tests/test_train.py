@@ -300,3 +300,45 @@ def test_a_run_folder_without_run_yaml_points_to_the_copy_its_checkpoint_keeps(t
     with pytest.raises(CheckpointError) as bare:
         read_run(tmp_path)
     assert "copy it back" not in str(bare.value)
+
+
+def test_resume_of_a_run_whose_checkpoints_were_deleted_is_refused(tmp_path, byte_data):
+    """metrics.jsonl shows a checkpoint was saved (the last step's): with the checkpoints gone, resuming
+    would retrain from step 0 and cut the log, so it is refused and nothing is changed; a run killed
+    before its first checkpoint (a log below any checkpoint step) restarts from step 0."""
+    import shutil
+
+    tc = TrainConfig(batch_size=2, max_steps=4, eval_interval=4, eval_windows=2, log_interval=1, device="cpu")
+    Trainer.create(tmp_path / "run", small_model(), tc, byte_data, progress=False).fit()
+    shutil.rmtree(tmp_path / "run" / "checkpoints")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()}
+    longer = TrainConfig(**{**tc.__dict__, "max_steps": 6})
+    with pytest.raises(CheckpointError, match="saved at step 4: deleted or moved") as exc:
+        Trainer.resume(tmp_path / "run", tc=longer, progress=False)
+    assert "checkpoints folder is missing" in str(exc.value)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()} == before
+    (tmp_path / "run" / "checkpoints").mkdir()
+    with pytest.raises(CheckpointError, match="checkpoints folder is empty"):
+        Trainer.resume(tmp_path / "run", tc=longer, progress=False)
+    # a log of steps 1-3 only (killed before the checkpoint at step 4): restarts, the log cut to step 0
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    metrics.write_text("".join(line + "\n" for line in metrics.read_text().splitlines()
+                               if json.loads(line)["step"] < 4))
+    t = Trainer.resume(tmp_path / "run", tc=longer, progress=False)
+    assert t.step == 0 and metrics.read_text() == ""
+
+
+def test_an_edited_architecture_field_in_run_yaml_is_named(tmp_path, byte_data):
+    """run.yaml's model section is checked against the copy in the newest checkpoint before any weights
+    are read: the error names run.yaml, the field and the copy, not a checkpoint that does not fit."""
+    tc = TrainConfig(batch_size=2, max_steps=2, eval_interval=2, eval_windows=2, device="cpu")
+    Trainer.create(tmp_path / "run", small_model(), tc, byte_data, progress=False).fit()
+    run_file = tmp_path / "run" / "run.yaml"
+    run = yaml.safe_load(run_file.read_text())
+    run["model"]["n_layers"] += 1
+    run_file.write_text(yaml.safe_dump(run, sort_keys=False))
+    copy = str(checkpoint_dirs(tmp_path / "run")[-1] / "run.yaml")
+    for call in (lambda: Trainer.resume(tmp_path / "run", progress=False), lambda: load_run(tmp_path / "run")):
+        with pytest.raises(CheckpointError, match=r"key 'model' differs .* \(fields \['n_layers'\]\)") as exc:
+            call()
+        assert str(run_file) in str(exc.value) and copy in str(exc.value)
