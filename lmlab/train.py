@@ -93,7 +93,7 @@ class TrainConfig:
     max_seconds: Optional[float] = None  # stop after this many seconds of one fit() (wall time; None = no limit)
     budget_seconds: Optional[float] = None  # plan max_steps (then a cap) so that fit() takes about this many
     # seconds (wall time: compile, evaluations and checkpoints included), from the step time measured in the
-    # run (see budget_plan_after, budget_steps)
+    # run (see budget_plan_after, budget_steps; wsd and constant rates check the plan again: budget_replan_step)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "grad_accum", "max_steps", "eval_interval", "eval_windows", "log_interval",
@@ -205,6 +205,39 @@ def budget_plan_after(tc: TrainConfig) -> float:
         return 0.0
     stable = 1.0 - tc.decay_fraction if tc.schedule == "wsd" else 1.0
     return tc.budget_seconds * stable / 2
+
+
+BUDGET_REPLAN_AT = 0.9  # fraction of the planned stable phase after which a budget plan is checked again
+
+
+def decay_start(tc: TrainConfig) -> Optional[int]:
+    """The first step whose learning rate depends on ``max_steps`` after warmup: wsd's decay start,
+    ``max_steps`` for a constant rate, None for cosine (every step after warmup depends on it)."""
+    if tc.schedule == "wsd":
+        return tc.max_steps - int(round(tc.decay_fraction * tc.max_steps))
+    return tc.max_steps if tc.schedule == "constant" else None
+
+
+def budget_replan_step(tc: TrainConfig, planned_at: int) -> Optional[int]:
+    """The step at which a budgeted run checks its plan again (``tc``: the planned config): after
+    ``BUDGET_REPLAN_AT`` of the steps before :func:`decay_start`, when at least BUDGET_TIMED_STEPS
+    steps have passed since the plan at ``planned_at``; None for cosine or a plan too short for it.
+    Steps slow down or speed up on a shared machine: the first plan's timings (a few dozen steps)
+    can miss by 5% over a run (two `make demo` runs ended 18 and 26 s past a 470 s budget)."""
+    start = decay_start(tc)
+    if start is None:
+        return None
+    at = int(BUDGET_REPLAN_AT * start)
+    return at if at >= planned_at + BUDGET_TIMED_STEPS else None
+
+
+def shortest_plan(step: int, tc: TrainConfig) -> int:
+    """The smallest ``max_steps`` whose :func:`decay_start` is not before ``step``: a re-plan at
+    ``step`` may shorten the run down to it and the run stays the run of that length from the start."""
+    n = step
+    while decay_start(dataclasses.replace(tc, max_steps=n)) < step:
+        n += 1
+    return n
 
 
 def budget_steps(step: int, elapsed_s: float, step_s: float, eval_s: float, save_s: float,
@@ -515,6 +548,7 @@ class Trainer:
         self._tb = None
         self.lock = None  # the run folder's lmlab.fsutil.FolderLock, set by lmlab.runs.setup_run
         self.budget_planned = False  # max_steps already planned from budget_seconds (run.yaml's "budget")
+        self.budget_plan: Optional[dict] = None  # the plan this process made (run.yaml's "budget")
 
     def release_lock(self) -> None:
         """Release the run folder's lock (if this trainer holds one)."""
@@ -622,8 +656,8 @@ class Trainer:
 
     def _check_lost_checkpoints(self, run: dict) -> None:
         """Raise CheckpointError when the run has no checkpoint but its metrics.jsonl shows that one was
-        saved (a record of a step where the trainer always checkpoints: a budget plan, a stop, a
-        ``checkpoint_interval`` step, the last step): its checkpoints were deleted or moved, and
+        saved (a record of a step where the trainer always checkpoints: a budget plan (not a re-plan), a
+        stop, a ``checkpoint_interval`` step, the last step): its checkpoints were deleted or moved, and
         resuming would retrain from step 0 and cut the log. A run killed before its first checkpoint
         passes (it restarts from step 0)."""
         path = self.run_dir / "metrics.jsonl"
@@ -632,7 +666,8 @@ class Trainer:
         train = run.get("train") or {}
         every, last = train.get("checkpoint_interval") or 0, train.get("max_steps")
         saved = [rec["step"] for _, rec in metrics_lines(path) if rec["step"] > 0 and (
-            "stopped" in rec or "budget_steps" in rec or (every and rec["step"] % every == 0)
+            "stopped" in rec or (every and rec["step"] % every == 0)
+            or ("budget_steps" in rec and "replanned_at_step" not in (rec.get("budget") or {}))
             or (last is not None and rec["step"] >= last))]
         if saved:
             where = "is empty" if (self.run_dir / "checkpoints").is_dir() else "is missing"
@@ -872,10 +907,36 @@ class Trainer:
                                            for v in (step_s, eval_s, save_s, time.perf_counter() - t0))
         cap = self.tc.max_steps
         steps = budget_steps(self.step, elapsed, step_s, eval_s, save_s, self.tc)
-        self.tc = dataclasses.replace(self.tc, max_steps=steps)
-        self.budget_planned = True
         plan = {"seconds": self.tc.budget_seconds, "cap": cap, "steps": steps, "planned_at_step": self.step,
                 "step_s": step_s, "eval_s": eval_s, "save_s": save_s, "elapsed_s": elapsed}
+        self._record_plan(bar, plan, f"budget {self.tc.budget_seconds:g} s: {steps} steps planned (cap {cap}) "
+                                     f"at {step_s * 1e3:.0f} ms/step, {eval_s:.1f} s/evaluation, {save_s:.1f} "
+                                     f"s/checkpoint, {elapsed:.0f} s spent")
+        return val
+
+    def _replan_budget(self, bar, t0: float, step_s: float) -> None:
+        """Check the plan again at :func:`budget_replan_step` with ``step_s`` timed since the plan (more
+        and later steps than the plan saw): :func:`budget_steps` with the plan's evaluation and
+        checkpoint times, kept within [:func:`shortest_plan`, cap] so the decay has not begun and the run
+        stays the run of the new length from the start. Recorded like the plan (``replanned_at_step``,
+        ``replan_step_s``, ``first_steps``: the first plan's count)."""
+        plan = dict(self.budget_plan)
+        step_s, elapsed = (all_reduce_mean(v, self.dist, self.device) for v in (step_s, time.perf_counter() - t0))
+        cap_tc = dataclasses.replace(self.tc, max_steps=plan["cap"])
+        steps = max(shortest_plan(self.step, self.tc),
+                    budget_steps(self.step, elapsed, step_s, plan["eval_s"], plan["save_s"], cap_tc))
+        plan.update(first_steps=plan.get("first_steps", plan["steps"]), steps=steps, replanned_at_step=self.step,
+                    replan_step_s=step_s, replan_elapsed_s=elapsed)
+        self._record_plan(bar, plan, f"budget {self.tc.budget_seconds:g} s: {steps} steps planned again at step "
+                                     f"{self.step} (was {self.tc.max_steps}) at {step_s * 1e3:.0f} ms/step since "
+                                     f"the plan, {elapsed:.0f} s spent")
+
+    def _record_plan(self, bar, plan: dict, message: str) -> None:
+        """Apply a budget plan: ``self.tc.max_steps``, metrics.jsonl (``budget_steps``, ``budget``),
+        run.yaml (``train.max_steps``, ``budget``), the progress bar and a line above it."""
+        steps = plan["steps"]
+        self.tc = dataclasses.replace(self.tc, max_steps=steps)
+        self.budget_planned, self.budget_plan = True, plan
         self._log({"step": self.step, "budget_steps": steps, "budget": plan})
         if self.dist.is_main:
             run = read_run(self.run_dir)
@@ -884,11 +945,8 @@ class Trainer:
             atomic_write_text(self.run_dir / RUN_FILE, yaml.safe_dump(run, sort_keys=False))
             bar.total = steps
             bar.refresh()
-            bar.write(f"budget {self.tc.budget_seconds:g} s: {steps} steps planned (cap {cap}) at "
-                      f"{step_s * 1e3:.0f} ms/step, {eval_s:.1f} s/evaluation, {save_s:.1f} s/checkpoint, "
-                      f"{elapsed:.0f} s spent")
+            bar.write(message)
         barrier(self.dist)
-        return val
 
     def _fit(self, stop: StopSignals) -> dict:
         from tqdm import tqdm
@@ -899,7 +957,7 @@ class Trainer:
                    unit="step", dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 30.0)  # logs: 1 line / 30 s
         last_val: dict = {}
         t0, window_t, window_steps = time.perf_counter(), time.perf_counter(), 0
-        first_step, timed_from, side_s = self.step, t0, 0.0
+        first_step, timed_from, side_s, replan_at = self.step, t0, 0.0, None
         self.model.train()
         while self.step < tc.max_steps:
             if self._stop_requested(stop):  # the previous step, its evaluation and checkpoint are done
@@ -943,7 +1001,12 @@ class Trainer:
                               / (self.step - first_step - BUDGET_SKIP_STEPS))
                     last_val = self._plan_budget(bar, t0, step_s)
                     tc, planned_now = self.tc, True
-                    window_t = time.perf_counter()
+                    window_t = timed_from = time.perf_counter()  # the re-plan times the steps from here
+                    side_s, replan_at = 0.0, budget_replan_step(tc, self.step)
+            elif replan_at is not None and self.step == replan_at:
+                plan_step = self.budget_plan["planned_at_step"]
+                self._replan_budget(bar, t0, (time.perf_counter() - timed_from - side_s) / (self.step - plan_step))
+                tc, replan_at = self.tc, None
             side_t = time.perf_counter()  # evaluations and checkpoints are not step time
             if not planned_now and (self.step % tc.eval_interval == 0 or self.step == tc.max_steps):
                 last_val = self._validate_and_log(bar)

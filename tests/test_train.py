@@ -186,16 +186,22 @@ def test_budgeted_run_plans_its_steps_and_equals_a_fixed_run(tmp_path, byte_data
     assert other.tc.max_steps == 80 and not other.budget_planned and "budget" not in read_run(tmp_path / "budget")
 
 
-def test_wsd_budget_plans_late_and_equals_a_fixed_run(tmp_path, byte_data, monkeypatch):
+@pytest.mark.parametrize("replan", ["longer", "shortest"])
+def test_wsd_budget_plans_late_checks_again_and_equals_a_fixed_run(tmp_path, byte_data, monkeypatch, replan):
     """With wsd the plan waits for half of the stable phase, (1 - 0.2) / 2 = 40% of the budget, so it
-    times more steps; planned before the decay, the run equals the fixed run of the planned length."""
+    times more steps; at 90% of the planned stable phase it is checked again with the steps timed since
+    (a longer plan, or one far too short: kept to the shortest whose decay starts after the re-plan).
+    Planned before the decay, the run equals the fixed run of the final length, weight for weight."""
     import lmlab.train as train_mod
+    from lmlab.checkpoint import read_run
 
     planned = []
 
     def fake_plan(step, elapsed_s, step_s, eval_s, save_s, tc):
-        planned.append((step, elapsed_s))
-        return 2 * step + 10  # the decay starts at 0.8 x N > step: the plan came before it
+        planned.append((step, elapsed_s, step_s, eval_s, save_s, tc.max_steps))
+        if len(planned) == 1 or replan == "longer":
+            return 2 * step + 10  # the decay starts at 0.8 x N > step: the plan came before it
+        return step  # "no step fits": shortest_plan keeps the decay after the re-plan
 
     monkeypatch.setattr(train_mod, "budget_steps", fake_plan)
     train = dict(batch_size=2, max_steps=5000, lr=3e-3, warmup_steps=5, eval_interval=50, eval_windows=2,
@@ -205,13 +211,38 @@ def test_wsd_budget_plans_late_and_equals_a_fixed_run(tmp_path, byte_data, monke
     assert train_mod.budget_plan_after(TrainConfig(budget_seconds=1.0)) == 0.0  # cosine: at warmup's end
     budgeted = Trainer.create(tmp_path / "budget", small_model(n_layers=1), tc, byte_data, progress=False)
     budgeted.fit()
-    (step, elapsed), = planned
-    assert elapsed >= 0.4 and step >= 25 and budgeted.step == 2 * step + 10
+    (step, elapsed, *_), (again, _, step_s, eval_s, save_s, cap) = planned
+    first = 2 * step + 10
+    assert elapsed >= 0.4 and step >= 25
+    assert again == int(0.9 * (first - round(0.2 * first))) and cap == 5000  # the cap, not the first plan
+    assert step_s > 0 and (eval_s, save_s) == (read_run(tmp_path / "budget")["budget"]["eval_s"],
+                                               read_run(tmp_path / "budget")["budget"]["save_s"])
+    final = 2 * again + 10 if replan == "longer" else train_mod.shortest_plan(again, tc)
+    if replan == "shortest":  # the smallest N whose decay starts at or after the re-plan step, by hand
+        assert final - round(0.2 * final) >= again > (final - 1) - round(0.2 * (final - 1))
+    assert budgeted.step == final
+    plan = read_run(tmp_path / "budget")["budget"]
+    assert (plan["steps"], plan["first_steps"], plan["replanned_at_step"], plan["planned_at_step"]) == (
+        final, first, again, step)
+    records = [json.loads(x) for x in (tmp_path / "budget" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["budget_steps"]) for r in records if "budget_steps" in r] == [(step, first),
+                                                                                       (again, final)]
     fixed = Trainer.create(tmp_path / "fixed", small_model(n_layers=1),
-                           TrainConfig(**{**train, "max_steps": 2 * step + 10}), byte_data, progress=False)
+                           TrainConfig(**{**train, "max_steps": final}), byte_data, progress=False)
     fixed.fit()
     for (name, a), b in zip(budgeted.model.state_dict().items(), fixed.model.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_budget_replan_step_by_schedule():
+    """The re-plan comes at 90% of the steps before the decay (wsd), of the run (constant), never for
+    cosine, and only with BUDGET_TIMED_STEPS steps since the plan."""
+    from lmlab.train import budget_replan_step
+
+    assert budget_replan_step(TrainConfig(max_steps=1000, schedule="wsd", decay_fraction=0.4), 300) == 540
+    assert budget_replan_step(TrainConfig(max_steps=1000, schedule="constant"), 300) == 900
+    assert budget_replan_step(TrainConfig(max_steps=1000, schedule="cosine"), 300) is None
+    assert budget_replan_step(TrainConfig(max_steps=100, schedule="wsd", decay_fraction=0.4), 40) is None  # 54 < 60
 
 
 def test_budget_seconds_end_to_end(tmp_path, byte_data):
