@@ -615,7 +615,7 @@ class Trainer:
             raise CheckpointError(f"run {str(run_dir)!r} names no data folder; pass --data to fine-tune it")
         trainer = cls(run_dir, saved, tc, TokenData(run["data"]), padded_vocab=isinstance(run.get("hf"), dict), **kw)
         if not trainer._load():
-            trainer._check_lost_checkpoints(run)
+            trainer._check_lost_checkpoints()
         trainer.budget_planned = planned
         if trainer.step > tc.max_steps:
             raise CheckpointError(f"max_steps={tc.max_steps} is below the step {trainer.step} run {str(run_dir)!r} "
@@ -654,26 +654,18 @@ class Trainer:
                 torch.cuda.set_rng_state(rng["cuda"], self.device)
         return True
 
-    def _check_lost_checkpoints(self, run: dict) -> None:
-        """Raise CheckpointError when the run has no checkpoint but its metrics.jsonl shows that one was
-        saved (a record of a step where the trainer always checkpoints: a budget plan (not a re-plan), a
-        stop, a ``checkpoint_interval`` step, the last step): its checkpoints were deleted or moved, and
-        resuming would retrain from step 0 and cut the log. A run killed before its first checkpoint
-        passes (it restarts from step 0)."""
+    def _check_lost_checkpoints(self) -> None:
+        """Raise CheckpointError when the run has no checkpoint but its metrics.jsonl records one saved
+        (a ``checkpoint`` record, logged once the folder was in place): its checkpoints were deleted or
+        moved, and resuming would retrain from step 0 and cut the log. A run killed before its first
+        checkpoint was complete passes (it restarts from step 0)."""
         path = self.run_dir / "metrics.jsonl"
-        if not path.exists():
-            return
-        train = run.get("train") or {}
-        every, last = train.get("checkpoint_interval") or 0, train.get("max_steps")
-        saved = [rec["step"] for _, rec in metrics_lines(path) if rec["step"] > 0 and (
-            "stopped" in rec or (every and rec["step"] % every == 0)
-            or ("budget_steps" in rec and "replanned_at_step" not in (rec.get("budget") or {}))
-            or (last is not None and rec["step"] >= last))]
-        if saved:
+        saved = [rec["step"] for _, rec in (metrics_lines(path) if path.exists() else []) if "checkpoint" in rec]
+        if saved and max(saved) > 0:
             where = "is empty" if (self.run_dir / "checkpoints").is_dir() else "is missing"
             raise CheckpointError(
                 f"run {str(self.run_dir)!r} has no checkpoint (its checkpoints folder {where}), but "
-                f"{str(path)!r} shows one was saved at step {max(saved)}: deleted or moved? Restore the "
+                f"{str(path)!r} records one saved at step {max(saved)}: deleted or moved? Restore the "
                 f"checkpoints folder to continue from there; to train the run again from step 0, move "
                 f"metrics.jsonl out of the run folder first (nothing was changed)")
 
@@ -732,7 +724,8 @@ class Trainer:
                             device=self.device, max_windows=self.tc.eval_windows, autocast_dtype=self.amp_dtype)
 
     def save(self) -> Optional[Path]:
-        """Checkpoint the current state (gathered to rank 0, written there atomically)."""
+        """Checkpoint the current state (gathered to rank 0, written there atomically), then log a
+        ``{"step", "checkpoint": folder name}`` record to metrics.jsonl: the run's proof that it had one."""
         msd, osd = full_state(self.model, self.opt, self.mode, self.dist)
         path = None
         if self.dist.is_main:
@@ -746,6 +739,7 @@ class Trainer:
                 rng["cuda"] = torch.cuda.get_rng_state(self.device)
             path = save_checkpoint(self.run_dir, self.step, msd, osd, state, self.tc.keep_checkpoints,
                                    tied=self.cfg.tie_embeddings, rng=rng)
+            self._log({"step": self.step, "checkpoint": path.name})  # after the rename: it exists
         barrier(self.dist)
         return path
 

@@ -104,7 +104,8 @@ def test_max_seconds_stops_training(byte_data, tmp_path):
     trainer.fit()
     assert 0 < trainer.step < 10**6
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert records[-1]["stopped"] == "max_seconds" and records[-1]["step"] == trainer.step
+    assert records[-2]["stopped"] == "max_seconds" and records[-2]["step"] == trainer.step
+    assert records[-1] == {"step": trainer.step, "checkpoint": f"step_{trainer.step:07d}"}  # then saved
     assert run_state(tmp_path / "run", 10**6) == "trained"  # the sweep does not train it further
 
 

@@ -334,9 +334,9 @@ def test_a_run_folder_without_run_yaml_points_to_the_copy_its_checkpoint_keeps(t
 
 
 def test_resume_of_a_run_whose_checkpoints_were_deleted_is_refused(tmp_path, byte_data):
-    """metrics.jsonl shows a checkpoint was saved (the last step's): with the checkpoints gone, resuming
+    """metrics.jsonl records a checkpoint saved (the last step's): with the checkpoints gone, resuming
     would retrain from step 0 and cut the log, so it is refused and nothing is changed; a run killed
-    before its first checkpoint (a log below any checkpoint step) restarts from step 0."""
+    before its first checkpoint was in place (no such record) restarts from step 0."""
     import shutil
 
     tc = TrainConfig(batch_size=2, max_steps=4, eval_interval=4, eval_windows=2, log_interval=1, device="cpu")
@@ -344,17 +344,19 @@ def test_resume_of_a_run_whose_checkpoints_were_deleted_is_refused(tmp_path, byt
     shutil.rmtree(tmp_path / "run" / "checkpoints")
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()}
     longer = TrainConfig(**{**tc.__dict__, "max_steps": 6})
-    with pytest.raises(CheckpointError, match="saved at step 4: deleted or moved") as exc:
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["checkpoint"]) for r in records if "checkpoint" in r] == [(4, "step_0000004")]
+    with pytest.raises(CheckpointError, match="records one saved at step 4: deleted or moved") as exc:
         Trainer.resume(tmp_path / "run", tc=longer, progress=False)
     assert "checkpoints folder is missing" in str(exc.value)
     assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()} == before
     (tmp_path / "run" / "checkpoints").mkdir()
     with pytest.raises(CheckpointError, match="checkpoints folder is empty"):
         Trainer.resume(tmp_path / "run", tc=longer, progress=False)
-    # a log of steps 1-3 only (killed before the checkpoint at step 4): restarts, the log cut to step 0
+    # killed while the checkpoint at step 4 was written (its record not logged): restarts, the log cut
     metrics = tmp_path / "run" / "metrics.jsonl"
     metrics.write_text("".join(line + "\n" for line in metrics.read_text().splitlines()
-                               if json.loads(line)["step"] < 4))
+                               if "checkpoint" not in json.loads(line)))
     t = Trainer.resume(tmp_path / "run", tc=longer, progress=False)
     assert t.step == 0 and metrics.read_text() == ""
 
