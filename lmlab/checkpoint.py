@@ -347,14 +347,14 @@ def check_run_files(run_dir: str | Path, ckpt_dir: str | Path, run: dict) -> Non
 
 def check_run_model(run_dir: str | Path, run: dict, ckpt_dir: Optional[str | Path] = None) -> None:
     """Check the ``model`` section of ``run.yaml`` (``run``, parsed) against the copy of run.yaml that
-    checkpoint ``ckpt_dir`` (default: the run's newest) keeps: an edited architecture field would
-    otherwise surface as weights that fit no checkpoint. Raises CheckpointError naming the fields and
-    the copy to restore; no checkpoint, or one without a readable copy, passes."""
+    checkpoint ``ckpt_dir`` keeps (default: the newest copy whose size and SHA-256 match its
+    checkpoint's manifest): an edited architecture field would otherwise surface as weights that fit
+    no checkpoint. Raises CheckpointError naming the fields and the copy to restore; no checkpoint,
+    or one without a readable copy, passes."""
     if ckpt_dir is None:
-        ckpts = checkpoint_dirs(run_dir)
-        if not ckpts:
+        ckpt_dir = next((c for c in reversed(checkpoint_dirs(run_dir)) if _intact_run_copy(c)), None)
+        if ckpt_dir is None:
             return
-        ckpt_dir = ckpts[-1]
     run_dir, copy = Path(run_dir), Path(ckpt_dir) / RUN_FILE
     if not copy.is_file():
         return
@@ -370,21 +370,28 @@ def check_run_model(run_dir: str | Path, run: dict, ckpt_dir: Optional[str | Pat
                               f"copy {str(copy)!r} back to restore it")
 
 
+def _intact_run_copy(ckpt_dir: Path) -> bool:
+    """Whether checkpoint ``ckpt_dir``'s copy of run.yaml has the size and SHA-256 its manifest lists."""
+    try:
+        manifest = json.loads((ckpt_dir / MANIFEST).read_text())
+        entry = manifest["files"][RUN_FILE]
+        copy = ckpt_dir / RUN_FILE
+        return copy.stat().st_size == entry["bytes"] and sha256_file(copy) == str(entry["sha256"]).lower()
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def load_latest(run_dir: str | Path, model: TransformerLM, with_optimizer: bool = False,
-                step: Optional[int] = None, run: Optional[dict] = None):
+                step: Optional[int] = None):
     """The newest checkpoint of ``run_dir`` (or the one of ``step``) that verifies and fits ``model``:
     (checkpoint folder, weights, optimizer state, trainer state, rng), or None when the run has no
     checkpoint. A damaged newest checkpoint is skipped for the previous one, with a warning on stderr
-    naming the damaged file; raises CheckpointError (the newest one's error) when none is usable.
-    With ``run`` (the parsed run.yaml the model was built from), its model section is first checked
-    against the newest checkpoint's copy (:func:`check_run_model`), so an edited run.yaml is named."""
+    naming the damaged file; raises CheckpointError (the newest one's error) when none is usable."""
     ckpts = checkpoint_dirs(run_dir)
     if step is not None:
         ckpts = [c for c in ckpts if c.name == f"step_{step:07d}"]
     if not ckpts:
         return None
-    if run is not None:
-        check_run_model(run_dir, run, ckpts[-1])
     errors = []
     for i in range(len(ckpts) - 1, -1, -1):
         try:

@@ -33,8 +33,8 @@ import numpy as np
 import torch
 import yaml
 
-from lmlab.checkpoint import (RUN_FILE, CheckpointError, check_run_files, checkpoint_dirs, load_latest, metrics_lines,
-                              read_run, run_copy_hint, save_checkpoint)
+from lmlab.checkpoint import (RUN_FILE, CheckpointError, check_run_files, check_run_model, checkpoint_dirs,
+                              load_latest, metrics_lines, read_run, run_copy_hint, save_checkpoint)
 from lmlab.config import (ConfigError, ModelConfig, _choice, _non_negative, _number_in, _positive, _positive_int,
                           build_checked, check_keys)
 from lmlab.data.prepare import DataError, TokenData
@@ -636,7 +636,8 @@ class Trainer:
         """Load the newest checkpoint that verifies (a damaged one falls back to the previous one, with a
         warning; none usable: CheckpointError); no checkpoint: stay at step 0 and return False."""
         run = read_run(self.run_dir)
-        found = load_latest(self.run_dir, self.model, with_optimizer=True, run=run)
+        check_run_model(self.run_dir, run)  # an edited architecture field is named, not reported as a misfit
+        found = load_latest(self.run_dir, self.model, with_optimizer=True)
         if found is None:
             return False
         ckpt, weights, opt_state, state, rng = found

@@ -375,3 +375,22 @@ def test_an_edited_architecture_field_in_run_yaml_is_named(tmp_path, byte_data):
         with pytest.raises(CheckpointError, match=r"key 'model' differs .* \(fields \['n_layers'\]\)") as exc:
             call()
         assert str(run_file) in str(exc.value) and copy in str(exc.value)
+
+
+def test_run_yaml_is_checked_against_an_intact_copy_only(tmp_path, byte_data):
+    """A newest checkpoint whose run.yaml copy was edited (its SHA-256 no longer the manifest's) is not
+    taken as the reference: an intact run.yaml is not reported as edited, and the damaged checkpoint
+    falls back to the previous one when loaded."""
+    from lmlab.checkpoint import check_run_model, read_run
+
+    tc = TrainConfig(batch_size=2, max_steps=4, eval_interval=4, eval_windows=2, checkpoint_interval=2,
+                     device="cpu")
+    Trainer.create(tmp_path / "run", small_model(), tc, byte_data, progress=False).fit()
+    older, newest = checkpoint_dirs(tmp_path / "run")
+    copy = yaml.safe_load((newest / "run.yaml").read_text())
+    copy["model"]["n_layers"] += 1
+    (newest / "run.yaml").write_text(yaml.safe_dump(copy, sort_keys=False))
+    check_run_model(tmp_path / "run", read_run(tmp_path / "run"))  # the older, intact copy agrees
+    with pytest.raises(CheckpointError, match="n_layers"):  # named explicitly, the edited copy disagrees
+        check_run_model(tmp_path / "run", read_run(tmp_path / "run"), newest)
+    assert load_run(tmp_path / "run")[4] == older
