@@ -363,11 +363,22 @@ def check_run_model(run_dir: str | Path, run: dict, ckpt_dir: Optional[str | Pat
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return
     model = saved.get("model") if isinstance(saved, dict) else None
-    if isinstance(model, dict) and model != run.get("model"):
-        diff = sorted(k for k in set(model) | set(run["model"]) if model.get(k) != run["model"].get(k))
+    if isinstance(model, dict) and _filled(model) != _filled(run["model"]):
+        ours, theirs = _filled(run["model"]), _filled(model)
+        diff = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+        more = f" and {len(diff) - 4} more" if len(diff) > 4 else ""
         raise CheckpointError(f"{str(run_dir / RUN_FILE)!r}: key 'model' differs from the config checkpoint "
-                              f"{Path(ckpt_dir).name} was trained with (fields {diff[:4]}); damaged or edited: "
-                              f"copy {str(copy)!r} back to restore it")
+                              f"{Path(ckpt_dir).name} was trained with (fields {diff[:4]}{more}); damaged or "
+                              f"edited: copy {str(copy)!r} back to restore it")
+
+
+def _filled(model: dict) -> dict:
+    """A run file's model section with ModelConfig's defaults filled in (a field left out means its
+    default), or as written when it is not a valid config (then compared field by field as is)."""
+    try:
+        return ModelConfig.from_dict(model).to_dict()
+    except (ConfigError, KeyError, TypeError, ValueError):
+        return model
 
 
 def _intact_run_copy(ckpt_dir: Path) -> bool:

@@ -216,7 +216,7 @@ def _eval_tasks(args, device) -> int:
     except ImportError as exc:
         raise ConfigError(f"--tasks needs lm-evaluation-harness ({exc}); install the extra: "
                           f"pip install 'lmlab[eval]'") from None
-    names = [t for t in args.tasks.split(",") if t]
+    names = args.tasks.split(",")  # blanks dropped and every name checked by run_tasks
     out = run_tasks(args.run, names, include_path=args.include_path, num_fewshot=args.num_fewshot,
                     limit=args.limit, batch_size=args.batch_size, device=str(device))
     if args.json:
@@ -236,13 +236,16 @@ def _check_eval_flags(args) -> None:
                                 ("--num-fewshot", args.num_fewshot)) if v is not None]
     bpb_only = [f for f, v in (("--data", args.data), ("--split", args.split), ("--stride", args.stride),
                                ("--dtype", args.dtype)) if v is not None]
+    if args.tasks is not None and not args.tasks.strip(" ,"):
+        raise ConfigError("--tasks names no task; give lm-eval task names, e.g. hellaswag,arc_easy")
     if not args.tasks and task_only:
-        raise ConfigError(f"{', '.join(task_only)} only apply with --tasks (lm-evaluation-harness tasks); "
-                          f"drop {'them' if len(task_only) > 1 else 'it'} or name the tasks")
+        raise ConfigError(f"{', '.join(task_only)} {'only apply' if len(task_only) > 1 else 'only applies'} with "
+                          f"--tasks (lm-evaluation-harness tasks); drop {'them' if len(task_only) > 1 else 'it'} "
+                          f"or name the tasks")
     if args.tasks and bpb_only:
-        raise ConfigError(f"{', '.join(bpb_only)} only apply to the held-out bits-per-byte evaluation, not with "
-                          f"--tasks (the harness brings its own documents); drop "
-                          f"{'them' if len(bpb_only) > 1 else 'it'} or --tasks")
+        raise ConfigError(f"{', '.join(bpb_only)} {'only apply' if len(bpb_only) > 1 else 'only applies'} to the "
+                          f"held-out bits-per-byte evaluation, not with --tasks (the harness brings its own "
+                          f"documents); drop {'them' if len(bpb_only) > 1 else 'it'} or --tasks")
 
 
 def cmd_eval(args) -> int:
@@ -619,7 +622,7 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tasks", help="comma-separated lm-evaluation-harness tasks (the eval extra) instead of "
                                     "bits-per-byte, e.g. hellaswag,arc_easy")
     sp.add_argument("--include-path", type=_path, help="with --tasks: a folder of task YAMLs of your own")
-    sp.add_argument("--num-fewshot", type=int, help="with --tasks: few-shot examples per prompt")
+    sp.add_argument("--num-fewshot", type=NON_NEGATIVE, help="with --tasks: few-shot examples per prompt")
     sp.add_argument("--limit", type=POSITIVE, help="with --tasks: at most this many documents per task")
     sp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
     sp.set_defaults(func=cmd_eval)
@@ -666,9 +669,9 @@ def make_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("report", help="markdown report of a sweep (verdicts, plots, results.csv), or an index")
     sp.add_argument("sweep", nargs="?", type=_path, help="a sweep folder (`lmlab sweep --out`)")
     sp.add_argument("--out", type=_path, help="the markdown file (default SWEEP/report.md; plots and CSV beside it)")
-    sp.add_argument("--index", nargs="+", metavar="DIR",
+    sp.add_argument("--index", nargs="+", type=_path, metavar="DIR",
                     help="write one index page of every claim of these sweep folders (needs --out)")
-    sp.add_argument("--readme", metavar="FILE.md",
+    sp.add_argument("--readme", type=_path, metavar="FILE.md",
                     help="with --index: also rewrite the summary table between FILE.md's lmlab:ablation-summary "
                          "markers")
     sp.set_defaults(func=cmd_report)

@@ -72,8 +72,8 @@ class FolderLock:
         self.folder, self.path, self._fd, self.took_over = folder, path, fd, took_over
         self.note = None
         if took_over is not None:
-            self.note = (f"note: took over the stale lock {str(path)!r} left by {_describe(took_over)}, "
-                         f"(that process is gone)")
+            self.note = (f"note: took over the stale lock {str(path)!r} left by {_describe(took_over)}: "
+                         f"that process is gone")
 
     @property
     def held(self) -> bool:

@@ -128,13 +128,30 @@ class LmlabLM(TemplateLM):
 def run_tasks(run: str | Path, tasks: list[str], include_path: Optional[str | Path] = None,
               num_fewshot: Optional[int] = None, limit: Optional[int] = None, batch_size: int = 8,
               device: str = "cpu") -> dict:
-    """Score run ``run`` on lm-eval ``tasks`` (names, or task YAMLs found in ``include_path``); returns
-    lm-eval's results mapping (per task its metrics, e.g. ``acc,none``). Raises lm-eval's errors for
-    an unknown task."""
+    """Score run ``run`` on lm-eval ``tasks`` (names of tasks, groups or tags, task YAML files, or task
+    YAMLs found in the folder ``include_path``); returns lm-eval's results mapping (per task its
+    metrics, e.g. ``acc,none``). Raises ConfigError, before the run is loaded, for no task, an unknown
+    one (with the nearest names) or an ``include_path`` that is not a folder."""
+    import difflib
+
     import lm_eval
     from lm_eval.tasks import TaskManager
 
+    from lmlab.config import ConfigError
+
+    tasks = [t.strip() for t in tasks if t.strip()]
+    if not tasks:
+        raise ConfigError("--tasks names no task; give lm-eval task names, e.g. hellaswag,arc_easy")
+    if include_path is not None and not Path(include_path).is_dir():
+        raise ConfigError(f"--include-path {str(include_path)!r} is not a folder (of task YAMLs)")
     manager = TaskManager(include_path=str(include_path)) if include_path else TaskManager()
+    known = set(manager.all_tasks)
+    for name in tasks:
+        if name not in known and not Path(name).is_file():
+            near = difflib.get_close_matches(name, sorted(known), n=3)
+            raise ConfigError(f"--tasks: {name!r} is not an lm-eval task, group or tag, nor a task YAML file"
+                              + (f"; did you mean {', '.join(map(repr, near))}?" if near else "")
+                              + " (`python -m lmlab.lm_eval_backend ls tasks` lists them)")
     return lm_eval.simple_evaluate(model=LmlabLM(str(run), device=device, batch_size=batch_size),
                                    tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,
                                    task_manager=manager, bootstrap_iters=0)

@@ -663,7 +663,7 @@ class Trainer:
         path = self.run_dir / "metrics.jsonl"
         saved = [rec["step"] for _, rec in (metrics_lines(path) if path.exists() else []) if "checkpoint" in rec]
         if saved and max(saved) > 0:
-            where = "is empty" if (self.run_dir / "checkpoints").is_dir() else "is missing"
+            where = "holds none complete" if (self.run_dir / "checkpoints").is_dir() else "is missing"
             raise CheckpointError(
                 f"run {str(self.run_dir)!r} has no checkpoint (its checkpoints folder {where}), but "
                 f"{str(path)!r} records one saved at step {max(saved)}: deleted or moved? Restore the "

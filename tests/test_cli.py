@@ -108,9 +108,10 @@ def test_bad_numbers_are_refused_naming_the_flag(run_dir, argv, flag, says, caps
 
 
 @pytest.mark.parametrize("extra, says", [
-    (["--limit", "3"], "--limit only apply with --tasks"),
+    (["--limit", "3"], "--limit only applies with --tasks"),
+    (["--tasks", " , "], "--tasks names no task"),
     (["--num-fewshot", "1", "--include-path", "x"], "--include-path, --num-fewshot only apply with --tasks"),
-    (["--tasks", "hellaswag", "--stride", "8"], "--stride only apply to the held-out bits-per-byte"),
+    (["--tasks", "hellaswag", "--stride", "8"], "--stride only applies to the held-out bits-per-byte"),
     (["--tasks", "hellaswag", "--split", "train", "--dtype", "bf16"], "--split, --dtype only apply to the held-out"),
 ])
 def test_eval_flags_of_the_other_mode_are_refused(run_dir, extra, says, capsys):

@@ -427,7 +427,7 @@ def _verdict_table(md):
     return [line for line in lines[start:] if line.startswith("| ") and not line.startswith("| ---")][:3]
 
 
-def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path):
+def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path, monkeypatch):
     spec = {**BAR_SPEC, "data": str(byte_data)}
     path = tmp_path / "bar.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -512,6 +512,12 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path):
     assert index.startswith("# Ablation index") and "SwiGLU better than SiLU" in index
     assert "Wall time recorded for 1 of 1 sweep(s)" in index and "`lmlab sweep` took" in index
     assert (tmp_path / "index-forest.png").stat().st_size > 1000
+    # a report folder named by a relative path, the index written by an absolute one: linked relative
+    # to the index (pathlib refused to relate the two)
+    assert main(["report", str(out), "--out", str(tmp_path / "rep" / "report.md")]) == 0
+    monkeypatch.chdir(tmp_path / "rep")
+    assert main(["report", "--index", ".", "--out", str(tmp_path / "i1.md")]) == 0
+    assert "- [bar](rep/report.md): 2 claim(s)" in (tmp_path / "i1.md").read_text()
     # --readme rewrites only the block between the markers; a README without them is refused
     from lmlab.lab.report import README_END, README_START
 

@@ -351,7 +351,7 @@ def test_resume_of_a_run_whose_checkpoints_were_deleted_is_refused(tmp_path, byt
     assert "checkpoints folder is missing" in str(exc.value)
     assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()} == before
     (tmp_path / "run" / "checkpoints").mkdir()
-    with pytest.raises(CheckpointError, match="checkpoints folder is empty"):
+    with pytest.raises(CheckpointError, match="checkpoints folder holds none complete"):
         Trainer.resume(tmp_path / "run", tc=longer, progress=False)
     # killed while the checkpoint at step 4 was written (its record not logged): restarts, the log cut
     metrics = tmp_path / "run" / "metrics.jsonl"
@@ -375,6 +375,17 @@ def test_an_edited_architecture_field_in_run_yaml_is_named(tmp_path, byte_data):
         with pytest.raises(CheckpointError, match=r"key 'model' differs .* \(fields \['n_layers'\]\)") as exc:
             call()
         assert str(run_file) in str(exc.value) and copy in str(exc.value)
+    # a field left out means its default: not an edit; five edits are named as four "and 1 more"
+    run["model"]["n_layers"] -= 1
+    default_std = run["model"].pop("init_std")
+    assert default_std == ModelConfig().init_std
+    run_file.write_text(yaml.safe_dump(run, sort_keys=False))
+    load_run(tmp_path / "run")
+    run["model"].update(n_layers=3, d_model=32, n_heads=2, n_kv_heads=1, rope_theta=1.0)
+    run_file.write_text(yaml.safe_dump(run, sort_keys=False))
+    with pytest.raises(CheckpointError, match=r"\(fields \['d_model', 'n_heads', 'n_kv_heads', 'n_layers'\] and 1 "
+                                              r"more\)"):
+        load_run(tmp_path / "run")
 
 
 def test_run_yaml_is_checked_against_an_intact_copy_only(tmp_path, byte_data):
@@ -394,3 +405,33 @@ def test_run_yaml_is_checked_against_an_intact_copy_only(tmp_path, byte_data):
     with pytest.raises(CheckpointError, match="n_layers"):  # named explicitly, the edited copy disagrees
         check_run_model(tmp_path / "run", read_run(tmp_path / "run"), newest)
     assert load_run(tmp_path / "run")[4] == older
+
+
+def test_export_checks_run_yaml_and_falls_back_like_eval(tmp_path, byte_data, capsys):
+    """lmlab export reads a run as eval does: a damaged newest checkpoint falls back to the previous one
+    (with a warning), and an edited architecture field that keeps every shape (rope_theta), which would
+    otherwise be written into config.json for weights trained without it, is refused naming run.yaml."""
+    from safetensors.torch import load_file
+
+    from lmlab.cli import main
+
+    tc = TrainConfig(batch_size=2, max_steps=4, eval_interval=4, eval_windows=2, checkpoint_interval=2,
+                     device="cpu")
+    Trainer.create(tmp_path / "run", small_model(), tc, byte_data, progress=False).fit()
+    older, newest = checkpoint_dirs(tmp_path / "run")
+    weights = newest / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    assert "falling back to the previous checkpoint step_0000002" in capsys.readouterr().err
+    exported = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    ours = load_file(str(older / "model.safetensors"))
+    assert torch.equal(exported["model.embed_tokens.weight"], ours["embed.weight"])
+    run_file = tmp_path / "run" / "run.yaml"
+    run = yaml.safe_load(run_file.read_text())
+    run["model"]["rope_theta"] = 500000.0
+    run_file.write_text(yaml.safe_dump(run, sort_keys=False))
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf2")]) == 2
+    err = capsys.readouterr().err
+    assert "run.yaml': key 'model' differs" in err and "rope_theta" in err and not (tmp_path / "hf2").exists()

@@ -309,24 +309,13 @@ def lmlab_to_hf_config(cfg: ModelConfig, family: Optional[str] = None, hint: Opt
 
 def load_run_model(run_dir: str | Path, step: Optional[int] = None):
     """(model (fp32, eval mode), ModelConfig, run dict, checkpoint folder) of a run's latest checkpoint
-    (or ``step``); unlike :func:`lmlab.checkpoint.load_run` it needs no tokenizer."""
-    from lmlab.checkpoint import RUN_FILE, CheckpointError, checkpoint_dirs, load_weights, read_run
-    from lmlab.model import TransformerLM
+    (or ``step``): :func:`lmlab.checkpoint.load_run` without the tokenizer (an imported run has none),
+    so run.yaml is checked against its checkpoint's copy and a damaged newest checkpoint falls back to
+    the previous one, with a warning. Raises CheckpointError."""
+    from lmlab.checkpoint import load_run
 
-    run = read_run(run_dir)
-    try:
-        cfg = ModelConfig.from_dict(run["model"], source=f"{run_dir}/{RUN_FILE}")
-    except (ConfigError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{run_dir}/{RUN_FILE}: invalid model config: {exc}") from None
-    ckpts = checkpoint_dirs(run_dir)
-    if step is not None:
-        ckpts = [c for c in ckpts if c.name == f"step_{step:07d}"]
-    if not ckpts:
-        raise CheckpointError(f"run {str(run_dir)!r} has no complete checkpoint"
-                              f"{f' at step {step}' if step is not None else ''}")
-    model = TransformerLM(cfg)
-    load_weights(model, ckpts[-1])
-    return model.eval(), cfg, run, ckpts[-1]
+    model, cfg, _, run, ckpt = load_run(run_dir, step=step, tokenizer=False)
+    return model, cfg, run, ckpt
 
 
 def export_model(model: torch.nn.Module, out_dir: str | Path, family: Optional[str] = None,

@@ -1237,7 +1237,8 @@ def write_index(dirs: list[Path], out: Path, readme: Optional[Path] = None) -> l
     L += ["## Sweeps", ""]
     for name, claim, link, n, pooled, wall in specs:
         where = (
-            f"[{name}]({Path(link).relative_to(out.parent)})" if link and _under(link, out.parent) else name
+            f"[{name}]({Path(link).resolve().relative_to(out.parent.resolve())})" if link and _under(link, out.parent)
+            else name
         )
         noise = f"; per-run noise {pooled[0]:.4f} bits/byte" if pooled else "; no noise estimate (one seed)"
         took = f"; `lmlab sweep` took {_duration(wall['wall_s'])}" if wall else "; wall time not recorded"
