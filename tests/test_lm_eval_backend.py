@@ -131,8 +131,9 @@ def test_lmlab_eval_tasks_cli(models, monkeypatch, capsys):
     assert main(["eval", str(run), "--tasks", "lmlab_mc", "--include-path", str(tasks), "--limit", "2"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("lmlab_mc: acc ")
     # an unknown task, a misspelt one, a blank list or a missing --include-path: one line, exit 2
-    for args, says in ((["--tasks", "lmlab_mcq", "--include-path", str(tasks)], "did you mean 'lmlab_mc'"),
-                       (["--tasks", "no_such_task_anywhere"], "'no_such_task_anywhere' is not an lm-eval task"),
+    for args, says in ((["--tasks", "lmlab_mcq", "--include-path", str(tasks)],
+                        "'lmlab_mcq' is not an lm-eval task, group or tag, nor a task YAML file; did you mean "
+                        "'lmlab_mc'"),
                        (["--tasks", " ,"], "--tasks names no task"),
                        (["--tasks", "lmlab_mc", "--include-path", str(tasks / "nope")], "is not a folder")):
         capsys.readouterr()
