@@ -36,7 +36,7 @@ import yaml
 from lmlab.checkpoint import (RUN_FILE, CheckpointError, check_run_files, check_run_model, checkpoint_dirs,
                               load_latest, metrics_lines, read_run, run_copy_hint, save_checkpoint)
 from lmlab.config import (ConfigError, ModelConfig, _choice, _non_negative, _number_in, _positive, _positive_int,
-                          build_checked, check_keys)
+                          build_checked)
 from lmlab.data.prepare import DataError, TokenData
 from lmlab.evaluate import evaluate
 from lmlab.fsutil import atomic_write_bytes, atomic_write_text
@@ -157,10 +157,10 @@ def lr_at(step: int, tc: TrainConfig) -> float:
         return tc.lr
     lo = tc.lr * tc.min_lr_ratio
     if tc.schedule == "wsd":
-        decay_start = tc.max_steps - int(round(tc.decay_fraction * tc.max_steps))
-        if step < decay_start:
+        start = decay_start(tc)
+        if step < start:
             return tc.lr
-        progress = min(1.0, (step - decay_start) / max(1, tc.max_steps - decay_start))
+        progress = min(1.0, (step - start) / max(1, tc.max_steps - start))
         return tc.lr - (tc.lr - lo) * progress
     span = max(1, tc.max_steps - tc.warmup_steps)
     progress = min(1.0, (step - tc.warmup_steps) / span)
@@ -210,12 +210,14 @@ def budget_plan_after(tc: TrainConfig) -> float:
 BUDGET_REPLAN_AT = 0.9  # fraction of the planned stable phase after which a budget plan is checked again
 
 
-def decay_start(tc: TrainConfig) -> Optional[int]:
-    """The first step whose learning rate depends on ``max_steps`` after warmup: wsd's decay start,
-    ``max_steps`` for a constant rate, None for cosine (every step after warmup depends on it)."""
+def decay_start(tc: TrainConfig, max_steps: Optional[int] = None) -> Optional[int]:
+    """The first step whose learning rate depends on ``max_steps`` (default ``tc.max_steps``) after
+    warmup: wsd's decay start, ``max_steps`` for a constant rate, None for cosine (every step after
+    warmup depends on it)."""
+    n = tc.max_steps if max_steps is None else max_steps
     if tc.schedule == "wsd":
-        return tc.max_steps - int(round(tc.decay_fraction * tc.max_steps))
-    return tc.max_steps if tc.schedule == "constant" else None
+        return n - int(round(tc.decay_fraction * n))
+    return n if tc.schedule == "constant" else None
 
 
 def budget_replan_step(tc: TrainConfig, planned_at: int) -> Optional[int]:
@@ -235,7 +237,7 @@ def shortest_plan(step: int, tc: TrainConfig) -> int:
     """The smallest ``max_steps`` whose :func:`decay_start` is not before ``step``: a re-plan at
     ``step`` may shorten the run down to it and the run stays the run of that length from the start."""
     n = step
-    while decay_start(dataclasses.replace(tc, max_steps=n)) < step:
+    while decay_start(tc, n) < step:
         n += 1
     return n
 

@@ -32,7 +32,6 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
 
 from lmlab.lab import plots
 from lmlab.lab.stats import finite as _ok
