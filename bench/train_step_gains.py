@@ -7,7 +7,10 @@ Variants, each adding one change to the one before (the last is ``lmlab train`` 
   4. + blocked causal attention on CPU (lmlab.model.causal_attention)
   5. + torch.compile of the model (the blocked attention's loops still eager)
   6. + the blocked attention's loops compiled too (what a compiled bf16/fp16 model runs; fp32 keeps
-     the eager loops, so its last two rows are the same code)
+     the eager loops, so its rows 5 and 6 are the same code)
+  7. + fp32 linear layers (and the chunked loss's products) on oneDNN instead of MKL
+     (lmlab.model.linear; under bf16 autocast the matmuls are oneDNN's already, so in bf16 rows 6 and 7
+     are the same code)
 Rounds time ``--steps`` steps of every variant in a rotated order; the figure is the median over
 rounds of baseline time / variant time (IQR), and, paired the same way, each row's gain over the row
 above (its own share).
@@ -31,21 +34,24 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 VARIANTS = ("baseline", "+fused AdamW", "+chunked loss", "+blocked attention", "+compile",
-            "+compiled attention loops")
+            "+compiled attention loops", "+oneDNN fp32 linears")
 
 
-def training_step(fwd, opt, x: torch.Tensor, dtype, chunked_loss: bool = True, fused_loops: bool = True):
+def training_step(fwd, opt, x: torch.Tensor, dtype, chunked_loss: bool = True, fused_loops: bool = True,
+                  onednn: bool = True):
     """A training step's closure over ``fwd`` and ``opt`` on the batch x (batch, context + 1):
     forward (the chunked loss of ``fwd(inputs, targets=...)``, or logits then ``lm_loss``) under
     ``dtype`` autocast (None: fp32), backward, optimiser step; ``fused_loops``: the value of
-    lmlab.model.causal_attention.FUSED_LOOPS during the step. Returns (step, seconds of its first
-    call)."""
-    from lmlab.model import causal_attention, lm_loss
+    lmlab.model.causal_attention.FUSED_LOOPS during the step, ``onednn`` that of
+    lmlab.model.linear.ONEDNN_FP32 (a compiled model keeps a graph per value, chosen by its guards).
+    Returns (step, seconds of its first call)."""
+    from lmlab.model import causal_attention, linear, lm_loss
 
     inputs, targets = x[:, :-1], x[:, 1:]
 
     def step():
         causal_attention.FUSED_LOOPS = fused_loops
+        linear.ONEDNN_FP32 = onednn
         with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
             if chunked_loss:
                 loss, _ = fwd(inputs, targets=targets)
@@ -71,7 +77,7 @@ def make_step(level: int, cfg, batch: int, dtype):
                             fused=True if level >= 1 else None)
     fwd = torch.compile(model) if level >= 4 else model
     x = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length + 1))
-    return training_step(fwd, opt, x, dtype, chunked_loss=level >= 2, fused_loops=level >= 5)
+    return training_step(fwd, opt, x, dtype, chunked_loss=level >= 2, fused_loops=level >= 5, onednn=level >= 6)
 
 
 def main() -> None:

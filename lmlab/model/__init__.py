@@ -1,4 +1,5 @@
-"""Model components, one lecture topic per file: norms, ffn, positions, attention, transformer."""
+"""Model components, one lecture topic per file: norms, ffn, positions, attention, transformer (and
+the kernels under them: linear, causal_attention, loss)."""
 
 from lmlab.model.attention import KVCache
 from lmlab.model.transformer import TransformerLM, lm_loss

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from lmlab.config import ModelConfig
 from lmlab.model.causal_attention import blocked_causal_attention, use_blocked
+from lmlab.model.linear import Linear
 from lmlab.model.norms import HeadwiseNorm, make_norm
 from lmlab.model.positions import RotaryEmbedding
 
@@ -229,8 +230,8 @@ class Attention(nn.Module):
         self._kv = None
         kv_rows = 0 if self.kv_source_layer is not None else (1 if self.k_eq_v else 2) * K
         bias = cfg.bias in ("all", "qkv", "attention")
-        self.qkv = nn.Linear(cfg.d_model, (H + kv_rows) * D, bias=bias)
-        self.out = nn.Linear(H * D, cfg.d_model, bias=cfg.bias in ("all", "attention"))
+        self.qkv = Linear(cfg.d_model, (H + kv_rows) * D, bias=bias)
+        self.out = Linear(H * D, cfg.d_model, bias=cfg.bias in ("all", "attention"))
         self.out.is_residual_projection = True
         self.qk_norm_all = cfg.qk_norm_scope == "all"
         self.clip_qkv = cfg.clip_qkv

@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lmlab.config import GATED_ACTIVATIONS, ModelConfig
+from lmlab.model.linear import Linear
 
 
 def _relu2(x: torch.Tensor) -> torch.Tensor:
@@ -52,8 +53,8 @@ class FeedForward(nn.Module):
         self.gated = cfg.activation in GATED_ACTIVATIONS
         self.d_ff = d_ff = cfg.d_ff if d_ff is None else d_ff  # another width: Gemma 4's double-wide FFNs
         self.act = ACTIVATION_FNS[cfg.activation]
-        self.w_in = nn.Linear(cfg.d_model, (2 if self.gated else 1) * d_ff, bias=bias)
-        self.w_out = nn.Linear(d_ff, cfg.d_model, bias=bias)
+        self.w_in = Linear(cfg.d_model, (2 if self.gated else 1) * d_ff, bias=bias)
+        self.w_out = Linear(d_ff, cfg.d_model, bias=bias)
         self.w_out.is_residual_projection = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

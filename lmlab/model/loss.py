@@ -22,6 +22,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from lmlab.model.linear import matmul, uses_onednn
+
 IGNORE = -100  # target id that is not scored (padding, document masks)
 
 
@@ -76,7 +78,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             want_grad and bias is not None) else None
         for s in range(0, h.shape[0], chunk):
             hc, yc, kc = hc_all[s:s + chunk], safe[s:s + chunk], keep[s:s + chunk]
-            logits = (hc @ w.t()).to(acc)
+            logits = matmul(hc, w.t()).to(acc)
             if b is not None:
                 logits += b
             tanh = None
@@ -103,8 +105,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if grad_b is not None:
                 grad_b += g.sum(0)
             gc = g.to(compute_dtype)
-            grad_h[s:s + chunk] = gc @ w
-            if gc.dtype == acc:
+            grad_h[s:s + chunk] = matmul(gc, w)
+            if uses_onednn(gc, w):  # fp32 on oneDNN: its product, then the sum
+                grad_w += matmul(gc.t(), hc)
+            elif gc.dtype == acc:
                 grad_w.addmm_(gc.t(), hc)
             else:
                 grad_w += (gc.t() @ hc).to(acc)

@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 
 from lmlab.config import ModelConfig
+from lmlab.model.linear import Linear
 from lmlab.model.norms import make_norm
 from lmlab.model.positions import RotaryEmbedding
 
@@ -47,16 +48,16 @@ class MultiHeadLatentAttention(nn.Module):
         self.rank = cfg.kv_lora_rank
         qk = self.nope + self.rope_dim
         if cfg.q_lora_rank:
-            self.q_down = nn.Linear(cfg.d_model, cfg.q_lora_rank, bias=False)
+            self.q_down = Linear(cfg.d_model, cfg.q_lora_rank, bias=False)
             self.q_norm = make_norm("rmsnorm", cfg.q_lora_rank, cfg.norm_eps, bias=False)
-            self.q_up = nn.Linear(cfg.q_lora_rank, cfg.n_heads * qk, bias=False)
+            self.q_up = Linear(cfg.q_lora_rank, cfg.n_heads * qk, bias=False)
         else:
             self.q_down = self.q_norm = None
-            self.q_up = nn.Linear(cfg.d_model, cfg.n_heads * qk, bias=False)
-        self.kv_down = nn.Linear(cfg.d_model, self.rank + self.rope_dim, bias=False)
+            self.q_up = Linear(cfg.d_model, cfg.n_heads * qk, bias=False)
+        self.kv_down = Linear(cfg.d_model, self.rank + self.rope_dim, bias=False)
         self.kv_norm = make_norm("rmsnorm", self.rank, cfg.norm_eps, bias=False)
-        self.kv_up = nn.Linear(self.rank, cfg.n_heads * (self.nope + self.v_dim), bias=False)
-        self.out = nn.Linear(cfg.n_heads * self.v_dim, cfg.d_model, bias=False)
+        self.kv_up = Linear(self.rank, cfg.n_heads * (self.nope + self.v_dim), bias=False)
+        self.out = Linear(cfg.n_heads * self.v_dim, cfg.d_model, bias=False)
         self.out.is_residual_projection = True
         self.rope = RotaryEmbedding(self.rope_dim, 1.0, cfg.rope_theta, cfg.rope_style, cfg.context_length,
                                     cfg.rope_scaling)

@@ -37,6 +37,7 @@ import torch
 import torch.nn as nn
 
 from lmlab.config import ModelConfig
+from lmlab.model.linear import Linear
 from lmlab.model.ffn import FeedForward
 from lmlab.model.norms import make_norm
 
@@ -55,7 +56,7 @@ class MoEFeedForward(nn.Module):
         self.score, self.renormalize = cfg.router_score, cfg.router_renormalize
         self.weights_input = cfg.router_weights == "input"
         self.groups, self.topk_groups, self.scale = cfg.router_groups, cfg.router_topk_groups, cfg.routed_scaling_factor
-        self.router = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)
+        self.router = Linear(cfg.d_model, cfg.n_experts, bias=False)
         # Gemma 4: the router's input norm (weightless RMSNorm, then x a learned vector / sqrt(d_model)) and a
         # learned scale per expert on the routed weights (HF Gemma4TextRouter: scale, per_expert_scale)
         self.router_norm = make_norm("rmsnorm", cfg.d_model, cfg.norm_eps, affine=False) if cfg.router_input_norm \

@@ -30,6 +30,7 @@ from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_h
 from lmlab.config import ModelConfig
 from lmlab.model.attention import Attention, KVCache, softcap
 from lmlab.model.ffn import ACTIVATION_FNS, FeedForward
+from lmlab.model.linear import Linear
 from lmlab.model.mla import MultiHeadLatentAttention
 from lmlab.model.moe import MoEFeedForward
 from lmlab.model.norms import make_norm
@@ -60,8 +61,8 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.resid_dropout)
         self.ple = None
         if cfg.ple_dim:  # per-layer input embeddings (Gemma 4 E2B/E4B): gate d -> P, out P -> d, a norm
-            self.ple = nn.ModuleDict(dict(gate=nn.Linear(cfg.d_model, cfg.ple_dim, bias=False),
-                                          out=nn.Linear(cfg.ple_dim, cfg.d_model, bias=False), norm=norm()))
+            self.ple = nn.ModuleDict(dict(gate=Linear(cfg.d_model, cfg.ple_dim, bias=False),
+                                          out=Linear(cfg.ple_dim, cfg.d_model, bias=False), norm=norm()))
             self.ple_act = ACTIVATION_FNS[cfg.activation]  # the FFN's (gate) nonlinearity (HF hidden_activation)
         if cfg.layer_scalar:  # Gemma 4: the block's output x s, a stored (persistent) buffer, not a parameter
             self.register_buffer("layer_scalar", torch.ones(1))
@@ -140,14 +141,14 @@ class TransformerLM(nn.Module):
         self.cfg = cfg
         embed_dim = cfg.embed_dim or cfg.d_model  # OPT-350M: narrower embeddings projected in and out
         self.embed = nn.Embedding(cfg.vocab_size, embed_dim)
-        self.proj_in = nn.Linear(embed_dim, cfg.d_model, bias=False) if embed_dim != cfg.d_model else None
-        self.proj_out = nn.Linear(cfg.d_model, embed_dim, bias=False) if embed_dim != cfg.d_model else None
+        self.proj_in = Linear(embed_dim, cfg.d_model, bias=False) if embed_dim != cfg.d_model else None
+        self.proj_out = Linear(cfg.d_model, embed_dim, bias=False) if embed_dim != cfg.d_model else None
         self.abs_pos = AbsolutePositions(cfg) if cfg.position in ("learned", "sinusoidal") else None
         self.embd_drop = nn.Dropout(cfg.embd_dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.final_norm = (make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine,
                                      cfg.norm_weight_fp32) if cfg.final_norm else None)
-        self.lm_head = nn.Linear(embed_dim, cfg.vocab_size, bias=cfg.lm_head_bias)
+        self.lm_head = Linear(embed_dim, cfg.vocab_size, bias=cfg.lm_head_bias)
         if cfg.position == "alibi":
             self.register_buffer("alibi", alibi_slopes(cfg.n_heads), persistent=False)
         self.rel_bias = None
@@ -159,7 +160,7 @@ class TransformerLM(nn.Module):
         if cfg.ple_dim:  # per-layer input embeddings (Gemma 4 E2B/E4B; HF embed_tokens_per_layer)
             width = cfg.n_layers * cfg.ple_dim
             self.ple_embed = nn.Embedding(cfg.ple_vocab_size or cfg.vocab_size, width)
-            self.ple_proj = nn.Linear(cfg.d_model, width, bias=False)
+            self.ple_proj = Linear(cfg.d_model, width, bias=False)
             self.ple_norm = make_norm(cfg.norm_type, cfg.ple_dim, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine,
                                       cfg.norm_weight_fp32)
         for block in self.blocks:  # KV sharing: each consumer reads its source layer's keys and values

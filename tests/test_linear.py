@@ -1,0 +1,155 @@
+"""lmlab.model.linear: fp32 CPU linears on oneDNN, against fp64 references and F.linear."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import lmlab.model.linear as L
+from lmlab.model import TransformerLM
+from lmlab.config import ModelConfig
+
+pytestmark = pytest.mark.skipif(not L.onednn_available(), reason="no oneDNN linear op in this build")
+
+
+def _ref(x, w, b):
+    return F.linear(x.double(), w.double(), None if b is None else b.double())
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(40, 24), (3, 17, 24)])
+def test_forward_and_gradients_match_fp64(bias, shape):
+    torch.manual_seed(0)
+    m = L.Linear(24, 56, bias=bias)
+    x = torch.randn(*shape, requires_grad=True)
+    assert L.uses_onednn(x, m.weight)
+    y = m(x)
+    assert y.shape == (*shape[:-1], 56) and y.dtype == torch.float32
+    g = torch.randn_like(y)
+    y.backward(g)
+    xd = x.detach().double().requires_grad_()
+    wd = m.weight.detach().double().requires_grad_()
+    bd = m.bias.detach().double().requires_grad_() if bias else None
+    yd = F.linear(xd, wd, bd)
+    yd.backward(g.double())
+    torch.testing.assert_close(y.double(), yd, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad.double(), xd.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(m.weight.grad.double(), wd.grad, rtol=1e-5, atol=1e-5)
+    if bias:
+        torch.testing.assert_close(m.bias.grad.double(), bd.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_op_passes_torch_library_checks():
+    """Schema, fake (meta) implementation, autograd registration and dispatch, as torch checks them."""
+    torch.manual_seed(0)
+    x = torch.randn(32, 8, requires_grad=True)
+    w = torch.randn(12, 8, requires_grad=True)
+    b = torch.randn(12, requires_grad=True)
+    torch.library.opcheck(L.onednn_linear, (x, w, b))
+    torch.library.opcheck(L.onednn_linear, (x, w, None))
+
+
+def test_runs_the_onednn_op(monkeypatch):
+    """The path is really taken (the op is called) for a large fp32 input, and not for one row."""
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(torch.ops.mkldnn, name)
+
+        def _linear_pointwise(self, *args):
+            calls.append(tuple(args[0].shape))
+            return real(*args)
+
+    monkeypatch.setattr(L.torch.ops, "mkldnn", Spy(), raising=False)
+    m = L.Linear(8, 4)
+    m(torch.randn(L.MIN_ROWS, 8))
+    assert calls == [(L.MIN_ROWS, 8)]
+    m(torch.randn(1, 8))
+    assert calls == [(L.MIN_ROWS, 8)]
+
+
+def test_when_it_applies():
+    w = torch.randn(4, 8)
+    big = torch.randn(L.MIN_ROWS, 8)
+    assert L.uses_onednn(big, w)
+    assert not L.uses_onednn(torch.randn(L.MIN_ROWS - 1, 8), w)  # matrix-vector sizes stay on MKL
+    assert not L.uses_onednn(big.bfloat16(), w.bfloat16())
+    assert not L.uses_onednn(big.double(), w.double())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not L.uses_onednn(big, w)  # autocast's bf16 matmul (already oneDNN)
+    try:
+        L.ONEDNN_FP32 = False
+        assert not L.uses_onednn(big, w)
+    finally:
+        L.ONEDNN_FP32 = True
+
+
+def test_autocast_output_dtype_unchanged():
+    m = L.Linear(8, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert m(torch.randn(32, 8)).dtype == torch.bfloat16
+
+
+def test_is_an_nn_linear_with_the_same_state_dict():
+    torch.manual_seed(1)
+    a = nn.Linear(8, 4)
+    torch.manual_seed(1)
+    b = L.Linear(8, 4)
+    assert isinstance(b, nn.Linear)
+    assert a.state_dict().keys() == b.state_dict().keys()
+    assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
+
+
+def test_compiled_in_one_graph_and_gradients_match():
+    torch.manual_seed(0)
+    m = L.Linear(16, 32)
+    x = torch.randn(4, 8, 16, requires_grad=True)
+    f = torch.compile(lambda x: torch.relu(m(x)).square().sum(), fullgraph=True)  # fails on a graph break
+    f(x).backward()
+    got = (x.grad.clone(), m.weight.grad.clone(), m.bias.grad.clone())
+    x.grad = m.weight.grad = m.bias.grad = None
+    torch.relu(F.linear(x, m.weight, m.bias)).square().sum().backward()
+    for a, b in zip(got, (x.grad, m.weight.grad, m.bias.grad)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+
+
+def test_vmap_over_inputs_and_stacked_weights():
+    from torch.func import vmap
+
+    torch.manual_seed(0)
+    xs = torch.randn(3, 20, 16)
+    ws, bs = torch.randn(3, 32, 16), torch.randn(3, 32)
+    want = xs @ ws.transpose(1, 2) + bs[:, None]
+    torch.testing.assert_close(vmap(L.linear)(xs, ws, bs), want)
+    torch.testing.assert_close(vmap(L.linear, in_dims=(0, None, None))(xs, ws[0], bs[0]),
+                               xs @ ws[0].t() + bs[0])
+
+
+def test_training_steps_agree_with_the_mkl_path():
+    """Four AdamW steps of a small model with oneDNN linears and with F.linear: the same losses to
+    fp32 rounding (the two differ only in summation order)."""
+    cfg = ModelConfig(vocab_size=64, context_length=32, d_model=32, n_layers=2, n_heads=4)
+    x = torch.randint(0, 64, (4, 33), generator=torch.Generator().manual_seed(0))
+
+    def losses(flag):
+        L.ONEDNN_FP32 = flag
+        try:
+            torch.manual_seed(0)
+            model = TransformerLM(cfg)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            out = []
+            for _ in range(4):
+                loss, _ = model(x[:, :-1], targets=x[:, 1:])
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                out.append(loss.item())
+            return out
+        finally:
+            L.ONEDNN_FP32 = True
+
+    a, b = losses(True), losses(False)
+    assert a[-1] < a[0] - 0.1  # it trains
+    assert a == pytest.approx(b, rel=1e-5)
