@@ -17,14 +17,15 @@ def _ref(x, w, b):
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("shape", [(40, 24), (3, 17, 24)])
-def test_forward_and_gradients_match_fp64(bias, shape):
+@pytest.mark.parametrize("lead", [(40,), (3, 17)])
+@pytest.mark.parametrize("d_in,d_out", [(24, 56), (56, 24)])  # both ways of weight_grad
+def test_forward_and_gradients_match_fp64(bias, lead, d_in, d_out):
     torch.manual_seed(0)
-    m = L.Linear(24, 56, bias=bias)
-    x = torch.randn(*shape, requires_grad=True)
+    m = L.Linear(d_in, d_out, bias=bias)
+    x = torch.randn(*lead, d_in, requires_grad=True)
     assert L.uses_onednn(x, m.weight)
     y = m(x)
-    assert y.shape == (*shape[:-1], 56) and y.dtype == torch.float32
+    assert y.shape == (*lead, d_out) and y.dtype == torch.float32
     g = torch.randn_like(y)
     y.backward(g)
     xd = x.detach().double().requires_grad_()
@@ -35,6 +36,7 @@ def test_forward_and_gradients_match_fp64(bias, shape):
     torch.testing.assert_close(y.double(), yd, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(x.grad.double(), xd.grad, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(m.weight.grad.double(), wd.grad, rtol=1e-5, atol=1e-5)
+    assert m.weight.grad.is_contiguous()
     if bias:
         torch.testing.assert_close(m.bias.grad.double(), bd.grad, rtol=1e-5, atol=1e-5)
 

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lmlab.model.linear import matmul, uses_onednn
+from lmlab.model.linear import matmul, uses_onednn, weight_grad
 
 IGNORE = -100  # target id that is not scored (padding, document masks)
 
@@ -107,7 +107,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             gc = g.to(compute_dtype)
             grad_h[s:s + chunk] = matmul(gc, w)
             if uses_onednn(gc, w):  # fp32 on oneDNN: its product, then the sum
-                grad_w += matmul(gc.t(), hc)
+                grad_w += weight_grad(gc, hc)
             elif gc.dtype == acc:
                 grad_w.addmm_(gc.t(), hc)
             else:
