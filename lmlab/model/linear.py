@@ -16,7 +16,7 @@ forward takes that path when :func:`uses_onednn` says so: a CPU fp32 input of at
 and oneDNN available in this PyTorch build on an x86-64 CPU; otherwise it is ``F.linear``. The op
 is a ``torch.library`` custom op with its own backward (input and weight gradients on oneDNN too), so
 ``torch.compile`` keeps it in one graph as an extern call; under ``torch.func.vmap`` (the batched
-sweeps of bench/sweep_batching.py) it computes with torch's matmul. Below 16 rows (one-token decoding) MKL's matrix-vector path is as fast or faster (1 row:
+sweeps of bench/sweep_batching.py) it runs one product per member. Below 16 rows (one-token decoding) MKL's matrix-vector path is as fast or faster (1 row:
 0.6-0.9x with oneDNN), and decoding has its own packed-weight path (:func:`lmlab.generate.decode_layout`).
 
 :data:`ONEDNN_FP32` = False turns the path off for the process (``F.linear`` everywhere), e.g. to
@@ -80,16 +80,27 @@ onednn_linear.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _vmap(info, in_dims, x, weight, bias):
-    """Under ``torch.func.vmap`` (the lab's batched sweeps): the batched product with torch's own ops."""
+    """Under ``torch.func.vmap`` (bench/sweep_batching.py's K runs as one module): one oneDNN product per
+    member when each is one (fp32, CPU, enough rows), else torch's batched matmul."""
     x_dim, w_dim, b_dim = in_dims
     x = x if x_dim is None else x.movedim(x_dim, 0)
     weight = weight if w_dim is None else weight.movedim(w_dim, 0)
+    if bias is not None and b_dim is not None:
+        bias = bias.movedim(b_dim, 0)
+    batched = x_dim is not None or w_dim is not None or b_dim is not None
+    if not batched:
+        return onednn_linear(x, weight, bias), None
+    if w_dim is None and b_dim is None and x.dim() == 3:  # shared weight: one product over all rows
+        return onednn_linear(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:2], -1), 0
+    pick = lambda t, d, i: t if d is None or t is None else t[i]  # noqa: E731
+    if uses_onednn(pick(x, x_dim, 0), pick(weight, w_dim, 0)):
+        out = torch.stack([onednn_linear(pick(x, x_dim, i), pick(weight, w_dim, i), pick(bias, b_dim, i))
+                           for i in range(info.batch_size)])
+        return out, 0
     out = torch.matmul(x, weight.transpose(-1, -2))
     if bias is not None:
-        bias = bias if b_dim is None else bias.movedim(b_dim, 0).unsqueeze(-2)
-        out = out + bias
-    batched = x_dim is not None or w_dim is not None or b_dim is not None
-    return out, 0 if batched else None
+        out = out + (bias if b_dim is None else bias.unsqueeze(-2))
+    return out, 0
 
 
 torch.library.register_vmap(onednn_linear, _vmap)
