@@ -44,11 +44,11 @@ def recipe_shapes(recipes: list[str]) -> list[tuple[int, int]]:
 
 def products(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, onednn: bool) -> dict:
     """The three products as closures: forward, input gradient, weight gradient."""
-    from lmlab.model.linear import onednn_linear, weight_grad
+    from lmlab.model.linear import onednn_grad_input, onednn_grad_weight, onednn_linear
 
     if onednn:
-        return {"forward": lambda: onednn_linear(x, w, None), "grad input": lambda: onednn_linear(g, w.t(), None),
-                "grad weight": lambda: weight_grad(g, x)}
+        return {"forward": lambda: onednn_linear(x, w, None), "grad input": lambda: onednn_grad_input(g, w),
+                "grad weight": lambda: onednn_grad_weight(g, x)}
     return {"forward": lambda: x @ w.t(), "grad input": lambda: g @ w, "grad weight": lambda: g.t() @ x}
 
 

@@ -85,7 +85,7 @@ def main() -> None:
     totals: dict[str, float] = defaultdict(float)
     per_op: dict[str, float] = defaultdict(float)
     for ev in prof.key_averages():
-        if not ev.key.startswith("aten::"):
+        if not ev.key.startswith(("aten::", "mkldnn::")):  # mkldnn: lmlab's fp32 linears (oneDNN)
             continue
         us = ev.self_cpu_time_total / a.steps
         totals[group_of(ev.key)] += us

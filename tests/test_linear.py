@@ -17,7 +17,7 @@ def _ref(x, w, b):
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("lead", [(40,), (3, 17)])
+@pytest.mark.parametrize("lead", [(L.MIN_ROWS + 16,), (3, L.MIN_ROWS // 2 - 1)])
 @pytest.mark.parametrize("d_in,d_out", [(24, 56), (56, 24)])  # both ways of weight_grad
 def test_forward_and_gradients_match_fp64(bias, lead, d_in, d_out):
     torch.manual_seed(0)
@@ -49,6 +49,12 @@ def test_op_passes_torch_library_checks():
     b = torch.randn(12, requires_grad=True)
     torch.library.opcheck(L.onednn_linear, (x, w, b))
     torch.library.opcheck(L.onednn_linear, (x, w, None))
+    g = torch.randn(32, 12)
+    torch.library.opcheck(L.onednn_grad_input, (g, w.detach()))
+    for d_out in (12, 4):  # both orders of onednn_grad_weight's product
+        torch.library.opcheck(L.onednn_grad_weight, (torch.randn(32, d_out), x.detach()))
+        torch.testing.assert_close(L.onednn_grad_weight(torch.ones(32, d_out), x.detach()),
+                                   torch.ones(32, d_out).t() @ x.detach())
 
 
 def test_runs_the_onednn_op(monkeypatch):
@@ -107,7 +113,8 @@ def test_is_an_nn_linear_with_the_same_state_dict():
 def test_compiled_in_one_graph_and_gradients_match():
     torch.manual_seed(0)
     m = L.Linear(16, 32)
-    x = torch.randn(4, 8, 16, requires_grad=True)
+    x = torch.randn(4, L.MIN_ROWS, 16, requires_grad=True)
+    assert L.uses_onednn(x, m.weight)
     f = torch.compile(lambda x: torch.relu(m(x)).square().sum(), fullgraph=True)  # fails on a graph break
     f(x).backward()
     got = (x.grad.clone(), m.weight.grad.clone(), m.bias.grad.clone())
@@ -121,7 +128,8 @@ def test_vmap_over_inputs_and_stacked_weights():
     from torch.func import vmap
 
     torch.manual_seed(0)
-    xs = torch.randn(3, 20, 16)
+    xs = torch.randn(3, L.MIN_ROWS + 6, 16)
+    assert L.uses_onednn(xs[0], torch.randn(32, 16))  # each member's product is one for the op
     ws, bs = torch.randn(3, 32, 16), torch.randn(3, 32)
     want = xs @ ws.transpose(1, 2) + bs[:, None]
     torch.testing.assert_close(vmap(L.linear)(xs, ws, bs), want)

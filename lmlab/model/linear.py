@@ -2,22 +2,23 @@
 
 PyTorch's CPU build multiplies fp32 matrices with MKL's sgemm, and bf16 ones with oneDNN. On the
 project's machine (AMD EPYC with AVX-512, 2 vCPUs; torch 2.13 with MKL 2024.2 and oneDNN 3.12) MKL's
-sgemm runs at 85-100 GFLOP/s per core on the shapes of a small LM (2048 rows x 256 x 1024), about half
-the core's fp32 FMA peak (2 x 16 fp32 FMA lanes x 2 FLOPs per cycle), while oneDNN's fp32 matmul,
-reached through ``torch.ops.mkldnn._linear_pointwise`` (the op Inductor's CPU inference path and
-:mod:`lmlab.generate` already use), runs the same products at 200-220 GFLOP/s: 2.2-2.3x faster forward,
-2.2x for the input gradient, 1.5-2.0x for the weight gradient (``python bench/linear_backends.py``).
-The results are fp32 products with fp32 accumulation (oneDNN's default, strict fp32 math: relative
-error 5e-7 against fp64, as MKL's 3e-7), in another summation order.
+sgemm runs at 90-100 GFLOP/s per core on the shapes of a small LM's training step (2048 rows x 256 x
+1024), about half the core's fp32 FMA peak (2 units x 16 fp32 lanes x 2 FLOPs per cycle), while
+oneDNN's fp32 matmul, reached through ``torch.ops.mkldnn._linear_pointwise`` (the op Inductor's CPU
+inference path and :mod:`lmlab.generate` already use), runs the same products at 200-225 GFLOP/s: at
+one thread 2.2x faster forward, 1.9-2.3x for the input gradient, 1.6-2.1x for the weight gradient
+(``python bench/linear_backends.py``, docs/bench/linear_backends.md). The results are fp32 products
+with fp32 accumulation (oneDNN's default strict fp32 math; relative error from an fp64 product at
+most 1.3e-6, MKL's 5e-7), in another summation order.
 
 :class:`Linear` is an ``nn.Linear`` (same parameters, state-dict names and initialisation) whose
 forward takes that path when :func:`uses_onednn` says so: a CPU fp32 input of at least
 :data:`MIN_ROWS` rows outside autocast (under CPU autocast the matmul is bf16 and already oneDNN's),
 and oneDNN available in this PyTorch build on an x86-64 CPU; otherwise it is ``F.linear``. The op
 is a ``torch.library`` custom op with its own backward (input and weight gradients on oneDNN too), so
-``torch.compile`` keeps it in one graph as an extern call; under ``torch.func.vmap`` (the batched
-sweeps of bench/sweep_batching.py) it runs one product per member. Below 16 rows (one-token decoding) MKL's matrix-vector path is as fast or faster (1 row:
-0.6-0.9x with oneDNN), and decoding has its own packed-weight path (:func:`lmlab.generate.decode_layout`).
+``torch.compile`` keeps it in one graph as extern calls; under ``torch.func.vmap`` (the batched
+sweeps of bench/sweep_batching.py) each op runs once per member. Small products (one-token
+decoding, which has its own packed-weight path in :func:`lmlab.generate.decode_layout`) stay on MKL.
 
 :data:`ONEDNN_FP32` = False turns the path off for the process (``F.linear`` everywhere), e.g. to
 compare the two or on a CPU where MKL is the faster one.
@@ -33,10 +34,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 ONEDNN_FP32 = True
-# Rows (product of the input's leading dims) from which oneDNN is used: measured forward on 1 and 2
-# threads, (rows, 256) x (256, 1024) and (rows, 1024) x (1024, 256): 4 rows 0.88-1.80x, 16 rows
-# 1.43-1.72x, 64 rows 1.9-2.0x, 256 rows and more 2.2-2.3x the time of F.linear; 1 row 0.59-0.86x.
-MIN_ROWS = 16
+# Rows (product of the input's leading dims) from which oneDNN is used. Forward through this module's
+# op against ``x @ w.T`` on MKL, the GPT-2 recipe's shapes (python bench/linear_backends.py --rows
+# 1 4 16 32 64 --recipes gpt2), 1 and 2 threads: 1 row 0.2-0.9x, 16 rows 0.5-1.7x, 32 rows 0.8-1.8x,
+# 64 rows 1.10-1.98x, 2048 rows 2.1-2.3x (the custom op's Python dispatch costs tens of microseconds
+# a call, which only large products hide).
+MIN_ROWS = 64
 
 
 def onednn_available() -> bool:
@@ -49,16 +52,53 @@ def onednn_available() -> bool:
 _AVAILABLE = onednn_available()  # once per process: a constant to torch.compile
 
 
+def _pointwise(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    # a (m, k) @ b.T (b: (n, k)) + bias on oneDNN; a and b may be transposed views (oneDNN reads strides)
+    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
+
+
+# Three ops whose inputs are the tensors as the model holds them (contiguous): the transposes are
+# views made inside each op, which oneDNN reads as strides. Passed in as transposed views instead,
+# torch.compile's graphs copied them into contiguous buffers first (a transposing copy of each
+# activation gradient: 9% of a compiled fp32 step, bench/profile_train_step.py).
 @torch.library.custom_op("lmlab::onednn_linear", mutates_args=())
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """x @ weight.T + bias on oneDNN. x: (rows, in), weight: (out, in), bias: (out,) or None, all fp32
-    on CPU, any strides (the backward passes transposed views). Returns (rows, out), contiguous."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    """x @ weight.T + bias on oneDNN. x: (rows, in), weight: (out, in), bias: (out,) or None, fp32 on
+    CPU. Returns (rows, out)."""
+    return _pointwise(x, weight, bias)
+
+
+@torch.library.custom_op("lmlab::onednn_grad_input", mutates_args=())
+def onednn_grad_input(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """grad @ weight, a linear layer's input gradient, on oneDNN: grad (rows, out), weight (out, in) ->
+    (rows, in)."""
+    return _pointwise(grad, weight.t())
+
+
+@torch.library.custom_op("lmlab::onednn_grad_weight", mutates_args=())
+def onednn_grad_weight(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """grad^T @ x, a linear layer's weight gradient, on oneDNN: grad (rows, out), x (rows, in) ->
+    (out, in), contiguous. oneDNN is faster with the narrower side as the product's rows (rows 2048:
+    out 4096, in 256: 2.0x; out 256, in 1024: 1.35x the other way), so with out > in it makes the
+    (in, out) product x^T grad and transposes it (a copy of out x in elements)."""
+    if grad.shape[1] > x.shape[1]:
+        return _pointwise(x.t(), grad.t()).t().contiguous()
+    return _pointwise(grad.t(), x.t())
 
 
 @onednn_linear.register_fake
 def _(x, weight, bias):
     return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+@onednn_grad_input.register_fake
+def _(grad, weight):
+    return grad.new_empty((grad.shape[0], weight.shape[1]))
+
+
+@onednn_grad_weight.register_fake
+def _(grad, x):
+    return grad.new_empty((grad.shape[1], x.shape[1]))
 
 
 def _setup_context(ctx, inputs, output):
@@ -69,9 +109,8 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad):
     x, weight = ctx.saved_tensors
-    # dx = grad @ weight: the (out, in) weight read as the (in, out) "weight" of a linear
-    gx = onednn_linear(grad, weight.t(), None) if ctx.needs_input_grad[0] else None
-    gw = weight_grad(grad, x) if ctx.needs_input_grad[1] else None
+    gx = onednn_grad_input(grad, weight) if ctx.needs_input_grad[0] else None
+    gw = onednn_grad_weight(grad, x) if ctx.needs_input_grad[1] else None
     gb = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
     return gx, gw, gb
 
@@ -79,42 +118,19 @@ def _backward(ctx, grad):
 onednn_linear.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _vmap(info, in_dims, x, weight, bias):
-    """Under ``torch.func.vmap`` (bench/sweep_batching.py's K runs as one module): one oneDNN product per
-    member when each is one (fp32, CPU, enough rows), else torch's batched matmul."""
-    x_dim, w_dim, b_dim = in_dims
-    x = x if x_dim is None else x.movedim(x_dim, 0)
-    weight = weight if w_dim is None else weight.movedim(w_dim, 0)
-    if bias is not None and b_dim is not None:
-        bias = bias.movedim(b_dim, 0)
-    batched = x_dim is not None or w_dim is not None or b_dim is not None
-    if not batched:
-        return onednn_linear(x, weight, bias), None
-    if w_dim is None and b_dim is None and x.dim() == 3:  # shared weight: one product over all rows
-        return onednn_linear(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:2], -1), 0
-    pick = lambda t, d, i: t if d is None or t is None else t[i]  # noqa: E731
-    if uses_onednn(pick(x, x_dim, 0), pick(weight, w_dim, 0)):
-        out = torch.stack([onednn_linear(pick(x, x_dim, i), pick(weight, w_dim, i), pick(bias, b_dim, i))
-                           for i in range(info.batch_size)])
-        return out, 0
-    out = torch.matmul(x, weight.transpose(-1, -2))
-    if bias is not None:
-        out = out + (bias if b_dim is None else bias.unsqueeze(-2))
-    return out, 0
+def _per_member(op):
+    """A vmap rule for ``op`` (bench/sweep_batching.py's K runs as one vmapped module): ``op`` once
+    per member on that member's slices, the results stacked along dim 0; the same oneDNN products as
+    K separate runs."""
+    def rule(info, in_dims, *args):
+        def member(i):
+            return [a if d is None or a is None else a.select(d, i) for a, d in zip(args, in_dims)]
+        return torch.stack([op(*member(i)) for i in range(info.batch_size)]), 0
+    return rule
 
 
-torch.library.register_vmap(onednn_linear, _vmap)
-
-
-def weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """grad^T @ x, a linear layer's weight gradient: grad (rows, out), x (rows, in) -> (out, in),
-    contiguous, on oneDNN (as :func:`onednn_linear`; the caller checked :func:`uses_onednn`). oneDNN
-    is faster with the narrower side as the product's rows (rows 2048: out 4096, in 256: 2.0x; out 256,
-    in 1024: 1.35x the other way), so with out > in it makes the (in, out) product x^T grad and
-    transposes it (a copy of out x in elements)."""
-    if grad.shape[1] > x.shape[1]:
-        return onednn_linear(x.t(), grad.t(), None).t().contiguous()
-    return onednn_linear(grad.t(), x.t(), None)
+for _op in (onednn_linear, onednn_grad_input, onednn_grad_weight):
+    torch.library.register_vmap(_op, _per_member(_op))
 
 
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -134,12 +150,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a (m, k) @ b (k, n) -> (m, n) for callers that do their own backward (the chunked loss): on
-    oneDNN under the conditions of :func:`uses_onednn` (with a as the input), else ``torch.mm``."""
-    if uses_onednn(a, b):
-        return onednn_linear(a, b.t(), None)
-    return a @ b
+def grad_input(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """grad (rows, out) @ weight (out, in) -> (rows, in) for callers that do their own backward (the
+    chunked loss): :func:`onednn_grad_input` when :func:`uses_onednn` (grad as the input), else
+    ``torch.mm``."""
+    return onednn_grad_input(grad, weight) if uses_onednn(grad, weight) else grad @ weight
+
+
+def grad_weight(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """grad (rows, out)^T @ x (rows, in) -> (out, in): :func:`onednn_grad_weight` when
+    :func:`uses_onednn` (x as the input), else ``torch.mm``."""
+    return onednn_grad_weight(grad, x) if uses_onednn(x, grad) else grad.t() @ x
 
 
 class Linear(nn.Linear):

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lmlab.model.linear import matmul, uses_onednn, weight_grad
+from lmlab.model.linear import grad_input, grad_weight, linear, uses_onednn
 
 IGNORE = -100  # target id that is not scored (padding, document masks)
 
@@ -78,7 +78,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             want_grad and bias is not None) else None
         for s in range(0, h.shape[0], chunk):
             hc, yc, kc = hc_all[s:s + chunk], safe[s:s + chunk], keep[s:s + chunk]
-            logits = matmul(hc, w.t()).to(acc)
+            logits = linear(hc, w).to(acc)
             if b is not None:
                 logits += b
             tanh = None
@@ -105,9 +105,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if grad_b is not None:
                 grad_b += g.sum(0)
             gc = g.to(compute_dtype)
-            grad_h[s:s + chunk] = matmul(gc, w)
-            if uses_onednn(gc, w):  # fp32 on oneDNN: its product, then the sum
-                grad_w += weight_grad(gc, hc)
+            grad_h[s:s + chunk] = grad_input(gc, w)
+            if uses_onednn(hc, gc):  # fp32 on oneDNN: its product, then the sum
+                grad_w += grad_weight(gc, hc)
             elif gc.dtype == acc:
                 grad_w.addmm_(gc.t(), hc)
             else:
