@@ -53,14 +53,13 @@ _AVAILABLE = onednn_available()  # once per process: a constant to torch.compile
 
 
 def _pointwise(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    # a (m, k) @ b.T (b: (n, k)) + bias on oneDNN; a and b may be transposed views (oneDNN reads strides)
+    # a (m, k) @ b.T (b: (n, k)) + bias on oneDNN. a may be a strided view; b is made contiguous by the
+    # op (a transposing copy when b is a transposed view: the weight gradient always has one).
     return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
 
 
-# Three ops whose inputs are the tensors as the model holds them (contiguous): the transposes are
-# views made inside each op, which oneDNN reads as strides. Passed in as transposed views instead,
-# torch.compile's graphs copied them into contiguous buffers first (a transposing copy of each
-# activation gradient: 9% of a compiled fp32 step, bench/profile_train_step.py).
+# Three ops on the tensors as the model holds them; the transposed operands are views made inside each
+# op, so what a compiled graph passes is what eager code passes.
 @torch.library.custom_op("lmlab::onednn_linear", mutates_args=())
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """x @ weight.T + bias on oneDNN. x: (rows, in), weight: (out, in), bias: (out,) or None, fp32 on
