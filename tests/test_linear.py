@@ -163,3 +163,44 @@ def test_training_steps_agree_with_the_mkl_path():
     a, b = losses(True), losses(False)
     assert a[-1] < a[0] - 0.1  # it trains
     assert a == pytest.approx(b, rel=1e-5)
+
+
+def test_strided_bias_is_read_as_its_values():
+    """oneDNN reads a bias as contiguous: a strided view (a vmap member's slice, a loaded view) must
+    be made contiguous first, or [0, 2, 4, 6] would be read as [0, 1, 2, 3]."""
+    torch.manual_seed(0)
+    x, w = torch.randn(L.MIN_ROWS, 8), torch.randn(4, 8)
+    bias = torch.arange(8.0)[::2]
+    assert L.uses_onednn(x, w)
+    torch.testing.assert_close(L.linear(x, w, bias), F.linear(x, w, bias))
+
+
+def test_gradients_of_gradients():
+    torch.manual_seed(0)
+    m = L.Linear(8, 6)
+    x = torch.randn(L.MIN_ROWS, 8)
+    got, want = [], []
+    for fn, out in ((m, got), (lambda t: F.linear(t, m.weight, m.bias), want)):
+        xg = x.clone().requires_grad_()
+        g, = torch.autograd.grad(fn(xg).square().sum(), xg, create_graph=True)
+        out.extend(torch.autograd.grad(g.square().sum(), (xg, m.weight)))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_forward_mode_and_func_transforms_fall_back():
+    """Forward-mode AD and torch.func.grad have no rule for the custom ops: F.linear is used (a zero
+    tangent or an error otherwise)."""
+    import torch.autograd.forward_ad as fwAD
+
+    torch.manual_seed(0)
+    m = L.Linear(8, 4)
+    x = torch.randn(L.MIN_ROWS, 8)
+    want = F.linear(torch.ones_like(x), m.weight)
+    torch.testing.assert_close(torch.func.jvp(m, (x,), (torch.ones_like(x),))[1], want)
+    with fwAD.dual_level():
+        tangent = fwAD.unpack_dual(m(fwAD.make_dual(x, torch.ones_like(x)))).tangent
+    torch.testing.assert_close(tangent, want)
+    xr = x.clone().requires_grad_()
+    want_grad, = torch.autograd.grad(F.linear(xr, m.weight, m.bias).square().sum(), xr)
+    torch.testing.assert_close(torch.func.grad(lambda t: m(t).square().sum())(x), want_grad)

@@ -6,7 +6,8 @@ sgemm runs at 90-100 GFLOP/s per core on the shapes of a small LM's training ste
 1024), about half the core's fp32 FMA peak (2 units x 16 fp32 lanes x 2 FLOPs per cycle), while
 oneDNN's fp32 matmul, reached through ``torch.ops.mkldnn._linear_pointwise`` (the op Inductor's CPU
 inference path and :mod:`lmlab.generate` already use), runs the same products at 200-225 GFLOP/s: at
-one thread 2.2x faster forward, 1.9-2.3x for the input gradient, 1.6-2.1x for the weight gradient
+one thread 2.2x faster forward (1.7x for the 4096-wide LM head), 1.9-2.3x for the input gradient,
+1.6-2.1x for the weight gradient
 (``python bench/linear_backends.py``, docs/bench/linear_backends.md). The results are fp32 products
 with fp32 accumulation (oneDNN's default strict fp32 math; relative error from an fp64 product at
 most 1.3e-6, MKL's 5e-7), in another summation order.
@@ -17,7 +18,9 @@ forward takes that path when :func:`uses_onednn` says so: a CPU fp32 input of at
 and oneDNN available in this PyTorch build on an x86-64 CPU; otherwise it is ``F.linear``. The op
 is a ``torch.library`` custom op with its own backward (input and weight gradients on oneDNN too), so
 ``torch.compile`` keeps it in one graph as extern calls; under ``torch.func.vmap`` (the batched
-sweeps of bench/sweep_batching.py) each op runs once per member. Small products (one-token
+sweeps of bench/sweep_batching.py) each op runs once per member. The three ops are differentiable in
+each other (double backward works); under forward-mode AD and torch.func's grad / jacrev / jvp, for
+which torch.library ops have no rule, :func:`linear` is ``F.linear``. Small products (one-token
 decoding, which has its own packed-weight path in :func:`lmlab.generate.decode_layout`) stay on MKL.
 
 :data:`ONEDNN_FP32` = False turns the path off for the process (``F.linear`` everywhere), e.g. to
@@ -64,7 +67,8 @@ def _pointwise(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """x @ weight.T + bias on oneDNN. x: (rows, in), weight: (out, in), bias: (out,) or None, fp32 on
     CPU. Returns (rows, out)."""
-    return _pointwise(x, weight, bias)
+    # the op reads the bias as contiguous whatever its strides: a strided view would be misread
+    return _pointwise(x, weight, None if bias is None else bias.contiguous())
 
 
 @torch.library.custom_op("lmlab::onednn_grad_input", mutates_args=())
@@ -114,7 +118,28 @@ def _backward(ctx, grad):
     return gx, gw, gb
 
 
+def _save_both(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _grad_input_backward(ctx, h):
+    # gx = G W: dG = H W^T, dW = G^T H
+    g, weight = ctx.saved_tensors
+    return (onednn_linear(h, weight, None) if ctx.needs_input_grad[0] else None,
+            onednn_grad_weight(g, h) if ctx.needs_input_grad[1] else None)
+
+
+def _grad_weight_backward(ctx, h):
+    # gW = G^T X: dG = X H^T, dX = G H
+    g, x = ctx.saved_tensors
+    return (onednn_linear(x, h, None) if ctx.needs_input_grad[0] else None,
+            onednn_grad_input(g, h) if ctx.needs_input_grad[1] else None)
+
+
+# each op differentiable in the others, so gradients of gradients (create_graph=True) work too
 onednn_linear.register_autograd(_backward, setup_context=_setup_context)
+onednn_grad_input.register_autograd(_grad_input_backward, setup_context=_save_both)
+onednn_grad_weight.register_autograd(_grad_weight_backward, setup_context=_save_both)
 
 
 def _per_member(op):
@@ -132,12 +157,24 @@ for _op in (onednn_linear, onednn_grad_input, onednn_grad_weight):
     torch.library.register_vmap(_op, _per_member(_op))
 
 
+def _under_transform(*tensors: torch.Tensor) -> bool:
+    """Forward-mode AD (``torch.autograd.forward_ad``) or a torch.func transform other than vmap
+    (``grad``, ``jacrev``, ``jvp``), which the custom ops do not support: the caller then uses
+    F.linear. Not evaluated inside torch.compile'd code."""
+    if torch.autograd.forward_ad._current_level >= 0:
+        return True
+    functorch = torch._C._functorch
+    return any(functorch.is_functorch_wrapped_tensor(t) and not functorch.is_batchedtensor(t)
+               for t in tensors)
+
+
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :func:`linear` runs x (..., in) times weight (out, in) on oneDNN (see the module)."""
     rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 0
     return (ONEDNN_FP32 and x.device.type == "cpu" and x.dtype == torch.float32
             and weight.dtype == torch.float32 and weight.device.type == "cpu" and rows >= MIN_ROWS
-            and not torch.is_autocast_enabled("cpu") and _AVAILABLE)
+            and not torch.is_autocast_enabled("cpu") and _AVAILABLE
+            and (torch.compiler.is_compiling() or not _under_transform(x, weight)))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
