@@ -148,7 +148,8 @@ def _train(trainer, out: Path) -> int:
     if trainer.dist.is_main:
         print(f"model: {trainer.model.num_params():,} parameters ({trainer.model.num_params(non_embedding=True):,} "
               f"non-embedding), device {trainer.device}, dtype {str(trainer.amp_dtype or 'fp32').replace('torch.', '')}, "
-              f"{trainer.dist.world_size} process(es) ({trainer.mode}){'; freed memory kept by malloc' if trainer.malloc_kept else ''}; "
+              f"{trainer.dist.world_size} process(es) ({trainer.mode}){'; freed memory kept by malloc' if trainer.malloc_kept else ''}"
+              f"{'; fp32 linears on oneDNN' if trainer.onednn_linears else ''}; "
               f"run folder {out}", file=sys.stderr)
     if trainer.step >= trainer.tc.max_steps:
         if trainer.dist.is_main:

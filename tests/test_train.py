@@ -61,6 +61,24 @@ def test_short_training_run_lowers_loss(tmp_path, byte_data):
     assert ckpt.name == "step_0000060" and cfg == trainer.cfg
 
 
+def test_startup_says_when_fp32_linears_run_on_onednn(tmp_path, byte_data):
+    """Trainer.onednn_linears (the startup line's "fp32 linears on oneDNN"): fp32 on a CPU with oneDNN,
+    not under bf16 autocast, not with the switch off."""
+    from lmlab.model import linear
+
+    def made(name, **kw):
+        tc = TrainConfig(batch_size=2, max_steps=1, device="cpu", **kw)
+        return Trainer.create(tmp_path / name, small_model(), tc, byte_data, progress=False).onednn_linears
+
+    assert made("fp32") == linear.onednn_available()
+    assert made("bf16", dtype="bf16") is False
+    try:
+        linear.ONEDNN_FP32 = False
+        assert made("off") is False
+    finally:
+        linear.ONEDNN_FP32 = True
+
+
 def test_lr_schedule():
     tc = TrainConfig(lr=1e-3, warmup_steps=10, max_steps=110, min_lr_ratio=0.1)
     assert lr_at(0, tc) == pytest.approx(1e-4)
