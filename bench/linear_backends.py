@@ -25,7 +25,6 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
-
 def recipe_shapes(recipes: list[str]) -> list[tuple[int, int]]:
     """(in, out) of every distinct linear layer of the recipes' models (bench/train_vs_peers.py),
     the LM head included."""

@@ -45,14 +45,21 @@ ONEDNN_FP32 = True
 MIN_ROWS = 64
 
 
+# once per process (a constant to torch.compile): this PyTorch build has oneDNN's linear op and the CPU
+# is x86-64 (on ARM builds oneDNN runs on the Compute Library, which this path was not measured with)
+_AVAILABLE = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+              and platform.machine().lower() in ("x86_64", "amd64"))
+
+
 def onednn_available() -> bool:
-    """True when this PyTorch build has oneDNN's linear op and the CPU is x86-64 (on ARM builds oneDNN
-    runs on the Compute Library, which this path was not measured with)."""
-    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-            and platform.machine().lower() in ("x86_64", "amd64"))
+    """True when this PyTorch build has oneDNN's linear op and the CPU is x86-64."""
+    return _AVAILABLE
 
 
-_AVAILABLE = onednn_available()  # once per process: a constant to torch.compile
+def fp32_linears_on_onednn(device: torch.device, autocast_dtype: Optional[torch.dtype]) -> bool:
+    """Whether a model training on ``device`` under ``autocast_dtype`` (None: fp32) multiplies its
+    linear layers on oneDNN (inputs of at least :data:`MIN_ROWS` rows; see :func:`uses_onednn`)."""
+    return device.type == "cpu" and autocast_dtype is None and ONEDNN_FP32 and _AVAILABLE
 
 
 def _pointwise(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -191,12 +198,6 @@ def grad_input(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     chunked loss): :func:`onednn_grad_input` when :func:`uses_onednn` (grad as the input), else
     ``torch.mm``."""
     return onednn_grad_input(grad, weight) if uses_onednn(grad, weight) else grad @ weight
-
-
-def grad_weight(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """grad (rows, out)^T @ x (rows, in) -> (out, in): :func:`onednn_grad_weight` when
-    :func:`uses_onednn` (x as the input), else ``torch.mm``."""
-    return onednn_grad_weight(grad, x) if uses_onednn(x, grad) else grad.t() @ x
 
 
 class Linear(nn.Linear):

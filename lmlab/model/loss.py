@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lmlab.model.linear import grad_input, grad_weight, linear, uses_onednn
+from lmlab.model.linear import grad_input, linear, onednn_grad_weight, uses_onednn
 
 IGNORE = -100  # target id that is not scored (padding, document masks)
 
@@ -107,7 +107,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             gc = g.to(compute_dtype)
             grad_h[s:s + chunk] = grad_input(gc, w)
             if uses_onednn(hc, gc):  # fp32 on oneDNN: its product, then the sum
-                grad_w += grad_weight(gc, hc)
+                grad_w += onednn_grad_weight(gc, hc)
             elif gc.dtype == acc:
                 grad_w.addmm_(gc.t(), hc)
             else:
