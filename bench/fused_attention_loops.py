@@ -1,10 +1,13 @@
 """The blocked attention's compiled loops against its eager loops, in a whole compiled training step.
 
-One lmlab model (bench/train_vs_peers.py's make_system: the step ``lmlab train`` runs, compiled, fused
-AdamW) is stepped with ``lmlab.model.causal_attention.FUSED_LOOPS`` on and off in alternating order,
+Two lmlab models (bench/train_vs_peers.py's make_system: the step ``lmlab train`` runs, compiled, fused
+AdamW) are stepped with ``lmlab.model.causal_attention.FUSED_LOOPS`` on (the loops traced into the
+model's one graph) and off (the eager loops behind a graph break per layer) in alternating order,
 ``--steps`` steps each per round; the figure is the median over rounds of the per-round ratio
-(eager-loop step time / fused-loop step time) with its IQR. Only bf16/fp16 take the fused loops, so
-``--dtype fp32`` times identical code twice: a check of the method's own bias.
+(eager-loop step time / fused-loop step time) with its IQR, and the compiled regions per step of each
+(each model compiled apart and stepped with one value of the flag). fp32 takes the blocked
+attention only at one thread (lmlab.model.causal_attention.use_blocked), so ``--dtype fp32
+--threads 2`` times SDPA twice: a check of the method's own bias.
 
     python bench/fused_attention_loops.py --recipe gpt2 --dtype bf16 --threads 2
 """
@@ -37,25 +40,31 @@ def main() -> None:
     from bench.train_vs_peers import RECIPES, Args, machine_line, make_system, quartiles
 
     shape = Args(recipe=a.recipe, nanogpt=None, **RECIPES[a.recipe])
-    system = make_system("lmlab", shape, torch.bfloat16 if a.dtype == "bf16" else None, compile_=True, fused=True)
-    for fused in (True, False, True, False):  # compile both paths and warm up
+    systems, regions = {}, {}
+    for fused in (True, False):  # one model per value of the switch, compiled apart (compile_apart)
         ca.FUSED_LOOPS = fused
-        system.step()
+        systems[fused] = make_system("lmlab", shape, torch.bfloat16 if a.dtype == "bf16" else None,
+                                     compile_=True, fused=True)
+        systems[fused].step()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            systems[fused].step()  # compiled regions per step: 1 with the fused loops (no graph break)
+        regions[fused] = sum(ev.count for ev in prof.key_averages() if ev.key == "CompiledFunction")
     times: dict[bool, list[float]] = {True: [], False: []}
     for r in range(a.rounds):
         for fused in ((True, False) if r % 2 == 0 else (False, True)):
             ca.FUSED_LOOPS = fused
             t0 = time.perf_counter()
             for _ in range(a.steps):
-                system.step()
+                systems[fused].step()
             times[fused].append((time.perf_counter() - t0) / a.steps)
     ca.FUSED_LOOPS = True
     q1, m, q3 = quartiles([e / f for e, f in zip(times[False], times[True])])
     print(machine_line(a.threads))
     print(f"recipe {a.recipe}, {a.dtype}, batch {shape.batch} x {shape.context}, compiled; "
           f"{a.rounds} rounds x {a.steps} steps, alternating order")
-    print(f"eager loops {statistics.median(times[False]) * 1e3:.1f} ms/step, fused loops "
-          f"{statistics.median(times[True]) * 1e3:.1f} ms/step: speed-up {m:.3f}x (IQR {q1:.3f}-{q3:.3f})")
+    print(f"eager loops {statistics.median(times[False]) * 1e3:.1f} ms/step ({regions[False]} compiled "
+          f"regions), fused loops {statistics.median(times[True]) * 1e3:.1f} ms/step ({regions[True]}): "
+          f"speed-up {m:.3f}x (IQR {q1:.3f}-{q3:.3f})")
 
 
 if __name__ == "__main__":

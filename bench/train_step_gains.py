@@ -6,8 +6,9 @@ Variants, each adding one change to the one before (the last is ``lmlab train`` 
   3. + chunked linear cross-entropy (lmlab.model.loss, TransformerLM.forward(targets=...))
   4. + blocked causal attention on CPU (lmlab.model.causal_attention)
   5. + torch.compile of the model (the blocked attention's loops still eager)
-  6. + the blocked attention's loops compiled too (what a compiled bf16/fp16 model runs; fp32 keeps
-     the eager loops, so its rows 5 and 6 are the same code)
+  6. + the blocked attention's loops compiled too: traced into the model's graph (no graph break per
+     layer; what a compiled model runs; at fp32 on more than one thread the attention is SDPA, so
+     there rows 5 and 6 differ only in that graph break)
   7. + fp32 linear layers (and the chunked loss's products) on oneDNN instead of MKL
      (lmlab.model.linear; under bf16 autocast the matmuls are oneDNN's already, so in bf16 rows 6 and 7
      are the same code)
@@ -43,7 +44,7 @@ def training_step(fwd, opt, x: torch.Tensor, dtype, chunked_loss: bool = True, f
     forward (the chunked loss of ``fwd(inputs, targets=...)``, or logits then ``lm_loss``) under
     ``dtype`` autocast (None: fp32), backward, optimiser step; ``fused_loops``: the value of
     lmlab.model.causal_attention.FUSED_LOOPS during the step, ``onednn`` that of
-    lmlab.model.linear.ONEDNN_FP32 (a compiled model keeps a graph per value, chosen by its guards).
+    lmlab.model.linear.ONEDNN_FP32 (each compiled variant is a model compiled apart: compile_apart).
     Returns (step, seconds of its first call)."""
     from lmlab.model import causal_attention, linear, lm_loss
 
@@ -67,6 +68,7 @@ def training_step(fwd, opt, x: torch.Tensor, dtype, chunked_loss: bool = True, f
 
 
 def make_step(level: int, cfg, batch: int, dtype):
+    from bench.train_vs_peers import compile_apart
     from lmlab.model import TransformerLM
 
     torch.manual_seed(0)
@@ -75,7 +77,7 @@ def make_step(level: int, cfg, batch: int, dtype):
         block.attn.blocked_kernel = level >= 3
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=True if level >= 1 else None)
-    fwd = torch.compile(model) if level >= 4 else model
+    fwd = compile_apart(model) if level >= 4 else model
     x = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length + 1))
     return training_step(fwd, opt, x, dtype, chunked_loss=level >= 2, fused_loops=level >= 5, onednn=level >= 6)
 

@@ -192,59 +192,75 @@ def _blocked_rule_and_dispatch():
     assert math.isfinite(float(blocked.detach().sum()))
 
 
-def _attention_and_grads(q, k, v, do, **kw):
-    for t in (q, k, v):
-        t.grad = None
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = blocked_causal_attention(q, k, v, 0.2, **kw)
-    y.backward(do)
-    return [y.float()] + [t.grad.clone() for t in (q, k, v)]
+def _fused(q, k, v, scale, block=BLOCK):
+    """The fused loops (what a compiled model traces), run eagerly: the same code, op by op."""
+    from lmlab.model.causal_attention import _BlockedCausal
+
+    return _BlockedCausal.apply(q, k, v, scale, block, True)
 
 
-def test_fused_blocked_attention_compiles_only_low_precision_and_matches_the_eager_loops(monkeypatch):
-    import lmlab.model.causal_attention as ca
-
-    compiled = []
-    real = ca._compiled
-    monkeypatch.setattr(ca, "_compiled", lambda fn: compiled.append(fn.__name__) or real(fn))
-    torch.manual_seed(0)
+def test_fused_loops_gradcheck_float64_and_match_sdpa_with_gqa_and_a_ragged_block():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 37, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    assert torch.autograd.gradcheck(lambda q, k, v: _fused(q, k, v, 0.3, block=16), (q, k, v))
     q = torch.randn(2, 4, 37, 16, requires_grad=True)  # 37 rows in blocks of 16: a ragged last block
     k, v = (torch.randn(2, 2, 37, 16, requires_grad=True) for _ in range(2))  # GQA: 2 KV heads
     do = torch.randn(2, 4, 37, 16)
-    eager = _attention_and_grads(q, k, v, do, block=16)
-    assert compiled == []
-    fused = _attention_and_grads(q, k, v, do, block=16, in_compiled_model=True)
-    assert compiled == ["_forward_fused", "_backward_fused"]
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.2, enable_gqa=True)
     ref.backward(do)
-    for name, a, e, r in zip("y dq dk dv".split(), fused, eager, [ref.detach(), q.grad, k.grad, v.grad]):
-        # the same bf16 products and fp32 softmax; the fused loop rounds differently in places
-        torch.testing.assert_close(a, e, rtol=2e-2, atol=2e-2, msg=name)
-        assert (a - r).abs().max() <= 2 * (e - r).abs().max() + 1e-3, name  # as close to fp32 SDPA
-    compiled.clear()
-    y = blocked_causal_attention(q, k, v, 0.2, block=16, in_compiled_model=True)  # fp32: eager loops
-    assert compiled == [] and y.dtype == torch.float32
+    want = [ref.detach()] + [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    got = _fused(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1), 0.2, block=16)
+    got.backward(do)
+    for name, a, e in zip("y dq dk dv".split(), [got.detach(), q.grad, k.grad, v.grad], want):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_compiled_model_takes_the_fused_loops_and_an_eager_model_does_not(monkeypatch):
+def _tiny_model():
+    cfg = ModelConfig(vocab_size=50, context_length=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2)
+    torch.manual_seed(0)
+    return TransformerLM(cfg), torch.randint(0, 50, (2, 16))
+
+
+def test_compiled_model_is_one_graph_with_the_attention_in_it(monkeypatch):
+    """torch.compile traces the blocked attention (forward and its own backward) into the model's
+    graph: no graph break in bf16, nor in fp32 at one thread (blocked) or two (SDPA; the thread count
+    is read without a break); FUSED_LOOPS=False puts the eager loops behind a break per layer."""
+    import lmlab.model.attention as attention
     import lmlab.model.causal_attention as ca
 
-    compiled = []
-    real = ca._compiled
-    monkeypatch.setattr(ca, "_compiled", lambda fn: compiled.append(fn.__name__) or real(fn))
-    cfg = ModelConfig(vocab_size=50, context_length=16, d_model=32, n_layers=1, n_heads=4)
-    torch.manual_seed(0)
-    model = TransformerLM(cfg)
-    x = torch.randint(0, 50, (2, 16))
+    model, x = _tiny_model()
+    threads = torch.get_num_threads()
+    calls = []
+    real = attention.blocked_causal_attention
+    monkeypatch.setattr(attention, "blocked_causal_attention", lambda *a: calls.append(1) or real(*a))
+    try:
+        for n, dtype in ((1, torch.bfloat16), (2, torch.bfloat16), (1, None), (2, None)):
+            torch.set_num_threads(n)
+            torch._dynamo.reset()
+            with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+                explained = torch._dynamo.explain(model)(x, targets=x)
+            assert (explained.graph_count, explained.graph_break_count) == (1, 0), (n, dtype)
+        assert len(calls) == 2 * 3  # the blocked attention in both layers, except fp32 on 2 threads
+        monkeypatch.setattr(ca, "FUSED_LOOPS", False)
+        torch._dynamo.reset()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch._dynamo.explain(model)(x, targets=x).graph_break_count >= 2
+    finally:
+        torch.set_num_threads(threads)
+        torch._dynamo.reset()
+
+
+def test_compiled_model_matches_the_eager_model_in_bf16():
+    model, x = _tiny_model()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         eager = model(x, targets=x)[0]
-        assert compiled == []
-        got = torch.compile(model)(x, targets=x)[0]
+        got = torch.compile(model, fullgraph=True)(x, targets=x)[0]  # fullgraph: raises on a break
     eager.backward()
     want = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     got.backward()
-    assert compiled == ["_forward_fused", "_backward_fused"]
     torch.testing.assert_close(got.float(), eager.float(), rtol=1e-2, atol=1e-2)
     for p, e in zip(model.parameters(), want):
         torch.testing.assert_close(p.grad, e, rtol=5e-2, atol=5e-3)

@@ -9,7 +9,7 @@ Forward keeps each block's probabilities P (the compute dtype) for backward; bac
 one (Dao et al. 2022, FlashAttention, Appendix B.2): dV = P^T dO, dP = dO V^T,
 dS = P * (dP - rowsum(dO * O)), dQ = dS K * scale, dK = dS^T Q * scale, with dK and dV accumulated in
 fp32. Scores and softmax are fp32 whatever the input dtype (bf16 under autocast). The loops run
-eager, or, in bf16/fp16 inside a compiled model, as torch.compile'd functions that fuse each block's
+eager, or, inside a compiled model, traced into the model's graph, where inductor fuses each block's
 elementwise work (see :func:`blocked_causal_attention`).
 
 Measured (fwd+bwd of one layer, batch 8, 8 heads, head_dim 32, alternated with SDPA, medians of 10;
@@ -24,8 +24,6 @@ with it, 445 ms with SDPA), and on GPUs (whose SDPA kernels are the fast path).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 BLOCK = 64  # query rows per block (32: 2-10% slower, 128: 5-15% slower at context 256)
@@ -34,20 +32,30 @@ MAX_SAVED_BYTES = 256 * 2**20
 FUSED_LOOPS = True  # False: the eager loops in compiled models too (bench/train_step_gains.py compares)
 
 
+@torch.compiler.assume_constant_result
+def _threads() -> int:
+    """torch's intra-op thread count; a constant of the graph when a compiled model asks (a graph break
+    otherwise): a model compiled at one thread count keeps its choice if the count changes later."""
+    return torch.get_num_threads()
+
+
 def use_blocked(q: torch.Tensor) -> bool:
     """Whether :func:`blocked_causal_attention` should run q (batch, heads, T, head_dim) in training:
     on CPU, T <= MAX_CONTEXT, the saved probabilities within MAX_SAVED_BYTES, and q in bf16/fp16 or
     torch running one thread. In fp32 on 2 threads the whole GPT-2-recipe step measured slower with it
-    (505 vs 445 ms, bench/train_step_gains.py), as SDPA's kernel parallelises better there."""
+    (505 vs 445 ms, eager loops, bench/train_step_gains.py), as SDPA's kernel parallelises better
+    there; with the fused loops in one compiled graph (2026-12-03, in one process, alternated, sdpa /
+    blocked step time) 0.98x LLaMA recipe, 1.03x GPT-2, 0.97x demo: no gain, so the rule stays.
+    The thread count is read once per compiled graph (:func:`_threads`)."""
     B, H, T, _ = q.shape
     saved = B * H * T * (T + BLOCK) // 2 * q.element_size()
-    low_precision_or_one_thread = q.dtype != torch.float32 or torch.get_num_threads() == 1
+    low_precision_or_one_thread = q.dtype != torch.float32 or _threads() == 1
     return (q.device.type == "cpu" and 1 < T <= MAX_CONTEXT and saved <= MAX_SAVED_BYTES
             and low_precision_or_one_thread)
 
 
 def _forward_fused(q, k, v, scale: float, block: int):
-    """The forward loop as inductor fuses it (torch.compile'd by :func:`_compiled`): per block the
+    """The forward loop as inductor fuses it (traced into the compiled model's graph): per block the
     score cast, scale, causal mask (from indices) and softmax are one C++ kernel. q, k, v:
     (batch, heads, T, head_dim), one dtype. Returns (out, q3, k3, v3, probs): out and q3, k3, v3
     (batch*heads, T, head_dim), probs the per-block probabilities (batch*heads, rows, keys) in q's dtype."""
@@ -87,20 +95,18 @@ def _backward_fused(do, q3, k3, v3, out, probs, scale: float, block: int):
     return torch.cat(dqs, dim=1), dk.to(q3.dtype), dv.to(q3.dtype)
 
 
-@functools.cache
-def _compiled(fn):
-    """fn torch.compile'd once per process (dynamic=False: one graph per shape, as in training)."""
-    return torch.compile(fn, dynamic=False)
-
-
 class _BlockedCausal(torch.autograd.Function):
+    """The blocked attention with its own backward. fused=False: the eager loops (in-place ops and
+    ``out=`` products, fastest op by op); fused=True: :func:`_forward_fused` / :func:`_backward_fused`,
+    functional code that Dynamo traces into the compiled model's graph (forward and backward)."""
+
     @staticmethod
     def forward(ctx, q, k, v, scale, block, fused):
         B, H, T, D = q.shape
+        ctx.meta = (B, H, T, D, scale, block, fused)
         if fused:
-            out, q3, k3, v3, probs = _compiled(_forward_fused)(q, k, v, scale, block)
+            out, q3, k3, v3, probs = _forward_fused(q, k, v, scale, block)
             ctx.save_for_backward(q3, k3, v3, out, *probs)
-            ctx.meta = (B, H, T, D, scale, block, fused)
             return out.view(B, H, T, D)
         acc = torch.promote_types(q.dtype, torch.float32)
         q3, k3, v3 = (t.reshape(B * H, T, D) for t in (q, k, v))
@@ -115,7 +121,6 @@ class _BlockedCausal(torch.autograd.Function):
             torch.bmm(p, v3[:, :r1], out=out[:, r0:r1])
             probs.append(p)
         ctx.save_for_backward(q3, k3, v3, out, *probs)
-        ctx.meta = (B, H, T, D, scale, block, fused)
         return out.view(B, H, T, D)
 
     @staticmethod
@@ -125,7 +130,7 @@ class _BlockedCausal(torch.autograd.Function):
         shape = (B, H, T, D)
         do = grad_out.reshape(B * H, T, D).to(q3.dtype)
         if fused:
-            dq, dk, dv = _compiled(_backward_fused)(do, q3, k3, v3, out, probs, scale, block)
+            dq, dk, dv = _backward_fused(do, q3, k3, v3, out, probs, scale, block)
             return dq.view(shape), dk.view(shape), dv.view(shape), None, None, None
         acc = torch.promote_types(q3.dtype, torch.float32)
         dq = torch.empty_like(q3)
@@ -147,30 +152,33 @@ class _BlockedCausal(torch.autograd.Function):
         return dq.view(shape), dk.to(q3.dtype).view(shape), dv.to(q3.dtype).view(shape), None, None, None
 
 
-# The loops run outside the compiled graph (a graph break), eager or as their own compiled
-# functions. Wrapped as a torch.library custom op instead (one graph, no breaks; 2026-12-02, bf16,
-# 2 threads, interleaved), the compiled step measured the same: demo 1.001x (IQR 0.993-1.009),
-# GPT-2 recipe 0.96x (0.92-1.01), cold compile 35.7 against 34.8 s; so the break stays.
 @torch.compiler.disable
+def _eager_loops(q, k, v, scale: float, block: int) -> torch.Tensor:
+    """The eager loops, outside any compiled graph (a graph break in a compiled model)."""
+    return _BlockedCausal.apply(q, k, v, scale, block, False)
+
+
 def blocked_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                             block: int = BLOCK, in_compiled_model: bool = False) -> torch.Tensor:
+                             block: int = BLOCK) -> torch.Tensor:
     """Causal attention softmax(q k^T * scale, masked) v in query blocks of ``block`` rows.
 
     q: (batch, heads, T, head_dim); k, v: (batch, kv_heads, T, head_dim) with kv_heads dividing heads
     (GQA: query head h reads KV head h // (heads / kv_heads), as HF's ``repeat_kv``). Returns
-    (batch, heads, T, head_dim) in q's dtype. Raises ValueError on shapes that do not match.
+    (batch, heads, T, head_dim) in q's dtype (the autocast dtype under autocast). Raises ValueError
+    on shapes that do not match.
 
-    in_compiled_model=True (the model's attention passes ``torch.compiler.is_compiling()``: a
-    constant True in a compiled graph, False in an eager model, which so never compiles anything
-    here) runs the forward and backward loops in bf16/fp16 as torch.compile'd functions, whose casts,
-    scale, mask and softmax inductor fuses into one kernel per block (the eager loops pass over the
-    scores about ten times); one compile per shape, a few seconds (past torch's recompile_limit,
-    8 shapes in one process, torch warns and those shapes run the loops eagerly: same results).
-    Whole compiled training step, fused loops against eager ones (bench/fused_attention_loops.py;
-    2026-12-03, 2 EPYC cores, alternated rounds, median of paired ratios, IQR): bf16 GPT-2 recipe
-    1.07x (1.01-1.09) and 1.09x (0.96-1.13) at 2 threads, 1.11x (1.02-1.18) at 1; demo 1.08x
-    (0.99-1.10) at 2; LLaMA recipe 1.08x (1.05-1.12) at 1. fp32 GPT-2 recipe at 1 thread: 0.99x
-    (0.96-1.03) and 1.00x (0.99-1.03), so fp32 keeps the eager loops.
+    Called eagerly it runs the eager loops. Traced by torch.compile (the compiled model's attention)
+    it runs :func:`_forward_fused` / :func:`_backward_fused` inside the model's one graph: inductor
+    fuses each block's casts, scale, causal mask and softmax into one kernel (the eager loops pass
+    over the scores about ten times), and the model has no graph break. ``FUSED_LOOPS = False``
+    keeps the eager loops in compiled models too (a graph break per layer; benches compare).
+    Whole compiled training step, traced loops against eager ones behind breaks
+    (bench/fused_attention_loops.py; 2026-12-03, 2 EPYC cores, alternated rounds, median of paired
+    ratios, IQR): bf16 GPT-2 recipe 1.18x (1.17-1.21) at 2 threads (1 compiled region per step
+    against 19), LLaMA recipe 1.11x (1.05-1.18) at 1; fp32 GPT-2 recipe at 1 thread 1.03x (1.00-1.08).
+    History: the fused loops first ran as separately compiled functions behind a graph break
+    (19 compiled regions per GPT-2-recipe step; bf16 only, as in fp32 they did not pay), and a
+    torch.library custom op around them measured the same as the break (2026-12-02).
     """
     B, H, T, D = q.shape
     if k.shape != v.shape or k.shape[0] != B or k.shape[2:] != (T, D) or H % k.shape[1]:
@@ -183,5 +191,7 @@ def blocked_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     if torch.is_autocast_enabled(q.device.type):
         dtype = torch.get_autocast_dtype(q.device.type)
     with torch.autocast(q.device.type, enabled=False):
-        fused = in_compiled_model and FUSED_LOOPS and dtype in (torch.bfloat16, torch.float16)
-        return _BlockedCausal.apply(q.to(dtype), k.to(dtype), v.to(dtype), float(scale), int(block), fused)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        if torch.compiler.is_compiling() and FUSED_LOOPS:
+            return _BlockedCausal.apply(q, k, v, float(scale), int(block), True)
+        return _eager_loops(q, k, v, float(scale), int(block))
