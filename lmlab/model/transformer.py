@@ -29,6 +29,7 @@ from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_h
 
 from lmlab.config import ModelConfig
 from lmlab.model.attention import Attention, KVCache, softcap
+from lmlab.model.embedding import Embedding
 from lmlab.model.ffn import ACTIVATION_FNS, FeedForward
 from lmlab.model.linear import Linear
 from lmlab.model.mla import MultiHeadLatentAttention
@@ -140,7 +141,7 @@ class TransformerLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         embed_dim = cfg.embed_dim or cfg.d_model  # OPT-350M: narrower embeddings projected in and out
-        self.embed = nn.Embedding(cfg.vocab_size, embed_dim)
+        self.embed = Embedding(cfg.vocab_size, embed_dim)  # deterministic gradient when compiled
         self.proj_in = Linear(embed_dim, cfg.d_model, bias=False) if embed_dim != cfg.d_model else None
         self.proj_out = Linear(cfg.d_model, embed_dim, bias=False) if embed_dim != cfg.d_model else None
         self.abs_pos = AbsolutePositions(cfg) if cfg.position in ("learned", "sinusoidal") else None
@@ -159,7 +160,7 @@ class TransformerLM(nn.Module):
         self.ple_embed = self.ple_proj = self.ple_norm = None
         if cfg.ple_dim:  # per-layer input embeddings (Gemma 4 E2B/E4B; HF embed_tokens_per_layer)
             width = cfg.n_layers * cfg.ple_dim
-            self.ple_embed = nn.Embedding(cfg.ple_vocab_size or cfg.vocab_size, width)
+            self.ple_embed = Embedding(cfg.ple_vocab_size or cfg.vocab_size, width)
             self.ple_proj = Linear(cfg.d_model, width, bias=False)
             self.ple_norm = make_norm(cfg.norm_type, cfg.ple_dim, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine,
                                       cfg.norm_weight_fp32)
