@@ -266,13 +266,12 @@ def test_compiled_model_matches_the_eager_model_in_bf16():
         torch.testing.assert_close(p.grad, e, rtol=5e-2, atol=5e-3)
 
 
-@pytest.mark.parametrize("recipe_pos", ["rope", "learned"])
-def test_compiled_training_gradients_are_the_same_every_call(recipe_pos):
+def test_compiled_training_gradients_are_the_same_every_call():
     """Inductor compiled the embedding's scatter-add with atomic float adds on 2 threads: the same
     step's embedding gradient changed between calls (up to 2e-9) and exact resume failed
-    (lmlab.model.embedding)."""
+    (lmlab.model.embedding). Learned positions: their table's gather is differentiated too."""
     cfg = ModelConfig(vocab_size=512, context_length=64, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2,
-                      position=recipe_pos)
+                      position="learned")
     torch.manual_seed(0)
     model = TransformerLM(cfg)
     f = torch.compile(model)
