@@ -328,7 +328,7 @@ class Attention(nn.Module):
         if cache is None:
             if plain and self.window is None and left_pad is None:  # the training path
                 if not dropout and self.blocked_kernel and torch.is_grad_enabled() and use_blocked(q):
-                    # CPU: faster than SDPA there; compiled loops when the model is compiled
+                    # CPU: faster than SDPA there; traced into the graph when the model is compiled
                     y = blocked_causal_attention(q, k, v, self.scale)
                 else:
                     y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout,
