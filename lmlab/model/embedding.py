@@ -48,6 +48,7 @@ class Embedding(nn.Embedding):
     torch's deterministic kernel (see the module docstring); eager, it is ``F.embedding``."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int):
+        # no padding_idx / max_norm / sparse: forward does not apply them, so they are not accepted
         super().__init__(num_embeddings, embedding_dim)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
