@@ -318,8 +318,9 @@ def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress
                 diff.append(f"data: run has {run.get('data')!r}, asked {str(data_dir)!r}")
             if diff:
                 raise ConfigError(
-                    f"run folder {str(out)!r} already holds a different run ({'; '.join(diff[:4])}); "
-                    f"choose another --out, or pass --resume to continue it with new train settings"
+                    f"run folder {str(out)!r} already holds a different run ({'; '.join(diff[:4])}; "
+                    f"the run's settings as {str(out / RUN_FILE)!r} records them); choose another --out, "
+                    f"or pass --resume to continue it with new train settings"
                 )
         trainer = Trainer.resume(out, cfg, tc, progress=progress)
         if trainer.dist.is_main and trainer.step < trainer.tc.max_steps:  # a finished run says so itself

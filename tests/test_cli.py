@@ -471,7 +471,9 @@ def test_train_checks_its_config_before_preparing_data(tmp_path, monkeypatch, ca
     (tmp_path / "odd").mkdir()
     (tmp_path / "odd" / "run.yaml").write_text("model:\n  d_model: -3\ntrain: {}\n")
     assert main(["train", "--out", str(tmp_path / "odd"), "--set", "max_steps=1"]) == 2
-    assert "already holds a different run (model.d_model: run has -3" in error_line(capsys)
+    line = error_line(capsys)  # the hand-edited file is named: the values come from it
+    assert "already holds a different run (model.d_model: run has -3" in line
+    assert f"as {str(tmp_path / 'odd' / 'run.yaml')!r} records them" in line
     assert main(["train", "--out", str(tmp_path / "odd"), "--resume", "--set", "max_steps=1"]) == 2
     odd_file = str(tmp_path / "odd" / "run.yaml")
     assert f"(from {odd_file} + --set): d_model=-3 must be an integer >= 1" in error_line(capsys)
