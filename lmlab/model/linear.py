@@ -1,4 +1,4 @@
-"""Linear layers whose fp32 matmuls on x86 CPUs run on oneDNN instead of MKL.
+"""Linear layers whose fp32 matmuls on x86 CPUs (Intel's excepted) run on oneDNN instead of MKL.
 
 PyTorch's CPU build multiplies fp32 matrices with MKL's sgemm, and bf16 ones with oneDNN. On the
 project's machine (AMD EPYC with AVX-512, 2 vCPUs; torch 2.13 with MKL 2024.2 and oneDNN 3.12) MKL's
@@ -24,7 +24,9 @@ which torch.library ops have no rule, :func:`linear` is ``F.linear``. Small prod
 decoding, which has its own packed-weight path in :func:`lmlab.generate.decode_layout`) stay on MKL.
 
 :data:`ONEDNN_FP32` = False turns the path off for the process (``F.linear`` everywhere), e.g. to
-compare the two or on a CPU where MKL is the faster one.
+compare the two. It is False by default on Intel CPUs, where MKL's sgemm is the faster one (measured on
+an Intel Xeon with AVX-512 and AMX: oneDNN's products at 0.70-0.97x MKL's, see :data:`ONEDNN_FP32`);
+the 2x above is MKL's code on AMD's cores, not oneDNN's on every x86 CPU.
 """
 
 from __future__ import annotations
@@ -36,7 +38,34 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-ONEDNN_FP32 = True
+
+def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The x86 CPU's vendor string ('GenuineIntel', 'AuthenticAMD', ...) from the ``vendor_id`` line of
+    ``cpuinfo`` (Linux), else from ``platform.processor()`` (Windows names it there); '' where neither
+    says."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    proc = platform.processor()
+    return next((v for v in ("GenuineIntel", "AuthenticAMD") if v in proc), "")
+
+
+def onednn_fp32_default(vendor: str) -> bool:
+    """Whether fp32 linears take oneDNN by default on a CPU of this vendor (see :data:`ONEDNN_FP32`):
+    everywhere but on Intel's CPUs."""
+    return vendor != "GenuineIntel"
+
+
+# On by default except on Intel CPUs, where MKL's sgemm runs its own AVX-512 code and was the faster
+# one: on a 2-core Intel Xeon (AMX, AVX-512; 2026-12-03, bench/linear_backends.py --threads 1) oneDNN
+# ran the recipes' products at 0.70-0.97x MKL's speed (weight gradients 0.70-0.93x), and the whole
+# compiled fp32 step of the peers benchmark was 0.86-0.93x the fastest compiled peer with it.
+ONEDNN_FP32 = onednn_fp32_default(cpu_vendor())
+
 # Rows (product of the input's leading dims) from which oneDNN is used. Forward through this module's
 # op against ``x @ w.T`` on MKL, the GPT-2 recipe's shapes (python bench/linear_backends.py --rows
 # 1 4 16 32 64 --recipes gpt2), 1 and 2 threads: 1 row 0.2-0.9x, 16 rows 0.5-1.7x, 32 rows 0.8-1.8x,
