@@ -11,7 +11,8 @@ Variants, each adding one change to the one before (the last is ``lmlab train`` 
      there rows 5 and 6 differ only in that graph break)
   7. + fp32 linear layers (and the chunked loss's products) on oneDNN instead of MKL
      (lmlab.model.linear; under bf16 autocast the matmuls are oneDNN's already, so in bf16 rows 6 and 7
-     are the same code)
+     are the same code; lmlab's default except on Intel CPUs, where MKL measured faster and
+     ``lmlab train`` runs row 6)
 Rounds time ``--steps`` steps of every variant in a rotated order; the figure is the median over
 rounds of baseline time / variant time (IQR), and, paired the same way, each row's gain over the row
 above (its own share).
