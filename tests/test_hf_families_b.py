@@ -253,3 +253,15 @@ def test_tiny_preset_exports_to_transformers(preset, model_type, tmp_path):
         diff = _diff(hf_model.eval()(ids).logits, model(ids))
     print(f"\n{preset} (tiny) -> {model_type}: max |logit diff| {diff:.2e}")
     assert diff <= TOL
+
+
+def test_falcon_num_key_value_heads_is_checked_against_the_layout():
+    """transformers >= 5.25 writes num_key_value_heads into a Falcon config.json (derived: num_kv_heads
+    for the new architecture and MHA, 1 for multi-query); read as a check, a contradicting value refused."""
+    base = {"model_type": "falcon", "hidden_size": 64, "num_attention_heads": 4}
+    new = {**base, "new_decoder_architecture": True, "num_kv_heads": 2}
+    assert get_family("falcon").config_to_lmlab({**new, "num_key_value_heads": 2}).n_kv_heads == 2
+    assert get_family("falcon").config_to_lmlab({**base, "num_key_value_heads": 1}).n_kv_heads == 1  # MQA
+    for hf in ({**new, "num_key_value_heads": 4}, {**base, "num_key_value_heads": 4}):
+        with pytest.raises(UnsupportedError, match="num_key_value_heads=4"):
+            get_family("falcon").config_to_lmlab(hf)

@@ -38,6 +38,7 @@ HANDLED = frozenset({  # config.json fields this converter reads (besides RoPE a
     "layer_norm_epsilon", "hidden_dropout", "attention_dropout", "num_kv_heads", "alibi",
     "new_decoder_architecture", "multi_query", "parallel_attn", "bias", "max_position_embeddings",
     "ffn_hidden_size", "activation", "tie_word_embeddings", "apply_residual_connection_post_layernorm",
+    "num_key_value_heads",  # written by transformers >= 5.25: the KV heads the layout gives, checked
 })
 
 
@@ -66,6 +67,11 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
         if n_kv != n_heads:
             reject(NAME, "num_kv_heads", n_kv, f"num_kv_heads = num_attention_heads ({n_heads}) without "
                                                f"multi_query or new_decoder_architecture (HF's fused layout)")
+    kv_written = hf.get("num_key_value_heads")
+    if kv_written is not None and kv_written != n_kv:
+        reject(NAME, "num_key_value_heads", kv_written, f"{n_kv}, the KV heads of this {layout} layout "
+                                                        f"(transformers derives the field from num_kv_heads "
+                                                        f"and multi_query / new_decoder_architecture)")
     biased = expect(NAME, hf, "bias", (True, False), False)
     return ModelConfig(
         vocab_size=hf_get(hf, "vocab_size", default=65024),
