@@ -65,10 +65,14 @@ class Preset:
     @property
     def params_label(self) -> str:
         """Published parameter count as a short label ("124M", "6.74B"); our meta-device count of the
-        real config, marked "~", where nothing comparable is published."""
+        real config, marked "~", where nothing comparable is published (lmlab.analysis's closed-form
+        count, equal to the meta-device build for every preset: tests/test_analysis.py; building the
+        big MoEs took `lmlab presets` 20 s)."""
         if self.published_params is not None:
             return human_count(self.published_params)
-        return "~" + human_count(real_param_count(self.name))
+        from lmlab.analysis import param_counts
+
+        return "~" + human_count(param_counts(preset_config(self.name, "real"))["total"])
 
 
 def human_count(n: float) -> str:
@@ -743,7 +747,6 @@ def preset_config(name: str, scale: str = "tiny", **overrides: Any) -> ModelConf
     return ModelConfig.from_dict(data, f"preset {preset.name!r} ({scale})")
 
 
-@lru_cache(maxsize=None)
 def real_param_count(name: str) -> int:
     """Parameter count of the real-scale config, built on the meta device (no memory; tied weights once)."""
     import torch
