@@ -64,10 +64,9 @@ class Preset:
 
     @property
     def params_label(self) -> str:
-        """Published parameter count as a short label ("124M", "6.74B"); our meta-device count of the
-        real config, marked "~", where nothing comparable is published (lmlab.analysis's closed-form
-        count, equal to the meta-device build for every preset: tests/test_analysis.py; building the
-        big MoEs took `lmlab presets` 20 s)."""
+        """Published parameter count as a short label ("124M", "6.74B"); our count of the real config,
+        marked "~", where nothing comparable is published: lmlab.analysis's closed form, equal to the
+        meta-device build for every preset (tests/test_analysis.py) and without building the big MoEs."""
         if self.published_params is not None:
             return human_count(self.published_params)
         from lmlab.analysis import param_counts
@@ -747,6 +746,7 @@ def preset_config(name: str, scale: str = "tiny", **overrides: Any) -> ModelConf
     return ModelConfig.from_dict(data, f"preset {preset.name!r} ({scale})")
 
 
+@lru_cache(maxsize=None)
 def real_param_count(name: str) -> int:
     """Parameter count of the real-scale config, built on the meta device (no memory; tied weights once)."""
     import torch

@@ -147,21 +147,18 @@ def test_training_steps_agree_with_the_mkl_path():
     x = torch.randint(0, 64, (4, 33), generator=torch.Generator().manual_seed(0))
 
     def losses(flag):
-        L.ONEDNN_FP32 = flag
-        try:
-            torch.manual_seed(0)
-            model = TransformerLM(cfg)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-            out = []
-            for _ in range(4):
-                loss, _ = model(x[:, :-1], targets=x[:, 1:])
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-                out.append(loss.item())
-            return out
-        finally:
-            L.ONEDNN_FP32 = True  # the fixture's value
+        L.ONEDNN_FP32 = flag  # the fixture restores the default
+        torch.manual_seed(0)
+        model = TransformerLM(cfg)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        out = []
+        for _ in range(4):
+            loss, _ = model(x[:, :-1], targets=x[:, 1:])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            out.append(loss.item())
+        return out
 
     a, b = losses(True), losses(False)
     assert a[-1] < a[0] - 0.1  # it trains

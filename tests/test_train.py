@@ -61,7 +61,7 @@ def test_short_training_run_lowers_loss(tmp_path, byte_data):
     assert ckpt.name == "step_0000060" and cfg == trainer.cfg
 
 
-def test_startup_says_when_fp32_linears_run_on_onednn(tmp_path, byte_data):
+def test_startup_says_when_fp32_linears_run_on_onednn(tmp_path, byte_data, monkeypatch):
     """Trainer.onednn_linears (the startup line's "fp32 linears on oneDNN"): fp32 on a CPU with oneDNN,
     not under bf16 autocast, not with the switch off."""
     from lmlab.model import linear
@@ -70,15 +70,11 @@ def test_startup_says_when_fp32_linears_run_on_onednn(tmp_path, byte_data):
         tc = TrainConfig(batch_size=2, max_steps=1, device="cpu", **kw)
         return Trainer.create(tmp_path / name, small_model(), tc, byte_data, progress=False).onednn_linears
 
-    default = linear.ONEDNN_FP32  # off by default on Intel's CPUs (lmlab.model.linear)
-    try:
-        linear.ONEDNN_FP32 = True
-        assert made("fp32") == linear.onednn_available()
-        assert made("bf16", dtype="bf16") is False
-        linear.ONEDNN_FP32 = False
-        assert made("off") is False
-    finally:
-        linear.ONEDNN_FP32 = default
+    monkeypatch.setattr(linear, "ONEDNN_FP32", True)  # off by default on Intel's CPUs
+    assert made("fp32") == linear.onednn_available()
+    assert made("bf16", dtype="bf16") is False
+    monkeypatch.setattr(linear, "ONEDNN_FP32", False)
+    assert made("off") is False
 
 
 def test_lr_schedule():

@@ -24,9 +24,8 @@ which torch.library ops have no rule, :func:`linear` is ``F.linear``. Small prod
 decoding, which has its own packed-weight path in :func:`lmlab.generate.decode_layout`) stay on MKL.
 
 :data:`ONEDNN_FP32` = False turns the path off for the process (``F.linear`` everywhere), e.g. to
-compare the two. It is False by default on Intel CPUs, where MKL's sgemm is the faster one (measured on
-an Intel Xeon with AVX-512 and AMX: oneDNN's products at 0.70-0.97x MKL's, see :data:`ONEDNN_FP32`);
-the 2x above is MKL's code on AMD's cores, not oneDNN's on every x86 CPU.
+compare the two. It is False by default on Intel CPUs, where MKL's sgemm is the faster one (see
+:data:`ONEDNN_FP32`): the 2x above is MKL on AMD's cores, not oneDNN on every x86 CPU.
 """
 
 from __future__ import annotations
