@@ -86,11 +86,22 @@ def models(tmp_path_factory):
     return hf_dir, tmp / "run", tasks
 
 
+def _only_these_tasks(monkeypatch):
+    """lm-eval's TaskManager without its ~15,000 bundled task YAMLs (indexing them takes 6-12 s a
+    manager on 2 cores): the tests' tasks are all in their own folder."""
+    import functools
+
+    from lm_eval import tasks
+
+    monkeypatch.setattr(tasks, "TaskManager", functools.partial(tasks.TaskManager, include_defaults=False))
+
+
 def _evaluate(model, model_args, tasks):
     from lm_eval.tasks import TaskManager
 
     return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=["lmlab_mc", "lmlab_ppl", "lmlab_gen"],
-                                   task_manager=TaskManager(include_path=str(tasks)), log_samples=True,
+                                   task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
+                                   log_samples=True,
                                    bootstrap_iters=0, device="cpu", batch_size=1)
 
 
@@ -122,6 +133,7 @@ def test_lmlab_backend_equals_the_hf_backend(models, monkeypatch):
 
 def test_lmlab_eval_tasks_cli(models, monkeypatch, capsys):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    _only_these_tasks(monkeypatch)
     from lmlab.cli import main
 
     _, run, tasks = models
