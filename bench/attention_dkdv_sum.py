@@ -1,0 +1,96 @@
+"""The blocked attention's traced backward, dK and dV summed two ways, over the whole compiled step.
+
+lmlab.model.causal_attention._backward_fused adds each query block's contributions to dK and dV (keys
+0 .. r1 of the block) as zero-padded terms of one sum (``_sum_padded``), which inductor fuses into one
+kernel with one masked load per block. Before (2026-12-03) they were in-place slice adds into fp32
+buffers, ``dk[:, :r1] += part``, which inductor lowered to nested slice updates whose kernel reloaded
+each block at every level of the nesting. This script keeps that version (``slice_adds_backward``) and
+times lmlab's compiled training step with each, in one process: both models built and compiled, then
+``--rounds`` rounds of ``--steps`` steps each, alternating which goes first; the figure is the median
+over rounds of slice-adds time / padded-sum time, with its interquartile range.
+
+    python bench/attention_dkdv_sum.py --recipe gpt2 --dtype bf16 --threads 1
+
+Dynamo guards on the module global it reads, so each model keeps the backward it was compiled with as
+long as the global is set back before its steps (done here before every round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def slice_adds_backward(do, q3, k3, v3, out, probs, scale: float, block: int):
+    """The backward loop as it was: the same equations as _backward_fused, dK and dV accumulated by
+    in-place slice adds into zero fp32 buffers."""
+    T = q3.shape[1]
+    acc = torch.promote_types(q3.dtype, torch.float32)
+    delta = (do.to(acc) * out.to(acc)).sum(-1)
+    dqs = []
+    dk = torch.zeros(q3.shape, dtype=acc, device=q3.device)
+    dv = torch.zeros(q3.shape, dtype=acc, device=q3.device)
+    for i, r0 in enumerate(range(0, T, block)):
+        r1 = min(r0 + block, T)
+        p, do_i, q_i = probs[i], do[:, r0:r1], q3[:, r0:r1]
+        dp = torch.bmm(do_i, v3[:, :r1].transpose(1, 2)).to(acc)
+        ds = ((dp - delta[:, r0:r1, None]) * p.to(acc) * scale).to(q3.dtype)
+        dqs.append(torch.bmm(ds, k3[:, :r1]))
+        dv[:, :r1] += torch.bmm(p.transpose(1, 2), do_i)
+        dk[:, :r1] += torch.bmm(ds.transpose(1, 2), q_i)
+    return torch.cat(dqs, dim=1), dk.to(q3.dtype), dv.to(q3.dtype)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipe", choices=["llama", "gpt2", "demo"], default="gpt2")
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--steps", type=int, default=2)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    import lmlab.model.causal_attention as ca
+    from bench.train_vs_peers import RECIPES, Args, make_system
+
+    shape = Args(recipe=a.recipe, **RECIPES[a.recipe])
+    dtype = torch.bfloat16 if a.dtype == "bf16" else None
+    variants = {"slice adds": slice_adds_backward, "padded sum": ca._backward_fused}
+    systems = {}
+    for name, backward in variants.items():
+        ca._backward_fused = backward
+        system = make_system("lmlab", shape, dtype, compile_=True, fused=True)  # runs the first step
+        print(f"{name}: first step (compile) {system.compile_s:.1f} s", flush=True)
+        systems[name] = system
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for r in range(a.rounds + 1):  # round 0 warms both up, untimed
+        for name in names if r % 2 else names[::-1]:
+            ca._backward_fused = variants[name]
+            t0 = time.perf_counter()
+            for _ in range(a.steps):
+                systems[name].step()
+            if r:
+                times[name].append((time.perf_counter() - t0) / a.steps)
+    ca._backward_fused = variants["padded sum"]
+    ratios = [s / p for s, p in zip(times["slice adds"], times["padded sum"])]
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    load = os.getloadavg()
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+          f"threads {a.threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"recipe {a.recipe}, {a.dtype}, compiled step, {a.rounds} rounds x {a.steps} steps, alternated")
+    for name in names:
+        print(f"  {name:11s} {statistics.median(times[name]) * 1e3:7.1f} ms/step (median)")
+    print(f"  slice adds / padded sum: {statistics.median(ratios):.3f}x (IQR {q1:.3f}-{q3:.3f})")
+
+
+if __name__ == "__main__":
+    main()
