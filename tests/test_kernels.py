@@ -150,6 +150,33 @@ def test_blocked_attention_bf16_close_to_fp32_and_rejects_bad_shapes():
         blocked_causal_attention(q, torch.randn(1, 3, 100, 16), torch.randn(1, 3, 100, 16), 0.25)
 
 
+@pytest.fixture(autouse=True)
+def _blocked_fp32(monkeypatch):
+    """The tests here read the rule as on a CPU whose fp32 takes the blocked loops on one thread (not
+    Intel's, where BLOCKED_FP32 defaults to False); the vendor rule has its own test."""
+    import lmlab.model.causal_attention as ca
+
+    monkeypatch.setattr(ca, "BLOCKED_FP32", True)
+
+
+def test_fp32_on_one_thread_takes_sdpa_where_blocked_fp32_is_off(monkeypatch):
+    import lmlab.model.causal_attention as ca
+    from lmlab.model.linear import cpu_vendor
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        monkeypatch.setattr(ca, "BLOCKED_FP32", False)
+        assert not use_blocked(torch.empty(8, 8, 256, 32))  # fp32: SDPA
+        assert use_blocked(torch.empty(8, 8, 256, 32, dtype=torch.bfloat16))  # bf16: the loops
+        monkeypatch.setattr(ca, "BLOCKED_FP32", True)
+        assert use_blocked(torch.empty(8, 8, 256, 32))
+    finally:
+        torch.set_num_threads(threads)
+    monkeypatch.undo()  # the module's own default, as imported on this machine's CPU
+    assert ca.BLOCKED_FP32 == (cpu_vendor() != "GenuineIntel")
+
+
 def test_use_blocked_rule_and_the_model_takes_it_only_in_training():
     threads = torch.get_num_threads()
     try:

@@ -26,9 +26,17 @@ from __future__ import annotations
 
 import torch
 
+from lmlab.model.linear import cpu_vendor
+
 BLOCK = 64  # query rows per block (32: 2-10% slower, 128: 5-15% slower at context 256)
 MAX_CONTEXT = 1024
 MAX_SAVED_BYTES = 256 * 2**20
+# fp32 on one thread: the blocked loops, except on Intel CPUs. On the AMD EPYC they were the faster
+# (numbers above); on a 2-core Intel Xeon (AVX-512, AMX; 2026-12-03) SDPA's kernel was: the whole
+# compiled fp32 step at 1 thread, SDPA's time / the traced loops' (`python bench/attention_step_ab.py
+# --compare sdpa --dtype fp32`, medians of paired ratios, IQR): GPT-2 recipe 0.93x (0.93-0.97),
+# LLaMA's 0.97x (0.96-0.98). In bf16 the loops stay: 1.26x (1.24-1.28) on the GPT-2 recipe there.
+BLOCKED_FP32 = cpu_vendor() != "GenuineIntel"
 FUSED_LOOPS = True  # False: the eager loops in compiled models too (bench/train_step_gains.py compares)
 
 
@@ -42,14 +50,14 @@ def _threads() -> int:
 def use_blocked(q: torch.Tensor) -> bool:
     """Whether :func:`blocked_causal_attention` should run q (batch, heads, T, head_dim) in training:
     on CPU, T <= MAX_CONTEXT, the saved probabilities within MAX_SAVED_BYTES, and q in bf16/fp16 or
-    torch running one thread. In fp32 on 2 threads the whole GPT-2-recipe step measured slower with it
+    torch running one thread (fp32 on one thread only where :data:`BLOCKED_FP32`). In fp32 on 2 threads the whole GPT-2-recipe step measured slower with it
     (505 vs 445 ms, eager loops, bench/train_step_gains.py), as SDPA's kernel parallelises better
     there; with the fused loops in one compiled graph (2026-12-03, in one process, alternated, sdpa /
     blocked step time) 0.98x LLaMA recipe, 1.03x GPT-2, 0.97x demo: no gain, so the rule stays.
     The thread count is read once per compiled graph (:func:`_threads`)."""
     B, H, T, _ = q.shape
     saved = B * H * T * (T + BLOCK) // 2 * q.element_size()
-    low_precision_or_one_thread = q.dtype != torch.float32 or _threads() == 1
+    low_precision_or_one_thread = q.dtype != torch.float32 or (BLOCKED_FP32 and _threads() == 1)
     return (q.device.type == "cpu" and 1 < T <= MAX_CONTEXT and saved <= MAX_SAVED_BYTES
             and low_precision_or_one_thread)
 

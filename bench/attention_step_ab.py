@@ -1,18 +1,25 @@
-"""The blocked attention's traced backward, dK and dV summed two ways, over the whole compiled step.
+"""Two forms of lmlab's CPU training attention, compared over the whole compiled training step.
 
+``--compare dkdv-sum`` (default): the blocked attention's traced backward, dK and dV summed two ways.
 lmlab.model.causal_attention._backward_fused adds each query block's contributions to dK and dV (keys
 0 .. r1 of the block) as zero-padded terms of one sum (``_sum_padded``), which inductor fuses into one
 kernel with one masked load per block. Before (2026-12-03) they were in-place slice adds into fp32
 buffers, ``dk[:, :r1] += part``, which inductor lowered to nested slice updates whose kernel reloaded
-each block at every level of the nesting. This script keeps that version (``slice_adds_backward``) and
-times lmlab's compiled training step with each, in one process: both models built and compiled, then
-``--rounds`` rounds of ``--steps`` steps each, alternating which goes first; the figure is the median
-over rounds of slice-adds time / padded-sum time, with its interquartile range.
+each block at every level of the nesting. This script keeps that version (``slice_adds_backward``).
 
-    python bench/attention_dkdv_sum.py --recipe gpt2 --dtype bf16 --threads 1
+``--compare sdpa``: the blocked attention against torch's SDPA kernel (what
+lmlab.model.causal_attention.use_blocked chooses between; the rule is bypassed here).
 
-Dynamo guards on the module global it reads, so each model keeps the backward it was compiled with as
-long as the global is set back before its steps (done here before every round).
+Both models are built and compiled in one process, then ``--rounds`` rounds of ``--steps`` steps
+each, alternating which goes first; the figure is the median over rounds of the first variant's time /
+the second's, with its interquartile range (above 1: the second, lmlab's choice for ``dkdv-sum``, is
+faster).
+
+    python bench/attention_step_ab.py --recipe gpt2 --dtype bf16 --threads 1
+    python bench/attention_step_ab.py --compare sdpa --recipe gpt2 --dtype fp32 --threads 1
+
+Dynamo guards on the module globals it reads, so each model keeps the variant it was compiled with as
+long as the globals are set back before its steps (done here before every round).
 """
 
 from __future__ import annotations
@@ -49,8 +56,26 @@ def slice_adds_backward(do, q3, k3, v3, out, probs, scale: float, block: int):
     return torch.cat(dqs, dim=1), dk.to(q3.dtype), dv.to(q3.dtype)
 
 
+def variants(compare: str) -> dict:
+    """name -> a function that sets the module globals of that variant (the second is lmlab's)."""
+    import lmlab.model.attention as attention
+    import lmlab.model.causal_attention as ca
+
+    padded, rule = ca._backward_fused, ca.use_blocked
+
+    def setter(backward, use_blocked):
+        def apply():
+            ca._backward_fused, attention.use_blocked = backward, use_blocked
+        return apply
+
+    if compare == "sdpa":
+        return {"sdpa": setter(padded, lambda q: False), "blocked": setter(padded, lambda q: True)}
+    return {"slice adds": setter(slice_adds_backward, rule), "padded sum": setter(padded, rule)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--compare", choices=["dkdv-sum", "sdpa"], default="dkdv-sum")
     ap.add_argument("--recipe", choices=["llama", "gpt2", "demo"], default="gpt2")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
     ap.add_argument("--threads", type=int, default=1)
@@ -58,30 +83,29 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    import lmlab.model.causal_attention as ca
     from bench.train_vs_peers import RECIPES, Args, make_system
 
     shape = Args(recipe=a.recipe, **RECIPES[a.recipe])
     dtype = torch.bfloat16 if a.dtype == "bf16" else None
-    variants = {"slice adds": slice_adds_backward, "padded sum": ca._backward_fused}
+    setters = variants(a.compare)
+    names = list(setters)
     systems = {}
-    for name, backward in variants.items():
-        ca._backward_fused = backward
-        system = make_system("lmlab", shape, dtype, compile_=True, fused=True)  # runs the first step
-        print(f"{name}: first step (compile) {system.compile_s:.1f} s", flush=True)
-        systems[name] = system
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    names = list(variants)
+    for name in names:
+        setters[name]()
+        systems[name] = make_system("lmlab", shape, dtype, compile_=True, fused=True)  # runs the first step
+        print(f"{name}: first step (compile) {systems[name].compile_s:.1f} s", flush=True)
+    times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(a.rounds + 1):  # round 0 warms both up, untimed
         for name in names if r % 2 else names[::-1]:
-            ca._backward_fused = variants[name]
+            setters[name]()
             t0 = time.perf_counter()
             for _ in range(a.steps):
                 systems[name].step()
             if r:
                 times[name].append((time.perf_counter() - t0) / a.steps)
-    ca._backward_fused = variants["padded sum"]
-    ratios = [s / p for s, p in zip(times["slice adds"], times["padded sum"])]
+    variants("dkdv-sum")["padded sum"]()  # lmlab's own globals back
+    first, second = names
+    ratios = [x / y for x, y in zip(times[first], times[second])]
     q1, _, q3 = statistics.quantiles(ratios, n=4)
     load = os.getloadavg()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
@@ -89,7 +113,7 @@ def main() -> None:
     print(f"recipe {a.recipe}, {a.dtype}, compiled step, {a.rounds} rounds x {a.steps} steps, alternated")
     for name in names:
         print(f"  {name:11s} {statistics.median(times[name]) * 1e3:7.1f} ms/step (median)")
-    print(f"  slice adds / padded sum: {statistics.median(ratios):.3f}x (IQR {q1:.3f}-{q3:.3f})")
+    print(f"  {first} / {second}: {statistics.median(ratios):.3f}x (IQR {q1:.3f}-{q3:.3f})")
 
 
 if __name__ == "__main__":
