@@ -18,8 +18,9 @@ fp32 and 12.9 vs 26.2 ms bf16 at 2 threads; context 512: 79 vs 117 ms fp32, 58 v
 context 1024: 309 vs 355 ms fp32, 248 vs 298 ms bf16. The saved probabilities cost
 batch x heads x T (T + block) / 2 elements per layer (SDPA saves only O and the log-sum-exp), so
 :func:`use_blocked` keeps SDPA where they would exceed ``MAX_SAVED_BYTES`` or the context exceeds
-``MAX_CONTEXT``, in fp32 with more than one thread (a whole GPT-2-recipe step on 2 threads: 505 ms
-with it, 445 ms with SDPA), and on GPUs (whose SDPA kernels are the fast path).
+``MAX_CONTEXT``, in fp32 on Intel CPUs (:data:`BLOCKED_FP32`) or with more than one thread (a whole
+GPT-2-recipe step on 2 threads: 505 ms with it, 445 ms with SDPA), and on GPUs (whose SDPA kernels
+are the fast path).
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def _threads() -> int:
 def use_blocked(q: torch.Tensor) -> bool:
     """Whether :func:`blocked_causal_attention` should run q (batch, heads, T, head_dim) in training:
     on CPU, T <= MAX_CONTEXT, the saved probabilities within MAX_SAVED_BYTES, and q in bf16/fp16 or
-    torch running one thread (fp32 on one thread only where :data:`BLOCKED_FP32`). In fp32 on 2 threads the whole GPT-2-recipe step measured slower with it
+    torch running one thread (fp32 on one thread only where :data:`BLOCKED_FP32`, not on Intel CPUs).
+    In fp32 on 2 threads the whole GPT-2-recipe step measured slower with it
     (505 vs 445 ms, eager loops, bench/train_step_gains.py), as SDPA's kernel parallelises better
     there; with the fused loops in one compiled graph (2026-12-03, in one process, alternated, sdpa /
     blocked step time) 0.98x LLaMA recipe, 1.03x GPT-2, 0.97x demo: no gain, so the rule stays.
