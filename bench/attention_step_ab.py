@@ -87,6 +87,10 @@ def main() -> None:
 
     shape = Args(recipe=a.recipe, **RECIPES[a.recipe])
     dtype = torch.bfloat16 if a.dtype == "bf16" else None
+    import lmlab.model.attention as attention
+    import lmlab.model.causal_attention as ca
+
+    originals = ca._backward_fused, attention.use_blocked  # read before any variant is set
     setters = variants(a.compare)
     names = list(setters)
     systems = {}
@@ -103,7 +107,7 @@ def main() -> None:
                 systems[name].step()
             if r:
                 times[name].append((time.perf_counter() - t0) / a.steps)
-    variants("dkdv-sum")["padded sum"]()  # lmlab's own globals back
+    ca._backward_fused, attention.use_blocked = originals  # lmlab's own globals back
     first, second = names
     ratios = [x / y for x, y in zip(times[first], times[second])]
     q1, _, q3 = statistics.quantiles(ratios, n=4)
