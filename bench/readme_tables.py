@@ -5,6 +5,7 @@ Each table in the README's benchmark sections sits between ``<!-- bench:NAME -->
 
 - ``train_vs_peers``: the summary of docs/bench/train_vs_peers.md (bench/train_matrix.sh): per
   recipe x precision x threads cell, lmlab's speed-up over the fastest eager and the fastest compiled peer;
+  ``train_vs_peers_intel`` the same from docs/bench/train_vs_peers_intel.md (the matrix on an Intel Xeon);
 - ``train_step_gains``: docs/bench/train_step_gains.md (bench/train_step_gains.py --markdown), one
   column pair per precision;
 - ``context_scaling``: docs/bench/context_scaling.md (bench/context_scaling.sh), one row per context;
@@ -78,8 +79,8 @@ RECIPE = {"llama": "LLaMA", "gpt2": "GPT-2", "demo": "demo"}
 PEER = {"hf": "HF", "litgpt": "litgpt", "nanogpt": "nanoGPT", "xt": "x-transformers"}
 
 
-def train_vs_peers() -> list[str]:
-    page = DOCS / "train_vs_peers.md"
+def _peers_table(page: Path) -> list[str]:
+    """The summary of one bench/train_matrix.sh page: a row per recipe x precision x threads cell."""
     rows = []
     for head, body in _sections(page.read_text()):
         m = re.match(r"(\w+), (\w+), (\d+) thread", head)
@@ -97,6 +98,14 @@ def train_vs_peers() -> list[str]:
     return [_source(page, " (bench/train_matrix.sh)") + " lmlab compiled against the fastest peer of each "
             "cell; median over rounds of the per-round ratio, IQR and the peer in brackets; bold: >= 1.3x.", "",
             *_md(["recipe", "precision", "threads", "vs fastest eager peer", "vs fastest compiled peer"], rows)]
+
+
+def train_vs_peers() -> list[str]:
+    return _peers_table(DOCS / "train_vs_peers.md")
+
+
+def train_vs_peers_intel() -> list[str]:
+    return _peers_table(DOCS / "train_vs_peers_intel.md")
 
 
 def train_step_gains() -> list[str]:
@@ -200,8 +209,8 @@ def prepare_throughput() -> list[str]:
     return _verbatim(DOCS / "prepare_throughput.md", " (bench/prepare_throughput.py)")
 
 
-BLOCKS = {f.__name__: f for f in (train_vs_peers, train_step_gains, context_scaling, gpu_check, sweep_batching,
-                                   decode_vs_hf, decode_threads, prepare_throughput)}
+BLOCKS = {f.__name__: f for f in (train_vs_peers, train_vs_peers_intel, train_step_gains, context_scaling,
+                                   gpu_check, sweep_batching, decode_vs_hf, decode_threads, prepare_throughput)}
 
 
 def check_markers(readme: str) -> list[str]:

@@ -25,9 +25,12 @@ attention dropout, the same activation, AdamW settings and autocast dtype. HF GP
 
 Timing: all systems built in one process, warmed up, then ``--rounds`` rounds, each timing
 ``--steps`` steps of every system in a rotated order; the figure per pair is the median over rounds of
-the per-round ratio of step times, with its interquartile range. Peak memory: max RSS of a fresh
-process per system that imports, builds and trains a few steps, and its RSS before the first step
-(what the import and the model cost), so "training adds" is comparable across libraries.
+the per-round ratio of step times, with its interquartile range. On CPU the process first applies
+``lmlab train``'s malloc setting (``lmlab.train.keep_freed_memory``: freed memory stays mapped, no
+page faults on the next step's activations); it is process-wide, so the peers time with it too.
+Peak memory: max RSS of a fresh process per system that imports, builds and trains a few steps, and
+its RSS before the first step (what the import and the model cost), so "training adds" is comparable
+across libraries (lmlab's process with its malloc setting, the peers' without, as each is run).
 
     python bench/train_vs_peers.py --recipe llama --threads 1 --dtype fp32 --lmlab-compile
     python bench/train_vs_peers.py --recipe gpt2 --nanogpt ~/src/nanoGPT --dtype bf16 --markdown
@@ -169,15 +172,20 @@ def compile_apart(model: torch.nn.Module) -> Callable:
 def make_system(name: str, a: Args, dtype: Optional[torch.dtype], compile_: bool, fused: bool,
                 device: str = "cpu", checkpointing: bool = False) -> System:
     """Build ``name`` ('lmlab' or a peer), its batch and its step on ``device``; runs the first step
-    (compiling). ``checkpointing``: lmlab with activation checkpointing (TrainConfig's switch)."""
+    (compiling). ``checkpointing``: lmlab with activation checkpointing (TrainConfig's switch).
+    Building lmlab on CPU applies ``lmlab.train.keep_freed_memory`` (glibc keeps freed memory mapped),
+    as ``lmlab train`` does: a process-wide setting, so every system built or stepped after it in the
+    same process runs with it too (main() applies it before building any system)."""
     torch.manual_seed(0)
     dev = torch.device(device)
     x = torch.randint(0, a.vocab, (a.batch, a.context + 1), device=dev)
     inputs, targets = x[:, :-1].contiguous(), x[:, 1:].contiguous()  # nanoGPT views its targets
     if name == "lmlab":
         from lmlab.model import TransformerLM
-        from lmlab.train import TrainConfig, make_optimizer, param_groups
+        from lmlab.train import TrainConfig, keep_freed_memory, make_optimizer, param_groups
 
+        if dev.type == "cpu":  # as lmlab train's Trainer does on CPU; process-wide, so the peers too
+            keep_freed_memory()
         model = TransformerLM(lmlab_config(a)).to(dev)
         model.checkpoint_blocks = checkpointing
         tc = TrainConfig(lr=ADAMW["lr"], beta1=ADAMW["betas"][0], beta2=ADAMW["betas"][1], eps=ADAMW["eps"],
@@ -332,6 +340,10 @@ def main() -> None:
         variants.insert(1, ("lmlab", a.lmlab_compile, True))
     if a.peers_compiled:
         variants += [(w, True, False) for w in wanted if w != "lmlab"]
+    from lmlab.train import keep_freed_memory
+
+    kept = ("glibc malloc keeps freed memory (lmlab train's setting) for every system in this process; "
+            if "lmlab" in wanted and a.device == "cpu" and keep_freed_memory() else "")
     systems = {}
     lm = "lmlab+compile" if a.lmlab_compile else "lmlab"
     for name, comp, ckpt in variants:
@@ -369,7 +381,7 @@ def main() -> None:
     q = torch.empty(shape.batch, shape.heads, shape.context, shape.d_model // shape.heads,
                     dtype=dtype or torch.float32, device=a.device)
     blocked = "lmlab" in wanted and use_blocked(q)  # the rule lmlab's attention applies in training
-    print(f"equalised: {counts[labels[0]]:,} params in every system; dropout 0 everywhere (checked); "
+    print(f"equalised: {counts[labels[0]]:,} params in every system; dropout 0 everywhere (checked); {kept}"
           f"AdamW {ADAMW} for all; activation {'GELU (erf)' if a.recipe == 'gpt2' else 'SwiGLU'}; "
           + ("SDPA attention in the peers" if blocked else "SDPA attention in every system"))
     print("not equalised (printed, by design): "
