@@ -236,7 +236,12 @@ def render(readme: str) -> str:
         name, indent = m[2], m[1]
         if name not in BLOCKS:
             raise SystemExit(f"README block bench:{name}: unknown (known: {', '.join(BLOCKS)})")
-        body = "\n".join((indent + line).rstrip() for line in BLOCKS[name]())
+        try:
+            lines = BLOCKS[name]()
+        except FileNotFoundError as exc:
+            raise SystemExit(f"README block bench:{name}: its page {exc.filename} is missing; run the "
+                             f"benchmark that writes it (listed at the top of bench/readme_tables.py)") from None
+        body = "\n".join((indent + line).rstrip() for line in lines)
         return f"{indent}<!-- bench:{name} -->\n{body}\n\n{indent}<!-- /bench:{name} -->"
     return re.sub(r"^([ \t]*)<!-- bench:(\w+) -->\n.*?^[ \t]*<!-- /bench:\2 -->", sub, readme, flags=re.S | re.M)
 
@@ -247,6 +252,8 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="only check; exit 1 when a block is out of date")
     a = ap.parse_args()
     path = Path(a.readme)
+    if not path.is_file():
+        raise SystemExit(f"--readme {a.readme!r} is not a file; give the README holding the bench blocks")
     old = path.read_text()
     new = render(old)
     if a.check:

@@ -267,48 +267,72 @@ def quartiles(xs: list[float]) -> tuple[float, float, float]:
     return q[0], statistics.median(xs), q[2]
 
 
+def check_device(ap: argparse.ArgumentParser, name: str) -> torch.device:
+    """``--device``'s value as a torch.device, or ``ap.error`` (exit 2) naming what is wrong: not a device
+    name, a type other than cpu / cuda, or CUDA (or that GPU index) absent here."""
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        ap.error(f"--device {name!r} is not a device name; use cpu, cuda or cuda:N")
+    if dev.type not in ("cpu", "cuda"):
+        ap.error(f"--device {name!r}: use cpu, cuda or cuda:N")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {name!r}: CUDA is not available here; use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        ap.error(f"--device {name!r}: this machine has {torch.cuda.device_count()} GPU(s)")
+    return dev
+
+
 def main() -> None:
+    from lmlab.argtypes import int_at_least
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", choices=sorted(RECIPES), default="llama")
-    ap.add_argument("--kv-heads", type=int, help="KV heads (GQA) for the llama recipe")
-    ap.add_argument("--d-model", dest="d_model", type=int, help="width (default 256)")
-    ap.add_argument("--layers", type=int, help="layers (default 4)")
-    ap.add_argument("--heads", type=int, help="attention heads (default 8)")
-    ap.add_argument("--vocab", type=int, help="vocabulary size (default 4096)")
+    ap.add_argument("--kv-heads", type=int_at_least(1), help="KV heads (GQA) for the llama and demo recipes")
+    ap.add_argument("--d-model", dest="d_model", type=int_at_least(1), help="width (default 256)")
+    ap.add_argument("--layers", type=int_at_least(1), help="layers (default 4)")
+    ap.add_argument("--heads", type=int_at_least(1), help="attention heads (default 8)")
+    ap.add_argument("--vocab", type=int_at_least(1), help="vocabulary size (default 4096)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (CUDA: MFU and peak allocated memory)")
-    ap.add_argument("--context", type=int, help="context length (default 256)")
-    ap.add_argument("--batch", type=int, help="sequences per step (default: the recipe's)")
+    ap.add_argument("--context", type=int_at_least(1), help="context length (default 256)")
+    ap.add_argument("--batch", type=int_at_least(1), help="sequences per step (default: the recipe's)")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16 = autocast, for every system")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int_at_least(1), default=1)
     ap.add_argument("--systems", help="comma-separated subset of lmlab and the recipe's peers")
     ap.add_argument("--nanogpt", help="folder holding nanoGPT's model.py (GPT-2 recipe)")
     ap.add_argument("--lmlab-compile", action="store_true", help="torch.compile lmlab's model (its CPU default)")
     ap.add_argument("--peers-compiled", action="store_true", help="also time every peer compiled, fused AdamW")
     ap.add_argument("--lmlab-checkpointing", action="store_true",
                     help="also time lmlab with activation checkpointing (lmlab+ckpt)")
-    ap.add_argument("--steps", type=int, default=2, help="steps per system per round")
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int_at_least(1), default=2, help="steps per system per round")
+    ap.add_argument("--rounds", type=int_at_least(1), default=7)
+    ap.add_argument("--warmup", type=int_at_least(0), default=2)
     ap.add_argument("--no-rss", action="store_true", help="skip the fresh-process memory measurement")
     ap.add_argument("--markdown", action="store_true", help="also print a markdown table")
     ap.add_argument("--rss-of", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.threads < 1 or a.steps < 1 or a.rounds < 1 or a.warmup < 0:
-        ap.error("--threads, --steps and --rounds must be >= 1 and --warmup >= 0")
+    check_device(ap, a.device)
+    if a.kv_heads is not None and a.recipe == "gpt2":
+        ap.error(f"--kv-heads {a.kv_heads}: the gpt2 recipe has one KV head per head (GPT-2, nanoGPT); "
+                 f"GQA is for --recipe llama or demo")
+    if a.nanogpt and not os.path.isfile(os.path.join(os.path.expanduser(a.nanogpt), "model.py")):
+        ap.error(f"--nanogpt {a.nanogpt!r} holds no model.py; give a clone of "
+                 f"https://github.com/karpathy/nanoGPT")
     torch.set_num_threads(a.threads)
     shape = Args(recipe=a.recipe, nanogpt=a.nanogpt, **RECIPES[a.recipe])
-    for f in ("d_model", "layers", "heads", "vocab"):
+    for f in ("d_model", "layers", "heads", "vocab", "context", "batch"):
         if getattr(a, f) is not None:
-            if getattr(a, f) < 1:
-                ap.error(f"--{f.replace('_', '-')} must be >= 1")
             setattr(shape, f, getattr(a, f))
     if a.heads is not None and a.kv_heads is None:
         shape.kv_heads = a.heads if a.recipe != "demo" else max(1, a.heads // 2)
-    shape.kv_heads = a.kv_heads or shape.kv_heads
-    shape.context = a.context or shape.context
-    shape.batch = a.batch or shape.batch
+    if a.kv_heads is not None:
+        shape.kv_heads = a.kv_heads
     if shape.heads % shape.kv_heads:
         ap.error(f"--kv-heads {shape.kv_heads} must divide the {shape.heads} heads")
+    try:
+        lmlab_config(shape)  # the shape's own checks (d_model divisible by the heads, ...), said in one line
+    except ValueError as exc:
+        ap.error(f"the shape is not a valid model: {exc}")
     dtype = torch.bfloat16 if a.dtype == "bf16" else None
     if a.rss_of:
         name, _, mode = a.rss_of.partition("+")
@@ -325,10 +349,20 @@ def main() -> None:
         print(json.dumps({"import_and_build": before, "base": base, "peak": peak}))
         return
     peers = [p for p in PEERS[a.recipe] if p != "nanogpt" or a.nanogpt]
-    wanted = a.systems.split(",") if a.systems else ["lmlab", *peers]
+    if a.recipe == "gpt2" and not a.nanogpt:
+        print("nanoGPT not given (--nanogpt DIR): skipped")
+    if a.nanogpt and "nanogpt" not in PEERS[a.recipe]:
+        print(f"--nanogpt ignored: nanoGPT is a peer of the gpt2 recipe only, not {a.recipe}")
+    if a.systems is not None and not a.systems.strip(","):
+        ap.error("--systems is empty; name lmlab and some of " + ", ".join(PEERS[a.recipe]))
+    wanted = [w for w in a.systems.split(",") if w] if a.systems else ["lmlab", *peers]
     unknown = [w for w in wanted if w not in ("lmlab", *PEERS[a.recipe])]
     if unknown:
         ap.error(f"--systems: {unknown} not among lmlab, {', '.join(PEERS[a.recipe])} for recipe {a.recipe}")
+    if "lmlab" not in wanted:
+        ap.error(f"--systems {a.systems!r}: include lmlab (every figure is a ratio to lmlab's step)")
+    if "nanogpt" in wanted and not a.nanogpt:
+        ap.error("--systems nanogpt: give --nanogpt DIR (a clone of https://github.com/karpathy/nanoGPT)")
     if "xt" in wanted:
         try:
             import x_transformers  # noqa: F401

@@ -12,23 +12,11 @@ import json
 import sys
 from pathlib import Path
 
+from lmlab.argtypes import int_at_least
 from lmlab.config import ConfigError
 
-
-
-
 # --- argument types: a bad number is refused by argparse, naming the flag (exit 2) -----------------------
-def _int_at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} must be >= {low}")
-        return value
-    parse.__name__ = f"integer >= {low}"
-    return parse
+_int_at_least = int_at_least  # lmlab.argtypes, shared with the scripts in bench/
 
 
 def _float_in(low: float, high: float, low_open: bool = False, high_open: bool = False):

@@ -317,10 +317,13 @@ def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress
             if run.get("data") != str(data_dir):
                 diff.append(f"data: run has {run.get('data')!r}, asked {str(data_dir)!r}")
             if diff:
+                more = f"; and {len(diff) - 4} more" if len(diff) > 4 else ""
+                # --resume takes new train settings, never another architecture or data
+                advice = ("choose another --out" if any(not d.startswith("train.") for d in diff)
+                          else "choose another --out, or pass --resume to continue it with new train settings")
                 raise ConfigError(
-                    f"run folder {str(out)!r} already holds a different run ({'; '.join(diff[:4])}; "
-                    f"the run's settings as {str(out / RUN_FILE)!r} records them); choose another --out, "
-                    f"or pass --resume to continue it with new train settings"
+                    f"run folder {str(out)!r} already holds a different run ({'; '.join(diff[:4])}{more}; "
+                    f"the run's settings as {str(out / RUN_FILE)!r} records them); {advice}"
                 )
         trainer = Trainer.resume(out, cfg, tc, progress=progress)
         if trainer.dist.is_main and trainer.step < trainer.tc.max_steps:  # a finished run says so itself

@@ -2,6 +2,7 @@
 naming what and where, exit status 2, nothing overwritten."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -153,6 +154,16 @@ def test_existing_run_folder_not_overwritten(run_dir, data_dir, capsys):
     assert main(["train", "--data", str(data_dir), "--out", str(run_dir), *TRAIN, "--set", "d_model=48"]) == 2
     line = error_line(capsys)
     assert "already holds a different run (model.d_model: run has 32, asked 48" in line
+    assert line.endswith("choose another --out")  # --resume refuses another architecture: not offered
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before
+    # a train setting alone: --resume is offered; more than four differences are counted, not dropped
+    assert main(["train", "--data", str(data_dir), "--out", str(run_dir), *TRAIN, "--set", "lr=0.5"]) == 2
+    assert error_line(capsys).endswith("or pass --resume to continue it with new train settings")
+    wider = ["--set", "d_model=48", "--set", "n_layers=3", "--set", "n_heads=4", "--set", "d_ff=64",
+             "--set", "lr=0.5", "--set", "seed=7"]
+    assert main(["train", "--data", str(data_dir), "--out", str(run_dir), *TRAIN, *wider]) == 2
+    shown = re.search(r"different run \((.*); and (\d+) more;", error_line(capsys))
+    assert shown and shown[1].count(": run has ") == 4 and 4 + int(shown[2]) >= 6  # six asked, all counted
     assert {p.name: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before
     # the same command again resumes; the run is complete, so nothing changes
     contents = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
