@@ -311,7 +311,7 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true", help="also print a markdown table")
     ap.add_argument("--rss-of", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    check_device(ap, a.device)
+    dev = check_device(ap, a.device)
     if a.kv_heads is not None and a.recipe == "gpt2":
         ap.error(f"--kv-heads {a.kv_heads}: the gpt2 recipe has one KV head per head (GPT-2, nanoGPT); "
                  f"GQA is for --recipe llama or demo")
@@ -377,7 +377,7 @@ def main() -> None:
     from lmlab.train import keep_freed_memory
 
     kept = ("glibc malloc keeps freed memory (lmlab train's setting) for every system in this process; "
-            if "lmlab" in wanted and a.device == "cpu" and keep_freed_memory() else "")
+            if dev.type == "cpu" and keep_freed_memory() else "")
     systems = {}
     lm = "lmlab+compile" if a.lmlab_compile else "lmlab"
     for name, comp, ckpt in variants:
