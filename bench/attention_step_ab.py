@@ -74,13 +74,15 @@ def variants(compare: str) -> dict:
 
 
 def main() -> None:
+    from lmlab.argtypes import int_at_least
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--compare", choices=["dkdv-sum", "sdpa"], default="dkdv-sum")
     ap.add_argument("--recipe", choices=["llama", "gpt2", "demo"], default="gpt2")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--threads", type=int_at_least(1), default=1)
+    ap.add_argument("--rounds", type=int_at_least(1), default=9)
+    ap.add_argument("--steps", type=int_at_least(1), default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from bench.train_vs_peers import RECIPES, Args, make_system

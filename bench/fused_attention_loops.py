@@ -26,15 +26,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 
 def main() -> None:
+    from lmlab.argtypes import int_at_least
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", choices=["llama", "gpt2", "demo"], default="gpt2")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=11)
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--threads", type=int_at_least(1), default=2)
+    ap.add_argument("--rounds", type=int_at_least(2), default=11)
+    ap.add_argument("--steps", type=int_at_least(1), default=2)
     a = ap.parse_args()
-    if a.threads < 1 or a.rounds < 2 or a.steps < 1:
-        ap.error("--threads and --steps must be >= 1, --rounds >= 2")
     torch.set_num_threads(a.threads)
     import lmlab.model.causal_attention as ca
     from bench.train_vs_peers import RECIPES, Args, machine_line, make_system, quartiles
