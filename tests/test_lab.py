@@ -55,32 +55,44 @@ def test_paired_difference_and_verdict_by_hand():
 
 
 def test_seeds_to_settle_by_hand():
-    """n = the smallest with t(0.975, n-1) * sd / sqrt(n) < the distance to the undecided region's
-    edge. effect 0.05, sd 0.1, threshold 0: t(16)/sqrt(17) = 2.120/4.123 = 0.514 > 0.5 but
-    t(17)/sqrt(18) = 2.110/4.243 = 0.497 < 0.5, so 18; 'equal' measures to the nearer margin."""
-    from lmlab.lab.stats import seeds_to_settle
+    """n = the smallest with (t(0.975, n-1) + t(0.8, n-1)) * sd / sqrt(n) <= the distance to the
+    undecided region's edge (80% power). effect 0.05, sd 0.1, threshold 0 (distance 0.05):
+    n = 33: (2.0369 + 0.8531) / 5.745 * 0.1 = 0.0503 > 0.05; n = 34: (2.0345 + 0.8528) / 5.831 * 0.1 =
+    0.0495, so 34 (the normal rule (1.96 + 0.84)^2 / 0.5^2 gives 31.4); 'equal' measures to the nearer
+    margin; the direction is where the effect lies from the boundary."""
+    from lmlab.lab.stats import detectable, seeds_to_settle
 
-    assert seeds_to_settle("better", 0.05, 0.1, 0.0) == 18
-    assert seeds_to_settle("better", -0.05, 0.1, 0.0) == 18  # settles as 'disagrees' just as fast
-    assert seeds_to_settle("equal", 0.01, 0.02, 0.02) == 18  # 0.01 inside the margin
-    assert seeds_to_settle("equal", 0.03, 0.02, 0.02) == 18  # 0.01 outside it
-    assert seeds_to_settle("better", 0.1, 0.1, 0.0) == 7  # t(5)/sqrt(6) = 1.05 > 1 > t(6)/sqrt(7) = 0.925
+    assert seeds_to_settle("better", 0.05, 0.1, 0.0) == (34, "agrees")
+    assert seeds_to_settle("better", -0.05, 0.1, 0.0) == (34, "disagrees")
+    assert seeds_to_settle("equal", 0.01, 0.02, 0.02) == (34, "agrees")  # 0.01 inside the margin
+    assert seeds_to_settle("equal", 0.03, 0.02, 0.02) == (34, "disagrees")  # 0.01 outside it
     assert seeds_to_settle("better", 0.02, 0.1, 0.02) is None  # on the threshold
     assert seeds_to_settle("better", 1e-4, 0.5, 0.0) is None  # more than 1000 seeds
     assert seeds_to_settle("better", 0.05, None, 0.0) is None
+    # centred on its boundary: with 6 seeds measured, distance 0.02 < t(0.75, 5) * 0.1 / sqrt(6) =
+    # 0.7267 * 0.0408 = 0.0297: no direction; distance 0.05 > 0.0297: it leans
+    assert seeds_to_settle("better", 0.02, 0.1, 0.0, n=6) is None
+    assert seeds_to_settle("better", 0.05, 0.1, 0.0, n=6) == (34, "agrees")
+    # the smallest effect 6 paired seeds of sd 0.1 detect at 80%: (2.5706 + 0.9195) * 0.1 / sqrt(6)
+    assert detectable(0.1, 6) == pytest.approx((2.570582 + 0.919544) * 0.1 / math.sqrt(6), rel=1e-5)
+    assert detectable(0.1, 1) is None and detectable(None, 6) is None
 
 
-def test_inconclusive_verdict_says_how_many_seeds_would_settle_it():
+def test_inconclusive_verdict_says_where_it_leans_and_how_many_seeds_would_settle_it():
     from lmlab.lab.verdicts import judge
 
     e = _spec(expect=[{"better": "B", "than": "A"}]).expect[0]
-    # effect 0.035 from 2 seeds (sd 0.00707): t(1) makes it inconclusive; 3 seeds would clear 0:
-    # t(2) * 0.00707 / sqrt(3) = 0.0176 < 0.035
+    # effect 0.035 from 2 seeds (sd 0.00707): t(1) makes it inconclusive; at 80% power 4 seeds clear 0:
+    # (t(0.975, 3) + t(0.8, 3)) * 0.00707 / 2 = (3.1824 + 0.9785) * 0.003536 = 0.0147 < 0.035, and 3:
+    # (4.3027 + 1.0607) * 0.00707 / 1.732 = 0.0219 < 0.035 as well; 2: (12.706 + 1.3764) * 0.005 = 0.0704
     out = judge(e, {1: 2.46, 2: 2.49}, {1: 2.50, 2: 2.52}, 0.95, None)
-    assert out["verdict"] == "inconclusive" and out["settle_seeds"] == 3
-    assert "about 3 paired seeds would settle it" in out["note"]
+    assert out["verdict"] == "inconclusive" and out["settle"] == [3, "agrees"]
+    assert "leans agrees: about 3 paired seeds would decide it" in out["note"]
     decided = judge(e, {1: 2.46, 2: 2.49, 3: 2.43}, {1: 2.50, 2: 2.52, 3: 2.48}, 0.95, None)
-    assert decided["verdict"] == "agrees" and "settle_seeds" not in decided
+    assert decided["verdict"] == "agrees" and "settle" not in decided
+    # a null (both sides equal up to noise) leans nowhere
+    null = judge(e, {1: 2.50, 2: 2.52, 3: 2.48}, {1: 2.51, 2: 2.50, 3: 2.49}, 0.95, None)
+    assert null["verdict"] == "inconclusive" and null["settle"] is None and "leans nowhere" in null["note"]
 
 
 def test_pooled_noise_for_single_seed_variants():
@@ -124,9 +136,15 @@ def _rows(table):
                     "val_bpb": v,
                     "status": "ok" if v is not None else "diverged",
                     "diverged": v is None,
+                    "tokens": 1_000_000,
+                    "non_embedding_params": 10_000,
                 }
             )
     return rows
+
+
+LENIENT = {"tuning": {"min_points": 2, "min_seeds": 1, "extend": 0, "window": 1},
+           "judging": {"min_seeds": 2, "tokens_per_param": 0}}  # the rules a test of other things sets aside
 
 
 def _spec(**extra):
@@ -143,7 +161,7 @@ def _spec(**extra):
 
 
 def test_tune_picks_argmin_per_variant_and_flags_the_edge():
-    spec = _spec(expect=[{"better": "B", "than": "A", "by": 0.01}])
+    spec = _spec(expect=[{"better": "B", "than": "A", "by": 0.01}], **LENIENT)
     rows = _rows(
         {
             ("A", 1e-3): [2.60, 2.62, 2.61],
@@ -156,68 +174,66 @@ def test_tune_picks_argmin_per_variant_and_flags_the_edge():
     )
     sel = select_tuned(rows, spec)
     assert sel[(None, "A")]["tune"] == {"lr": 3e-3} and sel[(None, "A")]["edge"] == []
+    assert sel[(None, "A")]["bracketed"]
     assert sel[(None, "B")]["tune"] == {"lr": 1e-2} and sel[(None, "B")]["edge"] == ["lr"]  # best at the end
+    assert not sel[(None, "B")]["bracketed"] and "edge" in sel[(None, "B")]["why"]
     res = analyze(rows, spec)
     (claim,) = res["claims"]
-    # paired at the chosen values: A@3e-3 minus B@1e-2 = 0.04, 0.03, 0.05
-    assert claim["effect"] == pytest.approx(0.04) and claim["verdict"] == "agrees"
-    # a seed diverging at the best value makes that value lose: the next best is chosen
-    rows2 = _rows(
-        {
-            **{
-                k: v
-                for k, v in {
-                    ("A", 1e-3): [2.6] * 3,
-                    ("A", 3e-3): [2.5, None, 2.5],
-                    ("A", 1e-2): [2.55] * 3,
-                }.items()
-            }
-        }
-    )
+    # paired at the chosen values: A@3e-3 minus B@1e-2 = 0.04, 0.03, 0.05: the interval agrees, but B's
+    # rate is not bracketed, so there is no verdict
+    assert claim["effect"] == pytest.approx(0.04) and claim["measured"] == "agrees"
+    assert claim["verdict"] == "rate not bracketed" and "B: best at lr=0.01" in claim["gate"]
+    # a seed diverging at the best value makes that cell unstable: the next best is chosen
+    rows2 = _rows({("A", 1e-3): [2.6] * 3, ("A", 3e-3): [2.5, None, 2.5], ("A", 1e-2): [2.55] * 3})
     assert select_tuned(rows2, spec)[(None, "A")]["tune"] == {"lr": 1e-2}
-    # a variant diverging everywhere: the claim that it is worse agrees
+    # a variant diverging everywhere has no rate: no verdict, though the divergence alone would agree
     rows3 = _rows({("A", 3e-3): [None, None, None], ("B", 3e-3): [2.5, 2.5, 2.5]})
     (c3,) = analyze(rows3, spec)["claims"]
-    assert c3["verdict"] == "agrees" and "diverged" in c3["note"]
+    assert c3["measured"] == "agrees" and c3["verdict"] == "rate not bracketed" and "diverged" in c3["note"]
+    # without the bracket, a claim on 3 paired seeds under the default rules has too few seeds
+    ok = _rows({(v, lr): [2.6 + abs(math.log10(lr / 3e-3)) + (0.05 if v == "B" else 0) + 0.01 * k
+                          for k in range(3)] for v in "AB" for lr in (1e-3, 3e-3, 1e-2)})
+    (c4,) = analyze(ok, _spec(expect=[{"better": "A", "than": "B"}],
+                              tuning={"min_points": 3, "min_seeds": 3}))["claims"]
+    assert c4["measured"] == "agrees" and c4["verdict"] == "too few seeds" and "3 paired seed(s)" in c4["gate"]
 
 
-def test_lr_sensitivity_and_tolerated_range_by_hand():
-    """Wortsman et al. 2023 eq. 1 per seed: mean over the grid of min(bpb, bpb_0) - the best; a
-    diverged run counts as bpb_0 (the untrained model: first loss x tokens/byte / ln 2)."""
+def test_lr_sensitivity_around_each_variant_own_optimum_by_hand():
+    """Wortsman et al. 2023 eq. 1 over the window of grid steps each side of each variant's own chosen
+    value, per seed: mean of min(bpb, bpb_0) there minus the bpb at the chosen value; a diverged run
+    counts as bpb_0 (the untrained model: first loss x tokens/byte / ln 2)."""
+    grid = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
     spec = _spec(
+        tune={"lr": grid}, tolerated_within=0.05,
         expect=[{"better": "B", "than": "A", "metric": "lr_sensitivity", "by": 0.1}],
-        tolerated_within=0.05,
+        tuning={"min_points": 5, "min_seeds": 2, "extend": 0, "window": 1},
+        judging={"min_seeds": 2, "tokens_per_param": 0},
     )
-    rows = _rows(
-        {
-            ("A", 1e-3): [2.60, 2.70],
-            ("A", 3e-3): [2.50, 2.52],
-            ("A", 1e-2): [None, 9.0],  # diverged; finished above the untrained loss
-            ("B", 1e-3): [2.55, 2.57],
-            ("B", 3e-3): [2.50, 2.50],
-            ("B", 1e-2): [2.52, 2.56],
-        }
-    )
+    A = {1e-3: [2.90, 2.92], 2e-3: [2.60, 2.70], 4e-3: [2.50, 2.52], 8e-3: [None, 9.0], 1.6e-2: [None, None]}
+    B = {1e-3: [2.70, 2.72], 2e-3: [2.55, 2.57], 4e-3: [2.50, 2.50], 8e-3: [2.52, 2.56], 1.6e-2: [2.9, 2.8]}
+    rows = _rows({**{("A", k): v for k, v in A.items()}, **{("B", k): v for k, v in B.items()}})
     for r in rows:  # untrained: 8 nats/token; validation split 1 token per 2 bytes
         r.update(first_train_loss=8.0, val_tokens=100, val_bytes=200)
     l0 = 8.0 * 0.5 / math.log(2)  # 5.7708 bits/byte
     res = analyze(rows, spec)
     sel = {s["variant"]: s for s in res["selected"]}
-    a1 = (2.60 + 2.50 + l0) / 3 - 2.50
-    a2 = (2.70 + 2.52 + l0) / 3 - 2.52  # 9.0 capped at l0
-    b1, b2 = (2.55 + 2.50 + 2.52) / 3 - 2.50, (2.57 + 2.50 + 2.56) / 3 - 2.50
+    assert sel["A"]["tune"] == {"lr": 4e-3} and sel["B"]["tune"] == {"lr": 4e-3}
+    # A's cell at 8e-3 has a diverged seed (unstable) but lies in the window: it counts as l0 / 9.0 -> l0
+    a1 = (2.60 + l0) / 2 - 2.50
+    a2 = (2.70 + l0) / 2 - 2.52
+    b1, b2 = (2.55 + 2.52) / 2 - 2.50, (2.57 + 2.56) / 2 - 2.50
     assert sel["A"]["lr_sensitivity"] == pytest.approx((a1 + a2) / 2)
     assert sel["B"]["lr_sensitivity"] == pytest.approx((b1 + b2) / 2)
-    # tolerated: means within 0.05 of the best (A: 2.51 -> only 3e-3; B: 2.50 -> 1e-3 at 2.56 is out)
-    assert sel["A"]["tolerated"] == [{"lr": 3e-3}]
-    assert sorted(t["lr"] for t in sel["B"]["tolerated"]) == [3e-3, 1e-2]
+    # tolerated: means within 0.05 of the best (A: 2.51 -> only 4e-3; B: 2.50 -> 8e-3 at 2.54 too)
+    assert sel["A"]["tolerated"] == [{"lr": 4e-3}]
+    assert sorted(t["lr"] for t in sel["B"]["tolerated"]) == [4e-3, 8e-3]
     (claim,) = res["claims"]
     assert claim["metric"] == "lr_sensitivity" and claim["n"] == 2 and claim["method"] == "paired t"
     assert claim["effect"] == pytest.approx(((a1 - b1) + (a2 - b2)) / 2)
-    # a seed missing one grid value has no sensitivity; with one seed left there is no interval
-    (c2,) = analyze([r for r in rows if not (r["variant"] == "B" and r["seed"] == 2
-                                              and r["tune"]["lr"] == 1e-2)], spec)["claims"]
-    assert c2["n"] == 1 and c2["verdict"] == "inconclusive"
+    # a window of 3 steps each side leaves the grid: no sensitivity, and the claim has no verdict
+    wide = parse_spec({**spec.raw, "tuning": {**spec.raw["tuning"], "window": 3}})
+    (c2,) = analyze(rows, wide)["claims"]
+    assert c2["verdict"] == "rate not bracketed" and "leaves the grid" in c2["gate"]
     with pytest.raises(ConfigError, match="lr_sensitivity needs a tuned grid"):
         parse_spec({**spec.raw, "tune": None})
     with pytest.raises(ConfigError, match="tolerated_within"):
@@ -418,6 +434,7 @@ BAR_SPEC = {
     "loss_by_position": True,
     "seeds": [1, 2, 3],
     "budget": {"steps": 12},
+    **LENIENT,
 }
 
 
@@ -469,9 +486,13 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path, 
     half = T975[2] * statistics.stdev(diffs) / math.sqrt(3)
     assert bpb["lo"] == pytest.approx(statistics.fmean(diffs) - half)
     assert (
-        bpb["verdict"] == stats.verdict("better", bpb["lo"], bpb["hi"], 0.0)
+        bpb["measured"] == stats.verdict("better", bpb["lo"], bpb["hi"], 0.0)
         and f"**{bpb['verdict']}**" in table[1]
     )
+    # two tuned values: each variant's best is an end of the grid, so no verdict (the interval is shown)
+    assert bpb["verdict"] == "rate not bracketed" and "edge of the 2 values tried" in bpb["gate"]
+    tpp = [r["tokens"] / r["non_embedding_params"] for r in rows if r["tune"]["lr"] == chosen[r["variant"]]]
+    assert bpb["tokens_per_param"] == pytest.approx(min(tpp))
     assert "## Gradients at initialisation" in md and "## Loss by position" in md
     figs = ("sensitivity.png", "bpb.png", "loss.png", "diagnostics.png", "diagnostics-high.png", "basin-d_ff.png",
             "init-grads.png", "loss-by-position.png")

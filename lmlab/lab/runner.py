@@ -310,6 +310,21 @@ def collect_result(p: RunPlan, run_dir: Path, spec: Spec, diverged: bool, error:
 
 
 # --- the sweep -----------------------------------------------------------------------------
+def retuned(p: RunPlan, tune: dict) -> RunPlan:
+    """Run ``p`` at other tuned values ``tune`` (a TrainConfig field such as the learning rate: the grid's
+    extension, :mod:`lmlab.lab.tuning`): the same model, seed, data and steps, named as the spec names
+    its runs (:func:`lmlab.lab.spec.run_stem`). Raises ConfigError for a tuned model field (its steps
+    could change under a FLOPs budget: not extended)."""
+    from lmlab.lab.spec import _split_fields, run_stem
+
+    tm, tt = _split_fields(tune)
+    if tm:
+        raise ConfigError(f"the grid of {sorted(tm)} cannot be extended (a model field); extend it in the spec")
+    return dataclasses.replace(
+        p, name=f"{run_stem(p.variant, p.scale, tune)}-s{p.seed}", tc=dataclasses.replace(p.tc, **tt),
+        tune=dict(tune), fields={**p.fields, **tune})
+
+
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -455,30 +470,64 @@ class _Sweep:
 
     def stage2_plans(self) -> list[RunPlan]:
         """Two-stage tuning (``spec.tune_seeds``): the stage-2 runs at the tuned values stage 1 chose
-        for their (scale, variant), from the recorded stage-1 rows (lmlab.lab.verdicts.select_tuned)."""
+        for their (scale, variant), from the recorded stage-1 rows (lmlab.lab.verdicts.select_tuned); a
+        value the grid's extension added gets its stage-2 runs planned here (:func:`retuned`)."""
         from lmlab.lab.verdicts import select_tuned, split_stages
 
         tune_rows, _ = split_stages(list(self.rows.values()), self.spec)
         chosen = select_tuned(tune_rows, self.spec)
         out = []
         for (scale, variant), sel in chosen.items():
-            picks = [
-                p
-                for p in self.plans
-                if p.stage2 and (p.scale, p.variant) == (scale, variant) and p.cell[2] == sel["key"]
-            ]
+            mine = [p for p in self.plans if p.stage2 and (p.scale, p.variant) == (scale, variant)]
+            picks = []
+            for seed in sorted({p.seed for p in mine}):
+                p = next((q for q in mine if q.seed == seed and q.cell[2] == sel["key"]), None)
+                if p is None:  # the chosen value is one the extension added: plan it from another value's run
+                    p = retuned(next(q for q in mine if q.seed == seed), sel["tune"])
+                    self.plans.append(p)
+                picks.append(p)
             at = ", ".join(f"{k}={v:g}" for k, v in sel["tune"].items())
             self.log(
                 f"stage 2: {variant}{f' @{scale}' if scale else ''} at {at} (chosen by seed(s) "
                 f"{', '.join(map(str, self.spec.tune_seeds))}), seeds {', '.join(str(p.seed) for p in picks)}"
                 + (" -- every stage-1 run of it diverged or failed" if sel.get("all_failed") else "")
+                + (f" -- not bracketed: {sel['why']}" if sel.get("why") else "")
             )
             out += picks
         order = {p.name: i for i, p in enumerate(self.plans)}
         return sorted(out, key=lambda p: order[p.name])
 
+    def extend_grid(self) -> None:
+        """Add tuned values past an edge that wins (:func:`lmlab.lab.tuning.extensions`) and train them on
+        the seeds that tune, until every variant's best is bracketed or has used ``tuning.extend`` values
+        per side. The choice is remade from the recorded rows, so a resumed sweep extends the same way."""
+        from lmlab.lab.tuning import extensions
+        from lmlab.lab.verdicts import split_stages
+
+        while True:
+            tune_rows, _ = split_stages(list(self.rows.values()), self.spec)
+            todo = []
+            for scale, variant, tune in extensions(tune_rows, self.spec):
+                cell = [p for p in self.plans if not p.stage2 and (p.scale, p.variant) == (scale, variant)]
+                seeds = sorted({p.seed for p in cell})
+                at = ", ".join(f"{k}={v:g}" for k, v in tune.items())
+                self.log(f"extend: {variant}{f' @{scale}' if scale else ''}: its best value is at an edge of "
+                         f"the grid; adding {at} for seed(s) {', '.join(map(str, seeds))}")
+                for seed in seeds:
+                    new = retuned(next(p for p in cell if p.seed == seed), tune)
+                    if new.name not in {p.name for p in self.plans}:
+                        self.plans.append(new)
+                    todo.append(new)
+            if not todo:
+                return
+            done = {n for n, r in self.rows.items() if r.get("status") in ("ok", "diverged")}
+            if all(p.name in done for p in todo):  # recorded, yet still proposed: nothing new to learn
+                return
+            self.run_batch(todo)
+
     def run(self) -> None:
         self.run_batch([p for p in self.plans if not p.stage2])
+        self.extend_grid()
         if any(p.stage2 for p in self.plans):
             self.run_batch(self.stage2_plans())
 
@@ -772,6 +821,33 @@ def epochs_line(plans: list[RunPlan]) -> str:
     return text
 
 
+def protocol_lines(spec: Spec) -> list[str]:
+    """The dry run's account of the learning-rate protocol and what a verdict needs
+    (:mod:`lmlab.lab.tuning`, :func:`lmlab.lab.verdicts.gate`), with a warning for each rule the spec's
+    design cannot meet (its claims would get no verdict)."""
+    t, j = spec.tuning, spec.judging
+    L = []
+    if spec.tune:
+        n_tune = len(spec.tune_seeds) if spec.tune_seeds else len(spec.seeds)
+        points = math.prod(len(v) for v in spec.tune.values())
+        L.append(f"tuning: each variant's value from the mean over {n_tune} seed(s) on {points} value(s); "
+                 f"up to {t.extend} value(s) added past an edge that wins, per side and variant (runs not "
+                 f"counted above); unstable cells (a diverged seed, or seed SD > {t.unstable_ratio:g}x the "
+                 f"median) are never chosen")
+        if n_tune < t.min_seeds:
+            L.append(f"warning: {n_tune} tuning seed(s) < tuning.min_seeds={t.min_seeds}: every claim will read "
+                     f"'rate not bracketed'")
+        if points < t.min_points:
+            L.append(f"warning: {points} tuned value(s) < tuning.min_points={t.min_points}: claims read 'rate "
+                     f"not bracketed' unless the extension adds enough")
+    compared = len(spec.seeds) - (len(spec.tune_seeds) if spec.tune_seeds else 0)
+    if spec.expect and compared < j.min_seeds and any(e.metric not in ("step_time", "decode_time")
+                                                      for e in spec.expect):
+        L.append(f"warning: {compared} compared seed(s) < judging.min_seeds={j.min_seeds}: claims on trained "
+                 f"quantities will read 'too few seeds'")
+    return L
+
+
 def format_plan(plans: list[RunPlan], states: dict, spec: Optional[Spec] = None) -> str:
     """The dry-run table: one line per run (steps, tokens, FLOPs, parameters, state), the totals and,
     with ``spec``, the controls: quantities that differ > 5% from the baseline without being declared."""
@@ -811,6 +887,15 @@ def format_plan(plans: list[RunPlan], states: dict, spec: Optional[Spec] = None)
             f"set train: {{warmup_steps: ...}} below the budget"
         )
     if spec is not None:
+        lines += protocol_lines(spec)
+        tpp = [p.tokens / param_counts(p.cfg)["non_embedding"] for p in todo if param_counts(p.cfg)["non_embedding"]]
+        if tpp:
+            floor = spec.judging.tokens_per_param
+            lines.append(f"tokens per non-embedding parameter: {min(tpp):.3g} to {max(tpp):.3g} (a claim about "
+                         f"trained quality needs {floor:g}, unless it sets its own floor)")
+            if min(tpp) < floor:
+                lines.append(f"warning: runs below {floor:g} tokens per parameter: their quality claims will "
+                             f"read 'not testable at this scale'")
         if spec.match:
             solved = {(p.scale, p.variant): p.solved for p in plans if p.solved}
             lines.append(

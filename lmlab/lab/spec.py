@@ -34,6 +34,11 @@ A spec is a YAML mapping::
       - {better: parallel, than: serial, by: -0.02}  # non-inferiority: parallel at most 0.02 worse
       - {equal: [RMSNorm, LayerNorm], within: 0.01}  # |difference| < 0.01 bits/byte
       - {better: RMSNorm, than: LayerNorm, metric: step_time, by: "5%"}  # from the timing block
+      - better: wd 1                     # a claim with a precondition on its own runs: judged only when
+        than: wd 0                       # the mechanism it is about is present (lmlab.lab.preconditions)
+        requires: [{better: "wd 0, WSD", than: "wd 0, constant", by: 0.005}]
+        floor: 20                        # tokens per non-embedding parameter (default judging's)
+        published: [0.01, 0.05]          # the effect the literature reports (flagged when far outside)
     scales:                              # a ladder: the whole comparison at each size
       - {label: d64, d_model: 64}
       - {label: d128, d_model: 128}
@@ -42,6 +47,18 @@ A spec is a YAML mapping::
     confidence: 0.95                     # of every interval
     tolerated_within: 0.05               # bits/byte: the tuned values this close to a variant's best
                                          # are the range it tolerates (the report's "tolerated" column)
+    tuning:                              # the learning-rate protocol (lmlab.lab.tuning); defaults shown
+      min_seeds: 3                       # a rate is chosen from the mean over at least this many seeds
+      min_points: 5                      # ... on at least this many (log-spaced) values
+      extend: 2                          # values the sweep adds past an edge that wins, per side
+      unstable_ratio: 3.0                # a cell whose seed SD exceeds this x the sweep's median cell SD
+                                         # is unstable (bimodal), like one with a diverged seed: never "best"
+      window: 2                          # lr_sensitivity: grid steps each side of a variant's own optimum
+    judging:                             # what a verdict needs (lmlab.lab.verdicts); defaults shown
+      min_seeds: 6                       # paired seeds before a verdict on a trained quantity
+      tokens_per_param: 10               # tokens per non-embedding parameter below which a claim about
+                                         # trained quality is "not testable at this scale" (per claim: floor)
+      power: 0.8                         # of the smallest detectable effect stated on the page
     seeds: [1, 2, 3]
     budget: {steps: 300}                 # or {tokens: N}, {flops: F} (training FLOPs per run, converted
                                          # with lmlab.analysis.flops_per_token), {seconds: S} (wall time)
@@ -106,6 +123,8 @@ SPEC_KEYS = (
     "tolerated_within",
     "init_grads",
     "tiers",
+    "tuning",
+    "judging",
 )
 BUDGET_KEYS = ("steps", "tokens", "flops", "seconds")
 # training settings a sweep changes from TrainConfig's defaults unless the spec sets them
@@ -128,7 +147,7 @@ METRICS = ("val_bpb", "final_train_loss", "step_time", "decode_time", "lr_sensit
 TIMING_METRICS = {"step_time": "step_s", "decode_time": "decode_s"}
 # what a tier (``tiers: {gpu: {...}}``) may change: model/train are merged over the spec's, the rest replaced
 TIER_KEYS = ("model", "train", "data", "axes", "seeds", "tune_seeds", "budget", "tune", "match", "scales",
-             "timing", "notes", "eval_contexts", "expect", "varies", "baseline")
+             "timing", "notes", "eval_contexts", "expect", "varies", "baseline", "tuning", "judging")
 
 
 @dataclass
@@ -153,7 +172,10 @@ class Match:
 @dataclass
 class Expectation:
     """One claim: ``better`` has a lower ``metric`` than ``than`` by at least ``by`` (absolute, or a
-    fraction of ``than``'s value when ``relative``), or (``kind == 'equal'``) the two are within ``by``."""
+    fraction of ``than``'s value when ``relative``), or (``kind == 'equal'``) the two are within ``by``.
+    ``requires``: the preconditions its mechanism needs (:mod:`lmlab.lab.preconditions`); ``floor``:
+    tokens per non-embedding parameter below which it is not judged (None: the spec's ``judging``);
+    ``published``: (lo, hi), the effect the literature reports, in the claim's unit."""
 
     kind: str  # "better" | "equal"
     a: str  # better (or the first of the pair)
@@ -162,6 +184,35 @@ class Expectation:
     relative: bool
     metric: str = "val_bpb"
     text: str = ""
+    requires: list = field(default_factory=list)  # lmlab.lab.preconditions.Requirement
+    floor: Optional[float] = None
+    published: Optional[tuple] = None
+
+
+@dataclass
+class Tuning:
+    """The learning-rate protocol (:mod:`lmlab.lab.tuning`): a variant's value is chosen from the mean
+    over >= ``min_seeds`` seeds on >= ``min_points`` values, never in an unstable cell (a diverged seed,
+    or a seed SD over ``unstable_ratio`` x the sweep's median cell SD); a best value at an edge of the
+    grid makes the sweep add up to ``extend`` values past it (same log step); ``window`` grid steps each
+    side of the optimum define the LR sensitivity."""
+
+    min_seeds: int = 3
+    min_points: int = 5
+    extend: int = 2
+    unstable_ratio: float = 3.0
+    window: int = 2
+
+
+@dataclass
+class Judging:
+    """What a verdict needs (:mod:`lmlab.lab.verdicts`): ``min_seeds`` paired seeds on a trained
+    quantity, ``tokens_per_param`` tokens per non-embedding parameter for a claim about trained quality;
+    the page states the smallest effect detectable at ``power``."""
+
+    min_seeds: int = 6
+    tokens_per_param: float = 10.0
+    power: float = 0.8
 
 
 @dataclass
@@ -195,6 +246,8 @@ class Spec:
     tolerated_within: float = 0.05  # bits/byte: a tuned value this close to a variant's best is tolerated
     tier: Optional[str] = None  # the tier the spec was read at (None: the spec as written, the CPU tier)
     tiers: list = field(default_factory=list)  # the tier names the spec defines
+    tuning: Tuning = field(default_factory=Tuning)
+    judging: Judging = field(default_factory=Judging)
 
 
 @dataclass
@@ -638,7 +691,38 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
         tolerated_within=tolerated,
         tier=tier,
         tiers=tiers,
+        tuning=parse_block(raw.get("tuning"), Tuning, f"{source}.tuning"),
+        judging=parse_block(raw.get("judging"), Judging, f"{source}.judging"),
     )
+
+
+def parse_block(raw: Any, cls: type, where: str):
+    """``tuning:`` / ``judging:``: a mapping over the fields of ``cls`` (:class:`Tuning`,
+    :class:`Judging`), each a number of the field's type; absent fields keep their defaults. Raises
+    ConfigError naming the key and the valid ones."""
+    if raw is None:
+        return cls()
+    names = list(cls.__dataclass_fields__)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a mapping with keys among {', '.join(names)}, got {raw!r}")
+    unknown = sorted(set(raw) - set(names))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid: {', '.join(names)}")
+    out = cls()
+    for k, v in raw.items():
+        default = getattr(out, k)
+        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+        if isinstance(default, int) and not isinstance(default, bool):
+            ok = ok and isinstance(v, int) and v >= 0 and (v >= 1 or k == "extend")
+        else:
+            ok = ok and v >= 0 and (k != "power" or 0.5 <= v < 1) and (k != "unstable_ratio" or v > 1)
+        if not ok:
+            what = {"power": "a probability in [0.5, 1)", "unstable_ratio": "a number > 1",
+                    "extend": "an integer >= 0", "tokens_per_param": "a number >= 0"}.get(
+                k, "an integer >= 1")
+            raise ConfigError(f"{where}.{k}={v!r} must be {what}")
+        setattr(out, k, type(default)(v))
+    return out
 
 
 def load_spec(spec: str | Path, tier: Optional[str] = None) -> Spec:
@@ -697,11 +781,12 @@ def parse_expect(
             raise ConfigError(
                 f"{where}: expected a mapping such as {{better: A, than: B, by: 0.01}}, got {e!r}"
             )
-        unknown = set(e) - {"better", "than", "by", "equal", "within", "metric", "claim"}
+        unknown = set(e) - {"better", "than", "by", "equal", "within", "metric", "claim", "requires", "floor",
+                            "published"}
         if unknown:
             raise ConfigError(
                 f"{where}: unknown key(s) {sorted(unknown)}; use better/than/by, or equal/within, "
-                f"metric, claim"
+                f"metric, claim, requires, floor, published"
             )
         metric = str(e.get("metric", "val_bpb"))
         if metric not in metrics:
@@ -772,7 +857,25 @@ def parse_expect(
                 else f"{a} equal to {b}{what} within {amount}"
             )
         )
-        out.append(Expectation(kind, a, b, by, rel, metric, text))
+        from lmlab.lab.preconditions import parse_requires
+
+        requires = parse_requires(e.get("requires"), labels, metrics, f"{where}.requires")
+        floor = e.get("floor")
+        if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float))
+                                  or not math.isfinite(floor) or floor < 0):
+            raise ConfigError(f"{where}.floor={floor!r} must be a number of tokens per parameter >= 0")
+        published = e.get("published")
+        if published is not None:
+            if not isinstance(published, list) or len(published) != 2:
+                raise ConfigError(f"{where}.published={published!r} must be [lo, hi], the effect the "
+                                  f"literature reports in the claim's unit (or percentages)")
+            pub = [_threshold(x, f"{where}.published", negative=True) for x in published]
+            if pub[0][1] != rel and metric not in TIMING_METRICS or pub[0][0] > pub[1][0]:
+                raise ConfigError(f"{where}.published={published!r} must be [lo, hi] with lo <= hi, in the "
+                                  f"claim's unit ({'percent' if rel else 'absolute'})")
+            published = (pub[0][0], pub[1][0])
+        out.append(Expectation(kind, a, b, by, rel, metric, text, requires,
+                               None if floor is None else float(floor), published))
     return out
 
 
@@ -1039,6 +1142,11 @@ def slug(text: str) -> str:
     return s or "run"
 
 
+def run_stem(variant: str, scale: Optional[str], tune: dict) -> str:
+    """A run's name before its seed: variant, scale and tuned values (``SwiGLU_d128_lr=0.003``)."""
+    return slug(variant) + (f"_{slug(scale)}" if scale else "") + "".join(f"_{k}={_fmt(x)}" for k, x in tune.items())
+
+
 def flops_per_token(cfg: ModelConfig) -> float:
     """Training FLOPs per token at the model's context (:func:`lmlab.analysis.flops_per_token`)."""
     from lmlab.analysis import flops_per_token as fpt
@@ -1181,11 +1289,7 @@ def _plan(spec: Spec, data_dir: Optional[Path], vocab: int, prepare: bool = Fals
                     if "seconds" in spec.budget:
                         changes["max_seconds"] = float(spec.budget["seconds"])
                     tc = dataclasses.replace(tc, **changes)
-                    stem = (
-                        slug(v.label)
-                        + (f"_{slug(scale.label)}" if scale else "")
-                        + "".join(f"_{k}={_fmt(x)}" for k, x in tune.items())
-                    )
+                    stem = run_stem(v.label, scale.label if scale else None, tune)
                     name, k = f"{stem}-s{seed}", 2
                     while name in names:  # two labels with one slug
                         name = f"{stem}-{k}-s{seed}"

@@ -27,6 +27,9 @@ import statistics
 from typing import Optional, Sequence
 
 AGREES, DISAGREES, INCONCLUSIVE = "agrees", "disagrees", "inconclusive"
+# no verdict: the claim's design cannot support one (lmlab.lab.verdicts says which and why)
+NOT_BRACKETED, NOT_TESTABLE, TOO_FEW_SEEDS = "rate not bracketed", "not testable at this scale", "too few seeds"
+VERDICTS = (AGREES, DISAGREES, INCONCLUSIVE, NOT_BRACKETED, NOT_TESTABLE, TOO_FEW_SEEDS)
 
 
 def finite(x) -> bool:
@@ -121,23 +124,42 @@ def verdict(kind: str, lo: Optional[float], hi: Optional[float], threshold: floa
 
 
 def seeds_to_settle(kind: str, mean: Optional[float], sd: Optional[float], threshold: float,
-                    confidence: float = 0.95, n_max: int = 1000) -> Optional[int]:
-    """How many paired seeds would make an *inconclusive* claim decide, if the effect and the per-seed
-    noise were what was measured: the smallest n with t(n-1) * sd / sqrt(n) below the distance from the
-    measured effect ``mean`` to the nearest boundary of the undecided region (``better``: the threshold;
-    ``equal``: the margin -threshold / +threshold nearest |mean|). A planning figure, not a promise: the
-    next seeds move both estimates. None when there is no estimate, the effect sits on the boundary, or
-    more than ``n_max`` seeds would be needed."""
+                    confidence: float = 0.95, n_max: int = 1000, power: float = 0.8,
+                    n: Optional[int] = None) -> Optional[tuple[int, str]]:
+    """Where an *inconclusive* claim leans and how many paired seeds would decide it, if the effect and
+    the per-seed noise were what was measured: (n, ``agrees`` or ``disagrees``), n the smallest number
+    of paired seeds whose interval would clear the nearest boundary of the undecided region with
+    probability ``power`` (the usual sample-size rule, (t_{(1+c)/2, n-1} + t_{power, n-1}) * sd / sqrt(n)
+    <= the distance from ``mean`` to that boundary; ``better``: the threshold; ``equal``: the margin
+    nearest |mean|). ``n`` (the seeds measured) gives the direction only when the boundary lies outside
+    the measured effect's central 50% interval (|distance| > t_{0.75, n-1} * sd / sqrt(n)): an interval
+    centred on its boundary (a null effect against 0) leans nowhere, and None is returned. None also
+    without an estimate or beyond ``n_max`` seeds. A planning figure, not a promise."""
     if mean is None or sd is None or not finite(mean) or not finite(sd) or sd <= 0:
         return None
-    gap = abs(mean - threshold) if kind == "better" else abs(threshold - abs(mean))
+    if kind == "better":
+        gap, lean = mean - threshold, ("agrees" if mean > threshold else "disagrees")
+    else:
+        gap, lean = threshold - abs(mean), ("agrees" if abs(mean) < threshold else "disagrees")
+    gap = abs(gap)
     if gap <= 0:
         return None
+    if n is not None and n >= 2 and gap <= t_quantile(0.75, n - 1) * sd / math.sqrt(n):
+        return None
     q = (1 + confidence) / 2
-    for n in range(2, n_max + 1):
-        if t_quantile(q, n - 1) * sd / math.sqrt(n) < gap:
-            return n
+    for k in range(2, n_max + 1):
+        if (t_quantile(q, k - 1) + t_quantile(power, k - 1)) * sd / math.sqrt(k) <= gap:
+            return k, lean
     return None
+
+
+def detectable(sd: Optional[float], n: int, confidence: float = 0.95, power: float = 0.8) -> Optional[float]:
+    """The smallest true effect a paired design of ``n`` seeds with per-seed noise ``sd`` detects with
+    probability ``power`` at two-sided ``confidence``: (t_{(1+c)/2, n-1} + t_{power, n-1}) * sd / sqrt(n)
+    (the usual normal-approximation rule with t quantiles). None without an estimate (n < 2)."""
+    if sd is None or not finite(sd) or n < 2:
+        return None
+    return (t_quantile((1 + confidence) / 2, n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n)
 
 
 def median_interval(values: Sequence[float], confidence: float = 0.95) -> dict:

@@ -5,25 +5,34 @@ verdict of every expectation, the controls and the timing ratios (used by ``lmla
 one JSON-serialisable mapping (written beside the report as ``verdicts.json``; ``lmlab report --index``
 reads it). The statistics themselves are in :mod:`lmlab.lab.stats`.
 
-Tuning: for each (scale, variant) the tuned value (e.g. the learning rate) with the lowest mean
-``val_bpb`` over seeds is chosen, a diverged or failed seed counting as infinitely bad; its runs enter
-the comparisons. The choice uses the same seeds as the comparison, which biases each variant's figure
-slightly downward (the best of a grid of noisy means); with the usual 3-5 grid points and 2-3 seeds the
-bias is within the seed noise the intervals already carry. A spec with ``tune_seeds`` removes that
-bias (two-stage tuning): the choice is made on the tune seeds' runs alone, and the comparisons, the
-pooled noise and every verdict use only the other seeds, trained at the chosen value (LR sensitivity,
-which needs the whole grid, comes from the tune seeds). A choice at either end of a numeric grid is
-flagged: the true optimum may lie outside the grid.
+Tuning: each variant's tuned value (the learning rate) is chosen by the protocol of
+:mod:`lmlab.lab.tuning` (mean over >= 3 seeds on >= 5 log-spaced values, never an unstable cell, the
+best bracketed by tried values on both sides). With ``tune_seeds`` (two-stage tuning) the choice is made
+on the tune seeds' runs alone, and the comparisons, the pooled noise and every verdict use only the other
+seeds, trained at the chosen value (LR sensitivity, which needs the grid, comes from the tune seeds);
+without, the same seeds choose and are compared, which favours each variant by a best-of-grid choice.
+
+Verdicts: a claim is judged (:func:`lmlab.lab.stats.verdict`) only when its design supports a verdict
+(:func:`gate`, in this order): its preconditions hold (:mod:`lmlab.lab.preconditions`) and its runs
+reach the spec's tokens per non-embedding parameter (else **not testable at this scale**, with the
+measured value), both variants' rates are bracketed (else **rate not bracketed**), and it has the
+spec's minimum of paired seeds (else **too few seeds**). The measured effect and its interval are shown
+whatever the verdict. Every claim also carries the smallest effect its design detects at 80% power from
+its measured paired noise (:func:`lmlab.lab.stats.detectable`), flagged when it exceeds the claim's
+margin (underpowered), and an effect far outside the range the literature reports (``published``) is
+flagged.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
 from typing import Any, Optional
 
 from lmlab.lab import stats
+from lmlab.lab.preconditions import device_of
 from lmlab.lab.stats import finite as _ok
 from lmlab.lab.spec import QUANTITIES, TIMING_METRICS, Spec, control_flags
 
@@ -48,38 +57,11 @@ def _finite(d: dict) -> dict:
 
 
 def select_tuned(rows: list[dict], spec: Optional[Spec], metric: str = "val_bpb") -> dict:
-    """(scale, variant) -> {"tune": the chosen values, "key", "edge": tuned fields whose choice is an end
-    of their numeric grid, "grid": [{"tune", "mean", "n", "failed"}]} (see the module docstring)."""
-    grid_values = spec.tune if spec else {}
-    by_var: dict = {}
-    for (scale, variant, key), vals in cells(rows, metric).items():
-        by_var.setdefault((scale, variant), []).append((key, vals))
-    out = {}
-    for k, options in by_var.items():
-        grid = []
-        for key, vals in options:
-            fin = list(_finite(vals).values())
-            failed = len(vals) - len(fin)
-            mean = statistics.fmean(fin) if fin and not failed else math.inf
-            grid.append({"tune": json.loads(key), "key": key, "mean": mean, "n": len(vals), "failed": failed})
-        best = min(grid, key=lambda g: (g["mean"], g["key"]))
-        edge = []
-        for fld, values in grid_values.items():
-            nums = [x for x in values if _ok(x)]
-            if (
-                len(nums) == len(values)
-                and len(nums) >= 2
-                and best["tune"].get(fld) in (min(nums), max(nums))
-            ):
-                edge.append(fld)
-        out[k] = {
-            "tune": best["tune"],
-            "key": best["key"],
-            "edge": edge if len(options) > 1 else [],
-            "grid": sorted(grid, key=lambda g: g["key"]),
-            "all_failed": best["mean"] == math.inf,
-        }
-    return out
+    """(scale, variant) -> the choice of its tuned values by the protocol of :mod:`lmlab.lab.tuning`
+    (:func:`lmlab.lab.tuning.select`: "tune", "key", "edge", "grid", "bracketed", "why", "fit", ...)."""
+    from lmlab.lab.tuning import select
+
+    return select(rows, spec)
 
 
 def tolerated(grid: list[dict], within: float) -> list[dict]:
@@ -108,34 +90,13 @@ def untrained_bpb(rows: list[dict]) -> dict:
     }
 
 
-def lr_sensitivity(rows: list[dict]) -> dict:
-    """(scale, variant) -> {seed: LR sensitivity in bits/byte, or None when a grid value is missing}.
+def lr_sensitivity(rows: list[dict], selected: dict, window: int = 2) -> dict:
+    """(scale, variant) -> {seed: LR sensitivity in bits/byte around the variant's own chosen value, or
+    None} (:func:`lmlab.lab.tuning.sensitivity`, Wortsman et al. 2023's eq. 1 over ``window`` grid steps
+    each side of each variant's own optimum; a diverged run counts as the untrained model's loss)."""
+    from lmlab.lab.tuning import sensitivity
 
-    Wortsman et al. 2023 ("Small-scale proxies for large-scale Transformer training instabilities",
-    eq. 1): E over the learning-rate grid of [min(loss(lr), loss_0) - loss*], with loss_0 the untrained
-    model's loss (:func:`untrained_bpb`) and loss* the best over the grid; here per seed, over every
-    tuned value (a diverged or failed run counts as loss_0). 0 = every learning rate of the grid is as
-    good as the best; a larger value = a narrower basin. On a geometric grid the mean over grid points
-    is the expectation over log learning rate."""
-    init = untrained_bpb(rows)
-    table = cells(rows, "val_bpb")
-    keys_of: dict = {}
-    for scale, variant, key in table:
-        keys_of.setdefault((scale, variant), []).append(key)
-    out: dict = {}
-    for (scale, variant), keys in keys_of.items():
-        seeds = sorted({s for k in keys for s in table[(scale, variant, k)]})
-        per = {}
-        for seed in seeds:
-            l0 = init.get((scale, seed))
-            vals = [table[(scale, variant, k)].get(seed, "missing") for k in keys]
-            if l0 is None or "missing" in vals or len(vals) < 2:
-                per[seed] = None
-                continue
-            capped = [l0 if v is None else min(v, l0) for v in vals]
-            per[seed] = statistics.fmean(capped) - min(capped)
-        out[(scale, variant)] = per
-    return out
+    return {k: v["per_seed"] for k, v in sensitivity(rows, selected, window, untrained_bpb(rows)).items()}
 
 
 def chosen_values(rows: list[dict], selected: dict, metric: str) -> dict:
@@ -185,9 +146,12 @@ def claim_record(e) -> dict:
     }
 
 
-def judge(e, a: dict, b: dict, confidence: float, pooled) -> dict:
-    """The verdict of expectation ``e`` (:class:`lmlab.lab.spec.Expectation`) from per-seed values of
-    its two variants (``a`` = better / first, ``b`` = than / second; seed -> value or None)."""
+def judge(e, a: dict, b: dict, confidence: float, pooled, power: float = 0.8) -> dict:
+    """The statistical verdict of expectation ``e`` (:class:`lmlab.lab.spec.Expectation`) from per-seed
+    values of its two variants (``a`` = better / first, ``b`` = than / second; seed -> value or None),
+    with the smallest effect the design detects at ``power`` ("detectable") and, when inconclusive, the
+    direction it leans and the paired seeds that would decide it ("settle": [n, lean]). :func:`gate`
+    then decides whether the design supports this verdict."""
     out = claim_record(e)
     decided = _divergence_verdict(e.kind, a, b)
     if decided:
@@ -223,12 +187,30 @@ def judge(e, a: dict, b: dict, confidence: float, pooled) -> dict:
     if dropped:
         notes.append(f"{dropped} diverged/failed run(s) left out")
     out["verdict"] = stats.verdict(e.kind, out["lo"], out["hi"], e.by)
-    if out["verdict"] == stats.INCONCLUSIVE and d.get("sd") is not None:
-        need = stats.seeds_to_settle(e.kind, out["effect"], d["sd"] / scale, e.by, confidence)
-        out["settle_seeds"] = need
-        notes.append(f"about {need} paired seeds would settle it at the measured effect and noise" if need
-                     else "no feasible number of seeds settles it at the measured effect (it sits on the "
-                          "threshold): more steps or a larger model")
+    sd = d.get("sd") / scale if d.get("sd") is not None and d["method"] == "paired t" else None
+    out["detectable"] = stats.detectable(sd, d["n"], confidence, power)
+    margin = abs(e.by) if (e.kind == "equal" or e.by < 0) else (
+        e.published[0] - e.by if e.published and e.published[0] > e.by else None)
+    out["margin"] = margin
+    if out["detectable"] is not None and margin is not None and out["detectable"] > margin:
+        notes.append(f"underpowered: detects {out['detectable']:.4g} at {100 * power:g}% power, above the "
+                     f"margin {margin:.4g}")
+    if e.published and out["effect"] is not None:
+        lo_p, hi_p = e.published
+        far = abs(out["effect"]) > 2 * max(abs(lo_p), abs(hi_p)) or (
+            out["hi"] is not None and lo_p > 0 and out["hi"] < 0) or (
+            out["lo"] is not None and hi_p < 0 and out["lo"] > 0)
+        out["published"] = [lo_p, hi_p]
+        if far:
+            notes.append(f"far outside the published range [{lo_p:g}, {hi_p:g}]: check the mechanism before "
+                         f"citing it")
+    if out["verdict"] == stats.INCONCLUSIVE and sd is not None:
+        need = stats.seeds_to_settle(e.kind, out["effect"], sd, e.by, confidence, power=power, n=d["n"])
+        out["settle"] = list(need) if need else None
+        notes.append(f"leans {need[1]}: about {need[0]} paired seeds would decide it ({100 * power:g}% power "
+                     f"at the measured effect and noise)" if need else
+                     "leans nowhere: the interval is centred on its boundary (more seeds will not settle "
+                     "a null; more steps or a larger model might)")
     out["note"] = "; ".join(notes)
     return out
 
@@ -295,6 +277,72 @@ def split_stages(rows: list[dict], spec: Optional[Spec]) -> tuple[list[dict], li
     return [r for r in rows if r["seed"] in chosen_by], [r for r in rows if r["seed"] not in chosen_by]
 
 
+def claim_tokens_per_param(rows: list[dict], selected: dict, scale, variants) -> Optional[float]:
+    """The fewest training tokens per non-embedding parameter among ``variants``' runs at their chosen
+    tuned values at ``scale`` (Kaplan et al. 2020's N: non-embedding parameters); None without a count."""
+    best = None
+    for r in rows:
+        sel = selected.get((r.get("scale"), r["variant"]))
+        if r.get("scale") != scale or r["variant"] not in variants or sel is None or tune_key(r) != sel["key"]:
+            continue
+        if _ok(r.get("tokens")) and _ok(r.get("non_embedding_params")) and r["non_embedding_params"] > 0:
+            tpp = r["tokens"] / r["non_embedding_params"]
+            best = tpp if best is None else min(best, tpp)
+    return best
+
+
+def gate(c: dict, e, scale, spec: Optional[Spec], ctx: dict) -> dict:
+    """Decide whether claim ``c`` (from :func:`judge` or :func:`judge_timing`) keeps its statistical
+    verdict (module docstring): sets "tokens_per_param", "preconditions" ([{text, holds, value, why}]),
+    "measured" (the verdict the interval alone gives) and, when the design does not support a verdict,
+    "verdict" (not testable / rate not bracketed / too few seeds) with the reason in "gate". Without a
+    spec nothing is gated."""
+    from lmlab.lab.preconditions import check
+
+    c["measured"] = c["verdict"]
+    c["gate"] = ""
+    timed = e.metric in TIMING_METRICS
+    c["tokens_per_param"] = None if timed else claim_tokens_per_param(
+        ctx["rows"], ctx["selected"], scale, (e.a, e.b))
+    if spec is None:
+        c["preconditions"] = []
+        return c
+    checks = [check(req, {**ctx, "scale": scale}) for req in e.requires]
+    c["preconditions"] = checks
+    reasons: list[tuple[str, str]] = []
+    failed = [x for x in checks if not x["holds"]]
+    static = [x for x, req in zip(checks, e.requires) if req.kind == "device" and not x["holds"]]
+    for x in static:
+        reasons.append((stats.NOT_TESTABLE, f"needs {x['text']}; {x['value']}"))
+    floor = e.floor if e.floor is not None else spec.judging.tokens_per_param
+    if not timed and floor > 0:
+        tpp = c["tokens_per_param"]
+        if tpp is None or tpp < floor:
+            reasons.append((stats.NOT_TESTABLE, (f"{tpp:.2g}" if tpp is not None else "unknown")
+                            + f" tokens per non-embedding parameter, below the floor of {floor:g}"))
+    if not timed and spec.tune:
+        for v in (e.a, e.b):
+            sel = ctx["selected"].get((scale, v))
+            if sel is not None and not sel.get("bracketed", True):
+                reasons.append((stats.NOT_BRACKETED, f"{v}: {sel['why']}"))
+        if e.metric == "lr_sensitivity":
+            for v in (e.a, e.b):
+                why = (ctx["sensitivity"].get((scale, v)) or {}).get("why")
+                if why:
+                    reasons.append((stats.NOT_BRACKETED, f"{v}: {why}"))
+    for x in failed:
+        if x not in static:
+            reasons.append((stats.NOT_TESTABLE, f"precondition failed: {x['text']}: {x['value']}"))
+    if not timed and c.get("n", 0) < spec.judging.min_seeds and not reasons:
+        reasons.append((stats.TOO_FEW_SEEDS, f"{c.get('n', 0)} paired seed(s), fewer than the "
+                                             f"{spec.judging.min_seeds} a verdict needs"))
+    if reasons:
+        c["verdict"] = reasons[0][0]
+        c["gate"] = "; ".join(r for _, r in reasons)
+        c.pop("settle", None)
+    return c
+
+
 def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = None) -> dict:
     """Everything the report states about the results (see the module docstring): "selected",
     "comparisons" (each variant - baseline in val_bpb, per scale), "claims" (one per expectation and
@@ -305,11 +353,16 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
     tune_rows, eval_rows = split_stages(rows, spec)
     selected = select_tuned(tune_rows, spec)
     within = spec.tolerated_within if spec else 0.05
-    sensitivity = lr_sensitivity(tune_rows)
+    from lmlab.lab.tuning import sensitivity as around_optimum
+
+    window = spec.tuning.window if spec else 2
+    sens_full = around_optimum(tune_rows, selected, window, untrained_bpb(tune_rows))
+    sensitivity = {k: v["per_seed"] for k, v in sens_full.items()}
     for k, sel in selected.items():
         sel["tolerated"] = tolerated(sel["grid"], within) if len(sel["grid"]) > 1 else []
         per = [v for v in sensitivity.get(k, {}).values() if v is not None]
         sel["lr_sensitivity"] = statistics.fmean(per) if per and len(sel["grid"]) > 1 else None
+        sel["lr_sensitivity_why"] = (sens_full.get(k) or {}).get("why", "")
     pooled = pooled_noise(eval_rows)
     values = chosen_values(eval_rows, selected, "val_bpb")
     scales = list(dict.fromkeys(k[0] for k in selected))
@@ -336,6 +389,20 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
         )
     claims = []
     metric_values: dict = {"val_bpb": values}
+    power = spec.judging.power if spec else 0.8
+    timing_machine = (timing or {}).get("machine")
+    ctx = {"rows": eval_rows, "tune_rows": tune_rows, "selected": selected, "confidence": confidence,
+           "sensitivity": sens_full,
+           "timing_device": device_of(timing_machine, timing.get("device")) if timing else None}
+
+    def judge_sub(req, scale):
+        from lmlab.lab.spec import Expectation
+
+        sub = Expectation("better", req.a, req.b, req.bound, False, req.metric)
+        mv = chosen_values(eval_rows, selected, req.metric)
+        noise = pooled_noise(eval_rows, req.metric)
+        return judge(sub, mv.get((scale, req.a), {}), mv.get((scale, req.b), {}), confidence, noise, power)
+
     for e in (spec.expect if spec else []):
         for scale in scales:
             if e.metric in TIMING_METRICS:
@@ -356,9 +423,10 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
                     noise = None
                 else:
                     noise = pooled_noise(eval_rows, e.metric)
-                c = judge(e, mv.get((scale, e.a), {}), mv.get((scale, e.b), {}), confidence, noise)
+                c = judge(e, mv.get((scale, e.a), {}), mv.get((scale, e.b), {}), confidence, noise, power)
             c["scale"] = scale
-            claims.append(c)
+            ctx["judge_sub"] = lambda req, _s=scale: judge_sub(req, _s)
+            claims.append(gate(c, e, scale, spec, ctx))
     q = quantities(rows, selected)
     hold = spec.match.hold if spec and spec.match else None
     flags = control_flags(q, baseline, hold, spec.varies if spec else [])
@@ -398,4 +466,6 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
         "tolerance": spec.match.tolerance if spec and spec.match else None,
         "tolerated_within": within,
         "tune_seeds": list(spec.tune_seeds) if spec else [],
+        "tuning": dataclasses.asdict(spec.tuning) if spec else None,
+        "judging": dataclasses.asdict(spec.judging) if spec else None,
     }
