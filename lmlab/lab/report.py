@@ -333,15 +333,29 @@ def _label(scale: Optional[str], variant: str) -> str:
     return variant + (f" @{scale}" if scale else "")
 
 
+def _tpp(c: dict) -> str:
+    x = c.get("tokens_per_param")
+    return "n/a" if not _ok(x) else f"{x:.3g}"
+
+
+def _detectable(c: dict) -> str:
+    x = c.get("detectable")
+    if not _ok(x):
+        return "n/a"
+    return f"{100 * x:.2f}%" if c.get("relative") else f"{x:.4f}"
+
+
 def claim_cells(c: dict, show_scale: bool) -> list[str]:
-    """A judged claim's table cells: claim, (scale), metric, expected, effect [interval], seeds, method,
-    verdict."""
+    """A judged claim's table cells: claim, (scale), metric, expected, tokens per parameter, detectable
+    (80% power), effect [interval], seeds, method, verdict."""
     return (
         [_md_escape(c["text"])]
         + ([str(c.get("scale") or "")] if show_scale else [])
         + [
             _unit(c["metric"]),
             _expected(c),
+            _tpp(c),
+            _detectable(c),
             _effect(c),
             str(c.get("n", "")),
             c.get("method", ""),
@@ -350,17 +364,46 @@ def claim_cells(c: dict, show_scale: bool) -> list[str]:
     )
 
 
+CLAIM_HEAD = ["metric", "expected", "tokens/param", "detectable (80%)", "measured effect [interval]", "seeds",
+              "method", "verdict"]
+
+
+def claim_note(c: dict) -> str:
+    """Why a claim has no verdict (its gate), its preconditions with their measured values, then the
+    judging notes."""
+    parts = []
+    if c.get("gate"):
+        parts.append(f"{c['gate']} (the interval alone: {c.get('measured')})")
+    for x in c.get("preconditions") or []:
+        if x.get("holds"):
+            parts.append(f"precondition holds: {x['text']}: {x['value']}")
+    if c.get("note"):
+        parts.append(c["note"])
+    return "; ".join(parts)
+
+
 def verdict_lines(claims: list[dict], show_scale: bool) -> list[str]:
-    head = (
-        ["claim"]
-        + (["scale"] if show_scale else [])
-        + ["metric", "expected", "measured effect [interval]", "seeds", "method", "verdict", "note"]
-    )
+    head = ["claim"] + (["scale"] if show_scale else []) + CLAIM_HEAD + ["note"]
     L = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     for c in claims:
-        cells = claim_cells(c, show_scale) + [_md_escape(c.get("note") or "")]
+        cells = claim_cells(c, show_scale) + [_md_escape(claim_note(c))]
         L.append("| " + " | ".join(cells) + " |")
     return L
+
+
+HOW_TO_READ = (
+    "The effect is measured in the direction the claim states (positive = as claimed; for 'equal' the "
+    "signed difference), with a {conf:g}% interval (Student t over paired seeds; the pooled per-run noise "
+    "when a variant has one seed). A claim **agrees** when the whole interval clears the smallest effect that "
+    "counts, **disagrees** when it lies wholly on the other side, and is **inconclusive** when it contains "
+    "it. A claim gets no verdict when its design cannot support one: **not testable at this scale** (a "
+    "precondition of its mechanism, measured on its own runs, fails, or its runs are below the floor of "
+    "tokens per non-embedding parameter), **rate not bracketed** (a variant's learning rate was chosen at "
+    "an edge of the rates tried, on too few seeds or values, or in no stable cell) or **too few seeds** "
+    "(fewer paired seeds than the spec's judging.min_seeds); the interval is shown either way. "
+    "*Detectable (80%)*: the smallest true effect this design (its paired seeds and their measured noise) "
+    "would detect with 80% probability; a margin below it was underpowered before any verdict."
+)
 
 
 def sweep_wall(sweep_dir: Path) -> Optional[dict]:
@@ -649,18 +692,13 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     L = [f"# Ablation: {name}", ""]
     if res["claim"]:
         L += [f"> **Claim.** {res['claim']}", ""]
+    L += _design_lines(res, spec)
     L.append("## Verdicts")
     L.append("")
     if res["claims"]:
         L += verdict_lines(res["claims"], bool(spec and spec.scales))
         L.append("")
-        L.append(
-            f"How to read: the effect is measured in the direction the claim states (positive = as claimed; "
-            f"for 'equal' the signed difference); the interval is {100 * conf:g}% (Student t over paired "
-            f"seeds, or the pooled per-run noise when a variant has one seed). A claim **agrees** when the "
-            f"whole interval clears the smallest effect that counts, **disagrees** when it lies wholly on "
-            f"the other side, and is **inconclusive** when it contains it (more seeds narrow it)."
-        )
+        L.append("How to read: " + HOW_TO_READ.format(conf=100 * conf))
     else:
         L.append(
             "The spec states no expectations (`expect:`), so this page gives differences and intervals "
@@ -854,54 +892,96 @@ def _controls_lines(res: dict, spec) -> list[str]:
     return L
 
 
+def _design_lines(res: dict, spec) -> list[str]:
+    """What the sweep's design can show, before any verdict: the seeds compared and those that tuned,
+    the rates tried, the tokens per parameter and, per claim, the smallest effect it detects."""
+    if not spec or not res["claims"]:
+        return []
+    t, j = spec.tuning, spec.judging
+    compared = sorted(set(spec.seeds) - set(spec.tune_seeds)) if spec.tune_seeds else list(spec.seeds)
+    tpp = [c["tokens_per_param"] for c in res["claims"] if _ok(c.get("tokens_per_param"))]
+    L = ["## Design", ""]
+    L.append(
+        f"{len(compared)} paired seed(s) compared"
+        + (f", the rate chosen on {len(spec.tune_seeds)} other seed(s)" if spec.tune_seeds else
+           (", the rate chosen on the same seeds" if spec.tune else ""))
+        + (f"; {max((len(s['grid']) for s in res['selected']), default=0)} tuned value(s) at most per variant "
+           f"(the spec's {math.prod(len(v) for v in spec.tune.values())}, extended past an edge up to "
+           f"{t.extend} per side)" if spec.tune else "")
+        + (f"; {min(tpp):.3g} to {max(tpp):.3g} tokens per non-embedding parameter" if tpp else "")
+        + f". A verdict needs {j.min_seeds} paired seeds, {j.tokens_per_param:g} tokens per parameter (claims "
+        f"about trained quality, unless a claim sets its floor) and rates chosen on >= {t.min_seeds} seeds over "
+        f">= {t.min_points} values and bracketed."
+    )
+    L.append("")
+    rows = [c for c in res["claims"] if _ok(c.get("detectable"))]
+    if rows:
+        L.append("Smallest effect each claim's design detects at "
+                 f"{100 * j.power:g}% power (from its measured paired noise), against its margin:")
+        L.append("")
+        for c in rows:
+            margin = c.get("margin")
+            m = ("" if not _ok(margin) else (f"{100 * margin:.2f}%" if c.get("relative") else f"{margin:.4f}"))
+            under = _ok(margin) and c["detectable"] > margin
+            at = f" @{c['scale']}" if c.get("scale") else ""
+            L.append(f"- {_md_escape(c['text'])}{at}: {_detectable(c)}" + (f" against a margin of {m}" if m else "")
+                     + (" (**underpowered**)" if under else ""))
+        L.append("")
+    return L
+
+
 def _tuning_lines(res: dict, spec) -> list[str]:
     if not spec or not spec.tune:
         return []
+    t = spec.tuning
     L = [
         "## Tuned values",
         "",
         (
             f"Two-stage tuning: seed(s) {', '.join(map(str, spec.tune_seeds))} trained every value of "
-            "the grid and chose each variant's value (lowest held-out bits/byte, mean over those seeds; "
-            "a diverged run counts as the worst); the other seeds trained only at the chosen value, and "
+            "the grid and chose each variant's value; the other seeds trained only at the chosen value, and "
             "only they enter the comparisons, so the choice does not bias the figures compared. "
             if spec.tune_seeds
-            else "Each variant's runs at its best tuned value (lowest mean held-out bits/byte over "
-            "seeds; a diverged seed counts as the worst) enter the comparisons. "
+            else "Every seed trained every value; each variant's runs at its chosen value enter the "
+            "comparisons (the same seeds chose it, which favours each variant by a best-of-grid choice). "
         )
-        + "*Tolerated*: the values "
+        + f"The chosen value is the grid point with the lowest mean held-out bits/byte over the seeds that "
+        f"tuned, among stable cells (no diverged seed, seed SD at most {t.unstable_ratio:g}x the sweep's median "
+        f"cell SD; unstable cells are marked *u*); a best value at an edge made the sweep add values past it "
+        f"(up to {t.extend} per side). *Bracketed*: a tried value on each side, chosen on >= {t.min_seeds} seeds "
+        f"over >= {t.min_points} values; otherwise the variant's claims get no verdict. *Fit*: the vertex of a "
+        "parabola in log10(value) through the chosen point and its neighbours (information; nothing ran "
+        "there). *Tolerated*: the values "
         f"whose mean is within {res.get('tolerated_within', 0.05):g} bits/byte of the variant's best. "
-        "*LR sensitivity* (Wortsman et al. 2023, eq. 1): the mean over the grid of min(bits/byte, "
-        "the untrained model's) minus the best, per seed, averaged over seeds (0 = the whole grid "
-        "is as good as the best).",
+        f"*LR sensitivity* (Wortsman et al. 2023, eq. 1, around each variant's own optimum): per seed, the "
+        f"mean over the {t.window} value(s) each side of the chosen one of min(bits/byte, the untrained "
+        "model's) minus the bits/byte at the chosen value, averaged over seeds (0 = a flat basin).",
         "",
     ]
-    head = ["variant", "chosen", "mean bpb at each value", "tolerated", "LR sensitivity", "flag"]
+    head = ["variant", "chosen", "bracketed", "fit", "mean bpb at each value", "tolerated", "LR sensitivity"]
     L += ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     for s in res["selected"]:
         grid = "; ".join(
             ", ".join(f"{k}={v:g}" if _ok(v) else f"{k}={v}" for k, v in g["tune"].items())
             + ": "
             + ("diverged" if g["failed"] else _num(g["mean"]))
+            + (" *u*" if g.get("unstable") and not g["failed"] else "")
             for g in s["grid"]
         )
-        flag = (
-            ("**at the edge of the grid for " + ", ".join(s["edge"]) + ": extend the grid**")
-            if s["edge"]
-            else ""
-        )
-        if s.get("all_failed"):
-            flag = "**every value diverged or failed**"
+        bracket = "yes" if s.get("bracketed", not s["edge"]) else f"**no**: {s.get('why') or 'at the edge'}"
+        sens = _num(s.get("lr_sensitivity")) if s.get("lr_sensitivity") is not None else (
+            f"n/a ({s['lr_sensitivity_why']})" if s.get("lr_sensitivity_why") else "n/a")
         L.append(
             "| "
             + " | ".join(
                 [
                     _md_escape(_label(s["scale"], s["variant"])),
                     ", ".join(f"{k}={v:g}" if _ok(v) else f"{k}={v}" for k, v in s["tune"].items()),
+                    _md_escape(bracket),
+                    f"{s['fit']:.3g}" if _ok(s.get("fit")) else "",
                     grid,
                     _tolerated(s.get("tolerated") or [], len(s["grid"])),
-                    _num(s.get("lr_sensitivity")),
-                    flag,
+                    _md_escape(sens),
                 ]
             )
             + " |"
@@ -1185,8 +1265,23 @@ def collect_claims(dirs: list[Path]) -> tuple[list[dict], list[tuple], dict]:
 
 
 def _verdict_counts(claims: list[dict]) -> dict:
-    """{"agrees": n, "disagrees": n, "inconclusive": n} over ``claims``."""
-    return {v: sum(1 for c in claims if c["verdict"] == v) for v in ("agrees", "disagrees", "inconclusive")}
+    """{verdict: n} over ``claims``, for every verdict of :data:`lmlab.lab.stats.VERDICTS`."""
+    from lmlab.lab.stats import VERDICTS
+
+    return {v: sum(1 for c in claims if c["verdict"] == v) for v in VERDICTS}
+
+
+def _counts_text(counts: dict) -> str:
+    """'3 agree, 1 disagrees, ...': every verdict with a count, in the order of VERDICTS."""
+    words = {"agrees": "agree", "disagrees": "disagree", "inconclusive": "inconclusive"}
+    return ", ".join(f"{n} {words.get(v, v)}" for v, n in counts.items() if n or v in words)
+
+
+def _leans(c: dict) -> str:
+    """An inconclusive claim's lean: 'agrees, ~N seeds', 'nowhere' (a null), '' otherwise."""
+    if c.get("verdict") != "inconclusive" or "settle" not in c:
+        return ""
+    return f"{c['settle'][1]}, ~{c['settle'][0]} seeds" if c["settle"] else "nowhere"
 
 
 def write_index(dirs: list[Path], out: Path, readme: Optional[Path] = None) -> list[Path]:
@@ -1206,30 +1301,26 @@ def write_index(dirs: list[Path], out: Path, readme: Optional[Path] = None) -> l
     L = [
         "# Ablation index",
         "",
-        f"{len(claims)} claim(s) from {len(specs)} sweep(s): {counts['agrees']} agree, {counts['disagrees']} "
-        f"disagree, {counts['inconclusive']} inconclusive. Generated by `lmlab report --index` from the sweeps' "
-        f"numbers; nothing here is written by hand.",
+        f"{len(claims)} claim(s) from {len(specs)} sweep(s): {_counts_text(counts)}. Generated by `lmlab report "
+        f"--index` from the sweeps' numbers (each sweep's results judged by the protocol of the lmlab that "
+        f"wrote this page); nothing here is written by hand.",
         "",
-        "The effect is measured in the direction each claim states (positive = as claimed; for 'equal' the signed "
-        "difference), with a 95% interval (Student t over paired seeds; the sweep's pooled per-run noise when a "
-        "variant has one seed; none when no cell of the sweep ran two seeds). A claim agrees when the interval "
-        "clears the smallest effect that counts, disagrees when it lies wholly on the other side, and is "
-        "inconclusive otherwise. 'Seeds to settle': for an inconclusive claim with a paired interval, about how "
-        "many paired seeds would decide it if the measured effect and noise held (a planning figure; 'none "
-        "feasible': the effect sits on the threshold, so more steps or a larger model, not seeds).",
+        HOW_TO_READ.format(conf=95) + " *Leans*: for an inconclusive claim, the verdict its interval leans towards "
+        "and about how many paired seeds would decide it at 80% power if the measured effect and noise held "
+        "(a planning figure); 'nowhere': the interval is centred on its boundary (a null), which more seeds "
+        "will not settle.",
         "",
     ]
     scaled = any(c.get("scale") for c in claims)
     head = (
         ["spec", "claim"]
         + (["scale"] if scaled else [])
-        + ["metric", "expected", "measured effect [interval]", "seeds", "method", "verdict", "seeds to settle"]
+        + CLAIM_HEAD + ["leans", "why no verdict"]
     )
     L += ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     for c in claims:
-        settle = c.get("settle_seeds")
-        settle = "" if "settle_seeds" not in c else (f"~{settle}" if settle else "none feasible")
-        L.append("| " + " | ".join([_md_escape(c["spec"])] + claim_cells(c, scaled) + [settle]) + " |")
+        L.append("| " + " | ".join([_md_escape(c["spec"])] + claim_cells(c, scaled)
+                                   + [_leans(c), _md_escape(c.get("gate") or "")]) + " |")
     L.append("")
     if forest:
         L += [f"![every claim]({forest.name})", ""]
@@ -1269,8 +1360,7 @@ def summary_block(claims: list[dict], executed: dict, index: Path) -> str:
     dates = sorted({str(executed.get(k) or "")[:10] for k in ("first", "last")} - {""})
     machines = "; ".join(executed.get("machines") or []) or "machine not recorded"
     L = [
-        f"{len(claims)} claims: **{counts['agrees']} agree, {counts['disagrees']} disagree, "
-        f"{counts['inconclusive']} inconclusive**; executed {' to '.join(dates) or 'on unrecorded dates'} on "
+        f"{len(claims)} claims: **{_counts_text(counts)}**; executed {' to '.join(dates) or 'on unrecorded dates'} on "
         f"{machines}. The verdict column of [the index]({index.as_posix()}), where every interval and "
         f"note is.",
         "",
