@@ -7,7 +7,7 @@
 #   make ablations  run every shipped spec from scratch (lmlab sweep, into a new sweeps/ablations-<time>
 #               folder), write its report to docs/ablations/NAME/ and the index of all claims to
 #               docs/ablations/README.md
-#               (about 3.3 hours on 2 CPU cores, from the executions in docs/ablations;
+#               (about 4-5 hours on 2 CPU cores, estimated from a measured run of the baseline shape;
 #               SPECS="01-norm-placement ..." for a subset, the index still covering every page in
 #               docs/ablations; JOBS=1 for one run at a time)
 PYTHON ?= python3

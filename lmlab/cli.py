@@ -1,4 +1,4 @@
-"""The ``lmlab`` command line: prepare, train, eval, generate, import, export, presets.
+"""The ``lmlab`` command line: prepare, train, eval, generate, import, export, presets, coordcheck, ...
 
 Every error a user can cause (bad config, missing data, wrong checkpoint, ...) ends in one line
 ``lmlab <command>: error: <what, where, what to do>`` and exit status 2; nothing is overwritten.
@@ -500,6 +500,70 @@ def cmd_bench_decode(args) -> int:
     return 0
 
 
+# --- coordcheck ----------------------------------------------------------------------------
+def _int_list(text: str) -> list[int]:
+    """A comma-separated list of integers >= 1 (``--widths 64,128,256``, ``--seeds 1,2``)."""
+    items = [t.strip() for t in text.split(",")]
+    try:
+        values = [int(t) for t in items]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must be >= 1")
+    return values
+
+
+_int_list.__name__ = "list of integers"
+
+
+def cmd_coordcheck(args) -> int:
+    from dataclasses import replace
+
+    from lmlab.lab.coordcheck import (DEFAULT_MODEL, DEFAULT_TRAIN, RANDOM_VOCAB, at_width, coord_check,
+                                      format_result, plot_result, train_settings)
+    from lmlab.runs import DEFAULT_VOCAB, build_configs, ensure_default_data
+    from lmlab.train import resolve_device
+
+    if len(args.widths) < 2 or len(set(args.widths)) != len(args.widths):
+        raise ConfigError(f"--widths {','.join(map(str, args.widths))}: give at least two different widths")
+    _resolve_scale(args, "tiny")
+    sets = list(args.set or [])
+    if not (args.config or args.preset):  # the check's own small model and lr, under any --set
+        sets = [f"{k}={v}" for k, v in {**DEFAULT_MODEL, **DEFAULT_TRAIN}.items()] + sets
+    if args.parametrization:
+        sets.append(f"parametrization={args.parametrization}")
+
+    def configs(vocab: int):
+        cfg, tc = build_configs(args.config, args.preset, args.scale, sets, vocab)
+        if args.base_width and cfg.parametrization == "sp":
+            raise ConfigError(f"--base-width {args.base_width} applies to --parametrization mup or completep "
+                              f"(sp has no base width)")
+        tc = train_settings(tc)
+        tc = replace(tc, lr=args.lr if args.lr is not None else tc.lr,
+                     batch_size=args.batch_size if args.batch_size is not None else tc.batch_size)
+        for w in args.widths:  # every width checked before any data is prepared or any model trained
+            at_width(cfg, w, args.base_width or cfg.base_d_model or min(args.widths))
+        return cfg, tc
+
+    random = args.data == "random"
+    cfg, tc = configs(RANDOM_VOCAB if random else DEFAULT_VOCAB)
+    tokens = None
+    if not random:
+        from lmlab.data.prepare import TokenData
+
+        prepared = TokenData(ensure_default_data(args.data))
+        tokens = prepared.tokens("train")
+        cfg, tc = configs(prepared.vocab_size)
+        if cfg.vocab_size < prepared.vocab_size:
+            raise ConfigError(f"vocab_size={cfg.vocab_size} is below the {prepared.vocab_size} tokens of the data")
+    res = coord_check(cfg, tc, args.widths, args.steps, args.seeds, tokens, resolve_device(args.device),
+                      args.threshold, args.base_width)
+    print(format_result(res))
+    if args.out:
+        print(f"wrote {plot_result(res, args.out)}")
+    return 1 if (args.check and not res["passed"]) else 0
+
+
 # --- Hugging Face interop ------------------------------------------------------------------
 def cmd_import(args) -> int:
     from lmlab.interop.hf import import_hf
@@ -717,6 +781,35 @@ def make_parser() -> argparse.ArgumentParser:
     bp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
     bp.add_argument("--json", action="store_true", help="print one JSON object")
     bp.set_defaults(func=cmd_bench_decode, command="bench decode")
+
+    sp = sub.add_parser("coordcheck", help="coordinate check of a parametrization (sp | mup | completep): "
+                                           "activation sizes across widths after a few AdamW steps")
+    sp.add_argument("--config", type=_path, help="YAML file with 'model:' and 'train:' sections, or a built-in name")
+    sp.add_argument("--preset", type=_preset_name, help="a model family preset (see `lmlab presets`)")
+    sp.add_argument("--scale", choices=["tiny", "real"], help="preset scale (default tiny)")
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a model or train field")
+    sp.add_argument("--parametrization", choices=["sp", "mup", "completep"],
+                    help="the parametrization checked (default: the config's; sp)")
+    sp.add_argument("--widths", type=_int_list, default=[64, 128, 256],
+                    help="d_model values, comma-separated, each a multiple of n_heads (default 64,128,256)")
+    sp.add_argument("--base-width", type=POSITIVE,
+                    help="mup / completep: base_d_model (default: the config's, else the smallest width)")
+    sp.add_argument("--steps", type=POSITIVE, default=4, help="AdamW steps per width (default 4)")
+    sp.add_argument("--seeds", type=_int_list, default=[1], help="seeds, comma-separated, averaged (default 1)")
+    sp.add_argument("--lr", type=_float_in(0, float("inf"), low_open=True, high_open=True),
+                    help="constant learning rate (default: the config's lr; 0.005 for the built-in model)")
+    sp.add_argument("--batch-size", type=POSITIVE, help="sequences per step (default: the config's; 8)")
+    sp.add_argument("--data", type=_path, metavar="DIR|random",
+                    help="a prepared data folder, or 'random' for random token ids (Zipf-distributed: a unigram to "
+                         "learn) (default: the default corpus, prepared on first use as `lmlab train` does)")
+    sp.add_argument("--threshold", type=_float_in(0, float("inf"), low_open=True, high_open=True), default=0.25,
+                    help="the check passes when every layer's |slope| of log(mean |x|) against log(width) is "
+                         "below this at the last step (default 0.25)")
+    sp.add_argument("--check", action="store_true", help="exit 1 when the check fails (default: exit 0 either way)")
+    sp.add_argument("--out", type=_path, help="also write the figure to this PNG file (matplotlib)")
+    sp.add_argument("--device", default="cpu")
+    sp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
+    sp.set_defaults(func=cmd_coordcheck)
 
     sp = sub.add_parser("presets", help="list the model family presets")
     sp.set_defaults(func=cmd_presets)

@@ -49,6 +49,7 @@ BOOL_FIELDS = ("norm_bias", "norm_affine", "final_norm", "lm_head_bias", "parall
                "nope_global_layers", "tie_embeddings", "scale_embeddings", "norm_weight_fp32", "router_renormalize",
                "attn_temperature_tuning", "global_k_eq_v", "v_norm", "layer_scalar", "kv_shared_wide_ffn",
                "moe_beside_dense", "router_input_norm", "router_expert_scale")
+PARAMETRIZATIONS = ("sp", "mup", "completep")  # standard; Yang et al. 2022 (muP); Dey et al. 2025 (CompleteP)
 ROUTER_SCORES = ("softmax", "sigmoid")  # Mixtral / Qwen-MoE / DeepSeek-V2: softmax; DeepSeek-V3: sigmoid
 ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")  # Chen 2023; bloc97 2023; Peng 2023; Llama 3.1
 # rope_scaling keys per type: (required, optional), besides "type"; the names of Hugging Face's rope_parameters
@@ -259,6 +260,20 @@ class ModelConfig:
 
     # --- initialisation ----------------------------------------------------------------------
     init_std: float = 0.02  # N(0, 0.02) (GPT-2); residual projections / sqrt(2 n_layers)
+    # std of the token embedding's N(0, std) init when it differs from init_std (None: init_std). Vaswani et
+    # al. 2017 (section 3.4) multiply the embeddings by sqrt(d_model) (scale_embeddings), and tensor2tensor,
+    # their reference code, draws them N(0, d_model^-0.5): the scaled embedding then has RMS 1, against 0.71
+    # for the sinusoidal positions added to it. With tie_embeddings the LM head is the same matrix, so it
+    # starts at this std too; an untied LM head keeps init_std. Other embedding tables (ple_dim, T5 buckets,
+    # learned positions) keep init_std.
+    embed_init_std: Optional[float] = None
+    # how init, learning rates, the attention scale and the output scale follow the model's size
+    # (lmlab/model/parametrization.py): 'sp' (standard: as above), 'mup' (Yang et al. 2022: the optimal
+    # learning rate and init carry over across widths) or 'completep' (mup + Dey et al. 2025's depth rules,
+    # alpha = 1: across depths too)
+    parametrization: str = "sp"
+    base_d_model: Optional[int] = None  # mup / completep: the width at which they equal sp (None: d_model)
+    base_n_layers: Optional[int] = None  # completep: the depth at which it equals mup (None: n_layers)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "ffn_multiple_of"):
@@ -443,9 +458,40 @@ class ModelConfig:
         for name in ("embd_dropout", "attn_dropout", "resid_dropout"):
             _number_in(name, getattr(self, name), 0, 1, hi_open=True)
         _positive("init_std", self.init_std)
+        if self.embed_init_std is not None:
+            _positive("embed_init_std", self.embed_init_std)
+        self._check_parametrization()
         for name in BOOL_FIELDS:  # a YAML/JSON "no" or 0 would otherwise pass as a truthy or falsy switch
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
+
+    def _check_parametrization(self) -> None:
+        """Validate ``parametrization``, ``base_d_model`` and ``base_n_layers``: the bases only where they
+        apply, and mup / completep only on the parts whose rules lmlab implements (dense multi-head
+        attention, embeddings as wide as the model; lmlab/model/parametrization.py)."""
+        _choice("parametrization", self.parametrization, PARAMETRIZATIONS)
+        for name, needs in (("base_d_model", ("mup", "completep")), ("base_n_layers", ("completep",))):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            _positive_int(name, value)
+            if self.parametrization not in needs:
+                raise ConfigError(f"{name}={value!r} applies to parametrization={' or '.join(map(repr, needs))}, "
+                                  f"got parametrization={self.parametrization!r}; drop {name} or set parametrization")
+        if self.parametrization == "sp":
+            return
+        unsupported = (("attention", self.attention != "mha", "'mha'"),
+                       ("n_experts", self.n_experts != 0, "0"),
+                       ("embed_dim", self.embed_dim is not None, "None (embeddings as wide as the model)"),
+                       ("ple_dim", self.ple_dim != 0, "0"),
+                       ("scale_embeddings", self.scale_embeddings is True, "False"),
+                       ("query_pre_attn_scalar", self.query_pre_attn_scalar is not None, "None"),
+                       ("norm_position", self.parametrization == "completep" and self.norm_position == "post",
+                        "'pre', 'sandwich' or 'reordered' (completep scales residual branches)"))
+        for name, bad, want in unsupported:
+            if bad:
+                raise ConfigError(f"parametrization={self.parametrization!r} needs {name}={want}, got "
+                                  f"{name}={getattr(self, name)!r} (lmlab has no {self.parametrization} rules for it)")
 
     def _check_global_layers(self) -> None:
         """Validate Gemma 4's switches for the global layers (global_head_dim, global_n_kv_heads,

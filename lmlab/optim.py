@@ -39,11 +39,35 @@ def param_kind(name: str) -> str:
 
 def param_groups(model: torch.nn.Module, tc) -> list[dict]:
     """AdamW groups: weight decay ``tc.weight_decay`` on every parameter except the kinds
-    (:func:`param_kind`) named in ``tc.wd_exclude``. Tied weights appear once."""
+    (:func:`param_kind`) named in ``tc.wd_exclude``. Tied weights appear once.
+
+    Under ``parametrization`` mup / completep (``model.cfg``) the parameters are grouped further by their
+    rules (:func:`lmlab.model.parametrization.optimizer_scales`): each group then carries its own ``eps``
+    and ``weight_decay`` and an ``lr_scale``, the multiple of the schedule's learning rate that
+    :func:`set_lr` gives it (e.g. 1/m for the hidden weights). Under sp: the two groups above, no
+    ``lr_scale``."""
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None and getattr(cfg, "parametrization", "sp") != "sp":
+        return _scaled_groups(model, cfg, tc)
     decay, no_decay = [], []
     for name, p in model.named_parameters():  # named_parameters yields a shared tensor once
         (no_decay if param_kind(name) in tc.wd_exclude else decay).append(p)
     return [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _scaled_groups(model: torch.nn.Module, cfg, tc) -> list[dict]:
+    """:func:`param_groups` under mup / completep: one group per (weight decay, lr, eps) the rules give,
+    in the order the parameters first appear."""
+    from lmlab.model.parametrization import optimizer_scales
+
+    groups: dict[tuple, dict] = {}
+    for name, p in model.named_parameters():
+        sc = optimizer_scales(cfg, name)
+        wd = 0.0 if param_kind(name) in tc.wd_exclude else tc.weight_decay * sc["weight_decay"]
+        key = (wd, sc["lr"], sc["eps"])
+        groups.setdefault(key, {"params": [], "weight_decay": wd, "lr_scale": sc["lr"], "eps": tc.eps * sc["eps"]})
+        groups[key]["params"].append(p)
+    return list(groups.values())
 
 
 def muon_parameters(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -111,7 +135,12 @@ def build_optimizer(model: torch.nn.Module, groups: list[dict], tc, device: torc
     AdamW and ``torch.optim.Muon`` (momentum 0.95, Nesterov, 5 Newton-Schulz steps, the AdamW-matched
     scale) over :func:`muon_parameters`. ``mode``: the data-parallel wrapping (none | ddp | fsdp); under
     DDP every rank holds whole parameters and gradients, so Muon runs as on one process; under FSDP each
-    rank holds a shard of a matrix, which Muon cannot orthogonalise: ValueError."""
+    rank holds a shard of a matrix, which Muon cannot orthogonalise: ValueError. Muon under parametrization
+    mup / completep: ConfigError (:func:`lmlab.model.parametrization.check_optimizer`)."""
+    if getattr(model, "cfg", None) is not None:
+        from lmlab.model.parametrization import check_optimizer
+
+        check_optimizer(model.cfg, tc.optimizer)
     if tc.optimizer == "adamw":
         return adamw(groups, tc, device, sharded=mode != "none")
     if mode == "fsdp":
@@ -143,10 +172,11 @@ def muon_lr_at(lr: float, tc) -> float:
 
 def set_lr(opt, lr: float, tc) -> None:
     """Set the learning rate of step ``lr`` (the schedule's value for ``tc.lr``) on every group of
-    ``opt``: AdamW's groups take ``lr``, Muon's :func:`muon_lr_at` (the same schedule, its own peak)."""
+    ``opt``: AdamW's groups take ``lr`` (times the group's ``lr_scale`` where :func:`param_groups` set one:
+    mup / completep), Muon's :func:`muon_lr_at` (the same schedule, its own peak)."""
     pair = isinstance(opt, OptimizerPair)
     for group in opt.adamw.param_groups if pair else opt.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group["lr_scale"] if "lr_scale" in group else lr
     for group in opt.muon.param_groups if pair else []:
         group["lr"] = muon_lr_at(lr, tc)
 

@@ -189,9 +189,11 @@ def build_configs(
     if sets:
         sources.append("--set")
     where = f" (from {' + '.join(sources)})" if sources else ""
-    return ModelConfig.from_dict(model, f"model config{where}"), TrainConfig.from_dict(
-        train, f"train config{where}"
-    )
+    cfg, tc = ModelConfig.from_dict(model, f"model config{where}"), TrainConfig.from_dict(train, f"train config{where}")
+    from lmlab.model.parametrization import check_optimizer
+
+    check_optimizer(cfg, tc.optimizer)  # Muon under mup / completep: refused before any data is prepared
+    return cfg, tc
 
 
 def attach_data(out: Path, run: dict, data_dir: Path) -> None:

@@ -235,14 +235,15 @@ def test_dry_run_states_the_protocol_and_warns_of_designs_without_verdicts(byte_
     from lmlab.lab import runner
 
     spec = _spec(data=str(byte_data), tune={"lr": [1e-3, 3e-3]}, tune_seeds=[1], seeds=[1, 2, 3],
-                 budget={"steps": 2}, expect=[{"better": "A", "than": "B"}])
+                 budget={"steps": 2}, expect=[{"better": "A", "than": "B"}, {"better": "B", "than": "A", "floor": 0}])
     plans = plan_runs(spec, byte_data)
     text = runner.format_plan(plans, {p.name: "new" for p in plans}, spec)
     assert "tuning: each variant's value from the mean over 1 seed(s) on 2 value(s)" in text
     assert "warning: 1 tuning seed(s) < tuning.min_seeds=3" in text
     assert "warning: 2 tuned value(s) < tuning.min_points=5" in text
     assert "warning: 2 compared seed(s) < judging.min_seeds=6" in text
-    assert "warning: runs below 10 tokens per parameter" in text
+    (low,) = [line for line in text.splitlines() if "below their tokens-per-parameter floor" in line]
+    assert "'A better than B' (" in low and "'B better than A'" not in low  # that one's floor is 0
 
 
 def test_the_sweep_extends_the_grid_and_trains_stage_2_at_an_added_value(tmp_path, monkeypatch, byte_data):

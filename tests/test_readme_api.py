@@ -96,7 +96,17 @@ def test_readme_ablation_summary_is_the_committed_index():
     want = summary_block(claims, executed, Path("docs/ablations/README.md"))
     assert readme_block(README) == want, "regenerate: lmlab report --index docs/ablations/[0-9]* " \
         "--out docs/ablations/README.md --readme README.md"
-    assert len(claims) >= 14 and all(c["verdict"] in ("agrees", "disagrees", "inconclusive") for c in claims)
+    from lmlab.lab.stats import VERDICTS
+
+    assert len(claims) >= 14 and all(c["verdict"] in VERDICTS for c in claims)
+    # the protocol holds on the committed index: no verdict on a rate at an edge or chosen on fewer than
+    # 3 seeds, and every claim on a trained quantity states its tokens per parameter
+    for c in claims:
+        if c["verdict"] in ("agrees", "disagrees", "inconclusive") and c["metric"] not in ("step_time",
+                                                                                             "decode_time"):
+            assert "rate not bracketed" not in (c.get("gate") or "") and c["tokens_per_param"] >= 10, c
+        if c["metric"] not in ("step_time", "decode_time"):
+            assert c["tokens_per_param"] is not None, c
 
 
 def test_readme_contents_line_links_every_section():

@@ -199,23 +199,44 @@ def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
 
 
 def test_shipped_specs_are_valid(byte_data):
+    """Every shipped spec validates, meets the lab's protocol by design (rates over >= 5 values on >= 3
+    seeds, >= 6 compared seeds, every claim on a trained quantity at or above its tokens-per-parameter
+    floor) and fits the lab's CPU budget: about 6 hours for all 14 with `make ablations` on 2 cores."""
+    from lmlab.analysis import param_counts
+
     specs = builtin_specs()
     assert len(specs) == 14
+    total = 0.0
     for name, path in specs.items():
         spec = load_spec(path)
         assert spec.claim and spec.name == name
         if any("data" in v.fields for v in spec.variants):  # variants with their own tokenizations
             with pytest.raises(ConfigError, match="train on their own data"):
                 plan_runs(spec, byte_data)
-            plans = _plan(spec, None, 4096)  # validated, nothing prepared
         else:
-            plans = plan_runs(spec, byte_data)  # every config validates (steps follow the 257-token vocabulary)
+            plan_runs(spec, byte_data)  # every config validates
+        vocab = 257 if isinstance(spec.data, dict) and spec.data.get("tokenizer") == "bytes" else 4096
+        plans = _plan(spec, None, vocab)  # validated, nothing prepared
         assert all(p.cfg.d_model <= 256 and p.cfg.context_length <= 256 for p in plans)
-        # sized for about 30 minutes or less on 2 CPU cores with --jobs 2 (measured: 1.17e14 FLOPs of
-        # d_model-96 runs took 30 min for spec 03): the FLOPs the plan asks for, with the 4096-token
-        # vocabulary the default corpus has
-        full = trained_plans(_plan(spec, None, 4096))
-        assert sum(p.flops for p in full) <= 1.25e14, (name, sum(p.flops for p in full))
+        # the protocol, by design
+        tuners = spec.tune_seeds or spec.seeds
+        compared = [s for s in spec.seeds if s not in spec.tune_seeds] if spec.tune_seeds else spec.seeds
+        assert len(spec.tune["lr"]) >= spec.tuning.min_points >= 5, name
+        assert len(tuners) >= spec.tuning.min_seeds >= 3 and len(compared) >= spec.judging.min_seeds >= 6, name
+        tpp: dict = {}
+        for p in plans:
+            tpp[p.variant] = min(tpp.get(p.variant, math.inf), p.tokens / param_counts(p.cfg)["non_embedding"])
+        for e in spec.expect:
+            if e.metric not in ("step_time", "decode_time"):
+                floor = spec.judging.tokens_per_param if e.floor is None else e.floor
+                assert min(tpp[e.a], tpp[e.b]) >= floor >= 2.5, (name, e.text, tpp[e.a], tpp[e.b])
+        # sized from a measurement: the d_model-64 byte-level baseline trains at 74k tokens/s on one core
+        # of a 2-core Intel Xeon (family 6, model 167), 6.2e10 FLOP/s per job, 1.2e11 with --jobs 2
+        full = trained_plans(plans)
+        flops = sum(p.flops for p in full)
+        assert flops <= 2.2e14, (name, flops)
+        total += flops
+    assert total <= 1.6e15, total  # 3.7 h of training at 1.2e11 FLOP/s, plus per-run start and evaluation
 
 
 def test_unreadable_results_line_is_reported(tmp_path, capsys):
@@ -277,11 +298,13 @@ def test_plan_warns_when_runs_repeat_the_data(byte_data, capsys):
     assert epochs_line(twice).startswith("warning: ") and "2.0" in epochs_line(twice)
 
 
-def test_shipped_gpu_tiers_fit_one_gpu_hour():
+def test_shipped_gpu_tiers_fit_a_few_gpu_hours():
     """Every shipped spec has a gpu tier whose baseline has 20-100M parameters (every variant 10-150M:
-    04 holds FLOPs, not parameters, across a 32x range of FF ratios) and whose whole sweep fits in an hour
-    on one GPU, estimated at 25% of an H100/H200's dense bf16 peak (989 TFLOP/s) plus 30 s per run of
-    process start, compile-free warm-up and evaluation."""
+    04 holds FLOPs, not parameters, across a 32x range of FF ratios), with its own learning-rate grid of
+    5 values, and whose whole sweep fits in 2.5 hours on one GPU, estimated at 25% of an H100/H200's
+    dense bf16 peak (989 TFLOP/s) plus 30 s per run of process start, compile-free warm-up and
+    evaluation. (Its 2e7 tokens per run are 0.3-1 per parameter: the gpu tiers do not yet reach the 20
+    tokens per parameter issue 41 asks of them.)"""
     from lmlab.analysis import param_counts
 
     for name, path in builtin_specs().items():
@@ -292,8 +315,9 @@ def test_shipped_gpu_tiers_fit_one_gpu_hour():
         assert base and all(20e6 <= n <= 100e6 for n in base), (name, base)
         assert all(10e6 <= n <= 150e6 for n in sizes), (name, min(sizes), max(sizes))
         assert all(p.tc.dtype == "bf16" for p in plans), name
+        assert len(spec.tune["lr"]) == 5 and max(spec.tune["lr"]) <= 5e-3, name
         hours = (sum(p.flops for p in plans) / (0.25 * 989e12) + 30 * len(plans)) / 3600
-        assert hours < 1.0, (name, hours)
+        assert hours < 2.5, (name, hours)
 
 
 def test_gpu_tier_model_trains_a_step_on_cpu():

@@ -280,6 +280,12 @@ def layer_signature(cfg: ModelConfig) -> dict:
     sig["temperature"] = ((cfg.attn_temperature_floor, cfg.attn_temperature_scale)
                           if cfg.attn_temperature_tuning and no_rope else None)
     sig["query_scale"] = cfg.query_pre_attn_scalar if cfg.query_pre_attn_scalar else cfg.head_dim
+    # mup / completep (lmlab.model.parametrization): logits / m, attention scale / sqrt(m), branches x
+    # base_n_layers / n_layers, which no family has; at the base (multipliers 1) they compute sp's function
+    from lmlab.model.parametrization import depth_multiplier, width_multiplier
+
+    m, d = width_multiplier(cfg), depth_multiplier(cfg)
+    sig["parametrization"] = "sp" if m == d == 1.0 else f"{cfg.parametrization} (width x{m:g}, depth x{d:g})"
     sig["t5"] = (cfg.t5_num_buckets, cfg.t5_max_distance) if cfg.position == "t5" else None
     sig["attention"] = (cfg.attention if cfg.attention == "mha" else
                         (cfg.attention, cfg.kv_lora_rank, cfg.q_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim,

@@ -50,6 +50,7 @@ from lmlab.lab.verdicts import analyze, split_stages, tune_key
 
 VERDICTS_FILE = "verdicts.json"
 REPORT_MARKS = ("# Ablation:", "# Ablation index")
+SPEC_MARK = "# lmlab report: the spec this sweep ran with"  # the first line of a report folder's spec.yaml
 
 COLUMNS = (
     "sweep",
@@ -557,7 +558,21 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     colors = {v: f"C{i % 10}" for i, v in enumerate(variants)}
     conf = res["confidence"]
     written: list[Path] = []
+    kept = []  # beside a report elsewhere: the spec it ran with and its timing block (`lmlab report --index`
+    if out.parent.resolve() != sweep_dir.resolve():  # re-judges the folder from them)
+        for src, name, mark in ((sweep_dir / "spec.yaml", "spec.yaml", SPEC_MARK.encode()),
+                                (sweep_dir / TIMING_FILE, TIMING_FILE, b'{\n "key"')):
+            dst = out.parent / f"{prefix}{name}"
+            if src.is_file():
+                if dst.exists() and not dst.read_bytes().startswith(mark):
+                    raise ValueError(f"--out {str(dst.parent)!r} already holds {dst.name}, which lmlab report "
+                                     f"did not write; choose another folder (nothing was written)")
+                kept.append((src, dst, mark))
     _check_own_data([out.parent / f"{prefix}results.csv", out.parent / f"{prefix}{VERDICTS_FILE}"])
+    for src, dst, mark in kept:
+        data = src.read_bytes()
+        dst.write_bytes((SPEC_MARK + f" ({src})\n").encode() + data if dst.suffix == ".yaml" else data)
+        written.append(dst)
     csv_path = write_csv(rows, out.parent / f"{prefix}results.csv")
     figs: list[tuple[str, Optional[Path], str]] = []
     if spec and spec.tune:
@@ -1223,6 +1238,21 @@ def collect_claims(dirs: list[Path]) -> tuple[list[dict], list[tuple], dict]:
             )
             res["sweep_wall"] = sweep_wall(d)
             link = None
+        elif (d / "results.csv").is_file() and ((d / "spec.yaml").is_file() or d.name in builtin_specs()):
+            # a report folder: its results.csv judged anew by the protocol of this lmlab, with the spec it
+            # ran with (its spec.yaml, else the shipped spec of its name) and its timing block when kept
+            spec_path = d / "spec.yaml" if (d / "spec.yaml").is_file() else builtin_specs()[d.name]
+            spec = parse_spec(read_spec_file(spec_path), spec_path)
+            rows = read_results_csv(d / "results.csv")
+            timing = read_json_file(d / TIMING_FILE) if (d / TIMING_FILE).is_file() else None
+            stored = read_json_file(d / VERDICTS_FILE).get("claims") if (d / VERDICTS_FILE).is_file() else None
+            res = analyze(rows, spec, timing, stored if isinstance(stored, list) else None)
+            if (d / VERDICTS_FILE).is_file():
+                res["sweep_wall"] = read_json_file(d / VERDICTS_FILE).get("sweep_wall")
+            # a spec.yaml in the folder is the spec it ran with; its name is the folder's unless it says one
+            raw_name = read_spec_file(spec_path).get("name") if (d / "spec.yaml").is_file() else None
+            res["spec"], res["claim"] = raw_name or d.name, spec.claim
+            link = d / "report.md" if (d / "report.md").is_file() else None
         elif (d / VERDICTS_FILE).is_file():
             res = read_json_file(d / VERDICTS_FILE)
             if not isinstance(res.get("claims"), list):
@@ -1230,18 +1260,6 @@ def collect_claims(dirs: list[Path]) -> tuple[list[dict], list[tuple], dict]:
                     f"{str(d / VERDICTS_FILE)!r} has no 'claims' list: not an lmlab report's verdicts"
                 )
             link = d / "report.md"
-            if (d / "results.csv").is_file():
-                rows = read_results_csv(d / "results.csv")
-        elif (d / "results.csv").is_file() and ((d / "spec.yaml").is_file() or d.name in builtin_specs()):
-            # a committed report folder: its results.csv, judged by its spec.yaml or the shipped spec of its name
-            spec_path = d / "spec.yaml" if (d / "spec.yaml").is_file() else builtin_specs()[d.name]
-            spec = parse_spec(read_spec_file(spec_path), spec_path)
-            rows = read_results_csv(d / "results.csv")
-            res = analyze(rows, spec)
-            # a spec.yaml in the folder is the spec it ran with; its name is the folder's unless it says one
-            raw_name = read_spec_file(spec_path).get("name") if (d / "spec.yaml").is_file() else None
-            res["spec"], res["claim"] = raw_name or d.name, spec.claim
-            link = d / "report.md" if (d / "report.md").is_file() else None
         else:
             raise ValueError(
                 f"{str(d)!r} is neither a sweep folder ({RESULTS_FILE}) nor a report folder "

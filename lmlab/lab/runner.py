@@ -888,14 +888,26 @@ def format_plan(plans: list[RunPlan], states: dict, spec: Optional[Spec] = None)
         )
     if spec is not None:
         lines += protocol_lines(spec)
-        tpp = [p.tokens / param_counts(p.cfg)["non_embedding"] for p in todo if param_counts(p.cfg)["non_embedding"]]
-        if tpp:
+        per = {}  # (scale, variant) -> the fewest tokens per non-embedding parameter of its runs
+        for p in todo:
+            ne = param_counts(p.cfg)["non_embedding"]
+            if ne:
+                per[(p.scale, p.variant)] = min(per.get((p.scale, p.variant), math.inf), p.tokens / ne)
+        if per:
             floor = spec.judging.tokens_per_param
-            lines.append(f"tokens per non-embedding parameter: {min(tpp):.3g} to {max(tpp):.3g} (a claim about "
-                         f"trained quality needs {floor:g}, unless it sets its own floor)")
-            if min(tpp) < floor:
-                lines.append(f"warning: runs below {floor:g} tokens per parameter: their quality claims will "
-                             f"read 'not testable at this scale'")
+            lines.append(f"tokens per non-embedding parameter: {min(per.values()):.3g} to {max(per.values()):.3g} "
+                         f"(a claim about trained quality needs {floor:g}, unless it sets its own floor)")
+            low = []
+            for e in spec.expect:
+                if e.metric in ("step_time", "decode_time"):
+                    continue
+                f = e.floor if e.floor is not None else floor
+                got = min((v for (sc, var), v in per.items() if var in (e.a, e.b)), default=math.inf)
+                if got < f:
+                    low.append(f"{e.text!r} ({got:.3g} < {f:g})")
+            if low:
+                lines.append(f"warning: below their tokens-per-parameter floor, these claims will read 'not testable "
+                             f"at this scale': {'; '.join(low)}")
         if spec.match:
             solved = {(p.scale, p.variant): p.solved for p in plans if p.solved}
             lines.append(

@@ -225,7 +225,7 @@ class Spec:
     scale: str
     model: dict
     train: dict
-    data: Optional[str]
+    data: Any  # None, a prepared folder, or {tokenizer: ...} (the default corpus tokenised so)
     variants: list
     seeds: list
     budget: dict
@@ -670,7 +670,7 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
         scale=scale,
         model=model,
         train=train,
-        data=None if raw.get("data") is None else str(raw["data"]),
+        data=_spec_data(raw.get("data"), source),
         variants=variants,
         seeds=seeds,
         budget=parse_budget(raw.get("budget"), f"{source} budget"),
@@ -723,6 +723,16 @@ def parse_block(raw: Any, cls: type, where: str):
             raise ConfigError(f"{where}.{k}={v!r} must be {what}")
         setattr(out, k, type(default)(v))
     return out
+
+
+def _spec_data(value: Any, source: str):
+    """The spec's ``data:``: None (the default corpus, BPE 4096), a prepared folder (a path) or the default
+    corpus with another tokenizer, ``{tokenizer: bytes}`` / ``{tokenizer: bpe, vocab_size: N}`` (prepared
+    on first use, :func:`variant_data`)."""
+    if value is None:
+        return None
+    _check_variant_data(value, f"{source}: data")
+    return dict(value) if isinstance(value, dict) else str(value)
 
 
 def load_spec(spec: str | Path, tier: Optional[str] = None) -> Spec:
@@ -1184,10 +1194,15 @@ def plan_runs(spec: Spec, data_dir: Optional[Path] = None) -> list[RunPlan]:
     from lmlab.runs import DEFAULT_VOCAB, check_run_memory, ensure_default_data
 
     if data_dir is None:
-        plans = _plan(spec, None, TokenData(spec.data).vocab_size if spec.data else DEFAULT_VOCAB, False)
+        if isinstance(spec.data, dict):  # the default corpus with the spec's tokenizer
+            _, vocab = variant_data(spec.data, None, prepare=False)
+        else:
+            vocab = TokenData(spec.data).vocab_size if spec.data else DEFAULT_VOCAB
+        plans = _plan(spec, None, vocab, False)
         for p in {p.cell: p for p in plans}.values():
             check_run_memory(p.cfg, p.tc)
-        data_dir = ensure_default_data(spec.data)
+        data_dir = (variant_data(spec.data, None, prepare=True)[0] if isinstance(spec.data, dict)
+                    else ensure_default_data(spec.data))
         return _plan(spec, Path(data_dir).resolve(), TokenData(data_dir).vocab_size, True)
     own = [v.label for v in spec.variants if "data" in v.fields]
     if own:

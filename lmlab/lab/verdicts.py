@@ -343,11 +343,14 @@ def gate(c: dict, e, scale, spec: Optional[Spec], ctx: dict) -> dict:
     return c
 
 
-def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = None) -> dict:
+def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = None,
+            timed_claims: Optional[list] = None) -> dict:
     """Everything the report states about the results (see the module docstring): "selected",
     "comparisons" (each variant - baseline in val_bpb, per scale), "claims" (one per expectation and
     scale, with "verdict"), "controls", "timing" (step-time ratios variant / baseline), "contention",
-    "pooled" (sd, df) and "confidence"."""
+    "pooled" (sd, df) and "confidence". ``timed_claims``: step/decode-time claims judged earlier (a
+    report folder's ``verdicts.json``), used with their numbers where ``timing`` lacks the per-round
+    times (a folder written before reports kept ``timing.json``); they are gated like any claim."""
     confidence = spec.confidence if spec else 0.95
     baseline = spec.baseline if spec else (rows[0]["variant"] if rows else "")
     tune_rows, eval_rows = split_stages(rows, spec)
@@ -409,6 +412,12 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
                 block = ((timing or {}).get("scales") or {}).get(scale or "")
                 times = (block or {}).get(TIMING_METRICS[e.metric], {})
                 c = judge_timing(e, times, confidence)
+                old = next((x for x in timed_claims or [] if x.get("text") == e.text and x.get("scale") == scale
+                            and x.get("metric") == e.metric), None)
+                if not times and old is not None:
+                    c.update({k: old.get(k) for k in ("effect", "lo", "hi", "n", "method", "verdict")})
+                    c["note"] = (f"{old.get('note') or ''}; numbers from the earlier verdicts.json (this folder "
+                                 f"has no timing.json with the rounds)").lstrip("; ")
             else:
                 if e.metric not in metric_values:
                     metric_values[e.metric] = (

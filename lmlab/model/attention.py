@@ -11,7 +11,8 @@
   each head with per-head weights (``'head_untied'``: Cohere's ``use_qk_norm``).
 - ``clip_qkv`` (OLMo 1.7): the q, k and v projections are clamped to [-c, c] before anything else.
 - Attention-logit soft-cap (Gemma 2): s -> cap * tanh(s / cap) before the softmax.
-- Query scale 1/sqrt(head_dim), or query_pre_attn_scalar**-0.5 (Gemma 2).
+- Query scale 1/sqrt(head_dim), or query_pre_attn_scalar**-0.5 (Gemma 2); under ``parametrization`` mup /
+  completep 1/(sqrt(head_dim) sqrt(m)) (:mod:`lmlab.model.parametrization`).
 - Gemma 4 (Gemma Team 2026; HF ``Gemma4TextAttention``): on the global layers their own head_dim and KV
   heads (``global_head_dim``, ``global_n_kv_heads``) and, with ``global_k_eq_v``, no value projection: the
   values are the raw key projection; ``v_norm``: a weightless RMSNorm on each value head. KV sharing
@@ -24,7 +25,6 @@ explicit softmax (computed in fp32).
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional
 
 import torch
@@ -35,6 +35,7 @@ from lmlab.config import ModelConfig
 from lmlab.model.causal_attention import blocked_causal_attention, use_blocked
 from lmlab.model.linear import Linear
 from lmlab.model.norms import HeadwiseNorm, make_norm
+from lmlab.model.parametrization import attention_scale
 from lmlab.model.positions import RotaryEmbedding
 
 
@@ -266,7 +267,8 @@ class Attention(nn.Module):
         # training on CPU: lmlab.model.causal_attention's blocked kernel where use_blocked() says so
         # (False: always SDPA, e.g. to compare the two)
         self.blocked_kernel = True
-        self.scale = (cfg.query_pre_attn_scalar ** -0.5) if cfg.query_pre_attn_scalar else 1.0 / math.sqrt(D)
+        # 1/sqrt(D), or query_pre_attn_scalar**-0.5; mup / completep: 1/(sqrt(D) sqrt(m)) (lmlab.model.parametrization)
+        self.scale = attention_scale(cfg, D)
         self.logit_cap = cfg.attn_logit_softcap
         self.attn_dropout = cfg.attn_dropout
         self.max_logit: Optional[float] = None  # set when record_max_logit is on (stability diagnostics)

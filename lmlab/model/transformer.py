@@ -9,7 +9,10 @@ Block layouts (lecture 3, "pre-norm vs post-norm", "serial vs parallel"):
 
 Initialisation (GPT-2, Radford et al. 2019, section 2.3; nanoGPT): every weight ~ N(0, init_std),
 biases zero, the projections that write into the residual stream scaled by 1/sqrt(2 n_layers);
-norm weights one (Gemma's offset form zero).
+norm weights one (Gemma's offset form zero). The token embedding (and so a tied LM head) may have its own
+std, ``embed_init_std`` (Vaswani et al. 2017's reference code: d_model^-0.5, with ``scale_embeddings``).
+``parametrization`` mup / completep change the init of the hidden weights, scale the logits by 1/m and
+(completep) each residual branch by base_n_layers / n_layers: :mod:`lmlab.model.parametrization`.
 
 ``embed_dim`` != d_model (OPT-350M, HF ``word_embed_proj_dim``): embeddings of width embed_dim, projected
 in to d_model (``proj_in``, no bias) before the learned positions are added, and the final hidden state
@@ -35,6 +38,7 @@ from lmlab.model.linear import Linear
 from lmlab.model.mla import MultiHeadLatentAttention
 from lmlab.model.moe import MoEFeedForward
 from lmlab.model.norms import make_norm
+from lmlab.model.parametrization import branch_multiplier, init_std, output_multiplier
 from lmlab.model.loss import linear_cross_entropy, lm_loss  # noqa: F401 (lm_loss re-exported)
 from lmlab.model.positions import AbsolutePositions, alibi_slopes
 
@@ -60,6 +64,7 @@ class Block(nn.Module):
         if cfg.norm_position == "sandwich":
             self.attn_out_norm, self.mlp_out_norm = norm(), norm()
         self.drop = nn.Dropout(cfg.resid_dropout)
+        self.branch_mult = branch_multiplier(cfg)  # completep: each branch's output x base_n_layers / n_layers
         self.ple = None
         if cfg.ple_dim:  # per-layer input embeddings (Gemma 4 E2B/E4B): gate d -> P, out P -> d, a norm
             self.ple = nn.ModuleDict(dict(gate=Linear(cfg.d_model, cfg.ple_dim, bias=False),
@@ -89,24 +94,26 @@ class Block(nn.Module):
             attn = lambda h: self.attn(h, positions, cache, bias_fn, left_pad)  # noqa: E731
             mlp = self.mlp
         kind = self.position_kind
+        s = self.branch_mult  # r(y): a branch's output as added to the stream (completep: x s; else y itself)
+        r = (lambda y: y) if s == 1.0 else (lambda y: y * s)  # noqa: E731
         if self.parallel:
             h = self.attn_norm(x)
-            return x + attn(h) + mlp(h if self.mlp_norm is None else self.mlp_norm(x))
+            return x + r(attn(h)) + r(mlp(h if self.mlp_norm is None else self.mlp_norm(x)))
         if kind == "pre":
-            x = x + attn(self.attn_norm(x))
-            return x + mlp(self.mlp_norm(x))
-        if kind == "post":
+            x = x + r(attn(self.attn_norm(x)))
+            return x + r(mlp(self.mlp_norm(x)))
+        if kind == "post":  # no branch multiplier: completep refuses post-norm
             x = self.attn_norm(x + attn(x))
             return self.mlp_norm(x + mlp(x))
         if kind == "sandwich":
-            x = x + self.attn_out_norm(attn(self.attn_norm(x)))
+            x = x + r(self.attn_out_norm(attn(self.attn_norm(x))))
             if self.moe is not None:  # Gemma 4 26B-A4B: norm(norm1(FFN(n(x))) + norm2(MoE(n2(x); router reads x)))
                 both = self.dense_out_norm(mlp(self.mlp_norm(x))) + self.moe_out_norm(self.moe(self.moe_norm(x), x))
-                return x + self.mlp_out_norm(both)
-            return x + self.mlp_out_norm(mlp(self.mlp_norm(x)))
+                return x + r(self.mlp_out_norm(both))
+            return x + r(self.mlp_out_norm(mlp(self.mlp_norm(x))))
         # reordered (OLMo 2): normalise the sublayer output, no input norm
-        x = x + self.attn_norm(attn(x))
-        return x + self.mlp_norm(mlp(x))
+        x = x + r(self.attn_norm(attn(x)))
+        return x + r(self.mlp_norm(mlp(x)))
 
     @property
     def supports_decode_one(self) -> bool:
@@ -128,6 +135,13 @@ class Block(nn.Module):
             return mlp.w_out.forward(mlp.hidden(mlp.w_in.forward(h)))
 
         h = self.attn_norm.forward(x)
+        s = self.branch_mult
+        if s != 1.0:  # completep's branch multiplier (see _forward)
+            if self.parallel:
+                return x + s * self.attn.decode_one(h, positions, cache) + s * ffn(
+                    h if self.mlp_norm is None else self.mlp_norm.forward(x))
+            x = x + s * self.attn.decode_one(h, positions, cache)
+            return x + s * ffn(self.mlp_norm.forward(x))
         if self.parallel:
             return x + self.attn.decode_one(h, positions, cache) + ffn(h if self.mlp_norm is None else self.mlp_norm.forward(x))
         x = x + self.attn.decode_one(h, positions, cache)
@@ -150,6 +164,8 @@ class TransformerLM(nn.Module):
         self.final_norm = (make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine,
                                      cfg.norm_weight_fp32) if cfg.final_norm else None)
         self.lm_head = Linear(embed_dim, cfg.vocab_size, bias=cfg.lm_head_bias)
+        # what the logits are multiplied by: logit_scale, x 1/m under mup / completep (their output multiplier)
+        self.logit_mult = cfg.logit_scale * output_multiplier(cfg)
         if cfg.position == "alibi":
             self.register_buffer("alibi", alibi_slopes(cfg.n_heads), persistent=False)
         self.rel_bias = None
@@ -212,14 +228,20 @@ class TransformerLM(nn.Module):
 
     def reset_parameters(self) -> None:
         std = self.cfg.init_std
+        # the token embedding's std (cfg.embed_init_std, e.g. d_model^-0.5 as Vaswani et al.'s reference code):
+        # a tied LM head is the same matrix (when this runs after tying), so it is drawn at that std too
+        embed_std = std if self.cfg.embed_init_std is None else self.cfg.embed_init_std
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                scale = 1 / math.sqrt(2 * self.cfg.n_layers) if getattr(module, "is_residual_projection", False) else 1.0
-                nn.init.normal_(module.weight, 0.0, std * scale)
+                # sp: std, x 1/sqrt(2 n_layers) on residual projections; mup / completep: lmlab.model.parametrization
+                role = "output" if module is self.lm_head else "hidden"
+                own = init_std(self.cfg, role, getattr(module, "is_residual_projection", False))
+                tied = module.weight is self.embed.weight
+                nn.init.normal_(module.weight, 0.0, embed_std if tied else own)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, 0.0, std)
+                nn.init.normal_(module.weight, 0.0, embed_std if module is self.embed else std)
         if self.abs_pos is not None and self.cfg.position == "learned":
             nn.init.normal_(self.abs_pos.weight, 0.0, std)
         for block in self.blocks:
@@ -262,9 +284,9 @@ class TransformerLM(nn.Module):
         if self.proj_out is not None:
             h = self.proj_out(h)
         bias = self.lm_head.bias
-        if self.cfg.logit_scale != 1.0:  # s (h W^T + b) = (s h) W^T + s b
-            h = h * self.cfg.logit_scale
-            bias = None if bias is None else bias * self.cfg.logit_scale
+        if self.logit_mult != 1.0:  # s (h W^T + b) = (s h) W^T + s b
+            h = h * self.logit_mult
+            bias = None if bias is None else bias * self.logit_mult
         loss, ce = linear_cross_entropy(h, self.lm_head.weight, targets, bias, self.cfg.z_loss,
                                         self.cfg.final_logit_softcap, reduction)
         aux = self.moe_aux_loss()
@@ -372,8 +394,8 @@ class TransformerLM(nn.Module):
         logits = self.lm_head(h)
         if logits.dtype != torch.float32:
             logits = logits.float()
-        if self.cfg.logit_scale != 1.0:  # Cohere: logits * logit_scale, before any soft-cap
-            logits = logits * self.cfg.logit_scale
+        if self.logit_mult != 1.0:  # Cohere: logits * logit_scale, before any soft-cap (and mup's 1/m)
+            logits = logits * self.logit_mult
         return softcap(logits, self.cfg.final_logit_softcap)
 
     def num_params(self, non_embedding: bool = False) -> int:
