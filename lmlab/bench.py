@@ -35,7 +35,16 @@ def describe_machine(device: str | torch.device = "cpu") -> str:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+            info = {}
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "cpu family", "model") and key.strip() not in info:
+                    info[key.strip()] = value.strip()
+                if not line.strip() and info:  # the first processor's block is enough
+                    break
+        cpu = info.get("model name", cpu)
+        if "cpu family" in info and "model" in info:  # the vendor's string alone does not name the part
+            cpu += f" (family {info['cpu family']}, model {info['model']})"
     except OSError:
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

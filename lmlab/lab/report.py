@@ -560,9 +560,9 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     written: list[Path] = []
     kept = []  # beside a report elsewhere: the spec it ran with and its timing block (`lmlab report --index`
     if out.parent.resolve() != sweep_dir.resolve():  # re-judges the folder from them)
-        for src, name, mark in ((sweep_dir / "spec.yaml", "spec.yaml", SPEC_MARK.encode()),
-                                (sweep_dir / TIMING_FILE, TIMING_FILE, b'{\n "key"')):
-            dst = out.parent / f"{prefix}{name}"
+        for src, fname, mark in ((sweep_dir / "spec.yaml", "spec.yaml", SPEC_MARK.encode()),
+                                 (sweep_dir / TIMING_FILE, TIMING_FILE, b'{\n "key"')):
+            dst = out.parent / f"{prefix}{fname}"
             if src.is_file():
                 if dst.exists() and not dst.read_bytes().startswith(mark):
                     raise ValueError(f"--out {str(dst.parent)!r} already holds {dst.name}, which lmlab report "
@@ -1273,7 +1273,7 @@ def collect_claims(dirs: list[Path]) -> tuple[list[dict], list[tuple], dict]:
         for c in res["claims"]:
             claims.append({**c, "spec": res.get("spec") or d.name})
         when += [str(r["finished_at"]) for r in rows if r.get("finished_at")]
-        machines += [str(r["machine"]).split(" (")[0] for r in rows if r.get("machine")]
+        machines += [re.sub(r" \(\d+ threads?\)$", "", str(r["machine"])) for r in rows if r.get("machine")]
     executed = {
         "first": min(when) if when else None,
         "last": max(when) if when else None,

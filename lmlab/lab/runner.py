@@ -636,6 +636,18 @@ def end_record(wall_s: float, finished: bool) -> dict:
     }
 
 
+def _repo_relative(path: Path) -> str:
+    """``path`` relative to the lmlab checkout it lies in (a shipped spec: ``lmlab/specs/NAME.yaml``),
+    else to the working directory, else as given: provenance that names no one machine's folders."""
+    path = Path(path).resolve()
+    for base in (Path(__file__).resolve().parents[2], Path.cwd().resolve()):
+        try:
+            return path.relative_to(base).as_posix()
+        except ValueError:
+            continue
+    return str(path)
+
+
 def provenance_record(spec: Spec, command: Optional[str]) -> dict:
     """What a reader needs to reproduce one sweep invocation: the command, lmlab version and git
     commit, the spec file and its SHA-256, the machine, the time and the load average at the start."""
@@ -646,7 +658,7 @@ def provenance_record(spec: Spec, command: Optional[str]) -> dict:
         "cwd": os.getcwd(),
         "lmlab_version": getattr(lmlab, "__version__", None),
         "git_commit": git_commit(),
-        "spec": str(spec.path) if spec.path else None,
+        "spec": _repo_relative(spec.path) if spec.path else None,
         "spec_sha256": spec_sha256(spec),
         "tier": spec.tier,
         "machine": _machine("auto"),
