@@ -595,8 +595,9 @@ def _on_sigterm_interrupt():
 
 # --- provenance, machine load and the timing block ---------------------------------------
 def git_commit(path: Path = Path(__file__)) -> Optional[str]:
-    """The git commit of the lmlab source tree holding ``path`` (``+dirty`` when it has uncommitted
-    changes), or None outside a git checkout or without git."""
+    """The git commit of the lmlab source tree holding ``path`` (``+dirty`` when the package's source,
+    ``lmlab/`` and ``pyproject.toml``, has uncommitted changes: the pages ``make ablations`` writes into
+    ``docs/`` between its sweeps do not count), or None outside a git checkout or without git."""
     root = Path(path).resolve().parents[2]
     if not (root / ".git").exists():
         return None
@@ -605,7 +606,8 @@ def git_commit(path: Path = Path(__file__)) -> Optional[str]:
             ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
         )
         dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", "lmlab",
+             "pyproject.toml"],
             capture_output=True,
             text=True,
             timeout=10,
