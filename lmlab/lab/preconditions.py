@@ -135,10 +135,10 @@ def parse_requires(raw: Any, labels: list, metrics: set, where: str) -> list[Req
             col = r["value"]
             if not isinstance(col, str) or not re.fullmatch(r"[A-Za-z0-9_]+", col):
                 raise ConfigError(f"{w}.value={col!r} must name a results column, e.g. log_z_max")
-            above = "above" in r
+            side = "above" if "above" in r else "below"
             out.append(Requirement("value", _variant(r["of"], labels, f"{w}.of"), metric=col,
-                                   bound=_number(r["above" if above else "below"], f"{w}.{'above' if above else 'below'}"),
-                                   above=above, over=over, why=why, spec=r))
+                                   bound=_number(r[side], f"{w}.{side}"), above=side == "above", over=over,
+                                   why=why, spec=r))
         elif kind == "context_gain":
             past = r.get("past")
             if isinstance(past, bool) or not isinstance(past, int) or past < 1:

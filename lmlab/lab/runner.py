@@ -44,8 +44,8 @@ import yaml
 
 from lmlab.config import ConfigError
 from lmlab.fsutil import atomic_write_text
-from lmlab.lab.spec import (RunPlan, Spec, _fmt, control_flags, load_spec, plan_quantities, plan_runs,
-                            trained_plans)
+from lmlab.lab.spec import (TIMING_METRICS, RunPlan, Spec, _fmt, control_flags, load_spec, plan_quantities,
+                            plan_runs, trained_plans)
 
 RESULTS_FILE = "results.jsonl"
 TIMING_FILE = "timing.json"
@@ -855,7 +855,7 @@ def protocol_lines(spec: Spec) -> list[str]:
             L.append(f"warning: {points} tuned value(s) < tuning.min_points={t.min_points}: claims read 'rate "
                      f"not bracketed' unless the extension adds enough")
     compared = len(spec.seeds) - (len(spec.tune_seeds) if spec.tune_seeds else 0)
-    if spec.expect and compared < j.min_seeds and any(e.metric not in ("step_time", "decode_time")
+    if spec.expect and compared < j.min_seeds and any(e.metric not in TIMING_METRICS
                                                       for e in spec.expect):
         L.append(f"warning: {compared} compared seed(s) < judging.min_seeds={j.min_seeds}: claims on trained "
                  f"quantities will read 'too few seeds'")
@@ -913,7 +913,7 @@ def format_plan(plans: list[RunPlan], states: dict, spec: Optional[Spec] = None)
                          f"(a claim about trained quality needs {floor:g}, unless it sets its own floor)")
             low = []
             for e in spec.expect:
-                if e.metric in ("step_time", "decode_time"):
+                if e.metric in TIMING_METRICS:
                     continue
                 f = e.floor if e.floor is not None else floor
                 got = min((v for (sc, var), v in per.items() if var in (e.a, e.b)), default=math.inf)

@@ -77,8 +77,8 @@ same batches in the same order (the data order is a function of the seed and the
 between variants are paired by seed (:mod:`lmlab.lab.stats`). Metrics for ``expect``: ``val_bpb``
 (default; held-out bits/byte), ``val_bpb_2x`` (at an ``eval_contexts`` multiple), ``final_train_loss``,
 ``step_time`` and ``decode_time`` (ratios from the timing block), ``lr_sensitivity`` (Wortsman et al.
-2023: the mean over the tuned grid of min(bits/byte, the untrained model's) minus the best, per seed;
-see :func:`lmlab.lab.verdicts.lr_sensitivity`).
+2023: the mean of min(bits/byte, the untrained model's) minus the best over the tuned values around each
+variant's own optimum, per seed; see :func:`lmlab.lab.tuning.sensitivity`).
 """
 
 from __future__ import annotations

@@ -32,16 +32,7 @@ import statistics
 from typing import Optional
 
 from lmlab.lab.stats import finite
-
-
-def _cells(rows: list[dict], metric: str = "val_bpb") -> dict:
-    """(scale, variant, tune key) -> {seed: value or None (diverged, failed, missing)}."""
-    out: dict = {}
-    for r in rows:
-        v = r.get(metric)
-        key = json.dumps(r.get("tune") or {}, sort_keys=True)
-        out.setdefault((r.get("scale"), r["variant"], key), {})[r["seed"]] = v if finite(v) else None
-    return out
+from lmlab.lab.verdicts import cells as _cells
 
 
 def numeric_field(tune: dict) -> Optional[str]:

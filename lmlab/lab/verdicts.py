@@ -90,15 +90,6 @@ def untrained_bpb(rows: list[dict]) -> dict:
     }
 
 
-def lr_sensitivity(rows: list[dict], selected: dict, window: int = 2) -> dict:
-    """(scale, variant) -> {seed: LR sensitivity in bits/byte around the variant's own chosen value, or
-    None} (:func:`lmlab.lab.tuning.sensitivity`, Wortsman et al. 2023's eq. 1 over ``window`` grid steps
-    each side of each variant's own optimum; a diverged run counts as the untrained model's loss)."""
-    from lmlab.lab.tuning import sensitivity
-
-    return {k: v["per_seed"] for k, v in sensitivity(rows, selected, window, untrained_bpb(rows)).items()}
-
-
 def chosen_values(rows: list[dict], selected: dict, metric: str) -> dict:
     """(scale, variant) -> {seed: value or None} at the chosen tuned values."""
     table = cells(rows, metric)
