@@ -336,6 +336,16 @@ def test_decode_timing_past_the_training_context(monkeypatch):
     cfg = ModelConfig(vocab_size=64, context_length=32, d_model=32, n_layers=1, n_heads=2)
     assert _decode_timer(cfg, 2, 96, torch.device("cpu"))() == 1e-3
     assert seen == {"ctx": 96, "prompt": 48, "new": 49, "batch": 2}
+    # decode_steps: only the last steps of a full cache (the gpu tiers' 4k-8k contexts): prompt 96 - 8 + 1
+    # = 89 tokens, then 8 new ones, the last at position 96
+    assert _decode_timer(cfg, 2, 96, torch.device("cpu"), decode_steps=8)() == 1e-3
+    assert seen == {"ctx": 96, "prompt": 89, "new": 8, "batch": 2}
+    from lmlab.lab.spec import parse_timing
+
+    assert parse_timing({"decode": True, "decode_steps": 64}, "s")["decode_steps"] == 64
+    assert "decode_steps" not in parse_timing({"decode": True}, "s")  # stored timing keys stay as they were
+    with pytest.raises(ConfigError, match="timing.decode_steps=0 must be an integer >= 1"):
+        parse_timing({"decode": True, "decode_steps": 0}, "s")
     learned = ModelConfig(**{**cfg.to_dict(), "position": "learned"})
     with pytest.raises(ConfigError, match="decode_context=96 exceeds context_length=32"):
         _decode_timer(learned, 2, 96, torch.device("cpu"))

@@ -761,6 +761,7 @@ def run_timing(
             t["decode"],
             t["decode_batch"],
             t["decode_context"],
+            decode_steps=t.get("decode_steps"),
         )
     out["machine"] = _machine(plans[0].tc.device)
     out["finished_at"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -814,25 +815,45 @@ def default_out(spec: Spec) -> Path:
     return Path("sweeps") / spec.name
 
 
-def epochs_line(plans: list[RunPlan]) -> str:
-    """How many passes over the data's training split the longest run makes; past one pass the
-    comparison is made on repeated data (a different regime: memorisation, where dropout and weight
-    decay act differently), so the line then starts with ``warning:``."""
+def most_epochs(plans: list[RunPlan]) -> tuple[float, int, Path, int]:
+    """(passes, training tokens, data folder, tokens read) of the run that reads its data's training
+    split most often."""
     from lmlab.data.prepare import TokenData
 
-    worst = None  # (epochs, training tokens, data folder, tokens read) of the run with the most passes
+    worst = None
     for data in dict.fromkeys(p.data for p in plans):
         train = int(TokenData(data).manifest["splits"]["train"]["tokens"])
         most = max(p.tokens for p in plans if p.data == data)
         if worst is None or most / max(train, 1) > worst[0]:
             worst = (most / max(train, 1), train, data, most)
-    epochs, train, data, most = worst
+    return worst
+
+
+def epochs_line(plans: list[RunPlan]) -> str:
+    """How many passes over the data's training split the longest run makes; past one pass the
+    comparison is made on repeated data (a different regime: memorisation, where dropout and weight
+    decay act differently), so the line then starts with ``warning:``."""
+    epochs, train, data, most = most_epochs(plans)
     text = (f"data: {train:,} training tokens in {data}; the run with the most passes reads "
             f"{most:,} ({epochs:.2f} epochs)")
     if epochs > 1:
         text = (f"warning: {text}: the runs repeat the data; pass a larger corpus (`lmlab sweep --data DIR`, "
                 f"a folder of `lmlab prepare`) for single-pass results")
     return text
+
+
+def too_few_tokens(spec: Spec, plans: list[RunPlan]) -> Optional[str]:
+    """Why the data cannot carry the spec's runs (the longest reads its training split more than the
+    spec's ``max_epochs`` times), or None."""
+    if spec.max_epochs is None or not plans:
+        return None
+    epochs, train, data, most = most_epochs(plans)
+    if epochs <= spec.max_epochs:
+        return None
+    return (f"{spec.name}: the longest run reads {most:,} tokens, {epochs:.1f} passes over the {train:,} training "
+            f"tokens of {data}, and the spec allows max_epochs={spec.max_epochs:g}; give a corpus of at least "
+            f"{math.ceil(most / spec.max_epochs):,} training tokens with --data DIR (a folder of `lmlab prepare "
+            f"--data ...`: parquet shards, JSONL or a `datasets` save_to_disk folder such as FineWeb-Edu's)")
 
 
 def protocol_lines(spec: Spec) -> list[str]:
@@ -1011,8 +1032,13 @@ def run_sweep(
         + f" ({len(trained_plans(plans))} runs) in {sweep_dir}, {jobs} job(s) x {threads} thread(s)"
     )
     log(format_plan(plans, states, spec))
+    short = too_few_tokens(spec, plans)
     if dry_run:
+        if short:
+            log(f"error: {short} (the sweep refuses to start)")
         return sweep_dir
+    if short:
+        raise ConfigError(short)
     for sub in ("runs", "configs", "logs"):
         (sweep_dir / sub).mkdir(parents=True, exist_ok=True)
     (sweep_dir / "spec.yaml").write_text(yaml.safe_dump(spec.raw, sort_keys=False, allow_unicode=True))

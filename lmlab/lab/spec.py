@@ -60,6 +60,7 @@ A spec is a YAML mapping::
                                          # trained quality is "not testable at this scale" (per claim: floor)
       power: 0.8                         # of the smallest detectable effect stated on the page
     seeds: [1, 2, 3]
+    max_epochs: 1                        # refuse data the longest run would read more than once
     budget: {steps: 300}                 # or {tokens: N}, {flops: F} (training FLOPs per run, converted
                                          # with lmlab.analysis.flops_per_token), {seconds: S} (wall time)
     eval_contexts: [1, 2]                # held-out bits-per-byte at 1x and 2x the training context
@@ -69,7 +70,7 @@ A spec is a YAML mapping::
       gpu:                               # model/train merged field by field, other keys replaced
         model: {d_model: 512, n_layers: 8, context_length: 512}
         train: {batch_size: 32, dtype: bf16}
-        budget: {tokens: 2.0e+7}
+        budget: {tokens: 5.2e+8}
 
 Axis values name ModelConfig or TrainConfig fields (found by name, as ``--set`` does). A *cell* is one
 (scale, variant, tuned values); each cell is trained once per seed. Runs with the same seed see the
@@ -125,6 +126,7 @@ SPEC_KEYS = (
     "tiers",
     "tuning",
     "judging",
+    "max_epochs",
 )
 BUDGET_KEYS = ("steps", "tokens", "flops", "seconds")
 # training settings a sweep changes from TrainConfig's defaults unless the spec sets them
@@ -140,6 +142,10 @@ TIMING_DEFAULTS = {
     "decode_batch": 8,
     "decode_context": None,
 }
+# optional timing keys, absent unless set (a stored timing block's key stays what it was without them):
+# decode_steps: time this many decode steps at the end of a decode_context-long cache (default: decode
+# the second half of the context, which on a GPU's eager per-token loop takes minutes at 4k-8k)
+TIMING_OPTIONAL = ("decode_steps",)
 HOLDS = ("non_embedding_params", "params", "flops_per_token", "tokens", "flops")
 SOLVABLE = ("d_ff", "d_model", "n_layers")
 QUANTITIES = ("params", "non_embedding_params", "flops_per_token", "tokens", "flops", "steps")
@@ -147,7 +153,8 @@ METRICS = ("val_bpb", "final_train_loss", "step_time", "decode_time", "lr_sensit
 TIMING_METRICS = {"step_time": "step_s", "decode_time": "decode_s"}
 # what a tier (``tiers: {gpu: {...}}``) may change: model/train are merged over the spec's, the rest replaced
 TIER_KEYS = ("model", "train", "data", "axes", "seeds", "tune_seeds", "budget", "tune", "match", "scales",
-             "timing", "notes", "eval_contexts", "expect", "varies", "baseline", "tuning", "judging")
+             "timing", "notes", "eval_contexts", "expect", "varies", "baseline", "tuning", "judging",
+             "max_epochs")
 
 
 @dataclass
@@ -248,6 +255,7 @@ class Spec:
     tiers: list = field(default_factory=list)  # the tier names the spec defines
     tuning: Tuning = field(default_factory=Tuning)
     judging: Judging = field(default_factory=Judging)
+    max_epochs: Optional[float] = None  # passes over the training data the longest run may make (None: any)
 
 
 @dataclass
@@ -542,6 +550,9 @@ def apply_tier(raw: dict, tier: Optional[str], source: str = "sweep spec", base:
             out[key] = {**(out.get(key) or {}), **value}
         else:
             out[key] = value
+    if "notes" not in tiers[tier] and out.get("notes"):  # the spec's notes describe the spec as written
+        out["notes"] = (f"(The spec's notes, written for the spec as written; this sweep ran its tier {tier!r}, whose "
+                        f"model, training and budget are in this page's Setup above.) {str(out['notes']).strip()}")
     out["name"] = f"{raw.get('name') or base}-{tier}"
     return out
 
@@ -693,7 +704,19 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
         tiers=tiers,
         tuning=parse_block(raw.get("tuning"), Tuning, f"{source}.tuning"),
         judging=parse_block(raw.get("judging"), Judging, f"{source}.judging"),
+        max_epochs=parse_max_epochs(raw.get("max_epochs"), source),
     )
+
+
+def parse_max_epochs(value: Any, source: str) -> Optional[float]:
+    """``max_epochs``: the most passes over its data's training split the longest run may make; a
+    sweep whose data is smaller refuses to start (:func:`lmlab.lab.runner.run_sweep`). None: any."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{source}: max_epochs must be a positive number of passes over the training data "
+                          f"(e.g. 1), got {value!r}")
+    return float(value)
 
 
 def parse_block(raw: Any, cls: type, where: str):
@@ -1010,7 +1033,7 @@ def parse_scales(raw: Any, source: str) -> list[Variant]:
 
 def parse_timing(raw: Any, source: str) -> Optional[dict]:
     """``timing:`` true or a mapping over TIMING_DEFAULTS (batch, context, pairs >= 15, steps, threads,
-    decode, decode_batch, decode_context)."""
+    decode, decode_batch, decode_context) and TIMING_OPTIONAL (decode_steps)."""
     if raw is None or raw is False:
         return None
     raw = {} if raw is True else raw
@@ -1018,10 +1041,11 @@ def parse_timing(raw: Any, source: str) -> Optional[dict]:
         raise ConfigError(
             f"{source}: timing must be true or a mapping with keys {', '.join(TIMING_DEFAULTS)}"
         )
-    unknown = set(raw) - set(TIMING_DEFAULTS)
+    unknown = set(raw) - set(TIMING_DEFAULTS) - set(TIMING_OPTIONAL)
     if unknown:
         raise ConfigError(
-            f"{source}.timing: unknown key(s) {sorted(unknown)}; valid: {', '.join(TIMING_DEFAULTS)}"
+            f"{source}.timing: unknown key(s) {sorted(unknown)}; valid: "
+            f"{', '.join((*TIMING_DEFAULTS, *TIMING_OPTIONAL))}"
         )
     out = {**TIMING_DEFAULTS, **raw}
     for k, v in out.items():

@@ -63,10 +63,12 @@ def _step_timer(
 
 
 def _decode_timer(
-    cfg: ModelConfig, batch: int, context: int, device: torch.device, seed: int = 0
+    cfg: ModelConfig, batch: int, context: int, device: torch.device, seed: int = 0,
+    decode_steps: Optional[int] = None,
 ) -> Callable[[], float]:
     """A closure timing greedy KV-cache decoding of an untrained ``TransformerLM(cfg)`` from a prompt
-    of context // 2 tokens to ``context`` tokens; returns seconds per decode step (median of one call).
+    of context // 2 tokens to ``context`` tokens (with ``decode_steps``: from context - decode_steps + 1,
+    the last steps of a full cache); returns seconds per decode step (median of one call).
     A ``context`` beyond cfg.context_length (decode made long enough for the KV cache, not the weights,
     to dominate memory traffic) times the same architecture built with that context_length; learned
     absolute positions would then get a larger table, so they raise ConfigError instead."""
@@ -82,7 +84,7 @@ def _decode_timer(
         cfg = dataclasses.replace(cfg, context_length=context)
     torch.manual_seed(seed)
     model = TransformerLM(cfg).to(device).eval()
-    prompt_len = max(1, context // 2)
+    prompt_len = max(1, context // 2 if decode_steps is None else context - decode_steps + 1)
     new_tokens = max(2, context - prompt_len + 1)
     prompts = random_prompts(cfg.vocab_size, batch, prompt_len, seed)
 
@@ -114,6 +116,7 @@ def time_variants(
     decode_batch: int = 8,
     decode_context: Optional[int] = None,
     log: Callable[[str], None] = lambda s: None,
+    decode_steps: Optional[int] = None,
 ) -> dict:
     """Interleaved step-time (and decode-step-time) measurements of the models ``cfgs`` (label ->
     ModelConfig), ``pairs`` rounds after one warm-up round (see the module docstring).
@@ -135,7 +138,8 @@ def time_variants(
         }
         if decode:
             timers["decode_s"] = {
-                k: _decode_timer(c, decode_batch, decode_context or c.context_length, device)
+                k: _decode_timer(c, decode_batch, decode_context or c.context_length, device,
+                                 decode_steps=decode_steps)
                 for k, c in cfgs.items()
             }
         out: dict = {kind: {k: [] for k in labels} for kind in timers}
