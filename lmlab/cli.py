@@ -519,13 +519,23 @@ _int_list.__name__ = "list of integers"
 def cmd_coordcheck(args) -> int:
     from dataclasses import replace
 
-    from lmlab.lab.coordcheck import (DEFAULT_MODEL, DEFAULT_TRAIN, RANDOM_VOCAB, at_width, coord_check,
+    from lmlab.lab.coordcheck import (DEFAULT_MODEL, DEFAULT_TRAIN, RANDOM_VOCAB, at_depth, at_width, coord_check,
                                       format_result, plot_result, train_settings)
     from lmlab.runs import DEFAULT_VOCAB, build_configs, ensure_default_data
     from lmlab.train import resolve_device
 
-    if len(args.widths) < 2 or len(set(args.widths)) != len(args.widths):
+    args.widths_given = args.widths is not None
+    args.widths = args.widths if args.widths is not None else [64, 128, 256]
+    if args.depths is not None:
+        if len(args.depths) < 2 or len(set(args.depths)) != len(args.depths):
+            raise ConfigError(f"--depths {','.join(map(str, args.depths))}: give at least two different depths")
+        if args.widths_given or args.base_width:
+            raise ConfigError("--depths checks over depth at the config's d_model: drop --widths / --base-width "
+                              "(set the width with --set d_model=N)")
+    elif len(args.widths) < 2 or len(set(args.widths)) != len(args.widths):
         raise ConfigError(f"--widths {','.join(map(str, args.widths))}: give at least two different widths")
+    if args.base_depth and args.depths is None:
+        raise ConfigError("--base-depth applies to a check over depth: give --depths")
     _resolve_scale(args, "tiny")
     sets = list(args.set or [])
     if not (args.config or args.preset):  # the check's own small model and lr, under any --set
@@ -541,8 +551,15 @@ def cmd_coordcheck(args) -> int:
         tc = train_settings(tc)
         tc = replace(tc, lr=args.lr if args.lr is not None else tc.lr,
                      batch_size=args.batch_size if args.batch_size is not None else tc.batch_size)
-        for w in args.widths:  # every width checked before any data is prepared or any model trained
-            at_width(cfg, w, args.base_width or cfg.base_d_model or min(args.widths))
+        if args.base_depth and cfg.parametrization != "completep":
+            raise ConfigError(f"--base-depth {args.base_depth} applies to --parametrization completep (only it "
+                              f"scales the residual branches with depth)")
+        if args.depths is not None:  # every size checked before any data is prepared or any model trained
+            for d in args.depths:
+                at_depth(cfg, d, args.base_depth or min(args.depths))
+        else:
+            for w in args.widths:
+                at_width(cfg, w, args.base_width or cfg.base_d_model or min(args.widths))
         return cfg, tc
 
     random = args.data == "random"
@@ -557,7 +574,7 @@ def cmd_coordcheck(args) -> int:
         if cfg.vocab_size < prepared.vocab_size:
             raise ConfigError(f"vocab_size={cfg.vocab_size} is below the {prepared.vocab_size} tokens of the data")
     res = coord_check(cfg, tc, args.widths, args.steps, args.seeds, tokens, resolve_device(args.device),
-                      args.threshold, args.base_width)
+                      args.threshold, args.base_width, args.depths, args.base_depth)
     print(format_result(res))
     if args.out:
         print(f"wrote {plot_result(res, args.out)}")
@@ -790,8 +807,13 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a model or train field")
     sp.add_argument("--parametrization", choices=["sp", "mup", "completep"],
                     help="the parametrization checked (default: the config's; sp)")
-    sp.add_argument("--widths", type=_int_list, default=[64, 128, 256],
+    sp.add_argument("--widths", type=_int_list, default=None,
                     help="d_model values, comma-separated, each a multiple of n_heads (default 64,128,256)")
+    sp.add_argument("--depths", type=_int_list, default=None,
+                    help="check over depth instead: n_layers values, comma-separated, at the config's d_model "
+                         "(CompleteP's claim; e.g. 2,4,8,16)")
+    sp.add_argument("--base-depth", type=POSITIVE,
+                    help="completep over --depths: base_n_layers (default: the smallest depth)")
     sp.add_argument("--base-width", type=POSITIVE,
                     help="mup / completep: base_d_model (default: the config's, else the smallest width)")
     sp.add_argument("--steps", type=POSITIVE, default=4, help="AdamW steps per width (default 4)")

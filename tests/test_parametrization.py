@@ -51,6 +51,42 @@ def test_coordcheck_passes_under_mup_and_fails_under_sp():
         assert [s[0] for s in mup["scales"][layer]] == [s[0] for s in sp["scales"][layer]]
 
 
+def test_depth_coordcheck_passes_under_completep_and_fails_under_mup():
+    """Over depth (2, 4, 8 layers at d_model 64), 4 AdamW steps at lr 0.005 on Zipf-distributed tokens:
+    without a depth rule (mup) every block adds its update to the residual stream, so the last block's
+    output grows with depth (slope > 0.5; measured +0.77 over 2-16 layers in docs/bench/coordcheck.md);
+    CompleteP's 1/d branch multiplier keeps it flat (|slope| < 0.25), as Dey et al. 2025 claim. At the
+    base depth completep is mup: the same numbers at every step."""
+    tc = TrainConfig(lr=0.005, batch_size=8, weight_decay=0.0, warmup_steps=0, schedule="constant")
+    res = {}
+    for name in ("mup", "completep"):
+        cfg = ModelConfig(vocab_size=256, context_length=64, d_model=64, n_layers=2, n_heads=4, parametrization=name)
+        res[name] = coord_check(cfg, tc, None, steps=4, seeds=[1], depths=[2, 4, 8])
+    mup, cp = res["mup"], res["completep"]
+    assert cp["axis"] == "depth" and cp["sizes"] == [2, 4, 8] and cp["base"] == 2 and mup["base"] is None
+    assert cp["layers"] == mup["layers"] == ["embedding", "last block", "logits"]
+    assert cp["passed"] and all(abs(s[-1]) < 0.25 for s in cp["slopes"].values()), cp["slopes"]
+    assert not mup["passed"] and mup["slopes"]["last block"][-1] > 0.5, mup["slopes"]
+    for layer in cp["layers"]:
+        assert [s[0] for s in cp["scales"][layer]] == [s[0] for s in mup["scales"][layer]]
+
+
+def test_depth_coordcheck_cli(capsys):
+    args = ["coordcheck", "--data", "random", "--depths", "1,2", "--steps", "2", "--parametrization", "completep",
+            "--set", "context_length=16", "--set", "d_model=32", "--batch-size", "2"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "depths 1, 2 layers (base_n_layers 1) at d_model 32" in out and "depth 2" in out and "last block" in out
+    for bad, needle in ((["--depths", "2,4", "--widths", "32,64"], "drop --widths"),
+                        (["--depths", "2,2"], "--depths 2,2: give at least two different depths"),
+                        (["--base-depth", "2"], "--base-depth applies to a check over depth"),
+                        (["--depths", "2,4", "--base-depth", "2", "--parametrization", "mup"],
+                         "--base-depth 2 applies to --parametrization completep")):
+        assert main(["coordcheck", "--data", "random", "--steps", "1"] + bad) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
+
+
 def test_coordcheck_cli_check_flag_sets_the_exit_status(capsys, tmp_path):
     args = ["coordcheck", "--data", "random", "--widths", "16,32", "--steps", "2", "--parametrization", "sp",
             "--set", "context_length=16", "--batch-size", "2"]

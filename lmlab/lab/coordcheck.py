@@ -17,6 +17,14 @@ token embedding's output, each block's output and the logits (after the output m
 The verdict: at the last step, the slope of log(mean |x|) against log(width) (least squares over the
 widths, seeds averaged first) for every recorded layer; the check passes when every |slope| is below
 ``threshold`` (default 0.25: a layer whose size doubled over a 4x range of widths fails at slope 0.5).
+
+**Over depth** (``depths``; ``lmlab coordcheck --depths 2,4,8``): the same check with ``n_layers`` varied
+at the config's width (``base_n_layers`` = the smallest depth under completep), recording the token
+embedding's output, the **last** block's output (the residual stream the head reads) and the logits;
+slopes against log(depth). CompleteP's claim (Dey et al. 2025, section 4 and their Fig. 2 coordinate
+checks over depth) is that with each residual branch scaled by base_n_layers / n_layers the stream's
+size and its update per step stay the same as layers are added; without it (sp, mup) every block adds
+its update to the stream, which grows with depth.
 """
 
 from __future__ import annotations
@@ -60,6 +68,18 @@ def at_width(cfg: ModelConfig, width: int, base_width: Optional[int]) -> ModelCo
         raise ConfigError(f"--widths: at width {width}: {exc}") from None
 
 
+def at_depth(cfg: ModelConfig, depth: int, base_depth: Optional[int]) -> ModelConfig:
+    """``cfg`` rebuilt with ``n_layers`` = ``depth`` (and ``base_n_layers`` = ``base_depth`` under completep).
+    Raises ConfigError naming ``--depths`` for a depth the config cannot take."""
+    fields = {**cfg.to_dict(), "n_layers": depth}
+    if cfg.parametrization == "completep":
+        fields["base_n_layers"] = base_depth
+    try:
+        return ModelConfig.from_dict(fields)
+    except ConfigError as exc:
+        raise ConfigError(f"--depths: at depth {depth}: {exc}") from None
+
+
 def _batches(tokens: Optional[np.ndarray], vocab: int, steps: int, batch: int, T: int, seed: int):
     """``steps`` (x, y) batches of ``batch`` windows of ``T`` + 1 tokens: random windows of ``tokens``, or,
     when ``tokens`` is None, random ids below ``vocab`` drawn independently from a Zipf distribution
@@ -83,10 +103,10 @@ def _mean_abs(t: torch.Tensor) -> float:
 
 
 def train_and_record(cfg: ModelConfig, tc, steps: int, seed: int, tokens: Optional[np.ndarray],
-                     device: torch.device) -> dict[str, list[float]]:
+                     device: torch.device, last_block: bool = False) -> dict[str, list[float]]:
     """{layer: [mean |x| at step 1, ..., steps]} of a model of ``cfg`` trained ``steps`` AdamW steps at
     ``tc.lr`` (constant) with ``tc``'s betas, eps and weight decay; layers 'embedding', 'block 0', ...,
-    'logits'."""
+    'logits' (``last_block``: 'embedding', 'last block', 'logits', for models of different depths)."""
     from lmlab.model import TransformerLM
     from lmlab.model.loss import lm_loss
     from lmlab.optim import adamw, param_groups, set_lr
@@ -94,12 +114,15 @@ def train_and_record(cfg: ModelConfig, tc, steps: int, seed: int, tokens: Option
     torch.manual_seed(seed)
     model = TransformerLM(cfg).to(device).train()
     opt = adamw(param_groups(model, tc), tc, device)
-    names = ["embedding"] + [f"block {i}" for i in range(cfg.n_layers)] + ["logits"]
+    blocks = [(f"block {i}", b) for i, b in enumerate(model.blocks)]
+    if last_block:
+        blocks = [("last block", model.blocks[-1])]
+    names = ["embedding"] + [n for n, _ in blocks] + ["logits"]
     record: dict[str, list[float]] = {n: [] for n in names}
     hooks = [model.embed.register_forward_hook(lambda m, i, o: record["embedding"].append(_mean_abs(o)))]
-    for i, block in enumerate(model.blocks):
+    for name, block in blocks:
         hooks.append(block.register_forward_hook(
-            lambda m, inp, out, name=f"block {i}": record[name].append(_mean_abs(out))))
+            lambda m, inp, out, name=name: record[name].append(_mean_abs(out))))
     try:
         for x, y in _batches(tokens, cfg.vocab_size, steps, tc.batch_size, cfg.context_length, seed):
             x, y = x.to(device), y.to(device)
@@ -128,29 +151,42 @@ def slope(widths: Sequence[int], values: Sequence[float]) -> float:
 
 def coord_check(cfg: ModelConfig, tc, widths: Sequence[int], steps: int, seeds: Sequence[int] = (1,),
                 tokens: Optional[np.ndarray] = None, device: str | torch.device = "cpu",
-                threshold: float = THRESHOLD, base_width: Optional[int] = None) -> dict:
-    """Run the coordinate check of ``cfg`` (its ``parametrization``) at ``widths``: ``steps`` AdamW steps at
-    ``tc.lr`` for each width and seed (see the module docstring). ``base_width``: mup's base_d_model (default:
-    the config's, else the smallest width). Returns {'parametrization', 'widths', 'base', 'steps', 'seeds',
-    'layers', 'scales': {layer: [[mean over seeds of mean |x| at step s for each width] per step]},
-    'slopes': {layer: [slope at each step]}, 'threshold', 'passed', 'worst': (layer, slope at the last step)}."""
-    widths = list(widths)
-    if len(widths) < 2 or len(set(widths)) != len(widths):
-        raise ConfigError(f"--widths {','.join(map(str, widths))}: give at least two different widths")
+                threshold: float = THRESHOLD, base_width: Optional[int] = None,
+                depths: Optional[Sequence[int]] = None, base_depth: Optional[int] = None) -> dict:
+    """Run the coordinate check of ``cfg`` (its ``parametrization``) at ``widths`` (or, with ``depths``, at
+    those n_layers and the config's width): ``steps`` AdamW steps at ``tc.lr`` for each size and seed (see
+    the module docstring). ``base_width``: mup's base_d_model (default: the config's, else the smallest
+    width); ``base_depth``: completep's base_n_layers (default: the smallest depth). Returns
+    {'parametrization', 'axis' ('width' or 'depth'), 'sizes', 'widths' (= sizes over width), 'base', 'steps',
+    'seeds', 'layers', 'scales': {layer: [[mean over seeds of mean |x| at step s for each size] per step]},
+    'slopes': {layer: [slope at each step]}, 'threshold', 'passed', 'worst': (layer, slope at the last step)}.
+    Raises ConfigError for fewer than two different sizes, no step, or a size the config cannot take."""
+    axis = "depth" if depths is not None else "width"
+    sizes = list(depths if depths is not None else widths)
+    flag = "--depths" if depths is not None else "--widths"
+    if len(sizes) < 2 or len(set(sizes)) != len(sizes):
+        raise ConfigError(f"{flag} {','.join(map(str, sizes))}: give at least two different {axis}s")
     if steps < 1:
         raise ConfigError(f"--steps {steps}: give at least one step")
     device = torch.device(device)
     base = None
-    if cfg.parametrization != "sp":
-        base = base_width or cfg.base_d_model or min(widths)
-    configs = [at_width(cfg, w, base) for w in widths]
-    runs = [[train_and_record(c, tc, steps, seed, tokens, device) for seed in seeds] for c in configs]
+    if axis == "depth":
+        if cfg.parametrization == "completep":
+            base = base_depth or min(sizes)
+        configs = [at_depth(cfg, d, base) for d in sizes]
+    else:
+        if cfg.parametrization != "sp":
+            base = base_width or cfg.base_d_model or min(sizes)
+        configs = [at_width(cfg, w, base) for w in sizes]
+    runs = [[train_and_record(c, tc, steps, seed, tokens, device, last_block=axis == "depth") for seed in seeds]
+            for c in configs]
     layers = list(runs[0][0])
-    scales = {layer: [[float(np.mean([r[layer][s] for r in per_width])) for per_width in runs]
+    scales = {layer: [[float(np.mean([r[layer][s] for r in per_size])) for per_size in runs]
                       for s in range(steps)] for layer in layers}
-    slopes = {layer: [slope(widths, scales[layer][s]) for s in range(steps)] for layer in layers}
+    slopes = {layer: [slope(sizes, scales[layer][s]) for s in range(steps)] for layer in layers}
     worst = max(layers, key=lambda n: abs(slopes[n][-1]))
-    return {"parametrization": cfg.parametrization, "widths": widths, "base": base, "steps": steps,
+    return {"parametrization": cfg.parametrization, "axis": axis, "sizes": sizes,
+            "widths": sizes if axis == "width" else [cfg.d_model], "base": base, "steps": steps,
             "seeds": list(seeds), "layers": layers, "scales": scales, "slopes": slopes, "threshold": threshold,
             "passed": abs(slopes[worst][-1]) < threshold, "worst": (worst, slopes[worst][-1]),
             "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "lr": tc.lr, "batch": tc.batch_size,
@@ -160,15 +196,19 @@ def coord_check(cfg: ModelConfig, tc, widths: Sequence[int], steps: int, seeds: 
 def format_result(res: dict) -> str:
     """The check as a text table: one row per layer and step, mean |x| per width, the slope; then the
     verdict."""
-    widths = res["widths"]
-    base = f" (base_d_model {res['base']})" if res["base"] else ""
-    lines = [f"coordinate check, parametrization={res['parametrization']}: widths {', '.join(map(str, widths))}"
-             f"{base}, {res['n_layers']} layers x {res['n_heads']} heads, {res['steps']} AdamW steps at lr "
+    axis, sizes = res.get("axis", "width"), res.get("sizes", res["widths"])
+    if axis == "depth":
+        base = f" (base_n_layers {res['base']})" if res["base"] else ""
+        shape = f"depths {', '.join(map(str, sizes))} layers{base} at d_model {res['widths'][0]}, {res['n_heads']} heads"
+    else:
+        base = f" (base_d_model {res['base']})" if res["base"] else ""
+        shape = f"widths {', '.join(map(str, sizes))}{base}, {res['n_layers']} layers x {res['n_heads']} heads"
+    lines = [f"coordinate check, parametrization={res['parametrization']}: {shape}, {res['steps']} AdamW steps at lr "
              f"{res['lr']:g}, batch {res['batch']} x {res['context']} tokens, seed(s) "
              f"{', '.join(map(str, res['seeds']))}",
              "mean |x| per coordinate at each step's forward (step 1: at initialisation); slope: of log(mean |x|) "
-             "against log(width)", ""]
-    head = ["layer", "step"] + [f"width {w}" for w in widths] + ["slope"]
+             f"against log({axis})", ""]
+    head = ["layer", "step"] + [f"{axis} {w}" for w in sizes] + ["slope"]
     rows = [[layer, str(s + 1)] + [f"{v:.4g}" for v in res["scales"][layer][s]] + [f"{res['slopes'][layer][s]:+.2f}"]
             for layer in res["layers"] for s in range(res["steps"])]
     widths_col = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
@@ -180,10 +220,10 @@ def format_result(res: dict) -> str:
     layer, worst = res["worst"]
     if res["passed"]:
         lines.append(f"PASS: every |slope| < {res['threshold']:g} at step {res['steps']} (largest: {layer}, "
-                     f"{worst:+.2f}): the activations' size does not change with the width")
+                     f"{worst:+.2f}): the activations' size does not change with the {axis}")
     else:
         lines.append(f"FAIL: {layer} has slope {worst:+.2f} at step {res['steps']} (|slope| >= {res['threshold']:g}):"
-                     f" its activations' size changes with the width")
+                     f" its activations' size changes with the {axis}")
     return "\n".join(lines)
 
 
@@ -207,12 +247,12 @@ def plot_result(res: dict, path: Path) -> Path:
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False)
     for ax, layer in zip(axes.flat, layers):
         for s, values in enumerate(res["scales"][layer]):
-            ax.plot(res["widths"], values, marker="o", label=f"step {s + 1}",
+            ax.plot(res.get("sizes", res["widths"]), values, marker="o", label=f"step {s + 1}",
                     color=plt.cm.viridis(s / max(1, res["steps"] - 1)))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(f"{layer} (slope {res['slopes'][layer][-1]:+.2f})", fontsize=9)
-        ax.set_xlabel("width (d_model)", fontsize=8)
+        ax.set_xlabel("width (d_model)" if res.get("axis", "width") == "width" else "depth (n_layers)", fontsize=8)
     for ax in list(axes.flat)[len(layers):]:
         ax.axis("off")
     axes.flat[0].set_ylabel("mean |x|", fontsize=8)
