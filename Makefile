@@ -9,7 +9,7 @@
 #               docs/ablations/README.md
 #               (about 4-5 hours on 2 CPU cores, estimated from a measured run of the baseline shape;
 #               SPECS="01-norm-placement ..." for a subset, the index still covering every page in
-#               docs/ablations; JOBS=1 for one run at a time)
+#               docs/ablations; JOBS=1 for one run at a time; TIER=gpu DATA=DIR for the gpu tiers on a GPU)
 PYTHON ?= python3
 VENV   ?= .venv
 # The torch wheel to install first; pinned so pip does not pick a multi-GB build when a local index
@@ -26,6 +26,12 @@ BIN     = $(VENV)/bin
 # two one-thread runs at once: 1.01-1.20x one two-thread run at a time (bench/sweep_batching.py)
 JOBS   ?= 2
 SPECS ?= $(basename $(notdir $(wildcard lmlab/specs/*.yaml)))
+# TIER=gpu DATA=DIR: every spec's gpu tier (>= 20 tokens per parameter: DIR a prepared corpus of >= 1.2e9
+# tokens, e.g. FineWeb-Edu; about 376 GPU-hours on one H200, docs/bench/gpu-tiers.md), pages NAME-gpu
+TIER   ?=
+DATA   ?=
+SUFFIX    = $(if $(TIER),-$(TIER))
+TIERFLAGS = $(if $(TIER),--tier $(TIER)) $(if $(DATA),--data $(DATA))
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,8 +64,8 @@ test: install
 ablations: install
 	@echo "sweeps folder: $(SWEEPS) (interrupted? \`make ablations SWEEPS=$(SWEEPS)\` resumes it)"
 	@for s in $(SPECS); do \
-	  $(BIN)/lmlab sweep $$s --out $(SWEEPS)/$$s --jobs $(JOBS) && \
-	  $(BIN)/lmlab report $(SWEEPS)/$$s --out docs/ablations/$$s/report.md || exit 1; \
+	  $(BIN)/lmlab sweep $$s --out $(SWEEPS)/$$s$(SUFFIX) --jobs $(JOBS) $(TIERFLAGS) && \
+	  $(BIN)/lmlab report $(SWEEPS)/$$s$(SUFFIX) --out docs/ablations/$$s$(SUFFIX)/report.md || exit 1; \
 	done
 	$(BIN)/lmlab report --index docs/ablations/[0-9]*/ --out docs/ablations/README.md --readme README.md
 
