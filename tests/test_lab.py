@@ -615,7 +615,7 @@ def test_results_csv_reads_back_as_rows(tmp_path):
     rows = [
         {
             "sweep": "s",
-            "run": "a-s1",
+            "run": "1e-3_lr=0.001-s1",  # the name the lab gives it (lmlab.lab.spec.run_stem)
             "variant": "1e-3",
             "seed": 1,
             "status": "ok",
@@ -629,7 +629,7 @@ def test_results_csv_reads_back_as_rows(tmp_path):
         },
         {
             "sweep": "s",
-            "run": "b-s1",
+            "run": "b_lr=0.01-s1",
             "variant": "b",
             "seed": 1,
             "status": "diverged",

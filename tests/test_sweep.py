@@ -240,10 +240,12 @@ def test_shipped_specs_are_valid(byte_data):
 
 
 def test_unreadable_results_line_is_reported(tmp_path, capsys):
-    (tmp_path / "results.jsonl").write_text('{"run": "a-s1", "bpb": 2.5}\n{"run": "b-s1", "bp\n')
-    assert [r["run"] for r in read_results(tmp_path)] == ["a-s1"]
-    assert "skipped 1 unreadable line(s)" in capsys.readouterr().err
-    (tmp_path / "results.jsonl").write_text('{"run": "a-s1"}\n')
+    row = '{"run": "a-s1", "variant": "a", "seed": 1, "status": "failed"}'
+    (tmp_path / "results.jsonl").write_text(row + '\n{"run": "b-s1", "bp\n')
+    assert [r["run"] for r in read_results(tmp_path)] == ["a-s1"]  # the sweep: a cut last line is skipped
+    err = capsys.readouterr().err
+    assert "results.jsonl: line 2 is not JSON" in err and "counts as unfinished" in err
+    (tmp_path / "results.jsonl").write_text(row + "\n")
     assert len(read_results(tmp_path)) == 1 and capsys.readouterr().err == ""
 
 
@@ -455,3 +457,103 @@ def test_shipped_gpu_tier_runs_end_to_end_on_a_datasets_corpus(small_corpus, tmp
     # 6 steps on a CPU: every claim is below its floor; the speed claim needs CUDA
     assert "not testable at this scale" in page and "parallel blocks train faster" in page
     assert "written for the spec as written; this sweep ran its tier 'gpu'" in page
+
+
+# --- signals and the sweep lock ----------------------------------------------------------------------
+def _sweep_proc(path, out, session=False):
+    """`lmlab sweep` as a background job has it: SIGINT inherited as ignored (and, with ``session``, in a
+    process group of its own, as a terminal's foreground job is)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    return subprocess.Popen([sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+                            start_new_session=session)
+
+
+def _wait_for_steps(metrics, more, proc, timeout=120):
+    import time
+
+    start = metrics.read_text().count("\n") if metrics.is_file() else 0
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.is_file() and metrics.read_text().count("\n") >= start + more:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{metrics} did not grow by {more} lines (sweep exit {proc.poll()})")
+
+
+def test_sweep_stops_on_sigint_in_the_background_and_at_a_terminal(byte_data, tmp_path):
+    """kill -INT to a sweep started in the background (SIGINT inherited ignored) stops it as SIGTERM
+    does; so does Ctrl-C at a terminal (SIGINT to its whole process group, trainers included); the runs
+    keep their checkpoints and the same command resumes to completion."""
+    import os
+    import signal
+    import time
+
+    spec = {"name": "sigint", "model": TINY_MODEL, "train": {**TINY_TRAIN, "log_interval": 1, "eval_interval": 10**4,
+                                                              "checkpoint_interval": 0},
+            "data": str(byte_data), "seeds": [1], "budget": {"steps": 300}}
+    path = tmp_path / "sigint.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "sw"
+    metrics = out / "runs" / "base-s1" / "metrics.jsonl"
+    ckpts = out / "runs" / "base-s1" / "checkpoints"
+    for session in (False, True):  # kill -INT PID to a background job; then Ctrl-C to a process group
+        proc = _sweep_proc(path, out, session)
+        _wait_for_steps(metrics, 3, proc)
+        t0 = time.time()
+        if session:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and time.time() - t0 < 30, (proc.returncode, err)
+        assert "sweep interrupted (SIGINT)" in err.strip().splitlines()[-1] and "the same command resumes" in err
+        assert list(ckpts.glob("step_*")), "the stopped trainer checkpointed its last finished step"
+        assert not (out / "results.jsonl").is_file() or not read_results(out)
+    proc = _sweep_proc(path, out)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    (row,) = read_results(out)
+    assert row["status"] == "ok" and row["steps"] == 300
+    assert (out / "logs" / "base-s1.log").read_text().count("resuming") == 2
+
+
+def test_two_sweeps_on_one_folder_the_second_refuses(byte_data, tmp_path, capsys):
+    """A sweep locks its folder (the runs' lock, lmlab.fsutil.acquire_lock): a second `lmlab sweep` on it
+    refuses in one line naming the folder and the holder's PID; a stale lock is taken over."""
+    import json
+    import subprocess
+    import sys
+
+    from lmlab.fsutil import acquire_lock, lock_path
+
+    spec = {"name": "locked", "model": TINY_MODEL, "train": TINY_TRAIN, "data": str(byte_data), "seeds": [1],
+            "budget": {"steps": 4}}
+    path = tmp_path / "locked.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "sw"
+    held = acquire_lock(out, "lmlab sweep")  # a running sweep (this process, as another would)
+    try:
+        assert main(["sweep", str(path), "--out", str(out)]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and err[0].startswith("lmlab sweep: error: ")
+        assert str(out) in err[0] and "is in use by lmlab sweep (PID" in err[0] and str(__import__("os").getpid()) in err[0]
+        assert not (out / "results.jsonl").exists()
+        assert main(["sweep", str(path), "--out", str(out), "--dry-run"]) == 0  # a dry run only reads
+    finally:
+        held.release()
+    # a lock left by a process that is gone: taken over with a note, and the sweep runs
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock_path(out).write_text(json.dumps({"pid": int(dead.stdout), "host": "h", "what": "lmlab sweep",
+                                          "started": "then"}) + "\n")
+    capsys.readouterr()
+    assert main(["sweep", str(path), "--out", str(out)]) == 0
+    assert "took over the stale lock" in capsys.readouterr().err
+    assert not lock_path(out).exists() and read_results(out)[0]["status"] == "ok"

@@ -8,5 +8,7 @@
 - :mod:`lmlab.lab.stats`: paired differences, t- and sign-test intervals, pooled noise, verdicts;
 - :mod:`lmlab.lab.verdicts`: a sweep's results turned into chosen tuned values, comparisons and claims;
 - :mod:`lmlab.lab.report`, :mod:`lmlab.lab.plots`: the page, its figures and the index of all claims
-  (``lmlab report``).
+  (``lmlab report``);
+- :mod:`lmlab.lab.validate`: every file a report or a resumed sweep reads back, checked field by field
+  (one line naming the file, line and field of a damaged one).
 """

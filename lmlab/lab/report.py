@@ -42,10 +42,9 @@ from lmlab.lab.runner import (
     RESULTS_FILE,
     TIMING_FILE,
     run_metrics,
-    read_jsonl,
-    read_results,
 )
 from lmlab.lab.spec import builtin_specs, parse_spec
+from lmlab.lab import validate
 from lmlab.lab.verdicts import analyze, split_stages, tune_key
 
 VERDICTS_FILE = "verdicts.json"
@@ -189,41 +188,13 @@ def csv_cell(v: Any) -> str:
     return str(v)
 
 
-TEXT_COLUMNS = {"sweep", "run", "variant", "status", "error", "finished_at", "machine", "scale"}
-JSON_COLUMNS = {"tune", "solved"}
-
-
-def read_results_csv(path: Path) -> list[dict]:
-    """The rows of a ``results.csv`` written by :func:`write_csv` back as results rows: empty cells
-    None, ``true``/``false`` booleans, numbers as numbers, ``set.<field>`` columns as ``fields``."""
-    rows = []
-    with open(path, newline="") as f:
-        for rec in csv.DictReader(f):
-            row: dict = {"fields": {}}
-            for k, v in rec.items():
-                if v == "" or v is None:
-                    value: Any = None
-                elif k in TEXT_COLUMNS:
-                    value = v
-                elif k in JSON_COLUMNS or v[:1] in "[{":
-                    value = json.loads(v)
-                elif v in ("true", "false"):
-                    value = v == "true"
-                else:
-                    try:
-                        value = int(v)
-                    except ValueError:
-                        try:
-                            value = float(v)
-                        except ValueError:
-                            value = v
-                if k.startswith("set."):
-                    if value is not None:
-                        row["fields"][k[4:]] = value
-                else:
-                    row[k] = value
-            rows.append(row)
-    return rows
+def read_results_csv(path: Path, sweep: Optional[str] = None, spec=None) -> list[dict]:
+    """The rows of a ``results.csv`` written by :func:`write_csv` back as results rows (empty cells
+    None, ``true``/``false`` booleans, numbers as numbers, ``set.<field>`` columns as ``fields``),
+    validated by :func:`lmlab.lab.validate.read_results_csv` (``sweep``: the sweep's name every row
+    must carry; ``spec``: the spec whose variants, scales, seeds and tuned fields they must be).
+    Raises ConfigError naming the file, row and column of a damaged cell."""
+    return validate.read_results_csv(path, sweep, spec)
 
 
 def write_csv(rows: list[dict], path: Path) -> Path:
@@ -412,7 +383,7 @@ def sweep_wall(sweep_dir: Path) -> Optional[dict]:
     "finished": whether the last one finished every run} from ``provenance.jsonl``'s end records
     (:func:`lmlab.lab.runner.end_record`); None when no invocation recorded its end (sweeps run
     before lmlab recorded it)."""
-    ends = [r for r in read_jsonl(sweep_dir / PROVENANCE_FILE) if "ended_at" in r and _ok(r.get("wall_s"))]
+    ends = [r for r in validate.read_provenance(sweep_dir / PROVENANCE_FILE) if "ended_at" in r]
     if not ends:
         return None
     return {"wall_s": sum(r["wall_s"] for r in ends), "invocations": len(ends),
@@ -421,7 +392,7 @@ def sweep_wall(sweep_dir: Path) -> Optional[dict]:
 
 def _provenance_lines(sweep_dir: Path, rows: list[dict]) -> list[str]:
     L = []
-    recs = [r for r in read_jsonl(sweep_dir / PROVENANCE_FILE) if "ended_at" not in r]
+    recs = [r for r in validate.read_provenance(sweep_dir / PROVENANCE_FILE) if "ended_at" not in r]
     if recs:
         versions = sorted(
             {
@@ -471,7 +442,7 @@ def _provenance_lines(sweep_dir: Path, rows: list[dict]) -> list[str]:
             + ("" if wall["finished"] else "; the last one did not finish every run")
             + ")."
         )
-    load = [r["load_1m"] for r in read_jsonl(sweep_dir / LOAD_FILE) if _ok(r.get("load_1m"))]
+    load = [r["load_1m"] for r in validate.read_load(sweep_dir / LOAD_FILE)]
     if load:
         L.append(
             f"- **Load average** (1 min, sampled every 15 s while the sweep ran): median "
@@ -506,13 +477,10 @@ def _numeric_axes(chosen: list[dict], baseline: str) -> dict:
 def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> list[Path]:
     """Write the report of ``sweep_dir`` (default ``SWEEP_DIR/report.md``), its PNGs, CSV and
     ``verdicts.json``; returns the files written. Raises ValueError when the sweep has no results yet or
-    ``out`` is not a markdown path or an existing non-report file (nothing is written then)."""
+    ``out`` is not a markdown path or an existing non-report file, and ConfigError naming the file, line
+    and field when ``results.jsonl`` or ``provenance.jsonl`` is damaged (:mod:`lmlab.lab.validate`;
+    nothing is written then)."""
     sweep_dir = Path(sweep_dir)
-    rows = read_results(sweep_dir)
-    if not rows:
-        raise ValueError(
-            f"{str(sweep_dir)!r} has no {RESULTS_FILE} rows; run `lmlab sweep SPEC --out {sweep_dir}` first"
-        )
     out = _check_out(Path(out) if out else sweep_dir / "report.md")
     # report.md, or a report beside its sweep: plain names (loss.png, ...); NAME.md elsewhere: NAME-loss.png, ...
     prefix = "" if (out.parent.resolve() == sweep_dir.resolve() or out.stem == "report") else f"{out.stem}-"
@@ -532,6 +500,13 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     grads = (
         read_json_file(sweep_dir / INIT_GRADS_FILE) if (sweep_dir / INIT_GRADS_FILE).exists() else None
     )
+    # every row validated (lmlab.lab.validate) before anything is judged; a cut last line is refused
+    rows = validate.read_results_jsonl(sweep_dir / RESULTS_FILE, spec_raw.get("name"), spec)
+    if not rows:
+        raise ValueError(
+            f"{str(sweep_dir)!r} has no {RESULTS_FILE} rows; run `lmlab sweep SPEC --out {sweep_dir}` first"
+        )
+    validate.read_provenance(sweep_dir / PROVENANCE_FILE)  # a damaged record refused before anything is written
     res = analyze(rows, spec, timing)
     name = spec_raw.get("name") or rows[0].get("sweep") or sweep_dir.name
     res["spec"] = name
@@ -819,10 +794,14 @@ def read_spec_file(path: Path) -> dict:
 
 
 def read_json_file(path: Path) -> dict:
-    """A JSON object written by the lab (timing.json, verdicts.json); ValueError naming the file."""
+    """A JSON object written by the lab (timing.json, init_grads.json); ValueError naming the file
+    (nesting deeper than :data:`lmlab.lab.validate.MAX_DEPTH` refused before parsing)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = path.read_text()
+        if validate.nesting(text) > validate.MAX_DEPTH:
+            raise ValueError(f"JSON nested more than {validate.MAX_DEPTH} deep")
+        data = json.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ValueError(
             f"{str(path)!r} could not be read ({exc}); the file is damaged: delete it (a rerun of "
             f"the sweep or report writes it again)"
@@ -1220,16 +1199,17 @@ def collect_claims(dirs: list[Path]) -> tuple[list[dict], list[tuple], dict]:
     {"first", "last": the earliest and latest run finish times, "machines": the machines the runs
     name}). A sweep folder is
     analysed from its results; a report folder from its results.csv and spec, or read from its
-    ``verdicts.json``. Raises ValueError for a folder that is neither."""
+    ``verdicts.json``; every file validated first (:mod:`lmlab.lab.validate`). Raises ValueError for a
+    folder that is neither, ConfigError naming the file, line and field of a damaged one."""
     claims, specs = [], []
     when, machines = [], []
     for d in dirs:
         d = Path(d)
         rows: list[dict] = []
         if (d / RESULTS_FILE).is_file():
-            rows = read_results(d)
             spec_raw = read_spec_file(d / "spec.yaml") if (d / "spec.yaml").exists() else {}
             spec = parse_spec(spec_raw or {"axes": None}, d / "spec.yaml")
+            rows = validate.read_results_jsonl(d / RESULTS_FILE, spec_raw.get("name"), spec if spec_raw else None)
             timing = read_json_file(d / TIMING_FILE) if (d / TIMING_FILE).exists() else None
             res = analyze(rows, spec, timing)
             res["spec"], res["claim"] = (
@@ -1243,22 +1223,20 @@ def collect_claims(dirs: list[Path]) -> tuple[list[dict], list[tuple], dict]:
             # ran with (its spec.yaml, else the shipped spec of its name) and its timing block when kept
             spec_path = d / "spec.yaml" if (d / "spec.yaml").is_file() else builtin_specs()[d.name]
             spec = parse_spec(read_spec_file(spec_path), spec_path)
-            rows = read_results_csv(d / "results.csv")
-            timing = read_json_file(d / TIMING_FILE) if (d / TIMING_FILE).is_file() else None
-            stored = read_json_file(d / VERDICTS_FILE).get("claims") if (d / VERDICTS_FILE).is_file() else None
-            res = analyze(rows, spec, timing, stored if isinstance(stored, list) else None)
-            if (d / VERDICTS_FILE).is_file():
-                res["sweep_wall"] = read_json_file(d / VERDICTS_FILE).get("sweep_wall")
             # a spec.yaml in the folder is the spec it ran with; its name is the folder's unless it says one
             raw_name = read_spec_file(spec_path).get("name") if (d / "spec.yaml").is_file() else None
+            # validated against the spec it ran with (a shipped spec of the folder's name may have changed since)
+            own = (d / "spec.yaml").is_file()
+            rows = read_results_csv(d / "results.csv", raw_name if own else None, spec if own else None)
+            timing = read_json_file(d / TIMING_FILE) if (d / TIMING_FILE).is_file() else None
+            stored = validate.read_verdicts(d / VERDICTS_FILE) if (d / VERDICTS_FILE).is_file() else None
+            res = analyze(rows, spec, timing, stored["claims"] if stored else None)
+            if stored:
+                res["sweep_wall"] = stored.get("sweep_wall")
             res["spec"], res["claim"] = raw_name or d.name, spec.claim
             link = d / "report.md" if (d / "report.md").is_file() else None
         elif (d / VERDICTS_FILE).is_file():
-            res = read_json_file(d / VERDICTS_FILE)
-            if not isinstance(res.get("claims"), list):
-                raise ValueError(
-                    f"{str(d / VERDICTS_FILE)!r} has no 'claims' list: not an lmlab report's verdicts"
-                )
+            res = validate.read_verdicts(d / VERDICTS_FILE)
             link = d / "report.md"
         else:
             raise ValueError(

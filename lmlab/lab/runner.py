@@ -56,17 +56,6 @@ DIVERGED_MARK = "non-finite steps in a row"  # the FloatingPointError message of
 
 
 # --- run state -----------------------------------------------------------------------------
-def read_jsonl(path: Path) -> list[dict]:
-    out = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut by a kill
-                continue
-    return out
-
-
 def run_metrics(run_dir: Path) -> list[dict]:
     """A run's validated training log (:func:`lmlab.checkpoint.read_metrics_file`; [] when absent)."""
     from lmlab.checkpoint import read_metrics_file
@@ -75,19 +64,13 @@ def run_metrics(run_dir: Path) -> list[dict]:
 
 
 def read_results(sweep_dir: str | Path) -> list[dict]:
-    """The rows of ``results.jsonl`` (one per run). A line that is not JSON (cut by a kill mid-write) is
-    skipped with a warning on stderr: its run counts as not finished, so ``lmlab sweep`` scores it again."""
-    path = Path(sweep_dir) / RESULTS_FILE
-    rows = read_jsonl(path)
-    if path.is_file():
-        bad = sum(1 for line in path.read_text().splitlines() if line.strip()) - len(rows)
-        if bad:
-            print(
-                f"warning: {path}: skipped {bad} unreadable line(s) (cut by an interrupted write?); "
-                f"their runs count as unfinished",
-                file=sys.stderr,
-            )
-    return rows
+    """The rows of ``results.jsonl`` (one per run), validated by
+    :func:`lmlab.lab.validate.read_results_jsonl`. A last line that is not JSON (cut by a kill
+    mid-write) is skipped with a warning on stderr: its run counts as not finished, so ``lmlab sweep``
+    scores it again. Raises ConfigError naming the file, line and field of any other damaged row."""
+    from lmlab.lab.validate import read_results_jsonl
+
+    return read_results_jsonl(Path(sweep_dir) / RESULTS_FILE, cut_last="skip")
 
 
 def _last_checkpoint_step(run_dir: Path) -> int:
@@ -579,18 +562,23 @@ class SweepInterrupted(KeyboardInterrupt):
         self.exit_code = exit_code
 
 
-def _on_sigterm_interrupt():
-    """From the main thread: make SIGTERM raise KeyboardInterrupt (exit 143) so that ``kill`` stops the
-    sweep's training subprocesses too; returns the previous handler (None off the main thread)."""
+def _on_stop_signals() -> dict:
+    """From the main thread: make SIGTERM raise KeyboardInterrupt (exit 143) and SIGINT raise it (exit
+    130) so that ``kill`` or ``kill -INT`` stops the sweep's training subprocesses too. SIGINT's handler
+    is installed explicitly: a process started in the background inherits SIGINT ignored, and Python then
+    installs none. Returns {signal: previous handler} to restore ({} off the main thread)."""
     if threading.current_thread() is not threading.main_thread():
-        return None
+        return {}
 
-    def handler(signum, frame):
+    def on_term(signum, frame):
         exc = KeyboardInterrupt("SIGTERM")
         exc.exit_code = 143
         raise exc
 
-    return signal.signal(signal.SIGTERM, handler)
+    def on_int(signum, frame):
+        raise KeyboardInterrupt("SIGINT")
+
+    return {signal.SIGTERM: signal.signal(signal.SIGTERM, on_term), signal.SIGINT: signal.signal(signal.SIGINT, on_int)}
 
 
 # --- provenance, machine load and the timing block ---------------------------------------
@@ -983,7 +971,11 @@ def run_sweep(
     ``sweeps/NAME``, ``sweeps/NAME-TIER`` at a ``tier`` of the spec's ``tiers:``); returns the folder.
     Resumes a folder it finds (see the module docstring). ``command`` is recorded in the provenance
     (default: ``lmlab sweep SPEC``). Raises ConfigError for a bad spec, tier, --out or --jobs before
-    anything is written."""
+    anything is written. The folder is locked while the sweep runs (:func:`lmlab.fsutil.acquire_lock`,
+    the lock the runs take: a stale lock, its process gone, is taken over with a note on stderr); a second
+    sweep on it raises LockError naming the folder and the holder's PID. SIGINT (also when inherited as
+    ignored, as by a background job) and SIGTERM stop the training subprocesses, which checkpoint, and
+    raise :class:`SweepInterrupted` (exit status 130 / 143); the same command resumes."""
     if not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"--jobs {jobs!r} must be an integer >= 1")
     if isinstance(spec, Spec) and tier is not None and spec.tier != tier:
@@ -997,6 +989,23 @@ def run_sweep(
             f"--out {str(sweep_dir)!r} is a non-empty folder that is not a sweep (no spec.yaml); "
             f"choose a new folder or an existing sweep's folder"
         )
+    lock = None
+    if not dry_run:  # one sweep per folder (the runs' own locks keep each run folder to one trainer)
+        from lmlab.fsutil import acquire_lock
+
+        lock = acquire_lock(sweep_dir, "lmlab sweep")
+        if lock.note:
+            print(lock.note, file=sys.stderr)
+    try:
+        return _run_locked(spec, sweep_dir, jobs, dry_run, log, data_dir, command)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Callable[[str], None],
+                data_dir: Optional[Path], command: Optional[str]) -> Path:
+    """The body of :func:`run_sweep`, with the sweep folder locked (unless ``dry_run``)."""
     plans = plan_runs(spec, data_dir)
     if (sweep_dir / "spec.yaml").is_file():
         from lmlab.config import load_mapping
@@ -1050,7 +1059,7 @@ def run_sweep(
     t0 = time.perf_counter()
     sampler = LoadSampler(sweep_dir / LOAD_FILE)
     sampler.start()
-    previous = _on_sigterm_interrupt()
+    previous = _on_stop_signals()
     finished = False
     try:
         run_timing(spec, plans, sweep_dir, log)  # alone on the machine, before any training job
@@ -1066,8 +1075,8 @@ def run_sweep(
             getattr(exc, "exit_code", 130),
         ) from None
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         sampler.stop()
         torch.set_num_threads(before)
         with open(sweep_dir / PROVENANCE_FILE, "a") as f:  # this invocation's wall time (lmlab.lab.report)
