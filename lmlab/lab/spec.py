@@ -345,6 +345,7 @@ def _check_field(name: str, source: str) -> None:
 def _bundle(value: dict, source: str) -> tuple[Optional[str], dict]:
     value = dict(value)
     label = value.pop("label", None)
+    _check_label(label, f"{source}.label")
     if not value:
         raise ConfigError(f"{source}: a variant needs at least one field besides 'label'")
     for k in value:
@@ -353,6 +354,13 @@ def _bundle(value: dict, source: str) -> tuple[Optional[str], dict]:
         else:
             _check_field(str(k), source)
     return (None if label is None else str(label)), value
+
+
+def _check_label(label: Any, where: str) -> None:
+    """A variant's label: None (built from its fields) or a non-empty string (not a number or a list,
+    which YAML would otherwise turn into a label silently)."""
+    if label is not None and (not isinstance(label, str) or not label.strip()):
+        raise ConfigError(f"{where}={label!r} must be a non-empty string (quote it: label: \"{label}\")")
 
 
 def _check_variant_data(value: Any, where: str) -> None:
@@ -425,6 +433,10 @@ def expand_axes(axes: Any, source: str = "axes") -> list[Variant]:
                 _check_field(str(axis), where)
                 options.append((f"{axis}={_fmt(v)}", {axis: v}))
         groups.append(options)
+    if "grid" in axes and not axes["grid"]:
+        raise ConfigError(f"{source}.grid is empty: give at least one axis (field: [values]) or drop 'grid'")
+    if "zip" in axes and not axes["zip"]:
+        raise ConfigError(f"{source}.zip is empty: give the varied fields (a list of variants) or drop 'zip'")
     zipped = axes.get("zip")
     if zipped:
         where = f"{source}.zip"
@@ -443,6 +455,8 @@ def expand_axes(axes: Any, source: str = "axes") -> list[Variant]:
             lengths = {k: len(v) if isinstance(v, list) else -1 for k, v in lists.items()}
             if labels is not None:
                 lengths["label"] = len(labels) if isinstance(labels, list) else -1
+                for i, lab in enumerate(labels if isinstance(labels, list) else []):
+                    _check_label(lab, f"{where}.label[{i}]")
             if min(lengths.values()) < 1 or len(set(lengths.values())) != 1:
                 raise ConfigError(
                     f"{where}: every entry must be a non-empty list, all of one length; got lengths "
@@ -579,7 +593,9 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
         )
     from lmlab.train import TrainConfig
 
-    for section in ("model", "train"):
+    for section in ("model", "train", "decode"):
+        if section in raw and raw[section] is None:
+            raise ConfigError(f"{source}: '{section}: null' is empty; give a mapping of fields or drop the key")
         if not isinstance(raw.get(section) or {}, dict):
             raise ConfigError(
                 f"{source}: '{section}:' must be a mapping of field names to values, got {raw[section]!r}"
@@ -598,10 +614,10 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
         raise ConfigError(f"{source}: seeds={seeds!r} must be a non-empty list of distinct integers >= 0")
     contexts = raw.get("eval_contexts", [1])
     if not isinstance(contexts, list) or any(
-        isinstance(c, bool) or not isinstance(c, (int, float)) or c <= 0 for c in contexts
+        isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 0 for c in contexts
     ):
         raise ConfigError(
-            f"{source}: eval_contexts={contexts!r} must be a list of context multiples, e.g. [1, 2]"
+            f"{source}: eval_contexts={contexts!r} must be a list of finite context multiples, e.g. [1, 2]"
         )
     if any(c < 1 or int(c * 8) != c * 8 for c in contexts):
         raise ConfigError(
@@ -618,6 +634,13 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
         raise ConfigError(f"{source}: measure_decode must be true or false")
     if not isinstance(raw.get("loss_by_position", False), bool):
         raise ConfigError(f"{source}: loss_by_position must be true or false")
+    preset = raw.get("preset")
+    if preset is not None:
+        from lmlab.presets import PRESETS
+
+        if not isinstance(preset, str) or preset not in PRESETS:
+            raise ConfigError(f"{source}: preset={preset!r} is not a model family preset; choose one of "
+                              f"{', '.join(sorted(PRESETS))} (see `lmlab presets`)")
     scale = raw.get("scale", "tiny")
     if scale not in ("tiny", "real"):
         raise ConfigError(f"{source}: scale={scale!r} must be 'tiny' or 'real'")
