@@ -222,3 +222,25 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path, tokenizer):
                              capture_output=True, text=True, check=True)
         peaks.append(int(run.stdout.split()[-1]))
     assert peaks[1] < 1.2 * peaks[0], peaks
+
+
+def test_a_parquet_page_that_fails_its_checksum_is_named(tmp_path):
+    """Issue 44 item 6: pages written with checksums (pyarrow's write_page_checksum) are verified; a byte
+    flipped mid-file is refused in one line naming the file (without checksums it cannot be seen, and
+    reads as before)."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    docs = [("word %d " % i) * 50 for i in range(400)]
+    for checksum in (True, False):
+        path = tmp_path / f"c{checksum}.parquet"
+        pq.write_table(pa.table({"text": docs}), path, write_page_checksum=checksum, compression="none",
+                       row_group_size=100)
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x20  # inside a data page: one letter's case
+        path.write_bytes(bytes(data))
+        if checksum:
+            with pytest.raises(DataError, match=r"cTrue\.parquet' is damaged at or after row \d+ of column 'text': .*CRC checksum"):
+                prepare([path], tmp_path / "out", "bytes", val_fraction=0.2)
+            assert not (tmp_path / "out").exists()
+        else:
+            prepare([path], tmp_path / "out2", "bytes", val_fraction=0.2)

@@ -140,9 +140,12 @@ def _need(module: str):
 
 
 def _parquet_rows(path: Path, field: str) -> Iterator[tuple[int, object]]:
+    """(row, value of ``field``) of a parquet file, in row batches. Page checksums are verified where
+    the writer stored them (pyarrow's ``write_page_checksum``); a page that fails its checksum or does
+    not decode raises DataError naming the file and the rows after the last good batch."""
     pq = _need("pyarrow.parquet")
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(path, page_checksum_verification=True)
     except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for a damaged or foreign file
         raise DataError(f"{str(path)!r} could not be read as parquet: {exc}") from None
     names = pf.schema_arrow.names
@@ -150,7 +153,15 @@ def _parquet_rows(path: Path, field: str) -> Iterator[tuple[int, object]]:
         raise DataError(f"{str(path)!r} has no column {field!r} (its columns: "
                         f"{', '.join(map(repr, names[:8]))}); choose the text column with --text-field")
     row = 0
-    for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=[field]):
+    batches = pf.iter_batches(batch_size=BATCH_ROWS, columns=[field])
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            break
+        except Exception as exc:  # OSError "CRC checksum verification failed", ArrowInvalid, a codec's error
+            raise DataError(f"{str(path)!r} is damaged at or after row {row} of column {field!r}: "
+                            f"{' '.join(str(exc).split())}") from None
         for value in batch.column(0).to_pylist():
             yield row, value
             row += 1
