@@ -167,7 +167,7 @@ def cmd_sweep(args) -> int:
     if args.data:
         command += f" --data {args.data}"
     run_sweep(args.spec, out=args.out, jobs=args.jobs, dry_run=args.dry_run, command=command, tier=args.tier,
-              data_dir=Path(args.data) if args.data else None)
+              data_dir=Path(args.data) if args.data else None, max_runs=args.max_runs)
     return 0
 
 
@@ -729,6 +729,9 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--jobs", type=POSITIVE, default=1, help="runs trained at once, each with cores // jobs threads")
     sp.add_argument("--dry-run", action="store_true", help="print the runs, steps, tokens and FLOPs; train nothing")
     sp.add_argument("--list", action="store_true", help="list the shipped specs and their claims")
+    sp.add_argument("--max-runs", type=POSITIVE, default=None,
+                    help="the most runs the spec may plan (default: its 'max_runs:', else 10,000); counted "
+                         "before anything is planned")
     sp.add_argument("--data", type=_path,
                     help="a prepared data folder (`lmlab prepare --out`) for every run, over the spec's "
                          "'data:' (default: the spec's, else the default corpus)")

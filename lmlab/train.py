@@ -498,6 +498,28 @@ def restart_rate(bar) -> None:
     bar.refresh()
 
 
+def check_data_bounds(tc: TrainConfig, T: int, n_train: int, n_val: int, world_size: int, folder: str,
+                      say: bool = True) -> None:
+    """Bound ``grad_accum`` and ``eval_windows`` by what the data holds, before anything is allocated:
+    a step's ``batch_size x grad_accum x world_size`` windows may not outnumber the training split's
+    window starts (``n_train - T``; more would draw every window several times per step, and the
+    index alone would not fit in memory at grad_accum=1e12): ConfigError naming the field, the value
+    and the limit. ``eval_windows`` past the windows of the validation split (``n_val`` tokens) is
+    capped there, as :func:`lmlab.evaluate.evaluate` does, with a note on stderr (when ``say``) if it
+    exceeds the default as well."""
+    starts = max(1, n_train - T)
+    per_step = tc.batch_size * tc.grad_accum * world_size
+    if per_step > starts:
+        raise ConfigError(f"grad_accum={tc.grad_accum}: a step of batch_size x grad_accum x ranks = "
+                          f"{tc.batch_size} x {tc.grad_accum} x {world_size} = {per_step:,} windows is more than "
+                          f"the {starts:,} windows the training split of {folder!r} holds; lower grad_accum "
+                          f"(at most {max(1, starts // (tc.batch_size * world_size)):,} here) or batch_size")
+    n_windows = -(-(n_val - 1) // T)  # len(lmlab.evaluate.windows(n_val, T)), without listing them
+    if tc.eval_windows > n_windows and tc.eval_windows > TrainConfig.eval_windows and say:
+        print(f"note: eval_windows={tc.eval_windows:,} is more than the {n_windows:,} windows the validation split "
+              f"of {folder!r} holds; each evaluation scores all {n_windows:,}", file=sys.stderr)
+
+
 class Trainer:
     """Train a model in a run folder. Build with :meth:`create` (new run) or :meth:`resume`."""
 
@@ -518,6 +540,8 @@ class Trainer:
             raise DataError(f"validation split of {str(data.folder)!r} has no tokens to score")
         device_type = "cuda" if (tc.device.startswith("cuda") or (tc.device == "auto" and torch.cuda.is_available())) else "cpu"
         self.dist: Dist = init_distributed(device_type)
+        check_data_bounds(tc, cfg.context_length, len(self.train_tokens), len(self.val_tokens),
+                          self.dist.world_size, str(data.folder), self.dist.is_main)
         self.device = resolve_device(tc.device, self.dist.local_rank)
         self.amp_dtype = resolve_dtype(tc.dtype, self.device)
         # CPU steps allocate and free their activations in host memory: keep it mapped (1.18x, above)

@@ -186,17 +186,40 @@ def _read_folder(path: Path) -> tuple[dict, StateDict, list[str]]:
     return read_hf_config(path), read_hf_state(path), []
 
 
+_LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)\.")
+
+
+def check_declared(hf: dict, state: StateDict, where: str) -> None:
+    """Check what ``hf`` (the config read from ``where``) declares against the tensors of ``state``
+    before any model is built from it: ``num_hidden_layers`` (also ``n_layer``, ``num_layers``, and in
+    ``text_config``) no more than the layers whose tensors are present (the other sizes are checked
+    against the tensors' shapes by the family's conversion, before allocating). Raises HFFormatError
+    naming the field, the value and what the weights hold."""
+    layers = {int(m.group(1)) for k in state for m in [_LAYER_INDEX.search(k)] if m}
+    found = max(layers) + 1 if layers else 0
+    for section in (hf, hf.get("text_config") if isinstance(hf.get("text_config"), dict) else {}):
+        for key in ("num_hidden_layers", "n_layer", "num_layers"):
+            value = section.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and layers and value > found:
+                raise HFFormatError(f"{where}: {key}={value} but the weights hold {found} layer(s) "
+                                    f"(indices {min(layers)}-{max(layers)}); the config and the weights disagree")
+
+
 def hf_to_lmlab(path: str | Path, dtype: str = "fp32", notes: Optional[list] = None):
     """(model (eval mode), ModelConfig, Family, HF config) from HF model folder ``path`` (or a Meta
     checkpoint folder, see :func:`_read_folder`; its conversion notes are appended to ``notes``). The
     model's parameters are fp32 or bf16 (``dtype``: 'fp32', 'bf16', or 'auto': bf16 when the checkpoint
-    stores every floating tensor in bf16, else fp32; see :func:`stored_dtype`)."""
+    stores every floating tensor in bf16, else fp32; see :func:`stored_dtype`). Raises HFFormatError
+    (:func:`check_declared`) before building the model when the config's layer count contradicts the
+    weights."""
     from lmlab.model import TransformerLM
 
     resolve_dtype(dtype, torch.float32)  # the name checked before anything is read
     hf, hf_state, extra = _read_folder(Path(path))
     if notes is not None:
         notes.extend(extra)
+    check_declared(hf, hf_state, str(Path(path) / "config.json") if (Path(path) / "config.json").is_file()
+                   else str(path))
     family = get_family(hf["model_type"])
     cfg = family.config_to_lmlab(dict(hf))
     target = resolve_dtype(dtype, stored_dtype(t.dtype for t in hf_state.values()))

@@ -966,6 +966,7 @@ def run_sweep(
     data_dir: Optional[Path] = None,
     command: Optional[str] = None,
     tier: Optional[str] = None,
+    max_runs: Optional[int] = None,
 ) -> Path:
     """Plan, time, train, evaluate and record every run of ``spec`` in the sweep folder ``out`` (default
     ``sweeps/NAME``, ``sweeps/NAME-TIER`` at a ``tier`` of the spec's ``tiers:``); returns the folder.
@@ -975,12 +976,16 @@ def run_sweep(
     the lock the runs take: a stale lock, its process gone, is taken over with a note on stderr); a second
     sweep on it raises LockError naming the folder and the holder's PID. SIGINT (also when inherited as
     ignored, as by a background job) and SIGTERM stop the training subprocesses, which checkpoint, and
-    raise :class:`SweepInterrupted` (exit status 130 / 143); the same command resumes."""
+    raise :class:`SweepInterrupted` (exit status 130 / 143); the same command resumes. The number of
+    runs is counted and logged before they are planned; more than ``max_runs`` (None: the spec's
+    ``max_runs:``, default :data:`lmlab.lab.spec.MAX_RUNS`) raises ConfigError naming the count."""
     if not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"--jobs {jobs!r} must be an integer >= 1")
     if isinstance(spec, Spec) and tier is not None and spec.tier != tier:
         raise ConfigError(f"the spec was read at tier {spec.tier!r}, not {tier!r}; pass its file or name")
-    spec = spec if isinstance(spec, Spec) else load_spec(spec, tier)
+    spec = spec if isinstance(spec, Spec) else load_spec(spec, tier, max_runs)
+    if max_runs is not None and spec.planned_runs > max_runs:
+        raise ConfigError(f"the spec plans {spec.planned_runs:,} runs, more than --max-runs {max_runs:,}")
     sweep_dir = Path(out) if out else default_out(spec)
     if sweep_dir.exists() and not sweep_dir.is_dir():
         raise ConfigError(f"--out {str(sweep_dir)!r} is a file, not a sweep folder; choose a folder path")
@@ -1006,6 +1011,7 @@ def run_sweep(
 def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Callable[[str], None],
                 data_dir: Optional[Path], command: Optional[str]) -> Path:
     """The body of :func:`run_sweep`, with the sweep folder locked (unless ``dry_run``)."""
+    log(f"sweep {spec.name}: planning {spec.planned_runs:,} run(s)")
     plans = plan_runs(spec, data_dir)
     if (sweep_dir / "spec.yaml").is_file():
         from lmlab.config import load_mapping

@@ -127,7 +127,9 @@ SPEC_KEYS = (
     "tuning",
     "judging",
     "max_epochs",
+    "max_runs",
 )
+MAX_RUNS = 10_000  # runs a spec may plan unless it (max_runs:) or `lmlab sweep --max-runs N` allows more
 BUDGET_KEYS = ("steps", "tokens", "flops", "seconds")
 # training settings a sweep changes from TrainConfig's defaults unless the spec sets them
 SWEEP_TRAIN_DEFAULTS = {"tensorboard": False, "keep_checkpoints": 1, "checkpoint_interval": 100}
@@ -256,6 +258,7 @@ class Spec:
     tuning: Tuning = field(default_factory=Tuning)
     judging: Judging = field(default_factory=Judging)
     max_epochs: Optional[float] = None  # passes over the training data the longest run may make (None: any)
+    planned_runs: int = 0  # runs planned (variants x scales x tuned values x seeds), counted before expanding
 
 
 @dataclass
@@ -571,9 +574,11 @@ def apply_tier(raw: dict, tier: Optional[str], source: str = "sweep spec", base:
     return out
 
 
-def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = None) -> Spec:
+def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = None,
+               max_runs: Optional[int] = None) -> Spec:
     """Validate a spec mapping (see the module docstring) at ``tier`` (:func:`apply_tier`; None: as
-    written); raises ConfigError naming the key."""
+    written); raises ConfigError naming the key, and (:func:`check_run_count`) when it plans more runs
+    than ``max_runs`` (None: the spec's ``max_runs:``, else :data:`MAX_RUNS`) before expanding them."""
     source = str(path) if path else "sweep spec"
     tiers = list(raw.get("tiers") or {}) if isinstance(raw, dict) and isinstance(raw.get("tiers"), dict) else []
     raw = apply_tier(raw, tier, source, path.stem if path else "sweep")
@@ -647,6 +652,7 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
     name = raw.get("name") or (path.stem if path else "sweep")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", str(name)):
         raise ConfigError(f"{source}: name={name!r} may hold only letters, digits, '.', '_' and '-'")
+    planned = check_run_count(raw, seeds, source, max_runs)
     variants = expand_axes(raw.get("axes"), f"{source} axes")
     labels = [v.label for v in variants]
     baseline = raw.get("baseline", labels[0])
@@ -728,6 +734,7 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
         tuning=parse_block(raw.get("tuning"), Tuning, f"{source}.tuning"),
         judging=parse_block(raw.get("judging"), Judging, f"{source}.judging"),
         max_epochs=parse_max_epochs(raw.get("max_epochs"), source),
+        planned_runs=planned,
     )
 
 
@@ -781,10 +788,46 @@ def _spec_data(value: Any, source: str):
     return dict(value) if isinstance(value, dict) else str(value)
 
 
-def load_spec(spec: str | Path, tier: Optional[str] = None) -> Spec:
-    """A spec file or shipped spec name, read at ``tier`` (None: as written)."""
+def load_spec(spec: str | Path, tier: Optional[str] = None, max_runs: Optional[int] = None) -> Spec:
+    """A spec file or shipped spec name, read at ``tier`` (None: as written); raises ConfigError as
+    :func:`parse_spec` does (``max_runs``: the most runs it may plan, see :func:`check_run_count`)."""
     path = resolve_spec_path(spec)
-    return parse_spec(load_mapping(path), path, tier)
+    return parse_spec(load_mapping(path), path, tier, max_runs)
+
+
+def _options(value: Any) -> int:
+    """How many options a grid axis, zip block or scales block lists (1 when malformed: the parser
+    that expands it names the problem)."""
+    if isinstance(value, list):
+        return max(1, len(value))
+    if isinstance(value, dict):
+        lists = [v for k, v in value.items() if k != "label" and isinstance(v, list)]
+        return max(1, len(lists[0])) if lists else 1
+    return 1
+
+
+def check_run_count(raw: dict, seeds: list, source: str, max_runs: Optional[int] = None) -> int:
+    """The number of runs ``raw`` plans, computed arithmetically before anything is expanded: the
+    product of the grid axes' lengths x the zip length x the scales x the tuned values x ``seeds``.
+    Raises ConfigError naming the count and how to allow it when it exceeds ``max_runs`` (None: the
+    spec's ``max_runs:``, default :data:`MAX_RUNS`), or when ``max_runs`` is not an integer >= 1."""
+    limit = max_runs if max_runs is not None else raw.get("max_runs", MAX_RUNS)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigError(f"{source}: max_runs={limit!r} must be an integer >= 1 (default {MAX_RUNS})")
+    axes = raw.get("axes") if isinstance(raw.get("axes"), dict) else {}
+    grid = axes.get("grid") if isinstance(axes.get("grid"), dict) else {}
+    tune = raw.get("tune") if isinstance(raw.get("tune"), dict) else {}
+    scales = raw.get("scales")
+    count = (math.prod(_options(v) for v in grid.values()) * (_options(axes["zip"]) if "zip" in axes else 1)
+             * math.prod(_options(v) for v in tune.values())
+             * (_options(scales) if scales is not None else 1) * len(seeds))
+    if count > limit:
+        raise ConfigError(
+            f"{source}: the spec plans {count:,} runs (variants x scales x tuned values x {len(seeds):,} "
+            f"seed(s)), more than max_runs={limit:,}; narrow the axes or seeds, or allow them with "
+            f"'max_runs: {count}' in the spec or `lmlab sweep --max-runs {count}`"
+        )
+    return count
 
 
 def _threshold(value: Any, where: str, negative: bool = False) -> tuple[float, bool]:

@@ -1,0 +1,173 @@
+"""Issue 44: bounds checked before any work (item 3); imports and prompts that were accepted or crashed
+(item 4); the Python API agreeing with itself (item 7). One test per defect, each failing before its fix."""
+
+import time
+
+import pytest
+
+from lmlab.cli import main
+from lmlab.config import ConfigError
+from lmlab.lab.spec import parse_spec
+
+BASE = {"name": "t", "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "context_length": 16}, "seeds": [1],
+        "budget": {"steps": 2}}
+
+
+def _spec_file(tmp_path, text):
+    path = tmp_path / "big.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_a_million_variant_grid_is_refused_at_once_with_its_count(tmp_path, capsys, dry):
+    grid = "\n".join(f"    {f}: [{', '.join(str(i) for i in range(1, 11))}]"
+                     for f in ("lr", "warmup_steps", "batch_size", "grad_accum", "max_steps", "weight_decay"))
+    path = _spec_file(tmp_path, f"name: big\nbudget: {{steps: 2}}\nseeds: [1]\naxes:\n  grid:\n{grid}\n")
+    t0 = time.perf_counter()
+    rc = main(["sweep", str(path), "--out", str(tmp_path / "sw")] + (["--dry-run"] if dry else []))
+    assert time.perf_counter() - t0 < 2
+    err = capsys.readouterr().err
+    assert rc != 0 and "plans 1,000,000 runs" in err and "--max-runs 1000000" in err
+    assert not (tmp_path / "sw").exists()
+
+
+def test_a_hundred_thousand_seeds_are_refused_at_once(tmp_path, capsys):
+    path = _spec_file(tmp_path, "name: big\nbudget: {steps: 2}\nseeds: [" + ", ".join(map(str, range(1, 100001)))
+                      + "]\n")
+    t0 = time.perf_counter()
+    rc = main(["sweep", str(path), "--dry-run"])
+    assert time.perf_counter() - t0 < 15  # PyYAML parsing the 100,000 numbers (~2 s); the count is arithmetic
+    err = capsys.readouterr().err
+    assert rc != 0 and "plans 100,000 runs" in err and "100,000 seed(s)" in err
+
+
+def test_the_run_limit_is_the_users_to_raise_or_lower():
+    raw = {**BASE, "seeds": [1, 2, 3], "axes": {"grid": {"lr": [1e-3, 2e-3]}}, "tune": {"warmup_steps": [0, 1]}}
+    assert parse_spec(raw).planned_runs == 12
+    assert parse_spec({**raw, "max_runs": 12}).planned_runs == 12
+    with pytest.raises(ConfigError, match=r"plans 12 runs .*more than max_runs=11"):
+        parse_spec({**raw, "max_runs": 11})
+    with pytest.raises(ConfigError, match=r"plans 12 runs .*more than max_runs=5"):
+        parse_spec({**raw, "max_runs": 100}, max_runs=5)
+    with pytest.raises(ConfigError, match=r"max_runs=0 must be an integer >= 1"):
+        parse_spec({**raw, "max_runs": 0})
+
+
+def test_the_planned_count_is_shown_in_a_dry_run(tmp_path, capsys):
+    path = _spec_file(tmp_path, "name: small\nmodel: {d_model: 32, n_layers: 1, n_heads: 2, context_length: 16}\n"
+                                "budget: {steps: 2}\nseeds: [1, 2]\naxes: {grid: {lr: [0.001, 0.002]}}\n")
+    assert main(["sweep", str(path), "--dry-run", "--out", str(tmp_path / "sw")]) == 0
+    assert "planning 4 run(s)" in capsys.readouterr().out
+
+
+def test_deep_json_and_yaml_are_one_line_naming_the_file(tmp_path):
+    from lmlab.config import load_mapping
+    from lmlab.data.sources import DataError, iter_records
+
+    (tmp_path / "deep.yaml").write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+    (tmp_path / "deep.json").write_text('{"a": ' + "[" * 100000 + "]" * 100000 + "}")
+    for name in ("deep.yaml", "deep.json"):
+        with pytest.raises(ConfigError, match=f"{name}.*nesting too deep"):
+            load_mapping(tmp_path / name)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "fine"}\n{"text": "hi", "x": ' + "[" * 100000 + "]" * 100000 + "}\n")
+    with pytest.raises(DataError, match=r"c.jsonl' row 1 nests JSON arrays/objects 100,001 deep; at most 64"):
+        list(iter_records(corpus, "json"))
+
+
+def _tiny_model():
+    import torch
+
+    from lmlab.config import ModelConfig
+    from lmlab.model import TransformerLM
+
+    torch.manual_seed(0)
+    return TransformerLM(ModelConfig(vocab_size=257, context_length=32, d_model=16, n_layers=1, n_heads=2))
+
+
+@pytest.fixture(scope="module")
+def byte_run(tmp_path_factory):
+    import yaml
+
+    from lmlab.checkpoint import save_checkpoint
+    from lmlab.data.tokenizer import Tokenizer
+
+    run = tmp_path_factory.mktemp("gen44") / "run"
+    run.mkdir()
+    model = _tiny_model()
+    Tokenizer.bytes_tokenizer().save(run / "tokenizer.json")
+    (run / "run.yaml").write_text(yaml.safe_dump({"model": model.cfg.to_dict(), "train": {}, "data": "none"}))
+    save_checkpoint(run, 1, model, None, {"step": 1, "tokens_seen": 0})
+    return run
+
+
+def test_generation_lengths_past_the_context_are_one_line_or_a_sliding_window(byte_run, capsys):
+    rc = main(["generate", str(byte_run), "--prompt", "a", "--prompt", "b", "--max-new-tokens", str(10 ** 15)])
+    err = capsys.readouterr().err
+    assert rc != 0 and "max_new_tokens=1000000000000000" in err and len(err.strip().splitlines()) == 1
+    # one prompt: the window slides (the cache holds at most the context), so any length streams
+    assert main(["generate", str(byte_run), "--prompt", "a", "--max-new-tokens", "100", "--seed", "1"]) == 0
+    assert len(capsys.readouterr().out) > 60
+
+
+def test_grad_accum_past_the_training_split_is_refused_before_allocating(byte_data, tmp_path):
+    from lmlab.config import ModelConfig
+    from lmlab.train import TrainConfig, Trainer
+
+    cfg = ModelConfig(vocab_size=257, context_length=32, d_model=16, n_layers=1, n_heads=2)
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"grad_accum=1000000000000: a step of batch_size x grad_accum x ranks = "
+                                          r"8 x 1000000000000 x 1 = 8,000,000,000,000 windows is more than the "):
+        Trainer.create(tmp_path / "r", cfg, TrainConfig(batch_size=8, grad_accum=10 ** 12, max_steps=1,
+                                                        tensorboard=False), byte_data, progress=False)
+    assert time.perf_counter() - t0 < 10 and not (tmp_path / "r").exists()
+
+
+def test_eval_windows_past_the_validation_split_are_capped_with_a_note(byte_data, tmp_path, capsys):
+    from lmlab.config import ModelConfig
+    from lmlab.train import TrainConfig, Trainer
+
+    cfg = ModelConfig(vocab_size=257, context_length=32, d_model=16, n_layers=1, n_heads=2)
+    tc = TrainConfig(batch_size=2, max_steps=1, eval_interval=1, eval_windows=10 ** 12, tensorboard=False,
+                     checkpoint_interval=0)
+    t0 = time.perf_counter()
+    trainer = Trainer.create(tmp_path / "r", cfg, tc, byte_data, progress=False)
+    trainer.fit()
+    trainer.close() if hasattr(trainer, "close") else None
+    assert time.perf_counter() - t0 < 60
+    assert "eval_windows=1,000,000,000,000 is more than the 188 windows the validation split" in capsys.readouterr().err
+
+
+@pytest.fixture()
+def hf_folder(tmp_path):
+    import json
+
+    from lmlab.config import ModelConfig
+    from lmlab.interop.hf import export_model
+    from lmlab.model import TransformerLM
+    from lmlab.presets import _LLAMA_STYLE
+
+    model = TransformerLM(ModelConfig(vocab_size=64, context_length=32, d_model=32, n_layers=2, n_heads=4, d_ff=64,
+                                      **_LLAMA_STYLE))
+    export_model(model, tmp_path / "hf", family="llama")
+    path = tmp_path / "hf"
+    return path, json.loads((path / "config.json").read_text())
+
+
+def _import_with(hf_folder, tmp_path, capsys, change):
+    import json
+
+    path, hf = hf_folder
+    (path / "config.json").write_text(json.dumps({**hf, **change}))
+    t0 = time.perf_counter()
+    assert main(["import", str(path), "--out", str(tmp_path / "run")]) != 0
+    assert time.perf_counter() - t0 < 10 and not (tmp_path / "run").exists()
+    err = capsys.readouterr().err
+    assert "config.json" in err and len(err.strip().splitlines()) == 1
+    return err
+
+
+def test_import_refuses_more_layers_than_the_weights_hold_at_once(hf_folder, tmp_path, capsys):
+    err = _import_with(hf_folder, tmp_path, capsys, {"num_hidden_layers": 1000000000})
+    assert "num_hidden_layers=1000000000 but the weights hold 2 layer(s) (indices 0-1)" in err
