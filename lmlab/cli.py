@@ -273,7 +273,8 @@ def cmd_eval(args) -> int:
 # --- generate ------------------------------------------------------------------------------
 def cmd_generate(args) -> int:
     from lmlab.checkpoint import load_run
-    from lmlab.generate import TextStream, generate_batch, generate_logprobs
+    from lmlab.data.tokenizer import TokenizerError
+    from lmlab.generate import TextStream, generate_batch, generate_logprobs, write_text
     from lmlab.train import resolve_device
 
     device = resolve_device(args.device)
@@ -288,12 +289,21 @@ def cmd_generate(args) -> int:
         torch.set_num_threads(decode_threads(model, torch.get_num_threads()))  # small models: 1 thread
     texts = args.prompt or [""]
     prompts = []
-    for text in texts:
-        ids = tok.encode(text) if text else []
-        if not ids or args.prompt_after_eot:
-            ids = [tok.eot_id] + ids
-        prompts.append(ids)
-    eos = tok.eot_id if args.stop_at_eot else None
+    try:
+        for text in texts:
+            ids = tok.encode(text) if text else []
+            if not ids or args.prompt_after_eot:
+                ids = [tok.eot_id] + ids
+            prompts.append(ids)
+    except TokenizerError as exc:
+        raise ConfigError(f"--prompt: {exc}" if text else f"{args.run}: {exc}") from None
+    try:
+        eos = tok.eot_id if args.stop_at_eot else None
+    except TokenizerError as exc:
+        raise ConfigError(f"--stop-at-eot: {exc}") from None
+
+    def write(text: str) -> None:
+        write_text(text, args.raw)
     if args.logprobs and len(prompts) > 1:
         raise ConfigError("--logprobs takes one --prompt (the log-probabilities of one stream)")
     if len(prompts) == 1:  # one prompt: stream the text as it comes
@@ -301,12 +311,12 @@ def cmd_generate(args) -> int:
         steps = generate_logprobs(model, prompts[0], args.max_new_tokens, args.temperature, args.top_k,
                                   args.top_p, args.seed, eos_id=eos, device=device)
         first = next(steps)  # checks the prompt (ValueError -> one-line error) before anything is printed
-        sys.stdout.write(texts[0])
+        write(texts[0])
         seen = []
         try:
             for i, lp in itertools.chain([first], steps):
                 seen.append((i, lp))
-                sys.stdout.write(stream.push(tok.token_bytes(i)))
+                write(stream.push(tok.token_bytes(i)))
                 sys.stdout.flush()
                 if stream.stopped:
                     break
@@ -314,7 +324,7 @@ def cmd_generate(args) -> int:
             sys.stdout.write("\n")  # end the text's line before the 'interrupted' message
             sys.stdout.flush()
             raise
-        sys.stdout.write(stream.flush() + "\n")
+        write(stream.flush() + "\n")
         if args.logprobs:
             _print_logprobs(seen, lambda i: repr(tok.token_bytes(i).decode("utf-8", errors="replace")))
         return 0
@@ -328,7 +338,7 @@ def cmd_generate(args) -> int:
             if stream.stopped:
                 break
         print(f"--- [{n}] ---")
-        print(text + "".join(body) + stream.flush())
+        write(text + "".join(body) + stream.flush() + "\n")
     return 0
 
 
@@ -710,6 +720,9 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--top-p", type=_float_in(0, 1, low_open=True))
     sp.add_argument("--seed", type=_int_range(0, 2**63 - 1))
     sp.add_argument("--stop-at-eot", action="store_true", help="stop at the end-of-text token")
+    sp.add_argument("--raw", action="store_true",
+                    help="write the prompt and the text as they are; by default control characters (ESC, the "
+                         "other C0 but newline and tab, C1) and a prompt's invalid bytes are written as \\xNN")
     sp.add_argument("--prompt-after-eot", action="store_true", help="prefix the prompt with <|endoftext|>")
     sp.add_argument("--logprobs", action="store_true",
                     help="after the text, each new token's id, log-probability (nats) and text")

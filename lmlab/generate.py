@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import re
 import types
 import weakref
 from typing import Iterable, Iterator, Optional, Sequence
@@ -441,6 +442,34 @@ def generate_batch(model: TransformerLM, prompts: Sequence[Sequence[int]], max_n
         if all(done):
             break
     return out
+
+
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\udc80-\udcff]")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character but newline and tab (C0, DEL, C1: ESC would let a prompt
+    or a model drive the terminal) written as ``\\xNN``, and an undecodable byte held as a surrogate
+    escape (a command-line prompt's) as ``\\xNN`` of that byte."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()) & 0xFF:02x}", text)
+
+
+def write_text(text: str, raw: bool = False, out=None) -> None:
+    """Write ``text`` to ``out`` (default sys.stdout): escaped (:func:`escape_controls`) unless ``raw``;
+    raw, the bytes of surrogate escapes (a prompt's invalid UTF-8) go out as they came in."""
+    import sys
+
+    out = out or sys.stdout
+    if not raw:
+        out.write(escape_controls(text))
+        return
+    buffer = getattr(out, "buffer", None)
+    if buffer is None:  # a text-only stream (io.StringIO) holds the text as it is
+        out.write(text)
+        return
+    out.flush()
+    buffer.write(text.encode(out.encoding or "utf-8", errors="surrogateescape"))
+    buffer.flush()
 
 
 class TextStream:

@@ -171,3 +171,89 @@ def _import_with(hf_folder, tmp_path, capsys, change):
 def test_import_refuses_more_layers_than_the_weights_hold_at_once(hf_folder, tmp_path, capsys):
     err = _import_with(hf_folder, tmp_path, capsys, {"num_hidden_layers": 1000000000})
     assert "num_hidden_layers=1000000000 but the weights hold 2 layer(s) (indices 0-1)" in err
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"torch_dtype": "float7"}, "torch_dtype='float7' is not a dtype; valid: 'auto' or a torch dtype name"),
+    ({"dtype": [1]}, "dtype=[1] is not a dtype; valid: "),
+])
+def test_import_refuses_unknown_dtypes(hf_folder, tmp_path, capsys, change, needle):
+    assert needle in _import_with(hf_folder, tmp_path, capsys, change)
+
+
+def test_import_refuses_non_finite_weights_naming_the_tensor(hf_folder, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    path, _ = hf_folder
+    state = load_file(str(path / "model.safetensors"))
+    name = "model.layers.1.mlp.down_proj.weight"
+    state[name][0, 0] = float("nan")
+    save_file(state, str(path / "model.safetensors"))
+    assert main(["import", str(path), "--out", str(tmp_path / "run")]) != 0
+    err = capsys.readouterr().err
+    assert f"tensor {name!r} holds 1 NaN or infinite value" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_import_still_takes_a_sound_folder(hf_folder, tmp_path):
+    assert main(["import", str(hf_folder[0]), "--out", str(tmp_path / "run")]) == 0
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    from lmlab.data.tokenizer import Tokenizer
+
+    return Tokenizer.train_bpe(["HAMLET: to be, or not to be, that is the question"] * 20, 300)
+
+
+def test_prompts_with_invalid_utf8_are_encoded_as_their_bytes(bpe):
+    from lmlab.data.tokenizer import Tokenizer, TokenizerError
+
+    prompt = b"HAM\xffLET \xfe\xc3".decode("utf-8", errors="surrogateescape")  # as argv gives it
+    assert Tokenizer.bytes_tokenizer().encode(prompt) == list(b"HAM\xffLET \xfe\xc3")
+    ids = bpe.encode(prompt)
+    assert ids == bpe.encode_bytes(b"HAM\xffLET \xfe\xc3") and bpe.decode_bytes(ids) == b"HAM\xffLET \xfe\xc3"
+    with pytest.raises(TokenizerError, match=r"lone surrogate U\+D800 at character 1"):
+        bpe.encode("a\ud800")
+
+
+def _hf_tokenizer(specials=()):
+    from tokenizers import Tokenizer as HF
+    from tokenizers import models, pre_tokenizers
+
+    from lmlab.data.tokenizer import Tokenizer
+
+    hf = HF(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    if specials:
+        hf.add_special_tokens(list(specials))
+    return Tokenizer("hf", hf)
+
+
+def test_a_tokenizer_without_separators_encodes_prompts_and_names_what_needs_one():
+    from lmlab.data.tokenizer import TokenizerError
+
+    tok = _hf_tokenizer()
+    assert tok.encode("a b a") == [0, 1, 0]
+    with pytest.raises(TokenizerError, match="none of the document separators .*give a prompt"):
+        tok.eot_id
+    with pytest.raises(TokenizerError, match=r"byte 0xff at character 2, which is not UTF-8, and this tokenizer "
+                                             r"has no byte tokens"):
+        tok.encode(b"a \xff".decode("utf-8", errors="surrogateescape"))
+
+
+PROMPT = "\x1b]0;pwned\x07HAM" + b"\xff".decode("utf-8", errors="surrogateescape") + "LET\x9b"
+
+
+def test_generate_escapes_control_characters_and_invalid_bytes_by_default(byte_run, capsys):
+    import re
+
+    assert main(["generate", str(byte_run), "--prompt", PROMPT, "--max-new-tokens", "40", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("\\x1b]0;pwned\\x07HAM\\xffLET\\x9b")
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", out)
+
+
+def test_generate_raw_writes_the_prompt_as_it_came(byte_run, capsysbinary):
+    assert main(["generate", str(byte_run), "--prompt", PROMPT, "--max-new-tokens", "2", "--raw"]) == 0
+    assert capsysbinary.readouterr().out.startswith(b"\x1b]0;pwned\x07HAM\xffLET\xc2\x9b")

@@ -55,6 +55,7 @@ def byte_level_alphabet() -> tuple[dict[int, str], dict[str, int]]:
 
 
 _SURROGATES = re.compile("([\udc80-\udcff]+)")
+_ANY_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class Tokenizer:
@@ -91,9 +92,9 @@ class Tokenizer:
 
     def _init_hf(self, hf, byte_level: bool) -> None:
         self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
+        # None: no separator; only what needs one (a document start, --stop-at-eot, preparing a corpus)
+        # refuses, when it asks for eot_id; a prompt is encoded without one
         self.eot_id = next((hf.token_to_id(n) for n in self.HF_EOT_NAMES if hf.token_to_id(n) is not None), None)
-        if self.eot_id is None:
-            raise TokenizerError(f"the tokenizer has none of the document separators {', '.join(self.HF_EOT_NAMES)}")
         specials = {t.content for t in hf.get_added_tokens_decoder().values() if t.special}
         _, to_byte = byte_level_alphabet()
         self._id_bytes = []
@@ -107,6 +108,19 @@ class Tokenizer:
                 self._id_bytes.append(bytes(to_byte[c] for c in tok))
             else:
                 self._id_bytes.append(tok.replace("\u2581", " ").encode("utf-8"))
+
+    @property
+    def eot_id(self) -> int:
+        """The id placed before every document; raises TokenizerError when the tokenizer has none of
+        :data:`HF_EOT_NAMES` (an imported tokenizer without special tokens)."""
+        if self._eot_id is None:
+            raise TokenizerError(f"the tokenizer has none of the document separators {', '.join(self.HF_EOT_NAMES)}; "
+                                 f"give a prompt (generation from a document start needs one)")
+        return self._eot_id
+
+    @eot_id.setter
+    def eot_id(self, value: Optional[int]) -> None:
+        self._eot_id = value
 
     # --- construction ----------------------------------------------------------------------
     @classmethod
@@ -233,12 +247,32 @@ class Tokenizer:
 
     # --- encoding --------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        """Text -> token ids (no EOT added)."""
+        """Text -> token ids (no EOT added). Text holding undecodable bytes as surrogate escapes
+        (``os.fsdecode``, a command-line argument: U+DC80..U+DCFF) is encoded as those bytes by the bytes
+        and BPE tokenizers (:meth:`encode_bytes`). Raises TokenizerError for such bytes on an imported
+        tokenizer (it has no byte tokens) and for other lone surrogates."""
+        if not text:
+            return []
+        if _ANY_SURROGATE.search(text):
+            return self._encode_escaped(text)
         if self.kind == "bytes":
             return list(text.encode("utf-8"))
         if self.kind == "hf":
-            return self.hf.encode(text, add_special_tokens=False).ids if text else []
-        return self.hf.encode(text).ids if text else []
+            return self.hf.encode(text, add_special_tokens=False).ids
+        return self.hf.encode(text).ids
+
+    def _encode_escaped(self, text: str) -> list[int]:
+        """Text with surrogates: the undecodable bytes its surrogate escapes stand for, as bytes."""
+        at = _ANY_SURROGATE.search(text).start()
+        try:
+            data = text.encode("utf-8", errors="surrogateescape")
+        except UnicodeEncodeError as exc:
+            raise TokenizerError(f"the text holds a lone surrogate U+{ord(text[exc.start]):04X} at character "
+                                 f"{exc.start}, which stands for no bytes; give UTF-8 text") from None
+        if self.kind == "hf":
+            raise TokenizerError(f"the text holds byte {ord(text[at]) - 0xDC00:#04x} at character {at}, which is not "
+                                 f"UTF-8, and this tokenizer has no byte tokens to hold it; give UTF-8 text")
+        return self.encode_bytes(data)
 
     def encode_bytes(self, data: bytes) -> list[int]:
         """Arbitrary bytes -> token ids; bytes that are not valid UTF-8 become single-byte tokens."""

@@ -191,10 +191,19 @@ _LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)\.")
 
 def check_declared(hf: dict, state: StateDict, where: str) -> None:
     """Check what ``hf`` (the config read from ``where``) declares against the tensors of ``state``
-    before any model is built from it: ``num_hidden_layers`` (also ``n_layer``, ``num_layers``, and in
-    ``text_config``) no more than the layers whose tensors are present (the other sizes are checked
-    against the tensors' shapes by the family's conversion, before allocating). Raises HFFormatError
-    naming the field, the value and what the weights hold."""
+    before any model is built from it: ``dtype`` / ``torch_dtype`` a torch dtype name or 'auto' (or
+    null); ``num_hidden_layers`` (also ``n_layer``, ``num_layers``, and in ``text_config``) no more
+    than the layers whose tensors are present (the other sizes are checked against the tensors' shapes
+    by the family's conversion, before allocating); every floating tensor finite. Raises HFFormatError
+    naming the field or tensor, the value and what the weights hold."""
+    for key in ("torch_dtype", "dtype"):
+        value = hf.get(key)
+        if value is None or value == "auto":
+            continue
+        name = value.removeprefix("torch.") if isinstance(value, str) else None
+        if not (name and isinstance(getattr(torch, name, None), torch.dtype)):
+            raise HFFormatError(f"{where}: {key}={value!r} is not a dtype; valid: 'auto' or a torch dtype name "
+                                f"(float32, bfloat16, float16, float64, ...)")
     layers = {int(m.group(1)) for k in state for m in [_LAYER_INDEX.search(k)] if m}
     found = max(layers) + 1 if layers else 0
     for section in (hf, hf.get("text_config") if isinstance(hf.get("text_config"), dict) else {}):
@@ -203,6 +212,12 @@ def check_declared(hf: dict, state: StateDict, where: str) -> None:
             if isinstance(value, int) and not isinstance(value, bool) and layers and value > found:
                 raise HFFormatError(f"{where}: {key}={value} but the weights hold {found} layer(s) "
                                     f"(indices {min(layers)}-{max(layers)}); the config and the weights disagree")
+    for name, t in state.items():
+        if t.is_floating_point():
+            bad = int((~torch.isfinite(t)).sum())
+            if bad:
+                raise HFFormatError(f"{where}: tensor {name!r} holds {bad:,} NaN or infinite value(s) of "
+                                    f"{t.numel():,}; the weights are damaged, refused")
 
 
 def hf_to_lmlab(path: str | Path, dtype: str = "fp32", notes: Optional[list] = None):
@@ -210,8 +225,8 @@ def hf_to_lmlab(path: str | Path, dtype: str = "fp32", notes: Optional[list] = N
     checkpoint folder, see :func:`_read_folder`; its conversion notes are appended to ``notes``). The
     model's parameters are fp32 or bf16 (``dtype``: 'fp32', 'bf16', or 'auto': bf16 when the checkpoint
     stores every floating tensor in bf16, else fp32; see :func:`stored_dtype`). Raises HFFormatError
-    (:func:`check_declared`) before building the model when the config's layer count contradicts the
-    weights."""
+    (:func:`check_declared`) before building the model when the config's sizes or dtype contradict the
+    weights or a tensor is not finite."""
     from lmlab.model import TransformerLM
 
     resolve_dtype(dtype, torch.float32)  # the name checked before anything is read
