@@ -91,17 +91,33 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, state: dic
     counters; ``rng``: RNG state tensors. With ``tied`` (default: :func:`tied_head` of a module, False
     for a state dict) ``lm_head.weight`` is not stored (it is ``embed.weight``). :func:`read_checkpoint`
     and :func:`load_weights` take any module this accepted.
-    Raises CheckpointError when the write fails (e.g. a full disk); earlier checkpoints stay intact."""
+    Raises CheckpointError, before anything is written, for what :func:`read_checkpoint` with
+    ``with_optimizer`` would refuse (the same checks): ``step`` not a non-negative integer, ``state``
+    failing :func:`check_trainer_state` (``step`` equal to ``step``, ``tokens_seen`` present, the counters'
+    types) or not JSON-able, an optimizer state that does not fit the module, RNG states of another
+    form; and when the write fails (e.g. a full disk); earlier checkpoints stay intact."""
     from lmlab.parallel import optimizer_state_by_name
 
+    if not _is_count(step):
+        raise CheckpointError(f"save_checkpoint: step={step!r} must be a non-negative integer")
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:07d}"
     tmp = root / f"step_{step:07d}.tmp"
+    check_trainer_state(state, final / "trainer.json", resume=True, folder_step=step)
+    try:
+        trainer_json = json.dumps(dict(state, checkpoint_version=CHECKPOINT_VERSION), indent=1, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{str(final / 'trainer.json')!r}: the trainer state is not JSON-able ({exc}); give "
+                              f"numbers, strings, lists and mappings") from None
+    if rng is not None:
+        _check_rng_state(rng, final / "rng.pt")
     if isinstance(model, torch.nn.Module):
         if tied is None:
             tied = tied_head(model)
         if isinstance(optimizer, torch.optim.Optimizer):
             optimizer = optimizer_state_by_name(model, optimizer)
+        if optimizer is not None:
+            _check_optimizer_state(optimizer, final / "optimizer.pt", model)
         weights = model.state_dict()
     else:
         weights = model
@@ -117,7 +133,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, state: dic
         buf = io.BytesIO()
         torch.save(rng, buf)
         files["rng.pt"] = buf.getvalue()
-    files["trainer.json"] = json.dumps(dict(state, checkpoint_version=CHECKPOINT_VERSION), indent=1).encode()
+    files["trainer.json"] = trainer_json.encode()
     run_file = Path(run_dir) / RUN_FILE
     if run_file.is_file():
         files[RUN_FILE] = run_file.read_bytes()

@@ -201,7 +201,7 @@ def byte_run(tmp_path_factory):
     model = TransformerLM(cfg)
     tok.save(run / "tokenizer.json")
     (run / "run.yaml").write_text(yaml.safe_dump({"model": cfg.to_dict(), "train": {}, "data": "none"}))
-    save_checkpoint(run, 1, model, None, {"step": 1})
+    save_checkpoint(run, 1, model, None, {"step": 1, "tokens_seen": 0})
     return run
 
 

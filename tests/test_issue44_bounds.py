@@ -257,3 +257,53 @@ def test_generate_escapes_control_characters_and_invalid_bytes_by_default(byte_r
 def test_generate_raw_writes_the_prompt_as_it_came(byte_run, capsysbinary):
     assert main(["generate", str(byte_run), "--prompt", PROMPT, "--max-new-tokens", "2", "--raw"]) == 0
     assert capsysbinary.readouterr().out.startswith(b"\x1b]0;pwned\x07HAM\xffLET\xc2\x9b")
+
+
+@pytest.mark.parametrize("step,state,needle", [
+    (3, {"step": 3}, "missing key 'tokens_seen'"),
+    (3, {"step": 4, "tokens_seen": 0}, "key 'step' is 4 but its folder is step 3"),
+    (3, {"step": 3, "tokens_seen": -1}, "key 'tokens_seen' must be a non-negative integer"),
+    (3, {"step": 3, "tokens_seen": 0, "loss_ema": float("nan")}, "key 'loss_ema' must be a finite number"),
+    (3, {"step": 3, "tokens_seen": 0, "note": object()}, "not JSON-able"),
+    (-1, {"step": -1, "tokens_seen": 0}, "step=-1 must be a non-negative integer"),
+    (3, [3], "expected a JSON object of trainer counters"),
+])
+def test_save_checkpoint_refuses_what_resuming_would_refuse(tmp_path, step, state, needle):
+    from lmlab.checkpoint import CheckpointError, save_checkpoint
+
+    with pytest.raises(CheckpointError, match=needle):
+        save_checkpoint(tmp_path / "r", step, _tiny_model(), None, state)
+    assert not (tmp_path / "r" / "checkpoints").exists() or not any((tmp_path / "r" / "checkpoints").iterdir())
+
+
+def test_save_checkpoint_refuses_foreign_optimizer_and_rng_states(tmp_path):
+    import torch
+
+    from lmlab.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
+
+    model, state = _tiny_model(), {"step": 2, "tokens_seen": 64}
+    with pytest.raises(CheckpointError, match="key 'state' holds 'nope'"):
+        save_checkpoint(tmp_path / "r", 2, model, {"state": {"nope": {}}, "param_groups": [{"params": []}]}, state)
+    with pytest.raises(CheckpointError, match="expected RNG states"):
+        save_checkpoint(tmp_path / "r", 2, model, None, state, rng={"cpu": torch.zeros(3)})
+    opt = torch.optim.AdamW(model.parameters())
+    path = save_checkpoint(tmp_path / "r", 2, model, opt, state, rng={"cpu": torch.get_rng_state()})
+    assert read_checkpoint(path, model, with_optimizer=True)[2]["tokens_seen"] == 64
+
+
+def test_allowed_special_encodes_listed_special_texts_as_tokens(bpe):
+    from lmlab.data.tokenizer import EOT, Tokenizer, TokenizerError
+
+    text = f"to be{EOT}or not"
+    assert EOT.encode() in bpe.decode_bytes(bpe.encode(text))  # default: text stays text
+    assert bpe.eot_id not in bpe.encode(text)
+    ids = bpe.encode(text, allowed_special={EOT})
+    assert ids == bpe.encode("to be") + [bpe.eot_id] + bpe.encode("or not")
+    assert bpe.encode(text, allowed_special="all") == ids
+    byt = Tokenizer.bytes_tokenizer()
+    assert byt.encode(text, allowed_special=[EOT]) == list(b"to be") + [256] + list(b"or not")
+    assert 256 not in byt.encode(text)
+    hf = _hf_tokenizer(["<s>"])
+    assert hf.encode("a<s>b", allowed_special=["<s>"]) == [0, hf.eot_id, 1]
+    with pytest.raises(TokenizerError, match=r"allowed_special: '<x>' is not a special token .*'<\|endoftext\|>'"):
+        bpe.encode(text, allowed_special=["<x>"])

@@ -122,6 +122,12 @@ class Tokenizer:
     def eot_id(self, value: Optional[int]) -> None:
         self._eot_id = value
 
+    def special_tokens(self) -> dict[str, int]:
+        """The special tokens' literal texts and ids (``<|endoftext|>`` -> 256 for bytes)."""
+        if self.kind == "bytes":
+            return {EOT: 256}
+        return {t.content: i for i, t in self.hf.get_added_tokens_decoder().items() if t.special}
+
     # --- construction ----------------------------------------------------------------------
     @classmethod
     def bytes_tokenizer(cls) -> "Tokenizer":
@@ -246,11 +252,28 @@ class Tokenizer:
         return self._segment_mode
 
     # --- encoding --------------------------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
-        """Text -> token ids (no EOT added). Text holding undecodable bytes as surrogate escapes
-        (``os.fsdecode``, a command-line argument: U+DC80..U+DCFF) is encoded as those bytes by the bytes
-        and BPE tokenizers (:meth:`encode_bytes`). Raises TokenizerError for such bytes on an imported
-        tokenizer (it has no byte tokens) and for other lone surrogates."""
+    def encode(self, text: str, allowed_special: Iterable[str] | str = ()) -> list[int]:
+        """Text -> token ids (no EOT added). A special token's literal text (``<|endoftext|>``) is encoded
+        as text, unless it is in ``allowed_special`` (special token texts, or ``"all"``; as tiktoken's
+        ``allowed_special``), where it becomes that token. Text holding undecodable bytes as surrogate
+        escapes (``os.fsdecode``, a command-line argument: U+DC80..U+DCFF) is encoded as those bytes by
+        the bytes and BPE tokenizers (:meth:`encode_bytes`). Raises TokenizerError for such bytes on an
+        imported tokenizer (it has no byte tokens), for other lone surrogates, and for an
+        ``allowed_special`` entry that is not one of :meth:`special_tokens` (naming the valid ones)."""
+        if allowed_special:
+            specials = self.special_tokens()
+            wanted = list(specials) if allowed_special == "all" else (
+                [allowed_special] if isinstance(allowed_special, str) else list(allowed_special))
+            unknown = [t for t in wanted if t not in specials]
+            if unknown:
+                raise TokenizerError(f"allowed_special: {unknown[0]!r} is not a special token of this tokenizer; "
+                                     f"its special tokens: {', '.join(map(repr, specials)) or 'none'}, or 'all'")
+            if wanted:
+                pattern = "(" + "|".join(re.escape(t) for t in sorted(set(wanted), key=len, reverse=True)) + ")"
+                ids: list[int] = []
+                for i, part in enumerate(re.split(pattern, text)):
+                    ids.extend([specials[part]] if i % 2 else self.encode(part))
+                return ids
         if not text:
             return []
         if _ANY_SURROGATE.search(text):
