@@ -854,13 +854,19 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
+def _one_line(exc: BaseException) -> bool:
+    """Whether ``exc`` is an error the CLI reports in one line (exit 2). The classes of modules that
+    import torch are imported only here, when something failed: a command refused early (a spec that
+    plans too many runs) is not kept waiting for torch."""
+    if isinstance(exc, (ConfigError, ValueError, FloatingPointError)):  # DataError, TokenizerError, ...
+        return True
     from lmlab.checkpoint import CheckpointError
     from lmlab.data.corpus import CorpusError
-    from lmlab.data.prepare import DataError
-    from lmlab.data.tokenizer import TokenizerError
-    from lmlab.interop.registry import UnsupportedError
 
+    return isinstance(exc, (CheckpointError, CorpusError))
+
+
+def main(argv=None) -> int:
     parser = make_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # refused by the (sub)command they were given to, so the hint names its --help
@@ -871,10 +877,6 @@ def main(argv=None) -> int:
         set_threads(args.threads)
     try:
         return args.func(args)
-    except (ConfigError, DataError, CheckpointError, CorpusError, TokenizerError, UnsupportedError, ValueError,
-            FloatingPointError) as exc:
-        print(f"lmlab {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except BrokenPipeError:  # e.g. `lmlab survey | head`: the reader left; say nothing more
         import os
 
@@ -887,6 +889,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt as exc:  # lmlab.train.TrainingInterrupted says what was saved
         print(f"lmlab {args.command}: {str(exc) or 'interrupted'}", file=sys.stderr)
         return getattr(exc, "exit_code", 130)
+    except Exception as exc:  # ConfigError, DataError, CheckpointError, ...: one line; anything else a bug
+        if not _one_line(exc):
+            raise
+        print(f"lmlab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

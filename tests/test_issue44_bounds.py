@@ -32,6 +32,20 @@ def test_a_million_variant_grid_is_refused_at_once_with_its_count(tmp_path, caps
     assert not (tmp_path / "sw").exists()
 
 
+def test_the_cli_refuses_a_million_runs_in_under_two_seconds_end_to_end(tmp_path):
+    import subprocess
+    import sys
+
+    grid = ", ".join(f"{f}: [{', '.join(str(i) for i in range(1, 11))}]"
+                     for f in ("lr", "warmup_steps", "batch_size", "grad_accum", "max_steps", "weight_decay"))
+    path = _spec_file(tmp_path, f"name: big\nbudget: {{steps: 2}}\naxes: {{grid: {{{grid}}}}}\n")
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--dry-run"], capture_output=True,
+                          text=True, timeout=60)
+    assert time.perf_counter() - t0 < 2  # the count comes before torch is imported
+    assert done.returncode == 2 and "plans 1,000,000 runs" in done.stderr and not done.stdout
+
+
 def test_a_hundred_thousand_seeds_are_refused_at_once(tmp_path, capsys):
     path = _spec_file(tmp_path, "name: big\nbudget: {steps: 2}\nseeds: [" + ", ".join(map(str, range(1, 100001)))
                       + "]\n")

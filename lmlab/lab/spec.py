@@ -596,6 +596,8 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
             f"{source}: unknown key {unknown[0]!r}"
             + (f"; did you mean {near[0]!r}?" if near else f"; valid keys: {', '.join(SPEC_KEYS)}")
         )
+    # counted before anything is expanded, or imported (torch): a 10^6-run spec is refused at once
+    planned = check_run_count(raw, source, max_runs)
     from lmlab.train import TrainConfig
 
     for section in ("model", "train", "decode"):
@@ -652,7 +654,6 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
     name = raw.get("name") or (path.stem if path else "sweep")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", str(name)):
         raise ConfigError(f"{source}: name={name!r} may hold only letters, digits, '.', '_' and '-'")
-    planned = check_run_count(raw, seeds, source, max_runs)
     variants = expand_axes(raw.get("axes"), f"{source} axes")
     labels = [v.label for v in variants]
     baseline = raw.get("baseline", labels[0])
@@ -806,9 +807,9 @@ def _options(value: Any) -> int:
     return 1
 
 
-def check_run_count(raw: dict, seeds: list, source: str, max_runs: Optional[int] = None) -> int:
+def check_run_count(raw: dict, source: str, max_runs: Optional[int] = None) -> int:
     """The number of runs ``raw`` plans, computed arithmetically before anything is expanded: the
-    product of the grid axes' lengths x the zip length x the scales x the tuned values x ``seeds``.
+    product of the grid axes' lengths x the zip length x the scales x the tuned values x the seeds.
     Raises ConfigError naming the count and how to allow it when it exceeds ``max_runs`` (None: the
     spec's ``max_runs:``, default :data:`MAX_RUNS`), or when ``max_runs`` is not an integer >= 1."""
     limit = max_runs if max_runs is not None else raw.get("max_runs", MAX_RUNS)
@@ -818,6 +819,7 @@ def check_run_count(raw: dict, seeds: list, source: str, max_runs: Optional[int]
     grid = axes.get("grid") if isinstance(axes.get("grid"), dict) else {}
     tune = raw.get("tune") if isinstance(raw.get("tune"), dict) else {}
     scales = raw.get("scales")
+    seeds = raw["seeds"] if isinstance(raw.get("seeds"), list) else [None]  # default: train.seed
     count = (math.prod(_options(v) for v in grid.values()) * (_options(axes["zip"]) if "zip" in axes else 1)
              * math.prod(_options(v) for v in tune.values())
              * (_options(scales) if scales is not None else 1) * len(seeds))
