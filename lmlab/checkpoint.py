@@ -42,6 +42,7 @@ from safetensors.torch import load_file, save
 
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.fsutil import _fsync_dir, sha256_file
+from lmlab.lab.validate import check_nesting
 from lmlab.model import TransformerLM
 
 if TYPE_CHECKING:
@@ -179,7 +180,7 @@ def _note(text: str) -> None:
 
 def _read_json(path: Path, what: str):
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
+        return json.loads(check_nesting(path.read_bytes().decode("utf-8"), repr(str(path)), CheckpointError))
     except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise CheckpointError(f"{str(path)!r} is unreadable (truncated or corrupt?): expected {what} as JSON: "
                               f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
@@ -494,7 +495,7 @@ def metrics_lines(path: str | Path) -> list[tuple[str, dict]]:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = json.loads(check_nesting(line, f"{str(path)!r} line {i}", CheckpointError))
         except json.JSONDecodeError:
             if i == len(lines):  # no newline after it: the cut last line of a killed writer
                 continue

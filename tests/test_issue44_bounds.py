@@ -86,7 +86,7 @@ def test_deep_json_and_yaml_are_one_line_naming_the_file(tmp_path):
             load_mapping(tmp_path / name)
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"text": "fine"}\n{"text": "hi", "x": ' + "[" * 100000 + "]" * 100000 + "}\n")
-    with pytest.raises(DataError, match=r"c.jsonl' row 1 nests JSON arrays/objects 100,001 deep; at most 64"):
+    with pytest.raises(DataError, match=r"c.jsonl' row 1: JSON nested more than 64 deep \(100,001 levels\)"):
         list(iter_records(corpus, "json"))
 
 
@@ -321,3 +321,35 @@ def test_allowed_special_encodes_listed_special_texts_as_tokens(bpe):
     assert hf.encode("a<s>b", allowed_special=["<s>"]) == [0, hf.eot_id, 1]
     with pytest.raises(TokenizerError, match=r"allowed_special: '<x>' is not a special token .*'<\|endoftext\|>'"):
         bpe.encode(text, allowed_special=["<x>"])
+
+
+DEEP = "[" * 100000 + "]" * 100000
+
+
+def test_deep_json_in_an_import_config_a_tokenizer_a_checkpoint_and_a_data_manifest_is_one_line(
+        hf_folder, tmp_path, byte_run, byte_data, capsys):
+    import shutil
+
+    from lmlab.checkpoint import CheckpointError, checkpoint_dirs, read_checkpoint
+    from lmlab.data.prepare import TokenData
+    from lmlab.data.sources import DataError
+    from lmlab.data.tokenizer import Tokenizer, TokenizerError
+
+    (hf_folder[0] / "config.json").write_text('{"model_type": "llama", "x": ' + DEEP + "}")
+    assert main(["import", str(hf_folder[0]), "--out", str(tmp_path / "run")]) == 2
+    assert "config.json': JSON nested more than 64 deep (100,001 levels)" in capsys.readouterr().err
+    (tmp_path / "tokenizer.json").write_text(DEEP)
+    deep = r"JSON nested more than 64 deep \(100,000 levels\)"
+    with pytest.raises(TokenizerError, match=r"tokenizer file .*tokenizer.json': " + deep):
+        Tokenizer.load(tmp_path / "tokenizer.json")
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(checkpoint_dirs(byte_run)[-1], ckpt)
+    (ckpt / "trainer.json").write_text(DEEP)
+    (ckpt / "manifest.json").unlink()  # read without a manifest, as an older lmlab wrote it
+    with pytest.raises(CheckpointError, match=r"trainer.json': " + deep):
+        read_checkpoint(ckpt, _tiny_model())
+    data = tmp_path / "data"
+    shutil.copytree(byte_data, data)
+    (data / "manifest.json").write_text(DEEP)
+    with pytest.raises(DataError, match=r"manifest .*manifest.json': " + deep + ".*re-run `lmlab prepare`"):
+        TokenData(data)

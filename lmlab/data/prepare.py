@@ -818,7 +818,10 @@ class TokenData:
             raise DataError(f"{str(self.folder)!r} is not a prepared data folder (no manifest.json); "
                             f"run `lmlab prepare --data PATH --out {self.folder}` first")
         try:
-            self.manifest = json.loads(path.read_text())
+            from lmlab.lab.validate import check_nesting
+
+            self.manifest = json.loads(check_nesting(path.read_text(), f"manifest {str(path)!r}", DataError,
+                                                     "; the file is damaged: re-run `lmlab prepare`"))
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise DataError(f"manifest {str(path)!r} could not be read ({exc}); the file is damaged: "
                             f"re-run `lmlab prepare`") from None

@@ -126,12 +126,10 @@ def _json_rows(path: Path) -> Iterator[tuple[int, object]]:
 def _loads(raw: bytes, path: Path, where: str):
     """``raw`` parsed as JSON; DataError naming ``path`` and ``where`` when it is not JSON or nests
     deeper than :data:`lmlab.lab.validate.MAX_DEPTH` (counted before parsing: no RecursionError)."""
-    from lmlab.lab.validate import MAX_DEPTH, nesting
+    from lmlab.lab.validate import check_nesting
 
-    depth = nesting(raw.decode("utf-8", errors="replace"))
-    if depth > MAX_DEPTH:
-        raise DataError(f"{str(path)!r} {where} nests JSON arrays/objects {depth:,} deep; at most {MAX_DEPTH} "
-                        f"are read (a text record needs one or two)")
+    check_nesting(raw.decode("utf-8", errors="replace"), f"{str(path)!r} {where}", DataError,
+                  " (a text record needs one or two)")
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -155,10 +155,13 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> "Tokenizer":
-        """Load ``tokenizer.json``: an HF tokenizer file, or lmlab's ``{"type": "bytes"}``."""
+        """Load ``tokenizer.json``: an HF tokenizer file, or lmlab's ``{"type": "bytes"}``; raises
+        TokenizerError naming the file when it is unreadable, not JSON or nested too deep."""
+        from lmlab.lab.validate import check_nesting
+
         path = Path(path)
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(check_nesting(path.read_text(), f"tokenizer file {str(path)!r}", TokenizerError))
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise TokenizerError(f"tokenizer file {str(path)!r} could not be read: {exc}") from None
         return cls.from_json(data, str(path))

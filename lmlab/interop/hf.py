@@ -38,6 +38,7 @@ from safetensors.torch import load_file, save_file
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.interop import common
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, families, get_family
+from lmlab.lab.validate import check_nesting
 
 # Export tries families in this order when the run names none (the common recipes first).
 PREFERRED = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "cohere",
@@ -53,7 +54,8 @@ class HFFormatError(ValueError):
 # ------------------------------------------------------------------------------------------------
 
 def read_hf_config(path: str | Path) -> dict:
-    """The parsed ``config.json`` of HF model folder ``path``."""
+    """The parsed ``config.json`` of HF model folder ``path``; raises HFFormatError naming the file when
+    the folder or the file is missing, unreadable, not JSON, nested too deep or has no model_type."""
     path = Path(path)
     if not path.is_dir():
         raise HFFormatError(f"{str(path)!r} is not a folder; give a Hugging Face model folder (config.json + weights)")
@@ -61,7 +63,7 @@ def read_hf_config(path: str | Path) -> dict:
     if not cfg_path.is_file():
         raise HFFormatError(f"{str(path)!r} has no config.json; it is not a Hugging Face model folder")
     try:
-        hf = json.loads(cfg_path.read_text())
+        hf = json.loads(check_nesting(cfg_path.read_text(), repr(str(cfg_path)), HFFormatError))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise HFFormatError(f"{str(cfg_path)!r} could not be parsed: {exc}") from None
     if not isinstance(hf, dict) or "model_type" not in hf:
@@ -111,7 +113,7 @@ def read_hf_state(path: str | Path) -> StateDict:
         index = path / index_name
         if index.is_file():
             try:
-                weight_map = json.loads(index.read_text())["weight_map"]
+                weight_map = json.loads(check_nesting(index.read_text(), repr(str(index)), HFFormatError))["weight_map"]
             except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise HFFormatError(f"{str(index)!r} is not a valid shard index: {exc}") from None
             state: StateDict = {}

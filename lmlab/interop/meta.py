@@ -105,7 +105,10 @@ def read_meta(path: str | Path) -> tuple[dict, dict, list[str]]:
     mis-shaped tensor, or an unreadable shard."""
     path = Path(path)
     try:
-        params = json.loads((path / "params.json").read_text())
+        from lmlab.lab.validate import check_nesting
+
+        params = json.loads(check_nesting((path / "params.json").read_text(), repr(str(path / "params.json")),
+                                          MetaFormatError))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise MetaFormatError(f"{str(path / 'params.json')!r} could not be read: {exc}") from None
     if not isinstance(params, dict):

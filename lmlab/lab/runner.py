@@ -44,6 +44,7 @@ import yaml
 
 from lmlab.config import ConfigError
 from lmlab.fsutil import atomic_write_text
+from lmlab.lab.validate import check_nesting
 from lmlab.lab.spec import (TIMING_METRICS, RunPlan, Spec, _fmt, control_flags, load_spec, plan_quantities,
                             plan_runs, trained_plans)
 
@@ -220,7 +221,7 @@ def training_summary(run_dir: Path) -> dict:
     state: dict = {}
     ckpts = checkpoint_dirs(run_dir)
     if ckpts and (ckpts[-1] / "trainer.json").is_file():
-        state = json.loads((ckpts[-1] / "trainer.json").read_text())
+        state = json.loads(check_nesting((ckpts[-1] / "trainer.json").read_text(), str(ckpts[-1] / "trainer.json")))
     final = sum(losses) / len(losses) if losses else None
     diag = [r for r in recs if "max_attn_logit" in r]  # TrainConfig.diag_interval records
     return {
@@ -699,8 +700,8 @@ def _kept(path: Path, key: dict, what: str, log: Callable[[str], None]) -> Optio
     if not path.is_file():
         return None
     try:
-        stored = json.loads(path.read_text())
-    except json.JSONDecodeError:
+        stored = json.loads(check_nesting(path.read_text(), str(path)))
+    except (json.JSONDecodeError, ConfigError):  # damaged: measured again
         return None
     if isinstance(stored, dict) and stored.get("key") == json.loads(json.dumps(key)):
         log(f"{what}: kept {path} (same settings and models)")

@@ -145,6 +145,16 @@ def nesting(text: str) -> int:
     return most
 
 
+def check_nesting(text: str, where: str, error: type = ConfigError, why: str = "") -> str:
+    """``text`` unchanged when its JSON arrays and objects nest at most :data:`MAX_DEPTH` deep
+    (:func:`nesting`, before any parser recurses); else raises ``error`` naming ``where``, the depth and
+    the limit (``why``: what it says about the file)."""
+    depth = nesting(text)
+    if depth > MAX_DEPTH:
+        raise error(f"{where}: JSON nested more than {MAX_DEPTH} deep ({depth:,} levels){why}")
+    return text
+
+
 def nonfinite_path(value: Any) -> Optional[str]:
     """The path (``claims[2].effect``) of the first NaN or infinite number inside ``value``, else None.
     Iterative: any depth."""
@@ -164,9 +174,7 @@ def parse_json(text: str, where: str, finite: bool = True) -> Any:
     """``text`` as JSON; ``where`` (``FILE: line N``) starts every error. Refuses (ConfigError) text
     that is not JSON, nests deeper than :data:`MAX_DEPTH` (checked before parsing) and, with
     ``finite``, holds NaN or Infinity."""
-    if nesting(text) > MAX_DEPTH:
-        raise ConfigError(f"{where}: JSON nested more than {MAX_DEPTH} deep ({nesting(text):,} levels); the lab "
-                          f"never writes that: the file is damaged")
+    check_nesting(text, where, why="; the lab never writes that: the file is damaged")
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
