@@ -377,7 +377,7 @@ def check_run_model(run_dir: str | Path, run: dict, ckpt_dir: Optional[str | Pat
         return
     try:
         saved = yaml.safe_load(copy.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
         return
     model = saved.get("model") if isinstance(saved, dict) else None
     if isinstance(model, dict) and _filled(model) != _filled(run["model"]):
@@ -454,6 +454,9 @@ def read_run(run_dir: str | Path) -> dict:
         run = yaml.safe_load(path.read_text())
     except UnicodeDecodeError:
         raise CheckpointError(f"{str(path)!r} is not UTF-8 text (a binary file?); it should be the run's YAML "
+                              f"config{hint}") from None
+    except RecursionError:  # YAML flow or block nesting thousands deep: PyYAML's parser recurses
+        raise CheckpointError(f"{str(path)!r} could not be read: nesting too deep; it should be the run's YAML "
                               f"config{hint}") from None
     except (OSError, yaml.YAMLError) as exc:
         from lmlab.config import yaml_error_line

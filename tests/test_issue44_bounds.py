@@ -353,3 +353,10 @@ def test_deep_json_in_an_import_config_a_tokenizer_a_checkpoint_and_a_data_manif
     (data / "manifest.json").write_text(DEEP)
     with pytest.raises(DataError, match=r"manifest .*manifest.json': " + deep + ".*re-run `lmlab prepare`"):
         TokenData(data)
+
+
+def test_a_deep_yaml_run_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "run.yaml").write_text("model: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert main(["eval", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "run.yaml' could not be read: nesting too deep" in err and len(err.strip().splitlines()) == 1
