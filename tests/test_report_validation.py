@@ -249,6 +249,37 @@ def test_damaged_verdicts_json_is_refused_in_one_line(tiny, tmp_path, capsys, cl
     _one_error(err, "verdicts.json: ", says)
 
 
+def test_a_hand_edited_verdict_or_interval_is_refused(tiny, tmp_path, capsys):
+    """A verdicts.json whose verdict its own interval does not give (flipped by hand), whose lo > hi or
+    whose effect lies outside its interval is refused naming the claim, never published; the new-user
+    check of issue 44 found the flipped verdict published by --index."""
+    _, rep = tiny
+    data = json.loads((rep / "verdicts.json").read_text())
+    judged = next(i for i, c in enumerate(data["claims"]) if c["lo"] is not None and c["verdict"] in ("agrees", "disagrees"))
+    c = data["claims"][judged]
+    flip = {"agrees": "disagrees", "disagrees": "agrees"}[c["verdict"]]
+    for edit, says in (({"verdict": flip, "measured": flip}, "(a hand-edited verdict?)"),
+                       ({"lo": c["hi"] + 1.0}, "above hi="),
+                       ({"effect": c["hi"] + 1.0}, "outside its interval")):
+        folder = tmp_path / f"v-{len(says)}"
+        folder.mkdir()
+        damaged = json.loads(json.dumps(data))
+        damaged["claims"][judged].update(edit)
+        (folder / "verdicts.json").write_text(json.dumps(damaged))
+        rc, _, err = _index(folder, tmp_path, capsys)
+        assert rc == 2
+        _one_error(err, f"verdicts.json: claims[{judged}]", says)
+
+
+def test_report_names_a_file_given_as_the_sweep_and_index_refuses_a_folder_twice(tiny, tmp_path, capsys):
+    light, rep = tiny
+    assert main(["report", str(light / "results.jsonl"), "--out", str(tmp_path / "r" / "report.md")]) == 2
+    _one_error([x for x in capsys.readouterr().err.splitlines() if x.strip()], "is a file, not a sweep folder")
+    assert not (tmp_path / "r").exists()
+    assert main(["report", "--index", str(rep), str(rep) + "/", "--out", str(tmp_path / "i" / "index.md")]) == 2
+    _one_error([x for x in capsys.readouterr().err.splitlines() if x.strip()], "is given twice")
+
+
 # --- the property: 200 random damages ------------------------------------------------------------------------------
 DEEP = "[" * 100_000 + "]" * 100_000
 

@@ -45,6 +45,7 @@ from lmlab.lab.runner import (
 )
 from lmlab.lab.spec import builtin_specs, parse_spec
 from lmlab.lab import validate
+from lmlab.config import ConfigError
 from lmlab.lab.verdicts import analyze, split_stages, tune_key
 
 VERDICTS_FILE = "verdicts.json"
@@ -481,6 +482,9 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     and field when ``results.jsonl`` or ``provenance.jsonl`` is damaged (:mod:`lmlab.lab.validate`;
     nothing is written then)."""
     sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise ConfigError(f"{str(sweep_dir)!r} is {'a file' if sweep_dir.exists() else 'not there'}, not a sweep "
+                          f"folder; give the folder `lmlab sweep --out` wrote (it holds results.jsonl)")
     out = _check_out(Path(out) if out else sweep_dir / "report.md")
     # report.md, or a report beside its sweep: plain names (loss.png, ...); NAME.md elsewhere: NAME-loss.png, ...
     prefix = "" if (out.parent.resolve() == sweep_dir.resolve() or out.stem == "report") else f"{out.stem}-"
@@ -1288,6 +1292,12 @@ def write_index(dirs: list[Path], out: Path, readme: Optional[Path] = None) -> l
     ValueError for a folder that is neither a sweep nor a report, a bad ``out``, or a README without
     the markers."""
     out = _check_out(Path(out), REPORT_MARKS[1])
+    seen: dict = {}
+    for d in dirs:  # one folder named twice would count its claims twice
+        key = Path(d).resolve()
+        if key in seen:
+            raise ConfigError(f"--index: {str(d)!r} is given twice (as {str(seen[key])!r} too); name each sweep once")
+        seen[key] = d
     claims, specs, executed = collect_claims(dirs)
     if readme is not None:
         link = Path(os.path.relpath(out.resolve(), Path(readme).resolve().parent))

@@ -600,7 +600,10 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
     planned = check_run_count(raw, source, max_runs)
     from lmlab.train import TrainConfig
 
-    for section in ("model", "train", "decode"):
+    for key in ("claim", "notes"):  # free text: a list or mapping here (YAML aliases) would be dumped whole
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise ConfigError(f"{source}: {key} must be text, got {type(raw[key]).__name__} {str(raw[key])[:60]!r}")
+    for section in ("model", "train", "decode", "axes"):
         if section in raw and raw[section] is None:
             raise ConfigError(f"{source}: '{section}: null' is empty; give a mapping of fields or drop the key")
         if not isinstance(raw.get(section) or {}, dict):

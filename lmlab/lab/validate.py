@@ -446,7 +446,33 @@ def check_claim(c: Any, where: str) -> dict:
     for key, (ok, valid) in _CLAIM_FIELDS.items():
         if key in c and not ok(c[key]):
             raise ConfigError(f"{where}: field {key!r} is {_show(c[key])}; give {valid}")
+    _check_claim_numbers(c, where)
     return c
+
+
+def _check_claim_numbers(c: dict, where: str) -> None:
+    """A stored claim's numbers agree with each other: lo <= effect <= hi, and the verdict its interval
+    gives (:func:`lmlab.lab.stats.verdict` with its kind and margin) is the one stored ("measured" where a
+    gate replaced it; the verdict itself otherwise). A hand-edited verdict is refused, never published."""
+    from lmlab.lab import stats
+
+    lo, hi, effect = c.get("lo"), c.get("hi"), c.get("effect")
+    if not (_is_num(lo) and _is_num(hi)):
+        return
+    if lo > hi:
+        raise ConfigError(f"{where}: its interval has lo={lo!r} above hi={hi!r} (the file is damaged)")
+    tol = 1e-9 * max(1.0, abs(lo), abs(hi))
+    if _is_num(effect) and not lo - tol <= effect <= hi + tol:
+        raise ConfigError(f"{where}: field 'effect' is {effect!r}, outside its interval [{lo!r}, {hi!r}] (the file "
+                          f"is damaged)")
+    interval = (stats.AGREES, stats.DISAGREES, stats.INCONCLUSIVE)
+    stored = c.get("measured") if c.get("measured") is not None else c.get("verdict")
+    if stored not in interval or c.get("kind") not in ("better", "equal") or not (c.get("by") is None or _is_num(c["by"])):
+        return
+    want = stats.verdict(c["kind"], lo, hi, c["by"] if c["by"] is not None else 0.0)
+    if stored != want or (c.get("verdict") in interval and c["verdict"] != want):
+        raise ConfigError(f"{where}: field 'verdict' is {c.get('verdict')!r} (measured {stored!r}) but its interval "
+                          f"[{lo:.6g}, {hi:.6g}] against the margin {c['by']!r} gives {want!r} (a hand-edited verdict?)")
 
 
 def read_verdicts(path: Path) -> dict:
