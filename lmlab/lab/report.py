@@ -801,10 +801,7 @@ def read_json_file(path: Path) -> dict:
     """A JSON object written by the lab (timing.json, init_grads.json); ValueError naming the file
     (nesting deeper than :data:`lmlab.lab.validate.MAX_DEPTH` refused before parsing)."""
     try:
-        text = path.read_text()
-        if validate.nesting(text) > validate.MAX_DEPTH:
-            raise ValueError(f"JSON nested more than {validate.MAX_DEPTH} deep")
-        data = json.loads(text)
+        data = json.loads(validate.check_nesting(path.read_text(), "its text", error=ValueError))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ValueError(
             f"{str(path)!r} could not be read ({exc}); the file is damaged: delete it (a rerun of "
