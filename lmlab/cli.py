@@ -166,9 +166,29 @@ def cmd_sweep(args) -> int:
                + (f" --out {args.out}" if args.out else "") + f" --jobs {args.jobs}")
     if args.data:
         command += f" --data {args.data}"
+    params = {}
+    if args.executor_config:
+        from lmlab.config import load_mapping
+
+        params.update(load_mapping(Path(args.executor_config)))
+    for flag, key in (("slurm_partition", "slurm_partition"), ("time", "timeout_min"),
+                      ("cpus_per_task", "cpus_per_task"), ("gpus_per_task", "gpus_per_node"),
+                      ("array_parallelism", "slurm_array_parallelism")):
+        if getattr(args, flag) is not None:
+            params[key] = getattr(args, flag)
+    if args.executor != "local":
+        command += f" --executor {args.executor}"
     run_sweep(args.spec, out=args.out, jobs=args.jobs, dry_run=args.dry_run, command=command, tier=args.tier,
-              data_dir=Path(args.data) if args.data else None, max_runs=args.max_runs)
+              data_dir=Path(args.data) if args.data else None, max_runs=args.max_runs,
+              executor=args.executor, executor_params=params, runs_per_task=args.runs_per_task)
     return 0
+
+
+def cmd_sweep_worker(args) -> int:
+    from lmlab.lab.worker import run_names
+
+    rows = run_names(Path(args.sweep), args.runs, args.threads)
+    return 0 if all(r.get("status") in ("ok", "diverged") for r in rows) else 1
 
 
 def cmd_report(args) -> int:
@@ -750,7 +770,28 @@ def make_parser() -> argparse.ArgumentParser:
                          "'data:' (default: the spec's, else the default corpus)")
     sp.add_argument("--tier", help="run the spec at one of its tiers (e.g. gpu: 20-100M parameters on one GPU); "
                                    "default: the spec as written (CPU-sized)")
+    sp.add_argument("--executor", choices=["local", "slurm", "submitit-local"], default="local",
+                    help="where runs train: local (--jobs at once, default), slurm (job arrays through submitit; "
+                         "needs lmlab[slurm]) or submitit-local (submitit's local executor, --jobs jobs at once)")
+    sp.add_argument("--runs-per-task", "--runs-per-gpu", dest="runs_per_task", type=POSITIVE, default=1,
+                    help="runs each Slurm/submitit task trains at once (sharing its CPUs, or its GPU)")
+    sp.add_argument("--slurm-partition", help="Slurm partition of the runs' jobs")
+    sp.add_argument("--time", type=POSITIVE, help="each job's time limit in minutes (default 1440); near it "
+                    "the job checkpoints and is requeued")
+    sp.add_argument("--cpus-per-task", type=POSITIVE, help="CPUs of each Slurm task")
+    sp.add_argument("--gpus-per-task", type=int, help="GPUs of each Slurm task (its node's)")
+    sp.add_argument("--array-parallelism", type=POSITIVE, help="Slurm array tasks running at once")
+    sp.add_argument("--executor-config", type=_path, metavar="FILE.yaml",
+                    help="other submitit parameters, a YAML mapping (e.g. slurm_account, mem_gb, "
+                         "slurm_additional_parameters); the flags above take precedence")
     sp.set_defaults(func=cmd_sweep)
+
+    sp = sub.add_parser("sweep-worker", help="train, evaluate and record planned runs of a sweep (what each "
+                        "Slurm/submitit job runs; reproduces a failed run)")
+    sp.add_argument("sweep", type=_path, help="the sweep folder (`lmlab sweep --out`)")
+    sp.add_argument("runs", nargs="+", help="run names (its plans/RUN.json); several train at once")
+    sp.add_argument("--threads", type=POSITIVE, default=1, help="torch threads per run (default 1)")
+    sp.set_defaults(func=cmd_sweep_worker)
 
     sp = sub.add_parser("report", help="markdown report of a sweep (verdicts, plots, results.csv), or an index")
     sp.add_argument("sweep", nargs="?", type=_path, help="a sweep folder (`lmlab sweep --out`)")

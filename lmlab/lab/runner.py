@@ -45,6 +45,7 @@ import yaml
 from lmlab.config import ConfigError
 from lmlab.fsutil import atomic_write_text
 from lmlab.lab.validate import check_nesting
+from lmlab.lab.worker import stop_training
 from lmlab.lab.spec import (TIMING_METRICS, RunPlan, Spec, _fmt, control_flags, load_spec, plan_quantities,
                             plan_runs, trained_plans)
 
@@ -53,7 +54,6 @@ TIMING_FILE = "timing.json"
 INIT_GRADS_FILE = "init_grads.json"
 PROVENANCE_FILE = "provenance.jsonl"
 LOAD_FILE = "load.jsonl"
-DIVERGED_MARK = "non-finite steps in a row"  # the FloatingPointError message of Trainer.fit
 
 
 # --- run state -----------------------------------------------------------------------------
@@ -316,16 +316,6 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _log_since(path: Path, offset: int, n: int = 4000) -> str:
-    """The last ``n`` characters written to ``path`` after byte ``offset``."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace")[-n:]
-    except OSError:
-        return ""
-
-
 class _Sweep:
     def __init__(
         self,
@@ -335,12 +325,16 @@ class _Sweep:
         jobs: int,
         threads: int,
         log: Callable[[str], None],
+        executor: Any = None,
     ):
+        """``executor``: None trains ``jobs`` runs at once in threads of this process (each a training
+        subprocess); else an executor of :mod:`lmlab.lab.executors` (Slurm, submitit-local) whose
+        ``run(names, on_row)`` returns when each run has a row."""
         self.spec, self.dir, self.plans, self.jobs, self.threads = spec, sweep_dir, plans, jobs, threads
+        self.executor = executor
         self._say, self.log_lock = log, threading.Lock()
         self.lock = threading.Lock()  # results file
         self.eval_lock = threading.Lock()  # one evaluation at a time in this process
-        self.procs: set = set()
         self.stopping = False
         self.rows = {r["run"]: r for r in read_results(sweep_dir)}
         self.done_count = 0
@@ -353,102 +347,32 @@ class _Sweep:
         path = self.dir / RESULTS_FILE
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
-    def train(self, p: RunPlan, run_dir: Path) -> tuple[bool, Optional[str]]:
-        """Train (or continue) one run in a subprocess; returns (diverged, error)."""
-        cfg_path = self.dir / "configs" / f"{p.name}.yaml"
-        cfg_path.write_text(
-            yaml.safe_dump({"model": p.cfg.to_dict(), "train": dataclasses.asdict(p.tc)}, sort_keys=False)
-        )
-        log_path = self.dir / "logs" / f"{p.name}.log"
-        cmd = [
-            sys.executable,
-            "-m",
-            "lmlab.cli",
-            "train",
-            "--out",
-            str(run_dir),
-            "--config",
-            str(cfg_path),
-            "--data",
-            str(p.data),
-            "--no-progress",
-        ]
-        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
-        root = str(Path(__file__).resolve().parents[1])  # the lmlab being run, also when not installed
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        with open(log_path, "a") as f:
-            f.write(f"$ {' '.join(cmd)}\n")
-            f.flush()
-            offset = f.tell()
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-            with self.lock:
-                self.procs.add(proc)
-            rc = proc.wait()  # an interrupt here leaves proc in self.procs: run() stops it
-            with self.lock:
-                self.procs.discard(proc)
-        if rc == 0:
-            return False, None
-        if self.stopping or rc in (130, 143) or rc < 0:  # SIGINT/SIGTERM (checkpointed: 130/143) or killed
-            raise KeyboardInterrupt
-        tail = _log_since(log_path, offset)  # this attempt's output only
-        if DIVERGED_MARK in tail:
-            return True, None
-        lines = [line for line in tail.splitlines() if line.strip()]
-        return (
-            False,
-            f"training exited with status {rc}: {lines[-1] if lines else '(no output)'} (see {log_path})",
-        )
-
     def log(self, line: str) -> None:
         """One line of progress; one worker's at a time (print from two threads can run lines together)."""
         with self.log_lock:
             self._say(line)
 
     def job(self, p: RunPlan) -> None:
+        from lmlab.lab.worker import EvalSettings, run_planned
+
         if self.stopping:
             return
-        run_dir = self.dir / "runs" / p.name
-        state = run_state(run_dir, p.steps)
         t0 = time.perf_counter()
-        diverged, error = False, None
-        if state != "trained":
-            self.log(
-                f"train {p.name}: {'continuing, ' if state == 'partial' else ''}{p.steps} steps, "
-                f"{p.tokens:,} tokens, {p.flops:.3g} FLOPs"
-            )
-            diverged, error = self.train(p, run_dir)
-        with self.eval_lock:
-            import torch
+        row = run_planned(self.dir, p, EvalSettings.of(self.spec), self.threads, self.eval_lock,
+                          stopping=lambda: self.stopping, log=self.log)
+        self.record(row, time.perf_counter() - t0)
 
-            torch.set_num_threads(self.threads)
-            try:
-                row = collect_result(p, run_dir, self.spec, diverged, error)
-            except Exception as exc:  # noqa: BLE001 -- one broken run must not end the sweep
-                if self.stopping:
-                    raise KeyboardInterrupt from None
-                row = {
-                    "sweep": self.spec.name,
-                    "run": p.name,
-                    "variant": p.variant,
-                    "seed": p.seed,
-                    "scale": p.scale,
-                    "tune": p.tune,
-                    "status": "failed",
-                    "diverged": False,
-                    "error": f"evaluation failed: {exc}",
-                    "fields": p.fields,
-                }
-        row["run_wall_s"] = time.perf_counter() - t0  # this invocation: training subprocess + evaluation
+    def record(self, row: dict, took: float) -> None:
+        """Merge one run's row into ``results.jsonl`` and log it."""
         with self.lock:
-            self.rows[p.name] = row
+            self.rows[row["run"]] = row
             self.write_results()
             self.done_count += 1
             n = self.done_count
-        took = time.perf_counter() - t0
         what = f"val bpb {row['val_bpb']:.4f}" if row.get("val_bpb") is not None else row["status"].upper()
         loss = row.get("final_train_loss")
         self.log(
-            f"[{n}/{self.pending}] {p.name}: {what}, train loss {'n/a' if loss is None else f'{loss:.4f}'}, "
+            f"[{n}/{self.pending}] {row['run']}: {what}, train loss {'n/a' if loss is None else f'{loss:.4f}'}, "
             f"{took:.0f} s" + (f" ({row['error']})" if row.get("error") else "")
         )
 
@@ -516,15 +440,31 @@ class _Sweep:
             self.run_batch(self.stage2_plans())
 
     def run_batch(self, plans: list[RunPlan]) -> None:
-        todo = []
+        """Train, evaluate and record ``plans`` (one stage: returns when every one has a row)."""
+        from lmlab.lab.worker import finished_row, write_plan
+
+        todo, merged = [], []
         for p in plans:
             row = self.rows.get(p.name)
+            if row is None or row.get("status") not in ("ok", "diverged"):
+                row = finished_row(self.dir, p.name, p.steps)  # written by a job that ended while no coordinator ran
+                if row is not None:
+                    merged.append(row)
             if row is not None and row.get("status") in ("ok", "diverged"):
                 self.log(f"skip {p.name}: done ({row['status']})")
                 continue
             todo.append(p)
+        if merged:
+            with self.lock:
+                self.rows.update({r["run"]: r for r in merged})
+                self.write_results()
         self.pending, self.done_count = len(todo), 0  # "[n/pending]" counts this batch (stage)
         if not todo:
+            return
+        for p in todo:  # what a worker reads (lmlab sweep-worker SWEEP RUN reproduces any of them)
+            write_plan(self.dir, p, self.spec)
+        if self.executor is not None:
+            self.executor.run([p.name for p in todo], self.record)
             return
         pool = ThreadPoolExecutor(max_workers=self.jobs) if self.jobs > 1 else None
         try:
@@ -539,15 +479,7 @@ class _Sweep:
             self.stopping = True
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
-            with self.lock:
-                procs = list(self.procs)
-            for proc in procs:  # the training subprocesses this sweep started
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop_training(timeout=30)  # the training subprocesses this sweep started: each checkpoints
             raise
         finally:
             if pool is not None:
@@ -968,6 +900,9 @@ def run_sweep(
     command: Optional[str] = None,
     tier: Optional[str] = None,
     max_runs: Optional[int] = None,
+    executor: str = "local",
+    executor_params: Optional[dict] = None,
+    runs_per_task: int = 1,
 ) -> Path:
     """Plan, time, train, evaluate and record every run of ``spec`` in the sweep folder ``out`` (default
     ``sweeps/NAME``, ``sweeps/NAME-TIER`` at a ``tier`` of the spec's ``tiers:``); returns the folder.
@@ -979,9 +914,29 @@ def run_sweep(
     ignored, as by a background job) and SIGTERM stop the training subprocesses, which checkpoint, and
     raise :class:`SweepInterrupted` (exit status 130 / 143); the same command resumes. The number of
     runs is counted and logged before they are planned; more than ``max_runs`` (None: the spec's
-    ``max_runs:``, default :data:`lmlab.lab.spec.MAX_RUNS`) raises ConfigError naming the count."""
+    ``max_runs:``, default :data:`lmlab.lab.spec.MAX_RUNS`) raises ConfigError naming the count.
+
+    ``executor``: ``local`` (``jobs`` runs at once, each a training subprocess of this process),
+    ``slurm`` or ``submitit-local`` (:mod:`lmlab.lab.executors`: each job trains ``runs_per_task`` runs at
+    once; ``executor_params`` are submitit's parameters, e.g. ``slurm_partition``, ``timeout_min``,
+    ``cpus_per_task``, ``gpus_per_node``, ``slurm_array_parallelism``; submitit-local runs at most ``jobs``
+    jobs at once). Stopping the coordinator of a submitit sweep leaves its jobs running; the same command
+    re-attaches to them."""
     if not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"--jobs {jobs!r} must be an integer >= 1")
+    from lmlab.lab.executors import EXECUTORS
+
+    if executor not in EXECUTORS:
+        raise ConfigError(f"--executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
+    if not isinstance(runs_per_task, int) or runs_per_task < 1:
+        raise ConfigError(f"--runs-per-task {runs_per_task!r} must be an integer >= 1")
+    if executor == "local" and (executor_params or runs_per_task != 1):
+        raise ConfigError("--runs-per-task and executor parameters (--slurm-*, --executor-config) go with "
+                          "--executor slurm or submitit-local; --jobs N sets the local executor's runs at once")
+    if executor != "local":
+        from lmlab.lab.executors import check_params
+
+        check_params(executor, executor_params)
     if isinstance(spec, Spec) and tier is not None and spec.tier != tier:
         raise ConfigError(f"the spec was read at tier {spec.tier!r}, not {tier!r}; pass its file or name")
     spec = spec if isinstance(spec, Spec) else load_spec(spec, tier, max_runs)
@@ -1003,14 +958,16 @@ def run_sweep(
         if lock.note:
             print(lock.note, file=sys.stderr)
     try:
-        return _run_locked(spec, sweep_dir, jobs, dry_run, log, data_dir, command)
+        return _run_locked(spec, sweep_dir, jobs, dry_run, log, data_dir, command,
+                           (executor, dict(executor_params or {}), runs_per_task))
     finally:
         if lock is not None:
             lock.release()
 
 
 def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Callable[[str], None],
-                data_dir: Optional[Path], command: Optional[str]) -> Path:
+                data_dir: Optional[Path], command: Optional[str],
+                how: tuple = ("local", {}, 1)) -> Path:
     """The body of :func:`run_sweep`, with the sweep folder locked (unless ``dry_run``)."""
     log(f"sweep {spec.name}: planning {spec.planned_runs:,} run(s)")
     plans = plan_runs(spec, data_dir)
@@ -1035,7 +992,11 @@ def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Call
             if row is not None and row.get("status") in ("ok", "diverged")
             else run_state(sweep_dir / "runs" / p.name, p.steps)
         )
-    threads = max(1, _cores() // jobs)
+    kind, params, per_task = how
+    if kind == "slurm":  # the CPUs of each Slurm task, shared by the runs it trains at once
+        threads = max(1, int(params.get("cpus_per_task", per_task)) // per_task)
+    else:
+        threads = max(1, _cores() // jobs // per_task)
     cells = len({p.cell for p in plans})
     log(
         f"sweep {spec.name}: {cells} cell(s) (variant x scale x tuned values) x {len(spec.seeds)} seed(s)"
@@ -1045,7 +1006,10 @@ def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Call
             if spec.tune_seeds
             else ""
         )
-        + f" ({len(trained_plans(plans))} runs) in {sweep_dir}, {jobs} job(s) x {threads} thread(s)"
+        + f" ({len(trained_plans(plans))} runs) in {sweep_dir}, "
+        + (f"{jobs} job(s) x {threads} thread(s)" if kind == "local" else
+           f"executor {kind}, {per_task} run(s) per task x {threads} thread(s)"
+           + (f", at most {jobs} task(s) at once" if kind == "submitit-local" else ""))
     )
     log(format_plan(plans, states, spec))
     short = too_few_tokens(spec, plans)
@@ -1055,6 +1019,11 @@ def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Call
         return sweep_dir
     if short:
         raise ConfigError(short)
+    ex = None
+    if kind != "local":  # its parameters checked before anything is written
+        from lmlab.lab.executors import SubmititExecutor
+
+        ex = SubmititExecutor(sweep_dir, kind, params, per_task, threads, parallelism=jobs, log=log)
     for sub in ("runs", "configs", "logs"):
         (sweep_dir / sub).mkdir(parents=True, exist_ok=True)
     (sweep_dir / "spec.yaml").write_text(yaml.safe_dump(spec.raw, sort_keys=False, allow_unicode=True))
@@ -1071,14 +1040,15 @@ def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Call
     try:
         run_timing(spec, plans, sweep_dir, log)  # alone on the machine, before any training job
         run_init_grads(spec, plans, sweep_dir, log)
-        _Sweep(spec, sweep_dir, plans, jobs, threads, log).run()
+        _Sweep(spec, sweep_dir, plans, jobs, threads, log, ex).run()
         finished = True
     except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: the training subprocesses were stopped first
         done = len([r for r in read_results(sweep_dir) if r.get("status") in ("ok", "diverged")])
         raise SweepInterrupted(
             f"sweep interrupted ({exc or 'SIGINT'}); {done} of {len(trained_plans(plans))} run(s) "
             f"recorded, the others "
-            f"checkpointed where they stopped; the same command resumes",
+            + ("checkpointed where they stopped; the same command resumes" if kind == "local" else
+               f"still in their {kind} jobs (not cancelled); the same command re-attaches to them"),
             getattr(exc, "exit_code", 130),
         ) from None
     finally:

@@ -1,0 +1,288 @@
+"""Where a sweep's runs train: local threads (``lmlab sweep --jobs N``, :class:`lmlab.lab.runner._Sweep`), a
+Slurm cluster or this machine through submitit (``--executor slurm`` / ``--executor submitit-local``).
+
+The coordinator (``lmlab sweep``) plans the runs, writes each one's ``plans/RUN.json``
+(:mod:`lmlab.lab.worker`), submits them, waits for every job of a stage before planning the next (the spec's
+barriers: the tuning stage before the evaluation seeds, the grid's extension), and merges the rows the
+jobs write (``rows/RUN.json``) into ``results.jsonl``. Each job is :class:`SweepTask`: it trains its runs
+(``runs_per_task`` of them at once, e.g. several small runs sharing one GPU) with
+:func:`lmlab.lab.worker.run_names`.
+
+Preemption and time limits: Slurm (``#SBATCH --signal=USR2@...``, which submitit sets) and ``scancel
+--signal USR2`` send SIGUSR2; submitit then calls :meth:`SweepTask.checkpoint`, which sends SIGTERM to the
+training subprocesses (each checkpoints its last finished step and exits), and requeues the job; the
+requeued job continues every unfinished run from its checkpoint (resume is exact: the row equals an
+uninterrupted run's). Each requeue is recorded in ``requeues.jsonl``.
+
+Stopping the coordinator (SIGINT, SIGTERM, a lost login) leaves the jobs running: the submitted jobs are
+recorded in ``jobs.jsonl`` (job id, runs, executor), and the same command later re-attaches to those still
+queued or running (Slurm: by job id through ``sacct``/``squeue``; submitit-local: by process id), merges the
+rows of those that finished meanwhile, and submits only runs that have neither a row nor a live job.
+
+submitit's own files (``submitit/``: the submission and result pickles it writes and reads inside its
+jobs) are written by this sweep's processes; lmlab reads no pickle back: a job's outcome is its row.
+
+Source: submitit (https://github.com/facebookincubator/submitit), its ``helpers.Checkpointable`` and job
+arrays (``Executor.map_array``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from lmlab.config import ConfigError
+
+JOBS_FILE = "jobs.jsonl"
+REQUEUES_FILE = "requeues.jsonl"
+SUBMITIT_DIR = "submitit"
+EXECUTORS = ("local", "slurm", "submitit-local")
+
+
+def _submitit():
+    try:
+        import submitit
+    except ImportError:
+        raise ConfigError("--executor slurm and submitit-local need submitit: pip install 'lmlab[slurm]' "
+                          "(or pip install submitit)") from None
+    return submitit
+
+
+class SweepTask:
+    """One submitit job: train, evaluate and record runs ``names`` of sweep ``sweep_dir`` (see the module
+    docstring). Returns the number of rows written (the outcome lmlab reads is the rows, not this).
+    Checkpointable in submitit's sense: submitit calls :meth:`checkpoint` on preemption or timeout."""
+
+    def __call__(self, sweep_dir: str, names: list, threads: int) -> int:
+        from lmlab.lab.worker import run_names, stop_training
+
+        try:
+            rows = run_names(Path(sweep_dir), list(names), threads, log=lambda line: print(line, flush=True))
+        except KeyboardInterrupt:  # cancelled (SIGINT): stop the training subprocesses, which checkpoint
+            stop_training()
+            raise
+        return len(rows)
+
+    def checkpoint(self, sweep_dir: str, names: list, threads: int):
+        """Preempted or near the time limit (submitit calls this on SIGUSR2): stop the training
+        subprocesses (each checkpoints its last finished step), note the requeue, and ask submitit to
+        requeue the same task."""
+        from lmlab.lab.worker import stop_training
+
+        stopped = stop_training()
+        job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
+        rec = {"runs": list(names), "job_id": job_id, "stopped_trainings": stopped,
+               "at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+        with open(Path(sweep_dir) / REQUEUES_FILE, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        return _submitit().helpers.DelayedSubmission(self, sweep_dir, names, threads)
+
+
+def chunks(names: list, size: int) -> list[list]:
+    return [names[i:i + size] for i in range(0, len(names), size)]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    except OSError:
+        return False
+    try:  # the pid may have been reused: a submitit controller's command line names submitit
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"submitit" in cmdline
+    except OSError:
+        return True
+
+
+class _OrphanLocalJob:
+    """A submitit-local job started by an earlier coordinator: alive while its controller process is."""
+
+    def __init__(self, job_id: str):
+        self.job_id = job_id
+
+    def done(self) -> bool:
+        return not _pid_alive(int(self.job_id))
+
+    @property
+    def state(self) -> str:
+        return "FINISHED" if self.done() else "RUNNING"
+
+
+def _make(folder: Path, kind: str, params: Optional[dict], name: str):
+    """submitit's executor for ``kind`` in ``folder`` (which it creates) with ``params`` and lmlab's
+    defaults; returns (executor, parameters). Raises ConfigError: no Slurm here, or a bad parameter."""
+    submitit = _submitit()
+    try:
+        ex = submitit.AutoExecutor(folder=folder, cluster="slurm" if kind == "slurm" else "local")
+    except RuntimeError as exc:  # submitit: no srun on this machine
+        raise ConfigError(f"--executor {kind}: {exc}") from None
+    params = dict(params or {})
+    params.setdefault("timeout_min", 24 * 60)
+    params.setdefault("name", f"lmlab-{name}")
+    if kind == "slurm":
+        params.setdefault("slurm_signal_delay_s", 120)  # SIGUSR2 this long before the time limit
+    try:
+        ex.update_parameters(**params)
+    except (NameError, ValueError, TypeError) as exc:
+        raise ConfigError(f"executor parameters {sorted(params)}: {str(exc).splitlines()[0]}") from None
+    return ex, params
+
+
+def check_params(kind: str, params: Optional[dict]) -> None:
+    """Raise ConfigError now, before a sweep writes anything, for parameters :class:`SubmititExecutor`
+    would refuse (checked on a scratch folder)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _make(Path(tmp) / "%j", kind, params, "check")
+
+
+class SubmititExecutor:
+    """Runs batches of planned runs as submitit jobs on Slurm (``kind='slurm'``) or on this machine
+    (``kind='submitit-local'``, submitit's LocalExecutor: one process per job, at most ``parallelism`` at
+    once). ``params`` are submitit parameters (e.g. ``slurm_partition``, ``timeout_min``,
+    ``cpus_per_task``, ``gpus_per_node``, ``slurm_array_parallelism``, ``slurm_additional_parameters``);
+    an unknown name raises ConfigError naming it."""
+
+    def __init__(self, sweep_dir: Path, kind: str, params: Optional[dict] = None, runs_per_task: int = 1,
+                 threads: int = 1, parallelism: int = 1, poll_s: float = 5.0,
+                 log: Callable[[str], None] = print):
+        if kind not in ("slurm", "submitit-local"):
+            raise ConfigError(f"executor {kind!r}: SubmititExecutor runs 'slurm' or 'submitit-local'")
+        self.dir, self.kind, self.runs_per_task = Path(sweep_dir), kind, int(runs_per_task)
+        self.threads, self.parallelism, self.poll_s, self.log = int(threads), int(parallelism), poll_s, log
+        self.ex, params = _make(self.dir / SUBMITIT_DIR / "%j", kind, params, self.dir.name)
+        self.params = params
+
+    # --- bookkeeping ------------------------------------------------------------------------
+    def _records(self) -> list[dict]:
+        from lmlab.lab.validate import _jsonl_objects
+
+        path = self.dir / JOBS_FILE
+        if not path.is_file():
+            return []
+        out = []
+        for where, rec in _jsonl_objects(path):
+            if not (isinstance(rec, dict) and isinstance(rec.get("job_id"), str) and isinstance(rec.get("runs"), list)
+                    and rec.get("executor") in ("slurm", "submitit-local")):
+                raise ConfigError(f"{where}: not a job record lmlab wrote (job_id, runs, executor); the file is "
+                                  f"damaged")
+            out.append(rec)
+        return out
+
+    def _record(self, job_id: str, names: list) -> None:
+        with open(self.dir / JOBS_FILE, "a") as f:
+            f.write(json.dumps({"job_id": job_id, "runs": names, "executor": self.kind, "t": time.time(),
+                                "submitted": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}) + "\n")
+
+    def _attach(self, job_id: str):
+        submitit = _submitit()
+        if self.kind == "slurm":
+            return submitit.SlurmJob(folder=self.dir / SUBMITIT_DIR / "%j", job_id=job_id)
+        return _OrphanLocalJob(job_id)
+
+    def requeues(self) -> int:
+        path = self.dir / REQUEUES_FILE
+        return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.is_file() else 0
+
+    # --- running a batch --------------------------------------------------------------------
+    def live_jobs(self, names: set) -> dict:
+        """Jobs recorded by earlier invocations that still run any of ``names``: {job: its runs}."""
+        live = {}
+        for rec in self._records():
+            if rec["executor"] != self.kind or not names.intersection(rec["runs"]):
+                continue
+            job = self._attach(rec["job_id"])
+            try:
+                if not job.done():
+                    live[job] = [n for n in rec["runs"]]
+            except Exception as exc:  # noqa: BLE001 -- a job the scheduler no longer knows is over
+                self.log(f"job {rec['job_id']}: state unknown ({exc}); counted as over")
+        return live
+
+    def _submit(self, groups: list[list]) -> dict:
+        task = SweepTask()
+        args = [(str(self.dir), g, self.threads) for g in groups]
+        if self.kind == "slurm":  # one job array: Slurm runs slurm_array_parallelism tasks at once
+            jobs = self.ex.map_array(task, *(list(col) for col in zip(*args)))
+        else:
+            jobs = [self.ex.submit(task, *a) for a in args]
+        for job, g in zip(jobs, groups):
+            self._record(str(job.job_id), g)
+        return dict(zip(jobs, groups))
+
+    def run(self, names: list, on_row: Callable[[dict, float], None]) -> None:
+        """Run ``names`` (their plans written) to a row each; ``on_row(row, seconds)`` as each finishes.
+        Returns when every run has a row (a job that ended without one gives a ``failed`` row naming its
+        log and the command that reproduces it)."""
+        from lmlab.lab.worker import read_plan, read_row
+
+        t0 = time.time()
+        pending = list(names)
+        running = self.live_jobs(set(pending))
+        for job, g in running.items():
+            self.log(f"re-attached to job {job.job_id} ({', '.join(g)})")
+        attached = {n for g in running.values() for n in g}
+        queue = chunks([n for n in pending if n not in attached], self.runs_per_task)
+        if self.kind == "slurm" and queue:
+            running.update(self._submit(queue))
+            queue = []
+        done_at: dict = {}
+        last_status = 0.0
+        while running or queue:
+            while queue and len(running) < self.parallelism:  # submitit-local: a bounded number at once
+                running.update(self._submit([queue.pop(0)]))
+            finished = []
+            for job, g in running.items():
+                try:
+                    over = job.done()
+                except Exception as exc:  # noqa: BLE001 -- scheduler unreachable: try again next poll
+                    self.log(f"job {job.job_id}: state unknown ({exc}); polling again")
+                    over = False
+                if over:
+                    finished.append(job)
+            for job in finished:
+                for n in running.pop(job):
+                    row = read_row(self.dir, n)
+                    if row is None:
+                        p, ev = read_plan(self.dir, n)
+                        from lmlab.lab.worker import failed_row
+
+                        row = failed_row(p, ev.name, self._why(job, n))
+                    done_at[n] = time.time()
+                    on_row(row, time.time() - t0)
+            if time.time() - last_status >= 60 or finished:
+                self._status(len(names), done_at, running, queue, t0)
+                last_status = time.time()
+            if running or queue:
+                time.sleep(self.poll_s)
+
+    def _why(self, job, name: str) -> str:
+        state = getattr(job, "state", "?")
+        paths = getattr(job, "paths", None)
+        where = f"; its log: {paths.stderr}" if paths is not None else ""
+        return (f"job {job.job_id} ended ({state}) without a row{where}; reproduce with "
+                f"`lmlab sweep-worker {self.dir} {name}`")
+
+    def _status(self, total: int, done_at: dict, running: dict, queue: list, t0: float) -> None:
+        states: dict = {}
+        for job in running:
+            try:
+                s = str(job.state)
+            except Exception:  # noqa: BLE001
+                s = "UNKNOWN"
+            states[s] = states.get(s, 0) + len(running[job])
+        queued = sum(v for k, v in states.items() if k in ("PENDING", "REQUEUED", "CONFIGURING")) + sum(
+            map(len, queue))
+        run_n = sum(v for k, v in states.items() if k not in ("PENDING", "REQUEUED", "CONFIGURING"))
+        n_done = len(done_at)
+        eta = ""
+        if n_done and total > n_done:
+            eta = f", ETA {((time.time() - t0) / n_done * (total - n_done)) / 60:.0f} min"
+        self.log(f"{self.kind}: {queued} queued, {run_n} running, {n_done}/{total} done, "
+                 f"{self.requeues()} requeue(s){eta}")

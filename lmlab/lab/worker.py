@@ -1,0 +1,298 @@
+"""One unit of a sweep's work: train one planned run (continuing from its last checkpoint), evaluate it and
+write its results row (``lmlab sweep-worker SWEEP RUN...``).
+
+Every executor of a sweep (:mod:`lmlab.lab.executors`: local threads, Slurm or submitit's local executor,
+Ray) runs its runs through :func:`run_planned`; the coordinator (:mod:`lmlab.lab.runner`) only plans,
+submits, waits at the spec's barriers, merges rows and reports. What a worker needs is on disk in the
+sweep folder, as JSON and YAML (nothing pickled):
+
+- ``plans/RUN.json``: the run's plan (model and training config, data folder, variant, seed, tuned values,
+  FLOPs per token) and the spec's evaluation settings, written by the coordinator before it submits;
+- ``configs/RUN.yaml`` and ``logs/RUN.log``: the config ``lmlab train`` reads, and its output;
+- ``runs/RUN/``: the ordinary run folder ``lmlab train`` writes (its own lock keeps it to one trainer);
+- ``rows/RUN.json``: the results row, written atomically once the run is trained and evaluated; the
+  coordinator merges it into ``results.jsonl``. A diverged run is a result (status ``diverged``); a
+  training process that fails otherwise gives a ``failed`` row naming its log.
+
+Training runs as a subprocess (``python -m lmlab.cli train``), which checkpoints its last finished step on
+SIGTERM and exits 143; the subprocess ignores SIGUSR2 (Slurm's and submitit's preemption signal, sent to
+every process of a job step), so that the worker decides: it forwards SIGTERM, waits for the checkpoint,
+and the requeued job continues from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import yaml
+
+from lmlab.config import ConfigError, ModelConfig
+from lmlab.fsutil import atomic_write_text
+from lmlab.lab.spec import RunPlan, Spec
+
+PLANS_DIR = "plans"
+ROWS_DIR = "rows"
+DIVERGED_MARK = "non-finite steps in a row"  # the FloatingPointError message of Trainer.fit
+
+# The training subprocesses this process started and has not yet seen exit (any thread's): a preempted or
+# interrupted worker stops them (SIGTERM: each checkpoints) before it exits. Not a switch: bookkeeping.
+_LIVE: set = set()
+_LIVE_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass
+class EvalSettings:
+    """What :func:`lmlab.lab.runner.collect_result` reads of a spec: its name and evaluation settings."""
+
+    name: str
+    eval_contexts: list
+    decode: dict
+    measure_decode: bool
+    loss_by_position: bool
+
+    @classmethod
+    def of(cls, spec: Spec) -> "EvalSettings":
+        return cls(spec.name, list(spec.eval_contexts), dict(spec.decode), bool(spec.measure_decode),
+                   bool(spec.loss_by_position))
+
+
+# --- plans on disk -----------------------------------------------------------------------------
+def plan_record(p: RunPlan, spec: Spec) -> dict:
+    """``p`` and the spec's evaluation settings as JSON-ready data (:func:`read_plan` reads it back)."""
+    return {
+        "name": p.name, "variant": p.variant, "seed": p.seed, "fields": p.fields, "model": p.cfg.to_dict(),
+        "train": dataclasses.asdict(p.tc), "tokens_per_step": p.tokens_per_step,
+        "flops_per_token": p.flops_per_token, "data": str(p.data), "scale": p.scale, "tune": p.tune,
+        "solved": p.solved, "stage2": p.stage2, "eval": dataclasses.asdict(EvalSettings.of(spec)),
+    }
+
+
+def write_plan(sweep_dir: Path, p: RunPlan, spec: Spec) -> Path:
+    """Write ``plans/RUN.json`` (atomically; unchanged content is not rewritten) and return its path."""
+    path = Path(sweep_dir) / PLANS_DIR / f"{p.name}.json"
+    text = json.dumps(plan_record(p, spec), sort_keys=True, indent=1) + "\n"
+    if not (path.is_file() and path.read_text() == text):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, text)
+    return path
+
+
+def read_plan(sweep_dir: Path, name: str) -> tuple[RunPlan, EvalSettings]:
+    """The plan of run ``name`` in ``sweep_dir`` (``plans/NAME.json``). Raises ConfigError naming the file
+    when it is missing (not a run the coordinator planned) or damaged."""
+    from lmlab.lab.validate import read_json_object
+    from lmlab.train import TrainConfig
+
+    path = Path(sweep_dir) / PLANS_DIR / f"{name}.json"
+    if not path.is_file():
+        have = sorted(q.stem for q in (Path(sweep_dir) / PLANS_DIR).glob("*.json"))
+        raise ConfigError(
+            f"{path}: no such plan; run {name!r} was not planned in sweep {str(sweep_dir)!r} "
+            + (f"(planned: {', '.join(have[:5])}{', ...' if len(have) > 5 else ''})" if have else
+               "(the folder has no plans: start the sweep with `lmlab sweep SPEC --out DIR`)"))
+    d = read_json_object(path)
+    try:
+        ev = EvalSettings(**d["eval"])
+        p = RunPlan(
+            name=d["name"], variant=d["variant"], seed=int(d["seed"]), fields=dict(d["fields"]),
+            cfg=ModelConfig.from_dict(d["model"], str(path)), tc=TrainConfig.from_dict(d["train"], str(path)),
+            tokens_per_step=int(d["tokens_per_step"]), flops_per_token=float(d["flops_per_token"]),
+            data=Path(d["data"]), scale=d["scale"], tune=dict(d["tune"]), solved=dict(d["solved"]),
+            stage2=bool(d["stage2"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{path}: not a plan lmlab wrote ({type(exc).__name__}: {exc}); the file is damaged; "
+                          f"rerun `lmlab sweep` on the folder to rewrite it") from None
+    if p.name != name:
+        raise ConfigError(f"{path}: holds the plan of {p.name!r}, not {name!r}; the file is damaged")
+    return p, ev
+
+
+def row_path(sweep_dir: Path, name: str) -> Path:
+    return Path(sweep_dir) / ROWS_DIR / f"{name}.json"
+
+
+def read_row(sweep_dir: Path, name: str) -> Optional[dict]:
+    """The row a worker wrote for ``name`` (validated), or None when there is none yet."""
+    from lmlab.lab.validate import check_row, read_json_object
+
+    path = row_path(sweep_dir, name)
+    if not path.is_file():
+        return None
+    return check_row(read_json_object(path), str(path))
+
+
+def finished_row(sweep_dir: Path, name: str, steps: Optional[int] = None) -> Optional[dict]:
+    """The row of ``name`` when it is final: ok or diverged (a failed row is retried), and, given the
+    planned ``steps``, an ok row only while its run folder is still trained that far (a row whose run lost
+    its last checkpoint is not used: the run continues)."""
+    from lmlab.lab.runner import run_state
+
+    row = read_row(sweep_dir, name)
+    if row is None or row.get("status") not in ("ok", "diverged"):
+        return None
+    if steps is not None and row["status"] == "ok" and run_state(Path(sweep_dir) / "runs" / name, steps) != "trained":
+        return None
+    return row
+
+
+# --- training and evaluation --------------------------------------------------------------------
+def _log_since(path: Path, offset: int, n: int = 4000) -> str:
+    """The last ``n`` characters written to ``path`` after byte ``offset``."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def _ignore_preemption_signal() -> None:  # runs in the child before exec: SIG_IGN survives exec
+    if hasattr(signal, "SIGUSR2"):
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
+def train_run(sweep_dir: Path, p: RunPlan, threads: int, stopping: Callable[[], bool] = lambda: False
+              ) -> tuple[bool, Optional[str]]:
+    """Train (or continue) run ``p`` in a subprocess with ``threads`` torch threads; returns (diverged,
+    error). Raises KeyboardInterrupt when the subprocess was stopped by a signal (it checkpointed: the
+    same call continues it) or ``stopping()`` is true when it exits."""
+    sweep_dir = Path(sweep_dir)
+    run_dir = sweep_dir / "runs" / p.name
+    cfg_path = sweep_dir / "configs" / f"{p.name}.yaml"
+    cfg_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(cfg_path, yaml.safe_dump({"model": p.cfg.to_dict(), "train": dataclasses.asdict(p.tc)},
+                                               sort_keys=False))
+    log_path = sweep_dir / "logs" / f"{p.name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "lmlab.cli", "train", "--out", str(run_dir), "--config", str(cfg_path),
+           "--data", str(p.data), "--no-progress"]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    root = str(Path(__file__).resolve().parents[2])  # the lmlab being run, also when not installed
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with open(log_path, "a") as f:
+        f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()
+        offset = f.tell()
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                preexec_fn=_ignore_preemption_signal if os.name == "posix" else None)
+        with _LIVE_LOCK:
+            _LIVE.add(proc)
+        rc = proc.wait()  # an interrupt here leaves proc in _LIVE: stop_training() stops it
+        with _LIVE_LOCK:
+            _LIVE.discard(proc)
+    if rc == 0:
+        return False, None
+    if stopping() or rc in (130, 143) or rc < 0:  # SIGINT/SIGTERM (checkpointed: 130/143) or killed
+        raise KeyboardInterrupt
+    tail = _log_since(log_path, offset)  # this attempt's output only
+    if DIVERGED_MARK in tail:
+        return True, None
+    lines = [line for line in tail.splitlines() if line.strip()]
+    return False, f"training exited with status {rc}: {lines[-1] if lines else '(no output)'} (see {log_path})"
+
+
+def _exited(q: subprocess.Popen) -> bool:
+    """Whether ``q`` has exited, without reaping it and without Popen's wait lock: callable from a signal
+    handler that interrupted this very thread inside ``q.wait()`` (which holds that lock)."""
+    if q.returncode is not None:
+        return True
+    if not hasattr(os, "waitid"):
+        return q.poll() is not None
+    try:
+        return os.waitid(os.P_PID, q.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # already reaped (by the thread that waits on it)
+        return True
+
+
+def stop_training(timeout: float = 60.0) -> int:
+    """SIGTERM every training subprocess this process started that is still running (each checkpoints its
+    last finished step and exits), wait up to ``timeout`` seconds, then SIGKILL what is left. Returns how
+    many were signalled. Safe in a signal handler (it does not reap: the waiting thread does)."""
+    with _LIVE_LOCK:
+        procs = [q for q in _LIVE if not _exited(q)]
+    for q in procs:
+        q.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not all(_exited(q) for q in procs):
+        time.sleep(0.05)
+    for q in procs:
+        if not _exited(q):
+            q.kill()
+    while not all(_exited(q) for q in procs):
+        time.sleep(0.05)
+    return len(procs)
+
+
+def failed_row(p: RunPlan, sweep_name: str, error: str) -> dict:
+    return {"sweep": sweep_name, "run": p.name, "variant": p.variant, "seed": p.seed, "scale": p.scale,
+            "tune": p.tune, "status": "failed", "diverged": False, "error": error, "fields": p.fields}
+
+
+def run_planned(sweep_dir: Path, p: RunPlan, ev: EvalSettings, threads: int,
+                eval_lock: Optional[threading.Lock] = None, stopping: Callable[[], bool] = lambda: False,
+                log: Callable[[str], None] = lambda line: None) -> dict:
+    """Train ``p`` (unless trained), evaluate it and write ``rows/RUN.json``; returns the row. Evaluation
+    holds ``eval_lock`` when given (one at a time in a process that trains several runs). A diverged run
+    is a row with status ``diverged``; an evaluation that raises gives a ``failed`` row. Raises
+    KeyboardInterrupt when training was stopped by a signal (continued by the next call)."""
+    from lmlab.lab.runner import collect_result, run_state
+
+    sweep_dir = Path(sweep_dir)
+    run_dir = sweep_dir / "runs" / p.name
+    state = run_state(run_dir, p.steps)
+    t0 = time.perf_counter()
+    diverged, error = False, None
+    if state != "trained":
+        log(f"train {p.name}: {'continuing, ' if state == 'partial' else ''}{p.steps} steps, "
+            f"{p.tokens:,} tokens, {p.flops:.3g} FLOPs")
+        diverged, error = train_run(sweep_dir, p, threads, stopping)
+    with eval_lock or threading.Lock():
+        import torch
+
+        torch.set_num_threads(threads)
+        try:
+            row = collect_result(p, run_dir, ev, diverged, error)
+        except Exception as exc:  # noqa: BLE001 -- one broken run must not end the sweep
+            if stopping():
+                raise KeyboardInterrupt from None
+            row = failed_row(p, ev.name, f"evaluation failed: {exc}")
+    row["run_wall_s"] = time.perf_counter() - t0  # this invocation: training subprocess + evaluation
+    path = row_path(sweep_dir, p.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(row) + "\n")
+    return row
+
+
+def run_names(sweep_dir: Path, names: list[str], threads: int, log: Callable[[str], None] = print) -> list[dict]:
+    """Run the planned runs ``names`` of ``sweep_dir`` (all at once, ``threads`` torch threads each): those
+    with a final row are skipped. Returns their rows. What a Slurm/Ray/submitit task and ``lmlab
+    sweep-worker`` call. Raises ConfigError for a name that was not planned."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    plans = [read_plan(sweep_dir, n) for n in names]  # every name checked before anything trains
+    eval_lock = threading.Lock()
+
+    def one(pe: tuple[RunPlan, EvalSettings]) -> dict:
+        p, ev = pe
+        row = finished_row(sweep_dir, p.name, p.steps)
+        if row is not None:
+            log(f"skip {p.name}: done ({row['status']})")
+            return row
+        row = run_planned(sweep_dir, p, ev, threads, eval_lock, log=log)
+        what = f"val bpb {row['val_bpb']:.4f}" if row.get("val_bpb") is not None else row["status"].upper()
+        log(f"{p.name}: {what}" + (f" ({row['error']})" if row.get("error") else ""))
+        return row
+
+    if len(plans) == 1:
+        return [one(plans[0])]
+    with ThreadPoolExecutor(max_workers=len(plans)) as pool:
+        return list(pool.map(one, plans))

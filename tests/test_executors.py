@@ -1,0 +1,170 @@
+"""Sweeps through submitit (lmlab.lab.executors, lmlab.lab.worker): the same rows as local threads, the
+spec's barriers, preemption with requeue and exact resume, a coordinator killed and restarted."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lmlab.cli import main
+from lmlab.lab.runner import read_results, run_sweep
+
+pytest.importorskip("submitit")
+
+ROOT = Path(__file__).resolve().parents[1]
+# what is deterministic in a row (training is exact on CPU for a given seed and thread count)
+SAME = ("status", "steps", "tokens", "val_bpb", "val_loss", "final_train_loss", "first_train_loss", "params")
+
+
+def tiny_spec(data: Path, steps: int = 12) -> dict:
+    """Three variants, two-stage tuning: seed 1 over two rates, seed 2 at the chosen one."""
+    return {
+        "name": "tiny-exec", "claim": "SwiGLU beats SiLU at equal non-embedding parameters.",
+        "model": {"context_length": 32, "d_model": 32, "n_layers": 2, "n_heads": 2},
+        "train": {"batch_size": 4, "warmup_steps": 2, "log_interval": 2, "eval_interval": 100, "eval_windows": 2,
+                  "device": "cpu", "checkpoint_interval": 4},
+        "data": str(data),
+        "axes": {"zip": [{"label": "SiLU", "activation": "silu"}, {"label": "SwiGLU", "activation": "swiglu"},
+                         {"label": "GELU", "activation": "gelu"}]},
+        "seeds": [1, 2], "tune_seeds": [1], "tune": {"lr": [3e-3, 1e-2]}, "tuning": {"extend": 0},
+        "budget": {"steps": steps}, "eval_contexts": [1],
+    }
+
+
+def _rows(out: Path) -> dict:
+    return {r["run"]: {k: r.get(k) for k in SAME} for r in read_results(out)}
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def _wait(cond, timeout: float, what: str):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def local_reference(byte_data, tmp_path_factory):
+    """The tiny spec through local threads (--jobs 2): the rows every executor must reproduce."""
+    path = tmp_path_factory.mktemp("ref") / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny_spec(byte_data)))
+    out = path.parent / "sweep"
+    run_sweep(path, out=out, jobs=2, log=lambda line: None)
+    return path, _rows(out)
+
+
+def test_submitit_local_equals_local_threads_and_holds_the_barrier(local_reference, tmp_path):
+    path, want = local_reference
+    out = tmp_path / "sweep"
+    lines = []
+    run_sweep(path, out=out, jobs=2, executor="submitit-local", log=lines.append)
+    assert _rows(out) == want and len(want) == 3 * 2 + 3  # 6 stage-1 runs, 3 stage-2
+    jobs = [json.loads(x) for x in (out / "jobs.jsonl").read_text().splitlines()]
+    assert all(j["executor"] == "submitit-local" and len(j["runs"]) == 1 for j in jobs) and len(jobs) == 9
+    # the barrier: every stage-2 job was submitted after every stage-1 run had its row
+    stage1 = [j for j in jobs if j["runs"][0].endswith("-s1")]
+    stage2 = [j for j in jobs if j["runs"][0].endswith("-s2")]
+    assert len(stage1) == 6 and len(stage2) == 3 and jobs[:6] == stage1
+    last_row = max((out / "rows" / f"{j['runs'][0]}.json").stat().st_mtime for j in stage1)
+    assert min(j["t"] for j in stage2) >= last_row
+    assert any(line.startswith("submitit-local: ") and "done" in line for line in lines)
+    # a second invocation submits nothing
+    run_sweep(path, out=out, jobs=2, executor="submitit-local", log=lines.append)
+    assert len((out / "jobs.jsonl").read_text().splitlines()) == 9
+
+
+def test_preempted_job_is_requeued_and_resumes_exactly(local_reference, byte_data, tmp_path):
+    """SIGUSR2 to a running job (Slurm's preemption / time-limit signal): its training checkpoints, the job
+    is requeued by submitit and continues from the checkpoint; the row equals an uninterrupted run's."""
+    spec = tiny_spec(byte_data, steps=40)
+    spec.update(seeds=[1], tune_seeds=None, tune=None, train={**spec["train"], "lr": 3e-3})
+    spec["axes"] = {"zip": spec["axes"]["zip"][:1]}
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    ref = tmp_path / "ref"
+    run_sweep(path, out=ref, jobs=1, log=lambda line: None)
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out),
+                             "--executor", "submitit-local"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    metrics = out / "runs" / "SiLU-s1" / "metrics.jsonl"
+    _wait(lambda: metrics.is_file() and '"checkpoint": "step_0000008"' in metrics.read_text(), 120,
+          "the run's second checkpoint")
+    controller = int(json.loads((out / "jobs.jsonl").read_text().splitlines()[0])["job_id"])
+    worker = _wait(lambda: _children(controller), 10, "the job's task process")[0]
+    os.kill(worker, signal.SIGUSR2)
+    text, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, text
+    requeues = [json.loads(x) for x in (out / "requeues.jsonl").read_text().splitlines()]
+    assert len(requeues) == 1 and requeues[0]["runs"] == ["SiLU-s1"] and requeues[0]["stopped_trainings"] == 1
+    log = (out / "logs" / "SiLU-s1.log").read_text()
+    assert log.count("$ ") == 2 and "resuming" in log  # trained twice: the second continued
+    assert _rows(out) == _rows(ref)
+    assert "1 requeue(s)" in text
+
+
+def test_coordinator_killed_and_restarted_reattaches(local_reference, tmp_path):
+    """The coordinator SIGKILLed while jobs run: the jobs go on; the same command re-attaches to the live
+    ones, merges rows written meanwhile and trains no run twice; the rows equal local threads'."""
+    path, want = local_reference
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out),
+                             "--executor", "submitit-local", "--jobs", "2"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait(lambda: (out / "rows").is_dir() and len(list((out / "rows").glob("*.json"))) >= 1, 180, "a first row")
+    proc.kill()
+    proc.wait()
+    lines = []
+    run_sweep(path, out=out, jobs=2, executor="submitit-local", log=lines.append)
+    assert _rows(out) == want
+    for name in want:  # each run trained by one process from start to end (once, or continued once)
+        log = (out / "logs" / f"{name}.log").read_text()
+        assert log.count("$ ") == 1, (name, log[-2000:])
+    assert any(line.startswith("re-attached to job") for line in lines) or any(
+        line.startswith("skip ") for line in lines)
+
+
+def test_sweep_worker_cli_and_bad_input(local_reference, tmp_path, capsys):
+    path, want = local_reference
+    out = path.parent / "sweep"
+    # a planned run with a row is skipped; exit 0
+    assert main(["sweep-worker", str(out), "SiLU_lr=0.003-s1"]) == 0
+    assert "skip SiLU_lr=0.003-s1: done (ok)" in capsys.readouterr().out
+    assert main(["sweep-worker", str(out), "nope-s1"]) == 2
+    err = capsys.readouterr().err
+    assert "plans/nope-s1.json: no such plan" in err and "SiLU_lr=0.003-s1" in err
+    # bad executor input: named, non-zero, nothing written
+    fresh = tmp_path / "fresh"
+    assert main(["sweep", str(path), "--out", str(fresh), "--executor", "submitit-local",
+                 "--executor-config", str(_write(tmp_path / "x.yaml", {"bogus_key": 1}))]) == 2
+    assert "bogus_key" in capsys.readouterr().err and not (fresh / "runs").exists()
+    assert main(["sweep", str(path), "--out", str(fresh), "--runs-per-task", "2"]) == 2
+    assert "--runs-per-task" in capsys.readouterr().err
+    if not any((Path(p) / "srun").exists() for p in os.environ.get("PATH", "").split(os.pathsep)):
+        assert main(["sweep", str(path), "--out", str(fresh), "--executor", "slurm"]) == 2
+        assert "srun" in capsys.readouterr().err and not (fresh / "runs").exists()
+
+
+def _write(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
