@@ -1,5 +1,7 @@
 """Sweeps through submitit (lmlab.lab.executors, lmlab.lab.worker): the same rows as local threads, the
-spec's barriers, preemption with requeue and exact resume, a coordinator killed and restarted."""
+spec's barriers, preemption with requeue and exact resume, a coordinator killed and restarted; on submitit's
+local executor and on a real one-node Slurm (`.ci/slurm-up`, which CI runs; the Slurm tests are skipped
+where no Slurm answers, unless LMLAB_REQUIRE_SLURM=1, as .ci/run sets: then a missing cluster fails)."""
 
 import json
 import os
@@ -168,3 +170,68 @@ def test_sweep_worker_cli_and_bad_input(local_reference, tmp_path, capsys):
 def _write(path: Path, data: dict) -> Path:
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+# --- a real one-node Slurm ------------------------------------------------------------------
+def _slurm_up() -> bool:
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and any(s.startswith(("idle", "mix", "alloc")) for s in out.stdout.split())
+
+
+slurm = pytest.mark.skipif(not _slurm_up() and os.environ.get("LMLAB_REQUIRE_SLURM") != "1",
+                           reason="no Slurm cluster answers (.ci/slurm-up starts one)")
+
+
+@pytest.fixture
+def cluster():
+    assert _slurm_up(), "LMLAB_REQUIRE_SLURM=1 but sinfo shows no usable node: run .ci/slurm-up"
+
+
+@slurm
+def test_slurm_sweep_equals_local_threads(cluster, local_reference, tmp_path):
+    path, want = local_reference
+    out = tmp_path / "sweep"
+    lines = []
+    run_sweep(path, out=out, executor="slurm", log=lines.append,
+              executor_params={"slurm_partition": "debug", "cpus_per_task": 1, "slurm_array_parallelism": 2,
+                               "timeout_min": 30})
+    assert _rows(out) == want
+    jobs = [json.loads(x) for x in (out / "jobs.jsonl").read_text().splitlines()]
+    # two job arrays, one per stage: stage 1's six runs, then stage 2's three
+    arrays = {j["job_id"].split("_")[0] for j in jobs}
+    assert len(jobs) == 9 and len(arrays) == 2 and all("_" in j["job_id"] for j in jobs)
+    assert any(line.startswith("slurm: ") for line in lines)
+
+
+@slurm
+def test_slurm_preemption_is_requeued_and_resumes(cluster, byte_data, tmp_path):
+    spec = tiny_spec(byte_data, steps=40)
+    spec.update(seeds=[1], tune_seeds=None, tune=None, train={**spec["train"], "lr": 3e-3})
+    spec["axes"] = {"zip": spec["axes"]["zip"][:1]}
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    ref = tmp_path / "ref"
+    run_sweep(path, out=ref, jobs=1, log=lambda line: None)
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out),
+                             "--executor", "slurm", "--slurm-partition", "debug", "--cpus-per-task", "2",
+                             "--time", "30"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = out / "runs" / "SiLU-s1" / "metrics.jsonl"
+    try:
+        _wait(lambda: metrics.is_file() and '"checkpoint": "step_0000008"' in metrics.read_text(), 180,
+              "the run's second checkpoint")
+        job_id = json.loads((out / "jobs.jsonl").read_text().splitlines()[0])["job_id"]
+        subprocess.run(["scancel", "--signal", "USR2", job_id], check=True)
+        text, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, text
+    requeues = [json.loads(x) for x in (out / "requeues.jsonl").read_text().splitlines()]
+    assert len(requeues) == 1 and requeues[0]["runs"] == ["SiLU-s1"] and requeues[0]["stopped_trainings"] == 1
+    log = (out / "logs" / "SiLU-s1.log").read_text()
+    assert log.count("$ ") == 2 and "resuming" in log
+    assert _rows(out) == _rows(ref)

@@ -99,6 +99,26 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+            "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
+
+
+def slurm_states() -> Optional[dict]:
+    """{job id: state} of every job Slurm still knows, from one ``squeue`` call (which needs no
+    accounting database, unlike submitit's ``sacct``; array tasks one per line as ``JOB_TASK``); None when
+    squeue cannot be run (then nothing is concluded from it)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-o", "%i %T"], capture_output=True, text=True,
+                             timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return dict(line.split()[:2] for line in out.stdout.splitlines() if len(line.split()) >= 2)
+
+
 class _OrphanLocalJob:
     """A submitit-local job started by an earlier coordinator: alive while its controller process is."""
 
@@ -194,15 +214,13 @@ class SubmititExecutor:
     def live_jobs(self, names: set) -> dict:
         """Jobs recorded by earlier invocations that still run any of ``names``: {job: its runs}."""
         live = {}
+        self.squeue = slurm_states() if self.kind == "slurm" else None
         for rec in self._records():
             if rec["executor"] != self.kind or not names.intersection(rec["runs"]):
                 continue
             job = self._attach(rec["job_id"])
-            try:
-                if not job.done():
-                    live[job] = [n for n in rec["runs"]]
-            except Exception as exc:  # noqa: BLE001 -- a job the scheduler no longer knows is over
-                self.log(f"job {rec['job_id']}: state unknown ({exc}); counted as over")
+            if not self._over(job):
+                live[job] = list(rec["runs"])
         return live
 
     def _submit(self, groups: list[list]) -> dict:
@@ -237,14 +255,10 @@ class SubmititExecutor:
         while running or queue:
             while queue and len(running) < self.parallelism:  # submitit-local: a bounded number at once
                 running.update(self._submit([queue.pop(0)]))
+            self.squeue = slurm_states() if self.kind == "slurm" else None
             finished = []
             for job, g in running.items():
-                try:
-                    over = job.done()
-                except Exception as exc:  # noqa: BLE001 -- scheduler unreachable: try again next poll
-                    self.log(f"job {job.job_id}: state unknown ({exc}); polling again")
-                    over = False
-                if over:
+                if self._over(job):
                     finished.append(job)
             for job in finished:
                 for n in running.pop(job):
@@ -262,8 +276,30 @@ class SubmititExecutor:
             if running or queue:
                 time.sleep(self.poll_s)
 
+    def _over(self, job) -> bool:
+        """Whether ``job`` has ended: submitit's view (its result file), or for Slurm a terminal or
+        forgotten state in ``squeue`` (a job killed before it could write its result)."""
+        try:
+            if job.done():
+                return True
+        except Exception as exc:  # noqa: BLE001 -- scheduler unreachable: try again next poll
+            self.log(f"job {job.job_id}: state unknown ({exc}); polling again")
+            return False
+        if self.kind != "slurm" or self.squeue is None:
+            return False
+        state = self.squeue.get(str(job.job_id))
+        return state is None or state in TERMINAL
+
+    def _state(self, job) -> str:
+        if self.kind == "slurm":
+            return (self.squeue or {}).get(str(job.job_id), "GONE")
+        try:
+            return str(job.state)
+        except Exception:  # noqa: BLE001
+            return "UNKNOWN"
+
     def _why(self, job, name: str) -> str:
-        state = getattr(job, "state", "?")
+        state = self._state(job)
         paths = getattr(job, "paths", None)
         where = f"; its log: {paths.stderr}" if paths is not None else ""
         return (f"job {job.job_id} ended ({state}) without a row{where}; reproduce with "
@@ -272,10 +308,7 @@ class SubmititExecutor:
     def _status(self, total: int, done_at: dict, running: dict, queue: list, t0: float) -> None:
         states: dict = {}
         for job in running:
-            try:
-                s = str(job.state)
-            except Exception:  # noqa: BLE001
-                s = "UNKNOWN"
+            s = self._state(job)
             states[s] = states.get(s, 0) + len(running[job])
         queued = sum(v for k, v in states.items() if k in ("PENDING", "REQUEUED", "CONFIGURING")) + sum(
             map(len, queue))
