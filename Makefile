@@ -45,7 +45,7 @@ $(VENV)/.installed-demo: $(BIN)/python pyproject.toml
 
 # every extra: the tests, Hugging Face interop, lm-eval tasks, parquet/datasets corpora
 $(VENV)/.installed: $(VENV)/.installed-demo
-	$(BIN)/pip install --quiet -e ".[test,hf,plot,tb,eval,data,slurm]"
+	$(BIN)/pip install --quiet -e ".[test,hf,plot,tb,eval,data,slurm,ray]"
 	touch $@
 
 install: $(VENV)/.installed

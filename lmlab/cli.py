@@ -173,9 +173,13 @@ def cmd_sweep(args) -> int:
         params.update(load_mapping(Path(args.executor_config)))
     for flag, key in (("slurm_partition", "slurm_partition"), ("time", "timeout_min"),
                       ("cpus_per_task", "cpus_per_task"), ("gpus_per_task", "gpus_per_node"),
-                      ("array_parallelism", "slurm_array_parallelism")):
+                      ("array_parallelism", "slurm_array_parallelism"), ("address", "address"),
+                      ("max_retries", "max_retries")):
         if getattr(args, flag) is not None:
             params[key] = getattr(args, flag)
+    gpus = params.get("gpus_per_node")
+    if args.executor != "ray" and isinstance(gpus, float) and gpus.is_integer():
+        params["gpus_per_node"] = int(gpus)  # Slurm counts whole GPUs; Ray takes fractions
     if args.executor != "local":
         command += f" --executor {args.executor}"
     run_sweep(args.spec, out=args.out, jobs=args.jobs, dry_run=args.dry_run, command=command, tier=args.tier,
@@ -770,16 +774,22 @@ def make_parser() -> argparse.ArgumentParser:
                          "'data:' (default: the spec's, else the default corpus)")
     sp.add_argument("--tier", help="run the spec at one of its tiers (e.g. gpu: 20-100M parameters on one GPU); "
                                    "default: the spec as written (CPU-sized)")
-    sp.add_argument("--executor", choices=["local", "slurm", "submitit-local"], default="local",
+    sp.add_argument("--executor", choices=["local", "slurm", "submitit-local", "ray"], default="local",
                     help="where runs train: local (--jobs at once, default), slurm (job arrays through submitit; "
-                         "needs lmlab[slurm]) or submitit-local (submitit's local executor, --jobs jobs at once)")
+                         "needs lmlab[slurm]), submitit-local (submitit's local executor, --jobs jobs at once) "
+                         "or ray (tasks on a Ray cluster, --address; needs lmlab[ray])")
     sp.add_argument("--runs-per-task", "--runs-per-gpu", dest="runs_per_task", type=POSITIVE, default=1,
                     help="runs each Slurm/submitit task trains at once (sharing its CPUs, or its GPU)")
     sp.add_argument("--slurm-partition", help="Slurm partition of the runs' jobs")
     sp.add_argument("--time", type=POSITIVE, help="each job's time limit in minutes (default 1440); near it "
                     "the job checkpoints and is requeued")
     sp.add_argument("--cpus-per-task", type=POSITIVE, help="CPUs of each Slurm task")
-    sp.add_argument("--gpus-per-task", type=int, help="GPUs of each Slurm task (its node's)")
+    sp.add_argument("--gpus-per-task", type=float, help="GPUs of each task (Slurm: whole GPUs of its node; "
+                    "Ray: fractions too, e.g. 0.25 for four tasks on one GPU)")
+    sp.add_argument("--address", help="the Ray cluster (ray://HOST:10001, HOST:6379 or auto); local: a Ray "
+                    "started here with --jobs tasks at once")
+    sp.add_argument("--max-retries", type=int, help="Ray: times a task is retried when its worker or node dies "
+                    "(default 3; the run continues from its checkpoint)")
     sp.add_argument("--array-parallelism", type=POSITIVE, help="Slurm array tasks running at once")
     sp.add_argument("--executor-config", type=_path, metavar="FILE.yaml",
                     help="other submitit parameters, a YAML mapping (e.g. slurm_account, mem_gb, "

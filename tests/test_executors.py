@@ -5,6 +5,7 @@ where no Slurm answers, unless LMLAB_REQUIRE_SLURM=1, as .ci/run sets: then a mi
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -75,6 +76,18 @@ def local_reference(byte_data, tmp_path_factory):
     return path, _rows(out)
 
 
+@pytest.fixture(scope="module")
+def one_run(byte_data, tmp_path_factory):
+    """One 40-step run (checkpoints every 4 steps) and its rows trained without interruption."""
+    spec = tiny_spec(byte_data, steps=40)
+    spec.update(seeds=[1], tune_seeds=None, tune=None, train={**spec["train"], "lr": 3e-3})
+    spec["axes"] = {"zip": spec["axes"]["zip"][:1]}
+    path = tmp_path_factory.mktemp("one") / "one.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    run_sweep(path, out=path.parent / "ref", jobs=1, log=lambda line: None)
+    return path, _rows(path.parent / "ref")
+
+
 def test_submitit_local_equals_local_threads_and_holds_the_barrier(local_reference, tmp_path):
     path, want = local_reference
     out = tmp_path / "sweep"
@@ -95,16 +108,10 @@ def test_submitit_local_equals_local_threads_and_holds_the_barrier(local_referen
     assert len((out / "jobs.jsonl").read_text().splitlines()) == 9
 
 
-def test_preempted_job_is_requeued_and_resumes_exactly(local_reference, byte_data, tmp_path):
+def test_preempted_job_is_requeued_and_resumes_exactly(one_run, tmp_path):
     """SIGUSR2 to a running job (Slurm's preemption / time-limit signal): its training checkpoints, the job
     is requeued by submitit and continues from the checkpoint; the row equals an uninterrupted run's."""
-    spec = tiny_spec(byte_data, steps=40)
-    spec.update(seeds=[1], tune_seeds=None, tune=None, train={**spec["train"], "lr": 3e-3})
-    spec["axes"] = {"zip": spec["axes"]["zip"][:1]}
-    path = tmp_path / "one.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    ref = tmp_path / "ref"
-    run_sweep(path, out=ref, jobs=1, log=lambda line: None)
+    path, ref_rows = one_run
     out = tmp_path / "sweep"
     proc = subprocess.Popen([sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out),
                              "--executor", "submitit-local"], cwd=ROOT, stdout=subprocess.PIPE,
@@ -121,7 +128,7 @@ def test_preempted_job_is_requeued_and_resumes_exactly(local_reference, byte_dat
     assert len(requeues) == 1 and requeues[0]["runs"] == ["SiLU-s1"] and requeues[0]["stopped_trainings"] == 1
     log = (out / "logs" / "SiLU-s1.log").read_text()
     assert log.count("$ ") == 2 and "resuming" in log  # trained twice: the second continued
-    assert _rows(out) == _rows(ref)
+    assert _rows(out) == ref_rows
     assert "1 requeue(s)" in text
 
 
@@ -207,14 +214,8 @@ def test_slurm_sweep_equals_local_threads(cluster, local_reference, tmp_path):
 
 
 @slurm
-def test_slurm_preemption_is_requeued_and_resumes(cluster, byte_data, tmp_path):
-    spec = tiny_spec(byte_data, steps=40)
-    spec.update(seeds=[1], tune_seeds=None, tune=None, train={**spec["train"], "lr": 3e-3})
-    spec["axes"] = {"zip": spec["axes"]["zip"][:1]}
-    path = tmp_path / "one.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    ref = tmp_path / "ref"
-    run_sweep(path, out=ref, jobs=1, log=lambda line: None)
+def test_slurm_preemption_is_requeued_and_resumes(cluster, one_run, tmp_path):
+    path, ref_rows = one_run
     out = tmp_path / "sweep"
     proc = subprocess.Popen([sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out),
                              "--executor", "slurm", "--slurm-partition", "debug", "--cpus-per-task", "2",
@@ -234,4 +235,78 @@ def test_slurm_preemption_is_requeued_and_resumes(cluster, byte_data, tmp_path):
     assert len(requeues) == 1 and requeues[0]["runs"] == ["SiLU-s1"] and requeues[0]["stopped_trainings"] == 1
     log = (out / "logs" / "SiLU-s1.log").read_text()
     assert log.count("$ ") == 2 and "resuming" in log
-    assert _rows(out) == _rows(ref)
+    assert _rows(out) == ref_rows
+
+
+# --- Ray ---------------------------------------------------------------------------------------
+def _training_pid(run_dir: Path):
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"train" in cmd and str(run_dir).encode() in cmd:
+                return int(d.name)
+    return None
+
+
+def test_ray_equals_local_threads(local_reference, tmp_path):
+    ray = pytest.importorskip("ray")
+    path, want = local_reference
+    out = tmp_path / "sweep"
+    lines = []
+    try:
+        run_sweep(path, out=out, jobs=2, executor="ray", executor_params={"address": "local"}, log=lines.append)
+    finally:
+        ray.shutdown()
+    assert _rows(out) == want
+    assert any(line.startswith("ray: 0 queued or running, 3/3 done") for line in lines)
+
+
+def test_ray_retries_a_killed_worker_and_the_run_resumes(one_run, tmp_path):
+    """The Ray worker of a running task SIGKILLed (a lost node): its training checkpoints (SIGTERM on the
+    parent's death), Ray retries the task, and the run continues to the row of an uninterrupted run."""
+    pytest.importorskip("ray")
+    path, ref_rows = one_run
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out),
+                             "--executor", "ray", "--address", "local", "--cpus-per-task", "2"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = out / "runs" / "SiLU-s1" / "metrics.jsonl"
+    try:
+        _wait(lambda: metrics.is_file() and '"checkpoint": "step_0000008"' in metrics.read_text(), 240,
+              "the run's second checkpoint")
+        trainer = _training_pid(out / "runs" / "SiLU-s1")
+        worker = int((Path("/proc") / str(trainer) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        os.kill(worker, signal.SIGKILL)
+        text, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, text
+    log = (out / "logs" / "SiLU-s1.log").read_text()
+    # Ray kills a dead worker's children itself (before or after their SIGTERM): the retry resumes from the
+    # last checkpoint, whichever came first
+    assert log.count("$ ") == 2 and re.search(r"resuming \S+ from step (8|12|16|20|24|28|32|36) of 40", log)
+    assert _rows(out) == ref_rows
+
+
+def test_a_killed_local_sweep_leaves_no_training_behind(one_run, tmp_path):
+    """`lmlab sweep` SIGKILLed: its training subprocess gets SIGTERM (PR_SET_PDEATHSIG), checkpoints and
+    exits, instead of training on as an orphan that holds the run's lock; the same command continues it."""
+    path, ref_rows = one_run
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = out / "runs" / "SiLU-s1" / "metrics.jsonl"
+    _wait(lambda: metrics.is_file() and '"checkpoint": "step_0000008"' in metrics.read_text(), 120,
+          "the run's second checkpoint")
+    trainer = _training_pid(out / "runs" / "SiLU-s1")
+    proc.kill()
+    proc.wait()
+    _wait(lambda: not Path(f"/proc/{trainer}").exists() or "Z" == Path(f"/proc/{trainer}/stat").read_text().rsplit(
+        ")", 1)[1].split()[0], 60, "the training subprocess to stop")
+    assert "interrupted by SIGTERM" in (out / "logs" / "SiLU-s1.log").read_text()
+    run_sweep(path, out=out, log=lambda line: None)
+    assert _rows(out) == ref_rows

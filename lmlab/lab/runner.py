@@ -933,10 +933,16 @@ def run_sweep(
     if executor == "local" and (executor_params or runs_per_task != 1):
         raise ConfigError("--runs-per-task and executor parameters (--slurm-*, --executor-config) go with "
                           "--executor slurm or submitit-local; --jobs N sets the local executor's runs at once")
-    if executor != "local":
+    if executor in ("slurm", "submitit-local"):
         from lmlab.lab.executors import check_params
 
         check_params(executor, executor_params)
+    if executor == "ray":
+        from lmlab.lab.executors import RAY_KEYS
+
+        bad = sorted(set(executor_params or {}) - set(RAY_KEYS))
+        if bad:
+            raise ConfigError(f"executor parameters {bad}: --executor ray takes {', '.join(RAY_KEYS)}")
     if isinstance(spec, Spec) and tier is not None and spec.tier != tier:
         raise ConfigError(f"the spec was read at tier {spec.tier!r}, not {tier!r}; pass its file or name")
     spec = spec if isinstance(spec, Spec) else load_spec(spec, tier, max_runs)
@@ -993,7 +999,7 @@ def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Call
             else run_state(sweep_dir / "runs" / p.name, p.steps)
         )
     kind, params, per_task = how
-    if kind == "slurm":  # the CPUs of each Slurm task, shared by the runs it trains at once
+    if kind in ("slurm", "ray"):  # the CPUs of each task, shared by the runs it trains at once
         threads = max(1, int(params.get("cpus_per_task", per_task)) // per_task)
     else:
         threads = max(1, _cores() // jobs // per_task)
@@ -1020,10 +1026,15 @@ def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Call
     if short:
         raise ConfigError(short)
     ex = None
-    if kind != "local":  # its parameters checked before anything is written
+    if kind in ("slurm", "submitit-local"):  # its parameters checked before anything is written
         from lmlab.lab.executors import SubmititExecutor
 
         ex = SubmititExecutor(sweep_dir, kind, params, per_task, threads, parallelism=jobs, log=log)
+    elif kind == "ray":
+        from lmlab.lab.executors import RayExecutor
+
+        ex = RayExecutor(sweep_dir, params.get("address"), per_task, threads, params.get("cpus_per_task"),
+                         params.get("gpus_per_node", 0), params.get("max_retries", 3), parallelism=jobs, log=log)
     for sub in ("runs", "configs", "logs"):
         (sweep_dir / sub).mkdir(parents=True, exist_ok=True)
     (sweep_dir / "spec.yaml").write_text(yaml.safe_dump(spec.raw, sort_keys=False, allow_unicode=True))

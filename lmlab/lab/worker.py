@@ -17,7 +17,8 @@ sweep folder, as JSON and YAML (nothing pickled):
 Training runs as a subprocess (``python -m lmlab.cli train``), which checkpoints its last finished step on
 SIGTERM and exits 143; the subprocess ignores SIGUSR2 (Slurm's and submitit's preemption signal, sent to
 every process of a job step), so that the worker decides: it forwards SIGTERM, waits for the checkpoint,
-and the requeued job continues from it.
+and the requeued job continues from it. A worker that dies outright takes its training down the same way
+(SIGTERM on the parent's death, Linux).
 """
 
 from __future__ import annotations
@@ -155,9 +156,30 @@ def _log_since(path: Path, offset: int, n: int = 4000) -> str:
         return ""
 
 
-def _ignore_preemption_signal() -> None:  # runs in the child before exec: SIG_IGN survives exec
+def _child_setup() -> None:
+    """Runs in the training subprocess before exec. SIGUSR2 ignored (SIG_IGN survives exec): the worker
+    decides what a preemption does. On Linux, SIGTERM when the worker dies (prctl PR_SET_PDEATHSIG): a
+    worker killed outright (a Ray worker, a SIGKILLed coordinator) leaves no orphan training, which would
+    hold the run's lock: the training checkpoints and stops, and the retried task continues it."""
     if hasattr(signal, "SIGUSR2"):
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    if _PRCTL is not None:
+        _PRCTL(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+
+
+def _libc_prctl():
+    """libc's prctl, looked up once in the parent (a forked child of a threaded process should call, not load)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()
 
 
 def train_run(sweep_dir: Path, p: RunPlan, threads: int, stopping: Callable[[], bool] = lambda: False
@@ -183,7 +205,7 @@ def train_run(sweep_dir: Path, p: RunPlan, threads: int, stopping: Callable[[], 
         f.flush()
         offset = f.tell()
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                preexec_fn=_ignore_preemption_signal if os.name == "posix" else None)
+                                preexec_fn=_child_setup if os.name == "posix" else None)
         with _LIVE_LOCK:
             _LIVE.add(proc)
         rc = proc.wait()  # an interrupt here leaves proc in _LIVE: stop_training() stops it
