@@ -202,14 +202,16 @@ def test_slurm_sweep_equals_local_threads(cluster, local_reference, tmp_path):
     path, want = local_reference
     out = tmp_path / "sweep"
     lines = []
-    run_sweep(path, out=out, executor="slurm", log=lines.append,
-              executor_params={"slurm_partition": "debug", "cpus_per_task": 1, "slurm_array_parallelism": 2,
+    run_sweep(path, out=out, executor="slurm", log=lines.append, runs_per_task=3,
+              executor_params={"slurm_partition": "debug", "cpus_per_task": 2, "slurm_array_parallelism": 2,
                                "timeout_min": 30})
-    assert _rows(out) == want
+    assert _rows(out) == want  # three runs per task, one thread each, as --jobs 2's one thread
     jobs = [json.loads(x) for x in (out / "jobs.jsonl").read_text().splitlines()]
-    # two job arrays, one per stage: stage 1's six runs, then stage 2's three
+    # two job arrays, one per stage: stage 1's six runs in two tasks, then stage 2's three in one
     arrays = {j["job_id"].split("_")[0] for j in jobs}
-    assert len(jobs) == 9 and len(arrays) == 2 and all("_" in j["job_id"] for j in jobs)
+    assert [len(j["runs"]) for j in jobs] == [3, 3, 3] and len(arrays) == 2
+    assert [j["job_id"] for j in jobs[:2]] == [f"{jobs[0]['job_id'].split('_')[0]}_{k}" for k in (0, 1)]  # an array
+    assert all(r.endswith("-s2") for r in jobs[2]["runs"])
     assert any(line.startswith("slurm: ") for line in lines)
 
 
@@ -310,3 +312,32 @@ def test_a_killed_local_sweep_leaves_no_training_behind(one_run, tmp_path):
     assert "interrupted by SIGTERM" in (out / "logs" / "SiLU-s1.log").read_text()
     run_sweep(path, out=out, log=lambda line: None)
     assert _rows(out) == ref_rows
+
+
+def test_a_job_that_dies_gives_a_failed_row_the_report_lists_and_sweep_worker_reproduces(one_run, tmp_path):
+    """A job whose task is SIGKILLed (an out-of-memory kill) ends without a row: the coordinator records a
+    failed row naming the job, its log and `lmlab sweep-worker SWEEP RUN`; the report lists it; that
+    command finishes the run (from its checkpoint) and the next `lmlab sweep` merges its row."""
+    path, ref_rows = one_run
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out),
+                             "--executor", "submitit-local"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    metrics = out / "runs" / "SiLU-s1" / "metrics.jsonl"
+    _wait(lambda: metrics.is_file() and '"checkpoint": "step_0000008"' in metrics.read_text(), 120,
+          "the run's second checkpoint")
+    controller = int(json.loads((out / "jobs.jsonl").read_text().splitlines()[0])["job_id"])
+    os.kill(_children(controller)[0], signal.SIGKILL)
+    text, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, text
+    (row,) = read_results(out)
+    assert row["status"] == "failed" and f"job {controller} ended" in row["error"]
+    assert f"reproduce with `lmlab sweep-worker {out} SiLU-s1`" in row["error"]
+    assert main(["report", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert "Failed runs (1;" in md and "- `SiLU-s1`: job" in md and "lmlab sweep-worker" in md
+    assert main(["sweep-worker", str(out), "SiLU-s1", "--threads", "2"]) == 0
+    assert "resuming" in (out / "logs" / "SiLU-s1.log").read_text()
+    run_sweep(path, out=out, executor="submitit-local", log=lambda line: None)  # merges the row: no new job
+    assert _rows(out) == ref_rows and len((out / "jobs.jsonl").read_text().splitlines()) == 1
+    assert main(["report", str(out)]) == 0 and "Failed runs" not in (out / "report.md").read_text()

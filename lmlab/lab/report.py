@@ -391,6 +391,26 @@ def sweep_wall(sweep_dir: Path) -> Optional[dict]:
             "finished": bool(ends[-1].get("finished"))}
 
 
+def _run_files_lines(sweep_dir: Path, rows: list[dict]) -> list[str]:
+    """Where each run's log and folder are, and every failed run (not a diverged one: that is a result)
+    with its error and the command that reproduces it (``lmlab sweep-worker``)."""
+    from lmlab.lab.runner import _repo_relative
+
+    where = _repo_relative(Path(sweep_dir))
+    out = [f"Each run's training log is `{where}/logs/RUN.log` and its run folder `{where}/runs/RUN/` "
+           "(`lmlab eval`, `generate` and `plot` work on it).", ""]
+    failed = [r for r in rows if r.get("status") == "failed"]
+    if failed:
+        out += [f"Failed runs ({len(failed)}; no result, unlike a diverged run; rerunning `lmlab sweep` retries "
+                f"them):", ""]
+        for r in failed:
+            err = " ".join(str(r.get("error") or "no error recorded").split())
+            out.append(f"- `{r['run']}`: {err[:300]}{'...' if len(err) > 300 else ''}; log `{where}/logs/"
+                       f"{r['run']}.log`; reproduce with `lmlab sweep-worker {where} {r['run']}`")
+        out.append("")
+    return out
+
+
 def _provenance_lines(sweep_dir: Path, rows: list[dict]) -> list[str]:
     L = []
     recs = [r for r in validate.read_provenance(sweep_dir / PROVENANCE_FILE) if "ended_at" not in r]
@@ -755,6 +775,7 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
         + " in all."
     )
     L.append("")
+    L += _run_files_lines(sweep_dir, rows)
     L += _provenance_lines(sweep_dir, rows)
     L += _setup_lines(spec_raw, rows, sweep_dir)
     L.append("")
