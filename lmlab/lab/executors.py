@@ -279,18 +279,17 @@ class SubmititExecutor:
                 time.sleep(self.poll_s)
 
     def _over(self, job) -> bool:
-        """Whether ``job`` has ended: submitit's view (its result file), or for Slurm a terminal or
-        forgotten state in ``squeue`` (a job killed before it could write its result)."""
+        """Whether ``job`` has ended. Slurm: its state in ``squeue`` is terminal or Slurm forgot it (a job
+        requeued after a preemption is not over, even if its first attempt left a result file); where
+        squeue cannot be run, and on submitit-local, submitit's view (its result file)."""
+        if self.kind == "slurm" and self.squeue is not None:
+            state = self.squeue.get(str(job.job_id))
+            return state is None or state in TERMINAL
         try:
-            if job.done():
-                return True
+            return bool(job.done())
         except Exception as exc:  # noqa: BLE001 -- scheduler unreachable: try again next poll
             self.log(f"job {job.job_id}: state unknown ({exc}); polling again")
             return False
-        if self.kind != "slurm" or self.squeue is None:
-            return False
-        state = self.squeue.get(str(job.job_id))
-        return state is None or state in TERMINAL
 
     def _state(self, job) -> str:
         if self.kind == "slurm":
