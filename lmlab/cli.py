@@ -182,9 +182,25 @@ def cmd_sweep(args) -> int:
         params["gpus_per_node"] = int(gpus)  # Slurm counts whole GPUs; Ray takes fractions
     if args.executor != "local":
         command += f" --executor {args.executor}"
-    run_sweep(args.spec, out=args.out, jobs=args.jobs, dry_run=args.dry_run, command=command, tier=args.tier,
-              data_dir=Path(args.data) if args.data else None, max_runs=args.max_runs,
-              executor=args.executor, executor_params=params, runs_per_task=args.runs_per_task)
+    for flag in ("runs_per_task", "slurm_partition", "time", "cpus_per_task", "gpus_per_task", "array_parallelism",
+                 "address", "max_retries", "executor_config"):
+        value = getattr(args, flag)
+        if value is not None and not (flag == "runs_per_task" and value == 1):
+            command += f" --{flag.replace('_', '-')} {value:g}" if isinstance(value, float) else \
+                f" --{flag.replace('_', '-')} {value}"
+    out = run_sweep(args.spec, out=args.out, jobs=args.jobs, dry_run=args.dry_run, command=command, tier=args.tier,
+                    data_dir=Path(args.data) if args.data else None, max_runs=args.max_runs,
+                    executor=args.executor, executor_params=params, runs_per_task=args.runs_per_task)
+    if args.dry_run:
+        return 0
+    from lmlab.lab.runner import read_results
+
+    failed = [r["run"] for r in read_results(out) if r.get("status") == "failed"]
+    if failed:  # a diverged run is a result; a failed one is not
+        print(f"lmlab sweep: {len(failed)} run(s) failed without a result ({', '.join(failed[:5])}"
+              f"{', ...' if len(failed) > 5 else ''}); `lmlab report {out}` lists why, `lmlab sweep-worker "
+              f"{out} RUN` reproduces one, and the same command retries them", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -786,10 +802,10 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--cpus-per-task", type=POSITIVE, help="CPUs of each Slurm task")
     sp.add_argument("--gpus-per-task", type=float, help="GPUs of each task (Slurm: whole GPUs of its node; "
                     "Ray: fractions too, e.g. 0.25 for four tasks on one GPU)")
-    sp.add_argument("--address", help="the Ray cluster (ray://HOST:10001, HOST:6379 or auto); local: a Ray "
-                    "started here with --jobs tasks at once")
+    sp.add_argument("--address", help="the Ray cluster (ray://HOST:10001, HOST:6379 or auto); local (the "
+                    "default): a Ray started here with --jobs tasks at once")
     sp.add_argument("--max-retries", type=int, help="Ray: times a task is retried when its worker or node dies "
-                    "(default 3; the run continues from its checkpoint)")
+                    "(default 3, -1 unlimited; the run continues from its checkpoint)")
     sp.add_argument("--array-parallelism", type=POSITIVE, help="Slurm array tasks running at once")
     sp.add_argument("--executor-config", type=_path, metavar="FILE.yaml",
                     help="other submitit parameters, a YAML mapping (e.g. slurm_account, mem_gb, "

@@ -177,7 +177,22 @@ def test_sweep_worker_cli_and_bad_input(local_reference, tmp_path, capsys):
                  "--executor-config", str(_write(tmp_path / "x.yaml", {"bogus_key": 1}))]) == 2
     assert "bogus_key" in capsys.readouterr().err and not (fresh / "runs").exists()
     assert main(["sweep", str(path), "--out", str(fresh), "--runs-per-task", "2"]) == 2
-    assert "--runs-per-task" in capsys.readouterr().err
+    assert "--runs-per-task: not options of the local executor" in capsys.readouterr().err
+    for argv, want in [
+        (["--executor", "submitit-local", "--address", "local"], "--address: options of --executor ray"),
+        (["--executor", "ray", "--slurm-partition", "debug", "--time", "5"],
+         "--slurm-partition, --time: not options of --executor ray"),
+        (["--executor", "submitit-local", "--gpus-per-task", "0.5"], "Slurm counts whole GPUs"),
+        (["--executor", "ray", "--gpus-per-task", "-1"], "--gpus-per-task -1.0: give a number >= 0"),
+        (["--executor", "ray", "--max-retries", "-2"], "--max-retries -2: give an integer >= 0, or -1"),
+    ]:
+        assert main(["sweep", str(path), "--out", str(fresh)] + argv) == 2, argv
+        assert want in capsys.readouterr().err, argv
+    assert main(["sweep", str(path), "--out", str(fresh), "--executor", "submitit-local", "--executor-config",
+                 str(_write(tmp_path / "t.yaml", {"mem_gb": "lots"}))]) == 2
+    err = capsys.readouterr().err
+    assert "a parameter submitit refuses among ['mem_gb']" in err and "Traceback" not in err
+    assert not fresh.exists()
     if not any((Path(p) / "srun").exists() for p in os.environ.get("PATH", "").split(os.pathsep)):
         assert main(["sweep", str(path), "--out", str(fresh), "--executor", "slurm"]) == 2
         assert "srun" in capsys.readouterr().err and not (fresh / "runs").exists()
@@ -207,7 +222,7 @@ def cluster():
 
 
 @slurm
-def test_slurm_sweep_equals_local_threads(cluster, local_reference, tmp_path):
+def test_slurm_sweep_equals_local_threads(cluster, local_reference, tmp_path, capsys):
     path, want = local_reference
     out = tmp_path / "sweep"
     lines = []
@@ -215,6 +230,13 @@ def test_slurm_sweep_equals_local_threads(cluster, local_reference, tmp_path):
               executor_params={"slurm_partition": "debug", "cpus_per_task": 2, "slurm_array_parallelism": 2,
                                "timeout_min": 30})
     assert _rows(out) == want  # three runs per task, one thread each, as --jobs 2's one thread
+    # what Slurm would refuse is refused before anything is written (sbatch --test-only)
+    bad = tmp_path / "bad"
+    for argv, want_err in [(["--slurm-partition", "nosuchpart"], "invalid partition"),
+                           (["--slurm-partition", "debug", "--cpus-per-task", "4096"], "Slurm refuses a job with")]:
+        assert main(["sweep", str(path), "--out", str(bad), "--executor", "slurm"] + argv) == 2, argv
+        err = capsys.readouterr().err
+        assert want_err in err and "Traceback" not in err and not bad.exists(), err
     jobs = [json.loads(x) for x in (out / "jobs.jsonl").read_text().splitlines()]
     # two job arrays, one per stage: stage 1's six runs in two tasks, then stage 2's three in one
     arrays = {j["job_id"].split("_")[0] for j in jobs}
@@ -338,7 +360,7 @@ def test_a_job_that_dies_gives_a_failed_row_the_report_lists_and_sweep_worker_re
     controller = int(json.loads((out / "jobs.jsonl").read_text().splitlines()[0])["job_id"])
     os.kill(_children(controller)[0], signal.SIGKILL)
     text, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, text
+    assert proc.returncode == 1 and "1 run(s) failed without a result (SiLU-s1)" in text, text
     (row,) = read_results(out)
     assert row["status"] == "failed" and f"job {controller} ended" in row["error"]
     assert f"reproduce with `lmlab sweep-worker {out} SiLU-s1`" in row["error"]

@@ -143,16 +143,82 @@ def _make(folder: Path, kind: str, params: Optional[dict], name: str):
         ex = submitit.AutoExecutor(folder=folder, cluster="slurm" if kind == "slurm" else "local")
     except RuntimeError as exc:  # submitit: no srun on this machine
         raise ConfigError(f"--executor {kind}: {exc}") from None
-    params = dict(params or {})
+    given = dict(params or {})
+    params = dict(given)
     params.setdefault("timeout_min", 24 * 60)
     params.setdefault("name", f"lmlab-{name}")
     if kind == "slurm":
         params.setdefault("slurm_signal_delay_s", 120)  # SIGUSR2 this long before the time limit
     try:
         ex.update_parameters(**params)
-    except (NameError, ValueError, TypeError) as exc:
-        raise ConfigError(f"executor parameters {sorted(params)}: {str(exc).splitlines()[0]}") from None
+    except (NameError, ValueError, TypeError, AssertionError) as exc:
+        why = " ".join(str(exc).split())
+        why = why if len(why) <= 240 else why[:240] + "..."
+        raise ConfigError(f"--executor {kind}: a parameter submitit refuses among {sorted(given)}: {why} (names: "
+                          f"submitit's AutoExecutor parameters, e.g. timeout_min, mem_gb, cpus_per_task, "
+                          f"gpus_per_node, slurm_partition, slurm_account, slurm_additional_parameters)") from None
     return ex, params
+
+
+def slurm_preflight(params: dict) -> None:
+    """Ask Slurm whether it would accept a job with ``params``' partition, CPUs, GPUs, time and memory
+    (``sbatch --test-only``: nothing is queued); raise ConfigError with sbatch's reason if not."""
+    import subprocess
+
+    flags = {"slurm_partition": "--partition={}", "cpus_per_task": "--cpus-per-task={}",
+             "gpus_per_node": "--gpus-per-node={}", "timeout_min": "--time={}", "mem_gb": "--mem={}G",
+             "slurm_account": "--account={}", "slurm_qos": "--qos={}", "slurm_constraint": "--constraint={}"}
+    args = [f.format(params[k]) for k, f in flags.items() if params.get(k)]
+    try:
+        out = subprocess.run(["sbatch", "--test-only", *args, "--wrap", "true"], capture_output=True, text=True,
+                             timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(f"--executor slurm: sbatch could not be run ({exc})") from None
+    if out.returncode != 0:
+        why = " ".join((out.stderr or out.stdout).split()) or f"exit status {out.returncode}"
+        raise ConfigError(f"--executor slurm: Slurm refuses a job with {' '.join(args) or 'no options'}: {why}")
+
+
+FLAGS = {"slurm_partition": "--slurm-partition", "timeout_min": "--time", "cpus_per_task": "--cpus-per-task",
+         "gpus_per_node": "--gpus-per-task", "slurm_array_parallelism": "--array-parallelism",
+         "address": "--address", "max_retries": "--max-retries"}
+
+
+def _named(keys) -> str:
+    return ", ".join(FLAGS.get(k, k) for k in sorted(keys))
+
+
+def check_executor_params(kind: str, params: dict, runs_per_task: int = 1) -> None:
+    """Refuse (ConfigError, before anything is written) options that do not go with executor ``kind``, a
+    negative GPU count, a fraction of a GPU on Slurm, retries below -1; for Slurm and submitit-local, also
+    what submitit refuses and (Slurm) what ``sbatch --test-only`` refuses."""
+    if kind not in EXECUTORS:
+        raise ConfigError(f"--executor {kind!r}: choose one of {', '.join(EXECUTORS)}")
+    if not isinstance(runs_per_task, int) or runs_per_task < 1:
+        raise ConfigError(f"--runs-per-task {runs_per_task!r} must be an integer >= 1")
+    ray_only = {k for k in params if k in ("address", "max_retries")}
+    if kind == "local" and (params or runs_per_task != 1):
+        given = _named(params) or "--runs-per-task"
+        raise ConfigError(f"{given}: not options of the local executor (--jobs N sets its runs at once); "
+                          f"--address and --max-retries go with --executor ray, the others with --executor "
+                          f"slurm, submitit-local or ray")
+    if kind == "ray" and set(params) - set(RAY_KEYS):
+        raise ConfigError(f"{_named(set(params) - set(RAY_KEYS))}: not options of --executor ray (it takes "
+                          f"{_named(RAY_KEYS)}); they go with --executor slurm or submitit-local")
+    if kind in ("slurm", "submitit-local") and ray_only:
+        raise ConfigError(f"{_named(ray_only)}: options of --executor ray, not of --executor {kind}")
+    gpus = params.get("gpus_per_node")
+    if gpus is not None:
+        if not isinstance(gpus, (int, float)) or isinstance(gpus, bool) or gpus < 0:
+            raise ConfigError(f"--gpus-per-task {gpus!r}: give a number >= 0")
+        if kind != "ray" and not float(gpus).is_integer():
+            raise ConfigError(f"--gpus-per-task {gpus!r}: Slurm counts whole GPUs (give an integer); fractions "
+                              f"of a GPU go with --executor ray, or --runs-per-gpu N shares one")
+    retries = params.get("max_retries")
+    if retries is not None and (not isinstance(retries, int) or isinstance(retries, bool) or retries < -1):
+        raise ConfigError(f"--max-retries {retries!r}: give an integer >= 0, or -1 for unlimited (Ray's meaning)")
+    if kind in ("slurm", "submitit-local"):
+        check_params(kind, params)
 
 
 def check_params(kind: str, params: Optional[dict]) -> None:
@@ -161,7 +227,9 @@ def check_params(kind: str, params: Optional[dict]) -> None:
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        _make(Path(tmp) / "%j", kind, params, "check")
+        _, full = _make(Path(tmp) / "%j", kind, params, "check")
+    if kind == "slurm":
+        slurm_preflight(full)
 
 
 class SubmititExecutor:
@@ -228,10 +296,16 @@ class SubmititExecutor:
     def _submit(self, groups: list[list]) -> dict:
         task = SweepTask()
         args = [(str(self.dir), g, self.threads) for g in groups]
-        if self.kind == "slurm":  # one job array: Slurm runs slurm_array_parallelism tasks at once
-            jobs = self.ex.map_array(task, *(list(col) for col in zip(*args)))
-        else:
-            jobs = [self.ex.submit(task, *a) for a in args]
+        try:
+            if self.kind == "slurm":  # one job array: Slurm runs slurm_array_parallelism tasks at once
+                jobs = self.ex.map_array(task, *(list(col) for col in zip(*args)))
+            else:
+                jobs = [self.ex.submit(task, *a) for a in args]
+        except _submitit().core.utils.FailedJobError as exc:
+            why = " ".join(str(exc).split())
+            raise ConfigError(f"--executor {self.kind}: the scheduler refused the jobs: {why[-400:]} (the sweep "
+                              f"folder {self.dir} keeps what was planned; fix the options and rerun the same "
+                              f"command)") from None
         for job, g in zip(jobs, groups):
             self._record(str(job.job_id), g)
         return dict(zip(jobs, groups))

@@ -930,19 +930,9 @@ def run_sweep(
         raise ConfigError(f"--executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
     if not isinstance(runs_per_task, int) or runs_per_task < 1:
         raise ConfigError(f"--runs-per-task {runs_per_task!r} must be an integer >= 1")
-    if executor == "local" and (executor_params or runs_per_task != 1):
-        raise ConfigError("--runs-per-task and executor parameters (--slurm-*, --executor-config) go with "
-                          "--executor slurm or submitit-local; --jobs N sets the local executor's runs at once")
-    if executor in ("slurm", "submitit-local"):
-        from lmlab.lab.executors import check_params
+    from lmlab.lab.executors import check_executor_params
 
-        check_params(executor, executor_params)
-    if executor == "ray":
-        from lmlab.lab.executors import RAY_KEYS
-
-        bad = sorted(set(executor_params or {}) - set(RAY_KEYS))
-        if bad:
-            raise ConfigError(f"executor parameters {bad}: --executor ray takes {', '.join(RAY_KEYS)}")
+    check_executor_params(executor, dict(executor_params or {}), runs_per_task)
     if isinstance(spec, Spec) and tier is not None and spec.tier != tier:
         raise ConfigError(f"the spec was read at tier {spec.tier!r}, not {tier!r}; pass its file or name")
     spec = spec if isinstance(spec, Spec) else load_spec(spec, tier, max_runs)
@@ -1059,7 +1049,10 @@ def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Call
             f"sweep interrupted ({exc or 'SIGINT'}); {done} of {len(trained_plans(plans))} run(s) "
             f"recorded, the others "
             + ("checkpointed where they stopped; the same command resumes" if kind == "local" else
-               f"still in their {kind} jobs (not cancelled); the same command re-attaches to them"),
+               "stopped with the coordinator (their trainings checkpointed); the same command continues them"
+               if kind == "ray" else
+               f"that were submitted keep running in their {kind} jobs (not cancelled); the same command "
+               f"re-attaches to them"),
             getattr(exc, "exit_code", 130),
         ) from None
     finally:

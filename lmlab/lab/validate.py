@@ -178,7 +178,8 @@ def parse_json(text: str, where: str, finite: bool = True) -> Any:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{where}: not JSON ({exc.msg} at column {exc.colno}); the file is damaged") from None
+        msg = exc.msg.removesuffix(" at")  # json's "Invalid control character at"
+        raise ConfigError(f"{where}: not JSON ({msg} at column {exc.colno}); the file is damaged") from None
     except ValueError as exc:  # an integer of more digits than Python converts (4,300)
         what = "an integer of thousands of digits" if "digits" in str(exc) else str(exc)
         raise ConfigError(f"{where}: not valid JSON ({what}); the file is damaged") from None
