@@ -330,9 +330,10 @@ def test_ray_retries_a_killed_worker_and_the_run_resumes(ray_here, one_run, tmp_
     thread.join(timeout=5)
     assert killed, "the worker was not killed"
     log = (out / "logs" / "SiLU-s1.log").read_text()
-    # Ray kills a dead worker's children itself (before or after their SIGTERM): the retry resumes from the
-    # last checkpoint, whichever came first
-    assert log.count("$ ") == 2 and re.search(r"resuming \S+ from step (8|12|16|20|24|28|32|36) of 40", log)
+    # the training gets SIGTERM when its worker dies (a checkpoint at its current step), unless Ray's own kill
+    # of a dead worker's children comes first (then the last periodic checkpoint): either way it resumes
+    resumed = re.search(r"resuming \S+ from step (\d+) of 40", log)
+    assert log.count("$ ") == 2 and resumed and 8 <= int(resumed.group(1)) < 40
     assert _rows(out) == ref_rows
 
 
