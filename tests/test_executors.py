@@ -352,7 +352,7 @@ def test_a_killed_local_sweep_leaves_no_training_behind(one_run, tmp_path):
     proc.wait()
     _wait(lambda: not Path(f"/proc/{trainer}").exists() or "Z" == Path(f"/proc/{trainer}/stat").read_text().rsplit(
         ")", 1)[1].split()[0], 60, "the training subprocess to stop")
-    assert "interrupted by SIGTERM" in (out / "logs" / "SiLU-s1.log").read_text()
+    assert "SIGTERM received" in (out / "logs" / "SiLU-s1.log").read_text()  # it got SIGTERM (and stopped)
     run_sweep(path, out=out, log=lambda line: None)
     assert _rows(out) == ref_rows
 
