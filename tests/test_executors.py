@@ -65,6 +65,18 @@ def _wait(cond, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _submitit_local_at_second_checkpoint(path: Path, out: Path):
+    """`lmlab sweep PATH --executor submitit-local` started in a subprocess, once its run has checkpointed
+    twice; returns (the process, the job's controller PID)."""
+    proc = subprocess.Popen([sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out),
+                             "--executor", "submitit-local"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    metrics = out / "runs" / "SiLU-s1" / "metrics.jsonl"
+    _wait(lambda: metrics.is_file() and '"checkpoint": "step_0000008"' in metrics.read_text(), 120,
+          "the run's second checkpoint")
+    return proc, int(json.loads((out / "jobs.jsonl").read_text().splitlines()[0])["job_id"])
+
+
 @pytest.fixture(scope="module")
 def local_reference(byte_data, tmp_path_factory):
     """The tiny spec through local threads (--jobs 2): the rows every executor must reproduce."""
@@ -112,13 +124,7 @@ def test_preempted_job_is_requeued_and_resumes_exactly(one_run, tmp_path):
     is requeued by submitit and continues from the checkpoint; the row equals an uninterrupted run's."""
     path, ref_rows = one_run
     out = tmp_path / "sweep"
-    proc = subprocess.Popen([sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out),
-                             "--executor", "submitit-local"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    metrics = out / "runs" / "SiLU-s1" / "metrics.jsonl"
-    _wait(lambda: metrics.is_file() and '"checkpoint": "step_0000008"' in metrics.read_text(), 120,
-          "the run's second checkpoint")
-    controller = int(json.loads((out / "jobs.jsonl").read_text().splitlines()[0])["job_id"])
+    proc, controller = _submitit_local_at_second_checkpoint(path, out)
     worker = _wait(lambda: _children(controller), 10, "the job's task process")[0]
     os.kill(worker, signal.SIGUSR2)
     text, _ = proc.communicate(timeout=300)
@@ -363,13 +369,7 @@ def test_a_job_that_dies_gives_a_failed_row_the_report_lists_and_sweep_worker_re
     command finishes the run (from its checkpoint) and the next `lmlab sweep` merges its row."""
     path, ref_rows = one_run
     out = tmp_path / "sweep"
-    proc = subprocess.Popen([sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out),
-                             "--executor", "submitit-local"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    metrics = out / "runs" / "SiLU-s1" / "metrics.jsonl"
-    _wait(lambda: metrics.is_file() and '"checkpoint": "step_0000008"' in metrics.read_text(), 120,
-          "the run's second checkpoint")
-    controller = int(json.loads((out / "jobs.jsonl").read_text().splitlines()[0])["job_id"])
+    proc, controller = _submitit_local_at_second_checkpoint(path, out)
     os.kill(_children(controller)[0], signal.SIGKILL)
     text, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "1 run(s) failed without a result (SiLU-s1)" in text, text
