@@ -49,7 +49,8 @@ def speed_claims(name: str, out: Path, device: str, log, pairs: int | None = Non
                  batch: int | None = None) -> list[dict]:
     """Part 1 for one spec: run its gpu tier's timing block on ``device``; one row per timing claim."""
     from lmlab.lab import runner
-    from lmlab.lab.verdicts import judge_timing
+    from lmlab.lab.stats import NOT_TESTABLE
+    from lmlab.lab.verdicts import judge_timing, kv_bound_check
 
     spec = load_spec(name, "gpu")
     if not spec.timing:
@@ -70,6 +71,10 @@ def speed_claims(name: str, out: Path, device: str, log, pairs: int | None = Non
             continue
         for scale, block in timing["scales"].items():
             c = judge_timing(e, block.get(TIMING_METRICS[e.metric], {}), spec.confidence)
+            mech = kv_bound_check(e, block) if e.metric == "decode_time" else None
+            c["mechanism"] = mech
+            if mech is not None and not mech["holds"]:  # as lmlab report gates it (lmlab.lab.verdicts.gate)
+                c["measured"], c["verdict"] = c["verdict"], NOT_TESTABLE
             c.update(spec=name, scale=scale or None, device=block["device"], dtype=block["dtype"],
                      rounds=block["rounds"], seconds=time.perf_counter() - t0,
                      a_s=statistics.median(block[TIMING_METRICS[e.metric]][e.a]),
@@ -145,14 +150,17 @@ def markdown(machine: str, claims: list, costs: list, e2e: dict | None, args) ->
          f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}).", ""]
     if claims:
         L += ["## Speed claims (each tier's timing block: untrained models, interleaved rounds, eager)", "",
-              "| spec | claim | scale | A / B median s | effect (time saved) | 95% interval | margin | verdict |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| spec | claim | scale | A / B median s | effect (time saved) | 95% interval | margin | mechanism "
+              "| verdict |",
+              "|---|---|---|---|---|---|---|---|---|"]
         for c in claims:
             eff = "n/a" if c.get("effect") is None else f"{100 * c['effect']:+.1f}%"
             ci = "n/a" if c.get("lo") is None else f"[{100 * c['lo']:+.1f}%, {100 * c['hi']:+.1f}%]"
             margin = "" if c.get("by") is None else f"{100 * c['by']:g}%"
+            m = c.get("mechanism")
+            mech = "" if not m else f"{m['value'].split(' (')[0]} ({'holds' if m['holds'] else 'fails'})"
             L.append(f"| {c['spec']} | {c['text']} | {c['scale'] or ''} | {c['a_s'] * 1e3:.2f} / {c['b_s'] * 1e3:.2f} ms "
-                     f"| {eff} | {ci} | {margin} | {c['verdict']} |")
+                     f"| {eff} | {ci} | {margin} | {mech} | {c['verdict']} |")
         L.append("")
     if costs:
         L += ["## Cost of each tier (one round per model: an estimate, not a comparison)", "",

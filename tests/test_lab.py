@@ -352,6 +352,48 @@ def test_decode_timing_past_the_training_context(monkeypatch):
     _decode_timer(learned, 2, 32, torch.device("cpu"))  # within the table: fine
 
 
+def test_decode_claims_are_judged_only_where_the_step_is_bound_by_its_cache(monkeypatch):
+    """The mechanism of "a smaller KV cache decodes faster": the baseline's step must spend more than the
+    claim's margin on what grows with the cache. The timing block times each model's decode step at the
+    full cache and at a short one (same architecture, one-token prompt, 64 steps); the share is 1 -
+    median(short) / median(full); at or below the margin the claim is not testable (an eager GPU step
+    bound by kernel launches: 07's gpu tier measured 2% of KV reads)."""
+    import lmlab.bench
+    from lmlab.lab import stats
+    from lmlab.lab.spec import load_spec
+    from lmlab.lab.timing import time_variants
+    from lmlab.lab.verdicts import gate, judge_timing, kv_bound_check
+
+    calls = []
+
+    def fake(model, batch, prompt_len, new_tokens, **kw):
+        calls.append((model.cfg.context_length, prompt_len, new_tokens))
+        # full cache 4 ms, short cache 3 ms: 25% of the step grows with the cache
+        return {"decode_s_per_step": 3e-3 if prompt_len == 1 else 4e-3}
+
+    monkeypatch.setattr(lmlab.bench, "bench_decode", fake)
+    small = ModelConfig(vocab_size=64, context_length=32, d_model=32, n_layers=1, n_heads=2)
+    res = time_variants({"MHA": small, "MQA": ModelConfig(**{**small.to_dict(), "n_kv_heads": 1})}, batch=2,
+                        pairs=3, steps=1, threads=1, decode=True, decode_batch=2, decode_context=96)
+    assert (96, 48, 49) in calls and (96, 1, 64) in calls  # half the context; the short cache, same model
+    assert set(res["decode_short_s"]) == {"MHA", "MQA"} and res["decode_short_steps"] == 64
+    spec = load_spec("07-gqa-mqa")
+    e = next(x for x in spec.expect if x.metric == "decode_time" and x.a.startswith("MQA"))
+    block = {"decode_s": {e.a: [2e-3] * 9, e.b: [4e-3] * 9}, "decode_short_s": {e.a: [2e-3] * 9, e.b: [3e-3] * 9}}
+    check = kv_bound_check(e, block)  # margin 10% < 25%: holds
+    assert check["holds"] and check["value"].startswith("25.0% of a step")
+    c = gate({**judge_timing(e, block["decode_s"], 0.95), "mechanism": check}, e, None, spec,
+             {"rows": [], "selected": {}})
+    assert c["verdict"] == stats.AGREES and c["preconditions"] == [check]
+    block["decode_short_s"][e.b] = [3.8e-3] * 9  # 5% of the step grows with the cache: below the 10% margin
+    check = kv_bound_check(e, block)
+    assert not check["holds"]
+    c = gate({**judge_timing(e, block["decode_s"], 0.95), "mechanism": check}, e, None, spec,
+             {"rows": [], "selected": {}})
+    assert c["measured"] == stats.AGREES and c["verdict"] == stats.NOT_TESTABLE and "bound by its KV" in c["gate"]
+    assert kv_bound_check(e, {"decode_s": block["decode_s"]}) is None  # older blocks: no check, as before
+
+
 # --- per-layer gradient norms ----------------------------------------------------------------------
 def test_init_grad_norms_are_the_step0_batch_gradients_of_a_fresh_model(byte_data):
     """lmlab.lab.init_grads: per block, the gradient norm of a model initialised with the seed, on the

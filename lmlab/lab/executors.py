@@ -240,11 +240,14 @@ class SubmititExecutor:
     an unknown name raises ConfigError naming it."""
 
     def __init__(self, sweep_dir: Path, kind: str, params: Optional[dict] = None, runs_per_task: int = 1,
-                 threads: int = 1, parallelism: int = 1, poll_s: float = 5.0,
+                 threads: int = 1, parallelism: int = 1, poll_s: Optional[float] = None,
                  log: Callable[[str], None] = print):
         if kind not in ("slurm", "submitit-local"):
             raise ConfigError(f"executor {kind!r}: SubmititExecutor runs 'slurm' or 'submitit-local'")
         self.dir, self.kind, self.runs_per_task = Path(sweep_dir), kind, int(runs_per_task)
+        # seconds between polls: one squeue call per poll on Slurm; on submitit-local a poll reads a file, and a
+        # free slot waits for it (short runs one after another lost up to 5 s each at 5 s)
+        poll_s = poll_s if poll_s is not None else (5.0 if kind == "slurm" else 0.5)
         self.threads, self.parallelism, self.poll_s, self.log = int(threads), int(parallelism), poll_s, log
         self.ex, params = _make(self.dir / SUBMITIT_DIR / "%j", kind, params, self.dir.name)
         self.params = params

@@ -6,7 +6,10 @@ once and times them in *rounds*: every round measures each variant once, in an o
 to round, so slow phases of the machine hit every variant alike. One measurement is the mean wall time
 of ``steps`` training steps (forward + backward + AdamW step; seconds per step) on a fixed random batch
 of ``batch`` x ``context`` tokens after one untimed warm-up round; with ``decode: true`` also the time
-of one greedy KV-cache decode step at ``decode_batch`` x ``decode_context`` (:mod:`lmlab.bench`).
+of one greedy KV-cache decode step at ``decode_batch`` x ``decode_context`` (:mod:`lmlab.bench`), and the
+same model's decode step at a short cache (``decode_short_s``: from a one-token prompt for
+:data:`SHORT_DECODE_STEPS` steps, or ``decode_steps``), from which the claims' mechanism check reads how
+much of a decode step the cache's reads are (:func:`kv_share`).
 Ratios are taken per round (variant / baseline in the same round) and summarised by their median and
 a distribution-free interval (:func:`lmlab.lab.stats.median_interval`).
 """
@@ -60,6 +63,22 @@ def _step_timer(
         return (time.perf_counter() - t0) / steps
 
     return run
+
+
+SHORT_DECODE_STEPS = 64  # the short-cache decode: steps from a one-token prompt (``decode_steps`` if smaller)
+
+
+def kv_share(block: dict, label: str) -> Optional[float]:
+    """The share of ``label``'s decode step that grows with the cache: 1 - median(short-cache step) /
+    median(full-cache step), from a timing block (:func:`time_variants`); None without both timings.
+    Reading a KV cache costs time in proportion to its length, so this bounds what a smaller cache can
+    save (a lower bound of the cache's share: the short cache is not empty). Near 0: the step is bound by
+    something else (kernel launches, weights, Python), and a claim that a smaller cache decodes faster
+    cannot show."""
+    short, full = (block.get("decode_short_s") or {}).get(label), (block.get("decode_s") or {}).get(label)
+    if not short or not full:
+        return None
+    return 1.0 - statistics.median(short) / statistics.median(full)
 
 
 def _decode_timer(
@@ -121,7 +140,8 @@ def time_variants(
     """Interleaved step-time (and decode-step-time) measurements of the models ``cfgs`` (label ->
     ModelConfig), ``pairs`` rounds after one warm-up round (see the module docstring).
 
-    Returns {"step_s": {label: [seconds per step, one per round]}, "decode_s": {...} (with ``decode``),
+    Returns {"step_s": {label: [seconds per step, one per round]}, "decode_s": {...} and
+    "decode_short_s": {...} (with ``decode``; the short cache: see the module docstring),
     "rounds", "batch", "context", "steps", "threads", "dtype", "device", "load_avg": [1-min load average
     before and after]}. ``context`` defaults to each model's context_length."""
     device = torch.device(device)
@@ -140,6 +160,12 @@ def time_variants(
             timers["decode_s"] = {
                 k: _decode_timer(c, decode_batch, decode_context or c.context_length, device,
                                  decode_steps=decode_steps)
+                for k, c in cfgs.items()
+            }
+            n = min(SHORT_DECODE_STEPS, decode_steps or SHORT_DECODE_STEPS)
+            timers["decode_short_s"] = {  # the mechanism check: the same step at a cache of at most n entries
+                k: _decode_timer(dataclasses.replace(c, context_length=max(c.context_length, decode_context or 0)),
+                                 decode_batch, n, device, decode_steps=n)
                 for k, c in cfgs.items()
             }
         out: dict = {kind: {k: [] for k in labels} for kind in timers}
@@ -167,6 +193,8 @@ def time_variants(
             device=str(device),
             load_avg=[load0, load1],
         )
+        if decode:
+            out["decode_short_steps"] = n
         return out
     finally:
         torch.set_num_threads(before)

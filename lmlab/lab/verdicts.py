@@ -229,6 +229,25 @@ def judge_timing(e, times: dict, confidence: float) -> dict:
     return out
 
 
+def kv_bound_check(e, block: dict) -> Optional[dict]:
+    """The mechanism of a decode_time claim that ``e.a`` decodes faster than ``e.b`` by more than ``e.by``
+    (a smaller KV cache, so fewer bytes read per step): ``e.b``'s step must spend more than ``e.by`` of its
+    time on what grows with the cache (:func:`lmlab.lab.timing.kv_share`), since a smaller cache can save
+    at most that. A precondition record ({text, holds, value, why}) or None where the block has no
+    short-cache timing (timing blocks written before 2026-12-04) or the claim is not a ``better`` one."""
+    from lmlab.lab.timing import kv_share
+
+    share = kv_share(block, e.b)
+    if share is None or e.kind != "better":
+        return None
+    n = len(next(iter(block.get("decode_short_s", {}).values()), []))
+    return {"text": f"{e.b}'s decode step is bound by its KV cache (more than {e.by:.0%} of a step grows with "
+                    f"the cache)", "holds": share > e.by,
+            "value": f"{share:.1%} of a step grows with the cache (median of {n} rounds: full cache vs a cache of "
+                     f"at most {block.get('decode_short_steps') or 64} tokens)",
+            "why": "a smaller cache can only save the time spent reading the cache"}
+
+
 def contention(rows: list[dict]) -> list[dict]:
     """Runs whose training wall time exceeds tokens / their median tokens/s by more than 20%: their
     throughput was measured on a contended machine (or time went to evaluation and checkpoints)."""
@@ -299,6 +318,8 @@ def gate(c: dict, e, scale, spec: Optional[Spec], ctx: dict) -> dict:
         c["preconditions"] = []
         return c
     checks = [check(req, {**ctx, "scale": scale}) for req in e.requires]
+    if c.get("mechanism"):  # decode_time: is the step bound by reading the cache at all?
+        checks.append(c.pop("mechanism"))
     c["preconditions"] = checks
     reasons: list[tuple[str, str]] = []
     failed = [x for x in checks if not x["holds"]]
@@ -403,6 +424,8 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
                 block = ((timing or {}).get("scales") or {}).get(scale or "")
                 times = (block or {}).get(TIMING_METRICS[e.metric], {})
                 c = judge_timing(e, times, confidence)
+                if e.metric == "decode_time" and block:
+                    c["mechanism"] = kv_bound_check(e, block)
                 old = next((x for x in timed_claims or [] if x.get("text") == e.text and x.get("scale") == scale
                             and x.get("metric") == e.metric), None)
                 if not times and old is not None:
