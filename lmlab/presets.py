@@ -410,6 +410,33 @@ _add("qwen3-8b", "Qwen3",
      "Qwen2 without the qkv bias, with per-head RMSNorm on q and k (QK-norm), GQA 32:8",
      _real, _tiny(_real, n_heads=8), published_params=8.2e9, params_source="the model card (8.2B)")
 
+_QWEN3_MOE = dict(_LLAMA_STYLE, vocab_size=151936, context_length=40960, n_kv_heads=4, head_dim=128, norm_eps=1e-6,
+                  rope_theta=1000000.0, qk_norm="rmsnorm", n_experts=128, experts_per_token=8, router_score="softmax",
+                  router_renormalize=True)
+_QWEN3_MOE_NOTES = ("Every layer's FFN is the mixture (decoder_sparse_step 1, no mlp_only_layers, so d_ff is never "
+                    "used); no shared expert; norm_topk_prob true in config.json (router_renormalize); the config's "
+                    "router_aux_loss_coef 0.001 is left out (moe_aux_loss 0: set it to train with the balance loss). "
+                    "The qwen3_moe family is HF-parity tested.")
+_real = dict(_QWEN3_MOE, d_model=2048, n_layers=48, n_heads=32, d_ff=6144, expert_d_ff=768)
+_add("qwen3-30b-a3b", "Qwen3-MoE",
+     "Yang et al. 2025, 'Qwen3 Technical Report', Table 2, https://arxiv.org/abs/2505.09388; "
+     "https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json",
+     "Qwen3's attention (per-head QK RMSNorm, GQA 32:4, head_dim 128) with every FFN a mixture of 128 SwiGLU "
+     "experts (width 768), top-8 softmax renormalised: 30.5B parameters, 3.3B active per token",
+     _real, _tiny(_real, n_heads=8, n_experts=8, experts_per_token=2), published_params=30_532_122_624,
+     params_source="the Hugging Face checkpoint (the model card's '30.5B in total and 3.3B activated')",
+     notes=_QWEN3_MOE_NOTES)
+
+_real = dict(_QWEN3_MOE, d_model=4096, n_layers=94, n_heads=64, d_ff=12288, expert_d_ff=1536)
+_add("qwen3-235b-a22b", "Qwen3-MoE",
+     "Yang et al. 2025, 'Qwen3 Technical Report', Table 2, https://arxiv.org/abs/2505.09388; "
+     "https://huggingface.co/Qwen/Qwen3-235B-A22B/blob/main/config.json",
+     "Qwen3-30B-A3B's design at 94 layers of width 4096 (GQA 64:4), experts of width 1536: 235B parameters, "
+     "22B active per token",
+     _real, _tiny(_real, n_heads=16, n_experts=8, experts_per_token=2), published_params=235_093_634_560,
+     params_source="the Hugging Face checkpoint (the model card's '235B in total and 22B activated')",
+     notes=_QWEN3_MOE_NOTES)
+
 # --- Gemma family --------------------------------------------------------------------------------
 _real = dict(_GEMMA_STYLE, vocab_size=256000, context_length=8192, d_model=3072, n_layers=28, n_heads=16,
              head_dim=256, d_ff=24576, norm_position="pre", rope_theta=10000.0)

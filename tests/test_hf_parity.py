@@ -75,6 +75,13 @@ CASES = {
                     "beside each MLP (4 experts, top-2, router norm and scales perturbed)"),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
                 "mixture of 4 SwiGLU experts, top-2 softmax renormalised, sliding window 8, GQA"),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=32, num_hidden_layers=4, num_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=32, decoder_sparse_step=2, mlp_only_layers=[3],
+                                         norm_topk_prob=True, use_sliding_window=True, sliding_window=8,
+                                         attention_bias=True),
+                  "Qwen3 attention (per-head QK RMSNorm, q/k/v/o biases, window 8 on every layer) with 4 SwiGLU "
+                  "experts (width 32, top-2 renormalised) on layer 1 only (decoder_sparse_step 2, layer 3 in "
+                  "mlp_only_layers), dense SwiGLU (96) on layers 0, 2, 3"),
     "smollm3": ("SmolLM3Config", dict(num_hidden_layers=5, no_rope_layer_interval=2, tie_word_embeddings=False),
                 "RoPE on layers 1, 3, 5 and NoPE on 2 and 4 (no_rope_layer_interval 2), GQA, untied"),
     "llama4_text": ("Llama4TextConfig", dict(num_hidden_layers=4, head_dim=16, intermediate_size=48,
@@ -387,7 +394,8 @@ PRESET_FAMILIES = {"llama-2-7b": "llama", "llama-3-8b": "llama", "mistral-7b": "
                    "mixtral-8x7b": "mixtral", "llama-2-70b": "llama", "llama-3-70b": "llama",
                    "olmo-7b": "olmo", "olmo-2-7b": "olmo2", "olmo-3-7b": "olmo3", "command-r7b": "cohere2", "smollm3-3b": "smollm3",
                    "marin-8b": "llama", "internlm2-7b": "llama", "llama-4-scout": "llama4_text",
-                   "deepseek-v2": "deepseek_v2", "deepseek-v2-lite": "deepseek_v2"}
+                   "deepseek-v2": "deepseek_v2", "deepseek-v2-lite": "deepseek_v2",
+                   "qwen3-30b-a3b": "qwen3_moe", "qwen3-235b-a22b": "qwen3_moe"}
 
 
 @pytest.mark.parametrize("preset", list(PRESET_FAMILIES))
@@ -586,3 +594,32 @@ def test_llama4_scout_card_count_is_the_text_model_plus_the_vision_tower():
     text_only = sum(p.numel() for n, p in full.named_parameters() if "language_model" in n)
     assert text_only == param_counts(cfg)["total"] == 107_769_861_120
     assert abs(total / 109e9 - 1) < 0.005 < abs(text_only / 109e9 - 1)
+
+
+def test_qwen3_moe_each_feature_is_what_matches(tmp_path):
+    """The qwen3_moe case reads its experts as HF places them (MoE on layer 1 only: decoder_sparse_step 2
+    with layer 3 in mlp_only_layers; experts of moe_intermediate_size; renormalised top-2), and each of those
+    readings is needed: switched the other way, lmlab's logits leave HF's."""
+    import dataclasses
+
+    from lmlab.model import TransformerLM
+
+    ref = hf_model("qwen3_moe", tmp_path / "hf")
+    hfio.import_hf(tmp_path / "hf", tmp_path / "run")
+    model, cfg, _, _ = hfio.load_run_model(tmp_path / "run")
+    assert (cfg.n_experts, cfg.experts_per_token, cfg.expert_d_ff, cfg.d_ff) == (4, 2, 32, 96)
+    assert [cfg.layer_is_moe(i) for i in range(4)] == [False, True, False, False]
+    assert cfg.router_renormalize and cfg.sliding_window == 8 and cfg.layer_pattern is None
+    x = torch.randint(3, V, (2, T), generator=torch.Generator().manual_seed(1))
+    theirs = hf_logits(ref, x)
+    state = model.state_dict()
+    for change in (dict(router_renormalize=False), dict(sliding_window=None)):
+        other = TransformerLM(dataclasses.replace(cfg, **change)).eval()
+        other.load_state_dict(state)
+        with torch.no_grad():
+            assert (other(x) - theirs).abs().max() > 1e-2, change
+    # the export writes the same layout back: step 2 with layer 3 listed as dense
+    fam, hf = hfio.lmlab_to_hf_config(cfg)
+    assert fam.model_type == "qwen3_moe" and (hf["decoder_sparse_step"], hf["mlp_only_layers"]) == (2, [3])
+    assert (hf["num_experts"], hf["moe_intermediate_size"], hf["intermediate_size"], hf["norm_topk_prob"]) == \
+        (4, 32, 96, True)

@@ -45,6 +45,7 @@ class Spec:
     head_dim: str = "key"  # key (head_dim field, else hidden/heads) | derived (always hidden/heads: Cohere 2)
     sliding: str = "none"  # none | all (Mistral: every layer) | qwen (use_sliding_window, max_window_layers,
     #                        layer_types) | types (layer_types, default from sliding_window_pattern)
+    #                        | flag (Qwen3-MoE: use_sliding_window puts sliding_window on every layer)
     default_pattern: Optional[int] = None  # default layer_types: every p-th layer full, the others sliding
     pattern_key: bool = True  # the legacy sliding_window_pattern field sets p (Gemma 3, Cohere 2; not Gemma 2)
     qk_norm: Optional[str] = None  # None | head_rms (Qwen3) | head_gemma (Gemma 3) | all_rms (OLMo 2) | cohere
@@ -61,6 +62,8 @@ class Spec:
     unread: tuple = ()  # common.Unread: legacy fields HF never reads, checked to describe this model, noted
     attn_softcap: bool = True  # the model applies attn_logit_softcapping (Gemma 2); False: HF ignores it (Gemma 3)
     moe: Optional[str] = None  # None | mixtral (every layer's MLP: block_sparse_moe, softmax top-k renormalised)
+    #                            | qwen3 (mlp.experts on layers set by decoder_sparse_step and mlp_only_layers,
+    #                              softmax top-k, renormalised when norm_topk_prob, experts moe_intermediate_size)
     notes: str = ""
 
     def handled(self) -> set:
@@ -73,7 +76,7 @@ class Spec:
                  "none": set()}[self.bias]
         keys |= {"none": set(), "all": {"sliding_window"},
                  "qwen": {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"},
-                 "types": {"sliding_window", "layer_types"}}[self.sliding]
+                 "types": {"sliding_window", "layer_types"}, "flag": {"use_sliding_window", "sliding_window"}}[self.sliding]
         if self.sliding == "types" and self.pattern_key:
             keys |= {"sliding_window_pattern", "_sliding_window_pattern"}  # the latter: as transformers 5 saves it
         if self.qk_norm == "cohere":
@@ -93,6 +96,9 @@ class Spec:
         if self.moe == "mixtral":
             keys |= {"num_local_experts", "num_experts_per_tok", "output_router_logits", "router_aux_loss_coef",
                      "router_jitter_noise"}
+        if self.moe == "qwen3":
+            keys |= {"num_experts", "num_local_experts", "num_experts_per_tok", "norm_topk_prob", "moe_intermediate_size",
+                     "decoder_sparse_step", "mlp_only_layers", "output_router_logits", "router_aux_loss_coef"}
         return keys | set(self.ignored) | {u.key for u in self.unread}
 
 
@@ -145,6 +151,9 @@ def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
     window, types = None, None
     if spec.sliding == "all":
         window = g("sliding_window")
+        types = ["sliding_attention"] * n_layers
+    elif spec.sliding == "flag":
+        window = g("sliding_window") if g("use_sliding_window") else None
         types = ["sliding_attention"] * n_layers
     elif spec.sliding == "qwen":
         window = g("sliding_window") if g("use_sliding_window") else None
@@ -229,6 +238,8 @@ def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
                   router_score="softmax", router_renormalize=True,
                   # HF adds the load-balancing loss only when output_router_logits is set
                   moe_aux_loss=float(g("router_aux_loss_coef")) if g("output_router_logits") else 0.0)
+    if spec.moe == "qwen3":
+        kw.update(_qwen3_moe_fields(hf, g, fam, n_layers))
     try:
         return ModelConfig(**kw)
     except ConfigError as exc:
@@ -267,6 +278,8 @@ def config_to_hf(spec: Spec, cfg: ModelConfig) -> dict:
                   max_window_layers=types.index("sliding_attention") if local else cfg.n_layers, layer_types=types)
     elif spec.sliding == "types":
         hf.update(sliding_window=cfg.sliding_window if local else cfg.context_length, layer_types=types)
+    elif spec.sliding == "flag":
+        hf.update(use_sliding_window=local, sliding_window=cfg.sliding_window if local else None)
     if spec.rope == "gemma3":
         local_rope = (cfg.rope_local_theta, None) if cfg.rope_local_theta else (cfg.rope_theta, cfg.rope_scaling)
         hf["rope_parameters"] = {"full_attention": C.rope_to_hf(cfg.rope_theta, cfg.rope_scaling, rot),
@@ -297,6 +310,8 @@ def config_to_hf(spec: Spec, cfg: ModelConfig) -> dict:
                   router_aux_loss_coef=cfg.moe_aux_loss or spec.defaults["router_aux_loss_coef"])
         if cfg.expert_d_ff is not None:
             hf["intermediate_size"] = cfg.expert_d_ff
+    if spec.moe == "qwen3":
+        hf.update(_qwen3_moe_hf(cfg, spec.defaults))
     return C.verify_roundtrip(spec.model_type, cfg, hf, lambda h: config_to_lmlab(spec, h))
 
 
@@ -316,7 +331,53 @@ def tensor_maps(spec: Spec, cfg: ModelConfig) -> list[C.TensorMap]:
                 q = f"{p}.experts.{e}"
                 layers.append(C.TensorMap(f"{b}.experts.{e}.w_in.weight", (f"{q}.w1.weight", f"{q}.w3.weight"), (F, F)))
                 layers.append(C.TensorMap(f"{b}.experts.{e}.w_out.weight", (f"{q}.w2.weight",), (cfg.d_model,)))
+    if spec.moe == "qwen3":  # MoE layers' MLP: mlp.gate (router), mlp.experts.E.{gate,up,down}_proj
+        moe = [i for i in range(cfg.n_layers) if cfg.layer_is_moe(i)]
+        layers = [m for m in layers if not any(m.lmlab.startswith(f"blocks.{i}.mlp.") for i in moe)]
+        F = cfg.expert_d_ff or cfg.d_ff
+        for i in moe:
+            p, b = f"model.layers.{i}.mlp", f"blocks.{i}.mlp"
+            layers.append(C.TensorMap(f"{b}.router.weight", (f"{p}.gate.weight",), (cfg.n_experts,)))
+            for e in range(cfg.n_experts):
+                q = f"{p}.experts.{e}"
+                layers.append(C.TensorMap(f"{b}.experts.{e}.w_in.weight", (f"{q}.gate_proj.weight", f"{q}.up_proj.weight"),
+                                          (F, F)))
+                layers.append(C.TensorMap(f"{b}.experts.{e}.w_out.weight", (f"{q}.down_proj.weight",), (cfg.d_model,)))
     return C.model_maps(cfg, layers)
+
+
+def _qwen3_moe_fields(hf: dict, g, fam: str, n_layers: int) -> dict:
+    """Qwen3-MoE's expert fields -> lmlab's (HF ``Qwen3MoeDecoderLayer``: layer i is MoE when i is not in
+    ``mlp_only_layers`` and (i + 1) % ``decoder_sparse_step`` == 0; ``Qwen3MoeTopKRouter``: softmax over the
+    experts in fp32, top-k, divided by their sum when ``norm_topk_prob``)."""
+    experts = hf.get("num_experts", hf.get("num_local_experts", g("num_experts")))
+    step, only = g("decoder_sparse_step"), hf.get("mlp_only_layers") or []
+    if not isinstance(step, int) or step < 1:
+        raise C.unsupported(fam, "decoder_sparse_step", step, "an integer >= 1")
+    if not isinstance(only, list) or any(not isinstance(i, int) or not 0 <= i < n_layers for i in only):
+        raise C.unsupported(fam, "mlp_only_layers", only, f"a list of layer indices 0..{n_layers - 1}")
+    flags = "".join("M" if experts and i not in only and (i + 1) % step == 0 else "D" for i in range(n_layers))
+    if "M" not in flags:
+        return {}
+    return dict(n_experts=experts, experts_per_token=g("num_experts_per_tok"), expert_d_ff=g("moe_intermediate_size"),
+                router_score="softmax", router_renormalize=bool(g("norm_topk_prob")),
+                moe_pattern=C.shortest_period(flags),
+                moe_aux_loss=float(g("router_aux_loss_coef")) if g("output_router_logits") else 0.0)
+
+
+def _qwen3_moe_hf(cfg: ModelConfig, defaults: dict) -> dict:
+    """lmlab's expert fields -> Qwen3-MoE's: the decoder_sparse_step that covers every MoE layer with the
+    fewest dense exceptions, listed in mlp_only_layers."""
+    if not cfg.n_experts:
+        return dict(num_experts=0, mlp_only_layers=[], decoder_sparse_step=1)
+    moe = {i for i in range(cfg.n_layers) if cfg.layer_is_moe(i)}
+    steps = [s for s in range(1, cfg.n_layers + 1) if all((i + 1) % s == 0 for i in moe)]
+    step = min(steps, key=lambda s: sum(1 for i in range(cfg.n_layers) if (i + 1) % s == 0 and i not in moe))
+    return dict(num_experts=cfg.n_experts, num_experts_per_tok=cfg.experts_per_token, decoder_sparse_step=step,
+                mlp_only_layers=[i for i in range(cfg.n_layers) if (i + 1) % step == 0 and i not in moe],
+                moe_intermediate_size=cfg.expert_d_ff or cfg.d_ff, norm_topk_prob=cfg.router_renormalize,
+                output_router_logits=cfg.moe_aux_loss > 0,
+                router_aux_loss_coef=cfg.moe_aux_loss or defaults["router_aux_loss_coef"])
 
 
 def build(spec: Spec) -> Family:
