@@ -141,11 +141,12 @@ def layer_params(cfg: ModelConfig, moe: bool = False, global_layer: bool = False
     F = 2 * cfg.d_ff if (kv_shared and cfg.kv_shared_wide_ffn) else cfg.d_ff
     K, D = cfg.layer_n_kv_heads_of(global_layer), cfg.layer_head_dim_of(global_layer)
     kv_rows = 0 if kv_shared else (1 if (global_layer and cfg.global_k_eq_v) else 2) * K  # keys as values: no v
+    gate_out = {"none": 0, "headwise": H, "elementwise": H * D}[cfg.attn_output_gate]  # W_g x, as biased as q
     qkv_out = (H + kv_rows) * D
-    attn_mm = d * qkv_out + H * D * d
-    attn_bias = (qkv_out if cfg.bias in ("all", "qkv", "attention") else 0) + (
+    attn_mm = d * (qkv_out + gate_out) + H * D * d
+    attn_bias = ((qkv_out + gate_out) if cfg.bias in ("all", "qkv", "attention") else 0) + (
         d if cfg.bias in ("all", "attention") else 0
-    )
+    ) + (H if cfg.attn_sinks else 0)  # a sink logit per head
     if cfg.attention == "mla":  # lmlab.model.mla: q (direct or low-rank), kv down / up, out; two RMSNorms
         qk, r = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.kv_lora_rank
         q_mm = (d * cfg.q_lora_rank + cfg.q_lora_rank * H * qk) if cfg.q_lora_rank else d * H * qk

@@ -38,6 +38,7 @@ GATED_ACTIVATIONS = ("reglu", "geglu", "swiglu", "glu", "bilinear")
 POSITIONS = ("rope", "nope", "learned", "sinusoidal", "alibi", "t5")
 ROPE_STYLES = ("half", "interleaved")  # GPT-NeoX / HF "rotate_half" pairing; GPT-J / Meta interleaved pairing
 BIASES = ("none", "all", "qkv", "mlp", "attention")
+ATTN_OUTPUT_GATES = ("none", "headwise", "elementwise")  # attn_output_gate: one gate per head or per value
 QK_NORMS = ("none", "rmsnorm", "layernorm", "gemma_rmsnorm", "l2")  # gemma_rmsnorm: Gemma 3's (1 + w) QK-norm;
 # l2: Llama 4's "L2Norm", x / sqrt(mean(x^2) + eps) over each head with no weight (an RMSNorm without one)
 QK_NORM_LAYERS = ("all", "rope")  # rope: only layers that carry RoPE (Llama 4)
@@ -48,7 +49,7 @@ QK_NORM_SCOPES = ("head", "all", "head_untied")
 BOOL_FIELDS = ("norm_bias", "norm_affine", "final_norm", "lm_head_bias", "parallel_block", "parallel_shared_norm",
                "nope_global_layers", "tie_embeddings", "scale_embeddings", "norm_weight_fp32", "router_renormalize",
                "attn_temperature_tuning", "global_k_eq_v", "v_norm", "layer_scalar", "kv_shared_wide_ffn",
-               "moe_beside_dense", "router_input_norm", "router_expert_scale")
+               "moe_beside_dense", "router_input_norm", "router_expert_scale", "attn_sinks")
 PARAMETRIZATIONS = ("sp", "mup", "completep")  # standard; Yang et al. 2022 (muP); Dey et al. 2025 (CompleteP)
 ROUTER_SCORES = ("softmax", "sigmoid")  # Mixtral / Qwen-MoE / DeepSeek-V2: softmax; DeepSeek-V3: sigmoid
 ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")  # Chen 2023; bloc97 2023; Peng 2023; Llama 3.1
@@ -214,6 +215,10 @@ class ModelConfig:
     attn_temperature_scale: float = 0.1
     clip_qkv: Optional[float] = None  # clamp q, k, v projections to [-c, c] (OLMo 1.7: allenai/OLMo-7B-0424-hf, 8.0)
     attn_logit_softcap: Optional[float] = None  # cap * tanh(s / cap) on attention logits (Gemma 2)
+    # a sigmoid gate on each head's output from the layer input, before the output projection (Qiu et al. 2025,
+    # "Gated Attention for LLMs", arXiv 2505.06708; Qwen3-Next: elementwise): none | headwise | elementwise
+    attn_output_gate: str = "none"
+    attn_sinks: bool = False  # a learned logit per head in every softmax, taking mass without a value (gpt-oss)
     query_pre_attn_scalar: Optional[float] = None  # scale = query_pre_attn_scalar**-0.5 (Gemma 2)
     sliding_window: Optional[int] = None  # tokens visible, counting the current one (Mistral / HF)
     # Gemma 4's global (full-attention) layers differ from its local ones: their own head width and number of
@@ -354,6 +359,11 @@ class ModelConfig:
             )
 
         _choice("qk_norm", self.qk_norm, QK_NORMS)
+        _choice("attn_output_gate", self.attn_output_gate, ATTN_OUTPUT_GATES)
+        if self.attention == "mla" and (self.attn_output_gate != "none" or self.attn_sinks):
+            raise ConfigError(f"attn_output_gate={self.attn_output_gate!r} / attn_sinks={self.attn_sinks!r}: "
+                              f"lmlab's multi-head latent attention (attention='mla') has neither; use "
+                              f"attention='mha' (GQA/MQA by n_kv_heads) or leave them off")
         _choice("qk_norm_scope", self.qk_norm_scope, QK_NORM_SCOPES)
         if self.qk_norm_scope != "head" and self.qk_norm == "none":
             raise ConfigError(f"qk_norm_scope={self.qk_norm_scope!r} needs a qk_norm, got qk_norm='none'")

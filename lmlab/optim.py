@@ -30,8 +30,9 @@ def param_kind(name: str) -> str:
     """What a parameter of :class:`lmlab.model.TransformerLM` is, from its qualified name: ``bias``,
     ``norm`` (a norm's gain), ``embedding`` (token, absolute-position and Gemma 4's per-layer input
     embeddings, T5 relative-bias tables) or ``weight`` (everything else: linear layers, the untied LM
-    head, Gemma 4's per-layer input projection)."""
-    return ("bias" if name.endswith(".bias") else
+    head, Gemma 4's per-layer input projection). Attention sinks (``attn.sinks``, a learned logit per head)
+    count as biases."""
+    return ("bias" if name.endswith((".bias", ".sinks")) else
             "norm" if "." in name and "norm" in name.split(".")[-2] else
             "embedding" if name.startswith(("embed.", "abs_pos.", "ple_embed.")) or "rel_bias" in name
             else "weight")

@@ -40,6 +40,16 @@ def test_param_counts_by_hand_llama_style():
     assert p["matmul"] == 2 * (qkv + out + mlp) + 6400  # the tied LM head is still a matmul
 
 
+def test_param_counts_by_hand_gated_attention_with_sinks():
+    # small() + an elementwise output gate (W_g: 64 -> 4 heads x 16, biased as q with bias='attention') and
+    # a sink logit per head; headwise: one gate per head
+    p = param_counts(small(attn_output_gate="elementwise", attn_sinks=True, bias="attention"))
+    qkv, out, gate = 64 * 128 + 128, 64 * 64 + 64, 64 * 64 + 64
+    assert p["per_layer"]["attention"] == qkv + out + gate + 4
+    assert p["per_layer"]["attention_matmul"] == 64 * 128 + 64 * 64 + 64 * 64
+    assert param_counts(small(attn_output_gate="headwise"))["per_layer"]["attention"] == 64 * 128 + 64 * 64 + 64 * 4
+
+
 def test_param_counts_by_hand_gpt2_style():
     # LayerNorm with bias, biases on every linear, GELU 4x, learned positions, untied head with a bias
     cfg = small(n_kv_heads=4, d_ff=256, activation="gelu", norm_type="layernorm", norm_bias=True, bias="all",
@@ -65,6 +75,8 @@ EXTRA_CONFIGS = {
     "opt_like": dict(embed_dim=32, position="learned", learned_pos_offset=2, norm_type="layernorm", norm_bias=True,
                      norm_position="post", final_norm=False, activation="relu"),
     "layernorm1p": dict(norm_type="layernorm1p", norm_bias=True, activation="relu2"),
+    "gate_elementwise_sinks": dict(attn_output_gate="elementwise", attn_sinks=True, bias="attention"),
+    "gate_headwise_gqa": dict(attn_output_gate="headwise", head_dim=24, bias="qkv"),
 }
 
 

@@ -23,7 +23,12 @@ def tiny(**kw) -> ModelConfig:
 
 def model(seed: int = 0, **kw) -> TransformerLM:
     torch.manual_seed(seed)
-    return TransformerLM(tiny(**kw)).eval()
+    m = TransformerLM(tiny(**kw)).eval()
+    with torch.no_grad():  # sink logits away from their zero init, so a misplaced sink shows
+        for b in m.blocks:
+            if getattr(b.attn, "sinks", None) is not None:
+                b.attn.sinks.normal_(0.0, 1.0)
+    return m
 
 
 def tokens(T: int = 12, seed: int = 1, batch: int = 2) -> torch.Tensor:
@@ -156,6 +161,9 @@ CACHE_CONFIGS = {
                                                             "original_max_position_embeddings": 8}),
     "learned": dict(position="learned", n_kv_heads=2),
     "sinusoidal": dict(position="sinusoidal"),
+    "sinks_gate_window": dict(attn_sinks=True, attn_output_gate="elementwise", sliding_window=3, n_layers=2,
+                              n_kv_heads=2, bias="attention"),
+    "sinks_alibi_headwise": dict(position="alibi", attn_sinks=True, attn_output_gate="headwise"),
 }
 
 
@@ -259,6 +267,8 @@ ROLLING_CONFIGS = {  # every layer kind with a window, decoded far past it throu
     "alibi": dict(position="alibi", n_heads=3, d_model=36, sliding_window=5),
     "t5_mqa": dict(position="t5", t5_num_buckets=8, t5_max_distance=12, sliding_window=4, n_kv_heads=1),
     "learned_partial": dict(position="learned", sliding_window=5, rope_fraction=0.5),
+    "sinks_gpt_oss_like": dict(attn_sinks=True, n_layers=2, layer_pattern="LG", sliding_window=3, n_kv_heads=2,
+                               bias="attention"),  # gpt-oss: sinks on alternating local/global layers
 }
 
 
@@ -309,6 +319,7 @@ def test_kv_cache_nbytes_formula_with_windows():
 
 PAD_CONFIGS = {
     "rope_gqa": dict(n_kv_heads=2, n_layers=2),
+    "sinks_gate_window": dict(attn_sinks=True, attn_output_gate="elementwise", sliding_window=3, n_layers=2),
     "window_hybrid": dict(n_layers=2, layer_pattern="LG", sliding_window=3),
     "alibi": dict(position="alibi", sliding_window=6),
     "t5": dict(position="t5", t5_num_buckets=8, t5_max_distance=12),
@@ -537,3 +548,133 @@ def test_llama4_temperature_and_l2_qk_norm_by_hand():
         nxt = int(logits.argmax())
         assert lp == pytest.approx(float(torch.log_softmax(logits, -1)[nxt]), abs=1e-5)
         ids.append(nxt)
+
+
+# --- attention sinks and output gates (issue 45) -----------------------------------------------------
+
+def test_sinks_of_minus_infinity_are_plain_attention_and_a_sink_takes_mass():
+    """A sink logit of -inf takes no probability: the model equals the same weights without sinks. A finite
+    sink s_h scales head h's softmax by Z / (Z + e^s_h) (Z: the sum over the keys), checked by hand."""
+    plain, sunk = model(n_kv_heads=2), model(n_kv_heads=2, attn_sinks=True)
+    state = {k: v for k, v in sunk.state_dict().items() if not k.endswith("sinks")}
+    plain.load_state_dict(state)
+    idx = tokens(T=9)
+    with torch.no_grad():
+        for b in sunk.blocks:
+            b.attn.sinks.fill_(float("-inf"))
+        assert torch.allclose(sunk(idx), plain(idx), atol=1e-5)
+    q, k, v = (torch.randn(1, 2, 3, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    sinks = torch.tensor([0.5, -1.0])
+    allowed = causal_mask(torch.arange(3), torch.arange(3), None)
+    y = attention_mod.attention(q, k, v, allowed, sinks=sinks)
+    scores = (q @ k.transpose(-1, -2)) / 2.0  # head_dim 4
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    z = scores.exp().sum(-1, keepdim=True)
+    by_hand = (scores.exp() / (z + sinks.exp().view(1, 2, 1, 1))) @ v
+    assert torch.allclose(y, by_hand, atol=1e-6)
+    assert not torch.allclose(y, attention_mod.attention(q, k, v, allowed), atol=1e-3)
+
+
+def test_sinks_equal_hugging_face_gpt_oss_attention():
+    """lmlab's softmax with sinks against transformers' ``GptOssAttention`` eager path (its own
+    ``eager_attention_forward``: the sink concatenated as a last column, the max subtracted, dropped),
+    GQA 4:2 with a causal mask."""
+    gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
+    g = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(2, 4, 6, 8, generator=g), torch.randn(2, 2, 6, 8, generator=g), torch.randn(2, 2, 6, 8, generator=g)
+    module = torch.nn.Module()
+    module.sinks = torch.nn.Parameter(torch.randn(4, generator=g))
+    module.num_key_value_groups, module.training = 2, False
+    allowed = causal_mask(torch.arange(6), torch.arange(6), 4)  # a window of 4, as gpt-oss's local layers
+    additive = torch.zeros(1, 1, 6, 6).masked_fill(~allowed, float("-inf"))
+    theirs, _ = gpt_oss.eager_attention_forward(module, q, k, v, additive, scaling=8 ** -0.5, dropout=0.0)
+    ours = attention_mod.attention(q, k, v, allowed, sinks=module.sinks.detach())
+    assert torch.allclose(ours.transpose(1, 2), theirs, atol=1e-6)
+
+
+def test_elementwise_output_gate_equals_hugging_face_qwen3_next_attention():
+    """An attention layer with attn_output_gate='elementwise', (1 + w) per-head QK RMSNorm and partial RoPE
+    (a quarter of each head) against transformers' ``Qwen3NextAttention`` with the same weights: its
+    q_proj interleaves each head's query and gate rows (H x [q; gate] x D), split here into lmlab's qkv
+    and gate projections."""
+    qn = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+    from transformers import Qwen3NextConfig
+
+    H, K, D, d, T = 4, 2, 16, 32, 7
+    hf_cfg = Qwen3NextConfig(hidden_size=d, num_attention_heads=H, num_key_value_heads=K, head_dim=D,
+                             attention_bias=True, partial_rotary_factor=0.25, max_position_embeddings=32,
+                             rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25))
+    hf_cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    ref = qn.Qwen3NextAttention(hf_cfg, 0).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.normal_(0.0, 0.2)
+    cfg = tiny(d_model=d, n_heads=H, n_kv_heads=K, head_dim=D, bias="attention", qk_norm="gemma_rmsnorm",
+               norm_eps=hf_cfg.rms_norm_eps, rope_fraction=0.25, attn_output_gate="elementwise")
+    ours = Attention(cfg, 0).eval()
+    qg_w = ref.q_proj.weight.view(H, 2, D, d)
+    qg_b = ref.q_proj.bias.view(H, 2, D)
+    with torch.no_grad():
+        ours.qkv.weight.copy_(torch.cat([qg_w[:, 0].reshape(H * D, d), ref.k_proj.weight, ref.v_proj.weight]))
+        ours.qkv.bias.copy_(torch.cat([qg_b[:, 0].reshape(-1), ref.k_proj.bias, ref.v_proj.bias]))
+        ours.gate.weight.copy_(qg_w[:, 1].reshape(H * D, d))
+        ours.gate.bias.copy_(qg_b[:, 1].reshape(-1))
+        ours.out.weight.copy_(ref.o_proj.weight)
+        ours.out.bias.copy_(ref.o_proj.bias)
+        ours.q_norm.weight.copy_(ref.q_norm.weight)
+        ours.k_norm.weight.copy_(ref.k_norm.weight)
+    x = torch.randn(2, T, d, generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(T)
+    rope = qn.Qwen3NextRotaryEmbedding(hf_cfg)
+    cos, sin = rope(x, pos[None].expand(2, T))
+    mask = torch.zeros(1, 1, T, T).masked_fill(~causal_mask(pos, pos, None), float("-inf"))
+    with torch.no_grad():
+        theirs, _ = ref(x, (cos, sin), mask)
+        mine = ours(x, pos)
+    assert theirs.abs().max() > 0.1
+    assert torch.allclose(mine, theirs, atol=1e-5), float((mine - theirs).abs().max())
+    with torch.no_grad():  # without the gate (its projection's rows left out) the outputs part
+        gate = ours.gate
+        ours.gate = None
+        assert not torch.allclose(ours(x, pos), theirs, atol=1e-2)
+        ours.gate = gate
+
+
+def test_headwise_output_gate_by_hand():
+    """headwise: one sigmoid(w_h . x + b_h) per head multiplies that head's whole output; with W_g = 0 and
+    b = 0 every gate is 1/2."""
+    m = model(attn_output_gate="headwise", bias="attention", n_kv_heads=2)
+    attn = m.blocks[0].attn
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))
+    pos = torch.arange(5)
+    captured = {}
+    attn.out.register_forward_hook(lambda mod, inp, out: captured.update(y=inp[0]))
+    with torch.no_grad():
+        attn(x, pos)
+        gated = captured["y"].view(2, 5, 4, 8)
+        gate, attn.gate = attn.gate, None
+        attn(x, pos)
+        ungated = captured["y"].view(2, 5, 4, 8)
+        attn.gate = gate
+        g = torch.sigmoid(x @ gate.weight.T + gate.bias)  # (2, 5, 4): one per head
+        assert torch.allclose(gated, ungated * g[..., None], atol=1e-6)
+        gate.weight.zero_()
+        gate.bias.zero_()
+        attn(x, pos)
+        assert torch.allclose(captured["y"].view(2, 5, 4, 8), ungated / 2, atol=1e-6)
+
+
+def test_gates_and_sinks_refused_where_they_do_not_apply():
+    with pytest.raises(ConfigError, match="attn_output_gate='sometimes'"):
+        tiny(attn_output_gate="sometimes")
+    with pytest.raises(ConfigError, match="multi-head latent attention"):
+        tiny(attention="mla", attn_sinks=True, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8)
+    with pytest.raises(ConfigError, match="attn_sinks"):
+        tiny(attn_sinks="yes")
+
+
+def test_sinks_count_as_biases_for_weight_decay():
+    from lmlab.optim import param_kind
+
+    assert param_kind("blocks.0.attn.sinks") == "bias" and param_kind("blocks.0.attn.gate.weight") == "weight"

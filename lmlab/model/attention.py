@@ -169,7 +169,7 @@ def softcap(x: torch.Tensor, cap: Optional[float]) -> torch.Tensor:
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor] = None, *,
               scale: Optional[float] = None, logit_softcap: Optional[float] = None,
               bias: Optional[torch.Tensor] = None, dropout: float = 0.0,
-              stats: Optional[dict] = None) -> torch.Tensor:
+              stats: Optional[dict] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Softmax attention with an arbitrary boolean mask, written out (fp32 logits).
 
     q: (batch, n_heads, T, head_dim); k, v: (batch, n_kv_heads, S, head_dim) with n_heads a multiple of
@@ -178,8 +178,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[
     everywhere; a causal mask is :func:`causal_mask`); scale: default 1 / sqrt(head_dim) (Vaswani et al.
     2017); logit_softcap: cap * tanh(s / cap) on the logits (Gemma 2); bias: added to the logits
     after the cap (ALiBi, T5), broadcastable to the scores; dropout: on the probabilities (training
-    only: pass 0 at evaluation); stats: a dict that gets "max_logit", the largest unmasked logit.
-    Returns (batch, n_heads, T, head_dim) in v's dtype. A query row with no allowed key is NaN."""
+    only: pass 0 at evaluation); stats: a dict that gets "max_logit", the largest unmasked logit; sinks:
+    (n_heads,) one more logit per head in every query's softmax, whose probability weighs no value
+    (attention sinks, gpt-oss: HF ``GptOssAttention``'s ``sinks``; Xiao et al. 2024 keep a real sink token).
+    Returns (batch, n_heads, T, head_dim) in v's dtype. A query row with no allowed key is NaN (with sinks: 0)."""
     group = q.shape[1] // k.shape[1]
     if group * k.shape[1] != q.shape[1]:
         raise ValueError(f"attention: {q.shape[1]} query heads are not a multiple of {k.shape[1]} K/V heads")
@@ -195,7 +197,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[
         scores = scores.masked_fill(~mask, float("-inf"))
     if stats is not None:
         stats["max_logit"] = float(scores.max())
-    probs = torch.softmax(scores, dim=-1)
+    if sinks is not None:  # the sink's column takes its share of the softmax and is dropped
+        sink = sinks.float().view(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[2], 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
     if dropout:
         probs = F.dropout(probs, dropout)
     return torch.matmul(probs.to(v.dtype), v)
@@ -211,7 +217,11 @@ class Attention(nn.Module):
     the 'N' layers of ``nope_layers`` (``cfg.layer_has_rope``).
     Order of operations: projections -> QK-norm -> RoPE (or, on a layer without it, Llama 4's
     temperature) -> logits * scale -> soft-cap -> + position bias (ALiBi / T5) -> causal / window mask
-    -> softmax (fp32 on the explicit path).
+    -> softmax (fp32 on the explicit path; with ``attn_sinks`` a learned logit per head joins it and takes
+    probability mass without a value) -> with ``attn_output_gate``, each head's output times
+    sigmoid(W_g x) (elementwise: one gate per output value; headwise: one per head; Qiu et al. 2025,
+    "Gated Attention for Large Language Models", arXiv 2505.06708; Qwen3-Next puts W_g in the query
+    projection) -> output projection.
     """
 
     def __init__(self, cfg: ModelConfig, layer: int):
@@ -234,6 +244,9 @@ class Attention(nn.Module):
         self.qkv = Linear(cfg.d_model, (H + kv_rows) * D, bias=bias)
         self.out = Linear(H * D, cfg.d_model, bias=cfg.bias in ("all", "attention"))
         self.out.is_residual_projection = True
+        self.gate = (None if cfg.attn_output_gate == "none" else
+                     Linear(cfg.d_model, H * D if cfg.attn_output_gate == "elementwise" else H, bias=bias))
+        self.sinks = nn.Parameter(torch.zeros(H)) if cfg.attn_sinks else None  # reset_parameters: zeros
         self.qk_norm_all = cfg.qk_norm_scope == "all"
         self.clip_qkv = cfg.clip_qkv
         qk_norm = cfg.qk_norm if (cfg.qk_norm_layers == "all" or cfg.layer_has_rope(layer)) else "none"
@@ -324,7 +337,7 @@ class Attention(nn.Module):
         if self.temperature is not None:
             q = q * self.temperature_of(positions).to(q.dtype)
         dropout = self.attn_dropout if self.training else 0.0
-        plain = self.logit_cap is None and not self.record_max_logit and bias_fn is None
+        plain = self.logit_cap is None and not self.record_max_logit and bias_fn is None and self.sinks is None
         if cache is None and self.kv_store:
             self._kv = (k, v, None)
         if cache is None:
@@ -335,7 +348,7 @@ class Attention(nn.Module):
                 else:
                     y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout,
                                                        scale=self.scale, enable_gqa=K != H)
-                return self.out(y.transpose(1, 2).reshape(B, T, H * D))
+                return self._out(y.transpose(1, 2).reshape(B, T, H * D), x)
             q_idx = k_idx = torch.arange(T, device=x.device)
         else:
             start = cache.length
@@ -347,11 +360,11 @@ class Attention(nn.Module):
             if T == 1 and plain and not dropout:  # decode: every returned key is causal and in the window
                 mask = cache.real_keys(self.cache_layer, first, S) if left_pad is not None else None
                 mask = self._chunk_keys(cache, first, S, mask)
-                return self.out(self._attend_one(q, k, v, mask).view(B, 1, H * D))
+                return self._out(self._attend_one(q, k, v, mask).view(B, 1, H * D), x)
             if plain and S == T and self.window is None and left_pad is None:  # prefill of an empty cache
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=self.scale,
                                                    enable_gqa=K != H)
-                return self.out(y.transpose(1, 2).reshape(B, T, H * D))
+                return self._out(y.transpose(1, 2).reshape(B, T, H * D), x)
             q_idx = torch.arange(start, start + T, device=x.device)
             k_idx = cache.key_index(self.cache_layer, first, S)
         # cache indices and positions differ by the row's padding only: masks and relative biases use indices
@@ -360,7 +373,7 @@ class Attention(nn.Module):
         if left_pad is not None:  # no attending to padding; a padding query attends to itself (no empty row)
             allowed = (allowed & (k_idx[None, :] >= left_pad[:, None])[:, None, None, :]) \
                 | (q_idx[:, None] == k_idx[None, :])
-        if self.logit_cap is None and not self.record_max_logit:
+        if self.logit_cap is None and not self.record_max_logit and self.sinks is None:
             mask = torch.zeros(allowed.shape, device=x.device, dtype=q.dtype)
             mask = mask.masked_fill(~allowed, float("-inf"))
             if bias is not None:
@@ -369,7 +382,16 @@ class Attention(nn.Module):
                                                enable_gqa=K != H)
         else:
             y = self._explicit(q, k, v, allowed, bias, dropout)
-        y = y.transpose(1, 2).reshape(B, T, H * D)
+        return self._out(y.transpose(1, 2).reshape(B, T, H * D), x)
+
+    def _out(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The output projection of the heads' outputs y (batch, seq, n_heads * head_dim), after the output
+        gate sigmoid(W_g x) when ``attn_output_gate`` is set (x: the layer's input, (batch, seq, d_model))."""
+        if self.gate is not None:
+            g = torch.sigmoid(self.gate(x))
+            if g.shape[-1] == self.n_heads:  # headwise: one gate per head
+                g = g.repeat_interleave(self.head_dim, dim=-1)
+            y = y * g
         return self.out(y)
 
     @property
@@ -378,7 +400,7 @@ class Attention(nn.Module):
         (position biases are the model's: ALiBi and T5 models never take the lean path)."""
         return self.q_norm is None and self.clip_qkv is None and self.logit_cap is None and not self.record_max_logit \
             and self.temperature is None and not self.k_eq_v and self.v_norm is None \
-            and self.kv_source_layer is None and not self.kv_store
+            and self.kv_source_layer is None and not self.kv_store and self.gate is None and self.sinks is None
 
     def temperature_of(self, positions: torch.Tensor) -> torch.Tensor:
         """Llama 4's query scale at each position p: 1 + scale * log(1 + floor((p + 1) / floor)), fp32,
@@ -441,7 +463,7 @@ class Attention(nn.Module):
         """:func:`attention` written out, for soft-caps and logit diagnostics (records max_logit)."""
         stats = {} if self.record_max_logit else None
         y = attention(q, k, v, allowed, scale=self.scale, logit_softcap=self.logit_cap, bias=bias,
-                      dropout=dropout, stats=stats)
+                      dropout=dropout, stats=stats, sinks=self.sinks)
         if stats is not None:
             self.max_logit = stats["max_logit"]
         return y

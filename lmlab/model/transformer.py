@@ -247,6 +247,8 @@ class TransformerLM(nn.Module):
         for block in self.blocks:
             if block.layer_scalar is not None:
                 nn.init.ones_(block.layer_scalar)
+            if getattr(block.attn, "sinks", None) is not None:  # a sink logit of 0: one blank key's worth
+                nn.init.zeros_(block.attn.sinks)
 
     def _bias_fn(self):
         if self.cfg.position == "alibi":
