@@ -672,6 +672,12 @@ def test_gates_and_sinks_refused_where_they_do_not_apply():
         tiny(attention="mla", attn_sinks=True, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8)
     with pytest.raises(ConfigError, match="attn_sinks"):
         tiny(attn_sinks="yes")
+    from lmlab.interop.hf import lmlab_to_hf_config
+    from lmlab.interop.registry import UnsupportedError
+
+    for kw in (dict(attn_sinks=True), dict(attn_output_gate="headwise")):  # no converted family has them yet
+        with pytest.raises(UnsupportedError, match=f"llama: {next(iter(kw))}="):
+            lmlab_to_hf_config(tiny(**kw))
 
 
 def test_sinks_count_as_biases_for_weight_decay():

@@ -263,7 +263,7 @@ def layer_signature(cfg: ModelConfig) -> dict:
         "vocab_size", "context_length", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
         "norm_type", "norm_position", "norm_eps", "final_norm", "bias", "lm_head_bias", "activation",
         "parallel_block", "position", "qk_norm", "attn_logit_softcap", "final_logit_softcap",
-        "tie_embeddings", "scale_embeddings", "clip_qkv", "logit_scale")}
+        "tie_embeddings", "scale_embeddings", "clip_qkv", "logit_scale", "attn_output_gate", "attn_sinks")}
     for extra in ("embed_dim", "learned_pos_offset"):  # switches other families add (OPT)
         if hasattr(cfg, extra):
             sig[extra] = getattr(cfg, extra)
