@@ -38,6 +38,7 @@ GATED_ACTIVATIONS = ("reglu", "geglu", "swiglu", "glu", "bilinear")
 POSITIONS = ("rope", "nope", "learned", "sinusoidal", "alibi", "t5")
 ROPE_STYLES = ("half", "interleaved")  # GPT-NeoX / HF "rotate_half" pairing; GPT-J / Meta interleaved pairing
 BIASES = ("none", "all", "qkv", "mlp", "attention")
+MOE_BALANCES = ("aux_loss", "aux_free", "both")  # moe_balance: the loss, DeepSeek-V3's bias, or both
 ATTN_OUTPUT_GATES = ("none", "headwise", "elementwise")  # attn_output_gate: one gate per head or per value
 QK_NORMS = ("none", "rmsnorm", "layernorm", "gemma_rmsnorm", "l2")  # gemma_rmsnorm: Gemma 3's (1 + w) QK-norm;
 # l2: Llama 4's "L2Norm", x / sqrt(mean(x^2) + eps) over each head with no weight (an RMSNorm without one)
@@ -162,6 +163,12 @@ class ModelConfig:
     router_renormalize: bool = True  # top-k weights divided by their sum (Mixtral yes, DeepSeek-V2 no)
     moe_aux_loss: float = 0.0  # weight of the load-balancing loss (Switch Transformer; Mixtral 0.02)
     moe_router_z_loss: float = 0.0  # weight of the router z-loss (ST-MoE, Zoph et al. 2022: 0.001)
+    # load balancing: the auxiliary loss above (aux_loss), or DeepSeek-V3's auxiliary-loss-free bias (aux_free: a
+    # per-expert bias added to the scores for the top-k choice only, moved by moe_bias_update_rate x sign(mean load -
+    # load) after every optimizer step; Wang et al. 2024, arXiv 2408.15664), or both
+    moe_balance: str = "aux_loss"
+    moe_bias_update_rate: float = 0.001  # DeepSeek-V3's gamma (0.001 for most of its training)
+    moe_seq_aux_loss: float = 0.0  # weight of DeepSeek-V3's sequence-wise balance loss (its alpha: 0.0001)
     moe_first_dense: int = 0  # the first layers keep a dense FFN (DeepSeek first_k_dense_replace)
     moe_pattern: str = "M"  # after them, 'M' (MoE) / 'D' (dense) per layer, repeated ('DM': every 2nd)
     # 'output': sum_e w_e FFN_e(x) (Mixtral, DeepSeek); 'input': sum_e FFN_e(w_e x) (Llama 4, HF Llama4TextMoe)
@@ -434,6 +441,15 @@ class ModelConfig:
         _choice("router_score", self.router_score, ROUTER_SCORES)
         _non_negative("moe_aux_loss", self.moe_aux_loss)
         _non_negative("moe_router_z_loss", self.moe_router_z_loss)
+        _choice("moe_balance", self.moe_balance, MOE_BALANCES)
+        _non_negative("moe_bias_update_rate", self.moe_bias_update_rate)
+        _non_negative("moe_seq_aux_loss", self.moe_seq_aux_loss)
+        if self.n_experts and self.moe_balance == "aux_free" and self.moe_aux_loss:
+            raise ConfigError(f"moe_balance='aux_free' trains without the auxiliary balance loss, but moe_aux_loss="
+                              f"{self.moe_aux_loss}; set moe_aux_loss=0, or moe_balance='both' for the bias and the loss")
+        if self.n_experts and self.moe_balance == "both" and not self.moe_aux_loss:
+            raise ConfigError("moe_balance='both' adds the auxiliary balance loss to the bias, but moe_aux_loss=0; "
+                              "give moe_aux_loss a weight (e.g. 0.01), or use moe_balance='aux_free'")
         _positive_int("moe_first_dense", self.moe_first_dense, minimum=0)
         if not isinstance(self.moe_pattern, str) or not self.moe_pattern or set(self.moe_pattern) - {"M", "D"}:
             raise ConfigError(f"moe_pattern={self.moe_pattern!r} must be a non-empty string of 'M' (MoE) and "

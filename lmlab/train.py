@@ -843,7 +843,12 @@ class Trainer:
             rec["moe_router_z"] = float(sum(float(m.aux[1].detach()) for m in moe) / len(moe))
             # the busiest expert's share of the routed slots, worst layer (1/n_experts when balanced)
             rec["moe_max_load"] = max(float(m.tokens_per_expert.max() / m.tokens_per_expert.sum()) for m in moe)
+            if self.cfg.moe_seq_aux_loss:
+                rec["moe_seq_balance"] = float(sum(float(m.aux[2].detach()) for m in moe) / len(moe))
+        reduce = (lambda t: torch.distributed.all_reduce(t)) if info.enabled else None
         if not (math.isfinite(mean_loss) and math.isfinite(grad_norm)):
+            if moe:
+                self.model.update_moe_bias(apply=False)  # the skipped step's load is dropped
             self.opt.zero_grad(set_to_none=True)
             if self.scaler is not None:
                 self.scaler.update()  # lowers the scale after an overflow
@@ -861,6 +866,10 @@ class Trainer:
         else:
             self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        if moe:  # DeepSeek-V3's auxiliary-loss-free bias (moe_balance aux_free / both), after the step
+            self.model.update_moe_bias(reduce=reduce)
+            if self.cfg.moe_balance != "aux_loss":
+                rec["moe_bias_range"] = max(float(m.expert_bias.max() - m.expert_bias.min()) for m in moe)
         if tc.grad_clip and grad_norm > tc.grad_clip:
             self.clipped_steps += 1
         if self.loss_ema is not None and mean_loss > tc.spike_ratio * self.loss_ema:

@@ -193,3 +193,118 @@ def test_a_moe_model_exports_only_as_mixtral():
     with pytest.raises(UnsupportedError, match=r"llama: moe=\(4, 2, 1"):
         lmlab_to_hf_config(shared)
     assert lmlab_to_hf_config(ModelConfig(**BASE, tie_embeddings=False))[0].model_type == "llama"
+
+
+# --- auxiliary-loss-free balancing and the sequence-wise loss (DeepSeek-V3; issue 45) ------------------
+
+def _skewed(moe_balance="aux_free", noise: float = 0.0, **kw) -> MoEFeedForward:
+    """4 experts, top-1, a router that sends every token to expert 0 unless a bias intervenes (with
+    ``noise``, the other experts' logits differ from token to token)."""
+    cfg = ModelConfig(**{**BASE, "n_experts": 4, "experts_per_token": 1, "moe_balance": moe_balance,
+                         "moe_bias_update_rate": 0.01, **kw})
+    torch.manual_seed(0)
+    moe = MoEFeedForward(cfg).train()
+    with torch.no_grad():
+        moe.router.weight.normal_(0.0, noise) if noise else moe.router.weight.zero_()
+        moe.router.weight[0, 0] = 1.0 if not noise else 3.0  # logit of expert 0 = x_0 (x 3), the others small
+    return moe
+
+
+def test_the_bias_picks_the_experts_but_not_their_weights():
+    moe = _skewed(router_renormalize=False)
+    x = torch.randn(1, 8, 32)
+    x[..., 0] = 3.0  # expert 0's logit 3: softmax scores (e^3, 1, 1, 1) / (e^3 + 3)
+    w, e, _, _ = moe.route(x.reshape(-1, 32))
+    assert (e == 0).all()
+    with torch.no_grad():
+        moe.expert_bias.copy_(torch.tensor([0.0, 0.0, 1.0, 0.0]))  # 1/(e^3+3) + 1 > e^3/(e^3+3)
+    w, e, _, _ = moe.route(x.reshape(-1, 32))
+    assert (e == 2).all()
+    assert torch.allclose(w, torch.full_like(w, 1 / (math.exp(3) + 3)))  # the unbiased score of expert 2
+
+
+def test_bias_update_by_hand_and_towards_balance():
+    """DeepSeek-V3's sigmoid scores, 32 tokens, top-1, expert 0 favoured: the loads by hand (argmax of
+    sigmoid(W x)), then one update b = 0.01 x sign(mean load - load); repeated steps on the same router
+    spread the tokens (the busiest share falls from 21/32 to at most 0.3) with the weights unchanged; with
+    moe_balance='aux_loss' nothing moves."""
+    moe = _skewed(noise=0.5, router_score="sigmoid")
+    with torch.no_grad():
+        moe.router.weight[0, 0] = 1.0
+    x = torch.randn(4, 8, 32, generator=torch.Generator().manual_seed(1))
+    x[..., 0] = 3.0 + torch.rand(4, 8, generator=torch.Generator().manual_seed(2))
+    by_hand = torch.bincount(torch.sigmoid(x.reshape(-1, 32) @ moe.router.weight.T).argmax(-1), minlength=4)
+    moe(x)
+    assert moe.load.tolist() == by_hand.float().tolist() == [21.0, 3.0, 7.0, 1.0]
+    moe.update_bias()
+    assert moe.expert_bias.tolist() == pytest.approx([-0.01, 0.01, 0.01, 0.01]) and moe.load.sum() == 0
+    router = moe.router.weight.clone()
+    for _ in range(300):
+        moe(x)
+        moe.update_bias()
+    moe(x)
+    assert float(moe.tokens_per_expert.max()) / 32 <= 0.3 and torch.equal(moe.router.weight, router)
+    moe.load.zero_()
+    with torch.no_grad():  # evaluation counts nothing
+        moe.eval()(x)
+    assert moe.load.sum() == 0
+    plain = _skewed("aux_loss")
+    assert plain.expert_bias is None and "expert_bias" not in plain.state_dict()
+    plain(x)
+    plain.update_bias()  # a no-op
+
+
+def test_sequence_wise_balance_loss_by_hand():
+    """DeepSeek-V3 eqs. 17-20 on 2 sequences of 2 tokens, 2 experts, top-1: f_e = E / (k T) x tokens of the
+    sequence on e; P_e = the mean normalised score; loss = mean over sequences of sum_e f_e P_e."""
+    cfg = ModelConfig(**{**BASE, "n_experts": 2, "experts_per_token": 1})
+    moe = MoEFeedForward(cfg)
+    experts = torch.tensor([[0], [0], [0], [1]])
+    probs = torch.tensor([[0.9, 0.1], [0.7, 0.3], [0.6, 0.4], [0.2, 0.8]])
+    # sequence 1: f = (2, 0) x 2/2 -> (2, 0); P = (0.8, 0.2): 1.6. sequence 2: f = (1, 1); P = (0.4, 0.6): 1.0
+    assert float(moe.sequence_balance(experts, probs, 2)) == pytest.approx((1.6 + 1.0) / 2)
+
+
+def test_aux_free_bias_is_saved_and_a_run_resumes_bit_for_bit(tmp_path, byte_data):
+    """The bias is model state: a run stopped at step 4 and resumed ends with the same bias and weights as
+    one trained straight to 8 (the bias moved: its spread is logged), with the sequence-wise loss on."""
+    import json
+
+    from lmlab.checkpoint import load_run
+    from lmlab.train import TrainConfig, Trainer
+
+    cfg = ModelConfig(vocab_size=257, context_length=32, d_model=32, n_layers=2, n_heads=4, n_experts=4,
+                      experts_per_token=2, moe_balance="aux_free", moe_bias_update_rate=0.01, moe_seq_aux_loss=0.01)
+    base = dict(batch_size=4, max_steps=8, lr=3e-3, warmup_steps=2, eval_interval=8, eval_windows=2, log_interval=1,
+                device="cpu", tensorboard=False, schedule="constant")
+    straight = Trainer.create(tmp_path / "straight", cfg, TrainConfig(**base), byte_data, progress=False)
+    straight.fit()
+    half = Trainer.create(tmp_path / "split", cfg, TrainConfig(**{**base, "max_steps": 4}), byte_data, progress=False)
+    half.fit()
+    half.release_lock()
+    Trainer.resume(tmp_path / "split", tc=TrainConfig(**base), progress=False).fit()
+    a, *_ = load_run(tmp_path / "straight")
+    b, *_ = load_run(tmp_path / "split")
+    sa, sb = a.state_dict(), b.state_dict()
+    assert "blocks.0.mlp.expert_bias" in sa and sa["blocks.0.mlp.expert_bias"].abs().max() > 0
+    for n in sa:
+        assert torch.equal(sa[n], sb[n]), n
+    logged = [json.loads(x) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in logged if "moe_bias_range" in r]
+    assert len(logged) == 8 and logged[-1]["moe_bias_range"] > 0 and all(r["moe_seq_balance"] > 0 for r in logged)
+
+
+def test_balance_settings_refused():
+    with pytest.raises(ConfigError, match="moe_balance='aux'"):
+        ModelConfig(**BASE, n_experts=4, moe_balance="aux")
+    with pytest.raises(ConfigError, match="moe_aux_loss=0.01; set moe_aux_loss=0"):
+        ModelConfig(**BASE, n_experts=4, moe_balance="aux_free", moe_aux_loss=0.01)
+    with pytest.raises(ConfigError, match="moe_balance='both' adds"):
+        ModelConfig(**BASE, n_experts=4, moe_balance="both")
+    with pytest.raises(ConfigError, match="moe_bias_update_rate"):
+        ModelConfig(**BASE, n_experts=4, moe_balance="aux_free", moe_bias_update_rate=-0.1)
+    from lmlab.interop.hf import lmlab_to_hf_config
+    from lmlab.interop.registry import UnsupportedError
+
+    with pytest.raises(UnsupportedError, match="mixtral: moe="):  # no converted family has the routing bias
+        lmlab_to_hf_config(ModelConfig(**BASE, n_experts=4, tie_embeddings=False, moe_balance="aux_free"))

@@ -26,6 +26,15 @@ training loss, :meth:`lmlab.model.transformer.TransformerLM.loss_from_hidden`):
   scores normalised to sum 1 per token). Uniform routing gives k; all tokens on one expert, up to
   n_experts x k.
 - router z-loss (Zoph et al. 2022, "ST-MoE", eq. 5): the mean over tokens of logsumexp(r)^2.
+- sequence-wise balance loss (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", eqs. 17-20): per sequence of
+  T tokens, sum_e f_e P_e with f_e = n_experts / (k T) x the tokens of the sequence routed to e and P_e the
+  mean over its tokens of e's normalised score; the mean over the sequences (uniform routing: 1).
+
+Auxiliary-loss-free balancing (``moe_balance`` 'aux_free' or 'both'; Wang et al. 2024, arXiv 2408.15664;
+DeepSeek-V3 Sec. 2.1.2): a per-expert bias b (a buffer, saved with the weights) is added to the scores for
+the top-k choice only (the weights stay the unbiased scores); training counts each expert's routed slots
+over the step's micro-batches, and after the optimizer step :meth:`MoEFeedForward.update_bias` moves b_e by
+``moe_bias_update_rate`` x sign(mean load - load_e): an overloaded expert's bias falls, an idle one's rises.
 """
 
 from __future__ import annotations
@@ -66,8 +75,14 @@ class MoEFeedForward(nn.Module):
         self.experts = nn.ModuleList(FeedForward(expert_cfg) for _ in range(cfg.n_experts))
         self.shared = (FeedForward(dataclasses.replace(expert_cfg, d_ff=width * cfg.n_shared_experts))
                        if cfg.n_shared_experts else None)
-        self.aux: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self.aux: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
         self.tokens_per_expert: Optional[torch.Tensor] = None
+        self.bias_rate = cfg.moe_bias_update_rate
+        if cfg.moe_balance in ("aux_free", "both"):  # DeepSeek-V3: the bias only picks; the step's load moves it
+            self.register_buffer("expert_bias", torch.zeros(cfg.n_experts))
+            self.register_buffer("load", torch.zeros(cfg.n_experts), persistent=False)
+        else:
+            self.expert_bias = self.load = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (tokens, d_model) -> (weights (tokens, k) fp32, experts (tokens, k) long, probabilities
@@ -76,13 +91,14 @@ class MoEFeedForward(nn.Module):
             x = self.router_norm(x) * self.router_scale * x.shape[-1] ** -0.5
         logits = self.router(x).float()
         scores = torch.softmax(logits, -1) if self.score == "softmax" else torch.sigmoid(logits)
-        pick = scores
+        pick = scores if self.expert_bias is None else scores + self.expert_bias  # the bias only chooses
         if self.groups > 1:  # DeepSeek-V2: only the experts of the best router_topk_groups groups compete
             by_group = scores.view(-1, self.groups, self.n_experts // self.groups)
             best = by_group.amax(-1).topk(self.topk_groups, dim=-1).indices
             keep = torch.zeros_like(by_group[..., 0], dtype=torch.bool).scatter_(1, best, True)
-            pick = by_group.masked_fill(~keep[..., None], 0.0).view_as(scores)
-        weights, experts = pick.topk(self.k, dim=-1)
+            pick = by_group.masked_fill(~keep[..., None], float("-inf")).view_as(scores)
+        experts = pick.topk(self.k, dim=-1).indices
+        weights = scores.gather(-1, experts)
         if self.renormalize:
             weights = weights / weights.sum(-1, keepdim=True)
         if self.scale != 1.0:
@@ -117,6 +133,31 @@ class MoEFeedForward(nn.Module):
         if self.shared is not None:
             out = out + self.shared(flat)
         f = counts.float() / flat.shape[0]
-        self.aux = (self.n_experts * (f * probs.mean(0)).sum(), torch.logsumexp(logits, -1).pow(2).mean())
+        self.aux = (self.n_experts * (f * probs.mean(0)).sum(), torch.logsumexp(logits, -1).pow(2).mean(),
+                    self.sequence_balance(experts, probs, shape[0]))
         self.tokens_per_expert = counts.detach()
+        if self.load is not None and self.training and torch.is_grad_enabled():
+            self.load += counts.detach().to(self.load.dtype)
         return out.reshape(shape)
+
+    def sequence_balance(self, experts: torch.Tensor, probs: torch.Tensor, batch: int) -> torch.Tensor:
+        """DeepSeek-V3's sequence-wise balance loss (module docstring) from the chosen ``experts`` (tokens,
+        k) and normalised scores ``probs`` (tokens, n_experts) of ``batch`` sequences: a 0-dim fp32 tensor."""
+        E, k = self.n_experts, self.k
+        chosen = torch.zeros_like(probs).scatter_(1, experts, 1.0).view(batch, -1, E)  # (B, T, E) 0/1
+        T = chosen.shape[1]
+        f = chosen.sum(1) * E / (k * T)
+        return (f * probs.view(batch, T, E).mean(1)).sum(-1).mean()
+
+    @torch.no_grad()
+    def update_bias(self, apply: bool = True, reduce=None) -> None:
+        """After an optimizer step: with ``apply``, move each expert's bias by the update rate towards
+        balance, from the routed slots counted since the last call (``reduce``: a function summing a tensor
+        over data-parallel ranks in place, so every rank moves the same bias); then start counting anew."""
+        if self.expert_bias is None:
+            return
+        if apply and self.load.sum() > 0:
+            if reduce is not None:
+                reduce(self.load)
+            self.expert_bias += self.bias_rate * torch.sign(self.load.mean() - self.load)
+        self.load.zero_()

@@ -301,16 +301,21 @@ class TransformerLM(nn.Module):
         return [m for b in self.blocks for m in (b.mlp, b.moe) if isinstance(m, MoEFeedForward)]
 
     def moe_aux_loss(self) -> Optional[torch.Tensor]:
-        """``moe_aux_loss`` x the load-balancing loss + ``moe_router_z_loss`` x the router z-loss, each
-        averaged over the MoE layers' last forward (:mod:`lmlab.model.moe`); None for a dense model or
-        when both weights are 0."""
+        """``moe_aux_loss`` x the load-balancing loss + ``moe_router_z_loss`` x the router z-loss +
+        ``moe_seq_aux_loss`` x the sequence-wise balance loss, each averaged over the MoE layers' last forward
+        (:mod:`lmlab.model.moe`); None for a dense model or when every weight is 0."""
         layers = self.moe_layers()
-        a, z = self.cfg.moe_aux_loss, self.cfg.moe_router_z_loss
-        if not layers or not (a or z) or any(m.aux is None for m in layers):
+        weights = (self.cfg.moe_aux_loss, self.cfg.moe_router_z_loss, self.cfg.moe_seq_aux_loss)
+        if not layers or not any(weights) or any(m.aux is None for m in layers):
             return None
-        balance = torch.stack([m.aux[0] for m in layers]).mean()
-        router_z = torch.stack([m.aux[1] for m in layers]).mean()
-        return a * balance + z * router_z
+        return sum(w * torch.stack([m.aux[i] for m in layers]).mean() for i, w in enumerate(weights) if w)
+
+    def update_moe_bias(self, apply: bool = True, reduce=None) -> None:
+        """After an optimizer step (``apply``; False after a skipped one): each MoE layer's auxiliary-loss-free
+        bias update (:meth:`lmlab.model.moe.MoEFeedForward.update_bias`); nothing without ``moe_balance``
+        'aux_free' / 'both'."""
+        for m in self.moe_layers():
+            m.update_bias(apply, reduce)
 
     def hidden(self, idx: torch.Tensor, cache: Optional[KVCache] = None,
                left_pad: Optional[torch.Tensor] = None) -> torch.Tensor:
