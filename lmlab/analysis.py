@@ -220,12 +220,16 @@ def param_counts(cfg: ModelConfig) -> dict:
     ple_model = d * cfg.n_layers * cfg.ple_dim + (_norm_params(cfg, cfg.ple_dim) if cfg.ple_dim else 0)
     layers += ple_model
     matmul += d * cfg.n_layers * cfg.ple_dim
-    total = embedding + ple_embedding + projections + learned + t5 + layers + final_norm + head
+    mtp = 0  # multi-token prediction modules (training only): 3 norms, the 2d -> d projection, a last-layer block
+    if cfg.mtp_depth:
+        last = layer_params(cfg, global_layer=not cfg.layer_is_local(cfg.n_layers - 1))
+        mtp = cfg.mtp_depth * (3 * _norm_params(cfg, d) + 2 * d * d + last["total"])
+    total = embedding + ple_embedding + projections + learned + t5 + layers + final_norm + head + mtp
     out = {
         "total": total, "non_embedding": total - embedding - ple_embedding - learned, "embedding": embedding,
         "ple_embedding": ple_embedding,
         "positions": learned + t5, "per_layer": per_layer, "layers": layers, "head": head,
-        "projections": projections, "final_norm": final_norm, "matmul": matmul,
+        "projections": projections, "final_norm": final_norm, "matmul": matmul, "mtp": mtp,
     }
     if glob is not None:
         out.update(per_global_layer=glob, global_layers=global_layer_count(cfg))
@@ -511,6 +515,9 @@ def format_analysis(res: dict, title: str) -> str:
     L.append(f"  total            {p['total']:>18,}{pub_txt}")
     L.append(f"  non-embedding    {p['non_embedding']:>18,}")
     L.append(f"  token embedding  {p['embedding']:>18,}")
+    if p.get("mtp"):
+        L.append(f"  MTP modules      {p['mtp']:>18,}   ({cfg.mtp_depth} multi-token prediction module(s), training "
+                 f"only, in the totals; FLOPs below are the main model's)")
     pl = p["per_layer"]
     if p.get("moe_layers", 0) < cfg.n_layers:
         label = "per dense layer " if p.get("moe_layers") else "per layer       "

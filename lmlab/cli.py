@@ -649,6 +649,8 @@ def cmd_export(args) -> int:
     info = export_hf(args.run, args.out, family=args.family, step=args.step, dtype=args.dtype)
     print(f"exported {info['checkpoint']} as {info['hf_class']} (model_type {info['model_type']}, {info['dtype']}) "
           f"to {info['out']}")
+    for what in info["left_out"]:
+        print(f"note: not written: {what}")
     return 0
 
 

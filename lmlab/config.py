@@ -169,6 +169,10 @@ class ModelConfig:
     moe_balance: str = "aux_loss"
     moe_bias_update_rate: float = 0.001  # DeepSeek-V3's gamma (0.001 for most of its training)
     moe_seq_aux_loss: float = 0.0  # weight of DeepSeek-V3's sequence-wise balance loss (its alpha: 0.0001)
+    # multi-token prediction (DeepSeek-V3, lmlab/model/mtp.py): mtp_depth sequential modules, each predicting one
+    # token further, sharing the embedding and the LM head; training adds mtp_weight / mtp_depth x their losses
+    mtp_depth: int = 0
+    mtp_weight: float = 0.3  # DeepSeek-V3's lambda (0.3 for its first 10T tokens, then 0.1)
     moe_first_dense: int = 0  # the first layers keep a dense FFN (DeepSeek first_k_dense_replace)
     moe_pattern: str = "M"  # after them, 'M' (MoE) / 'D' (dense) per layer, repeated ('DM': every 2nd)
     # 'output': sum_e w_e FFN_e(x) (Mixtral, DeepSeek); 'input': sum_e FFN_e(w_e x) (Llama 4, HF Llama4TextMoe)
@@ -441,6 +445,16 @@ class ModelConfig:
         _choice("router_score", self.router_score, ROUTER_SCORES)
         _non_negative("moe_aux_loss", self.moe_aux_loss)
         _non_negative("moe_router_z_loss", self.moe_router_z_loss)
+        _positive_int("mtp_depth", self.mtp_depth, minimum=0)
+        _non_negative("mtp_weight", self.mtp_weight)
+        if self.mtp_depth:
+            why = ("position='learned'/'sinusoidal'/'alibi'/'t5' (the modules rotate at the tokens' positions: "
+                   "rope or nope)" if self.position not in ("rope", "nope") else
+                   f"n_experts={self.n_experts} (MoE blocks in the modules are not supported yet)" if self.n_experts else
+                   f"ple_dim={self.ple_dim}" if self.ple_dim else
+                   f"kv_shared_layers={self.kv_shared_layers}" if self.kv_shared_layers else None)
+            if why:
+                raise ConfigError(f"mtp_depth={self.mtp_depth} does not go with {why}")
         _choice("moe_balance", self.moe_balance, MOE_BALANCES)
         _non_negative("moe_bias_update_rate", self.moe_bias_update_rate)
         _non_negative("moe_seq_aux_loss", self.moe_seq_aux_loss)

@@ -837,6 +837,8 @@ class Trainer:
         rec = {"step": self.step + 1, "loss": mean_loss, "lr": lr, "grad_norm": grad_norm}
         if tc.optimizer == "muon":  # "lr" is AdamW's (embeddings, head, norms); Muon's beside it
             rec["muon_lr"] = muon_lr_at(lr, tc)
+        if getattr(self.model, "mtp_last", None):  # multi-token prediction: each depth's loss (nats), apart
+            rec["mtp_loss"] = [round(float(x), 6) for x in self.model.mtp_last]
         moe = self.model.moe_layers() if hasattr(self.model, "moe_layers") else []
         if moe and all(m.aux is not None for m in moe):  # the last micro-batch's, averaged over MoE layers
             rec["moe_balance"] = float(sum(float(m.aux[0].detach()) for m in moe) / len(moe))

@@ -367,7 +367,8 @@ def export_model(model: torch.nn.Module, out_dir: str | Path, family: Optional[s
     token ids). Returns (family, config.json mapping)."""
     cfg = model.cfg
     fam, hf = lmlab_to_hf_config(cfg, family, hint)
-    state = fam.state_to_hf({k: v.detach().to(device="cpu", dtype=dtype) for k, v in model.state_dict().items()}, cfg)
+    state = fam.state_to_hf({k: v.detach().to(device="cpu", dtype=dtype) for k, v in model.state_dict().items()
+                             if not k.startswith("mtp.")}, cfg)  # MTP: training only (export_hf says so)
     state = {k: v.clone().contiguous() for k, v in state.items()}  # no shared storage in safetensors
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -417,5 +418,8 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, family: Optional[str] = 
     fam, hf = export_model(model, out, family, meta.get("model_type"), special, target)
     if (run_dir / "tokenizer.json").is_file():
         shutil.copyfile(run_dir / "tokenizer.json", out / "tokenizer.json")
+    left_out = ([f"the {cfg.mtp_depth} multi-token prediction module(s) (training only; the logits do not use "
+                 f"them, and no converted family holds them: transformers' DeepSeek-V3 drops them too)"]
+                if cfg.mtp_depth else [])
     return {"model_type": fam.model_type, "hf_class": fam.hf_class, "checkpoint": str(ckpt), "out": str(out),
-            "dtype": DTYPE_NAMES[target]}
+            "dtype": DTYPE_NAMES[target], "left_out": left_out}

@@ -37,6 +37,7 @@ from lmlab.model.ffn import ACTIVATION_FNS, FeedForward
 from lmlab.model.linear import Linear
 from lmlab.model.mla import MultiHeadLatentAttention
 from lmlab.model.moe import MoEFeedForward
+from lmlab.model.mtp import MTPModule, mtp_losses
 from lmlab.model.norms import make_norm
 from lmlab.model.parametrization import branch_multiplier, init_std, output_multiplier
 from lmlab.model.loss import linear_cross_entropy, lm_loss  # noqa: F401 (lm_loss re-exported)
@@ -161,6 +162,10 @@ class TransformerLM(nn.Module):
         self.abs_pos = AbsolutePositions(cfg) if cfg.position in ("learned", "sinusoidal") else None
         self.embd_drop = nn.Dropout(cfg.embd_dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        # multi-token prediction (lmlab.model.mtp): training-only modules, each with a block like the last layer
+        self.mtp = (nn.ModuleList(MTPModule(cfg, Block(cfg, cfg.n_layers - 1)) for _ in range(cfg.mtp_depth))
+                    if cfg.mtp_depth else None)
+        self.mtp_last: Optional[list] = None  # the last training forward's MTP losses (detached), for the log
         self.final_norm = (make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine,
                                      cfg.norm_weight_fp32) if cfg.final_norm else None)
         self.lm_head = Linear(embed_dim, cfg.vocab_size, bias=cfg.lm_head_bias)
@@ -186,7 +191,7 @@ class TransformerLM(nn.Module):
                 object.__setattr__(block.attn, "_kv_source", self.blocks[src].attn)  # not a submodule
                 self.blocks[src].attn.kv_store = True
         ropes: dict = {}  # layers with the same RoPE share one module: one table, gathered once per forward
-        for block in self.blocks:
+        for block in [*self.blocks, *(m.block for m in self.mtp or [])]:
             if block.attn.rope is not None:
                 block.attn.rope = ropes.setdefault(block.attn.rope.key, block.attn.rope)
         self._position_tables = [m for m in self.modules() if hasattr(m, "ensure")]
@@ -275,22 +280,38 @@ class TransformerLM(nn.Module):
         averaged over the scored tokens (``reduction``), from :func:`lmlab.model.loss.linear_cross_entropy`
         (chunked; the logits are never materialised). This is the call ``lmlab train`` makes, through
         DDP/FSDP wrappers too."""
+        if targets is not None and self.mtp is not None and self.training:  # + multi-token prediction
+            raw = self.hidden(idx, cache, left_pad, final=False)
+            loss, ce = self.loss_from_hidden(self.final_norm(raw) if self.final_norm is not None else raw, targets,
+                                             reduction)
+            losses = mtp_losses(self, raw, idx, targets)
+            self.mtp_last = [x.detach() for x in losses]
+            if losses:  # per token, like the cross-entropy: times the scored tokens for 'sum'
+                n = int((targets != -100).sum()) if reduction == "sum" else 1
+                loss = loss + self.cfg.mtp_weight / len(self.mtp) * torch.stack(losses).sum() * n
+            return loss, ce
         h = self.hidden(idx, cache, left_pad)
         if targets is None:
             return self.logits(h)
         return self.loss_from_hidden(h, targets, reduction)
 
+    def head_input(self, h: torch.Tensor) -> torch.Tensor:
+        """What the LM head's weight multiplies: h (batch, seq, d_model) after ``proj_out`` and x the logit
+        multiplier (s (h W^T + b) = (s h) W^T + s b)."""
+        if self.proj_out is not None:
+            h = self.proj_out(h)
+        return h * self.logit_mult if self.logit_mult != 1.0 else h
+
+    def head_bias(self) -> Optional[torch.Tensor]:
+        """The LM head's bias x the logit multiplier (None without a bias)."""
+        bias = self.lm_head.bias
+        return bias * self.logit_mult if (bias is not None and self.logit_mult != 1.0) else bias
+
     def loss_from_hidden(self, h: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"):
         """The LM head and loss of :meth:`forward` with ``targets``, from final hidden states
         (batch, seq, d_model): the same numbers as ``lm_loss(self.logits(h), targets, cfg.z_loss)``."""
-        if self.proj_out is not None:
-            h = self.proj_out(h)
-        bias = self.lm_head.bias
-        if self.logit_mult != 1.0:  # s (h W^T + b) = (s h) W^T + s b
-            h = h * self.logit_mult
-            bias = None if bias is None else bias * self.logit_mult
-        loss, ce = linear_cross_entropy(h, self.lm_head.weight, targets, bias, self.cfg.z_loss,
-                                        self.cfg.final_logit_softcap, reduction)
+        loss, ce = linear_cross_entropy(self.head_input(h), self.lm_head.weight, targets, self.head_bias(),
+                                        self.cfg.z_loss, self.cfg.final_logit_softcap, reduction)
         aux = self.moe_aux_loss()
         if aux is not None:  # per token, like the cross-entropy: times the scored tokens for 'sum'
             loss = loss + aux * (int((targets != -100).sum()) if reduction == "sum" else 1)
@@ -317,9 +338,18 @@ class TransformerLM(nn.Module):
         for m in self.moe_layers():
             m.update_bias(apply, reduce)
 
+    def embed_tokens(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token embeddings (batch, seq, d_model) of ids (batch, seq): the table, x sqrt(d_model) with
+        ``scale_embeddings``, then ``proj_in`` (no positions)."""
+        x = self.embed(idx)
+        if self.cfg.scale_embeddings:
+            x = x * torch.tensor(math.sqrt(self.cfg.d_model), dtype=x.dtype)
+        return self.proj_in(x) if self.proj_in is not None else x
+
     def hidden(self, idx: torch.Tensor, cache: Optional[KVCache] = None,
-               left_pad: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Final hidden states (batch, seq, d_model), after the final norm."""
+               left_pad: Optional[torch.Tensor] = None, final: bool = True) -> torch.Tensor:
+        """Final hidden states (batch, seq, d_model), after the final norm (``final``; False: the last
+        block's output, as multi-token prediction reads it)."""
         T = idx.shape[1]
         start, pad_min = 0, 0
         if cache is not None:
@@ -340,11 +370,7 @@ class TransformerLM(nn.Module):
                 positions = (positions[None, :] - left_pad[:, None]).clamp(min=0)
         for module in self._position_tables:
             module.ensure(start + T - pad_min)
-        x = self.embed(idx)
-        if self.cfg.scale_embeddings:
-            x = x * torch.tensor(math.sqrt(self.cfg.d_model), dtype=x.dtype)
-        if self.proj_in is not None:
-            x = self.proj_in(x)
+        x = self.embed_tokens(idx)
         if self.abs_pos is not None:
             x = x + self.abs_pos(positions).to(x.dtype)
         ple = self.per_layer_inputs(idx, x) if self.ple_embed is not None else None
@@ -369,7 +395,7 @@ class TransformerLM(nn.Module):
                     block.attn._kv = None
         if cache is not None:
             cache.length += T
-        return self.final_norm(x) if self.final_norm is not None else x
+        return self.final_norm(x) if (self.final_norm is not None and final) else x
 
     def per_layer_inputs(self, idx: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Gemma 4's per-layer input embeddings (HF ``get_per_layer_inputs`` + ``project_per_layer_inputs``):
