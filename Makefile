@@ -60,7 +60,7 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/lmlab generate $(RUN) --prompt "HAMLET." --max-new-tokens 200 --temperature 0.8 --top-k 50 --seed 0
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 ablations: install
 	@echo "sweeps folder: $(SWEEPS) (interrupted? \`make ablations SWEEPS=$(SWEEPS)\` resumes it)"
