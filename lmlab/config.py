@@ -182,6 +182,7 @@ class ModelConfig:
     # experts compete for the top-k (1 group: plain top-k). Then every weight x routed_scaling_factor.
     router_groups: int = 1
     router_topk_groups: int = 1
+    router_group_score: str = "max"  # a group's score: its best expert's (DeepSeek-V2) or its best two summed (V3)
     routed_scaling_factor: float = 1.0
     # Gemma 4 26B-A4B (HF enable_moe_block): on MoE layers the MoE sits beside a dense FFN of d_ff, not in
     # its place; the two outputs are normalised apart and summed (needs norm_position='sandwich'). The router
@@ -470,6 +471,11 @@ class ModelConfig:
                               f"'D' (dense)")
         _positive_int("router_groups", self.router_groups)
         _positive_int("router_topk_groups", self.router_topk_groups)
+        _choice("router_group_score", self.router_group_score, ("max", "top2_sum"))
+        if self.n_experts and self.router_group_score == "top2_sum" and self.router_groups > 1 \
+                and self.n_experts // self.router_groups < 2:
+            raise ConfigError(f"router_group_score='top2_sum' needs at least 2 experts per group; n_experts="
+                              f"{self.n_experts} in router_groups={self.router_groups}")
         _positive("routed_scaling_factor", self.routed_scaling_factor)
         if self.router_topk_groups > self.router_groups:
             raise ConfigError(f"router_topk_groups={self.router_topk_groups} exceeds router_groups={self.router_groups}")

@@ -391,6 +391,30 @@ _add("deepseek-v2-lite", "DeepSeek-V2",
            "the embedding and the untied LM head (2.45B counting one of them, 2.24B without either). "
            "The router is DeepSeek-V2-Lite's (greedy top-6, routed_scaling_factor 1). " + _DEEPSEEK_NOTES)
 
+# --- DeepSeek-V3 (MLA + sigmoid-routed MoE with the auxiliary-loss-free bias, MTP) --------------------------
+_real = dict(_DEEPSEEK_V2, vocab_size=129280, d_model=7168, n_layers=61, n_heads=128, q_lora_rank=1536, d_ff=18432,
+             n_experts=256, expert_d_ff=2048, n_shared_experts=1, experts_per_token=8, router_score="sigmoid",
+             router_renormalize=True, router_groups=8, router_topk_groups=4, router_group_score="top2_sum",
+             routed_scaling_factor=2.5, moe_first_dense=3, moe_balance="aux_free", moe_bias_update_rate=0.001,
+             moe_seq_aux_loss=0.0001,
+             rope_scaling={"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+                           "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0})
+_add("deepseek-v3", "DeepSeek-V3",
+     "DeepSeek-AI 2024, 'DeepSeek-V3 Technical Report', Sec. 2 and 4.2, https://arxiv.org/abs/2412.19437; "
+     "https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json",
+     "MLA (KV latent 512 + RoPE key 64, query bottleneck 1536), 256 sigmoid-scored routed experts (top-8 among "
+     "the best 4 of 8 groups, renormalised x 2.5) + 1 shared, balanced by a routing bias instead of a loss, the "
+     "first 3 layers dense: 671B parameters, 37B active per token",
+     _real, _tiny(_real, **_MLA_TINY, n_layers=3, n_experts=16, experts_per_token=2, router_groups=4, router_topk_groups=2,
+                  moe_first_dense=1),
+     published_params=671e9, params_source="the model card (671B main model; its 14B multi-token prediction "
+                                           "module counted apart)",
+     notes="Balancing as the report trains it: moe_balance aux_free with bias update rate 0.001 and the "
+           "sequence-wise loss at 0.0001 (Sec. 4.2); the multi-token prediction module (depth 1) is not in this "
+           "preset (lmlab's MTP modules have dense blocks; V3's is an MoE layer): add mtp_depth 1 for a dense "
+           "one. YaRN x40 from 4,096 positions as config.json. The deepseek_v3 family is HF-parity tested. "
+           "Decoding re-expands the cached latents each step (no weight absorption).")
+
 # --- Qwen ----------------------------------------------------------------------------------------
 _real = dict(_LLAMA_STYLE, vocab_size=152064, context_length=32768, d_model=3584, n_layers=28, n_heads=28,
              n_kv_heads=4, d_ff=18944, norm_eps=1e-6, rope_theta=1000000.0, bias="qkv")

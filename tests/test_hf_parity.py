@@ -102,6 +102,17 @@ CASES = {
                                                  mscale=0.707, mscale_all_dim=0.707)),
                     "MLA (query bottleneck 24, KV latent 16 + RoPE key 8), YaRN x4 with mscale_all_dim, layer 0 "
                     "dense, then 8 softmax experts routed group-limited (top-2 within the best of 4 groups) x 2.0 + a shared one"),
+    "deepseek_v3": ("DeepseekV3Config", dict(num_hidden_layers=3, num_key_value_heads=4, rms_norm_eps=1e-6,
+                                             kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                                             v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
+                                             n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1,
+                                             n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
+                                             rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                                                  original_max_position_embeddings=32, beta_fast=32.0,
+                                                                  beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)),
+                    "MLA (no query bottleneck, KV latent 16 + RoPE key 8, interleaved RoPE), YaRN x4, layer 0 dense, "
+                    "then 8 sigmoid-scored experts with the routing bias (perturbed) choosing among the best 2 of 4 "
+                    "groups by their top-2 sums, top-2 renormalised x 2.5, plus a shared expert"),
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), "LayerNorm without parameters, clip_qkv 1.0, GQA"),
     "olmo2": ("Olmo2Config", dict(), "reordered norms, QK RMSNorm across heads, GQA"),
     "olmo3": ("Olmo3Config", dict(num_hidden_layers=4, sliding_window=8, rope_parameters=dict(
@@ -150,6 +161,8 @@ def hf_model(name: str, path):
         for n, b in model.named_buffers():  # Gemma 4's stored per-layer output scalars (1 at init)
             if n.endswith("layer_scalar"):
                 b.uniform_(0.5, 1.5)
+            if n.endswith("e_score_correction_bias"):  # DeepSeek-V3's routing bias (0 at init)
+                b.normal_(0.0, 0.3)
     model.save_pretrained(path)
     return model
 
@@ -395,7 +408,7 @@ PRESET_FAMILIES = {"llama-2-7b": "llama", "llama-3-8b": "llama", "mistral-7b": "
                    "olmo-7b": "olmo", "olmo-2-7b": "olmo2", "olmo-3-7b": "olmo3", "command-r7b": "cohere2", "smollm3-3b": "smollm3",
                    "marin-8b": "llama", "internlm2-7b": "llama", "llama-4-scout": "llama4_text",
                    "deepseek-v2": "deepseek_v2", "deepseek-v2-lite": "deepseek_v2",
-                   "qwen3-30b-a3b": "qwen3_moe", "qwen3-235b-a22b": "qwen3_moe"}
+                   "qwen3-30b-a3b": "qwen3_moe", "qwen3-235b-a22b": "qwen3_moe", "deepseek-v3": "deepseek_v3"}
 
 
 @pytest.mark.parametrize("preset", list(PRESET_FAMILIES))
@@ -623,3 +636,31 @@ def test_qwen3_moe_each_feature_is_what_matches(tmp_path):
     assert fam.model_type == "qwen3_moe" and (hf["decoder_sparse_step"], hf["mlp_only_layers"]) == (2, [3])
     assert (hf["num_experts"], hf["moe_intermediate_size"], hf["intermediate_size"], hf["norm_topk_prob"]) == \
         (4, 32, 96, True)
+
+
+def test_deepseek_v3_router_readings_each_matter(tmp_path):
+    """The deepseek_v3 case imports V3's router (sigmoid scores, the routing bias for the choice only,
+    groups by their top-2 sums, renormalised), and each reading is needed: switched, the logits leave HF's."""
+    import dataclasses
+
+    from lmlab.model import TransformerLM
+
+    ref = hf_model("deepseek_v3", tmp_path / "hf")
+    hfio.import_hf(tmp_path / "hf", tmp_path / "run")
+    model, cfg, _, _ = hfio.load_run_model(tmp_path / "run")
+    assert (cfg.router_score, cfg.router_group_score, cfg.moe_balance, cfg.router_renormalize) == \
+        ("sigmoid", "top2_sum", "aux_free", True)
+    assert (cfg.router_groups, cfg.router_topk_groups, cfg.routed_scaling_factor) == (4, 2, 2.5)
+    x = torch.randint(3, V, (2, T), generator=torch.Generator().manual_seed(1))
+    theirs = hf_logits(ref, x)
+    state = model.state_dict()
+    assert state["blocks.1.mlp.expert_bias"].abs().max() > 0.1  # the perturbed bias was read
+    for change in (dict(router_group_score="max"), dict(router_renormalize=False), dict(router_score="softmax")):
+        other = TransformerLM(dataclasses.replace(cfg, **change)).eval()
+        other.load_state_dict(state)
+        with torch.no_grad():
+            assert (other(x) - theirs).abs().max() > 1e-3, change
+    zeroed = {k: (torch.zeros_like(v) if k.endswith("expert_bias") else v) for k, v in state.items()}
+    model.load_state_dict(zeroed)
+    with torch.no_grad():
+        assert (model(x) - theirs).abs().max() > 1e-3  # without the bias the choice differs

@@ -293,7 +293,8 @@ def layer_signature(cfg: ModelConfig) -> dict:
     sig["moe"] = (None if not cfg.n_experts else
                   (cfg.n_experts, cfg.experts_per_token, cfg.n_shared_experts, cfg.expert_d_ff or cfg.d_ff,
                    cfg.router_score, cfg.router_renormalize, cfg.router_weights, cfg.router_groups,
-                   cfg.router_topk_groups if cfg.router_groups > 1 else None, cfg.routed_scaling_factor,
+                   (cfg.router_topk_groups, cfg.router_group_score) if cfg.router_groups > 1 else None,
+                   cfg.routed_scaling_factor,
                    tuple(cfg.layer_is_moe(i) for i in range(cfg.n_layers)), cfg.moe_beside_dense,
                    cfg.router_input_norm, cfg.router_expert_scale,
                    cfg.moe_balance != "aux_loss"))  # a routing bias (DeepSeek-V3's e_score_correction_bias)

@@ -4,7 +4,8 @@
 Each token's hidden state x (d_model) is scored by a router, r = W_r x (n_experts logits); the scores
 are softmax(r) over the experts (Mixtral, DeepSeek-V2) or sigmoid(r) per expert (DeepSeek-V3); the
 ``experts_per_token`` (k) highest are kept (with ``router_groups`` > 1 only among the experts of the
-``router_topk_groups`` groups whose best expert scores highest: DeepSeek-V2's device-limited routing)
+``router_topk_groups`` groups whose best expert scores highest: DeepSeek-V2's device-limited routing;
+with ``router_group_score='top2_sum'`` the sum of their best two: DeepSeek-V3's, on the biased scores)
 and, with ``router_renormalize``, divided by their sum, then multiplied by ``routed_scaling_factor``. The
 output is sum_{e in top-k} w_e FFN_e(x) (``router_weights='output'``), or sum_{e in top-k} FFN_e(w_e x)
 (``'input'``: Llama 4 scales each expert's input, HF ``Llama4TextMoe``), plus the shared experts' FFN
@@ -65,6 +66,7 @@ class MoEFeedForward(nn.Module):
         self.score, self.renormalize = cfg.router_score, cfg.router_renormalize
         self.weights_input = cfg.router_weights == "input"
         self.groups, self.topk_groups, self.scale = cfg.router_groups, cfg.router_topk_groups, cfg.routed_scaling_factor
+        self.group_score = cfg.router_group_score
         self.router = Linear(cfg.d_model, cfg.n_experts, bias=False)
         # Gemma 4: the router's input norm (weightless RMSNorm, then x a learned vector / sqrt(d_model)) and a
         # learned scale per expert on the routed weights (HF Gemma4TextRouter: scale, per_expert_scale)
@@ -92,9 +94,10 @@ class MoEFeedForward(nn.Module):
         logits = self.router(x).float()
         scores = torch.softmax(logits, -1) if self.score == "softmax" else torch.sigmoid(logits)
         pick = scores if self.expert_bias is None else scores + self.expert_bias  # the bias only chooses
-        if self.groups > 1:  # DeepSeek-V2: only the experts of the best router_topk_groups groups compete
-            by_group = scores.view(-1, self.groups, self.n_experts // self.groups)
-            best = by_group.amax(-1).topk(self.topk_groups, dim=-1).indices
+        if self.groups > 1:  # DeepSeek-V2/V3: only the experts of the best router_topk_groups groups compete
+            by_group = pick.view(-1, self.groups, self.n_experts // self.groups)
+            score = by_group.amax(-1) if self.group_score == "max" else by_group.topk(2, dim=-1).values.sum(-1)
+            best = score.topk(self.topk_groups, dim=-1).indices
             keep = torch.zeros_like(by_group[..., 0], dtype=torch.bool).scatter_(1, best, True)
             pick = by_group.masked_fill(~keep[..., None], float("-inf")).view_as(scores)
         experts = pick.topk(self.k, dim=-1).indices

@@ -31,6 +31,7 @@ from lmlab.interop import common as C
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
 
 FAM, HF_CLASS = "deepseek_v2", "DeepseekV2ForCausalLM"
+FAM_V3, HF_CLASS_V3 = "deepseek_v3", "DeepseekV3ForCausalLM"
 DEFAULTS = dict(vocab_size=102400, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                 num_attention_heads=32, num_key_value_heads=None, hidden_act="silu", max_position_embeddings=2048,
                 rms_norm_eps=1e-6, pretraining_tp=1, tie_word_embeddings=False, attention_bias=False,
@@ -40,19 +41,28 @@ DEFAULTS = dict(vocab_size=102400, hidden_size=4096, intermediate_size=11008, nu
                 topk_group=None, topk_method="greedy", norm_topk_prob=False, v_head_dim=128,
                 num_experts_per_tok=None, moe_intermediate_size=1407, qk_head_dim=None)
 HANDLED = set(DEFAULTS)
+# DeepSeek-V3 (lmlab.interop.families.deepseek_v3): the same layout with sigmoid routing and its bias
+DEFAULTS_V3 = {**{k: v for k, v in DEFAULTS.items() if k != "topk_method"}, "vocab_size": 129280, "hidden_size": 7168,
+               "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+               "num_attention_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256, "routed_scaling_factor": 2.5,
+               "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+               "norm_topk_prob": True, "max_position_embeddings": 4096, "rope_interleave": True,
+               "num_nextn_predict_layers": 1}
+HANDLED_V3 = set(DEFAULTS_V3) | {"num_mtp_layers"}
 LATENT_EPS = 1e-6  # DeepseekV2RMSNorm's default, used for q_a_layernorm and kv_a_layernorm
 
 
-def config_to_lmlab(hf: dict) -> ModelConfig:
-    C.check_fields(hf, FAM, HANDLED)
-    g = lambda k: C.get(hf, k, DEFAULTS)  # noqa: E731
+def config_to_lmlab(hf: dict, v3: bool = False) -> ModelConfig:
+    fam, defaults = (FAM_V3, DEFAULTS_V3) if v3 else (FAM, DEFAULTS)
+    C.check_fields(hf, fam, HANDLED_V3 if v3 else HANDLED)
+    g = lambda k: C.get(hf, k, defaults)  # noqa: E731
     heads = g("num_attention_heads")
     for key, ok, want in (("attention_bias", not g("attention_bias"), "false"),
                           ("mlp_bias", not g("mlp_bias"), "false"),
                           ("num_key_value_heads", g("num_key_value_heads") in (None, heads),
                            f"{heads} (MLA expands the latent to every head)"),
                           ("pretraining_tp", g("pretraining_tp") in (None, 1), "1"),
-                          ("norm_topk_prob", not g("norm_topk_prob"), "false (transformers never renormalises)"),
+                          ("norm_topk_prob", v3 or not g("norm_topk_prob"), "false (transformers never renormalises)"),
                           ("rms_norm_eps", float(g("rms_norm_eps")) == LATENT_EPS,
                            f"{LATENT_EPS} (the latent norms' fixed eps; lmlab's norms share one)"),
                           ("head_dim", g("head_dim") in (None, g("qk_rope_head_dim")),
@@ -60,21 +70,29 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
                           ("qk_head_dim", g("qk_head_dim") in (None, g("qk_nope_head_dim") + g("qk_rope_head_dim")),
                            "qk_nope_head_dim + qk_rope_head_dim")):
         if not ok:
-            raise C.unsupported(FAM, key, g(key), want)
+            raise C.unsupported(fam, key, g(key), want)
     kw: dict = dict(vocab_size=g("vocab_size"), context_length=g("max_position_embeddings"), d_model=g("hidden_size"),
                     n_layers=g("num_hidden_layers"), n_heads=heads, n_kv_heads=heads, d_ff=g("intermediate_size"),
                     tie_embeddings=bool(g("tie_word_embeddings")), attn_dropout=float(g("attention_dropout") or 0.0),
-                    activation=C.gated_activation(FAM, "hidden_act", g("hidden_act")), norm_type="rmsnorm",
-                    norm_eps=LATENT_EPS, norm_position="pre", bias="none", position="rope", rope_style="interleaved",
+                    activation=C.gated_activation(fam, "hidden_act", g("hidden_act")), norm_type="rmsnorm",
+                    norm_eps=LATENT_EPS, norm_position="pre", bias="none", position="rope",
+                    rope_style="interleaved" if (not v3 or g("rope_interleave")) else "half",
                     attention="mla", kv_lora_rank=g("kv_lora_rank"), q_lora_rank=g("q_lora_rank"),
                     qk_rope_head_dim=g("qk_rope_head_dim"), qk_nope_head_dim=g("qk_nope_head_dim"),
                     v_head_dim=g("v_head_dim"))
-    theta, scaling, partial = C.read_rope(hf, FAM)
+    theta, scaling, partial = C.read_rope(hf, fam)
     if partial != 1.0:
-        raise C.unsupported(FAM, "partial_rotary_factor", partial, "1.0 (the RoPE key is rotated whole)")
+        raise C.unsupported(fam, "partial_rotary_factor", partial, "1.0 (the RoPE key is rotated whole)")
     kw.update(rope_theta=theta, rope_scaling=scaling)
     experts = g("n_routed_experts")
-    if experts and g("first_k_dense_replace") < kw["n_layers"]:
+    if v3 and experts and g("first_k_dense_replace") < kw["n_layers"]:  # DeepseekV3TopkRouter
+        kw.update(n_experts=experts, experts_per_token=g("num_experts_per_tok"),
+                  n_shared_experts=g("n_shared_experts") or 0, expert_d_ff=g("moe_intermediate_size"),
+                  router_score="sigmoid", router_renormalize=bool(g("norm_topk_prob")),
+                  moe_first_dense=g("first_k_dense_replace"), router_groups=int(g("n_group") or 1),
+                  router_topk_groups=int(g("topk_group") or 1), router_group_score="top2_sum",
+                  routed_scaling_factor=float(g("routed_scaling_factor")), moe_balance="aux_free")
+    elif experts and g("first_k_dense_replace") < kw["n_layers"]:
         method = g("topk_method")
         if method not in ("greedy", "group_limited_greedy"):
             raise C.unsupported(FAM, "topk_method", method, "'greedy' or 'group_limited_greedy'")
@@ -89,13 +107,16 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     try:
         return ModelConfig(**kw)
     except ConfigError as exc:
-        raise UnsupportedError(f"{FAM}: the config maps to an invalid lmlab config: {exc}") from None
+        raise UnsupportedError(f"{fam}: the config maps to an invalid lmlab config: {exc}") from None
 
 
-def config_to_hf(cfg: ModelConfig) -> dict:
-    """DeepseekV2Config for ``cfg``; UnsupportedError naming what DeepSeek-V2 cannot represent."""
+def config_to_hf(cfg: ModelConfig, v3: bool = False) -> dict:
+    """DeepseekV2Config (DeepseekV3Config with ``v3``) for ``cfg``; UnsupportedError naming what the family
+    cannot represent."""
+    fam = FAM_V3 if v3 else FAM
     grouped = cfg.router_groups > 1
-    hf: dict = {"architectures": [HF_CLASS], "model_type": FAM, "dtype": "float32", "vocab_size": cfg.vocab_size,
+    hf: dict = {"architectures": [HF_CLASS_V3 if v3 else HF_CLASS], "model_type": fam, "dtype": "float32",
+                "vocab_size": cfg.vocab_size,
                 "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layers,
                 "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_heads,
                 "max_position_embeddings": cfg.context_length, "tie_word_embeddings": cfg.tie_embeddings,
@@ -113,9 +134,13 @@ def config_to_hf(cfg: ModelConfig) -> dict:
                 "n_group": cfg.router_groups if grouped else None,
                 "topk_group": cfg.router_topk_groups if grouped else None,
                 "routed_scaling_factor": float(cfg.routed_scaling_factor), "norm_topk_prob": False}
+    if v3:
+        del hf["topk_method"]
+        hf.update(n_group=cfg.router_groups, topk_group=cfg.router_topk_groups, norm_topk_prob=cfg.router_renormalize,
+                  rope_interleave=cfg.rope_style == "interleaved", num_nextn_predict_layers=0)
     if cfg.n_experts and cfg.moe_pattern != "M":
-        raise C.unsupported(FAM, "moe_pattern", cfg.moe_pattern, "'M' (every layer after the first dense ones)")
-    return C.verify_roundtrip(FAM, cfg, hf, config_to_lmlab)
+        raise C.unsupported(fam, "moe_pattern", cfg.moe_pattern, "'M' (every layer after the first dense ones)")
+    return C.verify_roundtrip(fam, cfg, hf, lambda h: config_to_lmlab(h, v3))
 
 
 def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:
@@ -143,6 +168,8 @@ def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:
                      C.TensorMap(f"{b}.mlp.w_out.weight", (f"{m}.down_proj.weight",), (d,))]
             continue
         maps.append(C.TensorMap(f"{b}.mlp.router.weight", (f"{m}.gate.weight",), (cfg.n_experts,)))
+        if cfg.moe_balance != "aux_loss":  # DeepSeek-V3's routing bias (auxiliary-loss-free balancing)
+            maps.append(C.TensorMap(f"{b}.mlp.expert_bias", (f"{m}.gate.e_score_correction_bias",), (cfg.n_experts,)))
         for e in range(cfg.n_experts):  # as transformers saves them and DeepSeek publishes them
             x = f"{m}.experts.{e}"
             maps += [C.TensorMap(f"{b}.mlp.experts.{e}.w_in.weight", (f"{x}.gate_proj.weight", f"{x}.up_proj.weight"),
@@ -156,12 +183,12 @@ def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:
     return C.model_maps(cfg, maps)
 
 
-def _split_experts(state: StateDict, cfg: ModelConfig) -> StateDict:
+def _split_experts(state: StateDict, cfg: ModelConfig, fam: str = FAM) -> StateDict:
     """Stacked expert tensors (transformers' in-memory layout, (out, in) per expert), if a checkpoint
     holds them, -> the per-expert names of the published checkpoints."""
     out = dict(state)
     W = cfg.expert_d_ff or cfg.d_ff
-    for p, gate_up, down in C.pop_stacked_experts(out, cfg, "model.layers.{i}.mlp.experts", FAM):
+    for p, gate_up, down in C.pop_stacked_experts(out, cfg, "model.layers.{i}.mlp.experts", fam):
         for e in range(cfg.n_experts):
             out[f"{p}.{e}.gate_proj.weight"], out[f"{p}.{e}.up_proj.weight"] = gate_up[e][:W], gate_up[e][W:]
             out[f"{p}.{e}.down_proj.weight"] = down[e]
