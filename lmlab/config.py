@@ -33,8 +33,9 @@ NORM_POSITIONS = ("pre", "post", "sandwich", "reordered")  # Xiong 2020; Vaswani
 # Shazeer 2020 (GLU variants, incl. the sigmoid GLU of Dauphin et al. 2017 and the "bilinear" one with no
 # nonlinearity); So et al. 2021 (squared ReLU); Clevert et al. 2016 (ELU); Klambauer et al. 2017 (SELU)
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2", "elu", "selu",
-               "reglu", "geglu", "swiglu", "glu", "bilinear")
-GATED_ACTIVATIONS = ("reglu", "geglu", "swiglu", "glu", "bilinear")
+               "reglu", "geglu", "swiglu", "glu", "bilinear", "swiglu_clamped")
+# swiglu_clamped: gpt-oss's SwiGLU, (clamp(up, -limit, limit) + 1) * g sigmoid(alpha g) with g = min(gate, limit)
+GATED_ACTIVATIONS = ("reglu", "geglu", "swiglu", "glu", "bilinear", "swiglu_clamped")
 POSITIONS = ("rope", "nope", "learned", "sinusoidal", "alibi", "t5")
 ROPE_STYLES = ("half", "interleaved")  # GPT-NeoX / HF "rotate_half" pairing; GPT-J / Meta interleaved pairing
 BIASES = ("none", "all", "qkv", "mlp", "attention")
@@ -50,7 +51,7 @@ QK_NORM_SCOPES = ("head", "all", "head_untied")
 BOOL_FIELDS = ("norm_bias", "norm_affine", "final_norm", "lm_head_bias", "parallel_block", "parallel_shared_norm",
                "nope_global_layers", "tie_embeddings", "scale_embeddings", "norm_weight_fp32", "router_renormalize",
                "attn_temperature_tuning", "global_k_eq_v", "v_norm", "layer_scalar", "kv_shared_wide_ffn",
-               "moe_beside_dense", "router_input_norm", "router_expert_scale", "attn_sinks")
+               "moe_beside_dense", "router_input_norm", "router_expert_scale", "attn_sinks", "router_bias")
 PARAMETRIZATIONS = ("sp", "mup", "completep")  # standard; Yang et al. 2022 (muP); Dey et al. 2025 (CompleteP)
 ROUTER_SCORES = ("softmax", "sigmoid")  # Mixtral / Qwen-MoE / DeepSeek-V2: softmax; DeepSeek-V3: sigmoid
 ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")  # Chen 2023; bloc97 2023; Peng 2023; Llama 3.1
@@ -182,6 +183,7 @@ class ModelConfig:
     # experts compete for the top-k (1 group: plain top-k). Then every weight x routed_scaling_factor.
     router_groups: int = 1
     router_topk_groups: int = 1
+    router_bias: bool = False  # a bias on the router's logits (gpt-oss)
     router_group_score: str = "max"  # a group's score: its best expert's (DeepSeek-V2) or its best two summed (V3)
     routed_scaling_factor: float = 1.0
     # Gemma 4 26B-A4B (HF enable_moe_block): on MoE layers the MoE sits beside a dense FFN of d_ff, not in
@@ -189,6 +191,8 @@ class ModelConfig:
     # reads the raw residual through a weightless RMSNorm times a learned vector / sqrt(d_model)
     # (router_input_norm), and each routed weight is multiplied by a learned per-expert scale (router_expert_scale).
     moe_beside_dense: bool = False
+    swiglu_alpha: float = 1.702  # activation='swiglu_clamped' (gpt-oss): the sigmoid's slope
+    swiglu_limit: float = 7.0  # and the clamp on the gate (above) and the up projection (both sides)
     router_input_norm: bool = False
     router_expert_scale: bool = False
 
@@ -472,6 +476,8 @@ class ModelConfig:
         _positive_int("router_groups", self.router_groups)
         _positive_int("router_topk_groups", self.router_topk_groups)
         _choice("router_group_score", self.router_group_score, ("max", "top2_sum"))
+        _positive("swiglu_alpha", self.swiglu_alpha)
+        _positive("swiglu_limit", self.swiglu_limit)
         if self.n_experts and self.router_group_score == "top2_sum" and self.router_groups > 1 \
                 and self.n_experts // self.router_groups < 2:
             raise ConfigError(f"router_group_score='top2_sum' needs at least 2 experts per group; n_experts="

@@ -415,6 +415,34 @@ _add("deepseek-v3", "DeepSeek-V3",
            "one. YaRN x40 from 4,096 positions as config.json. The deepseek_v3 family is HF-parity tested. "
            "Decoding re-expands the cached latents each step (no weight absorption).")
 
+# --- gpt-oss (sinks, local/global, clamped-SwiGLU MoE with biases) ---------------------------------------
+_GPT_OSS = dict(_LLAMA_STYLE, vocab_size=201088, context_length=131072, d_model=2880, n_heads=64, n_kv_heads=8,
+                head_dim=64, d_ff=2880, expert_d_ff=2880, norm_eps=1e-5, bias="all", activation="swiglu_clamped",
+                swiglu_alpha=1.702, swiglu_limit=7.0, rope_theta=150000.0, attn_sinks=True, sliding_window=128,
+                layer_pattern="LG", experts_per_token=4, router_score="softmax", router_renormalize=True,
+                router_bias=True, rope_scaling={"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
+                                                "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False})
+_GPT_OSS_NOTES = ("Alternating 128-token sliding-window and full layers, a learned sink logit per head, YaRN x32 "
+                  "from 4,096 positions (untruncated), biases on q/k/v/o, the router and the experts; the release "
+                  "stores the experts in MXFP4 (4.25 bits per parameter), which lmlab does not read (dequantise "
+                  "with transformers first). The gpt_oss family is HF-parity tested.")
+_real = dict(_GPT_OSS, n_layers=24, n_experts=32)
+_add("gpt-oss-20b", "gpt-oss",
+     "OpenAI 2025, 'gpt-oss-120b & gpt-oss-20b Model Card', Table 1, https://arxiv.org/abs/2508.10925; "
+     "https://huggingface.co/openai/gpt-oss-20b/blob/main/config.json",
+     "GQA 64:8 with attention sinks, alternating banded (128) and full layers, every FFN 32 clamped-SwiGLU "
+     "experts (top-4): 20.9B parameters, 3.6B active per token",
+     _real, _tiny(_real, n_heads=8, n_experts=4, experts_per_token=2), published_params=20.91e9,
+     params_source="the model card, Table 1 (20.91B total, 3.61B active)", notes=_GPT_OSS_NOTES)
+
+_real = dict(_GPT_OSS, n_layers=36, n_experts=128)
+_add("gpt-oss-120b", "gpt-oss",
+     "OpenAI 2025, 'gpt-oss-120b & gpt-oss-20b Model Card', Table 1, https://arxiv.org/abs/2508.10925; "
+     "https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json",
+     "gpt-oss-20b's block at 36 layers with 128 experts (top-4): 116.8B parameters, 5.1B active per token",
+     _real, _tiny(_real, n_heads=8, n_experts=4, experts_per_token=2), published_params=116.83e9,
+     params_source="the model card, Table 1 (116.83B total, 5.13B active)", notes=_GPT_OSS_NOTES)
+
 # --- Qwen ----------------------------------------------------------------------------------------
 _real = dict(_LLAMA_STYLE, vocab_size=152064, context_length=32768, d_model=3584, n_layers=28, n_heads=28,
              n_kv_heads=4, d_ff=18944, norm_eps=1e-6, rope_theta=1000000.0, bias="qkv")

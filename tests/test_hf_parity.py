@@ -113,6 +113,13 @@ CASES = {
                     "MLA (no query bottleneck, KV latent 16 + RoPE key 8, interleaved RoPE), YaRN x4, layer 0 dense, "
                     "then 8 sigmoid-scored experts with the routing bias (perturbed) choosing among the best 2 of 4 "
                     "groups by their top-2 sums, top-2 renormalised x 2.5, plus a shared expert"),
+    "gpt_oss": ("GptOssConfig", dict(num_hidden_layers=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                                     intermediate_size=32, sliding_window=8, swiglu_limit=1.5,
+                                     rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=4.0,
+                                                          beta_fast=32.0, beta_slow=1.0, truncate=False,
+                                                          original_max_position_embeddings=32)),
+                "q/k/v/o biases, sinks (perturbed), local(8)/global, YaRN x4 untruncated, 4 experts with biases, "
+                "router with a bias, top-2 softmax, clamped SwiGLU (limit 1.5, so the clamp acts)"),
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), "LayerNorm without parameters, clip_qkv 1.0, GQA"),
     "olmo2": ("Olmo2Config", dict(), "reordered norms, QK RMSNorm across heads, GQA"),
     "olmo3": ("Olmo3Config", dict(num_hidden_layers=4, sliding_window=8, rope_parameters=dict(
@@ -154,7 +161,7 @@ def hf_model(name: str, path):
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
     with torch.no_grad():  # norm weights away from their init, so a misplaced norm shows
         for n, p in model.named_parameters():
-            if "norm" in n or n.endswith(("router.scale", "per_expert_scale")):  # Gemma 4's router scales too
+            if "norm" in n or n.endswith(("router.scale", "per_expert_scale", "sinks")):  # Gemma 4's router scales, sinks
                 p.add_(0.2 * torch.randn_like(p))
             elif n.endswith("bias"):
                 p.normal_(0.0, 0.1)
@@ -408,7 +415,8 @@ PRESET_FAMILIES = {"llama-2-7b": "llama", "llama-3-8b": "llama", "mistral-7b": "
                    "olmo-7b": "olmo", "olmo-2-7b": "olmo2", "olmo-3-7b": "olmo3", "command-r7b": "cohere2", "smollm3-3b": "smollm3",
                    "marin-8b": "llama", "internlm2-7b": "llama", "llama-4-scout": "llama4_text",
                    "deepseek-v2": "deepseek_v2", "deepseek-v2-lite": "deepseek_v2",
-                   "qwen3-30b-a3b": "qwen3_moe", "qwen3-235b-a22b": "qwen3_moe", "deepseek-v3": "deepseek_v3"}
+                   "qwen3-30b-a3b": "qwen3_moe", "qwen3-235b-a22b": "qwen3_moe", "deepseek-v3": "deepseek_v3",
+                   "gpt-oss-20b": "gpt_oss", "gpt-oss-120b": "gpt_oss"}
 
 
 @pytest.mark.parametrize("preset", list(PRESET_FAMILIES))
@@ -664,3 +672,32 @@ def test_deepseek_v3_router_readings_each_matter(tmp_path):
     model.load_state_dict(zeroed)
     with torch.no_grad():
         assert (model(x) - theirs).abs().max() > 1e-3  # without the bias the choice differs
+
+
+def test_gpt_oss_readings_each_matter(tmp_path):
+    """The gpt_oss case reads sinks, the router's bias and the clamped SwiGLU, and each is needed: with
+    plain SwiGLU, with the clamp out of reach, without the router bias or with sinks of -inf, lmlab's logits
+    leave HF's."""
+    import dataclasses
+
+    from lmlab.model import TransformerLM
+
+    ref = hf_model("gpt_oss", tmp_path / "hf")
+    hfio.import_hf(tmp_path / "hf", tmp_path / "run")
+    model, cfg, _, _ = hfio.load_run_model(tmp_path / "run")
+    assert (cfg.activation, cfg.swiglu_limit, cfg.attn_sinks, cfg.router_bias, cfg.bias) == \
+        ("swiglu_clamped", 1.5, True, True, "all")
+    assert cfg.layer_pattern == "LG" and cfg.rope_scaling["truncate"] is False
+    x = torch.randint(3, V, (2, T), generator=torch.Generator().manual_seed(1))
+    theirs = hf_logits(ref, x)
+    state = model.state_dict()
+    for change in (dict(activation="swiglu"), dict(swiglu_limit=1e6)):
+        other = TransformerLM(dataclasses.replace(cfg, **change)).eval()
+        other.load_state_dict(state)
+        with torch.no_grad():
+            assert (other(x) - theirs).abs().max() > 1e-3, change
+    for key, value in (("mlp.router.bias", 0.0), ("attn.sinks", float("-inf"))):
+        changed = {k: (torch.full_like(v, value) if k.endswith(key) else v) for k, v in state.items()}
+        model.load_state_dict(changed)
+        with torch.no_grad():
+            assert (model(x) - theirs).abs().max() > 1e-3, key

@@ -297,7 +297,8 @@ def layer_signature(cfg: ModelConfig) -> dict:
                    cfg.routed_scaling_factor,
                    tuple(cfg.layer_is_moe(i) for i in range(cfg.n_layers)), cfg.moe_beside_dense,
                    cfg.router_input_norm, cfg.router_expert_scale,
-                   cfg.moe_balance != "aux_loss"))  # a routing bias (DeepSeek-V3's e_score_correction_bias)
+                   cfg.moe_balance != "aux_loss", cfg.router_bias))
+    sig["swiglu_clamp"] = (cfg.swiglu_alpha, cfg.swiglu_limit) if cfg.activation == "swiglu_clamped" else None  # a routing bias (DeepSeek-V3's e_score_correction_bias)
     layers = []
     for i in range(cfg.n_layers):
         window = cfg.layer_window(i)

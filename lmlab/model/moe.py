@@ -67,7 +67,7 @@ class MoEFeedForward(nn.Module):
         self.weights_input = cfg.router_weights == "input"
         self.groups, self.topk_groups, self.scale = cfg.router_groups, cfg.router_topk_groups, cfg.routed_scaling_factor
         self.group_score = cfg.router_group_score
-        self.router = Linear(cfg.d_model, cfg.n_experts, bias=False)
+        self.router = Linear(cfg.d_model, cfg.n_experts, bias=cfg.router_bias)
         # Gemma 4: the router's input norm (weightless RMSNorm, then x a learned vector / sqrt(d_model)) and a
         # learned scale per expert on the routed weights (HF Gemma4TextRouter: scale, per_expert_scale)
         self.router_norm = make_norm("rmsnorm", cfg.d_model, cfg.norm_eps, affine=False) if cfg.router_input_norm \
