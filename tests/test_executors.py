@@ -370,7 +370,14 @@ def test_a_job_that_dies_gives_a_failed_row_the_report_lists_and_sweep_worker_re
     path, ref_rows = one_run
     out = tmp_path / "sweep"
     proc, controller = _submitit_local_at_second_checkpoint(path, out)
-    os.kill(_children(controller)[0], signal.SIGKILL)
+    task = _children(controller)[0]
+    trainers = _children(task)
+    assert trainers, "the task has no training subprocess to stop"
+    for pid in trainers:  # frozen first, so the kill lands mid-training however fast this machine trains
+        os.kill(pid, signal.SIGSTOP)
+    os.kill(task, signal.SIGKILL)
+    for pid in trainers:  # the SIGTERM its parent's death sent is handled now: it checkpoints and stops
+        os.kill(pid, signal.SIGCONT)
     text, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "1 run(s) failed without a result (SiLU-s1)" in text, text
     (row,) = read_results(out)
