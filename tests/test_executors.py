@@ -89,8 +89,9 @@ def local_reference(byte_data, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def one_run(byte_data, tmp_path_factory):
-    """One 40-step run (checkpoints every 4 steps) and its rows trained without interruption."""
-    spec = tiny_spec(byte_data, steps=40)
+    """One 400-step run (checkpoints every 4 steps: long enough that a test interrupting it after its second
+    checkpoint lands mid-training on a fast machine) and its rows trained without interruption."""
+    spec = tiny_spec(byte_data, steps=400)
     spec.update(seeds=[1], tune_seeds=None, tune=None, train={**spec["train"], "lr": 3e-3})
     spec["axes"] = {"zip": spec["axes"]["zip"][:1]}
     path = tmp_path_factory.mktemp("one") / "one.yaml"
@@ -338,8 +339,8 @@ def test_ray_retries_a_killed_worker_and_the_run_resumes(ray_here, one_run, tmp_
     log = (out / "logs" / "SiLU-s1.log").read_text()
     # the training gets SIGTERM when its worker dies (a checkpoint at its current step), unless Ray's own kill
     # of a dead worker's children comes first (then the last periodic checkpoint): either way it resumes
-    resumed = re.search(r"resuming \S+ from step (\d+) of 40", log)
-    assert log.count("$ ") == 2 and resumed and 8 <= int(resumed.group(1)) < 40
+    resumed = re.search(r"resuming \S+ from step (\d+) of 400", log)
+    assert log.count("$ ") == 2 and resumed and 8 <= int(resumed.group(1)) < 400
     assert _rows(out) == ref_rows
 
 
