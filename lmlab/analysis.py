@@ -166,12 +166,13 @@ def layer_params(cfg: ModelConfig, moe: bool = False, global_layer: bool = False
         expert, expert_mm = _ffn_params(cfg, width)
         shared, shared_mm = _ffn_params(cfg, width * cfg.n_shared_experts) if cfg.n_shared_experts else (0, 0)
         router = d * cfg.n_experts
-        extra = (cfg.n_experts if cfg.router_bias else 0) + (d if cfg.router_input_norm else 0) + (cfg.n_experts if cfg.router_expert_scale else 0)  # Gemma 4
+        extra = (cfg.n_experts if cfg.router_bias else 0)  # gpt-oss; then Gemma 4's router norm and scales
+        extra += (d if cfg.router_input_norm else 0) + (cfg.n_experts if cfg.router_expert_scale else 0)
         dense, dense_mm = (mlp, mlp_mm) if cfg.moe_beside_dense else (0, 0)  # Gemma 4: the dense FFN stays
         dense += 3 * _norm_params(cfg, d) if cfg.moe_beside_dense else 0  # and three more norms
         mlp = dense + router + extra + cfg.n_experts * expert + shared
         mlp_active = dense + router + extra + cfg.experts_per_token * expert + shared
-        mlp_mm = dense_mm + d * cfg.n_experts + cfg.experts_per_token * expert_mm + shared_mm
+        mlp_mm = dense_mm + router + cfg.experts_per_token * expert_mm + shared_mm
     n_norms = 1 + (0 if (cfg.parallel_block and cfg.parallel_shared_norm) else 1)
     if cfg.norm_position == "sandwich":
         n_norms += 2

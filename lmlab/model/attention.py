@@ -389,9 +389,10 @@ class Attention(nn.Module):
         gate sigmoid(W_g x) when ``attn_output_gate`` is set (x: the layer's input, (batch, seq, d_model))."""
         if self.gate is not None:
             g = torch.sigmoid(self.gate(x))
-            if g.shape[-1] == self.n_heads:  # headwise: one gate per head
-                g = g.repeat_interleave(self.head_dim, dim=-1)
-            y = y * g
+            if g.shape[-1] == self.n_heads:  # headwise: one gate per head, broadcast over its values
+                y = (y.view(*y.shape[:-1], self.n_heads, self.head_dim) * g.unsqueeze(-1)).view_as(y)
+            else:
+                y = y * g
         return self.out(y)
 
     @property

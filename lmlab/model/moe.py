@@ -54,7 +54,8 @@ from lmlab.model.norms import make_norm
 
 class MoEFeedForward(nn.Module):
     """(batch, seq, d_model) -> (batch, seq, d_model); after each forward :attr:`aux` holds this
-    layer's (load-balancing loss, router z-loss) as 0-dim fp32 tensors (in the autograd graph) and
+    layer's (load-balancing loss, router z-loss, sequence-wise balance loss or None when its weight is 0) as
+    0-dim fp32 tensors (in the autograd graph) and
     :attr:`tokens_per_expert` the (n_experts,) routed counts of that call."""
 
     def __init__(self, cfg: ModelConfig):
@@ -77,9 +78,10 @@ class MoEFeedForward(nn.Module):
         self.experts = nn.ModuleList(FeedForward(expert_cfg) for _ in range(cfg.n_experts))
         self.shared = (FeedForward(dataclasses.replace(expert_cfg, d_ff=width * cfg.n_shared_experts))
                        if cfg.n_shared_experts else None)
-        self.aux: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+        self.aux: Optional[tuple] = None  # (balance, router z, sequence balance or None), 0-dim fp32
         self.tokens_per_expert: Optional[torch.Tensor] = None
         self.bias_rate = cfg.moe_bias_update_rate
+        self.seq_balance = cfg.moe_seq_aux_loss > 0  # computed only when it is weighted into the loss
         if cfg.moe_balance in ("aux_free", "both"):  # DeepSeek-V3: the bias only picks; the step's load moves it
             self.register_buffer("expert_bias", torch.zeros(cfg.n_experts))
             self.register_buffer("load", torch.zeros(cfg.n_experts), persistent=False)
@@ -137,7 +139,7 @@ class MoEFeedForward(nn.Module):
             out = out + self.shared(flat)
         f = counts.float() / flat.shape[0]
         self.aux = (self.n_experts * (f * probs.mean(0)).sum(), torch.logsumexp(logits, -1).pow(2).mean(),
-                    self.sequence_balance(experts, probs, shape[0]))
+                    self.sequence_balance(experts, probs, shape[0]) if self.seq_balance else None)
         self.tokens_per_expert = counts.detach()
         if self.load is not None and self.training and torch.is_grad_enabled():
             self.load += counts.detach().to(self.load.dtype)
