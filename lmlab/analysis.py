@@ -17,6 +17,13 @@
   appendix F) with its non-causal 4 n_ctx d_attn halved.
 - **KV cache**: 2 (K and V) x n_kv_heads x head_dim values per token and layer; a window-W layer holds at
   most W tokens (lmlab's rolling buffer). Compared against plain MHA (n_heads KV heads, no window).
+- **Linear-attention layers** ('D' in ``layer_pattern``: Gated DeltaNet, :mod:`lmlab.model.deltanet`) hold a
+  state per sequence instead of keys per token: the convolution's last (kernel - 1) inputs of its
+  2 n_k d_k + n_v d_v channels (in the cache's dtype) and a d_k x d_v matrix per value head (fp32, as
+  lmlab keeps it). Their FLOPs per token: 2 x their weights (projections and the depthwise convolution)
+  + 7 d_k d_v per value head for the recurrence counted in its recurrent form (decay d_k d_v, recall,
+  write and read 2 d_k d_v each), whatever the context; the chunked form that trains them does somewhat
+  more (its within-chunk products), which the count leaves out.
 - **Arithmetic intensity** (FLOPs per byte moved to and from memory) of one layer of each kind (global,
   windowed), in prefill (batch x context tokens at once) and decode (one new token per sequence with
   ``context`` tokens cached): bytes = weights (read once per pass, shared by the batch) + KV cache
@@ -108,17 +115,42 @@ def global_layers_differ(cfg: ModelConfig) -> bool:
         (cfg.head_dim, cfg.n_kv_heads, False)
 
 
-def global_layer_count(cfg: ModelConfig, start: int = 0, end: Optional[int] = None) -> int:
-    """Layers with full attention (no window) among layers start .. end - 1 (default all), in O(pattern
-    length)."""
+def _pattern_count(cfg: ModelConfig, letter: str, start: int = 0, end: Optional[int] = None) -> int:
+    """Layers start .. end - 1 (default all) whose ``layer_pattern`` letter is ``letter``, in O(pattern length)."""
     end = cfg.n_layers if end is None else end
-    if cfg.sliding_window is None:
-        return max(0, end - start)
-    p = cfg.layer_pattern or "L"
-    def upto(n: int) -> int:  # global layers among 0 .. n - 1
+    p = cfg.layer_pattern
+    def upto(n: int) -> int:  # among layers 0 .. n - 1
         full, rest = divmod(n, len(p))
-        return full * p.count("G") + p[:rest].count("G")
-    return upto(end) - upto(start)
+        return full * p.count(letter) + p[:rest].count(letter)
+    return max(0, upto(end) - upto(start))
+
+
+def global_layer_count(cfg: ModelConfig, start: int = 0, end: Optional[int] = None) -> int:
+    """Layers with full attention (no window; not linear attention) among layers start .. end - 1 (default
+    all), in O(pattern length)."""
+    end = cfg.n_layers if end is None else end
+    if cfg.layer_pattern is None:
+        return max(0, end - start) if cfg.sliding_window is None else 0
+    return _pattern_count(cfg, "G", start, end)
+
+
+def linear_layer_count(cfg: ModelConfig) -> int:
+    """Linear-attention layers ('D' in ``layer_pattern``)."""
+    return _pattern_count(cfg, "D") if cfg.layer_pattern else 0
+
+
+def linear_layer_params(cfg: ModelConfig) -> dict:
+    """A Gated DeltaNet layer's mixer (:class:`lmlab.model.deltanet.GatedDeltaNet`, in attention's place):
+    ``attention`` (every parameter: the input projection to q, k, v, the output gate z, beta and the decay
+    input; the depthwise convolution; A_log and dt_bias per value head; the gated norm's weight; the output
+    projection), ``attention_matmul`` (the projections and the convolution: what a token is multiplied by),
+    ``state_values`` (the decoding state: convolution history values, S values)."""
+    d, Hk, Hv = cfg.d_model, cfg.linear_n_k_heads, cfg.linear_n_v_heads
+    dk, dv, K = cfg.linear_k_head_dim, cfg.linear_v_head_dim, cfg.linear_conv_kernel
+    channels = 2 * Hk * dk + Hv * dv
+    mm = d * (channels + Hv * dv + 2 * Hv) + Hv * dv * d + channels * K
+    return {"attention": mm + 2 * Hv + dv, "attention_matmul": mm, "channels": channels,
+            "conv_values": channels * (K - 1), "state_values": Hv * dk * dv, "recurrence_flops": 7 * Hv * dk * dv}
 
 
 def kv_shared_counts(cfg: ModelConfig) -> dict:
@@ -217,6 +249,11 @@ def param_counts(cfg: ModelConfig) -> dict:
                                                                               kv_shared=True)
         layers += n_kind * (shared["total"] - own["total"])
         matmul += n_kind * (shared["matmul"] - own["matmul"])
+    n_linear = linear_layer_count(cfg)
+    if n_linear:  # Gated DeltaNet in attention's place (the rest of the block as any other)
+        lin = linear_layer_params(cfg)
+        layers += n_linear * (lin["attention"] - per_layer["attention"])
+        matmul += n_linear * (lin["attention_matmul"] - per_layer["attention_matmul"])
     ple_embedding = (cfg.ple_vocab_size or V) * cfg.n_layers * cfg.ple_dim  # a lookup table: embedding
     ple_model = d * cfg.n_layers * cfg.ple_dim + (_norm_params(cfg, cfg.ple_dim) if cfg.ple_dim else 0)
     layers += ple_model
@@ -234,6 +271,8 @@ def param_counts(cfg: ModelConfig) -> dict:
     }
     if glob is not None:
         out.update(per_global_layer=glob, global_layers=global_layer_count(cfg))
+    if n_linear:
+        out.update(linear_layers=n_linear, per_linear_layer=lin)
     if moe:
         inactive = n_moe * (moe["total"] - moe["active"])
         out.update(moe_layers=n_moe, per_moe_layer=moe, active=total - inactive,
@@ -245,13 +284,15 @@ INSTANTIATE_MAX_LAYERS = 512  # analyze builds the model on the meta device only
 
 
 def layer_windows(cfg: ModelConfig) -> list[tuple[Optional[int], int]]:
-    """(window or None for full attention, number of layers) per kind of layer, from one period of
-    ``layer_pattern`` (repeated over n_layers, the last repeat possibly cut short): O(pattern length),
-    not O(n_layers)."""
+    """(window or None for full attention, number of layers) per kind of attention layer (linear-attention
+    layers left out), from one period of ``layer_pattern`` (repeated over n_layers, the last repeat possibly
+    cut short): O(pattern length), not O(n_layers)."""
     period = len(cfg.layer_pattern) if cfg.layer_pattern else 1
     full, rest = divmod(cfg.n_layers, period)
     counts: dict = {}
     for i in range(min(period, cfg.n_layers)):
+        if cfg.layer_is_linear(i):
+            continue
         w = cfg.layer_window(i)
         counts[w] = counts.get(w, 0) + full + (i < rest)
     return list(counts.items())
@@ -287,10 +328,13 @@ def mean_keys(context: int, window: Optional[int], chunk: bool = False) -> float
 
 
 def attention_flops_per_token(cfg: ModelConfig, context: int) -> float:
-    """Forward FLOPs of QK^T and AV per token, summed over layers, averaged over positions 1..context."""
+    """Forward FLOPs of QK^T and AV per token, summed over layers, averaged over positions 1..context; plus
+    the linear-attention layers' recurrence (7 d_k d_v per value head and token, any context)."""
     chunk = cfg.local_attention == "chunk"
-    return sum(layers * 2 * _attended_width(cfg, w is None) * mean_keys(context, w, chunk)
-               for w, layers in layer_windows(cfg))
+    n_linear = linear_layer_count(cfg)
+    recurrence = n_linear * linear_layer_params(cfg)["recurrence_flops"] if n_linear else 0
+    return recurrence + sum(layers * 2 * _attended_width(cfg, w is None) * mean_keys(context, w, chunk)
+                            for w, layers in layer_windows(cfg))
 
 
 def _attended_width(cfg: ModelConfig, global_layer: bool = False) -> int:
@@ -333,7 +377,10 @@ def kv_cache_bytes(cfg: ModelConfig, context: int, batch: int = 1, dtype: str = 
     to their window), ``total`` for ``context`` tokens x ``batch`` (windowed layers hold min(context, W)),
     and the same for plain MHA (``mha_total``: n_heads KV heads, no window) and for this model without its
     windows (``no_window_total``), with the savings as factors: saving = GQA x KV sharing x windows. KV-shared
-    layers (``kv_shared_layers``) cache nothing: they read their source layer's entries."""
+    layers (``kv_shared_layers``) cache nothing: they read their source layer's entries. Linear-attention
+    layers hold a fixed state instead (``state_per_sequence`` bytes: the convolution history in ``dtype``, S
+    in fp32; ``state_total`` for the batch), which ``total``, ``no_window_total`` and ``mha_total`` include
+    (the comparisons are about the attention layers)."""
     b = DTYPE_BYTES[dtype]
     per_layer_token = kv_values_per_token(cfg) * b  # a local layer's (every layer's unless Gemma 4's differ)
     all_kinds = layer_windows(cfg)
@@ -349,7 +396,14 @@ def kv_cache_bytes(cfg: ModelConfig, context: int, batch: int = 1, dtype: str = 
     mha_heads = sum(layers * (cfg.v_head_dim if cfg.attention == "mla" else cfg.layer_head_dim_of(w is None))
                     for w, layers in all_kinds)
     mha = batch * 2 * cfg.n_heads * b * context * mha_heads
-    out = {"dtype": dtype, "bytes_per_value": b, "per_token": per_token,
+    n_linear = linear_layer_count(cfg)
+    state = 0
+    if n_linear:
+        lin = linear_layer_params(cfg)
+        state = n_linear * (lin["conv_values"] * b + lin["state_values"] * 4)
+    total, no_window, unshared, mha = (x + batch * state for x in (total, no_window, unshared, mha))
+    out = {"dtype": dtype, "bytes_per_value": b, "per_token": per_token, "state_per_sequence": state,
+           "state_total": batch * state, "linear_layers": n_linear,
            "per_token_per_layer": per_layer_token, "total": total, "no_window_total": no_window,
            "mha_total": mha, "gqa_saving": mha / unshared, "window_saving": no_window / total,
            "kv_sharing_saving": unshared / no_window, "saving": mha / total, "context": context, "batch": batch}
@@ -388,6 +442,21 @@ def _layer_costs(cfg: ModelConfig, window: Optional[int], context: int, b: int) 
     }
 
 
+def _linear_layer_costs(cfg: ModelConfig, context: int, b: int) -> dict:
+    """:func:`_layer_costs` for a linear-attention layer: its weights, and a state read and written per
+    decoded token (S in fp32, the convolution history in the dtype) instead of the keys."""
+    base = _layer_costs(cfg, None, context, b)  # for the block's weights other than the mixer
+    lin, lp = linear_layer_params(cfg), layer_params(cfg, global_layer=True)
+    weight = base["weight_bytes"] + (lin["attention"] - lp["attention"]) * b
+    # the block's matmul FLOPs as _layer_costs counts them (MoE layers averaged in), attention's swapped for the mixer's
+    matmul = base["decode_flops"] - 2 * _attended_width(cfg, True) * context + 2 * (
+        lin["attention_matmul"] - lp["attention_matmul"])
+    state = lin["conv_values"] * b + lin["state_values"] * 4
+    per_token = matmul + lin["recurrence_flops"]
+    return {"weight_bytes": weight, "decode_flops": per_token, "decode_bytes": 2 * state + 2 * cfg.d_model * b,
+            "prefill_flops": context * per_token, "prefill_bytes": context * 2 * cfg.d_model * b + state}
+
+
 def _intensity(flops_per_seq: float, bytes_per_seq: float, weight_bytes: float, batch: int, ridge: float) -> dict:
     flops = batch * flops_per_seq
     moved = weight_bytes + batch * bytes_per_seq
@@ -415,8 +484,10 @@ def intensity(cfg: ModelConfig, context: int, batch: int = 1, device: Device | s
     out: dict = {"device": dev.name, "ridge": dev.ridge, "dtype": dtype, "context": context, "batch": batch,
                  "kinds": {}}
     tot = {"weight_bytes": 0.0, "decode_flops": 0.0, "decode_bytes": 0.0, "prefill_flops": 0.0, "prefill_bytes": 0.0}
+    if linear_layer_count(cfg):
+        kinds["linear"] = {"window": None, "layers": linear_layer_count(cfg)}
     for kind, info in kinds.items():
-        c = _layer_costs(cfg, info["window"], context, b)
+        c = _linear_layer_costs(cfg, context, b) if kind == "linear" else _layer_costs(cfg, info["window"], context, b)
         out["kinds"][kind] = {
             "layers": info["layers"], "window": info["window"],
             "prefill": _intensity(c["prefill_flops"], c["prefill_bytes"], c["weight_bytes"], batch, dev.ridge),
@@ -529,6 +600,11 @@ def format_analysis(res: dict, title: str) -> str:
         pg = p["per_global_layer"]
         L.append(f"  global attention {pg['attention']:>18,}   (per global layer, {p['global_layers']} of the "
                  f"{cfg.n_layers}; the local layers' attention: {pl['attention']:,})")
+    if p.get("linear_layers"):
+        pn = p["per_linear_layer"]
+        L.append(f"  Gated DeltaNet   {pn['attention']:>18,}   (per linear-attention layer, {p['linear_layers']} of the "
+                 f"{cfg.n_layers}, in attention's place: {cfg.linear_n_k_heads} q/k heads x {cfg.linear_k_head_dim}, "
+                 f"{cfg.linear_n_v_heads} value heads x {cfg.linear_v_head_dim}, convolution {cfg.linear_conv_kernel})")
     if p.get("moe_layers"):
         pm = p["per_moe_layer"]
         L.append(f"  per MoE layer    {pm['total']:>18,}   ({p['moe_layers']} of the {cfg.n_layers} layers: "
@@ -572,6 +648,10 @@ def format_analysis(res: dict, title: str) -> str:
     L.append(f"  {'per token (all layers)':28}" + "".join(f"{_bytes(kv[d]['per_token']):>12}" for d in DTYPE_BYTES))
     L.append(f"  {f'{n:,} tokens x batch {B:,}':28}" + "".join(f"{_bytes(kv[d]['total']):>12}" for d in DTYPE_BYTES))
     L.append(f"  {'plain MHA, no window':28}" + "".join(f"{_bytes(kv[d]['mha_total']):>12}" for d in DTYPE_BYTES))
+    if kv["bf16"]["linear_layers"]:  # included in the totals above
+        L.append(f"  {'linear-layer state / seq.':28}" + "".join(f"{_bytes(kv[d]['state_per_sequence']):>12}"
+                                                                for d in DTYPE_BYTES)
+                 + f"   ({kv['bf16']['linear_layers']} Gated DeltaNet layers: fixed, any context; in the totals)")
     k0 = kv["bf16"]
     heads = f"MLA {cfg.n_heads} heads" if cfg.attention == "mla" else f"GQA/MQA {cfg.n_heads}:{cfg.n_kv_heads}"
     if "per_global_layer" in p:  # Gemma 4: two ratios, one blended saving

@@ -41,6 +41,7 @@ ROPE_STYLES = ("half", "interleaved")  # GPT-NeoX / HF "rotate_half" pairing; GP
 BIASES = ("none", "all", "qkv", "mlp", "attention")
 MOE_BALANCES = ("aux_loss", "aux_free", "both")  # moe_balance: the loss, DeepSeek-V3's bias, or both
 ATTN_OUTPUT_GATES = ("none", "headwise", "elementwise")  # attn_output_gate: one gate per head or per value
+LINEAR_ATTENTIONS = ("gated_deltanet",)  # the kind of layer_pattern's 'D' layers (Yang et al. 2024; Qwen3-Next)
 QK_NORMS = ("none", "rmsnorm", "layernorm", "gemma_rmsnorm", "l2")  # gemma_rmsnorm: Gemma 3's (1 + w) QK-norm;
 # l2: Llama 4's "L2Norm", x / sqrt(mean(x^2) + eps) over each head with no weight (an RMSNorm without one)
 QK_NORM_LAYERS = ("all", "rope")  # rope: only layers that carry RoPE (Llama 4)
@@ -262,7 +263,16 @@ class ModelConfig:
     local_attention: str = "window"
     layer_pattern: Optional[str] = None  # per-layer 'L' (local, windowed) / 'G' (global), repeated over
     # the depth and free to end mid-pattern (Gemma 3 1B: 'LLLLLG' over 26 layers ends 'LL'); a string of
-    # n_layers letters spells every layer out
+    # n_layers letters spells every layer out. 'D': a linear-attention layer of kind linear_attention instead
+    # of attention (Qwen3-Next: 'DDDG', three Gated DeltaNet layers to one full-attention layer)
+    # --- linear attention ('D' layers; lmlab/model/deltanet.py; HF Qwen3NextConfig linear_*) ----------
+    linear_attention: str = "gated_deltanet"
+    linear_n_k_heads: Optional[int] = None  # query/key heads; None = n_heads (HF linear_num_key_heads)
+    linear_n_v_heads: Optional[int] = None  # value heads, a multiple of the key heads; None = linear_n_k_heads
+    linear_k_head_dim: Optional[int] = None  # None = head_dim (HF linear_key_head_dim)
+    linear_v_head_dim: Optional[int] = None  # None = linear_k_head_dim (HF linear_value_head_dim)
+    linear_conv_kernel: int = 4  # the causal depthwise convolution over q, k, v (HF linear_conv_kernel_dim)
+    linear_chunk: int = 64  # tokens per chunk of the chunked (training) form; the result does not depend on it
 
     # --- output ------------------------------------------------------------------------------
     tie_embeddings: bool = True
@@ -420,13 +430,15 @@ class ModelConfig:
                 if not ok:
                     raise ConfigError(f"attention='mla' needs {name}={what}, got {name}={getattr(self, name)!r}")
         if self.layer_pattern is not None:
-            if not isinstance(self.layer_pattern, str) or not self.layer_pattern or set(self.layer_pattern) - {"L", "G"}:
+            if not isinstance(self.layer_pattern, str) or not self.layer_pattern or set(self.layer_pattern) - {"L", "G", "D"}:
                 raise ConfigError(
-                    f"layer_pattern={self.layer_pattern!r} must be a non-empty string of 'L' (local) and 'G' (global)"
+                    f"layer_pattern={self.layer_pattern!r} must be a non-empty string of 'L' (local), 'G' (global) "
+                    f"and 'D' (linear attention)"
                 )
             if "L" in self.layer_pattern and self.sliding_window is None:
                 raise ConfigError(f"layer_pattern={self.layer_pattern!r} has local layers but sliding_window is not set")
         self._check_global_layers()
+        self._check_linear_layers()
         if self.nope_layers is not None:
             if not isinstance(self.nope_layers, str) or not self.nope_layers or set(self.nope_layers) - {"R", "N"}:
                 raise ConfigError(f"nope_layers={self.nope_layers!r} must be a non-empty string of 'R' (RoPE) and "
@@ -545,6 +557,28 @@ class ModelConfig:
                 raise ConfigError(f"parametrization={self.parametrization!r} needs {name}={want}, got "
                                   f"{name}={getattr(self, name)!r} (lmlab has no {self.parametrization} rules for it)")
 
+    def _check_linear_layers(self) -> None:
+        """The linear_* fields (always checked, defaults filled) and what 'D' layers do not go with."""
+        _choice("linear_attention", self.linear_attention, LINEAR_ATTENTIONS)
+        for name, default in (("linear_n_k_heads", "n_heads"), ("linear_n_v_heads", "linear_n_k_heads"),
+                              ("linear_k_head_dim", "head_dim"), ("linear_v_head_dim", "linear_k_head_dim")):
+            if getattr(self, name) is None:  # in this order: a default may be the field filled just before
+                setattr(self, name, getattr(self, default))
+            _positive_int(name, getattr(self, name))
+        if self.linear_n_v_heads % self.linear_n_k_heads:
+            raise ConfigError(f"linear_n_v_heads={self.linear_n_v_heads} must be a multiple of "
+                              f"linear_n_k_heads={self.linear_n_k_heads} (value heads share key heads in groups)")
+        _positive_int("linear_conv_kernel", self.linear_conv_kernel)
+        _positive_int("linear_chunk", self.linear_chunk)
+        if not (self.layer_pattern and "D" in self.layer_pattern):
+            return
+        for name, bad, why in (
+                ("attention", self.attention == "mla", "'D' layers beside multi-head latent attention"),
+                ("kv_shared_layers", self.kv_shared_layers != 0, "KV sharing (a 'D' layer has no keys to share)")):
+            if bad:
+                raise ConfigError(f"layer_pattern={self.layer_pattern!r} has linear-attention 'D' layers, which lmlab "
+                                  f"does not combine with {name}={getattr(self, name)!r} ({why})")
+
     def _check_global_layers(self) -> None:
         """Validate Gemma 4's switches for the global layers (global_head_dim, global_n_kv_heads,
         global_k_eq_v, global_rope_proportion): each needs local layers to differ from (sliding_window) and
@@ -658,6 +692,10 @@ class ModelConfig:
                               f"got {rot_dim} from head_dim={self.head_dim}, rope_fraction={self.rope_fraction}")
 
     # --- per-layer views ---------------------------------------------------------------------
+    def layer_is_linear(self, layer: int) -> bool:
+        """True when layer ``layer`` (0-based) is a linear-attention layer ('D' in ``layer_pattern``)."""
+        return self.layer_pattern is not None and self.layer_pattern[layer % len(self.layer_pattern)] == "D"
+
     def layer_is_local(self, layer: int) -> bool:
         """True when layer ``layer`` (0-based) uses sliding-window attention."""
         if self.sliding_window is None:

@@ -31,8 +31,9 @@ def param_kind(name: str) -> str:
     ``norm`` (a norm's gain), ``embedding`` (token, absolute-position and Gemma 4's per-layer input
     embeddings, T5 relative-bias tables) or ``weight`` (everything else: linear layers, the untied LM
     head, Gemma 4's per-layer input projection). Attention sinks (``attn.sinks``, a learned logit per head)
-    count as biases."""
-    return ("bias" if name.endswith((".bias", ".sinks")) else
+    count as biases, as do a Gated DeltaNet layer's per-head decay parameters (``A_log``, ``dt_bias``: no
+    weight decay, as in the reference implementation, flash-linear-attention's ``_no_weight_decay``)."""
+    return ("bias" if name.endswith((".bias", ".sinks", ".A_log", ".dt_bias")) else
             "norm" if "." in name and "norm" in name.split(".")[-2] else
             "embedding" if name.startswith(("embed.", "abs_pos.", "ple_embed.")) or "rel_bias" in name
             else "weight")

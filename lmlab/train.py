@@ -797,7 +797,8 @@ class Trainer:
             with self._autocast(), eager():
                 logits = self.model(x[: min(4, len(x))])
             log_z = torch.logsumexp(logits.float(), dim=-1)
-            out = {"max_attn_logit": [round(b.attn.max_logit, 4) for b in self.model.blocks],
+            out = {"max_attn_logit": [None if b.attn.max_logit is None else round(b.attn.max_logit, 4)
+                                      for b in self.model.blocks],  # None: a linear-attention layer
                    "log_z_mean": float(log_z.mean()), "log_z_max": float(log_z.max())}
         finally:
             for block in self.model.blocks:

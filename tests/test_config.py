@@ -13,7 +13,7 @@ from lmlab.config import ConfigError, ModelConfig, apply_overrides, load_mapping
     (dict(activation="swish"), "activation='swish' is not valid"),
     (dict(sliding_window=0), "sliding_window=0 must be an integer >= 1"),
     (dict(rope_fraction=0.3, d_model=64, n_heads=4), "rope_fraction=0.3 of head_dim=16 rotates 5 dims"),
-    (dict(layer_pattern="LLX", n_layers=4, sliding_window=8), "must be a non-empty string of 'L' (local) and 'G'"),
+    (dict(layer_pattern="LLX", n_layers=4, sliding_window=8), "must be a non-empty string of 'L' (local), 'G' (global) and 'D'"),
     (dict(layer_pattern="LG"), "has local layers but sliding_window is not set"),
     (dict(attn_dropout=1.0), "attn_dropout=1.0 must be in [0, 1)"),
     (dict(norm_bias=True), "norm_bias=True needs norm_type='layernorm'"),

@@ -125,13 +125,143 @@ def test_layer_equals_hugging_face_qwen3_next_gated_deltanet():
     rows = [W[:, :dk], W[:, dk:2 * dk], W[:, 2 * dk:2 * dk + r * dv], W[:, 2 * dk + r * dv:], ba[:, :r], ba[:, r:]]
     with torch.no_grad():
         ours.in_proj.weight.copy_(torch.cat([x.reshape(-1, d) for x in rows]))
-        ours.conv_weight.copy_(ref.conv1d.weight[:, 0])
+        ours.conv_weight.copy_(ref.conv1d.weight)
         ours.A_log.copy_(ref.A_log)
         ours.dt_bias.copy_(ref.dt_bias)
-        ours.norm_weight.copy_(ref.norm.weight)
+        ours.norm.weight.copy_(ref.norm.weight)
         ours.out.weight.copy_(ref.out_proj.weight)
     x = torch.randn(2, 19, d, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         theirs, mine = ref(x), ours(x)
     assert theirs.abs().max() > 0.05
     assert torch.allclose(mine, theirs, atol=1e-5), float((mine - theirs).abs().max())
+
+
+# --- the layer in a model: layer_pattern 'D' (lmlab.config, lmlab.model.transformer, KVCache, analysis) ------
+
+from lmlab.analysis import analyze, kv_cache_bytes, linear_layer_params, param_counts  # noqa: E402
+from lmlab.config import ConfigError, ModelConfig  # noqa: E402
+from lmlab.generate import generate, generate_batch  # noqa: E402
+from lmlab.model import TransformerLM  # noqa: E402
+from lmlab.model.attention import KVCache  # noqa: E402
+
+
+def hybrid(pattern="DDDG", **kw):
+    base = dict(vocab_size=61, context_length=40, d_model=32, n_layers=4, n_heads=4, layer_pattern=pattern,
+                linear_n_k_heads=2, linear_n_v_heads=4, linear_k_head_dim=8, linear_v_head_dim=6, linear_chunk=5)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+@pytest.mark.parametrize("pattern,window", [("DDDG", None), ("LDG", 6), ("D", None)])
+def test_hybrid_model_prefill_then_decode_equals_its_forward(pattern, window):
+    """Prefill 9 tokens, then 12 one-token steps with the cache: the hidden states equal one forward over the
+    21 tokens (float64), for Qwen3-Next's 3:1 hybrid, a windowed + linear + full mix, and linear layers only."""
+    torch.manual_seed(0)
+    cfg = hybrid(pattern, n_layers=5, sliding_window=window)
+    model = TransformerLM(cfg).double().eval()
+    assert [b.linear for b in model.blocks] == [cfg.layer_pattern[i % len(pattern)] == "D" for i in range(5)]
+    x = torch.randint(0, cfg.vocab_size, (2, 21), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model.hidden(x)
+        cache = KVCache(cfg, 2, 21, dtype=torch.float64)
+        steps = [model.hidden(x[:, :9], cache)] + [model.hidden(x[:, t:t + 1], cache) for t in range(9, 21)]
+    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-10), float((torch.cat(steps, 1) - full).abs().max())
+    assert full.abs().max() > 0.1
+    S = cache.linear_state(next(i for i in range(5) if cfg.layer_is_linear(i)))["S"]
+    assert S.shape == (2, 4, 8, 6) and S.dtype == torch.float64 and S.abs().max() > 0
+
+
+def test_left_padded_batch_and_generation_equal_each_prompt_alone():
+    torch.manual_seed(0)
+    model = TransformerLM(hybrid()).eval()
+    prompts = [[5, 9, 2, 7, 7, 1, 30, 4, 8, 8, 3], [11, 3, 60], [42]]
+    with torch.no_grad():
+        from lmlab.generate import left_pad_batch
+        ids, pad = left_pad_batch(prompts)
+        batched = model(ids, left_pad=pad)
+        for row, p in enumerate(prompts):
+            alone = model(torch.tensor([p]))
+            assert torch.allclose(batched[row, -len(p):], alone[0], atol=1e-5)
+    greedy = generate_batch(model, prompts, 8, temperature=0.0)
+    assert greedy == [list(generate(model, p, 8, temperature=0.0)) for p in prompts]
+
+
+def test_hybrid_trains_every_linear_parameter_and_bf16_autocast_stays_close():
+    torch.manual_seed(0)
+    model = TransformerLM(hybrid())
+    x = torch.randint(0, 61, (3, 23), generator=torch.Generator().manual_seed(2))
+    loss, _ = model(x, targets=x)
+    loss.backward()
+    for name, p in model.blocks[0].attn.named_parameters():
+        assert p.grad is not None and p.grad.abs().max() > 0, name
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        low = model(x)
+    with torch.no_grad():
+        high = model(x)
+    assert (low - high).abs().max() < 0.05 * high.abs().max()
+
+
+def test_linear_layer_parameters_are_grouped_as_their_reference_does():
+    """A_log and dt_bias carry no weight decay (flash-linear-attention marks them _no_weight_decay), the gated
+    norm's weight is a norm; the 3-D depthwise convolution is not a matrix for Muon."""
+    from lmlab.optim import muon_parameters, param_kind
+
+    model = TransformerLM(hybrid())
+    kinds = {n: param_kind(n) for n, _ in model.blocks[0].named_parameters(prefix="blocks.0")}
+    assert kinds["blocks.0.attn.A_log"] == kinds["blocks.0.attn.dt_bias"] == "bias"
+    assert kinds["blocks.0.attn.norm.weight"] == "norm"
+    assert kinds["blocks.0.attn.conv_weight"] == kinds["blocks.0.attn.in_proj.weight"] == "weight"
+    muon = {id(p) for p in muon_parameters(model)}
+    assert id(model.blocks[0].attn.in_proj.weight) in muon and id(model.blocks[0].attn.conv_weight) not in muon
+
+
+@pytest.mark.parametrize("pattern", ["DDDG", "D", "GD", "LDDG"])
+def test_analysis_counts_equal_the_model_and_the_cache(pattern):
+    """Parameters by formula = the instantiated model's; state + KV bytes by formula = a real cache's bytes
+    after decoding ``context`` tokens (fp32 cache: S is fp32 either way)."""
+    cfg = hybrid(pattern, n_layers=6, sliding_window=5 if "L" in pattern else None)
+    res = analyze(cfg)
+    assert res["instantiated"]["equal"], (res["instantiated"], res["params"]["total"])
+    model = TransformerLM(cfg).eval()
+    cache = KVCache(cfg, 2, 12)
+    with torch.no_grad():
+        model(torch.randint(0, 61, (2, 12)), cache)
+    kv = kv_cache_bytes(cfg, 12, batch=2, dtype="fp32")
+    assert kv["total"] == cache.nbytes
+    n_linear = sum(cfg.layer_is_linear(i) for i in range(6))
+    assert kv["state_total"] == 2 * n_linear * (4 * (2 * 2 * 8 + 4 * 6) * 3 + 4 * 4 * 8 * 6)  # by hand
+
+
+def test_linear_layer_flops_match_torch_flop_counter():
+    """The layer's matmul FLOPs (projections + depthwise convolution) and its recurrence's two matrix-vector
+    products (recall, read: 4 d_k d_v per value head) as torch's FlopCounterMode counts one decoded token;
+    the analysis adds the state's decay and rank-1 write (3 d_k d_v), which are elementwise."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = hybrid("D")
+    layer = TransformerLM(cfg).blocks[0].attn.eval()
+    state: dict = {}
+    with torch.no_grad():
+        layer(torch.randn(1, 3, 32), state)
+        with FlopCounterMode(display=False) as counter:
+            layer(torch.randn(1, 1, 32), state)
+    lin = linear_layer_params(cfg)
+    assert counter.get_total_flops() == 2 * lin["attention_matmul"] + 4 * 4 * 8 * 6
+    assert lin["recurrence_flops"] == 7 * 4 * 8 * 6
+    # by hand: in_proj 32 -> (q 16 + k 16 + v 24 + z 24 + b 4 + a 4), out 24 -> 32, convolution 56 x 4
+    assert lin["attention_matmul"] == 32 * 88 + 24 * 32 + 56 * 4
+    assert param_counts(cfg)["matmul"] == 4 * (lin["attention_matmul"] + 3 * 32 * cfg.d_ff) + 61 * 32
+
+
+def test_config_refuses_what_linear_layers_do_not_go_with():
+    with pytest.raises(ConfigError, match="'D' \\(linear attention\\)"):
+        hybrid("DXG")
+    with pytest.raises(ConfigError, match="linear_n_v_heads=3 must be a multiple of linear_n_k_heads=2"):
+        hybrid(linear_n_v_heads=3)
+    with pytest.raises(ConfigError, match="kv_shared_layers=1"):
+        hybrid(kv_shared_layers=1)
+    with pytest.raises(ConfigError, match="attention='mla'"):
+        hybrid(attention="mla", kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+    with pytest.raises(ConfigError, match="linear_attention"):
+        hybrid(linear_attention="mamba2")

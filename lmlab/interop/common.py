@@ -301,6 +301,10 @@ def layer_signature(cfg: ModelConfig) -> dict:
     sig["swiglu_clamp"] = (cfg.swiglu_alpha, cfg.swiglu_limit) if cfg.activation == "swiglu_clamped" else None  # a routing bias (DeepSeek-V3's e_score_correction_bias)
     layers = []
     for i in range(cfg.n_layers):
+        if cfg.layer_is_linear(i):  # a linear-attention layer: its kind and sizes (the chunk does not matter)
+            layers.append((cfg.linear_attention, cfg.linear_n_k_heads, cfg.linear_n_v_heads, cfg.linear_k_head_dim,
+                           cfg.linear_v_head_dim, cfg.linear_conv_kernel))
+            continue
         window = cfg.layer_window(i)
         if window is not None and cfg.local_attention == "chunk":
             window = ("chunk", window)  # no exported family has chunked attention: export refuses it
@@ -346,6 +350,10 @@ def verify_roundtrip(family: str, cfg: ModelConfig, hf: dict, to_lmlab: Callable
             for i, (la, lb) in enumerate(zip(a["layers"], b["layers"])):
                 if la != lb:
                     what = []
+                    if len(la) != 3 or len(lb) != 3:  # a linear-attention layer on one side (see layer_signature)
+                        kind = lambda t: "attention" if len(t) == 3 else f"{t[0]} (heads, dims, kernel {t[1:]})"  # noqa: E731
+                        diffs.append(f"layer {i}: {kind(la)} (the family gives {kind(lb)})")
+                        break
                     if la[0] != lb[0]:
                         what.append(f"window {la[0]} (the family gives {lb[0]})")
                     if la[1] != lb[1]:

@@ -236,7 +236,8 @@ def training_summary(run_dir: Path) -> dict:
         "stopped_early": any(r.get("stopped") == "max_seconds" for r in recs),
         # largest attention logit (any layer) and output log Z seen by the diagnostics, None without them
         "max_attn_logit": _nan_to_none(
-            max((max(r["max_attn_logit"]) for r in diag if r["max_attn_logit"]), default=None)
+            max((max(x for x in r["max_attn_logit"] if x is not None) for r in diag
+                 if any(x is not None for x in r["max_attn_logit"] or [])), default=None)
         ),
         "log_z_max": _nan_to_none(max((r["log_z_max"] for r in diag if "log_z_max" in r), default=None)),
     }

@@ -50,6 +50,8 @@ class KVCache:
     2 * batch * dtype bytes * sum over layers of n_kv_heads * head_dim (each layer's) * min(window or max_len,
     max_len);
     for multi-head latent attention, (kv_lora_rank + qk_rope_head_dim) instead of 2 * n_kv_heads * head_dim.
+    Linear-attention layers ('D' in ``layer_pattern``) cache no keys: each holds a fixed-size recurrent state
+    per sequence (:meth:`linear_state`, filled by the layer on its first call), counted in :attr:`nbytes`.
 
     ``left_pad`` (batch,) counts padding tokens at the start of each row (batched prompts of different
     lengths, left-padded): the model gives token i of row b the position i - left_pad[b] and never lets a
@@ -65,12 +67,14 @@ class KVCache:
             self.k = [torch.zeros((batch, 1, c, cfg.kv_lora_rank), device=device, dtype=dtype) for c in self.capacity]
             self.v = [torch.zeros((batch, 1, c, cfg.qk_rope_head_dim), device=device, dtype=dtype)
                       for c in self.capacity]
-        else:  # per layer: Gemma 4's global layers have their own KV heads and head_dim; KV-shared layers none
-            self.k = [torch.zeros((batch, cfg.layer_n_kv_heads(i), 0 if cfg.layer_kv_source(i) is not None else c,
+        else:  # per layer: Gemma 4's global layers have their own KV heads and head_dim; KV-shared and linear none
+            self.k = [torch.zeros((batch, cfg.layer_n_kv_heads(i), 0 if (cfg.layer_kv_source(i) is not None or
+                                                                         cfg.layer_is_linear(i)) else c,
                                    cfg.layer_head_dim(i)), device=device, dtype=dtype)
                       for i, c in enumerate(self.capacity)]
             self.v = [torch.zeros_like(t) for t in self.k]
         self.batch, self.max_len, self.device = batch, max_len, self.k[0].device
+        self.states: dict[int, dict] = {i: {} for i in range(cfg.n_layers) if cfg.layer_is_linear(i)}
         self.length = 0
         self.left_pad: Optional[torch.Tensor] = None  # (batch,) long, None when no row is padded
         self.pad_max = 0  # Python ints: no device sync on the decode path
@@ -81,7 +85,14 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        """Bytes held: keys and values, and the linear-attention layers' states."""
+        states = [t for st in self.states.values() for t in st.values()]
+        return sum(t.numel() * t.element_size() for t in self.k + self.v + states)
+
+    def linear_state(self, layer: int) -> dict:
+        """The recurrent state of linear-attention layer ``layer`` (a dict the layer fills and updates in
+        place: ``GatedDeltaNet.forward``'s ``state``). Raises KeyError for an attention layer."""
+        return self.states[layer]
 
     def set_left_pad(self, left_pad) -> None:
         """Record the left padding of each row (a sequence or tensor of ``batch`` ints); only while empty."""

@@ -25,6 +25,11 @@ to q, k (``n_k_heads`` x d_k), v and the output gate z (``n_v_heads`` x d_v), be
 beta = sigmoid(b); g = -exp(A_log) softplus(a + dt_bias); value heads share key heads in groups; the
 output RMSNorm(o) x SiLU(z) per head, then the output projection. Its decoding state per sequence: the
 convolution's last ``conv_kernel - 1`` inputs and S per value head.
+
+In a model, ``layer_pattern`` letter 'D' puts this layer where attention would be (``ModelConfig.linear_*``
+fields give its sizes); its decoding state lives in :class:`lmlab.model.attention.KVCache` beside the other
+layers' keys and values. The recurrence runs in fp32 (float64 for a float64 model) with autocast off:
+the decay products and the triangular solve lose too much in bf16.
 """
 
 from __future__ import annotations
@@ -97,10 +102,14 @@ class GatedDeltaNet(nn.Module):
         self.kernel = conv_kernel
         self.channels = 2 * n_k_heads * d_k + n_v_heads * d_v  # q, k, v through the convolution
         self.in_proj = Linear(d_model, self.channels + n_v_heads * d_v + 2 * n_v_heads, bias=False)  # qkv, z, b, a
-        self.conv_weight = nn.Parameter(torch.empty(self.channels, conv_kernel))  # depthwise, causal, no bias
+        self.conv_weight = nn.Parameter(torch.empty(self.channels, 1, conv_kernel))  # depthwise, causal, no bias
         self.A_log = nn.Parameter(torch.empty(n_v_heads))
         self.dt_bias = nn.Parameter(torch.empty(n_v_heads))
-        self.norm_weight = nn.Parameter(torch.empty(d_v))  # the gated RMSNorm's weight, shared by the heads
+        self.norm = nn.Module()  # the gated RMSNorm (its weight, shared by the heads: an optimiser 'norm')
+        self.norm.weight = nn.Parameter(torch.empty(d_v))
+        self.rope = None  # (what TransformerLM asks of every layer's mixer)
+        self.supports_decode_one = False  # one-token steps take the ordinary forward
+        self.record_max_logit, self.max_logit = False, None  # no attention logits (training diagnostics: None)
         self.out = Linear(n_v_heads * d_v, d_model, bias=False)
         self.out.is_residual_projection = True
         self.reset_gdn_parameters()
@@ -114,9 +123,15 @@ class GatedDeltaNet(nn.Module):
             self.A_log.copy_(torch.log(torch.empty_like(self.A_log).uniform_(1, 16)))
             dt = torch.exp(torch.empty_like(self.dt_bias).uniform_(math.log(1e-3), math.log(1e-1)))
             self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # the inverse of softplus
-            self.norm_weight.fill_(1.0)
+            self.norm.weight.fill_(1.0)
 
-    def forward(self, x: torch.Tensor, state: Optional[dict] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: Optional[dict] = None, real: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x (batch, seq, d_model) -> (batch, seq, d_model). ``real`` (batch, seq) bool: False at left
+        padding, whose inputs are zeroed (HF's ``apply_mask_to_padding_states``): with zero inputs the padding
+        writes nothing to the state (k = 0) and leaves the convolution's history at its initial zeros, so a
+        padded row gives the same outputs as the row alone."""
+        if real is not None:
+            x = x * real[..., None].to(x.dtype)
         B, T, _ = x.shape
         ct = torch.float64 if x.dtype == torch.float64 else torch.float32  # the state's dtype: fp32 at least
         Hk, Hv, dk, dv = self.n_k, self.n_v, self.d_k, self.d_v
@@ -127,7 +142,7 @@ class GatedDeltaNet(nn.Module):
         padded = torch.cat([past.to(qkv.dtype), qkv], dim=2)
         if state is not None:
             state["conv"] = padded[:, :, -(self.kernel - 1):].detach() if self.kernel > 1 else past
-        qkv = F.silu(F.conv1d(padded, self.conv_weight[:, None, :], groups=self.channels)).transpose(1, 2)
+        qkv = F.silu(F.conv1d(padded.to(self.conv_weight.dtype), self.conv_weight, groups=self.channels)).transpose(1, 2)
         q, k, v = qkv.split([Hk * dk, Hk * dk, Hv * dv], dim=-1)
         q, k = (t.reshape(B, T, Hk, dk).to(ct) for t in (q, k))  # x / sqrt(|x|^2 + 1e-6), as FLA's l2norm
         q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + 1e-6) * dk ** -0.5
@@ -139,17 +154,19 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.to(ct).exp() * F.softplus(a.to(ct) + self.dt_bias.to(ct))
         q, k, v, beta, g = (t.transpose(1, 2) for t in (q, k, v, beta, g))  # heads first
         S = state.get("S") if state is not None else None
-        if T == 1:
-            o, S = gated_delta_recurrent(q, k, v, g, beta, S)
-        else:
-            o, S = gated_delta_chunked(q, k, v, g, beta, self.chunk, S)
+        with torch.autocast(x.device.type, enabled=False):  # the projections above and below may autocast
+            if T == 1:
+                o, S = gated_delta_recurrent(q, k, v, g, beta, S)
+            else:
+                o, S = gated_delta_chunked(q, k, v, g, beta, self.chunk, S)
         if state is not None:
             state["S"] = S.detach()
         o = o.transpose(1, 2)  # (B, T, Hv, dv)
-        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_weight.to(ct)
+        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm.weight.to(ct)
         o = o * F.silu(z.reshape(B, T, Hv, dv).to(ct))
-        return self.out(o.reshape(B, T, Hv * dv).to(x.dtype))
+        return self.out(o.reshape(B, T, Hv * dv).to(self.out.weight.dtype))
 
-    def state_bytes(self, dtype_bytes: int = 4) -> int:
-        """Bytes of one sequence's decoding state: the convolution's last inputs and S per value head."""
-        return dtype_bytes * (self.channels * (self.kernel - 1) + self.n_v * self.d_k * self.d_v)
+    def state_bytes(self, dtype_bytes: int = 4, state_dtype_bytes: int = 4) -> int:
+        """Bytes of one sequence's decoding state: the convolution's last inputs (in the model's dtype,
+        ``dtype_bytes``) and S per value head (fp32: ``state_dtype_bytes``)."""
+        return dtype_bytes * self.channels * (self.kernel - 1) + state_dtype_bytes * self.n_v * self.d_k * self.d_v

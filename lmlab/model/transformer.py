@@ -32,6 +32,7 @@ from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_h
 
 from lmlab.config import ModelConfig
 from lmlab.model.attention import Attention, KVCache, softcap
+from lmlab.model.deltanet import GatedDeltaNet
 from lmlab.model.embedding import Embedding
 from lmlab.model.ffn import ACTIVATION_FNS, FeedForward
 from lmlab.model.linear import Linear
@@ -53,7 +54,13 @@ class Block(nn.Module):
         self.parallel = cfg.parallel_block
         norm = lambda: make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine,  # noqa: E731
                                  cfg.norm_weight_fp32)
-        self.attn = MultiHeadLatentAttention(cfg, layer) if cfg.attention == "mla" else Attention(cfg, layer)
+        self.layer = layer
+        self.linear = cfg.layer_is_linear(layer)  # a Gated DeltaNet layer in attention's place ('D')
+        if self.linear:
+            self.attn = GatedDeltaNet(cfg.d_model, cfg.linear_n_k_heads, cfg.linear_n_v_heads, cfg.linear_k_head_dim,
+                                      cfg.linear_v_head_dim, cfg.linear_conv_kernel, cfg.linear_chunk, cfg.norm_eps)
+        else:
+            self.attn = MultiHeadLatentAttention(cfg, layer) if cfg.attention == "mla" else Attention(cfg, layer)
         moe = cfg.layer_is_moe(layer)
         self.mlp = MoEFeedForward(cfg) if moe and not cfg.moe_beside_dense else FeedForward(cfg, cfg.layer_d_ff(layer))
         self.moe = None
@@ -86,13 +93,27 @@ class Block(nn.Module):
             y = y + self.ple.norm(self.ple.out(self.ple_act(self.ple.gate(y)) * layer_input))
         return y if self.layer_scalar is None else y * self.layer_scalar
 
+    def _linear(self, h: torch.Tensor, cache: Optional[KVCache], left_pad: Optional[torch.Tensor]) -> torch.Tensor:
+        """The Gated DeltaNet layer on h (batch, seq, d_model), its state in ``cache`` (when given) and the
+        left padding's inputs zeroed (see ``GatedDeltaNet.forward``)."""
+        real = None
+        if left_pad is not None:
+            start = cache.length if cache is not None else 0
+            if cache is None or start < cache.pad_max:
+                real = torch.arange(start, start + h.shape[1], device=h.device)[None, :] >= left_pad[:, None]
+        return self.attn(h, cache.linear_state(self.layer) if cache is not None else None, real)
+
     def _forward(self, x: torch.Tensor, positions: torch.Tensor, cache: Optional[KVCache],
                  bias_fn, left_pad: Optional[torch.Tensor]) -> torch.Tensor:
+        if self.linear:
+            mixer = lambda h: self._linear(h, cache, left_pad)  # noqa: E731
+        else:
+            mixer = lambda h: self.attn(h, positions, cache, bias_fn, left_pad)  # noqa: E731
         if self.training and self.drop.p > 0:
-            attn = lambda h: self.drop(self.attn(h, positions, cache, bias_fn, left_pad))  # noqa: E731
+            attn = lambda h: self.drop(mixer(h))  # noqa: E731
             mlp = lambda h: self.drop(self.mlp(h))  # noqa: E731
         else:  # dropout is the identity: skip its call (decode speed)
-            attn = lambda h: self.attn(h, positions, cache, bias_fn, left_pad)  # noqa: E731
+            attn = mixer
             mlp = self.mlp
         kind = self.position_kind
         s = self.branch_mult  # r(y): a branch's output as added to the stream (completep: x s; else y itself)
@@ -252,6 +273,8 @@ class TransformerLM(nn.Module):
         for block in self.blocks:
             if block.layer_scalar is not None:
                 nn.init.ones_(block.layer_scalar)
+            if block.linear:  # its convolution, decay and norm (its projections are Linears, drawn above)
+                block.attn.reset_gdn_parameters()
             if getattr(block.attn, "sinks", None) is not None:  # a sink logit of 0: one blank key's worth
                 nn.init.zeros_(block.attn.sinks)
 
