@@ -199,6 +199,8 @@ def layer_params(cfg: ModelConfig, moe: bool = False, global_layer: bool = False
         shared, shared_mm = _ffn_params(cfg, width * cfg.n_shared_experts) if cfg.n_shared_experts else (0, 0)
         router = d * cfg.n_experts
         extra = (cfg.n_experts if cfg.router_bias else 0)  # gpt-oss; then Gemma 4's router norm and scales
+        shared += d if cfg.shared_expert_gate else 0  # Qwen3-Next: a d_model -> 1 gate on the shared experts
+        shared_mm += d if cfg.shared_expert_gate else 0
         extra += (d if cfg.router_input_norm else 0) + (cfg.n_experts if cfg.router_expert_scale else 0)
         dense, dense_mm = (mlp, mlp_mm) if cfg.moe_beside_dense else (0, 0)  # Gemma 4: the dense FFN stays
         dense += 3 * _norm_params(cfg, d) if cfg.moe_beside_dense else 0  # and three more norms

@@ -52,7 +52,8 @@ QK_NORM_SCOPES = ("head", "all", "head_untied")
 BOOL_FIELDS = ("norm_bias", "norm_affine", "final_norm", "lm_head_bias", "parallel_block", "parallel_shared_norm",
                "nope_global_layers", "tie_embeddings", "scale_embeddings", "norm_weight_fp32", "router_renormalize",
                "attn_temperature_tuning", "global_k_eq_v", "v_norm", "layer_scalar", "kv_shared_wide_ffn",
-               "moe_beside_dense", "router_input_norm", "router_expert_scale", "attn_sinks", "router_bias")
+               "moe_beside_dense", "router_input_norm", "router_expert_scale", "attn_sinks", "router_bias",
+               "shared_expert_gate")
 PARAMETRIZATIONS = ("sp", "mup", "completep")  # standard; Yang et al. 2022 (muP); Dey et al. 2025 (CompleteP)
 ROUTER_SCORES = ("softmax", "sigmoid")  # Mixtral / Qwen-MoE / DeepSeek-V2: softmax; DeepSeek-V3: sigmoid
 ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")  # Chen 2023; bloc97 2023; Peng 2023; Llama 3.1
@@ -160,6 +161,8 @@ class ModelConfig:
     n_experts: int = 0  # routed experts per MoE layer; 0: every FFN dense (Shazeer et al. 2017; Fedus et al. 2021)
     experts_per_token: int = 2  # top-k (Mixtral 2, Switch 1, DeepSeek-V2 6)
     n_shared_experts: int = 0  # experts every token goes through (DeepSeek-V2: 2)
+    # the shared experts' output x sigmoid(w . x), w a learned d_model vector (Qwen2-MoE, Qwen3-Next: HF shared_expert_gate)
+    shared_expert_gate: bool = False
     expert_d_ff: Optional[int] = None  # hidden width of each expert (default d_ff)
     router_score: str = "softmax"  # softmax over all experts, or sigmoid per expert
     router_renormalize: bool = True  # top-k weights divided by their sum (Mixtral yes, DeepSeek-V2 no)
@@ -457,6 +460,9 @@ class ModelConfig:
         _positive_int("n_experts", self.n_experts, minimum=0)
         _positive_int("experts_per_token", self.experts_per_token)
         _positive_int("n_shared_experts", self.n_shared_experts, minimum=0)
+        if self.shared_expert_gate and not (self.n_experts and self.n_shared_experts):
+            raise ConfigError(f"shared_expert_gate=True gates the shared experts, but n_experts={self.n_experts}, "
+                              f"n_shared_experts={self.n_shared_experts}: set both > 0")
         if self.expert_d_ff is not None:
             _positive_int("expert_d_ff", self.expert_d_ff)
         _choice("router_score", self.router_score, ROUTER_SCORES)

@@ -489,6 +489,32 @@ _add("qwen3-235b-a22b", "Qwen3-MoE",
      params_source="the Hugging Face checkpoint (the model card's '235B in total and 22B activated')",
      notes=_QWEN3_MOE_NOTES)
 
+_real = dict(_LLAMA_STYLE, norm_type="gemma_rmsnorm", vocab_size=151936, context_length=262144, d_model=2048,
+             n_layers=48, n_heads=16, n_kv_heads=2, head_dim=256, d_ff=5120, norm_eps=1e-6, rope_theta=10_000_000.0,
+             rope_fraction=0.25, qk_norm="gemma_rmsnorm", attn_output_gate="elementwise", layer_pattern="DDDG",
+             linear_n_k_heads=16, linear_n_v_heads=32, linear_k_head_dim=128, linear_v_head_dim=128,
+             linear_conv_kernel=4, n_experts=512, experts_per_token=10, expert_d_ff=512, n_shared_experts=1,
+             shared_expert_gate=True, router_score="softmax", router_renormalize=True)
+_add("qwen3-next-80b-a3b", "Qwen3-Next",
+     "Qwen Team 2025, 'Qwen3-Next: Towards Ultimate Training & Inference Efficiency', "
+     "https://qwen.ai/blog?id=4074cca80393150c248e508aa62983f9cb7d27cd; "
+     "https://huggingface.co/Qwen/Qwen3-Next-80B-A3B-Instruct/blob/main/config.json",
+     "A 3:1 hybrid: three Gated DeltaNet layers (16 q/k heads, 32 value heads of 128) to one gated full-attention "
+     "layer (GQA 16:2, head_dim 256, (1 + w) QK-norm, RoPE on a quarter of each head), zero-centred RMSNorms, "
+     "every FFN 512 experts of width 512 (top-10) plus a gated shared expert: 80B parameters, 3.9B active",
+     _real, _tiny(_real, n_heads=8, n_layers=4, n_experts=8, experts_per_token=2, linear_n_k_heads=2, linear_n_v_heads=4,
+                  linear_k_head_dim=32, linear_v_head_dim=32),
+     published_params=80e9,
+     params_source="the model card ('80B in total and 3B activated', rounded; lmlab counts 79.67B and 3.87B "
+                   "active, NVIDIA's card 3.9B active)",
+     notes="The Hugging Face checkpoint also stores the multi-token-prediction module (mtp.*: one gated "
+           "full-attention layer with the 512-expert MoE, a 2d -> d projection and norms, about 1.65B by lmlab's "
+           "formulas), which transformers' model does not load and lmlab's import refuses rather than drop; "
+           "lmlab's mtp_depth does not yet take MoE blocks. The config's router_aux_loss_coef 0.001 is left out "
+           "(moe_aux_loss 0). Decoding holds each DeltaNet layer's 32 x 128 x 128 state (2 MiB per sequence in "
+           "fp32) instead of keys: `lmlab analyze --preset qwen3-next-80b-a3b --scale real`. The qwen3_next "
+           "family is HF-parity tested.")
+
 # --- Gemma family --------------------------------------------------------------------------------
 _real = dict(_GEMMA_STYLE, vocab_size=256000, context_length=8192, d_model=3072, n_layers=28, n_heads=16,
              head_dim=256, d_ff=24576, norm_position="pre", rope_theta=10000.0)

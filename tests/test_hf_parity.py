@@ -120,6 +120,16 @@ CASES = {
                                                           original_max_position_embeddings=32)),
                 "q/k/v/o biases, sinks (perturbed), local(8)/global, YaRN x4 untruncated, 4 experts with biases, "
                 "router with a bias, top-2 softmax, clamped SwiGLU (limit 1.5, so the clamp acts)"),
+    "qwen3_next": ("Qwen3NextConfig", dict(num_hidden_layers=4, head_dim=16, linear_num_key_heads=2,
+                                           linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6,
+                                           num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                           shared_expert_intermediate_size=64, mlp_only_layers=[2],
+                                           rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                                partial_rotary_factor=0.5)),
+                   "3 Gated DeltaNet (2 key heads x 8, 4 value heads x 6) : 1 full-attention layer with the "
+                   "elementwise output gate, (1 + w) QK-norm and RoPE on half of each head; 4 experts (top-2 "
+                   "renormalised) + a shared expert of twice their width behind its sigmoid gate on layers 0, 1, "
+                   "3, a dense SwiGLU on layer 2"),
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), "LayerNorm without parameters, clip_qkv 1.0, GQA"),
     "olmo2": ("Olmo2Config", dict(), "reordered norms, QK RMSNorm across heads, GQA"),
     "olmo3": ("Olmo3Config", dict(num_hidden_layers=4, sliding_window=8, rope_parameters=dict(
@@ -416,7 +426,7 @@ PRESET_FAMILIES = {"llama-2-7b": "llama", "llama-3-8b": "llama", "mistral-7b": "
                    "marin-8b": "llama", "internlm2-7b": "llama", "llama-4-scout": "llama4_text",
                    "deepseek-v2": "deepseek_v2", "deepseek-v2-lite": "deepseek_v2",
                    "qwen3-30b-a3b": "qwen3_moe", "qwen3-235b-a22b": "qwen3_moe", "deepseek-v3": "deepseek_v3",
-                   "gpt-oss-20b": "gpt_oss", "gpt-oss-120b": "gpt_oss"}
+                   "gpt-oss-20b": "gpt_oss", "gpt-oss-120b": "gpt_oss", "qwen3-next-80b-a3b": "qwen3_next"}
 
 
 @pytest.mark.parametrize("preset", list(PRESET_FAMILIES))
@@ -701,3 +711,32 @@ def test_gpt_oss_readings_each_matter(tmp_path):
         model.load_state_dict(changed)
         with torch.no_grad():
             assert (model(x) - theirs).abs().max() > 1e-3, key
+
+
+def test_qwen3_next_readings_each_matter(tmp_path):
+    """The qwen3_next case reads the output gate, the (1 + w) norms, partial RoPE, the shared expert's gate and
+    the Gated DeltaNet layers, and each is needed: switched off (or the norms read as plain RMSNorm, RoPE over
+    the whole head), lmlab's logits leave HF's; the chunk size of the chunked form does not matter."""
+    import dataclasses
+
+    from lmlab.model import TransformerLM
+
+    ref = hf_model("qwen3_next", tmp_path / "hf")
+    hfio.import_hf(tmp_path / "hf", tmp_path / "run")
+    model, cfg, _, _ = hfio.load_run_model(tmp_path / "run")
+    assert (cfg.layer_pattern, cfg.attn_output_gate, cfg.rope_fraction, cfg.n_shared_experts, cfg.shared_expert_gate,
+            cfg.moe_pattern, cfg.norm_type, cfg.qk_norm) == ("DDDG", "elementwise", 0.5, 2, True, "MMD",
+                                                               "gemma_rmsnorm", "gemma_rmsnorm")
+    x = torch.randint(3, V, (2, T), generator=torch.Generator().manual_seed(1))
+    theirs = hf_logits(ref, x)
+    state = model.state_dict()
+    for change, drop, off in ((dict(linear_chunk=3), None, False), (dict(attn_output_gate="none"), ".attn.gate.", True),
+                              (dict(shared_expert_gate=False), ".shared_gate.", True),
+                              (dict(norm_type="rmsnorm", qk_norm="rmsnorm"), None, True),
+                              (dict(rope_fraction=1.0), None, True), (dict(layer_pattern=None), ".attn.", True)):
+        other = TransformerLM(dataclasses.replace(cfg, **change)).eval()
+        kept = {k: v for k, v in state.items() if drop is None or drop not in k}
+        other.load_state_dict(kept, strict=drop is None)
+        with torch.no_grad():
+            diff = float((other(x) - theirs).abs().max())
+        assert (diff > 1e-3) if off else (diff <= TOL), (change, diff)

@@ -297,7 +297,7 @@ def layer_signature(cfg: ModelConfig) -> dict:
                    cfg.routed_scaling_factor,
                    tuple(cfg.layer_is_moe(i) for i in range(cfg.n_layers)), cfg.moe_beside_dense,
                    cfg.router_input_norm, cfg.router_expert_scale,
-                   cfg.moe_balance != "aux_loss", cfg.router_bias))
+                   cfg.moe_balance != "aux_loss", cfg.router_bias, cfg.shared_expert_gate))
     sig["swiglu_clamp"] = (cfg.swiglu_alpha, cfg.swiglu_limit) if cfg.activation == "swiglu_clamped" else None  # a routing bias (DeepSeek-V3's e_score_correction_bias)
     layers = []
     for i in range(cfg.n_layers):

@@ -9,7 +9,8 @@ with ``router_group_score='top2_sum'`` the sum of their best two: DeepSeek-V3's,
 and, with ``router_renormalize``, divided by their sum, then multiplied by ``routed_scaling_factor``. The
 output is sum_{e in top-k} w_e FFN_e(x) (``router_weights='output'``), or sum_{e in top-k} FFN_e(w_e x)
 (``'input'``: Llama 4 scales each expert's input, HF ``Llama4TextMoe``), plus the shared experts' FFN
-(every token; DeepSeek, Llama 4) when ``n_shared_experts`` > 0. Gemma 4 (``router_input_norm``,
+(every token; DeepSeek, Llama 4) when ``n_shared_experts`` > 0, with ``shared_expert_gate`` multiplied by
+sigmoid(w . x), a learned gate per token (Qwen2-MoE, Qwen3-Next: HF ``shared_expert_gate``). Gemma 4 (``router_input_norm``,
 ``router_expert_scale``): the router reads RMSNorm(x) x a learned vector / sqrt(d_model), and each kept
 weight (after renormalisation) is multiplied by a learned scale of its expert. Each expert is an ordinary :class:`lmlab.model.ffn.FeedForward` of width
 ``expert_d_ff``; the shared ones are one FeedForward of width n_shared x expert_d_ff (as DeepSeek-V2
@@ -62,7 +63,7 @@ class MoEFeedForward(nn.Module):
         super().__init__()
         width = cfg.expert_d_ff or cfg.d_ff
         expert_cfg = dataclasses.replace(cfg, d_ff=width, n_experts=0, moe_beside_dense=False, router_input_norm=False,
-                                         router_expert_scale=False, kv_shared_wide_ffn=False)
+                                         router_expert_scale=False, kv_shared_wide_ffn=False, shared_expert_gate=False)
         self.n_experts, self.k = cfg.n_experts, cfg.experts_per_token
         self.score, self.renormalize = cfg.router_score, cfg.router_renormalize
         self.weights_input = cfg.router_weights == "input"
@@ -78,6 +79,7 @@ class MoEFeedForward(nn.Module):
         self.experts = nn.ModuleList(FeedForward(expert_cfg) for _ in range(cfg.n_experts))
         self.shared = (FeedForward(dataclasses.replace(expert_cfg, d_ff=width * cfg.n_shared_experts))
                        if cfg.n_shared_experts else None)
+        self.shared_gate = Linear(cfg.d_model, 1, bias=False) if cfg.shared_expert_gate else None
         self.aux: Optional[tuple] = None  # (balance, router z, sequence balance or None), 0-dim fp32
         self.tokens_per_expert: Optional[torch.Tensor] = None
         self.bias_rate = cfg.moe_bias_update_rate
@@ -136,7 +138,8 @@ class MoEFeedForward(nn.Module):
                 out.index_add_(0, tokens, y)
                 start += n
         if self.shared is not None:
-            out = out + self.shared(flat)
+            shared = self.shared(flat)
+            out = out + (shared if self.shared_gate is None else torch.sigmoid(self.shared_gate(flat)) * shared)
         f = counts.float() / flat.shape[0]
         self.aux = (self.n_experts * (f * probs.mean(0)).sum(), torch.logsumexp(logits, -1).pow(2).mean(),
                     self.sequence_balance(experts, probs, shape[0]) if self.seq_balance else None)
