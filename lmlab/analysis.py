@@ -719,6 +719,8 @@ def _positions(cfg: ModelConfig) -> str:
 
 
 def _windows(cfg: ModelConfig) -> str:
+    if cfg.sliding_window is None and cfg.layer_pattern and "D" in cfg.layer_pattern:  # linear-attention layers
+        return f"{cfg.layer_pattern} (D: Gated DeltaNet)"
     if cfg.sliding_window is None:
         return "-"
     if cfg.local_attention == "chunk":
