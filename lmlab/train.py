@@ -799,6 +799,8 @@ class Trainer:
             log_z = torch.logsumexp(logits.float(), dim=-1)
             out = {"max_attn_logit": [None if b.attn.max_logit is None else round(b.attn.max_logit, 4)
                                       for b in self.model.blocks],  # None: a linear-attention layer
+                   "attn_first_key": [None if b.attn.first_key is None else round(b.attn.first_key, 5)
+                                      for b in self.model.blocks],
                    "log_z_mean": float(log_z.mean()), "log_z_max": float(log_z.max())}
         finally:
             for block in self.model.blocks:

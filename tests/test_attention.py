@@ -684,3 +684,17 @@ def test_sinks_count_as_biases_for_weight_decay():
     from lmlab.optim import param_kind
 
     assert param_kind("blocks.0.attn.sinks") == "bias" and param_kind("blocks.0.attn.gate.weight") == "weight"
+
+
+def test_first_key_share_by_hand():
+    """stats['first_key']: with zero queries every allowed key gets the same probability, so under a causal
+    mask queries 1, 2, 3 give key 0 1/2, 1/3, 1/4 (mean 13/36); a window of 2 leaves query 3 none."""
+    from lmlab.model.attention import attention, causal_mask
+
+    q, k, v = torch.zeros(1, 2, 4, 8), torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)
+    pos = torch.arange(4)
+    stats: dict = {}
+    attention(q, k, v, causal_mask(pos, pos, None), stats=stats)
+    assert stats["first_key"] == pytest.approx((1 / 2 + 1 / 3 + 1 / 4) / 3)
+    attention(q, k, v, causal_mask(pos, pos, 2), stats=stats)
+    assert stats["first_key"] == pytest.approx((1 / 2 + 0 + 0) / 3)

@@ -142,6 +142,8 @@ def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
     diag = [r for r in diag if "max_attn_logit" in r]
     assert [r['step'] for r in diag] == [1, 5, 10] and rope["max_attn_logit"] == max(max(r["max_attn_logit"]) for r in diag)
     assert rope["log_z_max"] == max(r["log_z_max"] for r in diag)
+    # the attention-sink share: the last diagnostics' first-key shares, averaged over the layers
+    assert rope["attn_sink"] == pytest.approx(sum(diag[-1]["attn_first_key"]) / 2) and 0 < rope["attn_sink"] < 1
     assert "cores visible" in rope["machine"] and torch.__version__ in rope["machine"]
 
     # a second invocation trains nothing
@@ -201,11 +203,12 @@ def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
 def test_shipped_specs_are_valid(byte_data):
     """Every shipped spec validates, meets the lab's protocol by design (rates over >= 5 values on >= 3
     seeds, >= 6 compared seeds, every claim on a trained quantity at or above its tokens-per-parameter
-    floor) and fits the lab's CPU budget: about 6 hours for all 14 with `make ablations` on 2 cores."""
+    floor) and fits the lab's CPU budget: about 9 hours for all 16 with `make ablations` on 2 cores (12
+    specs executed on 2026-12-04: 1.12e15 training FLOPs in 6.0 h, ~1.9e14 FLOPs per hour)."""
     from lmlab.analysis import param_counts
 
     specs = builtin_specs()
-    assert len(specs) == 14
+    assert len(specs) == 16
     total = 0.0
     for name, path in specs.items():
         spec = load_spec(path)
@@ -236,7 +239,7 @@ def test_shipped_specs_are_valid(byte_data):
         flops = sum(p.flops for p in full)
         assert flops <= 2.2e14, (name, flops)
         total += flops
-    assert total <= 1.6e15, total  # 3.7 h of training at 1.2e11 FLOP/s, plus per-run start and evaluation
+    assert total <= 1.8e15, total  # 4.2 h of training at 1.2e11 FLOP/s, plus per-run start and evaluation
 
 
 def test_unreadable_results_line_is_reported(tmp_path, capsys):
@@ -557,3 +560,13 @@ def test_two_sweeps_on_one_folder_the_second_refuses(byte_data, tmp_path, capsys
     assert main(["sweep", str(path), "--out", str(out)]) == 0
     assert "took over the stale lock" in capsys.readouterr().err
     assert not lock_path(out).exists() and read_results(out)[0]["status"] == "ok"
+
+
+def test_attn_sink_claims_need_the_diagnostics():
+    spec = {"name": "s", "model": TINY_MODEL, "train": TINY_TRAIN, "seeds": [1], "budget": {"steps": 2},
+            "axes": {"grid": {"attn_output_gate": ["none", "elementwise"]}}, "baseline": "attn_output_gate=none",
+            "expect": [{"better": "attn_output_gate=elementwise", "than": "attn_output_gate=none",
+                        "metric": "attn_sink"}]}
+    with pytest.raises(ConfigError, match="attn_sink reads the diagnostics: set train.diag_interval"):
+        parse_spec(spec)
+    assert parse_spec({**spec, "train": {**TINY_TRAIN, "diag_interval": 5}}).expect[0].metric == "attn_sink"

@@ -123,6 +123,10 @@ def test_diagnostics_logged_and_correct(tmp_path, byte_data):
     assert probe["log_z_mean"] == pytest.approx(float(log_z.mean()), rel=1e-5)
     assert probe["log_z_max"] == pytest.approx(float(log_z.max()), rel=1e-5)
     assert probe["max_attn_logit"][0] == pytest.approx(float(scores.max()), abs=1e-4)
+    # the attention-sink share: the mean probability queries 1.. give key 0 (query 0 sees only key 0)
+    assert probe["attn_first_key"][0] == pytest.approx(float(scores.softmax(-1)[:, :, 1:, 0].mean()), abs=1e-4)
+    assert 1 / 32 < probe["attn_first_key"][0] < 1 and len(probe["attn_first_key"]) == 2
+    assert all(len(r["attn_first_key"]) == 2 for r in diag)
 
 
 def test_non_finite_guard_skips_then_stops_with_last_good_state(tmp_path, byte_data, monkeypatch):

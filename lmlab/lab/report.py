@@ -135,6 +135,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
             "kv_bytes_context",
             "max_attn_logit",
             "log_z_max",
+            "attn_sink",
         ):
             vals = [r.get(key) for r in g if _ok(r.get(key))]
             a[key] = sum(vals) / len(vals) if vals else None
@@ -289,6 +290,7 @@ def _unit(metric: str) -> str:
         "step_time": "step time",
         "decode_time": "decode step time",
         "lr_sensitivity": "LR sensitivity (bits/byte)",
+        "attn_sink": "first-key attention share",
     }.get(metric, "bits/byte" if metric.startswith("val_bpb") else metric)
 
 

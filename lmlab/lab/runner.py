@@ -240,7 +240,16 @@ def training_summary(run_dir: Path) -> dict:
                  if any(x is not None for x in r["max_attn_logit"] or [])), default=None)
         ),
         "log_z_max": _nan_to_none(max((r["log_z_max"] for r in diag if "log_z_max" in r), default=None)),
+        # the attention-sink share at the last diagnostics: the first key's mean attention probability over
+        # the attention layers (Qiu et al. 2025, Fig. 2: 0.47 without an output gate, 0.05 with one)
+        "attn_sink": _nan_to_none(_mean_known((diag[-1].get("attn_first_key") or []) if diag else [])),
     }
+
+
+def _mean_known(xs: list) -> Optional[float]:
+    """The mean of the non-None entries of ``xs``; None when there are none."""
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
 
 
 def collect_result(p: RunPlan, run_dir: Path, spec: Spec, diverged: bool, error: Optional[str]) -> dict:

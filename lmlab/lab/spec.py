@@ -151,7 +151,8 @@ TIMING_OPTIONAL = ("decode_steps",)
 HOLDS = ("non_embedding_params", "params", "flops_per_token", "tokens", "flops")
 SOLVABLE = ("d_ff", "d_model", "n_layers")
 QUANTITIES = ("params", "non_embedding_params", "flops_per_token", "tokens", "flops", "steps")
-METRICS = ("val_bpb", "final_train_loss", "step_time", "decode_time", "lr_sensitivity")  # + val_bpb_{m}x
+# + val_bpb_{m}x; attn_sink: the first key's attention share at the last diagnostics (train.diag_interval)
+METRICS = ("val_bpb", "final_train_loss", "step_time", "decode_time", "lr_sensitivity", "attn_sink")
 TIMING_METRICS = {"step_time": "step_s", "decode_time": "decode_s"}
 # what a tier (``tiers: {gpu: {...}}``) may change: model/train are merged over the spec's, the rest replaced
 TIER_KEYS = ("model", "train", "data", "axes", "seeds", "tune_seeds", "budget", "tune", "match", "scales",
@@ -692,6 +693,9 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
     expect = parse_expect(raw.get("expect"), labels, str(baseline), contexts, source)
     if any(e.metric in TIMING_METRICS for e in expect) and timing is None:
         raise ConfigError(f"{source}: an expectation on step_time/decode_time needs a 'timing:' block")
+    if any(e.metric == "attn_sink" for e in expect) and not train.get("diag_interval"):
+        raise ConfigError(f"{source}: an expectation on attn_sink reads the diagnostics: set train.diag_interval "
+                          f"(e.g. 50)")
     if any(e.metric == "decode_time" for e in expect) and not timing["decode"]:
         raise ConfigError(f"{source}: an expectation on decode_time needs timing: {{decode: true}}")
     if any(e.metric == "lr_sensitivity" for e in expect) and math.prod(len(v) for v in tune.values()) < 2:

@@ -93,7 +93,7 @@ FIELDS: dict[str, str] = {
     **dict.fromkeys(("flops", "flops_per_token", "wall_s", "run_wall_s", "tokens_per_s", "step_ms",
                      "decode_tokens_per_s", "prefill_tokens_per_s", "load_avg_1m", "first_train_loss",
                      "final_train_loss", "val_loss"), "amount"),
-    "max_attn_logit": "signed", "log_z_max": "signed", "val_bpb": "bpb", "val_loss_by_position": "numbers",
+    "max_attn_logit": "signed", "log_z_max": "signed", "attn_sink": "amount", "val_bpb": "bpb", "val_loss_by_position": "numbers",
     "error": "text", "finished_at": "text", "machine": "text", "eval_note": "text",
 }
 REQUIRED = ("run", "variant", "seed", "status")

@@ -189,7 +189,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[
     everywhere; a causal mask is :func:`causal_mask`); scale: default 1 / sqrt(head_dim) (Vaswani et al.
     2017); logit_softcap: cap * tanh(s / cap) on the logits (Gemma 2); bias: added to the logits
     after the cap (ALiBi, T5), broadcastable to the scores; dropout: on the probabilities (training
-    only: pass 0 at evaluation); stats: a dict that gets "max_logit", the largest unmasked logit; sinks:
+    only: pass 0 at evaluation); stats: a dict that gets "max_logit", the largest unmasked logit, and
+    "first_key", the mean probability the queries after the first give the first key (the "attention sink"
+    share of Xiao et al. 2024 and Qiu et al. 2025, meaningful when key 0 is the sequence's first token); sinks:
     (n_heads,) one more logit per head in every query's softmax, whose probability weighs no value
     (attention sinks, gpt-oss: HF ``GptOssAttention``'s ``sinks``; Xiao et al. 2024 keep a real sink token).
     Returns (batch, n_heads, T, head_dim) in v's dtype. A query row with no allowed key is NaN (with sinks: 0)."""
@@ -213,6 +215,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[
         probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
     else:
         probs = torch.softmax(scores, dim=-1)
+    if stats is not None:
+        stats["first_key"] = float(probs[..., 1:, 0].mean()) if probs.shape[-2] > 1 else None
     if dropout:
         probs = F.dropout(probs, dropout)
     return torch.matmul(probs.to(v.dtype), v)
@@ -296,6 +300,7 @@ class Attention(nn.Module):
         self.logit_cap = cfg.attn_logit_softcap
         self.attn_dropout = cfg.attn_dropout
         self.max_logit: Optional[float] = None  # set when record_max_logit is on (stability diagnostics)
+        self.first_key: Optional[float] = None  # and the attention share of the first key (see attention())
         self.record_max_logit = False
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: Optional[KVCache] = None,
@@ -477,5 +482,5 @@ class Attention(nn.Module):
         y = attention(q, k, v, allowed, scale=self.scale, logit_softcap=self.logit_cap, bias=bias,
                       dropout=dropout, stats=stats, sinks=self.sinks)
         if stats is not None:
-            self.max_logit = stats["max_logit"]
+            self.max_logit, self.first_key = stats["max_logit"], stats["first_key"]
         return y

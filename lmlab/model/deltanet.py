@@ -109,7 +109,7 @@ class GatedDeltaNet(nn.Module):
         self.norm.weight = nn.Parameter(torch.empty(d_v))
         self.rope = None  # (what TransformerLM asks of every layer's mixer)
         self.supports_decode_one = False  # one-token steps take the ordinary forward
-        self.record_max_logit, self.max_logit = False, None  # no attention logits (training diagnostics: None)
+        self.record_max_logit, self.max_logit, self.first_key = False, None, None  # no attention (diagnostics: None)
         self.out = Linear(n_v_heads * d_v, d_model, bias=False)
         self.out.is_residual_projection = True
         self.reset_gdn_parameters()

@@ -70,6 +70,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.window = None
         self.record_max_logit = False
         self.max_logit: Optional[float] = None
+        self.first_key: Optional[float] = None
         self.attn_dropout = cfg.attn_dropout
 
     def latents(self, x: torch.Tensor, positions) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,5 +111,5 @@ class MultiHeadLatentAttention(nn.Module):
         y = attention(q, k, v, allowed, scale=self.scale, bias=bias,
                       dropout=self.attn_dropout if self.training else 0.0, stats=stats)
         if stats is not None:
-            self.max_logit = stats["max_logit"]
+            self.max_logit, self.first_key = stats["max_logit"], stats["first_key"]
         return self.out(y.transpose(1, 2).reshape(B, T, H * self.v_dim))
