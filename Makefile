@@ -8,7 +8,7 @@
 #               folder), write its report to docs/ablations/NAME/ and the index of all claims to
 #               docs/ablations/README.md
 #               (about 8.0 hours on 2 CPU cores: the twelve specs executed so far took 6.0 h for 1.12e15 of
-#               the 1.47e15 training FLOPs, README "Ablation lab";
+#               the 1.47e15 training FLOPs, docs/lab.md;
 #               SPECS="01-norm-placement ..." for a subset, the index still covering every page in
 #               docs/ablations; JOBS=1 for one run at a time; TIER=gpu DATA=DIR for the gpu tiers on a GPU)
 PYTHON ?= python3
@@ -68,7 +68,7 @@ ablations: install
 	  $(BIN)/lmlab sweep $$s --out $(SWEEPS)/$$s$(SUFFIX) --jobs $(JOBS) $(TIERFLAGS) && \
 	  $(BIN)/lmlab report $(SWEEPS)/$$s$(SUFFIX) --out docs/ablations/$$s$(SUFFIX)/report.md || exit 1; \
 	done
-	$(BIN)/lmlab report --index docs/ablations/[0-9]*/ --out docs/ablations/README.md --readme README.md
+	$(BIN)/lmlab report --index docs/ablations/[0-9]*/ --out docs/ablations/README.md --readme README.md --readme docs/lab.md
 
 clean:
 	rm -rf $(VENV) runs data

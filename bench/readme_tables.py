@@ -1,7 +1,12 @@
-"""Write the README's performance tables from the pages the benchmarks generated, so no figure drifts.
+"""Write the performance tables of the README and the docs pages from the pages the benchmarks generated,
+so no figure drifts.
 
-Each table in the README's benchmark sections sits between ``<!-- bench:NAME -->`` and
-``<!-- /bench:NAME -->`` and is made here, from the benchmark's own output only:
+Each table sits between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` in README.md or one of
+docs/*.md (each block in one place) and is made here, from the benchmark's own output only (links
+written relative to the file holding the block):
+
+- ``demo_result``: the README's one-line result of ``make demo``, the range over the fresh-clone runs of
+  docs/demo.md's table at the demo's current budget (its wall time and held-out bits/byte columns);
 
 - ``train_vs_peers``: the summary of docs/bench/train_vs_peers.md (bench/train_matrix.sh): per
   recipe x precision x threads cell, lmlab's speed-up over the fastest eager and the fastest compiled peer;
@@ -17,7 +22,7 @@ Each table in the README's benchmark sections sits between ``<!-- bench:NAME -->
 
 Every block names its source page, the date and the load averages printed there.
 
-    python bench/readme_tables.py            # rewrite the README's blocks
+    python bench/readme_tables.py            # rewrite the blocks of README.md and docs/*.md
     python bench/readme_tables.py --check    # exit 1 if any block differs from what its page gives
 """
 
@@ -201,6 +206,32 @@ def _verbatim(page: Path, what: str) -> list[str]:
     return out[:-1]
 
 
+def demo_result() -> list[str]:
+    """The README's sentence on ``make demo``: wall time and held-out bits/byte as ranges over the rows of
+    docs/demo.md's fresh-clone table (the one whose header has 'wall' and 'held-out bits/byte') run at the
+    demo's current time budget (``budget_seconds`` of lmlab/configs/demo.yaml)."""
+    page = ROOT / "docs" / "demo.md"
+    for t in _tables(page.read_text()):
+        head = [h.lower() for h in t[0]]
+        if "wall" in head and "held-out bits/byte" in head:
+            import yaml
+
+            budget = yaml.safe_load((ROOT / "lmlab" / "configs" / "demo.yaml").read_text())["train"]["budget_seconds"]
+            rows = [r for r in t[1:] if r[head.index("budget")] == f"{budget:g} s"]  # the current recipe's budget
+            if not rows:
+                raise SystemExit(f"{page}: no fresh-clone run at the demo's budget_seconds {budget:g}")
+            w, b = head.index("wall"), head.index("held-out bits/byte")
+            walls = [int(re.sub(r"[^0-9]", "", r[w])) for r in rows]
+            bpbs = [float(r[b].strip("*")) for r in rows]
+            machines = sorted({m for r in rows for m in ("AMD EPYC", "Intel Xeon") if m in r[0]})
+            return [f"On the 2-core machines measured ({' and '.join(machines)}, no GPU; {len(walls)} runs from a "
+                    f"fresh clone), `make demo` takes {min(walls)}-{max(walls)} s, install included, and reaches "
+                    f"{min(bpbs):.2f}-{max(bpbs):.2f} held-out bits/byte "
+                    f"([docs/demo.md](docs/demo.md#the-demo-what-it-does-and-what-it-reaches)); a faster "
+                    f"machine trains more steps in the same time."]
+    raise SystemExit(f"{page}: no table with 'wall' and 'held-out bits/byte' columns")
+
+
 def decode_threads() -> list[str]:
     return _verbatim(DOCS / "decode_threads.md", " (bench/decode_threads.py, then bench/generate_under_load.py)")
 
@@ -209,7 +240,7 @@ def prepare_throughput() -> list[str]:
     return _verbatim(DOCS / "prepare_throughput.md", " (bench/prepare_throughput.py)")
 
 
-BLOCKS = {f.__name__: f for f in (train_vs_peers, train_vs_peers_intel, train_step_gains, context_scaling,
+BLOCKS = {f.__name__: f for f in (demo_result, train_vs_peers, train_vs_peers_intel, train_step_gains, context_scaling,
                                    gpu_check, sweep_batching, decode_vs_hf, decode_threads, prepare_throughput)}
 
 
@@ -228,9 +259,23 @@ def check_markers(readme: str) -> list[str]:
     return opened
 
 
-def render(readme: str) -> str:
-    """``readme`` with every ``<!-- bench:NAME -->`` block rewritten from its page. Raises SystemExit
-    for a block whose name is unknown or whose markers do not pair (:func:`check_markers`)."""
+def _relink(line: str, base: Path) -> str:
+    """Markdown links to repository paths made relative to the folder ``base`` holding the block."""
+    import os
+
+    def sub(m: re.Match) -> str:
+        href = m[2]
+        if href.startswith(("http://", "https://", "#")):
+            return m[0]
+        path, _, anchor = href.partition("#")
+        rel = os.path.relpath(ROOT / path, base).replace(os.sep, "/")
+        return f"[{m[1]}]({rel}{'#' + anchor if anchor else ''})"
+    return re.sub(r"\[([^\]]*)\]\(([^)\s]+)\)", sub, line)
+
+
+def render(readme: str, base: Path = ROOT) -> str:
+    """``readme`` (a file in folder ``base``) with every ``<!-- bench:NAME -->`` block rewritten from its page.
+    Raises SystemExit for a block whose name is unknown or whose markers do not pair (:func:`check_markers`)."""
     check_markers(readme)
     def sub(m: re.Match) -> str:
         name, indent = m[2], m[1]
@@ -241,35 +286,43 @@ def render(readme: str) -> str:
         except FileNotFoundError as exc:
             raise SystemExit(f"README block bench:{name}: its page {exc.filename} is missing; run the "
                              f"benchmark that writes it (listed at the top of bench/readme_tables.py)") from None
-        body = "\n".join((indent + line).rstrip() for line in lines)
+        body = "\n".join((indent + _relink(line, base)).rstrip() for line in lines)
         return f"{indent}<!-- bench:{name} -->\n{body}\n\n{indent}<!-- /bench:{name} -->"
     return re.sub(r"^([ \t]*)<!-- bench:(\w+) -->\n.*?^[ \t]*<!-- /bench:\2 -->", sub, readme, flags=re.S | re.M)
 
 
+def files() -> list[Path]:
+    """README.md and every docs/*.md page holding a block."""
+    return [p for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))] if "<!-- bench:" in p.read_text()]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--readme", default=str(ROOT / "README.md"))
     ap.add_argument("--check", action="store_true", help="only check; exit 1 when a block is out of date")
     a = ap.parse_args()
-    path = Path(a.readme)
-    if not path.is_file():
-        raise SystemExit(f"--readme {a.readme!r} is not a file; give the README holding the bench blocks")
-    old = path.read_text()
-    new = render(old)
-    if a.check:
-        if new != old:
-            block = r"<!-- bench:(\w+) -->\n(.*?)<!-- /bench:\1 -->"
-            was, now = dict(re.findall(block, old, flags=re.S)), dict(re.findall(block, new, flags=re.S))
-            stale = [n for n in now if was.get(n) != now[n]]
-            print(f"{path}: benchmark table(s) {', '.join(stale)} differ from their pages; run python "
-                  f"bench/readme_tables.py", file=sys.stderr)
-            return 1
-        print(f"{path}: {len(re.findall('<!-- bench:', old))} benchmark tables match their pages")
-        return 0
-    path.write_text(new)
-    print(f"wrote {path} ({len(re.findall('<!-- bench:', new))} benchmark tables)")
-    return 0
+    names = [n for p in files() for n in check_markers(p.read_text())]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SystemExit(f"block(s) in more than one file: {', '.join(twice)}")
+    stale_files = 0
+    for path in files():
+        old = path.read_text()
+        new = render(old, path.parent)
+        if a.check:
+            if new != old:
+                block = r"<!-- bench:(\w+) -->\n(.*?)<!-- /bench:\1 -->"
+                was, now = dict(re.findall(block, old, flags=re.S)), dict(re.findall(block, new, flags=re.S))
+                stale = [n for n in now if was.get(n) != now[n]]
+                print(f"{path}: benchmark table(s) {', '.join(stale)} differ from their pages; run python "
+                      f"bench/readme_tables.py", file=sys.stderr)
+                stale_files += 1
+            else:
+                print(f"{path}: {len(re.findall('<!-- bench:', old))} benchmark tables match their pages")
+            continue
+        path.write_text(new)
+        print(f"wrote {path} ({len(re.findall('<!-- bench:', new))} benchmark tables)")
+    return 1 if stale_files else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The training-speed table of the README: bench/train_vs_peers.py for every recipe x precision x
+# The training-speed table of docs/benchmarks.md: bench/train_vs_peers.py for every recipe x precision x
 # threads cell, lmlab compiled (its CPU recipe) against each peer eager and compiled, markdown tables
 # collected into docs/bench/train_vs_peers.md; `python bench/readme_tables.py` then writes the README's table
 # from it. On a quiet machine:

@@ -13,7 +13,7 @@
   :func:`load_weights`.
 
 Everything here is documented in its module and covered by tests; ``tests/test_readme_api.py`` runs
-the README's example.
+the example of docs/python-api.md.
 """
 
 from lmlab.analysis import flops_per_token, kv_cache_bytes, param_counts

@@ -220,7 +220,7 @@ def cmd_report(args) -> int:
         if args.out is None:
             raise ConfigError("--index needs --out FILE.md (the index page; its forest plot goes beside it)")
         paths = write_index([Path(d) for d in [*([args.sweep] if args.sweep else []), *args.index]], Path(args.out),
-                            readme=Path(args.readme) if args.readme else None)
+                            readme=[Path(r) for r in args.readme] if args.readme else None)
     else:
         if not args.sweep:
             raise ConfigError("give a sweep folder (`lmlab sweep --out`), or --index DIR... --out FILE.md")
@@ -826,9 +826,9 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", type=_path, help="the markdown file (default SWEEP/report.md; plots and CSV beside it)")
     sp.add_argument("--index", nargs="+", type=_path, metavar="DIR",
                     help="write one index page of every claim of these sweep folders (needs --out)")
-    sp.add_argument("--readme", type=_path, metavar="FILE.md",
-                    help="with --index: also rewrite the summary table between FILE.md's lmlab:ablation-summary "
-                         "markers")
+    sp.add_argument("--readme", type=_path, metavar="FILE.md", action="append",
+                    help="with --index: also rewrite the summary table (lmlab:ablation-summary markers) and/or the "
+                         "counts line (lmlab:ablation-counts) in FILE.md; may be given more than once")
     sp.set_defaults(func=cmd_report)
 
     sp = sub.add_parser("import", help="convert a Hugging Face model folder into a new run folder")

@@ -121,11 +121,11 @@ class ModelConfig:
     """Architecture of a decoder-only Transformer LM. Units: widths in channels, lengths in tokens."""
 
     # --- sizes -------------------------------------------------------------------------------
-    vocab_size: int = 4096
-    context_length: int = 256
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 8
+    vocab_size: int = 4096  # tokens; set from the data's tokenizer when training (lmlab train)
+    context_length: int = 256  # tokens per training window; the KV cache's and positions' limit
+    d_model: int = 256  # residual-stream width
+    n_layers: int = 4  # Transformer blocks
+    n_heads: int = 8  # query heads
     n_kv_heads: Optional[int] = None  # None = n_heads (MHA); 1 = MQA (Shazeer 2019); between = GQA
     head_dim: Optional[int] = None  # None = d_model // n_heads; may differ (Gemma: 256 at d_model 3072)
     d_ff: Optional[int] = None  # None = from ffn_ratio, else the gated 8/3 rule (glu_hidden_dim) or 4x
@@ -137,23 +137,22 @@ class ModelConfig:
     embed_dim: Optional[int] = None
 
     # --- normalisation -----------------------------------------------------------------------
-    norm_type: str = "rmsnorm"
-    norm_position: str = "pre"
+    norm_type: str = "rmsnorm"  # RMSNorm (Zhang & Sennrich 2019), LayerNorm (Ba et al. 2016), Gemma's (1 + w) RMSNorm, LayerNorm (1 + w)
+    norm_position: str = "pre"  # pre (Xiong et al. 2020), post (Vaswani et al. 2017), sandwich (Gemma 2), reordered (OLMo 2)
     norm_bias: bool = False  # LayerNorm only: learnable shift
     norm_affine: bool = True  # False: block/final norms without weight or bias (OLMo 1; Groeneveld et al. 2024, 2.1)
-    norm_eps: float = 1e-5
+    norm_eps: float = 1e-5  # added to the variance in every norm
     # RMSNorm (block, final and QK norms) on inputs below fp32: False casts the fp32-normalised value to the
     # input dtype, then multiplies by the weight (Llama, Qwen, Mistral: HF LlamaRMSNorm, Meta's reference);
     # True multiplies by the weight in fp32, then casts (OLMo 2: HF Olmo2RMSNorm). Equal in fp32.
     norm_weight_fp32: bool = False
-    final_norm: bool = True
-
+    final_norm: bool = True  # a norm after the last block (every modern LM; OPT-350M's post-norm has none)
     # --- linear layers -----------------------------------------------------------------------
     # which linear layers carry a bias: none | all | qkv (Qwen2) | mlp | attention (q, k, v and o: Llama's
     # attention_bias=True without mlp_bias)
     bias: str = "none"
-    lm_head_bias: bool = False
-    activation: str = "swiglu"
+    lm_head_bias: bool = False  # a bias on the LM head's logits
+    activation: str = "swiglu"  # the FFN's nonlinearity; the gated ones (Shazeer 2020) use two input projections
     parallel_block: bool = False  # GPT-J / PaLM: x + attn(norm(x)) + mlp(norm(x))
     parallel_shared_norm: bool = True  # one norm feeding both branches (GPT-J) or two (NeoX)
 
@@ -201,9 +200,9 @@ class ModelConfig:
     router_expert_scale: bool = False
 
     # --- positions ---------------------------------------------------------------------------
-    position: str = "rope"
-    rope_theta: float = 10000.0
-    rope_style: str = "half"
+    position: str = "rope"  # RoPE (Su et al. 2021), none (NoPE), learned, sinusoidal (Vaswani et al. 2017), ALiBi, T5 buckets
+    rope_theta: float = 10000.0  # RoPE's base: frequencies theta^(-2i/d)
+    rope_style: str = "half"  # which channels pair up: half (GPT-NeoX, HF rotate_half) or interleaved (GPT-J, Meta)
     rope_fraction: float = 1.0  # partial RoPE: fraction of head_dim rotated (GPT-NeoX 0.25, Phi-2 0.4)
     rope_local_theta: Optional[float] = None  # another theta on sliding-window layers (Gemma 3: 10k)
     rope_scaling: Optional[dict] = None  # {"type": linear|ntk|yarn|llama3, "factor": ..., ...}
@@ -278,7 +277,7 @@ class ModelConfig:
     linear_chunk: int = 64  # tokens per chunk of the chunked (training) form; the result does not depend on it
 
     # --- output ------------------------------------------------------------------------------
-    tie_embeddings: bool = True
+    tie_embeddings: bool = True  # the LM head shares the token embedding's matrix (Press & Wolf 2017)
     scale_embeddings: bool = False  # multiply embeddings by sqrt(d_model) (Gemma)
     final_logit_softcap: Optional[float] = None  # Gemma 2
     # a stored scalar per layer multiplying the block's output, residual stream included (Gemma 4's
@@ -288,10 +287,9 @@ class ModelConfig:
     z_loss: float = 0.0  # coefficient on (log Z)^2 added to the loss (PaLM; Baichuan 2; OLMo)
 
     # --- regularisation ----------------------------------------------------------------------
-    embd_dropout: float = 0.0
-    attn_dropout: float = 0.0
-    resid_dropout: float = 0.0
-
+    embd_dropout: float = 0.0  # dropout on the embeddings (GPT-2: 0.1; off in modern pretraining)
+    attn_dropout: float = 0.0  # dropout on the attention probabilities
+    resid_dropout: float = 0.0  # dropout on each residual branch's output
     # --- initialisation ----------------------------------------------------------------------
     init_std: float = 0.02  # N(0, 0.02) (GPT-2); residual projections / sqrt(2 n_layers)
     # std of the token embedding's N(0, std) init when it differs from init_std (None: init_std). Vaswani et

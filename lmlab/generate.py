@@ -265,7 +265,7 @@ def decode_layout(model: TransformerLM, batch: int = 1) -> Iterator[None]:
     ``p.data``'s storage in place (``p.data.mul_(2)``) bypass all of these: call
     :func:`release_decode_copies` after them.
 
-    Side by side on the demo shape (2 CPU threads; ``python bench/decode_vs_hf.py``): see the README."""
+    Side by side on the demo shape (2 CPU threads; ``python bench/decode_vs_hf.py``): see docs/benchmarks.md."""
     kind = decode_layout_kind(model, batch)
     if model in _ACTIVE:
         yield

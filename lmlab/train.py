@@ -55,32 +55,32 @@ class TrainConfig:
     """Optimisation settings. Units: lr per step, intervals in steps, batch_size in sequences per
     micro-batch per rank (global batch = batch_size * grad_accum * ranks)."""
 
-    batch_size: int = 16
-    grad_accum: int = 1
-    max_steps: int = 1000
-    lr: float = 1e-3
+    batch_size: int = 16  # sequences per micro-batch per rank
+    grad_accum: int = 1  # micro-batches per optimizer step
+    max_steps: int = 1000  # optimizer steps (a budget, when set, plans them)
+    lr: float = 1e-3  # the peak learning rate
     min_lr_ratio: float = 0.1  # the schedule ends at lr * min_lr_ratio
-    warmup_steps: int = 100
+    warmup_steps: int = 100  # linear warmup from 0 to lr
     schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay) | constant
     decay_fraction: float = 0.2  # wsd: the last fraction of steps decays linearly (Hu et al. 2024, MiniCPM)
-    weight_decay: float = 0.1
+    weight_decay: float = 0.1  # decoupled, AdamW's (Loshchilov & Hutter 2019)
     wd_exclude: list = field(default_factory=lambda: ["norm", "bias"])  # of: norm, bias, embedding
     optimizer: str = "adamw"  # adamw | muon (Muon on the blocks' weight matrices, AdamW on the rest; lmlab.optim)
     muon_lr: Optional[float] = None  # Muon's peak lr (same schedule as lr); None = lr
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
+    beta1: float = 0.9  # Adam's first-moment decay
+    beta2: float = 0.95  # Adam's second-moment decay (0.95: LLaMA, GPT-3)
+    eps: float = 1e-8  # Adam's epsilon
     grad_clip: float = 1.0  # max global L2 norm; 0 disables
-    eval_interval: int = 200
+    eval_interval: int = 200  # steps between periodic held-out evaluations
     eval_windows: int = 32  # validation windows (spread over the split) scored at each periodic evaluation
     checkpoint_interval: int = 0  # 0 = only at the end
     keep_checkpoints: int = 2  # newest K kept; 0 keeps all
-    log_interval: int = 10
+    log_interval: int = 10  # steps between training-log lines
     diag_interval: int = 0  # every N steps and at step 1: attention-logit max, log Z, update/param RMS,
     # per-layer gradient norms (0 = off)
     spike_ratio: float = 1.5  # a loss above spike_ratio x its running mean counts as a spike
     max_bad_steps: int = 5  # stop after this many consecutive non-finite steps
-    seed: int = 1337
+    seed: int = 1337  # initialisation, data order and dropout
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + GradScaler, CUDA) | auto
     compile: bool = False  # torch.compile the model for training

@@ -604,6 +604,17 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path, 
     assert main(["report", "--index", str(out), "--out", str(tmp_path / "i2.md"), "--readme",
                  str(tmp_path / "bad.md")]) == 2
     assert (tmp_path / "bad.md").read_text() == "no markers\n"
+    # two files at once: one with the counts line alone, the other with the table; both rewritten
+    from lmlab.lab.report import COUNTS_END, COUNTS_START
+
+    short = tmp_path / "sub" / "S.md"
+    short.parent.mkdir()
+    short.write_text(f"a\n{COUNTS_START}\nold\n{COUNTS_END}\nb\n")
+    assert main(["report", "--index", str(out), "--out", str(tmp_path / "index.md"), "--readme", str(readme),
+                 "--readme", str(short)]) == 0
+    line = short.read_text().split("\n")[2]
+    assert line.startswith("The shipped specs' executions so far: 2 claims, **") and "](../index.md))." in line
+    assert "| bar | SwiGLU better than SiLU |" in readme.read_text()
 
 
 def test_ladder_plans_every_scale_and_judges_each(byte_data, tmp_path):

@@ -1,4 +1,5 @@
-"""The README's Python API example runs as written (on a slice of the default corpus)."""
+"""The Python API page's example runs as written (on a slice of the default corpus); the README's and the lab
+page's generated blocks are current; the README's Contents line is whole."""
 
 import re
 from pathlib import Path
@@ -6,12 +7,12 @@ from pathlib import Path
 import torch
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+API_PAGE = README.parent / "docs" / "python-api.md"
+LAB_PAGE = README.parent / "docs" / "lab.md"
 
 
 def api_example() -> str:
-    text = README.read_text()
-    section = text[text.index("## Python API"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return re.search(r"```python\n(.*?)```", API_PAGE.read_text(), re.S).group(1)
 
 
 def test_readme_python_api_example_runs(small_corpus, monkeypatch, capsys):
@@ -19,7 +20,7 @@ def test_readme_python_api_example_runs(small_corpus, monkeypatch, capsys):
 
     monkeypatch.setattr(lmlab.data.corpus, "default_corpus_dir", lambda download=True: small_corpus)
     scope: dict = {}
-    exec(compile(api_example(), str(README), "exec"), scope)
+    exec(compile(api_example(), str(API_PAGE), "exec"), scope)
     out = capsys.readouterr().out.splitlines()  # the example's prints among the trainer's lines
     sizes = next(line for line in out if re.fullmatch(r"\d+ [\d.e+]+ \d+", line))
     non_emb, flops, kv = (float(x) for x in sizes.split())
@@ -86,16 +87,19 @@ def test_checkpoints_of_any_module_and_runs_without_a_tokenizer(tmp_path):
 
 
 def test_readme_ablation_summary_is_the_committed_index():
-    """The README's ablation table is what `lmlab report --index docs/ablations/[0-9]* --readme` writes
-    from the committed results: regenerated, not edited by hand."""
-    from lmlab.lab.report import collect_claims, readme_block, summary_block
+    """The lab page's ablation table and the README's counts line are what `lmlab report --index
+    docs/ablations/[0-9]* --readme README.md --readme docs/lab.md` writes from the committed results:
+    regenerated, not edited by hand."""
+    from lmlab.lab.report import COUNTS_END, COUNTS_START, collect_claims, counts_line, readme_block, summary_block
 
     root = README.parent
     dirs = sorted(d for d in (root / "docs" / "ablations").iterdir() if d.is_dir() and d.name[:1].isdigit())
     claims, _, executed = collect_claims(dirs)
-    want = summary_block(claims, executed, Path("docs/ablations/README.md"))
-    assert readme_block(README) == want, "regenerate: lmlab report --index docs/ablations/[0-9]* " \
-        "--out docs/ablations/README.md --readme README.md"
+    again = "regenerate: lmlab report --index docs/ablations/[0-9]*/ --out docs/ablations/README.md " \
+        "--readme README.md --readme docs/lab.md"
+    assert readme_block(LAB_PAGE) == summary_block(claims, executed, Path("ablations/README.md")), again
+    assert readme_block(README, COUNTS_START, COUNTS_END) == counts_line(claims, Path("docs/ablations/README.md")), again
+    assert readme_block(README) == ""  # the full table lives on the lab page only (one figure, one source)
     from lmlab.lab.stats import VERDICTS
 
     assert len(claims) >= 14 and all(c["verdict"] in VERDICTS for c in claims)

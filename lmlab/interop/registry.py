@@ -36,7 +36,7 @@ class Family:
     state_to_lmlab: Callable[[StateDict, ModelConfig, dict], StateDict]  # (hf_state, cfg, hf_config) -> lmlab state
     config_to_hf: Callable[[ModelConfig], dict]  # ModelConfig -> config.json mapping (incl. model_type)
     state_to_hf: Callable[[StateDict, ModelConfig], StateDict]  # lmlab state -> HF state
-    notes: str = ""  # what is checked / what cannot match, for the README's support table
+    notes: str = ""  # what is checked / what cannot match, for the support table of docs/hf-parity.md
     # config.json -> notes on the fields transformers never reads that the import accepted (common.check_unread)
     unread_notes: Optional[Callable[[dict], list]] = None
 
