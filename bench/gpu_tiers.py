@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -128,9 +127,15 @@ def end_to_end(name: str, out: Path, data: Path, device: str, steps: int, log, b
     tier = raw["tiers"]["gpu"]
     lr = tier["tune"]["lr"][len(tier["tune"]["lr"]) // 2]  # the grid's middle
     tier.update(budget={"steps": steps}, tune=None, seeds=[1, 2], tune_seeds=None, max_epochs=None, timing=None)
-    tier["train"] = {**tier.get("train", {}), "lr": lr, "device": device, "eval_interval": steps, "warmup_steps": steps // 10,
-                     "checkpoint_interval": steps,
-                     **({"batch_size": batch, "eval_windows": 2} if batch else {})}
+    tier["train"] = {
+        **tier.get("train", {}),
+        "lr": lr,
+        "device": device,
+        "eval_interval": steps,
+        "warmup_steps": steps // 10,
+        "checkpoint_interval": steps,
+        **({"batch_size": batch, "eval_windows": 2} if batch else {}),
+    }
     raw.pop("timing", None)
     raw["expect"] = [e for e in raw.get("expect") or [] if "metric" not in e or e["metric"] == "val_bpb"]
     spec = parse_spec(raw, builtin_specs()[name], "gpu")
@@ -159,8 +164,10 @@ def markdown(machine: str, claims: list, costs: list, e2e: dict | None, args) ->
             margin = "" if c.get("by") is None else f"{100 * c['by']:g}%"
             m = c.get("mechanism")
             mech = "" if not m else f"{m['value'].split(' (')[0]} ({'holds' if m['holds'] else 'fails'})"
-            L.append(f"| {c['spec']} | {c['text']} | {c['scale'] or ''} | {c['a_s'] * 1e3:.2f} / {c['b_s'] * 1e3:.2f} ms "
-                     f"| {eff} | {ci} | {margin} | {mech} | {c['verdict']} |")
+            L.append(
+                f"| {c['spec']} | {c['text']} | {c['scale'] or ''} | {c['a_s'] * 1e3:.2f} / {c['b_s'] * 1e3:.2f} ms "
+                f"| {eff} | {ci} | {margin} | {mech} | {c['verdict']} |"
+            )
         L.append("")
     if costs:
         L += ["## Cost of each tier (one round per model: an estimate, not a comparison)", "",

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 import sys
 from pathlib import Path
 
@@ -140,8 +139,18 @@ def context_scaling() -> list[str]:
         lm, ck, hf = t["lmlab+compile"], t["lmlab+ckpt"], t["hf"]
         adds = lambda r: r[5].split("(")[1].rstrip(")") + " MiB"  # noqa: E731
         slower = re.match(r"([0-9.]+x) \(([0-9.-]+)\)", ck[3])
-        rows.append([f"{int(m[1]):,} x {m[2]}", lm[1], adds(lm), f"{ck[1]} ({slower[1]} slower, IQR {slower[2]})", adds(ck),
-                     hf[1], adds(hf), hf[3]])
+        rows.append(
+            [
+                f"{int(m[1]):,} x {m[2]}",
+                lm[1],
+                adds(lm),
+                f"{ck[1]} ({slower[1]} slower, IQR {slower[2]})",
+                adds(ck),
+                hf[1],
+                adds(hf),
+                hf[3],
+            ]
+        )
     return [_source(page, " (bench/context_scaling.sh)") + " LLaMA recipe, fp32, 2 threads, 4,096 tokens per "
             "step; lmlab compiled, with and without activation checkpointing, against HF eager; 'adds' = peak "
             "RSS above the RSS after import and build.", "",
@@ -177,7 +186,9 @@ def sweep_batching() -> list[str]:
         cmd = re.search(r"`(python bench/sweep_batching.py[^`]*)`", head)
         if not cmd:
             continue
-        ways = dict(re.findall(r"^(batched|bound|jobs)\s+[0-9.]+\s+[0-9.]+\s+([0-9.]+x \([0-9.-]+\))", body, flags=re.M))
+        ways = dict(
+            re.findall(r"^(batched|bound|jobs)\s+[0-9.]+\s+[0-9.]+\s+([0-9.]+x \([0-9.-]+\))", body, flags=re.M)
+        )
         diff = re.search(r"max \|difference\| of losses and weights ([0-9.e+-]+)", body)[1]
         rows.append([f"`{cmd[1].replace('python bench/sweep_batching.py ', '')}`", ways["batched"], ways["bound"],
                      ways.get("jobs", "—"), diff])

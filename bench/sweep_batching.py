@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
 import multiprocessing as mp
 import os
 import statistics
@@ -260,8 +259,8 @@ def time_jobs(shape, seeds, lrs, steps, dtype_name, procs) -> float:
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(procs), ctx.Queue()
     parts = [(seeds[i::procs], lrs[i::procs]) for i in range(procs)]
-    workers = [ctx.Process(target=_job_worker, args=(shape, s, l, steps, dtype_name, barrier, queue))
-               for s, l in parts if s]
+    workers = [ctx.Process(target=_job_worker, args=(shape, s, lr, steps, dtype_name, barrier, queue))
+               for s, lr in parts if s]
     for w in workers:
         w.start()
     times = [queue.get() for _ in workers]

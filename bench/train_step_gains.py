@@ -112,10 +112,12 @@ def main() -> None:
             for _ in range(a.steps):
                 steps[n]()
             times[n].append((time.perf_counter() - t0) / a.steps)
-    lines = [machine_line(a.threads),
-             f"recipe {a.recipe}, {a.dtype}, batch {shape.batch} x {shape.context}; {a.rounds} rounds x {a.steps} steps",
-             "| variant | ms/step | speed-up over baseline (IQR) | over the row above (IQR) | first step s |",
-             "|---|---|---|---|---|"]
+    lines = [
+        machine_line(a.threads),
+        f"recipe {a.recipe}, {a.dtype}, batch {shape.batch} x {shape.context}; {a.rounds} rounds x {a.steps} steps",
+        "| variant | ms/step | speed-up over baseline (IQR) | over the row above (IQR) | first step s |",
+        "|---|---|---|---|---|",
+    ]
     for i, n in enumerate(VARIANTS):
         q1, m, q3 = quartiles([b / t for b, t in zip(times["baseline"], times[n])])
         p1, pm, p3 = quartiles([b / t for b, t in zip(times[VARIANTS[max(i - 1, 0)]], times[n])])

@@ -234,8 +234,11 @@ def check_equal_settings(model: torch.nn.Module) -> list[str]:
 def machine_line(threads: int, device: str = "cpu") -> str:
     load = os.getloadavg()
     gpu = f"{torch.cuda.get_device_name()}; " if device.startswith("cuda") else ""
-    return (f"machine: {gpu}{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-            f"threads {threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    return (
+        f"machine: {gpu}{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__}, "
+        f"threads {threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
 
 
 def peak_rss(system: str, argv: list[str]) -> dict:
@@ -430,7 +433,7 @@ def main() -> None:
     rows = []
     for k in labels:
         med = statistics.median(times[k])
-        q1, r, q3 = quartiles([t / l for t, l in zip(times[k], times[lm])]) if k != lm else (1, 1, 1)
+        q1, r, q3 = quartiles([t / b for t, b in zip(times[k], times[lm])]) if k != lm else (1, 1, 1)
         mem = rss.get(k)
         mfu = mfu_of(tokens / med)
         rows.append((k, med, tokens / med, r, q1, q3, systems[k].compile_s, mem, mfu))

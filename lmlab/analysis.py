@@ -535,9 +535,15 @@ def analyze(cfg: ModelConfig, context: Optional[int] = None, batch: int = 1, dev
         res["instantiated"] = {"total": total, "non_embedding": non_emb,
                                "equal": total == counts["total"] and non_emb == counts["non_embedding"]}
     attn = attention_flops_per_token(cfg, n)
-    res["flops"] = {"matmul_params": counts["matmul"], "forward_2n": 2 * counts["matmul"], "forward_attention": attn,
-                    "forward": flops_per_token(cfg, n, training=False), "training": flops_per_token(cfg, n),
-                    "kaplan_6n_nonembedding": 6 * counts.get("active_non_embedding", counts["non_embedding"]), "attention_share": attn / (2 * counts["matmul"] + attn)}
+    res["flops"] = {
+        "matmul_params": counts["matmul"],
+        "forward_2n": 2 * counts["matmul"],
+        "forward_attention": attn,
+        "forward": flops_per_token(cfg, n, training=False),
+        "training": flops_per_token(cfg, n),
+        "kaplan_6n_nonembedding": 6 * counts.get("active_non_embedding", counts["non_embedding"]),
+        "attention_share": attn / (2 * counts["matmul"] + attn),
+    }
     res["kv_cache"] = {dt: kv_cache_bytes(cfg, n, batch, dt) for dt in DTYPE_BYTES}
     res["device"] = {"name": dev.name, "peak_flops": dev.peak_flops, "bandwidth": dev.bandwidth, "dtype": dev.dtype,
                      "ridge": dev.ridge, "source": dev.source}
@@ -604,9 +610,11 @@ def format_analysis(res: dict, title: str) -> str:
                  f"{cfg.n_layers}; the local layers' attention: {pl['attention']:,})")
     if p.get("linear_layers"):
         pn = p["per_linear_layer"]
-        L.append(f"  Gated DeltaNet   {pn['attention']:>18,}   (per linear-attention layer, {p['linear_layers']} of the "
-                 f"{cfg.n_layers}, in attention's place: {cfg.linear_n_k_heads} q/k heads x {cfg.linear_k_head_dim}, "
-                 f"{cfg.linear_n_v_heads} value heads x {cfg.linear_v_head_dim}, convolution {cfg.linear_conv_kernel})")
+        L.append(
+            f"  Gated DeltaNet   {pn['attention']:>18,}   (per linear-attention layer, {p['linear_layers']} of the "
+            f"{cfg.n_layers}, in attention's place: {cfg.linear_n_k_heads} q/k heads x {cfg.linear_k_head_dim}, "
+            f"{cfg.linear_n_v_heads} value heads x {cfg.linear_v_head_dim}, convolution {cfg.linear_conv_kernel})"
+        )
     if p.get("moe_layers"):
         pm = p["per_moe_layer"]
         L.append(f"  per MoE layer    {pm['total']:>18,}   ({p['moe_layers']} of the {cfg.n_layers} layers: "
@@ -615,8 +623,10 @@ def format_analysis(res: dict, title: str) -> str:
         L.append(f"  active per token {p['active']:>18,}   (non-embedding {p['active_non_embedding']:,}; "
                  f"FLOPs below use these)")
     if p.get("ple_embedding"):
-        L.append(f"  per-layer inputs {p['ple_embedding']:>18,}   (embedding table: {cfg.ple_vocab_size or cfg.vocab_size:,}"
-                 f" x {cfg.n_layers} layers x {cfg.ple_dim}; not in non-embedding)")
+        L.append(
+            f"  per-layer inputs {p['ple_embedding']:>18,}   (embedding table: {cfg.ple_vocab_size or cfg.vocab_size:,}"
+            f" x {cfg.n_layers} layers x {cfg.ple_dim}; not in non-embedding)"
+        )
     if cfg.kv_shared_layers:
         L.append(f"  KV-shared layers {cfg.kv_shared_layers:>18,}   (the last ones: queries only, keys and values "
                  f"of an earlier layer{'; FFN 2 x d_ff' if cfg.kv_shared_wide_ffn else ''})")

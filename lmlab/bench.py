@@ -140,6 +140,12 @@ def bench_decode(model: TransformerLM, batch: int = 1, prompt_len: int = 32, new
     call()
     cold = time.perf_counter() - t0
     res = time_stream(call, batch, prompt_len, new_tokens, repeats, warmup=0)  # whole calls, copies cached
-    res.update(first_call_s=cold, threads=torch.get_num_threads(), device=str(device), dtype=str(next(model.parameters()).dtype),
-               decode_layout=decode_layout_kind(model, batch), lean_decode=model.lean_decode_possible())
+    res.update(
+        first_call_s=cold,
+        threads=torch.get_num_threads(),
+        device=str(device),
+        dtype=str(next(model.parameters()).dtype),
+        decode_layout=decode_layout_kind(model, batch),
+        lean_decode=model.lean_decode_possible(),
+    )
     return res

@@ -63,7 +63,9 @@ def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_") and not p.name.endswith(".tmp"))
+    return sorted(
+        p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_") and not p.name.endswith(".tmp")
+    )
 
 
 def _fsync_write(path: Path, data: bytes) -> None:
@@ -535,10 +537,17 @@ def _verified_weights(model: torch.nn.Module, ckpt_dir: Path) -> dict:
     extra = sorted(set(weights) - set(expected))
     wrong = sorted(k for k in set(expected) & set(weights) if expected[k].shape != weights[k].shape)
     if missing or extra or wrong:
-        detail = "; ".join(x for x in (
-            f"missing {missing[:3]}" if missing else "", f"unexpected {extra[:3]}" if extra else "",
-            f"shape mismatch {[(k, tuple(weights[k].shape), tuple(expected[k].shape)) for k in wrong[:3]]}" if wrong else "",
-        ) if x)
+        detail = "; ".join(
+            x
+            for x in (
+                f"missing {missing[:3]}" if missing else "",
+                f"unexpected {extra[:3]}" if extra else "",
+                f"shape mismatch {[(k, tuple(weights[k].shape), tuple(expected[k].shape)) for k in wrong[:3]]}"
+                if wrong
+                else "",
+            )
+            if x
+        )
         raise CheckpointError(f"checkpoint {str(path)!r} does not fit this model config: {detail}")
     return weights
 

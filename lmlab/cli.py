@@ -134,11 +134,15 @@ def cmd_train(args) -> int:
 
 def _train(trainer, out: Path) -> int:
     if trainer.dist.is_main:
-        print(f"model: {trainer.model.num_params():,} parameters ({trainer.model.num_params(non_embedding=True):,} "
-              f"non-embedding), device {trainer.device}, dtype {str(trainer.amp_dtype or 'fp32').replace('torch.', '')}, "
-              f"{trainer.dist.world_size} process(es) ({trainer.mode}){'; freed memory kept by malloc' if trainer.malloc_kept else ''}"
-              f"{'; fp32 linears on oneDNN' if trainer.onednn_linears else ''}; "
-              f"run folder {out}", file=sys.stderr)
+        print(
+            f"model: {trainer.model.num_params():,} parameters ({trainer.model.num_params(non_embedding=True):,} "
+            f"non-embedding), device {trainer.device}, dtype {str(trainer.amp_dtype or 'fp32').replace('torch.', '')}, "
+            f"{trainer.dist.world_size} process(es) ({trainer.mode})"
+            f"{'; freed memory kept by malloc' if trainer.malloc_kept else ''}"
+            f"{'; fp32 linears on oneDNN' if trainer.onednn_linears else ''}; "
+            f"run folder {out}",
+            file=sys.stderr,
+        )
     if trainer.step >= trainer.tc.max_steps:
         if trainer.dist.is_main:
             print(f"run {out} is already complete at step {trainer.step}; raise max_steps with --resume to go on")
@@ -303,7 +307,9 @@ def cmd_eval(args) -> int:
     if args.json:
         print(json.dumps(res))
     else:
-        print(f"{args.split} of {data.folder} ({res['tokens']:,} tokens, {res['bytes']:,} bytes), checkpoint {ckpt.name}:")
+        print(
+            f"{args.split} of {data.folder} ({res['tokens']:,} tokens, {res['bytes']:,} bytes), checkpoint {ckpt.name}:"
+        )
         print(f"  loss            {res['loss']:.4f} nats/token")
         print(f"  perplexity      {res['perplexity']:.2f}")
         print(f"  bits-per-byte   {res['bits_per_byte']:.4f}")
@@ -536,11 +542,14 @@ def cmd_bench_decode(args) -> int:
     if args.json:
         print(json.dumps(res))
         return 0
-    print(f"lmlab bench decode: {title}, {res['params']:,} params, {res['dtype'].replace('torch.', '')} on "
-          f"{res['device']}" + (f" ({plural(res['threads'], 'thread')}, {res['decode_layout']} weights)" if str(device) == "cpu" else "")
-          + ("" if res["lean_decode"] else " (ordinary block path: no lean one-token decode for this config)")
-          + f"; greedy, batch {args.batch}, prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, "
-          f"median of {args.repeats}")
+    print(
+        f"lmlab bench decode: {title}, {res['params']:,} params, {res['dtype'].replace('torch.', '')} on "
+        f"{res['device']}"
+        + (f" ({plural(res['threads'], 'thread')}, {res['decode_layout']} weights)" if str(device) == "cpu" else "")
+        + ("" if res["lean_decode"] else " (ordinary block path: no lean one-token decode for this config)")
+        + f"; greedy, batch {args.batch}, prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, "
+        f"median of {args.repeats}"
+    )
     print(f"  prefill {res['prefill_tokens_per_s']:>12,.0f} tokens/s   ({res['prefill_s'] * 1e3:.2f} ms for "
           f"{args.batch} x {plural(args.prompt_len, 'token')})")
     print(f"  decode  {res['decode_tokens_per_s']:>12,.0f} tokens/s   ({res['decode_s_per_step'] * 1e3:.2f} ms per "
@@ -712,8 +721,11 @@ def make_parser() -> argparse.ArgumentParser:
                     help="otherwise about this fraction of the documents is held out, chosen by a hash of each "
                          "document's text (adding documents moves none of the others)")
     sp.add_argument("--overwrite", action="store_true")
-    sp.add_argument("--allow-special-files", action="store_true",
-                    help="also read FIFOs and devices given as --data or inside it (refused otherwise; read up to 1 GiB)")
+    sp.add_argument(
+        "--allow-special-files",
+        action="store_true",
+        help="also read FIFOs and devices given as --data or inside it (refused otherwise; read up to 1 GiB)",
+    )
     sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="progress bars with MB/s on stderr (default: when stderr is a terminal)")
     sp.set_defaults(func=cmd_prepare)
@@ -755,7 +767,9 @@ def make_parser() -> argparse.ArgumentParser:
                                                       "repeat for a batch of prompts")
     sp.add_argument("--prompt-ids", metavar="IDS", help="token ids to continue, e.g. 1,2,3 (a run without a "
                     "tokenizer); prints the new ids instead of text")
-    sp.add_argument("--stop", action="append", type=_stop_text, metavar="TEXT", help="stop before this text (repeatable)")
+    sp.add_argument(
+        "--stop", action="append", type=_stop_text, metavar="TEXT", help="stop before this text (repeatable)"
+    )
     sp.add_argument("--max-new-tokens", type=POSITIVE, default=200)
     sp.add_argument("--temperature", type=_float_in(0, float("inf")), default=0.8, help="0 = greedy")
     sp.add_argument("--top-k", type=POSITIVE)
@@ -859,8 +873,16 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--context", type=POSITIVE, help="sequence length (default the config's context_length)")
     sp.add_argument("--batch", type=POSITIVE, default=1, help="sequences (KV cache, decode intensity)")
     sp.add_argument("--device", choices=["h100", "h200", "a100", "cpu"], default="h100")
-    sp.add_argument("--peak-flops", type=_float_in(0, float("inf"), low_open=True, high_open=True), help="override the device's peak FLOP/s")
-    sp.add_argument("--bandwidth", type=_float_in(0, float("inf"), low_open=True, high_open=True), help="override the device's memory bandwidth in bytes/s")
+    sp.add_argument(
+        "--peak-flops",
+        type=_float_in(0, float("inf"), low_open=True, high_open=True),
+        help="override the device's peak FLOP/s",
+    )
+    sp.add_argument(
+        "--bandwidth",
+        type=_float_in(0, float("inf"), low_open=True, high_open=True),
+        help="override the device's memory bandwidth in bytes/s",
+    )
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.set_defaults(func=cmd_analyze)
 

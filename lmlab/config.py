@@ -15,7 +15,7 @@ import difflib
 import json
 import math
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Optional
 
@@ -137,8 +137,11 @@ class ModelConfig:
     embed_dim: Optional[int] = None
 
     # --- normalisation -----------------------------------------------------------------------
-    norm_type: str = "rmsnorm"  # RMSNorm (Zhang & Sennrich 2019), LayerNorm (Ba et al. 2016), Gemma's (1 + w) RMSNorm, LayerNorm (1 + w)
-    norm_position: str = "pre"  # pre (Xiong et al. 2020), post (Vaswani et al. 2017), sandwich (Gemma 2), reordered (OLMo 2)
+    # RMSNorm (Zhang & Sennrich 2019), LayerNorm (Ba et al. 2016), Gemma's (1 + w) RMSNorm, LayerNorm (1 + w)
+    norm_type: str = "rmsnorm"
+    norm_position: str = (
+        "pre"  # pre (Xiong et al. 2020), post (Vaswani et al. 2017), sandwich (Gemma 2), reordered (OLMo 2)
+    )
     norm_bias: bool = False  # LayerNorm only: learnable shift
     norm_affine: bool = True  # False: block/final norms without weight or bias (OLMo 1; Groeneveld et al. 2024, 2.1)
     norm_eps: float = 1e-5  # added to the variance in every norm
@@ -160,7 +163,8 @@ class ModelConfig:
     n_experts: int = 0  # routed experts per MoE layer; 0: every FFN dense (Shazeer et al. 2017; Fedus et al. 2021)
     experts_per_token: int = 2  # top-k (Mixtral 2, Switch 1, DeepSeek-V2 6)
     n_shared_experts: int = 0  # experts every token goes through (DeepSeek-V2: 2)
-    # the shared experts' output x sigmoid(w . x), w a learned d_model vector (Qwen2-MoE, Qwen3-Next: HF shared_expert_gate)
+    # the shared experts' output x sigmoid(w . x), w a learned d_model vector (Qwen2-MoE, Qwen3-Next: HF
+    # shared_expert_gate)
     shared_expert_gate: bool = False
     expert_d_ff: Optional[int] = None  # hidden width of each expert (default d_ff)
     router_score: str = "softmax"  # softmax over all experts, or sigmoid per expert
@@ -200,7 +204,9 @@ class ModelConfig:
     router_expert_scale: bool = False
 
     # --- positions ---------------------------------------------------------------------------
-    position: str = "rope"  # RoPE (Su et al. 2021), none (NoPE), learned, sinusoidal (Vaswani et al. 2017), ALiBi, T5 buckets
+    position: str = (
+        "rope"  # RoPE (Su et al. 2021), none (NoPE), learned, sinusoidal (Vaswani et al. 2017), ALiBi, T5 buckets
+    )
     rope_theta: float = 10000.0  # RoPE's base: frequencies theta^(-2i/d)
     rope_style: str = "half"  # which channels pair up: half (GPT-NeoX, HF rotate_half) or interleaved (GPT-J, Meta)
     rope_fraction: float = 1.0  # partial RoPE: fraction of head_dim rotated (GPT-NeoX 0.25, Phi-2 0.4)
@@ -224,7 +230,8 @@ class ModelConfig:
     v_head_dim: int = 128  # MLA: values per head
     qk_norm: str = "none"  # normalise q and k before RoPE (Dehghani 2023; OLMo 2; Qwen3; Gemma 3)
     # head: each head, one weight shared by the heads (Qwen3, Gemma 3) | all: the whole projection, n_heads*head_dim
-    # wide (OLMo 2, OLMo Team 2024) | head_untied: each head with its own weights (Cohere use_qk_norm, HF modeling_cohere)
+    # wide (OLMo 2, OLMo Team 2024) | head_untied: each head with its own weights (Cohere use_qk_norm, HF
+    # modeling_cohere)
     qk_norm_scope: str = "head"
     qk_norm_layers: str = "all"  # 'rope': QK-norm only on the layers with RoPE (Llama 4's use_qk_norm)
     # Llama 4's attention temperature on layers without RoPE: q x (1 + scale * log(1 + floor((p + 1) / floor)))
@@ -283,7 +290,9 @@ class ModelConfig:
     # a stored scalar per layer multiplying the block's output, residual stream included (Gemma 4's
     # layer_scalar: a persistent buffer, 1 at initialisation, not trained, read from checkpoints)
     layer_scalar: bool = False
-    logit_scale: float = 1.0  # logits = lm_head(h) * logit_scale, before any soft-cap (Cohere Command R 0.0625, R7B 0.25)
+    logit_scale: float = (
+        1.0  # logits = lm_head(h) * logit_scale, before any soft-cap (Cohere Command R 0.0625, R7B 0.25)
+    )
     z_loss: float = 0.0  # coefficient on (log Z)^2 added to the loss (PaLM; Baichuan 2; OLMo)
 
     # --- regularisation ----------------------------------------------------------------------
@@ -348,12 +357,18 @@ class ModelConfig:
         _choice("norm_position", self.norm_position, NORM_POSITIONS)
         _positive("norm_eps", self.norm_eps)
         if self.norm_bias and self.norm_type not in ("layernorm", "layernorm1p"):
-            raise ConfigError(f"norm_bias=True needs norm_type='layernorm' (or 'layernorm1p'), got norm_type={self.norm_type!r}")
+            raise ConfigError(
+                f"norm_bias=True needs norm_type='layernorm' (or 'layernorm1p'), got norm_type={self.norm_type!r}"
+            )
         if self.norm_type == "layernorm1p" and self.norm_affine is False:
-            raise ConfigError("norm_type='layernorm1p' stores its weight as an offset from one and needs norm_affine=True")
+            raise ConfigError(
+                "norm_type='layernorm1p' stores its weight as an offset from one and needs norm_affine=True"
+            )
         if self.norm_affine is False and (self.norm_bias or self.norm_type == "gemma_rmsnorm"):
-            raise ConfigError(f"norm_affine=False (no learnable norm parameters) needs norm_bias=False and norm_type "
-                              f"'layernorm' or 'rmsnorm', got norm_bias={self.norm_bias!r}, norm_type={self.norm_type!r}")
+            raise ConfigError(
+                f"norm_affine=False (no learnable norm parameters) needs norm_bias=False and norm_type "
+                f"'layernorm' or 'rmsnorm', got norm_bias={self.norm_bias!r}, norm_type={self.norm_type!r}"
+            )
         _choice("bias", self.bias, BIASES)
         _choice("position", self.position, POSITIONS)
         _choice("rope_style", self.rope_style, ROPE_STYLES)
@@ -431,13 +446,19 @@ class ModelConfig:
                 if not ok:
                     raise ConfigError(f"attention='mla' needs {name}={what}, got {name}={getattr(self, name)!r}")
         if self.layer_pattern is not None:
-            if not isinstance(self.layer_pattern, str) or not self.layer_pattern or set(self.layer_pattern) - {"L", "G", "D"}:
+            if (
+                not isinstance(self.layer_pattern, str)
+                or not self.layer_pattern
+                or set(self.layer_pattern) - {"L", "G", "D"}
+            ):
                 raise ConfigError(
                     f"layer_pattern={self.layer_pattern!r} must be a non-empty string of 'L' (local), 'G' (global) "
                     f"and 'D' (linear attention)"
                 )
             if "L" in self.layer_pattern and self.sliding_window is None:
-                raise ConfigError(f"layer_pattern={self.layer_pattern!r} has local layers but sliding_window is not set")
+                raise ConfigError(
+                    f"layer_pattern={self.layer_pattern!r} has local layers but sliding_window is not set"
+                )
         self._check_global_layers()
         self._check_linear_layers()
         if self.nope_layers is not None:
@@ -448,7 +469,9 @@ class ModelConfig:
                 raise ConfigError(f"nope_layers={self.nope_layers!r} needs position='rope' on its 'R' layers, "
                                   f"got position={self.position!r}")
         if self.nope_global_layers and self.position != "rope":
-            raise ConfigError(f"nope_global_layers=True needs position='rope' on the local layers, got position={self.position!r}")
+            raise ConfigError(
+                f"nope_global_layers=True needs position='rope' on the local layers, got position={self.position!r}"
+            )
         if self.nope_global_layers and (self.layer_pattern is None or "L" not in self.layer_pattern):
             raise ConfigError(
                 f"nope_global_layers=True needs a layer_pattern with local 'L' layers (e.g. 'LLLG'), "
@@ -469,19 +492,28 @@ class ModelConfig:
         _positive_int("mtp_depth", self.mtp_depth, minimum=0)
         _non_negative("mtp_weight", self.mtp_weight)
         if self.mtp_depth:
-            why = ("position='learned'/'sinusoidal'/'alibi'/'t5' (the modules rotate at the tokens' positions: "
-                   "rope or nope)" if self.position not in ("rope", "nope") else
-                   f"n_experts={self.n_experts} (MoE blocks in the modules are not supported yet)" if self.n_experts else
-                   f"ple_dim={self.ple_dim}" if self.ple_dim else
-                   f"kv_shared_layers={self.kv_shared_layers}" if self.kv_shared_layers else None)
+            why = (
+                "position='learned'/'sinusoidal'/'alibi'/'t5' (the modules rotate at the tokens' positions: "
+                "rope or nope)"
+                if self.position not in ("rope", "nope")
+                else f"n_experts={self.n_experts} (MoE blocks in the modules are not supported yet)"
+                if self.n_experts
+                else f"ple_dim={self.ple_dim}"
+                if self.ple_dim
+                else f"kv_shared_layers={self.kv_shared_layers}"
+                if self.kv_shared_layers
+                else None
+            )
             if why:
                 raise ConfigError(f"mtp_depth={self.mtp_depth} does not go with {why}")
         _choice("moe_balance", self.moe_balance, MOE_BALANCES)
         _non_negative("moe_bias_update_rate", self.moe_bias_update_rate)
         _non_negative("moe_seq_aux_loss", self.moe_seq_aux_loss)
         if self.n_experts and self.moe_balance == "aux_free" and self.moe_aux_loss:
-            raise ConfigError(f"moe_balance='aux_free' trains without the auxiliary balance loss, but moe_aux_loss="
-                              f"{self.moe_aux_loss}; set moe_aux_loss=0, or moe_balance='both' for the bias and the loss")
+            raise ConfigError(
+                f"moe_balance='aux_free' trains without the auxiliary balance loss, but moe_aux_loss="
+                f"{self.moe_aux_loss}; set moe_aux_loss=0, or moe_balance='both' for the bias and the loss"
+            )
         if self.n_experts and self.moe_balance == "both" and not self.moe_aux_loss:
             raise ConfigError("moe_balance='both' adds the auxiliary balance loss to the bias, but moe_aux_loss=0; "
                               "give moe_aux_loss a weight (e.g. 0.01), or use moe_balance='aux_free'")
@@ -500,17 +532,23 @@ class ModelConfig:
                               f"{self.n_experts} in router_groups={self.router_groups}")
         _positive("routed_scaling_factor", self.routed_scaling_factor)
         if self.router_topk_groups > self.router_groups:
-            raise ConfigError(f"router_topk_groups={self.router_topk_groups} exceeds router_groups={self.router_groups}")
+            raise ConfigError(
+                f"router_topk_groups={self.router_topk_groups} exceeds router_groups={self.router_groups}"
+            )
         if self.n_experts:
             if self.n_experts % self.router_groups:
                 raise ConfigError(f"n_experts={self.n_experts} is not a multiple of router_groups={self.router_groups}")
-            if self.router_groups > 1 and self.experts_per_token > self.router_topk_groups * (self.n_experts // self.router_groups):
+            if self.router_groups > 1 and self.experts_per_token > self.router_topk_groups * (
+                self.n_experts // self.router_groups
+            ):
                 raise ConfigError(f"experts_per_token={self.experts_per_token} exceeds the experts of the "
                                   f"router_topk_groups={self.router_topk_groups} groups kept")
             if self.experts_per_token > self.n_experts:
                 raise ConfigError(f"experts_per_token={self.experts_per_token} exceeds n_experts={self.n_experts}; "
                                   f"valid: 1 to {self.n_experts}")
-            if not any(self.layer_is_moe(i) for i in range(min(self.n_layers, self.moe_first_dense + len(self.moe_pattern)))):
+            if not any(
+                self.layer_is_moe(i) for i in range(min(self.n_layers, self.moe_first_dense + len(self.moe_pattern)))
+            ):
                 raise ConfigError(f"n_experts={self.n_experts} but no layer is MoE (n_layers={self.n_layers}, "
                                   f"moe_first_dense={self.moe_first_dense}, moe_pattern={self.moe_pattern!r})")
         if self.moe_beside_dense and (not self.n_experts or self.norm_position != "sandwich"):

@@ -49,7 +49,8 @@ def evaluate(model: TransformerLM, tokens: np.ndarray, n_bytes: int, batch_size:
     context position that shows what a sliding window or a short receptive field gives up.
 
     ``max_windows`` scores only that many windows, evenly spread over the split (a quick estimate
-    during training); then ``bytes`` is prorated by the fraction of tokens scored and the figures are marked ``partial``.
+    during training); then ``bytes`` is prorated by the fraction of tokens scored and the figures are marked
+    ``partial``.
     """
     was_training = model.training
     model.eval()
@@ -68,8 +69,12 @@ def evaluate(model: TransformerLM, tokens: np.ndarray, n_bytes: int, batch_size:
     for length, group in by_len.items():
         for i in range(0, len(group), batch_size):
             chunk = group[i:i + batch_size]
-            x = torch.from_numpy(np.stack([np.asarray(tokens[s:b - 1], dtype=np.int64) for s, _, b in chunk])).to(device)
-            y = torch.from_numpy(np.stack([np.asarray(tokens[s + 1:b], dtype=np.int64) for s, _, b in chunk])).to(device)
+            x = torch.from_numpy(np.stack([np.asarray(tokens[s : b - 1], dtype=np.int64) for s, _, b in chunk])).to(
+                device
+            )
+            y = torch.from_numpy(np.stack([np.asarray(tokens[s + 1 : b], dtype=np.int64) for s, _, b in chunk])).to(
+                device
+            )
             with torch.autocast(torch.device(device).type, dtype=autocast_dtype or torch.float32,
                                 enabled=autocast_dtype is not None):
                 logits = model(x)

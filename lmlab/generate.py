@@ -407,8 +407,11 @@ def stream_batch(model: TransformerLM, prompts: Sequence[Sequence[int]], max_new
     _check_sampling(temperature, top_k, top_p)
     longest, T = max(len(p) for p in prompts), model.cfg.context_length
     if longest + max_new_tokens - 1 > T:
-        raise ValueError(f"the longest prompt ({longest} token{'s' if longest != 1 else ''}) plus max_new_tokens={max_new_tokens} does not "
-                         f"fit in context_length={T}; batched generation does not slide the context")
+        raise ValueError(
+            f"the longest prompt ({longest} token{'s' if longest != 1 else ''}) plus "
+            f"max_new_tokens={max_new_tokens} does not "
+            f"fit in context_length={T}; batched generation does not slide the context"
+        )
     if max_new_tokens <= 0:
         return
     gen = _generator(device, seed)

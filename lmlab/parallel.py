@@ -94,7 +94,9 @@ def optimizer_state_from_names(model: torch.nn.Module, optimizer: torch.optim.Op
     index = {n: i for i, n in enumerate(order)}
     saved = [n for g in osd["param_groups"] for n in g["params"]]
     if sorted(saved) != sorted(order):
-        raise ValueError(f"optimizer state holds parameters {sorted(set(saved) ^ set(order))[:4]} that differ from the model's")
+        raise ValueError(
+            f"optimizer state holds parameters {sorted(set(saved) ^ set(order))[:4]} that differ from the model's"
+        )
     state = {index[n]: v for n, v in osd["state"].items()}
     groups = [dict(g, params=[index[n] for n in g["params"]]) for g in osd["param_groups"]]
     return {"state": state, "param_groups": groups}

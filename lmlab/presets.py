@@ -399,29 +399,67 @@ _real = dict(_DEEPSEEK_V2, vocab_size=129280, d_model=7168, n_layers=61, n_heads
              moe_seq_aux_loss=0.0001,
              rope_scaling={"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
                            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0})
-_add("deepseek-v3", "DeepSeek-V3",
-     "DeepSeek-AI 2024, 'DeepSeek-V3 Technical Report', Sec. 2 and 4.2, https://arxiv.org/abs/2412.19437; "
-     "https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json",
-     "MLA (KV latent 512 + RoPE key 64, query bottleneck 1536), 256 sigmoid-scored routed experts (top-8 among "
-     "the best 4 of 8 groups, renormalised x 2.5) + 1 shared, balanced by a routing bias instead of a loss, the "
-     "first 3 layers dense: 671B parameters, 37B active per token",
-     _real, _tiny(_real, **_MLA_TINY, n_layers=3, n_experts=16, experts_per_token=2, router_groups=4, router_topk_groups=2,
-                  moe_first_dense=1),
-     published_params=671e9, params_source="the model card (671B main model; its 14B multi-token prediction "
-                                           "module counted apart)",
-     notes="Balancing as the report trains it: moe_balance aux_free with bias update rate 0.001 and the "
-           "sequence-wise loss at 0.0001 (Sec. 4.2); the multi-token prediction module (depth 1) is not in this "
-           "preset (lmlab's MTP modules have dense blocks; V3's is an MoE layer): add mtp_depth 1 for a dense "
-           "one. YaRN x40 from 4,096 positions as config.json. The deepseek_v3 family is HF-parity tested. "
-           "Decoding re-expands the cached latents each step (no weight absorption).")
+_add(
+    "deepseek-v3",
+    "DeepSeek-V3",
+    "DeepSeek-AI 2024, 'DeepSeek-V3 Technical Report', Sec. 2 and 4.2, https://arxiv.org/abs/2412.19437; "
+    "https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json",
+    "MLA (KV latent 512 + RoPE key 64, query bottleneck 1536), 256 sigmoid-scored routed experts (top-8 among "
+    "the best 4 of 8 groups, renormalised x 2.5) + 1 shared, balanced by a routing bias instead of a loss, the "
+    "first 3 layers dense: 671B parameters, 37B active per token",
+    _real,
+    _tiny(
+        _real,
+        **_MLA_TINY,
+        n_layers=3,
+        n_experts=16,
+        experts_per_token=2,
+        router_groups=4,
+        router_topk_groups=2,
+        moe_first_dense=1,
+    ),
+    published_params=671e9,
+    params_source="the model card (671B main model; its 14B multi-token prediction module counted apart)",
+    notes="Balancing as the report trains it: moe_balance aux_free with bias update rate 0.001 and the "
+    "sequence-wise loss at 0.0001 (Sec. 4.2); the multi-token prediction module (depth 1) is not in this "
+    "preset (lmlab's MTP modules have dense blocks; V3's is an MoE layer): add mtp_depth 1 for a dense "
+    "one. YaRN x40 from 4,096 positions as config.json. The deepseek_v3 family is HF-parity tested. "
+    "Decoding re-expands the cached latents each step (no weight absorption).",
+)
 
 # --- gpt-oss (sinks, local/global, clamped-SwiGLU MoE with biases) ---------------------------------------
-_GPT_OSS = dict(_LLAMA_STYLE, vocab_size=201088, context_length=131072, d_model=2880, n_heads=64, n_kv_heads=8,
-                head_dim=64, d_ff=2880, expert_d_ff=2880, norm_eps=1e-5, bias="all", activation="swiglu_clamped",
-                swiglu_alpha=1.702, swiglu_limit=7.0, rope_theta=150000.0, attn_sinks=True, sliding_window=128,
-                layer_pattern="LG", experts_per_token=4, router_score="softmax", router_renormalize=True,
-                router_bias=True, rope_scaling={"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
-                                                "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False})
+_GPT_OSS = dict(
+    _LLAMA_STYLE,
+    vocab_size=201088,
+    context_length=131072,
+    d_model=2880,
+    n_heads=64,
+    n_kv_heads=8,
+    head_dim=64,
+    d_ff=2880,
+    expert_d_ff=2880,
+    norm_eps=1e-5,
+    bias="all",
+    activation="swiglu_clamped",
+    swiglu_alpha=1.702,
+    swiglu_limit=7.0,
+    rope_theta=150000.0,
+    attn_sinks=True,
+    sliding_window=128,
+    layer_pattern="LG",
+    experts_per_token=4,
+    router_score="softmax",
+    router_renormalize=True,
+    router_bias=True,
+    rope_scaling={
+        "type": "yarn",
+        "factor": 32.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+    },
+)
 _GPT_OSS_NOTES = ("Alternating 128-token sliding-window and full layers, a learned sink logit per head, YaRN x32 "
                   "from 4,096 positions (untruncated), biases on q/k/v/o, the router and the experts; the release "
                   "stores the experts in MXFP4 (4.25 bits per parameter), which lmlab does not read (dequantise "
@@ -495,25 +533,38 @@ _real = dict(_LLAMA_STYLE, norm_type="gemma_rmsnorm", vocab_size=151936, context
              linear_n_k_heads=16, linear_n_v_heads=32, linear_k_head_dim=128, linear_v_head_dim=128,
              linear_conv_kernel=4, n_experts=512, experts_per_token=10, expert_d_ff=512, n_shared_experts=1,
              shared_expert_gate=True, router_score="softmax", router_renormalize=True)
-_add("qwen3-next-80b-a3b", "Qwen3-Next",
-     "Qwen Team 2025, 'Qwen3-Next: Towards Ultimate Training & Inference Efficiency', "
-     "https://qwen.ai/blog?id=4074cca80393150c248e508aa62983f9cb7d27cd; "
-     "https://huggingface.co/Qwen/Qwen3-Next-80B-A3B-Instruct/blob/main/config.json",
-     "A 3:1 hybrid: three Gated DeltaNet layers (16 q/k heads, 32 value heads of 128) to one gated full-attention "
-     "layer (GQA 16:2, head_dim 256, (1 + w) QK-norm, RoPE on a quarter of each head), zero-centred RMSNorms, "
-     "every FFN 512 experts of width 512 (top-10) plus a gated shared expert: 80B parameters, 3.9B active",
-     _real, _tiny(_real, n_heads=8, n_layers=4, n_experts=8, experts_per_token=2, linear_n_k_heads=2, linear_n_v_heads=4,
-                  linear_k_head_dim=32, linear_v_head_dim=32),
-     published_params=80e9,
-     params_source="the model card ('80B in total and 3B activated', rounded; lmlab counts 79.67B and 3.87B "
-                   "active, NVIDIA's card 3.9B active)",
-     notes="The Hugging Face checkpoint also stores the multi-token-prediction module (mtp.*: one gated "
-           "full-attention layer with the 512-expert MoE, a 2d -> d projection and norms, about 1.65B by lmlab's "
-           "formulas), which transformers' model does not load and lmlab's import refuses rather than drop; "
-           "lmlab's mtp_depth does not yet take MoE blocks. The config's router_aux_loss_coef 0.001 is left out "
-           "(moe_aux_loss 0). Decoding holds each DeltaNet layer's 32 x 128 x 128 state (2 MiB per sequence in "
-           "fp32) instead of keys: `lmlab analyze --preset qwen3-next-80b-a3b --scale real`. The qwen3_next "
-           "family is HF-parity tested.")
+_add(
+    "qwen3-next-80b-a3b",
+    "Qwen3-Next",
+    "Qwen Team 2025, 'Qwen3-Next: Towards Ultimate Training & Inference Efficiency', "
+    "https://qwen.ai/blog?id=4074cca80393150c248e508aa62983f9cb7d27cd; "
+    "https://huggingface.co/Qwen/Qwen3-Next-80B-A3B-Instruct/blob/main/config.json",
+    "A 3:1 hybrid: three Gated DeltaNet layers (16 q/k heads, 32 value heads of 128) to one gated full-attention "
+    "layer (GQA 16:2, head_dim 256, (1 + w) QK-norm, RoPE on a quarter of each head), zero-centred RMSNorms, "
+    "every FFN 512 experts of width 512 (top-10) plus a gated shared expert: 80B parameters, 3.9B active",
+    _real,
+    _tiny(
+        _real,
+        n_heads=8,
+        n_layers=4,
+        n_experts=8,
+        experts_per_token=2,
+        linear_n_k_heads=2,
+        linear_n_v_heads=4,
+        linear_k_head_dim=32,
+        linear_v_head_dim=32,
+    ),
+    published_params=80e9,
+    params_source="the model card ('80B in total and 3B activated', rounded; lmlab counts 79.67B and 3.87B "
+    "active, NVIDIA's card 3.9B active)",
+    notes="The Hugging Face checkpoint also stores the multi-token-prediction module (mtp.*: one gated "
+    "full-attention layer with the 512-expert MoE, a 2d -> d projection and norms, about 1.65B by lmlab's "
+    "formulas), which transformers' model does not load and lmlab's import refuses rather than drop; "
+    "lmlab's mtp_depth does not yet take MoE blocks. The config's router_aux_loss_coef 0.001 is left out "
+    "(moe_aux_loss 0). Decoding holds each DeltaNet layer's 32 x 128 x 128 state (2 MiB per sequence in "
+    "fp32) instead of keys: `lmlab analyze --preset qwen3-next-80b-a3b --scale real`. The qwen3_next "
+    "family is HF-parity tested.",
+)
 
 # --- Gemma family --------------------------------------------------------------------------------
 _real = dict(_GEMMA_STYLE, vocab_size=256000, context_length=8192, d_model=3072, n_layers=28, n_heads=16,

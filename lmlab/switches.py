@@ -105,8 +105,14 @@ def markdown() -> str:
          "every value is validated, and a bad one is refused naming the field and what is valid.", ""]
     for title, cls in (("Model (`ModelConfig`)", ModelConfig), ("Training (`TrainConfig`)", TrainConfig)):
         rs = rows(cls)
-        L += [f"## {title}", "", f"{len(rs)} fields.", "", "| field | type | default | values | what it does (source) |",
-              "| --- | --- | --- | --- | --- |"]
+        L += [
+            f"## {title}",
+            "",
+            f"{len(rs)} fields.",
+            "",
+            "| field | type | default | values | what it does (source) |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         for r in rs:
             L.append(f"| `{r['name']}` | {_cell(r['type'])} | `{_cell(r['default'])}` | {_cell(r['values'])} | "
                      f"{_cell(r['doc'])} |")

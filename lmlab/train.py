@@ -534,11 +534,15 @@ class Trainer:
         self.train_tokens = data.tokens("train")
         self.val_tokens = data.tokens("val")
         if len(self.train_tokens) < cfg.context_length + 2:
-            raise DataError(f"training split of {str(data.folder)!r} has {len(self.train_tokens)} tokens, fewer than one "
-                            f"context of {cfg.context_length} + 1; use more text or a smaller context_length")
+            raise DataError(
+                f"training split of {str(data.folder)!r} has {len(self.train_tokens)} tokens, fewer than one "
+                f"context of {cfg.context_length} + 1; use more text or a smaller context_length"
+            )
         if len(self.val_tokens) < 2:
             raise DataError(f"validation split of {str(data.folder)!r} has no tokens to score")
-        device_type = "cuda" if (tc.device.startswith("cuda") or (tc.device == "auto" and torch.cuda.is_available())) else "cpu"
+        device_type = (
+            "cuda" if (tc.device.startswith("cuda") or (tc.device == "auto" and torch.cuda.is_available())) else "cpu"
+        )
         self.dist: Dist = init_distributed(device_type)
         check_data_bounds(tc, cfg.context_length, len(self.train_tokens), len(self.val_tokens),
                           self.dist.world_size, str(data.folder), self.dist.is_main)
@@ -746,7 +750,9 @@ class Trainer:
                         self._tb.add_scalar(k, v, record["step"])
 
     def _autocast(self):
-        return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None)
+        return torch.autocast(
+            self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None
+        )
 
     def validate(self) -> dict:
         with eager():  # compiled blocks: no inference graphs to compile for a few evaluation batches
@@ -835,7 +841,9 @@ class Trainer:
             self.scaler.unscale_(self.opt)
         if diag is not None:  # before clipping: the gradients backprop delivered
             diag["grad_norm_layers"] = layer_grad_norms(self.model)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip if tc.grad_clip else float("inf"))
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), tc.grad_clip if tc.grad_clip else float("inf")
+        )
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         rec = {"step": self.step + 1, "loss": mean_loss, "lr": lr, "grad_norm": grad_norm}
         if tc.optimizer == "muon":  # "lr" is AdamW's (embeddings, head, norms); Muon's beside it
@@ -991,8 +999,14 @@ class Trainer:
 
         tc = self.tc
         tok_per_step = tc.batch_size * tc.grad_accum * self.dist.world_size * self.cfg.context_length
-        bar = tqdm(total=tc.max_steps, initial=self.step, disable=not (self.progress and self.dist.is_main),
-                   unit="step", dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 30.0)  # logs: 1 line / 30 s
+        bar = tqdm(
+            total=tc.max_steps,
+            initial=self.step,
+            disable=not (self.progress and self.dist.is_main),
+            unit="step",
+            dynamic_ncols=True,
+            mininterval=0.5 if sys.stderr.isatty() else 30.0,
+        )  # logs: 1 line / 30 s
         last_val: dict = {}
         t0, window_t, window_steps = time.perf_counter(), time.perf_counter(), 0
         first_step, timed_from, side_s, replan_at = self.step, t0, 0.0, None
@@ -1012,7 +1026,9 @@ class Trainer:
                     bar.close()
                     raise FloatingPointError(
                         f"{self.bad_in_row} non-finite steps in a row at step {rec['step']}; stopped, last good state "
-                        f"saved in {path}; lower lr={tc.lr}, raise warmup_steps={tc.warmup_steps}, or try z_loss / qk_norm")
+                        f"saved in {path}; lower lr={tc.lr}, raise warmup_steps={tc.warmup_steps}, "
+                        "or try z_loss / qk_norm"
+                    )
                 bar.update(1)
                 continue
             if self.step % tc.log_interval == 0 or self.step == tc.max_steps or "log_z_mean" in rec:

@@ -241,7 +241,10 @@ def test_cli_analyze_survey_and_bench(capsys, tmp_path):
 
     assert res["lean_decode"] is True  # pre-norm, GQA, windows: the lean one-token path
     assert res["decode_layout"] == ("onednn-packed" if packed_decode_available() else "transposed")
-    assert main(["bench", "decode", "--preset", "qwen3-8b", "--prompt-len", "4", "--new-tokens", "2", "--repeats", "1"]) == 0
+    assert (
+        main(["bench", "decode", "--preset", "qwen3-8b", "--prompt-len", "4", "--new-tokens", "2", "--repeats", "1"])
+        == 0
+    )
     assert "ordinary block path" in capsys.readouterr().out  # QK-norm: no lean one-token path
     with pytest.raises(SystemExit) as exc:  # argparse refuses it, naming the flag
         main(["bench", "decode", "--new-tokens", "1", "--repeats", "1"])

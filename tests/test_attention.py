@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import lmlab.model.attention as attention_mod
 from lmlab.config import ConfigError, ModelConfig
@@ -581,7 +580,11 @@ def test_sinks_equal_hugging_face_gpt_oss_attention():
     GQA 4:2 with a causal mask."""
     gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
     g = torch.Generator().manual_seed(3)
-    q, k, v = torch.randn(2, 4, 6, 8, generator=g), torch.randn(2, 2, 6, 8, generator=g), torch.randn(2, 2, 6, 8, generator=g)
+    q, k, v = (
+        torch.randn(2, 4, 6, 8, generator=g),
+        torch.randn(2, 2, 6, 8, generator=g),
+        torch.randn(2, 2, 6, 8, generator=g),
+    )
     module = torch.nn.Module()
     module.sinks = torch.nn.Parameter(torch.randn(4, generator=g))
     module.num_key_value_groups, module.training = 2, False

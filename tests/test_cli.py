@@ -64,7 +64,9 @@ def test_text_shorter_than_one_context(tmp_path, capsys):
     (tmp_path / "docs").mkdir()
     for i in range(2):
         (tmp_path / "docs" / f"{i}.txt").write_text("Short text.")
-    assert main(["prepare", "--data", str(tmp_path / "docs"), "--out", str(tmp_path / "d"), "--tokenizer", "bytes"]) == 0
+    assert (
+        main(["prepare", "--data", str(tmp_path / "docs"), "--out", str(tmp_path / "d"), "--tokenizer", "bytes"]) == 0
+    )
     capsys.readouterr()
     assert main(["train", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "run"), *TRAIN]) == 2
     line = error_line(capsys)
@@ -275,7 +277,9 @@ def test_out_folder_that_is_not_a_run_is_refused(tmp_path, data_dir, capsys):
     (folder / "tokenizer.json").write_text("mine")
     assert main(["train", "--data", str(data_dir), "--out", str(folder), *TRAIN]) == 2
     assert "is not an empty folder or an lmlab run" in error_line(capsys)
-    assert [p.name for p in folder.iterdir()] == ["tokenizer.json"] and (folder / "tokenizer.json").read_text() == "mine"
+    assert [p.name for p in folder.iterdir()] == ["tokenizer.json"] and (
+        folder / "tokenizer.json"
+    ).read_text() == "mine"
     (tmp_path / "afile").write_text("x")
     assert main(["train", "--data", str(data_dir), "--out", str(tmp_path / "afile"), *TRAIN]) == 2
     assert "afile" in error_line(capsys)

@@ -5,20 +5,26 @@ import pytest
 from lmlab.config import ConfigError, ModelConfig, apply_overrides, load_mapping
 
 
-@pytest.mark.parametrize("kw,message", [
-    (dict(n_heads=6, n_kv_heads=4, d_model=48), "n_heads=6 is not a multiple of n_kv_heads=4"),
-    (dict(d_model=100, n_heads=8), "d_model=100 is not divisible by n_heads=8"),
-    (dict(d_model=0), "d_model=0 must be an integer >= 1"),
-    (dict(norm_type="batchnorm"), "norm_type='batchnorm' is not valid"),
-    (dict(activation="swish"), "activation='swish' is not valid"),
-    (dict(sliding_window=0), "sliding_window=0 must be an integer >= 1"),
-    (dict(rope_fraction=0.3, d_model=64, n_heads=4), "rope_fraction=0.3 of head_dim=16 rotates 5 dims"),
-    (dict(layer_pattern="LLX", n_layers=4, sliding_window=8), "must be a non-empty string of 'L' (local), 'G' (global) and 'D'"),
-    (dict(layer_pattern="LG"), "has local layers but sliding_window is not set"),
-    (dict(attn_dropout=1.0), "attn_dropout=1.0 must be in [0, 1)"),
-    (dict(norm_bias=True), "norm_bias=True needs norm_type='layernorm'"),
-    (dict(parallel_block=True, norm_position="post"), "parallel_block=True needs norm_position='pre'"),
-])
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        (dict(n_heads=6, n_kv_heads=4, d_model=48), "n_heads=6 is not a multiple of n_kv_heads=4"),
+        (dict(d_model=100, n_heads=8), "d_model=100 is not divisible by n_heads=8"),
+        (dict(d_model=0), "d_model=0 must be an integer >= 1"),
+        (dict(norm_type="batchnorm"), "norm_type='batchnorm' is not valid"),
+        (dict(activation="swish"), "activation='swish' is not valid"),
+        (dict(sliding_window=0), "sliding_window=0 must be an integer >= 1"),
+        (dict(rope_fraction=0.3, d_model=64, n_heads=4), "rope_fraction=0.3 of head_dim=16 rotates 5 dims"),
+        (
+            dict(layer_pattern="LLX", n_layers=4, sliding_window=8),
+            "must be a non-empty string of 'L' (local), 'G' (global) and 'D'",
+        ),
+        (dict(layer_pattern="LG"), "has local layers but sliding_window is not set"),
+        (dict(attn_dropout=1.0), "attn_dropout=1.0 must be in [0, 1)"),
+        (dict(norm_bias=True), "norm_bias=True needs norm_type='layernorm'"),
+        (dict(parallel_block=True, norm_position="post"), "parallel_block=True needs norm_position='pre'"),
+    ],
+)
 def test_invalid_values_name_the_field(kw, message):
     with pytest.raises(ConfigError) as err:
         ModelConfig(**kw)

@@ -239,7 +239,9 @@ def test_a_parquet_page_that_fails_its_checksum_is_named(tmp_path):
         data[len(data) // 2] ^= 0x20  # inside a data page: one letter's case
         path.write_bytes(bytes(data))
         if checksum:
-            with pytest.raises(DataError, match=r"cTrue\.parquet' is damaged at or after row \d+ of column 'text': .*CRC checksum"):
+            with pytest.raises(
+                DataError, match=r"cTrue\.parquet' is damaged at or after row \d+ of column 'text': .*CRC checksum"
+            ):
                 prepare([path], tmp_path / "out", "bytes", val_fraction=0.2)
             assert not (tmp_path / "out").exists()
         else:

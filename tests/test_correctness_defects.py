@@ -54,7 +54,9 @@ def test_rmsnorm_bf16_bitwise_equals_hf(hf_class, kwargs):
     d, eps = 256, 1e-6
     ours = RMSNorm(d, eps, **kwargs)
     with torch.no_grad():
-        ours.weight.copy_(torch.randn(d, generator=torch.Generator().manual_seed(1)) * 0.5 + (0.0 if kwargs.get("offset") else 1.0))
+        ours.weight.copy_(
+            torch.randn(d, generator=torch.Generator().manual_seed(1)) * 0.5 + (0.0 if kwargs.get("offset") else 1.0)
+        )
     ref = cls(d, eps=eps)
     ref.load_state_dict(ours.state_dict())
     ours, ref = ours.to(torch.bfloat16), ref.to(torch.bfloat16)

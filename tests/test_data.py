@@ -86,7 +86,10 @@ def test_prepare_splits_whole_documents(tmp_path, small_corpus, kind):
     m = prepare(small_corpus, tmp_path / "d", kind, 500, val_docs=["tempest_gut.txt"])
     data = TokenData(tmp_path / "d")
     tok = data.tokenizer
-    for split, names in (("train", ["macbeth_gut.txt", "othello_gut.txt", "sonnets_gut.txt"]), ("val", ["tempest_gut.txt"])):
+    for split, names in (
+        ("train", ["macbeth_gut.txt", "othello_gut.txt", "sonnets_gut.txt"]),
+        ("val", ["tempest_gut.txt"]),
+    ):
         info = m["splits"][split]
         assert [d["name"] for d in info["documents"]] == names
         raw = [(small_corpus / n).read_bytes() for n in names]

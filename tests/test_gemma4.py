@@ -294,7 +294,10 @@ def test_proportional_rope_turning_no_pair_imports_as_nope_global_layers(gemma4_
         src = tmp_path / name
         shutil.copytree(gemma4_dir, src)
         data = json.loads((src / "config.json").read_text())
-        data["rope_parameters"] = {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4}, "full_attention": full}
+        data["rope_parameters"] = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            "full_attention": full,
+        }
         (src / "config.json").write_text(json.dumps(data))
         return src
 

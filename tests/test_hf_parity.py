@@ -34,113 +34,296 @@ BASE = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layer
 
 # model_type -> (config class, overrides, what the case exercises)
 CASES = {
-    "llama": ("LlamaConfig", dict(attention_bias=True, mlp_bias=True, rope_parameters=dict(
-        rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-        original_max_position_embeddings=16)), "GQA 4:2, q/k/v/o + MLP biases, Llama 3 RoPE scaling"),
-    "mistral": ("MistralConfig", dict(head_dim=32, sliding_window=8), "GQA, head_dim 32 != 64/4, window 8 on all layers"),
-    "qwen2": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1, tie_word_embeddings=True,
-                                  rope_parameters=dict(rope_type="yarn", rope_theta=1e6, factor=4.0,
-                                                       original_max_position_embeddings=32)),
-              "q/k/v biases, window 8 on layer 1 only, YaRN, tied"),
-    "qwen3": ("Qwen3Config", dict(head_dim=32, num_hidden_layers=3, use_sliding_window=True, sliding_window=8,
-                                  attention_bias=True,
-                                  max_window_layers=2, rope_parameters=dict(rope_type="linear", rope_theta=1e6,
-                                                                            factor=2.0)),
-              "per-head QK RMSNorm, q/k/v/o biases, head_dim 32, window on layer 2, linear RoPE scaling"),
-    "gemma": ("GemmaConfig", dict(head_dim=32, num_key_value_heads=1, hidden_act="gelu"),
-              "(1+w) RMSNorm, GeGLU (legacy 'gelu' = tanh), MQA, embeddings x sqrt(d), tied"),
-    "gemma2": ("Gemma2Config", dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=24,
-                                    attn_logit_softcapping=2.0, final_logit_softcapping=4.0),
-               "sandwich norms, attention soft-cap 2 and final soft-cap 4, local(8)/global, query scale 24^-0.5"),
-    "gemma3_text": ("Gemma3TextConfig", dict(head_dim=16, num_hidden_layers=3, sliding_window=8,
-                                             layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-                                             query_pre_attn_scalar=16, rope_parameters=dict(
-                                                 sliding_attention=dict(rope_type="default", rope_theta=10000.0),
-                                                 full_attention=dict(rope_type="linear", rope_theta=1e6, factor=8.0))),
-                    "(1+w) QK-norm, 2 local(8) : 1 global, local theta 1e4, global 1e6 linear x8"),
-    "gemma4_text": ("Gemma4TextConfig", dict(head_dim=16, num_hidden_layers=6, sliding_window=8, attention_bias=True,
-                                             layer_types=["sliding_attention", "full_attention"] * 3,
-                                             global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
-                                             hidden_size_per_layer_input=8, vocab_size_per_layer_input=V,
-                                             num_kv_shared_layers=2, use_double_wide_mlp=True,
-                                             enable_moe_block=True, num_experts=4, top_k_experts=2,
-                                             moe_intermediate_size=16, final_logit_softcapping=4.0,
-                                             rope_parameters=dict(
-                                                 sliding_attention=dict(rope_type="default", rope_theta=10000.0),
-                                                 full_attention=dict(rope_type="proportional", rope_theta=1e6,
-                                                                     partial_rotary_factor=0.25, factor=2.0))),
-                    "V-norm, query scale 1, local(8)/global with global head_dim 32, 1 KV head, keys as values and "
-                    "proportional RoPE (1/4 of the pairs, factor 2), q/k/v/o biases, layer scalars, final soft-cap 4, "
-                    "per-layer input embeddings (8), last 2 layers KV-shared with double-wide MLPs, MoE block "
-                    "beside each MLP (4 experts, top-2, router norm and scales perturbed)"),
-    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
-                "mixture of 4 SwiGLU experts, top-2 softmax renormalised, sliding window 8, GQA"),
-    "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=32, num_hidden_layers=4, num_experts=4, num_experts_per_tok=2,
-                                         moe_intermediate_size=32, decoder_sparse_step=2, mlp_only_layers=[3],
-                                         norm_topk_prob=True, use_sliding_window=True, sliding_window=8,
-                                         attention_bias=True),
-                  "Qwen3 attention (per-head QK RMSNorm, q/k/v/o biases, window 8 on every layer) with 4 SwiGLU "
-                  "experts (width 32, top-2 renormalised) on layer 1 only (decoder_sparse_step 2, layer 3 in "
-                  "mlp_only_layers), dense SwiGLU (96) on layers 0, 2, 3"),
-    "smollm3": ("SmolLM3Config", dict(num_hidden_layers=5, no_rope_layer_interval=2, tie_word_embeddings=False),
-                "RoPE on layers 1, 3, 5 and NoPE on 2 and 4 (no_rope_layer_interval 2), GQA, untied"),
-    "llama4_text": ("Llama4TextConfig", dict(num_hidden_layers=4, head_dim=16, intermediate_size=48,
-                                             intermediate_size_mlp=96, num_local_experts=4, num_experts_per_tok=2,
-                                             interleave_moe_layer_step=2, attention_chunk_size=8, floor_scale=4,
-                                             attn_scale=0.5, rope_parameters=dict(rope_type="default",
-                                                                                  rope_theta=10000.0)),
-                    "chunked(8) RoPE layers 0-2 with L2 QK-norm, NoPE layer 3 with temperature (floor 4), "
-                    "MoE on layers 1 and 3 (4 sigmoid-scored experts fed the scaled token, top-2, shared expert)"),
-    "deepseek_v2": ("DeepseekV2Config", dict(num_hidden_layers=3, num_key_value_heads=4, rms_norm_eps=1e-6,
-                                             kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16,
-                                             v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
-                                             n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1,
-                                             topk_method="group_limited_greedy", n_group=4, topk_group=1,
-                                             routed_scaling_factor=2.0, rope_parameters=dict(
-                                                 rope_type="yarn", rope_theta=10000.0, factor=4.0,
-                                                 original_max_position_embeddings=32, beta_fast=32.0, beta_slow=1.0,
-                                                 mscale=0.707, mscale_all_dim=0.707)),
-                    "MLA (query bottleneck 24, KV latent 16 + RoPE key 8), YaRN x4 with mscale_all_dim, layer 0 "
-                    "dense, then 8 softmax experts routed group-limited (top-2 within the best of 4 groups) x 2.0 + a shared one"),
-    "deepseek_v3": ("DeepseekV3Config", dict(num_hidden_layers=3, num_key_value_heads=4, rms_norm_eps=1e-6,
-                                             kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16,
-                                             v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
-                                             n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1,
-                                             n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
-                                             rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
-                                                                  original_max_position_embeddings=32, beta_fast=32.0,
-                                                                  beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)),
-                    "MLA (no query bottleneck, KV latent 16 + RoPE key 8, interleaved RoPE), YaRN x4, layer 0 dense, "
-                    "then 8 sigmoid-scored experts with the routing bias (perturbed) choosing among the best 2 of 4 "
-                    "groups by their top-2 sums, top-2 renormalised x 2.5, plus a shared expert"),
-    "gpt_oss": ("GptOssConfig", dict(num_hidden_layers=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
-                                     intermediate_size=32, sliding_window=8, swiglu_limit=1.5,
-                                     rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=4.0,
-                                                          beta_fast=32.0, beta_slow=1.0, truncate=False,
-                                                          original_max_position_embeddings=32)),
-                "q/k/v/o biases, sinks (perturbed), local(8)/global, YaRN x4 untruncated, 4 experts with biases, "
-                "router with a bias, top-2 softmax, clamped SwiGLU (limit 1.5, so the clamp acts)"),
-    "qwen3_next": ("Qwen3NextConfig", dict(num_hidden_layers=4, head_dim=16, linear_num_key_heads=2,
-                                           linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6,
-                                           num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                           shared_expert_intermediate_size=64, mlp_only_layers=[2],
-                                           rope_parameters=dict(rope_type="default", rope_theta=10000.0,
-                                                                partial_rotary_factor=0.5)),
-                   "3 Gated DeltaNet (2 key heads x 8, 4 value heads x 6) : 1 full-attention layer with the "
-                   "elementwise output gate, (1 + w) QK-norm and RoPE on half of each head; 4 experts (top-2 "
-                   "renormalised) + a shared expert of twice their width behind its sigmoid gate on layers 0, 1, "
-                   "3, a dense SwiGLU on layer 2"),
+    "llama": (
+        "LlamaConfig",
+        dict(
+            attention_bias=True,
+            mlp_bias=True,
+            rope_parameters=dict(
+                rope_type="llama3",
+                rope_theta=500000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=16,
+            ),
+        ),
+        "GQA 4:2, q/k/v/o + MLP biases, Llama 3 RoPE scaling",
+    ),
+    "mistral": (
+        "MistralConfig",
+        dict(head_dim=32, sliding_window=8),
+        "GQA, head_dim 32 != 64/4, window 8 on all layers",
+    ),
+    "qwen2": (
+        "Qwen2Config",
+        dict(
+            use_sliding_window=True,
+            sliding_window=8,
+            max_window_layers=1,
+            tie_word_embeddings=True,
+            rope_parameters=dict(rope_type="yarn", rope_theta=1e6, factor=4.0, original_max_position_embeddings=32),
+        ),
+        "q/k/v biases, window 8 on layer 1 only, YaRN, tied",
+    ),
+    "qwen3": (
+        "Qwen3Config",
+        dict(
+            head_dim=32,
+            num_hidden_layers=3,
+            use_sliding_window=True,
+            sliding_window=8,
+            attention_bias=True,
+            max_window_layers=2,
+            rope_parameters=dict(rope_type="linear", rope_theta=1e6, factor=2.0),
+        ),
+        "per-head QK RMSNorm, q/k/v/o biases, head_dim 32, window on layer 2, linear RoPE scaling",
+    ),
+    "gemma": (
+        "GemmaConfig",
+        dict(head_dim=32, num_key_value_heads=1, hidden_act="gelu"),
+        "(1+w) RMSNorm, GeGLU (legacy 'gelu' = tanh), MQA, embeddings x sqrt(d), tied",
+    ),
+    "gemma2": (
+        "Gemma2Config",
+        dict(
+            head_dim=16,
+            sliding_window=8,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=4.0,
+        ),
+        "sandwich norms, attention soft-cap 2 and final soft-cap 4, local(8)/global, query scale 24^-0.5",
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        dict(
+            head_dim=16,
+            num_hidden_layers=3,
+            sliding_window=8,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            query_pre_attn_scalar=16,
+            rope_parameters=dict(
+                sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+                full_attention=dict(rope_type="linear", rope_theta=1e6, factor=8.0),
+            ),
+        ),
+        "(1+w) QK-norm, 2 local(8) : 1 global, local theta 1e4, global 1e6 linear x8",
+    ),
+    "gemma4_text": (
+        "Gemma4TextConfig",
+        dict(
+            head_dim=16,
+            num_hidden_layers=6,
+            sliding_window=8,
+            attention_bias=True,
+            layer_types=["sliding_attention", "full_attention"] * 3,
+            global_head_dim=32,
+            num_global_key_value_heads=1,
+            attention_k_eq_v=True,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=V,
+            num_kv_shared_layers=2,
+            use_double_wide_mlp=True,
+            enable_moe_block=True,
+            num_experts=4,
+            top_k_experts=2,
+            moe_intermediate_size=16,
+            final_logit_softcapping=4.0,
+            rope_parameters=dict(
+                sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+                full_attention=dict(rope_type="proportional", rope_theta=1e6, partial_rotary_factor=0.25, factor=2.0),
+            ),
+        ),
+        "V-norm, query scale 1, local(8)/global with global head_dim 32, 1 KV head, keys as values and "
+        "proportional RoPE (1/4 of the pairs, factor 2), q/k/v/o biases, layer scalars, final soft-cap 4, "
+        "per-layer input embeddings (8), last 2 layers KV-shared with double-wide MLPs, MoE block "
+        "beside each MLP (4 experts, top-2, router norm and scales perturbed)",
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
+        "mixture of 4 SwiGLU experts, top-2 softmax renormalised, sliding window 8, GQA",
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(
+            head_dim=32,
+            num_hidden_layers=4,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            decoder_sparse_step=2,
+            mlp_only_layers=[3],
+            norm_topk_prob=True,
+            use_sliding_window=True,
+            sliding_window=8,
+            attention_bias=True,
+        ),
+        "Qwen3 attention (per-head QK RMSNorm, q/k/v/o biases, window 8 on every layer) with 4 SwiGLU "
+        "experts (width 32, top-2 renormalised) on layer 1 only (decoder_sparse_step 2, layer 3 in "
+        "mlp_only_layers), dense SwiGLU (96) on layers 0, 2, 3",
+    ),
+    "smollm3": (
+        "SmolLM3Config",
+        dict(num_hidden_layers=5, no_rope_layer_interval=2, tie_word_embeddings=False),
+        "RoPE on layers 1, 3, 5 and NoPE on 2 and 4 (no_rope_layer_interval 2), GQA, untied",
+    ),
+    "llama4_text": (
+        "Llama4TextConfig",
+        dict(
+            num_hidden_layers=4,
+            head_dim=16,
+            intermediate_size=48,
+            intermediate_size_mlp=96,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            interleave_moe_layer_step=2,
+            attention_chunk_size=8,
+            floor_scale=4,
+            attn_scale=0.5,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+        ),
+        "chunked(8) RoPE layers 0-2 with L2 QK-norm, NoPE layer 3 with temperature (floor 4), "
+        "MoE on layers 1 and 3 (4 sigmoid-scored experts fed the scaled token, top-2, shared expert)",
+    ),
+    "deepseek_v2": (
+        "DeepseekV2Config",
+        dict(
+            num_hidden_layers=3,
+            num_key_value_heads=4,
+            rms_norm_eps=1e-6,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+            topk_method="group_limited_greedy",
+            n_group=4,
+            topk_group=1,
+            routed_scaling_factor=2.0,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=10000.0,
+                factor=4.0,
+                original_max_position_embeddings=32,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                mscale=0.707,
+                mscale_all_dim=0.707,
+            ),
+        ),
+        "MLA (query bottleneck 24, KV latent 16 + RoPE key 8), YaRN x4 with mscale_all_dim, layer 0 "
+        "dense, then 8 softmax experts routed group-limited (top-2 within the best of 4 groups) x 2.0 + a shared one",
+    ),
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        dict(
+            num_hidden_layers=3,
+            num_key_value_heads=4,
+            rms_norm_eps=1e-6,
+            kv_lora_rank=16,
+            q_lora_rank=None,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=10000.0,
+                factor=4.0,
+                original_max_position_embeddings=32,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                mscale=1.0,
+                mscale_all_dim=1.0,
+            ),
+        ),
+        "MLA (no query bottleneck, KV latent 16 + RoPE key 8, interleaved RoPE), YaRN x4, layer 0 dense, "
+        "then 8 sigmoid-scored experts with the routing bias (perturbed) choosing among the best 2 of 4 "
+        "groups by their top-2 sums, top-2 renormalised x 2.5, plus a shared expert",
+    ),
+    "gpt_oss": (
+        "GptOssConfig",
+        dict(
+            num_hidden_layers=2,
+            head_dim=16,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            intermediate_size=32,
+            sliding_window=8,
+            swiglu_limit=1.5,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=150000.0,
+                factor=4.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                truncate=False,
+                original_max_position_embeddings=32,
+            ),
+        ),
+        "q/k/v/o biases, sinks (perturbed), local(8)/global, YaRN x4 untruncated, 4 experts with biases, "
+        "router with a bias, top-2 softmax, clamped SwiGLU (limit 1.5, so the clamp acts)",
+    ),
+    "qwen3_next": (
+        "Qwen3NextConfig",
+        dict(
+            num_hidden_layers=4,
+            head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=6,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            mlp_only_layers=[2],
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
+        ),
+        "3 Gated DeltaNet (2 key heads x 8, 4 value heads x 6) : 1 full-attention layer with the "
+        "elementwise output gate, (1 + w) QK-norm and RoPE on half of each head; 4 experts (top-2 "
+        "renormalised) + a shared expert of twice their width behind its sigmoid gate on layers 0, 1, "
+        "3, a dense SwiGLU on layer 2",
+    ),
     "olmo": ("OlmoConfig", dict(clip_qkv=1.0), "LayerNorm without parameters, clip_qkv 1.0, GQA"),
     "olmo2": ("Olmo2Config", dict(), "reordered norms, QK RMSNorm across heads, GQA"),
-    "olmo3": ("Olmo3Config", dict(num_hidden_layers=4, sliding_window=8, rope_parameters=dict(
-                  sliding_attention=dict(rope_type="default", rope_theta=10000.0),
-                  full_attention=dict(rope_type="linear", rope_theta=500000.0, factor=4.0))),
-              "OLMo 2's block, 3 local(8) : 1 global layers, local theta 1e4, global 5e5 linear x4"),
-    "cohere": ("CohereConfig", dict(use_qk_norm=True, logit_scale=0.25),
-               "parallel block, bias-free LayerNorm, interleaved RoPE, per-head QK LayerNorm, logit_scale 0.25"),
-    "cohere2": ("Cohere2Config", dict(sliding_window=8, logit_scale=0.5,
-                                      layer_types=["sliding_attention", "full_attention"]),
-                "parallel block, interleaved RoPE on the local(8) layer, NoPE global layer, logit_scale 0.5"),
+    "olmo3": (
+        "Olmo3Config",
+        dict(
+            num_hidden_layers=4,
+            sliding_window=8,
+            rope_parameters=dict(
+                sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+                full_attention=dict(rope_type="linear", rope_theta=500000.0, factor=4.0),
+            ),
+        ),
+        "OLMo 2's block, 3 local(8) : 1 global layers, local theta 1e4, global 5e5 linear x4",
+    ),
+    "cohere": (
+        "CohereConfig",
+        dict(use_qk_norm=True, logit_scale=0.25),
+        "parallel block, bias-free LayerNorm, interleaved RoPE, per-head QK LayerNorm, logit_scale 0.25",
+    ),
+    "cohere2": (
+        "Cohere2Config",
+        dict(sliding_window=8, logit_scale=0.5, layer_types=["sliding_attention", "full_attention"]),
+        "parallel block, interleaved RoPE on the local(8) layer, NoPE global layer, logit_scale 0.5",
+    ),
 }
 
 # the padded row of the padded-batch check is left out where HF's output depends on the row's padding:
@@ -171,7 +354,9 @@ def hf_model(name: str, path):
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
     with torch.no_grad():  # norm weights away from their init, so a misplaced norm shows
         for n, p in model.named_parameters():
-            if "norm" in n or n.endswith(("router.scale", "per_expert_scale", "sinks")):  # Gemma 4's router scales, sinks
+            if "norm" in n or n.endswith(
+                ("router.scale", "per_expert_scale", "sinks")
+            ):  # Gemma 4's router scales, sinks
                 p.add_(0.2 * torch.randn_like(p))
             elif n.endswith("bias"):
                 p.normal_(0.0, 0.1)
@@ -372,7 +557,9 @@ def test_imported_run_with_tokenizer_evaluates_generates_and_fine_tunes(tmp_path
     for i in range(4):
         (docs / f"d{i}.txt").write_text(TEXT * (6 + i))
     data = tmp_path / "data"
-    assert main(["prepare", "--data", str(docs), "--out", str(data), "--vocab-size", "300", "--val-docs", "d0.txt"]) == 0
+    assert (
+        main(["prepare", "--data", str(docs), "--out", str(data), "--vocab-size", "300", "--val-docs", "d0.txt"]) == 0
+    )
     vocab = json.loads((data / "manifest.json").read_text())["tokenizer"]["vocab_size"]
     save_llama(tmp_path / "hf", vocab_size=vocab, max_position_embeddings=64)
     (tmp_path / "hf" / "tokenizer.json").write_bytes((data / "tokenizer.json").read_bytes())
@@ -417,16 +604,42 @@ def test_hf_tokenizer_of_another_kind(tmp_path):
     assert tok.decode_bytes([tok.eot_id]) == b""
 
 
-PRESET_FAMILIES = {"llama-2-7b": "llama", "llama-3-8b": "llama", "mistral-7b": "mistral", "qwen2-7b": "qwen2",
-                   "qwen3-8b": "qwen3", "gemma-2b": "gemma", "gemma-2-9b": "gemma2", "gemma-3-12b": "gemma3_text",
-                   "gemma-3-1b": "gemma3_text", "gemma-4-31b": "gemma4_text", "gemma-4-e2b": "gemma4_text",
-                   "gemma-4-e4b": "gemma4_text", "gemma-4-26b-a4b": "gemma4_text", "gemma-3-4b": "gemma3_text", "gemma-3-27b": "gemma3_text",
-                   "mixtral-8x7b": "mixtral", "llama-2-70b": "llama", "llama-3-70b": "llama",
-                   "olmo-7b": "olmo", "olmo-2-7b": "olmo2", "olmo-3-7b": "olmo3", "command-r7b": "cohere2", "smollm3-3b": "smollm3",
-                   "marin-8b": "llama", "internlm2-7b": "llama", "llama-4-scout": "llama4_text",
-                   "deepseek-v2": "deepseek_v2", "deepseek-v2-lite": "deepseek_v2",
-                   "qwen3-30b-a3b": "qwen3_moe", "qwen3-235b-a22b": "qwen3_moe", "deepseek-v3": "deepseek_v3",
-                   "gpt-oss-20b": "gpt_oss", "gpt-oss-120b": "gpt_oss", "qwen3-next-80b-a3b": "qwen3_next"}
+PRESET_FAMILIES = {
+    "llama-2-7b": "llama",
+    "llama-3-8b": "llama",
+    "mistral-7b": "mistral",
+    "qwen2-7b": "qwen2",
+    "qwen3-8b": "qwen3",
+    "gemma-2b": "gemma",
+    "gemma-2-9b": "gemma2",
+    "gemma-3-12b": "gemma3_text",
+    "gemma-3-1b": "gemma3_text",
+    "gemma-4-31b": "gemma4_text",
+    "gemma-4-e2b": "gemma4_text",
+    "gemma-4-e4b": "gemma4_text",
+    "gemma-4-26b-a4b": "gemma4_text",
+    "gemma-3-4b": "gemma3_text",
+    "gemma-3-27b": "gemma3_text",
+    "mixtral-8x7b": "mixtral",
+    "llama-2-70b": "llama",
+    "llama-3-70b": "llama",
+    "olmo-7b": "olmo",
+    "olmo-2-7b": "olmo2",
+    "olmo-3-7b": "olmo3",
+    "command-r7b": "cohere2",
+    "smollm3-3b": "smollm3",
+    "marin-8b": "llama",
+    "internlm2-7b": "llama",
+    "llama-4-scout": "llama4_text",
+    "deepseek-v2": "deepseek_v2",
+    "deepseek-v2-lite": "deepseek_v2",
+    "qwen3-30b-a3b": "qwen3_moe",
+    "qwen3-235b-a22b": "qwen3_moe",
+    "deepseek-v3": "deepseek_v3",
+    "gpt-oss-20b": "gpt_oss",
+    "gpt-oss-120b": "gpt_oss",
+    "qwen3-next-80b-a3b": "qwen3_next",
+}
 
 
 @pytest.mark.parametrize("preset", list(PRESET_FAMILIES))

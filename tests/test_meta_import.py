@@ -46,7 +46,11 @@ def write_meta(folder, params, state, shards: int = 1, embed_dim: int = 1):
             if t.ndim == 1 or shards == 1:
                 part[name] = t.clone()
                 continue
-            dim = embed_dim if name == "tok_embeddings.weight" else (1 if name.endswith(("wo.weight", "w2.weight")) else 0)
+            dim = (
+                embed_dim
+                if name == "tok_embeddings.weight"
+                else (1 if name.endswith(("wo.weight", "w2.weight")) else 0)
+            )
             part[name] = t.chunk(shards, dim=dim)[k].clone()
         if shards > 1 and k == 0:
             part["rope.freqs"] = torch.zeros(8)  # Llama 2 stores its frequencies; recomputed, not read

@@ -172,8 +172,16 @@ def test_a_moe_model_trains_and_logs_its_router(tmp_path, byte_data):
 
     cfg = ModelConfig(vocab_size=257, context_length=64, d_model=64, n_layers=2, n_heads=4, n_experts=4,
                       experts_per_token=2, moe_aux_loss=0.02, moe_router_z_loss=0.001)
-    tc = TrainConfig(batch_size=8, max_steps=40, lr=3e-3, warmup_steps=5, eval_interval=40, eval_windows=4, log_interval=10,
-                     device="cpu")
+    tc = TrainConfig(
+        batch_size=8,
+        max_steps=40,
+        lr=3e-3,
+        warmup_steps=5,
+        eval_interval=40,
+        eval_windows=4,
+        log_interval=10,
+        device="cpu",
+    )
     trainer = Trainer.create(tmp_path / "run", cfg, tc, byte_data, progress=False)
     trainer.fit()
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -11,12 +11,11 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from lmlab.config import BOOL_FIELDS, ConfigError, ModelConfig, glu_hidden_dim
 from lmlab.model import TransformerLM, lm_loss
 from lmlab.model.ffn import ACTIVATION_FNS, FeedForward
-from lmlab.model.norms import LayerNorm, RMSNorm, make_norm
+from lmlab.model.norms import RMSNorm, make_norm
 from lmlab.model.transformer import Block
 
 

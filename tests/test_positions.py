@@ -121,7 +121,9 @@ def test_half_style_matches_hugging_face_llama():
 def test_nope_attention_is_permutation_equivariant_without_causal_mask(monkeypatch):
     """NoPE has no position signal besides the mask: with the mask all-True, permuting the tokens permutes
     the outputs. RoPE (control) breaks this."""
-    monkeypatch.setattr(attention_mod, "causal_mask", lambda q, k, w, chunk=False: torch.ones(len(q), len(k), dtype=torch.bool))
+    monkeypatch.setattr(
+        attention_mod, "causal_mask", lambda q, k, w, chunk=False: torch.ones(len(q), len(k), dtype=torch.bool)
+    )
     x = torch.randn(1, 9, 32)
     perm = torch.randperm(9, generator=torch.Generator().manual_seed(3))
     for position, equivariant in (("nope", True), ("rope", False)):

@@ -8,7 +8,6 @@ $LMLAB_CORPUS_DIR) read as raw UTF-8 bytes (vocabulary 256, no tokenizer).
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 

@@ -98,7 +98,9 @@ def test_readme_ablation_summary_is_the_committed_index():
     again = "regenerate: lmlab report --index docs/ablations/[0-9]*/ --out docs/ablations/README.md " \
         "--readme README.md --readme docs/lab.md"
     assert readme_block(LAB_PAGE) == summary_block(claims, executed, Path("ablations/README.md")), again
-    assert readme_block(README, COUNTS_START, COUNTS_END) == counts_line(claims, Path("docs/ablations/README.md")), again
+    assert readme_block(README, COUNTS_START, COUNTS_END) == counts_line(claims, Path("docs/ablations/README.md")), (
+        again
+    )
     assert readme_block(README) == ""  # the full table lives on the lab page only (one figure, one source)
     from lmlab.lab.stats import VERDICTS
 

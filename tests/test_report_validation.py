@@ -255,7 +255,9 @@ def test_a_hand_edited_verdict_or_interval_is_refused(tiny, tmp_path, capsys):
     check of issue 44 found the flipped verdict published by --index."""
     _, rep = tiny
     data = json.loads((rep / "verdicts.json").read_text())
-    judged = next(i for i, c in enumerate(data["claims"]) if c["lo"] is not None and c["verdict"] in ("agrees", "disagrees"))
+    judged = next(
+        i for i, c in enumerate(data["claims"]) if c["lo"] is not None and c["verdict"] in ("agrees", "disagrees")
+    )
     c = data["claims"][judged]
     flip = {"agrees": "disagrees", "disagrees": "agrees"}[c["verdict"]]
     for edit, says in (({"verdict": flip, "measured": flip}, "(a hand-edited verdict?)"),

@@ -46,7 +46,9 @@ def test_duplicate_keys_and_long_integers_are_refused_with_their_line(tmp_path):
     with pytest.raises(ConfigError, match="duplicate key 'seeds' in one object"):
         load_mapping(tmp_path / "d.json")
     (tmp_path / "n.yaml").write_text("seeds: [" + "9" * 5000 + "]\n")
-    with pytest.raises(ConfigError, match=r"seeds\[0\]: an integer of 5000 digits \(at most 4000\) at line 1, column 9"):
+    with pytest.raises(
+        ConfigError, match=r"seeds\[0\]: an integer of 5000 digits \(at most 4000\) at line 1, column 9"
+    ):
         load_mapping(tmp_path / "n.yaml")
     (tmp_path / "n2.yaml").write_text("model:\n  n_layers: " + "9" * 5000 + "\n")
     with pytest.raises(ConfigError, match=r"n_layers: an integer of 5000 digits"):

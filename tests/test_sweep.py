@@ -140,7 +140,9 @@ def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
     # diagnostics (diag_interval 5): the largest attention logit and log Z seen, from the metrics
     diag = [json.loads(x) for x in (out / "runs" / "rope-s1" / "metrics.jsonl").read_text().splitlines()]
     diag = [r for r in diag if "max_attn_logit" in r]
-    assert [r['step'] for r in diag] == [1, 5, 10] and rope["max_attn_logit"] == max(max(r["max_attn_logit"]) for r in diag)
+    assert [r["step"] for r in diag] == [1, 5, 10] and rope["max_attn_logit"] == max(
+        max(r["max_attn_logit"]) for r in diag
+    )
     assert rope["log_z_max"] == max(r["log_z_max"] for r in diag)
     # the attention-sink share: the last diagnostics' first-key shares, averaged over the layers
     assert rope["attn_sink"] == pytest.approx(sum(diag[-1]["attn_first_key"]) / 2) and 0 < rope["attn_sink"] < 1
@@ -359,7 +361,6 @@ def test_variants_with_their_own_data_train_and_score_on_it(byte_data, small_cor
     """A variant's data: (a prepared folder, or the default corpus with another tokenizer) sets its
     runs' data and vocab_size; bits/byte of two tokenizations of the same documents are compared; --data
     cannot replace it (refused, naming the variants); malformed values are refused by name."""
-    from lmlab.data.prepare import prepare
     from lmlab.lab.spec import variant_data
     from lmlab.runs import default_data_dir
 
@@ -547,7 +548,11 @@ def test_two_sweeps_on_one_folder_the_second_refuses(byte_data, tmp_path, capsys
         assert main(["sweep", str(path), "--out", str(out)]) == 2
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert len(err) == 1 and err[0].startswith("lmlab sweep: error: ")
-        assert str(out) in err[0] and "is in use by lmlab sweep (PID" in err[0] and str(__import__("os").getpid()) in err[0]
+        assert (
+            str(out) in err[0]
+            and "is in use by lmlab sweep (PID" in err[0]
+            and str(__import__("os").getpid()) in err[0]
+        )
         assert not (out / "results.jsonl").exists()
         assert main(["sweep", str(path), "--out", str(out), "--dry-run"]) == 0  # a dry run only reads
     finally:

@@ -4,7 +4,6 @@ clipping) against the same runs trained separately with lmlab's training step (i
 import importlib.util
 from pathlib import Path
 
-import pytest
 import torch
 
 SPEC = importlib.util.spec_from_file_location(

@@ -21,7 +21,9 @@ def byte_data(tmp_path_factory, small_corpus):
 
 
 def small_model(**kw):
-    return ModelConfig(**{**dict(vocab_size=257, context_length=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2), **kw})
+    return ModelConfig(
+        **{**dict(vocab_size=257, context_length=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2), **kw}
+    )
 
 
 def test_cpu_peak_flops_only_in_fp32():
@@ -52,7 +54,9 @@ def test_short_training_run_lowers_loss(tmp_path, byte_data):
     from lmlab.analysis import DEVICES, flops_per_token
 
     fpt = flops_per_token(trainer.cfg, 64, training=True)
-    assert all(r["mfu"] == pytest.approx(fpt * r["tokens_per_s"] / DEVICES["cpu"].peak_flops) for r in lines if "loss" in r)
+    assert all(
+        r["mfu"] == pytest.approx(fpt * r["tokens_per_s"] / DEVICES["cpu"].peak_flops) for r in lines if "loss" in r
+    )
     # the final checkpoint reproduces the trained model exactly
     model, cfg, tok, run, ckpt = load_run(tmp_path / "run")
     x = torch.randint(0, 257, (2, 64))

@@ -26,7 +26,9 @@ def byte_data(tmp_path_factory, small_corpus):
 
 
 def tiny_cfg(**kw):
-    return ModelConfig(**{**dict(vocab_size=257, context_length=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2), **kw})
+    return ModelConfig(
+        **{**dict(vocab_size=257, context_length=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2), **kw}
+    )
 
 
 def losses(run) -> dict:
@@ -64,8 +66,12 @@ def test_sigkill_then_same_command_reproduces_losses_exactly(tmp_path, byte_data
 
 def test_grad_accumulation_equals_large_batch(tmp_path, byte_data):
     common = dict(max_steps=1, lr=1e-2, warmup_steps=0, device="cpu", eval_interval=10, tensorboard=False)
-    big = Trainer.create(tmp_path / "big", tiny_cfg(), TrainConfig(batch_size=8, grad_accum=1, **common), byte_data, progress=False)
-    acc = Trainer.create(tmp_path / "acc", tiny_cfg(), TrainConfig(batch_size=2, grad_accum=4, **common), byte_data, progress=False)
+    big = Trainer.create(
+        tmp_path / "big", tiny_cfg(), TrainConfig(batch_size=8, grad_accum=1, **common), byte_data, progress=False
+    )
+    acc = Trainer.create(
+        tmp_path / "acc", tiny_cfg(), TrainConfig(batch_size=2, grad_accum=4, **common), byte_data, progress=False
+    )
     # SGD makes the update proportional to the gradient (Adam's first step is ~lr * sign(g), which
     # magnifies fp32 summation-order noise in near-zero gradients), so the step compares gradients
     for t in (big, acc):
@@ -235,7 +241,9 @@ def test_full_disk_keeps_previous_checkpoint(tmp_path, byte_data, monkeypatch):
 
     import lmlab.checkpoint as ck
 
-    tc = TrainConfig(batch_size=2, max_steps=4, checkpoint_interval=2, eval_interval=100, device="cpu", tensorboard=False)
+    tc = TrainConfig(
+        batch_size=2, max_steps=4, checkpoint_interval=2, eval_interval=100, device="cpu", tensorboard=False
+    )
     t = Trainer.create(tmp_path / "run", tiny_cfg(), tc, byte_data, progress=False)
     t.train_step(), t.train_step()
     first = t.save()

@@ -57,7 +57,9 @@ SUPPORTED_ROPE = "default, linear, yarn, llama3"
 
 
 def unsupported(family: str, field: str, value: Any, supported: str) -> UnsupportedError:
-    return UnsupportedError(f"{family}: {field}={value!r} cannot be represented exactly by lmlab; supported: {supported}")
+    return UnsupportedError(
+        f"{family}: {field}={value!r} cannot be represented exactly by lmlab; supported: {supported}"
+    )
 
 
 def check_fields(hf: dict, family: str, handled: set | frozenset) -> None:
@@ -191,7 +193,10 @@ def rope_to_hf(theta: float, scaling: Optional[dict], rot_dim: int) -> dict:
         return {"rope_type": "default", "rope_theta": float(theta)}
     kind = scaling["type"]
     if kind == "ntk":
-        return {"rope_type": "default", "rope_theta": float(theta) * float(scaling["factor"]) ** (rot_dim / (rot_dim - 2))}
+        return {
+            "rope_type": "default",
+            "rope_theta": float(theta) * float(scaling["factor"]) ** (rot_dim / (rot_dim - 2)),
+        }
     out = {"rope_type": kind, "rope_theta": float(theta)}
     out.update({k: v for k, v in scaling.items() if k != "type"})
     return out
@@ -298,7 +303,9 @@ def layer_signature(cfg: ModelConfig) -> dict:
                    tuple(cfg.layer_is_moe(i) for i in range(cfg.n_layers)), cfg.moe_beside_dense,
                    cfg.router_input_norm, cfg.router_expert_scale,
                    cfg.moe_balance != "aux_loss", cfg.router_bias, cfg.shared_expert_gate))
-    sig["swiglu_clamp"] = (cfg.swiglu_alpha, cfg.swiglu_limit) if cfg.activation == "swiglu_clamped" else None  # a routing bias (DeepSeek-V3's e_score_correction_bias)
+    sig["swiglu_clamp"] = (
+        (cfg.swiglu_alpha, cfg.swiglu_limit) if cfg.activation == "swiglu_clamped" else None
+    )  # a routing bias (DeepSeek-V3's e_score_correction_bias)
     layers = []
     for i in range(cfg.n_layers):
         if cfg.layer_is_linear(i):  # a linear-attention layer: its kind and sizes (the chunk does not matter)

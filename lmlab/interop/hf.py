@@ -293,12 +293,21 @@ def import_hf(path: str | Path, out_run_dir: str | Path, dtype: str = "auto") ->
             if tok is not None:
                 (tmp / "tokenizer.json").write_text(text)
         tokenizer = (tmp / "tokenizer.json").is_file()
-        spec = {"model": cfg.to_dict(), "train": dataclasses.asdict(TrainConfig()), "data": None,
-                "hf": {"model_type": family.model_type, "hf_class": family.hf_class,
-                       "source": str(path.resolve()), "tokenizer": tokenizer, "dtype": stored,
-                       "special_tokens": {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in hf},
-                       "note": "imported with `lmlab import`; fine-tune with `lmlab train --out RUN --resume "
-                               "--data DIR` on data prepared with this run's tokenizer"}}
+        spec = {
+            "model": cfg.to_dict(),
+            "train": dataclasses.asdict(TrainConfig()),
+            "data": None,
+            "hf": {
+                "model_type": family.model_type,
+                "hf_class": family.hf_class,
+                "source": str(path.resolve()),
+                "tokenizer": tokenizer,
+                "dtype": stored,
+                "special_tokens": {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in hf},
+                "note": "imported with `lmlab import`; fine-tune with `lmlab train --out RUN --resume "
+                "--data DIR` on data prepared with this run's tokenizer",
+            },
+        }
         (tmp / RUN_FILE).write_text(yaml.safe_dump(spec, sort_keys=False))
         save_checkpoint(tmp, 0, model, None, {"step": 0, "tokens_seen": 0, "imported_from": str(path.resolve())},
                         keep=0)
@@ -325,7 +334,9 @@ def _ordered_families() -> list[Family]:
     return [fams[n] for n in names]
 
 
-def lmlab_to_hf_config(cfg: ModelConfig, family: Optional[str] = None, hint: Optional[str] = None) -> tuple[Family, dict]:
+def lmlab_to_hf_config(
+    cfg: ModelConfig, family: Optional[str] = None, hint: Optional[str] = None
+) -> tuple[Family, dict]:
     """(family, config.json mapping) for ``cfg``: the family named ``family``, else ``hint`` (the run's
     imported model_type) when it represents cfg, else the first family that does. Every choice is checked
     by converting the mapping back (common.verify_roundtrip). UnsupportedError when none represents it."""

@@ -74,9 +74,13 @@ class Spec:
                  "cohere": {"layer_norm_eps"}}[self.norm]
         keys |= {"attention_bias": {"attention_bias"}, "llama": {"attention_bias", "mlp_bias"}, "qkv": set(),
                  "none": set()}[self.bias]
-        keys |= {"none": set(), "all": {"sliding_window"},
-                 "qwen": {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"},
-                 "types": {"sliding_window", "layer_types"}, "flag": {"use_sliding_window", "sliding_window"}}[self.sliding]
+        keys |= {
+            "none": set(),
+            "all": {"sliding_window"},
+            "qwen": {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"},
+            "types": {"sliding_window", "layer_types"},
+            "flag": {"use_sliding_window", "sliding_window"},
+        }[self.sliding]
         if self.sliding == "types" and self.pattern_key:
             keys |= {"sliding_window_pattern", "_sliding_window_pattern"}  # the latter: as transformers 5 saves it
         if self.qk_norm == "cohere":
@@ -97,8 +101,17 @@ class Spec:
             keys |= {"num_local_experts", "num_experts_per_tok", "output_router_logits", "router_aux_loss_coef",
                      "router_jitter_noise"}
         if self.moe == "qwen3":
-            keys |= {"num_experts", "num_local_experts", "num_experts_per_tok", "norm_topk_prob", "moe_intermediate_size",
-                     "decoder_sparse_step", "mlp_only_layers", "output_router_logits", "router_aux_loss_coef"}
+            keys |= {
+                "num_experts",
+                "num_local_experts",
+                "num_experts_per_tok",
+                "norm_topk_prob",
+                "moe_intermediate_size",
+                "decoder_sparse_step",
+                "mlp_only_layers",
+                "output_router_logits",
+                "router_aux_loss_coef",
+            }
         return keys | set(self.ignored) | {u.key for u in self.unread}
 
 
@@ -340,8 +353,11 @@ def tensor_maps(spec: Spec, cfg: ModelConfig) -> list[C.TensorMap]:
             layers.append(C.TensorMap(f"{b}.router.weight", (f"{p}.gate.weight",), (cfg.n_experts,)))
             for e in range(cfg.n_experts):
                 q = f"{p}.experts.{e}"
-                layers.append(C.TensorMap(f"{b}.experts.{e}.w_in.weight", (f"{q}.gate_proj.weight", f"{q}.up_proj.weight"),
-                                          (F, F)))
+                layers.append(
+                    C.TensorMap(
+                        f"{b}.experts.{e}.w_in.weight", (f"{q}.gate_proj.weight", f"{q}.up_proj.weight"), (F, F)
+                    )
+                )
                 layers.append(C.TensorMap(f"{b}.experts.{e}.w_out.weight", (f"{q}.down_proj.weight",), (cfg.d_model,)))
     return C.model_maps(cfg, layers)
 

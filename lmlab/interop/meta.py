@@ -158,14 +158,19 @@ def read_meta(path: str | Path) -> tuple[dict, dict, list[str]]:
                 "lm_head.weight": state["output.weight"]}
     for i in range(n_layers):
         a, f, o = f"layers.{i}.attention.", f"layers.{i}.feed_forward.", f"model.layers.{i}."
-        hf_state.update({
-            o + "self_attn.q_proj.weight": half_rotation_rows(state[a + "wq.weight"], n_heads),
-            o + "self_attn.k_proj.weight": half_rotation_rows(state[a + "wk.weight"], n_kv),
-            o + "self_attn.v_proj.weight": state[a + "wv.weight"], o + "self_attn.o_proj.weight": state[a + "wo.weight"],
-            o + "mlp.gate_proj.weight": state[f + "w1.weight"], o + "mlp.down_proj.weight": state[f + "w2.weight"],
-            o + "mlp.up_proj.weight": state[f + "w3.weight"],
-            o + "input_layernorm.weight": state[f"layers.{i}.attention_norm.weight"],
-            o + "post_attention_layernorm.weight": state[f"layers.{i}.ffn_norm.weight"]})
+        hf_state.update(
+            {
+                o + "self_attn.q_proj.weight": half_rotation_rows(state[a + "wq.weight"], n_heads),
+                o + "self_attn.k_proj.weight": half_rotation_rows(state[a + "wk.weight"], n_kv),
+                o + "self_attn.v_proj.weight": state[a + "wv.weight"],
+                o + "self_attn.o_proj.weight": state[a + "wo.weight"],
+                o + "mlp.gate_proj.weight": state[f + "w1.weight"],
+                o + "mlp.down_proj.weight": state[f + "w2.weight"],
+                o + "mlp.up_proj.weight": state[f + "w3.weight"],
+                o + "input_layernorm.weight": state[f"layers.{i}.attention_norm.weight"],
+                o + "post_attention_layernorm.weight": state[f"layers.{i}.ffn_norm.weight"],
+            }
+        )
     theta = float(params.get("rope_theta", 10000.0))
     scaled = bool(params.get("use_scaled_rope", False))
     notes = [f"converted from Meta's layout ({len(shard_files)} shard(s)); q/k rows reordered from interleaved "

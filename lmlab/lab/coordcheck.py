@@ -199,7 +199,9 @@ def format_result(res: dict) -> str:
     axis, sizes = res.get("axis", "width"), res.get("sizes", res["widths"])
     if axis == "depth":
         base = f" (base_n_layers {res['base']})" if res["base"] else ""
-        shape = f"depths {', '.join(map(str, sizes))} layers{base} at d_model {res['widths'][0]}, {res['n_heads']} heads"
+        shape = (
+            f"depths {', '.join(map(str, sizes))} layers{base} at d_model {res['widths'][0]}, {res['n_heads']} heads"
+        )
     else:
         base = f" (base_d_model {res['base']})" if res["base"] else ""
         shape = f"widths {', '.join(map(str, sizes))}{base}, {res['n_layers']} layers x {res['n_heads']} heads"

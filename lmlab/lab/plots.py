@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import statistics
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from lmlab.lab.stats import finite as _ok
 
@@ -339,7 +339,11 @@ def diagnostics(diag: dict, path: Path, colors: dict) -> Optional[Path]:
         al = [r for r in recs if r.get("max_attn_logit")]
         if al:
             axes[2].plot(
-                [r["step"] for r in al], [max((x for x in r["max_attn_logit"] if x is not None), default=float("nan")) for r in al], "-", color=col, label=label
+                [r["step"] for r in al],
+                [max((x for x in r["max_attn_logit"] if x is not None), default=float("nan")) for r in al],
+                "-",
+                color=col,
+                label=label,
             )
         lz = [r for r in recs if _ok(r.get("log_z_max"))]
         if lz:

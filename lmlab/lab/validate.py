@@ -85,16 +85,59 @@ KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 # every field a results row may hold (lmlab.lab.runner.collect_result writes them), with its kind
 FIELDS: dict[str, str] = {
-    "sweep": "name", "run": "name", "variant": "name", "seed": "int", "status": "status",
-    "diverged": "bool", "stopped_early": "bool", "scale": "text", "tune": "tune", "solved": "solved",
+    "sweep": "name",
+    "run": "name",
+    "variant": "name",
+    "seed": "int",
+    "status": "status",
+    "diverged": "bool",
+    "stopped_early": "bool",
+    "scale": "text",
+    "tune": "tune",
+    "solved": "solved",
     "fields": "fields",
-    **dict.fromkeys(("max_steps", "steps", "tokens", "spikes", "skipped_steps", "params", "non_embedding_params",
-                     "kv_bytes_per_token", "kv_bytes_context", "val_tokens", "val_bytes"), "count"),
-    **dict.fromkeys(("flops", "flops_per_token", "wall_s", "run_wall_s", "tokens_per_s", "step_ms",
-                     "decode_tokens_per_s", "prefill_tokens_per_s", "load_avg_1m", "first_train_loss",
-                     "final_train_loss", "val_loss"), "amount"),
-    "max_attn_logit": "signed", "log_z_max": "signed", "attn_sink": "amount", "val_bpb": "bpb", "val_loss_by_position": "numbers",
-    "error": "text", "finished_at": "text", "machine": "text", "eval_note": "text",
+    **dict.fromkeys(
+        (
+            "max_steps",
+            "steps",
+            "tokens",
+            "spikes",
+            "skipped_steps",
+            "params",
+            "non_embedding_params",
+            "kv_bytes_per_token",
+            "kv_bytes_context",
+            "val_tokens",
+            "val_bytes",
+        ),
+        "count",
+    ),
+    **dict.fromkeys(
+        (
+            "flops",
+            "flops_per_token",
+            "wall_s",
+            "run_wall_s",
+            "tokens_per_s",
+            "step_ms",
+            "decode_tokens_per_s",
+            "prefill_tokens_per_s",
+            "load_avg_1m",
+            "first_train_loss",
+            "final_train_loss",
+            "val_loss",
+        ),
+        "amount",
+    ),
+    "max_attn_logit": "signed",
+    "log_z_max": "signed",
+    "attn_sink": "amount",
+    "val_bpb": "bpb",
+    "val_loss_by_position": "numbers",
+    "error": "text",
+    "finished_at": "text",
+    "machine": "text",
+    "eval_note": "text",
 }
 REQUIRED = ("run", "variant", "seed", "status")
 # fields that every row of one status holds when one does (non-null): a value removed from one row would
@@ -468,12 +511,18 @@ def _check_claim_numbers(c: dict, where: str) -> None:
                           f"is damaged)")
     interval = (stats.AGREES, stats.DISAGREES, stats.INCONCLUSIVE)
     stored = c.get("measured") if c.get("measured") is not None else c.get("verdict")
-    if stored not in interval or c.get("kind") not in ("better", "equal") or not (c.get("by") is None or _is_num(c["by"])):
+    if (
+        stored not in interval
+        or c.get("kind") not in ("better", "equal")
+        or not (c.get("by") is None or _is_num(c["by"]))
+    ):
         return
     want = stats.verdict(c["kind"], lo, hi, c["by"] if c["by"] is not None else 0.0)
     if stored != want or (c.get("verdict") in interval and c["verdict"] != want):
-        raise ConfigError(f"{where}: field 'verdict' is {c.get('verdict')!r} (measured {stored!r}) but its interval "
-                          f"[{lo:.6g}, {hi:.6g}] against the margin {c['by']!r} gives {want!r} (a hand-edited verdict?)")
+        raise ConfigError(
+            f"{where}: field 'verdict' is {c.get('verdict')!r} (measured {stored!r}) but its interval "
+            f"[{lo:.6g}, {hi:.6g}] against the margin {c['by']!r} gives {want!r} (a hand-edited verdict?)"
+        )
 
 
 def read_verdicts(path: Path) -> dict:
@@ -554,7 +603,9 @@ def read_provenance(path: Path) -> list[dict]:
             checks["load_avg"] = KINDS["numbers"]
         for key, (ok, valid) in checks.items():
             if (key in rec or key in ("ended_at", "wall_s", "command")) and not ok(rec.get(key)):
-                raise ConfigError(f"{where}: field {key!r} is {_show(rec.get(key))}; give {valid} (the file is damaged)")
+                raise ConfigError(
+                    f"{where}: field {key!r} is {_show(rec.get(key))}; give {valid} (the file is damaged)"
+                )
         out.append(rec)
     return out
 

@@ -29,7 +29,7 @@ import dataclasses
 import json
 import math
 import statistics
-from typing import Any, Optional
+from typing import Optional
 
 from lmlab.lab import stats
 from lmlab.lab.preconditions import device_of

@@ -105,7 +105,9 @@ class KVCache:
         if self.pad_min < 0:
             raise ValueError(f"left_pad must be >= 0, got {pad.tolist()}")
         self.left_pad = pad if self.pad_max else None
-        self._real_key = (torch.arange(self.max_len, device=self.device)[None, :] >= pad[:, None]) if self.pad_max else None
+        self._real_key = (
+            (torch.arange(self.max_len, device=self.device)[None, :] >= pad[:, None]) if self.pad_max else None
+        )
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store k, v (batch, n_kv_heads, seq, head_dim), the cache indices length .. length+seq-1, and

@@ -125,7 +125,9 @@ class GatedDeltaNet(nn.Module):
             self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # the inverse of softplus
             self.norm.weight.fill_(1.0)
 
-    def forward(self, x: torch.Tensor, state: Optional[dict] = None, real: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, state: Optional[dict] = None, real: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """x (batch, seq, d_model) -> (batch, seq, d_model). ``real`` (batch, seq) bool: False at left
         padding, whose inputs are zeroed (HF's ``apply_mask_to_padding_states``): with zero inputs the padding
         writes nothing to the state (k = 0) and leaves the convolution's history at its initial zeros, so a
@@ -142,7 +144,9 @@ class GatedDeltaNet(nn.Module):
         padded = torch.cat([past.to(qkv.dtype), qkv], dim=2)
         if state is not None:
             state["conv"] = padded[:, :, -(self.kernel - 1):].detach() if self.kernel > 1 else past
-        qkv = F.silu(F.conv1d(padded.to(self.conv_weight.dtype), self.conv_weight, groups=self.channels)).transpose(1, 2)
+        qkv = F.silu(F.conv1d(padded.to(self.conv_weight.dtype), self.conv_weight, groups=self.channels)).transpose(
+            1, 2
+        )
         q, k, v = qkv.split([Hk * dk, Hk * dk, Hv * dv], dim=-1)
         q, k = (t.reshape(B, T, Hk, dk).to(ct) for t in (q, k))  # x / sqrt(|x|^2 + 1e-6), as FLA's l2norm
         q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + 1e-6) * dk ** -0.5

@@ -10,9 +10,11 @@ and, with ``router_renormalize``, divided by their sum, then multiplied by ``rou
 output is sum_{e in top-k} w_e FFN_e(x) (``router_weights='output'``), or sum_{e in top-k} FFN_e(w_e x)
 (``'input'``: Llama 4 scales each expert's input, HF ``Llama4TextMoe``), plus the shared experts' FFN
 (every token; DeepSeek, Llama 4) when ``n_shared_experts`` > 0, with ``shared_expert_gate`` multiplied by
-sigmoid(w . x), a learned gate per token (Qwen2-MoE, Qwen3-Next: HF ``shared_expert_gate``). Gemma 4 (``router_input_norm``,
+sigmoid(w . x), a learned gate per token (Qwen2-MoE, Qwen3-Next: HF ``shared_expert_gate``). Gemma 4
+(``router_input_norm``,
 ``router_expert_scale``): the router reads RMSNorm(x) x a learned vector / sqrt(d_model), and each kept
-weight (after renormalisation) is multiplied by a learned scale of its expert. Each expert is an ordinary :class:`lmlab.model.ffn.FeedForward` of width
+weight (after renormalisation) is multiplied by a learned scale of its expert. Each expert is an ordinary
+:class:`lmlab.model.ffn.FeedForward` of width
 ``expert_d_ff``; the shared ones are one FeedForward of width n_shared x expert_d_ff (as DeepSeek-V2
 fuses them).
 

@@ -205,7 +205,9 @@ class AbsolutePositions(nn.Module):
         Raises ValueError for learned positions beyond context_length."""
         if self.kind == "sinusoidal":
             if length > self.table.shape[0]:  # a formula: extends past the training length
-                self.table = sinusoidal_table(max(length, 2 * self.table.shape[0]), self.table.shape[1]).to(self.table.device)
+                self.table = sinusoidal_table(max(length, 2 * self.table.shape[0]), self.table.shape[1]).to(
+                    self.table.device
+                )
         elif length > self.max_len:
             raise ValueError(
                 f"position {length - 1} is beyond context_length={self.max_len}: "

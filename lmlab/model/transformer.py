@@ -26,7 +26,6 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
@@ -165,7 +164,11 @@ class Block(nn.Module):
             x = x + s * self.attn.decode_one(h, positions, cache)
             return x + s * ffn(self.mlp_norm.forward(x))
         if self.parallel:
-            return x + self.attn.decode_one(h, positions, cache) + ffn(h if self.mlp_norm is None else self.mlp_norm.forward(x))
+            return (
+                x
+                + self.attn.decode_one(h, positions, cache)
+                + ffn(h if self.mlp_norm is None else self.mlp_norm.forward(x))
+            )
         x = x + self.attn.decode_one(h, positions, cache)
         return x + ffn(self.mlp_norm.forward(x))
 

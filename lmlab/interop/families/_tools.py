@@ -190,10 +190,14 @@ class StateReader:
                                    f"have no place in lmlab's model of this config (refusing to drop them)")
         expected = common.expected_state(cfg)
         missing, extra = sorted(set(expected) - set(out)), sorted(set(out) - set(expected))
-        wrong = [(k, tuple(out[k].shape), tuple(expected[k])) for k in out if k in expected and out[k].shape != expected[k]]
+        wrong = [
+            (k, tuple(out[k].shape), tuple(expected[k])) for k in out if k in expected and out[k].shape != expected[k]
+        ]
         if missing or extra or wrong:
-            raise UnsupportedError(f"{self.family}: the converted tensors do not fit the config: missing {missing[:3]}, "
-                                   f"unexpected {extra[:3]}, shape mismatches {wrong[:3]}")
+            raise UnsupportedError(
+                f"{self.family}: the converted tensors do not fit the config: missing {missing[:3]}, "
+                f"unexpected {extra[:3]}, shape mismatches {wrong[:3]}"
+            )
         return out
 
 

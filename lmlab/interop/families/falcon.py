@@ -19,9 +19,24 @@ from __future__ import annotations
 import torch
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._tools import (put_output, check_expressible, check_fields, deinterleave_heads, expect, hf_act_name,
-                                           hf_activation, hf_get, interleave_heads, lm_key, put, read_rope, reject,
-                                           rope_parameters, split_qkv, StateReader)
+from lmlab.interop.families._tools import (
+    put_output,
+    check_expressible,
+    check_fields,
+    deinterleave_heads,
+    expect,
+    hf_act_name,
+    hf_activation,
+    hf_get,
+    interleave_heads,
+    lm_key,
+    put,
+    read_rope,
+    reject,
+    rope_parameters,
+    split_qkv,
+    StateReader,
+)
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
 
 NAME = "falcon"
@@ -197,9 +212,17 @@ def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
         for hf_norm, lm_norm in _norm_names(cfg, {}):
             put(out, h + hf_norm + ".weight", lm_key(state, b + lm_norm + ".weight"))
             put(out, h + hf_norm + ".bias", lm_key(state, b + lm_norm + ".bias"))
-        put(out, h + "self_attention.query_key_value.weight", _qkv_to_hf(lm_key(state, b + "attn.qkv.weight"), cfg, layout))
+        put(
+            out,
+            h + "self_attention.query_key_value.weight",
+            _qkv_to_hf(lm_key(state, b + "attn.qkv.weight"), cfg, layout),
+        )
         if biased:
-            put(out, h + "self_attention.query_key_value.bias", _qkv_to_hf(lm_key(state, b + "attn.qkv.bias"), cfg, layout))
+            put(
+                out,
+                h + "self_attention.query_key_value.bias",
+                _qkv_to_hf(lm_key(state, b + "attn.qkv.bias"), cfg, layout),
+            )
         for hf_lin, lm_lin in (("self_attention.dense", "attn.out"), ("mlp.dense_h_to_4h", "mlp.w_in"),
                                ("mlp.dense_4h_to_h", "mlp.w_out")):
             put(out, h + hf_lin + ".weight", lm_key(state, b + lm_lin + ".weight"))

@@ -11,8 +11,18 @@ Unsupported: ``scale_attn_by_inverse_layer_idx`` (a per-layer scale), ``add_cros
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._tools import (put_output, check_expressible, check_fields, expect, hf_act_name, hf_activation, hf_get,
-                                           lm_key, put, StateReader)
+from lmlab.interop.families._tools import (
+    put_output,
+    check_expressible,
+    check_fields,
+    expect,
+    hf_act_name,
+    hf_activation,
+    hf_get,
+    lm_key,
+    put,
+    StateReader,
+)
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
 
 NAME = "gpt2"

@@ -13,9 +13,23 @@ Unsupported: ``attention_bias=False`` (the MLP keeps its biases, a split lmlab's
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._tools import (put_output, check_expressible, check_fields, deinterleave_heads, expect, hf_act_name,
-                                           hf_activation, hf_get, interleave_heads, lm_key, put, read_rope, reject,
-                                           rope_parameters, StateReader)
+from lmlab.interop.families._tools import (
+    put_output,
+    check_expressible,
+    check_fields,
+    deinterleave_heads,
+    expect,
+    hf_act_name,
+    hf_activation,
+    hf_get,
+    interleave_heads,
+    lm_key,
+    put,
+    read_rope,
+    reject,
+    rope_parameters,
+    StateReader,
+)
 from lmlab.interop.registry import Family, StateDict, register
 
 NAME = "gpt_neox"

@@ -38,7 +38,9 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     C.check_fields(hf, FAM, HANDLED)
     g = lambda k: C.get(hf, k, DEFAULTS)  # noqa: E731
     if g("hidden_act") != "silu":
-        raise C.unsupported(FAM, "hidden_act", g("hidden_act"), "'silu' (GptOssExperts ignores it: its SwiGLU is fixed)")
+        raise C.unsupported(
+            FAM, "hidden_act", g("hidden_act"), "'silu' (GptOssExperts ignores it: its SwiGLU is fixed)"
+        )
     if not g("attention_bias"):
         raise C.unsupported(FAM, "attention_bias", False, "true (the releases' layout; lmlab's bias='all')")
     n = g("num_hidden_layers")
@@ -71,25 +73,44 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
 def config_to_hf(cfg: ModelConfig) -> dict:
     """GptOssConfig for ``cfg``; UnsupportedError naming what gpt-oss cannot represent."""
     types = C.types_from_cfg(cfg)
-    hf = {"architectures": [HF_CLASS], "model_type": FAM, "dtype": "float32", "vocab_size": cfg.vocab_size,
-          "hidden_size": cfg.d_model, "intermediate_size": cfg.expert_d_ff or cfg.d_ff, "num_hidden_layers": cfg.n_layers,
-          "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
-          "num_local_experts": cfg.n_experts, "num_experts_per_tok": cfg.experts_per_token,
-          "sliding_window": cfg.sliding_window, "layer_types": types, "max_position_embeddings": cfg.context_length,
-          "rms_norm_eps": float(cfg.norm_eps), "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu",
-          "attention_bias": True, "attention_dropout": float(cfg.attn_dropout),
-          "output_router_logits": cfg.moe_aux_loss > 0,
-          "router_aux_loss_coef": cfg.moe_aux_loss or DEFAULTS["router_aux_loss_coef"],
-          "swiglu_alpha": float(cfg.swiglu_alpha), "swiglu_limit": float(cfg.swiglu_limit),
-          "rope_parameters": C.rope_to_hf(cfg.rope_theta, cfg.rope_scaling, cfg.head_dim)}
+    hf = {
+        "architectures": [HF_CLASS],
+        "model_type": FAM,
+        "dtype": "float32",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.expert_d_ff or cfg.d_ff,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "num_local_experts": cfg.n_experts,
+        "num_experts_per_tok": cfg.experts_per_token,
+        "sliding_window": cfg.sliding_window,
+        "layer_types": types,
+        "max_position_embeddings": cfg.context_length,
+        "rms_norm_eps": float(cfg.norm_eps),
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": True,
+        "attention_dropout": float(cfg.attn_dropout),
+        "output_router_logits": cfg.moe_aux_loss > 0,
+        "router_aux_loss_coef": cfg.moe_aux_loss or DEFAULTS["router_aux_loss_coef"],
+        "swiglu_alpha": float(cfg.swiglu_alpha),
+        "swiglu_limit": float(cfg.swiglu_limit),
+        "rope_parameters": C.rope_to_hf(cfg.rope_theta, cfg.rope_scaling, cfg.head_dim),
+    }
     if cfg.d_ff != (cfg.expert_d_ff or cfg.d_ff):
         raise C.unsupported(FAM, "d_ff", cfg.d_ff, f"the experts' width {cfg.expert_d_ff} (no dense FFN)")
     return C.verify_roundtrip(FAM, cfg, hf, config_to_lmlab)
 
 
 def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:
-    layers = [m for m in C.llama_layer_maps(cfg, {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"})
-              if ".mlp." not in m.lmlab]
+    layers = [
+        m
+        for m in C.llama_layer_maps(cfg, {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"})
+        if ".mlp." not in m.lmlab
+    ]
     F = cfg.expert_d_ff or cfg.d_ff
     for i in range(cfg.n_layers):
         p, b = f"model.layers.{i}", f"blocks.{i}"

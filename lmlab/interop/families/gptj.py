@@ -11,8 +11,21 @@ is accepted with a note; ``rotary: false`` is refused (it would describe a model
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._tools import (put_output, cat_qkv, check_expressible, check_fields, hf_act_name, hf_activation,
-                                           hf_get, lm_key, put, reject, rotated_dims, split_qkv, StateReader)
+from lmlab.interop.families._tools import (
+    put_output,
+    cat_qkv,
+    check_expressible,
+    check_fields,
+    hf_act_name,
+    hf_activation,
+    hf_get,
+    lm_key,
+    put,
+    reject,
+    rotated_dims,
+    split_qkv,
+    StateReader,
+)
 from lmlab.interop.common import Unread, check_unread
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from lmlab.config import ModelConfig
 from lmlab.interop.families._tools import (put_output, cat_qkv, check_expressible, check_fields, expect, hf_act_name,
-                                           hf_activation, hf_get, lm_key, put, read_rope, reject, rope_parameters,
+                                           hf_activation, hf_get, lm_key, put, read_rope, rope_parameters,
                                            split_qkv, StateReader)
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
 
@@ -65,8 +65,11 @@ def state_to_lmlab(hf_state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict
         put(out, b + "attn.qkv.weight", cat_qkv(*(r.take(h + f"self_attn.{p}_proj.weight") for p in "qkv")))
         if attn_bias:
             put(out, b + "attn.qkv.bias", cat_qkv(*(r.take(h + f"self_attn.{p}_proj.bias") for p in "qkv")))
-        for hf_lin, lm_lin, biased in (("self_attn.o_proj", "attn.out", attn_bias), ("mlp.up_proj", "mlp.w_in", mlp_bias),
-                                       ("mlp.down_proj", "mlp.w_out", mlp_bias)):
+        for hf_lin, lm_lin, biased in (
+            ("self_attn.o_proj", "attn.out", attn_bias),
+            ("mlp.up_proj", "mlp.w_in", mlp_bias),
+            ("mlp.down_proj", "mlp.w_out", mlp_bias),
+        ):
             put(out, b + lm_lin + ".weight", r.take(h + hf_lin + ".weight"))
             put(out, b + lm_lin + ".bias", r.take_if(h + hf_lin + ".bias", biased))
     put(out, "final_norm.weight", r.take("norm.weight"))
@@ -83,14 +86,24 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         raise UnsupportedError(f"{NAME}: bias={cfg.bias!r} cannot be exported; Nemotron has attention biases "
                                f"(q, k, v and o) and MLP biases: bias 'none', 'all' or 'mlp'")
     hf = {
-        "model_type": NAME, "architectures": ["NemotronForCausalLM"],
-        "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.context_length, "hidden_size": cfg.d_model,
-        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
-        "head_dim": cfg.head_dim, "intermediate_size": cfg.d_ff,
+        "model_type": NAME,
+        "architectures": ["NemotronForCausalLM"],
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.context_length,
+        "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.d_ff,
         "hidden_act": hf_act_name(NAME, cfg.activation, gated=False, tanh_name="gelu_pytorch_tanh"),
-        "norm_eps": cfg.norm_eps, "attention_bias": cfg.bias in ("all", "attention"), "mlp_bias": cfg.bias in ("all", "mlp"),
-        "rope_parameters": rope_parameters(cfg), "tie_word_embeddings": cfg.tie_embeddings,
-        "attention_dropout": cfg.attn_dropout, "initializer_range": cfg.init_std,
+        "norm_eps": cfg.norm_eps,
+        "attention_bias": cfg.bias in ("all", "attention"),
+        "mlp_bias": cfg.bias in ("all", "mlp"),
+        "rope_parameters": rope_parameters(cfg),
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_dropout": cfg.attn_dropout,
+        "initializer_range": cfg.init_std,
     }
     check_expressible(NAME, cfg, hf, config_to_lmlab)
     return hf
@@ -109,8 +122,11 @@ def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
         if attn_bias:
             for p, w in zip("qkv", split_qkv(lm_key(state, b + "attn.qkv.bias"), cfg)):
                 put(out, h + f"self_attn.{p}_proj.bias", w)
-        for hf_lin, lm_lin, biased in (("self_attn.o_proj", "attn.out", attn_bias), ("mlp.up_proj", "mlp.w_in", mlp_bias),
-                                       ("mlp.down_proj", "mlp.w_out", mlp_bias)):
+        for hf_lin, lm_lin, biased in (
+            ("self_attn.o_proj", "attn.out", attn_bias),
+            ("mlp.up_proj", "mlp.w_in", mlp_bias),
+            ("mlp.down_proj", "mlp.w_out", mlp_bias),
+        ):
             put(out, h + hf_lin + ".weight", lm_key(state, b + lm_lin + ".weight"))
             put(out, h + hf_lin + ".bias", lm_key(state, b + lm_lin + ".bias", biased))
     put_output(out, state, cfg, "model.norm")

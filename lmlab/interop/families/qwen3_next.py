@@ -91,20 +91,37 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
 def config_to_hf(cfg: ModelConfig) -> dict:
     """Qwen3NextConfig for ``cfg``; UnsupportedError naming what Qwen3-Next cannot represent."""
     width = cfg.expert_d_ff or cfg.d_ff
-    hf = {"architectures": [HF_CLASS], "model_type": FAM, "dtype": "float32", "vocab_size": cfg.vocab_size,
-          "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layers,
-          "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
-          "hidden_act": "silu", "max_position_embeddings": cfg.context_length, "rms_norm_eps": float(cfg.norm_eps),
-          "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False,
-          "attention_dropout": float(cfg.attn_dropout),
-          "layer_types": ["linear_attention" if cfg.layer_is_linear(i) else "full_attention" for i in range(cfg.n_layers)],
-          "linear_num_key_heads": cfg.linear_n_k_heads, "linear_num_value_heads": cfg.linear_n_v_heads,
-          "linear_key_head_dim": cfg.linear_k_head_dim, "linear_value_head_dim": cfg.linear_v_head_dim,
-          "linear_conv_kernel_dim": cfg.linear_conv_kernel,
-          "shared_expert_intermediate_size": width * cfg.n_shared_experts,
-          "rope_parameters": dict(C.rope_to_hf(cfg.rope_theta, cfg.rope_scaling,
-                                               int(round(cfg.head_dim * cfg.rope_fraction))),
-                                  partial_rotary_factor=float(cfg.rope_fraction))}
+    hf = {
+        "architectures": [HF_CLASS],
+        "model_type": FAM,
+        "dtype": "float32",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.d_ff,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.context_length,
+        "rms_norm_eps": float(cfg.norm_eps),
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_bias": False,
+        "attention_dropout": float(cfg.attn_dropout),
+        "layer_types": [
+            "linear_attention" if cfg.layer_is_linear(i) else "full_attention" for i in range(cfg.n_layers)
+        ],
+        "linear_num_key_heads": cfg.linear_n_k_heads,
+        "linear_num_value_heads": cfg.linear_n_v_heads,
+        "linear_key_head_dim": cfg.linear_k_head_dim,
+        "linear_value_head_dim": cfg.linear_v_head_dim,
+        "linear_conv_kernel_dim": cfg.linear_conv_kernel,
+        "shared_expert_intermediate_size": width * cfg.n_shared_experts,
+        "rope_parameters": dict(
+            C.rope_to_hf(cfg.rope_theta, cfg.rope_scaling, int(round(cfg.head_dim * cfg.rope_fraction))),
+            partial_rotary_factor=float(cfg.rope_fraction),
+        ),
+    }
     hf.update(_qwen3_moe_hf(cfg, DEFAULTS))
     return C.verify_roundtrip(FAM, cfg, hf, config_to_lmlab)
 
@@ -150,8 +167,10 @@ def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:
                  C.TensorMap(f"{x}.shared_gate.weight", (f"{m}.shared_expert_gate.weight",), (1,))]
         for e in range(E):
             q = f"{m}.experts.{e}"
-            maps += [C.TensorMap(f"{x}.experts.{e}.w_in.weight", (f"{q}.gate_proj.weight", f"{q}.up_proj.weight"), (F, F)),
-                     C.TensorMap(f"{x}.experts.{e}.w_out.weight", (f"{q}.down_proj.weight",), (d,))]
+            maps += [
+                C.TensorMap(f"{x}.experts.{e}.w_in.weight", (f"{q}.gate_proj.weight", f"{q}.up_proj.weight"), (F, F)),
+                C.TensorMap(f"{x}.experts.{e}.w_out.weight", (f"{q}.down_proj.weight",), (d,)),
+            ]
     return C.model_maps(cfg, maps)
 
 
@@ -183,7 +202,10 @@ def _regroup(state: StateDict, cfg: ModelConfig) -> StateDict:
             cuts = [0, dk, 2 * dk, 2 * dk + r * dv, 2 * dk + 2 * r * dv]
             for name, lo, hi in zip("qkvz", cuts, cuts[1:]):
                 out[f"{a}.in_proj_{name}.weight"] = qkvz[:, lo:hi].reshape(-1, d)
-            out[f"{a}.in_proj_b.weight"], out[f"{a}.in_proj_a.weight"] = ba[:, :r].reshape(-1, d), ba[:, r:].reshape(-1, d)
+            out[f"{a}.in_proj_b.weight"], out[f"{a}.in_proj_a.weight"] = (
+                ba[:, :r].reshape(-1, d),
+                ba[:, r:].reshape(-1, d),
+            )
         e = f"{p}.mlp.experts"
         if f"{e}.gate_up_proj" in out:  # transformers' in-memory stack: (experts, 2 x width, d), (experts, d, width)
             gate_up, down = out.pop(f"{e}.gate_up_proj"), out.pop(f"{e}.down_proj")

@@ -74,7 +74,11 @@ def state_to_lmlab(hf_state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict
                 stacked = torch.stack([r.take(h + f"self_attn.{p}_layernorm.norms.{j}.weight") for j in range(heads)])
                 put(out, b + f"attn.{p}_norm.weight", stacked)
         put(out, b + "attn.out.weight", r.take(h + "self_attn.o_proj.weight"))
-        put(out, b + "mlp.w_in.weight", torch.cat([r.take(h + "mlp.gate_proj.weight"), r.take(h + "mlp.up_proj.weight")]))
+        put(
+            out,
+            b + "mlp.w_in.weight",
+            torch.cat([r.take(h + "mlp.gate_proj.weight"), r.take(h + "mlp.up_proj.weight")]),
+        )
         put(out, b + "mlp.w_out.weight", r.take(h + "mlp.down_proj.weight"))
     put(out, "final_norm.weight", r.take("norm.weight"))
     put(out, "final_norm.bias", r.take("norm.bias"))
@@ -87,7 +91,9 @@ def state_to_lmlab(hf_state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict
 
 def _norms(cfg: ModelConfig) -> list[tuple[str, str]]:
     """(HF, lmlab) names of a layer's LayerNorms: one before attention, one before the MLP unless parallel."""
-    return [("input_layernorm", "attn_norm")] + ([] if cfg.parallel_block else [("post_attention_layernorm", "mlp_norm")])
+    return [("input_layernorm", "attn_norm")] + (
+        [] if cfg.parallel_block else [("post_attention_layernorm", "mlp_norm")]
+    )
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
