@@ -261,9 +261,13 @@ def param_counts(cfg: ModelConfig) -> dict:
     layers += ple_model
     matmul += d * cfg.n_layers * cfg.ple_dim
     mtp = 0  # multi-token prediction modules (training only): 3 norms, the 2d -> d projection, a last-layer block
-    if cfg.mtp_depth:
-        last = layer_params(cfg, global_layer=not cfg.layer_is_local(cfg.n_layers - 1))
-        mtp = cfg.mtp_depth * (3 * _norm_params(cfg, d) + 2 * d * d + last["total"])
+    if cfg.mtp_depth:  # each module's block is built as the last layer: MoE, linear attention or windowed like it
+        i = cfg.n_layers - 1
+        last = layer_params(cfg, moe=cfg.layer_is_moe(i), global_layer=not cfg.layer_is_local(i))
+        block = last["total"]
+        if cfg.layer_is_linear(i):
+            block += linear_layer_params(cfg)["attention"] - last["attention"]
+        mtp = cfg.mtp_depth * (3 * _norm_params(cfg, d) + 2 * d * d + block)
     total = embedding + ple_embedding + projections + learned + t5 + layers + final_norm + head + mtp
     out = {
         "total": total, "non_embedding": total - embedding - ple_embedding - learned, "embedding": embedding,
@@ -275,8 +279,8 @@ def param_counts(cfg: ModelConfig) -> dict:
         out.update(per_global_layer=glob, global_layers=global_layer_count(cfg))
     if n_linear:
         out.update(linear_layers=n_linear, per_linear_layer=lin)
-    if moe:
-        inactive = n_moe * (moe["total"] - moe["active"])
+    if moe:  # active: what one token uses at inference (the main model's k experts; no MTP module)
+        inactive = n_moe * (moe["total"] - moe["active"]) + mtp
         out.update(moe_layers=n_moe, per_moe_layer=moe, active=total - inactive,
                    active_non_embedding=total - embedding - ple_embedding - learned - inactive)
     return out

@@ -496,8 +496,6 @@ class ModelConfig:
                 "position='learned'/'sinusoidal'/'alibi'/'t5' (the modules rotate at the tokens' positions: "
                 "rope or nope)"
                 if self.position not in ("rope", "nope")
-                else f"n_experts={self.n_experts} (MoE blocks in the modules are not supported yet)"
-                if self.n_experts
                 else f"ple_dim={self.ple_dim}"
                 if self.ple_dim
                 else f"kv_shared_layers={self.kv_shared_layers}"

@@ -421,9 +421,10 @@ _add(
     published_params=671e9,
     params_source="the model card (671B main model; its 14B multi-token prediction module counted apart)",
     notes="Balancing as the report trains it: moe_balance aux_free with bias update rate 0.001 and the "
-    "sequence-wise loss at 0.0001 (Sec. 4.2); the multi-token prediction module (depth 1) is not in this "
-    "preset (lmlab's MTP modules have dense blocks; V3's is an MoE layer): add mtp_depth 1 for a dense "
-    "one. YaRN x40 from 4,096 positions as config.json. The deepseek_v3 family is HF-parity tested. "
+    "sequence-wise loss at 0.0001 (Sec. 4.2); the multi-token prediction module (depth 1, an MoE layer like "
+    "the last) is not in this preset's count: `--set mtp_depth=1` adds it (11.61B by lmlab's count; the "
+    "checkpoint's 685B also stores the module's own copies of the embedding and the output head, 2 x 0.93B, "
+    "and FP8 scales). YaRN x40 from 4,096 positions as config.json. The deepseek_v3 family is HF-parity tested. "
     "Decoding re-expands the cached latents each step (no weight absorption).",
 )
 

@@ -114,7 +114,37 @@ def test_mtp_refusals():
         ModelConfig(**BASE, mtp_depth=-1)
     with pytest.raises(ConfigError, match="position='learned'"):
         ModelConfig(**BASE, mtp_depth=1, position="learned")
-    with pytest.raises(ConfigError, match="n_experts=4"):
-        ModelConfig(**BASE, mtp_depth=1, n_experts=4)
     with pytest.raises(ConfigError, match="mtp_weight"):
         ModelConfig(**BASE, mtp_depth=1, mtp_weight=-0.1)
+
+
+def test_mtp_modules_with_moe_blocks():
+    """DeepSeek-V3's MTP module is an MoE layer: a module built like an MoE last layer has the experts; the
+    MoE losses average over the main and the modules' MoE layers in training (only the main ones at
+    evaluation); the auxiliary-loss-free bias moves in the modules too; counts equal the model's."""
+    from lmlab.analysis import analyze
+    from lmlab.model.moe import MoEFeedForward
+
+    cfg = ModelConfig(**BASE, mtp_depth=1, n_experts=4, experts_per_token=2, moe_aux_loss=0.01, moe_balance="both",
+                      moe_bias_update_rate=0.1)
+    torch.manual_seed(0)
+    m = TransformerLM(cfg).train()
+    assert isinstance(m.mtp[0].block.mlp, MoEFeedForward) and len(m.moe_layers(mtp=True)) == 3
+    idx = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    targets = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(2))
+    loss, ce = m(idx, targets=targets)
+    balance = torch.stack([layer.aux[0] for layer in m.moe_layers(mtp=True)]).mean()  # the 3 layers' last forward
+    assert torch.allclose(loss, ce + 0.01 * balance + 0.3 * m.mtp_last[0], atol=1e-6)
+    main_only = torch.stack([layer.aux[0] for layer in m.moe_layers()]).mean()
+    assert not torch.allclose(balance, main_only)  # the module's layer weighs in
+    m.eval()
+    with torch.no_grad():  # evaluation: no module runs, the main MoE layers' losses alone
+        loss_e, ce_e = m(idx, targets=targets)
+        assert torch.allclose(loss_e, ce_e + 0.01 * torch.stack([x.aux[0] for x in m.moe_layers()]).mean(), atol=1e-6)
+    m.train()
+    loss.backward()
+    m.update_moe_bias()
+    assert m.mtp[0].block.mlp.expert_bias.abs().sum() > 0  # the module's load moved its bias
+    res = analyze(cfg)
+    assert res["instantiated"]["equal"] and res["params"]["mtp"] > 0
+    assert res["params"]["active"] < res["params"]["total"] - res["params"]["mtp"]  # active: main model, k experts

@@ -308,9 +308,9 @@ class TransformerLM(nn.Module):
         DDP/FSDP wrappers too."""
         if targets is not None and self.mtp is not None and self.training:  # + multi-token prediction
             raw = self.hidden(idx, cache, left_pad, final=False)
+            losses = mtp_losses(self, raw, idx, targets)  # first: the MoE losses below include the modules' MoE
             loss, ce = self.loss_from_hidden(self.final_norm(raw) if self.final_norm is not None else raw, targets,
-                                             reduction)
-            losses = mtp_losses(self, raw, idx, targets)
+                                             reduction, mtp=True)
             self.mtp_last = [x.detach() for x in losses]
             if losses:  # per token, like the cross-entropy: times the scored tokens for 'sum'
                 n = int((targets != -100).sum()) if reduction == "sum" else 1
@@ -333,25 +333,30 @@ class TransformerLM(nn.Module):
         bias = self.lm_head.bias
         return bias * self.logit_mult if (bias is not None and self.logit_mult != 1.0) else bias
 
-    def loss_from_hidden(self, h: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"):
+    def loss_from_hidden(self, h: torch.Tensor, targets: torch.Tensor, reduction: str = "mean", mtp: bool = False):
         """The LM head and loss of :meth:`forward` with ``targets``, from final hidden states
-        (batch, seq, d_model): the same numbers as ``lm_loss(self.logits(h), targets, cfg.z_loss)``."""
+        (batch, seq, d_model): the same numbers as ``lm_loss(self.logits(h), targets, cfg.z_loss)``, plus the
+        MoE losses (:meth:`moe_aux_loss`; with ``mtp`` over the multi-token modules' MoE layers too, whose
+        forward must have run first)."""
         loss, ce = linear_cross_entropy(self.head_input(h), self.lm_head.weight, targets, self.head_bias(),
                                         self.cfg.z_loss, self.cfg.final_logit_softcap, reduction)
-        aux = self.moe_aux_loss()
+        aux = self.moe_aux_loss(mtp)
         if aux is not None:  # per token, like the cross-entropy: times the scored tokens for 'sum'
             loss = loss + aux * (int((targets != -100).sum()) if reduction == "sum" else 1)
         return loss, ce
 
-    def moe_layers(self) -> list[MoEFeedForward]:
-        """The mixture-of-experts FFNs, in layer order (none for a dense model)."""
-        return [m for b in self.blocks for m in (b.mlp, b.moe) if isinstance(m, MoEFeedForward)]
+    def moe_layers(self, mtp: bool = False) -> list[MoEFeedForward]:
+        """The mixture-of-experts FFNs, in layer order (none for a dense model); with ``mtp`` then those of the
+        multi-token-prediction modules' blocks (DeepSeek-V3's MTP module is an MoE layer)."""
+        blocks = [*self.blocks, *(m.block for m in (self.mtp or []) if mtp)]
+        return [m for b in blocks for m in (b.mlp, b.moe) if isinstance(m, MoEFeedForward)]
 
-    def moe_aux_loss(self) -> Optional[torch.Tensor]:
+    def moe_aux_loss(self, mtp: bool = False) -> Optional[torch.Tensor]:
         """``moe_aux_loss`` x the load-balancing loss + ``moe_router_z_loss`` x the router z-loss +
         ``moe_seq_aux_loss`` x the sequence-wise balance loss, each averaged over the MoE layers' last forward
-        (:mod:`lmlab.model.moe`); None for a dense model or when every weight is 0."""
-        layers = self.moe_layers()
+        (:mod:`lmlab.model.moe`; with ``mtp`` the modules' too); None for a dense model or when every weight
+        is 0."""
+        layers = self.moe_layers(mtp)
         weights = (self.cfg.moe_aux_loss, self.cfg.moe_router_z_loss, self.cfg.moe_seq_aux_loss)
         if not layers or not any(weights) or any(m.aux is None for m in layers):
             return None
@@ -361,7 +366,7 @@ class TransformerLM(nn.Module):
         """After an optimizer step (``apply``; False after a skipped one): each MoE layer's auxiliary-loss-free
         bias update (:meth:`lmlab.model.moe.MoEFeedForward.update_bias`); nothing without ``moe_balance``
         'aux_free' / 'both'."""
-        for m in self.moe_layers():
+        for m in self.moe_layers(mtp=self.mtp is not None):  # the modules' experts train, so their bias moves
             m.update_bias(apply, reduce)
 
     def embed_tokens(self, idx: torch.Tensor) -> torch.Tensor:
