@@ -7,8 +7,8 @@
 #   make ablations  run every shipped spec from scratch (lmlab sweep, into a new sweeps/ablations-<time>
 #               folder), write its report to docs/ablations/NAME/ and the index of all claims to
 #               docs/ablations/README.md
-#               (about 8.0 hours on 2 CPU cores: the twelve specs executed so far took 6.0 h for 1.12e15 of
-#               the 1.47e15 training FLOPs, docs/lab.md;
+#               (about 9 hours on 2 CPU cores for all sixteen: the fourteen executed took 7.9 h for 1.49e15 of
+#               the 1.68e15 training FLOPs, docs/lab.md;
 #               SPECS="01-norm-placement ..." for a subset, the index still covering every page in
 #               docs/ablations; JOBS=1 for one run at a time; TIER=gpu DATA=DIR for the gpu tiers on a GPU)
 PYTHON ?= python3
