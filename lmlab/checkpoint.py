@@ -1,13 +1,9 @@
-"""Run folders and checkpoints.
+"""Checkpoints of a run folder (the folder's files and records: :mod:`lmlab.run_folder`).
 
-A run folder holds:
-- ``run.yaml``: the ModelConfig (``model``), the TrainConfig (``train``) and the data folder (``data``);
-- ``tokenizer.json``: a copy of the data's tokenizer, so ``eval``/``generate`` need nothing else;
-- ``metrics.jsonl``: one JSON object per logged step / evaluation;
-- ``checkpoints/step_XXXXXXX/``: ``model.safetensors`` (weights), ``optimizer.pt`` (AdamW state by
-  parameter name) and ``rng.pt`` (RNG states), both read back with ``torch.load(weights_only=True)``,
-  ``trainer.json`` (step, tokens, counters), a copy of ``run.yaml`` as it was at that step, and
-  ``manifest.json``: the size and SHA-256 of every other file, written last.
+``checkpoints/step_XXXXXXX/`` holds ``model.safetensors`` (weights), ``optimizer.pt`` (AdamW state by
+parameter name) and ``rng.pt`` (RNG states), both read back with ``torch.load(weights_only=True)``,
+``trainer.json`` (step, tokens, counters), a copy of ``run.yaml`` as it was at that step, and
+``manifest.json``: the size and SHA-256 of every other file, written last.
 
 Integrity: checkpoints are written into a ``.tmp`` folder beside and renamed into place, so a checkpoint
 folder that exists is complete; an interrupted write leaves only a ``.tmp`` folder, which is never
@@ -44,28 +40,14 @@ from lmlab.config import ConfigError, ModelConfig
 from lmlab.fsutil import _fsync_dir, sha256_file
 from lmlab.lab.validate import check_nesting
 from lmlab.model import TransformerLM
+from lmlab.run_folder import (MANIFEST, RUN_FILE, CheckpointError, checkpoint_dirs, is_count, metrics_lines,  # noqa: F401
+                              read_metrics_file, read_run, run_copy_hint)
 
 if TYPE_CHECKING:
     from lmlab.data.tokenizer import Tokenizer
 
-RUN_FILE = "run.yaml"
-MANIFEST = "manifest.json"
 CHECKPOINT_VERSION = 2  # 2: with manifest.json (SHA-256 per file); 1 (no key in trainer.json): none
 REQUIRED_FILES = ("model.safetensors", "trainer.json")
-
-
-class CheckpointError(RuntimeError):
-    """A run folder or checkpoint that is missing, incomplete, corrupt or of another config."""
-
-
-def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoint folders of a run, oldest first."""
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    return sorted(
-        p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_") and not p.name.endswith(".tmp")
-    )
 
 
 def _fsync_write(path: Path, data: bytes) -> None:
@@ -101,7 +83,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, state: dic
     form; and when the write fails (e.g. a full disk); earlier checkpoints stay intact."""
     from lmlab.parallel import optimizer_state_by_name
 
-    if not _is_count(step):
+    if not is_count(step):
         raise CheckpointError(f"save_checkpoint: step={step!r} must be a non-negative integer")
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:07d}"
@@ -235,10 +217,6 @@ def verify_checkpoint(ckpt_dir: str | Path) -> Optional[dict]:
     return files
 
 
-def _is_count(value, low: int = 0) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
 def check_trainer_state(state, path: Path, resume: bool = False, folder_step: Optional[int] = None) -> dict:
     """Validate a checkpoint's ``trainer.json`` mapping: ``step`` (required; equal to ``folder_step``,
     the step in the folder's name, when given), ``tokens_seen`` (required when ``resume``), the
@@ -248,12 +226,12 @@ def check_trainer_state(state, path: Path, resume: bool = False, folder_step: Op
     if not isinstance(state, dict):
         raise CheckpointError(f"{str(path)!r}: expected a JSON object of trainer counters (step, tokens_seen, ...), "
                               f"got a JSON {type(state).__name__}")
-    checks = [("step", True, lambda v: _is_count(v), "a non-negative integer (the finished steps)"),
-              ("tokens_seen", resume, lambda v: _is_count(v), "a non-negative integer (tokens trained on)"),
-              ("clipped_steps", False, lambda v: _is_count(v), "a non-negative integer"),
-              ("spikes", False, lambda v: _is_count(v), "a non-negative integer"),
-              ("world_size", False, lambda v: _is_count(v, 1), "a positive integer"),
-              ("checkpoint_version", False, lambda v: _is_count(v, 1), "a positive integer"),
+    checks = [("step", True, lambda v: is_count(v), "a non-negative integer (the finished steps)"),
+              ("tokens_seen", resume, lambda v: is_count(v), "a non-negative integer (tokens trained on)"),
+              ("clipped_steps", False, lambda v: is_count(v), "a non-negative integer"),
+              ("spikes", False, lambda v: is_count(v), "a non-negative integer"),
+              ("world_size", False, lambda v: is_count(v, 1), "a positive integer"),
+              ("checkpoint_version", False, lambda v: is_count(v, 1), "a positive integer"),
               ("loss_ema", False, lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
                                                           and math.isfinite(v)), "a finite number or null"),
               ("grad_scaler", False, lambda v: isinstance(v, dict), "a JSON object")]
@@ -433,95 +411,6 @@ def load_latest(run_dir: str | Path, model: TransformerLM, with_optimizer: bool 
     if len(errors) == 1:
         raise CheckpointError(errors[0])
     raise CheckpointError(f"{errors[0]}; and none of the {len(errors) - 1} older checkpoint(s) is usable either")
-
-
-def run_copy_hint(run_dir: Path) -> str:
-    """'; the run's config as of its last checkpoint is in PATH (copy it back ...)' or '' when no
-    checkpoint of run_dir keeps a copy of run.yaml: the tail of errors about a missing or damaged one."""
-    copies = [c / RUN_FILE for c in checkpoint_dirs(run_dir) if (c / RUN_FILE).is_file()]
-    return (f"; the run's config as of its last checkpoint is in {str(copies[-1])!r} (copy it back to restore "
-            f"the run)" if copies else "")
-
-
-def read_run(run_dir: str | Path) -> dict:
-    """The parsed ``run.yaml`` of a run folder, its shape checked: ``model`` and ``train`` mappings,
-    ``data`` a path or null, ``hf`` a mapping or absent. Raises CheckpointError when absent, unreadable
-    or of the wrong shape, naming the file and the key (and the copy kept in the last checkpoint)."""
-    path = Path(run_dir) / RUN_FILE
-    hint = run_copy_hint(Path(run_dir))
-    if not path.is_file():
-        raise CheckpointError(f"{str(run_dir)!r} is not an lmlab run folder (no {RUN_FILE}); "
-                              f"give the folder that `lmlab train --out` created{hint}")
-    try:
-        run = yaml.safe_load(path.read_text())
-    except UnicodeDecodeError:
-        raise CheckpointError(f"{str(path)!r} is not UTF-8 text (a binary file?); it should be the run's YAML "
-                              f"config{hint}") from None
-    except RecursionError:  # YAML flow or block nesting thousands deep: PyYAML's parser recurses
-        raise CheckpointError(f"{str(path)!r} could not be read: nesting too deep; it should be the run's YAML "
-                              f"config{hint}") from None
-    except (OSError, yaml.YAMLError) as exc:
-        from lmlab.config import yaml_error_line
-
-        raise CheckpointError(f"{str(path)!r} could not be read: {yaml_error_line(exc)}{hint}") from None
-    if not isinstance(run, dict) or not isinstance(run.get("model"), dict):
-        raise CheckpointError(f"{str(path)!r} has no 'model:' mapping; it is not an lmlab run file (lmlab train "
-                              f"writes 'model:' and 'train:' sections){hint}")
-    if not isinstance(run.get("train"), dict):
-        raise CheckpointError(f"{str(path)!r}: key 'train' must be a mapping of training settings, got "
-                              f"{run.get('train')!r:.60}{hint}")
-    if run.get("data") is not None and not isinstance(run["data"], str):
-        raise CheckpointError(f"{str(path)!r}: key 'data' must be a data folder path or null, got "
-                              f"{run['data']!r:.60}{hint}")
-    if run.get("hf") is not None and not isinstance(run["hf"], dict):
-        raise CheckpointError(f"{str(path)!r}: key 'hf' must be a mapping (an imported model's origin), got "
-                              f"{run['hf']!r:.60}{hint}")
-    return run
-
-
-METRIC_NUMBERS = ("loss", "lr", "muon_lr", "grad_norm", "val_loss", "val_bpb", "val_tokens", "tokens",
-                  "tokens_per_s", "mfu", "elapsed_s", "clip_fraction", "spikes")
-
-
-def metrics_lines(path: str | Path) -> list[tuple[str, dict]]:
-    """The lines of a run's ``metrics.jsonl`` with their records, validated: each a JSON object with a
-    non-negative integer ``step``, and numbers where the trainer writes numbers (``loss``, ``lr``,
-    ``val_loss``, ``tokens``, ``elapsed_s``, ...). A last line without its newline that is not JSON (cut
-    by a kill mid-write) is dropped. Raises CheckpointError naming the file, the line and the key."""
-    path = Path(path)
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CheckpointError(f"{str(path)!r} is not UTF-8 text (byte {exc.start}); expected one JSON object "
-                              f"per line (lmlab's training log)") from None
-    lines = text.split("\n")
-    out = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(check_nesting(line, f"{str(path)!r} line {i}", CheckpointError))
-        except json.JSONDecodeError:
-            if i == len(lines):  # no newline after it: the cut last line of a killed writer
-                continue
-            raise CheckpointError(f"{str(path)!r} line {i} is not JSON (damaged?); expected one JSON object per "
-                                  f"line (lmlab's training log)") from None
-        if not isinstance(rec, dict):
-            raise CheckpointError(f"{str(path)!r} line {i}: expected a JSON object, got a JSON {type(rec).__name__}")
-        if not _is_count(rec.get("step")):
-            raise CheckpointError(f"{str(path)!r} line {i}: key 'step' must be a non-negative integer, got "
-                                  f"{rec.get('step', '(missing)')!r:.40}")
-        for key in METRIC_NUMBERS:
-            v = rec.get(key)
-            if key in rec and (not isinstance(v, (int, float)) or isinstance(v, bool)):
-                raise CheckpointError(f"{str(path)!r} line {i}: key {key!r} must be a number, got {v!r:.40}")
-        out.append((line, rec))
-    return out
-
-
-def read_metrics_file(path: str | Path) -> list[dict]:
-    """The validated records of a ``metrics.jsonl`` (see :func:`metrics_lines`); [] when absent."""
-    return [rec for _, rec in metrics_lines(path)] if Path(path).is_file() else []
 
 
 def _verified_weights(model: torch.nn.Module, ckpt_dir: Path) -> dict:

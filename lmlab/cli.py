@@ -459,7 +459,7 @@ def _model_config_for(args):
         TrainConfig.from_dict(train, f"{path} train")  # the same file `lmlab train` would accept
         return ModelConfig.from_dict(model, f"{path} model"), str(path), None
     if args.run:
-        from lmlab.checkpoint import CheckpointError, read_run
+        from lmlab.run_folder import CheckpointError, read_run
 
         run = read_run(args.run)
         try:
@@ -951,7 +951,7 @@ def _one_line(exc: BaseException) -> bool:
     plans too many runs) is not kept waiting for torch."""
     if isinstance(exc, (ConfigError, ValueError, FloatingPointError)):  # DataError, TokenizerError, ...
         return True
-    from lmlab.checkpoint import CheckpointError
+    from lmlab.run_folder import CheckpointError
     from lmlab.data.corpus import CorpusError
 
     return isinstance(exc, (CheckpointError, CorpusError))

@@ -16,14 +16,14 @@ import io
 import struct
 from pathlib import Path
 
-from lmlab.checkpoint import CheckpointError, read_metrics_file, read_run
+from lmlab.run_folder import CheckpointError, read_metrics_file, read_run
 from lmlab.fsutil import atomic_write_bytes
 
 PNG_SOURCE = "lmlab plot"  # the text of the PNG "Source" chunk marking files this module wrote
 
 
 def read_metrics(run: Path) -> list[dict]:
-    """The records of ``run/metrics.jsonl``, validated (:func:`lmlab.checkpoint.metrics_lines`: a damaged
+    """The records of ``run/metrics.jsonl``, validated (:func:`lmlab.run_folder.metrics_lines`: a damaged
     line or a record of the wrong type is an error naming the file, line and key); CheckpointError when
     the run has none."""
     path = run / "metrics.jsonl"

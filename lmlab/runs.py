@@ -202,7 +202,7 @@ def attach_data(out: Path, run: dict, data_dir: Path) -> None:
     Raises DataError otherwise."""
     import yaml
 
-    from lmlab.checkpoint import RUN_FILE
+    from lmlab.run_folder import RUN_FILE
     from lmlab.data.prepare import DataError, TokenData
     from lmlab.fsutil import atomic_write_text
 
@@ -248,7 +248,7 @@ def setup_run(
     the holder's PID and host; a stale lock (its process gone) is taken over with a note on stderr. The
     returned trainer holds the lock until ``trainer.release_lock()`` (or the process ends).
     Raises ConfigError / CheckpointError / DataError / LockError with one line naming what is wrong."""
-    from lmlab.checkpoint import CheckpointError
+    from lmlab.run_folder import CheckpointError
     from lmlab.fsutil import acquire_lock
 
     if not str(out).strip():

@@ -33,8 +33,9 @@ import numpy as np
 import torch
 import yaml
 
-from lmlab.checkpoint import (RUN_FILE, CheckpointError, check_run_files, check_run_model, checkpoint_dirs,
-                              load_latest, metrics_lines, read_run, run_copy_hint, save_checkpoint)
+from lmlab.checkpoint import check_run_files, check_run_model, load_latest, save_checkpoint
+from lmlab.run_folder import (RUN_FILE, CheckpointError, checkpoint_dirs, metrics_lines, read_run, run_copy_hint,
+                              write_outcome)
 from lmlab.config import (ConfigError, ModelConfig, _choice, _non_negative, _number_in, _positive, _positive_int,
                           build_checked)
 from lmlab.data.prepare import DataError, TokenData
@@ -443,6 +444,15 @@ def _local(p: torch.Tensor) -> torch.Tensor:
 def windows_to_batch(tokens: np.ndarray, starts: np.ndarray, T: int) -> tuple[torch.Tensor, torch.Tensor]:
     chunk = torch.from_numpy(np.stack([np.asarray(tokens[s:s + T + 1], dtype=np.int64) for s in starts]))
     return chunk[:, :-1], chunk[:, 1:]
+
+
+class TrainingDiverged(FloatingPointError):
+    """``max_bad_steps`` non-finite steps in a row stopped :meth:`Trainer.fit` (the last good state was
+    checkpointed first). ``step``: the step of the last skipped update."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -903,19 +913,39 @@ class Trainer:
         """Train to ``max_steps``, evaluating every ``eval_interval`` and checkpointing every
         ``checkpoint_interval`` steps and at the end (or when ``max_seconds`` of wall time are spent: then
         a ``{"stopped": "max_seconds"}`` record is logged). Returns the last validation figures.
-        Raises FloatingPointError after ``max_bad_steps`` non-finite steps in a row (the last good
-        state is checkpointed first). SIGINT / SIGTERM (:class:`StopSignals`) stop it after the step in
+        Raises :class:`TrainingDiverged` (a FloatingPointError) after ``max_bad_steps`` non-finite steps
+        in a row (the last good state is checkpointed first). The run folder's ``outcome.json`` says
+        ``running`` meanwhile and then how it ended (finished, diverged at step N, interrupted, failed
+        with the error): what the ablation lab reads. SIGINT / SIGTERM (:class:`StopSignals`) stop it after the step in
         progress (and its evaluation / checkpoint, if due): the last finished step is checkpointed, a
         ``{"stopped": "SIGINT"}`` record logged, and :class:`TrainingInterrupted` raised; running the
         same command again resumes bit for bit."""
-        with StopSignals() as stop:
-            last_val = self._fit(stop)
+        self._outcome("running")
+        try:
+            with StopSignals() as stop:
+                last_val = self._fit(stop)
+        except TrainingDiverged as exc:
+            self._outcome("diverged", exc.step)
+            raise
+        except KeyboardInterrupt:  # a second signal: stopped at once (the checkpoints on disk are intact)
+            self._outcome("interrupted")
+            raise
+        except Exception as exc:
+            self._outcome("failed", error=f"{type(exc).__name__}: {exc}")
+            raise
         if stop.signum is not None and self.step < self.tc.max_steps:  # (a signal after the last step: done)
+            self._outcome("interrupted")
             name = signal.Signals(stop.signum).name
             raise TrainingInterrupted(f"interrupted by {name} at step {self.step} of {self.tc.max_steps}; its "
                                       f"checkpoint is saved in {str(self.run_dir)!r}: run the same command again "
                                       f"to continue", stop.signum)
+        self._outcome("finished")
         return last_val
+
+    def _outcome(self, status: str, step: Optional[int] = None, error: Optional[str] = None) -> None:
+        """The run folder's ``outcome.json`` (:func:`lmlab.checkpoint.write_outcome`), on the main rank."""
+        if self.dist.is_main:
+            write_outcome(self.run_dir, status, self.step if step is None else step, error)
 
     def _stop_requested(self, stop: StopSignals) -> bool:
         if not self.dist.enabled:
@@ -1024,10 +1054,10 @@ class Trainer:
                 if self.bad_in_row >= tc.max_bad_steps:
                     path = self.save()  # the weights are those of the last good step
                     bar.close()
-                    raise FloatingPointError(
+                    raise TrainingDiverged(
                         f"{self.bad_in_row} non-finite steps in a row at step {rec['step']}; stopped, last good state "
                         f"saved in {path}; lower lr={tc.lr}, raise warmup_steps={tc.warmup_steps}, "
-                        "or try z_loss / qk_norm"
+                        "or try z_loss / qk_norm", rec["step"]
                     )
                 bar.update(1)
                 continue

@@ -14,6 +14,7 @@ from lmlab.cli import main
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.data.prepare import prepare
 from lmlab.lab.runner import read_results, run_state, run_sweep
+from lmlab.run_folder import read_outcome
 from lmlab.lab.spec import _plan, builtin_specs, expand_axes, load_spec, parse_spec, plan_runs, trained_plans
 from lmlab.train import TrainConfig, Trainer
 
@@ -132,6 +133,8 @@ def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
     assert learned["status"] == "ok" and learned["val_bpb"] > 0 and learned["val_bpb_2x"] is None
     assert "learned positions" in learned["eval_note_2x"]
     assert boom["status"] == "diverged" and boom["diverged"] and boom["val_bpb"] is None and boom["steps"] < 10
+    assert read_outcome(out / "runs" / "boom-s1")["status"] == "diverged"  # what the worker read, not the log
+    assert read_outcome(out / "runs" / "rope-s1") == {"status": "finished", "step": 10, "error": None}
     assert rope["params"] == rope["non_embedding_params"] + 257 * 32 and rope["flops"] == pytest.approx(
         rope["flops_per_token"] * rope["tokens"])
     assert rope["kv_bytes_per_token"] == 2 * 2 * 32 * 4  # K and V, 2 layers, 32 channels, fp32
@@ -575,3 +578,43 @@ def test_attn_sink_claims_need_the_diagnostics():
     with pytest.raises(ConfigError, match="attn_sink reads the diagnostics: set train.diag_interval"):
         parse_spec(spec)
     assert parse_spec({**spec, "train": {**TINY_TRAIN, "diag_interval": 5}}).expect[0].metric == "attn_sink"
+
+
+def test_run_outcome_comes_from_outcome_json_not_log_text(tmp_path, monkeypatch):
+    """The worker tells a diverged run from a failed one by the ``outcome.json`` the trainer wrote: a
+    reworded error message (or the old one printed by a run that failed otherwise) changes nothing, and an
+    outcome left by an earlier attempt is never read."""
+    from lmlab.lab import worker
+    from lmlab.lab.spec import RunPlan
+
+    fake = tmp_path / "fake-python"  # stands in for `python -m lmlab.cli train --out RUN ...`
+    fake.write_text("""#!/bin/sh
+out=""; prev=""
+for a in "$@"; do [ "$prev" = "--out" ] && out="$a"; prev="$a"; done
+mkdir -p "$out"
+echo "$FAKE_SAY"
+[ -n "$FAKE_OUTCOME" ] && printf '%s\\n' "$FAKE_OUTCOME" > "$out/outcome.json"
+exit 2
+""")
+    fake.chmod(0o755)
+    monkeypatch.setattr(worker.sys, "executable", str(fake))
+    p = RunPlan(name="r", variant="v", seed=1, fields={}, cfg=ModelConfig(vocab_size=257, **TINY_MODEL),
+                tc=TrainConfig(max_steps=3), tokens_per_step=64, flops_per_token=1.0, data=tmp_path)
+
+    def attempt(say, outcome):
+        monkeypatch.setenv("FAKE_SAY", say)
+        monkeypatch.setenv("FAKE_OUTCOME", outcome)
+        return worker.train_run(tmp_path / "sweep", p, 1)
+
+    diverged = '{"status": "diverged", "step": 7, "error": null}'
+    assert attempt("the loss left the floats at step 7", diverged) == (True, None)  # reworded: still diverged
+    ok, err = attempt("5 non-finite steps in a row (an old message)", '{"status": "failed", "step": 2, '
+                      '"error": "DataError: shard 0 is truncated"}')
+    assert not ok and "DataError: shard 0 is truncated" in err  # the old text alone is not a divergence
+    (tmp_path / "sweep" / "runs" / "r" / "outcome.json").write_text(diverged + "\n")
+    ok, err = attempt("ConfigError: bad field", "")  # this attempt wrote none: the earlier one is not read
+    assert not ok and "ConfigError: bad field" in err
+    assert not (tmp_path / "sweep" / "runs" / "r" / "outcome.json").exists()
+    ok, err = attempt("died", "not json")
+    assert not ok and "outcome.json" in err and "could not be read" in err
+

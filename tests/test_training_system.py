@@ -165,6 +165,9 @@ def test_non_finite_guard_skips_then_stops_with_last_good_state(tmp_path, byte_d
         t.fit()
     recs = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs if r.get("skipped")] == [3, 6, 7, 8]
+    from lmlab.run_folder import read_outcome
+
+    assert read_outcome(tmp_path / "run") == {"status": "diverged", "step": 8, "error": None}
     from lmlab.checkpoint import load_run
 
     model, *_ = load_run(tmp_path / "run")

@@ -215,7 +215,7 @@ def write_csv(rows: list[dict], path: Path) -> Path:
 
 
 def _setup_lines(spec_raw: dict, rows: list[dict], sweep_dir: Path) -> list[str]:
-    from lmlab.checkpoint import read_run
+    from lmlab.run_folder import read_run
 
     lines = []
     run = first = None

@@ -46,6 +46,7 @@ from lmlab.config import ConfigError
 from lmlab.fsutil import atomic_write_text
 from lmlab.lab.validate import check_nesting
 from lmlab.lab.worker import stop_training
+from lmlab.run_folder import checkpoint_dirs, read_metrics_file, read_run
 from lmlab.lab.spec import (TIMING_METRICS, RunPlan, Spec, _fmt, control_flags, load_spec, plan_quantities,
                             plan_runs, trained_plans)
 
@@ -58,8 +59,7 @@ LOAD_FILE = "load.jsonl"
 
 # --- run state -----------------------------------------------------------------------------
 def run_metrics(run_dir: Path) -> list[dict]:
-    """A run's validated training log (:func:`lmlab.checkpoint.read_metrics_file`; [] when absent)."""
-    from lmlab.checkpoint import read_metrics_file
+    """A run's validated training log (:func:`lmlab.run_folder.read_metrics_file`; [] when absent)."""
 
     return read_metrics_file(run_dir / "metrics.jsonl")
 
@@ -75,7 +75,6 @@ def read_results(sweep_dir: str | Path) -> list[dict]:
 
 
 def _last_checkpoint_step(run_dir: Path) -> int:
-    from lmlab.checkpoint import checkpoint_dirs
 
     ckpts = checkpoint_dirs(run_dir)
     return int(ckpts[-1].name.split("_")[1]) if ckpts else 0
@@ -98,7 +97,6 @@ def run_state(run_dir: Path, max_steps: int) -> str:
 
 def _check_existing(p: RunPlan, run_dir: Path) -> None:
     """An existing run folder must hold this very run (else the spec changed under it)."""
-    from lmlab.checkpoint import read_run
 
     if not (run_dir / "run.yaml").is_file():
         return
@@ -209,7 +207,6 @@ def training_summary(run_dir: Path) -> dict:
     resumed invocations), median tokens/s, final train loss (mean of those logged in the last 10% of the
     steps), spikes, skipped
     steps and whether training stopped on its wall-time budget."""
-    from lmlab.checkpoint import checkpoint_dirs
     from lmlab.plot import cumulative_wall_time
 
     recs = run_metrics(run_dir)

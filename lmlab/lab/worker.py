@@ -36,13 +36,13 @@ from typing import Callable, Optional
 
 import yaml
 
+from lmlab.run_folder import OUTCOME_FILE, CheckpointError, read_outcome
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.fsutil import atomic_write_text
 from lmlab.lab.spec import RunPlan, Spec
 
 PLANS_DIR = "plans"
 ROWS_DIR = "rows"
-DIVERGED_MARK = "non-finite steps in a row"  # the FloatingPointError message of Trainer.fit
 
 # The training subprocesses this process started and has not yet seen exit (any thread's): a preempted or
 # interrupted worker stops them (SIGTERM: each checkpoints) before it exits. Not a switch: bookkeeping.
@@ -186,7 +186,9 @@ def train_run(sweep_dir: Path, p: RunPlan, threads: int, stopping: Callable[[], 
               ) -> tuple[bool, Optional[str]]:
     """Train (or continue) run ``p`` in a subprocess with ``threads`` torch threads; returns (diverged,
     error). Raises KeyboardInterrupt when the subprocess was stopped by a signal (it checkpointed: the
-    same call continues it) or ``stopping()`` is true when it exits."""
+    same call continues it) or ``stopping()`` is true when it exits. Divergence is what the trainer wrote
+    in the run folder's ``outcome.json`` (:func:`lmlab.checkpoint.read_outcome`), removed before each
+    attempt so that one left by an earlier attempt is never read: never the text of its log."""
     sweep_dir = Path(sweep_dir)
     run_dir = sweep_dir / "runs" / p.name
     cfg_path = sweep_dir / "configs" / f"{p.name}.yaml"
@@ -200,6 +202,7 @@ def train_run(sweep_dir: Path, p: RunPlan, threads: int, stopping: Callable[[], 
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     root = str(Path(__file__).resolve().parents[2])  # the lmlab being run, also when not installed
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    (run_dir / OUTCOME_FILE).unlink(missing_ok=True)  # this attempt's outcome only (the sweep's own file)
     with open(log_path, "a") as f:
         f.write(f"$ {' '.join(cmd)}\n")
         f.flush()
@@ -215,10 +218,15 @@ def train_run(sweep_dir: Path, p: RunPlan, threads: int, stopping: Callable[[], 
         return False, None
     if stopping() or rc in (130, 143) or rc < 0:  # SIGINT/SIGTERM (checkpointed: 130/143) or killed
         raise KeyboardInterrupt
-    tail = _log_since(log_path, offset)  # this attempt's output only
-    if DIVERGED_MARK in tail:
+    try:
+        outcome = read_outcome(run_dir)
+    except CheckpointError as exc:
+        return False, f"training exited with status {rc} and {exc} (see {log_path})"
+    if outcome is not None and outcome["status"] == "diverged":
         return True, None
-    lines = [line for line in tail.splitlines() if line.strip()]
+    if outcome is not None and outcome["status"] == "failed" and outcome.get("error"):
+        return False, f"training failed at step {outcome['step']}: {outcome['error']} (see {log_path})"
+    lines = [line for line in _log_since(log_path, offset).splitlines() if line.strip()]  # the message, for people
     return False, f"training exited with status {rc}: {lines[-1] if lines else '(no output)'} (see {log_path})"
 
 
