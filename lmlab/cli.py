@@ -283,8 +283,8 @@ def _check_eval_flags(args) -> None:
 
 def cmd_eval(args) -> int:
     from lmlab.checkpoint import load_run
-    from lmlab.data.prepare import DataError, TokenData
     from lmlab.evaluate import evaluate
+    from lmlab.run_folder import run_data
     from lmlab.train import resolve_device, resolve_dtype
 
     _check_eval_flags(args)
@@ -293,14 +293,7 @@ def cmd_eval(args) -> int:
         return _eval_tasks(args, device)
     args.split, args.dtype = args.split or "val", args.dtype or "fp32"
     model, cfg, tok, run, ckpt = load_run(args.run, device=str(device))
-    if not args.data and not run.get("data"):
-        raise DataError(f"run {args.run!r} has no data folder (it was imported); pass --data DIR, a folder prepared "
-                        f"with the run's tokenizer (`lmlab prepare --tokenizer-file {args.run}/tokenizer.json ...`)")
-    data = TokenData(args.data or run["data"])
-    if data.tokenizer.vocab_size > cfg.vocab_size or (Path(args.run) / "tokenizer.json").read_bytes() != \
-            (data.folder / "tokenizer.json").read_bytes():
-        raise DataError(f"data {str(data.folder)!r} was tokenised with another tokenizer than run {args.run!r}; "
-                        f"evaluate on the run's own data folder or re-prepare with its tokenizer")
+    data = run_data(args.run, run, args.data, cfg.vocab_size)
     res = evaluate(model, data.tokens(args.split), data.bytes(args.split), batch_size=args.batch_size,
                    stride=args.stride, device=device, autocast_dtype=resolve_dtype(args.dtype, device))
     res.update(checkpoint=str(ckpt), split=args.split, data=str(data.folder), stride=args.stride or cfg.context_length)

@@ -16,7 +16,7 @@ import io
 import struct
 from pathlib import Path
 
-from lmlab.run_folder import CheckpointError, read_metrics_file, read_run
+from lmlab.run_folder import RUN_FILE, CheckpointError, metrics_path, read_metrics_file, read_run
 from lmlab.fsutil import atomic_write_bytes
 
 PNG_SOURCE = "lmlab plot"  # the text of the PNG "Source" chunk marking files this module wrote
@@ -26,9 +26,9 @@ def read_metrics(run: Path) -> list[dict]:
     """The records of ``run/metrics.jsonl``, validated (:func:`lmlab.run_folder.metrics_lines`: a damaged
     line or a record of the wrong type is an error naming the file, line and key); CheckpointError when
     the run has none."""
-    path = run / "metrics.jsonl"
-    if not (run / "run.yaml").is_file():
-        raise CheckpointError(f"{str(run)!r} is not a run folder (no run.yaml); give folders made by `lmlab train`")
+    path = metrics_path(run)
+    if not (run / RUN_FILE).is_file():
+        raise CheckpointError(f"{str(run)!r} is not a run folder (no {RUN_FILE}); give folders made by `lmlab train`")
     if not path.is_file():
         raise CheckpointError(f"run {str(run)!r} has no metrics.jsonl to plot; train it first")
     return read_metrics_file(path)

@@ -3,7 +3,8 @@
 A run folder (``lmlab train --out DIR``) holds:
 - ``run.yaml``: the ModelConfig (``model``), the TrainConfig (``train``) and the data folder (``data``);
   :func:`read_run` is its reader;
-- ``tokenizer.json``: a copy of the data's tokenizer, so ``eval``/``generate`` need nothing else;
+- ``tokenizer.json``: a copy of the data's tokenizer, so ``eval``/``generate`` need nothing else; a data
+  folder used with the run must hold the same file (:func:`run_data`, :func:`check_data_tokenizer`);
 - ``metrics.jsonl``: one JSON object per logged step / evaluation (:func:`metrics_lines`,
   :func:`read_metrics_file`);
 - ``outcome.json``: how the last ``Trainer.fit`` ended (:func:`write_outcome`, :func:`read_outcome`):
@@ -20,15 +21,19 @@ Nothing here imports torch: the lab's coordinator reads run folders without it. 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
 import yaml
 
+from lmlab.data.prepare import DataError, TokenData
 from lmlab.fsutil import atomic_write_text
 from lmlab.lab.validate import check_nesting
 
 RUN_FILE = "run.yaml"
+METRICS_FILE = "metrics.jsonl"
+TOKENIZER_FILE = "tokenizer.json"
 MANIFEST = "manifest.json"
 OUTCOME_FILE = "outcome.json"
 OUTCOMES = ("running", "finished", "diverged", "interrupted", "failed")
@@ -170,3 +175,57 @@ def metrics_lines(path: str | Path) -> list[tuple[str, dict]]:
 def read_metrics_file(path: str | Path) -> list[dict]:
     """The validated records of a ``metrics.jsonl`` (see :func:`metrics_lines`); [] when absent."""
     return [rec for _, rec in metrics_lines(path)] if Path(path).is_file() else []
+
+
+def write_run(run_dir: str | Path, run: dict) -> None:
+    """Write ``run.yaml`` (``model``, ``train``, ``data``, and ``hf`` / ``budget`` when present)
+    atomically: a reader sees the old file or the new one, never a cut one."""
+    atomic_write_text(Path(run_dir) / RUN_FILE, yaml.safe_dump(run, sort_keys=False))
+
+
+def metrics_path(run_dir: str | Path) -> Path:
+    """The run's training log, ``metrics.jsonl``."""
+    return Path(run_dir) / METRICS_FILE
+
+
+def append_metrics(run_dir: str | Path, record: dict) -> None:
+    """Append one record to ``metrics.jsonl`` as one ``write()`` of a whole line in append mode: a kill
+    leaves at most a cut last line, which :func:`metrics_lines` skips and a resume drops."""
+    fd = os.open(metrics_path(run_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def rewrite_metrics(run_dir: str | Path, lines: list[str]) -> None:
+    """Replace ``metrics.jsonl`` with ``lines`` (as read by :func:`metrics_lines`), atomically: a resume
+    keeps the log up to its checkpoint's step."""
+    atomic_write_text(metrics_path(run_dir), "".join(line + "\n" for line in lines))
+
+
+def check_data_tokenizer(run_dir: str | Path, data: TokenData, vocab_size: Optional[int] = None) -> None:
+    """Raise DataError unless the prepared data folder ``data`` was tokenised with the run's own tokenizer
+    (its ``tokenizer.json`` byte for byte the run's) and, given the model's ``vocab_size``, holds no id
+    at or past it."""
+    run_tok = Path(run_dir) / TOKENIZER_FILE
+    if (not run_tok.is_file() or run_tok.read_bytes() != (data.folder / TOKENIZER_FILE).read_bytes()
+            or (vocab_size is not None and data.tokenizer.vocab_size > vocab_size)):
+        raise DataError(f"data {str(data.folder)!r} was not prepared with the tokenizer of run {str(run_dir)!r}; "
+                        f"use the run's own data folder, or prepare one with `lmlab prepare --tokenizer-file "
+                        f"{run_tok} ...`")
+
+
+def run_data(run_dir: str | Path, run: dict, data: Optional[str | Path] = None,
+             vocab_size: Optional[int] = None) -> TokenData:
+    """The data folder a command on run ``run_dir`` (``run``: its :func:`read_run`) reads: ``data`` when
+    given, else the one in run.yaml, checked with :func:`check_data_tokenizer`. Raises DataError when
+    there is none (an imported run: give ``data``) or it was tokenised otherwise."""
+    if not data and not run.get("data"):
+        raise DataError(f"run {str(run_dir)!r} has no data folder (it was imported); pass --data DIR, a folder "
+                        f"prepared with the run's tokenizer (`lmlab prepare --tokenizer-file "
+                        f"{Path(run_dir) / TOKENIZER_FILE} ...`)")
+    folder = TokenData(data or run["data"])
+    check_data_tokenizer(run_dir, folder, vocab_size)
+    return folder
+

@@ -198,23 +198,12 @@ def build_configs(
 
 def attach_data(out: Path, run: dict, data_dir: Path) -> None:
     """Give a run without data (an imported one) the data folder ``data_dir``, which must have been
-    prepared with the run's own tokenizer (``lmlab prepare --tokenizer-file RUN/tokenizer.json``).
-    Raises DataError otherwise."""
-    import yaml
+    prepared with the run's own tokenizer (``lmlab prepare --tokenizer-file RUN/tokenizer.json``), and
+    record it in run.yaml. Raises DataError otherwise."""
+    from lmlab.run_folder import run_data, write_run
 
-    from lmlab.run_folder import RUN_FILE
-    from lmlab.data.prepare import DataError, TokenData
-    from lmlab.fsutil import atomic_write_text
-
-    data = TokenData(data_dir)
-    run_tok = out / "tokenizer.json"
-    if not run_tok.is_file() or run_tok.read_bytes() != (data.folder / "tokenizer.json").read_bytes():
-        raise DataError(
-            f"data {str(data.folder)!r} was not prepared with the tokenizer of run {str(out)!r}; "
-            f"prepare it with `lmlab prepare --tokenizer-file {run_tok} ...`"
-        )
-    run["data"] = str(data.folder.resolve())
-    atomic_write_text(out / RUN_FILE, yaml.safe_dump(run, sort_keys=False))
+    run["data"] = str(run_data(out, run, data_dir).folder.resolve())
+    write_run(out, run)
 
 
 def check_run_memory(cfg, tc) -> None:

@@ -17,9 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-import json
 import math
-import os
 import re
 import signal
 import sys
@@ -34,8 +32,8 @@ import torch
 import yaml
 
 from lmlab.checkpoint import check_run_files, check_run_model, load_latest, save_checkpoint
-from lmlab.run_folder import (RUN_FILE, CheckpointError, checkpoint_dirs, metrics_lines, read_run, run_copy_hint,
-                              write_outcome)
+from lmlab.run_folder import (RUN_FILE, CheckpointError, append_metrics, checkpoint_dirs, metrics_lines, metrics_path,
+                              read_run, rewrite_metrics, run_copy_hint, write_outcome, write_run)
 from lmlab.config import (ConfigError, ModelConfig, _choice, _non_negative, _number_in, _positive, _positive_int,
                           build_checked)
 from lmlab.data.prepare import DataError, TokenData
@@ -612,7 +610,7 @@ class Trainer:
             run_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(run_dir / "tokenizer.json", (data.folder / "tokenizer.json").read_bytes())
             spec = {"model": cfg.to_dict(), "train": dataclasses.asdict(tc), "data": str(Path(data_dir).resolve())}
-            atomic_write_text(run_dir / RUN_FILE, yaml.safe_dump(spec, sort_keys=False))  # last: marks a run
+            write_run(run_dir, spec)  # last: marks a run
         barrier(trainer.dist)
         return trainer
 
@@ -669,9 +667,9 @@ class Trainer:
             if not planned:  # a plan for another budget or cap no longer holds
                 spec.pop("budget", None)
             if trainer.step < tc.max_steps:  # a finished run trains no step: its record stays as it ran
-                atomic_write_text(Path(run_dir) / RUN_FILE, yaml.safe_dump(spec, sort_keys=False))
+                write_run(run_dir, spec)
             if keep is not None:
-                atomic_write_text(trainer.run_dir / "metrics.jsonl", "".join(k + "\n" for k in keep))
+                rewrite_metrics(trainer.run_dir, keep)
         barrier(trainer.dist)
         return trainer
 
@@ -703,7 +701,7 @@ class Trainer:
         (a ``checkpoint`` record, logged once the folder was in place): its checkpoints were deleted or
         moved, and resuming would retrain from step 0 and cut the log. A run killed before its first
         checkpoint was complete passes (it restarts from step 0)."""
-        path = self.run_dir / "metrics.jsonl"
+        path = metrics_path(self.run_dir)
         saved = [rec["step"] for _, rec in (metrics_lines(path) if path.exists() else []) if "checkpoint" in rec]
         if saved and max(saved) > 0:
             where = "holds none complete" if (self.run_dir / "checkpoints").is_dir() else "is missing"
@@ -716,7 +714,7 @@ class Trainer:
     def _metrics_to_keep(self) -> Optional[list[str]]:
         """The lines of metrics.jsonl up to the resumed step (later ones were written by the interrupted run
         after its last checkpoint), or None without a log. Raises CheckpointError for a damaged log."""
-        path = self.run_dir / "metrics.jsonl"
+        path = metrics_path(self.run_dir)
         lines = metrics_lines(path) if path.exists() else []
         expected = self.step // self.tc.log_interval * self.tc.log_interval  # the last step logged for sure
         reached = max((rec["step"] for _, rec in lines), default=0)
@@ -739,13 +737,7 @@ class Trainer:
     def _log(self, record: dict) -> None:
         if not self.dist.is_main:
             return
-        # one write() of a whole line in append mode: a kill leaves at most a cut last line, which a
-        # resume drops (_metrics_to_keep) and readers skip
-        fd = os.open(self.run_dir / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-        try:
-            os.write(fd, (json.dumps(record) + "\n").encode())
-        finally:
-            os.close(fd)
+        append_metrics(self.run_dir, record)  # a kill leaves at most a cut last line, dropped on resume
         if self.tc.tensorboard:
             if self._tb is None:
                 try:

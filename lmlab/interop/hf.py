@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
@@ -269,7 +268,8 @@ def import_hf(path: str | Path, out_run_dir: str | Path, dtype: str = "auto") ->
     e.g. Qwen2.5's ``use_mrope: false``).
     Raises UnsupportedError (a config or tensor lmlab cannot represent), HFFormatError (an unreadable
     folder, or ``out_run_dir`` exists). Nothing is written unless the import succeeds."""
-    from lmlab.checkpoint import RUN_FILE, save_checkpoint
+    from lmlab.checkpoint import save_checkpoint
+    from lmlab.run_folder import write_run
     from lmlab.train import TrainConfig
 
     path, out = Path(path), Path(out_run_dir)
@@ -308,7 +308,7 @@ def import_hf(path: str | Path, out_run_dir: str | Path, dtype: str = "auto") ->
                 "--data DIR` on data prepared with this run's tokenizer",
             },
         }
-        (tmp / RUN_FILE).write_text(yaml.safe_dump(spec, sort_keys=False))
+        write_run(tmp, spec)
         save_checkpoint(tmp, 0, model, None, {"step": 0, "tokens_seen": 0, "imported_from": str(path.resolve())},
                         keep=0)
         if out.exists():

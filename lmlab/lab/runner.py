@@ -46,7 +46,7 @@ from lmlab.config import ConfigError
 from lmlab.fsutil import atomic_write_text
 from lmlab.lab.validate import check_nesting
 from lmlab.lab.worker import stop_training
-from lmlab.run_folder import checkpoint_dirs, read_metrics_file, read_run
+from lmlab.run_folder import RUN_FILE, checkpoint_dirs, metrics_path, read_metrics_file, read_run
 from lmlab.lab.spec import (TIMING_METRICS, RunPlan, Spec, _fmt, control_flags, load_spec, plan_quantities,
                             plan_runs, trained_plans)
 
@@ -61,7 +61,7 @@ LOAD_FILE = "load.jsonl"
 def run_metrics(run_dir: Path) -> list[dict]:
     """A run's validated training log (:func:`lmlab.run_folder.read_metrics_file`; [] when absent)."""
 
-    return read_metrics_file(run_dir / "metrics.jsonl")
+    return read_metrics_file(metrics_path(run_dir))
 
 
 def read_results(sweep_dir: str | Path) -> list[dict]:
@@ -83,7 +83,7 @@ def _last_checkpoint_step(run_dir: Path) -> int:
 def run_state(run_dir: Path, max_steps: int) -> str:
     """``new`` (no run folder), ``trained`` (the last checkpoint is at max_steps, or training stopped on
     its wall-time budget) or ``partial``."""
-    if not (run_dir / "run.yaml").is_file():
+    if not (run_dir / RUN_FILE).is_file():
         return "new"
     step = _last_checkpoint_step(run_dir)
     if step >= max_steps:
@@ -98,7 +98,7 @@ def run_state(run_dir: Path, max_steps: int) -> str:
 def _check_existing(p: RunPlan, run_dir: Path) -> None:
     """An existing run folder must hold this very run (else the spec changed under it)."""
 
-    if not (run_dir / "run.yaml").is_file():
+    if not (run_dir / RUN_FILE).is_file():
         return
     run = read_run(run_dir)
     want = {"model": p.cfg.to_dict(), "train": dataclasses.asdict(p.tc)}
