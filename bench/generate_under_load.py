@@ -30,7 +30,8 @@ from lmlab.bench import describe_machine  # noqa: E402
 from lmlab.config import ModelConfig  # noqa: E402
 from lmlab.generate import decode_threads, generate  # noqa: E402
 from lmlab.model import TransformerLM  # noqa: E402
-from lmlab.runs import default_threads, read_config_file  # noqa: E402
+from lmlab.runs import read_config_file  # noqa: E402
+from lmlab.threads import default_threads  # noqa: E402
 
 
 def spin(stop) -> None:

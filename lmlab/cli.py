@@ -321,11 +321,10 @@ def cmd_generate(args) -> int:
         return _generate_ids(args, device)
     model, cfg, tok, _, _ = load_run(args.run, device=str(device))
     if args.threads is None and device.type == "cpu" and len(args.prompt or [""]) == 1:
-        import torch
-
         from lmlab.generate import decode_threads
+        from lmlab.threads import default_threads, set_threads
 
-        torch.set_num_threads(decode_threads(model, torch.get_num_threads()))  # small models: 1 thread
+        set_threads(decode_threads(model, default_threads()))  # small models: 1 thread
     texts = args.prompt or [""]
     prompts = []
     try:
@@ -384,10 +383,10 @@ def cmd_generate(args) -> int:
 def _generate_ids(args, device) -> int:
     """``generate --prompt-ids``: token ids in, token ids out (a run without a tokenizer, e.g. imported
     from a Hugging Face folder without tokenizer.json)."""
-    import torch
 
     from lmlab.checkpoint import load_run
     from lmlab.generate import decode_threads, generate_logprobs
+    from lmlab.threads import default_threads, set_threads
 
     if args.prompt or args.stop or args.stop_at_eot or args.prompt_after_eot:
         raise ConfigError("--prompt-ids takes token ids and prints ids: it cannot be combined with --prompt, "
@@ -403,7 +402,7 @@ def _generate_ids(args, device) -> int:
         raise ConfigError(f"--prompt-ids {args.prompt_ids!r}: " + (f"id {bad[0]} is outside 0..{cfg.vocab_size - 1}, "
                           f"the model's vocabulary" if bad else "no ids given"))
     if args.threads is None and device.type == "cpu":
-        torch.set_num_threads(decode_threads(model, torch.get_num_threads()))
+        set_threads(decode_threads(model, default_threads()))
     seen = list(generate_logprobs(model, ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                                   args.seed, device=device))
     print(" ".join(str(i) for i, _ in seen))
@@ -956,7 +955,7 @@ def main(argv=None) -> int:
     if extra:  # refused by the (sub)command they were given to, so the hint names its --help
         _innermost_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if hasattr(args, "threads"):  # every compute command: train, eval, generate, bench decode
-        from lmlab.runs import set_threads
+        from lmlab.threads import set_threads
 
         set_threads(args.threads)
     try:

@@ -28,40 +28,6 @@ def default_data_dir(tokenizer: str = "bpe", vocab_size: int = DEFAULT_VOCAB) ->
     return DEFAULT_DATA / (f"shakespeare-bpe{vocab_size}" if tokenizer == "bpe" else "shakespeare-bytes")
 
 
-def physical_cores() -> int:
-    """CPU cores this process may run on, counting SMT siblings (hyper-threads) once: distinct
-    (package, core) pairs of the CPUs in the affinity mask, from Linux's sysfs topology; elsewhere the
-    logical CPU count."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    cores = set()
-    for cpu in cpus:
-        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-        try:
-            cores.add(((topo / "physical_package_id").read_text().strip(), (topo / "core_id").read_text().strip()))
-        except OSError:
-            return len(cpus)
-    return len(cores) or len(cpus) or os.cpu_count() or 1
-
-
-def default_threads() -> int:
-    """Torch CPU threads of a compute command without ``--threads``: the physical cores, capped by
-    ``OMP_NUM_THREADS`` when that is set to a positive integer (as torchrun and ``lmlab sweep`` do)."""
-    n = physical_cores()
-    env = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if env.isdigit() and int(env) > 0:
-        n = min(n, int(env))
-    return max(1, n)
-
-
-def set_threads(threads: Optional[int]) -> int:
-    """Set torch's intra-op CPU threads to ``threads`` (None: :func:`default_threads`); returns it."""
-    import torch
-
-    n = threads or default_threads()
-    torch.set_num_threads(n)
-    return n
-
-
 def describe_manifest(manifest: dict) -> list[str]:
     """One line per split of a prepared data folder's manifest: documents, bytes, tokens, bytes/token."""
     return [

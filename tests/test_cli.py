@@ -532,7 +532,7 @@ def test_threads_flag_and_default(run_dir, monkeypatch, capsys):
     import os
     from pathlib import Path
 
-    from lmlab.runs import default_threads, physical_cores
+    from lmlab.threads import default_threads, physical_cores
 
     before = torch.get_num_threads()
     try:

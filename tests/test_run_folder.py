@@ -57,3 +57,26 @@ def test_data_of_another_tokenizer_is_refused_by_eval_and_run_data(byte_run, byt
     assert "was not prepared with the tokenizer of run" in capsys.readouterr().err
     assert main(["eval", str(byte_run), "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["bits_per_byte"] > 0
+
+
+def test_threads_are_decided_in_one_module(monkeypatch):
+    """lmlab.threads alone calls torch.set_num_threads; the sweep shares out physical cores; a block's
+    thread count comes back after it, also on an exception."""
+    from pathlib import Path
+
+    import torch
+
+    import lmlab
+    from lmlab import threads
+
+    root = Path(lmlab.__file__).parent
+    callers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py") if "set_num_threads(" in p.read_text())
+    assert callers == ["threads.py"]
+    monkeypatch.setattr(threads, "physical_cores", lambda: 8)
+    assert [threads.sweep_threads(j, k) for j, k in ((1, 1), (2, 1), (2, 2), (3, 1), (16, 1))] == [8, 4, 2, 2, 1]
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError):
+        with threads.using_threads(1) as n:
+            assert n == 1 and torch.get_num_threads() == 1
+            raise RuntimeError
+    assert torch.get_num_threads() == before

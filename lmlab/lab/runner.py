@@ -46,6 +46,7 @@ from lmlab.config import ConfigError
 from lmlab.fsutil import atomic_write_text
 from lmlab.lab.validate import check_nesting
 from lmlab.lab.worker import stop_training
+from lmlab.threads import current_threads, physical_cores, set_threads, sweep_threads, using_threads
 from lmlab.run_folder import RUN_FILE, checkpoint_dirs, metrics_path, read_metrics_file, read_run
 from lmlab.lab.spec import (TIMING_METRICS, RunPlan, Spec, _fmt, control_flags, load_spec, plan_quantities,
                             plan_runs, trained_plans)
@@ -314,13 +315,6 @@ def retuned(p: RunPlan, tune: dict) -> RunPlan:
     return dataclasses.replace(
         p, name=f"{run_stem(p.variant, p.scale, tune)}-s{p.seed}", tc=dataclasses.replace(p.tc, **tt),
         tune=dict(tune), fields={**p.fields, **tune})
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 class _Sweep:
@@ -713,16 +707,12 @@ def run_init_grads(
     stored = _kept(path, key, "init_grads", log)
     if stored:
         return stored
-    import torch
-
     from lmlab.data.prepare import TokenData
     from lmlab.lab.init_grads import init_grad_norms
 
     g = spec.init_grads
     log(f"init_grads: {len(cfgs)} model(s) at depths {g['depths']}, seeds {g['seeds']}, batch {g['batch']}")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(_cores())
-    try:
+    with using_threads(physical_cores()):
         out = {
             "key": key,
             "variants": {
@@ -732,8 +722,6 @@ def run_init_grads(
                 for label, p in cfgs.items()
             },
         }
-    finally:
-        torch.set_num_threads(threads)
     out["finished_at"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     atomic_write_text(path, json.dumps(out, indent=1))
     return json.loads(json.dumps(out))  # depths and seeds as the file holds them (string keys)
@@ -999,7 +987,7 @@ def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Call
     if kind in ("slurm", "ray"):  # the CPUs of each task, shared by the runs it trains at once
         threads = max(1, int(params.get("cpus_per_task", per_task)) // per_task)
     else:
-        threads = max(1, _cores() // jobs // per_task)
+        threads = sweep_threads(jobs, per_task)
     cells = len({p.cell for p in plans})
     log(
         f"sweep {spec.name}: {cells} cell(s) (variant x scale x tuned values) x {len(spec.seeds)} seed(s)"
@@ -1035,11 +1023,9 @@ def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Call
     for sub in ("runs", "configs", "logs"):
         (sweep_dir / sub).mkdir(parents=True, exist_ok=True)
     (sweep_dir / "spec.yaml").write_text(yaml.safe_dump(spec.raw, sort_keys=False, allow_unicode=True))
-    import torch
-
     with open(sweep_dir / PROVENANCE_FILE, "a") as f:
         f.write(json.dumps(provenance_record(spec, command)) + "\n")
-    before = torch.get_num_threads()
+    threads_before = current_threads()  # the workers set their own: this process's count comes back
     t0 = time.perf_counter()
     sampler = LoadSampler(sweep_dir / LOAD_FILE)
     sampler.start()
@@ -1066,7 +1052,7 @@ def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Call
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         sampler.stop()
-        torch.set_num_threads(before)
+        set_threads(threads_before)
         with open(sweep_dir / PROVENANCE_FILE, "a") as f:  # this invocation's wall time (lmlab.lab.report)
             f.write(json.dumps(end_record(time.perf_counter() - t0, finished)) + "\n")
     log(

@@ -25,6 +25,7 @@ from typing import Callable, Optional
 import torch
 
 from lmlab.config import ModelConfig
+from lmlab.threads import current_threads, set_threads
 
 
 def _step_timer(
@@ -145,9 +146,9 @@ def time_variants(
     "rounds", "batch", "context", "steps", "threads", "dtype", "device", "load_avg": [1-min load average
     before and after]}. ``context`` defaults to each model's context_length."""
     device = torch.device(device)
-    before = torch.get_num_threads()
+    before = current_threads()
     if threads:
-        torch.set_num_threads(threads)
+        set_threads(threads)
     labels = list(cfgs)
     try:
         timers = {
@@ -197,7 +198,7 @@ def time_variants(
             out["decode_short_steps"] = n
         return out
     finally:
-        torch.set_num_threads(before)
+        set_threads(before)
 
 
 def round_ratios(times: dict, a: str, b: str) -> list[float]:

@@ -37,6 +37,7 @@ from typing import Callable, Optional
 import yaml
 
 from lmlab.run_folder import OUTCOME_FILE, CheckpointError, read_outcome
+from lmlab.threads import set_threads
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.fsutil import atomic_write_text
 from lmlab.lab.spec import RunPlan, Spec
@@ -286,9 +287,7 @@ def run_planned(sweep_dir: Path, p: RunPlan, ev: EvalSettings, threads: int,
             f"{p.tokens:,} tokens, {p.flops:.3g} FLOPs")
         diverged, error = train_run(sweep_dir, p, threads, stopping)
     with eval_lock or threading.Lock():
-        import torch
-
-        torch.set_num_threads(threads)
+        set_threads(threads)
         try:
             row = collect_result(p, run_dir, ev, diverged, error)
         except Exception as exc:  # noqa: BLE001 -- one broken run must not end the sweep
