@@ -149,3 +149,52 @@ def bench_decode(model: TransformerLM, batch: int = 1, prompt_len: int = 32, new
         lean_decode=model.lean_decode_possible(),
     )
     return res
+
+
+def decode_benchmark(cfg, title: Optional[str], run: Optional[str], device: torch.device, batch: int,
+                     prompt_len: int, new_tokens: int, repeats: int, dtype: str = "fp32") -> dict:
+    """``lmlab bench decode``: :func:`bench_decode` on run ``run``'s weights, or on random weights of
+    ``cfg`` (None: the demo config), in ``dtype`` (fp32 or bf16), with ``model`` (``title``) and
+    ``params`` added. Raises ConfigError when prompt and new tokens exceed the context or the cache
+    would not fit (:func:`check_decode_memory`), before any weights load."""
+    from lmlab.config import ConfigError, ModelConfig, load_mapping
+    from lmlab.runs import BUILTIN_CONFIGS
+
+    if cfg is None:
+        cfg, title = ModelConfig.from_dict(load_mapping(BUILTIN_CONFIGS / "demo.yaml")["model"]), "the demo config"
+    length = prompt_len + new_tokens - 1
+    if length > cfg.context_length:
+        raise ConfigError(f"--prompt-len {prompt_len} + --new-tokens {new_tokens} - 1 = {length} tokens "
+                          f"exceed the model's context_length {cfg.context_length}; shorten one of them")
+    check_decode_memory(cfg, device, batch, length, dtype)
+    if run:
+        from lmlab.checkpoint import load_run
+
+        model, cfg, _, _, _ = load_run(run, device=str(device))
+    else:
+        torch.manual_seed(0)
+        model = TransformerLM(cfg).to(device)
+        title += " (random weights)"
+    if dtype == "bf16":
+        model = model.to(torch.bfloat16)
+    res = bench_decode(model, batch, prompt_len, new_tokens, repeats, device)
+    res.update(model=title, params=model.num_params())
+    return res
+
+
+def format_decode_benchmark(res: dict, batch: int, prompt_len: int, new_tokens: int, repeats: int) -> str:
+    """The lines ``lmlab bench decode`` prints for :func:`decode_benchmark`'s result."""
+    return "\n".join([
+        f"lmlab bench decode: {res['model']}, {res['params']:,} params, {res['dtype'].replace('torch.', '')} on "
+        f"{res['device']}"
+        + (f" ({plural(res['threads'], 'thread')}, {res['decode_layout']} weights)" if res["device"] == "cpu" else "")
+        + ("" if res["lean_decode"] else " (ordinary block path: no lean one-token decode for this config)")
+        + f"; greedy, batch {batch}, prompt {prompt_len} tokens, {new_tokens} new tokens, median of {repeats}",
+        f"  prefill {res['prefill_tokens_per_s']:>12,.0f} tokens/s   ({res['prefill_s'] * 1e3:.2f} ms for "
+        f"{batch} x {plural(prompt_len, 'token')})",
+        f"  decode  {res['decode_tokens_per_s']:>12,.0f} tokens/s   ({res['decode_s_per_step'] * 1e3:.2f} ms per "
+        f"step of {batch} token{'s' if batch > 1 else ''})",
+        f"  whole call {res['call_s'] * 1e3:.1f} ms ({res['call_tokens_per_s']:,.0f} new tokens/s); the first "
+        f"call on the model, which also lays out its weights for decoding, {res['first_call_s'] * 1e3:.1f} ms",
+    ])
+

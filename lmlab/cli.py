@@ -313,7 +313,7 @@ def cmd_eval(args) -> int:
 def cmd_generate(args) -> int:
     from lmlab.checkpoint import load_run
     from lmlab.data.tokenizer import TokenizerError
-    from lmlab.generate import TextStream, generate_batch, generate_logprobs, write_text
+    from lmlab.generate import encode_prompt, generate_batch, generate_text, text_until_stop, write_text
     from lmlab.train import resolve_device
 
     device = resolve_device(args.device)
@@ -327,56 +327,43 @@ def cmd_generate(args) -> int:
         set_threads(decode_threads(model, default_threads()))  # small models: 1 thread
     texts = args.prompt or [""]
     prompts = []
-    try:
-        for text in texts:
-            ids = tok.encode(text) if text else []
-            if not ids or args.prompt_after_eot:
-                ids = [tok.eot_id] + ids
-            prompts.append(ids)
-    except TokenizerError as exc:
-        raise ConfigError(f"--prompt: {exc}" if text else f"{args.run}: {exc}") from None
+    for text in texts:
+        try:
+            prompts.append(encode_prompt(tok, text, args.prompt_after_eot))
+        except TokenizerError as exc:
+            raise ConfigError(f"--prompt: {exc}" if text else f"{args.run}: {exc}") from None
     try:
         eos = tok.eot_id if args.stop_at_eot else None
     except TokenizerError as exc:
         raise ConfigError(f"--stop-at-eot: {exc}") from None
-
-    def write(text: str) -> None:
-        write_text(text, args.raw)
     if args.logprobs and len(prompts) > 1:
         raise ConfigError("--logprobs takes one --prompt (the log-probabilities of one stream)")
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_id=eos,
+                    device=device)
     if len(prompts) == 1:  # one prompt: stream the text as it comes
-        stream = TextStream(args.stop or ())
-        steps = generate_logprobs(model, prompts[0], args.max_new_tokens, args.temperature, args.top_k,
-                                  args.top_p, args.seed, eos_id=eos, device=device)
-        first = next(steps)  # checks the prompt (ValueError -> one-line error) before anything is printed
-        write(texts[0])
+        pieces = generate_text(model, tok, prompts[0], args.max_new_tokens, args.stop or (), **sampling)
+        first = next(pieces)  # checks the prompt (ValueError -> one-line error) before anything is printed
+        write_text(texts[0], args.raw)
         seen = []
         try:
-            for i, lp in itertools.chain([first], steps):
-                seen.append((i, lp))
-                write(stream.push(tok.token_bytes(i)))
+            for text, i, lp in itertools.chain([first], pieces):
+                write_text(text, args.raw)
                 sys.stdout.flush()
-                if stream.stopped:
-                    break
+                if i is not None:
+                    seen.append((i, lp))
         except KeyboardInterrupt:
             sys.stdout.write("\n")  # end the text's line before the 'interrupted' message
             sys.stdout.flush()
             raise
-        write(stream.flush() + "\n")
+        write_text("\n", args.raw)
         if args.logprobs:
             _print_logprobs(seen, lambda i: repr(tok.token_bytes(i).decode("utf-8", errors="replace")))
         return 0
     # several prompts: one batch (left-padded), each continuation printed when the batch is done
-    outs = generate_batch(model, prompts, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
-                          eos_id=eos, device=device)
+    outs = generate_batch(model, prompts, args.max_new_tokens, **sampling)
     for n, (text, ids) in enumerate(zip(texts, outs)):
-        stream, body = TextStream(args.stop or ()), []
-        for i in ids:
-            body.append(stream.push(tok.token_bytes(i)))
-            if stream.stopped:
-                break
         print(f"--- [{n}] ---")
-        write(text + "".join(body) + stream.flush() + "\n")
+        write_text(text + text_until_stop(tok, ids, args.stop or ()) + "\n", args.raw)
     return 0
 
 
@@ -431,34 +418,9 @@ def _resolve_scale(args, default: str) -> None:
 
 def _model_config_for(args):
     """(ModelConfig, title, published params or None) from exactly one of --preset, --config, RUN."""
-    from lmlab.config import ModelConfig
+    from lmlab.runs import model_config_for
 
-    given = [x for x in (args.preset, args.config, args.run) if x]
-    if len(given) > 1:
-        raise ConfigError("give one of --preset NAME, --config FILE or a RUN folder, not several")
-    if args.preset:
-        from lmlab.presets import get_preset
-
-        preset = get_preset(args.preset)
-        published = preset.published_params if args.scale == "real" else None
-        return preset.config(args.scale), f"{preset.name} ({args.scale} scale)", published
-    if args.config:
-        from lmlab.train import TrainConfig
-
-        from lmlab.runs import read_config_file
-
-        path, model, train = read_config_file(args.config)
-        TrainConfig.from_dict(train, f"{path} train")  # the same file `lmlab train` would accept
-        return ModelConfig.from_dict(model, f"{path} model"), str(path), None
-    if args.run:
-        from lmlab.run_folder import CheckpointError, read_run
-
-        run = read_run(args.run)
-        try:
-            return ModelConfig.from_dict(run["model"], f"{args.run}/run.yaml model"), f"run {args.run}", None
-        except TypeError as exc:
-            raise CheckpointError(f"{args.run}/run.yaml: no valid model config ({exc})") from None
-    return None, None, None
+    return model_config_for(args.preset, args.scale, args.config, args.run)
 
 
 def cmd_analyze(args) -> int:
@@ -496,58 +458,18 @@ def cmd_survey(args) -> int:
 
 
 def cmd_bench_decode(args) -> int:
-    import torch
-
-    from lmlab.bench import bench_decode, check_decode_memory, plural
-    from lmlab.model import TransformerLM
+    from lmlab.bench import decode_benchmark, format_decode_benchmark
     from lmlab.train import resolve_device
 
-    device = resolve_device(args.device)
     args.config = None
     if args.run and args.preset:
         raise ConfigError("give one of --preset NAME or a RUN folder, not both")
     _resolve_scale(args, "tiny")
     cfg, title, _ = _model_config_for(args)  # a run's config from its run.yaml: checked before any weights load
-    if cfg is None:
-        from lmlab.config import ModelConfig, load_mapping
-
-        from lmlab.runs import BUILTIN_CONFIGS
-
-        cfg, title = ModelConfig.from_dict(load_mapping(BUILTIN_CONFIGS / "demo.yaml")["model"]), "the demo config"
-    length = args.prompt_len + args.new_tokens - 1
-    if length > cfg.context_length:
-        raise ConfigError(f"--prompt-len {args.prompt_len} + --new-tokens {args.new_tokens} - 1 = {length} tokens "
-                          f"exceed the model's context_length {cfg.context_length}; shorten one of them")
-    check_decode_memory(cfg, device, args.batch, length, args.dtype)
-    if args.run:
-        from lmlab.checkpoint import load_run
-
-        model, cfg, _, _, _ = load_run(args.run, device=str(device))
-    else:
-        torch.manual_seed(0)
-        model = TransformerLM(cfg).to(device)
-        title += " (random weights)"
-    if args.dtype == "bf16":
-        model = model.to(torch.bfloat16)
-    res = bench_decode(model, args.batch, args.prompt_len, args.new_tokens, args.repeats, device)
-    res.update(model=title, params=model.num_params())
-    if args.json:
-        print(json.dumps(res))
-        return 0
-    print(
-        f"lmlab bench decode: {title}, {res['params']:,} params, {res['dtype'].replace('torch.', '')} on "
-        f"{res['device']}"
-        + (f" ({plural(res['threads'], 'thread')}, {res['decode_layout']} weights)" if str(device) == "cpu" else "")
-        + ("" if res["lean_decode"] else " (ordinary block path: no lean one-token decode for this config)")
-        + f"; greedy, batch {args.batch}, prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, "
-        f"median of {args.repeats}"
-    )
-    print(f"  prefill {res['prefill_tokens_per_s']:>12,.0f} tokens/s   ({res['prefill_s'] * 1e3:.2f} ms for "
-          f"{args.batch} x {plural(args.prompt_len, 'token')})")
-    print(f"  decode  {res['decode_tokens_per_s']:>12,.0f} tokens/s   ({res['decode_s_per_step'] * 1e3:.2f} ms per "
-          f"step of {args.batch} token{'s' if args.batch > 1 else ''})")
-    print(f"  whole call {res['call_s'] * 1e3:.1f} ms ({res['call_tokens_per_s']:,.0f} new tokens/s); the first "
-          f"call on the model, which also lays out its weights for decoding, {res['first_call_s'] * 1e3:.1f} ms")
+    res = decode_benchmark(cfg, title, args.run, resolve_device(args.device), args.batch, args.prompt_len,
+                           args.new_tokens, args.repeats, args.dtype)
+    print(json.dumps(res) if args.json else format_decode_benchmark(res, args.batch, args.prompt_len,
+                                                                     args.new_tokens, args.repeats))
     return 0
 
 
@@ -663,20 +585,17 @@ def cmd_presets(args) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (and where to find the usage) instead of the usage block."""
+    """argparse with a one-line error (and where to find the usage) instead of the usage block; each
+    command's parser is remembered in the parsed arguments (``command_parser``), to refuse what it did
+    not take with its own usage hint."""
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
-
-def _innermost_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
-    """The parser of the (sub)command ``args`` were parsed for (``lmlab bench decode`` -> its own)."""
-    while True:
-        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        name = str(getattr(args, subs[0].dest, "")).split(" ")[0] if subs else None  # 'bench decode' -> 'bench'
-        if name not in (subs[0].choices if subs else {}):
-            return parser
-        parser = subs[0].choices[name]
+    def set_defaults(self, **kwargs) -> None:
+        if "func" in kwargs:
+            kwargs["command_parser"] = self
+        super().set_defaults(**kwargs)
 
 
 THREADS_HELP = "torch CPU threads (default: the physical cores, at most OMP_NUM_THREADS when set)"
@@ -953,7 +872,7 @@ def main(argv=None) -> int:
     parser = make_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # refused by the (sub)command they were given to, so the hint names its --help
-        _innermost_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+        args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if hasattr(args, "threads"):  # every compute command: train, eval, generate, bench decode
         from lmlab.threads import set_threads
 

@@ -516,3 +516,36 @@ class TextStream:
                     break
         self._held = text[len(text) - hold:] if hold else ""
         return text[: len(text) - hold]
+
+
+def encode_prompt(tok, text: str, after_eot: bool = False) -> list[int]:
+    """The ids ``generate`` starts from: ``text`` encoded by ``tok``, after the end-of-text token when
+    ``text`` is empty or ``after_eot`` (a document's start). Raises TokenizerError (no such token)."""
+    ids = tok.encode(text) if text else []
+    return [tok.eot_id] + ids if not ids or after_eot else ids
+
+
+def generate_text(model: TransformerLM, tok, ids: list[int], max_new_tokens: int, stop: Iterable[str] = (),
+                  **sampling) -> Iterator[tuple[str, Optional[int], Optional[float]]]:
+    """Stream one continuation of ``ids`` as text: yields (text safe to print now, token id, its
+    log-probability in nats) per new token (:func:`generate_logprobs`, ``sampling``: temperature, top_k,
+    top_p, seed, eos_id, device), up to a stop string (:class:`TextStream`: never printed), then
+    ("text held back", None, None) once. The prompt is checked (ValueError) before the first yield."""
+    stream = TextStream(stop)
+    for i, lp in generate_logprobs(model, ids, max_new_tokens, **sampling):
+        yield stream.push(tok.token_bytes(i)), i, lp
+        if stream.stopped:
+            break
+    yield stream.flush(), None, None
+
+
+def text_until_stop(tok, ids: list[int], stop: Iterable[str] = ()) -> str:
+    """The text of generated ``ids`` up to the first stop string (excluded), as :func:`generate_text`
+    streams it: for the continuations of a batch (:func:`generate_batch`)."""
+    stream, body = TextStream(stop), []
+    for i in ids:
+        body.append(stream.push(tok.token_bytes(i)))
+        if stream.stopped:
+            break
+    return "".join(body) + stream.flush()
+

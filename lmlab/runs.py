@@ -172,6 +172,39 @@ def attach_data(out: Path, run: dict, data_dir: Path) -> None:
     write_run(out, run)
 
 
+def model_config_for(preset: Optional[str], scale: Optional[str], config: Optional[str | Path],
+                     run: Optional[str | Path]):
+    """(ModelConfig, title, published parameter count or None) of a model named by exactly one of a
+    preset (at ``scale``: ``real`` or ``tiny``), a config file or a run folder; (None, None, None) when
+    none is given. Raises ConfigError for several, CheckpointError for a run folder without a valid
+    model config."""
+    from lmlab.config import ModelConfig
+
+    if len([x for x in (preset, config, run) if x]) > 1:
+        raise ConfigError("give one of --preset NAME, --config FILE or a RUN folder, not several")
+    if preset:
+        from lmlab.presets import get_preset
+
+        found = get_preset(preset)
+        published = found.published_params if scale == "real" else None
+        return found.config(scale), f"{found.name} ({scale} scale)", published
+    if config:
+        from lmlab.train import TrainConfig
+
+        path, model, train = read_config_file(config)
+        TrainConfig.from_dict(train, f"{path} train")  # the same file `lmlab train` would accept
+        return ModelConfig.from_dict(model, f"{path} model"), str(path), None
+    if run:
+        from lmlab.run_folder import RUN_FILE, CheckpointError, read_run
+
+        saved = read_run(run)
+        try:
+            return ModelConfig.from_dict(saved["model"], f"{run}/{RUN_FILE} model"), f"run {run}", None
+        except TypeError as exc:
+            raise CheckpointError(f"{run}/{RUN_FILE}: no valid model config ({exc})") from None
+    return None, None, None
+
+
 def check_run_memory(cfg, tc) -> None:
     """The Trainer's memory check (:func:`lmlab.train.check_memory`), before anything is built or
     prepared: fp32 weights + gradients + AdamW moments and one micro-batch's activations against the
