@@ -490,64 +490,13 @@ _int_list.__name__ = "list of integers"
 
 
 def cmd_coordcheck(args) -> int:
-    from dataclasses import replace
-
-    from lmlab.lab.coordcheck import (DEFAULT_MODEL, DEFAULT_TRAIN, RANDOM_VOCAB, at_depth, at_width, coord_check,
-                                      format_result, plot_result, train_settings)
-    from lmlab.runs import DEFAULT_VOCAB, build_configs, ensure_default_data
+    from lmlab.lab.coordcheck import format_result, plot_result, run_coordcheck
     from lmlab.train import resolve_device
 
-    args.widths_given = args.widths is not None
-    args.widths = args.widths if args.widths is not None else [64, 128, 256]
-    if args.depths is not None:
-        if len(args.depths) < 2 or len(set(args.depths)) != len(args.depths):
-            raise ConfigError(f"--depths {','.join(map(str, args.depths))}: give at least two different depths")
-        if args.widths_given or args.base_width:
-            raise ConfigError("--depths checks over depth at the config's d_model: drop --widths / --base-width "
-                              "(set the width with --set d_model=N)")
-    elif len(args.widths) < 2 or len(set(args.widths)) != len(args.widths):
-        raise ConfigError(f"--widths {','.join(map(str, args.widths))}: give at least two different widths")
-    if args.base_depth and args.depths is None:
-        raise ConfigError("--base-depth applies to a check over depth: give --depths")
     _resolve_scale(args, "tiny")
-    sets = list(args.set or [])
-    if not (args.config or args.preset):  # the check's own small model and lr, under any --set
-        sets = [f"{k}={v}" for k, v in {**DEFAULT_MODEL, **DEFAULT_TRAIN}.items()] + sets
-    if args.parametrization:
-        sets.append(f"parametrization={args.parametrization}")
-
-    def configs(vocab: int):
-        cfg, tc = build_configs(args.config, args.preset, args.scale, sets, vocab)
-        if args.base_width and cfg.parametrization == "sp":
-            raise ConfigError(f"--base-width {args.base_width} applies to --parametrization mup or completep "
-                              f"(sp has no base width)")
-        tc = train_settings(tc)
-        tc = replace(tc, lr=args.lr if args.lr is not None else tc.lr,
-                     batch_size=args.batch_size if args.batch_size is not None else tc.batch_size)
-        if args.base_depth and cfg.parametrization != "completep":
-            raise ConfigError(f"--base-depth {args.base_depth} applies to --parametrization completep (only it "
-                              f"scales the residual branches with depth)")
-        if args.depths is not None:  # every size checked before any data is prepared or any model trained
-            for d in args.depths:
-                at_depth(cfg, d, args.base_depth or min(args.depths))
-        else:
-            for w in args.widths:
-                at_width(cfg, w, args.base_width or cfg.base_d_model or min(args.widths))
-        return cfg, tc
-
-    random = args.data == "random"
-    cfg, tc = configs(RANDOM_VOCAB if random else DEFAULT_VOCAB)
-    tokens = None
-    if not random:
-        from lmlab.data.prepare import TokenData
-
-        prepared = TokenData(ensure_default_data(args.data))
-        tokens = prepared.tokens("train")
-        cfg, tc = configs(prepared.vocab_size)
-        if cfg.vocab_size < prepared.vocab_size:
-            raise ConfigError(f"vocab_size={cfg.vocab_size} is below the {prepared.vocab_size} tokens of the data")
-    res = coord_check(cfg, tc, args.widths, args.steps, args.seeds, tokens, resolve_device(args.device),
-                      args.threshold, args.base_width, args.depths, args.base_depth)
+    res = run_coordcheck(args.config, args.preset, args.scale, list(args.set or []), args.parametrization,
+                         args.widths, args.depths, args.base_width, args.base_depth, args.lr, args.batch_size,
+                         args.steps, args.seeds, args.data, resolve_device(args.device), args.threshold)
     print(format_result(res))
     if args.out:
         print(f"wrote {plot_result(res, args.out)}")

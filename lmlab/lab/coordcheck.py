@@ -274,3 +274,67 @@ def train_settings(tc):
         raise ConfigError(f"optimizer={tc.optimizer!r}: the coordinate check trains with AdamW (the rules of "
                           f"lmlab's parametrizations are Adam's); drop optimizer")
     return replace(tc, warmup_steps=0, schedule="constant")
+
+
+def run_coordcheck(config, preset: Optional[str], scale: str, sets: list[str], parametrization: Optional[str],
+                   widths: Optional[Sequence[int]], depths: Optional[Sequence[int]], base_width: Optional[int],
+                   base_depth: Optional[int], lr: Optional[float], batch_size: Optional[int], steps: int,
+                   seeds: Sequence[int], data, device: torch.device, threshold: float = THRESHOLD) -> dict:
+    """``lmlab coordcheck``: the model of a config file, a preset (at ``scale``) or, with neither, this
+    check's own small one (:data:`DEFAULT_MODEL`, :data:`DEFAULT_TRAIN`), under ``sets`` (``--set``
+    overrides) and ``parametrization``; checked at ``widths`` (default 64, 128, 256) or ``depths`` on
+    the default corpus (``data``: a prepared folder, None, or ``"random"`` for random ids). Every size is
+    validated before any data is prepared or model trained. Returns :func:`coord_check`'s result.
+    Raises ConfigError for fewer than two different sizes, flags of the other axis or of another
+    parametrization, or a vocabulary below the data's."""
+    from lmlab.runs import DEFAULT_VOCAB, build_configs, ensure_default_data
+
+    widths_given = widths is not None
+    widths = list(widths) if widths is not None else [64, 128, 256]
+    if depths is not None:
+        if len(depths) < 2 or len(set(depths)) != len(depths):
+            raise ConfigError(f"--depths {','.join(map(str, depths))}: give at least two different depths")
+        if widths_given or base_width:
+            raise ConfigError("--depths checks over depth at the config's d_model: drop --widths / --base-width "
+                              "(set the width with --set d_model=N)")
+    elif len(widths) < 2 or len(set(widths)) != len(widths):
+        raise ConfigError(f"--widths {','.join(map(str, widths))}: give at least two different widths")
+    if base_depth and depths is None:
+        raise ConfigError("--base-depth applies to a check over depth: give --depths")
+    if not (config or preset):  # the check's own small model and lr, under any --set
+        sets = [f"{k}={v}" for k, v in {**DEFAULT_MODEL, **DEFAULT_TRAIN}.items()] + list(sets)
+    if parametrization:
+        sets = list(sets) + [f"parametrization={parametrization}"]
+
+    def configs(vocab: int):
+        cfg, tc = build_configs(config, preset, scale, sets, vocab)
+        if base_width and cfg.parametrization == "sp":
+            raise ConfigError(f"--base-width {base_width} applies to --parametrization mup or completep "
+                              f"(sp has no base width)")
+        tc = train_settings(tc)
+        tc = replace(tc, lr=lr if lr is not None else tc.lr,
+                     batch_size=batch_size if batch_size is not None else tc.batch_size)
+        if base_depth and cfg.parametrization != "completep":
+            raise ConfigError(f"--base-depth {base_depth} applies to --parametrization completep (only it "
+                              f"scales the residual branches with depth)")
+        if depths is not None:  # every size checked before any data is prepared or any model trained
+            for d in depths:
+                at_depth(cfg, d, base_depth or min(depths))
+        else:
+            for w in widths:
+                at_width(cfg, w, base_width or cfg.base_d_model or min(widths))
+        return cfg, tc
+
+    random = data == "random"
+    cfg, tc = configs(RANDOM_VOCAB if random else DEFAULT_VOCAB)
+    tokens = None
+    if not random:
+        from lmlab.data.prepare import TokenData
+
+        prepared = TokenData(ensure_default_data(data))
+        tokens = prepared.tokens("train")
+        cfg, tc = configs(prepared.vocab_size)
+        if cfg.vocab_size < prepared.vocab_size:
+            raise ConfigError(f"vocab_size={cfg.vocab_size} is below the {prepared.vocab_size} tokens of the data")
+    return coord_check(cfg, tc, widths, steps, seeds, tokens, device, threshold, base_width, depths, base_depth)
+
