@@ -12,7 +12,7 @@ Meta-device initialisation (no memory for the full model on any rank): build ``T
 ``torch.device('meta')``, :func:`wrap_model` it, ``model.to_empty(device=...)``, then load the weights
 (:func:`load_full_state`, or ``reset_parameters``). ``TransformerLM._apply`` re-ties a tied LM head and
 recomputes the non-persistent tables (RoPE, ALiBi, sinusoidal), which no state dict carries, as it leaves
-the meta device (``tests/test_correctness_defects.py`` checks the logits on 2 ranks).
+the meta device (``tests/test_hf_numerics.py`` checks the logits on 2 ranks).
 """
 
 from __future__ import annotations

@@ -48,6 +48,17 @@ def byte_data(tmp_path_factory, small_corpus):
     return out
 
 
+@pytest.fixture(scope="session")
+def corpus_bytes(tmp_path_factory, small_corpus):
+    """A prepared raw-byte data folder of the four documents of ``small_corpus`` (The Tempest held out).
+    Tests read it; none writes into it."""
+    from lmlab.data.prepare import prepare
+
+    out = tmp_path_factory.mktemp("corpus_bytes") / "bytes"
+    prepare(small_corpus, out, "bytes", val_docs=["tempest_gut.txt"])
+    return out
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -11,15 +11,7 @@ import pytest
 from lmlab.checkpoint import (MANIFEST, CheckpointError, checkpoint_dirs, load_run, metrics_lines,
                               read_run, verify_checkpoint)
 from lmlab.config import ModelConfig
-from lmlab.data.prepare import prepare
 from lmlab.train import TrainConfig, Trainer
-
-
-@pytest.fixture(scope="module")
-def byte_data(tmp_path_factory, small_corpus):
-    out = tmp_path_factory.mktemp("data") / "bytes"
-    prepare(small_corpus, out, "bytes", val_docs=["tempest_gut.txt"])
-    return out
 
 
 def cfg():
@@ -33,11 +25,11 @@ def tc(max_steps, **kw):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, byte_data):
+def reference(tmp_path_factory, corpus_bytes):
     """A run trained 8 steps straight (every second step checkpointed), and a copy as a kill after the
     checkpoint of step 6 leaves it (checkpoints 4 and 6, the log up to step 6)."""
     root = tmp_path_factory.mktemp("integrity")
-    Trainer.create(root / "straight", cfg(), tc(8, keep_checkpoints=0), byte_data, progress=False).fit()
+    Trainer.create(root / "straight", cfg(), tc(8, keep_checkpoints=0), corpus_bytes, progress=False).fit()
     shutil.copytree(root / "straight", root / "at6")
     for name in ("step_0000002", "step_0000008"):
         shutil.rmtree(root / "at6" / "checkpoints" / name)

@@ -9,18 +9,10 @@ import sys
 
 import pytest
 
-from lmlab.data.prepare import prepare
 
 MODEL = ["d_model=32", "n_layers=2", "n_heads=4", "n_kv_heads=2", "context_length=32"]
 TRAIN = ["log_interval=1", "eval_interval=100", "eval_windows=2", "device=cpu", "warmup_steps=2", "lr=3e-3",
          "tensorboard=false", "max_steps=8", "checkpoint_interval=4", "keep_checkpoints=0"]
-
-
-@pytest.fixture(scope="module")
-def byte_data(tmp_path_factory, small_corpus):
-    out = tmp_path_factory.mktemp("data") / "bytes"
-    prepare(small_corpus, out, "bytes", val_docs=["tempest_gut.txt"])
-    return out
 
 
 def run(out, data, sets, ranks=1, resume=False):
@@ -50,21 +42,21 @@ def assert_same(got, ref):
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory, byte_data):
+def single(tmp_path_factory, corpus_bytes):
     out = tmp_path_factory.mktemp("single") / "run"
-    run(out, byte_data, MODEL + TRAIN + ["batch_size=4"])
+    run(out, corpus_bytes, MODEL + TRAIN + ["batch_size=4"])
     return out
 
 
 @pytest.fixture(scope="module")
-def fsdp_run(tmp_path_factory, byte_data):
+def fsdp_run(tmp_path_factory, corpus_bytes):
     out = tmp_path_factory.mktemp("fsdp") / "run"
-    run(out, byte_data, MODEL + TRAIN + ["batch_size=2", "parallel=fsdp"], ranks=2)
+    run(out, corpus_bytes, MODEL + TRAIN + ["batch_size=2", "parallel=fsdp"], ranks=2)
     return out
 
 
-def test_ddp_two_ranks_equal_one(tmp_path, byte_data, single):
-    run(tmp_path / "run", byte_data, MODEL + TRAIN + ["batch_size=2", "parallel=ddp"], ranks=2)
+def test_ddp_two_ranks_equal_one(tmp_path, corpus_bytes, single):
+    run(tmp_path / "run", corpus_bytes, MODEL + TRAIN + ["batch_size=2", "parallel=ddp"], ranks=2)
     assert_same(losses(tmp_path / "run"), losses(single))
 
 
@@ -73,13 +65,13 @@ def test_fsdp_two_ranks_equal_one(fsdp_run, single):
 
 
 @pytest.mark.parametrize("direction", ["2to1", "1to2"])
-def test_checkpoint_moves_between_world_sizes(tmp_path, byte_data, single, fsdp_run, direction):
+def test_checkpoint_moves_between_world_sizes(tmp_path, corpus_bytes, single, fsdp_run, direction):
     """Copy a finished 8-step run, drop its step-8 checkpoint, resume from step 4 on the other world
     size: steps 5..8 must reproduce the single-process losses."""
     src, ranks, batch = (fsdp_run, 1, 4) if direction == "2to1" else (single, 2, 2)
     out = tmp_path / "run"
     shutil.copytree(src, out)
     shutil.rmtree(out / "checkpoints" / "step_0000008")
-    proc = run(out, byte_data, [f"batch_size={batch}", "parallel=fsdp"], ranks=ranks, resume=True)
+    proc = run(out, corpus_bytes, [f"batch_size={batch}", "parallel=fsdp"], ranks=ranks, resume=True)
     assert "from step 4" in proc.stderr
     assert_same(losses(out), losses(single))

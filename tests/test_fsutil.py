@@ -106,3 +106,16 @@ def test_make_temp_dir_is_new_each_time_beside_target(tmp_path):
     target = tmp_path / "sub" / "data"
     a, b = make_temp_dir(target), make_temp_dir(target)
     assert a != b and a.parent == b.parent == target.parent and not any(a.iterdir())
+
+
+def test_a_symlink_does_not_bypass_a_folder_lock(tmp_path):
+    real = tmp_path / "run"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    held = acquire_lock(real, "lmlab train")
+    try:
+        with pytest.raises(LockError):
+            acquire_lock(link, "lmlab train")
+    finally:
+        held.release()

@@ -398,3 +398,27 @@ def test_out_that_is_a_symlink_is_refused_untouched(tmp_path, small_corpus, caps
     assert main(["prepare", "--data", str(small_corpus), "--out", str(tmp_path / "link"), "--tokenizer", "bytes",
                  "--overwrite"]) == 2
     assert "is a symlink" in capsys.readouterr().err and tree(tmp_path) == before
+
+
+def test_overwrite_replaces_only_prepared_data(tmp_path, small_corpus, capsys):
+    out = tmp_path / "data"
+    assert main(["prepare", "--data", str(small_corpus), "--tokenizer", "bytes", "--out", str(out)]) == 0
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (out.stat().st_mode & 0o777) == (0o777 & ~mask)  # not mkdtemp's 0700
+    (out / "notes.txt").write_text("mine")
+    assert main(["prepare", "--data", str(small_corpus), "--tokenizer", "bytes", "--out", str(out),
+                 "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "also holds notes.txt" in err[-1] and (out / "notes.txt").read_text() == "mine"
+    foreign = tmp_path / "webapp"
+    foreign.mkdir()
+    (foreign / "manifest.json").write_text('{"name": "my webapp"}')
+    (foreign / "a.txt").write_text("precious")
+    assert main(["prepare", "--data", str(small_corpus), "--tokenizer", "bytes", "--out", str(foreign),
+                 "--overwrite"]) == 2
+    assert "not a prepared data folder lmlab can read" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert (foreign / "a.txt").read_text() == "precious"
+    (out / "notes.txt").unlink()  # a folder holding only what prepare wrote is replaced
+    assert main(["prepare", "--data", str(small_corpus), "--tokenizer", "bytes", "--out", str(out),
+                 "--overwrite"]) == 0

@@ -385,3 +385,20 @@ def test_random_damages_never_give_a_traceback_or_another_verdict(tiny, tmp_path
         finally:
             (where / name).write_bytes(original)
     assert outcomes[0] > 10 and outcomes[2] > 100, outcomes
+
+
+def test_report_on_damaged_sweep_files_gives_one_line(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "results.jsonl").write_text('{"run": "a-s1", "variant": "a", "seed": 1, "status": "ok", "val_bpb": 2.0}\n')
+    for text, says in ((": :", "could not be parsed"), ("[1, 2]", "must hold a mapping"), (b"\xff", "not UTF-8")):
+        (sweep / "spec.yaml").write_bytes(text if isinstance(text, bytes) else text.encode())
+        assert main(["report", str(sweep)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0] and "spec.yaml" in err[0]
+    shutil.copy(sweep / "results.jsonl", tmp_path / "keep.jsonl")
+    (sweep / "spec.yaml").write_text("seeds: [1]\n")
+    (sweep / "timing.json").write_text("{")
+    assert main(["report", str(sweep)]) == 2
+    assert "timing.json' could not be read" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert (sweep / "results.jsonl").read_bytes() == (tmp_path / "keep.jsonl").read_bytes()

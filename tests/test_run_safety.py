@@ -16,20 +16,12 @@ import torch
 
 from lmlab.checkpoint import checkpoint_dirs, metrics_lines
 from lmlab.cli import main
-from lmlab.data.prepare import prepare
 from lmlab.fsutil import lock_path
 
 SETS = ["d_model=32", "n_layers=2", "n_heads=4", "context_length=32", "batch_size=8", "max_steps=40",
         "log_interval=1", "eval_interval=15", "eval_windows=2", "device=cpu", "tensorboard=false", "warmup_steps=5",
         "resid_dropout=0.1"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
-
-
-@pytest.fixture(scope="module")
-def byte_data(tmp_path_factory, small_corpus):
-    out = tmp_path_factory.mktemp("data") / "bytes"
-    prepare(small_corpus, out, "bytes", val_docs=["tempest_gut.txt"])
-    return out
 
 
 def train_cmd(data, out, sets=SETS):
@@ -56,16 +48,16 @@ def wait_for_lines(path, n, proc, timeout=120):
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory, byte_data):
+def straight(tmp_path_factory, corpus_bytes):
     out = tmp_path_factory.mktemp("straight") / "run"
-    subprocess.run(train_cmd(byte_data, out), check=True, env=ENV, capture_output=True)
+    subprocess.run(train_cmd(corpus_bytes, out), check=True, env=ENV, capture_output=True)
     return out
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_signal_mid_run_saves_and_the_same_command_resumes_bit_for_bit(straight, byte_data, tmp_path, sig, code):
+def test_signal_mid_run_saves_and_the_same_command_resumes_bit_for_bit(straight, corpus_bytes, tmp_path, sig, code):
     out = tmp_path / "run"
-    proc = subprocess.Popen(train_cmd(byte_data, out), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(train_cmd(corpus_bytes, out), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
     wait_for_lines(out / "metrics.jsonl", 4, proc)
     proc.send_signal(sig)
@@ -78,7 +70,7 @@ def test_signal_mid_run_saves_and_the_same_command_resumes_bit_for_bit(straight,
     # checkpoint_interval=0: without the signal handler nothing would have been saved before step 40
     assert [c.name for c in checkpoint_dirs(out)] == [f"step_{stopped:07d}"]
     assert not lock_path(out).exists()
-    proc = subprocess.run(train_cmd(byte_data, out), env=ENV, capture_output=True, text=True)
+    proc = subprocess.run(train_cmd(corpus_bytes, out), env=ENV, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert f"resuming {out} from step {stopped}" in proc.stderr
     a, b = losses(straight), losses(out)
@@ -86,14 +78,14 @@ def test_signal_mid_run_saves_and_the_same_command_resumes_bit_for_bit(straight,
     assert a == b  # bit-identical per-step losses (dropout on: the RNG state was saved too)
 
 
-def test_second_train_into_the_same_folder_is_refused(byte_data, tmp_path):
+def test_second_train_into_the_same_folder_is_refused(corpus_bytes, tmp_path):
     out = tmp_path / "run"
-    first = subprocess.Popen(train_cmd(byte_data, out), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    first = subprocess.Popen(train_cmd(corpus_bytes, out), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              text=True)
     try:
         wait_for_lines(out / "metrics.jsonl", 2, first)
         first.send_signal(signal.SIGSTOP)  # keep it mid-run (holding its lock) while the second one starts
-        second = subprocess.run(train_cmd(byte_data, out), env=ENV, capture_output=True, text=True, timeout=120)
+        second = subprocess.run(train_cmd(corpus_bytes, out), env=ENV, capture_output=True, text=True, timeout=120)
     finally:
         first.send_signal(signal.SIGCONT)
     err = first.communicate(timeout=120)[1]
@@ -106,14 +98,14 @@ def test_second_train_into_the_same_folder_is_refused(byte_data, tmp_path):
     assert not lock_path(out).exists()
 
 
-def test_stale_lock_is_taken_over_with_a_note(byte_data, tmp_path, capsys):
+def test_stale_lock_is_taken_over_with_a_note(corpus_bytes, tmp_path, capsys):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     out = tmp_path / "run"
     lock_path(out).write_text(json.dumps({"pid": dead.pid, "host": "here", "what": "lmlab train",
                                           "started": "earlier"}) + "\n")
     sets = [a for s in SETS[:-3] + ["max_steps=2"] for a in ("--set", s)]
-    assert main(["train", "--data", str(byte_data), "--out", str(out), "--no-progress", *sets]) == 0
+    assert main(["train", "--data", str(corpus_bytes), "--out", str(out), "--no-progress", *sets]) == 0
     assert f"took over the stale lock {str(lock_path(out))!r} left by lmlab train (PID {dead.pid}" in \
         capsys.readouterr().err
     assert not lock_path(out).exists() and [c.name for c in checkpoint_dirs(out)] == ["step_0000002"]
@@ -201,7 +193,7 @@ def test_plot_never_overwrites_a_users_png(straight, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("section, key", [("model", "kv_shared_layers"), ("train", "compile_scope")])
-def test_same_command_on_a_run_yaml_with_a_damaged_key_is_refused_naming_it(straight, byte_data, tmp_path,
+def test_same_command_on_a_run_yaml_with_a_damaged_key_is_refused_naming_it(straight, corpus_bytes, tmp_path,
                                                                             section, key, capsys):
     """The same `lmlab train` again compares the run's settings with the command's; a key of run.yaml
     that no config has (one flipped bit: kv_shared_|ayers) is refused naming the file, not a traceback."""
@@ -216,7 +208,7 @@ def test_same_command_on_a_run_yaml_with_a_damaged_key_is_refused_naming_it(stra
     (run / "run.yaml").write_text(text.replace(f"  {key}:", f"  {key[:-3]}|{key[-2:]}:", 1))
     before = tree(run)
     capsys.readouterr()
-    assert main(train_cmd(byte_data, run)[3:]) == 2
+    assert main(train_cmd(corpus_bytes, run)[3:]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("lmlab train: error: ") and "run.yaml" in err[-1], err
     assert f"{key[:-3]}|{key[-2:]}" in err[-1] and "Traceback" not in "\n".join(err)

@@ -8,16 +8,8 @@ import yaml
 
 from lmlab.checkpoint import CheckpointError, checkpoint_dirs, load_run
 from lmlab.config import ConfigError, ModelConfig
-from lmlab.data.prepare import prepare
 from lmlab.model import TransformerLM
 from lmlab.train import TrainConfig, Trainer, lr_at, param_groups
-
-
-@pytest.fixture(scope="module")
-def byte_data(tmp_path_factory, small_corpus):
-    out = tmp_path_factory.mktemp("data") / "bytes"
-    prepare(small_corpus, out, "bytes", val_docs=["tempest_gut.txt"])
-    return out
 
 
 def small_model(**kw):
@@ -38,10 +30,10 @@ def test_cpu_peak_flops_only_in_fp32():
     assert device_peak_flops(torch.device("cpu"), torch.float16) is None
 
 
-def test_short_training_run_lowers_loss(tmp_path, byte_data):
+def test_short_training_run_lowers_loss(tmp_path, corpus_bytes):
     tc = TrainConfig(batch_size=8, max_steps=60, lr=3e-3, warmup_steps=10, eval_interval=30, eval_windows=8,
                      log_interval=10, device="cpu")
-    trainer = Trainer.create(tmp_path / "run", small_model(), tc, byte_data, progress=False)
+    trainer = Trainer.create(tmp_path / "run", small_model(), tc, corpus_bytes, progress=False)
     before = trainer.validate()["loss"]
     after = trainer.fit()["loss"]
     assert before == pytest.approx(torch.log(torch.tensor(257.0)).item(), abs=0.3)  # uniform at init
@@ -65,14 +57,14 @@ def test_short_training_run_lowers_loss(tmp_path, byte_data):
     assert ckpt.name == "step_0000060" and cfg == trainer.cfg
 
 
-def test_startup_says_when_fp32_linears_run_on_onednn(tmp_path, byte_data, monkeypatch):
+def test_startup_says_when_fp32_linears_run_on_onednn(tmp_path, corpus_bytes, monkeypatch):
     """Trainer.onednn_linears (the startup line's "fp32 linears on oneDNN"): fp32 on a CPU with oneDNN,
     not under bf16 autocast, not with the switch off."""
     from lmlab.model import linear
 
     def made(name, **kw):
         tc = TrainConfig(batch_size=2, max_steps=1, device="cpu", **kw)
-        return Trainer.create(tmp_path / name, small_model(), tc, byte_data, progress=False).onednn_linears
+        return Trainer.create(tmp_path / name, small_model(), tc, corpus_bytes, progress=False).onednn_linears
 
     monkeypatch.setattr(linear, "ONEDNN_FP32", True)  # off by default on Intel's CPUs
     assert made("fp32") == linear.onednn_available()
@@ -112,12 +104,12 @@ def test_train_config_validation():
         TrainConfig(wd_exclude=["norms"])
 
 
-def test_existing_run_refused_and_resume_rules(tmp_path, byte_data):
+def test_existing_run_refused_and_resume_rules(tmp_path, corpus_bytes):
     tc = TrainConfig(batch_size=2, max_steps=4, eval_interval=4, eval_windows=2, device="cpu", checkpoint_interval=2)
-    Trainer.create(tmp_path / "run", small_model(), tc, byte_data, progress=False).fit()
+    Trainer.create(tmp_path / "run", small_model(), tc, corpus_bytes, progress=False).fit()
     before = (tmp_path / "run" / "run.yaml").read_text()
     with pytest.raises(CheckpointError, match="already holds a run"):
-        Trainer.create(tmp_path / "run", small_model(), tc, byte_data, progress=False)
+        Trainer.create(tmp_path / "run", small_model(), tc, corpus_bytes, progress=False)
     assert (tmp_path / "run" / "run.yaml").read_text() == before
     with pytest.raises(CheckpointError, match="d_model: run has 64, asked 32"):
         Trainer.resume(tmp_path / "run", small_model(d_model=32))
@@ -128,18 +120,18 @@ def test_existing_run_refused_and_resume_rules(tmp_path, byte_data):
     assert [p.name for p in checkpoint_dirs(tmp_path / "run")] == ["step_0000004", "step_0000006"]
 
 
-def test_truncated_checkpoint_is_refused(tmp_path, byte_data):
+def test_truncated_checkpoint_is_refused(tmp_path, corpus_bytes):
     tc = TrainConfig(batch_size=2, max_steps=2, eval_interval=2, eval_windows=2, device="cpu")
-    Trainer.create(tmp_path / "run", small_model(), tc, byte_data, progress=False).fit()
+    Trainer.create(tmp_path / "run", small_model(), tc, corpus_bytes, progress=False).fit()
     path = checkpoint_dirs(tmp_path / "run")[-1] / "model.safetensors"
     path.write_bytes(path.read_bytes()[:1000])
     with pytest.raises(CheckpointError, match="unreadable"):
         load_run(tmp_path / "run")
 
 
-def test_vocab_mismatch_refused(tmp_path, byte_data):
+def test_vocab_mismatch_refused(tmp_path, corpus_bytes):
     with pytest.raises(ConfigError, match="vocab_size=300 does not match"):
-        Trainer.create(tmp_path / "run", small_model(vocab_size=300), TrainConfig(), byte_data)
+        Trainer.create(tmp_path / "run", small_model(vocab_size=300), TrainConfig(), corpus_bytes)
     assert not (tmp_path / "run").exists()
 
 
@@ -162,7 +154,7 @@ def test_budget_steps_hand_computed():
         TrainConfig(budget_seconds=0)
 
 
-def test_budgeted_run_plans_its_steps_and_equals_a_fixed_run(tmp_path, byte_data, monkeypatch):
+def test_budgeted_run_plans_its_steps_and_equals_a_fixed_run(tmp_path, corpus_bytes, monkeypatch):
     """A run with budget_seconds plans max_steps at the end of warmup (here forced to 37 steps) and is
     then the same run, weight for weight, as one asked for max_steps=37 from the start; the plan is in
     run.yaml and metrics.jsonl, and the same command again (cap and budget) finds the run complete."""
@@ -180,7 +172,7 @@ def test_budgeted_run_plans_its_steps_and_equals_a_fixed_run(tmp_path, byte_data
     train = dict(batch_size=2, max_steps=80, lr=3e-3, warmup_steps=30, eval_interval=20, eval_windows=2,
                  checkpoint_interval=0, device="cpu", tensorboard=False)
     tc = TrainConfig(**train, budget_seconds=600)
-    budgeted = Trainer.create(tmp_path / "budget", small_model(), tc, byte_data, progress=False)
+    budgeted = Trainer.create(tmp_path / "budget", small_model(), tc, corpus_bytes, progress=False)
     budgeted.fit()
     (step, elapsed, step_s, eval_s, save_s, cap), = planned
     assert step == 30 and cap == 80 and 0 < step_s and 0 < eval_s and 0 < save_s and elapsed > 25 * step_s
@@ -190,7 +182,7 @@ def test_budgeted_run_plans_its_steps_and_equals_a_fixed_run(tmp_path, byte_data
     records = [json.loads(x) for x in (tmp_path / "budget" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "budget_steps" in r] == [30]
     assert [r["step"] for r in records if "val_loss" in r] == [20, 30, 37]  # the plan's evaluation at 30
-    fixed = Trainer.create(tmp_path / "fixed", small_model(), TrainConfig(**{**train, "max_steps": 37}), byte_data,
+    fixed = Trainer.create(tmp_path / "fixed", small_model(), TrainConfig(**{**train, "max_steps": 37}), corpus_bytes,
                            progress=False)
     fixed.fit()
     for (name, a), b in zip(budgeted.model.state_dict().items(), fixed.model.state_dict().values()):
@@ -198,7 +190,7 @@ def test_budgeted_run_plans_its_steps_and_equals_a_fixed_run(tmp_path, byte_data
     # the same command again: the asked cap (80) maps to the planned 37 steps, nothing left to train
     cfg_file = tmp_path / "budget.yaml"
     cfg_file.write_text(yaml.safe_dump({"model": small_model().to_dict(), "train": {**train, "budget_seconds": 600}}))
-    again = setup_run(tmp_path / "budget", config=str(cfg_file), data=str(byte_data), progress=False)
+    again = setup_run(tmp_path / "budget", config=str(cfg_file), data=str(corpus_bytes), progress=False)
     assert again.step == 37 and again.tc.max_steps == 37 and again.budget_planned
     again.release_lock()
     # another budget is another plan: --resume with budget_seconds=1200 drops the old record
@@ -207,7 +199,7 @@ def test_budgeted_run_plans_its_steps_and_equals_a_fixed_run(tmp_path, byte_data
 
 
 @pytest.mark.parametrize("replan", ["longer", "shortest"])
-def test_wsd_budget_plans_late_checks_again_and_equals_a_fixed_run(tmp_path, byte_data, monkeypatch, replan):
+def test_wsd_budget_plans_late_checks_again_and_equals_a_fixed_run(tmp_path, corpus_bytes, monkeypatch, replan):
     """With wsd the plan waits for half of the stable phase, (1 - 0.2) / 2 = 40% of the budget, so it
     times more steps; at 90% of the planned stable phase it is checked again with the steps timed since
     (a longer plan, or one far too short: kept to the shortest whose decay starts after the re-plan).
@@ -229,7 +221,7 @@ def test_wsd_budget_plans_late_checks_again_and_equals_a_fixed_run(tmp_path, byt
     tc = TrainConfig(**train, budget_seconds=1.0)
     assert train_mod.budget_plan_after(tc) == pytest.approx(0.4)
     assert train_mod.budget_plan_after(TrainConfig(budget_seconds=1.0)) == 0.0  # cosine: at warmup's end
-    budgeted = Trainer.create(tmp_path / "budget", small_model(n_layers=1), tc, byte_data, progress=False)
+    budgeted = Trainer.create(tmp_path / "budget", small_model(n_layers=1), tc, corpus_bytes, progress=False)
     budgeted.fit()
     (step, elapsed, *_), (again, _, step_s, eval_s, save_s, cap) = planned
     first = 2 * step + 40
@@ -248,7 +240,7 @@ def test_wsd_budget_plans_late_checks_again_and_equals_a_fixed_run(tmp_path, byt
     assert [(r["step"], r["budget_steps"]) for r in records if "budget_steps" in r] == [(step, first),
                                                                                        (again, final)]
     fixed = Trainer.create(tmp_path / "fixed", small_model(n_layers=1),
-                           TrainConfig(**{**train, "max_steps": final}), byte_data, progress=False)
+                           TrainConfig(**{**train, "max_steps": final}), corpus_bytes, progress=False)
     fixed.fit()
     for (name, a), b in zip(budgeted.model.state_dict().items(), fixed.model.state_dict().values()):
         assert torch.equal(a, b), name
@@ -265,14 +257,14 @@ def test_budget_replan_step_by_schedule():
     assert budget_replan_step(TrainConfig(max_steps=100, schedule="wsd", decay_fraction=0.4), 40) is None  # 54 < 60
 
 
-def test_budget_seconds_end_to_end(tmp_path, byte_data):
+def test_budget_seconds_end_to_end(tmp_path, corpus_bytes):
     """Unpatched: the recorded plan is budget_steps of the recorded timings, and the run stops there."""
     from lmlab.checkpoint import read_run
     from lmlab.train import budget_steps
 
     tc = TrainConfig(batch_size=2, max_steps=100000, warmup_steps=30, eval_interval=40, eval_windows=2,
                      device="cpu", tensorboard=False, budget_seconds=3.0)
-    trainer = Trainer.create(tmp_path / "run", small_model(n_layers=1), tc, byte_data, progress=False)
+    trainer = Trainer.create(tmp_path / "run", small_model(n_layers=1), tc, corpus_bytes, progress=False)
     trainer.fit()
     plan = read_run(tmp_path / "run")["budget"]
     assert plan["planned_at_step"] == 30 and 30 <= plan["steps"] < 100000 and trainer.step == plan["steps"]
@@ -353,14 +345,14 @@ def test_a_run_folder_without_run_yaml_points_to_the_copy_its_checkpoint_keeps(t
     assert "copy it back" not in str(bare.value)
 
 
-def test_resume_of_a_run_whose_checkpoints_were_deleted_is_refused(tmp_path, byte_data):
+def test_resume_of_a_run_whose_checkpoints_were_deleted_is_refused(tmp_path, corpus_bytes):
     """metrics.jsonl records a checkpoint saved (the last step's): with the checkpoints gone, resuming
     would retrain from step 0 and cut the log, so it is refused and nothing is changed; a run killed
     before its first checkpoint was in place (no such record) restarts from step 0."""
     import shutil
 
     tc = TrainConfig(batch_size=2, max_steps=4, eval_interval=4, eval_windows=2, log_interval=1, device="cpu")
-    Trainer.create(tmp_path / "run", small_model(), tc, byte_data, progress=False).fit()
+    Trainer.create(tmp_path / "run", small_model(), tc, corpus_bytes, progress=False).fit()
     shutil.rmtree(tmp_path / "run" / "checkpoints")
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()}
     longer = TrainConfig(**{**tc.__dict__, "max_steps": 6})
@@ -381,11 +373,11 @@ def test_resume_of_a_run_whose_checkpoints_were_deleted_is_refused(tmp_path, byt
     assert t.step == 0 and metrics.read_text() == ""
 
 
-def test_an_edited_architecture_field_in_run_yaml_is_named(tmp_path, byte_data):
+def test_an_edited_architecture_field_in_run_yaml_is_named(tmp_path, corpus_bytes):
     """run.yaml's model section is checked against the copy in the newest checkpoint before any weights
     are read: the error names run.yaml, the field and the copy, not a checkpoint that does not fit."""
     tc = TrainConfig(batch_size=2, max_steps=2, eval_interval=2, eval_windows=2, device="cpu")
-    Trainer.create(tmp_path / "run", small_model(), tc, byte_data, progress=False).fit()
+    Trainer.create(tmp_path / "run", small_model(), tc, corpus_bytes, progress=False).fit()
     run_file = tmp_path / "run" / "run.yaml"
     run = yaml.safe_load(run_file.read_text())
     run["model"]["n_layers"] += 1
@@ -408,7 +400,7 @@ def test_an_edited_architecture_field_in_run_yaml_is_named(tmp_path, byte_data):
         load_run(tmp_path / "run")
 
 
-def test_run_yaml_is_checked_against_an_intact_copy_only(tmp_path, byte_data):
+def test_run_yaml_is_checked_against_an_intact_copy_only(tmp_path, corpus_bytes):
     """A newest checkpoint whose run.yaml copy was edited (its SHA-256 no longer the manifest's) is not
     taken as the reference: an intact run.yaml is not reported as edited, and the damaged checkpoint
     falls back to the previous one when loaded."""
@@ -416,7 +408,7 @@ def test_run_yaml_is_checked_against_an_intact_copy_only(tmp_path, byte_data):
 
     tc = TrainConfig(batch_size=2, max_steps=4, eval_interval=4, eval_windows=2, checkpoint_interval=2,
                      device="cpu")
-    Trainer.create(tmp_path / "run", small_model(), tc, byte_data, progress=False).fit()
+    Trainer.create(tmp_path / "run", small_model(), tc, corpus_bytes, progress=False).fit()
     older, newest = checkpoint_dirs(tmp_path / "run")
     copy = yaml.safe_load((newest / "run.yaml").read_text())
     copy["model"]["n_layers"] += 1
@@ -427,7 +419,7 @@ def test_run_yaml_is_checked_against_an_intact_copy_only(tmp_path, byte_data):
     assert load_run(tmp_path / "run")[4] == older
 
 
-def test_export_checks_run_yaml_and_falls_back_like_eval(tmp_path, byte_data, capsys):
+def test_export_checks_run_yaml_and_falls_back_like_eval(tmp_path, corpus_bytes, capsys):
     """lmlab export reads a run as eval does: a damaged newest checkpoint falls back to the previous one
     (with a warning), and an edited architecture field that keeps every shape (rope_theta), which would
     otherwise be written into config.json for weights trained without it, is refused naming run.yaml."""
@@ -437,7 +429,7 @@ def test_export_checks_run_yaml_and_falls_back_like_eval(tmp_path, byte_data, ca
 
     tc = TrainConfig(batch_size=2, max_steps=4, eval_interval=4, eval_windows=2, checkpoint_interval=2,
                      device="cpu")
-    Trainer.create(tmp_path / "run", small_model(), tc, byte_data, progress=False).fit()
+    Trainer.create(tmp_path / "run", small_model(), tc, corpus_bytes, progress=False).fit()
     older, newest = checkpoint_dirs(tmp_path / "run")
     weights = newest / "model.safetensors"
     data = bytearray(weights.read_bytes())

@@ -14,15 +14,7 @@ import torch
 
 from lmlab.checkpoint import CheckpointError, checkpoint_dirs
 from lmlab.config import ConfigError, ModelConfig
-from lmlab.data.prepare import prepare
 from lmlab.train import TrainConfig, Trainer, lr_at
-
-
-@pytest.fixture(scope="module")
-def byte_data(tmp_path_factory, small_corpus):
-    out = tmp_path_factory.mktemp("data") / "bytes"
-    prepare(small_corpus, out, "bytes", val_docs=["tempest_gut.txt"])
-    return out
 
 
 def tiny_cfg(**kw):
@@ -40,11 +32,11 @@ def losses(run) -> dict:
     return out
 
 
-def test_sigkill_then_same_command_reproduces_losses_exactly(tmp_path, byte_data):
+def test_sigkill_then_same_command_reproduces_losses_exactly(tmp_path, corpus_bytes):
     sets = ["d_model=32", "n_layers=2", "n_heads=4", "n_kv_heads=2", "context_length=32", "batch_size=4",
             "max_steps=40", "checkpoint_interval=5", "log_interval=1", "eval_interval=100", "eval_windows=2",
             "device=cpu", "resid_dropout=0.1", "attn_dropout=0.1", "warmup_steps=5", "tensorboard=false"]
-    args = ["train", "--data", str(byte_data), "--no-progress"] + [a for s in sets for a in ("--set", s)]
+    args = ["train", "--data", str(corpus_bytes), "--no-progress"] + [a for s in sets for a in ("--set", s)]
     cmd = lambda out: [sys.executable, "-m", "lmlab.cli", *args, "--out", str(out)]  # noqa: E731
     env = dict(os.environ, OMP_NUM_THREADS="1")
     subprocess.run(cmd(tmp_path / "straight"), check=True, env=env, capture_output=True)
@@ -64,13 +56,13 @@ def test_sigkill_then_same_command_reproduces_losses_exactly(tmp_path, byte_data
     assert a == b  # bit-identical per-step losses
 
 
-def test_grad_accumulation_equals_large_batch(tmp_path, byte_data):
+def test_grad_accumulation_equals_large_batch(tmp_path, corpus_bytes):
     common = dict(max_steps=1, lr=1e-2, warmup_steps=0, device="cpu", eval_interval=10, tensorboard=False)
     big = Trainer.create(
-        tmp_path / "big", tiny_cfg(), TrainConfig(batch_size=8, grad_accum=1, **common), byte_data, progress=False
+        tmp_path / "big", tiny_cfg(), TrainConfig(batch_size=8, grad_accum=1, **common), corpus_bytes, progress=False
     )
     acc = Trainer.create(
-        tmp_path / "acc", tiny_cfg(), TrainConfig(batch_size=2, grad_accum=4, **common), byte_data, progress=False
+        tmp_path / "acc", tiny_cfg(), TrainConfig(batch_size=2, grad_accum=4, **common), corpus_bytes, progress=False
     )
     # SGD makes the update proportional to the gradient (Adam's first step is ~lr * sign(g), which
     # magnifies fp32 summation-order noise in near-zero gradients), so the step compares gradients
@@ -95,10 +87,10 @@ def test_schedules():
     assert lr_at(25, cos) == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
 
 
-def test_diagnostics_logged_and_correct(tmp_path, byte_data):
+def test_diagnostics_logged_and_correct(tmp_path, corpus_bytes):
     tc = TrainConfig(batch_size=4, max_steps=4, diag_interval=2, log_interval=1, eval_interval=100, device="cpu",
                      tensorboard=False, warmup_steps=0, lr=1e-2, grad_clip=1e-3)
-    t = Trainer.create(tmp_path / "run", tiny_cfg(qk_norm="rmsnorm"), tc, byte_data, progress=False)
+    t = Trainer.create(tmp_path / "run", tiny_cfg(qk_norm="rmsnorm"), tc, corpus_bytes, progress=False)
     t.fit()
     recs = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     diag = [r for r in recs if "log_z_mean" in r]
@@ -135,11 +127,11 @@ def test_diagnostics_logged_and_correct(tmp_path, byte_data):
     assert all(len(r["attn_first_key"]) == 2 for r in diag)
 
 
-def test_non_finite_guard_skips_then_stops_with_last_good_state(tmp_path, byte_data, monkeypatch):
+def test_non_finite_guard_skips_then_stops_with_last_good_state(tmp_path, corpus_bytes, monkeypatch):
 
     tc = TrainConfig(batch_size=2, max_steps=20, max_bad_steps=3, log_interval=1, eval_interval=100, device="cpu",
                      tensorboard=False)
-    t = Trainer.create(tmp_path / "run", tiny_cfg(), tc, byte_data, progress=False)
+    t = Trainer.create(tmp_path / "run", tiny_cfg(), tc, corpus_bytes, progress=False)
     real = t.model.loss_from_hidden  # the training loss (TransformerLM.forward with targets)
     calls = {"n": 0}
 
@@ -175,10 +167,10 @@ def test_non_finite_guard_skips_then_stops_with_last_good_state(tmp_path, byte_d
         assert torch.equal(v, good[k]), k  # the checkpoint holds the last good weights
 
 
-def test_bf16_autocast_on_cpu_tracks_fp32(tmp_path, byte_data):
+def test_bf16_autocast_on_cpu_tracks_fp32(tmp_path, corpus_bytes):
     common = dict(batch_size=4, max_steps=3, device="cpu", eval_interval=100, tensorboard=False, warmup_steps=0)
-    a = Trainer.create(tmp_path / "a", tiny_cfg(), TrainConfig(dtype="fp32", **common), byte_data, progress=False)
-    b = Trainer.create(tmp_path / "b", tiny_cfg(), TrainConfig(dtype="bf16", **common), byte_data, progress=False)
+    a = Trainer.create(tmp_path / "a", tiny_cfg(), TrainConfig(dtype="fp32", **common), corpus_bytes, progress=False)
+    b = Trainer.create(tmp_path / "b", tiny_cfg(), TrainConfig(dtype="bf16", **common), corpus_bytes, progress=False)
     la = [a.train_step()["loss"] for _ in range(3)]
     lb = [b.train_step()["loss"] for _ in range(3)]
     assert b.amp_dtype == torch.bfloat16
@@ -187,24 +179,24 @@ def test_bf16_autocast_on_cpu_tracks_fp32(tmp_path, byte_data):
     assert b.model.blocks[0].attn.rope.cos.dtype == torch.float32  # RoPE tables stay fp32
 
 
-def test_fp16_refused_on_cpu(tmp_path, byte_data):
+def test_fp16_refused_on_cpu(tmp_path, corpus_bytes):
     from lmlab.config import ConfigError
 
     with pytest.raises(ConfigError, match="fp16"):
-        Trainer.create(tmp_path / "r", tiny_cfg(), TrainConfig(dtype="fp16", device="cpu"), byte_data)
+        Trainer.create(tmp_path / "r", tiny_cfg(), TrainConfig(dtype="fp16", device="cpu"), corpus_bytes)
 
 
-def test_torch_compile_matches_eager(tmp_path, byte_data):
+def test_torch_compile_matches_eager(tmp_path, corpus_bytes):
     common = dict(batch_size=2, max_steps=2, device="cpu", eval_interval=100, tensorboard=False, warmup_steps=0)
     cfg = tiny_cfg(n_layers=1)
-    a = Trainer.create(tmp_path / "a", cfg, TrainConfig(**common), byte_data, progress=False)
-    b = Trainer.create(tmp_path / "b", cfg, TrainConfig(compile=True, **common), byte_data, progress=False)
+    a = Trainer.create(tmp_path / "a", cfg, TrainConfig(**common), corpus_bytes, progress=False)
+    b = Trainer.create(tmp_path / "b", cfg, TrainConfig(compile=True, **common), corpus_bytes, progress=False)
     la = [a.train_step()["loss"] for _ in range(2)]
     lb = [b.train_step()["loss"] for _ in range(2)]
     assert max(abs(x - y) for x, y in zip(la, lb)) < 1e-4
 
 
-def test_compiled_blocks_match_eager_and_evaluate_eagerly(tmp_path, byte_data):
+def test_compiled_blocks_match_eager_and_evaluate_eagerly(tmp_path, corpus_bytes):
     """compile_scope=blocks: each block compiled in place (one traced frame serves both blocks), the
     same losses as eager, and evaluation runs the eager code (no frame compiled for it)."""
     from torch._dynamo.utils import counters
@@ -213,10 +205,10 @@ def test_compiled_blocks_match_eager_and_evaluate_eagerly(tmp_path, byte_data):
 
     common = dict(batch_size=2, max_steps=2, device="cpu", eval_interval=100, tensorboard=False, warmup_steps=0)
     cfg = tiny_cfg(n_layers=2)
-    a = Trainer.create(tmp_path / "a", cfg, TrainConfig(**common), byte_data, progress=False)
+    a = Trainer.create(tmp_path / "a", cfg, TrainConfig(**common), corpus_bytes, progress=False)
     torch._dynamo.reset()
     counters.clear()
-    b = Trainer.create(tmp_path / "b", cfg, TrainConfig(compile=True, compile_scope="blocks", **common), byte_data,
+    b = Trainer.create(tmp_path / "b", cfg, TrainConfig(compile=True, compile_scope="blocks", **common), corpus_bytes,
                        progress=False)
     assert b.fwd is b.model and all(blk._compiled_call_impl is not None for blk in b.model.blocks)
     la = [a.train_step()["loss"] for _ in range(2)]
@@ -230,7 +222,7 @@ def test_compiled_blocks_match_eager_and_evaluate_eagerly(tmp_path, byte_data):
     torch._dynamo.reset()
     counters.clear()
     c = Trainer.create(tmp_path / "c", tiny_cfg(n_layers=3), TrainConfig(compile=True, compile_scope="blocks",
-                                                                         **common), byte_data, progress=False)
+                                                                         **common), corpus_bytes, progress=False)
     c.train_step()
     assert (counters["frames"]["ok"], counters["stats"]["unique_graphs"]) == (traced, graphs)
     with pytest.raises(ConfigError, match="compile_scope='blocks' is set but compile=False"):
@@ -239,7 +231,7 @@ def test_compiled_blocks_match_eager_and_evaluate_eagerly(tmp_path, byte_data):
         TrainConfig(compile=True, compile_scope="layers")
 
 
-def test_full_disk_keeps_previous_checkpoint(tmp_path, byte_data, monkeypatch):
+def test_full_disk_keeps_previous_checkpoint(tmp_path, corpus_bytes, monkeypatch):
     import errno
 
     import lmlab.checkpoint as ck
@@ -247,7 +239,7 @@ def test_full_disk_keeps_previous_checkpoint(tmp_path, byte_data, monkeypatch):
     tc = TrainConfig(
         batch_size=2, max_steps=4, checkpoint_interval=2, eval_interval=100, device="cpu", tensorboard=False
     )
-    t = Trainer.create(tmp_path / "run", tiny_cfg(), tc, byte_data, progress=False)
+    t = Trainer.create(tmp_path / "run", tiny_cfg(), tc, corpus_bytes, progress=False)
     t.train_step(), t.train_step()
     first = t.save()
     before = (first / "model.safetensors").read_bytes()

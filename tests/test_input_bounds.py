@@ -1,5 +1,6 @@
-"""Issue 44: bounds checked before any work (item 3); imports and prompts that were accepted or crashed
-(item 4); the Python API agreeing with itself (item 7). One test per defect, each failing before its fix."""
+"""Input bounds: sizes checked before any work (grids, seeds, lengths, nesting depth); imports, prompts
+and checkpoints refused in one line naming what is wrong; the Python API agreeing with the CLI. One test
+per defect, each failing before its fix."""
 
 import time
 

@@ -1,5 +1,5 @@
-"""Issue 12, item 6: correctness defects found outside the test suites, each checked against an
-independent reference (Hugging Face transformers' implementation, or the model built the ordinary way).
+"""Numerics and import details, each checked against an independent reference (Hugging Face
+transformers' implementation, or the model built the ordinary way).
 
 - RMSNorm in bf16 rounds as the family's reference does: Llama / Qwen / Meta cast the normalised value
   to the input dtype before the weight, OLMo 2 and Gemma's (1 + w) multiply in fp32 and cast after;
