@@ -159,9 +159,8 @@ def build_optimizer(model: torch.nn.Module, groups: list[dict], tc, device: torc
 def adamw(groups: list[dict], tc, device: torch.device, sharded: bool = False) -> torch.optim.AdamW:
     """torch.optim.AdamW over ``groups`` with the run's lr / betas / eps, fused (one kernel over all
     parameters: torch's ``_fused_adamw_``, on CUDA and, since torch 2.4, on CPU) unless the parameters
-    are DDP/FSDP-wrapped (``sharded``), where the multi-tensor ``foreach`` form is used. Measured on
-    CPU cores for 4.3M parameters: 3.0 ms per step fused against 17.4 ms foreach at 1 thread, 2.7 ms
-    against 12.7 ms at 2 threads (alternated, medians of 30)."""
+    are DDP/FSDP-wrapped (``sharded``), where the multi-tensor ``foreach`` form is used (fused against
+    foreach, measured: docs/bench/measured-choices.md)."""
     return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), eps=tc.eps,
                              fused=not sharded and device.type in ("cuda", "cpu"))
 

@@ -177,9 +177,8 @@ def compile_blocks(model: torch.nn.Module) -> None:
     The blocks share their code, so Dynamo traces and inductor compiles one block and reuses it for the
     others (parameters are graph inputs): the cold compile time of one block instead of the whole
     model (PyTorch's recipe "Reducing torch.compile cold start compilation time with regional
-    compilation"). On the demo's bf16 step, 2 AMD EPYC cores, empty inductor cache: first step 19-23 s
-    against 45-52 s for the whole model, each later step 1.066x as long (bench/compile_scope.py).
-    Calls outside training should run under :func:`eager` (no graphs compiled for them)."""
+    compilation"; measured: docs/bench/measured-choices.md). Calls outside training should run under
+    :func:`eager` (no graphs compiled for them)."""
     for block in model.blocks:
         block.compile()
 
@@ -294,10 +293,8 @@ def keep_freed_memory() -> bool:
     ``mallopt(M_TRIM_THRESHOLD, 2 GiB - 1)`` (no trimming of the heap's free top) and
     ``mallopt(M_MMAP_THRESHOLD, 32 MiB)`` (blocks below glibc's maximum threshold come from the heap, not
     from a fresh ``mmap`` each time). By default glibc returns and maps again the tens of megabytes of
-    activations a CPU training step frees, and the kernel zeroes every page again on its next use:
-    measured on the demo's compiled bf16 step (2 AMD EPYC cores, 120 steps, processes alternated):
-    3.2-3.5M minor page faults and 284-292 ms per step by default, 0.38M and 243-244 ms with this
-    (1.18x), and no slow first few hundred steps while glibc's thresholds adapt. The cost: the process
+    activations a CPU training step frees, and the kernel zeroes every page again on its next use
+    (measured: docs/bench/measured-choices.md). The cost: the process
     keeps its peak heap until it exits. Returns whether it applied (False where the C library is not
     glibc or has no ``mallopt``, e.g. macOS or musl: nothing changes there)."""
     if not sys.platform.startswith("linux"):

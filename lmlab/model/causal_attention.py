@@ -12,15 +12,11 @@ fp32. Scores and softmax are fp32 whatever the input dtype (bf16 under autocast)
 eager, or, inside a compiled model, traced into the model's graph, where inductor fuses each block's
 elementwise work (see :func:`blocked_causal_attention`).
 
-Measured (fwd+bwd of one layer, batch 8, 8 heads, head_dim 32, alternated with SDPA, medians of 10;
-2 EPYC cores): context 256: 23.5 vs 29.7 ms fp32, 17.5 vs 39.9 ms bf16 at 1 thread, 16.0 vs 17.0 ms
-fp32 and 12.9 vs 26.2 ms bf16 at 2 threads; context 512: 79 vs 117 ms fp32, 58 vs 124 ms bf16;
-context 1024: 309 vs 355 ms fp32, 248 vs 298 ms bf16. The saved probabilities cost
-batch x heads x T (T + block) / 2 elements per layer (SDPA saves only O and the log-sum-exp), so
-:func:`use_blocked` keeps SDPA where they would exceed ``MAX_SAVED_BYTES`` or the context exceeds
-``MAX_CONTEXT``, in fp32 on Intel CPUs (:data:`BLOCKED_FP32`) or with more than one thread (a whole
-GPT-2-recipe step on 2 threads: 505 ms with it, 445 ms with SDPA), and on GPUs (whose SDPA kernels
-are the fast path).
+The saved probabilities cost batch x heads x T (T + block) / 2 elements per layer (SDPA saves only O
+and the log-sum-exp), so :func:`use_blocked` keeps SDPA where they would exceed ``MAX_SAVED_BYTES`` or
+the context exceeds ``MAX_CONTEXT``, in fp32 on Intel CPUs (:data:`BLOCKED_FP32`) or with more than one
+thread, and on GPUs (whose SDPA kernels are the fast path). The measurements behind these choices, with
+their CPUs and dates: docs/bench/measured-choices.md ("Blocked causal attention").
 """
 
 from __future__ import annotations
@@ -29,14 +25,11 @@ import torch
 
 from lmlab.model.linear import cpu_vendor
 
-BLOCK = 64  # query rows per block (32: 2-10% slower, 128: 5-15% slower at context 256)
+BLOCK = 64  # query rows per block (measured: docs/bench/measured-choices.md)
 MAX_CONTEXT = 1024
 MAX_SAVED_BYTES = 256 * 2**20
-# fp32 on one thread: the blocked loops, except on Intel CPUs. On the AMD EPYC they were the faster
-# (numbers above); on a 2-core Intel Xeon (AVX-512, AMX; 2026-12-03) SDPA's kernel was: the whole
-# compiled fp32 step at 1 thread, SDPA's time / the traced loops' (`python bench/attention_step_ab.py
-# --compare sdpa --dtype fp32`, medians of paired ratios, IQR): GPT-2 recipe 0.93x (0.93-0.97),
-# LLaMA's 0.97x (0.96-0.98). In bf16 the loops stay: 1.26x (1.24-1.28) on the GPT-2 recipe there.
+# fp32 on one thread: the blocked loops, except on Intel CPUs, where SDPA's kernel measured faster
+# (docs/bench/measured-choices.md).
 BLOCKED_FP32 = cpu_vendor() != "GenuineIntel"
 FUSED_LOOPS = True  # False: the eager loops in compiled models too (bench/train_step_gains.py compares)
 
@@ -192,16 +185,8 @@ def blocked_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     it runs :func:`_forward_fused` / :func:`_backward_fused` inside the model's one graph: inductor
     fuses each block's casts, scale, causal mask and softmax into one kernel (the eager loops pass
     over the scores about ten times), and the model has no graph break. ``FUSED_LOOPS = False``
-    keeps the eager loops in compiled models too (a graph break per layer; benches compare).
-    Whole compiled training step, traced loops against eager ones behind breaks
-    (bench/fused_attention_loops.py; 2026-12-03, 2 EPYC cores, alternated rounds, median of paired
-    ratios, IQR): bf16 GPT-2 recipe 1.18x (1.17-1.21) at 2 threads (1 compiled region per step
-    against 19), LLaMA recipe 1.11x (1.05-1.18) at 1; fp32 GPT-2 recipe at 1 thread 1.03x (1.00-1.08).
-    History: the fused loops first ran as separately compiled functions behind a graph break
-    (19 compiled regions per GPT-2-recipe step; bf16 only, as in fp32 they did not pay), and a
-    torch.library custom op around them measured the same as the break (2026-12-02); traced into the
-    graph instead, the step measured 1.18x (IQR 1.11-1.23) the separately compiled loops on the GPT-2
-    recipe and 1.15x (1.11-1.18) on LLaMA's (bf16, 2 threads, one process, alternated).
+    keeps the eager loops in compiled models too (a graph break per layer; benches compare; the
+    measurements: docs/bench/measured-choices.md).
     """
     B, H, T, D = q.shape
     if k.shape != v.shape or k.shape[0] != B or k.shape[2:] != (T, D) or H % k.shape[1]:

@@ -1,14 +1,10 @@
 """Linear layers whose fp32 matmuls on x86 CPUs (Intel's excepted) run on oneDNN instead of MKL.
 
-PyTorch's CPU build multiplies fp32 matrices with MKL's sgemm, and bf16 ones with oneDNN. On the
-project's machine (AMD EPYC with AVX-512, 2 vCPUs; torch 2.13 with MKL 2024.2 and oneDNN 3.12) MKL's
-sgemm runs at 90-100 GFLOP/s per core on the shapes of a small LM's training step (2048 rows x 256 x
-1024), about half the core's fp32 FMA peak (2 units x 16 fp32 lanes x 2 FLOPs per cycle), while
-oneDNN's fp32 matmul, reached through ``torch.ops.mkldnn._linear_pointwise`` (the op Inductor's CPU
-inference path and :mod:`lmlab.generate` already use), runs the same products at 200-225 GFLOP/s: at
-one thread 2.2x faster forward (1.7x for the 4096-wide LM head), 1.9-2.3x for the input gradient,
-1.6-2.1x for the weight gradient
-(``python bench/linear_backends.py``, docs/bench/linear_backends.md). The results are fp32 products
+PyTorch's CPU build multiplies fp32 matrices with MKL's sgemm, and bf16 ones with oneDNN. oneDNN's
+fp32 matmul, reached through ``torch.ops.mkldnn._linear_pointwise`` (the op Inductor's CPU inference
+path and :mod:`lmlab.generate` already use), can run a small LM's products much faster than MKL's
+sgemm on some CPUs and slower on others (measured per CPU: ``python bench/linear_backends.py``,
+docs/bench/linear_backends.md and docs/bench/measured-choices.md). The results are fp32 products
 with fp32 accumulation (oneDNN's default strict fp32 math; relative error from an fp64 product at
 most 1.3e-6, MKL's 5e-7), in another summation order.
 
@@ -59,10 +55,7 @@ def onednn_fp32_default(vendor: str) -> bool:
     return vendor != "GenuineIntel"
 
 
-# On by default except on Intel CPUs, where MKL's sgemm runs its own AVX-512 code and was the faster
-# one: on a 2-core Intel Xeon (AMX, AVX-512; 2026-12-03, bench/linear_backends.py --threads 1) oneDNN
-# ran the recipes' products at 0.70-0.97x MKL's speed (weight gradients 0.70-0.93x), and the whole
-# compiled fp32 step of the peers benchmark was 0.86-0.93x the fastest compiled peer with it.
+# On by default except on Intel CPUs, where MKL's sgemm measured faster (docs/bench/measured-choices.md).
 ONEDNN_FP32 = onednn_fp32_default(cpu_vendor())
 
 # Rows (product of the input's leading dims) from which oneDNN is used. Forward through this module's

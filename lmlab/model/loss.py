@@ -50,9 +50,7 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0,
 
 def chunk_rows(vocab_size: int, device: torch.device) -> int:
     """Rows per chunk of :func:`linear_cross_entropy`: 2^20 fp32 logits (4 MiB) on CPU, 2^25 (128 MiB)
-    on a GPU (few, large matmuls). Measured on 2 EPYC cores, vocab 4096, whole training steps alternated
-    against the unchunked loss: 64 rows 0.97-1.01x, 256 rows 1.04x (fp32) and 1.09x (bf16), 512 rows
-    1.04x / 1.07x; one chunk of 2048 rows is the unchunked cost."""
+    on a GPU (few, large matmuls); the chunk sizes measured: docs/bench/measured-choices.md."""
     budget = 2**25 if device.type == "cuda" else 2**20  # fp32 elements
     return max(16, budget // max(vocab_size, 1))
 
