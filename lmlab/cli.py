@@ -216,7 +216,8 @@ def cmd_sweep_worker(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from lmlab.lab.report import write_index, write_report
+    from lmlab.lab.index import write_index
+    from lmlab.lab.report import write_report
 
     if args.readme and not args.index:
         raise ConfigError("--readme goes with --index DIR... --out FILE.md (the summary is the index's)")

@@ -592,7 +592,7 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path, 
     assert main(["report", "--index", ".", "--out", str(tmp_path / "i1.md")]) == 0
     assert "- [bar](rep/report.md): 2 claim(s)" in (tmp_path / "i1.md").read_text()
     # --readme rewrites only the block between the markers; a README without them is refused
-    from lmlab.lab.report import README_END, README_START
+    from lmlab.lab.index import README_END, README_START
 
     readme = tmp_path / "R.md"
     readme.write_text(f"intro\n{README_START}\nold table\n{README_END}\nrest\n")
@@ -605,7 +605,7 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path, 
                  str(tmp_path / "bad.md")]) == 2
     assert (tmp_path / "bad.md").read_text() == "no markers\n"
     # two files at once: one with the counts line alone, the other with the table; both rewritten
-    from lmlab.lab.report import COUNTS_END, COUNTS_START
+    from lmlab.lab.index import COUNTS_END, COUNTS_START
 
     short = tmp_path / "sub" / "S.md"
     short.parent.mkdir()

@@ -90,7 +90,7 @@ def test_readme_ablation_summary_is_the_committed_index():
     """The lab page's ablation table and the README's counts line are what `lmlab report --index
     docs/ablations/[0-9]* --readme README.md --readme docs/lab.md` writes from the committed results:
     regenerated, not edited by hand."""
-    from lmlab.lab.report import COUNTS_END, COUNTS_START, collect_claims, counts_line, readme_block, summary_block
+    from lmlab.lab.index import COUNTS_END, COUNTS_START, collect_claims, counts_line, readme_block, summary_block
 
     root = README.parent
     dirs = sorted(d for d in (root / "docs" / "ablations").iterdir() if d.is_dir() and d.name[:1].isdigit())

@@ -7,8 +7,11 @@
 - :mod:`lmlab.lab.timing`: the interleaved speed micro-benchmark of a spec's variants;
 - :mod:`lmlab.lab.stats`: paired differences, t- and sign-test intervals, pooled noise, verdicts;
 - :mod:`lmlab.lab.verdicts`: a sweep's results turned into chosen tuned values, comparisons and claims;
-- :mod:`lmlab.lab.report`, :mod:`lmlab.lab.plots`: the page, its figures and the index of all claims
-  (``lmlab report``);
+- :mod:`lmlab.lab.report`: a sweep's page assembled (``lmlab report``): its rows read and analysed, the
+  figures drawn by :mod:`lmlab.lab.plots`, the markdown rendered by :mod:`lmlab.lab.page` (the verdict
+  table's cells: :mod:`lmlab.lab.verdict_table`);
+- :mod:`lmlab.lab.index`: the index of all claims and the blocks it writes into README.md
+  (``lmlab report --index``);
 - :mod:`lmlab.lab.validate`: every file a report or a resumed sweep reads back, checked field by field
   (one line naming the file, line and field of a damaged one).
 """
