@@ -14,7 +14,8 @@ from lmlab.analysis import param_counts
 from lmlab.cli import main
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.lab import stats
-from lmlab.lab.spec import parse_spec, plan_runs
+from lmlab.lab.spec import parse_spec
+from lmlab.lab.plan import plan_runs
 from lmlab.lab.verdicts import analyze, select_tuned
 from lmlab.model import TransformerLM
 from lmlab.train import layer_grad_norms

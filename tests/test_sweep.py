@@ -15,7 +15,8 @@ from lmlab.config import ConfigError, ModelConfig
 from lmlab.data.prepare import prepare
 from lmlab.lab.runner import read_results, run_state, run_sweep
 from lmlab.run_folder import read_outcome
-from lmlab.lab.spec import _plan, builtin_specs, expand_axes, load_spec, parse_spec, plan_runs, trained_plans
+from lmlab.lab.spec import builtin_specs, expand_axes, load_spec, parse_spec
+from lmlab.lab.plan import _plan, plan_runs, trained_plans
 from lmlab.train import TrainConfig, Trainer
 
 TINY_MODEL = {"context_length": 32, "d_model": 32, "n_layers": 2, "n_heads": 2}
@@ -585,7 +586,7 @@ def test_run_outcome_comes_from_outcome_json_not_log_text(tmp_path, monkeypatch)
     reworded error message (or the old one printed by a run that failed otherwise) changes nothing, and an
     outcome left by an earlier attempt is never read."""
     from lmlab.lab import worker
-    from lmlab.lab.spec import RunPlan
+    from lmlab.lab.plan import RunPlan
 
     fake = tmp_path / "fake-python"  # stands in for `python -m lmlab.cli train --out RUN ...`
     fake.write_text("""#!/bin/sh

@@ -1,7 +1,8 @@
 """The ablation lab: a spec of variants becomes runs, numbers, and verdicts a researcher can cite.
 
-- :mod:`lmlab.lab.spec`: the spec format (axes, baseline, tune, match, expect, scales, timing), its
-  validation and its expansion into runs, with the controls solved (``lmlab sweep --dry-run``);
+- :mod:`lmlab.lab.spec`: the spec format (axes, baseline, tune, match, expect, scales, timing) as typed
+  records, and its parsing and validation;
+- :mod:`lmlab.lab.plan`: a spec expanded into runs, with the controls solved (``lmlab sweep --dry-run``);
 - :mod:`lmlab.lab.runner`: trains and scores every run as an ordinary run folder, resumable, with the
   timing block, provenance and the machine's load recorded (``lmlab sweep``);
 - :mod:`lmlab.lab.timing`: the interleaved speed micro-benchmark of a spec's variants;

@@ -48,8 +48,8 @@ from lmlab.lab.validate import check_nesting
 from lmlab.lab.worker import stop_training
 from lmlab.threads import current_threads, physical_cores, set_threads, sweep_threads, using_threads
 from lmlab.run_folder import RUN_FILE, checkpoint_dirs, metrics_path, read_metrics_file, read_run
-from lmlab.lab.spec import (TIMING_METRICS, RunPlan, Spec, _fmt, control_flags, load_spec, plan_quantities,
-                            plan_runs, trained_plans)
+from lmlab.lab.spec import TIMING_METRICS, Spec, _fmt, load_spec
+from lmlab.lab.plan import RunPlan, control_flags, plan_quantities, plan_runs, trained_plans
 
 RESULTS_FILE = "results.jsonl"
 TIMING_FILE = "timing.json"
@@ -307,7 +307,7 @@ def retuned(p: RunPlan, tune: dict) -> RunPlan:
     extension, :mod:`lmlab.lab.tuning`): the same model, seed, data and steps, named as the spec names
     its runs (:func:`lmlab.lab.spec.run_stem`). Raises ConfigError for a tuned model field (its steps
     could change under a FLOPs budget: not extended)."""
-    from lmlab.lab.spec import _split_fields, run_stem
+    from lmlab.lab.plan import _split_fields, run_stem
 
     tm, tt = _split_fields(tune)
     if tm:

@@ -247,7 +247,7 @@ def check_row(row: Any, where: str) -> dict:
     (:data:`FIELDS`) and valid for their kind, with :data:`REQUIRED` present, a status that agrees with
     ``diverged`` and ``val_bpb``, and ``run`` the name of its variant, scale, tuned values and seed.
     Returns the row; raises ConfigError naming the field."""
-    from lmlab.lab.spec import run_stem
+    from lmlab.lab.plan import run_stem
 
     if not isinstance(row, dict):
         raise ConfigError(f"{where}: a results row must be a JSON object, got {type(row).__name__} "

@@ -34,7 +34,8 @@ from typing import Optional
 from lmlab.lab import stats
 from lmlab.lab.preconditions import device_of
 from lmlab.lab.stats import finite as _ok
-from lmlab.lab.spec import QUANTITIES, TIMING_METRICS, Spec, control_flags
+from lmlab.lab.spec import QUANTITIES, TIMING_METRICS, Spec
+from lmlab.lab.plan import control_flags
 
 CONTENTION_LIMIT = 1.2  # a run whose wall time exceeds tokens / median rate by 20% shared the machine
 

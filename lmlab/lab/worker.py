@@ -40,7 +40,8 @@ from lmlab.run_folder import OUTCOME_FILE, CheckpointError, read_outcome
 from lmlab.threads import set_threads
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.fsutil import atomic_write_text
-from lmlab.lab.spec import RunPlan, Spec
+from lmlab.lab.spec import Spec
+from lmlab.lab.plan import RunPlan
 
 PLANS_DIR = "plans"
 ROWS_DIR = "rows"
