@@ -1,14 +1,14 @@
 """Two forms of lmlab's CPU training attention, compared over the whole compiled training step.
 
 ``--compare dkdv-sum`` (default): the blocked attention's traced backward, dK and dV summed two ways.
-lmlab.model.causal_attention._backward_fused adds each query block's contributions to dK and dV (keys
+lmlab.kernels.causal_attention._backward_fused adds each query block's contributions to dK and dV (keys
 0 .. r1 of the block) as zero-padded terms of one sum (``_sum_padded``), which inductor fuses into one
 kernel with one masked load per block. Before (2026-12-03) they were in-place slice adds into fp32
 buffers, ``dk[:, :r1] += part``, which inductor lowered to nested slice updates whose kernel reloaded
 each block at every level of the nesting. This script keeps that version (``slice_adds_backward``).
 
 ``--compare sdpa``: the blocked attention against torch's SDPA kernel (what
-lmlab.model.causal_attention.use_blocked chooses between; the rule is bypassed here).
+lmlab.kernels.causal_attention.use_blocked chooses between; the rule is bypassed here).
 
 Both models are built and compiled in one process, then ``--rounds`` rounds of ``--steps`` steps
 each, alternating which goes first; the figure is the median over rounds of the first variant's time /
@@ -59,7 +59,7 @@ def slice_adds_backward(do, q3, k3, v3, out, probs, scale: float, block: int):
 def variants(compare: str) -> dict:
     """name -> a function that sets the module globals of that variant (the second is lmlab's)."""
     import lmlab.model.attention as attention
-    import lmlab.model.causal_attention as ca
+    import lmlab.kernels.causal_attention as ca
 
     padded, rule = ca._backward_fused, ca.use_blocked
 
@@ -90,7 +90,7 @@ def main() -> None:
     shape = Args(recipe=a.recipe, **RECIPES[a.recipe])
     dtype = torch.bfloat16 if a.dtype == "bf16" else None
     import lmlab.model.attention as attention
-    import lmlab.model.causal_attention as ca
+    import lmlab.kernels.causal_attention as ca
 
     originals = ca._backward_fused, attention.use_blocked  # read before any variant is set
     setters = variants(a.compare)

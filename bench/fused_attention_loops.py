@@ -1,12 +1,12 @@
 """The blocked attention's compiled loops against its eager loops, in a whole compiled training step.
 
 Two lmlab models (bench/train_vs_peers.py's make_system: the step ``lmlab train`` runs, compiled, fused
-AdamW) are stepped with ``lmlab.model.causal_attention.FUSED_LOOPS`` on (the loops traced into the
+AdamW) are stepped with ``lmlab.kernels.causal_attention.FUSED_LOOPS`` on (the loops traced into the
 model's one graph) and off (the eager loops behind a graph break per layer) in alternating order,
 ``--steps`` steps each per round; the figure is the median over rounds of the per-round ratio
 (eager-loop step time / fused-loop step time) with its IQR, and the compiled regions per step of each
 (each model compiled apart and stepped with one value of the flag). fp32 takes the blocked
-attention only at one thread (lmlab.model.causal_attention.use_blocked), so ``--dtype fp32
+attention only at one thread (lmlab.kernels.causal_attention.use_blocked), so ``--dtype fp32
 --threads 2`` times SDPA twice: a check of the method's own bias.
 
     python bench/fused_attention_loops.py --recipe gpt2 --dtype bf16 --threads 2
@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int_at_least(1), default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    import lmlab.model.causal_attention as ca
+    import lmlab.kernels.causal_attention as ca
     from bench.train_vs_peers import RECIPES, Args, machine_line, make_system, quartiles
 
     shape = Args(recipe=a.recipe, nanogpt=None, **RECIPES[a.recipe])

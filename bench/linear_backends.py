@@ -1,5 +1,5 @@
 """fp32 linear layers on CPU: torch's default (MKL's sgemm through ``F.linear`` / ``torch.mm``) against
-oneDNN's matmul (``lmlab.model.linear``), side by side in one process.
+oneDNN's matmul (``lmlab.kernels.linear``), side by side in one process.
 
 For each shape of a training step's linear layers (rows = batch x context) it times the three
 products of a linear layer's training step: forward x W^T, input gradient dY W and weight gradient
@@ -30,7 +30,7 @@ def recipe_shapes(recipes: list[str]) -> list[tuple[int, int]]:
     the LM head included."""
     from bench.train_vs_peers import RECIPES, Args, lmlab_config
     from lmlab.model import TransformerLM
-    from lmlab.model.linear import Linear
+    from lmlab.kernels.linear import Linear
 
     shapes = []
     for r in recipes:
@@ -43,7 +43,7 @@ def recipe_shapes(recipes: list[str]) -> list[tuple[int, int]]:
 
 def products(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, onednn: bool) -> dict:
     """The three products as closures: forward, input gradient, weight gradient."""
-    from lmlab.model.linear import onednn_grad_input, onednn_grad_weight, onednn_linear
+    from lmlab.kernels.linear import onednn_grad_input, onednn_grad_weight, onednn_linear
 
     if onednn:
         return {"forward": lambda: onednn_linear(x, w, None), "grad input": lambda: onednn_grad_input(g, w),
@@ -63,7 +63,7 @@ def main() -> None:
         ap.error("--threads, --rows, --rounds and --reps must be >= 1")
     torch.set_num_threads(a.threads)
     from bench.train_vs_peers import machine_line, quartiles
-    from lmlab.model.linear import onednn_available
+    from lmlab.kernels.linear import onednn_available
 
     if not onednn_available():
         sys.exit("this PyTorch build or CPU has no oneDNN linear op (torch.ops.mkldnn._linear_pointwise)")

@@ -156,7 +156,7 @@ class Batched:
         self.head = "m.lm_head.weight" if "m.lm_head.weight" in self.params else "m.embed.weight"
 
     def losses(self, x, y) -> torch.Tensor:
-        from lmlab.model.loss import linear_cross_entropy
+        from lmlab.kernels.loss import linear_cross_entropy
 
         with autocast(self.device, self.dtype):
             h = self.fn(self.params, self.buffers, x)  # (K, batch, seq, d_model)

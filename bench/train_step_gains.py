@@ -3,14 +3,14 @@
 Variants, each adding one change to the one before (the last is ``lmlab train`` with compile=true):
   1. baseline: logits materialised + lm_loss, AdamW foreach, SDPA attention (lmlab before issue 14)
   2. + fused AdamW (lmlab.train.make_optimizer)
-  3. + chunked linear cross-entropy (lmlab.model.loss, TransformerLM.forward(targets=...))
-  4. + blocked causal attention on CPU (lmlab.model.causal_attention)
+  3. + chunked linear cross-entropy (lmlab.kernels.loss, TransformerLM.forward(targets=...))
+  4. + blocked causal attention on CPU (lmlab.kernels.causal_attention)
   5. + torch.compile of the model (the blocked attention's loops still eager)
   6. + the blocked attention's loops compiled too: traced into the model's graph (no graph break per
      layer; what a compiled model runs; at fp32 on more than one thread the attention is SDPA, so
      there rows 5 and 6 differ only in that graph break)
   7. + fp32 linear layers (and the chunked loss's products) on oneDNN instead of MKL
-     (lmlab.model.linear; under bf16 autocast the matmuls are oneDNN's already, so in bf16 rows 6 and 7
+     (lmlab.kernels.linear; under bf16 autocast the matmuls are oneDNN's already, so in bf16 rows 6 and 7
      are the same code; lmlab's default except on Intel CPUs, where MKL measured faster and
      ``lmlab train`` runs row 6)
 Rounds time ``--steps`` steps of every variant in a rotated order; the figure is the median over
@@ -44,8 +44,8 @@ def training_step(fwd, opt, x: torch.Tensor, dtype, chunked_loss: bool = True, f
     """A training step's closure over ``fwd`` and ``opt`` on the batch x (batch, context + 1):
     forward (the chunked loss of ``fwd(inputs, targets=...)``, or logits then ``lm_loss``) under
     ``dtype`` autocast (None: fp32), backward, optimiser step; ``fused_loops``: the value of
-    lmlab.model.causal_attention.FUSED_LOOPS during the step, ``onednn`` that of
-    lmlab.model.linear.ONEDNN_FP32 (each compiled variant is a model compiled apart: compile_apart).
+    lmlab.kernels.causal_attention.FUSED_LOOPS during the step, ``onednn`` that of
+    lmlab.kernels.linear.ONEDNN_FP32 (each compiled variant is a model compiled apart: compile_apart).
     Returns (step, seconds of its first call)."""
     from lmlab.model import causal_attention, linear, lm_loss
 

@@ -3,7 +3,7 @@
 Systems (each one's own training step, as its users write it; the same config, batch, precision and
 AdamW hyperparameters):
 - ``lmlab``: ``lmlab train``'s step: ``TransformerLM(x, targets=y)`` (chunked LM head + loss,
-  lmlab.model.loss), ``lmlab.train.make_optimizer`` (fused AdamW), and ``torch.compile`` of the model
+  lmlab.kernels.loss), ``lmlab.train.make_optimizer`` (fused AdamW), and ``torch.compile`` of the model
   when ``--lmlab-compile`` (its recommended setting on CPU; compile time reported apart);
 - ``hf``: Hugging Face ``LlamaForCausalLM`` / ``GPT2LMHeadModel`` (SDPA attention), logits then
   ``F.cross_entropy``;
@@ -160,7 +160,7 @@ class System:
 def compile_apart(model: torch.nn.Module) -> Callable:
     """``torch.compile`` of ``model``'s forward through an entry function of its own (a new code
     object per call), so that models compiled with different module-level switches in one process
-    (lmlab.model.causal_attention.FUSED_LOOPS, lmlab.model.linear.ONEDNN_FP32) keep separate graphs.
+    (lmlab.kernels.causal_attention.FUSED_LOOPS, lmlab.kernels.linear.ONEDNN_FP32) keep separate graphs.
     Compiled the usual way they share TransformerLM.forward's cache: a variant whose graph breaks
     inside the attention has an entry that does not guard on a switch read after the break, and the
     other variant then ran through it (23 compiled regions per step instead of 1, measured)."""
@@ -413,7 +413,7 @@ def main() -> None:
     print(f"recipe {a.recipe}: d_model {shape.d_model}, {shape.layers} layers, {shape.heads} heads, "
           f"{shape.kv_heads} KV heads, context {shape.context}, vocab {shape.vocab}, batch {shape.batch}; "
           f"{a.dtype}{' autocast' if dtype else ''}; {a.rounds} rounds x {a.steps} steps, rotated order")
-    from lmlab.model.causal_attention import use_blocked
+    from lmlab.kernels.causal_attention import use_blocked
 
     q = torch.empty(shape.batch, shape.heads, shape.context, shape.d_model // shape.heads,
                     dtype=dtype or torch.float32, device=a.device)
@@ -422,7 +422,7 @@ def main() -> None:
           f"AdamW {ADAMW} for all; activation {'GELU (erf)' if a.recipe == 'gpt2' else 'SwiGLU'}; "
           + ("SDPA attention in the peers" if blocked else "SDPA attention in every system"))
     print("not equalised (printed, by design): "
-          + ("lmlab's blocked causal attention (lmlab/model/causal_attention.py), " if blocked else "")
+          + ("lmlab's blocked causal attention (lmlab/kernels/causal_attention.py), " if blocked else "")
           + "lmlab's chunked loss, fused AdamW"
           f"{' and torch.compile' if a.lmlab_compile else ''}; peers eager with torch's default AdamW (foreach)"
           f"{', and again compiled with fused AdamW' if a.peers_compiled else ''}")

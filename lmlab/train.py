@@ -40,7 +40,7 @@ from lmlab.data.prepare import DataError, TokenData
 from lmlab.evaluate import evaluate
 from lmlab.fsutil import atomic_write_bytes, atomic_write_text
 from lmlab.model import TransformerLM
-from lmlab.model.linear import fp32_linears_on_onednn
+from lmlab.kernels.linear import fp32_linears_on_onednn
 from lmlab.optim import OPTIMIZERS, adamw, build_optimizer, muon_lr_at, optimizer_of, param_groups, set_lr
 from lmlab.parallel import Dist, all_reduce_mean, barrier, full_state, init_distributed, load_full_state, wrap_model
 
@@ -555,7 +555,7 @@ class Trainer:
         self.amp_dtype = resolve_dtype(tc.dtype, self.device)
         # CPU steps allocate and free their activations in host memory: keep it mapped (1.18x, above)
         self.malloc_kept = keep_freed_memory() if self.device.type == "cpu" else False
-        # fp32 on an x86 CPU: the linear layers multiply on oneDNN (lmlab.model.linear), said at startup
+        # fp32 on an x86 CPU: the linear layers multiply on oneDNN (lmlab.kernels.linear), said at startup
         self.onednn_linears = fp32_linears_on_onednn(self.device, self.amp_dtype)
         torch.manual_seed(tc.seed)
         check_memory(cfg, self.device, self.dist.world_size if tc.parallel == "fsdp" else 1, tc.batch_size,

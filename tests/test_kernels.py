@@ -1,6 +1,6 @@
 """The training step's own kernels against independent references: the chunked linear cross-entropy
-(lmlab.model.loss) against logits + F.cross_entropy, and the blocked causal attention
-(lmlab.model.causal_attention) against SDPA and float64 gradcheck."""
+(lmlab.kernels.loss) against logits + F.cross_entropy, and the blocked causal attention
+(lmlab.kernels.causal_attention) against SDPA and float64 gradcheck."""
 
 import math
 
@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from lmlab.config import ModelConfig
 from lmlab.model import TransformerLM, lm_loss
-from lmlab.model.causal_attention import BLOCK, blocked_causal_attention, use_blocked
-from lmlab.model.loss import chunk_rows, linear_cross_entropy
+from lmlab.kernels.causal_attention import BLOCK, blocked_causal_attention, use_blocked
+from lmlab.kernels.loss import chunk_rows, linear_cross_entropy
 
 
 def _reference(h, w, y, b=None, z=0.0, cap=None, reduction="mean"):
@@ -154,14 +154,14 @@ def test_blocked_attention_bf16_close_to_fp32_and_rejects_bad_shapes():
 def _blocked_fp32(monkeypatch):
     """The tests here read the rule as on a CPU whose fp32 takes the blocked loops on one thread (not
     Intel's, where BLOCKED_FP32 defaults to False); the vendor rule has its own test."""
-    import lmlab.model.causal_attention as ca
+    import lmlab.kernels.causal_attention as ca
 
     monkeypatch.setattr(ca, "BLOCKED_FP32", True)
 
 
 def test_fp32_on_one_thread_takes_sdpa_where_blocked_fp32_is_off(monkeypatch):
-    import lmlab.model.causal_attention as ca
-    from lmlab.model.linear import cpu_vendor
+    import lmlab.kernels.causal_attention as ca
+    from lmlab.kernels.linear import cpu_vendor
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -221,7 +221,7 @@ def _blocked_rule_and_dispatch():
 
 def _fused(q, k, v, scale, block=BLOCK):
     """The fused loops (what a compiled model traces), run eagerly: the same code, op by op."""
-    from lmlab.model.causal_attention import _BlockedCausal
+    from lmlab.kernels.causal_attention import _BlockedCausal
 
     return _BlockedCausal.apply(q, k, v, scale, block, True)
 
@@ -255,7 +255,7 @@ def test_compiled_model_is_one_graph_with_the_attention_in_it(monkeypatch):
     graph: no graph break in bf16, nor in fp32 at one thread (blocked) or two (SDPA; the thread count
     is read without a break); FUSED_LOOPS=False puts the eager loops behind a break per layer."""
     import lmlab.model.attention as attention
-    import lmlab.model.causal_attention as ca
+    import lmlab.kernels.causal_attention as ca
 
     model, x = _tiny_model()
     threads = torch.get_num_threads()
@@ -296,7 +296,7 @@ def test_compiled_model_matches_the_eager_model_in_bf16():
 def test_compiled_training_gradients_are_the_same_every_call():
     """Inductor compiled the embedding's scatter-add with atomic float adds on 2 threads: the same
     step's embedding gradient changed between calls (up to 2e-9) and exact resume failed
-    (lmlab.model.embedding). Learned positions: their table's gather is differentiated too."""
+    (lmlab.kernels.embedding). Learned positions: their table's gather is differentiated too."""
     cfg = ModelConfig(vocab_size=512, context_length=64, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2,
                       position="learned")
     torch.manual_seed(0)

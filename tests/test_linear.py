@@ -1,11 +1,11 @@
-"""lmlab.model.linear: fp32 CPU linears on oneDNN, against fp64 references and F.linear."""
+"""lmlab.kernels.linear: fp32 CPU linears on oneDNN, against fp64 references and F.linear."""
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import lmlab.model.linear as L
+import lmlab.kernels.linear as L
 from lmlab.model import TransformerLM
 from lmlab.config import ModelConfig
 

@@ -15,7 +15,7 @@ from lmlab.config import ConfigError, ModelConfig
 from lmlab.lab.coordcheck import coord_check
 from lmlab.model import TransformerLM
 from lmlab.model import parametrization as P
-from lmlab.model.loss import lm_loss
+from lmlab.kernels.loss import lm_loss
 from lmlab.optim import adamw, param_groups, set_lr
 from lmlab.train import TrainConfig, Trainer, lr_at
 

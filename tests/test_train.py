@@ -60,7 +60,7 @@ def test_short_training_run_lowers_loss(tmp_path, corpus_bytes):
 def test_startup_says_when_fp32_linears_run_on_onednn(tmp_path, corpus_bytes, monkeypatch):
     """Trainer.onednn_linears (the startup line's "fp32 linears on oneDNN"): fp32 on a CPU with oneDNN,
     not under bf16 autocast, not with the switch off."""
-    from lmlab.model import linear
+    from lmlab.kernels import linear
 
     def made(name, **kw):
         tc = TrainConfig(batch_size=2, max_steps=1, device="cpu", **kw)

@@ -108,7 +108,7 @@ def train_and_record(cfg: ModelConfig, tc, steps: int, seed: int, tokens: Option
     ``tc.lr`` (constant) with ``tc``'s betas, eps and weight decay; layers 'embedding', 'block 0', ...,
     'logits' (``last_block``: 'embedding', 'last block', 'logits', for models of different depths)."""
     from lmlab.model import TransformerLM
-    from lmlab.model.loss import lm_loss
+    from lmlab.kernels.loss import lm_loss
     from lmlab.optim import adamw, param_groups, set_lr
 
     torch.manual_seed(seed)

@@ -1,5 +1,5 @@
-"""Model components, one lecture topic per file: norms, ffn, positions, attention, transformer (and
-the kernels under them: linear, causal_attention, loss)."""
+"""Model components, one lecture topic per file: norms, ffn, positions, attention, transformer, MoE,
+MLA, Gated DeltaNet, MTP (the CPU kernels under them live apart, in :mod:`lmlab.kernels`)."""
 
 from lmlab.model.attention import KVCache
 from lmlab.model.transformer import TransformerLM, lm_loss

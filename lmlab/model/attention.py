@@ -32,8 +32,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lmlab.config import ModelConfig
-from lmlab.model.causal_attention import blocked_causal_attention, use_blocked
-from lmlab.model.linear import Linear
+from lmlab.kernels.causal_attention import blocked_causal_attention, use_blocked
+from lmlab.kernels.linear import Linear
 from lmlab.model.norms import HeadwiseNorm, make_norm
 from lmlab.model.parametrization import attention_scale
 from lmlab.model.positions import RotaryEmbedding
@@ -294,7 +294,7 @@ class Attention(nn.Module):
         # Llama 4's attention temperature on layers without RoPE: (floor, scale), see temperature()
         self.temperature = ((cfg.attn_temperature_floor, cfg.attn_temperature_scale)
                             if cfg.attn_temperature_tuning and self.rope is None else None)
-        # training on CPU: lmlab.model.causal_attention's blocked kernel where use_blocked() says so
+        # training on CPU: lmlab.kernels.causal_attention's blocked kernel where use_blocked() says so
         # (False: always SDPA, e.g. to compare the two)
         self.blocked_kernel = True
         # 1/sqrt(D), or query_pre_attn_scalar**-0.5; mup / completep: 1/(sqrt(D) sqrt(m)) (lmlab.model.parametrization)

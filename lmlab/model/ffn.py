@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lmlab.config import GATED_ACTIVATIONS, ModelConfig
-from lmlab.model.linear import Linear
+from lmlab.kernels.linear import Linear
 
 
 def _relu2(x: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from lmlab.config import ModelConfig
-from lmlab.model.linear import Linear
+from lmlab.kernels.linear import Linear
 from lmlab.model.norms import make_norm
 from lmlab.model.positions import RotaryEmbedding
 

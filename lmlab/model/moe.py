@@ -50,7 +50,7 @@ import torch
 import torch.nn as nn
 
 from lmlab.config import ModelConfig
-from lmlab.model.linear import Linear
+from lmlab.kernels.linear import Linear
 from lmlab.model.ffn import FeedForward
 from lmlab.model.norms import make_norm
 

@@ -32,15 +32,15 @@ from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_h
 from lmlab.config import ModelConfig
 from lmlab.model.attention import Attention, KVCache, softcap
 from lmlab.model.deltanet import GatedDeltaNet
-from lmlab.model.embedding import Embedding
+from lmlab.kernels.embedding import Embedding
 from lmlab.model.ffn import ACTIVATION_FNS, FeedForward
-from lmlab.model.linear import Linear
+from lmlab.kernels.linear import Linear
 from lmlab.model.mla import MultiHeadLatentAttention
 from lmlab.model.moe import MoEFeedForward
 from lmlab.model.mtp import MTPModule, mtp_losses
 from lmlab.model.norms import make_norm
 from lmlab.model.parametrization import branch_multiplier, init_std, output_multiplier
-from lmlab.model.loss import linear_cross_entropy, lm_loss  # noqa: F401 (lm_loss re-exported)
+from lmlab.kernels.loss import linear_cross_entropy, lm_loss  # noqa: F401 (lm_loss re-exported)
 from lmlab.model.positions import AbsolutePositions, alibi_slopes
 
 
@@ -303,7 +303,7 @@ class TransformerLM(nn.Module):
         With ``targets`` (batch, seq) ids (-100 not scored) it returns the training loss instead:
         (cross-entropy + ``cfg.z_loss`` z-loss + the MoE auxiliary losses (:meth:`moe_aux_loss`),
         cross-entropy alone, detached) in nats, summed or
-        averaged over the scored tokens (``reduction``), from :func:`lmlab.model.loss.linear_cross_entropy`
+        averaged over the scored tokens (``reduction``), from :func:`lmlab.kernels.loss.linear_cross_entropy`
         (chunked; the logits are never materialised). This is the call ``lmlab train`` makes, through
         DDP/FSDP wrappers too."""
         if targets is not None and self.mtp is not None and self.training:  # + multi-token prediction

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from lmlab.model.linear import cpu_vendor
+from lmlab.kernels.linear import cpu_vendor
 
 BLOCK = 64  # query rows per block (measured: docs/bench/measured-choices.md)
 MAX_CONTEXT = 1024

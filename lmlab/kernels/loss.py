@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lmlab.model.linear import grad_input, linear, onednn_grad_weight, uses_onednn
+from lmlab.kernels.linear import grad_input, linear, onednn_grad_weight, uses_onednn
 
 IGNORE = -100  # target id that is not scored (padding, document masks)
 
