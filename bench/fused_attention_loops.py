@@ -1,7 +1,7 @@
 """The blocked attention's compiled loops against its eager loops, in a whole compiled training step.
 
 Two lmlab models (bench/train_vs_peers.py's make_system: the step ``lmlab train`` runs, compiled, fused
-AdamW) are stepped with ``lmlab.kernels.causal_attention.FUSED_LOOPS`` on (the loops traced into the
+AdamW) are stepped with ``KernelSettings.fused_loops`` on (the loops traced into the
 model's one graph) and off (the eager loops behind a graph break per layer) in alternating order,
 ``--steps`` steps each per round; the figure is the median over rounds of the per-round ratio
 (eager-loop step time / fused-loop step time) with its IQR, and the compiled regions per step of each
@@ -36,15 +36,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int_at_least(1), default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    import lmlab.kernels.causal_attention as ca
+    from dataclasses import replace
+
     from bench.train_vs_peers import RECIPES, Args, machine_line, make_system, quartiles
+    from lmlab.kernels.settings import default_kernels
 
     shape = Args(recipe=a.recipe, nanogpt=None, **RECIPES[a.recipe])
     systems, regions = {}, {}
-    for fused in (True, False):  # one model per value of the switch, compiled apart (compile_apart)
-        ca.FUSED_LOOPS = fused
+    for fused in (True, False):  # one model per setting, compiled apart (compile_apart)
         systems[fused] = make_system("lmlab", shape, torch.bfloat16 if a.dtype == "bf16" else None,
-                                     compile_=True, fused=True)
+                                     compile_=True, fused=True, kernels=replace(default_kernels(), fused_loops=fused))
         systems[fused].step()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             systems[fused].step()  # compiled regions per step: 1 with the fused loops (no graph break)
@@ -52,12 +53,10 @@ def main() -> None:
     times: dict[bool, list[float]] = {True: [], False: []}
     for r in range(a.rounds):
         for fused in ((True, False) if r % 2 == 0 else (False, True)):
-            ca.FUSED_LOOPS = fused
             t0 = time.perf_counter()
             for _ in range(a.steps):
                 systems[fused].step()
             times[fused].append((time.perf_counter() - t0) / a.steps)
-    ca.FUSED_LOOPS = True
     q1, m, q3 = quartiles([e / f for e, f in zip(times[False], times[True])])
     print(machine_line(a.threads))
     print(f"recipe {a.recipe}, {a.dtype}, batch {shape.batch} x {shape.context}, compiled; "

@@ -39,21 +39,17 @@ VARIANTS = ("baseline", "+fused AdamW", "+chunked loss", "+blocked attention", "
             "+compiled attention loops", "+oneDNN fp32 linears")
 
 
-def training_step(fwd, opt, x: torch.Tensor, dtype, chunked_loss: bool = True, fused_loops: bool = True,
-                  onednn: bool = True):
+def training_step(fwd, opt, x: torch.Tensor, dtype, chunked_loss: bool = True):
     """A training step's closure over ``fwd`` and ``opt`` on the batch x (batch, context + 1):
     forward (the chunked loss of ``fwd(inputs, targets=...)``, or logits then ``lm_loss``) under
-    ``dtype`` autocast (None: fp32), backward, optimiser step; ``fused_loops``: the value of
-    lmlab.kernels.causal_attention.FUSED_LOOPS during the step, ``onednn`` that of
-    lmlab.kernels.linear.ONEDNN_FP32 (each compiled variant is a model compiled apart: compile_apart).
+    ``dtype`` autocast (None: fp32), backward, optimiser step (the model's KernelSettings choose its
+    kernels; each compiled variant is a model compiled apart: compile_apart).
     Returns (step, seconds of its first call)."""
-    from lmlab.model import causal_attention, linear, lm_loss
+    from lmlab.model import lm_loss
 
     inputs, targets = x[:, :-1], x[:, 1:]
 
     def step():
-        causal_attention.FUSED_LOOPS = fused_loops
-        linear.ONEDNN_FP32 = onednn
         with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
             if chunked_loss:
                 loss, _ = fwd(inputs, targets=targets)
@@ -70,17 +66,20 @@ def training_step(fwd, opt, x: torch.Tensor, dtype, chunked_loss: bool = True, f
 
 def make_step(level: int, cfg, batch: int, dtype):
     from bench.train_vs_peers import compile_apart
+    from lmlab.kernels.settings import KernelSettings, default_kernels
     from lmlab.model import TransformerLM
 
     torch.manual_seed(0)
-    model = TransformerLM(cfg)
+    kernels = KernelSettings(onednn_fp32=level >= 6, blocked_attention_fp32=default_kernels().blocked_attention_fp32,
+                             fused_loops=level >= 5)
+    model = TransformerLM(cfg, kernels=kernels)
     for block in model.blocks:
         block.attn.blocked_kernel = level >= 3
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=True if level >= 1 else None)
     fwd = compile_apart(model) if level >= 4 else model
     x = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length + 1))
-    return training_step(fwd, opt, x, dtype, chunked_loss=level >= 2, fused_loops=level >= 5, onednn=level >= 6)
+    return training_step(fwd, opt, x, dtype, chunked_loss=level >= 2)
 
 
 def main() -> None:

@@ -159,8 +159,8 @@ class System:
 
 def compile_apart(model: torch.nn.Module) -> Callable:
     """``torch.compile`` of ``model``'s forward through an entry function of its own (a new code
-    object per call), so that models compiled with different module-level switches in one process
-    (lmlab.kernels.causal_attention.FUSED_LOOPS, lmlab.kernels.linear.ONEDNN_FP32) keep separate graphs.
+    object per call), so that models compiled with different KernelSettings in one process
+    (lmlab.kernels.settings: fused_loops, onednn_fp32) keep separate graphs.
     Compiled the usual way they share TransformerLM.forward's cache: a variant whose graph breaks
     inside the attention has an entry that does not guard on a switch read after the break, and the
     other variant then ran through it (23 compiled regions per step instead of 1, measured)."""
@@ -170,9 +170,10 @@ def compile_apart(model: torch.nn.Module) -> Callable:
 
 
 def make_system(name: str, a: Args, dtype: Optional[torch.dtype], compile_: bool, fused: bool,
-                device: str = "cpu", checkpointing: bool = False) -> System:
+                device: str = "cpu", checkpointing: bool = False, kernels=None) -> System:
     """Build ``name`` ('lmlab' or a peer), its batch and its step on ``device``; runs the first step
-    (compiling). ``checkpointing``: lmlab with activation checkpointing (TrainConfig's switch).
+    (compiling). ``checkpointing``: lmlab with activation checkpointing (TrainConfig's switch);
+    ``kernels``: lmlab's KernelSettings (None: this process's defaults).
     Building lmlab on CPU applies ``lmlab.train.keep_freed_memory`` (glibc keeps freed memory mapped),
     as ``lmlab train`` does: a process-wide setting, so every system built or stepped after it in the
     same process runs with it too (main() applies it before building any system)."""
@@ -186,7 +187,7 @@ def make_system(name: str, a: Args, dtype: Optional[torch.dtype], compile_: bool
 
         if dev.type == "cpu":  # as lmlab train's Trainer does on CPU; process-wide, so the peers too
             keep_freed_memory()
-        model = TransformerLM(lmlab_config(a)).to(dev)
+        model = TransformerLM(lmlab_config(a), kernels=kernels).to(dev)
         model.checkpoint_blocks = checkpointing
         tc = TrainConfig(lr=ADAMW["lr"], beta1=ADAMW["betas"][0], beta2=ADAMW["betas"][1], eps=ADAMW["eps"],
                          weight_decay=ADAMW["weight_decay"])
@@ -414,10 +415,11 @@ def main() -> None:
           f"{shape.kv_heads} KV heads, context {shape.context}, vocab {shape.vocab}, batch {shape.batch}; "
           f"{a.dtype}{' autocast' if dtype else ''}; {a.rounds} rounds x {a.steps} steps, rotated order")
     from lmlab.kernels.causal_attention import use_blocked
+    from lmlab.kernels.settings import default_kernels
 
     q = torch.empty(shape.batch, shape.heads, shape.context, shape.d_model // shape.heads,
                     dtype=dtype or torch.float32, device=a.device)
-    blocked = "lmlab" in wanted and use_blocked(q)  # the rule lmlab's attention applies in training
+    blocked = "lmlab" in wanted and use_blocked(q, default_kernels().blocked_attention_fp32)  # lmlab's rule
     print(f"equalised: {counts[labels[0]]:,} params in every system; dropout 0 everywhere (checked); {kept}"
           f"AdamW {ADAMW} for all; activation {'GELU (erf)' if a.recipe == 'gpt2' else 'SwiGLU'}; "
           + ("SDPA attention in the peers" if blocked else "SDPA attention in every system"))

@@ -139,7 +139,8 @@ def _train(trainer, out: Path) -> int:
             f"non-embedding), device {trainer.device}, dtype {str(trainer.amp_dtype or 'fp32').replace('torch.', '')}, "
             f"{trainer.dist.world_size} process(es) ({trainer.mode})"
             f"{'; freed memory kept by malloc' if trainer.malloc_kept else ''}"
-            f"{'; fp32 linears on oneDNN' if trainer.onednn_linears else ''}; "
+            f"{'; fp32 linears on oneDNN' if trainer.onednn_linears else ''}"
+            f"{'; kernels: ' + trainer.model.kernels.describe() if trainer.device.type == 'cpu' else ''}; "
             f"run folder {out}",
             file=sys.stderr,
         )

@@ -555,12 +555,12 @@ class Trainer:
         self.amp_dtype = resolve_dtype(tc.dtype, self.device)
         # CPU steps allocate and free their activations in host memory: keep it mapped (1.18x, above)
         self.malloc_kept = keep_freed_memory() if self.device.type == "cpu" else False
-        # fp32 on an x86 CPU: the linear layers multiply on oneDNN (lmlab.kernels.linear), said at startup
-        self.onednn_linears = fp32_linears_on_onednn(self.device, self.amp_dtype)
         torch.manual_seed(tc.seed)
         check_memory(cfg, self.device, self.dist.world_size if tc.parallel == "fsdp" else 1, tc.batch_size,
                      4 if self.amp_dtype is None else 2)
-        self.model = TransformerLM(cfg).to(self.device)
+        self.model = TransformerLM(cfg).to(self.device)  # this process's kernels (lmlab.kernels.settings)
+        # fp32 on an x86 CPU: the linear layers multiply on oneDNN (lmlab.kernels.linear), said at startup
+        self.onednn_linears = fp32_linears_on_onednn(self.device, self.amp_dtype, self.model.kernels)
         self.model.checkpoint_blocks = tc.activation_checkpointing
         self.mode = tc.parallel if self.dist.enabled else "none"
         self.fwd = wrap_model(self.model, self.mode, self.dist, self.device)

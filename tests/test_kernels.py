@@ -2,6 +2,7 @@
 (lmlab.kernels.loss) against logits + F.cross_entropy, and the blocked causal attention
 (lmlab.kernels.causal_attention) against SDPA and float64 gradcheck."""
 
+import dataclasses
 import math
 
 import pytest
@@ -11,7 +12,9 @@ import torch.nn.functional as F
 from lmlab.config import ModelConfig
 from lmlab.model import TransformerLM, lm_loss
 from lmlab.kernels.causal_attention import BLOCK, blocked_causal_attention, use_blocked
+from lmlab.kernels.linear import Linear
 from lmlab.kernels.loss import chunk_rows, linear_cross_entropy
+from lmlab.kernels.settings import KernelSettings, default_kernels
 
 
 def _reference(h, w, y, b=None, z=0.0, cap=None, reduction="mean"):
@@ -150,39 +153,37 @@ def test_blocked_attention_bf16_close_to_fp32_and_rejects_bad_shapes():
         blocked_causal_attention(q, torch.randn(1, 3, 100, 16), torch.randn(1, 3, 100, 16), 0.25)
 
 
-@pytest.fixture(autouse=True)
-def _blocked_fp32(monkeypatch):
-    """The tests here read the rule as on a CPU whose fp32 takes the blocked loops on one thread (not
-    Intel's, where BLOCKED_FP32 defaults to False); the vendor rule has its own test."""
-    import lmlab.kernels.causal_attention as ca
-
-    monkeypatch.setattr(ca, "BLOCKED_FP32", True)
+# The model-level tests here read the rule as on a CPU whose fp32 takes the blocked loops on one thread
+# (not Intel's, where the default is SDPA); the vendor rule has its own test.
+BLOCKED = KernelSettings(onednn_fp32=default_kernels().onednn_fp32, blocked_attention_fp32=True)
 
 
-def test_fp32_on_one_thread_takes_sdpa_where_blocked_fp32_is_off(monkeypatch):
-    import lmlab.kernels.causal_attention as ca
-    from lmlab.kernels.linear import cpu_vendor
+def test_fp32_on_one_thread_takes_sdpa_where_blocked_fp32_is_off():
+    from lmlab.kernels.settings import cpu_vendor
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        monkeypatch.setattr(ca, "BLOCKED_FP32", False)
-        assert not use_blocked(torch.empty(8, 8, 256, 32))  # fp32: SDPA
-        assert use_blocked(torch.empty(8, 8, 256, 32, dtype=torch.bfloat16))  # bf16: the loops
-        monkeypatch.setattr(ca, "BLOCKED_FP32", True)
-        assert use_blocked(torch.empty(8, 8, 256, 32))
+        assert not use_blocked(torch.empty(8, 8, 256, 32), blocked_fp32=False)  # fp32: SDPA
+        assert use_blocked(torch.empty(8, 8, 256, 32, dtype=torch.bfloat16), blocked_fp32=False)  # bf16: loops
+        assert use_blocked(torch.empty(8, 8, 256, 32), blocked_fp32=True)
     finally:
         torch.set_num_threads(threads)
-    monkeypatch.undo()  # the module's own default, as imported on this machine's CPU
-    assert ca.BLOCKED_FP32 == (cpu_vendor() != "GenuineIntel")
+    assert default_kernels().blocked_attention_fp32 == (cpu_vendor() != "GenuineIntel")
+    cfg = ModelConfig(vocab_size=50, context_length=16, d_model=32, n_layers=2, n_heads=2)
+    model = TransformerLM(cfg)
+    assert model.kernels == default_kernels()
+    model.set_kernels(BLOCKED)  # reaches every attention layer and linear
+    assert all(m.kernels is BLOCKED for m in model.modules() if hasattr(m, "kernels"))
+    assert sum(isinstance(m, Linear) for m in model.modules()) >= 4 * 2 + 1  # q, k, v, o per layer; the head
 
 
 def test_use_blocked_rule_and_the_model_takes_it_only_in_training():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert not use_blocked(torch.empty(8, 8, 256, 32))  # fp32 on 2 threads: SDPA
-        assert use_blocked(torch.empty(8, 8, 256, 32, dtype=torch.bfloat16))
+        assert not use_blocked(torch.empty(8, 8, 256, 32), True)  # fp32 on 2 threads: SDPA
+        assert use_blocked(torch.empty(8, 8, 256, 32, dtype=torch.bfloat16), True)
     finally:
         torch.set_num_threads(threads)
     torch.set_num_threads(1)
@@ -193,12 +194,12 @@ def test_use_blocked_rule_and_the_model_takes_it_only_in_training():
 
 
 def _blocked_rule_and_dispatch():
-    assert use_blocked(torch.empty(8, 8, 256, 32))
-    assert not use_blocked(torch.empty(8, 8, 4096, 32))  # context over MAX_CONTEXT
-    assert not use_blocked(torch.empty(512, 32, 1024, 32))  # saved probabilities over the budget
+    assert use_blocked(torch.empty(8, 8, 256, 32), True)
+    assert not use_blocked(torch.empty(8, 8, 4096, 32), True)  # context over MAX_CONTEXT
+    assert not use_blocked(torch.empty(512, 32, 1024, 32), True)  # saved probabilities over the budget
     cfg = ModelConfig(vocab_size=50, context_length=16, d_model=32, n_layers=1, n_heads=4)
     torch.manual_seed(0)
-    model = TransformerLM(cfg)
+    model = TransformerLM(cfg, kernels=BLOCKED)
     x = torch.randint(0, 50, (2, 16))
     import lmlab.model.attention as attention
 
@@ -247,21 +248,20 @@ def test_fused_loops_gradcheck_float64_and_match_sdpa_with_gqa_and_a_ragged_bloc
 def _tiny_model():
     cfg = ModelConfig(vocab_size=50, context_length=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2)
     torch.manual_seed(0)
-    return TransformerLM(cfg), torch.randint(0, 50, (2, 16))
+    return TransformerLM(cfg, kernels=BLOCKED), torch.randint(0, 50, (2, 16))
 
 
 def test_compiled_model_is_one_graph_with_the_attention_in_it(monkeypatch):
     """torch.compile traces the blocked attention (forward and its own backward) into the model's
     graph: no graph break in bf16, nor in fp32 at one thread (blocked) or two (SDPA; the thread count
-    is read without a break); FUSED_LOOPS=False puts the eager loops behind a break per layer."""
+    is read without a break); fused_loops=False puts the eager loops behind a break per layer."""
     import lmlab.model.attention as attention
-    import lmlab.kernels.causal_attention as ca
 
     model, x = _tiny_model()
     threads = torch.get_num_threads()
     calls = []
     real = attention.blocked_causal_attention
-    monkeypatch.setattr(attention, "blocked_causal_attention", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(attention, "blocked_causal_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
     try:
         for n, dtype in ((1, torch.bfloat16), (2, torch.bfloat16), (1, None), (2, None)):
             torch.set_num_threads(n)
@@ -270,7 +270,7 @@ def test_compiled_model_is_one_graph_with_the_attention_in_it(monkeypatch):
                 explained = torch._dynamo.explain(model)(x, targets=x)
             assert (explained.graph_count, explained.graph_break_count) == (1, 0), (n, dtype)
         assert len(calls) == 2 * 3  # the blocked attention in both layers, except fp32 on 2 threads
-        monkeypatch.setattr(ca, "FUSED_LOOPS", False)
+        model.set_kernels(dataclasses.replace(BLOCKED, fused_loops=False))
         torch._dynamo.reset()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert torch._dynamo.explain(model)(x, targets=x).graph_break_count >= 2
@@ -300,7 +300,7 @@ def test_compiled_training_gradients_are_the_same_every_call():
     cfg = ModelConfig(vocab_size=512, context_length=64, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2,
                       position="learned")
     torch.manual_seed(0)
-    model = TransformerLM(cfg)
+    model = TransformerLM(cfg, kernels=BLOCKED)
     f = torch.compile(model)
     x = torch.randint(0, 64, (16, 64))  # 64 distinct ids in 1,024 positions: many repeats per row
     threads = torch.get_num_threads()

@@ -1,21 +1,29 @@
 """lmlab.kernels.linear: fp32 CPU linears on oneDNN, against fp64 references and F.linear."""
 
+from functools import partial
+
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import lmlab.kernels.linear as L
+import lmlab.kernels.settings as S
+from lmlab.kernels.settings import KernelSettings
 from lmlab.model import TransformerLM
 from lmlab.config import ModelConfig
 
 pytestmark = pytest.mark.skipif(not L.onednn_available(), reason="no oneDNN linear op in this build")
 
 
-@pytest.fixture(autouse=True)
-def onednn_on(monkeypatch):
-    """The path under test, whatever this CPU's default (off on Intel's: L.onednn_fp32_default)."""
-    monkeypatch.setattr(L, "ONEDNN_FP32", True)
+ON = KernelSettings(onednn_fp32=True, blocked_attention_fp32=True)  # the path under test, on any CPU
+
+
+def lin(*args, **kwargs) -> L.Linear:
+    """An L.Linear set to take oneDNN (whatever this CPU's default: off on Intel's)."""
+    m = L.Linear(*args, **kwargs)
+    m.kernels = ON
+    return m
 
 
 def _ref(x, w, b):
@@ -27,9 +35,9 @@ def _ref(x, w, b):
 @pytest.mark.parametrize("d_in,d_out", [(24, 56), (56, 24)])  # both ways of weight_grad
 def test_forward_and_gradients_match_fp64(bias, lead, d_in, d_out):
     torch.manual_seed(0)
-    m = L.Linear(d_in, d_out, bias=bias)
+    m = lin(d_in, d_out, bias=bias)
     x = torch.randn(*lead, d_in, requires_grad=True)
-    assert L.uses_onednn(x, m.weight)
+    assert L.uses_onednn(x, m.weight, True)
     y = m(x)
     assert y.shape == (*lead, d_out) and y.dtype == torch.float32
     g = torch.randn_like(y)
@@ -77,7 +85,7 @@ def test_runs_the_onednn_op(monkeypatch):
             return real(*args)
 
     monkeypatch.setattr(L.torch.ops, "mkldnn", Spy(), raising=False)
-    m = L.Linear(8, 4)
+    m = lin(8, 4)
     m(torch.randn(L.MIN_ROWS, 8))
     assert calls == [(L.MIN_ROWS, 8)]
     m(torch.randn(1, 8))
@@ -87,18 +95,17 @@ def test_runs_the_onednn_op(monkeypatch):
 def test_when_it_applies():
     w = torch.randn(4, 8)
     big = torch.randn(L.MIN_ROWS, 8)
-    assert L.uses_onednn(big, w)
-    assert not L.uses_onednn(torch.randn(L.MIN_ROWS - 1, 8), w)  # matrix-vector sizes stay on MKL
-    assert not L.uses_onednn(big.bfloat16(), w.bfloat16())
-    assert not L.uses_onednn(big.double(), w.double())
+    assert L.uses_onednn(big, w, True)
+    assert not L.uses_onednn(torch.randn(L.MIN_ROWS - 1, 8), w, True)  # matrix-vector sizes stay on MKL
+    assert not L.uses_onednn(big.bfloat16(), w.bfloat16(), True)
+    assert not L.uses_onednn(big.double(), w.double(), True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not L.uses_onednn(big, w)  # autocast's bf16 matmul (already oneDNN)
-    L.ONEDNN_FP32 = False  # restored by the fixture
-    assert not L.uses_onednn(big, w)
+        assert not L.uses_onednn(big, w, True)  # autocast's bf16 matmul (already oneDNN)
+    assert not L.uses_onednn(big, w, False)  # the model's settings turn it off
 
 
 def test_autocast_output_dtype_unchanged():
-    m = L.Linear(8, 4)
+    m = lin(8, 4)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert m(torch.randn(32, 8)).dtype == torch.bfloat16
 
@@ -107,7 +114,7 @@ def test_is_an_nn_linear_with_the_same_state_dict():
     torch.manual_seed(1)
     a = nn.Linear(8, 4)
     torch.manual_seed(1)
-    b = L.Linear(8, 4)
+    b = lin(8, 4)
     assert isinstance(b, nn.Linear)
     assert a.state_dict().keys() == b.state_dict().keys()
     assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
@@ -115,9 +122,9 @@ def test_is_an_nn_linear_with_the_same_state_dict():
 
 def test_compiled_in_one_graph_and_gradients_match():
     torch.manual_seed(0)
-    m = L.Linear(16, 32)
+    m = lin(16, 32)
     x = torch.randn(4, L.MIN_ROWS, 16, requires_grad=True)
-    assert L.uses_onednn(x, m.weight)
+    assert L.uses_onednn(x, m.weight, True)
     f = torch.compile(lambda x: torch.relu(m(x)).square().sum(), fullgraph=True)  # fails on a graph break
     f(x).backward()
     got = (x.grad.clone(), m.weight.grad.clone(), m.bias.grad.clone())
@@ -132,11 +139,11 @@ def test_vmap_over_inputs_and_stacked_weights():
 
     torch.manual_seed(0)
     xs = torch.randn(3, L.MIN_ROWS + 6, 16)
-    assert L.uses_onednn(xs[0], torch.randn(32, 16))  # each member's product is one for the op
+    assert L.uses_onednn(xs[0], torch.randn(32, 16), True)  # each member's product is one for the op
     ws, bs = torch.randn(3, 32, 16), torch.randn(3, 32)
     want = xs @ ws.transpose(1, 2) + bs[:, None]
-    torch.testing.assert_close(vmap(L.linear)(xs, ws, bs), want)
-    torch.testing.assert_close(vmap(L.linear, in_dims=(0, None, None))(xs, ws[0], bs[0]),
+    torch.testing.assert_close(vmap(partial(L.linear, onednn=True))(xs, ws, bs), want)
+    torch.testing.assert_close(vmap(partial(L.linear, onednn=True), in_dims=(0, None, None))(xs, ws[0], bs[0]),
                                xs @ ws[0].t() + bs[0])
 
 
@@ -147,9 +154,8 @@ def test_training_steps_agree_with_the_mkl_path():
     x = torch.randint(0, 64, (4, 33), generator=torch.Generator().manual_seed(0))
 
     def losses(flag):
-        L.ONEDNN_FP32 = flag  # the fixture restores the default
         torch.manual_seed(0)
-        model = TransformerLM(cfg)
+        model = TransformerLM(cfg, kernels=KernelSettings(onednn_fp32=flag, blocked_attention_fp32=True))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         out = []
         for _ in range(4):
@@ -171,14 +177,14 @@ def test_strided_bias_is_read_as_its_values():
     torch.manual_seed(0)
     x, w = torch.randn(L.MIN_ROWS, 8), torch.randn(4, 8)
     bias = torch.arange(8.0)[::2]
-    assert L.uses_onednn(x, w)
-    torch.testing.assert_close(L.linear(x, w, bias), F.linear(x, w, bias))
+    assert L.uses_onednn(x, w, True)
+    torch.testing.assert_close(L.linear(x, w, bias, onednn=True), F.linear(x, w, bias))
 
 
 def test_gradients_of_gradients():
     """create_graph=True through both gradient ops, against the same in float64 with F.linear."""
     torch.manual_seed(0)
-    m = L.Linear(8, 6)
+    m = lin(8, 6)
     x = torch.randn(L.MIN_ROWS, 8)
 
     def second(fn, x, w):
@@ -200,7 +206,7 @@ def test_forward_mode_and_func_transforms_fall_back():
     import torch.autograd.forward_ad as fwAD
 
     torch.manual_seed(0)
-    m = L.Linear(8, 4)
+    m = lin(8, 4)
     x = torch.randn(L.MIN_ROWS, 8)
     want = F.linear(torch.ones_like(x), m.weight)
     torch.testing.assert_close(torch.func.jvp(m, (x,), (torch.ones_like(x),))[1], want)
@@ -217,12 +223,12 @@ def test_onednn_is_the_fp32_default_except_on_intel_cpus(tmp_path, monkeypatch):
     Intel's CPUs MKL's sgemm measured faster than oneDNN (0.70-0.97x), on AMD's oneDNN (1.6-2.3x)."""
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R)\n")
-    assert L.cpu_vendor(str(info)) == "GenuineIntel"
+    assert S.cpu_vendor(str(info)) == "GenuineIntel"
     info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\n")
-    assert L.cpu_vendor(str(info)) == "AuthenticAMD"
-    monkeypatch.setattr(L.platform, "processor", lambda: "Intel64 Family 6 Model 85 Stepping 7, GenuineIntel")
-    assert L.cpu_vendor(str(tmp_path / "missing")) == "GenuineIntel"
-    monkeypatch.setattr(L.platform, "processor", lambda: "arm")
-    assert L.cpu_vendor(str(tmp_path / "missing")) == ""
-    assert L.onednn_fp32_default("GenuineIntel") is False
-    assert L.onednn_fp32_default("AuthenticAMD") is True
+    assert S.cpu_vendor(str(info)) == "AuthenticAMD"
+    monkeypatch.setattr(S.platform, "processor", lambda: "Intel64 Family 6 Model 85 Stepping 7, GenuineIntel")
+    assert S.cpu_vendor(str(tmp_path / "missing")) == "GenuineIntel"
+    monkeypatch.setattr(S.platform, "processor", lambda: "arm")
+    assert S.cpu_vendor(str(tmp_path / "missing")) == ""
+    assert S.onednn_fp32_default("GenuineIntel") is False
+    assert S.onednn_fp32_default("AuthenticAMD") is True

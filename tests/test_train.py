@@ -57,20 +57,27 @@ def test_short_training_run_lowers_loss(tmp_path, corpus_bytes):
     assert ckpt.name == "step_0000060" and cfg == trainer.cfg
 
 
-def test_startup_says_when_fp32_linears_run_on_onednn(tmp_path, corpus_bytes, monkeypatch):
-    """Trainer.onednn_linears (the startup line's "fp32 linears on oneDNN"): fp32 on a CPU with oneDNN,
-    not under bf16 autocast, not with the switch off."""
+def test_startup_says_when_fp32_linears_run_on_onednn(tmp_path, corpus_bytes):
+    """Trainer.onednn_linears (the startup line's "fp32 linears on oneDNN"): fp32 on a CPU with oneDNN
+    when the model's kernels say so (this process's defaults: off on Intel's CPUs), not under bf16
+    autocast; the startup line names the kernels."""
     from lmlab.kernels import linear
+    from lmlab.kernels.settings import KernelSettings, default_kernels
 
     def made(name, **kw):
         tc = TrainConfig(batch_size=2, max_steps=1, device="cpu", **kw)
-        return Trainer.create(tmp_path / name, small_model(), tc, corpus_bytes, progress=False).onednn_linears
+        return Trainer.create(tmp_path / name, small_model(), tc, corpus_bytes, progress=False)
 
-    monkeypatch.setattr(linear, "ONEDNN_FP32", True)  # off by default on Intel's CPUs
-    assert made("fp32") == linear.onednn_available()
-    assert made("bf16", dtype="bf16") is False
-    monkeypatch.setattr(linear, "ONEDNN_FP32", False)
-    assert made("off") is False
+    t = made("fp32")
+    assert t.model.kernels == default_kernels()
+    assert t.onednn_linears == (default_kernels().onednn_fp32 and linear.onednn_available())
+    assert all(m.kernels is t.model.kernels for m in t.model.modules() if isinstance(m, linear.Linear))
+    assert made("bf16", dtype="bf16").onednn_linears is False
+    on = KernelSettings(onednn_fp32=True, blocked_attention_fp32=False)
+    assert linear.fp32_linears_on_onednn(torch.device("cpu"), None, on) == linear.onednn_available()
+    assert linear.fp32_linears_on_onednn(torch.device("cpu"), torch.bfloat16, on) is False
+    assert not linear.fp32_linears_on_onednn(torch.device("cpu"), None, KernelSettings(False, False))
+    assert on.describe().startswith("fp32 linears on " + ("oneDNN" if linear.onednn_available() else "MKL"))
 
 
 def test_lr_schedule():

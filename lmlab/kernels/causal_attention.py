@@ -14,24 +14,20 @@ elementwise work (see :func:`blocked_causal_attention`).
 
 The saved probabilities cost batch x heads x T (T + block) / 2 elements per layer (SDPA saves only O
 and the log-sum-exp), so :func:`use_blocked` keeps SDPA where they would exceed ``MAX_SAVED_BYTES`` or
-the context exceeds ``MAX_CONTEXT``, in fp32 on Intel CPUs (:data:`BLOCKED_FP32`) or with more than one
-thread, and on GPUs (whose SDPA kernels are the fast path). The measurements behind these choices, with
-their CPUs and dates: docs/bench/measured-choices.md ("Blocked causal attention").
+the context exceeds ``MAX_CONTEXT``, in fp32 on Intel CPUs (``KernelSettings.blocked_attention_fp32``)
+or with more than one thread, and on GPUs (whose SDPA kernels are the fast path). The measurements
+behind these choices, with their CPUs and dates: docs/bench/measured-choices.md ("Blocked causal
+attention").
 """
 
 from __future__ import annotations
 
 import torch
 
-from lmlab.kernels.linear import cpu_vendor
 
 BLOCK = 64  # query rows per block (measured: docs/bench/measured-choices.md)
 MAX_CONTEXT = 1024
 MAX_SAVED_BYTES = 256 * 2**20
-# fp32 on one thread: the blocked loops, except on Intel CPUs, where SDPA's kernel measured faster
-# (docs/bench/measured-choices.md).
-BLOCKED_FP32 = cpu_vendor() != "GenuineIntel"
-FUSED_LOOPS = True  # False: the eager loops in compiled models too (bench/train_step_gains.py compares)
 
 
 @torch.compiler.assume_constant_result
@@ -41,10 +37,11 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
-def use_blocked(q: torch.Tensor) -> bool:
+def use_blocked(q: torch.Tensor, blocked_fp32: bool) -> bool:
     """Whether :func:`blocked_causal_attention` should run q (batch, heads, T, head_dim) in training:
     on CPU, T <= MAX_CONTEXT, the saved probabilities within MAX_SAVED_BYTES, and q in bf16/fp16 or
-    torch running one thread (fp32 on one thread only where :data:`BLOCKED_FP32`, not on Intel CPUs).
+    torch running one thread (fp32 on one thread only with ``blocked_fp32``, the model's
+    :attr:`KernelSettings.blocked_attention_fp32`: off on Intel CPUs, where SDPA measured faster).
     In fp32 on 2 threads the whole GPT-2-recipe step measured slower with it
     (505 vs 445 ms, eager loops, bench/train_step_gains.py), as SDPA's kernel parallelises better
     there; with the fused loops in one compiled graph (2026-12-03, in one process, alternated, sdpa /
@@ -52,7 +49,7 @@ def use_blocked(q: torch.Tensor) -> bool:
     The thread count is read once per compiled graph (:func:`_threads`)."""
     B, H, T, _ = q.shape
     saved = B * H * T * (T + BLOCK) // 2 * q.element_size()
-    low_precision_or_one_thread = q.dtype != torch.float32 or (BLOCKED_FP32 and _threads() == 1)
+    low_precision_or_one_thread = q.dtype != torch.float32 or (blocked_fp32 and _threads() == 1)
     return (q.device.type == "cpu" and 1 < T <= MAX_CONTEXT and saved <= MAX_SAVED_BYTES
             and low_precision_or_one_thread)
 
@@ -173,7 +170,7 @@ def _eager_loops(q, k, v, scale: float, block: int) -> torch.Tensor:
 
 
 def blocked_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                             block: int = BLOCK) -> torch.Tensor:
+                             block: int = BLOCK, fused: bool = True) -> torch.Tensor:
     """Causal attention softmax(q k^T * scale, masked) v in query blocks of ``block`` rows.
 
     q: (batch, heads, T, head_dim); k, v: (batch, kv_heads, T, head_dim) with kv_heads dividing heads
@@ -184,9 +181,9 @@ def blocked_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     Called eagerly it runs the eager loops. Traced by torch.compile (the compiled model's attention)
     it runs :func:`_forward_fused` / :func:`_backward_fused` inside the model's one graph: inductor
     fuses each block's casts, scale, causal mask and softmax into one kernel (the eager loops pass
-    over the scores about ten times), and the model has no graph break. ``FUSED_LOOPS = False``
-    keeps the eager loops in compiled models too (a graph break per layer; benches compare; the
-    measurements: docs/bench/measured-choices.md).
+    over the scores about ten times), and the model has no graph break. ``fused=False``
+    (``KernelSettings.fused_loops``) keeps the eager loops in compiled models too (a graph break per
+    layer; benches compare; the measurements: docs/bench/measured-choices.md).
     """
     B, H, T, D = q.shape
     if k.shape != v.shape or k.shape[0] != B or k.shape[2:] != (T, D) or H % k.shape[1]:
@@ -200,6 +197,6 @@ def blocked_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         dtype = torch.get_autocast_dtype(q.device.type)
     with torch.autocast(q.device.type, enabled=False):
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-        if torch.compiler.is_compiling() and FUSED_LOOPS:
+        if torch.compiler.is_compiling() and fused:
             return _BlockedCausal.apply(q, k, v, float(scale), int(block), True)
         return _eager_loops(q, k, v, float(scale), int(block))

@@ -19,9 +19,9 @@ each other (double backward works); under forward-mode AD and torch.func's grad 
 which torch.library ops have no rule, :func:`linear` is ``F.linear``. Small products (one-token
 decoding, which has its own packed-weight path in :func:`lmlab.generate.decode_layout`) stay on MKL.
 
-:data:`ONEDNN_FP32` = False turns the path off for the process (``F.linear`` everywhere), e.g. to
-compare the two. It is False by default on Intel CPUs, where MKL's sgemm is the faster one (see
-:data:`ONEDNN_FP32`): the 2x above is MKL on AMD's cores, not oneDNN on every x86 CPU.
+Whether the path is taken at all is the model's :class:`lmlab.kernels.settings.KernelSettings`
+(``onednn_fp32``; off by default on Intel CPUs, where MKL's sgemm is the faster one): a
+:class:`Linear` holds it as ``kernels``, set by the model it belongs to.
 """
 
 from __future__ import annotations
@@ -33,30 +33,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from lmlab.kernels.settings import KernelSettings, default_kernels
 
-def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The x86 CPU's vendor string ('GenuineIntel', 'AuthenticAMD', ...) from the ``vendor_id`` line of
-    ``cpuinfo`` (Linux), else from ``platform.processor()`` (Windows names it there); '' where neither
-    says."""
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    proc = platform.processor()
-    return next((v for v in ("GenuineIntel", "AuthenticAMD") if v in proc), "")
-
-
-def onednn_fp32_default(vendor: str) -> bool:
-    """Whether fp32 linears take oneDNN by default on a CPU of this vendor (see :data:`ONEDNN_FP32`):
-    everywhere but on Intel's CPUs."""
-    return vendor != "GenuineIntel"
-
-
-# On by default except on Intel CPUs, where MKL's sgemm measured faster (docs/bench/measured-choices.md).
-ONEDNN_FP32 = onednn_fp32_default(cpu_vendor())
 
 # Rows (product of the input's leading dims) from which oneDNN is used. Forward through this module's
 # op against ``x @ w.T`` on MKL, the GPT-2 recipe's shapes (python bench/linear_backends.py --rows
@@ -77,10 +55,11 @@ def onednn_available() -> bool:
     return _AVAILABLE
 
 
-def fp32_linears_on_onednn(device: torch.device, autocast_dtype: Optional[torch.dtype]) -> bool:
-    """Whether a model training on ``device`` under ``autocast_dtype`` (None: fp32) multiplies its
-    linear layers on oneDNN (inputs of at least :data:`MIN_ROWS` rows; see :func:`uses_onednn`)."""
-    return device.type == "cpu" and autocast_dtype is None and ONEDNN_FP32 and _AVAILABLE
+def fp32_linears_on_onednn(device: torch.device, autocast_dtype: Optional[torch.dtype],
+                           kernels: KernelSettings) -> bool:
+    """Whether a model with ``kernels`` training on ``device`` under ``autocast_dtype`` (None: fp32)
+    multiplies its linear layers on oneDNN (inputs of at least :data:`MIN_ROWS` rows; :func:`uses_onednn`)."""
+    return device.type == "cpu" and autocast_dtype is None and kernels.onednn_fp32 and _AVAILABLE
 
 
 def _pointwise(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -196,34 +175,42 @@ def _under_transform(*tensors: torch.Tensor) -> bool:
                for t in tensors)
 
 
-def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether :func:`linear` runs x (..., in) times weight (out, in) on oneDNN (see the module)."""
+def uses_onednn(x: torch.Tensor, weight: torch.Tensor, onednn: bool) -> bool:
+    """Whether :func:`linear` runs x (..., in) times weight (out, in) on oneDNN (see the module), given
+    ``onednn``, the model's :attr:`KernelSettings.onednn_fp32`."""
     rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 0
-    return (ONEDNN_FP32 and x.device.type == "cpu" and x.dtype == torch.float32
+    return (onednn and x.device.type == "cpu" and x.dtype == torch.float32
             and weight.dtype == torch.float32 and weight.device.type == "cpu" and rows >= MIN_ROWS
             and not torch.is_autocast_enabled("cpu") and _AVAILABLE
             and (torch.compiler.is_compiling() or not _under_transform(x, weight)))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           onednn: bool = False) -> torch.Tensor:
     """``F.linear(x, weight, bias)``: x (..., in), weight (out, in), bias (out,) -> (..., out), on
-    oneDNN when :func:`uses_onednn` (equal to F.linear up to fp32 summation order), else F.linear."""
-    if not uses_onednn(x, weight):
+    oneDNN when ``onednn`` and :func:`uses_onednn` (equal to F.linear up to fp32 summation order), else
+    F.linear."""
+    if not uses_onednn(x, weight, onednn):
         return F.linear(x, weight, bias)
     out = onednn_linear(x.reshape(-1, x.shape[-1]), weight, bias)
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-def grad_input(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def grad_input(grad: torch.Tensor, weight: torch.Tensor, onednn: bool) -> torch.Tensor:
     """grad (rows, out) @ weight (out, in) -> (rows, in) for callers that do their own backward (the
     chunked loss): :func:`onednn_grad_input` when :func:`uses_onednn` (grad as the input), else
     ``torch.mm``."""
-    return onednn_grad_input(grad, weight) if uses_onednn(grad, weight) else grad @ weight
+    return onednn_grad_input(grad, weight) if uses_onednn(grad, weight, onednn) else grad @ weight
 
 
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, names and initialisation) whose forward is :func:`linear`:
-    input (..., in_features) -> (..., out_features)."""
+    input (..., in_features) -> (..., out_features), on oneDNN as its ``kernels``
+    (:class:`KernelSettings`; the process default until the model it belongs to sets its own) say."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.kernels = default_kernels()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.kernels.onednn_fp32)

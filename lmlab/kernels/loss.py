@@ -60,7 +60,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     gradients for ``h`` (rows, d) and ``weight`` (vocab, d) (and ``bias``) made in forward."""
 
     @staticmethod
-    def forward(ctx, h, weight, bias, targets, z_loss, cap, chunk, compute_dtype):
+    def forward(ctx, h, weight, bias, targets, z_loss, cap, chunk, compute_dtype, onednn):
         want_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
         acc = torch.promote_types(compute_dtype, torch.float32)  # softmax and sums: fp32 (fp64 stays)
         w = weight.to(compute_dtype)
@@ -76,7 +76,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             want_grad and bias is not None) else None
         for s in range(0, h.shape[0], chunk):
             hc, yc, kc = hc_all[s:s + chunk], safe[s:s + chunk], keep[s:s + chunk]
-            logits = linear(hc, w).to(acc)
+            logits = linear(hc, w, onednn=onednn).to(acc)
             if b is not None:
                 logits += b
             tanh = None
@@ -103,8 +103,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if grad_b is not None:
                 grad_b += g.sum(0)
             gc = g.to(compute_dtype)
-            grad_h[s:s + chunk] = grad_input(gc, w)
-            if uses_onednn(hc, gc):  # fp32 on oneDNN: its product, then the sum
+            grad_h[s:s + chunk] = grad_input(gc, w, onednn)
+            if uses_onednn(hc, gc, onednn):  # fp32 on oneDNN: its product, then the sum
                 grad_w += onednn_grad_weight(gc, hc)
             elif gc.dtype == acc:
                 grad_w.addmm_(gc.t(), hc)
@@ -122,20 +122,21 @@ class _LinearCrossEntropy(torch.autograd.Function):
         gh = None if grad_h is None or not ctx.needs_input_grad[0] else (grad_h * grad_total).to(h_dtype)
         gw = None if grad_w is None or not ctx.needs_input_grad[1] else (grad_w * grad_total).to(w_dtype)
         gb = None if grad_b is None or not ctx.needs_input_grad[2] else (grad_b * grad_total).to(b_dtype)
-        return gh, gw, gb, None, None, None, None, None
+        return gh, gw, gb, None, None, None, None, None, None
 
 
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          bias: Optional[torch.Tensor] = None, z_loss: float = 0.0,
                          softcap_value: Optional[float] = None, reduction: str = "mean",
-                         chunk: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                         chunk: Optional[int] = None, onednn: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy (nats) of the logits h @ weight.T (+ bias, soft-capped) against ``targets``,
     without materialising the logits: the same values and gradients as
     ``lm_loss(softcap(h @ weight.T + bias), targets, z_loss, reduction)`` (to fp32 rounding).
 
     h: (batch, seq, d) or (rows, d); weight: (vocab, d); bias: (vocab,) or None; targets: h's leading
     shape, ids in [0, vocab) or -100 (not scored). Under autocast the matmuls run in the autocast
-    dtype, the softmax in fp32. ``chunk``: rows per chunk (default :func:`chunk_rows`).
+    dtype, the softmax in fp32. ``chunk``: rows per chunk (default :func:`chunk_rows`). ``onednn``: fp32
+    products on oneDNN (the model's :attr:`KernelSettings.onednn_fp32`; :mod:`lmlab.kernels.linear`).
     Returns (loss to optimise, cross-entropy without the z-loss, detached), summed or averaged over
     the scored tokens (``reduction`` 'sum' | 'mean').
     Raises ValueError for an unknown ``reduction`` or shapes that do not match.
@@ -151,7 +152,8 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     compute = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else h.dtype
     with torch.autocast(device_type, enabled=False):
         total, ce = _LinearCrossEntropy.apply(rows, weight, bias, flat_t, float(z_loss), softcap_value,
-                                              chunk or chunk_rows(weight.shape[0], h.device), compute)
+                                              chunk or chunk_rows(weight.shape[0], h.device), compute,
+                                              bool(onednn))
     if reduction == "mean":
         n = (flat_t != IGNORE).sum().clamp(min=1)
         total, ce = total / n, ce / n

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from lmlab.config import ModelConfig
 from lmlab.kernels.causal_attention import blocked_causal_attention, use_blocked
 from lmlab.kernels.linear import Linear
+from lmlab.kernels.settings import default_kernels
 from lmlab.model.norms import HeadwiseNorm, make_norm
 from lmlab.model.parametrization import attention_scale
 from lmlab.model.positions import RotaryEmbedding
@@ -297,6 +298,7 @@ class Attention(nn.Module):
         # training on CPU: lmlab.kernels.causal_attention's blocked kernel where use_blocked() says so
         # (False: always SDPA, e.g. to compare the two)
         self.blocked_kernel = True
+        self.kernels = default_kernels()  # the model's KernelSettings (TransformerLM.set_kernels)
         # 1/sqrt(D), or query_pre_attn_scalar**-0.5; mup / completep: 1/(sqrt(D) sqrt(m)) (lmlab.model.parametrization)
         self.scale = attention_scale(cfg, D)
         self.logit_cap = cfg.attn_logit_softcap
@@ -360,9 +362,10 @@ class Attention(nn.Module):
             self._kv = (k, v, None)
         if cache is None:
             if plain and self.window is None and left_pad is None:  # the training path
-                if not dropout and self.blocked_kernel and torch.is_grad_enabled() and use_blocked(q):
+                if (not dropout and self.blocked_kernel and torch.is_grad_enabled()
+                        and use_blocked(q, self.kernels.blocked_attention_fp32)):
                     # CPU: faster than SDPA there; traced into the graph when the model is compiled
-                    y = blocked_causal_attention(q, k, v, self.scale)
+                    y = blocked_causal_attention(q, k, v, self.scale, fused=self.kernels.fused_loops)
                 else:
                     y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout,
                                                        scale=self.scale, enable_gqa=K != H)

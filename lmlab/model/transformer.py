@@ -35,6 +35,7 @@ from lmlab.model.deltanet import GatedDeltaNet
 from lmlab.kernels.embedding import Embedding
 from lmlab.model.ffn import ACTIVATION_FNS, FeedForward
 from lmlab.kernels.linear import Linear
+from lmlab.kernels.settings import KernelSettings, default_kernels
 from lmlab.model.mla import MultiHeadLatentAttention
 from lmlab.model.moe import MoEFeedForward
 from lmlab.model.mtp import MTPModule, mtp_losses
@@ -174,9 +175,11 @@ class Block(nn.Module):
 
 
 class TransformerLM(nn.Module):
-    """Decoder-only LM: token ids (batch, seq) -> logits (batch, seq, vocab_size), fp32."""
+    """Decoder-only LM: token ids (batch, seq) -> logits (batch, seq, vocab_size), fp32. ``kernels``: the
+    CPU kernels it uses (:class:`lmlab.kernels.settings.KernelSettings`; None: this process's defaults);
+    :meth:`set_kernels` changes them."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, kernels: Optional[KernelSettings] = None):
         super().__init__()
         self.cfg = cfg
         embed_dim = cfg.embed_dim or cfg.d_model  # OPT-350M: narrower embeddings projected in and out
@@ -226,6 +229,15 @@ class TransformerLM(nn.Module):
         self.reset_parameters()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+        self.set_kernels(kernels or default_kernels())
+
+    def set_kernels(self, kernels: KernelSettings) -> None:
+        """Use ``kernels`` from now on, in every layer (its linears, attention and loss). A compiled model
+        recompiles for new settings (they are constants to torch.compile)."""
+        self.kernels = kernels
+        for m in self.modules():
+            if m is not self and hasattr(m, "kernels"):
+                m.kernels = kernels
 
     def _apply(self, fn, recurse: bool = True):
         """``nn.Module._apply`` (behind ``to``, ``to_empty``, ``cuda``, ``float``, ...), then two repairs for
@@ -339,7 +351,8 @@ class TransformerLM(nn.Module):
         MoE losses (:meth:`moe_aux_loss`; with ``mtp`` over the multi-token modules' MoE layers too, whose
         forward must have run first)."""
         loss, ce = linear_cross_entropy(self.head_input(h), self.lm_head.weight, targets, self.head_bias(),
-                                        self.cfg.z_loss, self.cfg.final_logit_softcap, reduction)
+                                        self.cfg.z_loss, self.cfg.final_logit_softcap, reduction,
+                                        onednn=self.kernels.onednn_fp32)
         aux = self.moe_aux_loss(mtp)
         if aux is not None:  # per token, like the cross-entropy: times the scored tokens for 'sum'
             loss = loss + aux * (int((targets != -100).sum()) if reduction == "sum" else 1)
