@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lmlab.bench import describe_machine  # noqa: E402
-from lmlab.lab.runner import read_results  # noqa: E402
+from lmlab.lab.results import read_results  # noqa: E402
 
 
 def spec(data: Path, runs: int, steps: int, device: str) -> dict:

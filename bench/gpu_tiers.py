@@ -122,7 +122,8 @@ def tier_cost(name: str, device: str, steps: int, warmup: int, batch: int | None
 def end_to_end(name: str, out: Path, data: Path, device: str, steps: int, log, batch: int | None = None) -> dict:
     """Part 3: the gpu tier of ``name`` as a sweep cut to ``steps`` steps, one rate, seeds 1-2, then its report."""
     from lmlab.lab.report import write_report
-    from lmlab.lab.runner import read_results, run_sweep
+    from lmlab.lab.results import read_results
+    from lmlab.lab.runner import run_sweep
 
     raw = load_mapping(builtin_specs()[name])
     tier = raw["tiers"]["gpu"]

@@ -198,7 +198,7 @@ def cmd_sweep(args) -> int:
                     executor=args.executor, executor_params=params, runs_per_task=args.runs_per_task)
     if args.dry_run:
         return 0
-    from lmlab.lab.runner import read_results
+    from lmlab.lab.results import read_results
 
     failed = [r["run"] for r in read_results(out) if r.get("status") == "failed"]
     if failed:  # a diverged run is a result; a failed one is not

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from lmlab.cli import main
-from lmlab.lab.runner import read_results, run_sweep
+from lmlab.lab.results import read_results
+from lmlab.lab.runner import run_sweep
 
 pytest.importorskip("submitit")
 

@@ -13,7 +13,8 @@ import yaml
 from lmlab.cli import main
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.data.prepare import prepare
-from lmlab.lab.runner import read_results, run_state, run_sweep
+from lmlab.lab.results import read_results, run_state
+from lmlab.lab.runner import run_sweep
 from lmlab.run_folder import read_outcome
 from lmlab.lab.spec import builtin_specs, expand_axes, load_spec, parse_spec
 from lmlab.lab.plan import _plan, plan_runs, trained_plans
@@ -298,7 +299,7 @@ def test_tier_overrides_and_errors(byte_data, tmp_path, capsys):
 
 
 def test_plan_warns_when_runs_repeat_the_data(byte_data, capsys):
-    from lmlab.lab.runner import epochs_line
+    from lmlab.lab.plan import epochs_line
 
     spec = {"model": TINY_MODEL, "train": TINY_TRAIN, "seeds": [1]}
     train_tokens = 20000  # byte_data: 20,000 bytes of training text, one token per byte
@@ -619,3 +620,29 @@ exit 2
     ok, err = attempt("died", "not json")
     assert not ok and "outcome.json" in err and "could not be read" in err
 
+
+
+def test_out_must_be_new_or_this_specs_sweep(byte_data, tmp_path):
+    """--out holding a foreign spec.yaml, or another spec's sweep, is refused before anything is written
+    (a new-user check ran a second spec into a sweep folder: it trained, mixed rows and broke both)."""
+    spec = {"name": "tiny", "claim": "c", "model": TINY_MODEL, "train": TINY_TRAIN, "data": str(byte_data),
+            "axes": {"zip": [{"label": "rope", "position": "rope"}]}, "seeds": [1], "budget": {"steps": 2}}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "spec.yaml").write_text("foo: bar\n")
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"is a non-empty folder that is not a sweep \(it holds notes.txt, spec.yaml"):
+        run_sweep(path, out=foreign, jobs=1, log=lambda line: None)
+    assert (foreign / "spec.yaml").read_text() == "foo: bar\n" and sorted(p.name for p in foreign.iterdir()) == [
+        "notes.txt", "spec.yaml"]
+    other = tmp_path / "other-sweep"
+    other.mkdir()
+    (other / "spec.yaml").write_text("seeds: [1]\n")
+    (other / "provenance.jsonl").write_text(json.dumps({"command": "lmlab sweep other.yaml", "sweep": "other"}) + "\n")
+    before = {p.name: p.read_bytes() for p in other.iterdir()}
+    for dry in (True, False):
+        with pytest.raises(ConfigError, match="holds sweep 'other', not 'tiny'"):
+            run_sweep(path, out=other, jobs=1, log=lambda line: None, dry_run=dry)
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before  # nothing written, nothing trained

@@ -14,7 +14,7 @@ from lmlab.lab import plots, validate
 from lmlab.lab.page import _duration, sweep_wall
 from lmlab.lab.report import (REPORT_MARKS, VERDICTS_FILE, _check_out, read_json_file, read_results_csv,
                               read_spec_file)
-from lmlab.lab.runner import RESULTS_FILE, TIMING_FILE
+from lmlab.lab.results import RESULTS_FILE, TIMING_FILE
 from lmlab.lab.spec import builtin_specs, parse_spec
 from lmlab.lab.verdict_table import CLAIM_HEAD, HOW_TO_READ, _effect, _md_escape, claim_cells
 from lmlab.lab.verdicts import analyze

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from lmlab.lab import validate
-from lmlab.lab.runner import LOAD_FILE, PROVENANCE_FILE, RESULTS_FILE
+from lmlab.lab.results import LOAD_FILE, PROVENANCE_FILE, RESULTS_FILE
 from lmlab.lab.stats import finite as _ok
 from lmlab.lab.verdict_table import HOW_TO_READ, _ci, _count, _detectable, _md_escape, _num, verdict_lines
 
@@ -65,7 +65,7 @@ def _label(scale: Optional[str], variant: str) -> str:
 def _run_files_lines(sweep_dir: Path, rows: list[dict]) -> list[str]:
     """Where each run's log and folder are, and every failed run (not a diverged one: that is a result)
     with its error and the command that reproduces it (``lmlab sweep-worker``)."""
-    from lmlab.lab.runner import _repo_relative
+    from lmlab.lab.provenance import _repo_relative
 
     where = _repo_relative(Path(sweep_dir))
     out = [f"Each run's training log is `{where}/logs/RUN.log` and its run folder `{where}/runs/RUN/` "
@@ -584,7 +584,7 @@ def _runs_lines(rows: list[dict], ctxs: list[str], res: dict, csv_path: Path, sw
 def sweep_wall(sweep_dir: Path) -> Optional[dict]:
     """{"wall_s": the summed wall time of the sweep's invocations, "invocations": how many ended,
     "finished": whether the last one finished every run} from ``provenance.jsonl``'s end records
-    (:func:`lmlab.lab.runner.end_record`); None when no invocation recorded its end (sweeps run
+    (:func:`lmlab.lab.provenance.end_record`); None when no invocation recorded its end (sweeps run
     before lmlab recorded it)."""
     ends = [r for r in validate.read_provenance(sweep_dir / PROVENANCE_FILE) if "ended_at" in r]
     if not ends:

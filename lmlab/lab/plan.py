@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lmlab.config import ConfigError, ModelConfig
-from lmlab.lab.spec import QUANTITIES, SWEEP_TRAIN_DEFAULTS, Match, Spec, _field_names, _fmt, variant_data
+from lmlab.lab.spec import (QUANTITIES, SWEEP_TRAIN_DEFAULTS, TIMING_METRICS, Match, Spec, _field_names, _fmt,
+                            variant_data)
 
 
 @dataclass
@@ -357,3 +358,157 @@ def plan_quantities(plans: list[RunPlan]) -> dict:
                 "steps": p.steps,
             }
     return out
+
+
+def most_epochs(plans: list[RunPlan]) -> tuple[float, int, Path, int]:
+    """(passes, training tokens, data folder, tokens read) of the run that reads its data's training
+    split most often."""
+    from lmlab.data.prepare import TokenData
+
+    worst = None
+    for data in dict.fromkeys(p.data for p in plans):
+        train = int(TokenData(data).manifest["splits"]["train"]["tokens"])
+        most = max(p.tokens for p in plans if p.data == data)
+        if worst is None or most / max(train, 1) > worst[0]:
+            worst = (most / max(train, 1), train, data, most)
+    return worst
+
+
+def epochs_line(plans: list[RunPlan]) -> str:
+    """How many passes over the data's training split the longest run makes; past one pass the
+    comparison is made on repeated data (a different regime: memorisation, where dropout and weight
+    decay act differently), so the line then starts with ``warning:``."""
+    epochs, train, data, most = most_epochs(plans)
+    text = (f"data: {train:,} training tokens in {data}; the run with the most passes reads "
+            f"{most:,} ({epochs:.2f} epochs)")
+    if epochs > 1:
+        text = (f"warning: {text}: the runs repeat the data; pass a larger corpus (`lmlab sweep --data DIR`, "
+                f"a folder of `lmlab prepare`) for single-pass results")
+    return text
+
+
+def too_few_tokens(spec: Spec, plans: list[RunPlan]) -> Optional[str]:
+    """Why the data cannot carry the spec's runs (the longest reads its training split more than the
+    spec's ``max_epochs`` times), or None."""
+    if spec.max_epochs is None or not plans:
+        return None
+    epochs, train, data, most = most_epochs(plans)
+    if epochs <= spec.max_epochs:
+        return None
+    return (f"{spec.name}: the longest run reads {most:,} tokens, {epochs:.1f} passes over the {train:,} training "
+            f"tokens of {data}, and the spec allows max_epochs={spec.max_epochs:g}; give a corpus of at least "
+            f"{math.ceil(most / spec.max_epochs):,} training tokens with --data DIR (a folder of `lmlab prepare "
+            f"--data ...`: parquet shards, JSONL or a `datasets` save_to_disk folder such as FineWeb-Edu's)")
+
+
+def protocol_lines(spec: Spec) -> list[str]:
+    """The dry run's account of the learning-rate protocol and what a verdict needs
+    (:mod:`lmlab.lab.tuning`, :func:`lmlab.lab.verdicts.gate`), with a warning for each rule the spec's
+    design cannot meet (its claims would get no verdict)."""
+    t, j = spec.tuning, spec.judging
+    L = []
+    if spec.tune:
+        n_tune = len(spec.tune_seeds) if spec.tune_seeds else len(spec.seeds)
+        points = math.prod(len(v) for v in spec.tune.values())
+        L.append(f"tuning: each variant's value from the mean over {n_tune} seed(s) on {points} value(s); "
+                 f"up to {t.extend} value(s) added past an edge that wins, per side and variant (runs not "
+                 f"counted above); unstable cells (a diverged seed, or seed SD > {t.unstable_ratio:g}x the "
+                 f"median) are never chosen")
+        if n_tune < t.min_seeds:
+            L.append(f"warning: {n_tune} tuning seed(s) < tuning.min_seeds={t.min_seeds}: every claim will read "
+                     f"'rate not bracketed'")
+        if points < t.min_points:
+            L.append(f"warning: {points} tuned value(s) < tuning.min_points={t.min_points}: claims read 'rate "
+                     f"not bracketed' unless the extension adds enough")
+    compared = len(spec.seeds) - (len(spec.tune_seeds) if spec.tune_seeds else 0)
+    if spec.expect and compared < j.min_seeds and any(e.metric not in TIMING_METRICS
+                                                      for e in spec.expect):
+        L.append(f"warning: {compared} compared seed(s) < judging.min_seeds={j.min_seeds}: claims on trained "
+                 f"quantities will read 'too few seeds'")
+    return L
+
+
+def format_plan(plans: list[RunPlan], states: dict, spec: Optional[Spec] = None) -> str:
+    """The dry-run table: one line per run (steps, tokens, FLOPs, parameters, state), the totals and,
+    with ``spec``, the controls: quantities that differ > 5% from the baseline without being declared."""
+    from lmlab.analysis import param_counts
+
+    lines = [
+        f"{'run':44} {'steps':>6} {'tokens':>11} {'train FLOPs':>11} {'params':>10} {'non-emb':>10}  state"
+    ]
+    todo = trained_plans(plans)
+    for p in (p for p in todo if not p.stage2):
+        c = param_counts(p.cfg)
+        lines.append(
+            f"{p.name[:44]:44} {p.steps:>6} {p.tokens:>11,} {p.flops:>11.3g} {c['total']:>10,} "
+            f"{c['non_embedding']:>10,}  {states[p.name]}"
+        )
+    # stage 2 of two-stage tuning: one run per (scale, variant, seed), at the value stage 1 chooses
+    stage2 = [p for p in todo if p.stage2]
+    done2 = sum(states[p.name] == "done" for p in plans if p.stage2)
+    if stage2:
+        seeds2 = sorted({p.seed for p in stage2})
+        lines.append(
+            f"stage 2: {len(stage2)} runs (each variant, seeds {', '.join(map(str, seeds2))}) at the "
+            f"tuned values stage 1 chooses; {done2} done"
+        )
+    total = sum(p.flops for p in todo)
+    lines.append(
+        f"{len(todo)} runs, {sum(p.tokens for p in todo):,} tokens, {total:.3g} training FLOPs in all"
+    )
+    if plans:
+        lines.append(epochs_line(plans))
+    short = [p for p in todo if p.tc.warmup_steps > p.steps]
+    if short:
+        p = short[0]
+        lines.append(
+            f"warning: {len(short)} run(s) end before their warmup does (e.g. {p.name}: warmup_steps="
+            f"{p.tc.warmup_steps} > {p.steps} steps), so their learning rate never reaches its value; "
+            f"set train: {{warmup_steps: ...}} below the budget"
+        )
+    if spec is not None:
+        lines += protocol_lines(spec)
+        per = {}  # (scale, variant) -> the fewest tokens per non-embedding parameter of its runs
+        for p in todo:
+            ne = param_counts(p.cfg)["non_embedding"]
+            if ne:
+                per[(p.scale, p.variant)] = min(per.get((p.scale, p.variant), math.inf), p.tokens / ne)
+        if per:
+            floor = spec.judging.tokens_per_param
+            lines.append(f"tokens per non-embedding parameter: {min(per.values()):.3g} to {max(per.values()):.3g} "
+                         f"(a claim about trained quality needs {floor:g}, unless it sets its own floor)")
+            low = []
+            for e in spec.expect:
+                if e.metric in TIMING_METRICS:
+                    continue
+                f = e.floor if e.floor is not None else floor
+                got = min((v for (sc, var), v in per.items() if var in (e.a, e.b)), default=math.inf)
+                if got < f:
+                    low.append(f"{e.text!r} ({got:.3g} < {f:g})")
+            if low:
+                lines.append(f"warning: below their tokens-per-parameter floor, these claims will read 'not testable "
+                             f"at this scale': {'; '.join(low)}")
+        if spec.match:
+            solved = {(p.scale, p.variant): p.solved for p in plans if p.solved}
+            lines.append(
+                f"control: {spec.match.hold} held"
+                + (
+                    f" by solving {spec.match.solve} (multiple " f"{spec.match.multiple})"
+                    if spec.match.solve
+                    else ""
+                )
+                + "".join(
+                    f"; {v}{f' @{s}' if s else ''}: " + ", ".join(f"{k}={x}" for k, x in f.items())
+                    for (s, v), f in solved.items()
+                )
+            )
+        flags = control_flags(
+            plan_quantities(plans), spec.baseline, spec.match.hold if spec.match else None, spec.varies
+        )
+        for (s, v), bad in flags.items():
+            lines.append(
+                f"warning: {v}{f' @{s}' if s else ''} differs from the baseline {spec.baseline!r} in "
+                + ", ".join(f"{q} ({100 * r:+.0f}%)" for q, r in bad)
+                + " (not held and not declared in 'varies:')"
+            )
+    return "\n".join(lines)

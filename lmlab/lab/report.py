@@ -33,13 +33,7 @@ from typing import Any, Optional
 
 from lmlab.lab import plots
 from lmlab.lab.stats import finite as _ok
-from lmlab.lab.runner import (
-    INIT_GRADS_FILE,
-    PROVENANCE_FILE,
-    RESULTS_FILE,
-    TIMING_FILE,
-    run_metrics,
-)
+from lmlab.lab.results import INIT_GRADS_FILE, PROVENANCE_FILE, RESULTS_FILE, TIMING_FILE, run_metrics
 from lmlab.lab.spec import parse_spec
 from lmlab.lab.page import _label, page_markdown, sweep_wall
 from lmlab.lab import validate
@@ -389,17 +383,14 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     # report.md, or a report beside its sweep: plain names (loss.png, ...); NAME.md elsewhere: NAME-loss.png, ...
     prefix = "" if (out.parent.resolve() == sweep_dir.resolve() or out.stem == "report") else f"{out.stem}-"
     spec_raw: dict = {}
+    spec = None
+    spec_note = f"{sweep_dir} has no spec.yaml"
     if (sweep_dir / "spec.yaml").exists():
         spec_raw = read_spec_file(sweep_dir / "spec.yaml")
-    spec = None
-    try:
-        spec = parse_spec(spec_raw)
-    except Exception as exc:  # noqa: BLE001 -- a page from the results alone still works, said so
-        print(
-            f"warning: {sweep_dir / 'spec.yaml'} is not a valid spec ({exc}); the page has no baseline, tuning "
-            f"or verdicts",
-            file=sys.stderr,
-        )
+        try:
+            spec = parse_spec(spec_raw)
+        except Exception as exc:  # noqa: BLE001 -- a page from the results alone still works, said so
+            spec_note = f"{sweep_dir / 'spec.yaml'} is not a valid spec ({exc})"
     timing = read_json_file(sweep_dir / TIMING_FILE) if (sweep_dir / TIMING_FILE).exists() else None
     grads = (
         read_json_file(sweep_dir / INIT_GRADS_FILE) if (sweep_dir / INIT_GRADS_FILE).exists() else None
@@ -411,6 +402,8 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
             f"{str(sweep_dir)!r} has no {RESULTS_FILE} rows; run `lmlab sweep SPEC --out {sweep_dir}` first"
         )
     validate.read_provenance(sweep_dir / PROVENANCE_FILE)  # a damaged record refused before anything is written
+    if spec is None:
+        print(f"warning: {spec_note}; the page has no baseline, tuning or verdicts", file=sys.stderr)
     res = analyze(rows, spec, timing)
     name = spec_raw.get("name") or rows[0].get("sweep") or sweep_dir.name
     res["spec"] = name

@@ -847,7 +847,7 @@ def parse_expect(
     metrics = set(METRICS) | {f"val_bpb_{_fmt(m)}x" for m in contexts if m != 1}
     out = []
     for i, e in enumerate(raw):
-        where = f"{source}.expect[{i}]"
+        where = f"{source}: expect[{i}]"
         if not isinstance(e, dict):
             raise ConfigError(
                 f"{where}: expected a mapping such as {{better: A, than: B, by: 0.01}}, got {e!r}"

@@ -83,7 +83,7 @@ KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "fields": (lambda x: x is None or isinstance(x, dict), "an object of field -> value, or null"),
 }
 
-# every field a results row may hold (lmlab.lab.runner.collect_result writes them), with its kind
+# every field a results row may hold (lmlab.lab.results.collect_result writes them), with its kind
 FIELDS: dict[str, str] = {
     "sweep": "name",
     "run": "name",
@@ -556,8 +556,9 @@ def read_verdicts(path: Path) -> dict:
 
 
 # --- provenance.jsonl and load.jsonl ---------------------------------------------------------
-_START_FIELDS = {"command": "name", "cwd": "text", "lmlab_version": "text", "git_commit": "text", "spec": "text",
-                 "spec_sha256": "name", "tier": "text", "machine": "text", "python": "text", "started_at": "text"}
+_START_FIELDS = {"command": "name", "sweep": "name", "cwd": "text", "lmlab_version": "text", "git_commit": "text",
+                 "spec": "text", "spec_sha256": "name", "tier": "text", "machine": "text", "python": "text",
+                 "started_at": "text"}
 
 
 def _jsonl_objects(path: Path) -> list[tuple[str, Any]]:
@@ -585,8 +586,8 @@ def _jsonl_objects(path: Path) -> list[tuple[str, Any]]:
 
 
 def read_provenance(path: Path) -> list[dict]:
-    """The records of a sweep's ``provenance.jsonl`` (:func:`lmlab.lab.runner.provenance_record` and
-    :func:`lmlab.lab.runner.end_record`); [] when absent. Raises ConfigError naming the file, line and
+    """The records of a sweep's ``provenance.jsonl`` (:func:`lmlab.lab.provenance.provenance_record` and
+    :func:`lmlab.lab.provenance.end_record`); [] when absent. Raises ConfigError naming the file, line and
     field of a damaged record."""
     path = Path(path)
     if not path.is_file():

@@ -54,7 +54,7 @@ _LIVE_LOCK = threading.Lock()
 
 @dataclasses.dataclass
 class EvalSettings:
-    """What :func:`lmlab.lab.runner.collect_result` reads of a spec: its name and evaluation settings."""
+    """What :func:`lmlab.lab.results.collect_result` reads of a spec: its name and evaluation settings."""
 
     name: str
     eval_contexts: list
@@ -137,7 +137,7 @@ def finished_row(sweep_dir: Path, name: str, steps: Optional[int] = None) -> Opt
     """The row of ``name`` when it is final: ok or diverged (a failed row is retried), and, given the
     planned ``steps``, an ok row only while its run folder is still trained that far (a row whose run lost
     its last checkpoint is not used: the run continues)."""
-    from lmlab.lab.runner import run_state
+    from lmlab.lab.results import run_state
 
     row = read_row(sweep_dir, name)
     if row is None or row.get("status") not in ("ok", "diverged"):
@@ -276,7 +276,7 @@ def run_planned(sweep_dir: Path, p: RunPlan, ev: EvalSettings, threads: int,
     holds ``eval_lock`` when given (one at a time in a process that trains several runs). A diverged run
     is a row with status ``diverged``; an evaluation that raises gives a ``failed`` row. Raises
     KeyboardInterrupt when training was stopped by a signal (continued by the next call)."""
-    from lmlab.lab.runner import collect_result, run_state
+    from lmlab.lab.results import collect_result, run_state
 
     sweep_dir = Path(sweep_dir)
     run_dir = sweep_dir / "runs" / p.name
