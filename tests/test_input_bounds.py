@@ -2,6 +2,7 @@
 and checkpoints refused in one line naming what is wrong; the Python API agreeing with the CLI. One test
 per defect, each failing before its fix."""
 
+import re
 import time
 
 import pytest
@@ -67,13 +68,20 @@ def test_the_run_limit_is_the_users_to_raise_or_lower():
         parse_spec({**raw, "max_runs": 100}, max_runs=5)
     with pytest.raises(ConfigError, match=r"max_runs=0 must be an integer >= 1"):
         parse_spec({**raw, "max_runs": 0})
+    # two-stage tuning: tune seeds 1, 2 over the 2 warmup values, seed 3 at the chosen one: 2 cells x (2 x 2 + 1)
+    assert parse_spec({**raw, "tune_seeds": [1, 2]}).planned_runs == 10
+    with pytest.raises(ConfigError, match=r"plans 10 runs .*two-stage.*more than max_runs=9"):
+        parse_spec({**raw, "tune_seeds": [1, 2], "max_runs": 9})
 
 
 def test_the_planned_count_is_shown_in_a_dry_run(tmp_path, capsys):
     path = _spec_file(tmp_path, "name: small\nmodel: {d_model: 32, n_layers: 1, n_heads: 2, context_length: 16}\n"
                                 "budget: {steps: 2}\nseeds: [1, 2]\naxes: {grid: {lr: [0.001, 0.002]}}\n")
     assert main(["sweep", str(path), "--dry-run", "--out", str(tmp_path / "sw")]) == 0
-    assert "planning 4 run(s)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "planning 4 run(s)" in out
+    # every run has the same tokens per parameter: one value, not "x to x"
+    assert re.search(r"tokens per non-embedding parameter: [0-9.e+-]+ \(", out), out
 
 
 def test_deep_json_and_yaml_are_one_line_naming_the_file(tmp_path):

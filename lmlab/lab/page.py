@@ -301,7 +301,8 @@ def _design_lines(res: dict, spec) -> list[str]:
         + (f"; {max((len(s['grid']) for s in res['selected']), default=0)} tuned value(s) at most per variant "
            f"(the spec's {math.prod(len(v) for v in spec.tune.values())}, extended past an edge up to "
            f"{t.extend} per side)" if spec.tune else "")
-        + (f"; {min(tpp):.3g} to {max(tpp):.3g} tokens per non-embedding parameter" if tpp else "")
+        + (f"; {' to '.join(dict.fromkeys(f'{v:.3g}' for v in (min(tpp), max(tpp))))} tokens per "
+           f"non-embedding parameter" if tpp else "")
         + f". A verdict needs {j.min_seeds} paired seeds, {j.tokens_per_param:g} tokens per parameter (claims "
         f"about trained quality, unless a claim sets its floor) and rates chosen on >= {t.min_seeds} seeds over "
         f">= {t.min_points} values and bracketed."

@@ -475,7 +475,8 @@ def format_plan(plans: list[RunPlan], states: dict, spec: Optional[Spec] = None)
                 per[(p.scale, p.variant)] = min(per.get((p.scale, p.variant), math.inf), p.tokens / ne)
         if per:
             floor = spec.judging.tokens_per_param
-            lines.append(f"tokens per non-embedding parameter: {min(per.values()):.3g} to {max(per.values()):.3g} "
+            span = " to ".join(dict.fromkeys(f"{v:.3g}" for v in (min(per.values()), max(per.values()))))
+            lines.append(f"tokens per non-embedding parameter: {span} "
                          f"(a claim about trained quality needs {floor:g}, unless it sets its own floor)")
             low = []
             for e in spec.expect:

@@ -779,7 +779,9 @@ def _options(value: Any) -> int:
 
 def check_run_count(raw: dict, source: str, max_runs: Optional[int] = None) -> int:
     """The number of runs ``raw`` plans, computed arithmetically before anything is expanded: the
-    product of the grid axes' lengths x the zip length x the scales x the tuned values x the seeds.
+    product of the grid axes' lengths x the zip length x the scales x the tuned values x the seeds; with
+    two-stage tuning (``tune_seeds``) each cell's tune seeds train every tuned value and its other seeds
+    one (grid extensions past a winning edge are not counted).
     Raises ConfigError naming the count and how to allow it when it exceeds ``max_runs`` (None: the
     spec's ``max_runs:``, default :data:`MAX_RUNS`), or when ``max_runs`` is not an integer >= 1."""
     limit = max_runs if max_runs is not None else raw.get("max_runs", MAX_RUNS)
@@ -790,13 +792,20 @@ def check_run_count(raw: dict, source: str, max_runs: Optional[int] = None) -> i
     tune = raw.get("tune") if isinstance(raw.get("tune"), dict) else {}
     scales = raw.get("scales")
     seeds = raw["seeds"] if isinstance(raw.get("seeds"), list) else [None]  # default: train.seed
-    count = (math.prod(_options(v) for v in grid.values()) * (_options(axes["zip"]) if "zip" in axes else 1)
-             * math.prod(_options(v) for v in tune.values())
-             * (_options(scales) if scales is not None else 1) * len(seeds))
+    cells = (math.prod(_options(v) for v in grid.values()) * (_options(axes["zip"]) if "zip" in axes else 1)
+             * (_options(scales) if scales is not None else 1))
+    values = math.prod(_options(v) for v in tune.values())
+    per_cell = values * len(seeds)
+    tune_seeds = raw.get("tune_seeds")
+    if tune and isinstance(tune_seeds, list) and 0 < len(tune_seeds) < len(seeds):
+        # stage 1: the tune seeds over every value; stage 2: the other seeds at the chosen one (the parser
+        # names a malformed tune_seeds; this count only has to be right for a valid one)
+        per_cell = values * len(tune_seeds) + len(seeds) - len(tune_seeds)
+    count = cells * per_cell
     if count > limit:
         raise ConfigError(
             f"{source}: the spec plans {count:,} runs (variants x scales x tuned values x {len(seeds):,} "
-            f"seed(s)), more than max_runs={limit:,}; narrow the axes or seeds, or allow them with "
+            f"seed(s){', two-stage' if per_cell != values * len(seeds) else ''}), more than max_runs={limit:,}; narrow the axes or seeds, or allow them with "
             f"'max_runs: {count}' in the spec or `lmlab sweep --max-runs {count}`"
         )
     return count

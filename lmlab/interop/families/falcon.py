@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 
 from lmlab.config import ModelConfig
+from lmlab.interop.families._table import PER_HEAD_QKV, Row, Transform, layer_norm, linear, to_hf, to_lmlab
 from lmlab.interop.families._tools import (
-    put_output,
     check_expressible,
     check_fields,
     deinterleave_heads,
@@ -29,8 +29,6 @@ from lmlab.interop.families._tools import (
     hf_activation,
     hf_get,
     interleave_heads,
-    lm_key,
-    put,
     read_rope,
     reject,
     rope_parameters,
@@ -133,38 +131,39 @@ def _qkv_to_hf(w: torch.Tensor, cfg: ModelConfig, layout: str) -> torch.Tensor:
     return g.reshape((H + 2 * K) * D, *rest).contiguous()
 
 
-def _norm_names(cfg: ModelConfig, hf: dict) -> list[tuple[str, str]]:
-    if not cfg.parallel_block:
-        return [("input_layernorm", "attn_norm"), ("post_attention_layernorm", "mlp_norm")]
-    if cfg.parallel_shared_norm:
-        return [("input_layernorm", "attn_norm")]
-    return [("ln_attn", "attn_norm"), ("ln_mlp", "mlp_norm")]
+def _qkv(layout: str) -> Transform:
+    """The fused query_key_value of ``layout`` ('mha' | 'mqa' | 'new') <-> lmlab's qkv."""
+    if layout == "mha":
+        return PER_HEAD_QKV
+    return Transform(lambda w, cfg: _qkv_to_lmlab(w, cfg, layout), lambda w, cfg: _qkv_to_hf(w, cfg, layout))
+
+
+def _biased(cfg: ModelConfig) -> bool:
+    return cfg.bias == "all"
+
+
+def _rows(layout: str) -> list:
+    """HF name (under transformer.) <-> lmlab name for the qkv ``layout``; {i}: every layer. LayerNorms:
+    sequential blocks have two (before attention, before the MLP), parallel ones one shared
+    (input_layernorm) or two (ln_attn, ln_mlp)."""
+    sequential = lambda cfg: not cfg.parallel_block
+    two = lambda cfg: cfg.parallel_block and not cfg.parallel_shared_norm
+    return [
+        Row("word_embeddings.weight", "embed.weight"),
+        *layer_norm("h.{i}.input_layernorm", "blocks.{i}.attn_norm", when=lambda cfg: not two(cfg)),
+        *layer_norm("h.{i}.post_attention_layernorm", "blocks.{i}.mlp_norm", when=sequential),
+        *layer_norm("h.{i}.ln_attn", "blocks.{i}.attn_norm", when=two),
+        *layer_norm("h.{i}.ln_mlp", "blocks.{i}.mlp_norm", when=two),
+        *linear("h.{i}.self_attention.query_key_value", "blocks.{i}.attn.qkv", bias=_biased, transform=_qkv(layout)),
+        *linear("h.{i}.self_attention.dense", "blocks.{i}.attn.out", bias=_biased),
+        *linear("h.{i}.mlp.dense_h_to_4h", "blocks.{i}.mlp.w_in", bias=_biased),
+        *linear("h.{i}.mlp.dense_4h_to_h", "blocks.{i}.mlp.w_out", bias=_biased),
+        *layer_norm("ln_f", "final_norm"),
+    ]
 
 
 def state_to_lmlab(hf_state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
-    r = StateReader(NAME, hf_state, prefixes=("transformer.",))
-    layout = _layout(hf)
-    biased = cfg.bias == "all"
-    out: StateDict = {"embed.weight": r.take("word_embeddings.weight")}
-    for i in range(cfg.n_layers):
-        h, b = f"h.{i}.", f"blocks.{i}."
-        for hf_norm, lm_norm in _norm_names(cfg, hf):
-            put(out, b + lm_norm + ".weight", r.take(h + hf_norm + ".weight"))
-            put(out, b + lm_norm + ".bias", r.take(h + hf_norm + ".bias"))
-        put(out, b + "attn.qkv.weight", _qkv_to_lmlab(r.take(h + "self_attention.query_key_value.weight"), cfg, layout))
-        if biased:
-            put(out, b + "attn.qkv.bias", _qkv_to_lmlab(r.take(h + "self_attention.query_key_value.bias"), cfg, layout))
-        for hf_lin, lm_lin in (("self_attention.dense", "attn.out"), ("mlp.dense_h_to_4h", "mlp.w_in"),
-                               ("mlp.dense_4h_to_h", "mlp.w_out")):
-            put(out, b + lm_lin + ".weight", r.take(h + hf_lin + ".weight"))
-            put(out, b + lm_lin + ".bias", r.take_if(h + hf_lin + ".bias", biased))
-    put(out, "final_norm.weight", r.take("ln_f.weight"))
-    put(out, "final_norm.bias", r.take("ln_f.bias"))
-    if cfg.tie_embeddings:
-        r.tied_head("lm_head.weight", out["embed.weight"])
-    else:
-        put(out, "lm_head.weight", r.take("lm_head.weight"))
-    return r.finish(out, cfg)
+    return to_lmlab(StateReader(NAME, hf_state, prefixes=("transformer.",)), _rows(_layout(hf)), cfg)
 
 
 def _hf_layout(cfg: ModelConfig) -> dict:
@@ -204,31 +203,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
 
 
 def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
-    layout = _layout(_hf_layout(cfg))
-    biased = cfg.bias == "all"
-    out: StateDict = {"transformer.word_embeddings.weight": lm_key(state, "embed.weight")}
-    for i in range(cfg.n_layers):
-        h, b = f"transformer.h.{i}.", f"blocks.{i}."
-        for hf_norm, lm_norm in _norm_names(cfg, {}):
-            put(out, h + hf_norm + ".weight", lm_key(state, b + lm_norm + ".weight"))
-            put(out, h + hf_norm + ".bias", lm_key(state, b + lm_norm + ".bias"))
-        put(
-            out,
-            h + "self_attention.query_key_value.weight",
-            _qkv_to_hf(lm_key(state, b + "attn.qkv.weight"), cfg, layout),
-        )
-        if biased:
-            put(
-                out,
-                h + "self_attention.query_key_value.bias",
-                _qkv_to_hf(lm_key(state, b + "attn.qkv.bias"), cfg, layout),
-            )
-        for hf_lin, lm_lin in (("self_attention.dense", "attn.out"), ("mlp.dense_h_to_4h", "mlp.w_in"),
-                               ("mlp.dense_4h_to_h", "mlp.w_out")):
-            put(out, h + hf_lin + ".weight", lm_key(state, b + lm_lin + ".weight"))
-            put(out, h + hf_lin + ".bias", lm_key(state, b + lm_lin + ".bias", biased))
-    put_output(out, state, cfg, "transformer.ln_f")
-    return out
+    return to_hf(state, _rows(_layout(_hf_layout(cfg))), cfg, prefix="transformer.")
 
 
 FAMILY = register(Family(

@@ -11,19 +11,16 @@ Unsupported: ``scale_attn_by_inverse_layer_idx`` (a per-layer scale), ``add_cros
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
+from lmlab.interop.families._table import converters, CONV1D, Row, layer_norm, linear
 from lmlab.interop.families._tools import (
-    put_output,
     check_expressible,
     check_fields,
     expect,
     hf_act_name,
     hf_activation,
     hf_get,
-    lm_key,
-    put,
-    StateReader,
 )
-from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
+from lmlab.interop.registry import Family, UnsupportedError, register
 
 NAME = "gpt2"
 
@@ -62,27 +59,17 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     )
 
 
-def state_to_lmlab(hf_state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
-    r = StateReader(NAME, hf_state, prefixes=("transformer.",), ignore=(r"\.attn\.(masked_)?bias$",))
-    out: StateDict = {}
-    put(out, "embed.weight", r.take("wte.weight"))
-    put(out, "abs_pos.weight", r.take("wpe.weight"))
-    for i in range(cfg.n_layers):
-        h, b = f"h.{i}.", f"blocks.{i}."
-        for hf_norm, lm_norm in (("ln_1", "attn_norm"), ("ln_2", "mlp_norm")):
-            put(out, b + lm_norm + ".weight", r.take(h + hf_norm + ".weight"))
-            put(out, b + lm_norm + ".bias", r.take(h + hf_norm + ".bias"))
-        for hf_lin, lm_lin in (("attn.c_attn", "attn.qkv"), ("attn.c_proj", "attn.out"),
-                               ("mlp.c_fc", "mlp.w_in"), ("mlp.c_proj", "mlp.w_out")):
-            put(out, b + lm_lin + ".weight", r.take(h + hf_lin + ".weight").t())  # Conv1D (in, out)
-            put(out, b + lm_lin + ".bias", r.take(h + hf_lin + ".bias"))
-    put(out, "final_norm.weight", r.take("ln_f.weight"))
-    put(out, "final_norm.bias", r.take("ln_f.bias"))
-    if cfg.tie_embeddings:
-        r.tied_head("lm_head.weight", out["embed.weight"])
-    else:
-        put(out, "lm_head.weight", r.take("lm_head.weight"))
-    return r.finish(out, cfg)
+ROWS = [  # HF name (under transformer.) <-> lmlab name; {i}: every layer
+    Row("wte.weight", "embed.weight"),
+    Row("wpe.weight", "abs_pos.weight"),
+    *layer_norm("h.{i}.ln_1", "blocks.{i}.attn_norm"),
+    *layer_norm("h.{i}.ln_2", "blocks.{i}.mlp_norm"),
+    *linear("h.{i}.attn.c_attn", "blocks.{i}.attn.qkv", bias=True, transform=CONV1D),
+    *linear("h.{i}.attn.c_proj", "blocks.{i}.attn.out", bias=True, transform=CONV1D),
+    *linear("h.{i}.mlp.c_fc", "blocks.{i}.mlp.w_in", bias=True, transform=CONV1D),
+    *linear("h.{i}.mlp.c_proj", "blocks.{i}.mlp.w_out", bias=True, transform=CONV1D),
+    *layer_norm("ln_f", "final_norm"),
+]
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
@@ -104,22 +91,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     return hf
 
 
-def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
-    out: StateDict = {}
-    put(out, "transformer.wte.weight", lm_key(state, "embed.weight"))
-    put(out, "transformer.wpe.weight", lm_key(state, "abs_pos.weight"))
-    for i in range(cfg.n_layers):
-        h, b = f"transformer.h.{i}.", f"blocks.{i}."
-        for hf_norm, lm_norm in (("ln_1", "attn_norm"), ("ln_2", "mlp_norm")):
-            put(out, h + hf_norm + ".weight", lm_key(state, b + lm_norm + ".weight"))
-            put(out, h + hf_norm + ".bias", lm_key(state, b + lm_norm + ".bias"))
-        for hf_lin, lm_lin in (("attn.c_attn", "attn.qkv"), ("attn.c_proj", "attn.out"),
-                               ("mlp.c_fc", "mlp.w_in"), ("mlp.c_proj", "mlp.w_out")):
-            put(out, h + hf_lin + ".weight", lm_key(state, b + lm_lin + ".weight").t())
-            put(out, h + hf_lin + ".bias", lm_key(state, b + lm_lin + ".bias"))
-    put_output(out, state, cfg, "transformer.ln_f")
-    return out
-
+state_to_lmlab, state_to_hf = converters(NAME, ROWS, "transformer.", ignore=(r"\.attn\.(masked_)?bias$",))
 
 FAMILY = register(Family(
     model_type=NAME, hf_class="GPT2LMHeadModel", config_to_lmlab=config_to_lmlab, state_to_lmlab=state_to_lmlab,

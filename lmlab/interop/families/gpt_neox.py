@@ -13,24 +13,19 @@ Unsupported: ``attention_bias=False`` (the MLP keeps its biases, a split lmlab's
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
+from lmlab.interop.families._table import converters, PER_HEAD_QKV, Row, layer_norm, linear
 from lmlab.interop.families._tools import (
-    put_output,
     check_expressible,
     check_fields,
-    deinterleave_heads,
     expect,
     hf_act_name,
     hf_activation,
     hf_get,
-    interleave_heads,
-    lm_key,
-    put,
     read_rope,
     reject,
     rope_parameters,
-    StateReader,
 )
-from lmlab.interop.registry import Family, StateDict, register
+from lmlab.interop.registry import Family, register
 
 NAME = "gpt_neox"
 
@@ -74,30 +69,16 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     )
 
 
-def state_to_lmlab(hf_state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
-    r = StateReader(NAME, hf_state, prefixes=("gpt_neox.",),
-                    ignore=(r"\.attention\.(masked_)?bias$", r"\.attention\.rotary_emb\.inv_freq$"))
-    out: StateDict = {"embed.weight": r.take("embed_in.weight")}
-    H, D = cfg.n_heads, cfg.head_dim
-    for i in range(cfg.n_layers):
-        h, b = f"layers.{i}.", f"blocks.{i}."
-        for hf_norm, lm_norm in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "mlp_norm")):
-            put(out, b + lm_norm + ".weight", r.take(h + hf_norm + ".weight"))
-            put(out, b + lm_norm + ".bias", r.take(h + hf_norm + ".bias"))
-        put(out, b + "attn.qkv.weight", deinterleave_heads(r.take(h + "attention.query_key_value.weight"), H, D))
-        put(out, b + "attn.qkv.bias", deinterleave_heads(r.take(h + "attention.query_key_value.bias"), H, D))
-        for hf_lin, lm_lin in (("attention.dense", "attn.out"), ("mlp.dense_h_to_4h", "mlp.w_in"),
-                               ("mlp.dense_4h_to_h", "mlp.w_out")):
-            put(out, b + lm_lin + ".weight", r.take(h + hf_lin + ".weight"))
-            put(out, b + lm_lin + ".bias", r.take(h + hf_lin + ".bias"))
-    put(out, "final_norm.weight", r.take("final_layer_norm.weight"))
-    put(out, "final_norm.bias", r.take("final_layer_norm.bias"))
-    head = "lm_head.weight" if r.has("lm_head.weight") else "embed_out.weight"
-    if cfg.tie_embeddings:
-        r.tied_head(head, out["embed.weight"])
-    else:
-        put(out, "lm_head.weight", r.take(head))
-    return r.finish(out, cfg)
+ROWS = [  # HF name (under gpt_neox.) <-> lmlab name; {i}: every layer
+    Row("embed_in.weight", "embed.weight"),
+    *layer_norm("layers.{i}.input_layernorm", "blocks.{i}.attn_norm"),
+    *layer_norm("layers.{i}.post_attention_layernorm", "blocks.{i}.mlp_norm"),
+    *linear("layers.{i}.attention.query_key_value", "blocks.{i}.attn.qkv", bias=True, transform=PER_HEAD_QKV),
+    *linear("layers.{i}.attention.dense", "blocks.{i}.attn.out", bias=True),
+    *linear("layers.{i}.mlp.dense_h_to_4h", "blocks.{i}.mlp.w_in", bias=True),
+    *linear("layers.{i}.mlp.dense_4h_to_h", "blocks.{i}.mlp.w_out", bias=True),
+    *layer_norm("final_layer_norm", "final_norm"),
+]
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
@@ -115,23 +96,9 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     return hf
 
 
-def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
-    out: StateDict = {"gpt_neox.embed_in.weight": lm_key(state, "embed.weight")}
-    H, D = cfg.n_heads, cfg.head_dim
-    for i in range(cfg.n_layers):
-        h, b = f"gpt_neox.layers.{i}.", f"blocks.{i}."
-        for hf_norm, lm_norm in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "mlp_norm")):
-            put(out, h + hf_norm + ".weight", lm_key(state, b + lm_norm + ".weight"))
-            put(out, h + hf_norm + ".bias", lm_key(state, b + lm_norm + ".bias"))
-        put(out, h + "attention.query_key_value.weight", interleave_heads(lm_key(state, b + "attn.qkv.weight"), H, D))
-        put(out, h + "attention.query_key_value.bias", interleave_heads(lm_key(state, b + "attn.qkv.bias"), H, D))
-        for hf_lin, lm_lin in (("attention.dense", "attn.out"), ("mlp.dense_h_to_4h", "mlp.w_in"),
-                               ("mlp.dense_4h_to_h", "mlp.w_out")):
-            put(out, h + hf_lin + ".weight", lm_key(state, b + lm_lin + ".weight"))
-            put(out, h + hf_lin + ".bias", lm_key(state, b + lm_lin + ".bias"))
-    put_output(out, state, cfg, "gpt_neox.final_layer_norm", head="embed_out")
-    return out
-
+state_to_lmlab, state_to_hf = converters(
+    NAME, ROWS, "gpt_neox.", ignore=(r"\.attention\.(masked_)?bias$", r"\.attention\.rotary_emb\.inv_freq$"),
+    head="embed_out.weight", head_aliases=("lm_head.weight",))
 
 FAMILY = register(Family(
     model_type=NAME, hf_class="GPTNeoXForCausalLM", config_to_lmlab=config_to_lmlab, state_to_lmlab=state_to_lmlab,

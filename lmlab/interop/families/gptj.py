@@ -11,23 +11,18 @@ is accepted with a note; ``rotary: false`` is refused (it would describe a model
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
+from lmlab.interop.families._table import converters, Row, layer_norm, linear, separate_qkv
 from lmlab.interop.families._tools import (
-    put_output,
-    cat_qkv,
     check_expressible,
     check_fields,
     hf_act_name,
     hf_activation,
     hf_get,
-    lm_key,
-    put,
     reject,
     rotated_dims,
-    split_qkv,
-    StateReader,
 )
 from lmlab.interop.common import Unread, check_unread
-from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
+from lmlab.interop.registry import Family, UnsupportedError, register
 
 NAME = "gptj"
 
@@ -76,26 +71,16 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     )
 
 
-def state_to_lmlab(hf_state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
-    r = StateReader(NAME, hf_state, prefixes=("transformer.",), ignore=(r"\.attn\.(masked_)?bias$",))
-    out: StateDict = {"embed.weight": r.take("wte.weight")}
-    for i in range(cfg.n_layers):
-        h, b = f"h.{i}.", f"blocks.{i}."
-        put(out, b + "attn_norm.weight", r.take(h + "ln_1.weight"))
-        put(out, b + "attn_norm.bias", r.take(h + "ln_1.bias"))
-        put(out, b + "attn.qkv.weight", cat_qkv(*(r.take(h + f"attn.{p}_proj.weight") for p in "qkv")))
-        put(out, b + "attn.out.weight", r.take(h + "attn.out_proj.weight"))
-        for hf_lin, lm_lin in (("mlp.fc_in", "mlp.w_in"), ("mlp.fc_out", "mlp.w_out")):
-            put(out, b + lm_lin + ".weight", r.take(h + hf_lin + ".weight"))
-            put(out, b + lm_lin + ".bias", r.take(h + hf_lin + ".bias"))
-    put(out, "final_norm.weight", r.take("ln_f.weight"))
-    put(out, "final_norm.bias", r.take("ln_f.bias"))
-    if cfg.tie_embeddings:
-        r.tied_head("lm_head.weight", out["embed.weight"])
-    else:
-        put(out, "lm_head.weight", r.take("lm_head.weight"))
-    put(out, "lm_head.bias", r.take("lm_head.bias"))
-    return r.finish(out, cfg)
+ROWS = [  # HF name (under transformer.) <-> lmlab name; {i}: every layer
+    Row("wte.weight", "embed.weight"),
+    *layer_norm("h.{i}.ln_1", "blocks.{i}.attn_norm"),
+    *separate_qkv("h.{i}.attn.{p}_proj", "blocks.{i}.attn.qkv"),
+    *linear("h.{i}.attn.out_proj", "blocks.{i}.attn.out"),
+    *linear("h.{i}.mlp.fc_in", "blocks.{i}.mlp.w_in", bias=True),
+    *linear("h.{i}.mlp.fc_out", "blocks.{i}.mlp.w_out", bias=True),
+    *layer_norm("ln_f", "final_norm"),
+    Row("lm_head.bias", "lm_head.bias", prefixed=False),
+]
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
@@ -116,22 +101,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     return hf
 
 
-def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
-    out: StateDict = {"transformer.wte.weight": lm_key(state, "embed.weight")}
-    for i in range(cfg.n_layers):
-        h, b = f"transformer.h.{i}.", f"blocks.{i}."
-        put(out, h + "ln_1.weight", lm_key(state, b + "attn_norm.weight"))
-        put(out, h + "ln_1.bias", lm_key(state, b + "attn_norm.bias"))
-        for p, w in zip("qkv", split_qkv(lm_key(state, b + "attn.qkv.weight"), cfg)):
-            put(out, h + f"attn.{p}_proj.weight", w)
-        put(out, h + "attn.out_proj.weight", lm_key(state, b + "attn.out.weight"))
-        for hf_lin, lm_lin in (("mlp.fc_in", "mlp.w_in"), ("mlp.fc_out", "mlp.w_out")):
-            put(out, h + hf_lin + ".weight", lm_key(state, b + lm_lin + ".weight"))
-            put(out, h + hf_lin + ".bias", lm_key(state, b + lm_lin + ".bias"))
-    put_output(out, state, cfg, "transformer.ln_f")
-    put(out, "lm_head.bias", lm_key(state, "lm_head.bias"))
-    return out
-
+state_to_lmlab, state_to_hf = converters(NAME, ROWS, "transformer.", ignore=(r"\.attn\.(masked_)?bias$",))
 
 FAMILY = register(Family(
     model_type=NAME, hf_class="GPTJForCausalLM", config_to_lmlab=config_to_lmlab, state_to_lmlab=state_to_lmlab,

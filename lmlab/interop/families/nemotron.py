@@ -11,10 +11,10 @@ lmlab's ``bias`` (attention biases alone: ``bias="attention"``).
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._tools import (put_output, cat_qkv, check_expressible, check_fields, expect, hf_act_name,
-                                           hf_activation, hf_get, lm_key, put, read_rope, rope_parameters,
-                                           split_qkv, StateReader)
-from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
+from lmlab.interop.families._table import converters, Row, layer_norm, linear, separate_qkv
+from lmlab.interop.families._tools import (check_expressible, check_fields, expect, hf_act_name,
+                                           hf_activation, hf_get, read_rope, rope_parameters)
+from lmlab.interop.registry import Family, UnsupportedError, register
 
 NAME = "nemotron"
 _BIAS = {(False, False): "none", (True, True): "all", (False, True): "mlp", (True, False): "attention"}
@@ -53,32 +53,24 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     )
 
 
-def state_to_lmlab(hf_state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
-    r = StateReader(NAME, hf_state, prefixes=("model.",))
-    out: StateDict = {"embed.weight": r.take("embed_tokens.weight")}
-    attn_bias, mlp_bias = cfg.bias in ("all", "attention"), cfg.bias in ("all", "mlp")
-    for i in range(cfg.n_layers):
-        h, b = f"layers.{i}.", f"blocks.{i}."
-        for hf_norm, lm_norm in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "mlp_norm")):
-            put(out, b + lm_norm + ".weight", r.take(h + hf_norm + ".weight"))
-            put(out, b + lm_norm + ".bias", r.take(h + hf_norm + ".bias"))
-        put(out, b + "attn.qkv.weight", cat_qkv(*(r.take(h + f"self_attn.{p}_proj.weight") for p in "qkv")))
-        if attn_bias:
-            put(out, b + "attn.qkv.bias", cat_qkv(*(r.take(h + f"self_attn.{p}_proj.bias") for p in "qkv")))
-        for hf_lin, lm_lin, biased in (
-            ("self_attn.o_proj", "attn.out", attn_bias),
-            ("mlp.up_proj", "mlp.w_in", mlp_bias),
-            ("mlp.down_proj", "mlp.w_out", mlp_bias),
-        ):
-            put(out, b + lm_lin + ".weight", r.take(h + hf_lin + ".weight"))
-            put(out, b + lm_lin + ".bias", r.take_if(h + hf_lin + ".bias", biased))
-    put(out, "final_norm.weight", r.take("norm.weight"))
-    put(out, "final_norm.bias", r.take("norm.bias"))
-    if cfg.tie_embeddings:
-        r.tied_head("lm_head.weight", out["embed.weight"])
-    else:
-        put(out, "lm_head.weight", r.take("lm_head.weight"))
-    return r.finish(out, cfg)
+def _attn_bias(cfg: ModelConfig) -> bool:
+    return cfg.bias in ("all", "attention")
+
+
+def _mlp_bias(cfg: ModelConfig) -> bool:
+    return cfg.bias in ("all", "mlp")
+
+
+ROWS = [  # HF name (under model.) <-> lmlab name; {i}: every layer
+    Row("embed_tokens.weight", "embed.weight"),
+    *layer_norm("layers.{i}.input_layernorm", "blocks.{i}.attn_norm"),
+    *separate_qkv("layers.{i}.self_attn.{p}_proj", "blocks.{i}.attn.qkv", bias=_attn_bias),
+    *linear("layers.{i}.self_attn.o_proj", "blocks.{i}.attn.out", bias=_attn_bias),
+    *layer_norm("layers.{i}.post_attention_layernorm", "blocks.{i}.mlp_norm"),
+    *linear("layers.{i}.mlp.up_proj", "blocks.{i}.mlp.w_in", bias=_mlp_bias),
+    *linear("layers.{i}.mlp.down_proj", "blocks.{i}.mlp.w_out", bias=_mlp_bias),
+    *layer_norm("norm", "final_norm"),
+]
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
@@ -109,29 +101,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     return hf
 
 
-def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
-    out: StateDict = {"model.embed_tokens.weight": lm_key(state, "embed.weight")}
-    attn_bias, mlp_bias = cfg.bias in ("all", "attention"), cfg.bias in ("all", "mlp")
-    for i in range(cfg.n_layers):
-        h, b = f"model.layers.{i}.", f"blocks.{i}."
-        for hf_norm, lm_norm in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "mlp_norm")):
-            put(out, h + hf_norm + ".weight", lm_key(state, b + lm_norm + ".weight"))
-            put(out, h + hf_norm + ".bias", lm_key(state, b + lm_norm + ".bias"))
-        for p, w in zip("qkv", split_qkv(lm_key(state, b + "attn.qkv.weight"), cfg)):
-            put(out, h + f"self_attn.{p}_proj.weight", w)
-        if attn_bias:
-            for p, w in zip("qkv", split_qkv(lm_key(state, b + "attn.qkv.bias"), cfg)):
-                put(out, h + f"self_attn.{p}_proj.bias", w)
-        for hf_lin, lm_lin, biased in (
-            ("self_attn.o_proj", "attn.out", attn_bias),
-            ("mlp.up_proj", "mlp.w_in", mlp_bias),
-            ("mlp.down_proj", "mlp.w_out", mlp_bias),
-        ):
-            put(out, h + hf_lin + ".weight", lm_key(state, b + lm_lin + ".weight"))
-            put(out, h + hf_lin + ".bias", lm_key(state, b + lm_lin + ".bias", biased))
-    put_output(out, state, cfg, "model.norm")
-    return out
-
+state_to_lmlab, state_to_hf = converters(NAME, ROWS, "model.")
 
 FAMILY = register(Family(
     model_type=NAME, hf_class="NemotronForCausalLM", config_to_lmlab=config_to_lmlab, state_to_lmlab=state_to_lmlab,

@@ -13,9 +13,10 @@ not carried.
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._tools import (cat_qkv, check_expressible, check_fields, expect, hf_act_name,
-                                           hf_activation, hf_get, lm_key, put, split_qkv, StateReader)
-from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
+from lmlab.interop.families._table import converters, Row, layer_norm, linear, separate_qkv
+from lmlab.interop.families._tools import (check_expressible, check_fields, expect, hf_act_name,
+                                           hf_activation, hf_get)
+from lmlab.interop.registry import Family, UnsupportedError, register
 
 NAME = "opt"
 OFFSET = 2  # OPTLearnedPositionalEmbedding.offset
@@ -56,33 +57,27 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     )
 
 
-def state_to_lmlab(hf_state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
-    r = StateReader(NAME, hf_state, prefixes=("model.", "decoder."))
-    norm_bias = cfg.norm_affine
-    out: StateDict = {"embed.weight": r.take("embed_tokens.weight"), "abs_pos.weight": r.take("embed_positions.weight")}
-    if cfg.embed_dim not in (None, cfg.d_model):
-        put(out, "proj_in.weight", r.take("project_in.weight"))
-        put(out, "proj_out.weight", r.take("project_out.weight"))
-    biased = cfg.bias == "all"
-    for i in range(cfg.n_layers):
-        h, b = f"layers.{i}.", f"blocks.{i}."
-        for hf_norm, lm_norm in (("self_attn_layer_norm", "attn_norm"), ("final_layer_norm", "mlp_norm")):
-            put(out, b + lm_norm + ".weight", r.take_if(h + hf_norm + ".weight", cfg.norm_affine))
-            put(out, b + lm_norm + ".bias", r.take_if(h + hf_norm + ".bias", norm_bias))
-        put(out, b + "attn.qkv.weight", cat_qkv(*(r.take(h + f"self_attn.{p}_proj.weight") for p in "qkv")))
-        if biased:
-            put(out, b + "attn.qkv.bias", cat_qkv(*(r.take(h + f"self_attn.{p}_proj.bias") for p in "qkv")))
-        for hf_lin, lm_lin in (("self_attn.out_proj", "attn.out"), ("fc1", "mlp.w_in"), ("fc2", "mlp.w_out")):
-            put(out, b + lm_lin + ".weight", r.take(h + hf_lin + ".weight"))
-            put(out, b + lm_lin + ".bias", r.take_if(h + hf_lin + ".bias", biased))
-    if cfg.final_norm:
-        put(out, "final_norm.weight", r.take_if("final_layer_norm.weight", cfg.norm_affine))
-        put(out, "final_norm.bias", r.take_if("final_layer_norm.bias", norm_bias))
-    if cfg.tie_embeddings:
-        r.tied_head("lm_head.weight", out["embed.weight"])
-    else:
-        put(out, "lm_head.weight", r.take("lm_head.weight"))
-    return r.finish(out, cfg)
+def _biased(cfg: ModelConfig) -> bool:
+    return cfg.bias == "all"
+
+
+def _projected(cfg: ModelConfig) -> bool:
+    return cfg.embed_dim not in (None, cfg.d_model)
+
+
+ROWS = [  # HF name (under model.decoder.) <-> lmlab name; {i}: every layer
+    Row("embed_tokens.weight", "embed.weight"),
+    Row("embed_positions.weight", "abs_pos.weight"),
+    Row("project_in.weight", "proj_in.weight", when=_projected),
+    Row("project_out.weight", "proj_out.weight", when=_projected),
+    *layer_norm("layers.{i}.self_attn_layer_norm", "blocks.{i}.attn_norm", when=lambda cfg: cfg.norm_affine),
+    *separate_qkv("layers.{i}.self_attn.{p}_proj", "blocks.{i}.attn.qkv", bias=_biased),
+    *linear("layers.{i}.self_attn.out_proj", "blocks.{i}.attn.out", bias=_biased),
+    *layer_norm("layers.{i}.final_layer_norm", "blocks.{i}.mlp_norm", when=lambda cfg: cfg.norm_affine),
+    *linear("layers.{i}.fc1", "blocks.{i}.mlp.w_in", bias=_biased),
+    *linear("layers.{i}.fc2", "blocks.{i}.mlp.w_out", bias=_biased),
+    *layer_norm("final_layer_norm", "final_norm", when=lambda cfg: cfg.final_norm and cfg.norm_affine),
+]
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
@@ -109,34 +104,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     return hf
 
 
-def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
-    p = "model.decoder."
-    out: StateDict = {p + "embed_tokens.weight": lm_key(state, "embed.weight"),
-                      p + "embed_positions.weight": lm_key(state, "abs_pos.weight")}
-    if cfg.embed_dim not in (None, cfg.d_model):
-        put(out, p + "project_in.weight", lm_key(state, "proj_in.weight"))
-        put(out, p + "project_out.weight", lm_key(state, "proj_out.weight"))
-    biased = cfg.bias == "all"
-    for i in range(cfg.n_layers):
-        h, b = f"{p}layers.{i}.", f"blocks.{i}."
-        for hf_norm, lm_norm in (("self_attn_layer_norm", "attn_norm"), ("final_layer_norm", "mlp_norm")):
-            put(out, h + hf_norm + ".weight", lm_key(state, b + lm_norm + ".weight", cfg.norm_affine))
-            put(out, h + hf_norm + ".bias", lm_key(state, b + lm_norm + ".bias", cfg.norm_affine))
-        for name, w in zip("qkv", split_qkv(lm_key(state, b + "attn.qkv.weight"), cfg)):
-            put(out, h + f"self_attn.{name}_proj.weight", w)
-        if biased:
-            for name, w in zip("qkv", split_qkv(lm_key(state, b + "attn.qkv.bias"), cfg)):
-                put(out, h + f"self_attn.{name}_proj.bias", w)
-        for hf_lin, lm_lin in (("self_attn.out_proj", "attn.out"), ("fc1", "mlp.w_in"), ("fc2", "mlp.w_out")):
-            put(out, h + hf_lin + ".weight", lm_key(state, b + lm_lin + ".weight"))
-            put(out, h + hf_lin + ".bias", lm_key(state, b + lm_lin + ".bias", biased))
-    if cfg.final_norm:
-        put(out, p + "final_layer_norm.weight", lm_key(state, "final_norm.weight", cfg.norm_affine))
-        put(out, p + "final_layer_norm.bias", lm_key(state, "final_norm.bias", cfg.norm_affine))
-    if not cfg.tie_embeddings:
-        put(out, "lm_head.weight", lm_key(state, "lm_head.weight"))
-    return out
-
+state_to_lmlab, state_to_hf = converters(NAME, ROWS, "model.decoder.", read_prefixes=("model.", "decoder."))
 
 FAMILY = register(Family(
     model_type=NAME, hf_class="OPTForCausalLM", config_to_lmlab=config_to_lmlab, state_to_lmlab=state_to_lmlab,

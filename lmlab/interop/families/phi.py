@@ -10,10 +10,10 @@ LayerNorm has no bias).
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._tools import (put_output, cat_qkv, check_expressible, check_fields, expect, hf_act_name,
-                                           hf_activation, hf_get, lm_key, put, read_rope, rope_parameters, split_qkv,
-                                           StateReader)
-from lmlab.interop.registry import Family, StateDict, register
+from lmlab.interop.families._table import converters, Row, layer_norm, linear, separate_qkv
+from lmlab.interop.families._tools import (check_expressible, check_fields, expect, hf_act_name,
+                                           hf_activation, hf_get, read_rope, rope_parameters)
+from lmlab.interop.registry import Family, register
 
 NAME = "phi"
 
@@ -53,26 +53,16 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     )
 
 
-def state_to_lmlab(hf_state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
-    r = StateReader(NAME, hf_state, prefixes=("model.",))
-    out: StateDict = {"embed.weight": r.take("embed_tokens.weight")}
-    for i in range(cfg.n_layers):
-        h, b = f"layers.{i}.", f"blocks.{i}."
-        put(out, b + "attn_norm.weight", r.take(h + "input_layernorm.weight"))
-        put(out, b + "attn_norm.bias", r.take(h + "input_layernorm.bias"))
-        for part in ("weight", "bias"):
-            put(out, b + f"attn.qkv.{part}", cat_qkv(*(r.take(h + f"self_attn.{p}_proj.{part}") for p in "qkv")))
-        for hf_lin, lm_lin in (("self_attn.dense", "attn.out"), ("mlp.fc1", "mlp.w_in"), ("mlp.fc2", "mlp.w_out")):
-            put(out, b + lm_lin + ".weight", r.take(h + hf_lin + ".weight"))
-            put(out, b + lm_lin + ".bias", r.take(h + hf_lin + ".bias"))
-    put(out, "final_norm.weight", r.take("final_layernorm.weight"))
-    put(out, "final_norm.bias", r.take("final_layernorm.bias"))
-    if cfg.tie_embeddings:
-        r.tied_head("lm_head.weight", out["embed.weight"])
-    else:
-        put(out, "lm_head.weight", r.take("lm_head.weight"))
-    put(out, "lm_head.bias", r.take("lm_head.bias"))
-    return r.finish(out, cfg)
+ROWS = [  # HF name (under model.) <-> lmlab name; {i}: every layer
+    Row("embed_tokens.weight", "embed.weight"),
+    *layer_norm("layers.{i}.input_layernorm", "blocks.{i}.attn_norm"),
+    *separate_qkv("layers.{i}.self_attn.{p}_proj", "blocks.{i}.attn.qkv", bias=True),
+    *linear("layers.{i}.self_attn.dense", "blocks.{i}.attn.out", bias=True),
+    *linear("layers.{i}.mlp.fc1", "blocks.{i}.mlp.w_in", bias=True),
+    *linear("layers.{i}.mlp.fc2", "blocks.{i}.mlp.w_out", bias=True),
+    *layer_norm("final_layernorm", "final_norm"),
+    Row("lm_head.bias", "lm_head.bias", prefixed=False),
+]
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
@@ -93,22 +83,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     return hf
 
 
-def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
-    out: StateDict = {"model.embed_tokens.weight": lm_key(state, "embed.weight")}
-    for i in range(cfg.n_layers):
-        h, b = f"model.layers.{i}.", f"blocks.{i}."
-        put(out, h + "input_layernorm.weight", lm_key(state, b + "attn_norm.weight"))
-        put(out, h + "input_layernorm.bias", lm_key(state, b + "attn_norm.bias"))
-        for part in ("weight", "bias"):
-            for p, w in zip("qkv", split_qkv(lm_key(state, b + f"attn.qkv.{part}"), cfg)):
-                put(out, h + f"self_attn.{p}_proj.{part}", w)
-        for hf_lin, lm_lin in (("self_attn.dense", "attn.out"), ("mlp.fc1", "mlp.w_in"), ("mlp.fc2", "mlp.w_out")):
-            put(out, h + hf_lin + ".weight", lm_key(state, b + lm_lin + ".weight"))
-            put(out, h + hf_lin + ".bias", lm_key(state, b + lm_lin + ".bias"))
-    put_output(out, state, cfg, "model.final_layernorm")
-    put(out, "lm_head.bias", lm_key(state, "lm_head.bias"))
-    return out
-
+state_to_lmlab, state_to_hf = converters(NAME, ROWS, "model.")
 
 FAMILY = register(Family(
     model_type=NAME, hf_class="PhiForCausalLM", config_to_lmlab=config_to_lmlab, state_to_lmlab=state_to_lmlab,

@@ -10,13 +10,12 @@ per-head weights are stacked into (n_heads, head_dim) / (n_kv_heads, head_dim).
 
 from __future__ import annotations
 
-import torch
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._tools import (put_output, cat_qkv, check_expressible, check_fields, expect, hf_act_name,
-                                           hf_activation, hf_get, lm_key, put, read_rope, rope_parameters, split_qkv,
-                                           StateReader)
-from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
+from lmlab.interop.families._table import converters, Row, layer_norm, linear, separate_qkv
+from lmlab.interop.families._tools import (check_expressible, check_fields, expect, hf_act_name,
+                                           hf_activation, hf_get, read_rope, rope_parameters)
+from lmlab.interop.registry import Family, UnsupportedError, register
 
 NAME = "stablelm"
 
@@ -57,43 +56,26 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     )
 
 
-def state_to_lmlab(hf_state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
-    r = StateReader(NAME, hf_state, prefixes=("model.",))
-    out: StateDict = {"embed.weight": r.take("embed_tokens.weight")}
-    for i in range(cfg.n_layers):
-        h, b = f"layers.{i}.", f"blocks.{i}."
-        norms = _norms(cfg)
-        for hf_norm, lm_norm in norms:
-            put(out, b + lm_norm + ".weight", r.take(h + hf_norm + ".weight"))
-            put(out, b + lm_norm + ".bias", r.take(h + hf_norm + ".bias"))
-        put(out, b + "attn.qkv.weight", cat_qkv(*(r.take(h + f"self_attn.{p}_proj.weight") for p in "qkv")))
-        if cfg.bias == "qkv":
-            put(out, b + "attn.qkv.bias", cat_qkv(*(r.take(h + f"self_attn.{p}_proj.bias") for p in "qkv")))
-        if cfg.qk_norm != "none":
-            for p, heads in (("q", cfg.n_heads), ("k", cfg.n_kv_heads)):
-                stacked = torch.stack([r.take(h + f"self_attn.{p}_layernorm.norms.{j}.weight") for j in range(heads)])
-                put(out, b + f"attn.{p}_norm.weight", stacked)
-        put(out, b + "attn.out.weight", r.take(h + "self_attn.o_proj.weight"))
-        put(
-            out,
-            b + "mlp.w_in.weight",
-            torch.cat([r.take(h + "mlp.gate_proj.weight"), r.take(h + "mlp.up_proj.weight")]),
-        )
-        put(out, b + "mlp.w_out.weight", r.take(h + "mlp.down_proj.weight"))
-    put(out, "final_norm.weight", r.take("norm.weight"))
-    put(out, "final_norm.bias", r.take("norm.bias"))
-    if cfg.tie_embeddings:
-        r.tied_head("lm_head.weight", out["embed.weight"])
-    else:
-        put(out, "lm_head.weight", r.take("lm_head.weight"))
-    return r.finish(out, cfg)
+def _qk_norm(cfg: ModelConfig) -> bool:
+    return cfg.qk_norm != "none"
 
 
-def _norms(cfg: ModelConfig) -> list[tuple[str, str]]:
-    """(HF, lmlab) names of a layer's LayerNorms: one before attention, one before the MLP unless parallel."""
-    return [("input_layernorm", "attn_norm")] + (
-        [] if cfg.parallel_block else [("post_attention_layernorm", "mlp_norm")]
-    )
+ROWS = [  # HF name (under model.) <-> lmlab name; {i}: every layer, {j}: every head
+    Row("embed_tokens.weight", "embed.weight"),
+    *layer_norm("layers.{i}.input_layernorm", "blocks.{i}.attn_norm"),
+    *separate_qkv("layers.{i}.self_attn.{p}_proj", "blocks.{i}.attn.qkv", bias=lambda cfg: cfg.bias == "qkv"),
+    Row("layers.{i}.self_attn.q_layernorm.norms.{j}.weight", "blocks.{i}.attn.q_norm.weight", when=_qk_norm,
+        stack=lambda cfg: cfg.n_heads),
+    Row("layers.{i}.self_attn.k_layernorm.norms.{j}.weight", "blocks.{i}.attn.k_norm.weight", when=_qk_norm,
+        stack=lambda cfg: cfg.n_kv_heads),
+    *linear("layers.{i}.self_attn.o_proj", "blocks.{i}.attn.out"),
+    # one LayerNorm before the MLP unless the block is parallel (then attention's feeds both)
+    *layer_norm("layers.{i}.post_attention_layernorm", "blocks.{i}.mlp_norm", when=lambda cfg: not cfg.parallel_block),
+    Row(("layers.{i}.mlp.gate_proj.weight", "layers.{i}.mlp.up_proj.weight"), "blocks.{i}.mlp.w_in.weight",
+        sizes=lambda cfg: [cfg.d_ff, cfg.d_ff]),
+    *linear("layers.{i}.mlp.down_proj", "blocks.{i}.mlp.w_out"),
+    *layer_norm("norm", "final_norm"),
+]
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
@@ -117,31 +99,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     return hf
 
 
-def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
-    out: StateDict = {"model.embed_tokens.weight": lm_key(state, "embed.weight")}
-    for i in range(cfg.n_layers):
-        h, b = f"model.layers.{i}.", f"blocks.{i}."
-        norms = _norms(cfg)
-        for hf_norm, lm_norm in norms:
-            put(out, h + hf_norm + ".weight", lm_key(state, b + lm_norm + ".weight"))
-            put(out, h + hf_norm + ".bias", lm_key(state, b + lm_norm + ".bias"))
-        for p, w in zip("qkv", split_qkv(lm_key(state, b + "attn.qkv.weight"), cfg)):
-            put(out, h + f"self_attn.{p}_proj.weight", w)
-        if cfg.bias == "qkv":
-            for p, w in zip("qkv", split_qkv(lm_key(state, b + "attn.qkv.bias"), cfg)):
-                put(out, h + f"self_attn.{p}_proj.bias", w)
-        if cfg.qk_norm != "none":
-            for p in "qk":
-                for j, w in enumerate(lm_key(state, b + f"attn.{p}_norm.weight")):
-                    put(out, h + f"self_attn.{p}_layernorm.norms.{j}.weight", w)
-        put(out, h + "self_attn.o_proj.weight", lm_key(state, b + "attn.out.weight"))
-        gate, up = lm_key(state, b + "mlp.w_in.weight").split(cfg.d_ff, dim=0)
-        put(out, h + "mlp.gate_proj.weight", gate)
-        put(out, h + "mlp.up_proj.weight", up)
-        put(out, h + "mlp.down_proj.weight", lm_key(state, b + "mlp.w_out.weight"))
-    put_output(out, state, cfg, "model.norm")
-    return out
-
+state_to_lmlab, state_to_hf = converters(NAME, ROWS, "model.")
 
 FAMILY = register(Family(
     model_type=NAME, hf_class="StableLmForCausalLM", config_to_lmlab=config_to_lmlab, state_to_lmlab=state_to_lmlab,
