@@ -174,7 +174,7 @@ def main() -> None:
     import datetime
     import os
 
-    from lmlab.cli import POSITIVE, _int_at_least, _Parser
+    from lmlab.cli_parser import POSITIVE, _int_at_least, _Parser
 
     ap = _Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=POSITIVE, nargs="+", default=[1, 8])

@@ -805,7 +805,8 @@ def check_run_count(raw: dict, source: str, max_runs: Optional[int] = None) -> i
     if count > limit:
         raise ConfigError(
             f"{source}: the spec plans {count:,} runs (variants x scales x tuned values x {len(seeds):,} "
-            f"seed(s){', two-stage' if per_cell != values * len(seeds) else ''}), more than max_runs={limit:,}; narrow the axes or seeds, or allow them with "
+            f"seed(s){', two-stage' if per_cell != values * len(seeds) else ''}), more than max_runs={limit:,}; "
+            f"narrow the axes or seeds, or allow them with "
             f"'max_runs: {count}' in the spec or `lmlab sweep --max-runs {count}`"
         )
     return count
