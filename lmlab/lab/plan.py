@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lmlab.config import ConfigError, ModelConfig
-from lmlab.lab.spec import (QUANTITIES, SWEEP_TRAIN_DEFAULTS, TIMING_METRICS, Match, Spec, _field_names, _fmt,
+from lmlab.lab.claims import TIMING_METRICS
+from lmlab.lab.spec import (QUANTITIES, SWEEP_TRAIN_DEFAULTS, Match, Spec, _field_names, _fmt,
                             variant_data)
 
 

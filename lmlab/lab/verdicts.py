@@ -34,7 +34,8 @@ from typing import Optional
 from lmlab.lab import stats
 from lmlab.lab.preconditions import device_of
 from lmlab.lab.stats import finite as _ok
-from lmlab.lab.spec import QUANTITIES, TIMING_METRICS, Spec
+from lmlab.lab.claims import TIMING_METRICS, Expectation
+from lmlab.lab.spec import QUANTITIES, Spec
 from lmlab.lab.plan import control_flags
 
 CONTENTION_LIMIT = 1.2  # a run whose wall time exceeds tokens / median rate by 20% shared the machine
@@ -139,7 +140,7 @@ def claim_record(e) -> dict:
 
 
 def judge(e, a: dict, b: dict, confidence: float, pooled, power: float = 0.8) -> dict:
-    """The statistical verdict of expectation ``e`` (:class:`lmlab.lab.spec.Expectation`) from per-seed
+    """The statistical verdict of expectation ``e`` (:class:`lmlab.lab.claims.Expectation`) from per-seed
     values of its two variants (``a`` = better / first, ``b`` = than / second; seed -> value or None),
     with the smallest effect the design detects at ``power`` ("detectable") and, when inconclusive, the
     direction it leans and the paired seeds that would decide it ("settle": [n, lean]). :func:`gate`
@@ -412,7 +413,6 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
            "timing_device": device_of(timing_machine, timing.get("device")) if timing else None}
 
     def judge_sub(req, scale):
-        from lmlab.lab.spec import Expectation
 
         sub = Expectation("better", req.a, req.b, req.bound, False, req.metric)
         mv = chosen_values(eval_rows, selected, req.metric)
