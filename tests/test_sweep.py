@@ -16,7 +16,8 @@ from lmlab.data.prepare import prepare
 from lmlab.lab.results import read_results, run_state
 from lmlab.lab.runner import run_sweep
 from lmlab.run_folder import read_outcome
-from lmlab.lab.spec import builtin_specs, expand_axes, load_spec, parse_spec
+from lmlab.lab.axes import expand_axes
+from lmlab.lab.spec import builtin_specs, load_spec, parse_spec
 from lmlab.lab.plan import _plan, plan_runs, trained_plans
 from lmlab.train import TrainConfig, Trainer
 
@@ -366,7 +367,7 @@ def test_variants_with_their_own_data_train_and_score_on_it(byte_data, small_cor
     """A variant's data: (a prepared folder, or the default corpus with another tokenizer) sets its
     runs' data and vocab_size; bits/byte of two tokenizations of the same documents are compared; --data
     cannot replace it (refused, naming the variants); malformed values are refused by name."""
-    from lmlab.lab.spec import variant_data
+    from lmlab.lab.axes import variant_data
     from lmlab.runs import default_data_dir
 
     bpe = tmp_path / "bpe300"

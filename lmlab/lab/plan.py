@@ -16,8 +16,8 @@ from typing import Any, Optional
 
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.lab.claims import TIMING_METRICS
-from lmlab.lab.spec import (QUANTITIES, SWEEP_TRAIN_DEFAULTS, Match, Spec, _field_names, _fmt,
-                            variant_data)
+from lmlab.lab.axes import _field_names, _fmt, variant_data
+from lmlab.lab.spec import QUANTITIES, SWEEP_TRAIN_DEFAULTS, Match, Spec
 
 
 @dataclass

@@ -15,7 +15,8 @@ from typing import Any, Optional
 
 from lmlab.config import ConfigError
 from lmlab.lab.plan import RunPlan
-from lmlab.lab.spec import Spec, _fmt
+from lmlab.lab.axes import _fmt
+from lmlab.lab.spec import Spec
 from lmlab.lab.validate import check_nesting
 from lmlab.run_folder import RUN_FILE, checkpoint_dirs, metrics_path, read_metrics_file, read_run
 
