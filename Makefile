@@ -54,6 +54,7 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed-demo
 	@test -n "$(strip $(RUN))" || { echo "make demo: RUN is empty; name the run folder, e.g. RUN=runs/demo1" >&2; exit 2; }
 	@test -f data/shakespeare-bpe4096/manifest.json || $(BIN)/lmlab prepare
+	$(BIN)/lmlab bench calibrate --if-missing
 	@echo "demo run folder: $(RUN) (interrupted? \`make demo RUN=$(RUN)\` resumes it)"
 	$(BIN)/lmlab train --config demo --out $(RUN)
 	$(BIN)/lmlab eval $(RUN)
@@ -65,6 +66,7 @@ test: install
 
 ablations: install
 	@echo "sweeps folder: $(SWEEPS) (interrupted? \`make ablations SWEEPS=$(SWEEPS)\` resumes it)"
+	$(BIN)/lmlab bench calibrate --if-missing
 	@for s in $(SPECS); do \
 	  $(BIN)/lmlab sweep $$s --out $(SWEEPS)/$$s$(SUFFIX) --jobs $(JOBS) $(TIERFLAGS) && \
 	  $(BIN)/lmlab report $(SWEEPS)/$$s$(SUFFIX) --out docs/ablations/$$s$(SUFFIX)/report.md || exit 1; \

@@ -412,6 +412,25 @@ def cmd_bench_decode(args) -> int:
     return 0
 
 
+def cmd_bench_calibrate(args) -> int:
+    from lmlab.bench import describe_machine
+    from lmlab.kernels.calibrate import calibrate, write_calibration
+    from lmlab.kernels.settings import default_kernels, load_calibration
+
+    log = (lambda s: print(s, file=sys.stderr)) if args.json else print
+    if args.if_missing and not args.out and load_calibration() is not None:
+        log(f"kernels: {default_kernels().describe()}")
+        return 0
+    log(f"calibrating CPU kernels on {describe_machine()}")
+    record = calibrate(args.rounds, log=log)
+    path = write_calibration(record, Path(args.out) if args.out else None)
+    default_kernels.cache_clear()
+    log(f"wrote {path}")
+    if args.json:
+        print(json.dumps(record))
+    return 0
+
+
 # --- coordcheck ----------------------------------------------------------------------------
 def cmd_coordcheck(args) -> int:
     from lmlab.lab.coordcheck import format_result, plot_result, run_coordcheck
@@ -473,6 +492,7 @@ COMMANDS = {  # what each parsed command calls (lmlab.cli_parser names them)
     "coordcheck": cmd_coordcheck,
     "presets": cmd_presets,
     "bench decode": cmd_bench_decode,
+    "bench calibrate": cmd_bench_calibrate,
 }
 
 

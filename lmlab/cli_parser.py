@@ -303,7 +303,7 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--format", choices=["table", "markdown", "csv"], default="table")
     sp.set_defaults(func="survey")
 
-    sp = sub.add_parser("bench", help="benchmarks: `lmlab bench decode`")
+    sp = sub.add_parser("bench", help="benchmarks: `lmlab bench decode`, `lmlab bench calibrate`")
     bench = sp.add_subparsers(dest="bench", required=True)
     bp = bench.add_parser("decode", help="prefill and decode tokens/s of KV-cache generation (greedy)")
     bp.add_argument("run", type=_path, nargs="?", help="a run folder (its trained weights); default the demo config")
@@ -318,6 +318,14 @@ def make_parser() -> argparse.ArgumentParser:
     bp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
     bp.add_argument("--json", action="store_true", help="print one JSON object")
     bp.set_defaults(func="bench decode", command="bench decode")
+    bp = bench.add_parser("calibrate", help="measure which CPU kernels train faster on this machine (fp32 linears "
+                                            "on oneDNN or MKL, blocked or SDPA attention) and cache the choice")
+    bp.add_argument("--rounds", type=_int_at_least(3), default=7, help="interleaved rounds per cell (default 7)")
+    bp.add_argument("--out", type=_path, help="write the calibration here instead of this machine's cache file")
+    bp.add_argument("--json", action="store_true", help="print the calibration record as JSON")
+    bp.add_argument("--if-missing", action="store_true",
+                    help="measure only when this machine has no valid calibration yet (make demo, make ablations)")
+    bp.set_defaults(func="bench calibrate", command="bench calibrate")
 
     sp = sub.add_parser("coordcheck", help="coordinate check of a parametrization (sp | mup | completep): "
                                            "activation sizes across widths after a few AdamW steps")

@@ -153,14 +153,12 @@ def test_blocked_attention_bf16_close_to_fp32_and_rejects_bad_shapes():
         blocked_causal_attention(q, torch.randn(1, 3, 100, 16), torch.randn(1, 3, 100, 16), 0.25)
 
 
-# The model-level tests here read the rule as on a CPU whose fp32 takes the blocked loops on one thread
-# (not Intel's, where the default is SDPA); the vendor rule has its own test.
+# The model-level tests here read the rule as on a CPU whose calibration took the blocked loops for fp32
+# on one thread (the defaults have their own test in test_linear.py).
 BLOCKED = KernelSettings(onednn_fp32=default_kernels().onednn_fp32, blocked_attention_fp32=True)
 
 
 def test_fp32_on_one_thread_takes_sdpa_where_blocked_fp32_is_off():
-    from lmlab.kernels.settings import cpu_vendor
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -169,7 +167,6 @@ def test_fp32_on_one_thread_takes_sdpa_where_blocked_fp32_is_off():
         assert use_blocked(torch.empty(8, 8, 256, 32), blocked_fp32=True)
     finally:
         torch.set_num_threads(threads)
-    assert default_kernels().blocked_attention_fp32 == (cpu_vendor() != "GenuineIntel")
     cfg = ModelConfig(vocab_size=50, context_length=16, d_model=32, n_layers=2, n_heads=2)
     model = TransformerLM(cfg)
     assert model.kernels == default_kernels()

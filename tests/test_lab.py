@@ -519,9 +519,13 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path, 
     assert [len(v) for v in grads["SwiGLU"]["3"].values()] == [3, 3]  # a norm per block, per seed
     prov = [json.loads(x) for x in (out / "provenance.jsonl").read_text().splitlines()]
     assert prov[0]["spec_sha256"] == __import__("hashlib").sha256(path.read_bytes()).hexdigest()
+    from lmlab.kernels.settings import default_kernels
+
+    assert prov[0]["kernels"] == default_kernels().describe()  # the kernels every run's model used
 
     assert main(["report", str(out)]) == 0
     md = (out / "report.md").read_text()
+    assert f"- **CPU kernels**: {default_kernels().describe()}." in md
     assert md.startswith("# Ablation: bar\n")  # the spec's name, also when basins are drawn
     assert md.index("## Verdicts") < md.index("## Against the baseline") < md.index("## Setup and provenance")
     table = _verdict_table(md)

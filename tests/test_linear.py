@@ -2,6 +2,8 @@
 
 from functools import partial
 
+import json
+
 import pytest
 import torch
 import torch.nn as nn
@@ -218,17 +220,103 @@ def test_forward_mode_and_func_transforms_fall_back():
     torch.testing.assert_close(torch.func.grad(lambda t: m(t).square().sum())(x), want_grad)
 
 
-def test_onednn_is_the_fp32_default_except_on_intel_cpus(tmp_path, monkeypatch):
-    """The vendor comes from /proc/cpuinfo's vendor_id (platform.processor() where there is none); on
-    Intel's CPUs MKL's sgemm measured faster than oneDNN (0.70-0.97x), on AMD's oneDNN (1.6-2.3x)."""
+def _calibration(onednn: bool, blocked: bool, identity: dict) -> dict:
+    return {"version": S.CALIBRATION_VERSION, "identity": identity, "date": "2026-12-05T01:00:00+00:00",
+            "choices": {"onednn_fp32": onednn, "blocked_attention_fp32": blocked}, "cells": []}
+
+
+def test_the_defaults_are_this_machines_calibration_or_torchs(tmp_path, monkeypatch, capsys):
+    """No vendor rule: default_kernels reads the calibration measured on this CPU model and torch
+    version; without one (or with one from another CPU, or a damaged one, each said on stderr) it
+    takes torch's own kernels (MKL linears, SDPA attention)."""
+    from lmlab.kernels.calibrate import cache_path
+
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R)\n")
-    assert S.cpu_vendor(str(info)) == "GenuineIntel"
-    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\n")
-    assert S.cpu_vendor(str(info)) == "AuthenticAMD"
-    monkeypatch.setattr(S.platform, "processor", lambda: "Intel64 Family 6 Model 85 Stepping 7, GenuineIntel")
-    assert S.cpu_vendor(str(tmp_path / "missing")) == "GenuineIntel"
-    monkeypatch.setattr(S.platform, "processor", lambda: "arm")
-    assert S.cpu_vendor(str(tmp_path / "missing")) == ""
-    assert S.onednn_fp32_default("GenuineIntel") is False
-    assert S.onednn_fp32_default("AuthenticAMD") is True
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                    "model name\t: AMD EPYC 9R14\n\nprocessor\t: 1\nmodel name\t: other\n")
+    ident = S.cpu_identity(str(info))
+    assert (ident["cpu"], ident["family"], ident["model"], ident["torch"]) == ("AMD EPYC 9R14", "25", "17",
+                                                                            torch.__version__)
+    monkeypatch.setenv("LMLAB_CACHE", str(tmp_path / "cache"))
+    here = S.cpu_identity()
+    path = cache_path(here)
+    assert path.parent == tmp_path / "cache" / "kernels" and here["family"] in path.name
+    S.default_kernels.cache_clear()
+    try:
+        assert S.default_kernels() == KernelSettings(False, False) and "uncalibrated" in S.default_kernels().source
+        path.parent.mkdir(parents=True)
+        for onednn, blocked in ((True, False), (False, True)):
+            path.write_text(json.dumps(_calibration(onednn, blocked, here)))
+            S.default_kernels.cache_clear()
+            assert S.default_kernels() == KernelSettings(onednn, blocked)
+            assert "calibrated on this CPU 2026-12-05" in S.default_kernels().describe()
+        path.write_text(json.dumps(_calibration(True, True, {**here, "model": "other"})))
+        S.default_kernels.cache_clear()
+        assert S.default_kernels() == KernelSettings(False, False)
+        assert "was measured on" in capsys.readouterr().err
+        path.write_text('{"version": 1, "choices": {"onednn_fp32": "yes"')
+        S.default_kernels.cache_clear()
+        assert S.default_kernels() == KernelSettings(False, False)
+        assert f"{path} is not a kernel calibration" in capsys.readouterr().err
+    finally:
+        S.default_kernels.cache_clear()
+
+
+def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, tmp_path):
+    """The decision rule on given cell ratios (on / off): the geometric mean below 1 turns a kernel on;
+    the record names every cell and is written atomically where it is asked to be."""
+    from lmlab.kernels import calibrate as C
+
+    ratios = {"onednn_fp32": [0.8, 1.2], "blocked_attention_fp32": [1.3, 0.8]}  # geomeans 0.980, 1.020
+    calls = []
+
+    def fake(fields, batch, threads, on, off, rounds):
+        decision = "onednn_fp32" if on.onednn_fp32 != off.onednn_fp32 else "blocked_attention_fp32"
+        calls.append((decision, threads, on))
+        r = ratios[decision][sum(c[0] == decision for c in calls) - 1]
+        return {"ratio": r, "q1": r, "q3": r, "rounds": rounds, "steps": 1, "on_ms": r, "off_ms": 1.0}
+
+    monkeypatch.setattr(C, "measure_cell", fake)
+    monkeypatch.setattr(L, "_AVAILABLE", True)
+    record = C.calibrate(rounds=3, log=lambda s: None)
+    assert record["choices"] == {"onednn_fp32": True, "blocked_attention_fp32": False}
+    assert [c[1] for c in calls if c[0] == "blocked_attention_fp32"] == [1, 1]  # a one-thread path
+    assert all(c[2].onednn_fp32 for c in calls if c[0] == "blocked_attention_fp32")  # with the linears chosen
+    assert [(c["decision"], c["ratio"]) for c in record["cells"]] == [
+        ("onednn_fp32", 0.8), ("onednn_fp32", 1.2), ("blocked_attention_fp32", 1.3), ("blocked_attention_fp32", 0.8)]
+    out = C.write_calibration(record, tmp_path / "k" / "cal.json")
+    assert json.loads(out.read_text())["choices"] == record["choices"] and len(list(out.parent.iterdir())) == 1
+    with pytest.raises(ValueError, match="rounds=2"):
+        C.calibrate(rounds=2)
+
+
+def test_a_calibration_cell_measures_real_steps():
+    """One real cell at the lab's shape, two rounds of the smallest measurement: both settings train
+    (finite step times) and the ratio is their per-round median."""
+    from lmlab.kernels import calibrate as C
+
+    fields = dict(vocab_size=64, context_length=32, d_model=32, n_layers=1, n_heads=2)
+    cell = C.measure_cell(fields, 2, 1, KernelSettings(True, True), KernelSettings(False, False), rounds=3)
+    assert cell["on_ms"] > 0 and cell["off_ms"] > 0 and cell["q1"] <= cell["ratio"] <= cell["q3"]
+
+
+def test_bench_calibrate_if_missing_keeps_a_valid_calibration(tmp_path, monkeypatch, capsys):
+    """`lmlab bench calibrate --if-missing` with this machine's calibration present measures nothing
+    and prints the kernels it names; --rounds below 3 is refused by argparse, naming the flag."""
+    from lmlab.cli import main
+    from lmlab.kernels import calibrate as C
+
+    monkeypatch.setenv("LMLAB_CACHE", str(tmp_path))
+    path = C.cache_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(_calibration(False, True, S.cpu_identity())))
+    monkeypatch.setattr(C, "calibrate", lambda *a, **k: pytest.fail("measured although calibrated"))
+    S.default_kernels.cache_clear()
+    try:
+        assert main(["bench", "calibrate", "--if-missing"]) == 0
+        assert "fp32 attention blocked on one thread (calibrated on this CPU 2026-12-05)" in capsys.readouterr().out
+    finally:
+        S.default_kernels.cache_clear()
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "calibrate", "--rounds", "2"])
+    assert exc.value.code == 2 and "argument --rounds: 2 must be >= 3" in capsys.readouterr().err

@@ -14,8 +14,9 @@ elementwise work (see :func:`blocked_causal_attention`).
 
 The saved probabilities cost batch x heads x T (T + block) / 2 elements per layer (SDPA saves only O
 and the log-sum-exp), so :func:`use_blocked` keeps SDPA where they would exceed ``MAX_SAVED_BYTES`` or
-the context exceeds ``MAX_CONTEXT``, in fp32 on Intel CPUs (``KernelSettings.blocked_attention_fp32``)
-or with more than one thread, and on GPUs (whose SDPA kernels are the fast path). The measurements
+the context exceeds ``MAX_CONTEXT``, in fp32 unless this CPU's calibration chose the blocked loops
+(``KernelSettings.blocked_attention_fp32``) or with more than one thread, and on GPUs (whose SDPA
+kernels are the fast path). The measurements
 behind these choices, with their CPUs and dates: docs/bench/measured-choices.md ("Blocked causal
 attention").
 """
@@ -41,7 +42,7 @@ def use_blocked(q: torch.Tensor, blocked_fp32: bool) -> bool:
     """Whether :func:`blocked_causal_attention` should run q (batch, heads, T, head_dim) in training:
     on CPU, T <= MAX_CONTEXT, the saved probabilities within MAX_SAVED_BYTES, and q in bf16/fp16 or
     torch running one thread (fp32 on one thread only with ``blocked_fp32``, the model's
-    :attr:`KernelSettings.blocked_attention_fp32`: off on Intel CPUs, where SDPA measured faster).
+    :attr:`KernelSettings.blocked_attention_fp32`, chosen by ``lmlab bench calibrate``).
     In fp32 on 2 threads the whole GPT-2-recipe step measured slower with it
     (505 vs 445 ms, eager loops, bench/train_step_gains.py), as SDPA's kernel parallelises better
     there; with the fused loops in one compiled graph (2026-12-03, in one process, alternated, sdpa /

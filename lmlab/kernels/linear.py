@@ -1,4 +1,4 @@
-"""Linear layers whose fp32 matmuls on x86 CPUs (Intel's excepted) run on oneDNN instead of MKL.
+"""Linear layers whose fp32 matmuls on x86 CPUs can run on oneDNN instead of MKL.
 
 PyTorch's CPU build multiplies fp32 matrices with MKL's sgemm, and bf16 ones with oneDNN. oneDNN's
 fp32 matmul, reached through ``torch.ops.mkldnn._linear_pointwise`` (the op Inductor's CPU inference
@@ -20,7 +20,7 @@ which torch.library ops have no rule, :func:`linear` is ``F.linear``. Small prod
 decoding, which has its own packed-weight path in :func:`lmlab.generate.decode_layout`) stay on MKL.
 
 Whether the path is taken at all is the model's :class:`lmlab.kernels.settings.KernelSettings`
-(``onednn_fp32``; off by default on Intel CPUs, where MKL's sgemm is the faster one): a
+(``onednn_fp32``: on where ``lmlab bench calibrate`` measured it faster on this CPU): a
 :class:`Linear` holds it as ``kernels``, set by the model it belongs to.
 """
 

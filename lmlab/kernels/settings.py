@@ -1,17 +1,24 @@
-"""Which CPU kernels a model uses: one explicit record, decided once per process from the CPU and the
-torch build (:func:`default_kernels`), passed at model build (``TransformerLM(cfg, kernels=...)``),
-changed only through ``TransformerLM.set_kernels`` and printed at ``lmlab train``'s startup. No module
-of :mod:`lmlab.kernels` reads a global switch.
+"""Which CPU kernels a model uses: one explicit record, decided once per process (:func:`default_kernels`),
+passed at model build (``TransformerLM(cfg, kernels=...)``), changed only through
+``TransformerLM.set_kernels`` and printed at ``lmlab train``'s startup. No module of :mod:`lmlab.kernels`
+reads a global switch.
 
-The defaults follow the measurements in docs/bench/measured-choices.md (the vendor rule there is the
-rule issue 42 replaces by a measurement on the machine at hand).
+The defaults are measured, never inferred from the CPU's vendor: :func:`default_kernels` reads this
+machine's calibration (``lmlab bench calibrate``, :mod:`lmlab.kernels.calibrate`: whole training steps
+timed both ways on this CPU model and torch version); where there is none, torch's own kernels (MKL
+linears, SDPA attention), and the startup line says the machine is uncalibrated.
 """
 
 from __future__ import annotations
 
+import json
 import platform
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Optional
+
+CALIBRATION_VERSION = 1  # of the calibration file's format
 
 
 @dataclass(frozen=True)
@@ -26,41 +33,86 @@ class KernelSettings:
     onednn_fp32: bool
     blocked_attention_fp32: bool
     fused_loops: bool = True
+    source: str = field(default="explicit", compare=False)  # where the choice came from (not compared)
 
     def describe(self) -> str:
-        """One line for the startup message, e.g. 'fp32 linears on oneDNN, blocked fp32 attention'."""
+        """One line for the startup message, e.g. 'fp32 linears on oneDNN, fp32 attention SDPA (calibrated
+        ...)'."""
         from lmlab.kernels.linear import onednn_available
 
         parts = ["fp32 linears on " + ("oneDNN" if self.onednn_fp32 and onednn_available() else "MKL"),
                  "fp32 attention " + ("blocked on one thread" if self.blocked_attention_fp32 else "SDPA")]
         if not self.fused_loops:
             parts.append("unfused attention loops")
-        return ", ".join(parts)
+        return ", ".join(parts) + f" ({self.source})"
 
 
-def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The x86 CPU's vendor string ('GenuineIntel', 'AuthenticAMD', ...) from the ``vendor_id`` line of
-    ``cpuinfo`` (Linux), else from ``platform.processor()`` (Windows names it there); '' where neither
-    says."""
+def cpu_identity(cpuinfo: str = "/proc/cpuinfo") -> dict:
+    """What a calibration is valid for: the CPU's model name, family and model numbers (the first
+    processor of ``cpuinfo``; '?' where it does not say, e.g. off Linux: then ``platform.processor()``),
+    the machine architecture and torch's version."""
+    import torch
+
+    info: dict = {}
     try:
         with open(cpuinfo, encoding="utf-8", errors="replace") as f:
             for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "cpu family", "model") and key.strip() not in info:
+                    info[key.strip()] = value.strip()
+                if not line.strip() and info:
+                    break
     except OSError:
         pass
-    proc = platform.processor()
-    return next((v for v in ("GenuineIntel", "AuthenticAMD") if v in proc), "")
+    return {"cpu": info.get("model name") or platform.processor() or platform.machine() or "?",
+            "family": info.get("cpu family", "?"), "model": info.get("model", "?"),
+            "machine": platform.machine(), "torch": torch.__version__}
 
 
-def onednn_fp32_default(vendor: str) -> bool:
-    """Whether fp32 linears take oneDNN by default on a CPU of this vendor: everywhere but on Intel's
-    CPUs, where MKL's sgemm measured faster."""
-    return vendor != "GenuineIntel"
+def load_calibration(path=None) -> Optional[dict]:
+    """This machine's calibration record (:mod:`lmlab.kernels.calibrate`), or None when there is none.
+    A file that cannot be read as one, or that was measured on another CPU model or torch version, is
+    not used: a one-line warning on stderr names it and what is wrong (``lmlab bench calibrate``
+    rewrites it)."""
+    from lmlab.kernels.calibrate import cache_path
+
+    ident = cpu_identity()
+    path = path or cache_path(ident)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        print(f"lmlab: warning: cannot read the kernel calibration {path}: {exc}; using torch's defaults",
+              file=sys.stderr)
+        return None
+    try:
+        record = json.loads(text)
+        choices = record["choices"]
+        ok = (record.get("version") == CALIBRATION_VERSION and isinstance(choices, dict)
+              and all(isinstance(choices.get(k), bool) for k in ("onednn_fp32", "blocked_attention_fp32")))
+    except (ValueError, KeyError, TypeError):
+        ok, record = False, None
+    if not ok:
+        print(f"lmlab: warning: {path} is not a kernel calibration of version {CALIBRATION_VERSION}; using "
+              f"torch's defaults (`lmlab bench calibrate` rewrites it)", file=sys.stderr)
+        return None
+    if record.get("identity") != ident:
+        print(f"lmlab: warning: {path} was measured on {record.get('identity')}, not this machine ({ident}); "
+              f"using torch's defaults (`lmlab bench calibrate` measures this one)", file=sys.stderr)
+        return None
+    return record
 
 
 @lru_cache(maxsize=None)
 def default_kernels() -> KernelSettings:
-    """This process's defaults (computed once: the CPU does not change under a running process)."""
-    vendor = cpu_vendor()
-    return KernelSettings(onednn_fp32=onednn_fp32_default(vendor), blocked_attention_fp32=vendor != "GenuineIntel")
+    """This process's defaults, decided once: this machine's calibration (:func:`load_calibration`),
+    else torch's own kernels (MKL linears, SDPA attention). After ``lmlab bench calibrate`` in the same
+    process, ``default_kernels.cache_clear()`` reads the new file."""
+    record = load_calibration()
+    if record is None:
+        return KernelSettings(onednn_fp32=False, blocked_attention_fp32=False,
+                              source="uncalibrated: torch's defaults; `lmlab bench calibrate` measures this CPU")
+    c = record["choices"]
+    return KernelSettings(onednn_fp32=c["onednn_fp32"], blocked_attention_fp32=c["blocked_attention_fp32"],
+                          source=f"calibrated on this CPU {record.get('date', '?')[:10]}")

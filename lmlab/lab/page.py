@@ -105,6 +105,9 @@ def _provenance_lines(sweep_dir: Path, rows: list[dict]) -> list[str]:
             + (" (the spec changed between invocations)" if len(hashes) > 1 else "")
             + "."
         )
+        kernels = list(dict.fromkeys(r["kernels"] for r in recs if r.get("kernels")))
+        if kernels:  # recorded since 2026-12-05
+            L.append("- **CPU kernels**: " + "; ".join(kernels) + ".")
         cmds = list(dict.fromkeys(r.get("command", "") for r in recs))
         L.append(
             "- **Commands**: " + "; ".join(f"`{c}`" for c in cmds) + f" ({len(recs)} invocation"

@@ -79,8 +79,10 @@ def _repo_relative(path: Path) -> str:
 
 def provenance_record(spec: Spec, command: Optional[str]) -> dict:
     """What a reader needs to reproduce one sweep invocation: the command, lmlab version and git
-    commit, the spec file and its SHA-256, the machine, the time and the load average at the start."""
+    commit, the spec file and its SHA-256, the machine and the CPU kernels its models use (this
+    machine's calibration, :mod:`lmlab.kernels.calibrate`), the time and the load average at the start."""
     import lmlab
+    from lmlab.kernels.settings import default_kernels
 
     return {
         "command": command or f"lmlab sweep {spec.path or spec.name}",
@@ -92,6 +94,7 @@ def provenance_record(spec: Spec, command: Optional[str]) -> dict:
         "spec_sha256": spec_sha256(spec),
         "tier": spec.tier,
         "machine": _machine("auto"),
+        "kernels": default_kernels().describe(),
         "python": sys.version.split()[0],
         "started_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
         "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,

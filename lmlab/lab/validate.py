@@ -557,8 +557,8 @@ def read_verdicts(path: Path) -> dict:
 
 # --- provenance.jsonl and load.jsonl ---------------------------------------------------------
 _START_FIELDS = {"command": "name", "sweep": "name", "cwd": "text", "lmlab_version": "text", "git_commit": "text",
-                 "spec": "text", "spec_sha256": "name", "tier": "text", "machine": "text", "python": "text",
-                 "started_at": "text"}
+                 "spec": "text", "spec_sha256": "name", "tier": "text", "machine": "text", "kernels": "text",
+                 "python": "text", "started_at": "text"}
 
 
 def _jsonl_objects(path: Path) -> list[tuple[str, Any]]:
