@@ -72,7 +72,7 @@ def main() -> None:
         ap.error("--threads, --rounds and --steps must be >= 1, --cold-repeats >= 0")
     torch.set_num_threads(a.threads)
     from bench.train_vs_peers import machine_line, quartiles
-    from lmlab.train import keep_freed_memory
+    from lmlab.devices import keep_freed_memory
 
     keep_freed_memory()  # as lmlab train does on CPU
     dtype = torch.bfloat16 if a.dtype == "bf16" else None

@@ -87,7 +87,7 @@ def speed_claims(name: str, out: Path, device: str, log, pairs: int | None = Non
 def tier_cost(name: str, device: str, steps: int, warmup: int, batch: int | None, peak: float, log) -> dict:
     """Part 2 for one spec: seconds per step of each distinct model of its gpu tier; the tier's GPU-hours."""
     from lmlab.lab.timing import _step_timer
-    from lmlab.train import resolve_dtype
+    from lmlab.devices import resolve_dtype
 
     spec = load_spec(name, "gpu")
     plans = trained_plans(_plan(spec, None, 4096))

@@ -26,7 +26,7 @@ attention dropout, the same activation, AdamW settings and autocast dtype. HF GP
 Timing: all systems built in one process, warmed up, then ``--rounds`` rounds, each timing
 ``--steps`` steps of every system in a rotated order; the figure per pair is the median over rounds of
 the per-round ratio of step times, with its interquartile range. On CPU the process first applies
-``lmlab train``'s malloc setting (``lmlab.train.keep_freed_memory``: freed memory stays mapped, no
+``lmlab train``'s malloc setting (``lmlab.devices.keep_freed_memory``: freed memory stays mapped, no
 page faults on the next step's activations); it is process-wide, so the peers time with it too.
 Peak memory: max RSS of a fresh process per system that imports, builds and trains a few steps, and
 its RSS before the first step (what the import and the model cost), so "training adds" is comparable
@@ -174,7 +174,7 @@ def make_system(name: str, a: Args, dtype: Optional[torch.dtype], compile_: bool
     """Build ``name`` ('lmlab' or a peer), its batch and its step on ``device``; runs the first step
     (compiling). ``checkpointing``: lmlab with activation checkpointing (TrainConfig's switch);
     ``kernels``: lmlab's KernelSettings (None: this process's defaults).
-    Building lmlab on CPU applies ``lmlab.train.keep_freed_memory`` (glibc keeps freed memory mapped),
+    Building lmlab on CPU applies ``lmlab.devices.keep_freed_memory`` (glibc keeps freed memory mapped),
     as ``lmlab train`` does: a process-wide setting, so every system built or stepped after it in the
     same process runs with it too (main() applies it before building any system)."""
     torch.manual_seed(0)
@@ -183,7 +183,8 @@ def make_system(name: str, a: Args, dtype: Optional[torch.dtype], compile_: bool
     inputs, targets = x[:, :-1].contiguous(), x[:, 1:].contiguous()  # nanoGPT views its targets
     if name == "lmlab":
         from lmlab.model import TransformerLM
-        from lmlab.train import TrainConfig, keep_freed_memory, make_optimizer, param_groups
+        from lmlab.devices import keep_freed_memory
+        from lmlab.train import TrainConfig, make_optimizer, param_groups
 
         if dev.type == "cpu":  # as lmlab train's Trainer does on CPU; process-wide, so the peers too
             keep_freed_memory()
@@ -378,7 +379,7 @@ def main() -> None:
         variants.insert(1, ("lmlab", a.lmlab_compile, True))
     if a.peers_compiled:
         variants += [(w, True, False) for w in wanted if w != "lmlab"]
-    from lmlab.train import keep_freed_memory
+    from lmlab.devices import keep_freed_memory
 
     kept = ("glibc malloc keeps freed memory (lmlab train's setting) for every system in this process; "
             if dev.type == "cpu" and keep_freed_memory() else "")
@@ -464,11 +465,11 @@ def main() -> None:
 
 def mfu_function(shape: Args, device: str, dtype: Optional[torch.dtype]) -> Callable[[float], Optional[float]]:
     """tokens/s -> model FLOPs utilisation on CUDA (lmlab.analysis.flops_per_token, attention included,
-    against lmlab.train.device_peak_flops); None on CPU or an unknown GPU."""
+    against lmlab.devices.device_peak_flops); None on CPU or an unknown GPU."""
     if not device.startswith("cuda"):
         return lambda tps: None
     from lmlab.analysis import flops_per_token
-    from lmlab.train import device_peak_flops
+    from lmlab.devices import device_peak_flops
 
     peak = device_peak_flops(torch.device(device), dtype)
     per_token = flops_per_token(lmlab_config(shape), shape.context, training=True)

@@ -109,7 +109,7 @@ def check_decode_memory(cfg, device: torch.device, batch: int, length: int, dtyp
     available on ``device``."""
     from lmlab.analysis import kv_cache_bytes, param_counts
     from lmlab.generate import PACK_LIMIT_BYTES
-    from lmlab.train import require_memory
+    from lmlab.devices import require_memory
 
     weights = 4 * param_counts(cfg)["total"]
     kv = kv_cache_bytes(cfg, length, batch, "bf16" if dtype == "bf16" else "fp32")["total"]

@@ -224,7 +224,7 @@ def cmd_eval(args) -> int:
     from lmlab.checkpoint import load_run
     from lmlab.evaluate import evaluate
     from lmlab.run_folder import run_data
-    from lmlab.train import resolve_device, resolve_dtype
+    from lmlab.devices import resolve_device, resolve_dtype
 
     _check_eval_flags(args)
     device = resolve_device(args.device)
@@ -253,7 +253,7 @@ def cmd_generate(args) -> int:
     from lmlab.checkpoint import load_run
     from lmlab.data.tokenizer import TokenizerError
     from lmlab.generate import encode_prompt, generate_batch, generate_text, text_until_stop, write_text
-    from lmlab.train import resolve_device
+    from lmlab.devices import resolve_device
 
     device = resolve_device(args.device)
     if args.prompt_ids is not None:
@@ -398,7 +398,7 @@ def cmd_survey(args) -> int:
 
 def cmd_bench_decode(args) -> int:
     from lmlab.bench import decode_benchmark, format_decode_benchmark
-    from lmlab.train import resolve_device
+    from lmlab.devices import resolve_device
 
     args.config = None
     if args.run and args.preset:
@@ -434,7 +434,7 @@ def cmd_bench_calibrate(args) -> int:
 # --- coordcheck ----------------------------------------------------------------------------
 def cmd_coordcheck(args) -> int:
     from lmlab.lab.coordcheck import format_result, plot_result, run_coordcheck
-    from lmlab.train import resolve_device
+    from lmlab.devices import resolve_device
 
     _resolve_scale(args, "tiny")
     res = run_coordcheck(args.config, args.preset, args.scale, list(args.set or []), args.parametrization,

@@ -89,7 +89,8 @@ def plot_runs(runs: list[Path], out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lmlab.train import TrainConfig, lr_at
+    from lmlab.schedule import lr_at
+    from lmlab.train import TrainConfig
 
     records_of = {run: read_metrics(run) for run in runs}  # every run is checked before anything is written
     configs = {run: TrainConfig.from_dict(read_run(run)["train"], source=f"{run}/run.yaml train") for run in runs}

@@ -206,12 +206,12 @@ def model_config_for(preset: Optional[str], scale: Optional[str], config: Option
 
 
 def check_run_memory(cfg, tc) -> None:
-    """The Trainer's memory check (:func:`lmlab.train.check_memory`), before anything is built or
+    """The Trainer's memory check (:func:`lmlab.devices.check_memory`), before anything is built or
     prepared: fp32 weights + gradients + AdamW moments and one micro-batch's activations against the
     memory of ``tc.device``. Skipped under torchrun (each rank checks its own shard). Raises ConfigError."""
     if int(os.environ.get("WORLD_SIZE", "1")) != 1:
         return
-    from lmlab.train import check_memory, resolve_device
+    from lmlab.devices import check_memory, resolve_device
 
     check_memory(cfg, resolve_device(tc.device), 1, tc.batch_size, 4 if tc.dtype == "fp32" else 2)
 
@@ -268,7 +268,8 @@ def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress
     from lmlab.checkpoint import RUN_FILE, check_run_model, read_run, run_copy_hint
     from lmlab.config import ModelConfig, check_keys
     from lmlab.data.prepare import TokenData
-    from lmlab.train import TrainConfig, Trainer, planned_config
+    from lmlab.schedule import planned_config
+    from lmlab.train import TrainConfig, Trainer
 
     sets = list(sets)
     if (out / RUN_FILE).exists():

@@ -15,7 +15,6 @@ number of scored tokens, so gradient accumulation and data parallelism give the 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import math
 import re
@@ -41,6 +40,9 @@ from lmlab.evaluate import evaluate
 from lmlab.fsutil import atomic_write_bytes, atomic_write_text
 from lmlab.model import TransformerLM
 from lmlab.kernels.linear import fp32_linears_on_onednn
+from lmlab.devices import check_memory, device_peak_flops, keep_freed_memory, resolve_device, resolve_dtype
+from lmlab.schedule import (BUDGET_SKIP_STEPS, BUDGET_TIMED_STEPS, budget_plan_after, budget_replan_step, budget_steps,
+                            lr_at, planned_config, shortest_plan)
 from lmlab.optim import OPTIMIZERS, adamw, build_optimizer, muon_lr_at, optimizer_of, param_groups, set_lr
 from lmlab.parallel import Dist, all_reduce_mean, barrier, full_state, init_distributed, load_full_state, wrap_model
 
@@ -145,28 +147,6 @@ class TrainConfig:
         return build_checked(cls, data, source)
 
 
-def lr_at(step: int, tc: TrainConfig) -> float:
-    """Learning rate at ``step`` (0-based). Linear warmup from lr/warmup_steps to lr, then
-    - cosine: cosine decay to lr * min_lr_ratio at max_steps (Loshchilov & Hutter 2017);
-    - wsd: constant lr, then linear decay to lr * min_lr_ratio over the last ``decay_fraction`` of
-      the steps (warmup-stable-decay; Hu et al. 2024 "MiniCPM", Hägele et al. 2024);
-    - constant: lr."""
-    if tc.warmup_steps and step < tc.warmup_steps:
-        return tc.lr * (step + 1) / tc.warmup_steps
-    if tc.schedule == "constant":
-        return tc.lr
-    lo = tc.lr * tc.min_lr_ratio
-    if tc.schedule == "wsd":
-        start = decay_start(tc)
-        if step < start:
-            return tc.lr
-        progress = min(1.0, (step - start) / max(1, tc.max_steps - start))
-        return tc.lr - (tc.lr - lo) * progress
-    span = max(1, tc.max_steps - tc.warmup_steps)
-    progress = min(1.0, (step - tc.warmup_steps) / span)
-    return lo + (tc.lr - lo) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 COMPILE_SCOPES = ("model", "blocks")
 
 
@@ -191,149 +171,11 @@ def eager():
     return stance("force_eager") if stance else contextlib.nullcontext()
 
 
-BUDGET_SKIP_STEPS = 5  # steps of a process not timed for the budget plan (compile, allocator warm-up)
-BUDGET_TIMED_STEPS = 20  # steps timed before the plan is made
-
-
-def budget_plan_after(tc: TrainConfig) -> float:
-    """Seconds into a budgeted run after which its steps are planned (at the end of warmup at the
-    earliest). A cosine schedule's learning rate after warmup depends on max_steps, so its plan comes
-    at the end of warmup; wsd and constant rates do not until the decay starts, so their plan waits
-    for half of the stable phase, (1 - decay_fraction) / 2 of the budget, and times more steps."""
-    if tc.schedule == "cosine":
-        return 0.0
-    stable = 1.0 - tc.decay_fraction if tc.schedule == "wsd" else 1.0
-    return tc.budget_seconds * stable / 2
-
-
-BUDGET_REPLAN_AT = 0.9  # fraction of the planned stable phase after which a budget plan is checked again
-
-
-def decay_start(tc: TrainConfig, max_steps: Optional[int] = None) -> Optional[int]:
-    """The first step whose learning rate depends on ``max_steps`` (default ``tc.max_steps``) after
-    warmup: wsd's decay start, ``max_steps`` for a constant rate, None for cosine (every step after
-    warmup depends on it)."""
-    n = tc.max_steps if max_steps is None else max_steps
-    if tc.schedule == "wsd":
-        return n - int(round(tc.decay_fraction * n))
-    return n if tc.schedule == "constant" else None
-
-
-def budget_replan_step(tc: TrainConfig, planned_at: int) -> Optional[int]:
-    """The step at which a budgeted run checks its plan again (``tc``: the planned config): after
-    ``BUDGET_REPLAN_AT`` of the steps before :func:`decay_start`, when at least BUDGET_TIMED_STEPS
-    steps have passed since the plan at ``planned_at``; None for cosine or a plan too short for it.
-    Steps slow down or speed up on a shared machine: the first plan's timings (a few dozen steps)
-    can miss by 5% over a run (two `make demo` runs ended 18 and 26 s past a 470 s budget)."""
-    start = decay_start(tc)
-    if start is None:
-        return None
-    at = int(BUDGET_REPLAN_AT * start)
-    return at if at >= planned_at + BUDGET_TIMED_STEPS else None
-
-
-def shortest_plan(step: int, tc: TrainConfig) -> int:
-    """The smallest ``max_steps`` whose :func:`decay_start` is not before ``step``: a re-plan at
-    ``step`` may shorten the run down to it and the run stays the run of that length from the start."""
-    n = step
-    while decay_start(tc, n) < step:
-        n += 1
-    return n
-
-
-def budget_steps(step: int, elapsed_s: float, step_s: float, eval_s: float, save_s: float,
-                 tc: TrainConfig) -> int:
-    """The ``max_steps`` that makes a run end within ``tc.budget_seconds`` of wall time: the largest N in
-    [step, tc.max_steps] with ``elapsed_s + (N - step) * step_s + evals * eval_s + saves * save_s <=
-    budget``, where evals counts the periodic evaluations in (step, N] plus the final one at N, and saves
-    the periodic checkpoints in (step, N) plus the final one. Units: seconds. ``step`` when even one more
-    step does not fit (the budget is spent: the run ends there)."""
-
-    def cost(n: int) -> float:
-        if n == step:
-            return elapsed_s
-        evals = n // tc.eval_interval - step // tc.eval_interval + (n % tc.eval_interval != 0)
-        saves = 1
-        if tc.checkpoint_interval:
-            saves += (n - 1) // tc.checkpoint_interval - step // tc.checkpoint_interval
-        return elapsed_s + (n - step) * step_s + evals * eval_s + saves * save_s
-
-    lo, hi = step, tc.max_steps  # cost grows with n: the largest n that fits, by bisection
-    if cost(hi) <= tc.budget_seconds:
-        return hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if cost(mid) <= tc.budget_seconds else (lo, mid)
-    return lo
-
-
-def planned_config(run: dict, tc: TrainConfig) -> tuple[TrainConfig, bool]:
-    """``tc`` with the ``max_steps`` a budgeted run planned (run.yaml's ``budget`` record, written by
-    :meth:`Trainer.fit`), and whether that plan holds: it does while ``tc`` asks the same
-    ``budget_seconds`` and either the same cap or the planned steps themselves."""
-    plan = run.get("budget")
-    if (isinstance(plan, dict) and tc.budget_seconds is not None and tc.budget_seconds == plan.get("seconds")
-            and tc.max_steps in (plan.get("cap"), plan.get("steps")) and isinstance(plan.get("steps"), int)):
-        return dataclasses.replace(tc, max_steps=plan["steps"]), True
-    return tc, False
-
-
 def make_optimizer(groups: list[dict], tc: TrainConfig, device: torch.device, sharded: bool = False
                    ) -> torch.optim.AdamW:
     """torch's AdamW over ``groups`` (:func:`lmlab.optim.adamw`, whatever ``tc.optimizer`` says): the
     optimiser the benchmarks and the lab's timing use."""
     return adamw(groups, tc, device, sharded)
-
-
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
-
-
-def keep_freed_memory() -> bool:
-    """Ask glibc's malloc to keep freed memory for reuse instead of handing it back to the kernel:
-    ``mallopt(M_TRIM_THRESHOLD, 2 GiB - 1)`` (no trimming of the heap's free top) and
-    ``mallopt(M_MMAP_THRESHOLD, 32 MiB)`` (blocks below glibc's maximum threshold come from the heap, not
-    from a fresh ``mmap`` each time). By default glibc returns and maps again the tens of megabytes of
-    activations a CPU training step frees, and the kernel zeroes every page again on its next use
-    (measured: docs/bench/measured-choices.md). The cost: the process
-    keeps its peak heap until it exits. Returns whether it applied (False where the C library is not
-    glibc or has no ``mallopt``, e.g. macOS or musl: nothing changes there)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1)) and bool(mallopt(M_MMAP_THRESHOLD, 32 << 20))
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "auto":
-        return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"device={name!r} is not a device name; use auto, cpu, cuda or cuda:N") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise ConfigError(f"device={name!r} is not supported; use auto, cpu, cuda or cuda:N")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={name!r} but CUDA is not available here; use device=cpu or auto")
-    return dev
-
-
-def available_memory(device: torch.device) -> Optional[int]:
-    """Bytes that can still be allocated on ``device``: free GPU memory (``torch.cuda.mem_get_info``), or
-    MemAvailable of /proc/meminfo for the CPU; None where neither is known."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def layer_grad_norms(model: torch.nn.Module) -> list[float]:
@@ -352,77 +194,6 @@ def layer_grad_norms(model: torch.nn.Module) -> list[float]:
             sq = n * n if sq is None else sq + n * n
         out.append(float(sq.sqrt()) if sq is not None else 0.0)
     return out
-
-
-def check_memory(cfg: ModelConfig, device: torch.device, shards: int = 1, batch_size: int = 0,
-                 activation_bytes: int = 4) -> None:
-    """Refuse (ConfigError) to build a model for training whose fp32 weights, gradients and AdamW moments
-    (16 bytes per parameter, ``shards`` ways split under FSDP) and the activations one micro-batch of
-    ``batch_size`` x context_length tokens certainly keeps for the backward pass exceed the memory
-    available on ``device``, checked before any memory is taken. The activation count is a lower bound:
-    the fp32 logits and their gradient (2 x vocab per token) and, per layer, the block input, the normed
-    input, q|k|v, the attention output and its projection, the FFN input and its d_ff-wide hidden states
-    (6 x d_model + 2 x d_ff per token, ``activation_bytes`` each: 2 under bf16/fp16 autocast)."""
-    from lmlab.analysis import param_counts
-
-    n = param_counts(cfg)["total"]
-    tokens = batch_size * cfg.context_length
-    acts = tokens * (2 * cfg.vocab_size * 4 + cfg.n_layers * (6 * cfg.d_model + 2 * cfg.d_ff) * activation_bytes)
-    detail = (f" (fp32 weights, gradients and AdamW moments, 16 bytes per parameter"
-              f"{f' over {shards} FSDP shards' if shards > 1 else ''}: {16 * n / shards / 2**30:.1f} GiB")
-    detail += (f"; activations of one micro-batch of {batch_size:,} x {cfg.context_length:,} tokens: at least "
-               f"{acts / 2**30:.1f} GiB)" if acts else ")")
-    count = f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
-    require_memory(16 * n / shards + acts, device, f"training this model ({count} parameters)",
-                   "choose a smaller model (e.g. --scale tiny), batch_size or context_length, or a larger device",
-                   detail)
-
-
-def require_memory(need: float, device: torch.device, what: str, advice: str, detail: str = "") -> None:
-    """Raise ConfigError when ``need`` bytes exceed :func:`available_memory` on ``device`` (unknown: pass),
-    saying ``what`` needs them (``detail`` after the figure) and ``advice``."""
-    free = available_memory(device)
-    if free is not None and need > free:
-        raise ConfigError(f"{what} needs at least {need / 2**30:.1f} GiB on {device}{detail}, but "
-                          f"{free / 2**30:.1f} GiB is available; {advice}")
-
-
-def resolve_dtype(name: str, device: torch.device) -> Optional[torch.dtype]:
-    """The autocast dtype (None = fp32). 'auto' picks bf16 on CUDA with bf16 support and on CPUs with
-    native bf16 (AVX512-BF16 / AMX, through oneDNN), else fp32. fp16 is CUDA-only (it needs loss scaling)."""
-    if name == "fp32":
-        return None
-    if name == "bf16":
-        return torch.bfloat16
-    if name == "fp16":
-        if device.type != "cuda":
-            raise ConfigError(f"dtype='fp16' needs a CUDA device (loss scaling), got device={device.type!r}; "
-                              f"use dtype=bf16 or fp32 on CPU")
-        return torch.float16
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    try:
-        return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else None
-    except (AttributeError, RuntimeError):
-        return None
-
-
-def device_peak_flops(device: torch.device, amp_dtype: Optional[torch.dtype]) -> Optional[float]:
-    """Peak dense FLOP/s of ``device`` for MFU, from lmlab.analysis.DEVICES: the H100/H200/A100 bf16/fp16
-    datasheet figure (under bf16/fp16 autocast; None in fp32, whose tensor-core rate depends on TF32
-    settings), the nominal 2-core fp32 figure on CPU in fp32 (None under autocast: MFU against the
-    fp32 peak could pass 1), None for an unknown GPU (pass peak_flops)."""
-    from lmlab.analysis import DEVICES
-
-    if device.type == "cpu":  # the table's CPU figure is fp32 (AVX-512 FMA); bf16 runs faster (AVX512-BF16,
-        return DEVICES["cpu"].peak_flops if amp_dtype is None else None  # AMX) by a factor we do not know
-    if device.type != "cuda" or amp_dtype is None:
-        return None
-    name = torch.cuda.get_device_name(device).lower()
-    for key in ("h200", "h100", "a100"):
-        if key in name:
-            return DEVICES[key].peak_flops
-    return None
 
 
 def global_batch_starts(n_tokens: int, step: int, n_windows: int, tc: TrainConfig, T: int) -> np.ndarray:

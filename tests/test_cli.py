@@ -325,9 +325,10 @@ def test_wall_time_keeps_counting_across_resumes():
 
 
 def test_model_too_large_for_memory_is_refused_before_building(data_dir, tmp_path, monkeypatch, capsys):
+    import lmlab.devices as devices
     import lmlab.train as train
 
-    monkeypatch.setattr(train, "available_memory", lambda device: 2**10)  # 1 KiB free
+    monkeypatch.setattr(devices, "available_memory", lambda device: 2**10)  # 1 KiB free
     built = []
     monkeypatch.setattr(train, "TransformerLM", lambda cfg: built.append(cfg))
     out = tmp_path / "big"
@@ -342,8 +343,8 @@ def test_decode_benchmark_checks_memory_and_lengths_before_building(run_dir, mon
     """bench decode sizes weights + KV cache (+ the packed copy) against free memory, and the prompt and
     new tokens against the context, before it builds or loads anything."""
     import lmlab.checkpoint as checkpoint
+    import lmlab.devices as devices
     import lmlab.model as model_pkg
-    import lmlab.train as train
     from lmlab.analysis import kv_cache_bytes
     from lmlab.config import ModelConfig, load_mapping
 
@@ -353,7 +354,7 @@ def test_decode_benchmark_checks_memory_and_lengths_before_building(run_dir, mon
 
     demo = ModelConfig.from_dict(load_mapping(BUILTIN_CONFIGS / "demo.yaml")["model"])
     kv = kv_cache_bytes(demo, 32 + 64 - 1, 4096, "fp32")["total"]  # the KV cache alone: about 1.6 GiB
-    monkeypatch.setattr(train, "available_memory", lambda device: kv)
+    monkeypatch.setattr(devices, "available_memory", lambda device: kv)
     assert main(["bench", "decode", "--batch", "4096"]) == 2
     line = error_line(capsys)
     assert f"KV cache for batch 4,096 x 95 tokens {kv / 2**30:.2f} GiB" in line and "GiB is available" in line
@@ -453,20 +454,20 @@ def test_training_memory_bound_counts_weights_and_activations(monkeypatch):
     d_model-wide and two d_ff-wide activations per layer: refused one byte short of that, accepted at it."""
     import torch
 
-    import lmlab.train as train
+    import lmlab.devices as devices
     from lmlab.analysis import param_counts
-    from lmlab.config import ModelConfig
+    from lmlab.config import ConfigError, ModelConfig
 
     cfg = ModelConfig(vocab_size=400, context_length=32, d_model=32, n_layers=2, n_heads=2, d_ff=96)
     n = param_counts(cfg)["total"]
     need = 16 * n + 8 * 32 * (2 * 400 * 4 + 2 * (6 * 32 + 2 * 96) * 2)  # batch 8, bf16 activations
     for free, ok in ((need - 1, False), (need, True)):
-        monkeypatch.setattr(train, "available_memory", lambda device, free=free: free)
+        monkeypatch.setattr(devices, "available_memory", lambda device, free=free: free)
         if ok:
-            train.check_memory(cfg, torch.device("cpu"), batch_size=8, activation_bytes=2)
+            devices.check_memory(cfg, torch.device("cpu"), batch_size=8, activation_bytes=2)
         else:
-            with pytest.raises(train.ConfigError, match="activations of one micro-batch of 8 x 32 tokens"):
-                train.check_memory(cfg, torch.device("cpu"), batch_size=8, activation_bytes=2)
+            with pytest.raises(ConfigError, match="activations of one micro-batch of 8 x 32 tokens"):
+                devices.check_memory(cfg, torch.device("cpu"), batch_size=8, activation_bytes=2)
 
 
 def test_train_checks_its_config_before_preparing_data(tmp_path, monkeypatch, capsys):

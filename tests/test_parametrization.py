@@ -17,7 +17,8 @@ from lmlab.model import TransformerLM
 from lmlab.model import parametrization as P
 from lmlab.kernels.loss import lm_loss
 from lmlab.optim import adamw, param_groups, set_lr
-from lmlab.train import TrainConfig, Trainer, lr_at
+from lmlab.schedule import lr_at
+from lmlab.train import TrainConfig, Trainer
 
 
 def cfg_of(**kw) -> ModelConfig:

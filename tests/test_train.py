@@ -9,7 +9,8 @@ import yaml
 from lmlab.checkpoint import CheckpointError, checkpoint_dirs, load_run
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.model import TransformerLM
-from lmlab.train import TrainConfig, Trainer, lr_at, param_groups
+from lmlab.schedule import lr_at
+from lmlab.train import TrainConfig, Trainer, param_groups
 
 
 def small_model(**kw):
@@ -22,7 +23,7 @@ def test_cpu_peak_flops_only_in_fp32():
     """The CPU row of lmlab.analysis.DEVICES is an fp32 figure: MFU on CPU only in fp32 (against it a
     bf16 run could pass 1)."""
     from lmlab.analysis import DEVICES
-    from lmlab.train import device_peak_flops
+    from lmlab.devices import device_peak_flops
 
     assert DEVICES["cpu"].dtype == "fp32"
     assert device_peak_flops(torch.device("cpu"), None) == DEVICES["cpu"].peak_flops
@@ -145,7 +146,7 @@ def test_vocab_mismatch_refused(tmp_path, corpus_bytes):
 def test_budget_steps_hand_computed():
     """The planned max_steps is the largest N whose cost fits the budget: 10 s spent at step 50, 0.125 s
     a step, 1 s an evaluation (every 100 steps and at the end), 0.5 s a checkpoint, 60 s in all."""
-    from lmlab.train import budget_steps
+    from lmlab.schedule import budget_steps
 
     tc = TrainConfig(max_steps=1000, eval_interval=100, budget_seconds=60)
     # N = 406: 10 + 356 x 0.125 + 5 evaluations (100..400, 406) + 1 final checkpoint x 0.5 = 60.0 s
@@ -256,7 +257,7 @@ def test_wsd_budget_plans_late_checks_again_and_equals_a_fixed_run(tmp_path, cor
 def test_budget_replan_step_by_schedule():
     """The re-plan comes at 90% of the steps before the decay (wsd), of the run (constant), never for
     cosine, and only with BUDGET_TIMED_STEPS steps since the plan."""
-    from lmlab.train import budget_replan_step
+    from lmlab.schedule import budget_replan_step
 
     assert budget_replan_step(TrainConfig(max_steps=1000, schedule="wsd", decay_fraction=0.4), 300) == 540
     assert budget_replan_step(TrainConfig(max_steps=1000, schedule="constant"), 300) == 900
@@ -267,7 +268,7 @@ def test_budget_replan_step_by_schedule():
 def test_budget_seconds_end_to_end(tmp_path, corpus_bytes):
     """Unpatched: the recorded plan is budget_steps of the recorded timings, and the run stops there."""
     from lmlab.checkpoint import read_run
-    from lmlab.train import budget_steps
+    from lmlab.schedule import budget_steps
 
     tc = TrainConfig(batch_size=2, max_steps=100000, warmup_steps=30, eval_interval=40, eval_windows=2,
                      device="cpu", tensorboard=False, budget_seconds=3.0)
@@ -280,7 +281,7 @@ def test_budget_seconds_end_to_end(tmp_path, corpus_bytes):
 
 FAULT_PROBE = """
 import resource, sys, torch
-from lmlab.train import keep_freed_memory
+from lmlab.devices import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 def make_and_free():  # blocks of 1-30 MiB made, written and freed, as a training step's activations

@@ -14,7 +14,8 @@ import torch
 
 from lmlab.checkpoint import CheckpointError, checkpoint_dirs
 from lmlab.config import ConfigError, ModelConfig
-from lmlab.train import TrainConfig, Trainer, lr_at
+from lmlab.schedule import lr_at
+from lmlab.train import TrainConfig, Trainer
 
 
 def tiny_cfg(**kw):

@@ -98,7 +98,7 @@ def _check_existing(p: RunPlan, run_dir: Path) -> None:
 # --- evaluation ----------------------------------------------------------------------------
 def _machine(device_name: str) -> str:
     from lmlab.bench import describe_machine
-    from lmlab.train import resolve_device
+    from lmlab.devices import resolve_device
 
     try:
         return describe_machine(resolve_device(device_name))
@@ -125,7 +125,7 @@ def evaluate_run(
     from lmlab.data.prepare import TokenData
     from lmlab.evaluate import evaluate
     from lmlab.model import TransformerLM
-    from lmlab.train import resolve_device
+    from lmlab.devices import resolve_device
 
     device = resolve_device("auto")
     model, cfg, _, run, _ = load_run(run_dir, device=str(device))

@@ -303,7 +303,7 @@ def run_timing(
     if stored:
         return stored
     from lmlab.lab.timing import time_variants
-    from lmlab.train import resolve_device, resolve_dtype
+    from lmlab.devices import resolve_device, resolve_dtype
 
     t = spec.timing
     device = resolve_device(plans[0].tc.device)
@@ -478,6 +478,9 @@ def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Call
     """The body of :func:`run_sweep`, with the sweep folder locked (unless ``dry_run``)."""
     log(f"sweep {spec.name}: planning {spec.planned_runs:,} run(s)")
     plans = plan_runs(spec, data_dir)
+    from lmlab.kernels.settings import default_kernels
+
+    log(f"kernels: {default_kernels().describe()}")  # every run's model uses these (provenance.jsonl)
     if (sweep_dir / "spec.yaml").is_file():
         from lmlab.config import load_mapping
 
