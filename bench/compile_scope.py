@@ -30,7 +30,8 @@ SCOPES = ("model", "blocks")
 def make_step(scope: str, dtype):
     """A demo-recipe training step with ``scope`` compiled; returns (step, seconds of its first call)."""
     from bench.train_step_gains import training_step
-    from lmlab.config import ModelConfig, load_mapping
+    from lmlab.config import ModelConfig
+    from lmlab.config_files import load_mapping
     from lmlab.model import TransformerLM
     from lmlab.runs import BUILTIN_CONFIGS
     from lmlab.train import compile_blocks

@@ -157,7 +157,8 @@ def decode_benchmark(cfg, title: Optional[str], run: Optional[str], device: torc
     ``cfg`` (None: the demo config), in ``dtype`` (fp32 or bf16), with ``model`` (``title``) and
     ``params`` added. Raises ConfigError when prompt and new tokens exceed the context or the cache
     would not fit (:func:`check_decode_memory`), before any weights load."""
-    from lmlab.config import ConfigError, ModelConfig, load_mapping
+    from lmlab.config import ConfigError, ModelConfig
+    from lmlab.config_files import load_mapping
     from lmlab.runs import BUILTIN_CONFIGS
 
     if cfg is None:

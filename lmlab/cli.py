@@ -110,7 +110,7 @@ def cmd_sweep(args) -> int:
         command += f" --data {args.data}"
     params = {}
     if args.executor_config:
-        from lmlab.config import load_mapping
+        from lmlab.config_files import load_mapping
 
         params.update(load_mapping(Path(args.executor_config)))
     for flag, key in (("slurm_partition", "slurm_partition"), ("time", "timeout_min"),

@@ -83,7 +83,7 @@ def read_run(run_dir: str | Path) -> dict:
         raise CheckpointError(f"{str(path)!r} could not be read: nesting too deep; it should be the run's YAML "
                               f"config{hint}") from None
     except (OSError, yaml.YAMLError) as exc:
-        from lmlab.config import yaml_error_line
+        from lmlab.config_files import yaml_error_line
 
         raise CheckpointError(f"{str(path)!r} could not be read: {yaml_error_line(exc)}{hint}") from None
     if not isinstance(run, dict) or not isinstance(run.get("model"), dict):

@@ -66,7 +66,8 @@ def read_config_file(name: str | Path) -> tuple[Path, dict, dict]:
     """A config file (YAML/JSON, or the name of a built-in config such as 'demo') -> (path, model
     mapping, train mapping), its keys checked. Raises ConfigError for an empty file, a section other
     than 'model:'/'train:', or an unknown key, naming the file."""
-    from lmlab.config import ModelConfig, check_keys, load_mapping
+    from lmlab.config import ModelConfig, check_keys
+    from lmlab.config_files import load_mapping
     from lmlab.train import TrainConfig
 
     path = Path(name)
@@ -106,7 +107,8 @@ def build_configs(
     ``sets``. The data's vocabulary ``data_vocab`` replaces the preset's unless a file or override sets
     ``vocab_size``. Raises ConfigError naming the field and where it came from (``base_source``: the
     run file ``base`` was read from)."""
-    from lmlab.config import ModelConfig, apply_overrides
+    from lmlab.config import ModelConfig
+    from lmlab.config_files import apply_overrides
     from lmlab.train import TrainConfig
 
     model: dict = dict((base or {}).get("model") or {})

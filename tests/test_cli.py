@@ -346,7 +346,8 @@ def test_decode_benchmark_checks_memory_and_lengths_before_building(run_dir, mon
     import lmlab.devices as devices
     import lmlab.model as model_pkg
     from lmlab.analysis import kv_cache_bytes
-    from lmlab.config import ModelConfig, load_mapping
+    from lmlab.config import ModelConfig
+    from lmlab.config_files import load_mapping
 
     monkeypatch.setattr(checkpoint, "load_run", lambda *a, **k: pytest.fail("loaded weights"))
     monkeypatch.setattr(model_pkg, "TransformerLM", lambda cfg: pytest.fail("built a model"))

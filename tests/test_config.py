@@ -2,7 +2,8 @@
 
 import pytest
 
-from lmlab.config import ConfigError, ModelConfig, apply_overrides, load_mapping
+from lmlab.config import ConfigError, ModelConfig
+from lmlab.config_files import apply_overrides, load_mapping
 
 
 @pytest.mark.parametrize(

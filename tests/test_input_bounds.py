@@ -85,7 +85,7 @@ def test_the_planned_count_is_shown_in_a_dry_run(tmp_path, capsys):
 
 
 def test_deep_json_and_yaml_are_one_line_naming_the_file(tmp_path):
-    from lmlab.config import load_mapping
+    from lmlab.config_files import load_mapping
     from lmlab.data.sources import DataError, iter_records
 
     (tmp_path / "deep.yaml").write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")

@@ -5,7 +5,8 @@ empty axes, null sections, non-string labels, duplicate YAML/JSON keys and over-
 import pytest
 
 from lmlab.cli import main
-from lmlab.config import ConfigError, load_mapping
+from lmlab.config import ConfigError
+from lmlab.config_files import load_mapping
 from lmlab.lab.spec import parse_spec
 
 BASE = {"name": "t", "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "context_length": 16}, "seeds": [1],

@@ -437,7 +437,7 @@ def test_shipped_gpu_tier_runs_end_to_end_on_a_datasets_corpus(small_corpus, tmp
     on a CPU: its max_epochs refuses the small corpus at the full budget, then it trains, evaluates
     and reports on a `datasets` save_to_disk corpus prepared with `lmlab prepare --data`."""
     datasets = pytest.importorskip("datasets")
-    from lmlab.config import load_mapping
+    from lmlab.config_files import load_mapping
     from lmlab.lab.report import write_report
 
     docs = [p.read_text() for p in sorted(small_corpus.iterdir())]

@@ -458,7 +458,8 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
 def read_spec_file(path: Path) -> dict:
     """A sweep's ``spec.yaml`` as a mapping; ValueError naming the file when it is damaged (not YAML,
     not a mapping, not UTF-8)."""
-    from lmlab.config import ConfigError, load_mapping
+    from lmlab.config import ConfigError
+    from lmlab.config_files import load_mapping
 
     try:
         return load_mapping(path)

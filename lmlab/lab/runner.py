@@ -482,7 +482,7 @@ def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Call
 
     log(f"kernels: {default_kernels().describe()}")  # every run's model uses these (provenance.jsonl)
     if (sweep_dir / "spec.yaml").is_file():
-        from lmlab.config import load_mapping
+        from lmlab.config_files import load_mapping
 
         try:
             load_mapping(sweep_dir / "spec.yaml")

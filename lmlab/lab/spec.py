@@ -91,7 +91,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from lmlab.config import ConfigError, ModelConfig, check_keys, load_mapping
+from lmlab.config import ConfigError, ModelConfig, check_keys
+from lmlab.config_files import load_mapping
 from lmlab.lab.axes import _check_field, _check_variant_data, expand_axes, parse_scales
 from lmlab.lab.claims import TIMING_METRICS, parse_expect
 
