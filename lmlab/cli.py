@@ -390,7 +390,7 @@ def cmd_analyze(args) -> int:
 
 
 def cmd_survey(args) -> int:
-    from lmlab.analysis import format_survey, survey_rows
+    from lmlab.survey import format_survey, survey_rows
 
     print(format_survey(survey_rows(), args.format))
     return 0

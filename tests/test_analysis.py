@@ -11,8 +11,9 @@ import math
 import pytest
 import torch
 
-from lmlab.analysis import (DEVICES, Device, analyze, flops_per_token, format_analysis, format_survey,
-                            instantiated_params, intensity, kv_cache_bytes, mean_keys, param_counts, survey_rows)
+from lmlab.analysis import (DEVICES, Device, analyze, flops_per_token, format_analysis, instantiated_params,
+                            intensity, kv_cache_bytes, mean_keys, param_counts)
+from lmlab.survey import format_survey, survey_rows
 from lmlab.cli import main
 from lmlab.config import ModelConfig
 from lmlab.model import KVCache, TransformerLM
