@@ -19,7 +19,8 @@ the example of docs/python-api.md.
 from lmlab.analysis import flops_per_token, kv_cache_bytes, param_counts
 from lmlab.checkpoint import load_run, load_weights, read_checkpoint, save_checkpoint
 from lmlab.config import ConfigError, ModelConfig
-from lmlab.data.prepare import TokenData, prepare
+from lmlab.data.shards import TokenData
+from lmlab.data.prepare import prepare
 from lmlab.data.tokenizer import Tokenizer
 from lmlab.evaluate import evaluate
 from lmlab.generate import generate, generate_batch, generate_logprobs

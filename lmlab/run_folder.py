@@ -27,7 +27,8 @@ from typing import Optional
 
 import yaml
 
-from lmlab.data.prepare import DataError, TokenData
+from lmlab.data.prepare import DataError
+from lmlab.data.shards import TokenData
 from lmlab.fsutil import atomic_write_text
 from lmlab.lab.validate import check_nesting
 

@@ -269,7 +269,7 @@ def setup_run(
 def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress):
     from lmlab.checkpoint import RUN_FILE, check_run_model, read_run, run_copy_hint
     from lmlab.config import ModelConfig, check_keys
-    from lmlab.data.prepare import TokenData
+    from lmlab.data.shards import TokenData
     from lmlab.schedule import planned_config
     from lmlab.train import TrainConfig, Trainer
 

@@ -35,7 +35,8 @@ from lmlab.run_folder import (RUN_FILE, CheckpointError, append_metrics, checkpo
                               read_run, rewrite_metrics, run_copy_hint, write_outcome, write_run)
 from lmlab.config import (ConfigError, ModelConfig, _choice, _non_negative, _number_in, _positive, _positive_int,
                           build_checked)
-from lmlab.data.prepare import DataError, TokenData
+from lmlab.data.prepare import DataError
+from lmlab.data.shards import TokenData
 from lmlab.evaluate import evaluate
 from lmlab.fsutil import atomic_write_bytes, atomic_write_text
 from lmlab.model import TransformerLM

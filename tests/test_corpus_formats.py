@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from lmlab.cli import main
-from lmlab.data.prepare import DataError, TokenData, expand_inputs, prepare
+from lmlab.data.prepare import DataError, expand_inputs, prepare
+from lmlab.data.shards import TokenData
 from lmlab.data.tokenizer import Tokenizer
 
 pa = pytest.importorskip("pyarrow")

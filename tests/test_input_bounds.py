@@ -340,7 +340,7 @@ def test_deep_json_in_an_import_config_a_tokenizer_a_checkpoint_and_a_data_manif
     import shutil
 
     from lmlab.checkpoint import CheckpointError, checkpoint_dirs, read_checkpoint
-    from lmlab.data.prepare import TokenData
+    from lmlab.data.shards import TokenData
     from lmlab.data.sources import DataError
     from lmlab.data.tokenizer import Tokenizer, TokenizerError
 

@@ -401,7 +401,7 @@ def test_init_grad_norms_are_the_step0_batch_gradients_of_a_fresh_model(byte_dat
     batch that seed's step 0 trains on, at each depth; checked against torch.autograd.grad by hand."""
     import dataclasses
 
-    from lmlab.data.prepare import TokenData
+    from lmlab.data.shards import TokenData
     from lmlab.lab.init_grads import init_grad_norms, top_to_bottom
     from lmlab.train import TrainConfig, global_batch_starts, windows_to_batch
 

@@ -18,8 +18,11 @@ import numpy as np
 import pytest
 
 from lmlab.cli import main
+from lmlab.data import documents as docs_mod
 from lmlab.data import prepare as prep
-from lmlab.data.prepare import DataError, PrepareInterrupted, TokenData, paragraph_ranges, prepare, scan_documents
+from lmlab.data.prepare import DataError, PrepareInterrupted, prepare
+from lmlab.data.shards import TokenData
+from lmlab.data.documents import paragraph_ranges, scan_documents
 from lmlab.data.tokenizer import MAX_CHUNK_BYTES, Tokenizer, TokenizerError
 from lmlab.fsutil import lock_path
 
@@ -69,7 +72,7 @@ def test_streamed_segments_encode_as_the_whole_document(tmp_path, tricky_corpus,
     """With 64-byte segments every document's ids equal the whole-document encoding, and the BPE
     trained from segments is the one trained from whole documents (same tokenizer.json)."""
     whole = prepare(tricky_corpus, tmp_path / "whole", kind, 400, val_docs=["doc3.txt"])
-    monkeypatch.setattr(prep, "SEGMENT_BYTES", 64)
+    monkeypatch.setattr(docs_mod, "SEGMENT_BYTES", 64)
     small = prepare(tricky_corpus, tmp_path / "small", kind, 400, val_docs=["doc3.txt"])
     assert (tmp_path / "small" / "tokenizer.json").read_bytes() == (tmp_path / "whole" / "tokenizer.json").read_bytes()
     data = TokenData(tmp_path / "small")
@@ -83,7 +86,7 @@ def test_streamed_segments_encode_as_the_whole_document(tmp_path, tricky_corpus,
 
 def test_paragraph_ranges_match_regex_split_while_streaming(tmp_path, monkeypatch):
     """The streamed paragraph finder gives exactly the non-blank parts of re.split over the whole file."""
-    monkeypatch.setattr(prep, "SEGMENT_BYTES", 7)
+    monkeypatch.setattr(docs_mod, "SEGMENT_BYTES", 7)
     rnd = random.Random(1)
     for trial in range(200):
         raw = bytes(rnd.choice(b"\n\n\r \ta") for _ in range(rnd.randrange(0, 120)))
@@ -115,8 +118,8 @@ def test_giant_line_without_whitespace_is_cut_with_a_note(tmp_path, capsys):
 
 
 def test_hard_cut_of_a_segment_without_any_safe_cut_is_noted(tmp_path, monkeypatch):
-    monkeypatch.setattr(prep, "SEGMENT_BYTES", 64)
-    monkeypatch.setattr(prep, "MAX_SEGMENT_BYTES", 256)
+    monkeypatch.setattr(docs_mod, "SEGMENT_BYTES", 64)
+    monkeypatch.setattr(docs_mod, "MAX_SEGMENT_BYTES", 256)
     folder = tmp_path / "data"
     folder.mkdir()
     (folder / "a.txt").write_bytes(b"x" * 1000)
@@ -154,7 +157,7 @@ def test_special_files_are_read_only_if_asked(tmp_path, capsys):
 
 
 def test_special_file_allowed_is_still_bounded(tmp_path, monkeypatch):
-    monkeypatch.setattr(prep, "SPECIAL_FILE_LIMIT", 1 << 20)
+    monkeypatch.setattr(docs_mod, "SPECIAL_FILE_LIMIT", 1 << 20)
     with pytest.raises(DataError, match="gave more than 1,048,576 bytes"):
         prepare("/dev/zero", tmp_path / "out", "bytes", allow_special=True)
     assert list(tmp_path.iterdir()) == []

@@ -6,7 +6,8 @@ import pytest
 
 from lmlab.cli import main
 from lmlab.config import ModelConfig
-from lmlab.data.prepare import DataError, TokenData, prepare
+from lmlab.data.prepare import DataError, prepare
+from lmlab.data.shards import TokenData
 from lmlab.run_folder import (CheckpointError, check_data_tokenizer, read_outcome, read_run, run_data,
                               write_outcome)
 from lmlab.train import TrainConfig, Trainer

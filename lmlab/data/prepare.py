@@ -18,7 +18,7 @@ per record (:mod:`lmlab.data.sources`); several inputs are read in the order giv
 Bounded and safe:
 - Input is streamed, in three passes (names, sizes and split hashes; BPE training on the training
   documents when a tokenizer is trained; encoding): text files are read in segments of about
-  :data:`SEGMENT_BYTES`, cut where the tokenizer gives the same ids as for the whole document
+  :data:`lmlab.data.documents.SEGMENT_BYTES`, cut where the tokenizer gives the same ids as for the whole document
   (:func:`cut_point`), records one at a time; segments go to the tokenizers library's batch encoder
   about :data:`ENCODE_BATCH_BYTES` at a time (all cores) and the ids straight to the shard files.
   Memory is O(batch) plus a name and two integers per document, not O(corpus) (an imported ``hf``
@@ -26,7 +26,7 @@ Bounded and safe:
   first, so a corpus changed meanwhile is refused, not mixed.
 - Special files (FIFOs, character/block devices, sockets) are refused naming the file unless
   ``allow_special`` (``--allow-special-files``); then they are copied (at most
-  :data:`SPECIAL_FILE_LIMIT` bytes) into a temporary folder first. Symlink loops, broken links and
+  :data:`lmlab.data.documents.SPECIAL_FILE_LIMIT` bytes) into a temporary folder first. Symlink loops, broken links and
   unreadable files are refused with one line naming them.
 - ``out_dir`` is locked (:func:`lmlab.fsutil.acquire_lock`) for the whole run, so a second
   ``prepare`` into it is refused. The result is written into a new ``tempfile.mkdtemp`` folder beside
@@ -38,15 +38,12 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import io
 import json
 import os
 import time
 from array import array
-import re
 import shutil
 import signal
-import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,321 +51,16 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from lmlab.data.sources import DataError, input_kind, iter_records
+from lmlab.data.sources import DataError
 from lmlab.data.tokenizer import MAX_CHUNK_BYTES, Tokenizer, long_chunks
-from lmlab.fsutil import acquire_lock, atomic_write_text, fsync_tree, make_temp_dir, sha256_file
+from lmlab.data import documents
+from lmlab.data.documents import Corpus, Document
+from lmlab.data.shards import TokenData
+from lmlab.fsutil import acquire_lock, fsync_tree, make_temp_dir, sha256_file
 
 MANIFEST_VERSION = 1
-SEGMENT_BYTES = 1 << 20  # a document is read and encoded in pieces of about this size
-MAX_SEGMENT_BYTES = 8 << 20  # past this without a safe cut (no space / line break), a piece is cut anyway
-SPECIAL_FILE_LIMIT = 1 << 30  # at most this much is read from a FIFO / device, and only if allowed
-_WS = b" \t\n\r\x0b\x0c"  # what bytes.strip() strips
-_PARAGRAPH_SEP = re.compile(rb"\r?\n(?:[ \t]*\r?\n)+")
-# a cut between printable ASCII: after "X\n" before "Y", or after "X" before " Y". GPT-2's pre-tokeniser
-# ends a chunk there whatever follows or precedes, so both sides encode as they would in the whole text
-_SAFE_CUT = re.compile(rb"[!-~]\n(?=[!-~])|[!-~](?= [!-~])")
-
-
 class PrepareInterrupted(KeyboardInterrupt):
     """Ctrl-C during ``prepare``; the message says that the output folder was left as it was."""
-
-
-@dataclass(frozen=True, slots=True)
-class Document:
-    """One document: ``name`` (its path relative to the input folder, ``file#paragraph`` or
-    ``file#row``) and the byte range [``start``, ``end``) of ``path`` that holds it (read lazily, never
-    kept whole), or, for a record of a JSON / parquet / ``datasets`` corpus, its UTF-8 ``data``."""
-    name: str
-    path: Path
-    start: int
-    end: int
-    data: Optional[bytes] = None
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start
-
-    def read(self) -> bytes:
-        """The whole document (for small inputs and tests; :meth:`segments` streams)."""
-        return b"".join(self.segments("any"))
-
-    def segments(self, mode: str = "any", hard_cuts: Optional[list] = None) -> Iterator[bytes]:
-        """The document in consecutive pieces of about :data:`SEGMENT_BYTES` whose concatenation is the
-        document. ``mode``: ``"any"`` (cut anywhere), ``"safe"`` (only at :func:`cut_point`s; past
-        :data:`MAX_SEGMENT_BYTES` without one, cut anyway and append the offset to ``hard_cuts``) or
-        ``"whole"`` (one piece). Raises DataError naming the file when it cannot be read."""
-        try:
-            with (io.BytesIO(self.data) if self.data is not None else open(self.path, "rb")) as f:
-                f.seek(self.start)
-                left, buf = self.size, b""
-
-                def more() -> bytes:
-                    nonlocal left
-                    chunk = f.read(min(left, SEGMENT_BYTES))
-                    if not chunk:
-                        raise DataError(f"{str(self.path)!r} became shorter while it was read; nothing was written")
-                    left -= len(chunk)
-                    return chunk
-
-                while True:
-                    while left > 0 and (mode == "whole" or len(buf) < SEGMENT_BYTES):
-                        buf += more()
-                    if left == 0 or mode == "whole":
-                        if buf:
-                            yield buf
-                        return
-                    cut = SEGMENT_BYTES if mode == "any" else cut_point(buf)
-                    if cut is None:
-                        if len(buf) < MAX_SEGMENT_BYTES:
-                            buf += more()
-                            continue
-                        cut = len(buf)
-                        if hard_cuts is not None:
-                            hard_cuts.append(self.end - left - self.start)
-                    yield buf[:cut]
-                    buf = buf[cut:]
-        except OSError as exc:
-            raise DataError(f"document {self.name!r}: {str(self.path)!r} could not be read: "
-                            f"{exc.strerror or exc}") from None
-
-
-def cut_point(buf: bytes) -> Optional[int]:
-    """The last position inside ``buf`` where the text may be cut so that byte-level BPE (GPT-2's
-    pre-tokeniser) encodes both sides as it would the whole: between printable ASCII, after a line
-    break or before a space (``_SAFE_CUT``); None if there is none. Searched from the end."""
-    n, window = len(buf), 4096
-    while True:
-        lo = max(0, n - window)
-        best = None
-        for m in _SAFE_CUT.finditer(buf, lo):
-            best = m.end()
-        if best is not None:
-            return best
-        if lo == 0:
-            return None
-        window *= 4
-
-
-def _describe_special(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
-
-
-def _stat_input(path: Path) -> os.stat_result:
-    """stat ``path`` following links; one-line DataError for a symlink loop, broken link or no access."""
-    try:
-        return os.stat(path)
-    except OSError as exc:
-        if os.path.islink(path):
-            if exc.errno == 40:  # ELOOP
-                raise DataError(f"{str(path)!r} is a symlink loop; point it at a text file or remove it") from None
-            if not os.path.lexists(os.path.realpath(path)):
-                raise DataError(f"{str(path)!r} is a broken symlink (its target "
-                                f"{os.path.realpath(path)!r} does not exist)") from None
-        if exc.errno == 40:
-            raise DataError(f"{str(path)!r} goes through a symlink loop") from None
-        if not os.path.lexists(path):
-            raise DataError(f"data path {str(path)!r} does not exist; give a text file or a folder of .txt "
-                            f"documents") from None
-        raise DataError(f"{str(path)!r} could not be read: {exc.strerror or exc}") from None
-
-
-def _check_readable(path: Path) -> None:
-    try:
-        with open(path, "rb") as f:
-            f.read(1)
-    except OSError as exc:
-        raise DataError(f"{str(path)!r} could not be read: {exc.strerror or exc}") from None
-
-
-def _spool(path: Path, mode: int, allow_special: bool, spool_dir: Optional[Path]) -> Path:
-    """A regular copy of the special file ``path`` (at most SPECIAL_FILE_LIMIT bytes) when allowed."""
-    if not allow_special or spool_dir is None:
-        raise DataError(f"{str(path)!r} is {_describe_special(mode)}, not a regular file; lmlab reads such "
-                        f"files only with --allow-special-files")
-    spool_dir.mkdir(exist_ok=True)
-    copy = Path(spool_dir) / f"{len(list(spool_dir.iterdir()))}.txt"
-    n = 0
-    try:
-        with open(path, "rb") as src, open(copy, "xb") as dst:
-            while chunk := src.read(SEGMENT_BYTES):
-                n += len(chunk)
-                if n > SPECIAL_FILE_LIMIT:
-                    raise DataError(f"{str(path)!r} ({_describe_special(mode)}) gave more than "
-                                    f"{SPECIAL_FILE_LIMIT:,} bytes; refused (special files are read up to "
-                                    f"that size)")
-                dst.write(chunk)
-    except OSError as exc:
-        raise DataError(f"{str(path)!r} could not be read: {exc.strerror or exc}") from None
-    return copy
-
-
-def _has_text(path: Path, start: int = 0, end: Optional[int] = None) -> bool:
-    """True when bytes [start, end) of ``path`` hold a non-whitespace byte (stops at the first)."""
-    with open(path, "rb") as f:
-        f.seek(start)
-        left = end - start if end is not None else None
-        while left is None or left > 0:
-            chunk = f.read(SEGMENT_BYTES if left is None else min(left, SEGMENT_BYTES))
-            if not chunk:
-                return False
-            if chunk.strip(_WS):
-                return True
-            if left is not None:
-                left -= len(chunk)
-    return False
-
-
-def paragraph_ranges(path: Path) -> list[tuple[int, int]]:
-    """Byte ranges of the non-blank paragraphs of ``path``, exactly those of
-    ``re.split(_PARAGRAPH_SEP, whole_file)`` that are not blank, found while streaming the file."""
-    ranges: list[tuple[int, int]] = []
-    para_start, nonblank = 0, False  # the open paragraph: its start and whether it has text so far
-    buf, base, eof = b"", 0, False  # buf holds the file's bytes [base, base + len(buf))
-    with open(path, "rb") as f:
-        while not eof:
-            chunk = f.read(SEGMENT_BYTES)
-            eof = not chunk
-            buf += chunk
-            # a separator is whitespace only: one followed by a non-whitespace byte cannot grow any more
-            settled = len(buf) if eof else len(buf.rstrip(_WS))
-            pos = 0
-            for m in _PARAGRAPH_SEP.finditer(buf):
-                if m.end() >= settled and not eof:
-                    break
-                if nonblank or buf[pos:m.start()].strip(_WS):
-                    ranges.append((para_start, base + m.start()))
-                para_start, pos, nonblank = base + m.end(), m.end(), False
-            keep = len(buf) if eof else max(pos, settled)  # later separators start in the trailing whitespace
-            nonblank = nonblank or bool(buf[pos:keep].strip(_WS))
-            buf, base = buf[keep:], base + keep
-    if nonblank or buf.strip(_WS):
-        ranges.append((para_start, base + len(buf)))
-    return ranges
-
-
-def _walk_txt(root: Path) -> Iterator[Path]:
-    """Every ``*.txt`` entry under ``root``, by name; links to folders are followed, a folder reached
-    twice (a symlink loop) is refused with DataError. Entries are checked by :func:`scan_documents`."""
-    seen = set()
-
-    def walk(folder: Path):
-        st = _stat_input(folder)
-        if (st.st_dev, st.st_ino) in seen:
-            raise DataError(f"{str(folder)!r} leads back to a folder already read (a symlink loop); "
-                            f"remove the link")
-        seen.add((st.st_dev, st.st_ino))
-        try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError as exc:
-            raise DataError(f"folder {str(folder)!r} could not be listed: {exc.strerror or exc}") from None
-        for entry in entries:
-            if entry.name.endswith(".txt"):
-                yield Path(entry.path)
-            try:
-                is_dir = entry.is_dir()  # follows links; False for broken ones
-            except OSError:  # a symlink loop: refused below if it is a .txt, else not a document
-                is_dir = False
-            if is_dir:
-                yield from walk(Path(entry.path))
-
-    yield from walk(root)
-
-
-def scan_documents(path: str | Path, allow_special: bool = False,
-                   spool_dir: Optional[Path] = None) -> list[Document]:
-    """Locate the documents at ``path`` (a ``.txt`` file, split at blank lines, or a folder of ``*.txt``)
-    without keeping their text: names and byte ranges, blank documents dropped. Raises DataError (one
-    line, naming the file) for a missing path, symlink loop, broken link, unreadable file, a special
-    file unless ``allow_special`` (then copied into ``spool_dir``), or no non-blank text."""
-    path = Path(path)
-    if not os.path.lexists(path):
-        raise DataError(f"data path {str(path)!r} does not exist; give a text file or a folder of .txt documents")
-    st = _stat_input(path)
-    if stat.S_ISDIR(st.st_mode):
-        docs = []
-        for p in sorted(_walk_txt(path), key=lambda q: q.relative_to(path).parts):
-            pst = _stat_input(p)
-            if stat.S_ISDIR(pst.st_mode):
-                continue  # a folder whose name ends in .txt
-            source = p
-            if not stat.S_ISREG(pst.st_mode):
-                source = _spool(p, pst.st_mode, allow_special, spool_dir)
-            _check_readable(source)
-            size = os.path.getsize(source)
-            if _has_text(source):
-                docs.append(Document(str(p.relative_to(path)), source, 0, size))
-        if not docs:
-            raise DataError(f"data folder {str(path)!r} holds no non-empty .txt files (a folder is read as "
-                            f".txt documents; give .jsonl / .parquet shards as files, e.g. --data DIR/*.parquet)")
-        return docs
-    source = path
-    if not stat.S_ISREG(st.st_mode):
-        source = _spool(path, st.st_mode, allow_special, spool_dir)
-    _check_readable(source)
-    try:
-        ranges = paragraph_ranges(source)
-    except OSError as exc:
-        raise DataError(f"{str(path)!r} could not be read: {exc.strerror or exc}") from None
-    if not ranges:
-        raise DataError(f"data file {str(path)!r} is empty")
-    return [Document(f"{path.name}#{i}", source, a, b) for i, (a, b) in enumerate(ranges)]
-
-
-def read_documents(path: str | Path) -> list[tuple[str, bytes]]:
-    """(name, raw bytes) of every document at ``path`` (see :func:`scan_documents`), read whole:
-    for small inputs; :func:`prepare` streams instead."""
-    return [(d.name, d.read()) for d in scan_documents(path)]
-
-
-class Corpus:
-    """The documents of one or more inputs, in input order, read afresh on each pass over them
-    (iterating yields :class:`Document` s; a record's text is held only while it is processed).
-
-    ``sources``: paths of :func:`lmlab.data.sources.input_kind` kinds: a ``.txt`` file (split at blank
-    lines), a folder of ``*.txt``, ``.jsonl`` / ``.jsonl.gz`` / ``.json`` files, ``.parquet`` shards,
-    a ``datasets.save_to_disk`` folder; ``text_field`` names the records' text. Text inputs are
-    located at once (:func:`scan_documents`); record files are checked to exist and be readable here
-    and read when iterated. Raises DataError naming the path."""
-
-    def __init__(self, sources: Sequence[str | Path], text_field: str = "text", allow_special: bool = False,
-                 spool_dir: Optional[Path] = None):
-        if not sources:
-            raise DataError("no data given; give a .txt file, a folder of .txt documents, .jsonl / .parquet "
-                            "files or a saved `datasets` folder")
-        self.text_field = text_field
-        self.parts: list = []  # a list of Documents (text input) or (path, kind, label) of a record input
-        for source in map(Path, sources):
-            if not os.path.lexists(source):
-                raise DataError(f"data path {str(source)!r} does not exist; give a text file, a folder of .txt "
-                                f"documents, .jsonl / .parquet files or a saved `datasets` folder")
-            st = _stat_input(source)
-            kind = input_kind(source)
-            if kind == "text":
-                self.parts.append(scan_documents(source, allow_special, spool_dir))
-                continue
-            path = source
-            if not stat.S_ISDIR(st.st_mode):
-                if not stat.S_ISREG(st.st_mode):
-                    path = _spool(source, st.st_mode, allow_special, spool_dir)
-                _check_readable(path)
-            self.parts.append((path, kind, source.name))
-
-    def __iter__(self) -> Iterator[Document]:
-        for part in self.parts:
-            if isinstance(part, list):
-                yield from part
-                continue
-            path, kind, label = part
-            for name, data in iter_records(path, kind, self.text_field, label):
-                yield Document(name, path, 0, len(data), data)
 
 
 def split_key(data_segments) -> float:
@@ -572,8 +264,8 @@ def _note_lines(notes: dict) -> list[str]:
                      f"(runs without whitespace; longest {notes['longest']:,} bytes, first in "
                      f"{notes['long_doc']!r}) were tokenised in pieces of at most {MAX_CHUNK_BYTES} bytes")
     if notes.get("hard_cuts"):
-        lines.append(f"{notes['hard_cuts']:,} place(s) with more than {MAX_SEGMENT_BYTES:,} bytes without a space "
-                     f"or line break (first in {notes['hard_doc']!r}) were cut there to bound memory; the "
+        lines.append(f"{notes['hard_cuts']:,} place(s) with more than {documents.MAX_SEGMENT_BYTES:,} bytes without a "
+                     f"space or line break (first in {notes['hard_doc']!r}) were cut there to bound memory; the "
                      f"tokens at such a cut may differ from encoding that text whole")
     return lines
 
@@ -611,7 +303,8 @@ def _check_replaceable(out_dir: Path) -> None:
     try:
         data = TokenData(out_dir)
         owned = {"manifest.json", data.manifest["tokenizer"].get("file", "tokenizer.json")}
-        owned |= {info["file"] for info in data.manifest["splits"].values() if isinstance(info, dict) and "file" in info}
+        owned |= {info["file"] for info in data.manifest["splits"].values()
+                  if isinstance(info, dict) and "file" in info}
     except DataError as exc:
         raise DataError(f"--overwrite refused: {str(out_dir)!r} is not a prepared data folder lmlab can read ({exc})"
                         f"; choose another --out") from None
@@ -779,111 +472,3 @@ def _make_tokenizer(train: Iterator[Document], tokenizer: str, vocab_size: int, 
 
         return Tokenizer.train_bpe(texts(), vocab_size)
     raise DataError(f"tokenizer={tokenizer!r} is not valid; choose 'bpe' or 'bytes'")
-
-
-def _key(obj, key: str, kind, path: Path, where: str = ""):
-    """``obj[key]`` checked to be of ``kind``; DataError naming the file and the key otherwise."""
-    if not isinstance(obj, dict) or key not in obj:
-        raise DataError(f"manifest {str(path)!r} has no key {where + key!r}; the file is damaged or not "
-                        f"lmlab's: re-run `lmlab prepare`")
-    value = obj[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise DataError(f"manifest {str(path)!r}: {where + key!r} is {value!r:.60}, not a {names}; the file is "
-                        f"damaged: re-run `lmlab prepare`")
-    return value
-
-
-def _file_name(obj, key: str, path: Path, where: str) -> str:
-    name = _key(obj, key, str, path, where)
-    if not name or "/" in name or "\\" in name or name in (".", ".."):
-        raise DataError(f"manifest {str(path)!r}: {where + key!r} = {name!r} is not a file name inside the data "
-                        f"folder; the file is damaged: re-run `lmlab prepare`")
-    return name
-
-
-class TokenData:
-    """A prepared data folder: its manifest, tokenizer, and token streams as read-only memmaps.
-
-    The manifest is validated when opened (a JSON object with ``tokenizer``, ``dtype`` and ``splits``
-    of the right types; file names inside the folder); a shard is checked when first read (its size,
-    its SHA-256 when the manifest records one, its largest id). Each problem raises DataError naming
-    the file and the key, e.g. for a truncated, emptied or hand-edited file.
-    """
-
-    def __init__(self, folder: str | Path):
-        self.folder = Path(folder)
-        path = self.folder / "manifest.json"
-        if not path.is_file():
-            raise DataError(f"{str(self.folder)!r} is not a prepared data folder (no manifest.json); "
-                            f"run `lmlab prepare --data PATH --out {self.folder}` first")
-        try:
-            from lmlab.lab.validate import check_nesting
-
-            self.manifest = json.loads(check_nesting(path.read_text(), f"manifest {str(path)!r}", DataError,
-                                                     "; the file is damaged: re-run `lmlab prepare`"))
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DataError(f"manifest {str(path)!r} could not be read ({exc}); the file is damaged: "
-                            f"re-run `lmlab prepare`") from None
-        if not isinstance(self.manifest, dict):
-            raise DataError(f"manifest {str(path)!r} holds a JSON {type(self.manifest).__name__}, not an object; "
-                            f"the file is damaged: re-run `lmlab prepare`")
-        self._path = path
-        tok_info = _key(self.manifest, "tokenizer", dict, path)
-        tok_path = self.folder / _file_name(tok_info, "file", path, "tokenizer.")
-        sha = _key(tok_info, "sha256", str, path, "tokenizer.")
-        dtype = _key(self.manifest, "dtype", str, path)
-        if dtype not in ("uint16", "uint32"):
-            raise DataError(f"manifest {str(path)!r}: 'dtype' is {dtype!r}, not 'uint16' or 'uint32'; the file is "
-                            f"damaged: re-run `lmlab prepare`")
-        splits = _key(self.manifest, "splits", dict, path)
-        for split in ("train", "val"):
-            info = _key(splits, split, dict, path, "splits.")
-            _file_name(info, "file", path, f"splits.{split}.")
-            for key in ("tokens", "bytes"):
-                if _key(info, key, int, path, f"splits.{split}.") < 0:
-                    raise DataError(f"manifest {str(path)!r}: 'splits.{split}.{key}' is negative; re-run "
-                                    f"`lmlab prepare`")
-        if not tok_path.is_file() or sha256_file(tok_path) != sha:
-            raise DataError(f"tokenizer {str(tok_path)!r} does not match manifest {str(path)!r} "
-                            f"(missing or changed since prepare); re-run `lmlab prepare`")
-        self.tokenizer = Tokenizer.load(tok_path)
-        self.vocab_size = self.tokenizer.vocab_size
-        self._checked: dict = {}
-
-    def tokens(self, split: str) -> np.ndarray:
-        """The token stream of ``split`` ('train' | 'val'), (n_tokens,) memmap. Raises DataError naming
-        the shard when it is missing, truncated or changed (size, SHA-256, ids past the vocabulary)."""
-        if split not in ("train", "val"):
-            raise DataError(f"split {split!r} is not valid; choose 'train' or 'val'")
-        info = self.manifest["splits"][split]
-        path = self.folder / info["file"]
-        dtype = np.dtype(self.manifest["dtype"])
-        try:
-            size = os.path.getsize(path)
-        except OSError as exc:
-            raise DataError(f"shard {str(path)!r} (manifest key 'splits.{split}.file') could not be read: "
-                            f"{exc.strerror or exc}; re-run `lmlab prepare`") from None
-        if size != info["tokens"] * dtype.itemsize:
-            raise DataError(f"shard {str(path)!r} has {size:,} bytes, manifest 'splits.{split}.tokens' says "
-                            f"{info['tokens']:,} {dtype.name} tokens ({info['tokens'] * dtype.itemsize:,} bytes): "
-                            f"the file is truncated or changed: re-run `lmlab prepare`")
-        if info["tokens"] == 0:
-            return np.zeros(0, dtype=dtype)
-        if split not in self._checked:
-            want = info.get("sha256")
-            if isinstance(want, str) and sha256_file(path) != want:
-                raise DataError(f"shard {str(path)!r} does not match its SHA-256 in the manifest "
-                                f"('splits.{split}.sha256'): the file is damaged or changed: re-run `lmlab prepare`")
-        arr = np.memmap(path, dtype=dtype, mode="r")
-        if split not in self._checked:
-            top = int(arr.max())
-            if top >= self.vocab_size:
-                raise DataError(f"{str(path)!r} holds token id {top} >= tokenizer vocab_size "
-                                f"{self.vocab_size}: the shards do not match the tokenizer; re-run `lmlab prepare`")
-            self._checked[split] = True
-        return arr
-
-    def bytes(self, split: str) -> int:
-        """UTF-8 bytes of the documents of ``split``."""
-        return int(self.manifest["splits"][split]["bytes"])

@@ -7,7 +7,8 @@ Both reserve one special token, ``<|endoftext|>`` (EOT), which lmlab places befo
 - "hf": any other Hugging Face ``tokenizer.json`` (an imported model's: SentencePiece-style BPE with
   byte fallback, byte-level BPE with special tokens, ...). Text is encoded without the tokenizer's
   post-processor (no BOS added); the token placed before each document ("EOT") is its <|endoftext|>,
-  else its beginning-of-sequence token (<s>, <bos>, ...), else an end-of-sequence one. Token bytes: ``<0xNN>`` byte-fallback pieces are that byte, byte-level pieces go through the
+  else its beginning-of-sequence token (<s>, <bos>, ...), else an end-of-sequence one. Token bytes:
+  ``<0xNN>`` byte-fallback pieces are that byte, byte-level pieces go through the
   byte table, SentencePiece's U+2581 is a space, special tokens are empty.
 
 Bounded pre-tokenisation: lmlab's BPE splits every pre-tokenisation chunk (GPT-2 regex word) longer
@@ -43,7 +44,8 @@ def byte_level_alphabet() -> tuple[dict[int, str], dict[str, int]]:
     """The reversible byte -> printable-unicode table of byte-level BPE (GPT-2's ``bytes_to_unicode``):
     printable Latin-1 bytes map to themselves, the other 68 bytes to U+0100 onward in byte order.
     This is the table HF ``tokenizers``' ByteLevel pre-tokenizer uses. Returns (byte->char, char->byte)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+            + list(range(ord("®"), ord("ÿ") + 1)))
     table, extra = {}, 0
     for b in range(256):
         if b in keep:

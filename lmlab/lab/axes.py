@@ -88,7 +88,7 @@ def variant_data(value: Any, default: Optional[Path], prepare: bool) -> tuple[Op
     ``default`` when the variant has none. With ``prepare`` the default corpus is prepared with the
     variant's tokenizer on first use; without, a folder that does not exist yet gives (None, the
     vocabulary the tokenizer will have: 257 for bytes)."""
-    from lmlab.data.prepare import TokenData
+    from lmlab.data.shards import TokenData
     from lmlab.runs import default_data_dir, ensure_default_data
 
     if value is None:

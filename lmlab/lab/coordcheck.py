@@ -329,7 +329,7 @@ def run_coordcheck(config, preset: Optional[str], scale: str, sets: list[str], p
     cfg, tc = configs(RANDOM_VOCAB if random else DEFAULT_VOCAB)
     tokens = None
     if not random:
-        from lmlab.data.prepare import TokenData
+        from lmlab.data.shards import TokenData
 
         prepared = TokenData(ensure_default_data(data))
         tokens = prepared.tokens("train")

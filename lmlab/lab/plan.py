@@ -183,7 +183,7 @@ def plan_runs(spec: Spec, data_dir: Optional[Path] = None) -> list[RunPlan]:
     (or the default corpus, prepared on first use) is used; every run is checked before anything is
     prepared. A variant with a ``data:`` field trains on that (:func:`variant_data`); ``data_dir``
     together with such variants raises ConfigError (it could not replace their data)."""
-    from lmlab.data.prepare import TokenData
+    from lmlab.data.shards import TokenData
     from lmlab.runs import DEFAULT_VOCAB, check_run_memory, ensure_default_data
 
     if data_dir is None:
@@ -364,7 +364,7 @@ def plan_quantities(plans: list[RunPlan]) -> dict:
 def most_epochs(plans: list[RunPlan]) -> tuple[float, int, Path, int]:
     """(passes, training tokens, data folder, tokens read) of the run that reads its data's training
     split most often."""
-    from lmlab.data.prepare import TokenData
+    from lmlab.data.shards import TokenData
 
     worst = None
     for data in dict.fromkeys(p.data for p in plans):

@@ -122,7 +122,7 @@ def evaluate_run(
 
     from lmlab.analysis import kv_cache_bytes
     from lmlab.checkpoint import load_run
-    from lmlab.data.prepare import TokenData
+    from lmlab.data.shards import TokenData
     from lmlab.evaluate import evaluate
     from lmlab.model import TransformerLM
     from lmlab.devices import resolve_device

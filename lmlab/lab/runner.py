@@ -354,7 +354,7 @@ def run_init_grads(
     stored = _kept(path, key, "init_grads", log)
     if stored:
         return stored
-    from lmlab.data.prepare import TokenData
+    from lmlab.data.shards import TokenData
     from lmlab.lab.init_grads import init_grad_norms
 
     g = spec.init_grads
