@@ -341,7 +341,7 @@ def test_decode_timing_past_the_training_context(monkeypatch):
     # = 89 tokens, then 8 new ones, the last at position 96
     assert _decode_timer(cfg, 2, 96, torch.device("cpu"), decode_steps=8)() == 1e-3
     assert seen == {"ctx": 96, "prompt": 89, "new": 8, "batch": 2}
-    from lmlab.lab.spec import parse_timing
+    from lmlab.lab.spec_blocks import parse_timing
 
     assert parse_timing({"decode": True, "decode_steps": 64}, "s")["decode_steps"] == 64
     assert "decode_steps" not in parse_timing({"decode": True}, "s")  # stored timing keys stay as they were

@@ -17,7 +17,8 @@ from typing import Any, Optional
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.lab.claims import TIMING_METRICS
 from lmlab.lab.axes import _field_names, _fmt, variant_data
-from lmlab.lab.spec import QUANTITIES, SWEEP_TRAIN_DEFAULTS, Match, Spec
+from lmlab.lab.spec import QUANTITIES, SWEEP_TRAIN_DEFAULTS, Spec
+from lmlab.lab.spec_blocks import Match
 
 
 @dataclass
