@@ -528,7 +528,7 @@ def main(argv=None) -> int:
         where = f": {exc.filename!r}" if exc.filename else ""
         print(f"lmlab {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as exc:  # lmlab.train.TrainingInterrupted says what was saved
+    except KeyboardInterrupt as exc:  # lmlab.stopping.TrainingInterrupted says what was saved
         print(f"lmlab {args.command}: {str(exc) or 'interrupted'}", file=sys.stderr)
         return getattr(exc, "exit_code", 130)
     except Exception as exc:  # ConfigError, DataError, CheckpointError, ...: one line; anything else a bug

@@ -20,7 +20,6 @@ import math
 import re
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ from lmlab.kernels.linear import fp32_linears_on_onednn
 from lmlab.devices import check_memory, device_peak_flops, keep_freed_memory, resolve_device, resolve_dtype
 from lmlab.schedule import (BUDGET_SKIP_STEPS, BUDGET_TIMED_STEPS, budget_plan_after, budget_replan_step, budget_steps,
                             lr_at, planned_config, shortest_plan)
+from lmlab.stopping import StopSignals, TrainingDiverged, TrainingInterrupted
 from lmlab.optim import OPTIMIZERS, adamw, build_optimizer, muon_lr_at, optimizer_of, param_groups, set_lr
 from lmlab.parallel import Dist, all_reduce_mean, barrier, full_state, init_distributed, load_full_state, wrap_model
 
@@ -211,56 +211,6 @@ def _local(p: torch.Tensor) -> torch.Tensor:
 def windows_to_batch(tokens: np.ndarray, starts: np.ndarray, T: int) -> tuple[torch.Tensor, torch.Tensor]:
     chunk = torch.from_numpy(np.stack([np.asarray(tokens[s:s + T + 1], dtype=np.int64) for s in starts]))
     return chunk[:, :-1], chunk[:, 1:]
-
-
-class TrainingDiverged(FloatingPointError):
-    """``max_bad_steps`` non-finite steps in a row stopped :meth:`Trainer.fit` (the last good state was
-    checkpointed first). ``step``: the step of the last skipped update."""
-
-    def __init__(self, message: str, step: int):
-        super().__init__(message)
-        self.step = step
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM reached :meth:`Trainer.fit`, which checkpointed the last finished step and stopped.
-    ``signum``: the signal; ``exit_code``: 128 + signum (130 for SIGINT, 143 for SIGTERM), as a shell reports."""
-
-    def __init__(self, message: str, signum: int):
-        super().__init__(message)
-        self.signum, self.exit_code = signum, 128 + signum
-
-
-class StopSignals:
-    """While active (``with``), SIGINT and SIGTERM only ask the training loop to stop after the step in
-    progress (:attr:`signum` set, one line on stderr); a second signal interrupts at once
-    (KeyboardInterrupt; the checkpoints on disk stay intact, being written atomically). Installed only in
-    the main thread (elsewhere signals cannot be caught and this does nothing); the previous handlers
-    come back on exit."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.signum: Optional[int] = None
-        self._old: dict = {}
-
-    def _handle(self, signum, frame) -> None:
-        if self.signum is not None:
-            raise KeyboardInterrupt
-        self.signum = signum
-        print(f"\n{signal.Signals(signum).name} received: finishing the current step and saving a checkpoint "
-              f"(send it again to stop at once)", file=sys.stderr, flush=True)
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-        self._old = {}
 
 
 def restart_rate(bar) -> None:
