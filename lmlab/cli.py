@@ -414,16 +414,24 @@ def cmd_bench_decode(args) -> int:
 
 def cmd_bench_calibrate(args) -> int:
     from lmlab.bench import describe_machine
-    from lmlab.kernels.calibrate import calibrate, write_calibration
-    from lmlab.kernels.settings import default_kernels, load_calibration
+    from lmlab.kernels.calibrate import calibrate, check_destination, write_calibration
+    from lmlab.kernels.settings import KernelSettings, default_kernels, load_calibration
 
     log = (lambda s: print(s, file=sys.stderr)) if args.json else print
-    if args.if_missing and not args.out and load_calibration() is not None:
-        log(f"kernels: {default_kernels().describe()}")
-        return 0
+    dest = check_destination(Path(args.out) if args.out else None)  # before minutes of measuring
+    if args.if_missing:
+        kept = load_calibration(dest)
+        if kept is not None:
+            c = kept["choices"]
+            kernels = KernelSettings(c["onednn_fp32"], c["blocked_attention_fp32"],
+                                     source=f"calibrated on this CPU {kept['date'][:10]}")
+            log(f"kept {dest}: {kernels.describe()}")
+            if args.json:
+                print(json.dumps(kept))
+            return 0
     log(f"calibrating CPU kernels on {describe_machine()}")
     record = calibrate(args.rounds, log=log)
-    path = write_calibration(record, Path(args.out) if args.out else None)
+    path = write_calibration(record, dest)
     default_kernels.cache_clear()
     log(f"wrote {path}")
     if args.json:

@@ -320,7 +320,8 @@ def make_parser() -> argparse.ArgumentParser:
     bp.set_defaults(func="bench decode", command="bench decode")
     bp = bench.add_parser("calibrate", help="measure which CPU kernels train faster on this machine (fp32 linears "
                                             "on oneDNN or MKL, blocked or SDPA attention) and cache the choice")
-    bp.add_argument("--rounds", type=_int_at_least(3), default=7, help="interleaved rounds per cell (default 7)")
+    bp.add_argument("--rounds", type=_int_range(3, 100), default=7,
+                    help="interleaved rounds per cell, 3-100 (default 7: about 25 s on 2 cores)")
     bp.add_argument("--out", type=_path, help="write the calibration here instead of this machine's cache file")
     bp.add_argument("--json", action="store_true", help="print the calibration record as JSON")
     bp.add_argument("--if-missing", action="store_true",

@@ -324,3 +324,36 @@ def test_bench_calibrate_if_missing_keeps_a_valid_calibration(tmp_path, monkeypa
     with pytest.raises(SystemExit) as exc:
         main(["bench", "calibrate", "--rounds", "2"])
     assert exc.value.code == 2 and "argument --rounds: 2 must be >= 3" in capsys.readouterr().err
+
+
+def test_calibrate_checks_its_destination_before_measuring(tmp_path, monkeypatch, capsys):
+    """--out is checked before any step is timed: a folder, a file under a file, or an existing file that
+    is not a calibration is refused in one line and left as it was; a missing date or a hand-edited torch
+    version makes a cache file unusable (a warning naming it), never a traceback."""
+    from lmlab.cli import main
+    from lmlab.kernels import calibrate as C
+
+    monkeypatch.setenv("LMLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(C, "calibrate", lambda *a, **k: pytest.fail("measured before checking --out"))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    for out, why in ((tmp_path, "is a folder"), (notes, "is not a kernel calibration"),
+                     (notes / "x.json", "is a file, not a folder")):
+        assert main(["bench", "calibrate", "--out", str(out)]) == 2
+        assert why in capsys.readouterr().err
+    assert notes.read_text() == "mine"
+    here = S.cpu_identity()
+    path = C.cache_path(here)
+    path.parent.mkdir(parents=True)
+    S.default_kernels.cache_clear()
+    try:
+        for bad in ({"date": None}, {"identity": {**here, "torch": here["torch"].upper()}}, {"version": True}):
+            path.write_text(json.dumps({**_calibration(True, True, here), **bad}))
+            S.default_kernels.cache_clear()
+            assert S.default_kernels() == KernelSettings(False, False)
+            assert str(path) in capsys.readouterr().err
+        path.write_text(json.dumps(_calibration(True, False, here)))
+        assert main(["bench", "calibrate", "--if-missing", "--json"]) == 0  # kept: its record on stdout
+        assert json.loads(capsys.readouterr().out)["choices"] == {"onednn_fp32": True, "blocked_attention_fp32": False}
+    finally:
+        S.default_kernels.cache_clear()

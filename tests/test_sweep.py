@@ -418,10 +418,12 @@ def test_max_epochs_refuses_a_corpus_the_runs_would_repeat(byte_data, tmp_path, 
     spec = {"name": "ep", "model": TINY_MODEL, "train": TINY_TRAIN, "seeds": [1], "budget": {"steps": steps},
             "max_epochs": 1}
     out = tmp_path / "sw"
-    run_sweep(parse_spec(spec), out, dry_run=True, data_dir=byte_data)
-    said = capsys.readouterr().out
-    assert "error: ep: the longest run reads" in said and "max_epochs=1" in said and "--data DIR" in said
-    assert f"at least {steps * 4 * 32:,} training tokens" in said
+    with pytest.raises(ConfigError) as exc:  # the dry run prints the plan, then fails as the sweep would
+        run_sweep(parse_spec(spec), out, dry_run=True, data_dir=byte_data)
+    said = str(exc.value)
+    assert "ep: the longest run reads" in said and "max_epochs=1" in said and "--data DIR" in said
+    assert f"at least {steps * 4 * 32:,} training tokens" in said and "the sweep refuses to start" in said
+    assert "run(s)" in capsys.readouterr().out  # the plan came first
     with pytest.raises(ConfigError, match=r"2\.0 passes over the .* max_epochs=1"):
         run_sweep(parse_spec(spec), out, data_dir=byte_data)
     assert not out.exists()

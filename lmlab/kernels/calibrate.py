@@ -167,6 +167,34 @@ def calibrate(rounds: int = 7, log: Callable[[str], None] = print) -> dict:
     }
 
 
+def check_destination(path: Optional[Path] = None) -> Path:
+    """Where a calibration may be written (``path``, default :func:`cache_path`), checked before any
+    measuring: ConfigError naming the path when it is a folder, a special file, or a file that is not a
+    kernel calibration (nothing else is ever overwritten), or when its folder is a file."""
+    from lmlab.config import ConfigError
+
+    path = Path(path or cache_path())
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ConfigError(f"--out {str(path)!r}: {str(parent)!r} is a file, not a folder; give a .json path "
+                              f"in a folder")
+    if path.is_dir():
+        raise ConfigError(f"--out {str(path)!r} is a folder; give a .json file path (new, or an earlier "
+                          f"calibration to replace)")
+    if path.exists() or path.is_symlink():
+        if not path.is_file():
+            raise ConfigError(f"--out {str(path)!r} is not a regular file; give a .json file path")
+        try:
+            old = json.loads(path.read_text())
+            ours = isinstance(old, dict) and "choices" in old and "identity" in old and "cells" in old
+        except (OSError, ValueError, UnicodeDecodeError):
+            ours = False
+        if not ours:
+            raise ConfigError(f"--out {str(path)!r} exists and is not a kernel calibration; refusing to overwrite "
+                              f"it (give a new path)")
+    return path
+
+
 def write_calibration(record: dict, path: Optional[Path] = None) -> Path:
     """Write ``record`` atomically to ``path`` (default :func:`cache_path`); returns the path."""
     path = Path(path or cache_path(record["identity"]))

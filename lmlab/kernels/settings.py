@@ -66,7 +66,7 @@ def cpu_identity(cpuinfo: str = "/proc/cpuinfo") -> dict:
         pass
     return {"cpu": info.get("model name") or platform.processor() or platform.machine() or "?",
             "family": info.get("cpu family", "?"), "model": info.get("model", "?"),
-            "machine": platform.machine(), "torch": torch.__version__}
+            "machine": platform.machine(), "torch": str(torch.__version__)}  # a plain str: compared exactly
 
 
 def load_calibration(path=None) -> Optional[dict]:
@@ -89,7 +89,9 @@ def load_calibration(path=None) -> Optional[dict]:
     try:
         record = json.loads(text)
         choices = record["choices"]
-        ok = (record.get("version") == CALIBRATION_VERSION and isinstance(choices, dict)
+        ok = (type(record.get("version")) is int and record["version"] == CALIBRATION_VERSION
+              and isinstance(record.get("date"), str) and isinstance(record.get("identity"), dict)
+              and isinstance(choices, dict)
               and all(isinstance(choices.get(k), bool) for k in ("onednn_fp32", "blocked_attention_fp32")))
     except (ValueError, KeyError, TypeError):
         ok, record = False, None
@@ -97,7 +99,7 @@ def load_calibration(path=None) -> Optional[dict]:
         print(f"lmlab: warning: {path} is not a kernel calibration of version {CALIBRATION_VERSION}; using "
               f"torch's defaults (`lmlab bench calibrate` rewrites it)", file=sys.stderr)
         return None
-    if record.get("identity") != ident:
+    if {k: str(v) for k, v in record["identity"].items()} != ident or set(record["identity"]) != set(ident):
         print(f"lmlab: warning: {path} was measured on {record.get('identity')}, not this machine ({ident}); "
               f"using torch's defaults (`lmlab bench calibrate` measures this one)", file=sys.stderr)
         return None
@@ -115,4 +117,4 @@ def default_kernels() -> KernelSettings:
                               source="uncalibrated: torch's defaults; `lmlab bench calibrate` measures this CPU")
     c = record["choices"]
     return KernelSettings(onednn_fp32=c["onednn_fp32"], blocked_attention_fp32=c["blocked_attention_fp32"],
-                          source=f"calibrated on this CPU {record.get('date', '?')[:10]}")
+                          source=f"calibrated on this CPU {record['date'][:10]}")

@@ -523,12 +523,10 @@ def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Call
     )
     log(format_plan(plans, states, spec))
     short = too_few_tokens(spec, plans)
+    if short:  # after the plan, so a dry run shows what it needs; a dry run of a refused sweep fails too
+        raise ConfigError(short + (" (the plan above; the sweep refuses to start)" if dry_run else ""))
     if dry_run:
-        if short:
-            log(f"error: {short} (the sweep refuses to start)")
         return sweep_dir
-    if short:
-        raise ConfigError(short)
     ex = None
     if kind in ("slurm", "submitit-local"):  # its parameters checked before anything is written
         from lmlab.lab.executors import SubmititExecutor
