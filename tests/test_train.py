@@ -281,6 +281,7 @@ def test_budget_seconds_end_to_end(tmp_path, corpus_bytes):
 
 FAULT_PROBE = """
 import resource, sys, torch
+import lmlab.train  # the trainer's process: its imports made before the setting (the heap they leave matters)
 from lmlab.devices import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
