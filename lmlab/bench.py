@@ -30,23 +30,13 @@ def describe_machine(device: str | torch.device = "cpu") -> str:
     """One line naming the machine measurements were taken on: CPU model, cores visible to this process,
     memory, torch version and threads, and the GPU when ``device`` is CUDA."""
     import os
-    import platform
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = {}
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("model name", "cpu family", "model") and key.strip() not in info:
-                    info[key.strip()] = value.strip()
-                if not line.strip() and info:  # the first processor's block is enough
-                    break
-        cpu = info.get("model name", cpu)
-        if "cpu family" in info and "model" in info:  # the vendor's string alone does not name the part
-            cpu += f" (family {info['cpu family']}, model {info['model']})"
-    except OSError:
-        pass
+    from lmlab.kernels.settings import cpu_identity
+
+    ident = cpu_identity()
+    cpu = ident["cpu"]
+    if "?" not in (ident["family"], ident["model"]):  # the vendor's string alone does not name the part
+        cpu += f" (family {ident['family']}, model {ident['model']})"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     mem = ""
     try:

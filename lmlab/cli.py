@@ -415,17 +415,14 @@ def cmd_bench_decode(args) -> int:
 def cmd_bench_calibrate(args) -> int:
     from lmlab.bench import describe_machine
     from lmlab.kernels.calibrate import calibrate, check_destination, write_calibration
-    from lmlab.kernels.settings import KernelSettings, default_kernels, load_calibration
+    from lmlab.kernels.settings import calibrated_kernels, default_kernels, load_calibration
 
     log = (lambda s: print(s, file=sys.stderr)) if args.json else print
     dest = check_destination(Path(args.out) if args.out else None)  # before minutes of measuring
     if args.if_missing:
         kept = load_calibration(dest)
         if kept is not None:
-            c = kept["choices"]
-            kernels = KernelSettings(c["onednn_fp32"], c["blocked_attention_fp32"],
-                                     source=f"calibrated on this CPU {kept['date'][:10]}")
-            log(f"kept {dest}: {kernels.describe()}")
+            log(f"kept {dest}: {calibrated_kernels(kept).describe()}")
             if args.json:
                 print(json.dumps(kept))
             return 0

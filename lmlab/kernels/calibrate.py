@@ -33,7 +33,6 @@ import datetime
 import json
 import math
 import os
-import re
 import statistics
 import tempfile
 import time
@@ -42,7 +41,7 @@ from typing import Callable, Optional
 
 import torch
 
-from lmlab.kernels.settings import CALIBRATION_VERSION, KernelSettings, cpu_identity
+from lmlab.kernels.settings import CALIBRATION_VERSION, KernelSettings, cache_path, cpu_identity
 
 # (label, ModelConfig fields, batch): the shipped specs' byte-level run shape and the demo's layer shape
 # (two of its four layers, half its batch: the same products, a quarter of the time)
@@ -53,18 +52,6 @@ SHAPES = (
 )
 TARGET_S = 0.25  # each timed measurement runs about this long (whole steps, at least one)
 MIN_GAIN = 0.05  # a kernel is taken only when it makes the steps at least this much faster (geometric mean)
-
-
-def cache_dir() -> Path:
-    """``$LMLAB_CACHE/kernels`` (default ``~/.cache/lmlab/kernels``)."""
-    return Path(os.environ.get("LMLAB_CACHE", Path.home() / ".cache" / "lmlab")) / "kernels"
-
-
-def cache_path(identity: Optional[dict] = None) -> Path:
-    """This machine's calibration file: named by the CPU's family, model and name and torch's version."""
-    ident = identity or cpu_identity()
-    name = f"{ident['cpu']}-f{ident['family']}-m{ident['model']}-torch{ident['torch']}"
-    return cache_dir() / (re.sub(r"[^A-Za-z0-9.+-]+", "_", name).strip("_")[:150] + ".json")
 
 
 def _timer(fields: dict, batch: int, kernels: KernelSettings) -> Callable[[int], float]:

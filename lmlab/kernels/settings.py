@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import sys
+from pathlib import Path
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Optional
@@ -69,13 +71,25 @@ def cpu_identity(cpuinfo: str = "/proc/cpuinfo") -> dict:
             "machine": platform.machine(), "torch": str(torch.__version__)}  # a plain str: compared exactly
 
 
+def cache_dir() -> Path:
+    """``$LMLAB_CACHE/kernels`` (default ``~/.cache/lmlab/kernels``)."""
+    from lmlab.data.corpus import cache_root
+
+    return cache_root() / "kernels"
+
+
+def cache_path(identity: Optional[dict] = None) -> Path:
+    """This machine's calibration file: named by the CPU's family, model and name and torch's version."""
+    ident = identity or cpu_identity()
+    name = f"{ident['cpu']}-f{ident['family']}-m{ident['model']}-torch{ident['torch']}"
+    return cache_dir() / (re.sub(r"[^A-Za-z0-9.+-]+", "_", name).strip("_")[:150] + ".json")
+
+
 def load_calibration(path=None) -> Optional[dict]:
     """This machine's calibration record (:mod:`lmlab.kernels.calibrate`), or None when there is none.
     A file that cannot be read as one, or that was measured on another CPU model or torch version, is
     not used: a one-line warning on stderr names it and what is wrong (``lmlab bench calibrate``
     rewrites it)."""
-    from lmlab.kernels.calibrate import cache_path
-
     ident = cpu_identity()
     path = path or cache_path(ident)
     try:
@@ -115,6 +129,11 @@ def default_kernels() -> KernelSettings:
     if record is None:
         return KernelSettings(onednn_fp32=False, blocked_attention_fp32=False,
                               source="uncalibrated: torch's defaults; `lmlab bench calibrate` measures this CPU")
+    return calibrated_kernels(record)
+
+
+def calibrated_kernels(record: dict) -> KernelSettings:
+    """The settings a valid calibration record (:func:`load_calibration`) chose."""
     c = record["choices"]
     return KernelSettings(onednn_fp32=c["onednn_fp32"], blocked_attention_fp32=c["blocked_attention_fp32"],
                           source=f"calibrated on this CPU {record['date'][:10]}")
