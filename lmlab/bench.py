@@ -1,4 +1,7 @@
-"""Decode throughput: prefill tokens/s and decode tokens/s of KV-cache generation (``lmlab bench decode``).
+"""Benchmarks a user runs on their machine: training steps per second (``lmlab bench train``,
+:func:`train_benchmark`) and decode throughput (below).
+
+Decode throughput: prefill tokens/s and decode tokens/s of KV-cache generation (``lmlab bench decode``).
 
 One measurement runs :func:`lmlab.generate.stream_batch` greedily on ``batch`` random prompts of
 ``prompt_len`` tokens for ``new_tokens`` tokens: the time to the first yielded ids is the prefill (the
@@ -189,3 +192,98 @@ def format_decode_benchmark(res: dict, batch: int, prompt_len: int, new_tokens: 
         f"call on the model, which also lays out its weights for decoding, {res['first_call_s'] * 1e3:.1f} ms",
     ])
 
+
+
+# --- training throughput (`lmlab bench train`) ---------------------------------------------------
+def train_benchmark(cfg, title: Optional[str], device: torch.device, batch: int, dtypes: list[str],
+                    compile_: bool, rounds: int, steps: int) -> dict:
+    """``lmlab bench train``: the training step of ``lmlab train`` (the chunked loss, its AdamW, this
+    machine's kernels) for ``cfg`` (None: the demo config) at ``batch`` x ``context_length`` tokens,
+    in each precision of ``dtypes`` (fp32, bf16: autocast), eager and, with ``compile_``, compiled
+    whole (``torch.compile``; its first step's seconds reported as ``compile_s``). Every variant is
+    built once and warmed up, then timed in ``rounds`` rounds of ``steps`` steps in an order rotated
+    per round. Returns {model, params, device, threads, batch, context, machine, variants: {name:
+    {s_per_step (median), tokens_per_s, vs_first (median of per-round ratios to the first variant's
+    step time: > 1 is faster) with q1/q3}}}. Raises ConfigError for a model that would not fit."""
+    from lmlab.config import ModelConfig
+    from lmlab.config_files import load_mapping
+    from lmlab.devices import check_memory
+    from lmlab.runs import BUILTIN_CONFIGS
+    from lmlab.threads import current_threads
+    from lmlab.train import TrainConfig, make_optimizer
+
+    if cfg is None:
+        cfg, title = ModelConfig.from_dict(load_mapping(BUILTIN_CONFIGS / "demo.yaml")["model"]), "the demo config"
+    check_memory(cfg, device, 1, batch, 2 if dtypes == ["bf16"] else 4)
+    T = cfg.context_length
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, cfg.vocab_size, (batch, T + 1), generator=g).to(device)
+    inputs, targets = x[:, :-1], x[:, 1:]
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    variants, compile_s = {}, {}
+    for dtype in dtypes:
+        for compiled in (False, True) if compile_ else (False,):
+            torch.manual_seed(0)
+            model = TransformerLM(cfg).to(device)
+            model.train()
+            params = model.num_params()
+            opt = make_optimizer([{"params": list(model.parameters())}], TrainConfig(lr=1e-4), device)
+            fwd = torch.compile(model) if compiled else model
+            amp = torch.bfloat16 if dtype == "bf16" else None
+
+            def step(fwd=fwd, opt=opt, amp=amp):
+                with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                    loss, _ = fwd(inputs, targets=targets)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+            name = f"{dtype} {'compiled' if compiled else 'eager'}"
+            t = time.perf_counter()
+            step()
+            sync()
+            if compiled:
+                compile_s[name] = time.perf_counter() - t
+            step()  # warm-up
+            variants[name] = step
+    names = list(variants)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            sync()
+            t = time.perf_counter()
+            for _ in range(steps):
+                variants[name]()
+            sync()
+            times[name].append((time.perf_counter() - t) / steps)
+    out = {}
+    for name in names:
+        ratios = sorted(a / b for a, b in zip(times[names[0]], times[name]))
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        s = statistics.median(times[name])
+        out[name] = {"s_per_step": s, "tokens_per_s": batch * T / s, "vs_first": statistics.median(ratios),
+                     "vs_first_q1": q[0], "vs_first_q3": q[2], "compile_s": compile_s.get(name)}
+    return {"model": title, "params": params, "device": str(device),
+            "threads": current_threads() if device.type == "cpu" else None,
+            "batch": batch, "context": T, "rounds": rounds, "steps": steps, "machine": describe_machine(device),
+            "date": time.strftime("%Y-%m-%d"), "variants": out}
+
+
+def format_train_benchmark(res: dict) -> str:
+    """The lines ``lmlab bench train`` prints for :func:`train_benchmark`'s result."""
+    first = next(iter(res["variants"]))
+    lines = [f"lmlab bench train: {res['model']}, {res['params']:,} params, batch {res['batch']} x {res['context']} "
+             f"tokens on {res['device']}; median of {res['rounds']} rounds of {plural(res['steps'], 'step')}, "
+             f"variants alternated",
+             f"  machine: {res['machine']}; {res['date']}"]
+    for name, v in res["variants"].items():
+        rel = "" if name == first else (f"   {v['vs_first']:.2f}x {first} (IQR {v['vs_first_q1']:.2f}-"
+                                        f"{v['vs_first_q3']:.2f})")
+        comp = f"   (first step compiles: {v['compile_s']:.1f} s)" if v["compile_s"] is not None else ""
+        lines.append(f"  {name:<14} {v['tokens_per_s']:>10,.0f} tokens/s  {v['s_per_step'] * 1e3:8.1f} ms/step"
+                     + rel + comp)
+    return "\n".join(lines)

@@ -70,11 +70,15 @@ def cmd_train(args) -> int:
 
 
 def _train(trainer, out: Path) -> int:
+    from lmlab.devices import describe_dtype
+
     if trainer.dist.is_main:
+        dtype = describe_dtype(trainer.tc.dtype, trainer.device, trainer.amp_dtype)
         print(
             f"model: {trainer.model.num_params():,} parameters ({trainer.model.num_params(non_embedding=True):,} "
-            f"non-embedding), device {trainer.device}, dtype {str(trainer.amp_dtype or 'fp32').replace('torch.', '')}, "
-            f"{trainer.dist.world_size} process(es) ({trainer.mode})"
+            f"non-embedding), device {trainer.device}, dtype {dtype}, "
+            f"{trainer.dist.world_size} process(es) ({trainer.mode}), "
+            f"compile {trainer.compile_choice or 'auto (chosen before the first step)'}"
             f"{'; freed memory kept by malloc' if trainer.malloc_kept else ''}"
             f"{'; fp32 linears on oneDNN' if trainer.onednn_linears else ''}"
             f"{'; kernels: ' + trainer.model.kernels.describe() if trainer.device.type == 'cpu' else ''}; "
@@ -412,6 +416,22 @@ def cmd_bench_decode(args) -> int:
     return 0
 
 
+def cmd_bench_train(args) -> int:
+    from lmlab.bench import format_train_benchmark, train_benchmark
+    from lmlab.devices import resolve_device
+
+    if args.config and args.preset:
+        raise ConfigError("give one of --config or --preset, not both")
+    _resolve_scale(args, "tiny")
+    args.run = None
+    cfg, title = (None, None) if not (args.config or args.preset) else _model_config_for(args)[:2]
+    dtypes = ["fp32", "bf16"] if args.dtype == "both" else [args.dtype]
+    res = train_benchmark(cfg, title, resolve_device(args.device), args.batch, dtypes, args.compile, args.rounds,
+                          args.steps)
+    print(json.dumps(res) if args.json else format_train_benchmark(res))
+    return 0
+
+
 def cmd_bench_calibrate(args) -> int:
     from lmlab.bench import describe_machine
     from lmlab.kernels.calibrate import calibrate, check_destination, write_calibration
@@ -498,6 +518,7 @@ COMMANDS = {  # what each parsed command calls (lmlab.cli_parser names them)
     "presets": cmd_presets,
     "bench decode": cmd_bench_decode,
     "bench calibrate": cmd_bench_calibrate,
+    "bench train": cmd_bench_train,
 }
 
 

@@ -303,8 +303,24 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--format", choices=["table", "markdown", "csv"], default="table")
     sp.set_defaults(func="survey")
 
-    sp = sub.add_parser("bench", help="benchmarks: `lmlab bench decode`, `lmlab bench calibrate`")
+    sp = sub.add_parser("bench", help="benchmarks: `lmlab bench train`, `lmlab bench decode`, `lmlab bench calibrate`")
     bench = sp.add_subparsers(dest="bench", required=True)
+    bp = bench.add_parser("train", help="training tokens/s of lmlab train's step on this machine, fp32 against bf16 "
+                                        "(and compiled with --compile), alternated")
+    bp.add_argument("--config", type=_path, help="YAML file with a 'model:' section, or a built-in name (default demo)")
+    bp.add_argument("--preset", type=_preset_name, help="a preset with random weights")
+    bp.add_argument("--scale", choices=["tiny", "real"], help="preset scale (default tiny)")
+    bp.add_argument("--batch", type=POSITIVE, default=16, help="sequences per step (default 16, the demo's)")
+    bp.add_argument("--dtype", choices=["fp32", "bf16", "both"], default="both",
+                    help="precisions to time (default both: fp32 eager first, the reference of the ratios)")
+    bp.add_argument("--compile", action="store_true", help="also time each precision compiled (adds each compile: "
+                                                           "tens of seconds on a CPU)")
+    bp.add_argument("--rounds", type=_int_range(2, 100), default=5, help="rounds, 2-100 (default 5)")
+    bp.add_argument("--steps", type=_int_range(1, 1000), default=2, help="steps per variant per round (default 2)")
+    bp.add_argument("--device", default="cpu")
+    bp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
+    bp.add_argument("--json", action="store_true", help="print one JSON object")
+    bp.set_defaults(func="bench train", command="bench train")
     bp = bench.add_parser("decode", help="prefill and decode tokens/s of KV-cache generation (greedy)")
     bp.add_argument("run", type=_path, nargs="?", help="a run folder (its trained weights); default the demo config")
     bp.add_argument("--preset", type=_preset_name, help="a preset with random weights")

@@ -116,6 +116,17 @@ def resolve_dtype(name: str, device: torch.device) -> Optional[torch.dtype]:
         return None
 
 
+def describe_dtype(name: str, device: torch.device, amp_dtype: Optional[torch.dtype]) -> str:
+    """The startup line's precision: the dtype and, for ``dtype=auto``, why (e.g. 'bf16 (auto: this
+    CPU computes bf16 natively)')."""
+    chosen = str(amp_dtype or "fp32").replace("torch.", "").replace("bfloat16", "bf16").replace("float16", "fp16")
+    if name != "auto":
+        return chosen
+    where = "this CPU" if device.type == "cpu" else "this GPU"
+    native = "computes bf16 natively" if amp_dtype is not None else "has no native bf16"
+    return f"{chosen} (auto: {where} {native}; set dtype=fp32 or bf16 to choose)"
+
+
 def device_peak_flops(device: torch.device, amp_dtype: Optional[torch.dtype]) -> Optional[float]:
     """Peak dense FLOP/s of ``device`` for MFU, from lmlab.analysis.DEVICES: the H100/H200/A100 bf16/fp16
     datasheet figure (under bf16/fp16 autocast; None in fp32, whose tensor-core rate depends on TF32

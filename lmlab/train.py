@@ -40,6 +40,7 @@ from lmlab.evaluate import evaluate
 from lmlab.fsutil import atomic_write_bytes, atomic_write_text
 from lmlab.model import TransformerLM
 from lmlab.kernels.linear import fp32_linears_on_onednn
+from lmlab.compile_choice import CLOCK_EARLY
 from lmlab.devices import check_memory, device_peak_flops, keep_freed_memory, resolve_device, resolve_dtype
 from lmlab.schedule import (BUDGET_SKIP_STEPS, BUDGET_TIMED_STEPS, budget_plan_after, budget_replan_step, budget_steps,
                             lr_at, planned_config, shortest_plan)
@@ -84,11 +85,16 @@ class TrainConfig:
     max_bad_steps: int = 5  # stop after this many consecutive non-finite steps
     seed: int = 1337  # initialisation, data order and dropout
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + GradScaler, CUDA) | auto
-    compile: bool = False  # torch.compile the model for training
-    # what compile=true compiles: "model" (one graph: embedding, blocks, loss) or "blocks" (each block
-    # apart, one compiled code for all: a fraction of the cold compile time; lmlab.train.compile_blocks)
-    compile_scope: str = "model"
+    # auto (bf16 autocast where the device computes bf16 natively, else fp32) | fp32 | bf16 (autocast) |
+    # fp16 (autocast + GradScaler, CUDA)
+    dtype: str = "auto"
+    # torch.compile the model for training: true | false | auto (when the steps left repay the compile time
+    # measured on this machine, lmlab.compile_choice)
+    compile: bool | str = "auto"
+    # what compile compiles: "model" (one graph: embedding, blocks, loss), "blocks" (each block apart, one
+    # compiled code for all: a fraction of the cold compile time; lmlab.train.compile_blocks), or "auto"
+    # (compile=true: model; compile=auto: whichever repays best)
+    compile_scope: str = "auto"
     activation_checkpointing: bool = False  # recompute each block's activations in backward: less memory
     parallel: str = "ddp"  # with torchrun and >1 ranks: ddp | fsdp
     peak_flops: Optional[float] = None  # device peak FLOP/s for MFU; default from lmlab.analysis's table
@@ -128,10 +134,12 @@ class TrainConfig:
         _choice("dtype", self.dtype, ("fp32", "bf16", "fp16", "auto"))
         _choice("parallel", self.parallel, ("ddp", "fsdp"))
         _choice("compile_scope", self.compile_scope, COMPILE_SCOPES)
-        if self.compile_scope != "model" and self.compile is not True:
+        if not (isinstance(self.compile, bool) or self.compile == "auto"):
+            raise ConfigError(f"compile={self.compile!r:.60} must be true, false or auto")
+        if self.compile_scope == "blocks" and self.compile is False:
             raise ConfigError(f"compile_scope={self.compile_scope!r} is set but compile={self.compile!r}; set "
-                              f"compile=true or drop compile_scope")
-        for name in ("compile", "tensorboard", "activation_checkpointing"):
+                              f"compile=true (or auto) or drop compile_scope")
+        for name in ("tensorboard", "activation_checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
         if self.peak_flops is not None:
@@ -148,7 +156,8 @@ class TrainConfig:
         return build_checked(cls, data, source)
 
 
-COMPILE_SCOPES = ("model", "blocks")
+AUTO = "auto"
+COMPILE_SCOPES = (AUTO, "model", "blocks")
 
 
 def compile_blocks(model: torch.nn.Module) -> None:
@@ -286,13 +295,16 @@ class Trainer:
         self.model.checkpoint_blocks = tc.activation_checkpointing
         self.mode = tc.parallel if self.dist.enabled else "none"
         self.fwd = wrap_model(self.model, self.mode, self.dist, self.device)
-        if tc.compile and tc.compile_scope == "blocks":
-            if not hasattr(torch.compiler, "set_stance"):
-                raise ConfigError(f"compile_scope='blocks' needs torch >= 2.6 (this is {torch.__version__}); "
-                                  f"use compile_scope=model")
-            compile_blocks(self.model)  # in place: every call of a block runs the compiled code
-        elif tc.compile:
-            self.fwd = torch.compile(self.fwd)
+        if tc.compile_scope == "blocks" and not hasattr(torch.compiler, "set_stance"):
+            raise ConfigError(f"compile_scope='blocks' needs torch >= 2.6 (this is {torch.__version__}); "
+                              f"use compile_scope=model")
+        self.compile_choice: Optional[str] = None  # eager | blocks | model; compile=auto decides in fit()
+        self.compile_message: Optional[str] = None  # why (compile=auto), printed when fit() starts
+        self._clock: Optional[tuple] = None  # (StepClock, records, key, probe seconds): this machine's record
+        self._clock_recorded = False
+        self._compile_checked = False
+        if tc.compile != AUTO:
+            self._apply_compile(("blocks" if tc.compile_scope == "blocks" else "model") if tc.compile else "eager")
         try:
             self.opt = build_optimizer(self.model, param_groups(self.model, tc), tc, self.device, self.mode)
         except ValueError as exc:
@@ -315,6 +327,83 @@ class Trainer:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+
+    def _apply_compile(self, scope: str) -> None:
+        """Compile for training as ``scope`` says (eager: nothing; blocks: :func:`compile_blocks`, in
+        place; model: ``torch.compile`` of the (wrapped) model's forward)."""
+        if scope == "blocks":
+            compile_blocks(self.model)  # in place: every call of a block runs the compiled code
+        elif scope == "model":
+            self.fwd = torch.compile(self.fwd)
+        self.compile_choice = scope
+
+    def _probe(self) -> float:
+        """Seconds of an eager forward + backward of this step's first micro-batch, times grad_accum
+        (:func:`lmlab.compile_choice.probe_step_seconds`; the run is unchanged)."""
+        from lmlab.compile_choice import probe_step_seconds
+
+        x, y = self._global_batch()[0]
+        self.model.train()
+        with eager():  # compiled blocks run their eager code
+            return probe_step_seconds(self.model, x, y, self._autocast, self.tc.grad_accum, self.device)
+
+    def _choose_compile(self) -> None:
+        """Before this process's first step: compile=auto decides (:mod:`lmlab.compile_choice`), or takes
+        the decision kept in run.yaml (``compile``) when resuming, so that the run computes as before.
+        A run that compiles or may compile (compile=true or auto, one process) then times its first steps
+        for this machine's record (:meth:`_clock_step`)."""
+        from lmlab.compile_choice import CompileRecords, StepClock, choose, no_compiler_reason, shape_key
+
+        tc = self.tc
+        records = CompileRecords(self.device)
+        key = shape_key(self.cfg, tc, self.amp_dtype, self.device, torch.get_num_threads(), self.dist.world_size)
+        decide = self.compile_choice is None
+        kept = read_run(self.run_dir).get("compile") if decide and (self.run_dir / RUN_FILE).is_file() else None
+        if isinstance(kept, dict) and kept.get("choice") in ("eager", "blocks", "model"):
+            self._apply_compile(kept["choice"])
+            self.compile_message = (f"compile auto: {kept['choice']}, as decided at step {kept.get('decided_at_step')} "
+                                    f"(kept on resume: the run computes as it did)")
+            decide = False
+        cannot = no_compiler_reason(self.device) if decide else None
+        if self.dist.enabled and not cannot:  # a probe's backward would run DDP's / FSDP's gradient hooks
+            cannot = "not measured under torchrun (a probe would run the ranks' gradient hooks); set compile=true"
+        probe = None if cannot or self.dist.enabled or self.compile_choice == "eager" else self._probe()
+        if probe is not None:
+            self._clock, self._clock_recorded = (StepClock(), records, key, probe), False
+        if not decide:
+            return
+        if cannot:
+            scope, why = "eager", cannot
+        else:
+            candidates = ("eager",) + (("blocks",) if tc.compile_scope in (AUTO, "blocks") else ()) + (
+                ("model",) if tc.compile_scope in (AUTO, "model") else ())
+            warn = (lambda line: print(line, file=sys.stderr)) if self.dist.is_main else (lambda line: None)
+            budget = tc.budget_seconds if tc.budget_seconds is not None and not self.budget_planned else None
+            kinds = len(set(self.cfg.layer_pattern)) if self.cfg.layer_pattern else 1
+            choice = choose(probe, records.load(key, warn), self.cfg.n_layers, kinds, candidates,
+                            steps=tc.max_steps - self.step, budget_s=budget)
+            scope, why = choice.scope, choice.reason
+        self._apply_compile(scope)
+        self.compile_message = f"compile auto: {scope} ({why})"
+        if self.dist.is_main:
+            run = read_run(self.run_dir)
+            run["compile"] = {"choice": scope, "decided_at_step": self.step, "reason": why}
+            write_run(self.run_dir, run)
+        barrier(self.dist)
+
+    def _clock_step(self, seconds: float, final: bool = False) -> None:
+        """Time a step for this machine's compile record (the main rank writes it after the early steps,
+        when the clock is full, and at the end of a shorter run)."""
+        clock, records, key, probe = self._clock
+        ready = clock.add(seconds) if not final else True
+        if final or clock.full:
+            self._clock = None
+        figures = clock.figures() if ready else None
+        if figures and self.dist.is_main:
+            steady, compile_s = figures
+            first = len(clock.times) <= CLOCK_EARLY + 1 or (final and not self._clock_recorded)
+            records.update(key, self.compile_choice, steady / probe, compile_s if first else None)
+            self._clock_recorded = True
 
     # --- run folder ------------------------------------------------------------------------
     @classmethod
@@ -632,6 +721,12 @@ class Trainer:
         ``{"stopped": "SIGINT"}`` record logged, and :class:`TrainingInterrupted` raised; running the
         same command again resumes bit for bit."""
         self._outcome("running")
+        if not self._compile_checked and self.step < self.tc.max_steps:  # once per process
+            self._compile_checked = True
+            self._choose_compile()
+            if self.dist.is_main and self.compile_message:
+                print(self.compile_message, file=sys.stderr)
+            self.compile_message = None
         try:
             with StopSignals() as stop:
                 last_val = self._fit(stop)
@@ -756,7 +851,10 @@ class Trainer:
             if self._stop_requested(stop):  # the previous step, its evaluation and checkpoint are done
                 self._log({"step": self.step, "stopped": signal.Signals(stop.signum).name})
                 break
+            step_t = time.perf_counter()
             rec = self.train_step()
+            if self._clock is not None:
+                self._clock_step(time.perf_counter() - step_t)
             window_steps += 1
             if rec.get("skipped"):
                 self._log(rec)
@@ -815,6 +913,8 @@ class Trainer:
                 self._log({"step": self.step, "stopped": "max_seconds", "elapsed_s": time.perf_counter() - t0})
                 break  # wall-time budget spent: checkpointed below, marked as stopped in metrics.jsonl
         bar.close()
+        if self._clock is not None:  # a run shorter than the clock: what it measured
+            self._clock_step(0.0, final=True)
         done = checkpoint_dirs(self.run_dir)
         if not done or done[-1].name != f"step_{self.step:07d}":
             self.save()

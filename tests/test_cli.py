@@ -611,3 +611,27 @@ def test_generate_prompt_ids(run_dir, capsys):
         assert words in capsys.readouterr().err
     assert main(["generate", str(run), "--prompt-ids", "1", "--prompt", "a"]) == 2
     assert "cannot be combined" in capsys.readouterr().err
+
+
+def test_bench_train_times_the_precisions_side_by_side(capsys):
+    """`lmlab bench train`: one JSON object whose figures agree with each other (tokens/s = batch x
+    context / step seconds; the reference variant's ratio to itself is 1), the machine named by CPU
+    model; bad input refused with the flag named."""
+    assert main(["bench", "train", "--preset", "llama-3-8b", "--batch", "2", "--rounds", "2", "--steps", "1",
+                 "--threads", "1", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert list(res["variants"]) == ["fp32 eager", "bf16 eager"] and res["threads"] == 1
+    for v in res["variants"].values():
+        assert v["tokens_per_s"] == pytest.approx(2 * res["context"] / v["s_per_step"])
+        assert v["compile_s"] is None
+    assert res["variants"]["fp32 eager"]["vs_first"] == 1.0
+    assert "family" in res["machine"] or "?" in res["machine"] or "CPU" in res["machine"]
+    assert main(["bench", "train", "--preset", "llama-3-8b", "--dtype", "fp32", "--batch", "1", "--rounds", "2",
+                 "--steps", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "lmlab bench train:" in text and "fp32 eager" in text and "bf16" not in text
+    with pytest.raises(SystemExit):
+        main(["bench", "train", "--rounds", "1"])
+    assert "--rounds" in capsys.readouterr().err
+    assert main(["bench", "train", "--preset", "llama-3-8b", "--config", "demo"]) == 2
+    assert "one of --config or --preset" in capsys.readouterr().err

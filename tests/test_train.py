@@ -33,7 +33,7 @@ def test_cpu_peak_flops_only_in_fp32():
 
 def test_short_training_run_lowers_loss(tmp_path, corpus_bytes):
     tc = TrainConfig(batch_size=8, max_steps=60, lr=3e-3, warmup_steps=10, eval_interval=30, eval_windows=8,
-                     log_interval=10, device="cpu")
+                     log_interval=10, device="cpu", dtype="fp32")  # MFU: fp32 (the CPU's bf16 peak is unknown)
     trainer = Trainer.create(tmp_path / "run", small_model(), tc, corpus_bytes, progress=False)
     before = trainer.validate()["loss"]
     after = trainer.fit()["loss"]
@@ -178,7 +178,7 @@ def test_budgeted_run_plans_its_steps_and_equals_a_fixed_run(tmp_path, corpus_by
 
     monkeypatch.setattr(train_mod, "budget_steps", fake_plan)
     train = dict(batch_size=2, max_steps=80, lr=3e-3, warmup_steps=30, eval_interval=20, eval_windows=2,
-                 checkpoint_interval=0, device="cpu", tensorboard=False)
+                 checkpoint_interval=0, device="cpu", tensorboard=False, dtype="fp32")
     tc = TrainConfig(**train, budget_seconds=600)
     budgeted = Trainer.create(tmp_path / "budget", small_model(), tc, corpus_bytes, progress=False)
     budgeted.fit()

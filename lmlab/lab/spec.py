@@ -133,8 +133,11 @@ SPEC_KEYS = (
 )
 MAX_RUNS = 10_000  # runs a spec may plan unless it (max_runs:) or `lmlab sweep --max-runs N` allows more
 BUDGET_KEYS = ("steps", "tokens", "flops", "seconds")
-# training settings a sweep changes from TrainConfig's defaults unless the spec sets them
-SWEEP_TRAIN_DEFAULTS = {"tensorboard": False, "keep_checkpoints": 1, "checkpoint_interval": 100}
+# training settings a sweep changes from TrainConfig's defaults unless the spec sets them: fp32 and no
+# compile, so that neither the machine's bf16 support nor a per-run compile decision (compile=auto,
+# measured per run) differs between a spec's runs or its executions
+SWEEP_TRAIN_DEFAULTS = {"tensorboard": False, "keep_checkpoints": 1, "checkpoint_interval": 100, "dtype": "fp32",
+                        "compile": False, "compile_scope": "model"}
 DECODE_DEFAULTS = {"batch": 8, "prompt_len": 32, "new_tokens": 64, "repeats": 3}
 QUANTITIES = ("params", "non_embedding_params", "flops_per_token", "tokens", "flops", "steps")
 # what a tier (``tiers: {gpu: {...}}``) may change: model/train are merged over the spec's, the rest replaced

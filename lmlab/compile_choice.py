@@ -1,0 +1,272 @@
+"""``compile: auto``: whether a run compiles its model, and how, from what it costs on this machine.
+
+Compiling pays only when the steps left repay the compile time. Before its first step a run with
+``compile=auto`` times one eager forward + backward of its own first batch (:func:`probe_step_seconds`:
+no optimizer step, its random state forked, gradients cleared: the run itself is unchanged) and predicts
+for each candidate (eager, ``blocks``: :func:`lmlab.train.compile_blocks`, ``model``: ``torch.compile``
+of the whole model) the time of the steps left plus the compile (:func:`choose`):
+
+    time(eager) = steps x probe x r_eager
+    time(scope) = steps x probe x r_scope + compile_s(scope)
+
+``r`` (a steady step's seconds over the probe's) and ``compile_s`` (the first compiled step's seconds
+past a steady one) come from this machine's record for this shape (:class:`CompileRecords`), which every
+``auto`` run updates with what it measured (:class:`StepClock`); where there is none yet, from
+:data:`PRIORS`. A run with ``budget_seconds`` instead picks the candidate that fits the most steps into
+its budget. The choice, its figures and whether they were measured or prior are printed, kept in
+run.yaml (``compile``) and reused on resume, so a resumed run computes as the uninterrupted one did.
+
+The compiled code itself is cached by torch's inductor (its FX graph and autograd caches, on by default
+in ``TORCHINDUCTOR_CACHE_DIR``), across runs and sweep members of the same shape: that is why a record's
+``compile_s`` (measured on the last compile, warm) is usually far below the cold prior.
+
+Sources: PyTorch's recipe "Reducing torch.compile cold start compilation time with regional
+compilation" (the ``blocks`` candidate); measurements in docs/bench/compile-auto.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+RECORD_VERSION = 1
+SCOPES = ("eager", "blocks", "model")
+# Where a machine has no record for a shape: a steady step's time over the probe's, and the compile
+# seconds (cold inductor cache). Measured on the issue-42 bar config (d_model 256, 4 layers, bf16, 2
+# threads, a 2-core AMD EPYC family 25 model 17, torch 2.13): eager 277 ms, model 177 ms (0.64),
+# blocks 1.066x the model's step; cold compile 62 s whole model (15 s a layer), 23 s a block kind
+# (docs/bench/compile-auto.md). A record replaces each figure as soon as one run has measured it.
+PRIORS = {"eager": {"ratio": 1.0},
+          "model": {"ratio": 0.64, "compile_s_per_layer": 15.0},
+          "blocks": {"ratio": 0.68, "compile_s_per_kind": 23.0}}
+# a compile candidate never measured on this machine is tried when its prior prediction is within this
+# fraction of eager's: one run pays at most that to measure it, and every later run of the shape decides on
+# measured figures (without it a shape whose priors say "about even" would never be measured)
+EXPLORE = 0.10
+CLOCK_EARLY, CLOCK_LATE_FROM, CLOCK_LATE = 8, 100, 200  # the steps a StepClock times (see there)
+# a record's first compile was cold (an empty inductor cache); the next one finds torch's cache warm and
+# takes this fraction of it (demo recipe, 2-core Zen 4: whole model 12 s of 62, blocks 3.8 s of 23)
+WARM_FRACTION = {"model": 0.19, "blocks": 0.17}
+
+
+def no_compiler_reason(device: torch.device) -> Optional[str]:
+    """Why inductor cannot compile for ``device`` here (None when it can): on CPU it needs a C++
+    compiler (``CXX`` or g++/clang++ on PATH, as torch's cpp_builder looks for)."""
+    if device.type != "cpu":
+        return None
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        compiler = get_cpp_compiler()
+    except Exception as exc:  # torch raises its own error types when no compiler is found
+        return f"inductor finds no C++ compiler ({type(exc).__name__})"
+    if not shutil.which(compiler):
+        return f"inductor's C++ compiler {compiler!r} is not on PATH"
+    return None
+
+
+def shape_key(cfg, tc, amp_dtype: Optional[torch.dtype], device: torch.device, threads: int, world: int) -> str:
+    """A record's key: everything that changes a step's time or its compiled graph (the model's config,
+    the micro-batch, precision, device, threads, ranks), hashed."""
+    import hashlib
+
+    desc = json.dumps({"model": cfg.to_dict(), "batch": tc.batch_size, "accum": tc.grad_accum,
+                       "checkpointing": tc.activation_checkpointing, "optimizer": tc.optimizer,
+                       "dtype": str(amp_dtype), "device": str(device.type), "threads": threads, "world": world},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(desc.encode()).hexdigest()[:20]
+
+
+def machine_name(device: torch.device) -> str:
+    """The records' folder: the CPU model (family/model) or the CUDA device's name, and torch's version."""
+    if device.type == "cuda":
+        name = f"{torch.cuda.get_device_name(device)}-torch{torch.__version__}"
+    else:
+        from lmlab.kernels.settings import cpu_identity
+
+        ident = cpu_identity()
+        name = f"{ident['cpu']}-f{ident['family']}-m{ident['model']}-torch{ident['torch']}"
+    return re.sub(r"[^A-Za-z0-9.+-]+", "_", name).strip("_")[:150]
+
+
+class CompileRecords:
+    """This machine's measured compile figures, one JSON file per shape key under
+    ``$LMLAB_CACHE/compile/<machine>/``: ``{"version", "<scope>": {"ratio", "compile_s", "date"}}``.
+    A file that does not parse as one is ignored with a line on stderr (never trusted, never deleted);
+    writes are atomic (the last writer wins when two runs of one shape finish together)."""
+
+    def __init__(self, device: torch.device, root: Optional[Path] = None):
+        from lmlab.data.corpus import cache_root
+
+        self.folder = (root or cache_root() / "compile") / machine_name(device)
+
+    def path(self, key: str) -> Path:
+        return self.folder / f"{key}.json"
+
+    def load(self, key: str, warn: Callable[[str], None] = lambda s: None) -> dict:
+        path = self.path(key)
+        if not path.is_file():
+            return {}
+        try:
+            rec = json.loads(path.read_text(encoding="utf-8"))
+            if rec.get("version") != RECORD_VERSION:
+                raise ValueError(f"version {rec.get('version')!r}, not {RECORD_VERSION}")
+            out = {}
+            for scope in SCOPES:
+                if scope in rec:
+                    entry = rec[scope]
+                    ratio, comp = float(entry["ratio"]), float(entry.get("compile_s", 0.0))
+                    n = int(entry.get("compiles", 0))
+                    if not (0 < ratio < 100 and 0 <= comp < 1e6 and n >= 0):
+                        raise ValueError(f"{scope}: ratio {ratio}, compile_s {comp}, compiles {n} out of range")
+                    out[scope] = {"ratio": ratio, "compile_s": comp, "compiles": n, "date": str(entry.get("date", "?"))}
+            return out
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            warn(f"note: compile record {str(path)!r} is not usable ({exc}); using the priors")
+            return {}
+
+    def update(self, key: str, scope: str, ratio: float, compile_s: Optional[float] = None) -> None:
+        """Record ``scope``'s steady step over the probe (``ratio``) and, when given, a compile's seconds
+        (counted in ``compiles``: the first was cold, see :data:`WARM_FRACTION`)."""
+        from lmlab.fsutil import atomic_write_text
+
+        rec = {"version": RECORD_VERSION, **self.load(key)}
+        old = rec.get(scope, {})
+        entry = {"ratio": round(ratio, 4), "compile_s": old.get("compile_s", 0.0), "compiles": old.get("compiles", 0),
+                 "date": time.strftime("%Y-%m-%d")}
+        if compile_s is not None and scope != "eager":
+            entry.update(compile_s=round(max(0.0, compile_s), 2), compiles=entry["compiles"] + 1)
+        rec[scope] = entry
+        self.folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.path(key), json.dumps(rec, indent=1) + "\n")
+
+
+@dataclass
+class Choice:
+    """The decision: ``scope`` (eager, blocks or model), the predicted seconds (or steps, for a budget)
+    of every candidate considered, and one line saying why."""
+    scope: str
+    predicted: dict
+    reason: str
+
+
+def prior_compile_s(scope: str, n_layers: int, n_kinds: int) -> float:
+    """The cold compile seconds :data:`PRIORS` predict for ``scope``."""
+    if scope == "model":
+        return PRIORS["model"]["compile_s_per_layer"] * n_layers
+    return PRIORS["blocks"]["compile_s_per_kind"] * n_kinds
+
+
+def choose(probe_s: float, record: dict, n_layers: int, n_kinds: int, candidates: tuple[str, ...],
+           steps: Optional[int] = None, budget_s: Optional[float] = None) -> Choice:
+    """Pick among ``candidates`` (a subset of :data:`SCOPES`, eager first) from the probe's seconds,
+    this shape's ``record`` (:meth:`CompileRecords.load`) and the priors. With ``steps`` (the steps
+    left): the least predicted seconds; with ``budget_s``: the most steps in it, up to ``steps`` (the
+    cap), then the least seconds. Ties go to the earlier
+    candidate (eager before compiling), except that eager's win by less than :data:`EXPLORE` over a
+    compile scope known only from priors goes to that scope (measured once, then known)."""
+    figures, sources = {}, {}
+    for scope in candidates:
+        known = record.get(scope, {})
+        ratio = known.get("ratio", PRIORS[scope]["ratio"])
+        sources[scope] = "measured here" if scope in record else "prior"
+        if scope == "eager":
+            comp = 0.0
+        elif known.get("compiles", 0) >= 2:
+            comp = known["compile_s"]
+        elif known.get("compiles") == 1:  # one cold compile measured: the next finds the inductor cache warm
+            comp = known["compile_s"] * WARM_FRACTION[scope]
+            sources[scope] += ", warm compile predicted"
+        else:
+            comp = prior_compile_s(scope, n_layers, n_kinds)
+            sources[scope] = "prior" if scope not in record else sources[scope] + ", compile prior"
+        figures[scope] = (probe_s * ratio, comp)
+    if budget_s is not None:  # the most steps in the budget (at most ``steps``, the cap), then the least time
+        predicted = {s: min(steps, max(0.0, budget_s - c) / t) for s, (t, c) in figures.items()}
+        seconds = {s: predicted[s] * t + c for s, (t, c) in figures.items()}
+        best = max(candidates, key=lambda s: (predicted[s], -seconds[s], -candidates.index(s)))
+        close = [s for s in candidates if predicted[s] >= (1 - EXPLORE) * predicted[best]
+                 and seconds[s] <= (1 + EXPLORE) * seconds[best]]
+        unit = "steps in the budget"
+    else:
+        predicted = {s: steps * t + c for s, (t, c) in figures.items()}
+        best = min(candidates, key=lambda s: (predicted[s], candidates.index(s)))
+        close = [s for s in candidates if predicted[s] <= (1 + EXPLORE) * predicted[best]]
+        unit = "s predicted"
+    untried = [s for s in close if s != "eager" and s not in record]
+    note = ""
+    if best == "eager" and untried:  # a near tie on priors: measure the compile once (the record learns)
+        best = untried[0]
+        note = (f"; {best} is within {EXPLORE:.0%} of eager on priors alone, so this run measures it for the "
+                f"next runs of this shape")
+    parts = [f"{s} {predicted[s]:,.0f} ({figures[s][0] * 1e3:.0f} ms/step"
+             + (f" + {figures[s][1]:.0f} s compile" if s != "eager" else "") + f", {sources[s]})"
+             for s in candidates]
+    what = f"{steps:,} steps left" if budget_s is None else f"a budget of {budget_s:g} s (cap {steps:,} steps)"
+    return Choice(best, predicted, f"{what}, {unit}: " + "; ".join(parts) + note)
+
+
+def probe_step_seconds(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, autocast, grad_accum: int,
+                       device: torch.device) -> float:
+    """Seconds of one eager training step's forward + backward for ``model`` on the micro-batch
+    ``(x, y)`` (B, T) int64, times ``grad_accum``: the faster of two passes after a first that warms the
+    allocator and the kernels' primitives. The run is left as it was: random state forked (dropout),
+    gradients set back to None (they are None between steps)."""
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        times = []
+        for _ in range(3):
+            sync()
+            t = time.perf_counter()
+            with autocast():
+                loss, _ = model(x, targets=y, reduction="sum")
+            loss.backward()
+            sync()
+            times.append(time.perf_counter() - t)
+    for p in model.parameters():
+        p.grad = None
+    return min(times[1:]) * grad_accum
+
+
+class StepClock:
+    """The seconds of a process's first :data:`CLOCK_LATE` steps (train steps only: evaluations and
+    checkpoints not counted). ``compile_s`` = the first step minus the median of the next
+    :data:`CLOCK_EARLY`; ``steady_s`` = the median of steps :data:`CLOCK_LATE_FROM` to :data:`CLOCK_LATE`
+    when the run got that far (a compiled step kept getting faster for its first ~150 steps on the
+    Zen 4: 220 ms at steps 20-140, 192 ms after), else of the steps after the first."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def add(self, seconds: float) -> bool:
+        """Add a step; True when the figures are ready to record (after the early steps, and when the
+        clock is full)."""
+        if len(self.times) >= CLOCK_LATE:
+            return False
+        self.times.append(seconds)
+        return len(self.times) in (CLOCK_EARLY + 1, CLOCK_LATE)
+
+    @property
+    def full(self) -> bool:
+        return len(self.times) >= CLOCK_LATE
+
+    def figures(self) -> Optional[tuple[float, float]]:
+        """(steady_s, compile_s), or None before 3 steps after the first."""
+        if len(self.times) < 4:
+            return None
+        early = statistics.median(self.times[1:CLOCK_EARLY + 1])
+        late = self.times[CLOCK_LATE_FROM:CLOCK_LATE]
+        steady = statistics.median(late) if len(late) >= 20 else statistics.median(self.times[1:])
+        return steady, self.times[0] - early
