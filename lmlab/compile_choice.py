@@ -30,6 +30,7 @@ import json
 import re
 import shutil
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +102,8 @@ class CompileRecords:
     """This machine's measured compile figures, one JSON file per shape key under
     ``$LMLAB_CACHE/compile/<machine>/``: ``{"version", "<scope>": {"ratio", "compile_s", "date"}}``.
     A file that does not parse as one is ignored with a line on stderr (never trusted, never deleted);
-    writes are atomic (the last writer wins when two runs of one shape finish together)."""
+    writes are atomic (the last writer wins when two runs of one shape finish together), and one that
+    fails (a read-only cache) is said on stderr while the run goes on."""
 
     def __init__(self, device: torch.device, root: Optional[Path] = None):
         from lmlab.data.corpus import cache_root
@@ -145,8 +147,12 @@ class CompileRecords:
         if compile_s is not None and scope != "eager":
             entry.update(compile_s=round(max(0.0, compile_s), 2), compiles=entry["compiles"] + 1)
         rec[scope] = entry
-        self.folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.path(key), json.dumps(rec, indent=1) + "\n")
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.path(key), json.dumps(rec, indent=1) + "\n")
+        except OSError as exc:  # a cache: the run goes on, and says so
+            print(f"note: could not write the compile record {str(self.path(key))!r} ({exc}); later runs of this "
+                  f"shape decide on priors", file=sys.stderr)
 
 
 @dataclass

@@ -170,3 +170,13 @@ def test_describe_dtype():
     assert describe_dtype("bf16", cpu, torch.bfloat16) == "bf16"
     assert describe_dtype("auto", cpu, torch.bfloat16).startswith("bf16 (auto: this CPU computes bf16 natively")
     assert describe_dtype("auto", cpu, None).startswith("fp32 (auto: this CPU has no native bf16")
+
+
+def test_an_unwritable_cache_is_said_and_the_run_goes_on(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    recs = CompileRecords(torch.device("cpu"), root=blocker)
+    recs.update("k", "eager", 0.9)  # no exception: a cache that cannot be written
+    err = capsys.readouterr().err
+    assert "could not write the compile record" in err and "k.json" in err
+    assert blocker.read_text() == "not a folder"

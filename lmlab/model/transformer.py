@@ -268,6 +268,8 @@ class TransformerLM(nn.Module):
             self.alibi = slopes.to(device=self.alibi.device, dtype=self.alibi.dtype)
 
     def reset_parameters(self) -> None:
+        if self.embed.weight.is_meta:  # built on the meta device (sizing a real config): no values to draw
+            return
         std = self.cfg.init_std
         # the token embedding's std (cfg.embed_init_std, e.g. d_model^-0.5 as Vaswani et al.'s reference code):
         # a tied LM head is the same matrix (when this runs after tying), so it is drawn at that std too
