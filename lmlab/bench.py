@@ -208,6 +208,7 @@ def train_benchmark(cfg, title: Optional[str], device: torch.device, batch: int,
     from lmlab.config import ModelConfig
     from lmlab.config_files import load_mapping
     from lmlab.devices import check_memory
+    from lmlab.model import TransformerLM  # the module's attribute at call time (tests patch it)
     from lmlab.runs import BUILTIN_CONFIGS
     from lmlab.threads import current_threads
     from lmlab.train import TrainConfig, make_optimizer

@@ -276,3 +276,91 @@ class StepClock:
         late = self.times[CLOCK_LATE_FROM:CLOCK_LATE]
         steady = statistics.median(late) if len(late) >= 20 else statistics.median(self.times[1:])
         return steady, self.times[0] - early
+
+
+# --- a run's decision and its clock (lmlab.train.Trainer.fit) -------------------------------------
+class RunClock:
+    """A :class:`StepClock` of one process of a run and where its figures go: this machine's
+    ``records`` under ``key``, relative to the ``probe`` seconds, for the scope the run computes with.
+    Only the main rank writes."""
+
+    def __init__(self, records: CompileRecords, key: str, probe: float):
+        self.clock, self.records, self.key, self.probe = StepClock(), records, key, probe
+        self.recorded = False  # the compile seconds of this process are recorded once
+
+    def step(self, seconds: float, trainer) -> bool:
+        """Add a step's seconds; record when the figures are ready. True when the clock is done."""
+        if self.clock.add(seconds):
+            self._record(trainer)
+        return self.clock.full
+
+    def finish(self, trainer) -> None:
+        """The run ends before the clock fills: record what it measured."""
+        self._record(trainer)
+
+    def _record(self, trainer) -> None:
+        figures = self.clock.figures()
+        if figures and trainer.dist.is_main:
+            steady, compile_s = figures
+            self.records.update(self.key, trainer.compile_choice, steady / self.probe,
+                                None if self.recorded else compile_s)
+        self.recorded = self.recorded or figures is not None
+
+
+def probe_run(trainer) -> float:
+    """:func:`probe_step_seconds` on ``trainer``'s model and the first micro-batch of its next step
+    (compiled blocks run their eager code)."""
+    from lmlab.train import eager
+
+    x, y = trainer._global_batch()[0]
+    trainer.model.train()
+    with eager():
+        return probe_step_seconds(trainer.model, x, y, trainer._autocast, trainer.tc.grad_accum, trainer.device)
+
+
+def choose_for_run(trainer) -> tuple[Optional[str], Optional[RunClock]]:
+    """Before a process's first step of ``trainer`` (a :class:`lmlab.train.Trainer`): with compile=auto,
+    decide (:func:`choose`) and compile (``trainer._apply_compile``), or take the decision kept in
+    run.yaml (``compile``) when resuming, so that the run computes as before; the decision is written to
+    run.yaml. A process that compiles or may compile (compile=true or auto, one rank) gets a
+    :class:`RunClock` for this machine's record. Returns (the line to print or None, the clock or
+    None). Under torchrun, or with no C++ compiler for inductor, auto stays eager and says why."""
+    from lmlab.parallel import barrier
+    from lmlab.run_folder import RUN_FILE, read_run, write_run
+
+    tc, cfg, dist = trainer.tc, trainer.cfg, trainer.dist
+    records = CompileRecords(trainer.device)
+    key = shape_key(cfg, tc, trainer.amp_dtype, trainer.device, torch.get_num_threads(), dist.world_size)
+    decide, message = trainer.compile_choice is None, None
+    run_file = trainer.run_dir / RUN_FILE
+    kept = read_run(trainer.run_dir).get("compile") if decide and run_file.is_file() else None
+    if isinstance(kept, dict) and kept.get("choice") in SCOPES:
+        trainer._apply_compile(kept["choice"])
+        message = (f"compile auto: {kept['choice']}, as decided at step {kept.get('decided_at_step')} (kept on "
+                   f"resume: the run computes as it did)")
+        decide = False
+    cannot = no_compiler_reason(trainer.device) if decide else None
+    if dist.enabled and not cannot:  # a probe's backward would run DDP's / FSDP's gradient hooks
+        cannot = "not measured under torchrun (a probe would run the ranks' gradient hooks); set compile=true"
+    probe = None if cannot or dist.enabled or trainer.compile_choice == "eager" else probe_run(trainer)
+    clock = RunClock(records, key, probe) if probe is not None else None
+    if not decide:
+        return message, clock
+    if cannot:
+        scope, why = "eager", cannot
+    else:
+        candidates = ("eager",) + (("blocks",) if tc.compile_scope in ("auto", "blocks") else ()) + (
+            ("model",) if tc.compile_scope in ("auto", "model") else ())
+        warn = (lambda line: print(line, file=sys.stderr)) if dist.is_main else (lambda line: None)
+        budget = tc.budget_seconds if tc.budget_seconds is not None and not trainer.budget_planned else None
+        kinds = len(set(cfg.layer_pattern)) if cfg.layer_pattern else 1
+        choice = choose(probe, records.load(key, warn), cfg.n_layers, kinds, candidates,
+                        steps=tc.max_steps - trainer.step, budget_s=budget)
+        scope, why = choice.scope, choice.reason
+    trainer._apply_compile(scope)
+    if dist.is_main:
+        run = read_run(trainer.run_dir)
+        run["compile"] = {"choice": scope, "decided_at_step": trainer.step, "reason": why}
+        write_run(trainer.run_dir, run)
+    barrier(dist)
+    return f"compile auto: {scope} ({why})", clock

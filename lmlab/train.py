@@ -40,7 +40,7 @@ from lmlab.evaluate import evaluate
 from lmlab.fsutil import atomic_write_bytes, atomic_write_text
 from lmlab.model import TransformerLM
 from lmlab.kernels.linear import fp32_linears_on_onednn
-from lmlab.compile_choice import CLOCK_EARLY
+from lmlab.compile_choice import choose_for_run
 from lmlab.devices import check_memory, device_peak_flops, keep_freed_memory, resolve_device, resolve_dtype
 from lmlab.schedule import (BUDGET_SKIP_STEPS, BUDGET_TIMED_STEPS, budget_plan_after, budget_replan_step, budget_steps,
                             lr_at, planned_config, shortest_plan)
@@ -298,10 +298,8 @@ class Trainer:
         if tc.compile_scope == "blocks" and not hasattr(torch.compiler, "set_stance"):
             raise ConfigError(f"compile_scope='blocks' needs torch >= 2.6 (this is {torch.__version__}); "
                               f"use compile_scope=model")
-        self.compile_choice: Optional[str] = None  # eager | blocks | model; compile=auto decides in fit()
-        self.compile_message: Optional[str] = None  # why (compile=auto), printed when fit() starts
-        self._clock: Optional[tuple] = None  # (StepClock, records, key, probe seconds): this machine's record
-        self._clock_recorded = False
+        self.compile_choice: Optional[str] = None  # eager | blocks | model; compile=auto: choose_for_run in fit()
+        self._clock = None  # a lmlab.compile_choice.RunClock: this process's first steps, for the machine's record
         self._compile_checked = False
         if tc.compile != AUTO:
             self._apply_compile(("blocks" if tc.compile_scope == "blocks" else "model") if tc.compile else "eager")
@@ -336,74 +334,6 @@ class Trainer:
         elif scope == "model":
             self.fwd = torch.compile(self.fwd)
         self.compile_choice = scope
-
-    def _probe(self) -> float:
-        """Seconds of an eager forward + backward of this step's first micro-batch, times grad_accum
-        (:func:`lmlab.compile_choice.probe_step_seconds`; the run is unchanged)."""
-        from lmlab.compile_choice import probe_step_seconds
-
-        x, y = self._global_batch()[0]
-        self.model.train()
-        with eager():  # compiled blocks run their eager code
-            return probe_step_seconds(self.model, x, y, self._autocast, self.tc.grad_accum, self.device)
-
-    def _choose_compile(self) -> None:
-        """Before this process's first step: compile=auto decides (:mod:`lmlab.compile_choice`), or takes
-        the decision kept in run.yaml (``compile``) when resuming, so that the run computes as before.
-        A run that compiles or may compile (compile=true or auto, one process) then times its first steps
-        for this machine's record (:meth:`_clock_step`)."""
-        from lmlab.compile_choice import CompileRecords, StepClock, choose, no_compiler_reason, shape_key
-
-        tc = self.tc
-        records = CompileRecords(self.device)
-        key = shape_key(self.cfg, tc, self.amp_dtype, self.device, torch.get_num_threads(), self.dist.world_size)
-        decide = self.compile_choice is None
-        kept = read_run(self.run_dir).get("compile") if decide and (self.run_dir / RUN_FILE).is_file() else None
-        if isinstance(kept, dict) and kept.get("choice") in ("eager", "blocks", "model"):
-            self._apply_compile(kept["choice"])
-            self.compile_message = (f"compile auto: {kept['choice']}, as decided at step {kept.get('decided_at_step')} "
-                                    f"(kept on resume: the run computes as it did)")
-            decide = False
-        cannot = no_compiler_reason(self.device) if decide else None
-        if self.dist.enabled and not cannot:  # a probe's backward would run DDP's / FSDP's gradient hooks
-            cannot = "not measured under torchrun (a probe would run the ranks' gradient hooks); set compile=true"
-        probe = None if cannot or self.dist.enabled or self.compile_choice == "eager" else self._probe()
-        if probe is not None:
-            self._clock, self._clock_recorded = (StepClock(), records, key, probe), False
-        if not decide:
-            return
-        if cannot:
-            scope, why = "eager", cannot
-        else:
-            candidates = ("eager",) + (("blocks",) if tc.compile_scope in (AUTO, "blocks") else ()) + (
-                ("model",) if tc.compile_scope in (AUTO, "model") else ())
-            warn = (lambda line: print(line, file=sys.stderr)) if self.dist.is_main else (lambda line: None)
-            budget = tc.budget_seconds if tc.budget_seconds is not None and not self.budget_planned else None
-            kinds = len(set(self.cfg.layer_pattern)) if self.cfg.layer_pattern else 1
-            choice = choose(probe, records.load(key, warn), self.cfg.n_layers, kinds, candidates,
-                            steps=tc.max_steps - self.step, budget_s=budget)
-            scope, why = choice.scope, choice.reason
-        self._apply_compile(scope)
-        self.compile_message = f"compile auto: {scope} ({why})"
-        if self.dist.is_main:
-            run = read_run(self.run_dir)
-            run["compile"] = {"choice": scope, "decided_at_step": self.step, "reason": why}
-            write_run(self.run_dir, run)
-        barrier(self.dist)
-
-    def _clock_step(self, seconds: float, final: bool = False) -> None:
-        """Time a step for this machine's compile record (the main rank writes it after the early steps,
-        when the clock is full, and at the end of a shorter run)."""
-        clock, records, key, probe = self._clock
-        ready = clock.add(seconds) if not final else True
-        if final or clock.full:
-            self._clock = None
-        figures = clock.figures() if ready else None
-        if figures and self.dist.is_main:
-            steady, compile_s = figures
-            first = len(clock.times) <= CLOCK_EARLY + 1 or (final and not self._clock_recorded)
-            records.update(key, self.compile_choice, steady / probe, compile_s if first else None)
-            self._clock_recorded = True
 
     # --- run folder ------------------------------------------------------------------------
     @classmethod
@@ -723,10 +653,9 @@ class Trainer:
         self._outcome("running")
         if not self._compile_checked and self.step < self.tc.max_steps:  # once per process
             self._compile_checked = True
-            self._choose_compile()
-            if self.dist.is_main and self.compile_message:
-                print(self.compile_message, file=sys.stderr)
-            self.compile_message = None
+            message, self._clock = choose_for_run(self)  # compile=auto decides; the clock starts
+            if self.dist.is_main and message:
+                print(message, file=sys.stderr)
         try:
             with StopSignals() as stop:
                 last_val = self._fit(stop)
@@ -853,8 +782,8 @@ class Trainer:
                 break
             step_t = time.perf_counter()
             rec = self.train_step()
-            if self._clock is not None:
-                self._clock_step(time.perf_counter() - step_t)
+            if self._clock is not None and self._clock.step(time.perf_counter() - step_t, self):
+                self._clock = None
             window_steps += 1
             if rec.get("skipped"):
                 self._log(rec)
@@ -914,7 +843,8 @@ class Trainer:
                 break  # wall-time budget spent: checkpointed below, marked as stopped in metrics.jsonl
         bar.close()
         if self._clock is not None:  # a run shorter than the clock: what it measured
-            self._clock_step(0.0, final=True)
+            self._clock.finish(self)
+            self._clock = None
         done = checkpoint_dirs(self.run_dir)
         if not done or done[-1].name != f"step_{self.step:07d}":
             self.save()

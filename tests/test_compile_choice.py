@@ -8,7 +8,7 @@ import torch
 import yaml
 
 from lmlab.compile_choice import (EXPLORE, PRIORS, WARM_FRACTION, CompileRecords, StepClock, choose,
-                                  prior_compile_s, probe_step_seconds)
+                                  choose_for_run, prior_compile_s, probe_step_seconds)
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.devices import describe_dtype
 from lmlab.train import TrainConfig, Trainer
@@ -149,8 +149,9 @@ def test_auto_trains_as_compile_false_and_keeps_its_decision(tmp_path, corpus_by
     resumed.fit()
     assert resumed.compile_choice == "eager"
     fresh = Trainer.create(tmp_path / "fresh", cfg, TrainConfig(**common), corpus_bytes, progress=False)
-    fresh._choose_compile()  # decides only: a compiled step would cost a cold compile in the suite
-    assert fresh.compile_choice == "blocks"
+    message, clock = choose_for_run(fresh)  # decides only: a compiled step would cost a cold compile here
+    assert fresh.compile_choice == "blocks" and message.startswith("compile auto: blocks (4 steps left")
+    assert clock is not None and clock.probe > 0
 
 
 def test_config_values():
