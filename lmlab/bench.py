@@ -278,8 +278,8 @@ def format_train_benchmark(res: dict) -> str:
     """The lines ``lmlab bench train`` prints for :func:`train_benchmark`'s result."""
     first = next(iter(res["variants"]))
     lines = [f"lmlab bench train: {res['model']}, {res['params']:,} params, batch {res['batch']} x {res['context']} "
-             f"tokens on {res['device']}; median of {res['rounds']} rounds of {plural(res['steps'], 'step')}, "
-             f"variants alternated",
+             f"tokens on {res['device']}; median of {res['rounds']} rounds of {plural(res['steps'], 'step')}"
+             + (", variants alternated" if len(res["variants"]) > 1 else ""),
              f"  machine: {res['machine']}; {res['date']}"]
     for name, v in res["variants"].items():
         rel = "" if name == first else (f"   {v['vs_first']:.2f}x {first} (IQR {v['vs_first_q1']:.2f}-"

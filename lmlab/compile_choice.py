@@ -40,7 +40,8 @@ import torch
 
 RECORD_VERSION = 1
 SCOPES = ("eager", "blocks", "model")
-# Where a machine has no record for a shape: a steady step's time over the probe's, and the compile
+# Where a machine has no record for a shape: a steady step's time over eager's (eager's over the probe's,
+# 1.0), and the compile
 # seconds (cold inductor cache). Measured on the issue-42 bar config (d_model 256, 4 layers, bf16, 2
 # threads, a 2-core AMD EPYC family 25 model 17, torch 2.13): eager 277 ms, model 177 ms (0.64),
 # blocks 1.066x the model's step; cold compile 62 s whole model (15 s a layer), 23 s a block kind
@@ -52,6 +53,8 @@ PRIORS = {"eager": {"ratio": 1.0},
 # fraction of eager's: one run pays at most that to measure it, and every later run of the shape decides on
 # measured figures (without it a shape whose priors say "about even" would never be measured)
 EXPLORE = 0.10
+KEEP_RATIOS = 5  # a record keeps a scope's last five steady-step / probe figures; their median decides
+RATIO_BOUNDS = (0.25, 4.0)  # a figure outside: the probe or the steps were slowed by other work
 CLOCK_EARLY, CLOCK_LATE_FROM, CLOCK_LATE = 8, 100, 200  # the steps a StepClock times (see there)
 # a record's first compile was cold (an empty inductor cache); the next one finds torch's cache warm and
 # takes this fraction of it (demo recipe, 2-core Zen 4: whole model 12 s of 62, blocks 3.8 s of 23)
@@ -100,10 +103,13 @@ def machine_name(device: torch.device) -> str:
 
 class CompileRecords:
     """This machine's measured compile figures, one JSON file per shape key under
-    ``$LMLAB_CACHE/compile/<machine>/``: ``{"version", "<scope>": {"ratio", "compile_s", "date"}}``.
-    A file that does not parse as one is ignored with a line on stderr (never trusted, never deleted);
-    writes are atomic (the last writer wins when two runs of one shape finish together), and one that
-    fails (a read-only cache) is said on stderr while the run goes on."""
+    ``$LMLAB_CACHE/compile/<machine>/``: ``{"version", "<scope>": {"ratios", "compile_s", "compiles",
+    "date"}}``, ``ratios`` the last :data:`KEEP_RATIOS` steady-step / probe figures (a scope's ratio is
+    their median, so one run on a busy machine does not set it). A figure outside :data:`RATIO_BOUNDS`
+    (the probe or the steps slowed by other work) is not recorded. A file that does not parse as a
+    record is ignored with a line on stderr and left as it is (never trusted, never overwritten or
+    deleted); writes are atomic (the last writer wins when two runs of one shape finish together), and
+    one that fails (a read-only cache) is said on stderr while the run goes on."""
 
     def __init__(self, device: torch.device, root: Optional[Path] = None):
         from lmlab.data.corpus import cache_root
@@ -113,10 +119,12 @@ class CompileRecords:
     def path(self, key: str) -> Path:
         return self.folder / f"{key}.json"
 
-    def load(self, key: str, warn: Callable[[str], None] = lambda s: None) -> dict:
+    def _read(self, key: str) -> tuple[Optional[dict], Optional[str]]:
+        """(the stored entries, None), ({}, None) for no file, or (None, why) for a file that is not a
+        record."""
         path = self.path(key)
         if not path.is_file():
-            return {}
+            return {}, None
         try:
             rec = json.loads(path.read_text(encoding="utf-8"))
             if rec.get("version") != RECORD_VERSION:
@@ -125,33 +133,56 @@ class CompileRecords:
             for scope in SCOPES:
                 if scope in rec:
                     entry = rec[scope]
-                    ratio, comp = float(entry["ratio"]), float(entry.get("compile_s", 0.0))
-                    n = int(entry.get("compiles", 0))
-                    if not (0 < ratio < 100 and 0 <= comp < 1e6 and n >= 0):
-                        raise ValueError(f"{scope}: ratio {ratio}, compile_s {comp}, compiles {n} out of range")
-                    out[scope] = {"ratio": ratio, "compile_s": comp, "compiles": n, "date": str(entry.get("date", "?"))}
-            return out
+                    ratios = [float(r) for r in entry["ratios"]] if "ratios" in entry else [float(entry["ratio"])]
+                    comp, n = float(entry.get("compile_s", 0.0)), int(entry.get("compiles", 0))
+                    if not ratios or not all(RATIO_BOUNDS[0] <= r <= RATIO_BOUNDS[1] for r in ratios) or not (
+                            0 <= comp < 1e6 and n >= 0):
+                        raise ValueError(f"{scope}: ratios {ratios}, compile_s {comp}, compiles {n} out of range")
+                    out[scope] = {"ratios": ratios[-KEEP_RATIOS:], "ratio": statistics.median(ratios[-KEEP_RATIOS:]),
+                                  "compile_s": comp, "compiles": n, "date": str(entry.get("date", "?"))}
+            return out, None
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            warn(f"note: compile record {str(path)!r} is not usable ({exc}); using the priors")
+            return None, str(exc)
+
+    def load(self, key: str, warn: Callable[[str], None] = lambda s: None) -> dict:
+        """This shape's entries (``ratio``: the median of ``ratios``), {} when there is none or the file is
+        not a record (``warn`` then gets a line saying so)."""
+        rec, why = self._read(key)
+        if rec is None:
+            warn(f"note: compile record {str(self.path(key))!r} is not usable ({why}); using the priors")
             return {}
+        return rec
 
     def update(self, key: str, scope: str, ratio: float, compile_s: Optional[float] = None) -> None:
-        """Record ``scope``'s steady step over the probe (``ratio``) and, when given, a compile's seconds
+        """Add ``scope``'s steady step over the probe (``ratio``) and, when given, a compile's seconds
         (counted in ``compiles``: the first was cold, see :data:`WARM_FRACTION`)."""
         from lmlab.fsutil import atomic_write_text
 
-        rec = {"version": RECORD_VERSION, **self.load(key)}
+        path = self.path(key)
+        if not RATIO_BOUNDS[0] <= ratio <= RATIO_BOUNDS[1]:
+            print(f"note: this run's steps took {ratio:.2f}x its probe's time: other work shared the machine, so "
+                  f"{str(path)!r} does not record it", file=sys.stderr)
+            return
+        rec, why = self._read(key)
+        if rec is None:
+            print(f"note: compile record {str(path)!r} is not usable ({why}); left as it is, this run's figures "
+                  f"not recorded", file=sys.stderr)
+            return
         old = rec.get(scope, {})
-        entry = {"ratio": round(ratio, 4), "compile_s": old.get("compile_s", 0.0), "compiles": old.get("compiles", 0),
+        entry = {"ratios": [round(r, 4) for r in old.get("ratios", [])] + [round(ratio, 4)],
+                 "compile_s": old.get("compile_s", 0.0), "compiles": old.get("compiles", 0),
                  "date": time.strftime("%Y-%m-%d")}
+        entry["ratios"] = entry["ratios"][-KEEP_RATIOS:]
         if compile_s is not None and scope != "eager":
             entry.update(compile_s=round(max(0.0, compile_s), 2), compiles=entry["compiles"] + 1)
-        rec[scope] = entry
+        out = {"version": RECORD_VERSION}
+        for name, e in {**rec, scope: entry}.items():
+            out[name] = {k: v for k, v in e.items() if k != "ratio"}
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(self.path(key), json.dumps(rec, indent=1) + "\n")
+            atomic_write_text(path, json.dumps(out, indent=1) + "\n")
         except OSError as exc:  # a cache: the run goes on, and says so
-            print(f"note: could not write the compile record {str(self.path(key))!r} ({exc}); later runs of this "
+            print(f"note: could not write the compile record {str(path)!r} ({exc}); later runs of this "
                   f"shape decide on priors", file=sys.stderr)
 
 
@@ -182,7 +213,8 @@ def choose(probe_s: float, record: dict, n_layers: int, n_kinds: int, candidates
     figures, sources = {}, {}
     for scope in candidates:
         known = record.get(scope, {})
-        ratio = known.get("ratio", PRIORS[scope]["ratio"])
+        eager_ratio = record.get("eager", {}).get("ratio", PRIORS["eager"]["ratio"])  # eager's step / probe
+        ratio = known.get("ratio", eager_ratio * PRIORS[scope]["ratio"])  # priors: relative to eager's step
         sources[scope] = "measured here" if scope in record else "prior"
         if scope == "eager":
             comp = 0.0
@@ -339,6 +371,12 @@ def choose_for_run(trainer) -> tuple[Optional[str], Optional[RunClock]]:
         message = (f"compile auto: {kept['choice']}, as decided at step {kept.get('decided_at_step')} (kept on "
                    f"resume: the run computes as it did)")
         decide = False
+    if trainer.tc.compile != "auto" and run_file.is_file() and "compile" in read_run(trainer.run_dir):
+        if dist.is_main:  # resumed with compile set: an earlier auto decision no longer describes the run
+            run = read_run(trainer.run_dir)
+            del run["compile"]
+            write_run(trainer.run_dir, run)
+        barrier(dist)
     cannot = no_compiler_reason(trainer.device) if decide else None
     if dist.enabled and not cannot:  # a probe's backward would run DDP's / FSDP's gradient hooks
         cannot = "not measured under torchrun (a probe would run the ranks' gradient hooks); set compile=true"

@@ -98,7 +98,8 @@ def require_memory(need: float, device: torch.device, what: str, advice: str, de
 
 def resolve_dtype(name: str, device: torch.device) -> Optional[torch.dtype]:
     """The autocast dtype (None = fp32). 'auto' picks bf16 on CUDA with bf16 support and on CPUs with
-    native bf16 (AVX512-BF16 / AMX, through oneDNN), else fp32. fp16 is CUDA-only (it needs loss scaling)."""
+    native bf16 (AVX512-BF16, AMX-BF16 or Arm BF16 in /proc/cpuinfo's flags:
+    :func:`lmlab.kernels.settings.native_bf16`), else fp32. fp16 is CUDA-only (it needs loss scaling)."""
     if name == "fp32":
         return None
     if name == "bf16":
@@ -110,10 +111,9 @@ def resolve_dtype(name: str, device: torch.device) -> Optional[torch.dtype]:
         return torch.float16
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    try:
-        return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else None
-    except (AttributeError, RuntimeError):
-        return None
+    from lmlab.kernels.settings import native_bf16
+
+    return torch.bfloat16 if native_bf16() else None
 
 
 def describe_dtype(name: str, device: torch.device, amp_dtype: Optional[torch.dtype]) -> str:

@@ -157,6 +157,11 @@ class TrainConfig:
 
 
 AUTO = "auto"
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}  # run.yaml's "precision": what dtype=auto chose
+
+
+def precision_name(amp_dtype: Optional[torch.dtype]) -> str:
+    return "fp32" if amp_dtype is None else str(amp_dtype).replace("torch.bfloat16", "bf16").replace("torch.", "")
 COMPILE_SCOPES = (AUTO, "model", "blocks")
 
 
@@ -284,6 +289,12 @@ class Trainer:
                           self.dist.world_size, str(data.folder), self.dist.is_main)
         self.device = resolve_device(tc.device, self.dist.local_rank)
         self.amp_dtype = resolve_dtype(tc.dtype, self.device)
+        kept = read_run(self.run_dir).get("precision") if (self.run_dir / RUN_FILE).is_file() else None
+        if tc.dtype == AUTO and kept in PRECISIONS:  # resuming: dtype=auto's choice at the start holds
+            if kept != precision_name(self.amp_dtype) and self.dist.is_main:
+                print(f"note: dtype=auto chose {kept} when this run started; it keeps {kept} (this device alone "
+                      f"would choose {precision_name(self.amp_dtype)}; set dtype to change it)", file=sys.stderr)
+            self.amp_dtype = PRECISIONS[kept]
         # CPU steps allocate and free their activations in host memory: keep it mapped (1.18x, above)
         self.malloc_kept = keep_freed_memory() if self.device.type == "cpu" else False
         torch.manual_seed(tc.seed)
@@ -348,6 +359,8 @@ class Trainer:
             run_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(run_dir / "tokenizer.json", (data.folder / "tokenizer.json").read_bytes())
             spec = {"model": cfg.to_dict(), "train": dataclasses.asdict(tc), "data": str(Path(data_dir).resolve())}
+            if tc.dtype == AUTO:  # what dtype=auto chose here: a resume elsewhere computes alike
+                spec["precision"] = precision_name(trainer.amp_dtype)
             write_run(run_dir, spec)  # last: marks a run
         barrier(trainer.dist)
         return trainer

@@ -62,7 +62,7 @@ def test_budget_objective_counts_steps():
     assert c.predicted == {"eager": 500, "blocks": 500, "model": 500} and c.scope == "eager"
 
 
-def test_records_round_trip_and_refuse_bad_files(tmp_path):
+def test_records_round_trip_and_refuse_bad_files(tmp_path, capsys):
     recs = CompileRecords(torch.device("cpu"), root=tmp_path)
     assert recs.load("k") == {}
     recs.update("k", "blocks", 0.8, 21.5)
@@ -70,18 +70,36 @@ def test_records_round_trip_and_refuse_bad_files(tmp_path):
     got = recs.load("k")
     assert got["blocks"]["ratio"] == 0.8 and got["blocks"]["compile_s"] == 21.5 and got["blocks"]["compiles"] == 1
     assert got["eager"]["compile_s"] == 0.0 and set(got) == {"blocks", "eager"}
-    recs.update("k", "blocks", 0.7)  # a later steady figure of the same run: the compile kept
-    assert recs.load("k")["blocks"] | {"date": 0} == {"ratio": 0.7, "compile_s": 21.5, "compiles": 1, "date": 0}
+    recs.update("k", "blocks", 0.7)  # a later steady figure: the compile kept, the ratio the median of both
+    assert recs.load("k")["blocks"] | {"date": 0} == {"ratios": [0.8, 0.7], "ratio": 0.75, "compile_s": 21.5,
+                                                      "compiles": 1, "date": 0}
     recs.update("k", "blocks", 0.7, 4.0)
     assert recs.load("k")["blocks"]["compiles"] == 2 and recs.load("k")["blocks"]["compile_s"] == 4.0
+    for r in (0.6, 0.6, 0.6, 0.6):  # the last KEEP_RATIOS figures are kept
+        recs.update("k", "blocks", r)
+    assert recs.load("k")["blocks"]["ratios"] == [0.7] + [0.6] * 4 and recs.load("k")["blocks"]["ratio"] == 0.6
+    # one run on a busy machine (steps 0.02x its probe, or 5x) is not recorded, and says so
+    before = recs.path("k").read_text()
+    recs.update("k", "model", 0.022, 7.0)
+    recs.update("k", "eager", 5.0)
+    assert recs.path("k").read_text() == before and capsys.readouterr().err.count("other work shared") == 2
     assert f"torch{torch.__version__}" in recs.path("k").parent.name
     notes = []
     for bad in ("{", json.dumps({"version": 99}), json.dumps({"version": 1, "model": {"ratio": -1}}),
-                json.dumps({"version": 1, "model": {"compile_s": 3}}), json.dumps([1])):
+                json.dumps({"version": 1, "model": {"compile_s": 3}}), json.dumps([1]),
+                json.dumps({"version": 1, "model": {"ratios": []}})):
         recs.path("k").write_text(bad)
         assert recs.load("k", notes.append) == {}
-    assert len(notes) == 5 and all("not usable" in n and "k.json" in n for n in notes)
-    assert recs.path("k").read_text() == json.dumps([1])  # never deleted or rewritten by a load
+        recs.update("k", "eager", 0.9)  # never overwritten: left as it is, said on stderr
+        assert recs.path("k").read_text() == bad and "left as it is" in capsys.readouterr().err
+    assert len(notes) == 6 and all("not usable" in n and "k.json" in n for n in notes)
+
+
+def test_priors_are_relative_to_eagers_measured_step():
+    # eager measured at 1.1x the probe: a compile known only from priors is predicted at 1.1 x 0.68 x probe
+    c = choose(0.2, {"eager": {"ratio": 1.1}}, 4, 1, ("eager", "blocks"), steps=1000)
+    assert c.predicted["eager"] == pytest.approx(1000 * 0.2 * 1.1)
+    assert c.predicted["blocks"] == pytest.approx(1000 * 0.2 * 1.1 * PRIORS["blocks"]["ratio"] + 23)
 
 
 def test_step_clock():
@@ -181,3 +199,37 @@ def test_an_unwritable_cache_is_said_and_the_run_goes_on(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "could not write the compile record" in err and "k.json" in err
     assert blocker.read_text() == "not a folder"
+
+
+def test_native_bf16_reads_the_cpu_flags(tmp_path):
+    from lmlab.kernels.settings import cpu_flags, native_bf16
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512bw\n\nprocessor\t: 1\nflags\t\t: amx_bf16\n")
+    assert cpu_flags(str(info)) == {"fpu", "sse", "avx2", "avx512f", "avx512bw"}  # the first processor's
+    assert not native_bf16(cpu_flags(str(info)))  # AVX-512 without BF16 (Skylake): oneDNN emulates it
+    assert native_bf16({"avx512f", "avx512_bf16"}) and native_bf16({"amx_bf16"}) and native_bf16({"bf16", "asimd"})
+    assert cpu_flags(str(tmp_path / "none")) == set()
+
+
+def test_resume_keeps_dtype_autos_choice_and_drops_a_stale_compile_decision(tmp_path, corpus_bytes, monkeypatch,
+                                                                          capsys):
+    from lmlab.kernels import settings
+
+    monkeypatch.setenv("LMLAB_CACHE", str(tmp_path / "cache"))
+    cfg = ModelConfig(vocab_size=257, context_length=32, d_model=32, n_layers=2, n_heads=4)
+    common = dict(batch_size=4, max_steps=2, eval_interval=100, eval_windows=2, device="cpu", tensorboard=False)
+    monkeypatch.setattr(settings, "native_bf16", lambda flags=None: False)
+    t = Trainer.create(tmp_path / "run", cfg, TrainConfig(**common), corpus_bytes, progress=False)
+    assert t.amp_dtype is None
+    t.fit()
+    run = yaml.safe_load((tmp_path / "run" / "run.yaml").read_text())
+    assert run["precision"] == "fp32" and run["compile"]["choice"] == "eager"
+    monkeypatch.setattr(settings, "native_bf16", lambda flags=None: True)  # "another CPU"
+    capsys.readouterr()
+    r = Trainer.resume(tmp_path / "run", tc=TrainConfig(**{**common, "max_steps": 3, "compile": False}),
+                       progress=False)
+    assert r.amp_dtype is None and "dtype=auto chose fp32 when this run started" in capsys.readouterr().err
+    r.fit()
+    run = yaml.safe_load((tmp_path / "run" / "run.yaml").read_text())
+    assert "compile" not in run and run["train"]["compile"] is False

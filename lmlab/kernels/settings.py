@@ -71,6 +71,29 @@ def cpu_identity(cpuinfo: str = "/proc/cpuinfo") -> dict:
             "machine": platform.machine(), "torch": str(torch.__version__)}  # a plain str: compared exactly
 
 
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    """The first processor's instruction-set flags in ``cpuinfo`` (x86 ``flags``, Arm ``Features``);
+    empty where the file does not exist or says nothing (off Linux)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+def native_bf16(flags: Optional[set] = None) -> bool:
+    """Whether the CPU multiplies bf16 in hardware: x86 AVX512-BF16 or AMX-BF16 (``avx512_bf16``,
+    ``amx_bf16``), Arm's BF16 extension (``bf16``). oneDNN's own check
+    (``torch.ops.mkldnn._is_mkldnn_bf16_supported``) also says yes for plain AVX-512 (Skylake), where it
+    emulates bf16 through fp32: that is not native."""
+    flags = cpu_flags() if flags is None else flags
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
 def cache_dir() -> Path:
     """``$LMLAB_CACHE/kernels`` (default ``~/.cache/lmlab/kernels``)."""
     from lmlab.data.corpus import cache_root
