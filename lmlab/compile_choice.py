@@ -53,6 +53,7 @@ PRIORS = {"eager": {"ratio": 1.0},
 # fraction of eager's: one run pays at most that to measure it, and every later run of the shape decides on
 # measured figures (without it a shape whose priors say "about even" would never be measured)
 EXPLORE = 0.10
+PROBE_PASSES = 5  # timed passes of the probe (median): a record's figures are relative to it, run to run
 KEEP_RATIOS = 5  # a record keeps a scope's last five steady-step / probe figures; their median decides
 RATIO_BOUNDS = (0.25, 4.0)  # a figure outside: the probe or the steps were slowed by other work
 CLOCK_EARLY, CLOCK_LATE_FROM, CLOCK_LATE = 8, 100, 200  # the steps a StepClock times (see there)
@@ -255,8 +256,8 @@ def choose(probe_s: float, record: dict, n_layers: int, n_kinds: int, candidates
 def probe_step_seconds(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, autocast, grad_accum: int,
                        device: torch.device) -> float:
     """Seconds of one eager training step's forward + backward for ``model`` on the micro-batch
-    ``(x, y)`` (B, T) int64, times ``grad_accum``: the faster of two passes after a first that warms the
-    allocator and the kernels' primitives. The run is left as it was: random state forked (dropout),
+    ``(x, y)`` (B, T) int64, times ``grad_accum``: the median of :data:`PROBE_PASSES` passes after a first
+    that warms the allocator and the kernels' primitives. The run is left as it was: random state forked (dropout),
     gradients set back to None (they are None between steps)."""
     def sync():
         if device.type == "cuda":
@@ -265,7 +266,7 @@ def probe_step_seconds(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         times = []
-        for _ in range(3):
+        for _ in range(1 + PROBE_PASSES):
             sync()
             t = time.perf_counter()
             with autocast():
@@ -275,7 +276,7 @@ def probe_step_seconds(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
             times.append(time.perf_counter() - t)
     for p in model.parameters():
         p.grad = None
-    return min(times[1:]) * grad_accum
+    return statistics.median(times[1:]) * grad_accum
 
 
 class StepClock:
