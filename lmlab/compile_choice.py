@@ -1,7 +1,7 @@
 """``compile: auto``: whether a run compiles its model, and how, from what it costs on this machine.
 
 Compiling pays only when the steps left repay the compile time. Before its first step a run with
-``compile=auto`` times one eager forward + backward of its own first batch (:func:`probe_step_seconds`:
+``compile=auto`` times eager forward + backward passes of its own first batch (:func:`probe_step_seconds`:
 no optimizer step, its random state forked, gradients cleared: the run itself is unchanged) and predicts
 for each candidate (eager, ``blocks``: :func:`lmlab.train.compile_blocks`, ``model``: ``torch.compile``
 of the whole model) the time of the steps left plus the compile (:func:`choose`):
@@ -11,17 +11,18 @@ of the whole model) the time of the steps left plus the compile (:func:`choose`)
 
 ``r`` (a steady step's seconds over the probe's) and ``compile_s`` (the first compiled step's seconds
 past a steady one) come from this machine's record for this shape (:class:`CompileRecords`), which every
-``auto`` run updates with what it measured (:class:`StepClock`); where there is none yet, from
-:data:`PRIORS`. A run with ``budget_seconds`` instead picks the candidate that fits the most steps into
-its budget. The choice, its figures and whether they were measured or prior are printed, kept in
-run.yaml (``compile``) and reused on resume, so a resumed run computes as the uninterrupted one did.
+run that compiles or may compile updates with what it measured (:class:`RunClock`); where there is none
+yet, from :data:`PRIORS` (a compile scope's prior relative to eager's step). A run with
+``budget_seconds`` instead picks the candidate that fits the most steps into its budget. The choice,
+its figures and whether they were measured or prior are printed, kept in run.yaml (``compile``) and
+reused on resume, so a resumed run computes as the uninterrupted one did.
 
 The compiled code itself is cached by torch's inductor (its FX graph and autograd caches, on by default
 in ``TORCHINDUCTOR_CACHE_DIR``), across runs and sweep members of the same shape: that is why a record's
-``compile_s`` (measured on the last compile, warm) is usually far below the cold prior.
+``compile_s`` after a first, cold compile is predicted warm (:data:`WARM_FRACTION`).
 
 Sources: PyTorch's recipe "Reducing torch.compile cold start compilation time with regional
-compilation" (the ``blocks`` candidate); measurements in docs/bench/compile-auto.md.
+compilation" (the ``blocks`` candidate); measurements: docs/training.md, docs/bench/default_vs_hf.md.
 """
 
 from __future__ import annotations
@@ -40,12 +41,11 @@ import torch
 
 RECORD_VERSION = 1
 SCOPES = ("eager", "blocks", "model")
-# Where a machine has no record for a shape: a steady step's time over eager's (eager's over the probe's,
-# 1.0), and the compile
-# seconds (cold inductor cache). Measured on the issue-42 bar config (d_model 256, 4 layers, bf16, 2
-# threads, a 2-core AMD EPYC family 25 model 17, torch 2.13): eager 277 ms, model 177 ms (0.64),
-# blocks 1.066x the model's step; cold compile 62 s whole model (15 s a layer), 23 s a block kind
-# (docs/bench/compile-auto.md). A record replaces each figure as soon as one run has measured it.
+# Where a machine has no record for a shape: a steady step's time over eager's (eager's over the probe's:
+# 1.0) and the compile seconds (cold inductor cache). From the issue-42 bar config and the demo recipe
+# (bf16, 2 threads, a 2-core AMD EPYC family 25 model 17, torch 2.13; docs/training.md): whole model
+# 0.64x eager's step, blocks 1.066x the whole model's; cold compile 62 s whole model (15 s a layer), 23 s
+# a block kind. A record replaces each figure as soon as one run has measured it.
 PRIORS = {"eager": {"ratio": 1.0},
           "model": {"ratio": 0.64, "compile_s_per_layer": 15.0},
           "blocks": {"ratio": 0.68, "compile_s_per_kind": 23.0}}
@@ -92,13 +92,11 @@ def shape_key(cfg, tc, amp_dtype: Optional[torch.dtype], device: torch.device, t
 
 def machine_name(device: torch.device) -> str:
     """The records' folder: the CPU model (family/model) or the CUDA device's name, and torch's version."""
-    if device.type == "cuda":
-        name = f"{torch.cuda.get_device_name(device)}-torch{torch.__version__}"
-    else:
-        from lmlab.kernels.settings import cpu_identity
+    if device.type == "cpu":  # named as this machine's kernel calibration is
+        from lmlab.kernels.settings import cache_path
 
-        ident = cpu_identity()
-        name = f"{ident['cpu']}-f{ident['family']}-m{ident['model']}-torch{ident['torch']}"
+        return cache_path().stem
+    name = f"{torch.cuda.get_device_name(device)}-torch{torch.__version__}"
     return re.sub(r"[^A-Za-z0-9.+-]+", "_", name).strip("_")[:150]
 
 

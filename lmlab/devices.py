@@ -116,10 +116,18 @@ def resolve_dtype(name: str, device: torch.device) -> Optional[torch.dtype]:
     return torch.bfloat16 if native_bf16() else None
 
 
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # names of autocast dtypes
+
+
+def precision_name(amp_dtype: Optional[torch.dtype]) -> str:
+    """The name of an autocast dtype (None: fp32), as ``dtype`` and run.yaml's ``precision`` spell it."""
+    return next(name for name, d in PRECISIONS.items() if d == amp_dtype)
+
+
 def describe_dtype(name: str, device: torch.device, amp_dtype: Optional[torch.dtype]) -> str:
     """The startup line's precision: the dtype and, for ``dtype=auto``, why (e.g. 'bf16 (auto: this
     CPU computes bf16 natively)')."""
-    chosen = str(amp_dtype or "fp32").replace("torch.", "").replace("bfloat16", "bf16").replace("float16", "fp16")
+    chosen = precision_name(amp_dtype)
     if name != "auto":
         return chosen
     where = "this CPU" if device.type == "cpu" else "this GPU"

@@ -41,7 +41,8 @@ from lmlab.fsutil import atomic_write_bytes, atomic_write_text
 from lmlab.model import TransformerLM
 from lmlab.kernels.linear import fp32_linears_on_onednn
 from lmlab.compile_choice import choose_for_run
-from lmlab.devices import check_memory, device_peak_flops, keep_freed_memory, resolve_device, resolve_dtype
+from lmlab.devices import (PRECISIONS, check_memory, device_peak_flops, keep_freed_memory, precision_name,
+                           resolve_device, resolve_dtype)
 from lmlab.schedule import (BUDGET_SKIP_STEPS, BUDGET_TIMED_STEPS, budget_plan_after, budget_replan_step, budget_steps,
                             lr_at, planned_config, shortest_plan)
 from lmlab.stopping import StopSignals, TrainingDiverged, TrainingInterrupted
@@ -157,11 +158,6 @@ class TrainConfig:
 
 
 AUTO = "auto"
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}  # run.yaml's "precision": what dtype=auto chose
-
-
-def precision_name(amp_dtype: Optional[torch.dtype]) -> str:
-    return "fp32" if amp_dtype is None else str(amp_dtype).replace("torch.bfloat16", "bf16").replace("torch.", "")
 COMPILE_SCOPES = (AUTO, "model", "blocks")
 
 
@@ -290,7 +286,8 @@ class Trainer:
         self.device = resolve_device(tc.device, self.dist.local_rank)
         self.amp_dtype = resolve_dtype(tc.dtype, self.device)
         kept = read_run(self.run_dir).get("precision") if (self.run_dir / RUN_FILE).is_file() else None
-        if tc.dtype == AUTO and kept in PRECISIONS:  # resuming: dtype=auto's choice at the start holds
+        # resuming: what dtype=auto chose when the run started holds
+        if tc.dtype == AUTO and isinstance(kept, str) and kept in PRECISIONS:
             if kept != precision_name(self.amp_dtype) and self.dist.is_main:
                 print(f"note: dtype=auto chose {kept} when this run started; it keeps {kept} (this device alone "
                       f"would choose {precision_name(self.amp_dtype)}; set dtype to change it)", file=sys.stderr)
