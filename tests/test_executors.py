@@ -44,6 +44,28 @@ def _rows(out: Path) -> dict:
     return {r["run"]: {k: r.get(k) for k in SAME} for r in read_results(out)}
 
 
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (no longer listed, or a zombie not yet reaped)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _parent(pid: int) -> int:
+    return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (a task's fork server and the runs it forked)."""
+    out, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for d in Path("/proc").iterdir():
@@ -284,15 +306,13 @@ def test_slurm_preemption_is_requeued_and_resumes(cluster, one_run, tmp_path):
 
 # --- Ray ---------------------------------------------------------------------------------------
 def _training_pid(run_dir: Path):
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"train" in cmd and str(run_dir).encode() in cmd:
-                return int(d.name)
-    return None
+    """The pid of the `lmlab train` that holds ``run_dir``'s lock (forked by the fork server or not)."""
+    lock = run_dir.with_name(f".{run_dir.name}.lock")
+    try:
+        pid = json.loads(lock.read_text())["pid"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return pid if Path(f"/proc/{pid}").exists() else None
 
 
 @pytest.fixture(scope="module")
@@ -327,7 +347,9 @@ def test_ray_retries_a_killed_worker_and_the_run_resumes(ray_here, one_run, tmp_
         _wait(lambda: metrics.is_file() and '"checkpoint": "step_0000008"' in metrics.read_text(), 240,
               "the run's second checkpoint")
         trainer = _training_pid(out / "runs" / "SiLU-s1")
-        worker = int((Path("/proc") / str(trainer) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        worker = _parent(trainer)
+        if b"lmlab.lab.fork_server" in (Path("/proc") / str(worker) / "cmdline").read_bytes():
+            worker = _parent(worker)  # the Ray worker that started the fork server
         os.kill(worker, signal.SIGKILL)
         killed.append(worker)
 
@@ -356,10 +378,10 @@ def test_a_killed_local_sweep_leaves_no_training_behind(one_run, tmp_path):
     _wait(lambda: metrics.is_file() and '"checkpoint": "step_0000008"' in metrics.read_text(), 120,
           "the run's second checkpoint")
     trainer = _training_pid(out / "runs" / "SiLU-s1")
+    assert trainer is not None, "no process holds the run's lock"
     proc.kill()
     proc.wait()
-    _wait(lambda: not Path(f"/proc/{trainer}").exists() or "Z" == Path(f"/proc/{trainer}/stat").read_text().rsplit(
-        ")", 1)[1].split()[0], 60, "the training subprocess to stop")
+    _wait(lambda: _gone(trainer), 60, "the training subprocess to stop")
     assert "SIGTERM received" in (out / "logs" / "SiLU-s1.log").read_text()  # it got SIGTERM (and stopped)
     run_sweep(path, out=out, log=lambda line: None)
     assert _rows(out) == ref_rows
@@ -373,7 +395,7 @@ def test_a_job_that_dies_gives_a_failed_row_the_report_lists_and_sweep_worker_re
     out = tmp_path / "sweep"
     proc, controller = _submitit_local_at_second_checkpoint(path, out)
     task = _children(controller)[0]
-    trainers = _children(task)
+    trainers = _descendants(task)  # the fork server and the run it forked
     assert trainers, "the task has no training subprocess to stop"
     for pid in trainers:  # frozen first, so the kill lands mid-training however fast this machine trains
         os.kill(pid, signal.SIGSTOP)
@@ -381,6 +403,7 @@ def test_a_job_that_dies_gives_a_failed_row_the_report_lists_and_sweep_worker_re
     for pid in trainers:  # the SIGTERM its parent's death sent is handled now: it checkpoints and stops
         os.kill(pid, signal.SIGCONT)
     text, _ = proc.communicate(timeout=120)
+    _wait(lambda: all(_gone(pid) for pid in trainers), 60, "the orphaned training to checkpoint and stop")
     assert proc.returncode == 1 and "1 run(s) failed without a result (SiLU-s1)" in text, text
     (row,) = read_results(out)
     assert row["status"] == "failed" and f"job {controller} ended" in row["error"]

@@ -609,7 +609,7 @@ exit 2
     def attempt(say, outcome):
         monkeypatch.setenv("FAKE_SAY", say)
         monkeypatch.setenv("FAKE_OUTCOME", outcome)
-        return worker.train_run(tmp_path / "sweep", p, 1)
+        return worker.train_run(tmp_path / "sweep", p, 1, launch="exec")  # the fake is an executable
 
     diverged = '{"status": "diverged", "step": 7, "error": null}'
     assert attempt("the loss left the floats at step 7", diverged) == (True, None)  # reworded: still diverged

@@ -31,11 +31,13 @@ MAX_CONTEXT = 1024
 MAX_SAVED_BYTES = 256 * 2**20
 
 
-@torch.compiler.assume_constant_result
 def _threads() -> int:
     """torch's intra-op thread count; a constant of the graph when a compiled model asks (a graph break
     otherwise): a model compiled at one thread count keeps its choice if the count changes later."""
     return torch.get_num_threads()
+
+
+_threads._dynamo_marked_constant = True
 
 
 def use_blocked(q: torch.Tensor, blocked_fp32: bool) -> bool:
@@ -164,8 +166,7 @@ class _BlockedCausal(torch.autograd.Function):
         return dq.view(shape), dk.to(q3.dtype).view(shape), dv.to(q3.dtype).view(shape), None, None, None
 
 
-@torch.compiler.disable
-def _eager_loops(q, k, v, scale: float, block: int) -> torch.Tensor:
+def _eager_loops_raw(q, k, v, scale: float, block: int) -> torch.Tensor:
     """The eager loops, outside any compiled graph (a graph break in a compiled model)."""
     return _BlockedCausal.apply(q, k, v, scale, block, False)
 
@@ -200,4 +201,6 @@ def blocked_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         if torch.compiler.is_compiling() and fused:
             return _BlockedCausal.apply(q, k, v, float(scale), int(block), True)
-        return _eager_loops(q, k, v, float(scale), int(block))
+        if torch.compiler.is_compiling():
+            return torch.compiler.disable(_eager_loops_raw)(q, k, v, float(scale), int(block))
+        return _eager_loops_raw(q, k, v, float(scale), int(block))

@@ -1,0 +1,119 @@
+"""The fork server of a sweep's training processes (lmlab.lab.fork_server): a forked run computes what a
+new ``python -m lmlab.cli train`` computes, bit for bit; a lost server is an interrupted run that the next
+attempt continues; and importing the model does not import torch._dynamo (what the server saves a run
+is Python's, torch's and dynamo's start)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lmlab.config import ModelConfig
+from lmlab.lab import worker
+from lmlab.lab.fork_server import ForkServer
+from lmlab.lab.plan import RunPlan
+from lmlab.train import TrainConfig
+
+pytestmark = pytest.mark.skipif(not worker.FORK_SERVER, reason="the fork server runs on Linux only")
+
+MODEL = dict(vocab_size=257, context_length=32, d_model=32, n_layers=2, n_heads=2)
+
+
+def _plan(data, steps: int, **train) -> RunPlan:
+    tc = TrainConfig(max_steps=steps, batch_size=4, lr=3e-3, warmup_steps=2, log_interval=1, eval_interval=steps,
+                     eval_windows=4, device="cpu", dtype="fp32", compile=False, seed=3, **train)
+    return RunPlan(name="r", variant="v", seed=3, fields={}, cfg=ModelConfig(**MODEL), tc=tc,
+                   tokens_per_step=4 * 32, flops_per_token=1.0, data=data)
+
+
+def _losses(run_dir):
+    return [r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+def _weights(run_dir):
+    ckpt = sorted(run_dir.glob("checkpoints/step_*"))[-1]
+    return load_file(str(ckpt / "model.safetensors"))
+
+
+def test_a_forked_run_equals_an_exec_run_bit_for_bit(byte_data, tmp_path):
+    p = _plan(byte_data, 6)
+    got = {}
+    for launch in ("fork", "exec"):
+        assert worker.train_run(tmp_path / launch, p, 1, launch=launch) == (False, None)
+        run_dir = tmp_path / launch / "runs" / "r"
+        got[launch] = (_losses(run_dir), _weights(run_dir))
+        log = (tmp_path / launch / "logs" / "r.log").read_text()
+        assert ("(forked by lmlab.lab.fork_server)" in log) == (launch == "fork") and "done: step 6" in log
+    assert got["fork"][0] == got["exec"][0] and len(got["fork"][0]) == 6
+    for name, w in got["exec"][1].items():
+        assert torch.equal(got["fork"][1][name], w), name
+    with pytest.raises(ValueError, match="launch='spawn': expected 'exec' or 'fork'"):
+        worker.train_run(tmp_path / "x", p, 1, launch="spawn")
+
+
+def test_a_refused_config_reports_its_error_and_status(byte_data, tmp_path):
+    """A forked `lmlab train` that refuses its input exits 2 with its one-line error in the run's log,
+    as a new process would: a failed run, not a hang or a silent success."""
+    p = _plan(tmp_path / "no-such-data", 3)
+    diverged, error = worker.train_run(tmp_path / "s", p, 1, launch="fork")
+    assert not diverged and error.startswith("training exited with status 2: lmlab train: error:")
+    assert "no-such-data" in error
+
+
+def test_a_lost_server_is_an_interrupted_run_that_continues(byte_data, tmp_path):
+    """The fork server killed mid-run: the run gets SIGTERM (its parent died), checkpoints and stops; the
+    worker reads that as an interruption (KeyboardInterrupt, no failed row), the next call starts a new
+    server and continues the run from its checkpoint to the same result as an uninterrupted run."""
+    p = _plan(byte_data, 300, checkpoint_interval=2)
+    ref = tmp_path / "ref"
+    assert worker.train_run(ref, p, 1, launch="exec") == (False, None)
+    sweep = tmp_path / "s"
+    metrics = sweep / "runs" / "r" / "metrics.jsonl"
+    server = ForkServer.get()
+
+    def kill_server_after_a_checkpoint():
+        t0 = time.time()
+        while time.time() - t0 < 120:
+            if metrics.is_file() and '"checkpoint": "step_0000004"' in metrics.read_text():
+                os.kill(server.proc.pid, signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    import threading
+
+    killer = threading.Thread(target=kill_server_after_a_checkpoint, daemon=True)
+    killer.start()
+    with pytest.raises(KeyboardInterrupt):
+        worker.train_run(sweep, p, 1, launch="fork")
+    killer.join(5)
+    log = (sweep / "logs" / "r.log").read_text()
+    assert "SIGTERM received" in log and "interrupted by SIGTERM" in log
+    assert ForkServer.get() is not server  # a new one
+    assert worker.train_run(sweep, p, 1, launch="fork") == (False, None)
+    assert "resuming" in (sweep / "logs" / "r.log").read_text()
+    assert _losses(sweep / "runs" / "r")[-1] == _losses(ref / "runs" / "r")[-1]
+    for name, w in _weights(ref / "runs" / "r").items():
+        assert torch.equal(_weights(sweep / "runs" / "r")[name], w), name
+
+
+def test_importing_the_model_does_not_import_dynamo():
+    """torch.compiler's decorators import torch._dynamo (about 1.5 s); lmlab marks its kernels lazily,
+    with the mark torch's own decorator sets (checked here), so `lmlab eval` or `generate` start without it."""
+    code = "import sys, lmlab.model, lmlab.evaluate, lmlab.generate; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    from lmlab.kernels import causal_attention
+
+    def f():
+        return 0
+
+    torch.compiler.assume_constant_result(f)
+    assert {k: v for k, v in vars(causal_attention._threads).items() if k != "__wrapped__"} == vars(f)
