@@ -97,7 +97,11 @@ def test_a_lost_server_is_an_interrupted_run_that_continues(byte_data, tmp_path)
     log = (sweep / "logs" / "r.log").read_text()
     assert "SIGTERM received" in log and "interrupted by SIGTERM" in log
     assert ForkServer.get() is not server  # a new one
+    dead = ForkServer.get()
+    dead.proc.kill()  # killed between two runs, before the worker noticed: replaced on the next run
+    dead.proc.wait()
     assert worker.train_run(sweep, p, 1, launch="fork") == (False, None)
+    assert ForkServer.get() is not dead
     assert "resuming" in (sweep / "logs" / "r.log").read_text()
     assert _losses(sweep / "runs" / "r")[-1] == _losses(ref / "runs" / "r")[-1]
     for name, w in _weights(ref / "runs" / "r").items():

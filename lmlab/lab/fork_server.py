@@ -182,6 +182,15 @@ class ForkServer:
                 cls._current = cls()
             return cls._current
 
+    @classmethod
+    def fork(cls, argv: list, log: Path, env: dict) -> ForkedRun:
+        """:meth:`start` on this process's server; a server found dead (killed between two runs) is
+        replaced once. Raises RuntimeError when the new one fails too."""
+        try:
+            return cls.get().start(argv, log, env)
+        except RuntimeError:
+            return cls.get().start(argv, log, env)
+
     def _read(self) -> None:
         for line in self.proc.stdout:
             msg = json.loads(line)

@@ -224,7 +224,7 @@ def train_run(sweep_dir: Path, p: RunPlan, threads: int, stopping: Callable[[], 
         if launch == "fork":
             from lmlab.lab.fork_server import ForkServer
 
-            proc = ForkServer.get().start(argv, log_path, env)
+            proc = ForkServer.fork(argv, log_path, env)
         else:
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
                                     preexec_fn=_child_setup if os.name == "posix" else None)
