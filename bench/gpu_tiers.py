@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import statistics
 import sys
@@ -86,7 +87,7 @@ def speed_claims(name: str, out: Path, device: str, log, pairs: int | None = Non
 
 def tier_cost(name: str, device: str, steps: int, warmup: int, batch: int | None, peak: float, log) -> dict:
     """Part 2 for one spec: seconds per step of each distinct model of its gpu tier; the tier's GPU-hours."""
-    from lmlab.lab.timing import _step_timer
+    from lmlab.bench import step_timer
     from lmlab.devices import resolve_dtype
 
     spec = load_spec(name, "gpu")
@@ -99,7 +100,8 @@ def tier_cost(name: str, device: str, steps: int, warmup: int, batch: int | None
     for (scale, variant), p in cells.items():
         b = batch or p.tc.batch_size
         dtype = resolve_dtype(p.tc.dtype, dev)
-        timer = _step_timer(p.cfg, b, p.cfg.context_length, dtype, steps, dev)
+        run, _ = step_timer(p.cfg, b, p.cfg.context_length, dtype, dev)
+        timer = functools.partial(run, steps)
         for _ in range(max(warmup, 0)):  # allocation and kernel selection happen here
             timer()
         s = timer()

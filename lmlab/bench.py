@@ -25,6 +25,41 @@ from lmlab.model import TransformerLM
 
 
 
+def step_timer(cfg, batch: int, context: int, dtype: Optional[torch.dtype], device: torch.device,
+               seed: int = 0, compiled: bool = False) -> tuple[Callable[[int], float], int]:
+    """``lmlab train``'s training step (the chunked loss of ``TransformerLM.forward(targets=...)``, its
+    AdamW with a learning rate too small to matter, autocast to ``dtype`` unless None) on a fresh
+    ``TransformerLM(cfg)`` (seeded ``seed``; ``compiled``: ``torch.compile`` of the whole model) and one
+    fixed random batch of ``batch`` x ``context`` tokens. Returns (``run``, parameters): ``run(n)`` takes
+    ``n`` steps and returns seconds per step (CUDA synchronised). What ``lmlab bench train`` and the lab's
+    timing block (:func:`lmlab.lab.timing.time_variants`) both time."""
+    from lmlab.model import TransformerLM  # the module's attribute at call time (tests patch it)
+    from lmlab.train import TrainConfig, make_optimizer
+
+    torch.manual_seed(seed)
+    model = TransformerLM(cfg).to(device)
+    model.train()
+    opt = make_optimizer([{"params": list(model.parameters())}], TrainConfig(lr=1e-4), device)
+    fwd = torch.compile(model) if compiled else model
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, cfg.vocab_size, (batch, context + 1), generator=g).to(device)
+    inputs, targets = x[:, :-1], x[:, 1:]
+
+    def run(n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                loss, _ = fwd(inputs, targets=targets)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - t0) / n
+
+    return run, model.num_params()
+
+
 def plural(n: int, word: str) -> str:
     """'1 thread', '2 threads'."""
     return f"{n} {word}" + ("" if n == 1 else "s")
@@ -208,59 +243,29 @@ def train_benchmark(cfg, title: Optional[str], device: torch.device, batch: int,
     from lmlab.config import ModelConfig
     from lmlab.config_files import load_mapping
     from lmlab.devices import check_memory
-    from lmlab.model import TransformerLM  # the module's attribute at call time (tests patch it)
     from lmlab.runs import BUILTIN_CONFIGS
     from lmlab.threads import current_threads
-    from lmlab.train import TrainConfig, make_optimizer
 
     if cfg is None:
         cfg, title = ModelConfig.from_dict(load_mapping(BUILTIN_CONFIGS / "demo.yaml")["model"]), "the demo config"
     check_memory(cfg, device, 1, batch, 2 if dtypes == ["bf16"] else 4)
     T = cfg.context_length
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, cfg.vocab_size, (batch, T + 1), generator=g).to(device)
-    inputs, targets = x[:, :-1], x[:, 1:]
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     variants, compile_s = {}, {}
     for dtype in dtypes:
         for compiled in (False, True) if compile_ else (False,):
-            torch.manual_seed(0)
-            model = TransformerLM(cfg).to(device)
-            model.train()
-            params = model.num_params()
-            opt = make_optimizer([{"params": list(model.parameters())}], TrainConfig(lr=1e-4), device)
-            fwd = torch.compile(model) if compiled else model
-            amp = torch.bfloat16 if dtype == "bf16" else None
-
-            def step(fwd=fwd, opt=opt, amp=amp):
-                with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                    loss, _ = fwd(inputs, targets=targets)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-
             name = f"{dtype} {'compiled' if compiled else 'eager'}"
-            t = time.perf_counter()
-            step()
-            sync()
+            run, params = step_timer(cfg, batch, T, torch.bfloat16 if dtype == "bf16" else None, device,
+                                     compiled=compiled)
+            first = run(1)
             if compiled:
-                compile_s[name] = time.perf_counter() - t
-            step()  # warm-up
-            variants[name] = step
+                compile_s[name] = first
+            run(1)  # warm-up
+            variants[name] = run
     names = list(variants)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            sync()
-            t = time.perf_counter()
-            for _ in range(steps):
-                variants[name]()
-            sync()
-            times[name].append((time.perf_counter() - t) / steps)
+            times[name].append(variants[name](steps))
     out = {}
     for name in names:
         ratios = sorted(a / b for a, b in zip(times[names[0]], times[name]))

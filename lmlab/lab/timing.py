@@ -17,53 +17,15 @@ a distribution-free interval (:func:`lmlab.lab.stats.median_interval`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import statistics
-import time
 from typing import Callable, Optional
 
 import torch
 
 from lmlab.config import ModelConfig
 from lmlab.threads import current_threads, set_threads
-
-
-def _step_timer(
-    cfg: ModelConfig,
-    batch: int,
-    context: int,
-    dtype: Optional[torch.dtype],
-    steps: int,
-    device: torch.device,
-    seed: int = 0,
-) -> Callable[[], float]:
-    """A closure timing ``steps`` training steps of a fresh ``TransformerLM(cfg)``; returns seconds/step."""
-    from lmlab.model import TransformerLM
-    from lmlab.train import TrainConfig, make_optimizer
-
-    torch.manual_seed(seed)
-    model = TransformerLM(cfg).to(device)
-    model.train()
-    # lmlab train's step: the chunked loss from TransformerLM.forward(targets=...), its AdamW (lr too
-    # small to matter)
-    opt = make_optimizer([{"params": list(model.parameters())}], TrainConfig(lr=1e-4), device)
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(0, cfg.vocab_size, (batch, context + 1), generator=g).to(device)
-    inputs, targets = x[:, :-1], x[:, 1:]
-
-    def run() -> float:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-                loss, _ = model(inputs, targets=targets)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return (time.perf_counter() - t0) / steps
-
-    return run
 
 
 SHORT_DECODE_STEPS = 64  # the short-cache decode: steps from a one-token prompt (``decode_steps`` if smaller)
@@ -151,12 +113,10 @@ def time_variants(
         set_threads(threads)
     labels = list(cfgs)
     try:
-        timers = {
-            "step_s": {
-                k: _step_timer(c, batch, context or c.context_length, dtype, steps, device)
-                for k, c in cfgs.items()
-            }
-        }
+        from lmlab.bench import step_timer
+
+        step_s = {k: step_timer(c, batch, context or c.context_length, dtype, device)[0] for k, c in cfgs.items()}
+        timers = {"step_s": {k: functools.partial(run, steps) for k, run in step_s.items()}}
         if decode:
             timers["decode_s"] = {
                 k: _decode_timer(c, decode_batch, decode_context or c.context_length, device,
