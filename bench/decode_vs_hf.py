@@ -13,7 +13,13 @@ what a user calls, greedy, fp32, --new-tokens tokens after prompts of --prompt-l
 - ``lmlab cold``: the same call after ``release_decode_copies`` (so it also pays the weight re-layout,
   as the first call on a model or the first after a training step does);
 - ``HF``: ``model.generate`` (default dynamic cache, sdpa attention, a streamer that timestamps each
-  new token), whole call timed.
+  new token), whole call timed;
+- ``matvec floor``: the batch multiplied by every weight matrix a decode step reads, once each
+  (:func:`matvec_floor`): the part of a step no decode loop avoids; HF's step over it bounds what any
+  loop could gain over HF's.
+
+``--model gpt2`` does the same for GPT-2 small (124M, HF's ``GPT2LMHeadModel`` with its own init,
+imported by lmlab's own ``hf_to_lmlab``) instead of the demo shape.
 
 Equalised and checked: the same weights (logits within 1e-4), the same greedy tokens, fp32 everywhere,
 SDPA attention in HF, the same prompts, the same threads. Prefill = call start to the first new token;
@@ -63,6 +69,41 @@ def build_pair(seed: int = 0):
     ours = TransformerLM(cfg).eval()
     ours.load_state_dict(llama_to_lmlab(hf.state_dict(), cfg))
     return ours, hf, cfg
+
+
+def build_gpt2_pair(seed: int = 0):
+    """GPT-2 small (124M: d_model 768, 12 layers, 12 heads, vocab 50257, context 1024, tied), HF's own init,
+    carried into lmlab through lmlab's own importer (``lmlab.interop.hf.hf_to_lmlab`` on a saved folder)."""
+    import tempfile
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from lmlab.interop.hf import hf_to_lmlab
+
+    torch.manual_seed(seed)
+    hf = GPT2LMHeadModel(GPT2Config(attn_implementation="sdpa")).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        hf.save_pretrained(tmp)
+        ours, cfg, _, _ = hf_to_lmlab(tmp)
+    return ours, hf, cfg
+
+
+def matvec_floor(model, batch: int, repeats: int = 7) -> float:
+    """Seconds to multiply a batch of ``batch`` vectors by every weight matrix a decode step reads once
+    (each block's 2-D weights and the LM head; tied weights once), median of ``repeats`` passes: the
+    part of a step that no decode loop can avoid at this batch, for lmlab and HF alike."""
+    mats = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    head = model.lm_head.weight  # the tied embedding's table when tied: read whole by the head, once
+    mats[id(head)] = head
+    xs = {w.shape[1]: torch.randn(batch, w.shape[1]) for w in mats.values()}
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats + 1):
+            t = time.perf_counter()
+            for w in mats.values():
+                torch.nn.functional.linear(xs[w.shape[1]], w)
+            times.append(time.perf_counter() - t)
+    return statistics.median(times[1:])
 
 
 def llama_to_lmlab(sd: dict, cfg: ModelConfig) -> dict:
@@ -141,7 +182,8 @@ def bench_batch(ours, hf, cfg, B: int, args) -> dict:
             if name == "lmlab cold":
                 release_decode_copies(ours)  # not timed: the call then remakes the copies
             times[name].append(timed(runs[name]))
-    out = {"batch": B, "agree": agree, "layout": decode_layout_kind(ours, B), "systems": {}}
+    out = {"batch": B, "agree": agree, "layout": decode_layout_kind(ours, B), "systems": {},
+           "floor_ms": matvec_floor(ours, B) * 1e3}
     for name in names:
         pre, dec, call = (statistics.median(t[j] for t in times[name]) for j in range(3))
         ratio = quartiles([h[2] / o[2] for h, o in zip(times["HF"], times[name])])
@@ -167,6 +209,11 @@ def print_batch(res: dict, threads: int) -> list[str]:
               f"{r['decode_ms_step']:>8.2f}  {vs}")
         rows.append(f"| {threads} | {B} | {name} | {r['call_ms']:.1f} | {r['tokens_s']:,.0f} | {r['prefill_ms']:.2f} | "
                     f"{r['decode_ms_step']:.2f} | {('**' + vs.replace(' (', '** (', 1)) if vs else '1 (reference)'} |")
+    hf_step = res["systems"]["HF"]["decode_ms_step"]
+    print(f"  matvec floor {res['floor_ms']:.2f} ms per step (every weight read once at batch {B}); HF's step / floor "
+          f"{hf_step / res['floor_ms']:.2f}x")
+    rows.append(f"| {threads} | {B} | matvec floor | | | | {res['floor_ms']:.2f} | HF's step / floor: "
+                f"{hf_step / res['floor_ms']:.2f}x |")
     return rows
 
 
@@ -183,6 +230,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=POSITIVE, default=9)
     ap.add_argument("--threads", type=POSITIVE, nargs="+", help="torch threads, one or more (default: torch's choice)")
     ap.add_argument("--markdown", metavar="FILE", help="also write the tables as a markdown page to FILE")
+    ap.add_argument("--model", choices=["demo", "gpt2"], default="demo",
+                    help="demo: the Llama-style demo shape (4M); gpt2: GPT-2 small (124M)")
     args = ap.parse_args()
     if args.markdown and not Path(args.markdown).resolve().parent.is_dir():
         ap.error(f"--markdown {args.markdown}: its folder does not exist")
@@ -190,7 +239,8 @@ def main() -> None:
         import transformers
     except ImportError:
         ap.error("needs Hugging Face transformers: pip install -e '.[hf]'")
-    cfg = demo_config()
+    cfg = demo_config() if args.model == "demo" else ModelConfig(vocab_size=50257, context_length=1024, d_model=768,
+                                                                 n_layers=12, n_heads=12)
     length = args.prompt_len + args.new_tokens - 1
     if length > cfg.context_length:
         ap.error(f"--prompt-len {args.prompt_len} + --new-tokens {args.new_tokens} - 1 exceeds the context of "
@@ -203,7 +253,7 @@ def main() -> None:
     except ConfigError as exc:
         ap.error(str(exc))
 
-    ours, hf, cfg = build_pair()
+    ours, hf, cfg = build_pair() if args.model == "demo" else build_gpt2_pair()
     x = torch.randint(0, cfg.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         diff = (ours(x) - hf(x).logits).abs().max().item()
@@ -214,7 +264,8 @@ def main() -> None:
     head = [
         f"machine: {machine}, transformers {transformers.__version__}; load average "
         f"{' '.join(f'{v:.2f}' for v in load0)}",
-        f"model: d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / {cfg.n_kv_heads} KV heads, "
+        f"model: {args.model}, d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / "
+        f"{cfg.n_kv_heads} KV heads, "
         f"vocab {cfg.vocab_size}, {ours.num_params():,} params, fp32; max |logit difference| lmlab vs HF {diff:.2e}",
         f"equalised: same weights, fp32, SDPA attention in HF, same prompts and threads, greedy; whole calls "
         f"timed (prompt {args.prompt_len} tokens, {args.new_tokens} new tokens), {args.repeats} rotated rounds",
@@ -231,12 +282,13 @@ def main() -> None:
     print(f"load average after {' '.join(f'{v:.2f}' for v in load1)}")
     if args.markdown:
         cmd = "python bench/decode_vs_hf.py " + " ".join(sys.argv[1:])
+        block = "decode_vs_hf" if args.model == "demo" else f"decode_vs_hf_{args.model}"
         page = [
             "# Generation end to end: lmlab vs Hugging Face (generated by bench/decode_vs_hf.py)",
             "",
             f"`{cmd}`, {datetime.date.today().isoformat()}.",
             "",
-            "<!-- bench:decode_vs_hf -->",
+            f"<!-- bench:{block} -->",
             f"{datetime.date.today().isoformat()}; {head[0]}, after {' '.join(f'{v:.2f}' for v in load1)}; "
             f"{head[1]}; {head[2]}; greedy tokens identical at {min(agree):.1%} of positions "
             "(the lowest of all batches).",
@@ -245,7 +297,7 @@ def main() -> None:
             "| HF's call time / this one (IQR) |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |",
             *rows,
-            "<!-- /bench:decode_vs_hf -->",
+            f"<!-- /bench:{block} -->",
             "",
         ]
         Path(args.markdown).write_text("\n".join(page))
