@@ -91,7 +91,7 @@ def test_a_lost_server_is_an_interrupted_run_that_continues(byte_data, tmp_path)
 
     killer = threading.Thread(target=kill_server_after_a_checkpoint, daemon=True)
     killer.start()
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match=r"^r: its training was stopped by SIGTERM \(its fork server exited\)$"):
         worker.train_run(sweep, p, 1, launch="fork")
     killer.join(5)
     log = (sweep / "logs" / "r.log").read_text()
@@ -121,3 +121,36 @@ def test_importing_the_model_does_not_import_dynamo():
 
     torch.compiler.assume_constant_result(f)
     assert {k: v for k, v in vars(causal_attention._threads).items() if k != "__wrapped__"} == vars(f)
+
+
+def test_a_stop_while_the_run_is_being_launched_stops_it(byte_data, tmp_path):
+    """stop_training() (a sweep's Ctrl-C or SIGTERM) while a run waits for a fork server that is still
+    starting: the run is stopped as soon as it exists (a SIGTERM sent the moment it is forked waits,
+    blocked, until the run can act on it), not trained to the end; the next call trains it in full."""
+    import threading
+
+    p = _plan(byte_data, 3000)
+    old = ForkServer.get()
+    old.proc.kill()  # the next run starts a new server: about 2-3 s of imports to stop inside
+    old.proc.wait()
+    got = {}
+
+    def launch():
+        t = time.time()
+        try:
+            worker.train_run(tmp_path / "s", p, 1, launch="fork")
+            got["outcome"] = "finished"
+        except KeyboardInterrupt as exc:
+            got["outcome"] = str(exc)
+        got["s"] = time.time() - t
+
+    thread = threading.Thread(target=launch)
+    thread.start()
+    time.sleep(0.3)
+    worker.stop_training(timeout=30)
+    thread.join(60)
+    assert got["outcome"] == "r: its training was stopped by SIGTERM", got
+    metrics = tmp_path / "s" / "runs" / "r" / "metrics.jsonl"
+    assert not metrics.is_file() or '"step": 3000' not in metrics.read_text()
+    p = _plan(byte_data, 4)
+    assert worker.train_run(tmp_path / "s2", p, 1, launch="fork") == (False, None)  # a later run is not stopped

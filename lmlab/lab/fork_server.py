@@ -32,12 +32,12 @@ from typing import Optional
 
 
 # --- the server -------------------------------------------------------------------------------------
-def _run_child(req: dict) -> int:
-    """In the forked process: the environment, working folder and log a new process would have had, then
-    ``lmlab train``; returns its exit status."""
+def _run_child(req: dict, server: int) -> int:
+    """In the forked process (``server``: the fork server's pid): the environment, working folder and log a
+    new process would have had, then ``lmlab train``; returns its exit status."""
     from lmlab.lab.worker import _child_setup
 
-    _child_setup()
+    _child_setup(server)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.clear()
     os.environ.update(req["env"])
@@ -79,10 +79,17 @@ def serve() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR2", None)):
         if sig is not None:
             signal.signal(sig, signal.SIG_IGN)
+    # SIGTERM also blocked: a run inherits the mask, so a SIGTERM sent the moment it is forked (a stop that
+    # came while it was being launched) waits, pending, until the run has restored the default and unblocks
+    # it (lmlab.lab.worker._child_setup), instead of being discarded as an ignored signal
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     fd_in, fd_out = sys.stdin.fileno(), sys.stdout.fileno()
 
     def say(msg: dict) -> None:
-        os.write(fd_out, (json.dumps(msg) + "\n").encode())
+        try:
+            os.write(fd_out, (json.dumps(msg) + "\n").encode())
+        except OSError:  # the worker is gone (e.g. killed while this server started): nothing to report
+            os._exit(0)
 
     say({"ready": os.getpid()})
     running: set = set()
@@ -97,11 +104,12 @@ def serve() -> None:
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 req = json.loads(line)
+                server = os.getpid()
                 pid = os.fork()
                 if pid == 0:
                     code = 1
                     try:
-                        code = _run_child(req)  # its stdin (this server's) becomes /dev/null
+                        code = _run_child(req, server)  # its stdin (this server's) becomes /dev/null
                     except BaseException:  # noqa: BLE001 -- before the log was opened: the server's stderr
                         import traceback
 
@@ -126,6 +134,7 @@ class ForkedRun:
     def __init__(self, server: "ForkServer", pid: int):
         self._server, self.pid = server, pid
         self.returncode: Optional[int] = None
+        self.server_lost = False
 
     def running(self) -> bool:
         try:
@@ -146,6 +155,7 @@ class ForkedRun:
         continues from its checkpoint) once the process is gone."""
         rc = self._server.wait_exit(self.pid)
         if rc is None:
+            self.server_lost = True
             while self.running():
                 time.sleep(0.05)
             rc = -int(signal.SIGTERM)

@@ -556,7 +556,7 @@ def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Call
     except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: the training subprocesses were stopped first
         done = len([r for r in read_results(sweep_dir) if r.get("status") in ("ok", "diverged")])
         raise SweepInterrupted(
-            f"sweep interrupted ({exc or 'SIGINT'}); {done} of {len(trained_plans(plans))} run(s) "
+            f"sweep interrupted ({str(exc) or 'SIGINT'}); {done} of {len(trained_plans(plans))} run(s) "
             f"recorded, the others "
             + ("checkpointed where they stopped; the same command resumes" if kind == "local" else
                "stopped with the coordinator (their trainings checkpointed); the same command continues them"

@@ -26,6 +26,7 @@ outright takes its training down the same way (SIGTERM on the parent's death, Li
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -52,6 +53,9 @@ ROWS_DIR = "rows"
 # interrupted worker stops them (SIGTERM: each checkpoints) before it exits. Not a switch: bookkeeping.
 _LIVE: set = set()
 _LIVE_LOCK = threading.Lock()
+# How many times stop_training() ran: a training process registered after a stop (its launch was under
+# way, e.g. waiting for the fork server to start) is stopped by the thread that launched it.
+_STOPS = [0]
 
 
 @dataclasses.dataclass
@@ -160,7 +164,7 @@ def _log_since(path: Path, offset: int, n: int = 4000) -> str:
         return ""
 
 
-def _child_setup() -> None:
+def _child_setup(parent: Optional[int] = None) -> None:
     """Runs in the training process first (before exec, or after the fork). SIGUSR2 ignored (SIG_IGN
     survives exec): the worker decides what a preemption does. On Linux, SIGTERM when the parent dies (the
     worker, or the fork server, which exits with it) (prctl PR_SET_PDEATHSIG): a
@@ -168,9 +172,12 @@ def _child_setup() -> None:
     hold the run's lock: the training checkpoints and stops, and the retried task continues it."""
     if hasattr(signal, "SIGUSR2"):
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked run: the fork server ignores it
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked run: the fork server ignores and blocks it
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     if _PRCTL is not None:
         _PRCTL(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    if parent is not None and os.getppid() != parent:  # the parent died before the line above: stop now
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _libc_prctl():
@@ -207,6 +214,7 @@ def train_run(sweep_dir: Path, p: RunPlan, threads: int, stopping: Callable[[], 
                                                sort_keys=False))
     log_path = sweep_dir / "logs" / f"{p.name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    stops_before = _STOPS[0]
     launch = launch or ("fork" if FORK_SERVER else "exec")
     if launch not in ("fork", "exec") or (launch == "fork" and not FORK_SERVER):
         raise ValueError(f"launch={launch!r}: expected 'exec'" + (" or 'fork'" if FORK_SERVER else
@@ -227,16 +235,23 @@ def train_run(sweep_dir: Path, p: RunPlan, threads: int, stopping: Callable[[], 
             proc = ForkServer.fork(argv, log_path, env)
         else:
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                    preexec_fn=_child_setup if os.name == "posix" else None)
+                                    preexec_fn=functools.partial(_child_setup, os.getpid()) if os.name == "posix"
+                                    else None)
         with _LIVE_LOCK:
             _LIVE.add(proc)
+            stopped = _STOPS[0] != stops_before
+        if stopped or stopping():  # a stop came while it was being launched: it has nothing to save yet
+            proc.send_signal(signal.SIGTERM)
         rc = proc.wait()  # an interrupt here leaves proc in _LIVE: stop_training() stops it
         with _LIVE_LOCK:
             _LIVE.discard(proc)
     if rc == 0:
         return False, None
     if stopping() or rc in (130, 143) or rc < 0:  # SIGINT/SIGTERM (checkpointed: 130/143) or killed
-        raise KeyboardInterrupt
+        how = {130: "SIGINT", 143: "SIGTERM"}.get(rc) or (signal.Signals(-rc).name if -rc in
+                                                           signal.valid_signals() else f"status {rc}")
+        raise KeyboardInterrupt(f"{p.name}: its training was stopped by {how}"
+                                + (" (its fork server exited)" if getattr(proc, "server_lost", False) else ""))
     try:
         outcome = read_outcome(run_dir)
     except CheckpointError as exc:
@@ -269,6 +284,7 @@ def stop_training(timeout: float = 60.0) -> int:
     last finished step and exits), wait up to ``timeout`` seconds, then SIGKILL what is left. Returns how
     many were signalled. Safe in a signal handler (it does not reap: the waiting thread does)."""
     with _LIVE_LOCK:
+        _STOPS[0] += 1
         procs = [q for q in _LIVE if not _exited(q)]
     for q in procs:
         q.send_signal(signal.SIGTERM)
