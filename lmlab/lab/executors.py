@@ -103,6 +103,10 @@ def _pid_alive(pid: int) -> bool:
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
             "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
+# A job seen ended while a run of it has no row is taken as over only when it still is this many seconds
+# later: a job being requeued (a preemption) can show FAILED or CANCELLED in squeue for a moment before
+# it is PENDING again (seen once in CI: the preempted run was recorded failed while its job requeued)
+TERMINAL_CONFIRM_S = 10.0
 
 
 def slurm_states() -> Optional[dict]:
@@ -330,6 +334,7 @@ class SubmititExecutor:
             running.update(self._submit(queue))
             queue = []
         done_at: dict = {}
+        ended_at: dict = {}  # job -> when it was first seen ended with a run still without a row
         last_status = 0.0
         while running or queue:
             while queue and len(running) < self.parallelism:  # submitit-local: a bounded number at once
@@ -337,8 +342,12 @@ class SubmititExecutor:
             self.squeue = slurm_states() if self.kind == "slurm" else None
             finished = []
             for job, g in running.items():
-                if self._over(job):
+                if not self._over(job):
+                    ended_at.pop(job, None)
+                elif all(read_row(self.dir, n) is not None for n in g):
                     finished.append(job)
+                elif time.monotonic() - ended_at.setdefault(job, time.monotonic()) >= TERMINAL_CONFIRM_S:
+                    finished.append(job)  # still ended, a row missing: the job ended without one
             for job in finished:
                 for n in running.pop(job):
                     row = read_row(self.dir, n)
