@@ -41,14 +41,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def quartiles(xs: list) -> tuple:
-    xs = sorted(xs)
-    if len(xs) < 2:
-        return xs[0], xs[0], xs[0]
-    q = statistics.quantiles(xs, n=4, method="inclusive")
-    return q[0], statistics.median(xs), q[2]
-
-
 def one_run(spec, p, threads: int, launch: str, work: Path) -> dict:
     """Train and evaluate plan ``p`` as a sweep does; its seconds split into parts."""
     from lmlab.lab.results import collect_result, training_summary
@@ -131,6 +123,8 @@ def main() -> None:
 
     import torch
 
+    from bench.train_vs_peers import quartiles
+    from lmlab.analysis import param_counts
     from lmlab.bench import describe_machine
     from lmlab.lab.fork_server import ForkServer
     from lmlab.lab.plan import plan_runs
@@ -156,8 +150,6 @@ def main() -> None:
         for name in names:
             spec = load_spec(name)
             p = plan_runs(spec)[0]
-            from lmlab.analysis import param_counts
-
             tpp = p.steps * p.tokens_per_step / param_counts(p.cfg)["non_embedding"]
             res = {"fork": [], "exec": []}
             for r in range(args.rounds):

@@ -37,6 +37,8 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
+# what @torch.compiler.assume_constant_result sets, without importing torch._dynamo (1.5 s) at import:
+# tests/test_fork_server.py checks that the mark equals torch's own decorator's
 _threads._dynamo_marked_constant = True
 
 
@@ -166,7 +168,7 @@ class _BlockedCausal(torch.autograd.Function):
         return dq.view(shape), dk.to(q3.dtype).view(shape), dv.to(q3.dtype).view(shape), None, None, None
 
 
-def _eager_loops_raw(q, k, v, scale: float, block: int) -> torch.Tensor:
+def _eager_loops(q, k, v, scale: float, block: int) -> torch.Tensor:
     """The eager loops, outside any compiled graph (a graph break in a compiled model)."""
     return _BlockedCausal.apply(q, k, v, scale, block, False)
 
@@ -202,5 +204,5 @@ def blocked_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         if torch.compiler.is_compiling() and fused:
             return _BlockedCausal.apply(q, k, v, float(scale), int(block), True)
         if torch.compiler.is_compiling():
-            return torch.compiler.disable(_eager_loops_raw)(q, k, v, float(scale), int(block))
-        return _eager_loops_raw(q, k, v, float(scale), int(block))
+            return torch.compiler.disable(_eager_loops)(q, k, v, float(scale), int(block))
+        return _eager_loops(q, k, v, float(scale), int(block))

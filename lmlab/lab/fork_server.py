@@ -91,7 +91,8 @@ def serve() -> None:
         except OSError:  # the worker is gone (e.g. killed while this server started): nothing to report
             os._exit(0)
 
-    say({"ready": os.getpid()})
+    server = os.getpid()
+    say({"ready": server})
     running: set = set()
     buf = b""
     while True:
@@ -104,7 +105,6 @@ def serve() -> None:
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 req = json.loads(line)
-                server = os.getpid()
                 pid = os.fork()
                 if pid == 0:
                     code = 1

@@ -166,13 +166,15 @@ def _log_since(path: Path, offset: int, n: int = 4000) -> str:
 
 def _child_setup(parent: Optional[int] = None) -> None:
     """Runs in the training process first (before exec, or after the fork). SIGUSR2 ignored (SIG_IGN
-    survives exec): the worker decides what a preemption does. On Linux, SIGTERM when the parent dies (the
-    worker, or the fork server, which exits with it) (prctl PR_SET_PDEATHSIG): a
-    worker killed outright (a Ray worker, a SIGKILLed coordinator) leaves no orphan training, which would
-    hold the run's lock: the training checkpoints and stops, and the retried task continues it."""
+    survives exec): the worker decides what a preemption does; SIGTERM at its default and unblocked (the
+    fork server ignores and blocks it). On Linux, SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG; the
+    parent is the worker, or the fork server, which exits with it), and at once when ``parent`` is no
+    longer the parent: a worker killed outright (a Ray worker, a SIGKILLed coordinator) leaves no orphan
+    training, which would hold the run's lock: the training checkpoints and stops, and the retried task
+    continues it."""
     if hasattr(signal, "SIGUSR2"):
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked run: the fork server ignores and blocks it
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     if _PRCTL is not None:
         _PRCTL(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
