@@ -1,7 +1,7 @@
 """What ``compile_scope`` costs and buys: the whole model compiled against each block compiled apart.
 
 Two figures for the demo recipe's training step (forward with the chunked loss, backward, fused
-AdamW), both as ``lmlab train`` runs them (``torch.compile(model)`` or ``lmlab.train.compile_blocks``):
+AdamW), both as ``lmlab train`` runs them (``torch.compile(model)`` or ``lmlab.compile_choice.compile_blocks``):
   1. cold compile: the first step of a fresh process with an empty inductor cache (a temporary
      TORCHINDUCTOR_CACHE_DIR), once per scope and repeat, processes alternated;
   2. step time once compiled: both compiled in one process, rounds of ``--steps`` steps each in a
@@ -34,7 +34,7 @@ def make_step(scope: str, dtype):
     from lmlab.config_files import load_mapping
     from lmlab.model import TransformerLM
     from lmlab.runs import BUILTIN_CONFIGS
-    from lmlab.train import compile_blocks
+    from lmlab.compile_choice import compile_blocks
 
     cfg = ModelConfig.from_dict({**load_mapping(BUILTIN_CONFIGS / "demo.yaml")["model"], "vocab_size": 4096})
     torch.manual_seed(0)

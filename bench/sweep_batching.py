@@ -90,14 +90,14 @@ class Separate:
 
     def __init__(self, cfg, seeds, lrs, device, dtype):
         from lmlab.model import TransformerLM
-        from lmlab.train import make_optimizer, param_groups
+        from lmlab.optim import adamw, param_groups
 
         self.runs, self.device, self.dtype = [], device, dtype
         for seed, lr in zip(seeds, lrs):
             torch.manual_seed(seed)
             model = TransformerLM(cfg).to(device)
             tc = train_config(lr)
-            self.runs.append((model, make_optimizer(param_groups(model, tc), tc, device)))
+            self.runs.append((model, adamw(param_groups(model, tc), tc, device)))
 
     def step(self, data) -> list[float]:
         losses = []

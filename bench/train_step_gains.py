@@ -2,7 +2,7 @@
 
 Variants, each adding one change to the one before (the last is ``lmlab train`` with compile=true):
   1. baseline: logits materialised + lm_loss, AdamW foreach, SDPA attention (lmlab before issue 14)
-  2. + fused AdamW (lmlab.train.make_optimizer)
+  2. + fused AdamW (lmlab.optim.adamw)
   3. + chunked linear cross-entropy (lmlab.kernels.loss, TransformerLM.forward(targets=...))
   4. + blocked causal attention on CPU (lmlab.kernels.causal_attention)
   5. + torch.compile of the model (the blocked attention's loops still eager)

@@ -3,7 +3,7 @@
 Systems (each one's own training step, as its users write it; the same config, batch, precision and
 AdamW hyperparameters):
 - ``lmlab``: ``lmlab train``'s step: ``TransformerLM(x, targets=y)`` (chunked LM head + loss,
-  lmlab.kernels.loss), ``lmlab.train.make_optimizer`` (fused AdamW), and ``torch.compile`` of the model
+  lmlab.kernels.loss), ``lmlab.optim.adamw`` (fused AdamW), and ``torch.compile`` of the model
   when ``--lmlab-compile`` (its recommended setting on CPU; compile time reported apart);
 - ``hf``: Hugging Face ``LlamaForCausalLM`` / ``GPT2LMHeadModel`` (SDPA attention), logits then
   ``F.cross_entropy``;
@@ -184,7 +184,8 @@ def make_system(name: str, a: Args, dtype: Optional[torch.dtype], compile_: bool
     if name == "lmlab":
         from lmlab.model import TransformerLM
         from lmlab.devices import keep_freed_memory
-        from lmlab.train import TrainConfig, make_optimizer, param_groups
+        from lmlab.optim import adamw, param_groups
+        from lmlab.train_config import TrainConfig
 
         if dev.type == "cpu":  # as lmlab train's Trainer does on CPU; process-wide, so the peers too
             keep_freed_memory()
@@ -192,7 +193,7 @@ def make_system(name: str, a: Args, dtype: Optional[torch.dtype], compile_: bool
         model.checkpoint_blocks = checkpointing
         tc = TrainConfig(lr=ADAMW["lr"], beta1=ADAMW["betas"][0], beta2=ADAMW["betas"][1], eps=ADAMW["eps"],
                          weight_decay=ADAMW["weight_decay"])
-        opt = make_optimizer(param_groups(model, tc), tc, dev)
+        opt = adamw(param_groups(model, tc), tc, dev)
         fwd = compile_apart(model) if compile_ else model
         loss_fn = lambda: fwd(inputs, targets=targets)[0]  # noqa: E731
     else:

@@ -42,7 +42,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from lmlab.config import GATED_ACTIVATIONS, ModelConfig
+from lmlab.config import ModelConfig
+from lmlab.config_checks import GATED_ACTIVATIONS
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}
 

@@ -34,12 +34,13 @@ def step_timer(cfg, batch: int, context: int, dtype: Optional[torch.dtype], devi
     ``n`` steps and returns seconds per step (CUDA synchronised). What ``lmlab bench train`` and the lab's
     timing block (:func:`lmlab.lab.timing.time_variants`) both time."""
     from lmlab.model import TransformerLM  # the module's attribute at call time (tests patch it)
-    from lmlab.train import TrainConfig, make_optimizer
+    from lmlab.optim import adamw
+    from lmlab.train_config import TrainConfig
 
     torch.manual_seed(seed)
     model = TransformerLM(cfg).to(device)
     model.train()
-    opt = make_optimizer([{"params": list(model.parameters())}], TrainConfig(lr=1e-4), device)
+    opt = adamw([{"params": list(model.parameters())}], TrainConfig(lr=1e-4), device)
     fwd = torch.compile(model) if compiled else model
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, cfg.vocab_size, (batch, context + 1), generator=g).to(device)

@@ -3,7 +3,7 @@
 Compiling pays only when the steps left repay the compile time. Before its first step a run with
 ``compile=auto`` times eager forward + backward passes of its own first batch (:func:`probe_step_seconds`:
 no optimizer step, its random state forked, gradients cleared: the run itself is unchanged) and predicts
-for each candidate (eager, ``blocks``: :func:`lmlab.train.compile_blocks`, ``model``: ``torch.compile``
+for each candidate (eager, ``blocks``: :func:`compile_blocks`, ``model``: ``torch.compile``
 of the whole model) the time of the steps left plus the compile (:func:`choose`):
 
     time(eager) = steps x probe x r_eager
@@ -27,6 +27,7 @@ compilation" (the ``blocks`` candidate); measurements: docs/training.md, docs/be
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -60,6 +61,27 @@ CLOCK_EARLY, CLOCK_LATE_FROM, CLOCK_LATE = 8, 100, 200  # the steps a StepClock 
 # a record's first compile was cold (an empty inductor cache); the next one finds torch's cache warm and
 # takes this fraction of it (demo recipe, 2-core Zen 4: whole model 12 s of 62, blocks 3.8 s of 23)
 WARM_FRACTION = {"model": 0.19, "blocks": 0.17}
+
+
+def compile_blocks(model: torch.nn.Module) -> None:
+    """Regional compilation: ``torch.compile`` each Transformer block of ``model`` in place
+    (``nn.Module.compile``), the embedding, final norm and loss left eager.
+
+    The blocks share their code, so Dynamo traces and inductor compiles one block and reuses it for the
+    others (parameters are graph inputs): the cold compile time of one block instead of the whole
+    model (PyTorch's recipe "Reducing torch.compile cold start compilation time with regional
+    compilation"; measured: docs/bench/measured-choices.md). Calls outside training should run under
+    :func:`eager` (no graphs compiled for them)."""
+    for block in model.blocks:
+        block.compile()
+
+
+def eager():
+    """A context in which compiled modules run their eager code (``torch.compiler.set_stance``):
+    evaluation and diagnostics of a run whose blocks were compiled for training. Before torch 2.6
+    (no set_stance) a no-op; compile_scope=blocks is refused there."""
+    stance = getattr(torch.compiler, "set_stance", None)
+    return stance("force_eager") if stance else contextlib.nullcontext()
 
 
 def no_compiler_reason(device: torch.device) -> Optional[str]:
@@ -341,8 +363,6 @@ class RunClock:
 def probe_run(trainer) -> float:
     """:func:`probe_step_seconds` on ``trainer``'s model and the first micro-batch of its next step
     (compiled blocks run their eager code)."""
-    from lmlab.train import eager
-
     x, y = trainer._global_batch()[0]
     trainer.model.train()
     with eager():

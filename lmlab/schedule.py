@@ -1,4 +1,4 @@
-"""Learning-rate schedules and time budgets of a run (:class:`lmlab.train.TrainConfig`'s ``schedule``,
+"""Learning-rate schedules and time budgets of a run (:class:`lmlab.train_config.TrainConfig`'s ``schedule``,
 ``warmup_steps``, ``decay_fraction``, ``min_lr_ratio`` and ``budget_seconds``).
 
 :func:`lr_at` is the rate of every step: linear warmup, then cosine, warmup-stable-decay (wsd) or constant.

@@ -10,7 +10,8 @@ import dataclasses
 import io
 
 from lmlab.analysis import param_counts
-from lmlab.config import GATED_ACTIVATIONS, ModelConfig
+from lmlab.config import ModelConfig
+from lmlab.config_checks import GATED_ACTIVATIONS
 
 
 _NORM_NAMES = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm", "gemma_rmsnorm": "RMSNorm(1+w)",

@@ -1,5 +1,5 @@
 """The reference of every switch: each field of :class:`lmlab.config.ModelConfig` and
-:class:`lmlab.train.TrainConfig`, with its type, default, the values ``__post_init__`` accepts (where a tuple
+:class:`lmlab.train_config.TrainConfig`, with its type, default, the values ``__post_init__`` accepts (where a tuple
 of choices names them) and what its source comment says, read from the two dataclasses' source so the page
 cannot drift from the code (``docs/switches.md``; ``tests/test_switches.py`` regenerates and compares).
 
@@ -15,9 +15,9 @@ import io
 import tokenize
 from typing import Any
 
-from lmlab import config as config_module
+from lmlab import config_checks
 
-# field -> the tuple of accepted values in lmlab.config (the names _choice validates against)
+# field -> the tuple of accepted values in lmlab.config_checks (the names _choice validates against)
 CHOICES = {
     "norm_type": "NORM_TYPES", "norm_position": "NORM_POSITIONS", "activation": "ACTIVATIONS",
     "position": "POSITIONS", "rope_style": "ROPE_STYLES", "bias": "BIASES", "moe_balance": "MOE_BALANCES",
@@ -83,7 +83,7 @@ def rows(cls: type) -> list[dict]:
     notes = _comments(cls)
     out = []
     for f in dataclasses.fields(cls):
-        choices = getattr(config_module, CHOICES[f.name]) if f.name in CHOICES else None
+        choices = getattr(config_checks, CHOICES[f.name]) if f.name in CHOICES else None
         out.append({"name": f.name, "type": _type(f), "default": _default(f),
                     "values": ", ".join(f"`{c}`" for c in choices) if choices else "", "doc": notes.get(f.name, "")})
     return out
@@ -99,7 +99,7 @@ def markdown() -> str:
     from lmlab.train import TrainConfig
 
     L = ["# Every switch", "",
-         "Generated from `lmlab/config.py` (`ModelConfig`: the model) and `lmlab/train.py` (`TrainConfig`: "
+         "Generated from `lmlab/config.py` (`ModelConfig`: the model) and `lmlab/train_config.py` (`TrainConfig`: "
          "training) by `python -m lmlab.switches > docs/switches.md`; `tests/test_switches.py` checks the page "
          "is current. Any field is set with `--set name=value` on `lmlab train` (or in a config / spec YAML); "
          "every value is validated, and a bad one is refused naming the field and what is valid.", ""]

@@ -1,11 +1,9 @@
 """Training loop: AdamW, LR schedules, gradient accumulation, clipping, stability diagnostics, mixed
 precision, torch.compile, DDP/FSDP2, JSON-lines metrics and atomic, exactly resumable checkpoints.
 
-Data order: the global batch of step s (``batch_size * grad_accum * world_size`` windows of
-``context_length + 1`` tokens) is drawn from a generator seeded with (seed, s); micro-batch m of rank r
-is a fixed slice of it. So the data a step sees depends only on the step and the global batch, not on
-how it is split: resuming at step s, accumulating gradients, or running on N ranks sees the same
-windows as one uninterrupted large-batch run.
+Settings: :class:`lmlab.train_config.TrainConfig`. Data order (``lmlab/data/batches.py``): the global
+batch of step s is drawn from a generator seeded with (seed, s) and split into micro-batches and ranks, so
+resuming, accumulating gradients or running on N ranks sees the windows of one uninterrupted large-batch run.
 
 Loss normalisation: each micro-batch contributes its *summed* token losses divided by the global
 number of scored tokens, so gradient accumulation and data parallelism give the large-batch gradient
@@ -17,177 +15,36 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import re
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import torch
 import yaml
 
 from lmlab.checkpoint import check_run_files, check_run_model, load_latest, save_checkpoint
 from lmlab.run_folder import (RUN_FILE, CheckpointError, append_metrics, checkpoint_dirs, metrics_lines, metrics_path,
                               read_run, rewrite_metrics, run_copy_hint, write_outcome, write_run)
-from lmlab.config import (ConfigError, ModelConfig, _choice, _non_negative, _number_in, _positive, _positive_int,
-                          build_checked)
+from lmlab.config import ModelConfig
+from lmlab.config_checks import ConfigError
 from lmlab.data.prepare import DataError
+from lmlab.data.batches import check_data_bounds, global_batch_starts, windows_to_batch
 from lmlab.data.shards import TokenData
 from lmlab.evaluate import evaluate
 from lmlab.fsutil import atomic_write_bytes, atomic_write_text
 from lmlab.model import TransformerLM
 from lmlab.kernels.linear import fp32_linears_on_onednn
-from lmlab.compile_choice import choose_for_run
+from lmlab.compile_choice import choose_for_run, compile_blocks, eager
 from lmlab.devices import (PRECISIONS, check_memory, device_peak_flops, keep_freed_memory, precision_name,
                            resolve_device, resolve_dtype)
 from lmlab.schedule import (BUDGET_SKIP_STEPS, BUDGET_TIMED_STEPS, budget_plan_after, budget_replan_step, budget_steps,
                             lr_at, planned_config, shortest_plan)
 from lmlab.stopping import StopSignals, TrainingDiverged, TrainingInterrupted
-from lmlab.optim import OPTIMIZERS, adamw, build_optimizer, muon_lr_at, optimizer_of, param_groups, set_lr
+from lmlab.optim import build_optimizer, muon_lr_at, optimizer_of, param_groups, set_lr
+from lmlab.train_config import AUTO, TrainConfig
 from lmlab.parallel import Dist, all_reduce_mean, barrier, full_state, init_distributed, load_full_state, wrap_model
-
-WD_GROUPS = ("norm", "bias", "embedding")
-MAX_COUNT = 2 ** 53  # step counts and intervals: exact as floats (schedules divide them)
-SCHEDULES = ("cosine", "wsd", "constant")
-
-
-@dataclass
-class TrainConfig:
-    """Optimisation settings. Units: lr per step, intervals in steps, batch_size in sequences per
-    micro-batch per rank (global batch = batch_size * grad_accum * ranks)."""
-
-    batch_size: int = 16  # sequences per micro-batch per rank
-    grad_accum: int = 1  # micro-batches per optimizer step
-    max_steps: int = 1000  # optimizer steps (a budget, when set, plans them)
-    lr: float = 1e-3  # the peak learning rate
-    min_lr_ratio: float = 0.1  # the schedule ends at lr * min_lr_ratio
-    warmup_steps: int = 100  # linear warmup from 0 to lr
-    schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay) | constant
-    decay_fraction: float = 0.2  # wsd: the last fraction of steps decays linearly (Hu et al. 2024, MiniCPM)
-    weight_decay: float = 0.1  # decoupled, AdamW's (Loshchilov & Hutter 2019)
-    wd_exclude: list = field(default_factory=lambda: ["norm", "bias"])  # of: norm, bias, embedding
-    optimizer: str = "adamw"  # adamw | muon (Muon on the blocks' weight matrices, AdamW on the rest; lmlab.optim)
-    muon_lr: Optional[float] = None  # Muon's peak lr (same schedule as lr); None = lr
-    beta1: float = 0.9  # Adam's first-moment decay
-    beta2: float = 0.95  # Adam's second-moment decay (0.95: LLaMA, GPT-3)
-    eps: float = 1e-8  # Adam's epsilon
-    grad_clip: float = 1.0  # max global L2 norm; 0 disables
-    eval_interval: int = 200  # steps between periodic held-out evaluations
-    eval_windows: int = 32  # validation windows (spread over the split) scored at each periodic evaluation
-    checkpoint_interval: int = 0  # 0 = only at the end
-    keep_checkpoints: int = 2  # newest K kept; 0 keeps all
-    log_interval: int = 10  # steps between training-log lines
-    diag_interval: int = 0  # every N steps and at step 1: attention-logit max, log Z, update/param RMS,
-    # per-layer gradient norms (0 = off)
-    spike_ratio: float = 1.5  # a loss above spike_ratio x its running mean counts as a spike
-    max_bad_steps: int = 5  # stop after this many consecutive non-finite steps
-    seed: int = 1337  # initialisation, data order and dropout
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    # auto (bf16 autocast where the device computes bf16 natively, else fp32) | fp32 | bf16 (autocast) |
-    # fp16 (autocast + GradScaler, CUDA)
-    dtype: str = "auto"
-    # torch.compile the model for training: true | false | auto (when the steps left repay the compile time
-    # measured on this machine, lmlab.compile_choice)
-    compile: bool | str = "auto"
-    # what compile compiles: "model" (one graph: embedding, blocks, loss), "blocks" (each block apart, one
-    # compiled code for all: a fraction of the cold compile time; lmlab.train.compile_blocks), or "auto"
-    # (compile=true: model; compile=auto: whichever repays best)
-    compile_scope: str = "auto"
-    activation_checkpointing: bool = False  # recompute each block's activations in backward: less memory
-    parallel: str = "ddp"  # with torchrun and >1 ranks: ddp | fsdp
-    peak_flops: Optional[float] = None  # device peak FLOP/s for MFU; default from lmlab.analysis's table
-    tensorboard: bool = True  # also write TensorBoard events when the package is installed
-    max_seconds: Optional[float] = None  # stop after this many seconds of one fit() (wall time; None = no limit)
-    budget_seconds: Optional[float] = None  # plan max_steps (then a cap) so that fit() takes about this many
-    # seconds (wall time: compile, evaluations and checkpoints included), from the step time measured in the
-    # run (see budget_plan_after, budget_steps; wsd and constant rates check the plan again: budget_replan_step)
-
-    def __post_init__(self) -> None:
-        for name in ("batch_size", "grad_accum", "max_steps", "eval_interval", "eval_windows", "log_interval",
-                     "max_bad_steps"):
-            _positive_int(name, getattr(self, name), 1, MAX_COUNT)
-        for name in ("warmup_steps", "checkpoint_interval", "keep_checkpoints", "diag_interval"):
-            _positive_int(name, getattr(self, name), 0, MAX_COUNT)
-        _positive_int("seed", self.seed, 0, 2 ** 63 - 1)  # torch.manual_seed's range
-        _positive("lr", self.lr)
-        _non_negative("weight_decay", self.weight_decay)
-        _non_negative("grad_clip", self.grad_clip)
-        _positive("eps", self.eps)
-        _number_in("spike_ratio", self.spike_ratio, 1, math.inf, lo_open=True, hi_open=True)
-        _number_in("min_lr_ratio", self.min_lr_ratio, 0, 1)
-        _number_in("decay_fraction", self.decay_fraction, 0, 1, lo_open=True)
-        for name in ("beta1", "beta2"):
-            _number_in(name, getattr(self, name), 0, 1, hi_open=True)
-        _choice("schedule", self.schedule, SCHEDULES)
-        _choice("optimizer", self.optimizer, OPTIMIZERS)
-        if self.muon_lr is not None:
-            _positive("muon_lr", self.muon_lr)
-            if self.optimizer != "muon":
-                raise ConfigError(f"muon_lr={self.muon_lr!r} is set but optimizer={self.optimizer!r}; set "
-                                  f"optimizer=muon or drop muon_lr")
-        if self.optimizer == "muon" and self.dtype == "fp16":
-            raise ConfigError("optimizer=muon with dtype=fp16 (GradScaler) is not supported; use dtype=bf16 or fp32")
-        if not isinstance(self.device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
-            raise ConfigError(f"device={self.device!r:.60} is not valid; use auto, cpu, cuda or cuda:N")
-        _choice("dtype", self.dtype, ("fp32", "bf16", "fp16", "auto"))
-        _choice("parallel", self.parallel, ("ddp", "fsdp"))
-        _choice("compile_scope", self.compile_scope, COMPILE_SCOPES)
-        if not (isinstance(self.compile, bool) or self.compile == "auto"):
-            raise ConfigError(f"compile={self.compile!r:.60} must be true, false or auto")
-        if self.compile_scope == "blocks" and self.compile is False:
-            raise ConfigError(f"compile_scope={self.compile_scope!r} is set but compile={self.compile!r}; set "
-                              f"compile=true (or auto) or drop compile_scope")
-        for name in ("tensorboard", "activation_checkpointing"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
-        if self.peak_flops is not None:
-            _positive("peak_flops", self.peak_flops)
-        for name in ("max_seconds", "budget_seconds"):
-            if getattr(self, name) is not None:
-                _positive(name, getattr(self, name))
-        if not isinstance(self.wd_exclude, list) or any(g not in WD_GROUPS for g in self.wd_exclude):
-            raise ConfigError(f"wd_exclude={self.wd_exclude!r} must be a list drawn from {list(WD_GROUPS)}")
-
-    @classmethod
-    def from_dict(cls, data: dict, source: Optional[str] = None) -> "TrainConfig":
-        """Build from a mapping, as ``ModelConfig.from_dict`` (errors start with ``source`` when given)."""
-        return build_checked(cls, data, source)
-
-
-AUTO = "auto"
-COMPILE_SCOPES = (AUTO, "model", "blocks")
-
-
-def compile_blocks(model: torch.nn.Module) -> None:
-    """Regional compilation: ``torch.compile`` each Transformer block of ``model`` in place
-    (``nn.Module.compile``), the embedding, final norm and loss left eager.
-
-    The blocks share their code, so Dynamo traces and inductor compiles one block and reuses it for the
-    others (parameters are graph inputs): the cold compile time of one block instead of the whole
-    model (PyTorch's recipe "Reducing torch.compile cold start compilation time with regional
-    compilation"; measured: docs/bench/measured-choices.md). Calls outside training should run under
-    :func:`eager` (no graphs compiled for them)."""
-    for block in model.blocks:
-        block.compile()
-
-
-def eager():
-    """A context in which compiled modules run their eager code (``torch.compiler.set_stance``):
-    evaluation and diagnostics of a run whose blocks were compiled for training. Before torch 2.6
-    (no set_stance) a no-op; compile_scope=blocks is refused there."""
-    stance = getattr(torch.compiler, "set_stance", None)
-    return stance("force_eager") if stance else contextlib.nullcontext()
-
-
-def make_optimizer(groups: list[dict], tc: TrainConfig, device: torch.device, sharded: bool = False
-                   ) -> torch.optim.AdamW:
-    """torch's AdamW over ``groups`` (:func:`lmlab.optim.adamw`, whatever ``tc.optimizer`` says): the
-    optimiser the benchmarks and the lab's timing use."""
-    return adamw(groups, tc, device, sharded)
-
 
 def layer_grad_norms(model: torch.nn.Module) -> list[float]:
     """The L2 norm of the gradient of each Transformer block's parameters taken together (block 0
@@ -207,20 +64,9 @@ def layer_grad_norms(model: torch.nn.Module) -> list[float]:
     return out
 
 
-def global_batch_starts(n_tokens: int, step: int, n_windows: int, tc: TrainConfig, T: int) -> np.ndarray:
-    """Start offsets of the ``n_windows`` windows of the global batch of ``step``."""
-    g = np.random.default_rng([tc.seed, step])
-    return g.integers(0, n_tokens - T - 1, size=n_windows, endpoint=True)
-
-
 def _local(p: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a (possibly FSDP-sharded DTensor) parameter, detached."""
     return (p.to_local() if hasattr(p, "to_local") else p).detach()
-
-
-def windows_to_batch(tokens: np.ndarray, starts: np.ndarray, T: int) -> tuple[torch.Tensor, torch.Tensor]:
-    chunk = torch.from_numpy(np.stack([np.asarray(tokens[s:s + T + 1], dtype=np.int64) for s in starts]))
-    return chunk[:, :-1], chunk[:, 1:]
 
 
 def restart_rate(bar) -> None:
@@ -234,27 +80,6 @@ def restart_rate(bar) -> None:
     bar.initial = bar.last_print_n = bar.n = n  # rate = (n - initial) / time since the restart
     bar.refresh()
 
-
-def check_data_bounds(tc: TrainConfig, T: int, n_train: int, n_val: int, world_size: int, folder: str,
-                      say: bool = True) -> None:
-    """Bound ``grad_accum`` and ``eval_windows`` by what the data holds, before anything is allocated:
-    a step's ``batch_size x grad_accum x world_size`` windows may not outnumber the training split's
-    window starts (``n_train - T``; more would draw every window several times per step, and the
-    index alone would not fit in memory at grad_accum=1e12): ConfigError naming the field, the value
-    and the limit. ``eval_windows`` past the windows of the validation split (``n_val`` tokens) is
-    capped there, as :func:`lmlab.evaluate.evaluate` does, with a note on stderr (when ``say``) if it
-    exceeds the default as well."""
-    starts = max(1, n_train - T)
-    per_step = tc.batch_size * tc.grad_accum * world_size
-    if per_step > starts:
-        raise ConfigError(f"grad_accum={tc.grad_accum}: a step of batch_size x grad_accum x ranks = "
-                          f"{tc.batch_size} x {tc.grad_accum} x {world_size} = {per_step:,} windows is more than "
-                          f"the {starts:,} windows the training split of {folder!r} holds; lower grad_accum "
-                          f"(at most {max(1, starts // (tc.batch_size * world_size)):,} here) or batch_size")
-    n_windows = -(-(n_val - 1) // T)  # len(lmlab.evaluate.windows(n_val, T)), without listing them
-    if tc.eval_windows > n_windows and tc.eval_windows > TrainConfig.eval_windows and say:
-        print(f"note: eval_windows={tc.eval_windows:,} is more than the {n_windows:,} windows the validation split "
-              f"of {folder!r} holds; each evaluation scores all {n_windows:,}", file=sys.stderr)
 
 
 class Trainer:

@@ -10,7 +10,8 @@ import pytest
 import lmlab.config as config_module
 import lmlab.train as train_module
 from lmlab.cli import main
-from lmlab.config import MAX_SIZE, ModelConfig
+from lmlab.config import ModelConfig
+from lmlab.config_checks import MAX_SIZE
 from lmlab.data.prepare import prepare
 from lmlab.train import TrainConfig
 

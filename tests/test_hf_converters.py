@@ -265,3 +265,29 @@ def test_falcon_num_key_value_heads_is_checked_against_the_layout():
     for hf in ({**new, "num_key_value_heads": 4}, {**base, "num_key_value_heads": 4}):
         with pytest.raises(UnsupportedError, match="num_key_value_heads=4"):
             get_family("falcon").config_to_lmlab(hf)
+
+
+def test_config_table_reads_aliases_and_defaults_and_writes_them_back():
+    """The config table of the hand-written families (lmlab/interop/families/_config_table.py): a null field
+    falls to the next alias, then to the default (a callable one follows the fields read before it); casts
+    on reading; on writing, an optional field equal to its default is left out, write_as renames."""
+    from lmlab.interop.families._config_table import STANDARD, ConfigTable
+
+    table = ConfigTable("toy", dict(d_model=64, n_heads=4, d_ff=lambda v: 4 * v["d_model"],
+                                    head_dim=lambda v: v["d_model"] // v["n_heads"], norm_eps=1e-5, activation="gelu"),
+                        names={**STANDARD, "d_model": ("n_embd", "hidden_size")}, optional=("head_dim",),
+                        write_as={"d_model": "hidden_size"})
+    assert table.keys() == {"n_embd", "hidden_size", "num_attention_heads", "intermediate_size", "head_dim",
+                            "layer_norm_eps", "hidden_act"}
+    fields = table.read({"n_embd": None, "hidden_size": 32, "layer_norm_eps": 1})
+    assert fields == {"d_model": 32, "n_heads": 4, "d_ff": 128, "head_dim": 8, "norm_eps": 1.0, "activation": "gelu"}
+    assert isinstance(fields["norm_eps"], float)
+    cfg = ModelConfig(vocab_size=16, context_length=8, d_model=32, n_heads=4, d_ff=128, activation="gelu_tanh")
+    assert table.write(cfg) == {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 128,
+                                "layer_norm_eps": 1e-5, "hidden_act": "gelu_new"}
+    wide = ModelConfig(vocab_size=16, context_length=8, d_model=32, n_heads=4, head_dim=16, d_ff=128)
+    with pytest.raises(UnsupportedError, match="activation='swiglu' cannot be exported"):
+        table.write(wide)  # the table's MLP is plain
+    assert table.write(ModelConfig(**{**wide.to_dict(), "activation": "relu"}))["head_dim"] == 16
+    with pytest.raises(UnsupportedError, match="hidden_act"):
+        table.read({"hidden_act": "tanh"})

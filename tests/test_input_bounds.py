@@ -169,10 +169,10 @@ def hf_folder(tmp_path):
     from lmlab.config import ModelConfig
     from lmlab.interop.hf import export_model
     from lmlab.model import TransformerLM
-    from lmlab.presets import _LLAMA_STYLE
 
     model = TransformerLM(ModelConfig(vocab_size=64, context_length=32, d_model=32, n_layers=2, n_heads=4, d_ff=64,
-                                      **_LLAMA_STYLE))
+                                      norm_type="rmsnorm", norm_position="pre", norm_bias=False, bias="none",
+                                      activation="swiglu", position="rope", rope_style="half", tie_embeddings=False))
     export_model(model, tmp_path / "hf", family="llama")
     path = tmp_path / "hf"
     return path, json.loads((path / "config.json").read_text())

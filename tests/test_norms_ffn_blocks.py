@@ -12,7 +12,8 @@ import math
 import pytest
 import torch
 
-from lmlab.config import BOOL_FIELDS, ConfigError, ModelConfig, glu_hidden_dim
+from lmlab.config import ConfigError, ModelConfig
+from lmlab.config_checks import BOOL_FIELDS, glu_hidden_dim
 from lmlab.model import TransformerLM, lm_loss
 from lmlab.model.ffn import ACTIVATION_FNS, FeedForward
 from lmlab.model.norms import RMSNorm, make_norm

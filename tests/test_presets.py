@@ -1,6 +1,6 @@
-"""Model-family presets (lmlab/presets.py): the real configs are the published shapes (parameter counts
-on the meta device within 1% of the published counts), the tiny configs keep that shape, and every
-tiny preset learns: 30 AdamW steps on real text lower its loss.
+"""Model-family presets (lmlab/presets.yaml, read by lmlab/presets.py): the real configs are the published
+shapes (parameter counts on the meta device within 1% of the published counts), the tiny configs keep that
+shape, and every tiny preset learns: 30 AdamW steps on real text lower its loss.
 
 The text is the Shakespeare corpus beside the project (../shared/data/shakespeare, or
 $LMLAB_CORPUS_DIR) read as raw UTF-8 bytes (vocabulary 256, no tokenizer).
@@ -16,7 +16,8 @@ import torch
 
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.model import TransformerLM, lm_loss
-from lmlab.presets import PRESETS, format_presets, get_preset, preset_config, real_param_count
+from lmlab.presets import (PRESETS, TABLE, format_presets, get_preset, load_presets, preset_config,
+                           real_param_count)
 
 NAMES = list(PRESETS)
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +44,52 @@ def test_preset_record_is_complete(name):
     assert "https://" in p.source, "every preset cites a URL"
     assert p.summary and "\n" not in p.summary
     assert set(p.tiny) <= set(ModelConfig.__dataclass_fields__)
+
+
+_RECORD = """presets:
+  - name: toy
+    family: Toy
+    source: https://example.org
+    summary: a toy
+    real: {vocab_size: 100, context_length: 64, d_model: 64, n_layers: 2, n_heads: 8, n_kv_heads: 2, d_ff: 128}
+    tiny: {n_heads: 4}
+"""
+
+
+def test_load_presets_reads_the_table_and_derives_tiny(tmp_path):
+    path = tmp_path / "presets.yaml"
+    path.write_text(_RECORD)
+    toy = load_presets(path)["toy"]
+    assert toy.real["n_heads"] == 8 and toy.published_params is None and toy.notes == ""
+    # tiny keeps the GQA ratio 4 (8:2 -> 4:1) and d_ff / d_model = 2 at the default d_model 128
+    assert (toy.tiny["n_heads"], toy.tiny["n_kv_heads"], toy.tiny["d_model"], toy.tiny["d_ff"]) == (4, 1, 128, 256)
+    assert load_presets() == PRESETS and TABLE.name == "presets.yaml"
+
+
+@pytest.mark.parametrize("change, message", [
+    (("    tiny: {n_heads: 4}", "    tiny: {n_heads: 4}\n    size: 7b"), r"unknown keys \['size'\]"),
+    (("    summary: a toy\n", ""), r"missing keys \['summary'\]"),
+    (("    tiny: {n_heads: 4}", "    tiny: {n_heads: 4}\n    published_params: 1000"),
+     "published_params and params_source go together"),
+    (("    tiny: {n_heads: 4}", "    tiny: {n_heads: 3}"), "does not keep the GQA ratio 4"),
+    (("    tiny: {n_heads: 4}", "    tiny: {heads: 4}"),
+     r"tiny: unknown ModelConfig key 'heads'; did you mean 'n_heads'\?"),
+    (("d_ff: 128}", "d_ff: 128, norm: rms}"), r"real: unknown ModelConfig key 'norm'"),
+    (("d_ff: 128}", "d_ff: 128, norm_type: rms}"), r"presets\[0\] \('toy'\): norm_type"),
+])
+def test_load_presets_refuses_a_bad_record_naming_file_and_record(tmp_path, change, message):
+    path = tmp_path / "presets.yaml"
+    path.write_text(_RECORD.replace(*change))
+    with pytest.raises(ConfigError, match=message) as err:
+        load_presets(path)
+    assert f"{path}: presets[0] ('toy')" in str(err.value)
+
+
+def test_load_presets_refuses_a_name_given_twice(tmp_path):
+    path = tmp_path / "presets.yaml"
+    path.write_text(_RECORD + _RECORD.split("presets:\n", 1)[1])
+    with pytest.raises(ConfigError, match=r"presets\[1\] \('toy'\): the name 'toy' appears twice"):
+        load_presets(path)
 
 
 def test_get_preset_unknown_name_lists_valid_names_and_nearest():

@@ -62,6 +62,15 @@ def unsupported(family: str, field: str, value: Any, supported: str) -> Unsuppor
     )
 
 
+def lmlab_config(family: str, fields: dict) -> ModelConfig:
+    """``ModelConfig(**fields)`` of a config.json read by ``family``'s converter; a value lmlab refuses
+    raises UnsupportedError naming the family and ModelConfig's reason."""
+    try:
+        return ModelConfig(**fields)
+    except ConfigError as exc:
+        raise UnsupportedError(f"{family}: the config maps to an invalid lmlab config: {exc}") from None
+
+
 def check_fields(hf: dict, family: str, handled: set | frozenset) -> None:
     """Refuse config.json fields that are neither handled by the ``family`` converter nor metadata."""
     if hf.get("quantization_config"):

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from lmlab.config import ConfigError, ModelConfig
+from lmlab.config import ModelConfig
 from lmlab.interop import common as C
-from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
+from lmlab.interop.registry import Family, StateDict, register
 
 NORM_LAYOUTS = {
     "pre": {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"},
@@ -253,10 +253,7 @@ def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
                   moe_aux_loss=float(g("router_aux_loss_coef")) if g("output_router_logits") else 0.0)
     if spec.moe == "qwen3":
         kw.update(_qwen3_moe_fields(hf, g, fam, n_layers))
-    try:
-        return ModelConfig(**kw)
-    except ConfigError as exc:
-        raise UnsupportedError(f"{fam}: the config maps to an invalid lmlab config: {exc}") from None
+    return C.lmlab_config(fam, kw)
 
 
 # ------------------------------------------------------------------------------------------------

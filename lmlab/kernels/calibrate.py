@@ -58,12 +58,13 @@ def _timer(fields: dict, batch: int, kernels: KernelSettings) -> Callable[[int],
     """A closure timing ``n`` fp32 training steps of a fresh model with ``kernels``; returns s/step."""
     from lmlab.config import ModelConfig
     from lmlab.model import TransformerLM
-    from lmlab.train import TrainConfig, make_optimizer
+    from lmlab.optim import adamw
+    from lmlab.train_config import TrainConfig
 
     cfg = ModelConfig(**fields)
     torch.manual_seed(0)
     model = TransformerLM(cfg, kernels=kernels).train()
-    opt = make_optimizer([{"params": list(model.parameters())}], TrainConfig(lr=1e-4), torch.device("cpu"))
+    opt = adamw([{"params": list(model.parameters())}], TrainConfig(lr=1e-4), torch.device("cpu"))
     x = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length + 1), generator=torch.Generator().manual_seed(0))
 
     def run(n: int) -> float:

@@ -28,10 +28,11 @@ def init_grad_norms(
 
     ``cfg``: the variant (its ``n_layers`` is replaced by each depth); ``tokens``: the training split,
     (n_tokens,) ids; ``batch``: windows of ``cfg.context_length`` tokens, the step-0 batch of each seed
-    (:func:`lmlab.train.global_batch_starts`). The loss is the training loss (mean cross-entropy in
+    (:func:`lmlab.data.batches.global_batch_starts`). The loss is the training loss (mean cross-entropy in
     nats, plus the config's z-loss). Raises ValueError when the split is shorter than one window."""
     from lmlab.model import TransformerLM
-    from lmlab.train import TrainConfig, global_batch_starts, layer_grad_norms, windows_to_batch
+    from lmlab.data.batches import global_batch_starts, windows_to_batch
+    from lmlab.train import TrainConfig, layer_grad_norms
 
     T = cfg.context_length
     if len(tokens) < T + 2:

@@ -19,7 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lmlab.config import GATED_ACTIVATIONS, ModelConfig
+from lmlab.config import ModelConfig
+from lmlab.config_checks import GATED_ACTIVATIONS
 from lmlab.kernels.linear import Linear
 
 

@@ -79,7 +79,8 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from lmlab.config import PARAMETRIZATIONS, ConfigError, ModelConfig
+from lmlab.config import ModelConfig
+from lmlab.config_checks import PARAMETRIZATIONS, ConfigError
 
 __all__ = ["PARAMETRIZATIONS", "width_multiplier", "depth_multiplier", "init_std", "attention_scale",
            "output_multiplier", "branch_multiplier", "param_role", "optimizer_scales", "check_optimizer"]

@@ -17,7 +17,7 @@ linear, dynamic at its full factor for ntk, yarn, llama3), so configs carry over
 All frequencies are in radians per token, fp32.
 
 Keys of the ``rope_scaling`` mapping: ``type`` plus the per-type required and optional keys of
-``lmlab.config.ROPE_SCALING_KEYS`` (checked by ``ModelConfig``, which raises ConfigError).
+``lmlab.config_checks.ROPE_SCALING_KEYS`` (checked by ``ModelConfig``, which raises ConfigError).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from lmlab.config import ROPE_SCALING_KEYS, ROPE_SCALINGS  # noqa: F401  (key tables live with the config)
+from lmlab.config_checks import ROPE_SCALING_KEYS, ROPE_SCALINGS  # noqa: F401  (key tables live with the config's rules)
 
 
 def _base_inv_freq(rot_dim: int, theta: float) -> torch.Tensor:

@@ -28,8 +28,9 @@ from typing import Callable, Optional, Union
 import torch
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._tools import StateReader, deinterleave_heads, interleave_heads, lm_key, put
-from lmlab.interop.registry import StateDict
+from lmlab.interop.families._tools import (StateReader, check_expressible, deinterleave_heads, interleave_heads, lm_key,
+                                           put)
+from lmlab.interop.registry import Family, StateDict, register
 
 Predicate = Callable[[ModelConfig], bool]
 
@@ -158,3 +159,19 @@ def converters(family: str, rows: list, prefix: str, read_prefixes: Optional[tup
         return to_hf(state, rows, cfg, prefix=prefix, head=head)
 
     return state_to_lmlab, state_to_hf
+
+
+def register_family(name: str, hf_class: str, config_to_lmlab: Callable, config_to_hf: Callable, state: tuple,
+                    notes: str, **extra) -> Family:
+    """Register a hand-written family: its config converters (each export checked by reading it back,
+    :func:`~lmlab.interop.families._tools.check_expressible`, which raises UnsupportedError for a config the
+    family cannot represent exactly) and its state-dict converters ``state``, ``(state_to_lmlab, state_to_hf)``
+    (e.g. :func:`converters` of its rows);
+    ``extra``: further :class:`~lmlab.interop.registry.Family` fields (e.g. ``unread_notes``)."""
+
+    def checked_to_hf(cfg: ModelConfig) -> dict:
+        return check_expressible(name, cfg, config_to_hf(cfg), config_to_lmlab)
+
+    return register(Family(model_type=name, hf_class=hf_class, config_to_lmlab=config_to_lmlab,
+                           state_to_lmlab=state[0], config_to_hf=checked_to_hf, state_to_hf=state[1],
+                           notes=notes, **extra))

@@ -26,9 +26,9 @@ does not add; ``output_router_logits`` is accepted and not mapped.
 
 from __future__ import annotations
 
-from lmlab.config import ConfigError, ModelConfig
+from lmlab.config import ModelConfig
 from lmlab.interop import common as C
-from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
+from lmlab.interop.registry import Family, StateDict, register
 
 FAM, HF_CLASS = "deepseek_v2", "DeepseekV2ForCausalLM"
 FAM_V3, HF_CLASS_V3 = "deepseek_v3", "DeepseekV3ForCausalLM"
@@ -104,10 +104,7 @@ def config_to_lmlab(hf: dict, v3: bool = False) -> ModelConfig:
                   router_score="softmax", router_renormalize=False, moe_first_dense=g("first_k_dense_replace"),
                   router_groups=int(groups[0]), router_topk_groups=int(groups[1]),
                   routed_scaling_factor=float(g("routed_scaling_factor")))
-    try:
-        return ModelConfig(**kw)
-    except ConfigError as exc:
-        raise UnsupportedError(f"{fam}: the config maps to an invalid lmlab config: {exc}") from None
+    return C.lmlab_config(fam, kw)
 
 
 def config_to_hf(cfg: ModelConfig, v3: bool = False) -> dict:

@@ -19,14 +19,13 @@ from __future__ import annotations
 import torch
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._table import PER_HEAD_QKV, Row, Transform, layer_norm, linear, to_hf, to_lmlab
+from lmlab.interop.families._config_table import STANDARD, ConfigTable
+from lmlab.interop.families._table import (PER_HEAD_QKV, Row, Transform, layer_norm, linear, register_family, to_hf,
+                                           to_lmlab)
 from lmlab.interop.families._tools import (
-    check_expressible,
     check_fields,
     deinterleave_heads,
     expect,
-    hf_act_name,
-    hf_activation,
     hf_get,
     interleave_heads,
     read_rope,
@@ -35,7 +34,7 @@ from lmlab.interop.families._tools import (
     split_qkv,
     StateReader,
 )
-from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
+from lmlab.interop.registry import StateDict, UnsupportedError
 
 NAME = "falcon"
 
@@ -46,13 +45,17 @@ def _layout(hf: dict) -> str:
         return "new"
     return "mqa" if hf.get("multi_query", True) else "mha"
 
-HANDLED = frozenset({  # config.json fields this converter reads (besides RoPE and metadata)
-    "vocab_size", "hidden_size", "n_embed", "num_hidden_layers", "num_attention_heads", "num_ln_in_parallel_attn",
-    "layer_norm_epsilon", "hidden_dropout", "attention_dropout", "num_kv_heads", "alibi",
-    "new_decoder_architecture", "multi_query", "parallel_attn", "bias", "max_position_embeddings",
-    "ffn_hidden_size", "activation", "tie_word_embeddings", "apply_residual_connection_post_layernorm",
+CONFIG = ConfigTable(NAME, dict(  # FalconConfig's defaults
+    vocab_size=65024, context_length=2048, d_model=4544, n_layers=32, n_heads=71, d_ff=lambda v: 4 * v["d_model"],
+    norm_eps=1e-5, activation="gelu", tie_embeddings=True, attn_dropout=0.0, resid_dropout=0.0, init_std=0.02),
+    names={**STANDARD, "d_model": ("n_embed", "hidden_size"), "d_ff": "ffn_hidden_size", "activation": "activation",
+           "norm_eps": "layer_norm_epsilon"},  # HF lets the old n_embed win
+    write_as={"d_model": "hidden_size"}, tanh_name="gelu_pytorch_tanh")
+HANDLED = CONFIG.keys() | {
+    "num_ln_in_parallel_attn", "num_kv_heads", "alibi", "new_decoder_architecture", "multi_query", "parallel_attn",
+    "bias", "apply_residual_connection_post_layernorm",
     "num_key_value_heads",  # written by transformers >= 5.25: the KV heads the layout gives, checked
-})
+}
 
 
 def config_to_lmlab(hf: dict) -> ModelConfig:
@@ -61,9 +64,9 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
         reject(NAME, "alibi", True, "RoPE Falcons only: HF Falcon's ALiBi bias is bf16(bf16(slope) * key_index) "
                                     "/ sqrt(head_dim), bfloat16-rounded, which lmlab's fp32 ALiBi cannot reproduce")
     expect(NAME, hf, "apply_residual_connection_post_layernorm", (False,), False)
-    d_model = hf_get(hf, "n_embed", "hidden_size", default=4544)  # HF lets the old n_embed win
-    n_heads = hf_get(hf, "num_attention_heads", default=71)
-    head_dim = d_model // n_heads
+    fields = CONFIG.read(hf)
+    n_heads = fields["n_heads"]
+    head_dim = fields["d_model"] // n_heads
     layout = _layout(hf)
     parallel = expect(NAME, hf, "parallel_attn", (True, False), True)
     shared_norm = True
@@ -87,23 +90,10 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
                                                         f"and multi_query / new_decoder_architecture)")
     biased = expect(NAME, hf, "bias", (True, False), False)
     return ModelConfig(
-        vocab_size=hf_get(hf, "vocab_size", default=65024),
-        context_length=hf_get(hf, "max_position_embeddings", default=2048),
-        d_model=d_model,
-        n_layers=hf_get(hf, "num_hidden_layers", default=32),
-        n_heads=n_heads,
-        n_kv_heads=n_kv,
-        d_ff=hf_get(hf, "ffn_hidden_size", default=4 * d_model),
+        **fields, n_kv_heads=n_kv,
         norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True,
-        norm_eps=float(hf_get(hf, "layer_norm_epsilon", default=1e-5)),
-        bias="all" if biased else "none", lm_head_bias=False,
-        activation=hf_activation(NAME, "activation", hf_get(hf, "activation", default="gelu")),
-        parallel_block=parallel, parallel_shared_norm=shared_norm,
+        bias="all" if biased else "none", lm_head_bias=False, parallel_block=parallel, parallel_shared_norm=shared_norm,
         position="rope", rope_style="half", **read_rope(NAME, hf, head_dim, fixed_fraction=1.0),
-        tie_embeddings=bool(hf_get(hf, "tie_word_embeddings", default=True)),
-        attn_dropout=float(hf_get(hf, "attention_dropout", default=0.0)),
-        resid_dropout=float(hf_get(hf, "hidden_dropout", default=0.0)),
-        init_std=float(hf_get(hf, "initializer_range", default=0.02)),
     )
 
 
@@ -185,31 +175,20 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     if cfg.bias not in ("all", "none"):
         raise UnsupportedError(f"{NAME}: bias={cfg.bias!r} cannot be exported; Falcon's bias flag covers every "
                                f"linear layer: bias 'all' or 'none'")
-    hf = {
-        "model_type": NAME, "architectures": ["FalconForCausalLM"],
-        "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.context_length, "hidden_size": cfg.d_model,
-        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "num_kv_heads": cfg.n_kv_heads,
-        "ffn_hidden_size": cfg.d_ff, "activation": hf_act_name(NAME, cfg.activation, gated=False,
-                                                              tanh_name="gelu_pytorch_tanh"),
-        "layer_norm_epsilon": cfg.norm_eps, "bias": cfg.bias == "all", "alibi": False,
-        "parallel_attn": cfg.parallel_block, **_hf_layout(cfg),
+    return {
+        "model_type": NAME, "architectures": ["FalconForCausalLM"], **CONFIG.write(cfg), "num_kv_heads": cfg.n_kv_heads,
+        "bias": cfg.bias == "all", "alibi": False, "parallel_attn": cfg.parallel_block, **_hf_layout(cfg),
         "rope_parameters": rope_parameters(cfg, partial=False),
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "attention_dropout": cfg.attn_dropout, "hidden_dropout": cfg.resid_dropout,
-        "initializer_range": cfg.init_std,
     }
-    check_expressible(NAME, cfg, hf, config_to_lmlab)
-    return hf
 
 
 def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
     return to_hf(state, _rows(_layout(_hf_layout(cfg))), cfg, prefix="transformer.")
 
 
-FAMILY = register(Family(
-    model_type=NAME, hf_class="FalconForCausalLM", config_to_lmlab=config_to_lmlab, state_to_lmlab=state_to_lmlab,
-    config_to_hf=config_to_hf, state_to_hf=state_to_hf,
+FAMILY = register_family(
+    NAME, "FalconForCausalLM", config_to_lmlab, config_to_hf, (state_to_lmlab, state_to_hf),
     notes="exact for RoPE Falcons: MQA (7B), MHA, new_decoder_architecture GQA with one or two LayerNorms (40B/180B), "
           "parallel or sequential blocks. Unsupported: alibi=True (HF rounds the ALiBi bias to bfloat16 and scales "
           "it by 1/sqrt(head_dim); lmlab's fp32 ALiBi cannot match it to 1e-4).",
-))
+)

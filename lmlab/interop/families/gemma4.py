@@ -40,9 +40,9 @@ its text model.
 
 from __future__ import annotations
 
-from lmlab.config import ConfigError, ModelConfig
+from lmlab.config import ModelConfig
 from lmlab.interop import common as C
-from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
+from lmlab.interop.registry import Family, StateDict, register
 
 FAM, HF_CLASS = "gemma4_text", "Gemma4ForCausalLM"
 DEFAULTS = dict(vocab_size=262144, hidden_size=2304, intermediate_size=9216, num_hidden_layers=30,
@@ -238,10 +238,7 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
             kw["global_k_eq_v"] = kw["nope_global_layers"] = False
             rope = {"rope_theta": rope.pop("rope_local_theta")}
     kw.update(rope)
-    try:
-        return ModelConfig(**kw)
-    except ConfigError as exc:
-        raise UnsupportedError(f"{FAM}: the config maps to an invalid lmlab config: {exc}") from None
+    return C.lmlab_config(FAM, kw)
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:

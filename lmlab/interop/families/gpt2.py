@@ -11,51 +11,29 @@ Unsupported: ``scale_attn_by_inverse_layer_idx`` (a per-layer scale), ``add_cros
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._table import converters, CONV1D, Row, layer_norm, linear
-from lmlab.interop.families._tools import (
-    check_expressible,
-    check_fields,
-    expect,
-    hf_act_name,
-    hf_activation,
-    hf_get,
-)
-from lmlab.interop.registry import Family, UnsupportedError, register
+from lmlab.interop.families._table import register_family, converters, CONV1D, Row, layer_norm, linear
+from lmlab.interop.families._config_table import GPT2_NAMES, ConfigTable
+from lmlab.interop.families._tools import check_fields, expect
+from lmlab.interop.registry import UnsupportedError
 
 NAME = "gpt2"
 
-HANDLED = frozenset({  # config.json fields this converter reads (besides RoPE and metadata)
-    "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner", "activation_function", "resid_pdrop",
-    "embd_pdrop", "attn_pdrop", "layer_norm_epsilon", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
-    "reorder_and_upcast_attn", "tie_word_embeddings", "hidden_size", "max_position_embeddings",
-    "num_hidden_layers", "num_attention_heads",
-})
+CONFIG = ConfigTable(NAME, dict(  # GPT2Config's defaults
+    vocab_size=50257, context_length=1024, d_model=768, n_layers=12, n_heads=12, d_ff=lambda v: 4 * v["d_model"],
+    norm_eps=1e-5, activation="gelu_new", tie_embeddings=True, embd_dropout=0.1, attn_dropout=0.1, resid_dropout=0.1,
+    init_std=0.02), names=GPT2_NAMES)
+HANDLED = CONFIG.keys() | {"scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"}
 
 
 def config_to_lmlab(hf: dict) -> ModelConfig:
     check_fields(hf, NAME, HANDLED)
     expect(NAME, hf, "scale_attn_by_inverse_layer_idx", (False,), False)
     expect(NAME, hf, "add_cross_attention", (False,), False)
-    d_model = hf_get(hf, "n_embd", "hidden_size", default=768)
     scaled = expect(NAME, hf, "scale_attn_weights", (True, False), True)
     return ModelConfig(
-        vocab_size=hf_get(hf, "vocab_size", default=50257),
-        context_length=hf_get(hf, "n_positions", "max_position_embeddings", default=1024),
-        d_model=d_model,
-        n_layers=hf_get(hf, "n_layer", "num_hidden_layers", default=12),
-        n_heads=hf_get(hf, "n_head", "num_attention_heads", default=12),
-        d_ff=hf_get(hf, "n_inner", default=4 * d_model),
-        norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True,
-        norm_eps=float(hf_get(hf, "layer_norm_epsilon", default=1e-5)),
-        bias="all", lm_head_bias=False,
-        activation=hf_activation(NAME, "activation_function", hf_get(hf, "activation_function", default="gelu_new")),
-        position="learned",
-        query_pre_attn_scalar=None if scaled else 1.0,
-        tie_embeddings=bool(hf_get(hf, "tie_word_embeddings", default=True)),
-        embd_dropout=float(hf_get(hf, "embd_pdrop", default=0.1)),
-        attn_dropout=float(hf_get(hf, "attn_pdrop", default=0.1)),
-        resid_dropout=float(hf_get(hf, "resid_pdrop", default=0.1)),
-        init_std=float(hf_get(hf, "initializer_range", default=0.02)),
+        **CONFIG.read(hf),
+        norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True, bias="all", lm_head_bias=False,
+        position="learned", query_pre_attn_scalar=None if scaled else 1.0,
     )
 
 
@@ -76,27 +54,17 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     if cfg.query_pre_attn_scalar is not None and cfg.query_pre_attn_scalar not in (1.0, float(cfg.head_dim)):
         raise UnsupportedError(f"{NAME}: query_pre_attn_scalar={cfg.query_pre_attn_scalar!r} cannot be exported; "
                                f"GPT-2 scales attention logits by 1/sqrt(head_dim) or not at all (1.0)")
-    hf = {
-        "model_type": NAME, "architectures": ["GPT2LMHeadModel"],
-        "vocab_size": cfg.vocab_size, "n_positions": cfg.context_length, "n_embd": cfg.d_model,
-        "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "n_inner": cfg.d_ff,
-        "activation_function": hf_act_name(NAME, cfg.activation, gated=False),
-        "layer_norm_epsilon": cfg.norm_eps, "scale_attn_weights": cfg.query_pre_attn_scalar != 1.0,
-        "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "embd_pdrop": cfg.embd_dropout, "attn_pdrop": cfg.attn_dropout, "resid_pdrop": cfg.resid_dropout,
-        "initializer_range": cfg.init_std,
+    return {
+        "model_type": NAME, "architectures": ["GPT2LMHeadModel"], **CONFIG.write(cfg),
+        "scale_attn_weights": cfg.query_pre_attn_scalar != 1.0, "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
     }
-    check_expressible(NAME, cfg, hf, config_to_lmlab)
-    return hf
 
 
-state_to_lmlab, state_to_hf = converters(NAME, ROWS, "transformer.", ignore=(r"\.attn\.(masked_)?bias$",))
-
-FAMILY = register(Family(
-    model_type=NAME, hf_class="GPT2LMHeadModel", config_to_lmlab=config_to_lmlab, state_to_lmlab=state_to_lmlab,
-    config_to_hf=config_to_hf, state_to_hf=state_to_hf,
+FAMILY = register_family(
+    NAME, "GPT2LMHeadModel", config_to_lmlab, config_to_hf,
+    converters(NAME, ROWS, "transformer.", ignore=(r"\.attn\.(masked_)?bias$",)),
     notes="exact: pre-norm LayerNorm, plain GELU MLP, learned positions, Conv1D weights transposed; "
           "scale_attn_weights=False as query_pre_attn_scalar=1. Unsupported: scale_attn_by_inverse_layer_idx, "
           "add_cross_attention.",
-))
+)

@@ -13,36 +13,30 @@ Unsupported: ``attention_bias=False`` (the MLP keeps its biases, a split lmlab's
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._table import converters, PER_HEAD_QKV, Row, layer_norm, linear
+from lmlab.interop.families._config_table import ConfigTable
+from lmlab.interop.families._table import register_family, converters, PER_HEAD_QKV, Row, layer_norm, linear
 from lmlab.interop.families._tools import (
-    check_expressible,
     check_fields,
     expect,
-    hf_act_name,
-    hf_activation,
-    hf_get,
     read_rope,
     reject,
     rope_parameters,
 )
-from lmlab.interop.registry import Family, register
 
 NAME = "gpt_neox"
 
-HANDLED = frozenset({  # config.json fields this converter reads (besides RoPE and metadata)
-    "vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers", "num_attention_heads",
-    "intermediate_size", "hidden_act", "attention_dropout", "hidden_dropout", "layer_norm_eps",
-    "tie_word_embeddings", "use_parallel_residual", "attention_bias", "rotary_pct", "rotary_emb_base",
-})
+CONFIG = ConfigTable(NAME, dict(  # GPTNeoXConfig's defaults
+    vocab_size=50432, context_length=2048, d_model=6144, n_layers=44, n_heads=64, d_ff=24576, norm_eps=1e-5,
+    activation="gelu", tie_embeddings=False, attn_dropout=0.0, resid_dropout=0.0, init_std=0.02), tanh_name="gelu_fast")
+HANDLED = CONFIG.keys() | {"use_parallel_residual", "attention_bias", "rotary_pct", "rotary_emb_base"}
 
 
 def config_to_lmlab(hf: dict) -> ModelConfig:
     check_fields(hf, NAME, HANDLED)
     expect(NAME, hf, "attention_bias", (True,), True)
-    d_model = hf_get(hf, "hidden_size", default=6144)
-    n_heads = hf_get(hf, "num_attention_heads", default=64)
+    fields = CONFIG.read(hf)
     parallel = expect(NAME, hf, "use_parallel_residual", (True, False), True)
-    head_dim = d_model // n_heads
+    head_dim = fields["d_model"] // fields["n_heads"]
     rope = read_rope(NAME, hf, head_dim, default_fraction=0.25, theta_key="rotary_emb_base", fraction_key="rotary_pct")
     # HF's GPT-NeoX config ignores the top-level names other families use: refuse them when they disagree
     for key, used in (("rope_theta", rope["rope_theta"]), ("partial_rotary_factor", rope["rope_fraction"])):
@@ -50,24 +44,10 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
             reject(NAME, key, hf[key], f"RoPE given as rope_parameters or rotary_emb_base / rotary_pct (HF's GPT-NeoX "
                                        f"ignores a top-level {key}; it would use {used})")
     return ModelConfig(
-        vocab_size=hf_get(hf, "vocab_size", default=50432),
-        context_length=hf_get(hf, "max_position_embeddings", default=2048),
-        d_model=d_model,
-        n_layers=hf_get(hf, "num_hidden_layers", default=44),
-        n_heads=n_heads,
-        d_ff=hf_get(hf, "intermediate_size", default=24576),
-        norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True,
-        norm_eps=float(hf_get(hf, "layer_norm_eps", default=1e-5)),
-        bias="all", lm_head_bias=False,
-        activation=hf_activation(NAME, "hidden_act", hf_get(hf, "hidden_act", default="gelu")),
-        parallel_block=parallel, parallel_shared_norm=False,
-        position="rope", rope_style="half", **rope,
-        tie_embeddings=bool(hf_get(hf, "tie_word_embeddings", default=False)),
-        attn_dropout=float(hf_get(hf, "attention_dropout", default=0.0)),
-        resid_dropout=float(hf_get(hf, "hidden_dropout", default=0.0)),
-        init_std=float(hf_get(hf, "initializer_range", default=0.02)),
+        **fields,
+        norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True, bias="all", lm_head_bias=False,
+        parallel_block=parallel, parallel_shared_norm=False, position="rope", rope_style="half", **rope,
     )
-
 
 ROWS = [  # HF name (under gpt_neox.) <-> lmlab name; {i}: every layer
     Row("embed_in.weight", "embed.weight"),
@@ -82,27 +62,14 @@ ROWS = [  # HF name (under gpt_neox.) <-> lmlab name; {i}: every layer
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
-    hf = {
-        "model_type": NAME, "architectures": ["GPTNeoXForCausalLM"],
-        "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.context_length, "hidden_size": cfg.d_model,
-        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "intermediate_size": cfg.d_ff,
-        "hidden_act": hf_act_name(NAME, cfg.activation, gated=False, tanh_name="gelu_fast"),
-        "layer_norm_eps": cfg.norm_eps, "use_parallel_residual": cfg.parallel_block, "attention_bias": True,
-        "rope_parameters": rope_parameters(cfg), "tie_word_embeddings": cfg.tie_embeddings,
-        "attention_dropout": cfg.attn_dropout, "hidden_dropout": cfg.resid_dropout,
-        "initializer_range": cfg.init_std,
-    }
-    check_expressible(NAME, cfg, hf, config_to_lmlab)
-    return hf
+    return {"model_type": NAME, "architectures": ["GPTNeoXForCausalLM"], **CONFIG.write(cfg),
+          "use_parallel_residual": cfg.parallel_block, "attention_bias": True, "rope_parameters": rope_parameters(cfg)}
 
 
-state_to_lmlab, state_to_hf = converters(
+FAMILY = register_family(
+    NAME, "GPTNeoXForCausalLM", config_to_lmlab, config_to_hf, converters(
     NAME, ROWS, "gpt_neox.", ignore=(r"\.attention\.(masked_)?bias$", r"\.attention\.rotary_emb\.inv_freq$"),
-    head="embed_out.weight", head_aliases=("lm_head.weight",))
-
-FAMILY = register(Family(
-    model_type=NAME, hf_class="GPTNeoXForCausalLM", config_to_lmlab=config_to_lmlab, state_to_lmlab=state_to_lmlab,
-    config_to_hf=config_to_hf, state_to_hf=state_to_hf,
+    head="embed_out.weight", head_aliases=("lm_head.weight",)),
     notes="exact: parallel residual with two LayerNorms (or sequential), per-head interleaved fused qkv, "
           "partial rotate-half RoPE. Unsupported: attention_bias=False (MLP biases without attention ones).",
-))
+)

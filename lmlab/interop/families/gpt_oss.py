@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from lmlab.config import ConfigError, ModelConfig
+from lmlab.config import ModelConfig
 from lmlab.interop import common as C
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
 
@@ -64,10 +64,7 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
               moe_aux_loss=float(g("router_aux_loss_coef")) if g("output_router_logits") else 0.0)
     if pattern is not None:
         kw.update(sliding_window=int(g("sliding_window")), layer_pattern=None if pattern == "L" else pattern)
-    try:
-        return ModelConfig(**kw)
-    except ConfigError as exc:
-        raise UnsupportedError(f"{FAM}: the config maps to an invalid lmlab config: {exc}") from None
+    return C.lmlab_config(FAM, kw)
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:

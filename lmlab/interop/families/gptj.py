@@ -11,27 +11,19 @@ is accepted with a note; ``rotary: false`` is refused (it would describe a model
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._table import converters, Row, layer_norm, linear, separate_qkv
-from lmlab.interop.families._tools import (
-    check_expressible,
-    check_fields,
-    hf_act_name,
-    hf_activation,
-    hf_get,
-    reject,
-    rotated_dims,
-)
+from lmlab.interop.families._table import register_family, converters, Row, layer_norm, linear, separate_qkv
+from lmlab.interop.families._config_table import GPT2_NAMES, ConfigTable
+from lmlab.interop.families._tools import check_fields, reject, rotated_dims
 from lmlab.interop.common import Unread, check_unread
-from lmlab.interop.registry import Family, UnsupportedError, register
+from lmlab.interop.registry import UnsupportedError
 
 NAME = "gptj"
 
-HANDLED = frozenset({  # config.json fields this converter reads (besides RoPE and metadata)
-    "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "rotary_dim", "n_inner", "activation_function",
-    "resid_pdrop", "embd_pdrop", "attn_pdrop", "layer_norm_epsilon", "tie_word_embeddings", "hidden_size",
-    "max_position_embeddings", "num_hidden_layers", "num_attention_heads",
-    "scale_attn_weights",  # old GPT-J configs; HF GPT-J always scales
-})
+CONFIG = ConfigTable(NAME, dict(  # GPTJConfig's defaults
+    vocab_size=50400, context_length=2048, d_model=4096, n_layers=28, n_heads=16, d_ff=lambda v: 4 * v["d_model"],
+    norm_eps=1e-5, activation="gelu_new", tie_embeddings=False, embd_dropout=0.0, attn_dropout=0.0,
+    resid_dropout=0.0, init_std=0.02), names=GPT2_NAMES)
+HANDLED = CONFIG.keys() | {"rotary_dim", "scale_attn_weights"}  # the latter: old GPT-J configs; HF always scales
 # GPT-J-6B's published config.json: a key of mesh-transformer-jax that transformers' GPT-J never reads
 UNREAD = (Unread("rotary", "RoPE on, as HF's GPT-J always rotates rotary_dim channels", accepted=(True,)),)
 
@@ -39,37 +31,22 @@ UNREAD = (Unread("rotary", "RoPE on, as HF's GPT-J always rotates rotary_dim cha
 def config_to_lmlab(hf: dict) -> ModelConfig:
     check_fields(hf, NAME, HANDLED | {u.key for u in UNREAD})
     check_unread(hf, NAME, UNREAD)
-    d_model = hf_get(hf, "n_embd", "hidden_size", default=4096)
-    n_heads = hf_get(hf, "n_head", "num_attention_heads", default=16)
-    head_dim = d_model // n_heads
+    fields = CONFIG.read(hf)
+    head_dim = fields["d_model"] // fields["n_heads"]
     rotary_dim = hf.get("rotary_dim", 64)
     if rotary_dim is None:
-        if n_heads != 1:
+        if fields["n_heads"] != 1:
             reject(NAME, "rotary_dim", None, "an explicit rotary_dim (HF's None rotates hidden_size channels, "
                                              "which only fits n_head=1)")
         rotary_dim = head_dim
     if not (2 <= rotary_dim <= head_dim) or rotary_dim % 2:
         reject(NAME, "rotary_dim", rotary_dim, f"an even rotary_dim in [2, head_dim={head_dim}]")
     return ModelConfig(
-        vocab_size=hf_get(hf, "vocab_size", default=50400),
-        context_length=hf_get(hf, "n_positions", "max_position_embeddings", default=2048),
-        d_model=d_model,
-        n_layers=hf_get(hf, "n_layer", "num_hidden_layers", default=28),
-        n_heads=n_heads,
-        d_ff=hf_get(hf, "n_inner", default=4 * d_model),
-        norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True,
-        norm_eps=float(hf_get(hf, "layer_norm_epsilon", default=1e-5)),
-        bias="mlp", lm_head_bias=True,
-        activation=hf_activation(NAME, "activation_function", hf_get(hf, "activation_function", default="gelu_new")),
+        **fields,
+        norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True, bias="mlp", lm_head_bias=True,
         parallel_block=True, parallel_shared_norm=True,
         position="rope", rope_style="interleaved", rope_theta=10000.0, rope_fraction=rotary_dim / head_dim,
-        tie_embeddings=bool(hf_get(hf, "tie_word_embeddings", default=False)),
-        embd_dropout=float(hf_get(hf, "embd_pdrop", default=0.0)),
-        attn_dropout=float(hf_get(hf, "attn_pdrop", default=0.0)),
-        resid_dropout=float(hf_get(hf, "resid_pdrop", default=0.0)),
-        init_std=float(hf_get(hf, "initializer_range", default=0.02)),
     )
-
 
 ROWS = [  # HF name (under transformer.) <-> lmlab name; {i}: every layer
     Row("wte.weight", "embed.weight"),
@@ -87,26 +64,14 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     if cfg.position == "rope" and cfg.rope_theta != 10000.0:
         raise UnsupportedError(f"{NAME}: rope_theta={cfg.rope_theta!r} cannot be exported; GPT-J's RoPE base is "
                                f"fixed at 10000")
-    hf = {
-        "model_type": NAME, "architectures": ["GPTJForCausalLM"],
-        "vocab_size": cfg.vocab_size, "n_positions": cfg.context_length, "n_embd": cfg.d_model,
-        "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "n_inner": cfg.d_ff,
-        "rotary_dim": rotated_dims(cfg),
-        "activation_function": hf_act_name(NAME, cfg.activation, gated=False),
-        "layer_norm_epsilon": cfg.norm_eps, "tie_word_embeddings": cfg.tie_embeddings,
-        "embd_pdrop": cfg.embd_dropout, "attn_pdrop": cfg.attn_dropout, "resid_pdrop": cfg.resid_dropout,
-        "initializer_range": cfg.init_std,
-    }
-    check_expressible(NAME, cfg, hf, config_to_lmlab)
-    return hf
+    return {"model_type": NAME, "architectures": ["GPTJForCausalLM"], **CONFIG.write(cfg),
+          "rotary_dim": rotated_dims(cfg)}
 
 
-state_to_lmlab, state_to_hf = converters(NAME, ROWS, "transformer.", ignore=(r"\.attn\.(masked_)?bias$",))
-
-FAMILY = register(Family(
-    model_type=NAME, hf_class="GPTJForCausalLM", config_to_lmlab=config_to_lmlab, state_to_lmlab=state_to_lmlab,
-    config_to_hf=config_to_hf, state_to_hf=state_to_hf,
+FAMILY = register_family(
+    NAME, "GPTJForCausalLM", config_to_lmlab, config_to_hf,
+    converters(NAME, ROWS, "transformer.", ignore=(r"\.attn\.(masked_)?bias$",)),
     unread_notes=lambda hf: check_unread(hf, NAME, UNREAD),
     notes="exact: parallel block off one LayerNorm, partial interleaved RoPE (rotary_dim, base 10000), "
           "LM-head bias. Unsupported: rotary_dim=None with more than one head (HF itself fails there).",
-))
+)

@@ -32,9 +32,9 @@ not read: import its text model's folder.
 
 from __future__ import annotations
 
-from lmlab.config import ConfigError, ModelConfig
+from lmlab.config import ModelConfig
 from lmlab.interop import common as C
-from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
+from lmlab.interop.registry import Family, StateDict, register
 
 FAM, HF_CLASS = "llama4_text", "Llama4ForCausalLM"
 DEFAULTS = dict(vocab_size=202048, hidden_size=5120, intermediate_size=8192, intermediate_size_mlp=16384,
@@ -115,10 +115,7 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
                   expert_d_ff=g("intermediate_size"), router_score="sigmoid", router_renormalize=False,
                   router_weights="input",
                   moe_pattern=C.shortest_period("".join("M" if i in moe else "D" for i in range(n_layers))))
-    try:
-        return ModelConfig(**kw)
-    except ConfigError as exc:
-        raise UnsupportedError(f"{FAM}: the config maps to an invalid lmlab config: {exc}") from None
+    return C.lmlab_config(FAM, kw)
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:

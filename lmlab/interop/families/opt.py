@@ -13,47 +13,37 @@ not carried.
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._table import converters, Row, layer_norm, linear, separate_qkv
-from lmlab.interop.families._tools import (check_expressible, check_fields, expect, hf_act_name,
-                                           hf_activation, hf_get)
-from lmlab.interop.registry import Family, UnsupportedError, register
+from lmlab.interop.families._config_table import STANDARD, ConfigTable
+from lmlab.interop.families._table import register_family, converters, Row, layer_norm, linear, separate_qkv
+from lmlab.interop.families._tools import (check_fields, expect, hf_get)
+from lmlab.interop.registry import UnsupportedError
 
 NAME = "opt"
 OFFSET = 2  # OPTLearnedPositionalEmbedding.offset
 
-HANDLED = frozenset({  # config.json fields this converter reads (besides RoPE and metadata)
-    "vocab_size", "hidden_size", "num_hidden_layers", "ffn_dim", "max_position_embeddings", "do_layer_norm_before",
-    "_remove_final_layer_norm", "word_embed_proj_dim", "dropout", "attention_dropout", "num_attention_heads",
-    "activation_function", "layerdrop", "init_std", "enable_bias", "layer_norm_elementwise_affine",
-    "tie_word_embeddings",
-})
+CONFIG = ConfigTable(NAME, dict(  # OPTConfig's defaults
+    vocab_size=50272, context_length=2048, d_model=768, n_layers=12, n_heads=12, d_ff=3072, activation="relu",
+    tie_embeddings=True, attn_dropout=0.0, resid_dropout=0.1, init_std=0.02),
+    names={**STANDARD, "d_ff": "ffn_dim", "activation": "activation_function", "resid_dropout": "dropout",
+           "init_std": "init_std"})
+HANDLED = CONFIG.keys() | {"do_layer_norm_before", "_remove_final_layer_norm", "word_embed_proj_dim", "layerdrop",
+                           "enable_bias", "layer_norm_elementwise_affine"}
 
 
 def config_to_lmlab(hf: dict) -> ModelConfig:
     check_fields(hf, NAME, HANDLED)
-    d_model = hf_get(hf, "hidden_size", default=768)
+    fields = CONFIG.read(hf)
+    d_model = fields["d_model"]
     pre = expect(NAME, hf, "do_layer_norm_before", (True, False), True)
     remove_final = expect(NAME, hf, "_remove_final_layer_norm", (True, False), False)
     affine = expect(NAME, hf, "layer_norm_elementwise_affine", (True, False), True)
     biased = expect(NAME, hf, "enable_bias", (True, False), True)
     embed_dim = hf_get(hf, "word_embed_proj_dim", default=d_model)
     return ModelConfig(
-        vocab_size=hf_get(hf, "vocab_size", default=50272),
-        context_length=hf_get(hf, "max_position_embeddings", default=2048),
-        d_model=d_model,
-        n_layers=hf_get(hf, "num_hidden_layers", default=12),
-        n_heads=hf_get(hf, "num_attention_heads", default=12),
-        d_ff=hf_get(hf, "ffn_dim", default=3072),
-        embed_dim=None if embed_dim == d_model else embed_dim,
+        **fields, embed_dim=None if embed_dim == d_model else embed_dim,
         norm_type="layernorm", norm_position="pre" if pre else "post", norm_bias=affine, norm_affine=affine,
-        norm_eps=1e-5, final_norm=pre and not remove_final,
-        bias="all" if biased else "none", lm_head_bias=False,
-        activation=hf_activation(NAME, "activation_function", hf_get(hf, "activation_function", default="relu")),
+        norm_eps=1e-5, final_norm=pre and not remove_final, bias="all" if biased else "none", lm_head_bias=False,
         position="learned", learned_pos_offset=OFFSET,
-        tie_embeddings=bool(hf_get(hf, "tie_word_embeddings", default=True)),
-        attn_dropout=float(hf_get(hf, "attention_dropout", default=0.0)),
-        resid_dropout=float(hf_get(hf, "dropout", default=0.1)),
-        init_std=float(hf_get(hf, "init_std", default=0.02)),
     )
 
 
@@ -87,29 +77,18 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     if cfg.norm_position not in ("pre", "post"):
         raise UnsupportedError(f"{NAME}: norm_position={cfg.norm_position!r} cannot be exported; OPT has 'pre' "
                                f"(do_layer_norm_before) or 'post'")
-    hf = {
-        "model_type": NAME, "architectures": ["OPTForCausalLM"],
-        "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.context_length, "hidden_size": cfg.d_model,
-        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "ffn_dim": cfg.d_ff,
-        "word_embed_proj_dim": cfg.embed_dim or cfg.d_model,
-        "do_layer_norm_before": cfg.norm_position == "pre",
+    return {
+        "model_type": NAME, "architectures": ["OPTForCausalLM"], **CONFIG.write(cfg),
+        "word_embed_proj_dim": cfg.embed_dim or cfg.d_model, "do_layer_norm_before": cfg.norm_position == "pre",
         "_remove_final_layer_norm": cfg.norm_position == "pre" and not cfg.final_norm,
-        "layer_norm_elementwise_affine": cfg.norm_affine, "enable_bias": cfg.bias == "all",
-        "activation_function": hf_act_name(NAME, cfg.activation, gated=False),
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "dropout": cfg.resid_dropout, "attention_dropout": cfg.attn_dropout, "layerdrop": 0.0,
-        "init_std": cfg.init_std,
+        "layer_norm_elementwise_affine": cfg.norm_affine, "enable_bias": cfg.bias == "all", "layerdrop": 0.0,
     }
-    check_expressible(NAME, cfg, hf, config_to_lmlab)
-    return hf
 
 
-state_to_lmlab, state_to_hf = converters(NAME, ROWS, "model.decoder.", read_prefixes=("model.", "decoder."))
-
-FAMILY = register(Family(
-    model_type=NAME, hf_class="OPTForCausalLM", config_to_lmlab=config_to_lmlab, state_to_lmlab=state_to_lmlab,
-    config_to_hf=config_to_hf, state_to_hf=state_to_hf,
+FAMILY = register_family(
+    NAME, "OPTForCausalLM", config_to_lmlab, config_to_hf,
+    converters(NAME, ROWS, "model.decoder.", read_prefixes=("model.", "decoder.")),
     notes="exact, pre-norm and post-norm (OPT-350M): learned positions with OPT's offset of 2 "
           "(learned_pos_offset), word_embed_proj_dim as embed_dim (project_in / project_out), "
           "layer_norm_elementwise_affine=False as norm_affine=False. HF fixes LayerNorm eps at 1e-5.",
-))
+)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from lmlab.config import ConfigError, ModelConfig
+from lmlab.config import ModelConfig
 from lmlab.interop import common as C
 from lmlab.interop.llama_like import _qwen3_moe_fields, _qwen3_moe_hf
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
@@ -82,10 +82,7 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
               linear_conv_kernel=g("linear_conv_kernel_dim"), **moe)
     if kw["layer_pattern"] == "G":
         kw["layer_pattern"] = None
-    try:
-        return ModelConfig(**kw)
-    except ConfigError as exc:
-        raise UnsupportedError(f"{FAM}: the config maps to an invalid lmlab config: {exc}") from None
+    return C.lmlab_config(FAM, kw)
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:

@@ -12,47 +12,33 @@ from __future__ import annotations
 
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._table import converters, Row, layer_norm, linear, separate_qkv
-from lmlab.interop.families._tools import (check_expressible, check_fields, expect, hf_act_name,
-                                           hf_activation, hf_get, read_rope, rope_parameters)
-from lmlab.interop.registry import Family, UnsupportedError, register
+from lmlab.interop.families._config_table import ConfigTable
+from lmlab.interop.families._table import register_family, converters, Row, layer_norm, linear, separate_qkv
+from lmlab.interop.families._tools import (check_fields, expect, read_rope, rope_parameters)
+from lmlab.interop.registry import UnsupportedError
 
 NAME = "stablelm"
 
-HANDLED = frozenset({  # config.json fields this converter reads (besides RoPE and metadata)
-    "vocab_size", "intermediate_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "hidden_act", "max_position_embeddings", "layer_norm_eps", "tie_word_embeddings",
-    "use_qkv_bias", "qk_layernorm", "use_parallel_residual", "hidden_dropout", "attention_dropout",
-})
+CONFIG = ConfigTable(NAME, dict(  # StableLmConfig's defaults
+    vocab_size=50304, context_length=4096, d_model=2560, n_layers=32, n_heads=32, n_kv_heads=32, d_ff=6912,
+    norm_eps=1e-5, activation="silu", tie_embeddings=False, attn_dropout=0.0, resid_dropout=0.0, init_std=0.02),
+    gated=True, tanh_name="gelu_pytorch_tanh")
+HANDLED = CONFIG.keys() | {"use_qkv_bias", "qk_layernorm", "use_parallel_residual"}
 
 
 def config_to_lmlab(hf: dict) -> ModelConfig:
     check_fields(hf, NAME, HANDLED)
-    d_model = hf_get(hf, "hidden_size", default=2560)
-    n_heads = hf_get(hf, "num_attention_heads", default=32)
-    head_dim = d_model // n_heads
+    fields = CONFIG.read(hf)
+    head_dim = fields["d_model"] // fields["n_heads"]
     qkv_bias = expect(NAME, hf, "use_qkv_bias", (True, False), False)
     qk_norm = expect(NAME, hf, "qk_layernorm", (True, False), False)
     parallel = expect(NAME, hf, "use_parallel_residual", (True, False), False)
     return ModelConfig(
-        vocab_size=hf_get(hf, "vocab_size", default=50304),
-        context_length=hf_get(hf, "max_position_embeddings", default=4096),
-        d_model=d_model,
-        n_layers=hf_get(hf, "num_hidden_layers", default=32),
-        n_heads=n_heads,
-        n_kv_heads=hf_get(hf, "num_key_value_heads", default=32),
-        d_ff=hf_get(hf, "intermediate_size", default=6912),
+        **fields,
         norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True,
-        norm_eps=float(hf_get(hf, "layer_norm_eps", default=1e-5)),
-        bias="qkv" if qkv_bias else "none", lm_head_bias=False,
-        activation=hf_activation(NAME, "hidden_act", hf_get(hf, "hidden_act", default="silu"), gated=True),
-        parallel_block=parallel, parallel_shared_norm=True,
+        bias="qkv" if qkv_bias else "none", lm_head_bias=False, parallel_block=parallel, parallel_shared_norm=True,
         qk_norm="layernorm" if qk_norm else "none", qk_norm_scope="head_untied" if qk_norm else "head",
         position="rope", rope_style="half", **read_rope(NAME, hf, head_dim, default_fraction=0.25),
-        tie_embeddings=bool(hf_get(hf, "tie_word_embeddings", default=False)),
-        attn_dropout=float(hf_get(hf, "attention_dropout", default=0.0)),
-        resid_dropout=float(hf_get(hf, "hidden_dropout", default=0.0)),
-        init_std=float(hf_get(hf, "initializer_range", default=0.02)),
     )
 
 
@@ -83,27 +69,15 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         raise UnsupportedError(f"{NAME}: qk_norm={cfg.qk_norm!r} with qk_norm_scope={cfg.qk_norm_scope!r} cannot be "
                                f"exported; StableLM's qk_layernorm is a bias-free LayerNorm per head "
                                f"(qk_norm='layernorm', qk_norm_scope='head_untied')")
-    hf = {
-        "model_type": NAME, "architectures": ["StableLmForCausalLM"],
-        "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.context_length, "hidden_size": cfg.d_model,
-        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
-        "intermediate_size": cfg.d_ff,
-        "hidden_act": hf_act_name(NAME, cfg.activation, gated=True, tanh_name="gelu_pytorch_tanh"),
-        "layer_norm_eps": cfg.norm_eps, "use_qkv_bias": cfg.bias == "qkv", "qk_layernorm": cfg.qk_norm != "none",
-        "use_parallel_residual": cfg.parallel_block,
-        "rope_parameters": rope_parameters(cfg), "tie_word_embeddings": cfg.tie_embeddings,
-        "attention_dropout": cfg.attn_dropout, "hidden_dropout": cfg.resid_dropout,
-        "initializer_range": cfg.init_std,
+    return {
+        "model_type": NAME, "architectures": ["StableLmForCausalLM"], **CONFIG.write(cfg),
+        "use_qkv_bias": cfg.bias == "qkv", "qk_layernorm": cfg.qk_norm != "none",
+        "use_parallel_residual": cfg.parallel_block, "rope_parameters": rope_parameters(cfg),
     }
-    check_expressible(NAME, cfg, hf, config_to_lmlab)
-    return hf
 
 
-state_to_lmlab, state_to_hf = converters(NAME, ROWS, "model.")
-
-FAMILY = register(Family(
-    model_type=NAME, hf_class="StableLmForCausalLM", config_to_lmlab=config_to_lmlab, state_to_lmlab=state_to_lmlab,
-    config_to_hf=config_to_hf, state_to_hf=state_to_hf,
+FAMILY = register_family(
+    NAME, "StableLmForCausalLM", config_to_lmlab, config_to_hf, converters(NAME, ROWS, "model."),
     notes="exact: sequential or parallel (one LayerNorm) blocks, q/k/v biases, per-head untied QK LayerNorm "
           "(qk_norm_scope='head_untied'), SwiGLU, partial rotate-half RoPE, GQA.",
-))
+)
