@@ -46,7 +46,8 @@ import torch
 
 from lmlab.bench import describe_machine, random_prompts, stamps_of
 from lmlab.config import ModelConfig
-from lmlab.generate import decode_layout_kind, release_decode_copies, stream_batch
+from lmlab.generate import stream_batch
+from lmlab.kernels.decode_layout import decode_layout_kind, release_decode_copies
 from lmlab.model import TransformerLM
 
 

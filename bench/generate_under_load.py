@@ -1,6 +1,6 @@
 """Decoding on a busy machine: `lmlab generate`'s sampling loop timed on an idle machine and beside a
 concurrent CPU job (busy-loop processes), at `lmlab generate`'s default thread count
-(``lmlab.generate.decode_threads``) and at the counts given.
+(``lmlab.kernels.decode_layout.decode_threads``) and at the counts given.
 
     python bench/generate_under_load.py [--busy 1] [--threads 1 2] [--rounds 5] [--new-tokens 200]
 
@@ -28,7 +28,8 @@ import torch  # noqa: E402
 
 from lmlab.bench import describe_machine  # noqa: E402
 from lmlab.config import ModelConfig  # noqa: E402
-from lmlab.generate import decode_threads, generate  # noqa: E402
+from lmlab.generate import generate  # noqa: E402
+from lmlab.kernels.decode_layout import decode_threads  # noqa: E402
 from lmlab.model import TransformerLM  # noqa: E402
 from lmlab.runs import read_config_file  # noqa: E402
 from lmlab.threads import default_threads  # noqa: E402

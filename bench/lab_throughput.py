@@ -124,7 +124,7 @@ def main() -> None:
     import torch
 
     from bench.train_vs_peers import quartiles
-    from lmlab.analysis import param_counts
+    from lmlab.param_counts import param_counts
     from lmlab.bench import describe_machine
     from lmlab.lab.fork_server import ForkServer
     from lmlab.lab.plan import plan_runs

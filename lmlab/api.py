@@ -16,7 +16,8 @@ Everything here is documented in its module and covered by tests; ``tests/test_r
 the example of docs/python-api.md.
 """
 
-from lmlab.analysis import flops_per_token, kv_cache_bytes, param_counts
+from lmlab.analysis import flops_per_token, kv_cache_bytes
+from lmlab.param_counts import param_counts
 from lmlab.checkpoint import load_run, load_weights, read_checkpoint, save_checkpoint
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.data.shards import TokenData

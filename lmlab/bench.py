@@ -8,7 +8,7 @@ One measurement runs :func:`lmlab.generate.stream_batch` greedily on ``batch`` r
 forward over batch x prompt_len tokens, the LM head on the last position and the first pick), the time
 from there to the last ids is decode (new_tokens - 1 steps of batch tokens each), and the whole call is
 timed too (what a user waits for). Figures are medians over ``repeats`` calls after one warm-up: a call timed
-after releasing the decode copies of the weights (:func:`lmlab.generate.decode_layout`), which gives
+after releasing the decode copies of the weights (:func:`lmlab.kernels.decode_layout.decode_layout`), which gives
 the first call's cost (re-layout included); the timed calls then find the copies cached, as a user's
 repeated calls do.
 """
@@ -134,10 +134,11 @@ def check_decode_memory(cfg, device: torch.device, batch: int, length: int, dtyp
                         models: int = 1) -> None:
     """Refuse (ConfigError) a decode benchmark whose fp32 weights (as built or loaded) and KV cache for
     ``batch`` x ``length`` tokens, for each of ``models`` models, plus the decode copy of the weights
-    (CPU, at most ``PACK_LIMIT_BYTES``, see :func:`lmlab.generate.decode_layout`) exceed the memory
+    (CPU, at most ``PACK_LIMIT_BYTES``, see :func:`lmlab.kernels.decode_layout.decode_layout`) exceed the memory
     available on ``device``."""
-    from lmlab.analysis import kv_cache_bytes, param_counts
-    from lmlab.generate import PACK_LIMIT_BYTES
+    from lmlab.analysis import kv_cache_bytes
+    from lmlab.param_counts import param_counts
+    from lmlab.kernels.decode_layout import PACK_LIMIT_BYTES
     from lmlab.devices import require_memory
 
     weights = 4 * param_counts(cfg)["total"]
@@ -153,7 +154,8 @@ def bench_decode(model: TransformerLM, batch: int = 1, prompt_len: int = 32, new
                  repeats: int = 3, device: str | torch.device = "cpu", seed: int = 0,
                  prompts: Optional[list[list[int]]] = None) -> dict:
     """Greedy KV-cache generation throughput of ``model`` (see the module docstring)."""
-    from lmlab.generate import decode_layout_kind, release_decode_copies, stream_batch
+    from lmlab.generate import stream_batch
+    from lmlab.kernels.decode_layout import decode_layout_kind, release_decode_copies
 
     if prompt_len + new_tokens - 1 > model.cfg.context_length:
         raise ValueError(f"prompt_len={prompt_len} + new_tokens={new_tokens} - 1 exceeds "

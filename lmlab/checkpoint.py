@@ -38,7 +38,7 @@ from safetensors.torch import load_file, save
 
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.fsutil import _fsync_dir, sha256_file
-from lmlab.lab.validate import check_nesting
+from lmlab.json_checks import check_nesting
 from lmlab.model import TransformerLM
 from lmlab.run_folder import (MANIFEST, RUN_FILE, CheckpointError, checkpoint_dirs, is_count, metrics_lines,  # noqa: F401
                               read_metrics_file, read_run, run_copy_hint)

@@ -6,7 +6,6 @@ Every error a user can cause (bad config, missing data, wrong checkpoint, ...) e
 
 from __future__ import annotations
 
-import itertools
 import json
 import sys
 from pathlib import Path
@@ -256,7 +255,7 @@ def cmd_eval(args) -> int:
 def cmd_generate(args) -> int:
     from lmlab.checkpoint import load_run
     from lmlab.data.tokenizer import TokenizerError
-    from lmlab.generate import encode_prompt, generate_batch, generate_text, text_until_stop, write_text
+    from lmlab.generate import encode_prompt, print_completion, print_completions
     from lmlab.devices import resolve_device
 
     device = resolve_device(args.device)
@@ -264,7 +263,7 @@ def cmd_generate(args) -> int:
         return _generate_ids(args, device)
     model, cfg, tok, _, _ = load_run(args.run, device=str(device))
     if args.threads is None and device.type == "cpu" and len(args.prompt or [""]) == 1:
-        from lmlab.generate import decode_threads
+        from lmlab.kernels.decode_layout import decode_threads
         from lmlab.threads import default_threads, set_threads
 
         set_threads(decode_threads(model, default_threads()))  # small models: 1 thread
@@ -284,29 +283,10 @@ def cmd_generate(args) -> int:
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_id=eos,
                     device=device)
     if len(prompts) == 1:  # one prompt: stream the text as it comes
-        pieces = generate_text(model, tok, prompts[0], args.max_new_tokens, args.stop or (), **sampling)
-        first = next(pieces)  # checks the prompt (ValueError -> one-line error) before anything is printed
-        write_text(texts[0], args.raw)
-        seen = []
-        try:
-            for text, i, lp in itertools.chain([first], pieces):
-                write_text(text, args.raw)
-                sys.stdout.flush()
-                if i is not None:
-                    seen.append((i, lp))
-        except KeyboardInterrupt:
-            sys.stdout.write("\n")  # end the text's line before the 'interrupted' message
-            sys.stdout.flush()
-            raise
-        write_text("\n", args.raw)
-        if args.logprobs:
-            _print_logprobs(seen, lambda i: repr(tok.token_bytes(i).decode("utf-8", errors="replace")))
-        return 0
-    # several prompts: one batch (left-padded), each continuation printed when the batch is done
-    outs = generate_batch(model, prompts, args.max_new_tokens, **sampling)
-    for n, (text, ids) in enumerate(zip(texts, outs)):
-        print(f"--- [{n}] ---")
-        write_text(text + text_until_stop(tok, ids, args.stop or ()) + "\n", args.raw)
+        print_completion(model, tok, texts[0], prompts[0], args.max_new_tokens, args.stop or (), args.raw,
+                         args.logprobs, **sampling)
+    else:  # several prompts: one batch (left-padded), each continuation printed when the batch is done
+        print_completions(model, tok, texts, prompts, args.max_new_tokens, args.stop or (), args.raw, **sampling)
     return 0
 
 
@@ -315,7 +295,8 @@ def _generate_ids(args, device) -> int:
     from a Hugging Face folder without tokenizer.json)."""
 
     from lmlab.checkpoint import load_run
-    from lmlab.generate import decode_threads, generate_logprobs
+    from lmlab.generate import generate_logprobs, print_logprobs
+    from lmlab.kernels.decode_layout import decode_threads
     from lmlab.threads import default_threads, set_threads
 
     if args.prompt or args.stop or args.stop_at_eot or args.prompt_after_eot:
@@ -337,18 +318,8 @@ def _generate_ids(args, device) -> int:
                                   args.seed, device=device))
     print(" ".join(str(i) for i, _ in seen))
     if args.logprobs:
-        _print_logprobs(seen)
+        print_logprobs(seen)
     return 0
-
-
-def _print_logprobs(seen: list, text_of=None) -> None:
-    """``generate --logprobs``: one line per (token id, log-probability in nats), with the token's text
-    when ``text_of`` is given, then the total."""
-    print("token id\tlog-probability (nats, the model's distribution before sampling settings)"
-          + ("\ttext" if text_of else ""))
-    for i, lp in seen:
-        print(f"{i}\t{lp:.4f}" + (f"\t{text_of(i)}" if text_of else ""))
-    print(f"total\t{sum(lp for _, lp in seen):.4f}\t({len(seen)} tokens)")
 
 
 # --- analyze / survey / bench --------------------------------------------------------------

@@ -72,7 +72,7 @@ def check_memory(cfg: ModelConfig, device: torch.device, shards: int = 1, batch_
     the fp32 logits and their gradient (2 x vocab per token) and, per layer, the block input, the normed
     input, q|k|v, the attention output and its projection, the FFN input and its d_ff-wide hidden states
     (6 x d_model + 2 x d_ff per token, ``activation_bytes`` each: 2 under bf16/fp16 autocast)."""
-    from lmlab.analysis import param_counts
+    from lmlab.param_counts import param_counts
 
     n = param_counts(cfg)["total"]
     tokens = batch_size * cfg.context_length

@@ -47,7 +47,7 @@ def _read_holder(fd: int) -> Optional[dict]:
     try:
         os.lseek(fd, 0, os.SEEK_SET)
         raw = os.read(fd, 65536)
-        from lmlab.lab.validate import check_nesting
+        from lmlab.json_checks import check_nesting
 
         info = json.loads(check_nesting(raw.decode("utf-8"), "lock file", ValueError))
     except (OSError, ValueError):  # UnicodeDecodeError, JSONDecodeError, nested too deep: no holder named

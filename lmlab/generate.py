@@ -29,15 +29,14 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import itertools
 import re
-import types
-import weakref
+import sys
 from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from lmlab.kernels.decode_layout import decode_layout
 from lmlab.model import KVCache, TransformerLM
 
 
@@ -94,218 +93,6 @@ def _generator(device, seed: Optional[int]) -> torch.Generator:
 
 def _dtype(model: TransformerLM) -> torch.dtype:
     return next(model.parameters()).dtype
-
-
-# linear weights up to this size (bytes, all layers together) get a decode copy (packed or transposed),
-# kept between generate calls; larger ones are re-laid out in place on every call
-PACK_LIMIT_BYTES = 1 << 30
-
-# Batch-1 decoding multiplies one row by every weight matrix (memory-bound): below this many weights per
-# thread a second CPU thread does not pay, and on a busy machine a thread waiting for a core stalls every
-# step. bench/decode_threads.py on the project's 2-vCPU machine: 2 threads / 1 thread = 1.02x, 1.04x,
-# 0.99x, 1.04x of the time per token at 4M, 26M, 81M, 190M weights (no gain anywhere measured), so the
-# threshold sits above the measured range.
-DECODE_WEIGHTS_PER_THREAD = 200_000_000
-
-
-def decode_threads(model: TransformerLM, available: int) -> int:
-    """CPU threads for decoding one sequence at a time with ``model`` when the user set none: one per
-    :data:`DECODE_WEIGHTS_PER_THREAD` linear-layer weights (rounded up), at least 1, at most
-    ``available`` (the compute default: physical cores, capped by OMP_NUM_THREADS)."""
-    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    return max(1, min(available, -(-weights // DECODE_WEIGHTS_PER_THREAD)))
-
-
-def packed_decode_available() -> bool:
-    """True when this PyTorch build can pack linear weights for oneDNN (``torch.ops.mkldnn``)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") \
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-def _weight_state(w: torch.Tensor) -> tuple:
-    """What identifies the values of weight ``w`` without reading them: its storage, layout, dtype,
-    version counter and the process's optimizer-step count (see :func:`decode_layout`)."""
-    return (w.data_ptr(), tuple(w.shape), w.stride(), w.dtype, w._version, _OPTIMIZER_STEPS[0])
-
-
-class _DecodeCopy:
-    """A module's decode copy of its weight: the copy, whether it is oneDNN-packed, and the weight's
-    state when it was made. A deep copy or pickle of the model carries no copy (an opaque oneDNN
-    tensor cannot be copied, and the clone's weights are other tensors): its forward then uses its
-    own weight."""
-
-    __slots__ = ("copy", "packed", "state")
-
-    def __init__(self, copy: Optional[torch.Tensor], packed: bool, state: Optional[tuple]):
-        self.copy, self.packed, self.state = copy, packed, state
-
-    def __reduce__(self):  # pickle and copy.deepcopy both rebuild it empty
-        return _DecodeCopy, (None, self.packed, None)
-
-
-def _decode_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``nn.Linear.forward`` for a module holding a decode copy of its weight (``self._decode_copy``, a
-    :class:`_DecodeCopy`); bound to the module as its ``forward`` while decoding. The copy is used only
-    while the weight is unchanged, without autograd, for an input of the weight's dtype; otherwise the
-    module's own weight is (so a step taken while a generator is suspended, or a deep copy of the
-    model, never multiplies by stale or foreign values)."""
-    d = self._decode_copy
-    copy, packed, state = d.copy, d.packed, d.state
-    if copy is None or torch.is_grad_enabled() or x.dtype != self.weight.dtype \
-            or _weight_state(self.weight) != state:
-        return F.linear(x, self.weight, self.bias)
-    if packed:
-        return torch.ops.mkldnn._linear_pointwise(x, copy, self.bias, "none", [], "")
-    return F.linear(x, copy, self.bias)
-
-
-# The decode copies of linear weights, kept between calls: module -> (what was prepared, the weight
-# tensor it was made from (holding its storage, so an equal data_ptr means the same storage), the
-# weight's state then (_weight_state), the copy). Keyed weakly, so a model that is dropped frees its
-# copies; see decode_layout for when a copy is remade.
-_DECODE_COPIES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
-_OPTIMIZER_STEPS = [0]
-_STEP_HOOK = []
-_ACTIVE: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models inside decode_layout now
-
-
-def _count_optimizer_steps() -> None:
-    """Count every ``torch.optim`` step in this process (one global post-step hook, registered once):
-    torch's fused AdamW updates parameters without bumping their version counters, so a step must
-    invalidate the decode copies by itself."""
-    if not _STEP_HOOK:
-        def bump(*_):
-            _OPTIMIZER_STEPS[0] += 1
-        _STEP_HOOK.append(register_optimizer_step_post_hook(bump))
-
-
-def _decode_copy(module: torch.nn.Linear, what: tuple) -> torch.Tensor:
-    """``module``'s weight prepared as ``what`` (('packed', batch) or ('transposed',)), from the cache
-    when it was made from the same tensor storage, at the same version, with no optimizer step since."""
-    w = module.weight
-    entry = _DECODE_COPIES.get(module)
-    if entry is not None:
-        made_as, _source, state, copy = entry
-        if made_as == what and _weight_state(w) == state:
-            return copy
-    copy = _make_decode_copy(w, what)
-    _DECODE_COPIES[module] = (what, w.detach(), _weight_state(w), copy)
-    return copy
-
-
-def _make_decode_copy(w: torch.Tensor, what: tuple) -> torch.Tensor:
-    """A weight (out, in) oneDNN-packed for ``what[1]`` rows, or with its values stored as (in, out)."""
-    with torch.inference_mode(False), torch.no_grad():
-        if what[0] == "packed":
-            return torch.ops.mkldnn._reorder_linear_weight(w.detach(), max(1, what[1]))
-        return w.detach().t().contiguous().t()
-
-
-def release_decode_copies(model: torch.nn.Module) -> int:
-    """Free the decode copies of ``model``'s linear weights that :func:`decode_layout` keeps between
-    calls; returns how many bytes they held. The next generation call makes them again."""
-    freed = 0
-    for module in model.modules():
-        entry = _DECODE_COPIES.pop(module, None)
-        if entry is not None:
-            freed += entry[-1].numel() * entry[-1].element_size()
-    return freed
-
-
-def _transposes(w: torch.Tensor) -> bool:
-    """Whether the 'transposed' layout holds ``w`` (out, in) as (in, out): a contiguous matrix with at
-    least as many outputs as inputs (q|k|v, gate|up, the LM head; the FFN's down projection stays)."""
-    return w.dim() == 2 and w.is_contiguous() and w.shape[0] >= w.shape[1] > 1
-
-
-def _linear_bytes(model: torch.nn.Module) -> int:
-    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
-    return sum(w.numel() * w.element_size() for w in weights.values())
-
-
-def decode_layout_kind(model: TransformerLM, batch: int = 1) -> str:
-    """Which weight layout :func:`decode_layout` uses for ``model`` decoding ``batch`` rows at a time:
-    'onednn-packed', 'transposed' or 'unchanged' (not a CPU model)."""
-    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
-    if not weights or any(w.device.type != "cpu" for w in weights.values()):
-        return "unchanged"
-    fp32 = all(w.dtype == torch.float32 for w in weights.values())
-    pack = batch >= 2 and fp32 and _linear_bytes(model) <= PACK_LIMIT_BYTES and packed_decode_available()
-    return "onednn-packed" if pack else "transposed"
-
-
-@contextlib.contextmanager
-def decode_layout(model: TransformerLM, batch: int = 1) -> Iterator[None]:
-    """Lay the linear weights out for decoding on CPU, where each step multiplies a few rows (``batch``,
-    one per sequence) by every weight matrix, and let one-token steps take the model's lean path
-    (``TransformerLM.lean_decode``: each block's ``decode_one``, when ``lean_decode_possible()``, i.e. no
-    hooks and plain attention); both are undone on exit. Nested uses are left alone; non-CPU models keep
-    their weights as they are (see :func:`decode_layout_kind`).
-
-    - 'onednn-packed' (fp32 weights, at most ``PACK_LIMIT_BYTES`` of them, a PyTorch built with oneDNN):
-      each ``nn.Linear`` multiplies by a copy of its weight reordered into oneDNN's blocked format for
-      ``batch`` rows (``torch.ops.mkldnn._reorder_linear_weight``, the packing Inductor's CPU "freezing"
-      uses), through ``torch.ops.mkldnn._linear_pointwise``. Results equal ``F.linear`` up to fp32
-      summation order.
-    - 'transposed' (otherwise, e.g. bf16 weights or batch 1): each weight with at least as many outputs
-      as inputs (q|k|v, gate|up, the LM head) keeps its values and shape (out, in) but is stored as the
-      (in, out) matrix, which MKL multiplies by one row faster than the (out, in) layout (whole demo-shape
-      decode steps 9% faster for q|k|v, 20% for gate|up); the narrowing ones (the FFN's down projection)
-      stay (out, in), 5-7% faster there. Up to ``PACK_LIMIT_BYTES`` of linear weights this is a copy the
-      module multiplies by; above it the weights' own storage is re-laid out on entry and made contiguous
-      again on exit (no second copy of a large model; what checkpoints and training expect).
-
-    The copies (at most ``PACK_LIMIT_BYTES``: the linear weights' bytes once more) are kept between calls,
-    so repeated generation pays the re-layout once; :func:`release_decode_copies` frees them. A copy is
-    remade, and while decoding never used, once its weight changed: a different tensor, storage, shape,
-    stride or dtype (``load_state_dict(assign=True)``, ``.to()``, ``p.data = ...``), an in-place write
-    through the parameter (its version counter: ``load_state_dict``, ``p.copy_``), or any ``torch.optim``
-    step in the process since it was made (torch's fused AdamW does not bump version counters); each
-    call checks this, so a step taken while a generator is suspended takes effect at once. Writes into
-    ``p.data``'s storage in place (``p.data.mul_(2)``) bypass all of these: call
-    :func:`release_decode_copies` after them.
-
-    Side by side on the demo shape (2 CPU threads; ``python bench/decode_vs_hf.py``): see docs/benchmarks.md."""
-    kind = decode_layout_kind(model, batch)
-    if model in _ACTIVE:
-        yield
-        return
-    _ACTIVE.add(model)
-    model.lean_decode = model.lean_decode_possible()
-    changed, patched = [], []
-    try:
-        if kind == "unchanged":
-            yield
-            return
-        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-        if kind == "onednn-packed" or _linear_bytes(model) <= PACK_LIMIT_BYTES:
-            _count_optimizer_steps()
-            for module in linears:
-                packed = kind == "onednn-packed"
-                if not packed and not _transposes(module.weight):
-                    continue
-                copy = _decode_copy(module, ("packed", batch) if packed else ("transposed",))
-                module._decode_copy = _DecodeCopy(copy, packed, _weight_state(module.weight))
-                module.forward = types.MethodType(_decode_forward, module)  # deep copies rebind it
-                patched.append(module)
-        else:
-            with torch.inference_mode(False), torch.no_grad():  # new storage must stay usable by autograd
-                seen = set()
-                for module in linears:
-                    w = module.weight
-                    if id(w) not in seen and _transposes(w):
-                        seen.add(id(w))
-                        w.data = w.data.t().contiguous().t()
-                        changed.append(w)
-        yield
-    finally:
-        with torch.inference_mode(False), torch.no_grad():
-            for w in changed:
-                w.data = w.data.contiguous()
-        for module in patched:
-            del module.forward, module._decode_copy  # back to nn.Linear.forward
-        _ACTIVE.discard(model)
-        model.lean_decode = False
 
 
 @contextlib.contextmanager
@@ -549,3 +336,47 @@ def text_until_stop(tok, ids: list[int], stop: Iterable[str] = ()) -> str:
             break
     return "".join(body) + stream.flush()
 
+
+def print_logprobs(seen: list, text_of=None) -> None:
+    """``lmlab generate --logprobs``: one line per (token id, log-probability in nats), with the token's
+    text when ``text_of`` (id -> str) is given, then the total."""
+    print("token id\tlog-probability (nats, the model's distribution before sampling settings)"
+          + ("\ttext" if text_of else ""))
+    for i, lp in seen:
+        print(f"{i}\t{lp:.4f}" + (f"\t{text_of(i)}" if text_of else ""))
+    print(f"total\t{sum(lp for _, lp in seen):.4f}\t({len(seen)} tokens)")
+
+
+def print_completion(model: TransformerLM, tok, text: str, ids: list[int], max_new_tokens: int,
+                     stop: Iterable[str] = (), raw: bool = False, logprobs: bool = False, **sampling) -> None:
+    """``lmlab generate`` with one prompt: ``text`` (the prompt, encoded as ``ids``) and its continuation
+    streamed to stdout as it comes (:func:`generate_text`, ``sampling`` its keywords; :func:`write_text`
+    escapes control characters unless ``raw``), then with ``logprobs`` the table of :func:`print_logprobs`.
+    A bad prompt raises ValueError before anything is printed; Ctrl-C ends the text's line first."""
+    pieces = generate_text(model, tok, ids, max_new_tokens, stop, **sampling)
+    first = next(pieces)  # checks the prompt (ValueError -> one-line error) before anything is printed
+    write_text(text, raw)
+    seen = []
+    try:
+        for piece, i, lp in itertools.chain([first], pieces):
+            write_text(piece, raw)
+            sys.stdout.flush()
+            if i is not None:
+                seen.append((i, lp))
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")  # end the text's line before the 'interrupted' message
+        sys.stdout.flush()
+        raise
+    write_text("\n", raw)
+    if logprobs:
+        print_logprobs(seen, lambda i: repr(tok.token_bytes(i).decode("utf-8", errors="replace")))
+
+
+def print_completions(model: TransformerLM, tok, texts: Sequence[str], prompts: Sequence[list[int]],
+                      max_new_tokens: int, stop: Iterable[str] = (), raw: bool = False, **sampling) -> None:
+    """``lmlab generate`` with several prompts: one batch (:func:`generate_batch`, left-padded), each
+    prompt and continuation (cut at the first of ``stop``) printed under a ``--- [n] ---`` line."""
+    outs = generate_batch(model, prompts, max_new_tokens, **sampling)
+    for n, (text, ids) in enumerate(zip(texts, outs)):
+        print(f"--- [{n}] ---")
+        write_text(text + text_until_stop(tok, ids, stop) + "\n", raw)

@@ -73,7 +73,7 @@ class Preset:
         meta-device build for every preset (tests/test_analysis.py) and without building the big MoEs."""
         if self.published_params is not None:
             return human_count(self.published_params)
-        from lmlab.analysis import param_counts
+        from lmlab.param_counts import param_counts
 
         return "~" + human_count(param_counts(preset_config(self.name, "real"))["total"])
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -29,8 +30,8 @@ import yaml
 
 from lmlab.data.prepare import DataError
 from lmlab.data.shards import TokenData
-from lmlab.fsutil import atomic_write_text
-from lmlab.lab.validate import check_nesting
+from lmlab.fsutil import atomic_write_bytes, atomic_write_text
+from lmlab.json_checks import check_nesting
 
 RUN_FILE = "run.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -184,6 +185,21 @@ def write_run(run_dir: str | Path, run: dict) -> None:
     atomic_write_text(Path(run_dir) / RUN_FILE, yaml.safe_dump(run, sort_keys=False))
 
 
+def copy_tokenizer(data_folder: str | Path, run_dir: str | Path) -> None:
+    """Copy the data folder's ``tokenizer.json`` into the run folder (atomically), so ``eval`` and
+    ``generate`` need nothing else."""
+    atomic_write_bytes(Path(run_dir) / TOKENIZER_FILE, (Path(data_folder) / TOKENIZER_FILE).read_bytes())
+
+
+def write_budget(run_dir: str | Path, plan: dict) -> None:
+    """Record a time budget's ``plan`` in ``run.yaml``: ``budget`` (the plan) and ``train.max_steps`` (its
+    ``steps``), so that a resumed run keeps the plan (:func:`lmlab.schedule.planned_config`)."""
+    run = read_run(run_dir)
+    run["train"]["max_steps"] = plan["steps"]
+    run["budget"] = plan
+    write_run(run_dir, run)
+
+
 def metrics_path(run_dir: str | Path) -> Path:
     """The run's training log, ``metrics.jsonl``."""
     return Path(run_dir) / METRICS_FILE
@@ -230,3 +246,53 @@ def run_data(run_dir: str | Path, run: dict, data: Optional[str | Path] = None,
     check_data_tokenizer(run_dir, folder, vocab_size)
     return folder
 
+
+def check_new_run_dir(run_dir: Path) -> None:
+    """Raise CheckpointError unless ``run_dir`` can hold a new run: a new path or an empty folder (not
+    a run, not a file, not a blank name)."""
+    if not str(run_dir).strip():
+        raise CheckpointError("--out is blank; give a folder path for the new run")
+    if not (run_dir / RUN_FILE).exists() and checkpoint_dirs(run_dir):
+        raise CheckpointError(f"run folder {str(run_dir)!r} holds checkpoints but no {RUN_FILE}; choose another "
+                              f"--out, or restore it and pass --resume{run_copy_hint(run_dir)}")
+    if (run_dir / RUN_FILE).exists():
+        raise CheckpointError(f"run folder {str(run_dir)!r} already holds a run; pass --resume to continue it "
+                              f"or choose another --out")
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise CheckpointError(f"--out {str(run_dir)!r} exists and is not an empty folder or an lmlab run; "
+                              f"choose a new run folder")
+    if any(p.exists() and not p.is_dir() for p in run_dir.parents):
+        raise CheckpointError(f"--out {str(run_dir)!r} lies under a file; choose a folder path")
+
+
+def check_lost_checkpoints(run_dir: Path) -> None:
+    """Raise CheckpointError when the run ``run_dir`` has no checkpoint but its metrics.jsonl records one
+    saved (a ``checkpoint`` record, logged once the folder was in place): its checkpoints were deleted or
+    moved, and resuming would retrain from step 0 and cut the log. A run killed before its first
+    checkpoint was complete passes (it restarts from step 0)."""
+    path = metrics_path(run_dir)
+    saved = [rec["step"] for _, rec in (metrics_lines(path) if path.exists() else []) if "checkpoint" in rec]
+    if saved and max(saved) > 0:
+        where = "holds none complete" if (run_dir / "checkpoints").is_dir() else "is missing"
+        raise CheckpointError(
+            f"run {str(run_dir)!r} has no checkpoint (its checkpoints folder {where}), but "
+            f"{str(path)!r} records one saved at step {max(saved)}: deleted or moved? Restore the "
+            f"checkpoints folder to continue from there; to train the run again from step 0, move "
+            f"metrics.jsonl out of the run folder first (nothing was changed)")
+
+
+def metrics_to_keep(run_dir: Path, step: int, log_interval: int) -> Optional[list[str]]:
+    """The lines of ``run_dir``'s metrics.jsonl up to the resumed ``step`` (later ones were written by the
+    interrupted run after its last checkpoint; a line every ``log_interval`` steps), or None without a log.
+    Raises CheckpointError for a damaged log."""
+    path = metrics_path(run_dir)
+    lines = metrics_lines(path) if path.exists() else []
+    expected = step // log_interval * log_interval  # the last step logged for sure
+    reached = max((rec["step"] for _, rec in lines), default=0)
+    if reached < expected:
+        print(f"warning: {str(path)!r} {'ends at step ' + str(reached) if lines else 'is missing or empty'}, "
+              f"before step {expected} the checkpoint had logged (truncated or deleted?); training goes on "
+              f"and its log will lack those steps", file=sys.stderr)
+    if not path.exists():
+        return None
+    return [line for line, rec in lines if rec["step"] <= step]

@@ -270,6 +270,7 @@ def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress
     from lmlab.checkpoint import RUN_FILE, check_run_model, read_run, run_copy_hint
     from lmlab.config import ModelConfig, check_keys
     from lmlab.data.shards import TokenData
+    from lmlab.run_folder import check_new_run_dir
     from lmlab.schedule import planned_config
     from lmlab.train import TrainConfig, Trainer
 
@@ -336,7 +337,7 @@ def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress
     # a bad config or --out, or a model too large, is refused before any data is prepared or downloaded
     vocab = TokenData(data).vocab_size if data else DEFAULT_VOCAB
     cfg, tc = build_configs(config, preset, scale, sets, vocab)
-    Trainer.check_new_run_dir(out)
+    check_new_run_dir(out)
     check_run_memory(cfg, tc)
     data_dir = ensure_default_data(data)
     prepared = TokenData(data_dir)

@@ -9,7 +9,7 @@ import csv
 import dataclasses
 import io
 
-from lmlab.analysis import param_counts
+from lmlab.param_counts import param_counts
 from lmlab.config import ModelConfig
 from lmlab.config_checks import GATED_ACTIVATIONS
 

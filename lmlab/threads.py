@@ -4,7 +4,7 @@
 affinity mask (hyper-threads counted once: the models' matmuls gain nothing from SMT siblings):
 :func:`physical_cores`; a compute command without ``--threads`` takes :func:`default_threads`; the
 lab's sweep splits the cores over its jobs with :func:`sweep_threads`; decoding one sequence of a small
-model takes fewer (:func:`lmlab.generate.decode_threads`, through :func:`set_threads`).
+model takes fewer (:func:`lmlab.kernels.decode_layout.decode_threads`, through :func:`set_threads`).
 """
 
 from __future__ import annotations

@@ -22,52 +22,26 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-import yaml
 
 from lmlab.checkpoint import check_run_files, check_run_model, load_latest, save_checkpoint
-from lmlab.run_folder import (RUN_FILE, CheckpointError, append_metrics, checkpoint_dirs, metrics_lines, metrics_path,
-                              read_run, rewrite_metrics, run_copy_hint, write_outcome, write_run)
+from lmlab import run_folder, schedule
+from lmlab.run_folder import CheckpointError
 from lmlab.config import ModelConfig
 from lmlab.config_checks import ConfigError
 from lmlab.data.prepare import DataError
+from lmlab.diagnostics import forward_diagnostics, layer_grad_norms, update_rms_ratios, weights_before
 from lmlab.data.batches import check_data_bounds, global_batch_starts, windows_to_batch
 from lmlab.data.shards import TokenData
 from lmlab.evaluate import evaluate
-from lmlab.fsutil import atomic_write_bytes, atomic_write_text
 from lmlab.model import TransformerLM
 from lmlab.kernels.linear import fp32_linears_on_onednn
 from lmlab.compile_choice import choose_for_run, compile_blocks, eager
 from lmlab.devices import (PRECISIONS, check_memory, device_peak_flops, keep_freed_memory, precision_name,
                            resolve_device, resolve_dtype)
-from lmlab.schedule import (BUDGET_SKIP_STEPS, BUDGET_TIMED_STEPS, budget_plan_after, budget_replan_step, budget_steps,
-                            lr_at, planned_config, shortest_plan)
 from lmlab.stopping import StopSignals, TrainingDiverged, TrainingInterrupted
 from lmlab.optim import build_optimizer, muon_lr_at, optimizer_of, param_groups, set_lr
 from lmlab.train_config import AUTO, TrainConfig
 from lmlab.parallel import Dist, all_reduce_mean, barrier, full_state, init_distributed, load_full_state, wrap_model
-
-def layer_grad_norms(model: torch.nn.Module) -> list[float]:
-    """The L2 norm of the gradient of each Transformer block's parameters taken together (block 0
-    first): sqrt(sum over the block's parameters of ||grad||^2). The per-layer figure Xiong et al. 2020
-    (Fig. 3) draw for pre- vs post-norm at initialisation. Sharded (FSDP2) gradients are reduced over
-    ranks, so every rank must call it. Parameters without a gradient count 0."""
-    out = []
-    for block in model.blocks:
-        sq = None
-        for p in block.parameters():
-            if p.grad is None:
-                continue
-            n = torch.linalg.vector_norm(p.grad.float())
-            n = n.full_tensor() if hasattr(n, "full_tensor") else n
-            sq = n * n if sq is None else sq + n * n
-        out.append(float(sq.sqrt()) if sq is not None else 0.0)
-    return out
-
-
-def _local(p: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a (possibly FSDP-sharded DTensor) parameter, detached."""
-    return (p.to_local() if hasattr(p, "to_local") else p).detach()
-
 
 def restart_rate(bar) -> None:
     """Restart a tqdm bar's clock at its current count, so its rate (steps/s) and ETA leave out what
@@ -110,7 +84,8 @@ class Trainer:
                           self.dist.world_size, str(data.folder), self.dist.is_main)
         self.device = resolve_device(tc.device, self.dist.local_rank)
         self.amp_dtype = resolve_dtype(tc.dtype, self.device)
-        kept = read_run(self.run_dir).get("precision") if (self.run_dir / RUN_FILE).is_file() else None
+        resumed = (self.run_dir / run_folder.RUN_FILE).is_file()
+        kept = run_folder.read_run(self.run_dir).get("precision") if resumed else None
         # resuming: what dtype=auto chose when the run started holds
         if tc.dtype == AUTO and isinstance(kept, str) and kept in PRECISIONS:
             if kept != precision_name(self.amp_dtype) and self.dist.is_main:
@@ -173,37 +148,19 @@ class Trainer:
     def create(cls, run_dir: str | Path, cfg: ModelConfig, tc: TrainConfig, data_dir: str | Path, **kw) -> "Trainer":
         """Start a new run in ``run_dir``; raises CheckpointError if it already holds a run."""
         run_dir = Path(run_dir)
-        cls.check_new_run_dir(run_dir)
+        run_folder.check_new_run_dir(run_dir)
         data = TokenData(data_dir)
         trainer = cls(run_dir, cfg, tc, data, **kw)
         barrier(trainer.dist)  # every rank has checked the folder before rank 0 writes it
         if trainer.dist.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(run_dir / "tokenizer.json", (data.folder / "tokenizer.json").read_bytes())
+            run_folder.copy_tokenizer(data.folder, run_dir)
             spec = {"model": cfg.to_dict(), "train": dataclasses.asdict(tc), "data": str(Path(data_dir).resolve())}
             if tc.dtype == AUTO:  # what dtype=auto chose here: a resume elsewhere computes alike
                 spec["precision"] = precision_name(trainer.amp_dtype)
-            write_run(run_dir, spec)  # last: marks a run
+            run_folder.write_run(run_dir, spec)  # last: marks a run
         barrier(trainer.dist)
         return trainer
-
-    @staticmethod
-    def check_new_run_dir(run_dir: Path) -> None:
-        """Raise CheckpointError unless ``run_dir`` can hold a new run: a new path or an empty folder (not
-        a run, not a file, not a blank name)."""
-        if not str(run_dir).strip():
-            raise CheckpointError("--out is blank; give a folder path for the new run")
-        if not (run_dir / RUN_FILE).exists() and checkpoint_dirs(run_dir):
-            raise CheckpointError(f"run folder {str(run_dir)!r} holds checkpoints but no {RUN_FILE}; choose another "
-                                  f"--out, or restore it and pass --resume{run_copy_hint(run_dir)}")
-        if (run_dir / RUN_FILE).exists():
-            raise CheckpointError(f"run folder {str(run_dir)!r} already holds a run; pass --resume to continue it "
-                                  f"or choose another --out")
-        if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-            raise CheckpointError(f"--out {str(run_dir)!r} exists and is not an empty folder or an lmlab run; "
-                                  f"choose a new run folder")
-        if any(p.exists() and not p.is_dir() for p in run_dir.parents):
-            raise CheckpointError(f"--out {str(run_dir)!r} lies under a file; choose a folder path")
 
     @classmethod
     def resume(cls, run_dir: str | Path, cfg: Optional[ModelConfig] = None, tc: Optional[TrainConfig] = None,
@@ -213,43 +170,43 @@ class Trainer:
         step. A ``cfg`` differing from the run's is refused, naming the fields; ``tc`` may change (e.g. a
         larger max_steps) and is written to run.yaml, unless the run is already at ``tc.max_steps`` (no
         step will run, so run.yaml keeps the settings it trained with)."""
-        run = read_run(run_dir)
-        saved = ModelConfig.from_dict(run["model"], source=f"{run_dir}/{RUN_FILE}")
+        run = run_folder.read_run(run_dir)
+        saved = ModelConfig.from_dict(run["model"], source=f"{run_dir}/{run_folder.RUN_FILE}")
         if cfg is not None and cfg != saved:
             diff = [f"{k}: run has {v!r}, asked {getattr(cfg, k)!r}" for k, v in saved.to_dict().items()
                     if getattr(cfg, k) != v]
             raise CheckpointError(f"cannot resume {str(run_dir)!r} with another architecture ({'; '.join(diff)})")
-        tc = tc or TrainConfig.from_dict(run["train"], source=f"{run_dir}/{RUN_FILE}")
+        tc = tc or TrainConfig.from_dict(run["train"], source=f"{run_dir}/{run_folder.RUN_FILE}")
         if tc.optimizer != optimizer_of(run.get("train")):
             raise CheckpointError(f"cannot resume {str(run_dir)!r} with optimizer={tc.optimizer!r}: the run "
                                   f"trains with optimizer={optimizer_of(run.get('train'))!r}, whose state its "
                                   f"checkpoints hold; keep it, or start a new run")
-        tc, planned = planned_config(run, tc)
+        tc, planned = schedule.planned_config(run, tc)
         if run.get("data") is None:
             raise CheckpointError(f"run {str(run_dir)!r} names no data folder; pass --data to fine-tune it")
         trainer = cls(run_dir, saved, tc, TokenData(run["data"]), padded_vocab=isinstance(run.get("hf"), dict), **kw)
         if not trainer._load():
-            trainer._check_lost_checkpoints()
+            run_folder.check_lost_checkpoints(trainer.run_dir)
         trainer.budget_planned = planned
         if trainer.step > tc.max_steps:
             raise CheckpointError(f"max_steps={tc.max_steps} is below the step {trainer.step} run {str(run_dir)!r} "
                                   f"has reached; give max_steps >= {trainer.step}")
         if trainer.dist.is_main:
-            keep = trainer._metrics_to_keep()  # checked before anything is written
+            keep = run_folder.metrics_to_keep(trainer.run_dir, trainer.step, tc.log_interval)  # checked before writing
             spec = dict(run, train=dataclasses.asdict(tc))
             if not planned:  # a plan for another budget or cap no longer holds
                 spec.pop("budget", None)
             if trainer.step < tc.max_steps:  # a finished run trains no step: its record stays as it ran
-                write_run(run_dir, spec)
+                run_folder.write_run(run_dir, spec)
             if keep is not None:
-                rewrite_metrics(trainer.run_dir, keep)
+                run_folder.rewrite_metrics(trainer.run_dir, keep)
         barrier(trainer.dist)
         return trainer
 
     def _load(self) -> bool:
         """Load the newest checkpoint that verifies (a damaged one falls back to the previous one, with a
         warning; none usable: CheckpointError); no checkpoint: stay at step 0 and return False."""
-        run = read_run(self.run_dir)
+        run = run_folder.read_run(self.run_dir)
         check_run_model(self.run_dir, run)  # an edited architecture field is named, not reported as a misfit
         found = load_latest(self.run_dir, self.model, with_optimizer=True)
         if found is None:
@@ -269,36 +226,6 @@ class Trainer:
                 torch.cuda.set_rng_state(rng["cuda"], self.device)
         return True
 
-    def _check_lost_checkpoints(self) -> None:
-        """Raise CheckpointError when the run has no checkpoint but its metrics.jsonl records one saved
-        (a ``checkpoint`` record, logged once the folder was in place): its checkpoints were deleted or
-        moved, and resuming would retrain from step 0 and cut the log. A run killed before its first
-        checkpoint was complete passes (it restarts from step 0)."""
-        path = metrics_path(self.run_dir)
-        saved = [rec["step"] for _, rec in (metrics_lines(path) if path.exists() else []) if "checkpoint" in rec]
-        if saved and max(saved) > 0:
-            where = "holds none complete" if (self.run_dir / "checkpoints").is_dir() else "is missing"
-            raise CheckpointError(
-                f"run {str(self.run_dir)!r} has no checkpoint (its checkpoints folder {where}), but "
-                f"{str(path)!r} records one saved at step {max(saved)}: deleted or moved? Restore the "
-                f"checkpoints folder to continue from there; to train the run again from step 0, move "
-                f"metrics.jsonl out of the run folder first (nothing was changed)")
-
-    def _metrics_to_keep(self) -> Optional[list[str]]:
-        """The lines of metrics.jsonl up to the resumed step (later ones were written by the interrupted run
-        after its last checkpoint), or None without a log. Raises CheckpointError for a damaged log."""
-        path = metrics_path(self.run_dir)
-        lines = metrics_lines(path) if path.exists() else []
-        expected = self.step // self.tc.log_interval * self.tc.log_interval  # the last step logged for sure
-        reached = max((rec["step"] for _, rec in lines), default=0)
-        if reached < expected:
-            print(f"warning: {str(path)!r} {'ends at step ' + str(reached) if lines else 'is missing or empty'}, "
-                  f"before step {expected} the checkpoint had logged (truncated or deleted?); training goes on "
-                  f"and its log will lack those steps", file=sys.stderr)
-        if not path.exists():
-            return None
-        return [line for line, rec in lines if rec["step"] <= self.step]
-
     # --- pieces ----------------------------------------------------------------------------
     def _mfu_inputs(self) -> tuple[float, Optional[float]]:
         from lmlab.analysis import flops_per_token
@@ -310,7 +237,7 @@ class Trainer:
     def _log(self, record: dict) -> None:
         if not self.dist.is_main:
             return
-        append_metrics(self.run_dir, record)  # a kill leaves at most a cut last line, dropped on resume
+        run_folder.append_metrics(self.run_dir, record)  # a kill leaves at most a cut last line, dropped on resume
         if self.tc.tensorboard:
             if self._tb is None:
                 try:
@@ -366,39 +293,16 @@ class Trainer:
             micro.append((x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)))
         return micro
 
-    @torch.no_grad()
-    def _diagnostics(self, x: torch.Tensor) -> dict:
-        """Max attention logit per layer and the output log Z (mean, max) on one micro-batch, from a
-        separate eval-mode forward (so training's numerics and RNG are untouched)."""
-        was = self.model.training
-        self.model.eval()
-        for block in self.model.blocks:
-            block.attn.record_max_logit = True
-        try:
-            with self._autocast(), eager():
-                logits = self.model(x[: min(4, len(x))])
-            log_z = torch.logsumexp(logits.float(), dim=-1)
-            out = {"max_attn_logit": [None if b.attn.max_logit is None else round(b.attn.max_logit, 4)
-                                      for b in self.model.blocks],  # None: a linear-attention layer
-                   "attn_first_key": [None if b.attn.first_key is None else round(b.attn.first_key, 5)
-                                      for b in self.model.blocks],
-                   "log_z_mean": float(log_z.mean()), "log_z_max": float(log_z.max())}
-        finally:
-            for block in self.model.blocks:
-                block.attn.record_max_logit = False
-            self.model.train(was)
-        return out
-
     def train_step(self) -> dict:
         """One optimiser step over ``grad_accum`` micro-batches (token-weighted); returns its metrics.
         A non-finite loss or gradient skips the update (``skipped``: True)."""
         tc, info = self.tc, self.dist
-        lr = lr_at(self.step, tc)
+        lr = schedule.lr_at(self.step, tc)
         set_lr(self.opt, lr, tc)
         micro = self._global_batch()
         local_tokens = sum(int((y != -100).sum()) for _, y in micro)
         global_tokens = all_reduce_mean(float(local_tokens), info, self.device) * info.world_size
-        diag = self._diagnostics(micro[0][0]) if tc.diag_interval and (
+        diag = forward_diagnostics(self.model, micro[0][0], self._autocast) if tc.diag_interval and (
             self.step == 0 or (self.step + 1) % tc.diag_interval == 0) else None  # step 1: at initialisation
         ce_sum = 0.0
         for i, (x, y) in enumerate(micro):
@@ -447,7 +351,7 @@ class Trainer:
         self.bad_in_row = 0
         before = None
         if diag is not None:
-            before = [_local(p).float().clone() for p in self.model.parameters()]
+            before = weights_before(self.model)
         if self.scaler is not None:
             self.scaler.step(self.opt)
             self.scaler.update()
@@ -467,11 +371,7 @@ class Trainer:
         self.tokens_seen += tc.batch_size * tc.grad_accum * info.world_size * self.cfg.context_length
         rec.update(clip_fraction=self.clipped_steps / self.step, spikes=self.spikes)
         if diag is not None:
-            ratios = [float((_local(p).float() - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp(min=1e-12))
-                      for p, b in zip(self.model.parameters(), before) if b.numel()]
-            diag["update_rms_ratio_mean"] = sum(ratios) / len(ratios)
-            diag["update_rms_ratio_max"] = max(ratios)
-            rec.update(diag)
+            rec.update(diag, **update_rms_ratios(self.model, before))
         return rec
 
     def fit(self) -> dict:
@@ -515,7 +415,7 @@ class Trainer:
     def _outcome(self, status: str, step: Optional[int] = None, error: Optional[str] = None) -> None:
         """The run folder's ``outcome.json`` (:func:`lmlab.checkpoint.write_outcome`), on the main rank."""
         if self.dist.is_main:
-            write_outcome(self.run_dir, status, self.step if step is None else step, error)
+            run_folder.write_outcome(self.run_dir, status, self.step if step is None else step, error)
 
     def _stop_requested(self, stop: StopSignals) -> bool:
         if not self.dist.enabled:
@@ -536,9 +436,9 @@ class Trainer:
         return val
 
     def _plan_budget(self, bar, t0: float, step_s: float) -> dict:
-        """Plan ``max_steps`` from ``budget_seconds`` (at the step :func:`budget_plan_after` allows): time
+        """Plan ``max_steps`` from ``budget_seconds`` (at the step :func:`schedule.budget_plan_after` allows): time
         one evaluation and one checkpoint now (both kept: a validation record and a checkpoint at this
-        step), then :func:`budget_steps` with the measured step time ``step_s`` (seconds, the mean over
+        step), then :func:`schedule.budget_steps` with the measured step time ``step_s`` (seconds, the mean over
         ranks, evaluations and checkpoints not counted). The plan goes into ``self.tc``, metrics.jsonl
         (``budget_steps``) and run.yaml (``budget``: seconds, cap, steps, the timings). The run is then
         the run ``max_steps=steps`` would have been from the start (same data, same learning rates),
@@ -552,7 +452,7 @@ class Trainer:
         step_s, eval_s, save_s, elapsed = (all_reduce_mean(v, self.dist, self.device)
                                            for v in (step_s, eval_s, save_s, time.perf_counter() - t0))
         cap = self.tc.max_steps
-        steps = budget_steps(self.step, elapsed, step_s, eval_s, save_s, self.tc)
+        steps = schedule.budget_steps(self.step, elapsed, step_s, eval_s, save_s, self.tc)
         plan = {"seconds": self.tc.budget_seconds, "cap": cap, "steps": steps, "planned_at_step": self.step,
                 "step_s": step_s, "eval_s": eval_s, "save_s": save_s, "elapsed_s": elapsed}
         self._record_plan(bar, plan, f"budget {self.tc.budget_seconds:g} s: {steps} steps planned (cap {cap}) "
@@ -561,16 +461,16 @@ class Trainer:
         return val
 
     def _replan_budget(self, bar, t0: float, step_s: float) -> None:
-        """Check the plan again at :func:`budget_replan_step` with ``step_s`` timed since the plan (more
-        and later steps than the plan saw): :func:`budget_steps` with the plan's evaluation and
-        checkpoint times, kept within [:func:`shortest_plan`, cap] so the decay has not begun and the run
+        """Check the plan again at :func:`schedule.budget_replan_step` with ``step_s`` timed since the plan (more
+        and later steps than the plan saw): :func:`schedule.budget_steps` with the plan's evaluation and
+        checkpoint times, kept within [:func:`schedule.shortest_plan`, cap] so the decay has not begun and the run
         stays the run of the new length from the start. Recorded like the plan (``replanned_at_step``,
         ``replan_step_s``, ``first_steps``: the first plan's count)."""
         plan = dict(self.budget_plan)
         step_s, elapsed = (all_reduce_mean(v, self.dist, self.device) for v in (step_s, time.perf_counter() - t0))
         cap_tc = dataclasses.replace(self.tc, max_steps=plan["cap"])
-        steps = max(shortest_plan(self.step, self.tc),
-                    budget_steps(self.step, elapsed, step_s, plan["eval_s"], plan["save_s"], cap_tc))
+        steps = max(schedule.shortest_plan(self.step, self.tc),
+                    schedule.budget_steps(self.step, elapsed, step_s, plan["eval_s"], plan["save_s"], cap_tc))
         plan.update(first_steps=plan.get("first_steps", plan["steps"]), steps=steps, replanned_at_step=self.step,
                     replan_step_s=step_s, replan_elapsed_s=elapsed)
         self._record_plan(bar, plan, f"budget {self.tc.budget_seconds:g} s: {steps} steps planned again at step "
@@ -585,10 +485,7 @@ class Trainer:
         self.budget_planned, self.budget_plan = True, plan
         self._log({"step": self.step, "budget_steps": steps, "budget": plan})
         if self.dist.is_main:
-            run = read_run(self.run_dir)
-            run["train"]["max_steps"] = steps
-            run["budget"] = plan
-            atomic_write_text(self.run_dir / RUN_FILE, yaml.safe_dump(run, sort_keys=False))
+            run_folder.write_budget(self.run_dir, plan)
             bar.total = steps
             bar.refresh()
             bar.write(message)
@@ -649,17 +546,18 @@ class Trainer:
                 restart_rate(bar)  # the first step's compile (tens of seconds) out of the rate and ETA
             planned_now = False
             if tc.budget_seconds is not None and not self.budget_planned:
-                if self.step == first_step + BUDGET_SKIP_STEPS:
+                if self.step == first_step + schedule.BUDGET_SKIP_STEPS:
                     timed_from, side_s = time.perf_counter(), 0.0
-                elif (self.step >= max(tc.warmup_steps, first_step + BUDGET_SKIP_STEPS + BUDGET_TIMED_STEPS)
-                      and all_reduce_mean(float(time.perf_counter() - t0 >= budget_plan_after(tc)), self.dist,
+                elif (self.step >= max(tc.warmup_steps,
+                                       first_step + schedule.BUDGET_SKIP_STEPS + schedule.BUDGET_TIMED_STEPS)
+                      and all_reduce_mean(float(time.perf_counter() - t0 >= schedule.budget_plan_after(tc)), self.dist,
                                           self.device) > 0):
                     step_s = ((time.perf_counter() - timed_from - side_s)
-                              / (self.step - first_step - BUDGET_SKIP_STEPS))
+                              / (self.step - first_step - schedule.BUDGET_SKIP_STEPS))
                     last_val = self._plan_budget(bar, t0, step_s)
                     tc, planned_now = self.tc, True
                     window_t = timed_from = time.perf_counter()  # the re-plan times the steps from here
-                    side_s, replan_at = 0.0, budget_replan_step(tc, self.step)
+                    side_s, replan_at = 0.0, schedule.budget_replan_step(tc, self.step)
             elif replan_at is not None and self.step == replan_at:
                 plan_step = self.budget_plan["planned_at_step"]
                 self._replan_budget(bar, t0, (time.perf_counter() - timed_from - side_s) / (self.step - plan_step))
@@ -680,7 +578,7 @@ class Trainer:
         if self._clock is not None:  # a run shorter than the clock: what it measured
             self._clock.finish(self)
             self._clock = None
-        done = checkpoint_dirs(self.run_dir)
+        done = run_folder.checkpoint_dirs(self.run_dir)
         if not done or done[-1].name != f"step_{self.step:07d}":
             self.save()
         if self._tb:

@@ -11,8 +11,9 @@ import math
 import pytest
 import torch
 
-from lmlab.analysis import (DEVICES, Device, analyze, flops_per_token, format_analysis, instantiated_params,
-                            intensity, kv_cache_bytes, mean_keys, param_counts)
+from lmlab.analysis import (DEVICES, Device, analyze, flops_per_token, format_analysis, intensity, kv_cache_bytes,
+                            mean_keys)
+from lmlab.param_counts import instantiated_params, param_counts
 from lmlab.survey import format_survey, survey_rows
 from lmlab.cli import main
 from lmlab.config import ModelConfig
@@ -238,7 +239,7 @@ def test_cli_analyze_survey_and_bench(capsys, tmp_path):
                  "--new-tokens", "3", "--repeats", "1", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["batch"] == 2 and res["decode_tokens_per_s"] > 0 and res["prefill_tokens_per_s"] > 0
-    from lmlab.generate import packed_decode_available
+    from lmlab.kernels.decode_layout import packed_decode_available
 
     assert res["lean_decode"] is True  # pre-norm, GQA, windows: the lean one-token path
     assert res["decode_layout"] == ("onednn-packed" if packed_decode_available() else "transposed")

@@ -199,7 +199,7 @@ LEAN_CONFIGS = {
 def test_lean_decode_step_equals_the_full_forward(name, padded, monkeypatch):
     """Inside ``decode_layout`` one-token steps run each block's ``decode_one`` (counted here), and the
     logits still equal the full forward, past the window, with and without left padding."""
-    from lmlab.generate import decode_layout
+    from lmlab.kernels.decode_layout import decode_layout
     from lmlab.model.transformer import Block
 
     calls = []
@@ -228,7 +228,7 @@ def test_lean_decode_step_equals_the_full_forward(name, padded, monkeypatch):
                                 dict(position="alibi"), dict(position="t5"), dict(norm_position="post"),
                                 dict(norm_position="sandwich")])
 def test_lean_decode_not_used_where_it_does_not_apply(kw):
-    from lmlab.generate import decode_layout
+    from lmlab.kernels.decode_layout import decode_layout
 
     m = model(**kw)
     with decode_layout(m, batch=1):
@@ -521,7 +521,7 @@ def test_chunked_model_ignores_earlier_chunks_and_decodes_as_its_forward():
 def test_llama4_temperature_and_l2_qk_norm_by_hand():
     """Llama 4 (HF Llama4TextAttention): NoPE layers scale q by 1 + scale * log(1 + floor((p + 1) / floor));
     the weightless L2 QK-norm sits on the RoPE layers only and has no parameters."""
-    from lmlab.analysis import param_counts
+    from lmlab.param_counts import param_counts
     from lmlab.generate import generate_logprobs
 
     cfg = ModelConfig(vocab_size=40, context_length=32, d_model=32, n_layers=4, n_heads=4, nope_layers="RRRN",

@@ -456,7 +456,7 @@ def test_training_memory_bound_counts_weights_and_activations(monkeypatch):
     import torch
 
     import lmlab.devices as devices
-    from lmlab.analysis import param_counts
+    from lmlab.param_counts import param_counts
     from lmlab.config import ConfigError, ModelConfig
 
     cfg = ModelConfig(vocab_size=400, context_length=32, d_model=32, n_layers=2, n_heads=2, d_ff=96)
@@ -551,7 +551,7 @@ def test_threads_flag_and_default(run_dir, monkeypatch, capsys):
         assert default_threads() == physical_cores()
         assert main(["eval", str(run_dir), "--json"]) == 0
         assert torch.get_num_threads() == physical_cores()
-        # generate decodes one prompt of this small model on one thread (lmlab.generate.decode_threads)
+        # generate decodes one prompt of this small model on one thread (lmlab.kernels.decode_layout.decode_threads)
         assert main(["generate", str(run_dir), "--prompt", "To", "--max-new-tokens", "2"]) == 0
         assert torch.get_num_threads() == 1
         assert main(["generate", str(run_dir), "--prompt", "To", "--max-new-tokens", "2", "--threads", "2"]) == 0

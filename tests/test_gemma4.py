@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from lmlab.analysis import kv_cache_bytes, param_counts
+from lmlab.analysis import kv_cache_bytes
+from lmlab.param_counts import param_counts
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.model import TransformerLM
 from lmlab.model.attention import KVCache

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from lmlab.config import ModelConfig
-from lmlab.generate import TextStream, decode_layout, decode_layout_kind, generate, generate_batch, sample_next
+from lmlab.generate import TextStream, generate, generate_batch, sample_next
+from lmlab.kernels.decode_layout import decode_layout, decode_layout_kind
 from lmlab.model import TransformerLM
 
 
@@ -126,12 +127,12 @@ def test_batch_eos_seed_and_limits():
 
 @pytest.mark.parametrize("kind", ["onednn-packed", "transposed"])
 def test_decode_layout_is_transparent_and_restored(kind, monkeypatch):
-    import lmlab.generate as gen
+    import lmlab.kernels.decode_layout as dl
 
-    if kind == "onednn-packed" and not gen.packed_decode_available():
+    if kind == "onednn-packed" and not dl.packed_decode_available():
         pytest.skip("this PyTorch has no oneDNN")
     if kind == "transposed":
-        monkeypatch.setattr(gen, "PACK_LIMIT_BYTES", 0)  # weights "too large" to copy
+        monkeypatch.setattr(dl, "PACK_LIMIT_BYTES", 0)  # weights "too large" to copy
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=40, context_length=16, d_model=32, n_layers=1, n_heads=4, tie_embeddings=True,
                       bias="all")
@@ -227,10 +228,10 @@ def test_cli_generate_stop_and_batch(byte_run, capsys):
 def test_suspended_generator_holds_the_decode_layout_until_closed(large, monkeypatch):
     """A small model decodes through cached copies (its own weights stay contiguous throughout); one
     over ``PACK_LIMIT_BYTES`` is re-laid out in place while a generator is suspended, as documented."""
-    import lmlab.generate as gen
+    import lmlab.kernels.decode_layout as dl
 
     if large:
-        monkeypatch.setattr(gen, "PACK_LIMIT_BYTES", 0)
+        monkeypatch.setattr(dl, "PACK_LIMIT_BYTES", 0)
     torch.manual_seed(0)
     model = TransformerLM(ModelConfig(vocab_size=40, context_length=16, d_model=32, n_layers=1, n_heads=4)).eval()
     tokens = generate(model, [1, 2, 3], 8, temperature=0)
@@ -252,35 +253,36 @@ def test_decode_copies_are_cached_and_remade_when_the_weights_change(batch):
     import copy
 
     import lmlab.generate as gen
+    import lmlab.kernels.decode_layout as dl
 
-    if batch > 1 and not gen.packed_decode_available():
+    if batch > 1 and not dl.packed_decode_available():
         pytest.skip("this PyTorch has no oneDNN")
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=40, context_length=32, d_model=32, n_layers=2, n_heads=4, init_std=0.3)
     model = TransformerLM(cfg)
     prompts = [[1, 2, 3]] * batch
     made = []
-    real = gen._make_decode_copy
+    real = dl._make_decode_copy
     spy = lambda w, what: made.append(what) or real(w, what)  # noqa: E731
 
     x = torch.randint(0, 40, (batch, 9), generator=torch.Generator().manual_seed(1))
 
     def decode(m):  # greedy ids, and logits of a forward through the decode layout's copies
         out = torch.stack(list(gen.stream_batch(m, prompts, 6, temperature=0)))
-        with gen.decode_layout(m, batch), torch.inference_mode():
+        with dl.decode_layout(m, batch), torch.inference_mode():
             return out, m(x)
 
     import unittest.mock as mock
-    with mock.patch.object(gen, "_make_decode_copy", spy):
+    with mock.patch.object(dl, "_make_decode_copy", spy):
         first = decode(model)
         n = len(made)
         assert n > 0 and all(w[0] == ("packed" if batch > 1 else "transposed") for w in made)
         again = decode(model)
         assert len(made) == n and all(torch.equal(a, b) for a, b in zip(first, again))  # nothing remade
-    entries = {id(m): gen._DECODE_COPIES[m][-1] for m in model.modules() if m in gen._DECODE_COPIES}
+    entries = {id(m): dl._DECODE_COPIES[m][-1] for m in model.modules() if m in dl._DECODE_COPIES}
     assert entries  # cached: the second call reused the same copy tensors
     decode(model)
-    assert all(gen._DECODE_COPIES[m][-1] is entries[id(m)] for m in model.modules() if id(m) in entries)
+    assert all(dl._DECODE_COPIES[m][-1] is entries[id(m)] for m in model.modules() if id(m) in entries)
 
     def changed_by_training(m):
         opt = torch.optim.AdamW(m.parameters(), lr=0.05, fused=True)
@@ -301,12 +303,12 @@ def test_decode_copies_are_cached_and_remade_when_the_weights_change(batch):
     for change in (changed_by_training, changed_by_load, changed_by_data):
         change(model)
         fresh = copy.deepcopy(model)
-        gen.release_decode_copies(fresh)
+        dl.release_decode_copies(fresh)
         after, ref = decode(model), decode(fresh)
         assert torch.allclose(after[1], ref[1], atol=1e-5) and torch.equal(after[0], ref[0]), change.__name__
         assert not torch.allclose(after[1], first[1], atol=1e-3), change.__name__  # the weights did change
-    freed = gen.release_decode_copies(model)
-    assert freed > 0 and not any(m in gen._DECODE_COPIES for m in model.modules())
+    freed = dl.release_decode_copies(model)
+    assert freed > 0 and not any(m in dl._DECODE_COPIES for m in model.modules())
 
 
 def test_several_eos_ids_and_logprobs():
@@ -358,7 +360,7 @@ def test_decode_threads_follow_the_model_size():
     import math
 
     from lmlab.config import ModelConfig
-    from lmlab.generate import DECODE_WEIGHTS_PER_THREAD, decode_threads
+    from lmlab.kernels.decode_layout import DECODE_WEIGHTS_PER_THREAD, decode_threads
     from lmlab.model import TransformerLM
 
     small = TransformerLM(ModelConfig(vocab_size=256, context_length=32, d_model=64, n_layers=2, n_heads=4))
@@ -377,7 +379,8 @@ def test_a_suspended_generator_never_serves_stale_or_foreign_weights():
     storage and version) is noticed by its strides."""
     import copy
 
-    from lmlab.generate import decode_layout, generate_logprobs, stream_batch
+    from lmlab.generate import generate_logprobs, stream_batch
+    from lmlab.kernels.decode_layout import decode_layout
 
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=64, context_length=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,

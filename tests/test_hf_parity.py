@@ -822,7 +822,7 @@ def test_llama4_scout_card_count_is_the_text_model_plus_the_vision_tower():
     """The card's 109B total counts the multimodal checkpoint: lmlab's text model (equal to HF's text
     model) plus the vision tower of the published vision_config (HF Llama4ForConditionalGeneration on the
     meta device) is within 0.5% of 109B, the text model alone is not."""
-    from lmlab.analysis import param_counts
+    from lmlab.param_counts import param_counts
     from lmlab.presets import preset_config
 
     cfg = preset_config("llama-4-scout", "real")

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmlab.analysis import param_counts
+from lmlab.param_counts import param_counts
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.model import TransformerLM
 

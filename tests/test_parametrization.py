@@ -274,7 +274,7 @@ def test_export_refuses_a_mup_model():
 @pytest.mark.parametrize("parallel", [False, True])
 def test_completep_kv_cache_decoding_equals_the_full_forward(parallel):
     """The branch multiplier on the lean one-token decode path too (Block.decode_one)."""
-    from lmlab.generate import decode_layout
+    from lmlab.kernels.decode_layout import decode_layout
     from lmlab.model import KVCache
 
     cfg = cfg_of(n_layers=4, parametrization="completep", base_d_model=16, base_n_layers=1, parallel_block=parallel,

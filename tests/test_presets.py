@@ -154,7 +154,7 @@ def test_real_configs_spot_checks():
     neox = preset_config("gpt-neox-20b", "real")
     assert int(neox.head_dim * neox.rope_fraction) == 24  # 25% of head_dim 96
     assert preset_config("gpt-j-6b", "real").head_dim * 0.25 == 64  # rotary_dim 64
-    from lmlab.analysis import param_counts
+    from lmlab.param_counts import param_counts
 
     n340 = param_counts(preset_config("nemotron-4-340b", "real"))  # the report: 9.4B embedding + 331.6B
     embedding = n340["embedding"] + n340["head"]

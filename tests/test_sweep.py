@@ -213,7 +213,7 @@ def test_shipped_specs_are_valid(byte_data):
     seeds, >= 6 compared seeds, every claim on a trained quantity at or above its tokens-per-parameter
     floor) and fits the lab's CPU budget: about 9 hours for all 16 with `make ablations` on 2 cores (12
     specs executed on 2026-12-04: 1.12e15 training FLOPs in 6.0 h, ~1.9e14 FLOPs per hour)."""
-    from lmlab.analysis import param_counts
+    from lmlab.param_counts import param_counts
 
     specs = builtin_specs()
     assert len(specs) == 16
@@ -319,7 +319,7 @@ def test_shipped_gpu_tiers_train_every_run_past_20_tokens_per_parameter():
     inside the run, and a cost that stays under 60 GPU-hours per spec when estimated at 25% of an
     H100/H200's dense bf16 peak (989 TFLOP/s) plus 30 s per run (docs/bench/gpu-tiers.md measured
     8-47 GPU-hours per spec on an H200, eager bf16, MFU 7-35%)."""
-    from lmlab.analysis import param_counts
+    from lmlab.param_counts import param_counts
 
     total = 0.0
     for name, path in builtin_specs().items():

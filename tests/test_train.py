@@ -7,6 +7,7 @@ import torch
 import yaml
 
 from lmlab.checkpoint import CheckpointError, checkpoint_dirs, load_run
+from lmlab.run_folder import check_new_run_dir
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.model import TransformerLM
 from lmlab.schedule import lr_at
@@ -166,7 +167,7 @@ def test_budgeted_run_plans_its_steps_and_equals_a_fixed_run(tmp_path, corpus_by
     """A run with budget_seconds plans max_steps at the end of warmup (here forced to 37 steps) and is
     then the same run, weight for weight, as one asked for max_steps=37 from the start; the plan is in
     run.yaml and metrics.jsonl, and the same command again (cap and budget) finds the run complete."""
-    import lmlab.train as train_mod
+    import lmlab.schedule as schedule_mod
     from lmlab.checkpoint import read_run
     from lmlab.runs import setup_run
 
@@ -176,7 +177,7 @@ def test_budgeted_run_plans_its_steps_and_equals_a_fixed_run(tmp_path, corpus_by
         planned.append((step, elapsed_s, step_s, eval_s, save_s, tc.max_steps))
         return step + 7
 
-    monkeypatch.setattr(train_mod, "budget_steps", fake_plan)
+    monkeypatch.setattr(schedule_mod, "budget_steps", fake_plan)
     train = dict(batch_size=2, max_steps=80, lr=3e-3, warmup_steps=30, eval_interval=20, eval_windows=2,
                  checkpoint_interval=0, device="cpu", tensorboard=False, dtype="fp32")
     tc = TrainConfig(**train, budget_seconds=600)
@@ -212,7 +213,7 @@ def test_wsd_budget_plans_late_checks_again_and_equals_a_fixed_run(tmp_path, cor
     times more steps; at 90% of the planned stable phase it is checked again with the steps timed since
     (a longer plan, or one far too short: kept to the shortest whose decay starts after the re-plan).
     Planned before the decay, the run equals the fixed run of the final length, weight for weight."""
-    import lmlab.train as train_mod
+    import lmlab.schedule as schedule_mod
     from lmlab.checkpoint import read_run
 
     planned = []
@@ -223,21 +224,21 @@ def test_wsd_budget_plans_late_checks_again_and_equals_a_fixed_run(tmp_path, cor
             return 2 * step + 40  # the decay starts at 0.8 x N > step: the plan came before it
         return step  # "no step fits": shortest_plan keeps the decay after the re-plan
 
-    monkeypatch.setattr(train_mod, "budget_steps", fake_plan)
+    monkeypatch.setattr(schedule_mod, "budget_steps", fake_plan)
     train = dict(batch_size=2, max_steps=5000, lr=3e-3, warmup_steps=5, eval_interval=50, eval_windows=2,
                  device="cpu", tensorboard=False, schedule="wsd")
     tc = TrainConfig(**train, budget_seconds=1.0)
-    assert train_mod.budget_plan_after(tc) == pytest.approx(0.4)
-    assert train_mod.budget_plan_after(TrainConfig(budget_seconds=1.0)) == 0.0  # cosine: at warmup's end
+    assert schedule_mod.budget_plan_after(tc) == pytest.approx(0.4)
+    assert schedule_mod.budget_plan_after(TrainConfig(budget_seconds=1.0)) == 0.0  # cosine: at warmup's end
     budgeted = Trainer.create(tmp_path / "budget", small_model(n_layers=1), tc, corpus_bytes, progress=False)
     budgeted.fit()
     (step, elapsed, *_), (again, _, step_s, eval_s, save_s, cap) = planned
     first = 2 * step + 40
-    assert elapsed >= 0.4 and step >= train_mod.BUDGET_TIMED_STEPS  # more on a quiet machine (40% of 1 s)
+    assert elapsed >= 0.4 and step >= schedule_mod.BUDGET_TIMED_STEPS  # more on a quiet machine (40% of 1 s)
     assert again == int(0.9 * (first - round(0.2 * first))) and cap == 5000  # the cap, not the first plan
     assert step_s > 0 and (eval_s, save_s) == (read_run(tmp_path / "budget")["budget"]["eval_s"],
                                                read_run(tmp_path / "budget")["budget"]["save_s"])
-    final = 2 * again + 40 if replan == "longer" else train_mod.shortest_plan(again, tc)
+    final = 2 * again + 40 if replan == "longer" else schedule_mod.shortest_plan(again, tc)
     if replan == "shortest":  # the smallest N whose decay starts at or after the re-plan step, by hand
         assert final - round(0.2 * final) >= again > (final - 1) - round(0.2 * (final - 1))
     assert budgeted.step == final
@@ -344,7 +345,7 @@ def test_a_run_folder_without_run_yaml_points_to_the_copy_its_checkpoint_keeps(t
     (ckpt / "run.yaml").write_text("model: {}\ntrain: {}\n")
     copy = repr(str(ckpt / "run.yaml"))
     with pytest.raises(CheckpointError, match="holds checkpoints but no run.yaml") as new:
-        Trainer.check_new_run_dir(tmp_path)
+        check_new_run_dir(tmp_path)
     with pytest.raises(CheckpointError, match="not an lmlab run folder") as read:
         read_run(tmp_path)
     assert copy in str(new.value) and copy in str(read.value)

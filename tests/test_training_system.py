@@ -14,6 +14,7 @@ import torch
 
 from lmlab.checkpoint import CheckpointError, checkpoint_dirs
 from lmlab.config import ConfigError, ModelConfig
+from lmlab.diagnostics import forward_diagnostics
 from lmlab.schedule import lr_at
 from lmlab.train import TrainConfig, Trainer
 
@@ -107,7 +108,7 @@ def test_diagnostics_logged_and_correct(tmp_path, corpus_bytes):
     # the probe's figures by hand on a batch: log Z = logsumexp of the logits; layer 0's max attention
     # logit = max over heads and causal pairs of (q_h . k_g(h)) / sqrt(head_dim) after QK-norm and RoPE
     x = torch.randint(0, 257, (4, 32))
-    probe = t._diagnostics(x)
+    probe = forward_diagnostics(t.model, x, t._autocast)
     m = t.model.eval()
     with torch.no_grad():
         log_z = torch.logsumexp(m(x), dim=-1)

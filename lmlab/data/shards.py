@@ -51,7 +51,7 @@ class TokenData:
             raise DataError(f"{str(self.folder)!r} is not a prepared data folder (no manifest.json); "
                             f"run `lmlab prepare --data PATH --out {self.folder}` first")
         try:
-            from lmlab.lab.validate import check_nesting
+            from lmlab.json_checks import check_nesting
 
             self.manifest = json.loads(check_nesting(path.read_text(), f"manifest {str(path)!r}", DataError,
                                                      "; the file is damaged: re-run `lmlab prepare`"))

@@ -159,7 +159,7 @@ class Tokenizer:
     def load(cls, path: str | Path) -> "Tokenizer":
         """Load ``tokenizer.json``: an HF tokenizer file, or lmlab's ``{"type": "bytes"}``; raises
         TokenizerError naming the file when it is unreadable, not JSON or nested too deep."""
-        from lmlab.lab.validate import check_nesting
+        from lmlab.json_checks import check_nesting
 
         path = Path(path)
         try:

@@ -37,7 +37,7 @@ from safetensors.torch import load_file, save_file
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.interop import common
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, families, get_family
-from lmlab.lab.validate import check_nesting
+from lmlab.json_checks import check_nesting
 
 # Export tries families in this order when the run names none (the common recipes first).
 PREFERRED = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "cohere",

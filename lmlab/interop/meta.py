@@ -105,7 +105,7 @@ def read_meta(path: str | Path) -> tuple[dict, dict, list[str]]:
     mis-shaped tensor, or an unreadable shard."""
     path = Path(path)
     try:
-        from lmlab.lab.validate import check_nesting
+        from lmlab.json_checks import check_nesting
 
         params = json.loads(check_nesting((path / "params.json").read_text(), repr(str(path / "params.json")),
                                           MetaFormatError))

@@ -17,7 +17,7 @@ is a ``torch.library`` custom op with its own backward (input and weight gradien
 sweeps of bench/sweep_batching.py) each op runs once per member. The three ops are differentiable in
 each other (double backward works); under forward-mode AD and torch.func's grad / jacrev / jvp, for
 which torch.library ops have no rule, :func:`linear` is ``F.linear``. Small products (one-token
-decoding, which has its own packed-weight path in :func:`lmlab.generate.decode_layout`) stay on MKL.
+decoding, which has its own packed-weight path in :func:`lmlab.kernels.decode_layout.decode_layout`) stay on MKL.
 
 Whether the path is taken at all is the model's :class:`lmlab.kernels.settings.KernelSettings`
 (``onednn_fp32``: on where ``lmlab bench calibrate`` measured it faster on this CPU): a

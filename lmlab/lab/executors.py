@@ -258,13 +258,13 @@ class SubmititExecutor:
 
     # --- bookkeeping ------------------------------------------------------------------------
     def _records(self) -> list[dict]:
-        from lmlab.lab.validate import _jsonl_objects
+        from lmlab.json_checks import jsonl_objects
 
         path = self.dir / JOBS_FILE
         if not path.is_file():
             return []
         out = []
-        for where, rec in _jsonl_objects(path):
+        for where, rec in jsonl_objects(path):
             if not (isinstance(rec, dict) and isinstance(rec.get("job_id"), str) and isinstance(rec.get("runs"), list)
                     and rec.get("executor") in ("slurm", "submitit-local")):
                 raise ConfigError(f"{where}: not a job record lmlab wrote (job_id, runs, executor); the file is "

@@ -7,7 +7,7 @@ are about equal across layers (and shrink with depth like 1/sqrt(L)). A spec's `
 measures exactly that for every variant: for each depth and seed, a freshly initialised
 ``TransformerLM`` (the variant's config with ``n_layers`` = depth) takes one forward and backward pass
 on a real training batch (the batch step 0 of that seed trains on), and the L2 norm of each block's
-gradient is recorded (:func:`lmlab.train.layer_grad_norms`). No training: it takes seconds.
+gradient is recorded (:func:`lmlab.diagnostics.layer_grad_norms`). No training: it takes seconds.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def init_grad_norms(
     nats, plus the config's z-loss). Raises ValueError when the split is shorter than one window."""
     from lmlab.model import TransformerLM
     from lmlab.data.batches import global_batch_starts, windows_to_batch
-    from lmlab.train import TrainConfig, layer_grad_norms
+    from lmlab.diagnostics import layer_grad_norms
+    from lmlab.train_config import TrainConfig
 
     T = cfg.context_length
     if len(tokens) < T + 2:

@@ -61,7 +61,7 @@ class RunPlan:
 def measure(cfg: ModelConfig, quantity: str) -> float:
     """A size of ``cfg`` by formula (:mod:`lmlab.analysis`): ``params``, ``non_embedding_params`` or
     ``flops_per_token`` (training FLOPs per token at the model's context)."""
-    from lmlab.analysis import param_counts
+    from lmlab.param_counts import param_counts
 
     if quantity == "flops_per_token":
         return flops_per_token(cfg)
@@ -344,7 +344,7 @@ def _check_budget_hold(spec: Spec, plans: list[RunPlan]) -> None:
 
 def plan_quantities(plans: list[RunPlan]) -> dict:
     """(scale, variant) -> {quantity: value} of the planned runs (first run of each), for control_flags."""
-    from lmlab.analysis import param_counts
+    from lmlab.param_counts import param_counts
 
     out = {}
     for p in plans:
@@ -433,7 +433,7 @@ def protocol_lines(spec: Spec) -> list[str]:
 def format_plan(plans: list[RunPlan], states: dict, spec: Optional[Spec] = None) -> str:
     """The dry-run table: one line per run (steps, tokens, FLOPs, parameters, state), the totals and,
     with ``spec``, the controls: quantities that differ > 5% from the baseline without being declared."""
-    from lmlab.analysis import param_counts
+    from lmlab.param_counts import param_counts
 
     lines = [
         f"{'run':44} {'steps':>6} {'tokens':>11} {'train FLOPs':>11} {'params':>10} {'non-emb':>10}  state"

@@ -36,6 +36,7 @@ from lmlab.lab.stats import finite as _ok
 from lmlab.lab.results import INIT_GRADS_FILE, PROVENANCE_FILE, RESULTS_FILE, TIMING_FILE, run_metrics
 from lmlab.lab.spec import parse_spec
 from lmlab.lab.page import _label, page_markdown, sweep_wall
+from lmlab.json_checks import check_nesting
 from lmlab.lab import validate
 from lmlab.config import ConfigError
 from lmlab.lab.verdicts import analyze, split_stages, tune_key
@@ -472,9 +473,9 @@ def read_spec_file(path: Path) -> dict:
 
 def read_json_file(path: Path) -> dict:
     """A JSON object written by the lab (timing.json, init_grads.json); ValueError naming the file
-    (nesting deeper than :data:`lmlab.lab.validate.MAX_DEPTH` refused before parsing)."""
+    (nesting deeper than :data:`lmlab.json_checks.MAX_DEPTH` refused before parsing)."""
     try:
-        data = json.loads(validate.check_nesting(path.read_text(), "its text", error=ValueError))
+        data = json.loads(check_nesting(path.read_text(), "its text", error=ValueError))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ValueError(
             f"{str(path)!r} could not be read ({exc}); the file is damaged: delete it (a rerun of "

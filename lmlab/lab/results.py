@@ -17,7 +17,7 @@ from lmlab.config import ConfigError
 from lmlab.lab.plan import RunPlan
 from lmlab.lab.axes import _fmt
 from lmlab.lab.spec import Spec
-from lmlab.lab.validate import check_nesting
+from lmlab.json_checks import check_nesting
 from lmlab.run_folder import RUN_FILE, checkpoint_dirs, metrics_path, read_metrics_file, read_run
 
 RESULTS_FILE = "results.jsonl"
@@ -262,7 +262,8 @@ def collect_result(p: RunPlan, run_dir: Path, spec: Spec, diverged: bool, error:
             )
         )
     else:
-        from lmlab.analysis import kv_cache_bytes, param_counts
+        from lmlab.analysis import kv_cache_bytes
+        from lmlab.param_counts import param_counts
 
         counts = param_counts(p.cfg)
         row["params"], row["non_embedding_params"] = counts["total"], counts["non_embedding"]

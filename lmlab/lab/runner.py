@@ -42,7 +42,7 @@ import yaml
 
 from lmlab.config import ConfigError
 from lmlab.fsutil import atomic_write_text
-from lmlab.lab.validate import check_nesting
+from lmlab.json_checks import check_nesting
 from lmlab.lab.worker import stop_training
 from lmlab.threads import current_threads, physical_cores, set_threads, sweep_threads, using_threads
 from lmlab.lab.spec import Spec, load_spec

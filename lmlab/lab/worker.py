@@ -98,7 +98,7 @@ def write_plan(sweep_dir: Path, p: RunPlan, spec: Spec) -> Path:
 def read_plan(sweep_dir: Path, name: str) -> tuple[RunPlan, EvalSettings]:
     """The plan of run ``name`` in ``sweep_dir`` (``plans/NAME.json``). Raises ConfigError naming the file
     when it is missing (not a run the coordinator planned) or damaged."""
-    from lmlab.lab.validate import read_json_object
+    from lmlab.json_checks import read_json_object
     from lmlab.train import TrainConfig
 
     path = Path(sweep_dir) / PLANS_DIR / f"{name}.json"
@@ -131,7 +131,8 @@ def row_path(sweep_dir: Path, name: str) -> Path:
 
 def read_row(sweep_dir: Path, name: str) -> Optional[dict]:
     """The row a worker wrote for ``name`` (validated), or None when there is none yet."""
-    from lmlab.lab.validate import check_row, read_json_object
+    from lmlab.lab.validate import check_row
+    from lmlab.json_checks import read_json_object
 
     path = row_path(sweep_dir, name)
     if not path.is_file():

@@ -222,7 +222,7 @@ class TransformerLM(nn.Module):
             if block.attn.rope is not None:
                 block.attn.rope = ropes.setdefault(block.attn.rope.key, block.attn.rope)
         self._position_tables = [m for m in self.modules() if hasattr(m, "ensure")]
-        self.lean_decode = False  # set by lmlab.generate.decode_layout while generating (see hidden)
+        self.lean_decode = False  # set by lmlab.kernels.decode_layout.decode_layout while generating (see hidden)
         # activation checkpointing (TrainConfig.activation_checkpointing): in training, each block's
         # activations are recomputed in backward (torch.utils.checkpoint, non-reentrant) instead of kept
         self.checkpoint_blocks = False
@@ -457,7 +457,7 @@ class TransformerLM(nn.Module):
         """Whether one-token cached steps may take the blocks' lean ``decode_one`` path: no ALiBi/T5 bias,
         every block eligible (``Block.supports_decode_one``), and no forward hooks on the blocks or inside them,
         nor global ones (hooks, e.g. FSDP's, must see every call, so they keep the ordinary path).
-        :func:`lmlab.generate.decode_layout` checks this once when generation starts and sets
+        :func:`lmlab.kernels.decode_layout.decode_layout` checks this once when generation starts and sets
         ``lean_decode`` for its duration; ``hidden`` then takes the lean path for steps of one token under
         inference (no autograd, eval mode)."""
         if self.cfg.position in ("alibi", "t5") or _global_forward_hooks or _global_forward_pre_hooks:
