@@ -15,7 +15,7 @@ from typing import Iterator, Optional
 
 import torch
 import torch.nn.functional as F
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.weak import WeakIdKeyDictionary
 
 from lmlab.model import TransformerLM
 
@@ -46,10 +46,31 @@ def packed_decode_available() -> bool:
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+# Gradients backward has accumulated into a weight since a decode copy of it was made: weight -> [count,
+# hook handle]. An optimizer step needs a gradient, and a step may change the weight without bumping its
+# version counter (torch's fused optimizers do not), so an arriving gradient makes the copy stale. Keyed
+# weakly: a dropped weight takes its entry (and its hook) with it.
+_GRAD_EVENTS: "WeakIdKeyDictionary" = WeakIdKeyDictionary()  # by identity: a tensor's == is elementwise
+
+
+def _watch_gradients(w: torch.Tensor) -> None:
+    """Count the gradients backward accumulates into ``w`` (a post-accumulate-grad hook on ``w`` itself,
+    registered once, removed by :func:`release_decode_copies`); nothing for a weight without autograd."""
+    if w in _GRAD_EVENTS or not (w.requires_grad and w.is_leaf):
+        return
+    entry = [0, None]
+
+    def arrived(_: torch.Tensor) -> None:
+        entry[0] += 1
+
+    entry[1] = w.register_post_accumulate_grad_hook(arrived)
+    _GRAD_EVENTS[w] = entry
+
+
 def _weight_state(w: torch.Tensor) -> tuple:
     """What identifies the values of weight ``w`` without reading them: its storage, layout, dtype,
-    version counter and the process's optimizer-step count (see :func:`decode_layout`)."""
-    return (w.data_ptr(), tuple(w.shape), w.stride(), w.dtype, w._version, _OPTIMIZER_STEPS[0])
+    version counter and the gradients accumulated into it since it was watched (see :func:`decode_layout`)."""
+    return (w.data_ptr(), tuple(w.shape), w.stride(), w.dtype, w._version, _GRAD_EVENTS.get(w, (0,))[0])
 
 
 class _DecodeCopy:
@@ -72,11 +93,12 @@ def _decode_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     :class:`_DecodeCopy`); bound to the module as its ``forward`` while decoding. The copy is used only
     while the weight is unchanged, without autograd, for an input of the weight's dtype; otherwise the
     module's own weight is (so a step taken while a generator is suspended, or a deep copy of the
-    model, never multiplies by stale or foreign values)."""
+    model, never multiplies by stale or foreign values), and so it is while the weight holds a gradient
+    (an optimizer step may follow at any time)."""
     d = self._decode_copy
     copy, packed, state = d.copy, d.packed, d.state
     if copy is None or torch.is_grad_enabled() or x.dtype != self.weight.dtype \
-            or _weight_state(self.weight) != state:
+            or self.weight.grad is not None or _weight_state(self.weight) != state:
         return F.linear(x, self.weight, self.bias)
     if packed:
         return torch.ops.mkldnn._linear_pointwise(x, copy, self.bias, "none", [], "")
@@ -88,25 +110,14 @@ def _decode_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 # weight's state then (_weight_state), the copy). Keyed weakly, so a model that is dropped frees its
 # copies; see decode_layout for when a copy is remade.
 _DECODE_COPIES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
-_OPTIMIZER_STEPS = [0]
-_STEP_HOOK = []
 _ACTIVE: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models inside decode_layout now
-
-
-def _count_optimizer_steps() -> None:
-    """Count every ``torch.optim`` step in this process (one global post-step hook, registered once):
-    torch's fused AdamW updates parameters without bumping their version counters, so a step must
-    invalidate the decode copies by itself."""
-    if not _STEP_HOOK:
-        def bump(*_):
-            _OPTIMIZER_STEPS[0] += 1
-        _STEP_HOOK.append(register_optimizer_step_post_hook(bump))
 
 
 def _decode_copy(module: torch.nn.Linear, what: tuple) -> torch.Tensor:
     """``module``'s weight prepared as ``what`` (('packed', batch) or ('transposed',)), from the cache
-    when it was made from the same tensor storage, at the same version, with no optimizer step since."""
+    when it was made from the same tensor storage, at the same version, with no gradient accumulated since."""
     w = module.weight
+    _watch_gradients(w)
     entry = _DECODE_COPIES.get(module)
     if entry is not None:
         made_as, _source, state, copy = entry
@@ -133,6 +144,9 @@ def release_decode_copies(model: torch.nn.Module) -> int:
         entry = _DECODE_COPIES.pop(module, None)
         if entry is not None:
             freed += entry[-1].numel() * entry[-1].element_size()
+            watched = _GRAD_EVENTS.pop(module.weight, None)
+            if watched is not None:
+                watched[1].remove()
     return freed
 
 
@@ -183,11 +197,14 @@ def decode_layout(model: TransformerLM, batch: int = 1) -> Iterator[None]:
     so repeated generation pays the re-layout once; :func:`release_decode_copies` frees them. A copy is
     remade, and while decoding never used, once its weight changed: a different tensor, storage, shape,
     stride or dtype (``load_state_dict(assign=True)``, ``.to()``, ``p.data = ...``), an in-place write
-    through the parameter (its version counter: ``load_state_dict``, ``p.copy_``), or any ``torch.optim``
-    step in the process since it was made (torch's fused AdamW does not bump version counters); each
-    call checks this, so a step taken while a generator is suspended takes effect at once. Writes into
-    ``p.data``'s storage in place (``p.data.mul_(2)``) bypass all of these: call
-    :func:`release_decode_copies` after them.
+    through the parameter (its version counter: ``load_state_dict``, ``p.copy_``), or a gradient that
+    backward accumulated into it since the copy was made (a hook on the weight itself: torch's fused
+    optimizers step without bumping version counters, but every step needs a gradient); a weight that holds
+    a gradient is never multiplied through a copy (a step may come at any moment). Each call checks this, so
+    a step taken while a generator is suspended takes effect at once. Writes that bypass both, a gradient
+    assigned by hand (``p.grad = g``), stepped by a fused optimizer and cleared before the next call, or a
+    write into ``p.data``'s storage in place (``p.data.mul_(2)``): call :func:`release_decode_copies` after
+    them.
 
     Side by side on the demo shape (2 CPU threads; ``python bench/decode_vs_hf.py``): see docs/benchmarks.md."""
     kind = decode_layout_kind(model, batch)
@@ -203,10 +220,9 @@ def decode_layout(model: TransformerLM, batch: int = 1) -> Iterator[None]:
             return
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         if kind == "onednn-packed" or _linear_bytes(model) <= PACK_LIMIT_BYTES:
-            _count_optimizer_steps()
             for module in linears:
                 packed = kind == "onednn-packed"
-                if not packed and not _transposes(module.weight):
+                if (not packed and not _transposes(module.weight)) or module.weight.grad is not None:
                     continue
                 copy = _decode_copy(module, ("packed", batch) if packed else ("transposed",))
                 module._decode_copy = _DecodeCopy(copy, packed, _weight_state(module.weight))
