@@ -3,7 +3,7 @@
 #               bits-per-byte and a sample
 #               (installs lmlab with the plot and tb extras only: what the demo and the README's tour
 #               use; transformers, lm-eval and datasets come with make install / make test)
-#   make test   create .venv, install with every extra, run ruff (lint) and the test suite
+#   make test   create .venv, install with every extra, run ruff (lint, format check) and the test suite
 #   make ablations  run every shipped spec from scratch (lmlab sweep, into a new sweeps/ablations-<time>
 #               folder), write its report to docs/ablations/NAME/ and the index of all claims to
 #               docs/ablations/README.md
@@ -62,6 +62,7 @@ demo: $(VENV)/.installed-demo
 
 test: install
 	$(BIN)/ruff check lmlab tests bench
+	$(BIN)/ruff format --check lmlab tests bench
 	$(BIN)/python -m pytest -q --durations=30
 
 ablations: install

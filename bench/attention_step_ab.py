@@ -66,6 +66,7 @@ def variants(compare: str) -> dict:
     def setter(backward, use_blocked):
         def apply():
             ca._backward_fused, attention.use_blocked = backward, use_blocked
+
         return apply
 
     if compare == "sdpa":
@@ -114,8 +115,10 @@ def main() -> None:
     ratios = [x / y for x, y in zip(times[first], times[second])]
     q1, _, q3 = statistics.quantiles(ratios, n=4)
     load = os.getloadavg()
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"torch {torch.__version__}, threads {a.threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__}, threads {a.threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
     print(f"recipe {a.recipe}, {a.dtype}, compiled step, {a.rounds} rounds x {a.steps} steps, alternated")
     for name in names:
         print(f"  {name:11s} {statistics.median(times[name]) * 1e3:7.1f} ms/step (median)")

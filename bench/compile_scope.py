@@ -52,9 +52,21 @@ def make_step(scope: str, dtype):
 def cold_compile(scope: str, a) -> float:
     """First-step seconds of ``scope`` in a fresh process with an empty inductor cache."""
     with tempfile.TemporaryDirectory() as cache:
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--dtype", a.dtype, "--threads",
-                              str(a.threads), "--first-step-of", scope], capture_output=True, text=True,
-                             env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, PYTHONWARNINGS="ignore"))
+        out = subprocess.run(
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--dtype",
+                a.dtype,
+                "--threads",
+                str(a.threads),
+                "--first-step-of",
+                scope,
+            ],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, PYTHONWARNINGS="ignore"),
+        )
     if out.returncode:
         raise SystemExit(f"{scope}: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
     return float(out.stdout.strip().splitlines()[-1])
@@ -87,15 +99,16 @@ def main() -> None:
         for scope in SCOPES:
             cold[scope].append(cold_compile(scope, a))
     for scope in SCOPES if a.cold_repeats else ():
-        print(f"cold compile (first step, empty cache) {scope:>6}: "
-              + ", ".join(f"{t:.1f}" for t in cold[scope]) + " s")
+        print(
+            f"cold compile (first step, empty cache) {scope:>6}: " + ", ".join(f"{t:.1f}" for t in cold[scope]) + " s"
+        )
     steps = {s: make_step(s, dtype)[0] for s in SCOPES}
     for step in steps.values():
         for _ in range(3):
             step()
     times = {s: [] for s in SCOPES}
     for r in range(a.rounds):
-        for scope in SCOPES[r % 2:] + SCOPES[:r % 2]:
+        for scope in SCOPES[r % 2 :] + SCOPES[: r % 2]:
             t0 = time.perf_counter()
             for _ in range(a.steps):
                 steps[scope]()

@@ -44,12 +44,22 @@ def main() -> int:
     p.add_argument("--new-tokens", type=int, default=100)
     args = p.parse_args()
     print(f"machine: {describe_machine()}; load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    print("| d_model x layers | weights per token | " + " | ".join(f"{t} thread(s), ms/token" for t in args.threads)
-          + f" | {args.threads[-1]} / {args.threads[0]} threads |")
+    print(
+        "| d_model x layers | weights per token | "
+        + " | ".join(f"{t} thread(s), ms/token" for t in args.threads)
+        + f" | {args.threads[-1]} / {args.threads[0]} threads |"
+    )
     print("|" + " --- |" * (3 + len(args.threads)))
     for d, L, H in SIZES:
-        cfg = ModelConfig(vocab_size=4096, context_length=256, d_model=d, n_layers=L, n_heads=H,
-                          n_kv_heads=H // 2, tie_embeddings=True)
+        cfg = ModelConfig(
+            vocab_size=4096,
+            context_length=256,
+            d_model=d,
+            n_layers=L,
+            n_heads=H,
+            n_kv_heads=H // 2,
+            tie_embeddings=True,
+        )
         torch.manual_seed(0)
         model = TransformerLM(cfg).eval()
         weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
@@ -61,8 +71,12 @@ def main() -> int:
                 times[t].append(seconds(model, t, args.new_tokens))
         med = {t: statistics.median(v) * 1000 / args.new_tokens for t, v in times.items()}
         ratio = statistics.median(b / a for a, b in zip(times[args.threads[0]], times[args.threads[-1]]))
-        print(f"| {d} x {L} | {weights / 1e6:.1f}M | " + " | ".join(f"{med[t]:.2f}" for t in args.threads)
-              + f" | {ratio:.2f}x |", flush=True)
+        print(
+            f"| {d} x {L} | {weights / 1e6:.1f}M | "
+            + " | ".join(f"{med[t]:.2f}" for t in args.threads)
+            + f" | {ratio:.2f}x |",
+            flush=True,
+        )
     print(f"load average after {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     return 0
 

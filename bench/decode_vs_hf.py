@@ -52,19 +52,36 @@ from lmlab.model import TransformerLM
 
 
 def demo_config() -> ModelConfig:
-    return ModelConfig(vocab_size=4096, context_length=256, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4,
-                       tie_embeddings=True, norm_eps=1e-5, rope_theta=10000.0)
+    return ModelConfig(
+        vocab_size=4096,
+        context_length=256,
+        d_model=256,
+        n_layers=4,
+        n_heads=8,
+        n_kv_heads=4,
+        tie_embeddings=True,
+        norm_eps=1e-5,
+        rope_theta=10000.0,
+    )
 
 
 def build_pair(seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = demo_config()
-    hc = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
-                     num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-                     num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
-                     max_position_embeddings=cfg.context_length, rms_norm_eps=cfg.norm_eps,
-                     tie_word_embeddings=True, attn_implementation="sdpa")
+    hc = LlamaConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_kv_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.context_length,
+        rms_norm_eps=cfg.norm_eps,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(seed)
     hf = LlamaForCausalLM(hc).eval()
     ours = TransformerLM(cfg).eval()
@@ -108,8 +125,11 @@ def read_floor(model, repeats: int = 7) -> float:
 
 def llama_to_lmlab(sd: dict, cfg: ModelConfig) -> dict:
     """A Hugging Face Llama state dict in lmlab's names and fused layouts."""
-    out = {"embed.weight": sd["model.embed_tokens.weight"], "final_norm.weight": sd["model.norm.weight"],
-           "lm_head.weight": sd.get("lm_head.weight", sd["model.embed_tokens.weight"])}
+    out = {
+        "embed.weight": sd["model.embed_tokens.weight"],
+        "final_norm.weight": sd["model.norm.weight"],
+        "lm_head.weight": sd.get("lm_head.weight", sd["model.embed_tokens.weight"]),
+    }
     for i in range(cfg.n_layers):
         p = f"model.layers.{i}."
         out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([sd[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
@@ -142,8 +162,15 @@ def hf_stamps(hf, prompts: list[list[int]], new_tokens: int) -> list[float]:
     ids = torch.tensor(prompts)
     clock = StepClock()
     with torch.inference_mode():
-        hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                    min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, streamer=clock)
+        hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+            streamer=clock,
+        )
     return clock.stamps
 
 
@@ -164,9 +191,14 @@ def bench_batch(ours, hf, cfg, B: int, args) -> dict:
     """Check equal greedy tokens, then time lmlab (warm), lmlab cold and HF in rotated rounds."""
     prompts = random_prompts(cfg.vocab_size, B, args.prompt_len, seed=B)
     with torch.inference_mode():
-        same = hf.generate(torch.tensor(prompts), attention_mask=torch.ones(B, args.prompt_len, dtype=torch.long),
-                           max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
-                           pad_token_id=0)[:, args.prompt_len:].tolist()
+        same = hf.generate(
+            torch.tensor(prompts),
+            attention_mask=torch.ones(B, args.prompt_len, dtype=torch.long),
+            max_new_tokens=args.new_tokens,
+            min_new_tokens=args.new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )[:, args.prompt_len :].tolist()
     mine = torch.stack(list(stream_batch(ours, prompts, args.new_tokens, temperature=0.0)), 1).tolist()
     agree = sum(a == b for ra, rb in zip(mine, same) for a, b in zip(ra, rb)) / (B * args.new_tokens)
 
@@ -178,26 +210,37 @@ def bench_batch(ours, hf, cfg, B: int, args) -> dict:
     timed(lmlab_call), timed(runs["HF"])  # warm-up
     times = {name: [] for name in names}
     for r in range(args.repeats):
-        for name in names[r % 3:] + names[:r % 3]:
+        for name in names[r % 3 :] + names[: r % 3]:
             if name == "lmlab cold":
                 release_decode_copies(ours)  # not timed: the call then remakes the copies
             times[name].append(timed(runs[name]))
-    out = {"batch": B, "agree": agree, "layout": decode_layout_kind(ours, B), "systems": {},
-           "floor_ms": read_floor(ours) * 1e3}
+    out = {
+        "batch": B,
+        "agree": agree,
+        "layout": decode_layout_kind(ours, B),
+        "systems": {},
+        "floor_ms": read_floor(ours) * 1e3,
+    }
     for name in names:
         pre, dec, call = (statistics.median(t[j] for t in times[name]) for j in range(3))
         ratio = quartiles([h[2] / o[2] for h, o in zip(times["HF"], times[name])])
-        out["systems"][name] = {"prefill_ms": pre * 1e3, "decode_ms_step": dec / (args.new_tokens - 1) * 1e3,
-                                "call_ms": call * 1e3, "tokens_s": B * args.new_tokens / call,
-                                "hf_over": ratio}
+        out["systems"][name] = {
+            "prefill_ms": pre * 1e3,
+            "decode_ms_step": dec / (args.new_tokens - 1) * 1e3,
+            "call_ms": call * 1e3,
+            "tokens_s": B * args.new_tokens / call,
+            "hf_over": ratio,
+        }
     return out
 
 
 def print_batch(res: dict, threads: int) -> list[str]:
     """Print one batch's results; return its markdown table rows."""
     B = res["batch"]
-    print(f"batch {B}, {threads} thread(s): lmlab decode weight layout {res['layout']}; greedy tokens identical "
-          f"{res['agree']:.1%}")
+    print(
+        f"batch {B}, {threads} thread(s): lmlab decode weight layout {res['layout']}; greedy tokens identical "
+        f"{res['agree']:.1%}"
+    )
     print(
         f"  {'system':11} {'call ms':>9} {'tokens/s':>9} {'prefill ms':>11} {'ms/step':>8}  HF call / this call (IQR)"
     )
@@ -205,15 +248,23 @@ def print_batch(res: dict, threads: int) -> list[str]:
     for name, r in res["systems"].items():
         q1, med, q3 = r["hf_over"]
         vs = "" if name == "HF" else f"{med:.2f}x ({q1:.2f}-{q3:.2f})"
-        print(f"  {name:11} {r['call_ms']:>9.1f} {r['tokens_s']:>9,.0f} {r['prefill_ms']:>11.2f} "
-              f"{r['decode_ms_step']:>8.2f}  {vs}")
-        rows.append(f"| {threads} | {B} | {name} | {r['call_ms']:.1f} | {r['tokens_s']:,.0f} | {r['prefill_ms']:.2f} | "
-                    f"{r['decode_ms_step']:.2f} | {('**' + vs.replace(' (', '** (', 1)) if vs else '1 (reference)'} |")
+        print(
+            f"  {name:11} {r['call_ms']:>9.1f} {r['tokens_s']:>9,.0f} {r['prefill_ms']:>11.2f} "
+            f"{r['decode_ms_step']:>8.2f}  {vs}"
+        )
+        rows.append(
+            f"| {threads} | {B} | {name} | {r['call_ms']:.1f} | {r['tokens_s']:,.0f} | {r['prefill_ms']:.2f} | "
+            f"{r['decode_ms_step']:.2f} | {('**' + vs.replace(' (', '** (', 1)) if vs else '1 (reference)'} |"
+        )
     hf_step = res["systems"]["HF"]["decode_ms_step"]
-    print(f"  weight-read floor {res['floor_ms']:.2f} ms per step (every weight read once); HF's step / floor "
-          f"{hf_step / res['floor_ms']:.2f}x")
-    rows.append(f"| {threads} | {B} | weight-read floor | | | | {res['floor_ms']:.2f} | HF's step / floor: "
-                f"{hf_step / res['floor_ms']:.2f}x |")
+    print(
+        f"  weight-read floor {res['floor_ms']:.2f} ms per step (every weight read once); HF's step / floor "
+        f"{hf_step / res['floor_ms']:.2f}x"
+    )
+    rows.append(
+        f"| {threads} | {B} | weight-read floor | | | | {res['floor_ms']:.2f} | HF's step / floor: "
+        f"{hf_step / res['floor_ms']:.2f}x |"
+    )
     return rows
 
 
@@ -230,8 +281,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=POSITIVE, default=9)
     ap.add_argument("--threads", type=POSITIVE, nargs="+", help="torch threads, one or more (default: torch's choice)")
     ap.add_argument("--markdown", metavar="FILE", help="also write the tables as a markdown page to FILE")
-    ap.add_argument("--model", choices=["demo", "gpt2"], default="demo",
-                    help="demo: the Llama-style demo shape (4M); gpt2: GPT-2 small (124M)")
+    ap.add_argument(
+        "--model",
+        choices=["demo", "gpt2"],
+        default="demo",
+        help="demo: the Llama-style demo shape (4M); gpt2: GPT-2 small (124M)",
+    )
     args = ap.parse_args()
     if args.markdown and not Path(args.markdown).resolve().parent.is_dir():
         ap.error(f"--markdown {args.markdown}: its folder does not exist")
@@ -239,12 +294,17 @@ def main() -> None:
         import transformers
     except ImportError:
         ap.error("needs Hugging Face transformers: pip install -e '.[hf]'")
-    cfg = demo_config() if args.model == "demo" else ModelConfig(vocab_size=50257, context_length=1024, d_model=768,
-                                                                 n_layers=12, n_heads=12)
+    cfg = (
+        demo_config()
+        if args.model == "demo"
+        else ModelConfig(vocab_size=50257, context_length=1024, d_model=768, n_layers=12, n_heads=12)
+    )
     length = args.prompt_len + args.new_tokens - 1
     if length > cfg.context_length:
-        ap.error(f"--prompt-len {args.prompt_len} + --new-tokens {args.new_tokens} - 1 exceeds the context of "
-                 f"{cfg.context_length}")
+        ap.error(
+            f"--prompt-len {args.prompt_len} + --new-tokens {args.new_tokens} - 1 exceeds the context of "
+            f"{cfg.context_length}"
+        )
     from lmlab.bench import check_decode_memory
     from lmlab.config import ConfigError
 

@@ -43,12 +43,36 @@ def lmlab_round(data: str, steps: int, skip: int, threads: int, env: dict, out: 
     import yaml
 
     cfg = out.parent / "bar.yaml"
-    cfg.write_text(yaml.safe_dump({"model": SHAPE, "train": {"batch_size": BATCH, "max_steps": steps,
-                                                            "eval_interval": 10 * steps, "log_interval": 20}}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "model": SHAPE,
+                "train": {"batch_size": BATCH, "max_steps": steps, "eval_interval": 10 * steps, "log_interval": 20},
+            }
+        )
+    )
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "lmlab.cli", "train", "--config", str(cfg), "--data", data,
-                           "--out", str(out), "--threads", str(threads), "--no-progress"],
-                          capture_output=True, text=True, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lmlab.cli",
+            "train",
+            "--config",
+            str(cfg),
+            "--data",
+            data,
+            "--out",
+            str(out),
+            "--threads",
+            str(threads),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     wall = time.perf_counter() - t
     if proc.returncode:
         raise SystemExit(f"lmlab train failed:\n{proc.stderr[-3000:]}")
@@ -60,10 +84,17 @@ def lmlab_round(data: str, steps: int, skip: int, threads: int, env: dict, out: 
             seconds += 20 * tokens_per_step / rec["tokens_per_s"]
             tokens += 20 * tokens_per_step
     run = yaml.safe_load((out / "run.yaml").read_text())
-    dtype = next((ln.split("dtype ")[1].split(" ")[0].rstrip(",") for ln in proc.stderr.splitlines()
-                  if ln.startswith("model:")), "?")
-    return {"tokens_per_s": tokens / seconds, "compile": run.get("compile", {}).get("choice"), "wall_s": wall,
-            "dtype": dtype, "reason": run.get("compile", {}).get("reason")}
+    dtype = next(
+        (ln.split("dtype ")[1].split(" ")[0].rstrip(",") for ln in proc.stderr.splitlines() if ln.startswith("model:")),
+        "?",
+    )
+    return {
+        "tokens_per_s": tokens / seconds,
+        "compile": run.get("compile", {}).get("choice"),
+        "wall_s": wall,
+        "dtype": dtype,
+        "reason": run.get("compile", {}).get("reason"),
+    }
 
 
 def hf_child(data: str, steps: int, skip: int, threads: int, dtype: str) -> None:
@@ -77,11 +108,19 @@ def hf_child(data: str, steps: int, skip: int, threads: int, dtype: str) -> None
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=SHAPE["vocab_size"], hidden_size=SHAPE["d_model"],
-                      intermediate_size=SHAPE["d_ff"], num_hidden_layers=SHAPE["n_layers"],
-                      num_attention_heads=SHAPE["n_heads"], num_key_value_heads=SHAPE["n_kv_heads"],
-                      max_position_embeddings=SHAPE["context_length"], rope_theta=10000.0, tie_word_embeddings=True,
-                      attention_dropout=0.0, attn_implementation="sdpa")
+    cfg = LlamaConfig(
+        vocab_size=SHAPE["vocab_size"],
+        hidden_size=SHAPE["d_model"],
+        intermediate_size=SHAPE["d_ff"],
+        num_hidden_layers=SHAPE["n_layers"],
+        num_attention_heads=SHAPE["n_heads"],
+        num_key_value_heads=SHAPE["n_kv_heads"],
+        max_position_embeddings=SHAPE["context_length"],
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        attention_dropout=0.0,
+        attn_implementation="sdpa",
+    )
     model = LlamaForCausalLM(cfg)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -91,7 +130,7 @@ def hf_child(data: str, steps: int, skip: int, threads: int, dtype: str) -> None
     times = []
     for _ in range(steps):
         starts = rng.integers(0, len(tokens) - T - 1, BATCH)
-        w = torch.from_numpy(np.stack([np.asarray(tokens[s:s + T + 1], dtype=np.int64) for s in starts]))
+        w = torch.from_numpy(np.stack([np.asarray(tokens[s : s + T + 1], dtype=np.int64) for s in starts]))
         x, y = w[:, :-1], w[:, 1:]
         t = time.perf_counter()
         with torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
@@ -106,8 +145,25 @@ def hf_child(data: str, steps: int, skip: int, threads: int, dtype: str) -> None
 
 
 def hf_round(data: str, steps: int, skip: int, threads: int, dtype: str) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--hf-child", dtype, "--data", data, "--steps", str(steps),
-                           "--skip", str(skip), "--threads", str(threads)], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--hf-child",
+            dtype,
+            "--data",
+            data,
+            "--steps",
+            str(steps),
+            "--skip",
+            str(skip),
+            "--threads",
+            str(threads),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     if proc.returncode:
         raise SystemExit(f"HF loop failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -115,8 +171,11 @@ def hf_round(data: str, steps: int, skip: int, threads: int, dtype: str) -> dict
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=str(ROOT / "data" / "shakespeare-bpe4096"),
-                    help="a data folder with a 4096-token tokenizer (`lmlab prepare --vocab-size 4096`)")
+    ap.add_argument(
+        "--data",
+        default=str(ROOT / "data" / "shakespeare-bpe4096"),
+        help="a data folder with a 4096-token tokenizer (`lmlab prepare --vocab-size 4096`)",
+    )
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--skip", type=int, default=100, help="steps not timed (compile, warm-up)")
     ap.add_argument("--threads", type=int, default=2)
@@ -136,8 +195,9 @@ def main() -> None:
     print(f"machine: {describe_machine()}; threads {a.threads}; load average {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(a.cache) if a.cache else Path(tmp) / "cache"
-        env = dict(os.environ, LMLAB_CACHE=str(cache), TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
-                   PYTHONWARNINGS="ignore")
+        env = dict(
+            os.environ, LMLAB_CACHE=str(cache), TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), PYTHONWARNINGS="ignore"
+        )
         ratios = []
         for r in range(a.rounds):
             runs = {}
@@ -151,17 +211,23 @@ def main() -> None:
                         import torch
 
                         from lmlab.devices import resolve_dtype
+
                         dtype = "bf16" if resolve_dtype("auto", torch.device("cpu")) else "fp32"
                     runs["hf"] = hf_round(a.data, a.steps, a.skip, a.threads, dtype)
                     runs["hf"]["dtype"] = dtype
             ratio = runs["lmlab"]["tokens_per_s"] / runs["hf"]["tokens_per_s"]
             ratios.append(ratio)
-            print(f"round {r + 1}: lmlab train {runs['lmlab']['tokens_per_s']:,.0f} tokens/s (dtype "
-                  f"{runs['lmlab']['dtype']}, compile {runs['lmlab']['compile']}, {runs['lmlab']['wall_s']:.0f} s "
-                  f"wall), HF eager {runs['hf']['dtype']} {runs['hf']['tokens_per_s']:,.0f} tokens/s: {ratio:.2f}x"
-                  f"\n  compile auto's reason: {runs['lmlab']['reason']}", flush=True)
-    print(f"lmlab train (defaults) / plain eager HF loop, steps {a.skip + 1}-{a.steps}: median "
-          f"{statistics.median(ratios):.2f}x over {a.rounds} rounds (range {min(ratios):.2f}-{max(ratios):.2f})")
+            print(
+                f"round {r + 1}: lmlab train {runs['lmlab']['tokens_per_s']:,.0f} tokens/s (dtype "
+                f"{runs['lmlab']['dtype']}, compile {runs['lmlab']['compile']}, {runs['lmlab']['wall_s']:.0f} s "
+                f"wall), HF eager {runs['hf']['dtype']} {runs['hf']['tokens_per_s']:,.0f} tokens/s: {ratio:.2f}x"
+                f"\n  compile auto's reason: {runs['lmlab']['reason']}",
+                flush=True,
+            )
+    print(
+        f"lmlab train (defaults) / plain eager HF loop, steps {a.skip + 1}-{a.steps}: median "
+        f"{statistics.median(ratios):.2f}x over {a.rounds} rounds (range {min(ratios):.2f}-{max(ratios):.2f})"
+    )
     print(f"machine: {describe_machine()}; threads {a.threads}; load average {os.getloadavg()[0]:.2f}")
 
 

@@ -44,26 +44,36 @@ def main() -> None:
     shape = Args(recipe=a.recipe, nanogpt=None, **RECIPES[a.recipe])
     systems, regions = {}, {}
     for fused in (True, False):  # one model per setting, compiled apart (compile_apart)
-        systems[fused] = make_system("lmlab", shape, torch.bfloat16 if a.dtype == "bf16" else None,
-                                     compile_=True, fused=True, kernels=replace(default_kernels(), fused_loops=fused))
+        systems[fused] = make_system(
+            "lmlab",
+            shape,
+            torch.bfloat16 if a.dtype == "bf16" else None,
+            compile_=True,
+            fused=True,
+            kernels=replace(default_kernels(), fused_loops=fused),
+        )
         systems[fused].step()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             systems[fused].step()  # compiled regions per step: 1 with the fused loops (no graph break)
         regions[fused] = sum(ev.count for ev in prof.key_averages() if ev.key == "CompiledFunction")
     times: dict[bool, list[float]] = {True: [], False: []}
     for r in range(a.rounds):
-        for fused in ((True, False) if r % 2 == 0 else (False, True)):
+        for fused in (True, False) if r % 2 == 0 else (False, True):
             t0 = time.perf_counter()
             for _ in range(a.steps):
                 systems[fused].step()
             times[fused].append((time.perf_counter() - t0) / a.steps)
     q1, m, q3 = quartiles([e / f for e, f in zip(times[False], times[True])])
     print(machine_line(a.threads))
-    print(f"recipe {a.recipe}, {a.dtype}, batch {shape.batch} x {shape.context}, compiled; "
-          f"{a.rounds} rounds x {a.steps} steps, alternating order")
-    print(f"eager loops {statistics.median(times[False]) * 1e3:.1f} ms/step ({regions[False]} compiled "
-          f"regions), fused loops {statistics.median(times[True]) * 1e3:.1f} ms/step ({regions[True]}): "
-          f"speed-up {m:.3f}x (IQR {q1:.3f}-{q3:.3f})")
+    print(
+        f"recipe {a.recipe}, {a.dtype}, batch {shape.batch} x {shape.context}, compiled; "
+        f"{a.rounds} rounds x {a.steps} steps, alternating order"
+    )
+    print(
+        f"eager loops {statistics.median(times[False]) * 1e3:.1f} ms/step ({regions[False]} compiled "
+        f"regions), fused loops {statistics.median(times[True]) * 1e3:.1f} ms/step ({regions[True]}): "
+        f"speed-up {m:.3f}x (IQR {q1:.3f}-{q3:.3f})"
+    )
 
 
 if __name__ == "__main__":

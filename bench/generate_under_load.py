@@ -62,9 +62,12 @@ def main() -> int:
     model = TransformerLM(ModelConfig(**model_fields)).eval()
     default = decode_threads(model, default_threads())  # what `lmlab generate` uses without --threads
     settings = [("default", default)] + [(str(t), t) for t in args.threads if t != default]
-    print(f"machine: {describe_machine()}; `lmlab generate`'s default threads for this model {default} "
-          f"(compute default {default_threads()}); load average "
-          f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
+    print(
+        f"machine: {describe_machine()}; `lmlab generate`'s default threads for this model {default} "
+        f"(compute default {default_threads()}); load average "
+        f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}",
+        flush=True,
+    )
     decode_seconds(model, default, 20)  # warm-up
     times: dict = {(name, cond): [] for name, _ in settings for cond in ("idle", "busy")}
     ctx = mp.get_context("spawn")
@@ -82,8 +85,10 @@ def main() -> int:
         for proc in procs:
             proc.join()
         print(f"round {r + 1}: " + ", ".join(f"{n} {c} {v[-1]:.2f} s" for (n, c), v in times.items()), flush=True)
-    print(f"\n{args.new_tokens} tokens, batch 1, demo model; {args.busy} busy-loop process(es) in 'busy'; "
-          f"median of {args.rounds} rounds")
+    print(
+        f"\n{args.new_tokens} tokens, batch 1, demo model; {args.busy} busy-loop process(es) in 'busy'; "
+        f"median of {args.rounds} rounds"
+    )
     print("| threads | idle | busy | busy / idle |")
     print("| --- | --- | --- | --- |")
     for name, t in settings:

@@ -38,21 +38,52 @@ def spec(data: Path, runs: int, steps: int, device: str) -> dict:
     seeds = list(range(1, runs // 2 + 1))
     gpu = device == "cuda"
     return {
-        "name": "gpu-packing", "claim": "SwiGLU beats GELU at equal non-embedding parameters.",
-        "model": ({"context_length": 256, "d_model": 256, "n_layers": 4, "n_heads": 4} if gpu else
-                  {"context_length": 32, "d_model": 32, "n_layers": 2, "n_heads": 2}),
-        "train": {"batch_size": 16 if gpu else 4, "lr": 3e-3, "warmup_steps": max(1, steps // 10),
-                  "log_interval": max(1, steps // 10), "eval_interval": steps, "eval_windows": 8,
-                  "device": device, "dtype": "bf16" if gpu else "fp32", "checkpoint_interval": steps},
+        "name": "gpu-packing",
+        "claim": "SwiGLU beats GELU at equal non-embedding parameters.",
+        "model": (
+            {"context_length": 256, "d_model": 256, "n_layers": 4, "n_heads": 4}
+            if gpu
+            else {"context_length": 32, "d_model": 32, "n_layers": 2, "n_heads": 2}
+        ),
+        "train": {
+            "batch_size": 16 if gpu else 4,
+            "lr": 3e-3,
+            "warmup_steps": max(1, steps // 10),
+            "log_interval": max(1, steps // 10),
+            "eval_interval": steps,
+            "eval_windows": 8,
+            "device": device,
+            "dtype": "bf16" if gpu else "fp32",
+            "checkpoint_interval": steps,
+        },
         "data": str(data),
         "axes": {"zip": [{"label": "GELU", "activation": "gelu"}, {"label": "SwiGLU", "activation": "swiglu"}]},
-        "seeds": seeds, "budget": {"steps": steps}, "eval_contexts": [1],
+        "seeds": seeds,
+        "budget": {"steps": steps},
+        "eval_contexts": [1],
     }
 
 
 def sweep(path: Path, out: Path, k: int, gpus: int, cpus: int) -> float:
-    cmd = [sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out), "--executor", "submitit-local",
-           "--jobs", "1", "--gpus-per-task", str(gpus), "--cpus-per-task", str(cpus), "--runs-per-gpu", str(k)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lmlab.cli",
+        "sweep",
+        str(path),
+        "--out",
+        str(out),
+        "--executor",
+        "submitit-local",
+        "--jobs",
+        "1",
+        "--gpus-per-task",
+        str(gpus),
+        "--cpus-per-task",
+        str(cpus),
+        "--runs-per-gpu",
+        str(k),
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
@@ -90,25 +121,47 @@ def main() -> None:
             folder = args.out / f"r{r}-k{k}"
             t[k] = sweep(path, folder, k, gpus, args.cpus)
             rows[(r, k)] = {row["run"]: row for row in read_results(folder)}
-            print(f"round {r}: --runs-per-gpu {k}: {args.runs} runs in {t[k]:.1f} s "
-                  f"({3600 * args.runs / t[k]:.0f} runs/hour)", flush=True)
+            print(
+                f"round {r}: --runs-per-gpu {k}: {args.runs} runs in {t[k]:.1f} s "
+                f"({3600 * args.runs / t[k]:.0f} runs/hour)",
+                flush=True,
+            )
         rounds.append({"one": t[1], "packed": t[args.k], "ratio": t[1] / t[args.k]})
     ratios = [x["ratio"] for x in rounds]
-    diffs = [abs(rows[(r, 1)][n]["val_bpb"] - rows[(r, args.k)][n]["val_bpb"])
-             for r in range(args.rounds) for n in rows[(r, 1)]]
+    diffs = [
+        abs(rows[(r, 1)][n]["val_bpb"] - rows[(r, args.k)][n]["val_bpb"])
+        for r in range(args.rounds)
+        for n in rows[(r, 1)]
+    ]
     statuses = sorted({row["status"] for rr in rows.values() for row in rr.values()})
     bpb = [row["val_bpb"] for rr in rows.values() for row in rr.values()]
-    result = {"machine": machine, "runs": args.runs, "steps": args.steps, "k": args.k, "cpus_per_task": args.cpus,
-              "rounds": rounds, "median_ratio": statistics.median(ratios), "max_abs_diff_bpb": max(diffs),
-              "statuses": statuses, "val_bpb_range": [min(bpb), max(bpb)]}
+    result = {
+        "machine": machine,
+        "runs": args.runs,
+        "steps": args.steps,
+        "k": args.k,
+        "cpus_per_task": args.cpus,
+        "rounds": rounds,
+        "median_ratio": statistics.median(ratios),
+        "max_abs_diff_bpb": max(diffs),
+        "statuses": statuses,
+        "val_bpb_range": [min(bpb), max(bpb)],
+    }
     (args.out / "gpu_packing.json").write_text(json.dumps(result, indent=1))
-    lines = [f"machine: {machine}", f"{args.runs} runs of {args.steps} steps; --cpus-per-task {args.cpus}; "
-             f"rows' statuses {statuses}; val bits/byte {min(bpb):.4f}-{max(bpb):.4f}", "",
-             "| round | one run per task, s | --runs-per-gpu %d, s | runs per hour, packed / one |" % args.k,
-             "|---|---|---|---|"]
+    lines = [
+        f"machine: {machine}",
+        f"{args.runs} runs of {args.steps} steps; --cpus-per-task {args.cpus}; "
+        f"rows' statuses {statuses}; val bits/byte {min(bpb):.4f}-{max(bpb):.4f}",
+        "",
+        "| round | one run per task, s | --runs-per-gpu %d, s | runs per hour, packed / one |" % args.k,
+        "|---|---|---|---|",
+    ]
     lines += [f"| {i} | {x['one']:.1f} | {x['packed']:.1f} | {x['ratio']:.2f}x |" for i, x in enumerate(rounds)]
-    lines += ["", f"median ratio {statistics.median(ratios):.2f}x over {args.rounds} rounds; largest |difference| "
-              f"in a run's bits/byte between the arms {max(diffs):.2e}"]
+    lines += [
+        "",
+        f"median ratio {statistics.median(ratios):.2f}x over {args.rounds} rounds; largest |difference| "
+        f"in a run's bits/byte between the arms {max(diffs):.2e}",
+    ]
     (args.out / "gpu_packing.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
 

@@ -48,8 +48,9 @@ from lmlab.lab.spec import builtin_specs, load_spec, parse_spec  # noqa: E402
 from lmlab.lab.plan import _plan, trained_plans  # noqa: E402
 
 
-def speed_claims(name: str, out: Path, device: str, log, pairs: int | None = None,
-                 batch: int | None = None) -> list[dict]:
+def speed_claims(
+    name: str, out: Path, device: str, log, pairs: int | None = None, batch: int | None = None
+) -> list[dict]:
     """Part 1 for one spec: run its gpu tier's timing block on ``device``; one row per timing claim."""
     from lmlab.lab import runner
     from lmlab.lab.stats import NOT_TESTABLE
@@ -59,8 +60,14 @@ def speed_claims(name: str, out: Path, device: str, log, pairs: int | None = Non
     if not spec.timing:
         return []
     if pairs or batch:  # a check of this script on a CPU
-        spec = dataclasses.replace(spec, timing={**spec.timing, **({"pairs": pairs} if pairs else {}),
-                                                 **({"batch": batch, "decode_batch": batch} if batch else {})})
+        spec = dataclasses.replace(
+            spec,
+            timing={
+                **spec.timing,
+                **({"pairs": pairs} if pairs else {}),
+                **({"batch": batch, "decode_batch": batch} if batch else {}),
+            },
+        )
     plans = _plan(spec, None, 4096)  # untrained models: the data only sets the vocabulary
     plans = [dataclasses.replace(p, tc=dataclasses.replace(p.tc, device=device)) for p in plans]
     folder = out / f"timing-{name}"
@@ -78,10 +85,16 @@ def speed_claims(name: str, out: Path, device: str, log, pairs: int | None = Non
             c["mechanism"] = mech
             if mech is not None and not mech["holds"]:  # as lmlab report gates it (lmlab.lab.verdicts.gate)
                 c["measured"], c["verdict"] = c["verdict"], NOT_TESTABLE
-            c.update(spec=name, scale=scale or None, device=block["device"], dtype=block["dtype"],
-                     rounds=block["rounds"], seconds=time.perf_counter() - t0,
-                     a_s=statistics.median(block[TIMING_METRICS[e.metric]][e.a]),
-                     b_s=statistics.median(block[TIMING_METRICS[e.metric]][e.b]))
+            c.update(
+                spec=name,
+                scale=scale or None,
+                device=block["device"],
+                dtype=block["dtype"],
+                rounds=block["rounds"],
+                seconds=time.perf_counter() - t0,
+                a_s=statistics.median(block[TIMING_METRICS[e.metric]][e.a]),
+                b_s=statistics.median(block[TIMING_METRICS[e.metric]][e.b]),
+            )
             rows.append(c)
     return rows
 
@@ -108,19 +121,36 @@ def tier_cost(name: str, device: str, steps: int, warmup: int, batch: int | None
         s = timer()
         tok_s = b * p.cfg.context_length / s
         fpt = flops_per_token(p.cfg, p.cfg.context_length)
-        models.append({"scale": scale, "variant": variant, "batch": b, "context": p.cfg.context_length,
-                       "step_s": s, "tokens_per_s": tok_s, "mfu": fpt * tok_s / peak,
-                       "non_embedding": param_counts(p.cfg)["non_embedding"]})
-        log(f"{name} {variant}{f' @{scale}' if scale else ''}: {1e3 * s:.1f} ms/step, {tok_s:,.0f} tokens/s, "
-            f"MFU {100 * fpt * tok_s / peak:.1f}%")
+        models.append(
+            {
+                "scale": scale,
+                "variant": variant,
+                "batch": b,
+                "context": p.cfg.context_length,
+                "step_s": s,
+                "tokens_per_s": tok_s,
+                "mfu": fpt * tok_s / peak,
+                "non_embedding": param_counts(p.cfg)["non_embedding"],
+            }
+        )
+        log(
+            f"{name} {variant}{f' @{scale}' if scale else ''}: {1e3 * s:.1f} ms/step, {tok_s:,.0f} tokens/s, "
+            f"MFU {100 * fpt * tok_s / peak:.1f}%"
+        )
         del timer
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     rate = {(m["scale"], m["variant"]): m["tokens_per_s"] for m in models}
     seconds = sum(p.tokens / rate[(p.scale, p.variant)] for p in plans)
     tpp = min(p.tokens / param_counts(p.cfg)["non_embedding"] for p in plans)
-    return {"spec": name, "runs": len(plans), "tokens": sum(p.tokens for p in plans), "gpu_hours": seconds / 3600,
-            "min_tokens_per_param": tpp, "models": models}
+    return {
+        "spec": name,
+        "runs": len(plans),
+        "tokens": sum(p.tokens for p in plans),
+        "gpu_hours": seconds / 3600,
+        "min_tokens_per_param": tpp,
+        "models": models,
+    }
 
 
 def end_to_end(name: str, out: Path, data: Path, device: str, steps: int, log, batch: int | None = None) -> dict:
@@ -150,20 +180,32 @@ def end_to_end(name: str, out: Path, data: Path, device: str, steps: int, log, b
     run_sweep(spec, folder, jobs=1, data_dir=data, log=log)
     pages = write_report(folder, folder / "report.md")
     rows = read_results(folder)
-    return {"spec": name, "steps": steps, "seconds": time.perf_counter() - t0, "data": str(data),
-            "runs": [{k: r.get(k) for k in ("run", "status", "val_bpb", "final_train_loss")} for r in rows],
-            "report": [str(p) for p in pages]}
+    return {
+        "spec": name,
+        "steps": steps,
+        "seconds": time.perf_counter() - t0,
+        "data": str(data),
+        "runs": [{k: r.get(k) for k in ("run", "status", "val_bpb", "final_train_loss")} for r in rows],
+        "report": [str(p) for p in pages],
+    }
 
 
 def markdown(machine: str, claims: list, costs: list, e2e: dict | None, args) -> str:
-    L = [f"# The gpu tiers on {machine}", "",
-         f"`python bench/gpu_tiers.py --out OUT --specs {' '.join(args.specs)}` "
-         f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}).", ""]
+    L = [
+        f"# The gpu tiers on {machine}",
+        "",
+        f"`python bench/gpu_tiers.py --out OUT --specs {' '.join(args.specs)}` "
+        f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}).",
+        "",
+    ]
     if claims:
-        L += ["## Speed claims (each tier's timing block: untrained models, interleaved rounds, eager)", "",
-              "| spec | claim | scale | A / B median s | effect (time saved) | 95% interval | margin | mechanism "
-              "| verdict |",
-              "|---|---|---|---|---|---|---|---|---|"]
+        L += [
+            "## Speed claims (each tier's timing block: untrained models, interleaved rounds, eager)",
+            "",
+            "| spec | claim | scale | A / B median s | effect (time saved) | 95% interval | margin | mechanism "
+            "| verdict |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for c in claims:
             eff = "n/a" if c.get("effect") is None else f"{100 * c['effect']:+.1f}%"
             ci = "n/a" if c.get("lo") is None else f"[{100 * c['lo']:+.1f}%, {100 * c['hi']:+.1f}%]"
@@ -176,20 +218,32 @@ def markdown(machine: str, claims: list, costs: list, e2e: dict | None, args) ->
             )
         L.append("")
     if costs:
-        L += ["## Cost of each tier (one round per model: an estimate, not a comparison)", "",
-              "| spec | runs | tokens | min tokens / non-emb param | ms/step (range) | MFU (range) | GPU-hours |",
-              "|---|---|---|---|---|---|---|"]
+        L += [
+            "## Cost of each tier (one round per model: an estimate, not a comparison)",
+            "",
+            "| spec | runs | tokens | min tokens / non-emb param | ms/step (range) | MFU (range) | GPU-hours |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for c in costs:
             ms = [1e3 * m["step_s"] for m in c["models"]]
             mfu = [100 * m["mfu"] for m in c["models"]]
-            L.append(f"| {c['spec']} | {c['runs']} | {c['tokens']:.3g} | {c['min_tokens_per_param']:.1f} | "
-                     f"{min(ms):.1f}-{max(ms):.1f} | {min(mfu):.1f}-{max(mfu):.1f}% | {c['gpu_hours']:.1f} |")
+            L.append(
+                f"| {c['spec']} | {c['runs']} | {c['tokens']:.3g} | {c['min_tokens_per_param']:.1f} | "
+                f"{min(ms):.1f}-{max(ms):.1f} | {min(mfu):.1f}-{max(mfu):.1f}% | {c['gpu_hours']:.1f} |"
+            )
         L += ["", f"All tiers: {sum(c['gpu_hours'] for c in costs):.0f} GPU-hours at these rates.", ""]
     if e2e:
-        L += [f"## End to end: {e2e['spec']} gpu tier, {e2e['steps']} steps, on {e2e['data']}", "",
-              f"{len(e2e['runs'])} runs in {e2e['seconds']:.0f} s: "
-              + ", ".join(f"{r['run']} {r['status']} val bpb {r['val_bpb']:.4f}" for r in e2e["runs"]
-                          if r.get("val_bpb") is not None), ""]
+        L += [
+            f"## End to end: {e2e['spec']} gpu tier, {e2e['steps']} steps, on {e2e['data']}",
+            "",
+            f"{len(e2e['runs'])} runs in {e2e['seconds']:.0f} s: "
+            + ", ".join(
+                f"{r['run']} {r['status']} val bpb {r['val_bpb']:.4f}"
+                for r in e2e["runs"]
+                if r.get("val_bpb") is not None
+            ),
+            "",
+        ]
     return "\n".join(L)
 
 
@@ -221,8 +275,9 @@ def main() -> int:
     claims, costs, e2e = [], [], None
 
     def save():
-        (args.out / "gpu_tiers.json").write_text(json.dumps(
-            {"machine": machine, "claims": claims, "costs": costs, "e2e": e2e}, indent=1, default=str))
+        (args.out / "gpu_tiers.json").write_text(
+            json.dumps({"machine": machine, "claims": claims, "costs": costs, "e2e": e2e}, indent=1, default=str)
+        )
         (args.out / "gpu_tiers.md").write_text(markdown(machine, claims, costs, e2e, args))
 
     if "claims" in parts:

@@ -46,8 +46,11 @@ def products(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, onednn: bool) ->
     from lmlab.kernels.linear import onednn_grad_input, onednn_grad_weight, onednn_linear
 
     if onednn:
-        return {"forward": lambda: onednn_linear(x, w, None), "grad input": lambda: onednn_grad_input(g, w),
-                "grad weight": lambda: onednn_grad_weight(g, x)}
+        return {
+            "forward": lambda: onednn_linear(x, w, None),
+            "grad input": lambda: onednn_grad_input(g, w),
+            "grad weight": lambda: onednn_grad_weight(g, x),
+        }
     return {"forward": lambda: x @ w.t(), "grad input": lambda: g @ w, "grad weight": lambda: g.t() @ x}
 
 
@@ -75,18 +78,23 @@ def main() -> None:
     for rows in a.rows:
         for d_in, d_out in recipe_shapes(a.recipes):
             x = torch.randn(rows, d_in, generator=gen)
-            w = torch.randn(d_out, d_in, generator=gen) / d_in ** 0.5
+            w = torch.randn(d_out, d_in, generator=gen) / d_in**0.5
             g = torch.randn(rows, d_out, generator=gen)
-            ref = {"forward": x.double() @ w.double().t(), "grad input": g.double() @ w.double(),
-                   "grad weight": g.double().t() @ x.double()}
+            ref = {
+                "forward": x.double() @ w.double().t(),
+                "grad input": g.double() @ w.double(),
+                "grad weight": g.double().t() @ x.double(),
+            }
             mkl, dnn = products(x, w, g, False), products(x, w, g, True)
             for name in ref:
                 flops = 2 * rows * d_in * d_out
-                err = [((f().double() - ref[name]).abs().max() / ref[name].abs().max()).item()
-                       for f in (mkl[name], dnn[name])]
+                err = [
+                    ((f().double() - ref[name]).abs().max() / ref[name].abs().max()).item()
+                    for f in (mkl[name], dnn[name])
+                ]
                 times = {False: [], True: []}
                 for r in range(a.rounds):
-                    for which in ((False, True) if r % 2 == 0 else (True, False)):
+                    for which in (False, True) if r % 2 == 0 else (True, False):
                         f = dnn[name] if which else mkl[name]
                         f()
                         t0 = time.perf_counter()
@@ -95,8 +103,11 @@ def main() -> None:
                         times[which].append((time.perf_counter() - t0) / a.reps)
                 q1, m, q3 = quartiles([t0 / t1 for t0, t1 in zip(times[False], times[True])])
                 rate = {k: flops / statistics.median(v) / 1e9 for k, v in times.items()}
-                print(f"| {rows} | {d_in} | {d_out} | {name} | {rate[False]:.0f} | {rate[True]:.0f} | "
-                      f"{m:.2f}x ({q1:.2f}-{q3:.2f}) | {err[0]:.1e} / {err[1]:.1e} |", flush=True)
+                print(
+                    f"| {rows} | {d_in} | {d_out} | {name} | {rate[False]:.0f} | {rate[True]:.0f} | "
+                    f"{m:.2f}x ({q1:.2f}-{q3:.2f}) | {err[0]:.1e} / {err[1]:.1e} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

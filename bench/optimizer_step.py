@@ -71,7 +71,7 @@ def main() -> None:
     for n in OPTIMIZERS:
         opt_s[n].clear()
     for r in range(a.rounds):
-        for n in (OPTIMIZERS if r % 2 == 0 else OPTIMIZERS[::-1]):
+        for n in OPTIMIZERS if r % 2 == 0 else OPTIMIZERS[::-1]:
             t0 = time.perf_counter()
             for _ in range(a.steps):
                 step(n)
@@ -79,11 +79,14 @@ def main() -> None:
     n_muon = sum(p.numel() for p in muon_parameters(model))
     n_all = sum(p.numel() for p in model.parameters())
     q1, m, q3 = quartiles([mu / ad for ad, mu in zip(times["adamw"], times["muon"])])
-    lines = [machine_line(a.threads),
-             f"recipe {a.recipe}, {a.dtype}, batch {shape.batch} x {shape.context}, "
-             f"{'eager' if a.no_compile else 'compiled'}; Muon on {n_muon:,} of {n_all:,} parameters; "
-             f"{a.rounds} rounds x {a.steps} steps",
-             "| optimizer | ms/step | optimizer step() ms |", "|---|---|---|"]
+    lines = [
+        machine_line(a.threads),
+        f"recipe {a.recipe}, {a.dtype}, batch {shape.batch} x {shape.context}, "
+        f"{'eager' if a.no_compile else 'compiled'}; Muon on {n_muon:,} of {n_all:,} parameters; "
+        f"{a.rounds} rounds x {a.steps} steps",
+        "| optimizer | ms/step | optimizer step() ms |",
+        "|---|---|---|",
+    ]
     for n in OPTIMIZERS:
         lines.append(f"| {n} | {statistics.median(times[n]) * 1e3:.1f} | {statistics.median(opt_s[n]) * 1e3:.1f} |")
     lines.append(f"Muon / AdamW step time: {m:.3f}x (IQR {q1:.3f}-{q3:.3f})")

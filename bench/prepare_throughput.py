@@ -66,8 +66,7 @@ def write_corpus(path: Path, mb: int, seed: int = 0) -> int:
     rng = np.random.default_rng(seed)
     letters = np.array(list("etaoinshrdlcumwfgypbvkjxqz"))
     weights = 1.0 / np.arange(1, 27)
-    vocab = ["".join(rng.choice(letters, size=rng.integers(1, 11), p=weights / weights.sum()))
-             for _ in range(30_000)]
+    vocab = ["".join(rng.choice(letters, size=rng.integers(1, 11), p=weights / weights.sum())) for _ in range(30_000)]
     zipf = 1.0 / np.arange(1, len(vocab) + 1) ** 1.1
     zipf /= zipf.sum()
     pool = []
@@ -101,14 +100,15 @@ def floor_seconds(tok_path: Path, texts: list[str], chunk: int = 4_096) -> float
     tok = Tokenizer.from_file(str(tok_path))
     t0 = time.perf_counter()
     for i in range(0, len(texts), chunk):
-        tok.encode_batch(texts[i:i + chunk])
+        tok.encode_batch(texts[i : i + chunk])
     return time.perf_counter() - t0
 
 
 def lmlab_prepare(args: list[str]) -> tuple[float, int, str]:
     """(wall seconds, peak RSS KiB, stdout) of `lmlab prepare ARGS` in a fresh process."""
-    run = subprocess.run([sys.executable, "-c", RUN_PREPARE, "prepare", *args, "--no-progress"],
-                         capture_output=True, text=True, cwd=ROOT)
+    run = subprocess.run(
+        [sys.executable, "-c", RUN_PREPARE, "prepare", *args, "--no-progress"], capture_output=True, text=True, cwd=ROOT
+    )
     line = next((x for x in run.stdout.splitlines() if x.startswith("RESULT")), None)
     if run.returncode or line is None or line.split()[1] != "0":
         sys.exit(f"lmlab prepare failed:\n{run.stdout}\n{run.stderr}")
@@ -122,8 +122,11 @@ def main() -> int:
     p.add_argument("--repeats", type=int, nargs="+", default=[3, 1], help="rounds per size")
     p.add_argument("--workdir", help="where the corpora go (default: a temporary folder, removed)")
     p.add_argument("--tokenizer", help="a tokenizer.json to use (default: train BPE 8192 on the first corpus)")
-    p.add_argument("--single", action="store_true", help="also time the one-thread encoder (Tokenizer.encode "
-                                                         "per document), one round")
+    p.add_argument(
+        "--single",
+        action="store_true",
+        help="also time the one-thread encoder (Tokenizer.encode per document), one round",
+    )
     p.add_argument("--out", help="also write the table (markdown) here")
     args = p.parse_args()
     from lmlab.bench import describe_machine
@@ -131,8 +134,10 @@ def main() -> int:
     repeats = (args.repeats + [args.repeats[-1]] * len(args.mb))[: len(args.mb)]
     work = Path(args.workdir or tempfile.mkdtemp(prefix="lmlab-prepare-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    lines = [f"machine: {describe_machine()}; RAYON_NUM_THREADS={os.environ.get('RAYON_NUM_THREADS', 'unset')}; "
-             f"load average before {' '.join(f'{v:.2f}' for v in os.getloadavg())}"]
+    lines = [
+        f"machine: {describe_machine()}; RAYON_NUM_THREADS={os.environ.get('RAYON_NUM_THREADS', 'unset')}; "
+        f"load average before {' '.join(f'{v:.2f}' for v in os.getloadavg())}"
+    ]
     print(lines[0], flush=True)
     rows = []
     tok_path = Path(args.tokenizer) if args.tokenizer else None
@@ -143,11 +148,19 @@ def main() -> int:
             n_docs = write_corpus(corpus, mb)
             print(f"{mb} MB: {n_docs:,} documents written in {time.perf_counter() - t0:.0f} s", flush=True)
             if tok_path is None:  # the first prepare trains the tokenizer: timed, reported
-                wall, peak, out = lmlab_prepare(["--data", str(corpus), "--out", str(work / "bpe"),
-                                                 "--vocab-size", "8192"])
+                wall, peak, out = lmlab_prepare(
+                    ["--data", str(corpus), "--out", str(work / "bpe"), "--vocab-size", "8192"]
+                )
                 tok_path = work / "bpe" / "tokenizer.json"
-                rows.append({"mb": mb, "what": "lmlab prepare, training BPE 8192", "mbps": [mb / wall],
-                             "peak": [peak], "ratio": []})
+                rows.append(
+                    {
+                        "mb": mb,
+                        "what": "lmlab prepare, training BPE 8192",
+                        "mbps": [mb / wall],
+                        "peak": [peak],
+                        "ratio": [],
+                    }
+                )
                 print(f"  BPE training prepare: {wall:.1f} s, peak {peak / 1024:.0f} MiB\n  {out.strip()}", flush=True)
             texts = read_texts(corpus)
             if args.single:
@@ -158,33 +171,47 @@ def main() -> int:
                 for text in texts:
                     one.encode(text)
                 single = mb / (time.perf_counter() - t0)
-                rows.append({"mb": mb, "what": "tokenizers encode, one document at a time (one thread)",
-                             "mbps": [single], "peak": [], "ratio": []})
+                rows.append(
+                    {
+                        "mb": mb,
+                        "what": "tokenizers encode, one document at a time (one thread)",
+                        "mbps": [single],
+                        "peak": [],
+                        "ratio": [],
+                    }
+                )
                 print(f"  one-thread encode: {single:.1f} MB/s", flush=True)
             floor, ours, peaks, ratio = [], [], [], []
             for r in range(reps):
                 f = mb / floor_seconds(tok_path, texts)
                 out_dir = work / "out"
                 shutil.rmtree(out_dir, ignore_errors=True)
-                wall, peak, _ = lmlab_prepare(["--data", str(corpus), "--out", str(out_dir),
-                                               "--tokenizer-file", str(tok_path)])
+                wall, peak, _ = lmlab_prepare(
+                    ["--data", str(corpus), "--out", str(out_dir), "--tokenizer-file", str(tok_path)]
+                )
                 floor.append(f)
                 ours.append(mb / wall)
                 peaks.append(peak)
                 ratio.append(ours[-1] / f)
-                print(f"  round {r + 1}: floor {f:.1f} MB/s, lmlab {ours[-1]:.1f} MB/s ({ratio[-1]:.2f}x), "
-                      f"peak {peak / 1024:.0f} MiB", flush=True)
+                print(
+                    f"  round {r + 1}: floor {f:.1f} MB/s, lmlab {ours[-1]:.1f} MB/s ({ratio[-1]:.2f}x), "
+                    f"peak {peak / 1024:.0f} MiB",
+                    flush=True,
+                )
             del texts
             rows.append({"mb": mb, "what": "tokenizers encode_batch (floor)", "mbps": floor, "peak": [], "ratio": []})
-            rows.append({"mb": mb, "what": "lmlab prepare --tokenizer-file", "mbps": ours, "peak": peaks,
-                         "ratio": ratio})
+            rows.append(
+                {"mb": mb, "what": "lmlab prepare --tokenizer-file", "mbps": ours, "peak": peaks, "ratio": ratio}
+            )
             corpus.unlink()
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
     lines.append(f"load average after {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    table = ["| corpus | what | MB/s (median of rounds) | lmlab / floor (median of paired rounds) | peak RSS |",
-             "| --- | --- | --- | --- | --- |"]
+    table = [
+        "| corpus | what | MB/s (median of rounds) | lmlab / floor (median of paired rounds) | peak RSS |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for row in rows:
         ratio = f"{statistics.median(row['ratio']):.2f}x ({len(row['ratio'])} rounds)" if row["ratio"] else ""
         peak = f"{max(row['peak']) / 1024:.0f} MiB" if row["peak"] else ""
@@ -192,9 +219,14 @@ def main() -> int:
     print("\n".join(table))
     print(lines[-1])
     if args.out:
-        Path(args.out).write_text("# `lmlab prepare` throughput and memory\n\nMeasured with `python "
-                                  "bench/prepare_throughput.py " + " ".join(sys.argv[1:]) + "`.\n\n"
-                                  + "\n\n".join([lines[0], "\n".join(table), lines[-1]]) + "\n")
+        Path(args.out).write_text(
+            "# `lmlab prepare` throughput and memory\n\nMeasured with `python "
+            "bench/prepare_throughput.py "
+            + " ".join(sys.argv[1:])
+            + "`.\n\n"
+            + "\n\n".join([lines[0], "\n".join(table), lines[-1]])
+            + "\n"
+        )
     return 0
 
 

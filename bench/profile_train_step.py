@@ -27,20 +27,74 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 GROUPS = (  # (group, substrings of aten op names), first match wins
-    ("cross-entropy", ("log_softmax", "nll_loss", "cross_entropy", "logsumexp", "gather", "scatter_add",
-                       "exp_")),
+    ("cross-entropy", ("log_softmax", "nll_loss", "cross_entropy", "logsumexp", "gather", "scatter_add", "exp_")),
     # lmlab's blocked attention is batched matmuls (bmm) and a softmax; the model's linears are mm/addmm
-    ("attention", ("scaled_dot_product", "flash_attention", "_efficient_attention", "softmax", "bmm",
-                   "baddbmm", "masked_fill", "triu")),
+    (
+        "attention",
+        (
+            "scaled_dot_product",
+            "flash_attention",
+            "_efficient_attention",
+            "softmax",
+            "bmm",
+            "baddbmm",
+            "masked_fill",
+            "triu",
+        ),
+    ),
     ("matmul", ("mm", "matmul", "linear", "addmm")),
     ("optimizer", ("_foreach", "_fused_adam", "addcdiv", "lerp", "sqrt", "clip_grad", "norm")),
-    ("norms/activations/RoPE", ("rms_norm", "layer_norm", "silu", "gelu", "mul", "add", "cat", "neg",
-                                "rsqrt", "pow", "mean", "addcmul", "sigmoid", "relu", "tanh", "sub",
-                                "div", "sum", "amax", "where")),
+    (
+        "norms/activations/RoPE",
+        (
+            "rms_norm",
+            "layer_norm",
+            "silu",
+            "gelu",
+            "mul",
+            "add",
+            "cat",
+            "neg",
+            "rsqrt",
+            "pow",
+            "mean",
+            "addcmul",
+            "sigmoid",
+            "relu",
+            "tanh",
+            "sub",
+            "div",
+            "sum",
+            "amax",
+            "where",
+        ),
+    ),
     ("embedding", ("embedding",)),
-    ("copies/casts/layout", ("copy_", "to", "clone", "contiguous", "transpose", "view", "reshape",
-                             "permute", "expand", "slice", "select", "_unsafe_view", "t", "fill_",
-                             "zero_", "empty", "zeros", "ones", "detach", "as_strided")),
+    (
+        "copies/casts/layout",
+        (
+            "copy_",
+            "to",
+            "clone",
+            "contiguous",
+            "transpose",
+            "view",
+            "reshape",
+            "permute",
+            "expand",
+            "slice",
+            "select",
+            "_unsafe_view",
+            "t",
+            "fill_",
+            "zero_",
+            "empty",
+            "zeros",
+            "ones",
+            "detach",
+            "as_strided",
+        ),
+    ),
 )
 
 
@@ -92,11 +146,15 @@ def main() -> None:
         per_op[ev.key] += us
     ops = sum(totals.values()) / 1e6
     load = os.getloadavg()
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-          f"threads {a.threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    print(f"{a.system}{' + compile' if a.compile else ''}, recipe {a.recipe}, {a.dtype}, batch {a.batch}, "
-          f"context {a.context}: "
-          f"median step {wall * 1e3:.1f} ms (under the profiler)")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"threads {a.threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
+    print(
+        f"{a.system}{' + compile' if a.compile else ''}, recipe {a.recipe}, {a.dtype}, batch {a.batch}, "
+        f"context {a.context}: "
+        f"median step {wall * 1e3:.1f} ms (under the profiler)"
+    )
     rows = sorted(totals.items(), key=lambda kv: -kv[1])
     for g, us in rows:
         print(f"  {g:24s} {us / 1e3:8.2f} ms  {us / 1e6 / wall:6.1%}")

@@ -75,8 +75,11 @@ def _tables(body: str) -> list[list[list[str]]]:
 
 
 def _md(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |",
-            *("| " + " | ".join(r) + " |" for r in rows)]
+    return [
+        "| " + " | ".join(header) + " |",
+        "| " + " | ".join("---" for _ in header) + " |",
+        *("| " + " | ".join(r) + " |" for r in rows),
+    ]
 
 
 RECIPE = {"llama": "LLaMA", "gpt2": "GPT-2", "demo": "demo"}
@@ -96,12 +99,17 @@ def _peers_table(page: Path) -> list[str]:
             if not f:
                 raise SystemExit(f"{page}: section '{head}' has no 'fastest {kind} peer' line")
             ratio = f"{f[2]}x"
-            cells.append(f"{'**' + ratio + '**' if float(f[2]) >= 1.3 else ratio} "
-                         f"({f[3]}-{f[4]}, {PEER.get(f[1].split('+')[0], f[1].split('+')[0])})")
+            cells.append(
+                f"{'**' + ratio + '**' if float(f[2]) >= 1.3 else ratio} "
+                f"({f[3]}-{f[4]}, {PEER.get(f[1].split('+')[0], f[1].split('+')[0])})"
+            )
         rows.append(cells)
-    return [_source(page, " (bench/train_matrix.sh)") + " lmlab compiled against the fastest peer of each "
-            "cell; median over rounds of the per-round ratio, IQR and the peer in brackets; bold: >= 1.3x.", "",
-            *_md(["recipe", "precision", "threads", "vs fastest eager peer", "vs fastest compiled peer"], rows)]
+    return [
+        _source(page, " (bench/train_matrix.sh)") + " lmlab compiled against the fastest peer of each "
+        "cell; median over rounds of the per-round ratio, IQR and the peer in brackets; bold: >= 1.3x.",
+        "",
+        *_md(["recipe", "precision", "threads", "vs fastest eager peer", "vs fastest compiled peer"], rows),
+    ]
 
 
 def train_vs_peers() -> list[str]:
@@ -123,9 +131,15 @@ def train_step_gains() -> list[str]:
     dtypes = [d for d in ("bf16", "fp32") if d in cols]
     rows = [[n] + [x for d in dtypes for x in cols[d].get(n, ("", "", ""))[:3]] for n in names]
     first = "; ".join(f"{d} first compiled step {cols[d]['+compile'][3]} s" for d in dtypes)
-    return [_source(page, " (bench/train_step_gains.py)") + f" Each row adds one change to the row above ({first}).",
-            "", *_md(["variant"] + [x for d in dtypes for x in (f"{d} ms/step", f"{d} speed-up",
-                                                                 f"{d} over the row above (IQR)")], rows)]
+    return [
+        _source(page, " (bench/train_step_gains.py)") + f" Each row adds one change to the row above ({first}).",
+        "",
+        *_md(
+            ["variant"]
+            + [x for d in dtypes for x in (f"{d} ms/step", f"{d} speed-up", f"{d} over the row above (IQR)")],
+            rows,
+        ),
+    ]
 
 
 def context_scaling() -> list[str]:
@@ -151,11 +165,25 @@ def context_scaling() -> list[str]:
                 hf[3],
             ]
         )
-    return [_source(page, " (bench/context_scaling.sh)") + " LLaMA recipe, fp32, 2 threads, 4,096 tokens per "
-            "step; lmlab compiled, with and without activation checkpointing, against HF eager; 'adds' = peak "
-            "RSS above the RSS after import and build.", "",
-            *_md(["context x batch", "lmlab ms/step", "lmlab adds", "lmlab + checkpointing ms/step", "adds",
-                  "HF ms/step", "HF adds", "lmlab speed-up over HF (IQR)"], rows)]
+    return [
+        _source(page, " (bench/context_scaling.sh)") + " LLaMA recipe, fp32, 2 threads, 4,096 tokens per "
+        "step; lmlab compiled, with and without activation checkpointing, against HF eager; 'adds' = peak "
+        "RSS above the RSS after import and build.",
+        "",
+        *_md(
+            [
+                "context x batch",
+                "lmlab ms/step",
+                "lmlab adds",
+                "lmlab + checkpointing ms/step",
+                "adds",
+                "HF ms/step",
+                "HF adds",
+                "lmlab speed-up over HF (IQR)",
+            ],
+            rows,
+        ),
+    ]
 
 
 def gpu_check() -> list[str]:
@@ -170,13 +198,15 @@ def gpu_check() -> list[str]:
         comp = "+ torch.compile" in section.splitlines()[0]
         for m in re.finditer(r"^(\S+)\s+(\d+) tokens/s .*?([\d,]+) params\s+MFU ([0-9.]+)%", section, flags=re.M):
             name = f"{m[1]} ({int(m[3].replace(',', '')) / 1e6:.1f}M)"
-            rows.setdefault(name, ["—"] * 4)[2 * comp:2 * comp + 2] = [f"{int(m[2]):,}", f"{m[4]}%"]
+            rows.setdefault(name, ["—"] * 4)[2 * comp : 2 * comp + 2] = [f"{int(m[2]):,}", f"{m[4]}%"]
     rel = log.relative_to(ROOT).as_posix()
     day = re.search(r"20\d\d-\d\d-\d\d", log.name)[0]
-    return [f"From `{rel}` ({gpu[1] if gpu else 'GPU'}; bench/gpu_check.sh, {day}); MFU "
-            "against the datasheet's 989 TFLOP/s bf16.", "",
-            *_md(["model", "eager tokens/s", "MFU", "+ torch.compile tokens/s", "MFU"],
-                 [[k] + v for k, v in rows.items()])]
+    return [
+        f"From `{rel}` ({gpu[1] if gpu else 'GPU'}; bench/gpu_check.sh, {day}); MFU "
+        "against the datasheet's 989 TFLOP/s bf16.",
+        "",
+        *_md(["model", "eager tokens/s", "MFU", "+ torch.compile tokens/s", "MFU"], [[k] + v for k, v in rows.items()]),
+    ]
 
 
 def sweep_batching() -> list[str]:
@@ -190,20 +220,30 @@ def sweep_batching() -> list[str]:
             re.findall(r"^(batched|bound|jobs)\s+[0-9.]+\s+[0-9.]+\s+([0-9.]+x \([0-9.-]+\))", body, flags=re.M)
         )
         diff = re.search(r"max \|difference\| of losses and weights ([0-9.e+-]+)", body)[1]
-        rows.append([f"`{cmd[1].replace('python bench/sweep_batching.py ', '')}`", ways["batched"], ways["bound"],
-                     ways.get("jobs", "—"), diff])
-    return [_source(page, " (bench/sweep_batching.py)") + " K = 4 runs; speed-up over one run after another "
-            "on two threads, median over rounds (IQR).", "",
-            *_md(["shape", "batched", "bound (one model, K x batch)", "`--jobs 2`", "batched vs separate, max |diff|"],
-                 rows)]
+        rows.append(
+            [
+                f"`{cmd[1].replace('python bench/sweep_batching.py ', '')}`",
+                ways["batched"],
+                ways["bound"],
+                ways.get("jobs", "—"),
+                diff,
+            ]
+        )
+    return [
+        _source(page, " (bench/sweep_batching.py)") + " K = 4 runs; speed-up over one run after another "
+        "on two threads, median over rounds (IQR).",
+        "",
+        *_md(
+            ["shape", "batched", "bound (one model, K x batch)", "`--jobs 2`", "batched vs separate, max |diff|"], rows
+        ),
+    ]
 
 
 def _marked(page: Path, name: str) -> list[str]:
     m = re.search(rf"<!-- bench:{name} -->\n(.*?)\n<!-- /bench:{name} -->", page.read_text(), flags=re.S)
     if not m:
         raise SystemExit(f"{page} has no <!-- bench:{name} --> block")
-    return [f"From [{page.relative_to(ROOT).as_posix()}]({page.relative_to(ROOT).as_posix()}):", "",
-            *m[1].splitlines()]
+    return [f"From [{page.relative_to(ROOT).as_posix()}]({page.relative_to(ROOT).as_posix()}):", "", *m[1].splitlines()]
 
 
 def decode_vs_hf() -> list[str]:
@@ -235,11 +275,13 @@ def demo_result() -> list[str]:
             walls = [int(re.sub(r"[^0-9]", "", r[w])) for r in rows]
             bpbs = [float(r[b].strip("*")) for r in rows]
             machines = sorted({m for r in rows for m in ("AMD EPYC", "Intel Xeon") if m in r[0]})
-            return [f"On the 2-core machines measured ({' and '.join(machines)}, no GPU; {len(walls)} runs from a "
-                    f"fresh clone), `make demo` takes {min(walls)}-{max(walls)} s, install included, and reaches "
-                    f"{min(bpbs):.2f}-{max(bpbs):.2f} held-out bits/byte "
-                    f"([docs/demo.md](docs/demo.md#the-demo-what-it-does-and-what-it-reaches)); a faster "
-                    f"machine trains more steps in the same time."]
+            return [
+                f"On the 2-core machines measured ({' and '.join(machines)}, no GPU; {len(walls)} runs from a "
+                f"fresh clone), `make demo` takes {min(walls)}-{max(walls)} s, install included, and reaches "
+                f"{min(bpbs):.2f}-{max(bpbs):.2f} held-out bits/byte "
+                f"([docs/demo.md](docs/demo.md#the-demo-what-it-does-and-what-it-reaches)); a faster "
+                f"machine trains more steps in the same time."
+            ]
     raise SystemExit(f"{page}: no table with 'wall' and 'held-out bits/byte' columns")
 
 
@@ -251,8 +293,21 @@ def prepare_throughput() -> list[str]:
     return _verbatim(DOCS / "prepare_throughput.md", " (bench/prepare_throughput.py)")
 
 
-BLOCKS = {f.__name__: f for f in (demo_result, train_vs_peers, train_vs_peers_intel, train_step_gains, context_scaling,
-                                   gpu_check, sweep_batching, decode_vs_hf, decode_threads, prepare_throughput)}
+BLOCKS = {
+    f.__name__: f
+    for f in (
+        demo_result,
+        train_vs_peers,
+        train_vs_peers_intel,
+        train_step_gains,
+        context_scaling,
+        gpu_check,
+        sweep_batching,
+        decode_vs_hf,
+        decode_threads,
+        prepare_throughput,
+    )
+}
 
 
 def check_markers(readme: str) -> list[str]:
@@ -265,8 +320,12 @@ def check_markers(readme: str) -> list[str]:
         raise SystemExit(f"README block(s) opened more than once: {', '.join(twice)}")
     unclosed, stray = sorted(set(opened) - set(closed)), sorted(set(closed) - set(opened))
     if unclosed or stray:
-        raise SystemExit("README blocks without a closing marker: " + (", ".join(unclosed) or "-")
-                         + "; closing markers without an opening one: " + (", ".join(stray) or "-"))
+        raise SystemExit(
+            "README blocks without a closing marker: "
+            + (", ".join(unclosed) or "-")
+            + "; closing markers without an opening one: "
+            + (", ".join(stray) or "-")
+        )
     return opened
 
 
@@ -281,6 +340,7 @@ def _relink(line: str, base: Path) -> str:
         path, _, anchor = href.partition("#")
         rel = os.path.relpath(ROOT / path, base).replace(os.sep, "/")
         return f"[{m[1]}]({rel}{'#' + anchor if anchor else ''})"
+
     return re.sub(r"\[([^\]]*)\]\(([^)\s]+)\)", sub, line)
 
 
@@ -288,6 +348,7 @@ def render(readme: str, base: Path = ROOT) -> str:
     """``readme`` (a file in folder ``base``) with every ``<!-- bench:NAME -->`` block rewritten from its page.
     Raises SystemExit for a block whose name is unknown or whose markers do not pair (:func:`check_markers`)."""
     check_markers(readme)
+
     def sub(m: re.Match) -> str:
         name, indent = m[2], m[1]
         if name not in BLOCKS:
@@ -295,10 +356,13 @@ def render(readme: str, base: Path = ROOT) -> str:
         try:
             lines = BLOCKS[name]()
         except FileNotFoundError as exc:
-            raise SystemExit(f"README block bench:{name}: its page {exc.filename} is missing; run the "
-                             f"benchmark that writes it (listed at the top of bench/readme_tables.py)") from None
+            raise SystemExit(
+                f"README block bench:{name}: its page {exc.filename} is missing; run the "
+                f"benchmark that writes it (listed at the top of bench/readme_tables.py)"
+            ) from None
         body = "\n".join((indent + _relink(line, base)).rstrip() for line in lines)
         return f"{indent}<!-- bench:{name} -->\n{body}\n\n{indent}<!-- /bench:{name} -->"
+
     return re.sub(r"^([ \t]*)<!-- bench:(\w+) -->\n.*?^[ \t]*<!-- /bench:\2 -->", sub, readme, flags=re.S | re.M)
 
 
@@ -324,8 +388,11 @@ def main() -> int:
                 block = r"<!-- bench:(\w+) -->\n(.*?)<!-- /bench:\1 -->"
                 was, now = dict(re.findall(block, old, flags=re.S)), dict(re.findall(block, new, flags=re.S))
                 stale = [n for n in now if was.get(n) != now[n]]
-                print(f"{path}: benchmark table(s) {', '.join(stale)} differ from their pages; run python "
-                      f"bench/readme_tables.py", file=sys.stderr)
+                print(
+                    f"{path}: benchmark table(s) {', '.join(stale)} differ from their pages; run python "
+                    f"bench/readme_tables.py",
+                    file=sys.stderr,
+                )
                 stale_files += 1
             else:
                 print(f"{path}: {len(re.findall('<!-- bench:', old))} benchmark tables match their pages")

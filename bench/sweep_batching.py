@@ -46,8 +46,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 SHAPES = {  # lab: the model of lmlab/specs/03-gated-ffn.yaml etc.; demo: lmlab/configs/demo.yaml
     "lab": dict(model=dict(vocab_size=4096, context_length=128, d_model=128, n_layers=4, n_heads=4), batch=16),
-    "demo": dict(model=dict(vocab_size=4096, context_length=256, d_model=256, n_layers=4, n_heads=8,
-                            n_kv_heads=4), batch=8),
+    "demo": dict(
+        model=dict(vocab_size=4096, context_length=256, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4), batch=8
+    ),
     "small": dict(model=dict(vocab_size=4096, context_length=128, d_model=64, n_layers=2, n_heads=2), batch=16),
 }
 BETAS, EPS, WD, CLIP = (0.9, 0.95), 1e-8, 0.1, 1.0
@@ -172,7 +173,7 @@ class Batched:
         coef = (CLIP / (sq.sqrt() + 1e-6)).clamp(max=1.0)
         self.t += 1
         b1, b2 = BETAS
-        c1, c2 = 1 - b1 ** self.t, 1 - b2 ** self.t
+        c1, c2 = 1 - b1**self.t, 1 - b2**self.t
         for n, p in self.params.items():
             shape = (self.k,) + (1,) * (p.dim() - 1)
             g = grads[n] * coef.view(shape).to(p.dtype)
@@ -259,8 +260,9 @@ def time_jobs(shape, seeds, lrs, steps, dtype_name, procs) -> float:
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(procs), ctx.Queue()
     parts = [(seeds[i::procs], lrs[i::procs]) for i in range(procs)]
-    workers = [ctx.Process(target=_job_worker, args=(shape, s, lr, steps, dtype_name, barrier, queue))
-               for s, lr in parts if s]
+    workers = [
+        ctx.Process(target=_job_worker, args=(shape, s, lr, steps, dtype_name, barrier, queue)) for s, lr in parts if s
+    ]
     for w in workers:
         w.start()
     times = [queue.get() for _ in workers]
@@ -281,8 +283,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int_at_least(1), default=2)
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--lr-span", type=float, default=10.0,
-                    help="largest / smallest learning rate, 1 to 1000 (around 1e-3)")
+    ap.add_argument(
+        "--lr-span", type=float, default=10.0, help="largest / smallest learning rate, 1 to 1000 (around 1e-3)"
+    )
     args = ap.parse_args()
     device = check_device(ap, args.device)
     if not 1 <= args.lr_span <= 1000:  # also refuses nan
@@ -292,8 +295,9 @@ def main() -> None:
     from lmlab.bench import describe_machine
 
     worst = check_equal(args.shape, device)
-    print(f"batched vs separate, 2 members x 3 steps, fp32, 1 thread: max |difference| of losses and weights "
-          f"{worst:.2e}")
+    print(
+        f"batched vs separate, 2 members x 3 steps, fp32, 1 thread: max |difference| of losses and weights {worst:.2e}"
+    )
     if not worst < 1e-4:
         raise SystemExit("batched training does not reproduce separate runs: not timing it")
 
@@ -301,8 +305,11 @@ def main() -> None:
     seeds, lrs = list(range(k)), lrs_of(k, args.lr_span)
     batch = SHAPES[args.shape]["batch"]
     data = batches(cfg, batch, args.steps + 1, device)
-    ways = {"separate": Separate(cfg, seeds, lrs, device, dtype),
-            "batched": Batched(cfg, seeds, lrs, device, dtype), "bound": Bound(cfg, k, device, dtype)}
+    ways = {
+        "separate": Separate(cfg, seeds, lrs, device, dtype),
+        "batched": Batched(cfg, seeds, lrs, device, dtype),
+        "bound": Bound(cfg, k, device, dtype),
+    }
     for way in ways.values():
         way.step(data[0])
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -320,19 +327,23 @@ def main() -> None:
     names = ["separate", "batched", "bound"] + (["jobs"] if device.type == "cpu" and args.threads > 1 else [])
     times = {n: [] for n in names}
     for r in range(args.rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for n in order:
             times[n].append(timed(n))
     print(f"machine: {describe_machine(device)}; load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    print(f"shape {args.shape} ({cfg.d_model=}, {cfg.n_layers=}, {cfg.context_length=}, batch {batch}), "
-          f"{args.dtype}, K = {k} runs x {args.steps} steps, {args.rounds} rounds")
+    print(
+        f"shape {args.shape} ({cfg.d_model=}, {cfg.n_layers=}, {cfg.context_length=}, batch {batch}), "
+        f"{args.dtype}, K = {k} runs x {args.steps} steps, {args.rounds} rounds"
+    )
     print(f"{'way':<10} {'sweep s':>8} {'ms/run-step':>12} {'speed-up vs separate (IQR)':>28}")
     for n in names:
         ratios = sorted(a / b for a, b in zip(times["separate"], times[n]))
         q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
         med = statistics.median(times[n])
-        print(f"{n:<10} {med:8.2f} {1000 * med / (k * args.steps):12.1f} "
-              f"{statistics.median(ratios):13.2f}x ({q[0]:.2f}-{q[2]:.2f})")
+        print(
+            f"{n:<10} {med:8.2f} {1000 * med / (k * args.steps):12.1f} "
+            f"{statistics.median(ratios):13.2f}x ({q[0]:.2f}-{q[2]:.2f})"
+        )
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ PEERS = {"llama": ("hf", "litgpt", "xt"), "demo": ("hf", "litgpt", "xt"), "gpt2"
 @dataclass
 class Args:
     """The benchmark's shape (also used by bench/profile_train_step.py)."""
+
     recipe: str = "llama"
     d_model: int = 256
     layers: int = 4
@@ -83,11 +84,25 @@ class Args:
 def lmlab_config(a: Args):
     from lmlab.config import ModelConfig
 
-    common = dict(vocab_size=a.vocab, context_length=a.context, d_model=a.d_model, n_layers=a.layers,
-                  n_heads=a.heads, n_kv_heads=a.kv_heads, tie_embeddings=True)
+    common = dict(
+        vocab_size=a.vocab,
+        context_length=a.context,
+        d_model=a.d_model,
+        n_layers=a.layers,
+        n_heads=a.heads,
+        n_kv_heads=a.kv_heads,
+        tie_embeddings=True,
+    )
     if a.recipe == "gpt2":
-        return ModelConfig(**common, norm_type="layernorm", norm_bias=True, bias="all", activation="gelu",
-                           d_ff=4 * a.d_model, position="learned")
+        return ModelConfig(
+            **common,
+            norm_type="layernorm",
+            norm_bias=True,
+            bias="all",
+            activation="gelu",
+            d_ff=4 * a.d_model,
+            position="learned",
+        )
     return ModelConfig(**common)
 
 
@@ -98,28 +113,62 @@ def build_peer(system: str, a: Args) -> tuple[torch.nn.Module, Callable]:
     if system == "hf" and a.recipe != "gpt2":
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        m = LlamaForCausalLM(LlamaConfig(
-            vocab_size=a.vocab, hidden_size=a.d_model, intermediate_size=cfg.d_ff, num_hidden_layers=a.layers,
-            num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, max_position_embeddings=a.context,
-            tie_word_embeddings=True, attention_dropout=0.0, rms_norm_eps=cfg.norm_eps))
+        m = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=a.vocab,
+                hidden_size=a.d_model,
+                intermediate_size=cfg.d_ff,
+                num_hidden_layers=a.layers,
+                num_attention_heads=a.heads,
+                num_key_value_heads=a.kv_heads,
+                max_position_embeddings=a.context,
+                tie_word_embeddings=True,
+                attention_dropout=0.0,
+                rms_norm_eps=cfg.norm_eps,
+            )
+        )
         m.config._attn_implementation = "sdpa"
         return m, lambda m, x, y: ce(m(input_ids=x).logits, y)
     if system == "hf":
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        m = GPT2LMHeadModel(GPT2Config(
-            vocab_size=a.vocab, n_positions=a.context, n_embd=a.d_model, n_layer=a.layers, n_head=a.heads,
-            activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+        m = GPT2LMHeadModel(
+            GPT2Config(
+                vocab_size=a.vocab,
+                n_positions=a.context,
+                n_embd=a.d_model,
+                n_layer=a.layers,
+                n_head=a.heads,
+                activation_function="gelu",
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+            )
+        )
         m.config._attn_implementation = "sdpa"
         return m, lambda m, x, y: ce(m(input_ids=x).logits, y)
     if system == "litgpt":
         from litgpt import Config
         from litgpt.model import GPT
 
-        m = GPT(Config(n_embd=a.d_model, n_layer=a.layers, n_head=a.heads, n_query_groups=a.kv_heads,
-                       intermediate_size=cfg.d_ff, mlp_class_name="LLaMAMLP", norm_class_name="RMSNorm",
-                       bias=False, rotary_percentage=1.0, parallel_residual=False, padded_vocab_size=a.vocab,
-                       vocab_size=a.vocab, block_size=a.context, norm_eps=cfg.norm_eps))
+        m = GPT(
+            Config(
+                n_embd=a.d_model,
+                n_layer=a.layers,
+                n_head=a.heads,
+                n_query_groups=a.kv_heads,
+                intermediate_size=cfg.d_ff,
+                mlp_class_name="LLaMAMLP",
+                norm_class_name="RMSNorm",
+                bias=False,
+                rotary_percentage=1.0,
+                parallel_residual=False,
+                padded_vocab_size=a.vocab,
+                vocab_size=a.vocab,
+                block_size=a.context,
+                norm_eps=cfg.norm_eps,
+            )
+        )
         m.lm_head.weight = m.transformer.wte.weight  # tied, as the others
         return m, lambda m, x, y: ce(m(x), y)
     if system == "nanogpt":
@@ -128,22 +177,49 @@ def build_peer(system: str, a: Args) -> tuple[torch.nn.Module, Callable]:
         sys.path.insert(0, os.path.abspath(os.path.expanduser(a.nanogpt)))
         from model import GPT, GPTConfig  # nanoGPT's model.py
 
-        m = GPT(GPTConfig(block_size=a.context, vocab_size=a.vocab, n_layer=a.layers, n_head=a.heads,
-                          n_embd=a.d_model, dropout=0.0, bias=True))
+        m = GPT(
+            GPTConfig(
+                block_size=a.context,
+                vocab_size=a.vocab,
+                n_layer=a.layers,
+                n_head=a.heads,
+                n_embd=a.d_model,
+                dropout=0.0,
+                bias=True,
+            )
+        )
         return m, lambda m, x, y: m(x, y)[1]
     if system == "xt":
         from x_transformers import Decoder, TransformerWrapper
 
         if a.recipe == "gpt2":
-            dec = Decoder(dim=a.d_model, depth=a.layers, heads=a.heads, attn_dim_head=a.d_model // a.heads,
-                          ff_mult=4, attn_flash=True)
+            dec = Decoder(
+                dim=a.d_model,
+                depth=a.layers,
+                heads=a.heads,
+                attn_dim_head=a.d_model // a.heads,
+                ff_mult=4,
+                attn_flash=True,
+            )
             m = TransformerWrapper(num_tokens=a.vocab, max_seq_len=a.context, attn_layers=dec, tie_embedding=True)
         else:
-            dec = Decoder(dim=a.d_model, depth=a.layers, heads=a.heads, attn_kv_heads=a.kv_heads,
-                          attn_dim_head=a.d_model // a.heads, rotary_pos_emb=True, use_rmsnorm=True, ff_glu=True,
-                          ff_swish=True, ff_no_bias=True, attn_flash=True, ff_mult=cfg.d_ff / a.d_model)
-            m = TransformerWrapper(num_tokens=a.vocab, max_seq_len=a.context, attn_layers=dec, tie_embedding=True,
-                                   use_abs_pos_emb=False)
+            dec = Decoder(
+                dim=a.d_model,
+                depth=a.layers,
+                heads=a.heads,
+                attn_kv_heads=a.kv_heads,
+                attn_dim_head=a.d_model // a.heads,
+                rotary_pos_emb=True,
+                use_rmsnorm=True,
+                ff_glu=True,
+                ff_swish=True,
+                ff_no_bias=True,
+                attn_flash=True,
+                ff_mult=cfg.d_ff / a.d_model,
+            )
+            m = TransformerWrapper(
+                num_tokens=a.vocab, max_seq_len=a.context, attn_layers=dec, tie_embedding=True, use_abs_pos_emb=False
+            )
         return m, lambda m, x, y: ce(m(x), y)
     raise SystemExit(f"unknown system {system!r}")
 
@@ -169,8 +245,16 @@ def compile_apart(model: torch.nn.Module) -> Callable:
     return torch.compile(scope["entry"])
 
 
-def make_system(name: str, a: Args, dtype: Optional[torch.dtype], compile_: bool, fused: bool,
-                device: str = "cpu", checkpointing: bool = False, kernels=None) -> System:
+def make_system(
+    name: str,
+    a: Args,
+    dtype: Optional[torch.dtype],
+    compile_: bool,
+    fused: bool,
+    device: str = "cpu",
+    checkpointing: bool = False,
+    kernels=None,
+) -> System:
     """Build ``name`` ('lmlab' or a peer), its batch and its step on ``device``; runs the first step
     (compiling). ``checkpointing``: lmlab with activation checkpointing (TrainConfig's switch);
     ``kernels``: lmlab's KernelSettings (None: this process's defaults).
@@ -191,8 +275,13 @@ def make_system(name: str, a: Args, dtype: Optional[torch.dtype], compile_: bool
             keep_freed_memory()
         model = TransformerLM(lmlab_config(a), kernels=kernels).to(dev)
         model.checkpoint_blocks = checkpointing
-        tc = TrainConfig(lr=ADAMW["lr"], beta1=ADAMW["betas"][0], beta2=ADAMW["betas"][1], eps=ADAMW["eps"],
-                         weight_decay=ADAMW["weight_decay"])
+        tc = TrainConfig(
+            lr=ADAMW["lr"],
+            beta1=ADAMW["betas"][0],
+            beta2=ADAMW["betas"][1],
+            eps=ADAMW["eps"],
+            weight_decay=ADAMW["weight_decay"],
+        )
         opt = adamw(param_groups(model, tc), tc, dev)
         fwd = compile_apart(model) if compile_ else model
         loss_fn = lambda: fwd(inputs, targets=targets)[0]  # noqa: E731
@@ -216,16 +305,19 @@ def make_system(name: str, a: Args, dtype: Optional[torch.dtype], compile_: bool
     t0 = time.perf_counter()
     step()
     first = time.perf_counter() - t0
-    s = System(name, step, sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
-               compile_s=first if compile_ else 0.0)
+    s = System(
+        name,
+        step,
+        sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
+        compile_s=first if compile_ else 0.0,
+    )
     s.notes = check_equal_settings(model)
     return s
 
 
 def check_equal_settings(model: torch.nn.Module) -> list[str]:
     """What would make the comparison unequal: dropout modules with p > 0, attention dropout fields."""
-    bad = [f"{n}: Dropout p={m.p}" for n, m in model.named_modules()
-           if isinstance(m, torch.nn.Dropout) and m.p > 0]
+    bad = [f"{n}: Dropout p={m.p}" for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
     for n, m in model.named_modules():
         for attr in ("attention_dropout", "attn_dropout", "dropout"):
             v = getattr(m, attr, None)
@@ -246,8 +338,12 @@ def machine_line(threads: int, device: str = "cpu") -> str:
 
 def peak_rss(system: str, argv: list[str]) -> dict:
     """A fresh process: import, build, 3 steps; its RSS before the first step and its max RSS (bytes)."""
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--rss-of", system],
-                         capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), *argv, "--rss-of", system],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONWARNINGS="ignore"),
+    )
     if out.returncode:
         raise SystemExit(f"{system}: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -308,8 +404,9 @@ def main() -> None:
     ap.add_argument("--nanogpt", help="folder holding nanoGPT's model.py (GPT-2 recipe)")
     ap.add_argument("--lmlab-compile", action="store_true", help="torch.compile lmlab's model (its CPU default)")
     ap.add_argument("--peers-compiled", action="store_true", help="also time every peer compiled, fused AdamW")
-    ap.add_argument("--lmlab-checkpointing", action="store_true",
-                    help="also time lmlab with activation checkpointing (lmlab+ckpt)")
+    ap.add_argument(
+        "--lmlab-checkpointing", action="store_true", help="also time lmlab with activation checkpointing (lmlab+ckpt)"
+    )
     ap.add_argument("--steps", type=int_at_least(1), default=2, help="steps per system per round")
     ap.add_argument("--rounds", type=int_at_least(1), default=7)
     ap.add_argument("--warmup", type=int_at_least(0), default=2)
@@ -319,11 +416,12 @@ def main() -> None:
     a = ap.parse_args()
     dev = check_device(ap, a.device)
     if a.kv_heads is not None and a.recipe == "gpt2":
-        ap.error(f"--kv-heads {a.kv_heads}: the gpt2 recipe has one KV head per head (GPT-2, nanoGPT); "
-                 f"GQA is for --recipe llama or demo")
+        ap.error(
+            f"--kv-heads {a.kv_heads}: the gpt2 recipe has one KV head per head (GPT-2, nanoGPT); "
+            f"GQA is for --recipe llama or demo"
+        )
     if a.nanogpt and not os.path.isfile(os.path.join(os.path.expanduser(a.nanogpt), "model.py")):
-        ap.error(f"--nanogpt {a.nanogpt!r} holds no model.py; give a clone of "
-                 f"https://github.com/karpathy/nanoGPT")
+        ap.error(f"--nanogpt {a.nanogpt!r} holds no model.py; give a clone of https://github.com/karpathy/nanoGPT")
     torch.set_num_threads(a.threads)
     shape = Args(recipe=a.recipe, nanogpt=a.nanogpt, **RECIPES[a.recipe])
     for f in ("d_model", "layers", "heads", "vocab", "context", "batch"):
@@ -382,14 +480,18 @@ def main() -> None:
         variants += [(w, True, False) for w in wanted if w != "lmlab"]
     from lmlab.devices import keep_freed_memory
 
-    kept = ("glibc malloc keeps freed memory (lmlab train's setting) for every system in this process; "
-            if dev.type == "cpu" and keep_freed_memory() else "")
+    kept = (
+        "glibc malloc keeps freed memory (lmlab train's setting) for every system in this process; "
+        if dev.type == "cpu" and keep_freed_memory()
+        else ""
+    )
     systems = {}
     lm = "lmlab+compile" if a.lmlab_compile else "lmlab"
     for name, comp, ckpt in variants:
         label = "lmlab+ckpt" if ckpt else name + ("+compile" if comp else "")
-        systems[label] = make_system(name, shape, dtype, compile_=comp, fused=comp and name != "lmlab",
-                                     device=a.device, checkpointing=ckpt)
+        systems[label] = make_system(
+            name, shape, dtype, compile_=comp, fused=comp and name != "lmlab", device=a.device, checkpointing=ckpt
+        )
     counts = {k: s.params for k, s in systems.items()}
     ref = counts.get(lm, next(iter(counts.values())))
     for k in [k for k in systems if counts[k] != ref]:
@@ -406,32 +508,47 @@ def main() -> None:
     labels = list(systems)
     times: dict[str, list[float]] = {k: [] for k in labels}
     for r in range(a.rounds):
-        for k in labels[r % len(labels):] + labels[:r % len(labels)]:
+        for k in labels[r % len(labels) :] + labels[: r % len(labels)]:
             t0 = time.perf_counter()
             for _ in range(a.steps):
                 systems[k].step()
             times[k].append((time.perf_counter() - t0) / a.steps)
     tokens = shape.batch * shape.context
     print(machine_line(a.threads, a.device))
-    print(f"recipe {a.recipe}: d_model {shape.d_model}, {shape.layers} layers, {shape.heads} heads, "
-          f"{shape.kv_heads} KV heads, context {shape.context}, vocab {shape.vocab}, batch {shape.batch}; "
-          f"{a.dtype}{' autocast' if dtype else ''}; {a.rounds} rounds x {a.steps} steps, rotated order")
+    print(
+        f"recipe {a.recipe}: d_model {shape.d_model}, {shape.layers} layers, {shape.heads} heads, "
+        f"{shape.kv_heads} KV heads, context {shape.context}, vocab {shape.vocab}, batch {shape.batch}; "
+        f"{a.dtype}{' autocast' if dtype else ''}; {a.rounds} rounds x {a.steps} steps, rotated order"
+    )
     from lmlab.kernels.causal_attention import use_blocked
     from lmlab.kernels.settings import default_kernels
 
-    q = torch.empty(shape.batch, shape.heads, shape.context, shape.d_model // shape.heads,
-                    dtype=dtype or torch.float32, device=a.device)
+    q = torch.empty(
+        shape.batch,
+        shape.heads,
+        shape.context,
+        shape.d_model // shape.heads,
+        dtype=dtype or torch.float32,
+        device=a.device,
+    )
     blocked = "lmlab" in wanted and use_blocked(q, default_kernels().blocked_attention_fp32)  # lmlab's rule
-    print(f"equalised: {counts[labels[0]]:,} params in every system; dropout 0 everywhere (checked); {kept}"
-          f"AdamW {ADAMW} for all; activation {'GELU (erf)' if a.recipe == 'gpt2' else 'SwiGLU'}; "
-          + ("SDPA attention in the peers" if blocked else "SDPA attention in every system"))
-    print("not equalised (printed, by design): "
-          + ("lmlab's blocked causal attention (lmlab/kernels/causal_attention.py), " if blocked else "")
-          + "lmlab's chunked loss, fused AdamW"
-          f"{' and torch.compile' if a.lmlab_compile else ''}; peers eager with torch's default AdamW (foreach)"
-          f"{', and again compiled with fused AdamW' if a.peers_compiled else ''}")
-    rss = {} if a.no_rss else {k: peak_rss(k.replace("+compile", "+c").replace("+ckpt", "+k"), sys.argv[1:])
-                               for k in labels}
+    print(
+        f"equalised: {counts[labels[0]]:,} params in every system; dropout 0 everywhere (checked); {kept}"
+        f"AdamW {ADAMW} for all; activation {'GELU (erf)' if a.recipe == 'gpt2' else 'SwiGLU'}; "
+        + ("SDPA attention in the peers" if blocked else "SDPA attention in every system")
+    )
+    print(
+        "not equalised (printed, by design): "
+        + ("lmlab's blocked causal attention (lmlab/kernels/causal_attention.py), " if blocked else "")
+        + "lmlab's chunked loss, fused AdamW"
+        f"{' and torch.compile' if a.lmlab_compile else ''}; peers eager with torch's default AdamW (foreach)"
+        f"{', and again compiled with fused AdamW' if a.peers_compiled else ''}"
+    )
+    rss = (
+        {}
+        if a.no_rss
+        else {k: peak_rss(k.replace("+compile", "+c").replace("+ckpt", "+k"), sys.argv[1:]) for k in labels}
+    )
     mem_name = "peak allocated" if a.device.startswith("cuda") else "peak RSS"
     mfu_of = mfu_function(shape, a.device, dtype)
     rows = []
@@ -441,27 +558,37 @@ def main() -> None:
         mem = rss.get(k)
         mfu = mfu_of(tokens / med)
         rows.append((k, med, tokens / med, r, q1, q3, systems[k].compile_s, mem, mfu))
-        extra = (f"  {mem_name} {mem['peak'] / 2**20:6.0f} MiB (training adds "
-                 f"{(mem['peak'] - mem['import_and_build']) / 2**20:5.0f})" if mem else "")
+        extra = (
+            f"  {mem_name} {mem['peak'] / 2**20:6.0f} MiB (training adds "
+            f"{(mem['peak'] - mem['import_and_build']) / 2**20:5.0f})"
+            if mem
+            else ""
+        )
         comp = f"  compile {systems[k].compile_s:5.1f} s" if systems[k].compile_s else ""
         vs = "" if k == lm else f"  {lm} speed-up {r:.2f}x (IQR {q1:.2f}-{q3:.2f})"
         m = f"  MFU {mfu:.1%}" if mfu else ""
         print(f"{k:16s} {med * 1e3:8.1f} ms/step {tokens / med:8.0f} tokens/s{m}{vs}{comp}{extra}")
-    for title, pick in (("eager", lambda k: not k.endswith(("+compile", "+ckpt"))),
-                        ("compiled", lambda k: k.endswith("+compile"))):
+    for title, pick in (
+        ("eager", lambda k: not k.endswith(("+compile", "+ckpt"))),
+        ("compiled", lambda k: k.endswith("+compile")),
+    ):
         cands = [row for row in rows if row[0] != lm and pick(row[0])]
         if cands:
             f = max(cands, key=lambda row: row[2])
             print(f"{lm} / fastest {title} peer ({f[0]}): {f[3]:.2f}x (IQR {f[4]:.2f}-{f[5]:.2f})")
     if a.markdown:
-        print(f"\n| system | ms/step | tokens/s | {lm} speed-up (IQR) | compile s | {mem_name} MiB (training adds) |"
-              f"{' MFU |' if mfu_of(1.0) else ''}")
+        print(
+            f"\n| system | ms/step | tokens/s | {lm} speed-up (IQR) | compile s | {mem_name} MiB (training adds) |"
+            f"{' MFU |' if mfu_of(1.0) else ''}"
+        )
         print("|---|---|---|---|---|---|" + ("---|" if mfu_of(1.0) else ""))
         for k, med, tps, r, q1, q3, cs, mem, mfu in rows:
             sp = "1" if k == lm else f"{r:.2f}x ({q1:.2f}-{q3:.2f})"
             m = f"{mem['peak'] / 2**20:.0f} ({(mem['peak'] - mem['import_and_build']) / 2**20:.0f})" if mem else "-"
-            print(f"| {k} | {med * 1e3:.1f} | {tps:.0f} | {sp} | {f'{cs:.1f}' if cs else '-'} | {m} |"
-                  + (f" {mfu:.1%} |" if mfu else ""))
+            print(
+                f"| {k} | {med * 1e3:.1f} | {tps:.0f} | {sp} | {f'{cs:.1f}' if cs else '-'} | {m} |"
+                + (f" {mfu:.1%} |" if mfu else "")
+            )
 
 
 def mfu_function(shape: Args, device: str, dtype: Optional[torch.dtype]) -> Callable[[float], Optional[float]]:
@@ -475,6 +602,7 @@ def mfu_function(shape: Args, device: str, dtype: Optional[torch.dtype]) -> Call
     peak = device_peak_flops(torch.device(device), dtype)
     per_token = flops_per_token(lmlab_config(shape), shape.context, training=True)
     return lambda tps: per_token * tps / peak if peak else None
+
 
 if __name__ == "__main__":
     main()

@@ -43,8 +43,16 @@ from dataclasses import dataclass
 from typing import Optional
 
 from lmlab.config import ModelConfig
-from lmlab.param_counts import (global_layers_differ, instantiated_params, kv_shared_counts, layer_params,
-                                 linear_layer_count, linear_layer_params, moe_layer_count, param_counts)
+from lmlab.param_counts import (
+    global_layers_differ,
+    instantiated_params,
+    kv_shared_counts,
+    layer_params,
+    linear_layer_count,
+    linear_layer_params,
+    moe_layer_count,
+    param_counts,
+)
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}
 
@@ -64,18 +72,38 @@ class Device:
 
 
 DEVICES = {
-    "h100": Device("NVIDIA H100 SXM5 80GB", 989.4e12, 3.35e12, "bf16",
-                   "NVIDIA H100 Tensor Core GPU datasheet: BF16 1,979 TFLOPS with sparsity (989.4 dense), "
-                   "HBM3 3.35 TB/s; https://www.nvidia.com/en-us/data-center/h100/"),
-    "h200": Device("NVIDIA H200 SXM 141GB", 989.4e12, 4.8e12, "bf16",
-                   "NVIDIA H200 Tensor Core GPU datasheet: BF16 1,979 TFLOPS with sparsity (989.4 dense), "
-                   "HBM3e 4.8 TB/s; https://www.nvidia.com/en-us/data-center/h200/"),
-    "a100": Device("NVIDIA A100 SXM4 80GB", 312e12, 2.039e12, "bf16",
-                   "NVIDIA A100 Tensor Core GPU datasheet: BF16 312 TFLOPS dense (624 with sparsity), "
-                   "HBM2e 2,039 GB/s (80GB SXM); https://www.nvidia.com/en-us/data-center/a100/"),
-    "cpu": Device("2 CPU cores (nominal)", 384e9, 40e9, "fp32",
-                  "nominal, not a datasheet: 2 cores x 2 AVX-512 FMA units x 16 fp32 lanes x 2 FLOPs x 3 GHz "
-                  "= 384 GFLOP/s; 40 GB/s, a 2-core share of a server socket's DRAM bandwidth"),
+    "h100": Device(
+        "NVIDIA H100 SXM5 80GB",
+        989.4e12,
+        3.35e12,
+        "bf16",
+        "NVIDIA H100 Tensor Core GPU datasheet: BF16 1,979 TFLOPS with sparsity (989.4 dense), "
+        "HBM3 3.35 TB/s; https://www.nvidia.com/en-us/data-center/h100/",
+    ),
+    "h200": Device(
+        "NVIDIA H200 SXM 141GB",
+        989.4e12,
+        4.8e12,
+        "bf16",
+        "NVIDIA H200 Tensor Core GPU datasheet: BF16 1,979 TFLOPS with sparsity (989.4 dense), "
+        "HBM3e 4.8 TB/s; https://www.nvidia.com/en-us/data-center/h200/",
+    ),
+    "a100": Device(
+        "NVIDIA A100 SXM4 80GB",
+        312e12,
+        2.039e12,
+        "bf16",
+        "NVIDIA A100 Tensor Core GPU datasheet: BF16 312 TFLOPS dense (624 with sparsity), "
+        "HBM2e 2,039 GB/s (80GB SXM); https://www.nvidia.com/en-us/data-center/a100/",
+    ),
+    "cpu": Device(
+        "2 CPU cores (nominal)",
+        384e9,
+        40e9,
+        "fp32",
+        "nominal, not a datasheet: 2 cores x 2 AVX-512 FMA units x 16 fp32 lanes x 2 FLOPs x 3 GHz "
+        "= 384 GFLOP/s; 40 GB/s, a 2-core share of a server socket's DRAM bandwidth",
+    ),
 }
 
 
@@ -121,8 +149,9 @@ def attention_flops_per_token(cfg: ModelConfig, context: int) -> float:
     chunk = cfg.local_attention == "chunk"
     n_linear = linear_layer_count(cfg)
     recurrence = n_linear * linear_layer_params(cfg)["recurrence_flops"] if n_linear else 0
-    return recurrence + sum(layers * 2 * _attended_width(cfg, w is None) * mean_keys(context, w, chunk)
-                            for w, layers in layer_windows(cfg))
+    return recurrence + sum(
+        layers * 2 * _attended_width(cfg, w is None) * mean_keys(context, w, chunk) for w, layers in layer_windows(cfg)
+    )
 
 
 def _attended_width(cfg: ModelConfig, global_layer: bool = False) -> int:
@@ -181,8 +210,10 @@ def kv_cache_bytes(cfg: ModelConfig, context: int, batch: int = 1, dtype: str = 
     no_window = batch * per_token * context
     unshared = batch * context * sum(layers * entry[w] for w, layers in all_kinds)  # every layer caching
     # plain MHA: K and V of every head; for MLA its heads' width (DeepSeek-V2 Sec. 2.1.4 compares with 2 n_h d_h)
-    mha_heads = sum(layers * (cfg.v_head_dim if cfg.attention == "mla" else cfg.layer_head_dim_of(w is None))
-                    for w, layers in all_kinds)
+    mha_heads = sum(
+        layers * (cfg.v_head_dim if cfg.attention == "mla" else cfg.layer_head_dim_of(w is None))
+        for w, layers in all_kinds
+    )
     mha = batch * 2 * cfg.n_heads * b * context * mha_heads
     n_linear = linear_layer_count(cfg)
     state = 0
@@ -190,11 +221,24 @@ def kv_cache_bytes(cfg: ModelConfig, context: int, batch: int = 1, dtype: str = 
         lin = linear_layer_params(cfg)
         state = n_linear * (lin["conv_values"] * b + lin["state_values"] * 4)
     total, no_window, unshared, mha = (x + batch * state for x in (total, no_window, unshared, mha))
-    out = {"dtype": dtype, "bytes_per_value": b, "per_token": per_token, "state_per_sequence": state,
-           "state_total": batch * state, "linear_layers": n_linear,
-           "per_token_per_layer": per_layer_token, "total": total, "no_window_total": no_window,
-           "mha_total": mha, "gqa_saving": mha / unshared, "window_saving": no_window / total,
-           "kv_sharing_saving": unshared / no_window, "saving": mha / total, "context": context, "batch": batch}
+    out = {
+        "dtype": dtype,
+        "bytes_per_value": b,
+        "per_token": per_token,
+        "state_per_sequence": state,
+        "state_total": batch * state,
+        "linear_layers": n_linear,
+        "per_token_per_layer": per_layer_token,
+        "total": total,
+        "no_window_total": no_window,
+        "mha_total": mha,
+        "gqa_saving": mha / unshared,
+        "window_saving": no_window / total,
+        "kv_sharing_saving": unshared / no_window,
+        "saving": mha / total,
+        "context": context,
+        "batch": batch,
+    }
     if global_layers_differ(cfg):
         out["per_token_per_global_layer"] = kv_values_per_token(cfg, True) * b
     return out
@@ -237,12 +281,20 @@ def _linear_layer_costs(cfg: ModelConfig, context: int, b: int) -> dict:
     lin, lp = linear_layer_params(cfg), layer_params(cfg, global_layer=True)
     weight = base["weight_bytes"] + (lin["attention"] - lp["attention"]) * b
     # the block's matmul FLOPs as _layer_costs counts them (MoE layers averaged in), attention's swapped for the mixer's
-    matmul = base["decode_flops"] - 2 * _attended_width(cfg, True) * context + 2 * (
-        lin["attention_matmul"] - lp["attention_matmul"])
+    matmul = (
+        base["decode_flops"]
+        - 2 * _attended_width(cfg, True) * context
+        + 2 * (lin["attention_matmul"] - lp["attention_matmul"])
+    )
     state = lin["conv_values"] * b + lin["state_values"] * 4
     per_token = matmul + lin["recurrence_flops"]
-    return {"weight_bytes": weight, "decode_flops": per_token, "decode_bytes": 2 * state + 2 * cfg.d_model * b,
-            "prefill_flops": context * per_token, "prefill_bytes": context * 2 * cfg.d_model * b + state}
+    return {
+        "weight_bytes": weight,
+        "decode_flops": per_token,
+        "decode_bytes": 2 * state + 2 * cfg.d_model * b,
+        "prefill_flops": context * per_token,
+        "prefill_bytes": context * 2 * cfg.d_model * b + state,
+    }
 
 
 def _intensity(flops_per_seq: float, bytes_per_seq: float, weight_bytes: float, batch: int, ridge: float) -> dict:
@@ -254,12 +306,19 @@ def _intensity(flops_per_seq: float, bytes_per_seq: float, weight_bytes: float, 
         b_star: Optional[int] = max(1, math.ceil(ridge * weight_bytes / (flops_per_seq - ridge * bytes_per_seq)))
     else:
         b_star = None  # the per-sequence traffic alone keeps it below the ridge
-    return {"flops": flops, "bytes": moved, "intensity": ai, "compute_bound": ai >= ridge,
-            "limit": limit, "compute_bound_from_batch": b_star}
+    return {
+        "flops": flops,
+        "bytes": moved,
+        "intensity": ai,
+        "compute_bound": ai >= ridge,
+        "limit": limit,
+        "compute_bound_from_batch": b_star,
+    }
 
 
-def intensity(cfg: ModelConfig, context: int, batch: int = 1, device: Device | str = "h100",
-              dtype: str = "bf16") -> dict:
+def intensity(
+    cfg: ModelConfig, context: int, batch: int = 1, device: Device | str = "h100", dtype: str = "bf16"
+) -> dict:
     """Arithmetic intensity of prefill and decode per layer kind ('global', 'local') and for the whole
     model (all layers + LM head), with verdicts against ``device``'s ridge point (see the module
     docstring). Weights, KV cache and activations all in ``dtype``."""
@@ -269,15 +328,22 @@ def intensity(cfg: ModelConfig, context: int, batch: int = 1, device: Device | s
     for w, layers in layer_windows(cfg):
         kind = "global" if w is None else "local"
         kinds.setdefault(kind, {"window": w, "layers": 0})["layers"] += layers
-    out: dict = {"device": dev.name, "ridge": dev.ridge, "dtype": dtype, "context": context, "batch": batch,
-                 "kinds": {}}
+    out: dict = {
+        "device": dev.name,
+        "ridge": dev.ridge,
+        "dtype": dtype,
+        "context": context,
+        "batch": batch,
+        "kinds": {},
+    }
     tot = {"weight_bytes": 0.0, "decode_flops": 0.0, "decode_bytes": 0.0, "prefill_flops": 0.0, "prefill_bytes": 0.0}
     if linear_layer_count(cfg):
         kinds["linear"] = {"window": None, "layers": linear_layer_count(cfg)}
     for kind, info in kinds.items():
         c = _linear_layer_costs(cfg, context, b) if kind == "linear" else _layer_costs(cfg, info["window"], context, b)
         out["kinds"][kind] = {
-            "layers": info["layers"], "window": info["window"],
+            "layers": info["layers"],
+            "window": info["window"],
             "prefill": _intensity(c["prefill_flops"], c["prefill_bytes"], c["weight_bytes"], batch, dev.ridge),
             "decode": _intensity(c["decode_flops"], c["decode_bytes"], c["weight_bytes"], batch, dev.ridge),
         }
@@ -302,8 +368,14 @@ def intensity(cfg: ModelConfig, context: int, batch: int = 1, device: Device | s
 # ------------------------------------------------------------------------------------------------
 
 
-def analyze(cfg: ModelConfig, context: Optional[int] = None, batch: int = 1, device: Device | str = "h100",
-            published_params: Optional[float] = None, check_instantiated: bool = True) -> dict:
+def analyze(
+    cfg: ModelConfig,
+    context: Optional[int] = None,
+    batch: int = 1,
+    device: Device | str = "h100",
+    published_params: Optional[float] = None,
+    check_instantiated: bool = True,
+) -> dict:
     """Everything ``lmlab analyze`` prints, as a dict (``--json``). Bounded time for any valid config:
     the figures are formulas over the kinds of layers; the meta-device cross-check of the parameter
     count (``instantiated``) runs only up to :data:`INSTANTIATE_MAX_LAYERS` layers (else ``skipped``)."""
@@ -314,12 +386,17 @@ def analyze(cfg: ModelConfig, context: Optional[int] = None, batch: int = 1, dev
     if published_params is not None:
         res["published_params"] = published_params
     if check_instantiated and cfg.n_layers > INSTANTIATE_MAX_LAYERS:
-        res["instantiated"] = {"skipped": f"n_layers={cfg.n_layers:,} > {INSTANTIATE_MAX_LAYERS}: not built on "
-                                          f"the meta device (its time grows with the layers)"}
+        res["instantiated"] = {
+            "skipped": f"n_layers={cfg.n_layers:,} > {INSTANTIATE_MAX_LAYERS}: not built on "
+            f"the meta device (its time grows with the layers)"
+        }
     elif check_instantiated:
         total, non_emb = instantiated_params(cfg)
-        res["instantiated"] = {"total": total, "non_embedding": non_emb,
-                               "equal": total == counts["total"] and non_emb == counts["non_embedding"]}
+        res["instantiated"] = {
+            "total": total,
+            "non_embedding": non_emb,
+            "equal": total == counts["total"] and non_emb == counts["non_embedding"],
+        }
     attn = attention_flops_per_token(cfg, n)
     res["flops"] = {
         "matmul_params": counts["matmul"],
@@ -331,17 +408,22 @@ def analyze(cfg: ModelConfig, context: Optional[int] = None, batch: int = 1, dev
         "attention_share": attn / (2 * counts["matmul"] + attn),
     }
     res["kv_cache"] = {dt: kv_cache_bytes(cfg, n, batch, dt) for dt in DTYPE_BYTES}
-    res["device"] = {"name": dev.name, "peak_flops": dev.peak_flops, "bandwidth": dev.bandwidth, "dtype": dev.dtype,
-                     "ridge": dev.ridge, "source": dev.source}
+    res["device"] = {
+        "name": dev.name,
+        "peak_flops": dev.peak_flops,
+        "bandwidth": dev.bandwidth,
+        "dtype": dev.dtype,
+        "ridge": dev.ridge,
+        "source": dev.source,
+    }
     res["intensity"] = intensity(cfg, n, batch, dev, dtype=dev.dtype)
     return res
 
 
 def _bytes(n: float) -> str:
-    if n >= 2 ** 70:  # beyond EiB: no unit helps a reader any more
+    if n >= 2**70:  # beyond EiB: no unit helps a reader any more
         return f"{n:.2e} B"
-    for unit, scale in (("EiB", 2 ** 60), ("PiB", 2 ** 50), ("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20),
-                        ("KiB", 2 ** 10)):
+    for unit, scale in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{n:.0f} B"
@@ -350,8 +432,14 @@ def _bytes(n: float) -> str:
 def _flops(n: float) -> str:
     if n >= 1e21:
         return f"{n:.2e} FLOP"
-    for unit, scale in (("EFLOP", 1e18), ("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6),
-                        ("KFLOP", 1e3)):
+    for unit, scale in (
+        ("EFLOP", 1e18),
+        ("PFLOP", 1e15),
+        ("TFLOP", 1e12),
+        ("GFLOP", 1e9),
+        ("MFLOP", 1e6),
+        ("KFLOP", 1e3),
+    ):
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n:.0f} FLOP"
@@ -363,17 +451,26 @@ def format_analysis(res: dict, title: str) -> str:
     p, f, n, B = res["params"], res["flops"], res["context"], res["batch"]
     dev = res["device"]
     L = []
-    L.append(f"{title}: context {n:,}, batch {B:,}, device {dev['name']} "
-             f"({dev['peak_flops'] / 1e12:,.4g} TFLOP/s {dev['dtype']} dense, {dev['bandwidth'] / 1e12:.3g} TB/s)")
-    heads = (f"{cfg.n_heads} MLA heads (q/k {cfg.qk_nope_head_dim} + RoPE {cfg.qk_rope_head_dim}, v {cfg.v_head_dim}; "
-             f"KV latent {cfg.kv_lora_rank})" if cfg.attention == "mla" else
-             f"{cfg.n_heads} heads x head_dim {cfg.head_dim} ({cfg.n_kv_heads} KV heads)")
+    L.append(
+        f"{title}: context {n:,}, batch {B:,}, device {dev['name']} "
+        f"({dev['peak_flops'] / 1e12:,.4g} TFLOP/s {dev['dtype']} dense, {dev['bandwidth'] / 1e12:.3g} TB/s)"
+    )
+    heads = (
+        f"{cfg.n_heads} MLA heads (q/k {cfg.qk_nope_head_dim} + RoPE {cfg.qk_rope_head_dim}, v {cfg.v_head_dim}; "
+        f"KV latent {cfg.kv_lora_rank})"
+        if cfg.attention == "mla"
+        else f"{cfg.n_heads} heads x head_dim {cfg.head_dim} ({cfg.n_kv_heads} KV heads)"
+    )
     if "per_global_layer" in p:  # Gemma 4: the full-attention layers' own sizes
         g_kv = cfg.layer_n_kv_heads_of(True)
-        heads += (f"; global layers head_dim {cfg.layer_head_dim_of(True)}, {g_kv} KV "
-                  f"head{'s' if g_kv != 1 else ''}{', keys as values' if cfg.global_k_eq_v else ''}")
-    L.append(f"  d_model {cfg.d_model}, {cfg.n_layers} layers, {heads}, d_ff {cfg.d_ff} ({cfg.activation}), "
-             f"vocab {cfg.vocab_size:,}, {'tied' if cfg.tie_embeddings else 'untied'} embeddings")
+        heads += (
+            f"; global layers head_dim {cfg.layer_head_dim_of(True)}, {g_kv} KV "
+            f"head{'s' if g_kv != 1 else ''}{', keys as values' if cfg.global_k_eq_v else ''}"
+        )
+    L.append(
+        f"  d_model {cfg.d_model}, {cfg.n_layers} layers, {heads}, d_ff {cfg.d_ff} ({cfg.activation}), "
+        f"vocab {cfg.vocab_size:,}, {'tied' if cfg.tie_embeddings else 'untied'} embeddings"
+    )
     L.append("")
     L.append("Parameters (by formula)")
     pub = res.get("published_params")
@@ -382,18 +479,23 @@ def format_analysis(res: dict, title: str) -> str:
     L.append(f"  non-embedding    {p['non_embedding']:>18,}")
     L.append(f"  token embedding  {p['embedding']:>18,}")
     if p.get("mtp"):
-        L.append(f"  MTP modules      {p['mtp']:>18,}   ({cfg.mtp_depth} multi-token prediction module(s), training "
-                 f"only, in the totals; FLOPs below are the main model's)")
+        L.append(
+            f"  MTP modules      {p['mtp']:>18,}   ({cfg.mtp_depth} multi-token prediction module(s), training "
+            f"only, in the totals; FLOPs below are the main model's)"
+        )
     pl = p["per_layer"]
     if p.get("moe_layers", 0) < cfg.n_layers:
         label = "per dense layer " if p.get("moe_layers") else "per layer       "
         label = "per local layer " if "per_global_layer" in p else label
-        L.append(f"  {label} {pl['total']:>18,}   (attention {pl['attention']:,}, MLP {pl['mlp']:,}, "
-                 f"norms {pl['norms']:,})")
+        L.append(
+            f"  {label} {pl['total']:>18,}   (attention {pl['attention']:,}, MLP {pl['mlp']:,}, norms {pl['norms']:,})"
+        )
     if "per_global_layer" in p:
         pg = p["per_global_layer"]
-        L.append(f"  global attention {pg['attention']:>18,}   (per global layer, {p['global_layers']} of the "
-                 f"{cfg.n_layers}; the local layers' attention: {pl['attention']:,})")
+        L.append(
+            f"  global attention {pg['attention']:>18,}   (per global layer, {p['global_layers']} of the "
+            f"{cfg.n_layers}; the local layers' attention: {pl['attention']:,})"
+        )
     if p.get("linear_layers"):
         pn = p["per_linear_layer"]
         L.append(
@@ -403,19 +505,25 @@ def format_analysis(res: dict, title: str) -> str:
         )
     if p.get("moe_layers"):
         pm = p["per_moe_layer"]
-        L.append(f"  per MoE layer    {pm['total']:>18,}   ({p['moe_layers']} of the {cfg.n_layers} layers: "
-                 f"attention {pm['attention']:,}, {cfg.n_experts} experts of d_ff {cfg.expert_d_ff or cfg.d_ff}, "
-                 f"top-{cfg.experts_per_token}{f', {cfg.n_shared_experts} shared' if cfg.n_shared_experts else ''})")
-        L.append(f"  active per token {p['active']:>18,}   (non-embedding {p['active_non_embedding']:,}; "
-                 f"FLOPs below use these)")
+        L.append(
+            f"  per MoE layer    {pm['total']:>18,}   ({p['moe_layers']} of the {cfg.n_layers} layers: "
+            f"attention {pm['attention']:,}, {cfg.n_experts} experts of d_ff {cfg.expert_d_ff or cfg.d_ff}, "
+            f"top-{cfg.experts_per_token}{f', {cfg.n_shared_experts} shared' if cfg.n_shared_experts else ''})"
+        )
+        L.append(
+            f"  active per token {p['active']:>18,}   (non-embedding {p['active_non_embedding']:,}; "
+            f"FLOPs below use these)"
+        )
     if p.get("ple_embedding"):
         L.append(
             f"  per-layer inputs {p['ple_embedding']:>18,}   (embedding table: {cfg.ple_vocab_size or cfg.vocab_size:,}"
             f" x {cfg.n_layers} layers x {cfg.ple_dim}; not in non-embedding)"
         )
     if cfg.kv_shared_layers:
-        L.append(f"  KV-shared layers {cfg.kv_shared_layers:>18,}   (the last ones: queries only, keys and values "
-                 f"of an earlier layer{'; FFN 2 x d_ff' if cfg.kv_shared_wide_ffn else ''})")
+        L.append(
+            f"  KV-shared layers {cfg.kv_shared_layers:>18,}   (the last ones: queries only, keys and values "
+            f"of an earlier layer{'; FFN 2 x d_ff' if cfg.kv_shared_wide_ffn else ''})"
+        )
     if p["positions"]:
         L.append(f"  positions        {p['positions']:>18,}")
     if p["head"]:
@@ -424,43 +532,59 @@ def format_analysis(res: dict, title: str) -> str:
     if inst and "skipped" in inst:
         L.append(f"  instantiated on the meta device: skipped ({inst['skipped']})")
     elif inst:
-        L.append(f"  instantiated on the meta device: {inst['total']:,} total, {inst['non_embedding']:,} "
-                 f"non-embedding ({'equal' if inst['equal'] else 'DIFFERENT'})")
+        L.append(
+            f"  instantiated on the meta device: {inst['total']:,} total, {inst['non_embedding']:,} "
+            f"non-embedding ({'equal' if inst['equal'] else 'DIFFERENT'})"
+        )
     L.append("")
     L.append(f"FLOPs per token (context {n:,}, causal average)")
     L.append(f"  matmul weights N  {f['matmul_params']:>16,}   (linear layers + LM head)")
-    L.append(f"  forward           {_flops(f['forward']):>16}   = 2N {_flops(f['forward_2n'])} + attention "
-             f"{_flops(f['forward_attention'])} ({f['attention_share']:.1%})")
+    L.append(
+        f"  forward           {_flops(f['forward']):>16}   = 2N {_flops(f['forward_2n'])} + attention "
+        f"{_flops(f['forward_attention'])} ({f['attention_share']:.1%})"
+    )
     active = "active " if p.get("moe_layers") else ""
-    L.append(f"  training          {_flops(f['training']):>16}   = 3 x forward (Kaplan's 6N on {active}non-embedding "
-             f"params alone: {_flops(f['kaplan_6n_nonembedding'])})")
+    L.append(
+        f"  training          {_flops(f['training']):>16}   = 3 x forward (Kaplan's 6N on {active}non-embedding "
+        f"params alone: {_flops(f['kaplan_6n_nonembedding'])})"
+    )
     L.append("")
     kv = res["kv_cache"]
-    what = (f"MLA: latent {cfg.kv_lora_rank} + RoPE key {cfg.qk_rope_head_dim}" if cfg.attention == "mla"
-            else f"2 x {cfg.n_kv_heads} KV heads x head_dim {cfg.head_dim}")
+    what = (
+        f"MLA: latent {cfg.kv_lora_rank} + RoPE key {cfg.qk_rope_head_dim}"
+        if cfg.attention == "mla"
+        else f"2 x {cfg.n_kv_heads} KV heads x head_dim {cfg.head_dim}"
+    )
     if "per_global_layer" in p:
         what += f"; global layers 2 x {cfg.layer_n_kv_heads_of(True)} x {cfg.layer_head_dim_of(True)}"
-    L.append(f"KV cache ({what} per token and layer"
-             + (f"; windowed layers hold at most {cfg.sliding_window} tokens)" if cfg.sliding_window else ")"))
+    L.append(
+        f"KV cache ({what} per token and layer"
+        + (f"; windowed layers hold at most {cfg.sliding_window} tokens)" if cfg.sliding_window else ")")
+    )
     L.append(f"  {'':28}{'fp32':>12}{'bf16':>12}{'fp8':>12}")
     L.append(f"  {'per token (all layers)':28}" + "".join(f"{_bytes(kv[d]['per_token']):>12}" for d in DTYPE_BYTES))
     L.append(f"  {f'{n:,} tokens x batch {B:,}':28}" + "".join(f"{_bytes(kv[d]['total']):>12}" for d in DTYPE_BYTES))
     L.append(f"  {'plain MHA, no window':28}" + "".join(f"{_bytes(kv[d]['mha_total']):>12}" for d in DTYPE_BYTES))
     if kv["bf16"]["linear_layers"]:  # included in the totals above
-        L.append(f"  {'linear-layer state / seq.':28}" + "".join(f"{_bytes(kv[d]['state_per_sequence']):>12}"
-                                                                for d in DTYPE_BYTES)
-                 + f"   ({kv['bf16']['linear_layers']} Gated DeltaNet layers: fixed, any context; in the totals)")
+        L.append(
+            f"  {'linear-layer state / seq.':28}"
+            + "".join(f"{_bytes(kv[d]['state_per_sequence']):>12}" for d in DTYPE_BYTES)
+            + f"   ({kv['bf16']['linear_layers']} Gated DeltaNet layers: fixed, any context; in the totals)"
+        )
     k0 = kv["bf16"]
     heads = f"MLA {cfg.n_heads} heads" if cfg.attention == "mla" else f"GQA/MQA {cfg.n_heads}:{cfg.n_kv_heads}"
     if "per_global_layer" in p:  # Gemma 4: two ratios, one blended saving
         heads = f"GQA/MQA {cfg.n_heads}:{cfg.n_kv_heads} local, {cfg.n_heads}:{cfg.layer_n_kv_heads_of(True)} global"
     sharing = f", KV sharing {k0['kv_sharing_saving']:.2f}x" if cfg.kv_shared_layers else ""
-    L.append(f"  saving vs plain MHA: {k0['saving']:.2f}x  ({heads} {k0['gqa_saving']:.2f}x{sharing}, "
-             f"windows {k0['window_saving']:.2f}x)")
+    L.append(
+        f"  saving vs plain MHA: {k0['saving']:.2f}x  ({heads} {k0['gqa_saving']:.2f}x{sharing}, "
+        f"windows {k0['window_saving']:.2f}x)"
+    )
     L.append("")
     it = res["intensity"]
-    L.append(f"Arithmetic intensity ({it['dtype']} weights, KV cache, activations; ridge point "
-             f"{it['ridge']:.1f} FLOP/byte)")
+    L.append(
+        f"Arithmetic intensity ({it['dtype']} weights, KV cache, activations; ridge point {it['ridge']:.1f} FLOP/byte)"
+    )
     L.append(f"  {'layer kind':22}{'phase':9}{'FLOPs':>12}{'bytes':>12}{'FLOP/byte':>11}  verdict")
 
     def row(label: str, phase: str, r: dict) -> str:
@@ -471,8 +595,10 @@ def format_analysis(res: dict, title: str) -> str:
             elif not r["compute_bound"]:
                 verdict += f"; compute-bound from batch {r['compute_bound_from_batch']:,}"
         ai = r["intensity"]
-        return f"  {label:22}{phase:9}{_flops(r['flops']):>12}{_bytes(r['bytes']):>12}" \
-               f"{f'{ai:.1f}' if ai < 1e7 else f'{ai:.2e}':>11}  {verdict}"
+        return (
+            f"  {label:22}{phase:9}{_flops(r['flops']):>12}{_bytes(r['bytes']):>12}"
+            f"{f'{ai:.1f}' if ai < 1e7 else f'{ai:.2e}':>11}  {verdict}"
+        )
 
     for kind, k in it["kinds"].items():
         label = f"{kind} x{k['layers']}" + (f" (W {k['window']})" if k["window"] else "")
@@ -480,6 +606,8 @@ def format_analysis(res: dict, title: str) -> str:
         L.append(row("", "decode", k["decode"]))
     L.append(row("whole model + head", "prefill", it["model"]["prefill"]))
     L.append(row("", "decode", it["model"]["decode"]))
-    L.append(f"  (per layer: prefill of {B:,} x {n:,} tokens; decode of {B:,} token(s) at context {n:,}. "
-             f"Device figures: {dev['source']})")
+    L.append(
+        f"  (per layer: prefill of {B:,} x {n:,} tokens; decode of {B:,} token(s) at context {n:,}. "
+        f"Device figures: {dev['source']})"
+    )
     return "\n".join(L)

@@ -10,6 +10,7 @@ from typing import Callable
 def int_at_least(low: int) -> Callable[[str], int]:
     """An argparse ``type``: the text as an integer >= ``low``; ArgumentTypeError (which argparse reports
     as ``argument --FLAG: ...``) for text that is not an integer or is below ``low``."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -18,5 +19,6 @@ def int_at_least(low: int) -> Callable[[str], int]:
         if value < low:
             raise argparse.ArgumentTypeError(f"{value} must be >= {low}")
         return value
+
     parse.__name__ = f"integer >= {low}"
     return parse

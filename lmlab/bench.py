@@ -24,9 +24,15 @@ import torch
 from lmlab.model import TransformerLM
 
 
-
-def step_timer(cfg, batch: int, context: int, dtype: Optional[torch.dtype], device: torch.device,
-               seed: int = 0, compiled: bool = False) -> tuple[Callable[[int], float], int]:
+def step_timer(
+    cfg,
+    batch: int,
+    context: int,
+    dtype: Optional[torch.dtype],
+    device: torch.device,
+    seed: int = 0,
+    compiled: bool = False,
+) -> tuple[Callable[[int], float], int]:
     """``lmlab train``'s training step (the chunked loss of ``TransformerLM.forward(targets=...)``, its
     AdamW with a learning rate too small to matter, autocast to ``dtype`` unless None) on a fresh
     ``TransformerLM(cfg)`` (seeded ``seed``; ``compiled``: ``torch.compile`` of the whole model) and one
@@ -65,6 +71,7 @@ def plural(n: int, word: str) -> str:
     """'1 thread', '2 threads'."""
     return f"{n} {word}" + ("" if n == 1 else "s")
 
+
 def describe_machine(device: str | torch.device = "cpu") -> str:
     """One line naming the machine measurements were taken on: CPU model, cores visible to this process,
     memory, torch version and threads, and the GPU when ``device`` is CUDA."""
@@ -93,8 +100,9 @@ def stamps_of(stream: Iterable) -> list[float]:
     return [time.perf_counter() for _ in stream]
 
 
-def time_stream(run: Callable[[], list[float]], batch: int, prompt_len: int, new_tokens: int,
-                repeats: int = 3, warmup: int = 1) -> dict:
+def time_stream(
+    run: Callable[[], list[float]], batch: int, prompt_len: int, new_tokens: int, repeats: int = 3, warmup: int = 1
+) -> dict:
     """Time ``run()``, which generates and returns the ``time.perf_counter()`` at which each new token
     was ready (the first right after the prefill); e.g. ``lambda: stamps_of(stream_batch(...))``.
 
@@ -116,10 +124,16 @@ def time_stream(run: Callable[[], list[float]], batch: int, prompt_len: int, new
             calls.append(t1 - t0)
     p, d = statistics.median(prefill), statistics.median(decode)
     return {
-        "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "repeats": repeats,
-        "call_s": statistics.median(calls), "call_tokens_per_s": batch * new_tokens / statistics.median(calls),
-        "prefill_s": p, "prefill_tokens_per_s": batch * prompt_len / p,
-        "decode_s_per_step": d / (new_tokens - 1), "decode_tokens_per_s": batch * (new_tokens - 1) / d,
+        "batch": batch,
+        "prompt_len": prompt_len,
+        "new_tokens": new_tokens,
+        "repeats": repeats,
+        "call_s": statistics.median(calls),
+        "call_tokens_per_s": batch * new_tokens / statistics.median(calls),
+        "prefill_s": p,
+        "prefill_tokens_per_s": batch * prompt_len / p,
+        "decode_s_per_step": d / (new_tokens - 1),
+        "decode_tokens_per_s": batch * (new_tokens - 1) / d,
         "prefill_tokens_per_s_all": [batch * prompt_len / x for x in prefill],
         "decode_tokens_per_s_all": [batch * (new_tokens - 1) / x for x in decode],
     }
@@ -130,8 +144,9 @@ def random_prompts(vocab_size: int, batch: int, prompt_len: int, seed: int = 0) 
     return torch.randint(0, vocab_size, (batch, prompt_len), generator=g).tolist()
 
 
-def check_decode_memory(cfg, device: torch.device, batch: int, length: int, dtype: str = "fp32",
-                        models: int = 1) -> None:
+def check_decode_memory(
+    cfg, device: torch.device, batch: int, length: int, dtype: str = "fp32", models: int = 1
+) -> None:
     """Refuse (ConfigError) a decode benchmark whose fp32 weights (as built or loaded) and KV cache for
     ``batch`` x ``length`` tokens, for each of ``models`` models, plus the decode copy of the weights
     (CPU, at most ``PACK_LIMIT_BYTES``, see :func:`lmlab.kernels.decode_layout.decode_layout`) exceed the memory
@@ -145,21 +160,33 @@ def check_decode_memory(cfg, device: torch.device, batch: int, length: int, dtyp
     kv = kv_cache_bytes(cfg, length, batch, "bf16" if dtype == "bf16" else "fp32")["total"]
     packed = weights if device.type == "cpu" and weights <= PACK_LIMIT_BYTES else 0
     what = "this decode benchmark" + (f" ({models} models)" if models > 1 else "")
-    require_memory(models * (weights + kv) + packed, device, f"{what} (fp32 weights {weights / 2**30:.2f} GiB, "
-                   f"KV cache for batch {batch:,} x {length:,} tokens {kv / 2**30:.2f} GiB)",
-                   "choose a smaller model (e.g. --scale tiny), --batch or --prompt-len")
+    require_memory(
+        models * (weights + kv) + packed,
+        device,
+        f"{what} (fp32 weights {weights / 2**30:.2f} GiB, "
+        f"KV cache for batch {batch:,} x {length:,} tokens {kv / 2**30:.2f} GiB)",
+        "choose a smaller model (e.g. --scale tiny), --batch or --prompt-len",
+    )
 
 
-def bench_decode(model: TransformerLM, batch: int = 1, prompt_len: int = 32, new_tokens: int = 64,
-                 repeats: int = 3, device: str | torch.device = "cpu", seed: int = 0,
-                 prompts: Optional[list[list[int]]] = None) -> dict:
+def bench_decode(
+    model: TransformerLM,
+    batch: int = 1,
+    prompt_len: int = 32,
+    new_tokens: int = 64,
+    repeats: int = 3,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    prompts: Optional[list[list[int]]] = None,
+) -> dict:
     """Greedy KV-cache generation throughput of ``model`` (see the module docstring)."""
     from lmlab.generate import stream_batch
     from lmlab.kernels.decode_layout import decode_layout_kind, release_decode_copies
 
     if prompt_len + new_tokens - 1 > model.cfg.context_length:
-        raise ValueError(f"prompt_len={prompt_len} + new_tokens={new_tokens} - 1 exceeds "
-                         f"context_length={model.cfg.context_length}")
+        raise ValueError(
+            f"prompt_len={prompt_len} + new_tokens={new_tokens} - 1 exceeds context_length={model.cfg.context_length}"
+        )
     prompts = prompts or random_prompts(model.cfg.vocab_size, batch, prompt_len, seed)
     model.eval()
 
@@ -167,7 +194,7 @@ def bench_decode(model: TransformerLM, batch: int = 1, prompt_len: int = 32, new
         return stamps_of(stream_batch(model, prompts, new_tokens, temperature=0.0, device=device))
 
     release_decode_copies(model)  # one cold call: it pays the weight re-layout, as a user's first call does,
-    t0 = time.perf_counter()      # and is the warm-up of the timed calls
+    t0 = time.perf_counter()  # and is the warm-up of the timed calls
     call()
     cold = time.perf_counter() - t0
     res = time_stream(call, batch, prompt_len, new_tokens, repeats, warmup=0)  # whole calls, copies cached
@@ -182,8 +209,17 @@ def bench_decode(model: TransformerLM, batch: int = 1, prompt_len: int = 32, new
     return res
 
 
-def decode_benchmark(cfg, title: Optional[str], run: Optional[str], device: torch.device, batch: int,
-                     prompt_len: int, new_tokens: int, repeats: int, dtype: str = "fp32") -> dict:
+def decode_benchmark(
+    cfg,
+    title: Optional[str],
+    run: Optional[str],
+    device: torch.device,
+    batch: int,
+    prompt_len: int,
+    new_tokens: int,
+    repeats: int,
+    dtype: str = "fp32",
+) -> dict:
     """``lmlab bench decode``: :func:`bench_decode` on run ``run``'s weights, or on random weights of
     ``cfg`` (None: the demo config), in ``dtype`` (fp32 or bf16), with ``model`` (``title``) and
     ``params`` added. Raises ConfigError when prompt and new tokens exceed the context or the cache
@@ -196,8 +232,10 @@ def decode_benchmark(cfg, title: Optional[str], run: Optional[str], device: torc
         cfg, title = ModelConfig.from_dict(load_mapping(BUILTIN_CONFIGS / "demo.yaml")["model"]), "the demo config"
     length = prompt_len + new_tokens - 1
     if length > cfg.context_length:
-        raise ConfigError(f"--prompt-len {prompt_len} + --new-tokens {new_tokens} - 1 = {length} tokens "
-                          f"exceed the model's context_length {cfg.context_length}; shorten one of them")
+        raise ConfigError(
+            f"--prompt-len {prompt_len} + --new-tokens {new_tokens} - 1 = {length} tokens "
+            f"exceed the model's context_length {cfg.context_length}; shorten one of them"
+        )
     check_decode_memory(cfg, device, batch, length, dtype)
     if run:
         from lmlab.checkpoint import load_run
@@ -216,25 +254,38 @@ def decode_benchmark(cfg, title: Optional[str], run: Optional[str], device: torc
 
 def format_decode_benchmark(res: dict, batch: int, prompt_len: int, new_tokens: int, repeats: int) -> str:
     """The lines ``lmlab bench decode`` prints for :func:`decode_benchmark`'s result."""
-    return "\n".join([
-        f"lmlab bench decode: {res['model']}, {res['params']:,} params, {res['dtype'].replace('torch.', '')} on "
-        f"{res['device']}"
-        + (f" ({plural(res['threads'], 'thread')}, {res['decode_layout']} weights)" if res["device"] == "cpu" else "")
-        + ("" if res["lean_decode"] else " (ordinary block path: no lean one-token decode for this config)")
-        + f"; greedy, batch {batch}, prompt {prompt_len} tokens, {new_tokens} new tokens, median of {repeats}",
-        f"  prefill {res['prefill_tokens_per_s']:>12,.0f} tokens/s   ({res['prefill_s'] * 1e3:.2f} ms for "
-        f"{batch} x {plural(prompt_len, 'token')})",
-        f"  decode  {res['decode_tokens_per_s']:>12,.0f} tokens/s   ({res['decode_s_per_step'] * 1e3:.2f} ms per "
-        f"step of {batch} token{'s' if batch > 1 else ''})",
-        f"  whole call {res['call_s'] * 1e3:.1f} ms ({res['call_tokens_per_s']:,.0f} new tokens/s); the first "
-        f"call on the model, which also lays out its weights for decoding, {res['first_call_s'] * 1e3:.1f} ms",
-    ])
-
+    return "\n".join(
+        [
+            f"lmlab bench decode: {res['model']}, {res['params']:,} params, {res['dtype'].replace('torch.', '')} on "
+            f"{res['device']}"
+            + (
+                f" ({plural(res['threads'], 'thread')}, {res['decode_layout']} weights)"
+                if res["device"] == "cpu"
+                else ""
+            )
+            + ("" if res["lean_decode"] else " (ordinary block path: no lean one-token decode for this config)")
+            + f"; greedy, batch {batch}, prompt {prompt_len} tokens, {new_tokens} new tokens, median of {repeats}",
+            f"  prefill {res['prefill_tokens_per_s']:>12,.0f} tokens/s   ({res['prefill_s'] * 1e3:.2f} ms for "
+            f"{batch} x {plural(prompt_len, 'token')})",
+            f"  decode  {res['decode_tokens_per_s']:>12,.0f} tokens/s   ({res['decode_s_per_step'] * 1e3:.2f} ms per "
+            f"step of {batch} token{'s' if batch > 1 else ''})",
+            f"  whole call {res['call_s'] * 1e3:.1f} ms ({res['call_tokens_per_s']:,.0f} new tokens/s); the first "
+            f"call on the model, which also lays out its weights for decoding, {res['first_call_s'] * 1e3:.1f} ms",
+        ]
+    )
 
 
 # --- training throughput (`lmlab bench train`) ---------------------------------------------------
-def train_benchmark(cfg, title: Optional[str], device: torch.device, batch: int, dtypes: list[str],
-                    compile_: bool, rounds: int, steps: int) -> dict:
+def train_benchmark(
+    cfg,
+    title: Optional[str],
+    device: torch.device,
+    batch: int,
+    dtypes: list[str],
+    compile_: bool,
+    rounds: int,
+    steps: int,
+) -> dict:
     """``lmlab bench train``: the training step of ``lmlab train`` (the chunked loss, its AdamW, this
     machine's kernels) for ``cfg`` (None: the demo config) at ``batch`` x ``context_length`` tokens,
     in each precision of ``dtypes`` (fp32, bf16: autocast), eager and, with ``compile_``, compiled
@@ -257,8 +308,9 @@ def train_benchmark(cfg, title: Optional[str], device: torch.device, batch: int,
     for dtype in dtypes:
         for compiled in (False, True) if compile_ else (False,):
             name = f"{dtype} {'compiled' if compiled else 'eager'}"
-            run, params = step_timer(cfg, batch, T, torch.bfloat16 if dtype == "bf16" else None, device,
-                                     compiled=compiled)
+            run, params = step_timer(
+                cfg, batch, T, torch.bfloat16 if dtype == "bf16" else None, device, compiled=compiled
+            )
             first = run(1)
             if compiled:
                 compile_s[name] = first
@@ -267,32 +319,53 @@ def train_benchmark(cfg, title: Optional[str], device: torch.device, batch: int,
     names = list(variants)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             times[name].append(variants[name](steps))
     out = {}
     for name in names:
         ratios = sorted(a / b for a, b in zip(times[names[0]], times[name]))
         q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
         s = statistics.median(times[name])
-        out[name] = {"s_per_step": s, "tokens_per_s": batch * T / s, "vs_first": statistics.median(ratios),
-                     "vs_first_q1": q[0], "vs_first_q3": q[2], "compile_s": compile_s.get(name)}
-    return {"model": title, "params": params, "device": str(device),
-            "threads": current_threads() if device.type == "cpu" else None,
-            "batch": batch, "context": T, "rounds": rounds, "steps": steps, "machine": describe_machine(device),
-            "date": time.strftime("%Y-%m-%d"), "variants": out}
+        out[name] = {
+            "s_per_step": s,
+            "tokens_per_s": batch * T / s,
+            "vs_first": statistics.median(ratios),
+            "vs_first_q1": q[0],
+            "vs_first_q3": q[2],
+            "compile_s": compile_s.get(name),
+        }
+    return {
+        "model": title,
+        "params": params,
+        "device": str(device),
+        "threads": current_threads() if device.type == "cpu" else None,
+        "batch": batch,
+        "context": T,
+        "rounds": rounds,
+        "steps": steps,
+        "machine": describe_machine(device),
+        "date": time.strftime("%Y-%m-%d"),
+        "variants": out,
+    }
 
 
 def format_train_benchmark(res: dict) -> str:
     """The lines ``lmlab bench train`` prints for :func:`train_benchmark`'s result."""
     first = next(iter(res["variants"]))
-    lines = [f"lmlab bench train: {res['model']}, {res['params']:,} params, batch {res['batch']} x {res['context']} "
-             f"tokens on {res['device']}; median of {res['rounds']} rounds of {plural(res['steps'], 'step')}"
-             + (", variants alternated" if len(res["variants"]) > 1 else ""),
-             f"  machine: {res['machine']}; {res['date']}"]
+    lines = [
+        f"lmlab bench train: {res['model']}, {res['params']:,} params, batch {res['batch']} x {res['context']} "
+        f"tokens on {res['device']}; median of {res['rounds']} rounds of {plural(res['steps'], 'step')}"
+        + (", variants alternated" if len(res["variants"]) > 1 else ""),
+        f"  machine: {res['machine']}; {res['date']}",
+    ]
     for name, v in res["variants"].items():
-        rel = "" if name == first else (f"   {v['vs_first']:.2f}x {first} (IQR {v['vs_first_q1']:.2f}-"
-                                        f"{v['vs_first_q3']:.2f})")
+        rel = (
+            ""
+            if name == first
+            else (f"   {v['vs_first']:.2f}x {first} (IQR {v['vs_first_q1']:.2f}-{v['vs_first_q3']:.2f})")
+        )
         comp = f"   (first step compiles: {v['compile_s']:.1f} s)" if v["compile_s"] is not None else ""
-        lines.append(f"  {name:<14} {v['tokens_per_s']:>10,.0f} tokens/s  {v['s_per_step'] * 1e3:8.1f} ms/step"
-                     + rel + comp)
+        lines.append(
+            f"  {name:<14} {v['tokens_per_s']:>10,.0f} tokens/s  {v['s_per_step'] * 1e3:8.1f} ms/step" + rel + comp
+        )
     return "\n".join(lines)

@@ -40,8 +40,14 @@ from lmlab.config import ConfigError, ModelConfig
 from lmlab.fsutil import _fsync_dir, sha256_file
 from lmlab.json_checks import check_nesting
 from lmlab.model import TransformerLM
-from lmlab.run_folder import (MANIFEST, RUN_FILE, CheckpointError, checkpoint_dirs, is_count, metrics_lines,  # noqa: F401
-                              read_metrics_file, read_run, run_copy_hint)
+from lmlab.run_folder import (
+    MANIFEST,
+    RUN_FILE,
+    CheckpointError,
+    checkpoint_dirs,
+    is_count,
+    read_run,
+)
 
 if TYPE_CHECKING:
     from lmlab.data.tokenizer import Tokenizer
@@ -66,8 +72,16 @@ def tied_head(model: torch.nn.Module) -> bool:
     return head is not None and emb is not None and head is emb
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, state: dict, keep: int = 3,
-                    tied: Optional[bool] = None, rng: Optional[dict] = None) -> Path:
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model,
+    optimizer,
+    state: dict,
+    keep: int = 3,
+    tied: Optional[bool] = None,
+    rng: Optional[dict] = None,
+) -> Path:
     """Write checkpoint ``step`` atomically, with its manifest (size + SHA-256 per file) written last,
     and keep the newest ``keep`` (0 = all) up to this step. Returns its folder.
 
@@ -92,8 +106,10 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, state: dic
     try:
         trainer_json = json.dumps(dict(state, checkpoint_version=CHECKPOINT_VERSION), indent=1, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"{str(final / 'trainer.json')!r}: the trainer state is not JSON-able ({exc}); give "
-                              f"numbers, strings, lists and mappings") from None
+        raise CheckpointError(
+            f"{str(final / 'trainer.json')!r}: the trainer state is not JSON-able ({exc}); give "
+            f"numbers, strings, lists and mappings"
+        ) from None
     if rng is not None:
         _check_rng_state(rng, final / "rng.pt")
     if isinstance(model, torch.nn.Module):
@@ -122,9 +138,14 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, state: dic
     run_file = Path(run_dir) / RUN_FILE
     if run_file.is_file():
         files[RUN_FILE] = run_file.read_bytes()
-    manifest = {"format": "lmlab checkpoint", "version": CHECKPOINT_VERSION, "step": step,
-                "files": {name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-                          for name, data in files.items()}}
+    manifest = {
+        "format": "lmlab checkpoint",
+        "version": CHECKPOINT_VERSION,
+        "step": step,
+        "files": {
+            name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()
+        },
+    }
     tok_file = Path(run_dir) / "tokenizer.json"
     if tok_file.is_file():  # the run's own copy of its tokenizer, checked by check_run_files
         tok = tok_file.read_bytes()
@@ -147,13 +168,14 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, state: dic
         shutil.rmtree(tmp, ignore_errors=True)
         if aside is not None and aside.exists() and not final.exists():
             os.replace(aside, final)
-        raise CheckpointError(f"could not write checkpoint {str(final)!r}: {exc}; "
-                              f"earlier checkpoints in {str(root)!r} are intact") from None
+        raise CheckpointError(
+            f"could not write checkpoint {str(final)!r}: {exc}; earlier checkpoints in {str(root)!r} are intact"
+        ) from None
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
     if keep:  # only checkpoints older than this one count: a newer (damaged) one never pushes it out
         older = [c for c in checkpoint_dirs(run_dir) if c.name < final.name]
-        for old in older[:max(0, len(older) - (keep - 1))]:
+        for old in older[: max(0, len(older) - (keep - 1))]:
             shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -166,8 +188,10 @@ def _read_json(path: Path, what: str):
     try:
         return json.loads(check_nesting(path.read_bytes().decode("utf-8"), repr(str(path)), CheckpointError))
     except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise CheckpointError(f"{str(path)!r} is unreadable (truncated or corrupt?): expected {what} as JSON: "
-                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        raise CheckpointError(
+            f"{str(path)!r} is unreadable (truncated or corrupt?): expected {what} as JSON: "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
 
 
 def verify_checkpoint(ckpt_dir: str | Path) -> Optional[dict]:
@@ -184,36 +208,49 @@ def verify_checkpoint(ckpt_dir: str | Path) -> Optional[dict]:
         tpath = ckpt_dir / "trainer.json"
         state = _read_json(tpath, "the trainer state") if tpath.is_file() else None
         if not isinstance(state, dict) or state.get("checkpoint_version", 1) != 1:
-            raise CheckpointError(f"checkpoint {str(ckpt_dir)!r} has no {MANIFEST} (deleted or not fully "
-                                  f"copied?), so its files cannot be verified")
+            raise CheckpointError(
+                f"checkpoint {str(ckpt_dir)!r} has no {MANIFEST} (deleted or not fully "
+                f"copied?), so its files cannot be verified"
+            )
         _note(f"note: checkpoint {str(ckpt_dir)!r} predates checksum manifests; its files are read unverified")
         return None
     manifest = _read_json(mpath, "the checkpoint's manifest")
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict):
         got = type(manifest).__name__ if not isinstance(manifest, dict) else f"files={files!r:.60}"
-        raise CheckpointError(f"{str(mpath)!r}: key 'files' must map file names to their bytes and sha256 "
-                              f"(a JSON object), got {got}")
+        raise CheckpointError(
+            f"{str(mpath)!r}: key 'files' must map file names to their bytes and sha256 (a JSON object), got {got}"
+        )
     for name in REQUIRED_FILES:
         if name not in files:
             raise CheckpointError(f"{str(mpath)!r}: key 'files' does not list {name!r}; the checkpoint is incomplete")
     for name, entry in files.items():
         if not name or "/" in name or name in (".", "..", MANIFEST):
             raise CheckpointError(f"{str(mpath)!r}: key 'files' lists {name!r}, which is not a checkpoint file name")
-        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
-                and isinstance(entry.get("bytes"), int) and not isinstance(entry.get("bytes"), bool)):
-            raise CheckpointError(f"{str(mpath)!r}: key 'files.{name}' must be an object with 'bytes' (an "
-                                  f"integer) and 'sha256' (hex text), got {entry!r:.80}")
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("sha256"), str)
+            and isinstance(entry.get("bytes"), int)
+            and not isinstance(entry.get("bytes"), bool)
+        ):
+            raise CheckpointError(
+                f"{str(mpath)!r}: key 'files.{name}' must be an object with 'bytes' (an "
+                f"integer) and 'sha256' (hex text), got {entry!r:.80}"
+            )
         path = ckpt_dir / name
         if not path.is_file():
             raise CheckpointError(f"checkpoint file {str(path)!r} is missing (it is listed in {MANIFEST})")
         size = path.stat().st_size
         if size != entry["bytes"]:
-            raise CheckpointError(f"checkpoint file {str(path)!r} is unreadable (truncated or corrupt?): "
-                                  f"{size:,} bytes where {MANIFEST} records {entry['bytes']:,}")
+            raise CheckpointError(
+                f"checkpoint file {str(path)!r} is unreadable (truncated or corrupt?): "
+                f"{size:,} bytes where {MANIFEST} records {entry['bytes']:,}"
+            )
         if sha256_file(path) != entry["sha256"].lower():
-            raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt: its SHA-256 differs from the one "
-                                  f"{MANIFEST} records (damaged on disk or edited)")
+            raise CheckpointError(
+                f"checkpoint file {str(path)!r} is corrupt: its SHA-256 differs from the one "
+                f"{MANIFEST} records (damaged on disk or edited)"
+            )
     return files
 
 
@@ -224,17 +261,25 @@ def check_trainer_state(state, path: Path, resume: bool = False, folder_step: Op
     ``loss_ema`` (finite number or null), ``grad_scaler`` (mapping). Returns ``state``; raises
     CheckpointError naming the file, the key and what was expected."""
     if not isinstance(state, dict):
-        raise CheckpointError(f"{str(path)!r}: expected a JSON object of trainer counters (step, tokens_seen, ...), "
-                              f"got a JSON {type(state).__name__}")
-    checks = [("step", True, lambda v: is_count(v), "a non-negative integer (the finished steps)"),
-              ("tokens_seen", resume, lambda v: is_count(v), "a non-negative integer (tokens trained on)"),
-              ("clipped_steps", False, lambda v: is_count(v), "a non-negative integer"),
-              ("spikes", False, lambda v: is_count(v), "a non-negative integer"),
-              ("world_size", False, lambda v: is_count(v, 1), "a positive integer"),
-              ("checkpoint_version", False, lambda v: is_count(v, 1), "a positive integer"),
-              ("loss_ema", False, lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                          and math.isfinite(v)), "a finite number or null"),
-              ("grad_scaler", False, lambda v: isinstance(v, dict), "a JSON object")]
+        raise CheckpointError(
+            f"{str(path)!r}: expected a JSON object of trainer counters (step, tokens_seen, ...), "
+            f"got a JSON {type(state).__name__}"
+        )
+    checks = [
+        ("step", True, lambda v: is_count(v), "a non-negative integer (the finished steps)"),
+        ("tokens_seen", resume, lambda v: is_count(v), "a non-negative integer (tokens trained on)"),
+        ("clipped_steps", False, lambda v: is_count(v), "a non-negative integer"),
+        ("spikes", False, lambda v: is_count(v), "a non-negative integer"),
+        ("world_size", False, lambda v: is_count(v, 1), "a positive integer"),
+        ("checkpoint_version", False, lambda v: is_count(v, 1), "a positive integer"),
+        (
+            "loss_ema",
+            False,
+            lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)),
+            "a finite number or null",
+        ),
+        ("grad_scaler", False, lambda v: isinstance(v, dict), "a JSON object"),
+    ]
     for key, required, ok, what in checks:
         if key not in state:
             if required:
@@ -251,25 +296,36 @@ def _torch_load(path: Path):
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a damaged or foreign file: torch raises many kinds; one line naming it
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CheckpointError(f"checkpoint file {str(path)!r} is unreadable (truncated, corrupt or not written "
-                              f"by lmlab?): {first[:200]}") from None
+        raise CheckpointError(
+            f"checkpoint file {str(path)!r} is unreadable (truncated, corrupt or not written by lmlab?): {first[:200]}"
+        ) from None
 
 
 def _check_optimizer_state(opt, path: Path, model: TransformerLM) -> None:
     groups = opt.get("param_groups") if isinstance(opt, dict) else None
-    if not isinstance(opt, dict) or not isinstance(opt.get("state"), dict) or not isinstance(groups, list) \
-            or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
-        raise CheckpointError(f"checkpoint file {str(path)!r}: expected an optimizer state with keys 'state' (a "
-                              f"mapping) and 'param_groups' (a list of groups with 'params'), got {type(opt).__name__}")
+    if (
+        not isinstance(opt, dict)
+        or not isinstance(opt.get("state"), dict)
+        or not isinstance(groups, list)
+        or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)
+    ):
+        raise CheckpointError(
+            f"checkpoint file {str(path)!r}: expected an optimizer state with keys 'state' (a "
+            f"mapping) and 'param_groups' (a list of groups with 'params'), got {type(opt).__name__}"
+        )
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     for name, entry in opt["state"].items():
         if name not in shapes or not isinstance(entry, dict):
-            raise CheckpointError(f"checkpoint file {str(path)!r}: key 'state' holds {name!r}, which is not a "
-                                  f"parameter of this model (or not a mapping)")
+            raise CheckpointError(
+                f"checkpoint file {str(path)!r}: key 'state' holds {name!r}, which is not a "
+                f"parameter of this model (or not a mapping)"
+            )
         for key, value in entry.items():
             if isinstance(value, torch.Tensor) and value.dim() and tuple(value.shape) != shapes[name]:
-                raise CheckpointError(f"checkpoint file {str(path)!r}: state[{name!r}][{key!r}] has shape "
-                                      f"{tuple(value.shape)}, expected {shapes[name]}")
+                raise CheckpointError(
+                    f"checkpoint file {str(path)!r}: state[{name!r}][{key!r}] has shape "
+                    f"{tuple(value.shape)}, expected {shapes[name]}"
+                )
 
 
 def _check_rng_state(rng, path: Path) -> None:
@@ -278,12 +334,15 @@ def _check_rng_state(rng, path: Path) -> None:
     ok = isinstance(cpu, torch.Tensor) and cpu.dtype == torch.uint8 and cpu.numel() == want
     cuda = rng.get("cuda") if isinstance(rng, dict) else None
     if not ok or (cuda is not None and not (isinstance(cuda, torch.Tensor) and cuda.dtype == torch.uint8)):
-        raise CheckpointError(f"checkpoint file {str(path)!r}: expected RNG states {{'cpu': uint8 tensor of {want} "
-                              f"values, 'cuda': optional uint8 tensor}}, got {type(rng).__name__}")
+        raise CheckpointError(
+            f"checkpoint file {str(path)!r}: expected RNG states {{'cpu': uint8 tensor of {want} "
+            f"values, 'cuda': optional uint8 tensor}}, got {type(rng).__name__}"
+        )
 
 
-def read_checkpoint(ckpt_dir: Path, model: torch.nn.Module,
-                    with_optimizer: bool = False) -> tuple[dict, Optional[dict], dict, Optional[dict]]:
+def read_checkpoint(
+    ckpt_dir: Path, model: torch.nn.Module, with_optimizer: bool = False
+) -> tuple[dict, Optional[dict], dict, Optional[dict]]:
     """Read and verify a checkpoint for ``model``: returns (weights, optimizer state or None,
     trainer state dict, rng dict or None). Every file is first checked against the manifest
     (:func:`verify_checkpoint`); weights through safetensors; optimizer and RNG states through
@@ -302,15 +361,21 @@ def read_checkpoint(ckpt_dir: Path, model: torch.nn.Module,
         folder_step = int(ckpt_dir.name.split("_", 1)[1])
     except (IndexError, ValueError):
         folder_step = None
-    state = check_trainer_state(_read_json(ckpt_dir / "trainer.json", "the trainer state"),
-                                ckpt_dir / "trainer.json", resume=with_optimizer, folder_step=folder_step)
+    state = check_trainer_state(
+        _read_json(ckpt_dir / "trainer.json", "the trainer state"),
+        ckpt_dir / "trainer.json",
+        resume=with_optimizer,
+        folder_step=folder_step,
+    )
     weights = _verified_weights(model, ckpt_dir)
     opt = rng = None
     if with_optimizer and state["step"] > 0:
         for name in ("optimizer.pt", "rng.pt"):
             if not present(name):
-                raise CheckpointError(f"checkpoint {str(ckpt_dir)!r} has no {name}; resuming at step {state['step']} "
-                                      f"without it would not continue the same run")
+                raise CheckpointError(
+                    f"checkpoint {str(ckpt_dir)!r} has no {name}; resuming at step {state['step']} "
+                    f"without it would not continue the same run"
+                )
     if with_optimizer and present("optimizer.pt"):
         opt = _torch_load(ckpt_dir / "optimizer.pt")
         _check_optimizer_state(opt, ckpt_dir / "optimizer.pt", model)
@@ -333,12 +398,16 @@ def check_run_files(run_dir: str | Path, ckpt_dir: str | Path, run: dict) -> Non
     tok = run_dir / "tokenizer.json"
     if isinstance(record, dict):
         if not tok.is_file():
-            raise CheckpointError(f"{str(tok)!r} is missing (the run was trained with it); copy the data folder's "
-                                  f"tokenizer.json back into the run folder")
+            raise CheckpointError(
+                f"{str(tok)!r} is missing (the run was trained with it); copy the data folder's "
+                f"tokenizer.json back into the run folder"
+            )
         if tok.stat().st_size != record.get("bytes") or sha256_file(tok) != record.get("sha256"):
-            raise CheckpointError(f"{str(tok)!r} differs from the tokenizer the run was trained with (its SHA-256 "
-                                  f"in {str(ckpt_dir / MANIFEST)!r}); damaged or replaced: copy the data folder's "
-                                  f"tokenizer.json back into the run folder")
+            raise CheckpointError(
+                f"{str(tok)!r} differs from the tokenizer the run was trained with (its SHA-256 "
+                f"in {str(ckpt_dir / MANIFEST)!r}); damaged or replaced: copy the data folder's "
+                f"tokenizer.json back into the run folder"
+            )
     check_run_model(run_dir, run, ckpt_dir)
 
 
@@ -364,9 +433,11 @@ def check_run_model(run_dir: str | Path, run: dict, ckpt_dir: Optional[str | Pat
         ours, theirs = _filled(run["model"]), _filled(model)
         diff = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
         more = f" and {len(diff) - 4} more" if len(diff) > 4 else ""
-        raise CheckpointError(f"{str(run_dir / RUN_FILE)!r}: key 'model' differs from the config checkpoint "
-                              f"{Path(ckpt_dir).name} was trained with (fields {diff[:4]}{more}); damaged or "
-                              f"edited: copy {str(copy)!r} back to restore it")
+        raise CheckpointError(
+            f"{str(run_dir / RUN_FILE)!r}: key 'model' differs from the config checkpoint "
+            f"{Path(ckpt_dir).name} was trained with (fields {diff[:4]}{more}); damaged or "
+            f"edited: copy {str(copy)!r} back to restore it"
+        )
 
 
 def _filled(model: dict) -> dict:
@@ -389,8 +460,7 @@ def _intact_run_copy(ckpt_dir: Path) -> bool:
         return False
 
 
-def load_latest(run_dir: str | Path, model: TransformerLM, with_optimizer: bool = False,
-                step: Optional[int] = None):
+def load_latest(run_dir: str | Path, model: TransformerLM, with_optimizer: bool = False, step: Optional[int] = None):
     """The newest checkpoint of ``run_dir`` (or the one of ``step``) that verifies and fits ``model``:
     (checkpoint folder, weights, optimizer state, trainer state, rng), or None when the run has no
     checkpoint. A damaged newest checkpoint is skipped for the previous one, with a warning on stderr
@@ -422,23 +492,23 @@ def _verified_weights(model: torch.nn.Module, ckpt_dir: Path) -> dict:
     expected = model.state_dict()
     if tied_head(model):
         expected = {k: v for k, v in expected.items() if k != "lm_head.weight"}
-    missing = sorted(set(expected) - set(weights))
-    extra = sorted(set(weights) - set(expected))
-    wrong = sorted(k for k in set(expected) & set(weights) if expected[k].shape != weights[k].shape)
-    if missing or extra or wrong:
-        detail = "; ".join(
-            x
-            for x in (
-                f"missing {missing[:3]}" if missing else "",
-                f"unexpected {extra[:3]}" if extra else "",
-                f"shape mismatch {[(k, tuple(weights[k].shape), tuple(expected[k].shape)) for k in wrong[:3]]}"
-                if wrong
-                else "",
-            )
-            if x
-        )
+    detail = state_mismatch(weights, expected)
+    if detail:
         raise CheckpointError(f"checkpoint {str(path)!r} does not fit this model config: {detail}")
     return weights
+
+
+def state_mismatch(state: dict, expected: dict) -> str:
+    """What keeps tensors ``state`` from loading as ``expected`` (name -> tensor, e.g. a model's
+    ``state_dict()``): up to 3 missing names, 3 unexpected ones and 3 shape mismatches (name, given shape,
+    expected shape), joined by '; '; '' when they fit."""
+    missing = sorted(set(expected) - set(state))
+    extra = sorted(set(state) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(state) if tuple(expected[k].shape) != tuple(state[k].shape))
+    shapes = [(k, tuple(state[k].shape), tuple(expected[k].shape)) for k in wrong[:3]]
+    parts = (f"missing {missing[:3]}" if missing else "", f"unexpected {extra[:3]}" if extra else "",
+             f"shape mismatch {shapes}" if wrong else "")  # fmt: skip
+    return "; ".join(x for x in parts if x)
 
 
 def load_weights(model: torch.nn.Module, ckpt_dir: Path) -> None:
@@ -448,8 +518,9 @@ def load_weights(model: torch.nn.Module, ckpt_dir: Path) -> None:
     model.load_state_dict(_verified_weights(model, ckpt_dir), strict=False)
 
 
-def load_run(run_dir: str | Path, step: Optional[int] = None, device: str = "cpu",
-             tokenizer: bool = True) -> tuple[TransformerLM, ModelConfig, Optional["Tokenizer"], dict, Path]:
+def load_run(
+    run_dir: str | Path, step: Optional[int] = None, device: str = "cpu", tokenizer: bool = True
+) -> tuple[TransformerLM, ModelConfig, Optional["Tokenizer"], dict, Path]:
     """Load a run's model (latest checkpoint or ``step``), config and tokenizer.
 
     Returns (model in eval mode, ModelConfig, Tokenizer, run dict, checkpoint folder); with
@@ -467,27 +538,38 @@ def load_run(run_dir: str | Path, step: Optional[int] = None, device: str = "cpu
         raise CheckpointError(str(exc)) from None
     except (KeyError, TypeError) as exc:
         raise CheckpointError(f"{run_dir}/{RUN_FILE}: invalid model config: {exc}") from None
-    if not checkpoint_dirs(run_dir) or (step is not None and not (
-            Path(run_dir) / "checkpoints" / f"step_{step:07d}").is_dir()):
-        raise CheckpointError(f"run {str(run_dir)!r} has no complete checkpoint"
-                              f"{f' at step {step}' if step is not None else ''}; train it first")
+    if not checkpoint_dirs(run_dir) or (
+        step is not None and not (Path(run_dir) / "checkpoints" / f"step_{step:07d}").is_dir()
+    ):
+        raise CheckpointError(
+            f"run {str(run_dir)!r} has no complete checkpoint"
+            f"{f' at step {step}' if step is not None else ''}; train it first"
+        )
     tok = None
     if tokenizer and not (Path(run_dir) / "tokenizer.json").is_file():
         if isinstance(run.get("hf"), dict):
-            why = ("it was imported from a Hugging Face folder without one); copy the model's tokenizer.json "
-                   "into the run folder")
+            why = (
+                "it was imported from a Hugging Face folder without one); copy the model's tokenizer.json "
+                "into the run folder"
+            )
         else:
             data = run.get("data")
-            why = (f"it was trained with {f'the data folder {str(data)!r}' if data else 'a data folder'}'s "
-                   f"tokenizer.json, missing here); copy that tokenizer.json back into the run folder")
-        raise CheckpointError(f"run {str(run_dir)!r} has no tokenizer (no tokenizer.json: {why}; or give token ids "
-                              f"(lmlab generate --prompt-ids 1,2,3; Python: load_run(..., tokenizer=False))")
+            why = (
+                f"it was trained with {f'the data folder {str(data)!r}' if data else 'a data folder'}'s "
+                f"tokenizer.json, missing here); copy that tokenizer.json back into the run folder"
+            )
+        raise CheckpointError(
+            f"run {str(run_dir)!r} has no tokenizer (no tokenizer.json: {why}; or give token ids "
+            f"(lmlab generate --prompt-ids 1,2,3; Python: load_run(..., tokenizer=False))"
+        )
     if tokenizer:
         tok = Tokenizer.load(Path(run_dir) / "tokenizer.json")
     imported = isinstance(run.get("hf"), dict)  # HF models often pad the embedding past the tokenizer's vocabulary
     if tok is not None and tok.vocab_size != cfg.vocab_size and not (imported and tok.vocab_size < cfg.vocab_size):
-        raise CheckpointError(f"run {str(run_dir)!r}: tokenizer has {tok.vocab_size} tokens but the model "
-                              f"config says vocab_size={cfg.vocab_size}")
+        raise CheckpointError(
+            f"run {str(run_dir)!r}: tokenizer has {tok.vocab_size} tokens but the model "
+            f"config says vocab_size={cfg.vocab_size}"
+        )
     model = TransformerLM(cfg)
     ckpt, weights = load_latest(run_dir, model, step=step)[:2]
     check_run_files(run_dir, ckpt, run)

@@ -14,7 +14,6 @@ from lmlab.cli_parser import make_parser
 from lmlab.config import ConfigError
 
 
-
 def cmd_prepare(args) -> int:
     from lmlab.data.corpus import VALIDATION_WORKS, default_corpus_dir
     from lmlab.data.prepare import expand_inputs, prepare
@@ -28,29 +27,48 @@ def cmd_prepare(args) -> int:
         val_docs = args.val_docs.split(",") if args.val_docs else None
     if args.tokenizer_file and (args.tokenizer != "bpe" or args.vocab_size is not None):
         flag = "--tokenizer bytes" if args.tokenizer != "bpe" else f"--vocab-size {args.vocab_size}"
-        raise ConfigError(f"{flag} does not apply with --tokenizer-file {args.tokenizer_file!r} (the file's own "
-                          f"tokenizer and vocabulary are used); give one or the other")
+        raise ConfigError(
+            f"{flag} does not apply with --tokenizer-file {args.tokenizer_file!r} (the file's own "
+            f"tokenizer and vocabulary are used); give one or the other"
+        )
     if args.tokenizer == "bytes" and args.vocab_size is not None:
-        raise ConfigError(f"--vocab-size {args.vocab_size} does not apply with --tokenizer bytes (its vocabulary is "
-                          f"the 256 bytes and <|endoftext|>: 257)")
+        raise ConfigError(
+            f"--vocab-size {args.vocab_size} does not apply with --tokenizer bytes (its vocabulary is "
+            f"the 256 bytes and <|endoftext|>: 257)"
+        )
     vocab_size = 4096 if args.vocab_size is None else args.vocab_size
     out = Path(args.out) if args.out else default_data_dir(args.tokenizer, vocab_size)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
-    manifest = prepare(source, out, args.tokenizer, vocab_size, val_docs, args.val_fraction, args.overwrite,
-                       tokenizer_file=args.tokenizer_file, allow_special=args.allow_special_files,
-                       text_field=args.text_field, progress=progress)
+    manifest = prepare(
+        source,
+        out,
+        args.tokenizer,
+        vocab_size,
+        val_docs,
+        args.val_fraction,
+        args.overwrite,
+        tokenizer_file=args.tokenizer_file,
+        allow_special=args.allow_special_files,
+        text_field=args.text_field,
+        progress=progress,
+    )
     for line in describe_manifest(manifest):
         print(line)
     sec, mb = manifest["stats"]["seconds"], manifest["stats"]["bytes"] / 1e6
-    print(f"{mb:,.1f} MB of text: scan {sec['scan']:.1f} s, tokenizer {sec['tokenizer']:.1f} s, encoding "
-          f"{sec['encode']:.1f} s ({mb / max(sec['encode'], 1e-9):,.1f} MB/s)")
+    print(
+        f"{mb:,.1f} MB of text: scan {sec['scan']:.1f} s, tokenizer {sec['tokenizer']:.1f} s, encoding "
+        f"{sec['encode']:.1f} s ({mb / max(sec['encode'], 1e-9):,.1f} MB/s)"
+    )
     for line in manifest["notes"]:
         print(f"note: {line}", file=sys.stderr)
     got = manifest["tokenizer"]["vocab_size"]
     print(f"wrote {out} (tokenizer {manifest['tokenizer']['type']}, vocab {got})")
     if args.tokenizer == "bpe" and not args.tokenizer_file and got < vocab_size:
-        print(f"note: the BPE stopped at {got:,} tokens, below --vocab-size {vocab_size:,}: the training split "
-              f"has no more pairs to merge within its words", file=sys.stderr)
+        print(
+            f"note: the BPE stopped at {got:,} tokens, below --vocab-size {vocab_size:,}: the training split "
+            f"has no more pairs to merge within its words",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -60,8 +78,16 @@ def cmd_train(args) -> int:
 
     _resolve_scale(args, "tiny")
     out = Path(args.out)
-    trainer = setup_run(out, config=args.config, preset=args.preset, scale=args.scale, sets=args.set or [],
-                        data=args.data, resume=args.resume, progress=not args.no_progress)
+    trainer = setup_run(
+        out,
+        config=args.config,
+        preset=args.preset,
+        scale=args.scale,
+        sets=args.set or [],
+        data=args.data,
+        resume=args.resume,
+        progress=not args.no_progress,
+    )
     try:
         return _train(trainer, out)
     finally:
@@ -102,13 +128,20 @@ def cmd_sweep(args) -> int:
         for name, path in builtin_specs().items():
             spec = load_spec(path)
             tiers = spec.tiers
-            print(f"{name}: {len(spec.variants)} variant(s) x {len(spec.seeds)} seed(s)"
-                  + (f"; tiers: {', '.join(tiers)}" if tiers else "") + f"; {spec.claim}")
+            print(
+                f"{name}: {len(spec.variants)} variant(s) x {len(spec.seeds)} seed(s)"
+                + (f"; tiers: {', '.join(tiers)}" if tiers else "")
+                + f"; {spec.claim}"
+            )
         return 0
     if not args.spec:
         raise ConfigError("give a spec file or a shipped spec name (`lmlab sweep --list` shows them)")
-    command = (f"lmlab sweep {args.spec}" + (f" --tier {args.tier}" if args.tier else "")
-               + (f" --out {args.out}" if args.out else "") + f" --jobs {args.jobs}")
+    command = (
+        f"lmlab sweep {args.spec}"
+        + (f" --tier {args.tier}" if args.tier else "")
+        + (f" --out {args.out}" if args.out else "")
+        + f" --jobs {args.jobs}"
+    )
     if args.data:
         command += f" --data {args.data}"
     params = {}
@@ -116,10 +149,15 @@ def cmd_sweep(args) -> int:
         from lmlab.config_files import load_mapping
 
         params.update(load_mapping(Path(args.executor_config)))
-    for flag, key in (("slurm_partition", "slurm_partition"), ("time", "timeout_min"),
-                      ("cpus_per_task", "cpus_per_task"), ("gpus_per_task", "gpus_per_node"),
-                      ("array_parallelism", "slurm_array_parallelism"), ("address", "address"),
-                      ("max_retries", "max_retries")):
+    for flag, key in (
+        ("slurm_partition", "slurm_partition"),
+        ("time", "timeout_min"),
+        ("cpus_per_task", "cpus_per_task"),
+        ("gpus_per_task", "gpus_per_node"),
+        ("array_parallelism", "slurm_array_parallelism"),
+        ("address", "address"),
+        ("max_retries", "max_retries"),
+    ):
         if getattr(args, flag) is not None:
             params[key] = getattr(args, flag)
     gpus = params.get("gpus_per_node")
@@ -127,24 +165,49 @@ def cmd_sweep(args) -> int:
         params["gpus_per_node"] = int(gpus)  # Slurm counts whole GPUs; Ray takes fractions
     if args.executor != "local":
         command += f" --executor {args.executor}"
-    for flag in ("runs_per_task", "slurm_partition", "time", "cpus_per_task", "gpus_per_task", "array_parallelism",
-                 "address", "max_retries", "executor_config"):
+    for flag in (
+        "runs_per_task",
+        "slurm_partition",
+        "time",
+        "cpus_per_task",
+        "gpus_per_task",
+        "array_parallelism",
+        "address",
+        "max_retries",
+        "executor_config",
+    ):
         value = getattr(args, flag)
         if value is not None and not (flag == "runs_per_task" and value == 1):
-            command += f" --{flag.replace('_', '-')} {value:g}" if isinstance(value, float) else \
-                f" --{flag.replace('_', '-')} {value}"
-    out = run_sweep(args.spec, out=args.out, jobs=args.jobs, dry_run=args.dry_run, command=command, tier=args.tier,
-                    data_dir=Path(args.data) if args.data else None, max_runs=args.max_runs,
-                    executor=args.executor, executor_params=params, runs_per_task=args.runs_per_task)
+            command += (
+                f" --{flag.replace('_', '-')} {value:g}"
+                if isinstance(value, float)
+                else f" --{flag.replace('_', '-')} {value}"
+            )
+    out = run_sweep(
+        args.spec,
+        out=args.out,
+        jobs=args.jobs,
+        dry_run=args.dry_run,
+        command=command,
+        tier=args.tier,
+        data_dir=Path(args.data) if args.data else None,
+        max_runs=args.max_runs,
+        executor=args.executor,
+        executor_params=params,
+        runs_per_task=args.runs_per_task,
+    )
     if args.dry_run:
         return 0
     from lmlab.lab.results import read_results
 
     failed = [r["run"] for r in read_results(out) if r.get("status") == "failed"]
     if failed:  # a diverged run is a result; a failed one is not
-        print(f"lmlab sweep: {len(failed)} run(s) failed without a result ({', '.join(failed[:5])}"
-              f"{', ...' if len(failed) > 5 else ''}); `lmlab report {out}` lists why, `lmlab sweep-worker "
-              f"{out} RUN` reproduces one, and the same command retries them", file=sys.stderr)
+        print(
+            f"lmlab sweep: {len(failed)} run(s) failed without a result ({', '.join(failed[:5])}"
+            f"{', ...' if len(failed) > 5 else ''}); `lmlab report {out}` lists why, `lmlab sweep-worker "
+            f"{out} RUN` reproduces one, and the same command retries them",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -165,8 +228,11 @@ def cmd_report(args) -> int:
     if args.index:
         if args.out is None:
             raise ConfigError("--index needs --out FILE.md (the index page; its forest plot goes beside it)")
-        paths = write_index([Path(d) for d in [*([args.sweep] if args.sweep else []), *args.index]], Path(args.out),
-                            readme=[Path(r) for r in args.readme] if args.readme else None)
+        paths = write_index(
+            [Path(d) for d in [*([args.sweep] if args.sweep else []), *args.index]],
+            Path(args.out),
+            readme=[Path(r) for r in args.readme] if args.readme else None,
+        )
     else:
         if not args.sweep:
             raise ConfigError("give a sweep folder (`lmlab sweep --out`), or --index DIR... --out FILE.md")
@@ -189,17 +255,28 @@ def _eval_tasks(args, device) -> int:
     try:
         from lmlab.lm_eval_backend import run_tasks
     except ImportError as exc:
-        raise ConfigError(f"--tasks needs lm-evaluation-harness ({exc}); install the extra: "
-                          f"pip install 'lmlab[eval]'") from None
+        raise ConfigError(
+            f"--tasks needs lm-evaluation-harness ({exc}); install the extra: pip install 'lmlab[eval]'"
+        ) from None
     names = args.tasks.split(",")  # blanks dropped and every name checked by run_tasks
-    out = run_tasks(args.run, names, include_path=args.include_path, num_fewshot=args.num_fewshot,
-                    limit=args.limit, batch_size=args.batch_size, device=str(device))
+    out = run_tasks(
+        args.run,
+        names,
+        include_path=args.include_path,
+        num_fewshot=args.num_fewshot,
+        limit=args.limit,
+        batch_size=args.batch_size,
+        device=str(device),
+    )
     if args.json:
         print(json.dumps(out["results"], default=str))
         return 0
     for task, metrics in out["results"].items():
-        shown = ", ".join(f"{k.split(',')[0]} {v:.4f}" for k, v in metrics.items()
-                          if isinstance(v, float) and not k.endswith("_stderr,none"))
+        shown = ", ".join(
+            f"{k.split(',')[0]} {v:.4f}"
+            for k, v in metrics.items()
+            if isinstance(v, float) and not k.endswith("_stderr,none")
+        )
         print(f"{task}: {shown}")
     return 0
 
@@ -207,20 +284,34 @@ def _eval_tasks(args, device) -> int:
 def _check_eval_flags(args) -> None:
     """Refuse flags that do not apply: the harness's (--limit, --include-path, --num-fewshot) without
     --tasks, and bits-per-byte's (--data, --split, --stride, --dtype) with it (either would be ignored)."""
-    task_only = [f for f, v in (("--limit", args.limit), ("--include-path", args.include_path),
-                                ("--num-fewshot", args.num_fewshot)) if v is not None]
-    bpb_only = [f for f, v in (("--data", args.data), ("--split", args.split), ("--stride", args.stride),
-                               ("--dtype", args.dtype)) if v is not None]
+    task_only = [
+        f
+        for f, v in (
+            ("--limit", args.limit),
+            ("--include-path", args.include_path),
+            ("--num-fewshot", args.num_fewshot),
+        )
+        if v is not None
+    ]
+    bpb_only = [
+        f
+        for f, v in (("--data", args.data), ("--split", args.split), ("--stride", args.stride), ("--dtype", args.dtype))
+        if v is not None
+    ]
     if args.tasks is not None and not args.tasks.strip(" ,"):
         raise ConfigError("--tasks names no task; give lm-eval task names, e.g. hellaswag,arc_easy")
     if not args.tasks and task_only:
-        raise ConfigError(f"{', '.join(task_only)} {'only apply' if len(task_only) > 1 else 'only applies'} with "
-                          f"--tasks (lm-evaluation-harness tasks); drop {'them' if len(task_only) > 1 else 'it'} "
-                          f"or name the tasks")
+        raise ConfigError(
+            f"{', '.join(task_only)} {'only apply' if len(task_only) > 1 else 'only applies'} with "
+            f"--tasks (lm-evaluation-harness tasks); drop {'them' if len(task_only) > 1 else 'it'} "
+            f"or name the tasks"
+        )
     if args.tasks and bpb_only:
-        raise ConfigError(f"{', '.join(bpb_only)} {'only apply' if len(bpb_only) > 1 else 'only applies'} to the "
-                          f"held-out bits-per-byte evaluation, not with --tasks (the harness brings its own "
-                          f"documents); drop {'them' if len(bpb_only) > 1 else 'it'} or --tasks")
+        raise ConfigError(
+            f"{', '.join(bpb_only)} {'only apply' if len(bpb_only) > 1 else 'only applies'} to the "
+            f"held-out bits-per-byte evaluation, not with --tasks (the harness brings its own "
+            f"documents); drop {'them' if len(bpb_only) > 1 else 'it'} or --tasks"
+        )
 
 
 def cmd_eval(args) -> int:
@@ -236,8 +327,15 @@ def cmd_eval(args) -> int:
     args.split, args.dtype = args.split or "val", args.dtype or "fp32"
     model, cfg, tok, run, ckpt = load_run(args.run, device=str(device))
     data = run_data(args.run, run, args.data, cfg.vocab_size)
-    res = evaluate(model, data.tokens(args.split), data.bytes(args.split), batch_size=args.batch_size,
-                   stride=args.stride, device=device, autocast_dtype=resolve_dtype(args.dtype, device))
+    res = evaluate(
+        model,
+        data.tokens(args.split),
+        data.bytes(args.split),
+        batch_size=args.batch_size,
+        stride=args.stride,
+        device=device,
+        autocast_dtype=resolve_dtype(args.dtype, device),
+    )
     res.update(checkpoint=str(ckpt), split=args.split, data=str(data.folder), stride=args.stride or cfg.context_length)
     if args.json:
         print(json.dumps(res))
@@ -280,11 +378,13 @@ def cmd_generate(args) -> int:
         raise ConfigError(f"--stop-at-eot: {exc}") from None
     if args.logprobs and len(prompts) > 1:
         raise ConfigError("--logprobs takes one --prompt (the log-probabilities of one stream)")
-    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_id=eos,
-                    device=device)
+    sampling = dict(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_id=eos, device=device
+    )
     if len(prompts) == 1:  # one prompt: stream the text as it comes
-        print_completion(model, tok, texts[0], prompts[0], args.max_new_tokens, args.stop or (), args.raw,
-                         args.logprobs, **sampling)
+        print_completion(
+            model, tok, texts[0], prompts[0], args.max_new_tokens, args.stop or (), args.raw, args.logprobs, **sampling
+        )
     else:  # several prompts: one batch (left-padded), each continuation printed when the batch is done
         print_completions(model, tok, texts, prompts, args.max_new_tokens, args.stop or (), args.raw, **sampling)
     return 0
@@ -300,22 +400,30 @@ def _generate_ids(args, device) -> int:
     from lmlab.threads import default_threads, set_threads
 
     if args.prompt or args.stop or args.stop_at_eot or args.prompt_after_eot:
-        raise ConfigError("--prompt-ids takes token ids and prints ids: it cannot be combined with --prompt, "
-                          "--stop, --stop-at-eot or --prompt-after-eot (they need a tokenizer)")
+        raise ConfigError(
+            "--prompt-ids takes token ids and prints ids: it cannot be combined with --prompt, "
+            "--stop, --stop-at-eot or --prompt-after-eot (they need a tokenizer)"
+        )
     try:
         ids = [int(x) for x in args.prompt_ids.replace(",", " ").split()]
     except ValueError:
-        raise ConfigError(f"--prompt-ids {args.prompt_ids!r}: give token ids separated by commas or spaces, "
-                          f"e.g. 1,2,3") from None
+        raise ConfigError(
+            f"--prompt-ids {args.prompt_ids!r}: give token ids separated by commas or spaces, e.g. 1,2,3"
+        ) from None
     model, cfg, _, _, _ = load_run(args.run, device=str(device), tokenizer=False)
     bad = [i for i in ids if not 0 <= i < cfg.vocab_size]
     if not ids or bad:
-        raise ConfigError(f"--prompt-ids {args.prompt_ids!r}: " + (f"id {bad[0]} is outside 0..{cfg.vocab_size - 1}, "
-                          f"the model's vocabulary" if bad else "no ids given"))
+        raise ConfigError(
+            f"--prompt-ids {args.prompt_ids!r}: "
+            + (f"id {bad[0]} is outside 0..{cfg.vocab_size - 1}, the model's vocabulary" if bad else "no ids given")
+        )
     if args.threads is None and device.type == "cpu":
         set_threads(decode_threads(model, default_threads()))
-    seen = list(generate_logprobs(model, ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                                  args.seed, device=device))
+    seen = list(
+        generate_logprobs(
+            model, ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed, device=device
+        )
+    )
     print(" ".join(str(i) for i, _ in seen))
     if args.logprobs:
         print_logprobs(seen)
@@ -350,15 +458,24 @@ def cmd_analyze(args) -> int:
         raise ConfigError(f"--context and --batch must be >= 1, got {args.context} and {args.batch}")
     if args.context is not None and args.context > cfg.context_length:
         if cfg.position == "learned":
-            raise ConfigError(f"--context {args.context:,} is beyond the model's learned positions (context_length "
-                              f"{cfg.context_length:,}): it cannot run that long; choose --context <= "
-                              f"{cfg.context_length:,}")
-        print(f"note: --context {args.context:,} exceeds the model's context_length {cfg.context_length:,} "
-              f"(its training length); the figures assume it runs that long", file=sys.stderr)
+            raise ConfigError(
+                f"--context {args.context:,} is beyond the model's learned positions (context_length "
+                f"{cfg.context_length:,}): it cannot run that long; choose --context <= "
+                f"{cfg.context_length:,}"
+            )
+        print(
+            f"note: --context {args.context:,} exceeds the model's context_length {cfg.context_length:,} "
+            f"(its training length); the figures assume it runs that long",
+            file=sys.stderr,
+        )
     device = DEVICES[args.device]
     if args.peak_flops or args.bandwidth:
-        device = replace(device, name=device.name + " (overridden)", peak_flops=args.peak_flops or device.peak_flops,
-                         bandwidth=args.bandwidth or device.bandwidth)
+        device = replace(
+            device,
+            name=device.name + " (overridden)",
+            peak_flops=args.peak_flops or device.peak_flops,
+            bandwidth=args.bandwidth or device.bandwidth,
+        )
     res = analyze(cfg, args.context, args.batch, device, published)
     print(json.dumps(res, indent=1) if args.json else format_analysis(res, f"lmlab analyze: {title}"))
     return 0
@@ -380,10 +497,22 @@ def cmd_bench_decode(args) -> int:
         raise ConfigError("give one of --preset NAME or a RUN folder, not both")
     _resolve_scale(args, "tiny")
     cfg, title, _ = _model_config_for(args)  # a run's config from its run.yaml: checked before any weights load
-    res = decode_benchmark(cfg, title, args.run, resolve_device(args.device), args.batch, args.prompt_len,
-                           args.new_tokens, args.repeats, args.dtype)
-    print(json.dumps(res) if args.json else format_decode_benchmark(res, args.batch, args.prompt_len,
-                                                                     args.new_tokens, args.repeats))
+    res = decode_benchmark(
+        cfg,
+        title,
+        args.run,
+        resolve_device(args.device),
+        args.batch,
+        args.prompt_len,
+        args.new_tokens,
+        args.repeats,
+        args.dtype,
+    )
+    print(
+        json.dumps(res)
+        if args.json
+        else format_decode_benchmark(res, args.batch, args.prompt_len, args.new_tokens, args.repeats)
+    )
     return 0
 
 
@@ -397,8 +526,9 @@ def cmd_bench_train(args) -> int:
     args.run = None
     cfg, title = (None, None) if not (args.config or args.preset) else _model_config_for(args)[:2]
     dtypes = ["fp32", "bf16"] if args.dtype == "both" else [args.dtype]
-    res = train_benchmark(cfg, title, resolve_device(args.device), args.batch, dtypes, args.compile, args.rounds,
-                          args.steps)
+    res = train_benchmark(
+        cfg, title, resolve_device(args.device), args.batch, dtypes, args.compile, args.rounds, args.steps
+    )
     print(json.dumps(res) if args.json else format_train_benchmark(res))
     return 0
 
@@ -433,9 +563,24 @@ def cmd_coordcheck(args) -> int:
     from lmlab.devices import resolve_device
 
     _resolve_scale(args, "tiny")
-    res = run_coordcheck(args.config, args.preset, args.scale, list(args.set or []), args.parametrization,
-                         args.widths, args.depths, args.base_width, args.base_depth, args.lr, args.batch_size,
-                         args.steps, args.seeds, args.data, resolve_device(args.device), args.threshold)
+    res = run_coordcheck(
+        args.config,
+        args.preset,
+        args.scale,
+        list(args.set or []),
+        args.parametrization,
+        args.widths,
+        args.depths,
+        args.base_width,
+        args.base_depth,
+        args.lr,
+        args.batch_size,
+        args.steps,
+        args.seeds,
+        args.data,
+        resolve_device(args.device),
+        args.threshold,
+    )
     print(format_result(res))
     if args.out:
         print(f"wrote {plot_result(res, args.out)}")
@@ -447,8 +592,10 @@ def cmd_import(args) -> int:
     from lmlab.interop.hf import import_hf
 
     info = import_hf(args.path, args.out, dtype=args.dtype)
-    print(f"imported {info['model_type']} ({info['params']:,} parameters, {info['dtype']}) into {info['run']}"
-          + ("" if info["tokenizer"] else "; the HF folder has no tokenizer.json, so the run has no tokenizer"))
+    print(
+        f"imported {info['model_type']} ({info['params']:,} parameters, {info['dtype']}) into {info['run']}"
+        + ("" if info["tokenizer"] else "; the HF folder has no tokenizer.json, so the run has no tokenizer")
+    )
     for note in info["notes"]:  # the conversion from Meta's layout; accepted config.json fields HF never reads
         print(f"note: {note}")
     return 0
@@ -458,8 +605,10 @@ def cmd_export(args) -> int:
     from lmlab.interop.hf import export_hf
 
     info = export_hf(args.run, args.out, family=args.family, step=args.step, dtype=args.dtype)
-    print(f"exported {info['checkpoint']} as {info['hf_class']} (model_type {info['model_type']}, {info['dtype']}) "
-          f"to {info['out']}")
+    print(
+        f"exported {info['checkpoint']} as {info['hf_class']} (model_type {info['model_type']}, {info['dtype']}) "
+        f"to {info['out']}"
+    )
     for what in info["left_out"]:
         print(f"note: not written: {what}")
     return 0

@@ -23,6 +23,7 @@ def _float_in(low: float, high: float, low_open: bool = False, high_open: bool =
             lo, hi = "(" if low_open else "[", ")" if high_open else "]"
             raise argparse.ArgumentTypeError(f"{value} must be in {lo}{low}, {high}{hi}")
         return value
+
     parse.__name__ = "number"
     return parse
 
@@ -35,6 +36,7 @@ def _int_range(low: int, high: int):
         if value > high:
             raise argparse.ArgumentTypeError(f"{value} must be <= {high}")
         return value
+
     parse.__name__ = f"integer in [{low}, {high}]"
     return parse
 
@@ -47,6 +49,8 @@ def _preset_name(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty; give a preset name (see `lmlab presets`)")
     return text
+
+
 _preset_name.__name__ = "preset name"
 
 
@@ -103,6 +107,11 @@ class _Parser(argparse.ArgumentParser):
 THREADS_HELP = "torch CPU threads (default: the physical cores, at most OMP_NUM_THREADS when set)"
 
 
+def _weights_dtype(sp: argparse.ArgumentParser, what: str) -> None:
+    """``--dtype auto|fp32|bf16``: the dtype of ``what`` (the rest of its help)."""
+    sp.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto", help=f"dtype of {what}")
+
+
 def make_parser() -> argparse.ArgumentParser:
     from lmlab import __version__
 
@@ -111,46 +120,72 @@ def make_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     sp = sub.add_parser("prepare", help="tokenise a corpus into shards + manifest")
-    sp.add_argument("--data", type=_path, nargs="+", metavar="PATH",
-                    help="one or more inputs: a .txt file (split at blank lines), a folder of .txt documents, "
-                         ".jsonl / .jsonl.gz / .json files, .parquet shards (a quoted glob such as "
-                         "'shards/*.parquet' is expanded), a `datasets` save_to_disk folder "
-                         "(default: the Shakespeare corpus)")
-    sp.add_argument("--text-field", default="text", help="the text field of JSON / parquet / datasets records "
-                                                          "(default: text)")
-    sp.add_argument("--out", type=_path,
-                    help="output folder (default data/shakespeare-bpe<V> or data/shakespeare-bytes)")
+    sp.add_argument(
+        "--data",
+        type=_path,
+        nargs="+",
+        metavar="PATH",
+        help="one or more inputs: a .txt file (split at blank lines), a folder of .txt documents, "
+        ".jsonl / .jsonl.gz / .json files, .parquet shards (a quoted glob such as "
+        "'shards/*.parquet' is expanded), a `datasets` save_to_disk folder "
+        "(default: the Shakespeare corpus)",
+    )
+    sp.add_argument(
+        "--text-field", default="text", help="the text field of JSON / parquet / datasets records (default: text)"
+    )
+    sp.add_argument(
+        "--out", type=_path, help="output folder (default data/shakespeare-bpe<V> or data/shakespeare-bytes)"
+    )
     sp.add_argument("--tokenizer", choices=["bpe", "bytes"], default="bpe")
-    sp.add_argument("--vocab-size", type=_int_at_least(257), help="BPE vocabulary size incl. <|endoftext|> "
-                                                                   "(default 4096; an upper bound: a small corpus may "
-                                                                   "run out of merges first)")
-    sp.add_argument("--tokenizer-file", type=_path,
-                    help="tokenise with this existing tokenizer.json (e.g. an imported run's), "
-                         "or an HF model folder's (tokenizer.json or vocab.json + merges.txt), "
-                         "instead of training one")
-    sp.add_argument("--val-docs", help="comma-separated document names held out for validation "
-                                       "(default corpus: hamlet, sonnets, tempest)")
-    sp.add_argument("--val-fraction", type=_float_in(0, 1, True, True), default=0.1,
-                    help="otherwise about this fraction of the documents is held out, chosen by a hash of each "
-                         "document's text (adding documents moves none of the others)")
+    sp.add_argument(
+        "--vocab-size",
+        type=_int_at_least(257),
+        help="BPE vocabulary size incl. <|endoftext|> "
+        "(default 4096; an upper bound: a small corpus may "
+        "run out of merges first)",
+    )
+    sp.add_argument(
+        "--tokenizer-file",
+        type=_path,
+        help="tokenise with this existing tokenizer.json (e.g. an imported run's), "
+        "or an HF model folder's (tokenizer.json or vocab.json + merges.txt), "
+        "instead of training one",
+    )
+    sp.add_argument(
+        "--val-docs",
+        help="comma-separated document names held out for validation (default corpus: hamlet, sonnets, tempest)",
+    )
+    sp.add_argument(
+        "--val-fraction",
+        type=_float_in(0, 1, True, True),
+        default=0.1,
+        help="otherwise about this fraction of the documents is held out, chosen by a hash of each "
+        "document's text (adding documents moves none of the others)",
+    )
     sp.add_argument("--overwrite", action="store_true")
     sp.add_argument(
         "--allow-special-files",
         action="store_true",
         help="also read FIFOs and devices given as --data or inside it (refused otherwise; read up to 1 GiB)",
     )
-    sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                    help="progress bars with MB/s on stderr (default: when stderr is a terminal)")
+    sp.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bars with MB/s on stderr (default: when stderr is a terminal)",
+    )
     sp.set_defaults(func="prepare")
 
     sp = sub.add_parser("train", help="train a model from scratch (or --resume a run)")
-    sp.add_argument("--config", type=_path,
-                    help="YAML file with 'model:' and 'train:' sections, or a built-in name (demo)")
+    sp.add_argument(
+        "--config", type=_path, help="YAML file with 'model:' and 'train:' sections, or a built-in name (demo)"
+    )
     sp.add_argument("--preset", type=_preset_name, help="a model family preset (see `lmlab presets`)")
     sp.add_argument("--scale", choices=["tiny", "real"], help="preset scale (default tiny)")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a model or train field")
-    sp.add_argument("--data", type=_path,
-                    help="a prepared data folder (default: data/shakespeare-bpe4096, prepared on first use)")
+    sp.add_argument(
+        "--data", type=_path, help="a prepared data folder (default: data/shakespeare-bpe4096, prepared on first use)"
+    )
     sp.add_argument("--out", type=_path, required=True, help="run folder to create")
     sp.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -166,8 +201,11 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--device", default="auto")
     sp.add_argument("--dtype", choices=["fp32", "bf16", "auto"], help="autocast dtype (default fp32)")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
-    sp.add_argument("--tasks", help="comma-separated lm-evaluation-harness tasks (the eval extra) instead of "
-                                    "bits-per-byte, e.g. hellaswag,arc_easy")
+    sp.add_argument(
+        "--tasks",
+        help="comma-separated lm-evaluation-harness tasks (the eval extra) instead of "
+        "bits-per-byte, e.g. hellaswag,arc_easy",
+    )
     sp.add_argument("--include-path", type=_path, help="with --tasks: a folder of task YAMLs of your own")
     sp.add_argument("--num-fewshot", type=NON_NEGATIVE, help="with --tasks: few-shot examples per prompt")
     sp.add_argument("--limit", type=POSITIVE, help="with --tasks: at most this many documents per task")
@@ -176,10 +214,16 @@ def make_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("generate", help="sample from a run with a KV cache")
     sp.add_argument("run", type=_path)
-    sp.add_argument("--prompt", action="append", help="text to continue (default: start of a document); "
-                                                      "repeat for a batch of prompts")
-    sp.add_argument("--prompt-ids", metavar="IDS", help="token ids to continue, e.g. 1,2,3 (a run without a "
-                    "tokenizer); prints the new ids instead of text")
+    sp.add_argument(
+        "--prompt",
+        action="append",
+        help="text to continue (default: start of a document); repeat for a batch of prompts",
+    )
+    sp.add_argument(
+        "--prompt-ids",
+        metavar="IDS",
+        help="token ids to continue, e.g. 1,2,3 (a run without a tokenizer); prints the new ids instead of text",
+    )
     sp.add_argument(
         "--stop", action="append", type=_stop_text, metavar="TEXT", help="stop before this text (repeatable)"
     )
@@ -189,15 +233,23 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--top-p", type=_float_in(0, 1, low_open=True))
     sp.add_argument("--seed", type=_int_range(0, 2**63 - 1))
     sp.add_argument("--stop-at-eot", action="store_true", help="stop at the end-of-text token")
-    sp.add_argument("--raw", action="store_true",
-                    help="write the prompt and the text as they are; by default control characters (ESC, the "
-                         "other C0 but newline and tab, C1) and a prompt's invalid bytes are written as \\xNN")
+    sp.add_argument(
+        "--raw",
+        action="store_true",
+        help="write the prompt and the text as they are; by default control characters (ESC, the "
+        "other C0 but newline and tab, C1) and a prompt's invalid bytes are written as \\xNN",
+    )
     sp.add_argument("--prompt-after-eot", action="store_true", help="prefix the prompt with <|endoftext|>")
-    sp.add_argument("--logprobs", action="store_true",
-                    help="after the text, each new token's id, log-probability (nats) and text")
+    sp.add_argument(
+        "--logprobs", action="store_true", help="after the text, each new token's id, log-probability (nats) and text"
+    )
     sp.add_argument("--device", default="auto")
-    sp.add_argument("--threads", type=POSITIVE, help="torch CPU threads (default: with one prompt, one per 200M "
-                    "weights of the model, so 1 for small models; else the physical cores, at most OMP_NUM_THREADS)")
+    sp.add_argument(
+        "--threads",
+        type=POSITIVE,
+        help="torch CPU threads (default: with one prompt, one per 200M "
+        "weights of the model, so 1 for small models; else the physical cores, at most OMP_NUM_THREADS)",
+    )
     sp.set_defaults(func="generate")
 
     sp = sub.add_parser("plot", help="PNG plots of runs: loss vs step, tokens and wall time; the LR schedule")
@@ -211,38 +263,79 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--jobs", type=POSITIVE, default=1, help="runs trained at once, each with cores // jobs threads")
     sp.add_argument("--dry-run", action="store_true", help="print the runs, steps, tokens and FLOPs; train nothing")
     sp.add_argument("--list", action="store_true", help="list the shipped specs and their claims")
-    sp.add_argument("--max-runs", type=POSITIVE, default=None,
-                    help="the most runs the spec may plan (default: its 'max_runs:', else 10,000); counted "
-                         "before anything is planned")
-    sp.add_argument("--data", type=_path,
-                    help="a prepared data folder (`lmlab prepare --out`) for every run, over the spec's "
-                         "'data:' (default: the spec's, else the default corpus)")
-    sp.add_argument("--tier", help="run the spec at one of its tiers (e.g. gpu: 20-100M parameters on one GPU); "
-                                   "default: the spec as written (CPU-sized)")
-    sp.add_argument("--executor", choices=["local", "slurm", "submitit-local", "ray"], default="local",
-                    help="where runs train: local (--jobs at once, default), slurm (job arrays through submitit; "
-                         "needs lmlab[slurm]), submitit-local (submitit's local executor, --jobs jobs at once) "
-                         "or ray (tasks on a Ray cluster, --address; needs lmlab[ray])")
-    sp.add_argument("--runs-per-task", "--runs-per-gpu", dest="runs_per_task", type=POSITIVE, default=1,
-                    help="runs each Slurm/submitit task trains at once (sharing its CPUs, or its GPU)")
+    sp.add_argument(
+        "--max-runs",
+        type=POSITIVE,
+        default=None,
+        help="the most runs the spec may plan (default: its 'max_runs:', else 10,000); counted "
+        "before anything is planned",
+    )
+    sp.add_argument(
+        "--data",
+        type=_path,
+        help="a prepared data folder (`lmlab prepare --out`) for every run, over the spec's "
+        "'data:' (default: the spec's, else the default corpus)",
+    )
+    sp.add_argument(
+        "--tier",
+        help="run the spec at one of its tiers (e.g. gpu: 20-100M parameters on one GPU); "
+        "default: the spec as written (CPU-sized)",
+    )
+    sp.add_argument(
+        "--executor",
+        choices=["local", "slurm", "submitit-local", "ray"],
+        default="local",
+        help="where runs train: local (--jobs at once, default), slurm (job arrays through submitit; "
+        "needs lmlab[slurm]), submitit-local (submitit's local executor, --jobs jobs at once) "
+        "or ray (tasks on a Ray cluster, --address; needs lmlab[ray])",
+    )
+    sp.add_argument(
+        "--runs-per-task",
+        "--runs-per-gpu",
+        dest="runs_per_task",
+        type=POSITIVE,
+        default=1,
+        help="runs each Slurm/submitit task trains at once (sharing its CPUs, or its GPU)",
+    )
     sp.add_argument("--slurm-partition", help="Slurm partition of the runs' jobs")
-    sp.add_argument("--time", type=POSITIVE, help="each job's time limit in minutes (default 1440); near it "
-                    "the job checkpoints and is requeued")
+    sp.add_argument(
+        "--time",
+        type=POSITIVE,
+        help="each job's time limit in minutes (default 1440); near it the job checkpoints and is requeued",
+    )
     sp.add_argument("--cpus-per-task", type=POSITIVE, help="CPUs of each Slurm task")
-    sp.add_argument("--gpus-per-task", type=float, help="GPUs of each task (Slurm: whole GPUs of its node; "
-                    "Ray: fractions too, e.g. 0.25 for four tasks on one GPU)")
-    sp.add_argument("--address", help="the Ray cluster (ray://HOST:10001, HOST:6379 or auto); local (the "
-                    "default): a Ray started here with --jobs tasks at once")
-    sp.add_argument("--max-retries", type=int, help="Ray: times a task is retried when its worker or node dies "
-                    "(default 3, -1 unlimited; the run continues from its checkpoint)")
+    sp.add_argument(
+        "--gpus-per-task",
+        type=float,
+        help="GPUs of each task (Slurm: whole GPUs of its node; "
+        "Ray: fractions too, e.g. 0.25 for four tasks on one GPU)",
+    )
+    sp.add_argument(
+        "--address",
+        help="the Ray cluster (ray://HOST:10001, HOST:6379 or auto); local (the "
+        "default): a Ray started here with --jobs tasks at once",
+    )
+    sp.add_argument(
+        "--max-retries",
+        type=int,
+        help="Ray: times a task is retried when its worker or node dies "
+        "(default 3, -1 unlimited; the run continues from its checkpoint)",
+    )
     sp.add_argument("--array-parallelism", type=POSITIVE, help="Slurm array tasks running at once")
-    sp.add_argument("--executor-config", type=_path, metavar="FILE.yaml",
-                    help="other submitit parameters, a YAML mapping (e.g. slurm_account, mem_gb, "
-                         "slurm_additional_parameters); the flags above take precedence")
+    sp.add_argument(
+        "--executor-config",
+        type=_path,
+        metavar="FILE.yaml",
+        help="other submitit parameters, a YAML mapping (e.g. slurm_account, mem_gb, "
+        "slurm_additional_parameters); the flags above take precedence",
+    )
     sp.set_defaults(func="sweep")
 
-    sp = sub.add_parser("sweep-worker", help="train, evaluate and record planned runs of a sweep (what each "
-                        "Slurm/submitit job runs; reproduces a failed run)")
+    sp = sub.add_parser(
+        "sweep-worker",
+        help="train, evaluate and record planned runs of a sweep (what each "
+        "Slurm/submitit job runs; reproduces a failed run)",
+    )
     sp.add_argument("sweep", type=_path, help="the sweep folder (`lmlab sweep --out`)")
     sp.add_argument("runs", nargs="+", help="run names (its plans/RUN.json); several train at once")
     sp.add_argument("--threads", type=POSITIVE, default=1, help="torch threads per run (default 1)")
@@ -251,20 +344,33 @@ def make_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("report", help="markdown report of a sweep (verdicts, plots, results.csv), or an index")
     sp.add_argument("sweep", nargs="?", type=_path, help="a sweep folder (`lmlab sweep --out`)")
     sp.add_argument("--out", type=_path, help="the markdown file (default SWEEP/report.md; plots and CSV beside it)")
-    sp.add_argument("--index", nargs="+", type=_path, metavar="DIR",
-                    help="write one index page of every claim of these sweep folders (needs --out)")
-    sp.add_argument("--readme", type=_path, metavar="FILE.md", action="append",
-                    help="with --index: also rewrite the summary table (lmlab:ablation-summary markers) and/or the "
-                         "counts line (lmlab:ablation-counts) in FILE.md; may be given more than once")
+    sp.add_argument(
+        "--index",
+        nargs="+",
+        type=_path,
+        metavar="DIR",
+        help="write one index page of every claim of these sweep folders (needs --out)",
+    )
+    sp.add_argument(
+        "--readme",
+        type=_path,
+        metavar="FILE.md",
+        action="append",
+        help="with --index: also rewrite the summary table (lmlab:ablation-summary markers) and/or the "
+        "counts line (lmlab:ablation-counts) in FILE.md; may be given more than once",
+    )
     sp.set_defaults(func="report")
 
     sp = sub.add_parser("import", help="convert a Hugging Face model folder into a new run folder")
-    sp.add_argument("path", type=_path,
-                    help="HF model folder: config.json + model.safetensors (or shards, or pytorch_model.bin)")
+    sp.add_argument(
+        "path", type=_path, help="HF model folder: config.json + model.safetensors (or shards, or pytorch_model.bin)"
+    )
     sp.add_argument("--out", type=_path, required=True, help="run folder to create")
-    sp.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
-                    help="dtype of the stored weights (default auto: the HF checkpoint's, bf16 when all its "
-                         "floating tensors are bf16, else fp32)")
+    _weights_dtype(
+        sp,
+        "the stored weights (default auto: the HF checkpoint's, bf16 when all its floating tensors "
+        "are bf16, else fp32)",
+    )
     sp.set_defaults(func="import")
 
     sp = sub.add_parser("export", help="write a run's checkpoint as a Hugging Face model folder")
@@ -273,9 +379,11 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", type=_path, required=True, help="folder to create (config.json, model.safetensors)")
     sp.add_argument("--family", help="HF model_type to write (default: the imported one, else the first that fits)")
     sp.add_argument("--step", type=NON_NEGATIVE, help="checkpoint step (default: the latest)")
-    sp.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
-                    help="dtype of the written weights (default auto: the checkpoint's, so a run imported in "
-                         "bf16 exports bf16 and a run lmlab trained exports fp32)")
+    _weights_dtype(
+        sp,
+        "the written weights (default auto: the checkpoint's, so a run imported in bf16 exports "
+        "bf16 and a run lmlab trained exports fp32)",
+    )
     sp.set_defaults(func="export")
 
     sp = sub.add_parser("analyze", help="parameters, FLOPs/token, KV cache and arithmetic intensity of a config")
@@ -305,16 +413,26 @@ def make_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("bench", help="benchmarks: `lmlab bench train`, `lmlab bench decode`, `lmlab bench calibrate`")
     bench = sp.add_subparsers(dest="bench", required=True)
-    bp = bench.add_parser("train", help="training tokens/s of lmlab train's step on this machine, fp32 against bf16 "
-                                        "(and compiled with --compile), alternated")
+    bp = bench.add_parser(
+        "train",
+        help="training tokens/s of lmlab train's step on this machine, fp32 against bf16 "
+        "(and compiled with --compile), alternated",
+    )
     bp.add_argument("--config", type=_path, help="YAML file with a 'model:' section, or a built-in name (default demo)")
     bp.add_argument("--preset", type=_preset_name, help="a preset with random weights")
     bp.add_argument("--scale", choices=["tiny", "real"], help="preset scale (default tiny)")
     bp.add_argument("--batch", type=POSITIVE, default=16, help="sequences per step (default 16, the demo's)")
-    bp.add_argument("--dtype", choices=["fp32", "bf16", "both"], default="both",
-                    help="precisions to time (default both: fp32 eager first, the reference of the ratios)")
-    bp.add_argument("--compile", action="store_true", help="also time each precision compiled (adds each compile: "
-                                                           "tens of seconds on a CPU)")
+    bp.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16", "both"],
+        default="both",
+        help="precisions to time (default both: fp32 eager first, the reference of the ratios)",
+    )
+    bp.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time each precision compiled (adds each compile: tens of seconds on a CPU)",
+    )
     bp.add_argument("--rounds", type=_int_range(2, 100), default=5, help="rounds, 2-100 (default 5)")
     bp.add_argument("--steps", type=_int_range(1, 1000), default=2, help="steps per variant per round (default 2)")
     bp.add_argument("--device", default="cpu")
@@ -334,44 +452,83 @@ def make_parser() -> argparse.ArgumentParser:
     bp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
     bp.add_argument("--json", action="store_true", help="print one JSON object")
     bp.set_defaults(func="bench decode", command="bench decode")
-    bp = bench.add_parser("calibrate", help="measure which CPU kernels train faster on this machine (fp32 linears "
-                                            "on oneDNN or MKL, blocked or SDPA attention) and cache the choice")
-    bp.add_argument("--rounds", type=_int_range(3, 100), default=7,
-                    help="interleaved rounds per cell, 3-100 (default 7: about 25 s on 2 cores)")
+    bp = bench.add_parser(
+        "calibrate",
+        help="measure which CPU kernels train faster on this machine (fp32 linears "
+        "on oneDNN or MKL, blocked or SDPA attention) and cache the choice",
+    )
+    bp.add_argument(
+        "--rounds",
+        type=_int_range(3, 100),
+        default=7,
+        help="interleaved rounds per cell, 3-100 (default 7: about 25 s on 2 cores)",
+    )
     bp.add_argument("--out", type=_path, help="write the calibration here instead of this machine's cache file")
     bp.add_argument("--json", action="store_true", help="print the calibration record as JSON")
-    bp.add_argument("--if-missing", action="store_true",
-                    help="measure only when this machine has no valid calibration yet (make demo, make ablations)")
+    bp.add_argument(
+        "--if-missing",
+        action="store_true",
+        help="measure only when this machine has no valid calibration yet (make demo, make ablations)",
+    )
     bp.set_defaults(func="bench calibrate", command="bench calibrate")
 
-    sp = sub.add_parser("coordcheck", help="coordinate check of a parametrization (sp | mup | completep): "
-                                           "activation sizes across widths after a few AdamW steps")
+    sp = sub.add_parser(
+        "coordcheck",
+        help="coordinate check of a parametrization (sp | mup | completep): "
+        "activation sizes across widths after a few AdamW steps",
+    )
     sp.add_argument("--config", type=_path, help="YAML file with 'model:' and 'train:' sections, or a built-in name")
     sp.add_argument("--preset", type=_preset_name, help="a model family preset (see `lmlab presets`)")
     sp.add_argument("--scale", choices=["tiny", "real"], help="preset scale (default tiny)")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a model or train field")
-    sp.add_argument("--parametrization", choices=["sp", "mup", "completep"],
-                    help="the parametrization checked (default: the config's; sp)")
-    sp.add_argument("--widths", type=_int_list, default=None,
-                    help="d_model values, comma-separated, each a multiple of n_heads (default 64,128,256)")
-    sp.add_argument("--depths", type=_int_list, default=None,
-                    help="check over depth instead: n_layers values, comma-separated, at the config's d_model "
-                         "(CompleteP's claim; e.g. 2,4,8,16)")
-    sp.add_argument("--base-depth", type=POSITIVE,
-                    help="completep over --depths: base_n_layers (default: the smallest depth)")
-    sp.add_argument("--base-width", type=POSITIVE,
-                    help="mup / completep: base_d_model (default: the config's, else the smallest width)")
+    sp.add_argument(
+        "--parametrization",
+        choices=["sp", "mup", "completep"],
+        help="the parametrization checked (default: the config's; sp)",
+    )
+    sp.add_argument(
+        "--widths",
+        type=_int_list,
+        default=None,
+        help="d_model values, comma-separated, each a multiple of n_heads (default 64,128,256)",
+    )
+    sp.add_argument(
+        "--depths",
+        type=_int_list,
+        default=None,
+        help="check over depth instead: n_layers values, comma-separated, at the config's d_model "
+        "(CompleteP's claim; e.g. 2,4,8,16)",
+    )
+    sp.add_argument(
+        "--base-depth", type=POSITIVE, help="completep over --depths: base_n_layers (default: the smallest depth)"
+    )
+    sp.add_argument(
+        "--base-width",
+        type=POSITIVE,
+        help="mup / completep: base_d_model (default: the config's, else the smallest width)",
+    )
     sp.add_argument("--steps", type=POSITIVE, default=4, help="AdamW steps per width (default 4)")
     sp.add_argument("--seeds", type=_int_list, default=[1], help="seeds, comma-separated, averaged (default 1)")
-    sp.add_argument("--lr", type=_float_in(0, float("inf"), low_open=True, high_open=True),
-                    help="constant learning rate (default: the config's lr; 0.005 for the built-in model)")
+    sp.add_argument(
+        "--lr",
+        type=_float_in(0, float("inf"), low_open=True, high_open=True),
+        help="constant learning rate (default: the config's lr; 0.005 for the built-in model)",
+    )
     sp.add_argument("--batch-size", type=POSITIVE, help="sequences per step (default: the config's; 8)")
-    sp.add_argument("--data", type=_path, metavar="DIR|random",
-                    help="a prepared data folder, or 'random' for random token ids (Zipf-distributed: a unigram to "
-                         "learn) (default: the default corpus, prepared on first use as `lmlab train` does)")
-    sp.add_argument("--threshold", type=_float_in(0, float("inf"), low_open=True, high_open=True), default=0.25,
-                    help="the check passes when every layer's |slope| of log(mean |x|) against log(width) is "
-                         "below this at the last step (default 0.25)")
+    sp.add_argument(
+        "--data",
+        type=_path,
+        metavar="DIR|random",
+        help="a prepared data folder, or 'random' for random token ids (Zipf-distributed: a unigram to "
+        "learn) (default: the default corpus, prepared on first use as `lmlab train` does)",
+    )
+    sp.add_argument(
+        "--threshold",
+        type=_float_in(0, float("inf"), low_open=True, high_open=True),
+        default=0.25,
+        help="the check passes when every layer's |slope| of log(mean |x|) against log(width) is "
+        "below this at the last step (default 0.25)",
+    )
     sp.add_argument("--check", action="store_true", help="exit 1 when the check fails (default: exit 0 either way)")
     sp.add_argument("--out", type=_path, help="also write the figure to this PNG file (matplotlib)")
     sp.add_argument("--device", default="cpu")

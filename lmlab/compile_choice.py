@@ -47,9 +47,11 @@ SCOPES = ("eager", "blocks", "model")
 # (bf16, 2 threads, a 2-core AMD EPYC family 25 model 17, torch 2.13; docs/training.md): whole model
 # 0.64x eager's step, blocks 1.066x the whole model's; cold compile 62 s whole model (15 s a layer), 23 s
 # a block kind. A record replaces each figure as soon as one run has measured it.
-PRIORS = {"eager": {"ratio": 1.0},
-          "model": {"ratio": 0.64, "compile_s_per_layer": 15.0},
-          "blocks": {"ratio": 0.68, "compile_s_per_kind": 23.0}}
+PRIORS = {
+    "eager": {"ratio": 1.0},
+    "model": {"ratio": 0.64, "compile_s_per_layer": 15.0},
+    "blocks": {"ratio": 0.68, "compile_s_per_kind": 23.0},
+}
 # a compile candidate never measured on this machine is tried when its prior prediction is within this
 # fraction of eager's: one run pays at most that to measure it, and every later run of the shape decides on
 # measured figures (without it a shape whose priors say "about even" would never be measured)
@@ -105,10 +107,21 @@ def shape_key(cfg, tc, amp_dtype: Optional[torch.dtype], device: torch.device, t
     the micro-batch, precision, device, threads, ranks), hashed."""
     import hashlib
 
-    desc = json.dumps({"model": cfg.to_dict(), "batch": tc.batch_size, "accum": tc.grad_accum,
-                       "checkpointing": tc.activation_checkpointing, "optimizer": tc.optimizer,
-                       "dtype": str(amp_dtype), "device": str(device.type), "threads": threads, "world": world},
-                      sort_keys=True, default=str)
+    desc = json.dumps(
+        {
+            "model": cfg.to_dict(),
+            "batch": tc.batch_size,
+            "accum": tc.grad_accum,
+            "checkpointing": tc.activation_checkpointing,
+            "optimizer": tc.optimizer,
+            "dtype": str(amp_dtype),
+            "device": str(device.type),
+            "threads": threads,
+            "world": world,
+        },
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(desc.encode()).hexdigest()[:20]
 
 
@@ -156,11 +169,19 @@ class CompileRecords:
                     entry = rec[scope]
                     ratios = [float(r) for r in entry["ratios"]] if "ratios" in entry else [float(entry["ratio"])]
                     comp, n = float(entry.get("compile_s", 0.0)), int(entry.get("compiles", 0))
-                    if not ratios or not all(RATIO_BOUNDS[0] <= r <= RATIO_BOUNDS[1] for r in ratios) or not (
-                            0 <= comp < 1e6 and n >= 0):
+                    if (
+                        not ratios
+                        or not all(RATIO_BOUNDS[0] <= r <= RATIO_BOUNDS[1] for r in ratios)
+                        or not (0 <= comp < 1e6 and n >= 0)
+                    ):
                         raise ValueError(f"{scope}: ratios {ratios}, compile_s {comp}, compiles {n} out of range")
-                    out[scope] = {"ratios": ratios[-KEEP_RATIOS:], "ratio": statistics.median(ratios[-KEEP_RATIOS:]),
-                                  "compile_s": comp, "compiles": n, "date": str(entry.get("date", "?"))}
+                    out[scope] = {
+                        "ratios": ratios[-KEEP_RATIOS:],
+                        "ratio": statistics.median(ratios[-KEEP_RATIOS:]),
+                        "compile_s": comp,
+                        "compiles": n,
+                        "date": str(entry.get("date", "?")),
+                    }
             return out, None
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
             return None, str(exc)
@@ -181,18 +202,27 @@ class CompileRecords:
 
         path = self.path(key)
         if not RATIO_BOUNDS[0] <= ratio <= RATIO_BOUNDS[1]:
-            print(f"note: this run's steps took {ratio:.2f}x its probe's time: other work shared the machine, so "
-                  f"{str(path)!r} does not record it", file=sys.stderr)
+            print(
+                f"note: this run's steps took {ratio:.2f}x its probe's time: other work shared the machine, so "
+                f"{str(path)!r} does not record it",
+                file=sys.stderr,
+            )
             return
         rec, why = self._read(key)
         if rec is None:
-            print(f"note: compile record {str(path)!r} is not usable ({why}); left as it is, this run's figures "
-                  f"not recorded", file=sys.stderr)
+            print(
+                f"note: compile record {str(path)!r} is not usable ({why}); left as it is, this run's figures "
+                f"not recorded",
+                file=sys.stderr,
+            )
             return
         old = rec.get(scope, {})
-        entry = {"ratios": [round(r, 4) for r in old.get("ratios", [])] + [round(ratio, 4)],
-                 "compile_s": old.get("compile_s", 0.0), "compiles": old.get("compiles", 0),
-                 "date": time.strftime("%Y-%m-%d")}
+        entry = {
+            "ratios": [round(r, 4) for r in old.get("ratios", [])] + [round(ratio, 4)],
+            "compile_s": old.get("compile_s", 0.0),
+            "compiles": old.get("compiles", 0),
+            "date": time.strftime("%Y-%m-%d"),
+        }
         entry["ratios"] = entry["ratios"][-KEEP_RATIOS:]
         if compile_s is not None and scope != "eager":
             entry.update(compile_s=round(max(0.0, compile_s), 2), compiles=entry["compiles"] + 1)
@@ -203,14 +233,18 @@ class CompileRecords:
             self.folder.mkdir(parents=True, exist_ok=True)
             atomic_write_text(path, json.dumps(out, indent=1) + "\n")
         except OSError as exc:  # a cache: the run goes on, and says so
-            print(f"note: could not write the compile record {str(path)!r} ({exc}); later runs of this "
-                  f"shape decide on priors", file=sys.stderr)
+            print(
+                f"note: could not write the compile record {str(path)!r} ({exc}); later runs of this "
+                f"shape decide on priors",
+                file=sys.stderr,
+            )
 
 
 @dataclass
 class Choice:
     """The decision: ``scope`` (eager, blocks or model), the predicted seconds (or steps, for a budget)
     of every candidate considered, and one line saying why."""
+
     scope: str
     predicted: dict
     reason: str
@@ -223,8 +257,15 @@ def prior_compile_s(scope: str, n_layers: int, n_kinds: int) -> float:
     return PRIORS["blocks"]["compile_s_per_kind"] * n_kinds
 
 
-def choose(probe_s: float, record: dict, n_layers: int, n_kinds: int, candidates: tuple[str, ...],
-           steps: Optional[int] = None, budget_s: Optional[float] = None) -> Choice:
+def choose(
+    probe_s: float,
+    record: dict,
+    n_layers: int,
+    n_kinds: int,
+    candidates: tuple[str, ...],
+    steps: Optional[int] = None,
+    budget_s: Optional[float] = None,
+) -> Choice:
     """Pick among ``candidates`` (a subset of :data:`SCOPES`, eager first) from the probe's seconds,
     this shape's ``record`` (:meth:`CompileRecords.load`) and the priors. With ``steps`` (the steps
     left): the least predicted seconds; with ``budget_s``: the most steps in it, up to ``steps`` (the
@@ -252,8 +293,11 @@ def choose(probe_s: float, record: dict, n_layers: int, n_kinds: int, candidates
         predicted = {s: min(steps, max(0.0, budget_s - c) / t) for s, (t, c) in figures.items()}
         seconds = {s: predicted[s] * t + c for s, (t, c) in figures.items()}
         best = max(candidates, key=lambda s: (predicted[s], -seconds[s], -candidates.index(s)))
-        close = [s for s in candidates if predicted[s] >= (1 - EXPLORE) * predicted[best]
-                 and seconds[s] <= (1 + EXPLORE) * seconds[best]]
+        close = [
+            s
+            for s in candidates
+            if predicted[s] >= (1 - EXPLORE) * predicted[best] and seconds[s] <= (1 + EXPLORE) * seconds[best]
+        ]
         unit = "steps in the budget"
     else:
         predicted = {s: steps * t + c for s, (t, c) in figures.items()}
@@ -264,21 +308,28 @@ def choose(probe_s: float, record: dict, n_layers: int, n_kinds: int, candidates
     note = ""
     if best == "eager" and untried:  # a near tie on priors: measure the compile once (the record learns)
         best = untried[0]
-        note = (f"; {best} is within {EXPLORE:.0%} of eager on priors alone, so this run measures it for the "
-                f"next runs of this shape")
-    parts = [f"{s} {predicted[s]:,.0f} ({figures[s][0] * 1e3:.0f} ms/step"
-             + (f" + {figures[s][1]:.0f} s compile" if s != "eager" else "") + f", {sources[s]})"
-             for s in candidates]
+        note = (
+            f"; {best} is within {EXPLORE:.0%} of eager on priors alone, so this run measures it for the "
+            f"next runs of this shape"
+        )
+    parts = [
+        f"{s} {predicted[s]:,.0f} ({figures[s][0] * 1e3:.0f} ms/step"
+        + (f" + {figures[s][1]:.0f} s compile" if s != "eager" else "")
+        + f", {sources[s]})"
+        for s in candidates
+    ]
     what = f"{steps:,} steps left" if budget_s is None else f"a budget of {budget_s:g} s (cap {steps:,} steps)"
     return Choice(best, predicted, f"{what}, {unit}: " + "; ".join(parts) + note)
 
 
-def probe_step_seconds(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, autocast, grad_accum: int,
-                       device: torch.device) -> float:
+def probe_step_seconds(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, autocast, grad_accum: int, device: torch.device
+) -> float:
     """Seconds of one eager training step's forward + backward for ``model`` on the micro-batch
     ``(x, y)`` (B, T) int64, times ``grad_accum``: the median of :data:`PROBE_PASSES` passes after a first
     that warms the allocator and the kernels' primitives. The run is left as it was: random state forked (dropout),
     gradients set back to None (they are None between steps)."""
+
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -325,7 +376,7 @@ class StepClock:
         """(steady_s, compile_s), or None before 3 steps after the first."""
         if len(self.times) < 4:
             return None
-        early = statistics.median(self.times[1:CLOCK_EARLY + 1])
+        early = statistics.median(self.times[1 : CLOCK_EARLY + 1])
         late = self.times[CLOCK_LATE_FROM:CLOCK_LATE]
         steady = statistics.median(late) if len(late) >= 20 else statistics.median(self.times[1:])
         return steady, self.times[0] - early
@@ -355,8 +406,9 @@ class RunClock:
         figures = self.clock.figures()
         if figures and trainer.dist.is_main:
             steady, compile_s = figures
-            self.records.update(self.key, trainer.compile_choice, steady / self.probe,
-                                None if self.recorded else compile_s)
+            self.records.update(
+                self.key, trainer.compile_choice, steady / self.probe, None if self.recorded else compile_s
+            )
         self.recorded = self.recorded or figures is not None
 
 
@@ -387,8 +439,10 @@ def choose_for_run(trainer) -> tuple[Optional[str], Optional[RunClock]]:
     kept = read_run(trainer.run_dir).get("compile") if decide and run_file.is_file() else None
     if isinstance(kept, dict) and kept.get("choice") in SCOPES:
         trainer._apply_compile(kept["choice"])
-        message = (f"compile auto: {kept['choice']}, as decided at step {kept.get('decided_at_step')} (kept on "
-                   f"resume: the run computes as it did)")
+        message = (
+            f"compile auto: {kept['choice']}, as decided at step {kept.get('decided_at_step')} (kept on "
+            f"resume: the run computes as it did)"
+        )
         decide = False
     if trainer.tc.compile != "auto" and run_file.is_file() and "compile" in read_run(trainer.run_dir):
         if dist.is_main:  # resumed with compile set: an earlier auto decision no longer describes the run
@@ -406,13 +460,23 @@ def choose_for_run(trainer) -> tuple[Optional[str], Optional[RunClock]]:
     if cannot:
         scope, why = "eager", cannot
     else:
-        candidates = ("eager",) + (("blocks",) if tc.compile_scope in ("auto", "blocks") else ()) + (
-            ("model",) if tc.compile_scope in ("auto", "model") else ())
+        candidates = (
+            ("eager",)
+            + (("blocks",) if tc.compile_scope in ("auto", "blocks") else ())
+            + (("model",) if tc.compile_scope in ("auto", "model") else ())
+        )
         warn = (lambda line: print(line, file=sys.stderr)) if dist.is_main else (lambda line: None)
         budget = tc.budget_seconds if tc.budget_seconds is not None and not trainer.budget_planned else None
         kinds = len(set(cfg.layer_pattern)) if cfg.layer_pattern else 1
-        choice = choose(probe, records.load(key, warn), cfg.n_layers, kinds, candidates,
-                        steps=tc.max_steps - trainer.step, budget_s=budget)
+        choice = choose(
+            probe,
+            records.load(key, warn),
+            cfg.n_layers,
+            kinds,
+            candidates,
+            steps=tc.max_steps - trainer.step,
+            budget_s=budget,
+        )
         scope, why = choice.scope, choice.reason
     trainer._apply_compile(scope)
     if dist.is_main:

@@ -19,7 +19,6 @@ from typing import Optional
 from lmlab.config_checks import ConfigError, check_model_config
 
 
-
 @dataclass
 class ModelConfig:
     """Architecture of a decoder-only Transformer LM. Units: widths in channels, lengths in tokens."""

@@ -26,8 +26,21 @@ NORM_TYPES = ("rmsnorm", "layernorm", "gemma_rmsnorm", "layernorm1p")  # Zhang &
 NORM_POSITIONS = ("pre", "post", "sandwich", "reordered")  # Xiong 2020; Vaswani 2017; Gemma 2; OLMo 2
 # Shazeer 2020 (GLU variants, incl. the sigmoid GLU of Dauphin et al. 2017 and the "bilinear" one with no
 # nonlinearity); So et al. 2021 (squared ReLU); Clevert et al. 2016 (ELU); Klambauer et al. 2017 (SELU)
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2", "elu", "selu",
-               "reglu", "geglu", "swiglu", "glu", "bilinear", "swiglu_clamped")
+ACTIVATIONS = (
+    "relu",
+    "gelu",
+    "gelu_tanh",
+    "silu",
+    "relu2",
+    "elu",
+    "selu",
+    "reglu",
+    "geglu",
+    "swiglu",
+    "glu",
+    "bilinear",
+    "swiglu_clamped",
+)
 # swiglu_clamped: gpt-oss's SwiGLU, (clamp(up, -limit, limit) + 1) * g sigmoid(alpha g) with g = min(gate, limit)
 GATED_ACTIVATIONS = ("reglu", "geglu", "swiglu", "glu", "bilinear", "swiglu_clamped")
 POSITIONS = ("rope", "nope", "learned", "sinusoidal", "alibi", "t5")
@@ -43,11 +56,30 @@ ROUTER_WEIGHTS = ("output", "input")  # where the router weight multiplies: an e
 # what one QK-norm normalises: each head with one weight shared by the heads (Qwen3, Gemma 3), the whole
 # projection across heads (OLMo 2), or each head with its own weights (Cohere use_qk_norm)
 QK_NORM_SCOPES = ("head", "all", "head_untied")
-BOOL_FIELDS = ("norm_bias", "norm_affine", "final_norm", "lm_head_bias", "parallel_block", "parallel_shared_norm",
-               "nope_global_layers", "tie_embeddings", "scale_embeddings", "norm_weight_fp32", "router_renormalize",
-               "attn_temperature_tuning", "global_k_eq_v", "v_norm", "layer_scalar", "kv_shared_wide_ffn",
-               "moe_beside_dense", "router_input_norm", "router_expert_scale", "attn_sinks", "router_bias",
-               "shared_expert_gate")
+BOOL_FIELDS = (
+    "norm_bias",
+    "norm_affine",
+    "final_norm",
+    "lm_head_bias",
+    "parallel_block",
+    "parallel_shared_norm",
+    "nope_global_layers",
+    "tie_embeddings",
+    "scale_embeddings",
+    "norm_weight_fp32",
+    "router_renormalize",
+    "attn_temperature_tuning",
+    "global_k_eq_v",
+    "v_norm",
+    "layer_scalar",
+    "kv_shared_wide_ffn",
+    "moe_beside_dense",
+    "router_input_norm",
+    "router_expert_scale",
+    "attn_sinks",
+    "router_bias",
+    "shared_expert_gate",
+)
 PARAMETRIZATIONS = ("sp", "mup", "completep")  # standard; Yang et al. 2022 (muP); Dey et al. 2025 (CompleteP)
 ROUTER_SCORES = ("softmax", "sigmoid")  # Mixtral / Qwen-MoE / DeepSeek-V2: softmax; DeepSeek-V3: sigmoid
 ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")  # Chen 2023; bloc97 2023; Peng 2023; Llama 3.1
@@ -55,8 +87,10 @@ ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")  # Chen 2023; bloc97 2023; P
 ROPE_SCALING_KEYS = {
     "linear": (("factor",), ()),
     "ntk": (("factor",), ()),
-    "yarn": (("factor", "original_max_position_embeddings"),
-             ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate")),
+    "yarn": (
+        ("factor", "original_max_position_embeddings"),
+        ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"),
+    ),
     "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
 }
 
@@ -68,7 +102,7 @@ def _choice(name: str, value: Any, allowed: tuple) -> None:
 
 # the largest size a model field may have: 2**31 - 1 (int32 indexing, and far past any model; a larger
 # value would make analysis figures overflow or torch fail)
-MAX_SIZE = 2 ** 31 - 1
+MAX_SIZE = 2**31 - 1
 
 
 def _positive_int(name: str, value: Any, minimum: int = 1, maximum: int = MAX_SIZE) -> None:
@@ -108,7 +142,6 @@ def glu_hidden_dim(d_model: int, multiple_of: int = 256, ffn_dim_multiplier: Opt
     if ffn_dim_multiplier is not None:
         hidden = int(ffn_dim_multiplier * hidden)
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
-
 
 
 def check_model_config(cfg: "ModelConfig") -> None:
@@ -158,9 +191,7 @@ def check_model_config(cfg: "ModelConfig") -> None:
             f"norm_bias=True needs norm_type='layernorm' (or 'layernorm1p'), got norm_type={cfg.norm_type!r}"
         )
     if cfg.norm_type == "layernorm1p" and cfg.norm_affine is False:
-        raise ConfigError(
-            "norm_type='layernorm1p' stores its weight as an offset from one and needs norm_affine=True"
-        )
+        raise ConfigError("norm_type='layernorm1p' stores its weight as an offset from one and needs norm_affine=True")
     if cfg.norm_affine is False and (cfg.norm_bias or cfg.norm_type == "gemma_rmsnorm"):
         raise ConfigError(
             f"norm_affine=False (no learnable norm parameters) needs norm_bias=False and norm_type "
@@ -189,8 +220,9 @@ def check_model_config(cfg: "ModelConfig") -> None:
             cfg.embed_dim = None
     _positive_int("learned_pos_offset", cfg.learned_pos_offset, 0)
     if cfg.learned_pos_offset and cfg.position != "learned":
-        raise ConfigError(f"learned_pos_offset={cfg.learned_pos_offset} needs position='learned', "
-                          f"got position={cfg.position!r}")
+        raise ConfigError(
+            f"learned_pos_offset={cfg.learned_pos_offset} needs position='learned', got position={cfg.position!r}"
+        )
     if cfg.position == "t5" and cfg.t5_max_distance <= cfg.t5_num_buckets // 2:
         raise ConfigError(
             f"t5_max_distance={cfg.t5_max_distance} must exceed t5_num_buckets // 2 = {cfg.t5_num_buckets // 2} "
@@ -200,19 +232,25 @@ def check_model_config(cfg: "ModelConfig") -> None:
     _choice("qk_norm", cfg.qk_norm, QK_NORMS)
     _choice("attn_output_gate", cfg.attn_output_gate, ATTN_OUTPUT_GATES)
     if cfg.attention == "mla" and (cfg.attn_output_gate != "none" or cfg.attn_sinks):
-        raise ConfigError(f"attn_output_gate={cfg.attn_output_gate!r} / attn_sinks={cfg.attn_sinks!r}: "
-                          f"lmlab's multi-head latent attention (attention='mla') has neither; use "
-                          f"attention='mha' (GQA/MQA by n_kv_heads) or leave them off")
+        raise ConfigError(
+            f"attn_output_gate={cfg.attn_output_gate!r} / attn_sinks={cfg.attn_sinks!r}: "
+            f"lmlab's multi-head latent attention (attention='mla') has neither; use "
+            f"attention='mha' (GQA/MQA by n_kv_heads) or leave them off"
+        )
     _choice("qk_norm_scope", cfg.qk_norm_scope, QK_NORM_SCOPES)
     if cfg.qk_norm_scope != "head" and cfg.qk_norm == "none":
         raise ConfigError(f"qk_norm_scope={cfg.qk_norm_scope!r} needs a qk_norm, got qk_norm='none'")
     if cfg.qk_norm == "l2" and cfg.qk_norm_scope != "head":
-        raise ConfigError(f"qk_norm='l2' normalises each head (it has no weight); qk_norm_scope must be 'head', "
-                          f"got {cfg.qk_norm_scope!r}")
+        raise ConfigError(
+            f"qk_norm='l2' normalises each head (it has no weight); qk_norm_scope must be 'head', "
+            f"got {cfg.qk_norm_scope!r}"
+        )
     _choice("qk_norm_layers", cfg.qk_norm_layers, QK_NORM_LAYERS)
     if cfg.qk_norm_layers != "all" and cfg.qk_norm != "l2":
-        raise ConfigError(f"qk_norm_layers={cfg.qk_norm_layers!r} is Llama 4's rule for its weightless QK-norm: "
-                          f"it needs qk_norm='l2', got {cfg.qk_norm!r}")
+        raise ConfigError(
+            f"qk_norm_layers={cfg.qk_norm_layers!r} is Llama 4's rule for its weightless QK-norm: "
+            f"it needs qk_norm='l2', got {cfg.qk_norm!r}"
+        )
     _positive_int("attn_temperature_floor", cfg.attn_temperature_floor)
     _non_negative("attn_temperature_scale", cfg.attn_temperature_scale)
     _choice("router_weights", cfg.router_weights, ROUTER_WEIGHTS)
@@ -231,40 +269,39 @@ def check_model_config(cfg: "ModelConfig") -> None:
     if cfg.attention == "mla":
         if cfg.qk_rope_head_dim % 2:
             raise ConfigError(f"qk_rope_head_dim={cfg.qk_rope_head_dim} must be even (RoPE rotates pairs)")
-        for name, ok, what in (("position", cfg.position == "rope", "'rope'"),
-                               ("sliding_window", cfg.sliding_window is None, "None"),
-                               ("qk_norm", cfg.qk_norm == "none", "'none'"),
-                               ("attn_logit_softcap", cfg.attn_logit_softcap is None, "None"),
-                               ("clip_qkv", cfg.clip_qkv is None, "None"),
-                               ("attn_temperature_tuning", not cfg.attn_temperature_tuning, "False"),
-                               ("rope_fraction", cfg.rope_fraction == 1.0, "1.0 (qk_rope_head_dim sets it)"),
-                               ("query_pre_attn_scalar", cfg.query_pre_attn_scalar is None, "None"),
-                               ("bias", cfg.bias in ("none", "mlp"), "'none' or 'mlp'")):
+        for name, ok, what in (
+            ("position", cfg.position == "rope", "'rope'"),
+            ("sliding_window", cfg.sliding_window is None, "None"),
+            ("qk_norm", cfg.qk_norm == "none", "'none'"),
+            ("attn_logit_softcap", cfg.attn_logit_softcap is None, "None"),
+            ("clip_qkv", cfg.clip_qkv is None, "None"),
+            ("attn_temperature_tuning", not cfg.attn_temperature_tuning, "False"),
+            ("rope_fraction", cfg.rope_fraction == 1.0, "1.0 (qk_rope_head_dim sets it)"),
+            ("query_pre_attn_scalar", cfg.query_pre_attn_scalar is None, "None"),
+            ("bias", cfg.bias in ("none", "mlp"), "'none' or 'mlp'"),
+        ):
             if not ok:
                 raise ConfigError(f"attention='mla' needs {name}={what}, got {name}={getattr(cfg, name)!r}")
     if cfg.layer_pattern is not None:
-        if (
-            not isinstance(cfg.layer_pattern, str)
-            or not cfg.layer_pattern
-            or set(cfg.layer_pattern) - {"L", "G", "D"}
-        ):
+        if not isinstance(cfg.layer_pattern, str) or not cfg.layer_pattern or set(cfg.layer_pattern) - {"L", "G", "D"}:
             raise ConfigError(
                 f"layer_pattern={cfg.layer_pattern!r} must be a non-empty string of 'L' (local), 'G' (global) "
                 f"and 'D' (linear attention)"
             )
         if "L" in cfg.layer_pattern and cfg.sliding_window is None:
-            raise ConfigError(
-                f"layer_pattern={cfg.layer_pattern!r} has local layers but sliding_window is not set"
-            )
+            raise ConfigError(f"layer_pattern={cfg.layer_pattern!r} has local layers but sliding_window is not set")
     _check_global_layers(cfg)
     _check_linear_layers(cfg)
     if cfg.nope_layers is not None:
         if not isinstance(cfg.nope_layers, str) or not cfg.nope_layers or set(cfg.nope_layers) - {"R", "N"}:
-            raise ConfigError(f"nope_layers={cfg.nope_layers!r} must be a non-empty string of 'R' (RoPE) and "
-                              f"'N' (NoPE)")
+            raise ConfigError(
+                f"nope_layers={cfg.nope_layers!r} must be a non-empty string of 'R' (RoPE) and 'N' (NoPE)"
+            )
         if cfg.position != "rope":
-            raise ConfigError(f"nope_layers={cfg.nope_layers!r} needs position='rope' on its 'R' layers, "
-                              f"got position={cfg.position!r}")
+            raise ConfigError(
+                f"nope_layers={cfg.nope_layers!r} needs position='rope' on its 'R' layers, "
+                f"got position={cfg.position!r}"
+            )
     if cfg.nope_global_layers and cfg.position != "rope":
         raise ConfigError(
             f"nope_global_layers=True needs position='rope' on the local layers, got position={cfg.position!r}"
@@ -279,8 +316,10 @@ def check_model_config(cfg: "ModelConfig") -> None:
     _positive_int("experts_per_token", cfg.experts_per_token)
     _positive_int("n_shared_experts", cfg.n_shared_experts, minimum=0)
     if cfg.shared_expert_gate and not (cfg.n_experts and cfg.n_shared_experts):
-        raise ConfigError(f"shared_expert_gate=True gates the shared experts, but n_experts={cfg.n_experts}, "
-                          f"n_shared_experts={cfg.n_shared_experts}: set both > 0")
+        raise ConfigError(
+            f"shared_expert_gate=True gates the shared experts, but n_experts={cfg.n_experts}, "
+            f"n_shared_experts={cfg.n_shared_experts}: set both > 0"
+        )
     if cfg.expert_d_ff is not None:
         _positive_int("expert_d_ff", cfg.expert_d_ff)
     _choice("router_score", cfg.router_score, ROUTER_SCORES)
@@ -290,8 +329,7 @@ def check_model_config(cfg: "ModelConfig") -> None:
     _non_negative("mtp_weight", cfg.mtp_weight)
     if cfg.mtp_depth:
         why = (
-            "position='learned'/'sinusoidal'/'alibi'/'t5' (the modules rotate at the tokens' positions: "
-            "rope or nope)"
+            "position='learned'/'sinusoidal'/'alibi'/'t5' (the modules rotate at the tokens' positions: rope or nope)"
             if cfg.position not in ("rope", "nope")
             else f"ple_dim={cfg.ple_dim}"
             if cfg.ple_dim
@@ -310,46 +348,57 @@ def check_model_config(cfg: "ModelConfig") -> None:
             f"{cfg.moe_aux_loss}; set moe_aux_loss=0, or moe_balance='both' for the bias and the loss"
         )
     if cfg.n_experts and cfg.moe_balance == "both" and not cfg.moe_aux_loss:
-        raise ConfigError("moe_balance='both' adds the auxiliary balance loss to the bias, but moe_aux_loss=0; "
-                          "give moe_aux_loss a weight (e.g. 0.01), or use moe_balance='aux_free'")
+        raise ConfigError(
+            "moe_balance='both' adds the auxiliary balance loss to the bias, but moe_aux_loss=0; "
+            "give moe_aux_loss a weight (e.g. 0.01), or use moe_balance='aux_free'"
+        )
     _positive_int("moe_first_dense", cfg.moe_first_dense, minimum=0)
     if not isinstance(cfg.moe_pattern, str) or not cfg.moe_pattern or set(cfg.moe_pattern) - {"M", "D"}:
-        raise ConfigError(f"moe_pattern={cfg.moe_pattern!r} must be a non-empty string of 'M' (MoE) and "
-                          f"'D' (dense)")
+        raise ConfigError(f"moe_pattern={cfg.moe_pattern!r} must be a non-empty string of 'M' (MoE) and 'D' (dense)")
     _positive_int("router_groups", cfg.router_groups)
     _positive_int("router_topk_groups", cfg.router_topk_groups)
     _choice("router_group_score", cfg.router_group_score, ("max", "top2_sum"))
     _positive("swiglu_alpha", cfg.swiglu_alpha)
     _positive("swiglu_limit", cfg.swiglu_limit)
-    if cfg.n_experts and cfg.router_group_score == "top2_sum" and cfg.router_groups > 1 \
-            and cfg.n_experts // cfg.router_groups < 2:
-        raise ConfigError(f"router_group_score='top2_sum' needs at least 2 experts per group; n_experts="
-                          f"{cfg.n_experts} in router_groups={cfg.router_groups}")
+    if (
+        cfg.n_experts
+        and cfg.router_group_score == "top2_sum"
+        and cfg.router_groups > 1
+        and cfg.n_experts // cfg.router_groups < 2
+    ):
+        raise ConfigError(
+            f"router_group_score='top2_sum' needs at least 2 experts per group; n_experts="
+            f"{cfg.n_experts} in router_groups={cfg.router_groups}"
+        )
     _positive("routed_scaling_factor", cfg.routed_scaling_factor)
     if cfg.router_topk_groups > cfg.router_groups:
-        raise ConfigError(
-            f"router_topk_groups={cfg.router_topk_groups} exceeds router_groups={cfg.router_groups}"
-        )
+        raise ConfigError(f"router_topk_groups={cfg.router_topk_groups} exceeds router_groups={cfg.router_groups}")
     if cfg.n_experts:
         if cfg.n_experts % cfg.router_groups:
             raise ConfigError(f"n_experts={cfg.n_experts} is not a multiple of router_groups={cfg.router_groups}")
         if cfg.router_groups > 1 and cfg.experts_per_token > cfg.router_topk_groups * (
             cfg.n_experts // cfg.router_groups
         ):
-            raise ConfigError(f"experts_per_token={cfg.experts_per_token} exceeds the experts of the "
-                              f"router_topk_groups={cfg.router_topk_groups} groups kept")
+            raise ConfigError(
+                f"experts_per_token={cfg.experts_per_token} exceeds the experts of the "
+                f"router_topk_groups={cfg.router_topk_groups} groups kept"
+            )
         if cfg.experts_per_token > cfg.n_experts:
-            raise ConfigError(f"experts_per_token={cfg.experts_per_token} exceeds n_experts={cfg.n_experts}; "
-                              f"valid: 1 to {cfg.n_experts}")
-        if not any(
-            cfg.layer_is_moe(i) for i in range(min(cfg.n_layers, cfg.moe_first_dense + len(cfg.moe_pattern)))
-        ):
-            raise ConfigError(f"n_experts={cfg.n_experts} but no layer is MoE (n_layers={cfg.n_layers}, "
-                              f"moe_first_dense={cfg.moe_first_dense}, moe_pattern={cfg.moe_pattern!r})")
+            raise ConfigError(
+                f"experts_per_token={cfg.experts_per_token} exceeds n_experts={cfg.n_experts}; "
+                f"valid: 1 to {cfg.n_experts}"
+            )
+        if not any(cfg.layer_is_moe(i) for i in range(min(cfg.n_layers, cfg.moe_first_dense + len(cfg.moe_pattern)))):
+            raise ConfigError(
+                f"n_experts={cfg.n_experts} but no layer is MoE (n_layers={cfg.n_layers}, "
+                f"moe_first_dense={cfg.moe_first_dense}, moe_pattern={cfg.moe_pattern!r})"
+            )
     if cfg.moe_beside_dense and (not cfg.n_experts or cfg.norm_position != "sandwich"):
-        raise ConfigError(f"moe_beside_dense=True (Gemma 4's MoE block beside the dense FFN) needs n_experts > 0 "
-                          f"and norm_position='sandwich', got n_experts={cfg.n_experts}, "
-                          f"norm_position={cfg.norm_position!r}")
+        raise ConfigError(
+            f"moe_beside_dense=True (Gemma 4's MoE block beside the dense FFN) needs n_experts > 0 "
+            f"and norm_position='sandwich', got n_experts={cfg.n_experts}, "
+            f"norm_position={cfg.norm_position!r}"
+        )
     for name in ("router_input_norm", "router_expert_scale"):
         if getattr(cfg, name) is True and not cfg.n_experts:
             raise ConfigError(f"{name}=True needs n_experts > 0")
@@ -366,6 +415,7 @@ def check_model_config(cfg: "ModelConfig") -> None:
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(f"{name}={getattr(cfg, name)!r} must be true or false")
 
+
 def _check_parametrization(cfg: "ModelConfig") -> None:
     """Validate ``parametrization``, ``base_d_model`` and ``base_n_layers``: the bases only where they
     apply, and mup / completep only on the parts whose rules lmlab implements (dense multi-head
@@ -377,44 +427,64 @@ def _check_parametrization(cfg: "ModelConfig") -> None:
             continue
         _positive_int(name, value)
         if cfg.parametrization not in needs:
-            raise ConfigError(f"{name}={value!r} applies to parametrization={' or '.join(map(repr, needs))}, "
-                              f"got parametrization={cfg.parametrization!r}; drop {name} or set parametrization")
+            raise ConfigError(
+                f"{name}={value!r} applies to parametrization={' or '.join(map(repr, needs))}, "
+                f"got parametrization={cfg.parametrization!r}; drop {name} or set parametrization"
+            )
     if cfg.parametrization == "sp":
         return
-    unsupported = (("attention", cfg.attention != "mha", "'mha'"),
-                   ("n_experts", cfg.n_experts != 0, "0"),
-                   ("embed_dim", cfg.embed_dim is not None, "None (embeddings as wide as the model)"),
-                   ("ple_dim", cfg.ple_dim != 0, "0"),
-                   ("scale_embeddings", cfg.scale_embeddings is True, "False"),
-                   ("query_pre_attn_scalar", cfg.query_pre_attn_scalar is not None, "None"),
-                   ("norm_position", cfg.parametrization == "completep" and cfg.norm_position == "post",
-                    "'pre', 'sandwich' or 'reordered' (completep scales residual branches)"))
+    unsupported = (
+        ("attention", cfg.attention != "mha", "'mha'"),
+        ("n_experts", cfg.n_experts != 0, "0"),
+        ("embed_dim", cfg.embed_dim is not None, "None (embeddings as wide as the model)"),
+        ("ple_dim", cfg.ple_dim != 0, "0"),
+        ("scale_embeddings", cfg.scale_embeddings is True, "False"),
+        ("query_pre_attn_scalar", cfg.query_pre_attn_scalar is not None, "None"),
+        (
+            "norm_position",
+            cfg.parametrization == "completep" and cfg.norm_position == "post",
+            "'pre', 'sandwich' or 'reordered' (completep scales residual branches)",
+        ),
+    )
     for name, bad, want in unsupported:
         if bad:
-            raise ConfigError(f"parametrization={cfg.parametrization!r} needs {name}={want}, got "
-                              f"{name}={getattr(cfg, name)!r} (lmlab has no {cfg.parametrization} rules for it)")
+            raise ConfigError(
+                f"parametrization={cfg.parametrization!r} needs {name}={want}, got "
+                f"{name}={getattr(cfg, name)!r} (lmlab has no {cfg.parametrization} rules for it)"
+            )
+
 
 def _check_linear_layers(cfg: "ModelConfig") -> None:
     """The linear_* fields (always checked, defaults filled) and what 'D' layers do not go with."""
     _choice("linear_attention", cfg.linear_attention, LINEAR_ATTENTIONS)
-    for name, default in (("linear_n_k_heads", "n_heads"), ("linear_n_v_heads", "linear_n_k_heads"),
-                          ("linear_k_head_dim", "head_dim"), ("linear_v_head_dim", "linear_k_head_dim")):
+    for name, default in (
+        ("linear_n_k_heads", "n_heads"),
+        ("linear_n_v_heads", "linear_n_k_heads"),
+        ("linear_k_head_dim", "head_dim"),
+        ("linear_v_head_dim", "linear_k_head_dim"),
+    ):
         if getattr(cfg, name) is None:  # in this order: a default may be the field filled just before
             setattr(cfg, name, getattr(cfg, default))
         _positive_int(name, getattr(cfg, name))
     if cfg.linear_n_v_heads % cfg.linear_n_k_heads:
-        raise ConfigError(f"linear_n_v_heads={cfg.linear_n_v_heads} must be a multiple of "
-                          f"linear_n_k_heads={cfg.linear_n_k_heads} (value heads share key heads in groups)")
+        raise ConfigError(
+            f"linear_n_v_heads={cfg.linear_n_v_heads} must be a multiple of "
+            f"linear_n_k_heads={cfg.linear_n_k_heads} (value heads share key heads in groups)"
+        )
     _positive_int("linear_conv_kernel", cfg.linear_conv_kernel)
     _positive_int("linear_chunk", cfg.linear_chunk)
     if not (cfg.layer_pattern and "D" in cfg.layer_pattern):
         return
     for name, bad, why in (
-            ("attention", cfg.attention == "mla", "'D' layers beside multi-head latent attention"),
-            ("kv_shared_layers", cfg.kv_shared_layers != 0, "KV sharing (a 'D' layer has no keys to share)")):
+        ("attention", cfg.attention == "mla", "'D' layers beside multi-head latent attention"),
+        ("kv_shared_layers", cfg.kv_shared_layers != 0, "KV sharing (a 'D' layer has no keys to share)"),
+    ):
         if bad:
-            raise ConfigError(f"layer_pattern={cfg.layer_pattern!r} has linear-attention 'D' layers, which lmlab "
-                              f"does not combine with {name}={getattr(cfg, name)!r} ({why})")
+            raise ConfigError(
+                f"layer_pattern={cfg.layer_pattern!r} has linear-attention 'D' layers, which lmlab "
+                f"does not combine with {name}={getattr(cfg, name)!r} ({why})"
+            )
+
 
 def _check_global_layers(cfg: "ModelConfig") -> None:
     """Validate Gemma 4's switches for the global layers (global_head_dim, global_n_kv_heads,
@@ -429,69 +499,99 @@ def _check_global_layers(cfg: "ModelConfig") -> None:
     if cfg.global_rope_proportion is not None:
         _number_in("global_rope_proportion", cfg.global_rope_proportion, 0, 1, lo_open=True)
         if cfg.position != "rope" or cfg.rope_fraction != 1.0:
-            raise ConfigError(f"global_rope_proportion={cfg.global_rope_proportion} needs position='rope' with "
-                              f"rope_fraction=1.0, got position={cfg.position!r}, "
-                              f"rope_fraction={cfg.rope_fraction}")
+            raise ConfigError(
+                f"global_rope_proportion={cfg.global_rope_proportion} needs position='rope' with "
+                f"rope_fraction=1.0, got position={cfg.position!r}, "
+                f"rope_fraction={cfg.rope_fraction}"
+            )
         if int(cfg.global_rope_proportion * cfg.layer_head_dim_of(True) // 2) < 1:
-            raise ConfigError(f"global_rope_proportion={cfg.global_rope_proportion} rotates no pair of the "
-                              f"global layers' {cfg.layer_head_dim_of(True)} channels")
-    used = [name for name, on in (("global_head_dim", cfg.global_head_dim is not None),
-                                  ("global_n_kv_heads", cfg.global_n_kv_heads is not None),
-                                  ("global_k_eq_v", cfg.global_k_eq_v),
-                                  ("global_rope_proportion", cfg.global_rope_proportion is not None)) if on]
+            raise ConfigError(
+                f"global_rope_proportion={cfg.global_rope_proportion} rotates no pair of the "
+                f"global layers' {cfg.layer_head_dim_of(True)} channels"
+            )
+    used = [
+        name
+        for name, on in (
+            ("global_head_dim", cfg.global_head_dim is not None),
+            ("global_n_kv_heads", cfg.global_n_kv_heads is not None),
+            ("global_k_eq_v", cfg.global_k_eq_v),
+            ("global_rope_proportion", cfg.global_rope_proportion is not None),
+        )
+        if on
+    ]
     if used and cfg.sliding_window is None:
-        raise ConfigError(f"{used[0]}={getattr(cfg, used[0])!r} sets the global layers apart from the local "
-                          f"ones, but sliding_window is not set (no local layers); set sliding_window and a "
-                          f"layer_pattern such as 'LLLLLG'")
+        raise ConfigError(
+            f"{used[0]}={getattr(cfg, used[0])!r} sets the global layers apart from the local "
+            f"ones, but sliding_window is not set (no local layers); set sliding_window and a "
+            f"layer_pattern such as 'LLLLLG'"
+        )
     if used and cfg.sliding_window is not None:
         period = len(cfg.layer_pattern) if cfg.layer_pattern else 1
         if not any(cfg.layer_window(i) is None for i in range(min(cfg.n_layers, period))):
-            raise ConfigError(f"{used[0]}={getattr(cfg, used[0])!r} sets the global layers apart, but every "
-                              f"layer is local (layer_pattern={cfg.layer_pattern!r}); give a layer_pattern with "
-                              f"'G' layers, e.g. 'LLLLLG'")
+            raise ConfigError(
+                f"{used[0]}={getattr(cfg, used[0])!r} sets the global layers apart, but every "
+                f"layer is local (layer_pattern={cfg.layer_pattern!r}); give a layer_pattern with "
+                f"'G' layers, e.g. 'LLLLLG'"
+            )
     if cfg.global_rope_proportion is not None and cfg.nope_global_layers is True:
-        raise ConfigError(f"global_rope_proportion={cfg.global_rope_proportion} rotates the global layers, "
-                          f"but nope_global_layers=True gives them no positions; set one of them")
+        raise ConfigError(
+            f"global_rope_proportion={cfg.global_rope_proportion} rotates the global layers, "
+            f"but nope_global_layers=True gives them no positions; set one of them"
+        )
     g_head = cfg.layer_head_dim_of(True)
     if cfg.position == "rope" and cfg.nope_global_layers is not True and g_head % 2:
-        raise ConfigError(f"global_head_dim={g_head} is odd; RoPE on the global layers rotates pairs of "
-                          f"channels: give an even global_head_dim (or nope_global_layers=True)")
+        raise ConfigError(
+            f"global_head_dim={g_head} is odd; RoPE on the global layers rotates pairs of "
+            f"channels: give an even global_head_dim (or nope_global_layers=True)"
+        )
     if used and cfg.local_attention != "window":
-        raise ConfigError(f"{used[0]} is Gemma 4's, whose local layers are sliding windows; got "
-                          f"local_attention={cfg.local_attention!r}")
+        raise ConfigError(
+            f"{used[0]} is Gemma 4's, whose local layers are sliding windows; got "
+            f"local_attention={cfg.local_attention!r}"
+        )
     if (used or cfg.v_norm) and cfg.attention != "mha":
         raise ConfigError(f"{(used or ['v_norm'])[0]} needs attention='mha', got attention={cfg.attention!r}")
     _positive_int("kv_shared_layers", cfg.kv_shared_layers, minimum=0, maximum=cfg.n_layers - 1)
     if cfg.kv_shared_layers:
         if cfg.attention != "mha":
-            raise ConfigError(f"kv_shared_layers={cfg.kv_shared_layers} needs attention='mha', "
-                              f"got attention={cfg.attention!r}")
+            raise ConfigError(
+                f"kv_shared_layers={cfg.kv_shared_layers} needs attention='mha', got attention={cfg.attention!r}"
+            )
         for layer in range(cfg.n_layers - cfg.kv_shared_layers, cfg.n_layers):
             if cfg.layer_kv_source(layer) is None:
                 kind = "local" if cfg.layer_is_local(layer) else "global"
-                raise ConfigError(f"kv_shared_layers={cfg.kv_shared_layers}: layer {layer} is {kind} but no "
-                                  f"earlier layer of that kind computes keys and values to share (layers 0-"
-                                  f"{cfg.n_layers - cfg.kv_shared_layers - 1})")
+                raise ConfigError(
+                    f"kv_shared_layers={cfg.kv_shared_layers}: layer {layer} is {kind} but no "
+                    f"earlier layer of that kind computes keys and values to share (layers 0-"
+                    f"{cfg.n_layers - cfg.kv_shared_layers - 1})"
+                )
     if cfg.kv_shared_wide_ffn and (not cfg.kv_shared_layers or (cfg.n_experts and not cfg.moe_beside_dense)):
-        raise ConfigError(f"kv_shared_wide_ffn=True widens the dense FFN of the KV-shared layers: it needs "
-                          f"kv_shared_layers > 0 and a dense FFN (n_experts=0 or moe_beside_dense), got "
-                          f"kv_shared_layers={cfg.kv_shared_layers}, n_experts={cfg.n_experts}")
+        raise ConfigError(
+            f"kv_shared_wide_ffn=True widens the dense FFN of the KV-shared layers: it needs "
+            f"kv_shared_layers > 0 and a dense FFN (n_experts=0 or moe_beside_dense), got "
+            f"kv_shared_layers={cfg.kv_shared_layers}, n_experts={cfg.n_experts}"
+        )
     _positive_int("ple_dim", cfg.ple_dim, minimum=0)
     if cfg.ple_vocab_size is not None:
         _positive_int("ple_vocab_size", cfg.ple_vocab_size)
         if not cfg.ple_dim:
             raise ConfigError(f"ple_vocab_size={cfg.ple_vocab_size} needs ple_dim > 0")
         if cfg.ple_vocab_size < cfg.vocab_size:
-            raise ConfigError(f"ple_vocab_size={cfg.ple_vocab_size} must be >= vocab_size={cfg.vocab_size} "
-                              f"(every token id looks up a row)")
+            raise ConfigError(
+                f"ple_vocab_size={cfg.ple_vocab_size} must be >= vocab_size={cfg.vocab_size} "
+                f"(every token id looks up a row)"
+            )
+
 
 def _check_rope_scaling(cfg: "ModelConfig", rot_dim: int) -> None:
     """Validate ``rope_scaling``: a mapping with ``type`` and exactly that type's keys
     (ROPE_SCALING_KEYS), each in range. Raises ConfigError naming ``rope_scaling.<key>``."""
     rs = cfg.rope_scaling
     if not isinstance(rs, dict) or "type" not in rs:
-        raise ConfigError(f"rope_scaling={rs!r} must be a mapping with a 'type' key "
-                          f"(one of {', '.join(map(repr, ROPE_SCALINGS))}) and its parameters")
+        raise ConfigError(
+            f"rope_scaling={rs!r} must be a mapping with a 'type' key "
+            f"(one of {', '.join(map(repr, ROPE_SCALINGS))}) and its parameters"
+        )
     if cfg.position != "rope":
         raise ConfigError(f"rope_scaling={rs!r} needs position='rope', got position={cfg.position!r}")
     kind = rs["type"]
@@ -499,16 +599,18 @@ def _check_rope_scaling(cfg: "ModelConfig", rot_dim: int) -> None:
     required, optional = ROPE_SCALING_KEYS[kind]
     for key in required:
         if key not in rs:
-            raise ConfigError(f"rope_scaling.{key} is required for rope_scaling.type={kind!r} "
-                              f"(required keys: {', '.join(required)})")
+            raise ConfigError(
+                f"rope_scaling.{key} is required for rope_scaling.type={kind!r} (required keys: {', '.join(required)})"
+            )
     for key in rs:
         if key != "type" and key not in required + optional:
-            raise ConfigError(f"rope_scaling.{key}={rs[key]!r} is not a key of rope_scaling.type={kind!r}; "
-                              f"valid keys: {', '.join(('type',) + required + optional)}")
+            raise ConfigError(
+                f"rope_scaling.{key}={rs[key]!r} is not a key of rope_scaling.type={kind!r}; "
+                f"valid keys: {', '.join(('type',) + required + optional)}"
+            )
     factor = rs["factor"]
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 1:
-        raise ConfigError(f"rope_scaling.factor={factor!r} must be a finite number >= 1 "
-                          f"(the context extension ratio)")
+        raise ConfigError(f"rope_scaling.factor={factor!r} must be a finite number >= 1 (the context extension ratio)")
     if "original_max_position_embeddings" in rs:
         _positive_int("rope_scaling.original_max_position_embeddings", rs["original_max_position_embeddings"])
     for key in ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
@@ -519,11 +621,17 @@ def _check_rope_scaling(cfg: "ModelConfig", rot_dim: int) -> None:
     if "truncate" in rs and not isinstance(rs["truncate"], bool):
         raise ConfigError(f"rope_scaling.truncate={rs['truncate']!r} must be true or false")
     if kind == "llama3" and rs["high_freq_factor"] < rs["low_freq_factor"]:
-        raise ConfigError(f"rope_scaling.high_freq_factor={rs['high_freq_factor']!r} must be at least "
-                          f"rope_scaling.low_freq_factor={rs['low_freq_factor']!r}")
+        raise ConfigError(
+            f"rope_scaling.high_freq_factor={rs['high_freq_factor']!r} must be at least "
+            f"rope_scaling.low_freq_factor={rs['low_freq_factor']!r}"
+        )
     if kind == "yarn" and (rs.get("beta_fast") or 32) <= (rs.get("beta_slow") or 1):
-        raise ConfigError(f"rope_scaling.beta_fast={rs.get('beta_fast')!r} must be greater than "
-                          f"rope_scaling.beta_slow={rs.get('beta_slow')!r} (defaults 32 and 1)")
+        raise ConfigError(
+            f"rope_scaling.beta_fast={rs.get('beta_fast')!r} must be greater than "
+            f"rope_scaling.beta_slow={rs.get('beta_slow')!r} (defaults 32 and 1)"
+        )
     if kind == "ntk" and rot_dim <= 2:
-        raise ConfigError(f"rope_scaling.type='ntk' needs a rotated width > 2 (theta * factor^(d/(d-2))), "
-                          f"got {rot_dim} from head_dim={cfg.head_dim}, rope_fraction={cfg.rope_fraction}")
+        raise ConfigError(
+            f"rope_scaling.type='ntk' needs a rotated width > 2 (theta * factor^(d/(d-2))), "
+            f"got {rot_dim} from head_dim={cfg.head_dim}, rope_fraction={cfg.rope_fraction}"
+        )

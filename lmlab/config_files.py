@@ -48,22 +48,34 @@ class ConfigLoader(yaml.SafeLoader):
                     key = key_node.value
                     if key in seen and key != "<<":
                         raise yaml.constructor.ConstructorError(
-                            None, None, f"duplicate key {key!r} (first given at line {seen[key] + 1})",
-                            key_node.start_mark)
+                            None,
+                            None,
+                            f"duplicate key {key!r} (first given at line {seen[key] + 1})",
+                            key_node.start_mark,
+                        )
                     seen[key] = key_node.start_mark.line
-                    items = (list(enumerate(value_node.value)) if isinstance(value_node, yaml.SequenceNode)
-                             else [(None, value_node)])
+                    items = (
+                        list(enumerate(value_node.value))
+                        if isinstance(value_node, yaml.SequenceNode)
+                        else [(None, value_node)]
+                    )
                     for i, v in items:  # name the field of an over-long integer, not only its line
                         if isinstance(v, yaml.ScalarNode) and self._long_int(v):
                             raise yaml.constructor.ConstructorError(
-                                None, None, f"{key}{'' if i is None else f'[{i}]'}: an integer of "
-                                f"{self._long_int(v)} digits (at most {MAX_INT_DIGITS})", v.start_mark)
+                                None,
+                                None,
+                                f"{key}{'' if i is None else f'[{i}]'}: an integer of "
+                                f"{self._long_int(v)} digits (at most {MAX_INT_DIGITS})",
+                                v.start_mark,
+                            )
         return super().construct_mapping(node, deep=deep)
 
     def _long_int(self, node) -> int:
         """The digit count of an integer scalar longer than MAX_INT_DIGITS, else 0."""
-        if self.resolve(yaml.ScalarNode, node.value, (True, False)) != "tag:yaml.org,2002:int" and \
-                node.tag != "tag:yaml.org,2002:int":
+        if (
+            self.resolve(yaml.ScalarNode, node.value, (True, False)) != "tag:yaml.org,2002:int"
+            and node.tag != "tag:yaml.org,2002:int"
+        ):
             return 0
         digits = sum(c.isdigit() for c in str(node.value))
         return digits if digits > MAX_INT_DIGITS else 0
@@ -71,8 +83,8 @@ class ConfigLoader(yaml.SafeLoader):
     def construct_yaml_int(self, node):
         if self._long_int(node):
             raise yaml.constructor.ConstructorError(
-                None, None, f"an integer of {self._long_int(node)} digits (at most {MAX_INT_DIGITS})",
-                node.start_mark)
+                None, None, f"an integer of {self._long_int(node)} digits (at most {MAX_INT_DIGITS})", node.start_mark
+            )
         return super().construct_yaml_int(node)
 
 
@@ -80,9 +92,8 @@ ConfigLoader.add_constructor("tag:yaml.org,2002:int", ConfigLoader.construct_yam
 
 
 ConfigLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
 
 
 def parse_value(text: str) -> Any:
@@ -105,8 +116,7 @@ def apply_overrides(data: dict, overrides: list[str], cls, source: str = "--set"
         key = key.strip()
         check_keys(cls, {key: None}, f"{source} {item!r}")
         if not raw.strip():  # YAML would read it as null: an empty shell variable would unset the field
-            raise ConfigError(f"{source} {item!r}: no value after '='; give one, or {key}=null to unset "
-                              f"the field")
+            raise ConfigError(f"{source} {item!r}: no value after '='; give one, or {key}=null to unset the field")
         try:
             out[key] = parse_value(raw)
         except yaml.YAMLError as exc:  # malformed YAML, or an integer of more than MAX_INT_DIGITS digits
@@ -141,13 +151,18 @@ def load_mapping(path: str | Path) -> dict:
     except UnicodeDecodeError:
         raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (a binary file?)") from None
     try:
-        data = (json.loads(text, object_pairs_hook=_unique_pairs) if path.suffix == ".json"
-                else yaml.load(text, Loader=ConfigLoader))
+        data = (
+            json.loads(text, object_pairs_hook=_unique_pairs)
+            if path.suffix == ".json"
+            else yaml.load(text, Loader=ConfigLoader)
+        )
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         raise ConfigError(f"config file {str(path)!r} could not be parsed: {yaml_error_line(exc)}") from None
     except (ValueError, RecursionError) as exc:  # JSON: a duplicate key, an over-long integer, deep nesting
-        raise ConfigError(f"config file {str(path)!r} could not be parsed: "
-                          f"{'nesting too deep' if isinstance(exc, RecursionError) else exc}") from None
+        raise ConfigError(
+            f"config file {str(path)!r} could not be parsed: "
+            f"{'nesting too deep' if isinstance(exc, RecursionError) else exc}"
+        ) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -31,7 +31,7 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1)) and bool(mallopt(M_MMAP_THRESHOLD, 32 << 20))
+    return bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1)) and bool(mallopt(M_MMAP_THRESHOLD, 32 << 20))
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -63,8 +63,9 @@ def available_memory(device: torch.device) -> Optional[int]:
     return None
 
 
-def check_memory(cfg: ModelConfig, device: torch.device, shards: int = 1, batch_size: int = 0,
-                 activation_bytes: int = 4) -> None:
+def check_memory(
+    cfg: ModelConfig, device: torch.device, shards: int = 1, batch_size: int = 0, activation_bytes: int = 4
+) -> None:
     """Refuse (ConfigError) to build a model for training whose fp32 weights, gradients and AdamW moments
     (16 bytes per parameter, ``shards`` ways split under FSDP) and the activations one micro-batch of
     ``batch_size`` x context_length tokens certainly keeps for the backward pass exceed the memory
@@ -77,14 +78,24 @@ def check_memory(cfg: ModelConfig, device: torch.device, shards: int = 1, batch_
     n = param_counts(cfg)["total"]
     tokens = batch_size * cfg.context_length
     acts = tokens * (2 * cfg.vocab_size * 4 + cfg.n_layers * (6 * cfg.d_model + 2 * cfg.d_ff) * activation_bytes)
-    detail = (f" (fp32 weights, gradients and AdamW moments, 16 bytes per parameter"
-              f"{f' over {shards} FSDP shards' if shards > 1 else ''}: {16 * n / shards / 2**30:.1f} GiB")
-    detail += (f"; activations of one micro-batch of {batch_size:,} x {cfg.context_length:,} tokens: at least "
-               f"{acts / 2**30:.1f} GiB)" if acts else ")")
+    detail = (
+        f" (fp32 weights, gradients and AdamW moments, 16 bytes per parameter"
+        f"{f' over {shards} FSDP shards' if shards > 1 else ''}: {16 * n / shards / 2**30:.1f} GiB"
+    )
+    detail += (
+        f"; activations of one micro-batch of {batch_size:,} x {cfg.context_length:,} tokens: at least "
+        f"{acts / 2**30:.1f} GiB)"
+        if acts
+        else ")"
+    )
     count = f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
-    require_memory(16 * n / shards + acts, device, f"training this model ({count} parameters)",
-                   "choose a smaller model (e.g. --scale tiny), batch_size or context_length, or a larger device",
-                   detail)
+    require_memory(
+        16 * n / shards + acts,
+        device,
+        f"training this model ({count} parameters)",
+        "choose a smaller model (e.g. --scale tiny), batch_size or context_length, or a larger device",
+        detail,
+    )
 
 
 def require_memory(need: float, device: torch.device, what: str, advice: str, detail: str = "") -> None:
@@ -92,8 +103,10 @@ def require_memory(need: float, device: torch.device, what: str, advice: str, de
     saying ``what`` needs them (``detail`` after the figure) and ``advice``."""
     free = available_memory(device)
     if free is not None and need > free:
-        raise ConfigError(f"{what} needs at least {need / 2**30:.1f} GiB on {device}{detail}, but "
-                          f"{free / 2**30:.1f} GiB is available; {advice}")
+        raise ConfigError(
+            f"{what} needs at least {need / 2**30:.1f} GiB on {device}{detail}, but "
+            f"{free / 2**30:.1f} GiB is available; {advice}"
+        )
 
 
 def resolve_dtype(name: str, device: torch.device) -> Optional[torch.dtype]:
@@ -106,8 +119,10 @@ def resolve_dtype(name: str, device: torch.device) -> Optional[torch.dtype]:
         return torch.bfloat16
     if name == "fp16":
         if device.type != "cuda":
-            raise ConfigError(f"dtype='fp16' needs a CUDA device (loss scaling), got device={device.type!r}; "
-                              f"use dtype=bf16 or fp32 on CPU")
+            raise ConfigError(
+                f"dtype='fp16' needs a CUDA device (loss scaling), got device={device.type!r}; "
+                f"use dtype=bf16 or fp32 on CPU"
+            )
         return torch.float16
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else None

@@ -28,11 +28,14 @@ def forward_diagnostics(model: torch.nn.Module, x: torch.Tensor, autocast: Calla
         with autocast(), eager():
             logits = model(x[: min(4, len(x))])
         log_z = torch.logsumexp(logits.float(), dim=-1)
-        out = {"max_attn_logit": [None if b.attn.max_logit is None else round(b.attn.max_logit, 4)
-                                  for b in model.blocks],  # None: a linear-attention layer
-               "attn_first_key": [None if b.attn.first_key is None else round(b.attn.first_key, 5)
-                                  for b in model.blocks],
-               "log_z_mean": float(log_z.mean()), "log_z_max": float(log_z.max())}
+        out = {
+            "max_attn_logit": [
+                None if b.attn.max_logit is None else round(b.attn.max_logit, 4) for b in model.blocks
+            ],  # None: a linear-attention layer
+            "attn_first_key": [None if b.attn.first_key is None else round(b.attn.first_key, 5) for b in model.blocks],
+            "log_z_mean": float(log_z.mean()),
+            "log_z_max": float(log_z.max()),
+        }
     finally:
         for block in model.blocks:
             block.attn.record_max_logit = False
@@ -71,6 +74,9 @@ def weights_before(model: torch.nn.Module) -> list[torch.Tensor]:
 def update_rms_ratios(model: torch.nn.Module, before: list[torch.Tensor]) -> dict:
     """``update_rms_ratio_mean`` / ``_max``: over parameters, RMS(weight after - ``before``) / RMS(``before``)
     (the denominator floored at 1e-12), the step's relative update size."""
-    ratios = [float((local(p).float() - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp(min=1e-12))
-              for p, b in zip(model.parameters(), before) if b.numel()]
+    ratios = [
+        float((local(p).float() - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp(min=1e-12))
+        for p, b in zip(model.parameters(), before)
+        if b.numel()
+    ]
     return {"update_rms_ratio_mean": sum(ratios) / len(ratios), "update_rms_ratio_max": max(ratios)}

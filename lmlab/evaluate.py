@@ -37,9 +37,17 @@ def windows(n_tokens: int, context_length: int, stride: Optional[int] = None) ->
 
 
 @torch.no_grad()
-def evaluate(model: TransformerLM, tokens: np.ndarray, n_bytes: int, batch_size: int = 16,
-             stride: Optional[int] = None, device: str | torch.device = "cpu", max_windows: Optional[int] = None,
-             autocast_dtype: Optional[torch.dtype] = None, by_position: bool = False) -> dict:
+def evaluate(
+    model: TransformerLM,
+    tokens: np.ndarray,
+    n_bytes: int,
+    batch_size: int = 16,
+    stride: Optional[int] = None,
+    device: str | torch.device = "cpu",
+    max_windows: Optional[int] = None,
+    autocast_dtype: Optional[torch.dtype] = None,
+    by_position: bool = False,
+) -> dict:
     """Score ``tokens`` (1-D ids) with ``model``. Returns a dict with ``loss`` (nats/token),
     ``perplexity``, ``bits_per_byte``, ``nll_nats`` (total), ``tokens`` (scored) and ``bytes``.
 
@@ -68,20 +76,21 @@ def evaluate(model: TransformerLM, tokens: np.ndarray, n_bytes: int, batch_size:
         by_len.setdefault(w[2] - 1 - w[0], []).append(w)
     for length, group in by_len.items():
         for i in range(0, len(group), batch_size):
-            chunk = group[i:i + batch_size]
+            chunk = group[i : i + batch_size]
             x = torch.from_numpy(np.stack([np.asarray(tokens[s : b - 1], dtype=np.int64) for s, _, b in chunk])).to(
                 device
             )
             y = torch.from_numpy(np.stack([np.asarray(tokens[s + 1 : b], dtype=np.int64) for s, _, b in chunk])).to(
                 device
             )
-            with torch.autocast(torch.device(device).type, dtype=autocast_dtype or torch.float32,
-                                enabled=autocast_dtype is not None):
+            with torch.autocast(
+                torch.device(device).type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None
+            ):
                 logits = model(x)
             nll = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
             nll = nll.view(len(chunk), length)
             for row, (s, a, b) in enumerate(chunk):  # score only this window's new targets a..b-1
-                total_nll += float(nll[row, a - 1 - s:].sum(dtype=torch.float64))
+                total_nll += float(nll[row, a - 1 - s :].sum(dtype=torch.float64))
                 scored += b - a
                 if by_position and length == T and a - 1 == s:  # a full window, every target scored
                     pos_sum += nll[row].double().cpu()

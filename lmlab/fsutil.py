@@ -74,8 +74,9 @@ class FolderLock:
         self.folder, self.path, self._fd, self.took_over = folder, path, fd, took_over
         self.note = None
         if took_over is not None:
-            self.note = (f"note: took over the stale lock {str(path)!r} left by {_describe(took_over)}: "
-                         f"that process is gone")
+            self.note = (
+                f"note: took over the stale lock {str(path)!r} left by {_describe(took_over)}: that process is gone"
+            )
 
     @property
     def held(self) -> bool:
@@ -133,26 +134,33 @@ def acquire_lock(folder: PathLike, what: str) -> FolderLock:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise LockError(f"cannot create the folder {str(path.parent)!r} for the lock of {str(folder)!r}: "
-                        f"{exc.strerror or exc}") from None
+        raise LockError(
+            f"cannot create the folder {str(path.parent)!r} for the lock of {str(folder)!r}: {exc.strerror or exc}"
+        ) from None
     for _ in range(100):  # retried only if the holder removed the file between our open and flock
         if path.is_symlink() or (path.exists() and not path.is_file()):
-            raise LockError(f"lock path {str(path)!r} of {str(folder)!r} exists and is not a regular file; "
-                            f"move it away (lmlab never removes it)")
+            raise LockError(
+                f"lock path {str(path)!r} of {str(folder)!r} exists and is not a regular file; "
+                f"move it away (lmlab never removes it)"
+            )
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
-                         0o644)
+            fd = os.open(
+                path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644
+            )
         except OSError as exc:
-            raise LockError(f"cannot create the lock file {str(path)!r} for {str(folder)!r}: "
-                            f"{exc.strerror or exc}") from None
+            raise LockError(
+                f"cannot create the lock file {str(path)!r} for {str(folder)!r}: {exc.strerror or exc}"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             info = _read_holder(fd)
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise LockError(f"{str(folder)!r} is in use by {_describe(info)} (lock file {str(path)!r}); "
-                                f"wait for it to finish or choose another folder") from None
+                raise LockError(
+                    f"{str(folder)!r} is in use by {_describe(info)} (lock file {str(path)!r}); "
+                    f"wait for it to finish or choose another folder"
+                ) from None
             raise LockError(f"cannot lock {str(path)!r}: {exc.strerror or exc}") from None
         try:  # the file we locked must still be the one at `path` (not unlinked by a releasing holder)
             st, cur = os.fstat(fd), os.stat(path)
@@ -166,8 +174,13 @@ def acquire_lock(folder: PathLike, what: str) -> FolderLock:
         took_over = None
         if previous is not None and isinstance(previous.get("pid"), int):
             took_over = previous  # we hold the flock, so the process that wrote this record is gone
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "what": what,
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv[:8]}
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "what": what,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "argv": sys.argv[:8],
+        }
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, (json.dumps(info) + "\n").encode())

@@ -49,8 +49,13 @@ def _check_sampling(temperature: float, top_k: Optional[int], top_p: Optional[fl
         raise ValueError(f"top_p={top_p} must be in (0, 1]")
 
 
-def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
-                top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
     """Pick next tokens from logits (batch, vocab) -> ids (batch,).
 
     temperature 0 is greedy (argmax, the lowest id among equal maxima). top_k keeps the k largest logits
@@ -118,25 +123,33 @@ def eos_set(eos_id: "int | Sequence[int] | None") -> frozenset:
     return frozenset(ids)
 
 
-def generate(model: TransformerLM, prompt: list[int], max_new_tokens: int, temperature: float = 1.0,
-             top_k: Optional[int] = None, top_p: Optional[float] = None, seed: Optional[int] = None,
-             eos_id: "int | Sequence[int] | None" = None, device: str | torch.device = "cpu") -> Iterator[int]:
+def generate(model: TransformerLM, prompt: list[int], max_new_tokens: int, **sampling) -> Iterator[int]:
     """Yield up to ``max_new_tokens`` token ids continuing ``prompt`` (a non-empty list of ids), one
-    at a time; stops after yielding an id of ``eos_id`` (one id or several). Raises ValueError for an
-    empty prompt or one longer than ``context_length`` (see the module docstring for what happens when
-    the window fills)."""
-    for token, _ in generate_logprobs(model, prompt, max_new_tokens, temperature, top_k, top_p, seed,
-                                      eos_id, device):
+    at a time; stops after yielding an id of ``eos_id`` (one id or several). ``sampling``: the keywords of
+    :func:`generate_logprobs` (``temperature`` 1.0, ``top_k``, ``top_p``, ``seed``, ``eos_id``, ``device``).
+    Raises ValueError for an empty prompt or one longer than ``context_length`` (see the module docstring
+    for what happens when the window fills), TypeError for an unknown keyword."""
+    for token, _ in generate_logprobs(model, prompt, max_new_tokens, **sampling):
         yield token
 
 
 @torch.inference_mode()
-def generate_logprobs(model: TransformerLM, prompt: list[int], max_new_tokens: int, temperature: float = 1.0,
-                      top_k: Optional[int] = None, top_p: Optional[float] = None, seed: Optional[int] = None,
-                      eos_id: "int | Sequence[int] | None" = None,
-                      device: str | torch.device = "cpu") -> Iterator[tuple[int, float]]:
-    """:func:`generate`, yielding (token id, its log-probability in nats under the model's own
-    distribution: log-softmax of the logits before temperature, top-k or top-p)."""
+def generate_logprobs(
+    model: TransformerLM,
+    prompt: list[int],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    seed: Optional[int] = None,
+    eos_id: "int | Sequence[int] | None" = None,
+    device: str | torch.device = "cpu",
+) -> Iterator[tuple[int, float]]:
+    """Yield up to ``max_new_tokens`` (token id, its log-probability in nats under the model's own
+    distribution: log-softmax of the logits before temperature, top-k or top-p) continuing ``prompt``, one
+    at a time, sampled with ``temperature`` (0: greedy), ``top_k`` and ``top_p`` (:func:`sample_next`) from a
+    generator seeded with ``seed`` on ``device``; stops after an id of ``eos_id`` (one id or several).
+    Raises ValueError for an empty prompt or one longer than ``context_length``."""
     eos = eos_set(eos_id)
     T = model.cfg.context_length
     if not prompt:
@@ -159,30 +172,38 @@ def generate_logprobs(model: TransformerLM, prompt: list[int], max_new_tokens: i
                 return
             history.append(token)
             if cache.length == T:  # window full: keep the last half, re-encode from position 0
-                keep = history[-(T // 2):]
+                keep = history[-(T // 2) :]
                 cache = KVCache(model.cfg, 1, T, device=device, dtype=dtype)
                 logits = model.logits(model.hidden(torch.tensor([keep], device=device), cache)[:, -1])
             else:
                 logits = model.logits(model.hidden(nxt.view(1, 1), cache)[:, -1])
 
 
-def left_pad_batch(prompts: Sequence[Sequence[int]], pad_id: int = 0,
-                   device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad_batch(
+    prompts: Sequence[Sequence[int]], pad_id: int = 0, device: str | torch.device = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompts of different lengths -> (ids (batch, longest) left-padded with ``pad_id``, left_pad (batch,))."""
     longest = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
     for row, p in enumerate(prompts):
         if len(p):
-            ids[row, longest - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+            ids[row, longest - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
     pad = torch.tensor([longest - len(p) for p in prompts], dtype=torch.long)
     return ids.to(device), pad.to(device)
 
 
 @torch.inference_mode()
-def stream_batch(model: TransformerLM, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
-                 seed: Optional[int] = None, device: str | torch.device = "cpu",
-                 pad_id: int = 0) -> Iterator[torch.Tensor]:
+def stream_batch(
+    model: TransformerLM,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    seed: Optional[int] = None,
+    device: str | torch.device = "cpu",
+    pad_id: int = 0,
+) -> Iterator[torch.Tensor]:
     """Yield the next ids of every row, (batch,) long tensors, ``max_new_tokens`` times: the first
     right after the prefill of the left-padded prompts, then one per decode step. Rows never stop on their
     own (see :func:`generate_batch` for end-of-sequence ids). Raises ValueError for no prompts, an empty
@@ -203,8 +224,9 @@ def stream_batch(model: TransformerLM, prompts: Sequence[Sequence[int]], max_new
         return
     gen = _generator(device, seed)
     ids, pad = left_pad_batch(prompts, pad_id, device)
-    cache = KVCache(model.cfg, len(prompts), longest + max_new_tokens - 1, device=device, dtype=_dtype(model),
-                    left_pad=pad)
+    cache = KVCache(
+        model.cfg, len(prompts), longest + max_new_tokens - 1, device=device, dtype=_dtype(model), left_pad=pad
+    )
     with eval_mode(model), decode_layout(model, len(prompts)):
         logits = model.logits(model.hidden(ids, cache)[:, -1])
         for i in range(max_new_tokens):
@@ -214,17 +236,21 @@ def stream_batch(model: TransformerLM, prompts: Sequence[Sequence[int]], max_new
                 logits = model.logits(model.hidden(nxt[:, None], cache)[:, -1])
 
 
-def generate_batch(model: TransformerLM, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                   temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
-                   seed: Optional[int] = None, eos_id: "int | Sequence[int] | None" = None,
-                   device: str | torch.device = "cpu", pad_id: int = 0) -> list[list[int]]:
+def generate_batch(
+    model: TransformerLM,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    eos_id: "int | Sequence[int] | None" = None,
+    **sampling,
+) -> list[list[int]]:
     """Continue every prompt by up to ``max_new_tokens`` ids; a row ends after an id of ``eos_id`` (kept),
-    and decoding stops once every row has ended. Greedy rows equal :func:`generate` on each prompt alone
-    (within context_length). Returns one list of new ids per prompt."""
+    and decoding stops once every row has ended. ``sampling``: the keywords of :func:`stream_batch`
+    (``temperature``, ``top_k``, ``top_p``, ``seed``, ``device``, ``pad_id``). Greedy rows equal
+    :func:`generate` on each prompt alone (within context_length). Returns one list of new ids per prompt."""
     eos = eos_set(eos_id)
     out: list[list[int]] = [[] for _ in prompts]
     done = [False] * len(prompts)
-    for nxt in stream_batch(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, device, pad_id):
+    for nxt in stream_batch(model, prompts, max_new_tokens, **sampling):
         for row, token in enumerate(nxt.tolist()):
             if not done[row]:
                 out[row].append(token)
@@ -301,7 +327,7 @@ class TextStream:
                 if s.startswith(text[-n:]):
                     hold = n
                     break
-        self._held = text[len(text) - hold:] if hold else ""
+        self._held = text[len(text) - hold :] if hold else ""
         return text[: len(text) - hold]
 
 
@@ -312,8 +338,9 @@ def encode_prompt(tok, text: str, after_eot: bool = False) -> list[int]:
     return [tok.eot_id] + ids if not ids or after_eot else ids
 
 
-def generate_text(model: TransformerLM, tok, ids: list[int], max_new_tokens: int, stop: Iterable[str] = (),
-                  **sampling) -> Iterator[tuple[str, Optional[int], Optional[float]]]:
+def generate_text(
+    model: TransformerLM, tok, ids: list[int], max_new_tokens: int, stop: Iterable[str] = (), **sampling
+) -> Iterator[tuple[str, Optional[int], Optional[float]]]:
     """Stream one continuation of ``ids`` as text: yields (text safe to print now, token id, its
     log-probability in nats) per new token (:func:`generate_logprobs`, ``sampling``: temperature, top_k,
     top_p, seed, eos_id, device), up to a stop string (:class:`TextStream`: never printed), then
@@ -340,15 +367,26 @@ def text_until_stop(tok, ids: list[int], stop: Iterable[str] = ()) -> str:
 def print_logprobs(seen: list, text_of=None) -> None:
     """``lmlab generate --logprobs``: one line per (token id, log-probability in nats), with the token's
     text when ``text_of`` (id -> str) is given, then the total."""
-    print("token id\tlog-probability (nats, the model's distribution before sampling settings)"
-          + ("\ttext" if text_of else ""))
+    print(
+        "token id\tlog-probability (nats, the model's distribution before sampling settings)"
+        + ("\ttext" if text_of else "")
+    )
     for i, lp in seen:
         print(f"{i}\t{lp:.4f}" + (f"\t{text_of(i)}" if text_of else ""))
     print(f"total\t{sum(lp for _, lp in seen):.4f}\t({len(seen)} tokens)")
 
 
-def print_completion(model: TransformerLM, tok, text: str, ids: list[int], max_new_tokens: int,
-                     stop: Iterable[str] = (), raw: bool = False, logprobs: bool = False, **sampling) -> None:
+def print_completion(
+    model: TransformerLM,
+    tok,
+    text: str,
+    ids: list[int],
+    max_new_tokens: int,
+    stop: Iterable[str] = (),
+    raw: bool = False,
+    logprobs: bool = False,
+    **sampling,
+) -> None:
     """``lmlab generate`` with one prompt: ``text`` (the prompt, encoded as ``ids``) and its continuation
     streamed to stdout as it comes (:func:`generate_text`, ``sampling`` its keywords; :func:`write_text`
     escapes control characters unless ``raw``), then with ``logprobs`` the table of :func:`print_logprobs`.
@@ -372,8 +410,16 @@ def print_completion(model: TransformerLM, tok, text: str, ids: list[int], max_n
         print_logprobs(seen, lambda i: repr(tok.token_bytes(i).decode("utf-8", errors="replace")))
 
 
-def print_completions(model: TransformerLM, tok, texts: Sequence[str], prompts: Sequence[list[int]],
-                      max_new_tokens: int, stop: Iterable[str] = (), raw: bool = False, **sampling) -> None:
+def print_completions(
+    model: TransformerLM,
+    tok,
+    texts: Sequence[str],
+    prompts: Sequence[list[int]],
+    max_new_tokens: int,
+    stop: Iterable[str] = (),
+    raw: bool = False,
+    **sampling,
+) -> None:
     """``lmlab generate`` with several prompts: one batch (:func:`generate_batch`, left-padded), each
     prompt and continuation (cut at the first of ``stop``) printed under a ``--- [n] ---`` line."""
     outs = generate_batch(model, prompts, max_new_tokens, **sampling)

@@ -29,8 +29,9 @@ def decode_utf8(data: bytes, path: Path) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(f"{path}: line {line}: byte {data[exc.start]:#04x} is not UTF-8 ({exc.reason}); the file is "
-                          f"damaged") from None
+        raise ConfigError(
+            f"{path}: line {line}: byte {data[exc.start]:#04x} is not UTF-8 ({exc.reason}); the file is damaged"
+        ) from None
 
 
 def read_text(path: Path) -> str:
@@ -115,12 +116,15 @@ def jsonl_objects(path: Path) -> list[tuple[str, Any]]:
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise ConfigError(f"{where}: byte {raw[exc.start]:#04x} is not UTF-8 ({exc.reason}); the file is "
-                                  f"damaged") from None
+                raise ConfigError(
+                    f"{where}: byte {raw[exc.start]:#04x} is not UTF-8 ({exc.reason}); the file is damaged"
+                ) from None
             value = parse_json(text, where)
             if not isinstance(value, dict):
-                raise ConfigError(f"{where}: a record must be a JSON object, got {type(value).__name__} "
-                                  f"{_show(value)}; the file is damaged")
+                raise ConfigError(
+                    f"{where}: a record must be a JSON object, got {type(value).__name__} "
+                    f"{_show(value)}; the file is damaged"
+                )
             out.append((where, value))
         except ConfigError as exc:
             out.append((where, exc))

@@ -30,8 +30,10 @@ try:
     import lm_eval.models  # noqa: F401  (the harness's own backends stay registered beside ours)
 except ImportError as exc:
     if __name__ == "__main__":  # python -m lmlab.lm_eval_backend: one line, not a traceback
-        sys.exit(f"python -m lmlab.lm_eval_backend: needs lm-evaluation-harness ({exc}); install the "
-                 f"extra: pip install 'lmlab[eval]'")
+        sys.exit(
+            f"python -m lmlab.lm_eval_backend: needs lm-evaluation-harness ({exc}); install the "
+            f"extra: pip install 'lmlab[eval]'"
+        )
     raise
 import torch
 from lm_eval.api.model import TemplateLM
@@ -47,11 +49,19 @@ class LmlabLM(TemplateLM):
     """lm-eval backend over a run folder (``run=RUN``): the latest checkpoint (or ``step``) and the
     run's tokenizer, on ``device`` (default cpu), ``batch_size`` requests per forward pass."""
 
-    def __init__(self, run: str, step: Optional[int] = None, device: str = "cpu", batch_size: int | str = 8,
-                 max_batch_size: Optional[int] = None, **kwargs) -> None:
+    def __init__(
+        self,
+        run: str,
+        step: Optional[int] = None,
+        device: str = "cpu",
+        batch_size: int | str = 8,
+        max_batch_size: Optional[int] = None,
+        **kwargs,
+    ) -> None:
         super().__init__()
-        self.model, self.cfg, self.tok, _, _ = load_run(Path(run), step=None if step is None else int(step),
-                                                        device=device)
+        self.model, self.cfg, self.tok, _, _ = load_run(
+            Path(run), step=None if step is None else int(step), device=device
+        )
         self._device = torch.device(device)
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
 
@@ -76,16 +86,16 @@ class LmlabLM(TemplateLM):
         T = self.cfg.context_length
         out: list[tuple[float, bool]] = []
         for i in range(0, len(pairs), self.batch_size):
-            chunk = pairs[i:i + self.batch_size]
-            inputs = [(ctx + cont)[-(T + 1):][:-1] for ctx, cont in chunk]
+            chunk = pairs[i : i + self.batch_size]
+            inputs = [(ctx + cont)[-(T + 1) :][:-1] for ctx, cont in chunk]
             width = max(len(x) for x in inputs)
             batch = torch.zeros(len(chunk), width, dtype=torch.long)
             for row, x in enumerate(inputs):
-                batch[row, :len(x)] = torch.tensor(x)
+                batch[row, : len(x)] = torch.tensor(x)
             logp = torch.log_softmax(self.model(batch.to(self._device)).double(), dim=-1)
             for row, ((_, cont), x) in enumerate(zip(chunk, inputs)):
                 n = len(cont)
-                lp = logp[row, len(x) - n:len(x)]  # the positions that predict the continuation
+                lp = logp[row, len(x) - n : len(x)]  # the positions that predict the continuation
                 target = torch.tensor(cont, device=lp.device)
                 total = float(lp.gather(-1, target[:, None]).sum())
                 out.append((total, bool((lp.argmax(-1) == target).all())))
@@ -97,8 +107,10 @@ class LmlabLM(TemplateLM):
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         out = []
         for (text,) in [r.args for r in requests]:
-            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
-                self.tok_encode(text), self.eot_token_id, self.max_length, 1)]
+            windows = [
+                make_disjoint_window(w)
+                for w in get_rolling_token_windows(self.tok_encode(text), self.eot_token_id, self.max_length, 1)
+            ]
             out.append(sum(lp for lp, _ in self._score(windows)))
         return out
 
@@ -110,7 +122,7 @@ class LmlabLM(TemplateLM):
             until = [until] if isinstance(until, str) else list(until)
             n = int(kwargs.pop("max_gen_toks", 256))
             temperature = float(kwargs.pop("temperature", 1.0)) if kwargs.pop("do_sample", False) else 0.0
-            ids = self.tok_encode(context)[-(self.max_length - 1):] or [self.eot_token_id]
+            ids = self.tok_encode(context)[-(self.max_length - 1) :] or [self.eot_token_id]
             n = max(1, min(n, self.max_length - len(ids) + 1))
             stream, new = TextStream(until), []
             for token in generate(self.model, ids, n, temperature=temperature, seed=0, device=self._device):
@@ -125,9 +137,15 @@ class LmlabLM(TemplateLM):
         return out
 
 
-def run_tasks(run: str | Path, tasks: list[str], include_path: Optional[str | Path] = None,
-              num_fewshot: Optional[int] = None, limit: Optional[int] = None, batch_size: int = 8,
-              device: str = "cpu") -> dict:
+def run_tasks(
+    run: str | Path,
+    tasks: list[str],
+    include_path: Optional[str | Path] = None,
+    num_fewshot: Optional[int] = None,
+    limit: Optional[int] = None,
+    batch_size: int = 8,
+    device: str = "cpu",
+) -> dict:
     """Score run ``run`` on lm-eval ``tasks`` (names of tasks, groups or tags, task YAML files, or task
     YAMLs found in the folder ``include_path``); returns lm-eval's results mapping (per task its
     metrics, e.g. ``acc,none``). Raises ConfigError, before the run is loaded, for no task, an unknown
@@ -149,12 +167,19 @@ def run_tasks(run: str | Path, tasks: list[str], include_path: Optional[str | Pa
     for name in tasks:
         if name not in known and not Path(name).is_file():
             near = difflib.get_close_matches(name, sorted(known), n=3)
-            raise ConfigError(f"--tasks: {name!r} is not an lm-eval task, group or tag, nor a task YAML file"
-                              + (f"; did you mean {', '.join(map(repr, near))}?" if near else "")
-                              + " (`python -m lmlab.lm_eval_backend ls tasks` lists them)")
-    return lm_eval.simple_evaluate(model=LmlabLM(str(run), device=device, batch_size=batch_size),
-                                   tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,
-                                   task_manager=manager, bootstrap_iters=0)
+            raise ConfigError(
+                f"--tasks: {name!r} is not an lm-eval task, group or tag, nor a task YAML file"
+                + (f"; did you mean {', '.join(map(repr, near))}?" if near else "")
+                + " (`python -m lmlab.lm_eval_backend ls tasks` lists them)"
+            )
+    return lm_eval.simple_evaluate(
+        model=LmlabLM(str(run), device=device, batch_size=batch_size),
+        tasks=list(tasks),
+        num_fewshot=num_fewshot,
+        limit=limit,
+        task_manager=manager,
+        bootstrap_iters=0,
+    )
 
 
 if __name__ == "__main__":  # lm-eval's CLI with the lmlab backend registered

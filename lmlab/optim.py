@@ -33,10 +33,15 @@ def param_kind(name: str) -> str:
     head, Gemma 4's per-layer input projection). Attention sinks (``attn.sinks``, a learned logit per head)
     count as biases, as do a Gated DeltaNet layer's per-head decay parameters (``A_log``, ``dt_bias``: no
     weight decay, as in the reference implementation, flash-linear-attention's ``_no_weight_decay``)."""
-    return ("bias" if name.endswith((".bias", ".sinks", ".A_log", ".dt_bias")) else
-            "norm" if "." in name and "norm" in name.split(".")[-2] else
-            "embedding" if name.startswith(("embed.", "abs_pos.", "ple_embed.")) or "rel_bias" in name
-            else "weight")
+    return (
+        "bias"
+        if name.endswith((".bias", ".sinks", ".A_log", ".dt_bias"))
+        else "norm"
+        if "." in name and "norm" in name.split(".")[-2]
+        else "embedding"
+        if name.startswith(("embed.", "abs_pos.", "ple_embed.")) or "rel_bias" in name
+        else "weight"
+    )
 
 
 def param_groups(model: torch.nn.Module, tc) -> list[dict]:
@@ -77,8 +82,11 @@ def muon_parameters(model: torch.nn.Module) -> list[torch.Tensor]:
     Transformer blocks (attention and FFN projections, MLA's down/up projections, routers), not
     embeddings, the LM head (tied or not), norm gains or biases; 3-D tensors (stacked MoE experts) stay
     with AdamW. A fused projection (``qkv``, SwiGLU's ``w_in``) is orthogonalised as one matrix."""
-    return [p for name, p in model.named_parameters()  # the LM head and embeddings lie outside blocks.
-            if p.ndim == 2 and name.startswith("blocks.") and param_kind(name) == "weight"]
+    return [
+        p
+        for name, p in model.named_parameters()  # the LM head and embeddings lie outside blocks.
+        if p.ndim == 2 and name.startswith("blocks.") and param_kind(name) == "weight"
+    ]
 
 
 class OptimizerPair:
@@ -121,14 +129,20 @@ class OptimizerPair:
         want = [len(g["params"]) for g in self.param_groups]
         got = [len(g["params"]) for g in sd["param_groups"]]
         if got != want:
-            raise ValueError(f"optimizer state has groups of {got} parameters, this AdamW + Muon optimizer "
-                             f"{want}: it was written by another optimizer or parameter split")
+            raise ValueError(
+                f"optimizer state has groups of {got} parameters, this AdamW + Muon optimizer "
+                f"{want}: it was written by another optimizer or parameter split"
+            )
         groups = sd["param_groups"]
-        self.adamw.load_state_dict({"state": {i: v for i, v in sd["state"].items() if i < offset},
-                                    "param_groups": groups[:n_groups]})
-        self.muon.load_state_dict({
-            "state": {i - offset: v for i, v in sd["state"].items() if i >= offset},
-            "param_groups": [dict(g, params=[i - offset for i in g["params"]]) for g in groups[n_groups:]]})
+        self.adamw.load_state_dict(
+            {"state": {i: v for i, v in sd["state"].items() if i < offset}, "param_groups": groups[:n_groups]}
+        )
+        self.muon.load_state_dict(
+            {
+                "state": {i - offset: v for i, v in sd["state"].items() if i >= offset},
+                "param_groups": [dict(g, params=[i - offset for i in g["params"]]) for g in groups[n_groups:]],
+            }
+        )
 
 
 def build_optimizer(model: torch.nn.Module, groups: list[dict], tc, device: torch.device, mode: str = "none"):
@@ -146,14 +160,17 @@ def build_optimizer(model: torch.nn.Module, groups: list[dict], tc, device: torc
     if tc.optimizer == "adamw":
         return adamw(groups, tc, device, sharded=mode != "none")
     if mode == "fsdp":
-        raise ValueError("optimizer=muon orthogonalises whole weight matrices and does not run over FSDP's "
-                         "sharded parameters; use parallel=ddp or optimizer=adamw")
+        raise ValueError(
+            "optimizer=muon orthogonalises whole weight matrices and does not run over FSDP's "
+            "sharded parameters; use parallel=ddp or optimizer=adamw"
+        )
     muon_ids = {id(p) for p in muon_parameters(model)}
     rest = [dict(g, params=[p for p in g["params"] if id(p) not in muon_ids]) for g in groups]
     muon = [p for g in groups for p in g["params"] if id(p) in muon_ids]
-    return OptimizerPair(adamw(rest, tc, device, sharded=mode != "none"),
-                         torch.optim.Muon(muon, lr=tc.muon_lr or tc.lr, weight_decay=tc.weight_decay,
-                                          adjust_lr_fn="match_rms_adamw"))
+    return OptimizerPair(
+        adamw(rest, tc, device, sharded=mode != "none"),
+        torch.optim.Muon(muon, lr=tc.muon_lr or tc.lr, weight_decay=tc.weight_decay, adjust_lr_fn="match_rms_adamw"),
+    )
 
 
 def adamw(groups: list[dict], tc, device: torch.device, sharded: bool = False) -> torch.optim.AdamW:
@@ -161,8 +178,9 @@ def adamw(groups: list[dict], tc, device: torch.device, sharded: bool = False) -
     parameters: torch's ``_fused_adamw_``, on CUDA and, since torch 2.4, on CPU) unless the parameters
     are DDP/FSDP-wrapped (``sharded``), where the multi-tensor ``foreach`` form is used (fused against
     foreach, measured: docs/bench/measured-choices.md)."""
-    return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), eps=tc.eps,
-                             fused=not sharded and device.type in ("cuda", "cpu"))
+    return torch.optim.AdamW(
+        groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), eps=tc.eps, fused=not sharded and device.type in ("cuda", "cpu")
+    )
 
 
 def muon_lr_at(lr: float, tc) -> float:

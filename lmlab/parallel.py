@@ -105,8 +105,11 @@ def optimizer_state_from_names(model: torch.nn.Module, optimizer: torch.optim.Op
 def full_state(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer], mode: str, info: Dist):
     """(model state, optimizer state by parameter name) as full CPU tensors on rank 0 (None elsewhere)."""
     if mode == "fsdp" and info.enabled:
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         msd = get_model_state_dict(model, options=opts)
@@ -117,12 +120,22 @@ def full_state(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer
     return model.state_dict(), (optimizer_state_by_name(model, optimizer) if optimizer is not None else None)
 
 
-def load_full_state(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer], msd: dict,
-                    osd: Optional[dict], mode: str, info: Dist) -> None:
+def load_full_state(
+    model: torch.nn.Module,
+    optimizer: Optional[torch.optim.Optimizer],
+    msd: dict,
+    osd: Optional[dict],
+    mode: str,
+    info: Dist,
+) -> None:
     """Load full (unsharded) states, as written by :func:`full_state`, on every rank."""
     if mode == "fsdp" and info.enabled:
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, _init_optim_state,
-                                                             set_model_state_dict, set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            _init_optim_state,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         opts = StateDictOptions(full_state_dict=True)
         set_model_state_dict(model, msd, options=opts)

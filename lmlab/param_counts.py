@@ -41,17 +41,22 @@ def moe_layer_count(cfg: ModelConfig) -> int:
 def global_layers_differ(cfg: ModelConfig) -> bool:
     """Whether the global (full-attention) layers have other attention sizes than the local ones (Gemma 4:
     ``global_head_dim``, ``global_n_kv_heads``, ``global_k_eq_v``)."""
-    return (cfg.layer_head_dim_of(True), cfg.layer_n_kv_heads_of(True), cfg.global_k_eq_v) != \
-        (cfg.head_dim, cfg.n_kv_heads, False)
+    return (cfg.layer_head_dim_of(True), cfg.layer_n_kv_heads_of(True), cfg.global_k_eq_v) != (
+        cfg.head_dim,
+        cfg.n_kv_heads,
+        False,
+    )
 
 
 def _pattern_count(cfg: ModelConfig, letter: str, start: int = 0, end: Optional[int] = None) -> int:
     """Layers start .. end - 1 (default all) whose ``layer_pattern`` letter is ``letter``, in O(pattern length)."""
     end = cfg.n_layers if end is None else end
     p = cfg.layer_pattern
+
     def upto(n: int) -> int:  # among layers 0 .. n - 1
         full, rest = divmod(n, len(p))
         return full * p.count(letter) + p[:rest].count(letter)
+
     return max(0, upto(end) - upto(start))
 
 
@@ -79,8 +84,14 @@ def linear_layer_params(cfg: ModelConfig) -> dict:
     dk, dv, K = cfg.linear_k_head_dim, cfg.linear_v_head_dim, cfg.linear_conv_kernel
     channels = 2 * Hk * dk + Hv * dv
     mm = d * (channels + Hv * dv + 2 * Hv) + Hv * dv * d + channels * K
-    return {"attention": mm + 2 * Hv + dv, "attention_matmul": mm, "channels": channels,
-            "conv_values": channels * (K - 1), "state_values": Hv * dk * dv, "recurrence_flops": 7 * Hv * dk * dv}
+    return {
+        "attention": mm + 2 * Hv + dv,
+        "attention_matmul": mm,
+        "channels": channels,
+        "conv_values": channels * (K - 1),
+        "state_values": Hv * dk * dv,
+        "recurrence_flops": 7 * Hv * dk * dv,
+    }
 
 
 def kv_shared_counts(cfg: ModelConfig) -> dict:
@@ -106,14 +117,20 @@ def layer_params(cfg: ModelConfig, moe: bool = False, global_layer: bool = False
     gate_out = {"none": 0, "headwise": H, "elementwise": H * D}[cfg.attn_output_gate]  # W_g x, as biased as q
     qkv_out = (H + kv_rows) * D
     attn_mm = d * (qkv_out + gate_out) + H * D * d
-    attn_bias = ((qkv_out + gate_out) if cfg.bias in ("all", "qkv", "attention") else 0) + (
-        d if cfg.bias in ("all", "attention") else 0
-    ) + (H if cfg.attn_sinks else 0)  # a sink logit per head
+    attn_bias = (
+        ((qkv_out + gate_out) if cfg.bias in ("all", "qkv", "attention") else 0)
+        + (d if cfg.bias in ("all", "attention") else 0)
+        + (H if cfg.attn_sinks else 0)
+    )  # a sink logit per head
     if cfg.attention == "mla":  # lmlab.model.mla: q (direct or low-rank), kv down / up, out; two RMSNorms
         qk, r = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.kv_lora_rank
         q_mm = (d * cfg.q_lora_rank + cfg.q_lora_rank * H * qk) if cfg.q_lora_rank else d * H * qk
-        attn_mm = q_mm + d * (r + cfg.qk_rope_head_dim) + r * H * (cfg.qk_nope_head_dim + cfg.v_head_dim) \
+        attn_mm = (
+            q_mm
+            + d * (r + cfg.qk_rope_head_dim)
+            + r * H * (cfg.qk_nope_head_dim + cfg.v_head_dim)
             + H * cfg.v_head_dim * d
+        )
         attn_bias = r + (cfg.q_lora_rank or 0)  # the latent norms' weights (no linear biases)
     if cfg.qk_norm in ("none", "l2"):  # l2: no weight
         qk_norm = 0
@@ -128,7 +145,7 @@ def layer_params(cfg: ModelConfig, moe: bool = False, global_layer: bool = False
         expert, expert_mm = _ffn_params(cfg, width)
         shared, shared_mm = _ffn_params(cfg, width * cfg.n_shared_experts) if cfg.n_shared_experts else (0, 0)
         router = d * cfg.n_experts
-        extra = (cfg.n_experts if cfg.router_bias else 0)  # gpt-oss; then Gemma 4's router norm and scales
+        extra = cfg.n_experts if cfg.router_bias else 0  # gpt-oss; then Gemma 4's router norm and scales
         shared += d if cfg.shared_expert_gate else 0  # Qwen3-Next: a d_model -> 1 gate on the shared experts
         shared_mm += d if cfg.shared_expert_gate else 0
         extra += (d if cfg.router_input_norm else 0) + (cfg.n_experts if cfg.router_expert_scale else 0)
@@ -144,9 +161,17 @@ def layer_params(cfg: ModelConfig, moe: bool = False, global_layer: bool = False
     attention = attn_mm + attn_bias + qk_norm
     ple_mm = 2 * d * cfg.ple_dim  # per-layer input: gate d -> P, projection P -> d, then a norm
     ple = ple_mm + (_norm_params(cfg, d) if cfg.ple_dim else 0)
-    return {"attention": attention, "mlp": mlp, "norms": norms, "ple": ple,
-            "total": attention + mlp + norms + ple, "matmul": attn_mm + mlp_mm + ple_mm,
-            "attention_matmul": attn_mm, "mlp_matmul": mlp_mm, "active": attention + mlp_active + norms + ple}
+    return {
+        "attention": attention,
+        "mlp": mlp,
+        "norms": norms,
+        "ple": ple,
+        "total": attention + mlp + norms + ple,
+        "matmul": attn_mm + mlp_mm + ple_mm,
+        "attention_matmul": attn_mm,
+        "mlp_matmul": mlp_mm,
+        "active": attention + mlp_active + norms + ple,
+    }
 
 
 def param_counts(cfg: ModelConfig) -> dict:
@@ -177,8 +202,10 @@ def param_counts(cfg: ModelConfig) -> dict:
         layers += n_global * (glob["attention"] - per_layer["attention"])
         matmul += n_global * (glob["attention_matmul"] - per_layer["attention_matmul"])
     for is_global, n_kind in kv_shared_counts(cfg).items():  # KV sharing: queries only (+ a wider FFN)
-        own, shared = layer_params(cfg, global_layer=is_global), layer_params(cfg, global_layer=is_global,
-                                                                              kv_shared=True)
+        own, shared = (
+            layer_params(cfg, global_layer=is_global),
+            layer_params(cfg, global_layer=is_global, kv_shared=True),
+        )
         layers += n_kind * (shared["total"] - own["total"])
         matmul += n_kind * (shared["matmul"] - own["matmul"])
     n_linear = linear_layer_count(cfg)
@@ -200,10 +227,18 @@ def param_counts(cfg: ModelConfig) -> dict:
         mtp = cfg.mtp_depth * (3 * _norm_params(cfg, d) + 2 * d * d + block)
     total = embedding + ple_embedding + projections + learned + t5 + layers + final_norm + head + mtp
     out = {
-        "total": total, "non_embedding": total - embedding - ple_embedding - learned, "embedding": embedding,
+        "total": total,
+        "non_embedding": total - embedding - ple_embedding - learned,
+        "embedding": embedding,
         "ple_embedding": ple_embedding,
-        "positions": learned + t5, "per_layer": per_layer, "layers": layers, "head": head,
-        "projections": projections, "final_norm": final_norm, "matmul": matmul, "mtp": mtp,
+        "positions": learned + t5,
+        "per_layer": per_layer,
+        "layers": layers,
+        "head": head,
+        "projections": projections,
+        "final_norm": final_norm,
+        "matmul": matmul,
+        "mtp": mtp,
     }
     if glob is not None:
         out.update(per_global_layer=glob, global_layers=global_layer_count(cfg))
@@ -211,8 +246,12 @@ def param_counts(cfg: ModelConfig) -> dict:
         out.update(linear_layers=n_linear, per_linear_layer=lin)
     if moe:  # active: what one token uses at inference (the main model's k experts; no MTP module)
         inactive = n_moe * (moe["total"] - moe["active"]) + mtp
-        out.update(moe_layers=n_moe, per_moe_layer=moe, active=total - inactive,
-                   active_non_embedding=total - embedding - ple_embedding - learned - inactive)
+        out.update(
+            moe_layers=n_moe,
+            per_moe_layer=moe,
+            active=total - inactive,
+            active_non_embedding=total - embedding - ple_embedding - learned - inactive,
+        )
     return out
 
 

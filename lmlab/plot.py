@@ -44,8 +44,8 @@ def png_source(path: Path) -> str | None:
         return None
     pos = 8
     while pos + 8 <= len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
         if kind == b"tEXt" and body.startswith(b"Source\0"):
             return body[7:].decode("latin-1")
         if kind in (b"IDAT", b"IEND"):  # matplotlib writes its text chunks before the image data
@@ -58,8 +58,10 @@ def check_own_outputs(paths: list[Path], flag: str = "--out") -> None:
     """Refuse (CheckpointError) when any of ``paths`` exists but is not a PNG this module wrote."""
     for path in paths:
         if path.exists() and (not path.is_file() or png_source(path) != PNG_SOURCE):
-            raise CheckpointError(f"{flag} {str(path.parent)!r} already holds {path.name}, which lmlab did not "
-                                  f"write; choose another folder (nothing was written)")
+            raise CheckpointError(
+                f"{flag} {str(path.parent)!r} already holds {path.name}, which lmlab did not "
+                f"write; choose another folder (nothing was written)"
+            )
 
 
 def save_png(fig, path: Path) -> None:
@@ -107,10 +109,16 @@ def plot_runs(runs: list[Path], out_dir: Path) -> list[Path]:
         val = [r for r in records if "val_loss" in r]
         label = run.name
         for ax, key in zip(axes, ("step", "tokens", "elapsed_s")):
-            line, = ax.plot([r[key] for r in train], [r["loss"] for r in train], label=label, lw=1.2)
+            (line,) = ax.plot([r[key] for r in train], [r["loss"] for r in train], label=label, lw=1.2)
             if key == "step" and val:
-                ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o", color=line.get_color(), ms=4,
-                        label=f"{label} (val)")
+                ax.plot(
+                    [r["step"] for r in val],
+                    [r["val_loss"] for r in val],
+                    "o",
+                    color=line.get_color(),
+                    ms=4,
+                    label=f"{label} (val)",
+                )
         tc = configs[run]
         steps = list(range(tc.max_steps))
         ax_lr.plot(steps, [lr_at(s, tc) for s in steps], label=label)

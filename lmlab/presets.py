@@ -103,8 +103,14 @@ def _tiny(real: dict, d_model: int = 128, n_heads: int = 4, n_layers: int = 2, *
     kv_ratio = full.n_heads // full.n_kv_heads
     if n_heads % kv_ratio and full.n_kv_heads > 1:
         raise ValueError(f"tiny n_heads={n_heads} does not keep the GQA ratio {kv_ratio}")
-    out: dict = dict(vocab_size=TINY_VOCAB, context_length=TINY_CONTEXT, d_model=d_model, n_layers=n_layers,
-                     n_heads=n_heads, n_kv_heads=1 if full.n_kv_heads == 1 else n_heads // kv_ratio)
+    out: dict = dict(
+        vocab_size=TINY_VOCAB,
+        context_length=TINY_CONTEXT,
+        d_model=d_model,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=1 if full.n_kv_heads == 1 else n_heads // kv_ratio,
+    )
     head_dim = d_model // n_heads
     if "head_dim" in real:  # keep n_heads * head_dim / d_model
         head_dim = _round_to(full.head_dim * full.n_heads / full.d_model * d_model / n_heads, 8)
@@ -145,8 +151,9 @@ def load_presets(path: Path = TABLE) -> dict[str, Preset]:
         where = f"{path}: presets[{i}] ({rec.get('name', '?')!r})"
         unknown, missing = sorted(set(rec) - set(_KEYS)), [k for k in _REQUIRED if k not in rec]
         if unknown or missing:
-            raise ConfigError(f"{where}: unknown keys {unknown}, missing keys {missing}; "
-                              f"valid keys: {', '.join(_KEYS)}")
+            raise ConfigError(
+                f"{where}: unknown keys {unknown}, missing keys {missing}; valid keys: {', '.join(_KEYS)}"
+            )
         if rec["name"] in out:
             raise ConfigError(f"{where}: the name {rec['name']!r} appears twice")
         if (rec.get("published_params") is None) != (not rec.get("params_source")):
@@ -157,9 +164,18 @@ def load_presets(path: Path = TABLE) -> dict[str, Preset]:
             tiny = _tiny(rec["real"], **rec["tiny"])
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{where}: {exc}") from exc
-        out[rec["name"]] = Preset(rec["name"], rec["family"], rec["source"], rec["summary"], rec["real"], tiny,
-                                  rec.get("published_params"), rec.get("notes", ""), rec.get("params_source", ""),
-                                  rec.get("extra", {}))
+        out[rec["name"]] = Preset(
+            rec["name"],
+            rec["family"],
+            rec["source"],
+            rec["summary"],
+            rec["real"],
+            tiny,
+            rec.get("published_params"),
+            rec.get("notes", ""),
+            rec.get("params_source", ""),
+            rec.get("extra", {}),
+        )
     return out
 
 

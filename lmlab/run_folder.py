@@ -63,8 +63,11 @@ def run_copy_hint(run_dir: Path) -> str:
     """'; the run's config as of its last checkpoint is in PATH (copy it back ...)' or '' when no
     checkpoint of run_dir keeps a copy of run.yaml: the tail of errors about a missing or damaged one."""
     copies = [c / RUN_FILE for c in checkpoint_dirs(run_dir) if (c / RUN_FILE).is_file()]
-    return (f"; the run's config as of its last checkpoint is in {str(copies[-1])!r} (copy it back to restore "
-            f"the run)" if copies else "")
+    return (
+        f"; the run's config as of its last checkpoint is in {str(copies[-1])!r} (copy it back to restore the run)"
+        if copies
+        else ""
+    )
 
 
 def read_run(run_dir: str | Path) -> dict:
@@ -74,32 +77,41 @@ def read_run(run_dir: str | Path) -> dict:
     path = Path(run_dir) / RUN_FILE
     hint = run_copy_hint(Path(run_dir))
     if not path.is_file():
-        raise CheckpointError(f"{str(run_dir)!r} is not an lmlab run folder (no {RUN_FILE}); "
-                              f"give the folder that `lmlab train --out` created{hint}")
+        raise CheckpointError(
+            f"{str(run_dir)!r} is not an lmlab run folder (no {RUN_FILE}); "
+            f"give the folder that `lmlab train --out` created{hint}"
+        )
     try:
         run = yaml.safe_load(path.read_text())
     except UnicodeDecodeError:
-        raise CheckpointError(f"{str(path)!r} is not UTF-8 text (a binary file?); it should be the run's YAML "
-                              f"config{hint}") from None
+        raise CheckpointError(
+            f"{str(path)!r} is not UTF-8 text (a binary file?); it should be the run's YAML config{hint}"
+        ) from None
     except RecursionError:  # YAML flow or block nesting thousands deep: PyYAML's parser recurses
-        raise CheckpointError(f"{str(path)!r} could not be read: nesting too deep; it should be the run's YAML "
-                              f"config{hint}") from None
+        raise CheckpointError(
+            f"{str(path)!r} could not be read: nesting too deep; it should be the run's YAML config{hint}"
+        ) from None
     except (OSError, yaml.YAMLError) as exc:
         from lmlab.config_files import yaml_error_line
 
         raise CheckpointError(f"{str(path)!r} could not be read: {yaml_error_line(exc)}{hint}") from None
     if not isinstance(run, dict) or not isinstance(run.get("model"), dict):
-        raise CheckpointError(f"{str(path)!r} has no 'model:' mapping; it is not an lmlab run file (lmlab train "
-                              f"writes 'model:' and 'train:' sections){hint}")
+        raise CheckpointError(
+            f"{str(path)!r} has no 'model:' mapping; it is not an lmlab run file (lmlab train "
+            f"writes 'model:' and 'train:' sections){hint}"
+        )
     if not isinstance(run.get("train"), dict):
-        raise CheckpointError(f"{str(path)!r}: key 'train' must be a mapping of training settings, got "
-                              f"{run.get('train')!r:.60}{hint}")
+        raise CheckpointError(
+            f"{str(path)!r}: key 'train' must be a mapping of training settings, got {run.get('train')!r:.60}{hint}"
+        )
     if run.get("data") is not None and not isinstance(run["data"], str):
-        raise CheckpointError(f"{str(path)!r}: key 'data' must be a data folder path or null, got "
-                              f"{run['data']!r:.60}{hint}")
+        raise CheckpointError(
+            f"{str(path)!r}: key 'data' must be a data folder path or null, got {run['data']!r:.60}{hint}"
+        )
     if run.get("hf") is not None and not isinstance(run["hf"], dict):
-        raise CheckpointError(f"{str(path)!r}: key 'hf' must be a mapping (an imported model's origin), got "
-                              f"{run['hf']!r:.60}{hint}")
+        raise CheckpointError(
+            f"{str(path)!r}: key 'hf' must be a mapping (an imported model's origin), got {run['hf']!r:.60}{hint}"
+        )
     return run
 
 
@@ -112,8 +124,9 @@ def write_outcome(run_dir: str | Path, status: str, step: int, error: Optional[s
     OUTCOMES."""
     if status not in OUTCOMES:
         raise ValueError(f"outcome status must be one of {', '.join(OUTCOMES)}, got {status!r}")
-    atomic_write_text(Path(run_dir) / OUTCOME_FILE,
-                      json.dumps({"status": status, "step": int(step), "error": error}) + "\n")
+    atomic_write_text(
+        Path(run_dir) / OUTCOME_FILE, json.dumps({"status": status, "step": int(step), "error": error}) + "\n"
+    )
 
 
 def read_outcome(run_dir: str | Path) -> Optional[dict]:
@@ -126,16 +139,32 @@ def read_outcome(run_dir: str | Path) -> Optional[dict]:
     try:
         rec = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{str(path)!r} could not be read as JSON ({exc}); it records how training ended "
-                              f"(lmlab train writes it)") from None
+        raise CheckpointError(
+            f"{str(path)!r} could not be read as JSON ({exc}); it records how training ended (lmlab train writes it)"
+        ) from None
     if not isinstance(rec, dict) or rec.get("status") not in OUTCOMES or not is_count(rec.get("step")):
-        raise CheckpointError(f"{str(path)!r}: expected {{'status': one of {', '.join(OUTCOMES)}, 'step': a "
-                              f"non-negative integer, 'error': text or null}}, got {str(rec)[:80]}")
+        raise CheckpointError(
+            f"{str(path)!r}: expected {{'status': one of {', '.join(OUTCOMES)}, 'step': a "
+            f"non-negative integer, 'error': text or null}}, got {str(rec)[:80]}"
+        )
     return rec
 
 
-METRIC_NUMBERS = ("loss", "lr", "muon_lr", "grad_norm", "val_loss", "val_bpb", "val_tokens", "tokens",
-                  "tokens_per_s", "mfu", "elapsed_s", "clip_fraction", "spikes")
+METRIC_NUMBERS = (
+    "loss",
+    "lr",
+    "muon_lr",
+    "grad_norm",
+    "val_loss",
+    "val_bpb",
+    "val_tokens",
+    "tokens",
+    "tokens_per_s",
+    "mfu",
+    "elapsed_s",
+    "clip_fraction",
+    "spikes",
+)
 
 
 def metrics_lines(path: str | Path) -> list[tuple[str, dict]]:
@@ -147,8 +176,10 @@ def metrics_lines(path: str | Path) -> list[tuple[str, dict]]:
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise CheckpointError(f"{str(path)!r} is not UTF-8 text (byte {exc.start}); expected one JSON object "
-                              f"per line (lmlab's training log)") from None
+        raise CheckpointError(
+            f"{str(path)!r} is not UTF-8 text (byte {exc.start}); expected one JSON object "
+            f"per line (lmlab's training log)"
+        ) from None
     lines = text.split("\n")
     out = []
     for i, line in enumerate(lines, 1):
@@ -159,13 +190,17 @@ def metrics_lines(path: str | Path) -> list[tuple[str, dict]]:
         except json.JSONDecodeError:
             if i == len(lines):  # no newline after it: the cut last line of a killed writer
                 continue
-            raise CheckpointError(f"{str(path)!r} line {i} is not JSON (damaged?); expected one JSON object per "
-                                  f"line (lmlab's training log)") from None
+            raise CheckpointError(
+                f"{str(path)!r} line {i} is not JSON (damaged?); expected one JSON object per "
+                f"line (lmlab's training log)"
+            ) from None
         if not isinstance(rec, dict):
             raise CheckpointError(f"{str(path)!r} line {i}: expected a JSON object, got a JSON {type(rec).__name__}")
         if not is_count(rec.get("step")):
-            raise CheckpointError(f"{str(path)!r} line {i}: key 'step' must be a non-negative integer, got "
-                                  f"{rec.get('step', '(missing)')!r:.40}")
+            raise CheckpointError(
+                f"{str(path)!r} line {i}: key 'step' must be a non-negative integer, got "
+                f"{rec.get('step', '(missing)')!r:.40}"
+            )
         for key in METRIC_NUMBERS:
             v = rec.get(key)
             if key in rec and (not isinstance(v, (int, float)) or isinstance(v, bool)):
@@ -226,22 +261,30 @@ def check_data_tokenizer(run_dir: str | Path, data: TokenData, vocab_size: Optio
     (its ``tokenizer.json`` byte for byte the run's) and, given the model's ``vocab_size``, holds no id
     at or past it."""
     run_tok = Path(run_dir) / TOKENIZER_FILE
-    if (not run_tok.is_file() or run_tok.read_bytes() != (data.folder / TOKENIZER_FILE).read_bytes()
-            or (vocab_size is not None and data.tokenizer.vocab_size > vocab_size)):
-        raise DataError(f"data {str(data.folder)!r} was not prepared with the tokenizer of run {str(run_dir)!r}; "
-                        f"use the run's own data folder, or prepare one with `lmlab prepare --tokenizer-file "
-                        f"{run_tok} ...`")
+    if (
+        not run_tok.is_file()
+        or run_tok.read_bytes() != (data.folder / TOKENIZER_FILE).read_bytes()
+        or (vocab_size is not None and data.tokenizer.vocab_size > vocab_size)
+    ):
+        raise DataError(
+            f"data {str(data.folder)!r} was not prepared with the tokenizer of run {str(run_dir)!r}; "
+            f"use the run's own data folder, or prepare one with `lmlab prepare --tokenizer-file "
+            f"{run_tok} ...`"
+        )
 
 
-def run_data(run_dir: str | Path, run: dict, data: Optional[str | Path] = None,
-             vocab_size: Optional[int] = None) -> TokenData:
+def run_data(
+    run_dir: str | Path, run: dict, data: Optional[str | Path] = None, vocab_size: Optional[int] = None
+) -> TokenData:
     """The data folder a command on run ``run_dir`` (``run``: its :func:`read_run`) reads: ``data`` when
     given, else the one in run.yaml, checked with :func:`check_data_tokenizer`. Raises DataError when
     there is none (an imported run: give ``data``) or it was tokenised otherwise."""
     if not data and not run.get("data"):
-        raise DataError(f"run {str(run_dir)!r} has no data folder (it was imported); pass --data DIR, a folder "
-                        f"prepared with the run's tokenizer (`lmlab prepare --tokenizer-file "
-                        f"{Path(run_dir) / TOKENIZER_FILE} ...`)")
+        raise DataError(
+            f"run {str(run_dir)!r} has no data folder (it was imported); pass --data DIR, a folder "
+            f"prepared with the run's tokenizer (`lmlab prepare --tokenizer-file "
+            f"{Path(run_dir) / TOKENIZER_FILE} ...`)"
+        )
     folder = TokenData(data or run["data"])
     check_data_tokenizer(run_dir, folder, vocab_size)
     return folder
@@ -253,14 +296,18 @@ def check_new_run_dir(run_dir: Path) -> None:
     if not str(run_dir).strip():
         raise CheckpointError("--out is blank; give a folder path for the new run")
     if not (run_dir / RUN_FILE).exists() and checkpoint_dirs(run_dir):
-        raise CheckpointError(f"run folder {str(run_dir)!r} holds checkpoints but no {RUN_FILE}; choose another "
-                              f"--out, or restore it and pass --resume{run_copy_hint(run_dir)}")
+        raise CheckpointError(
+            f"run folder {str(run_dir)!r} holds checkpoints but no {RUN_FILE}; choose another "
+            f"--out, or restore it and pass --resume{run_copy_hint(run_dir)}"
+        )
     if (run_dir / RUN_FILE).exists():
-        raise CheckpointError(f"run folder {str(run_dir)!r} already holds a run; pass --resume to continue it "
-                              f"or choose another --out")
+        raise CheckpointError(
+            f"run folder {str(run_dir)!r} already holds a run; pass --resume to continue it or choose another --out"
+        )
     if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        raise CheckpointError(f"--out {str(run_dir)!r} exists and is not an empty folder or an lmlab run; "
-                              f"choose a new run folder")
+        raise CheckpointError(
+            f"--out {str(run_dir)!r} exists and is not an empty folder or an lmlab run; choose a new run folder"
+        )
     if any(p.exists() and not p.is_dir() for p in run_dir.parents):
         raise CheckpointError(f"--out {str(run_dir)!r} lies under a file; choose a folder path")
 
@@ -278,7 +325,8 @@ def check_lost_checkpoints(run_dir: Path) -> None:
             f"run {str(run_dir)!r} has no checkpoint (its checkpoints folder {where}), but "
             f"{str(path)!r} records one saved at step {max(saved)}: deleted or moved? Restore the "
             f"checkpoints folder to continue from there; to train the run again from step 0, move "
-            f"metrics.jsonl out of the run folder first (nothing was changed)")
+            f"metrics.jsonl out of the run folder first (nothing was changed)"
+        )
 
 
 def metrics_to_keep(run_dir: Path, step: int, log_interval: int) -> Optional[list[str]]:
@@ -290,9 +338,12 @@ def metrics_to_keep(run_dir: Path, step: int, log_interval: int) -> Optional[lis
     expected = step // log_interval * log_interval  # the last step logged for sure
     reached = max((rec["step"] for _, rec in lines), default=0)
     if reached < expected:
-        print(f"warning: {str(path)!r} {'ends at step ' + str(reached) if lines else 'is missing or empty'}, "
-              f"before step {expected} the checkpoint had logged (truncated or deleted?); training goes on "
-              f"and its log will lack those steps", file=sys.stderr)
+        print(
+            f"warning: {str(path)!r} {'ends at step ' + str(reached) if lines else 'is missing or empty'}, "
+            f"before step {expected} the checkpoint had logged (truncated or deleted?); training goes on "
+            f"and its log will lack those steps",
+            file=sys.stderr,
+        )
     if not path.exists():
         return None
     return [line for line, rec in lines if rec["step"] <= step]

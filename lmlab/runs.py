@@ -37,9 +37,7 @@ def describe_manifest(manifest: dict) -> list[str]:
     ]
 
 
-def ensure_default_data(
-    data: Optional[str | Path], tokenizer: str = "bpe", vocab_size: int = DEFAULT_VOCAB
-) -> Path:
+def ensure_default_data(data: Optional[str | Path], tokenizer: str = "bpe", vocab_size: int = DEFAULT_VOCAB) -> Path:
     """The prepared data folder to train on: ``data`` if given, else the default corpus (the
     Shakespeare works, :mod:`lmlab.data.corpus`) with ``tokenizer`` ('bpe' with ``vocab_size``, or
     'bytes'), prepared on first use into :func:`default_data_dir`. Raises DataError when the corpus
@@ -51,9 +49,7 @@ def ensure_default_data(
         from lmlab.data.corpus import VALIDATION_WORKS, default_corpus_dir
         from lmlab.data.prepare import prepare
 
-        manifest = prepare(
-            default_corpus_dir(), folder, tokenizer, vocab_size, list(VALIDATION_WORKS), 0.1, False
-        )
+        manifest = prepare(default_corpus_dir(), folder, tokenizer, vocab_size, list(VALIDATION_WORKS), 0.1, False)
         for line in describe_manifest(manifest):
             print(line)
         print(
@@ -78,9 +74,7 @@ def read_config_file(name: str | Path) -> tuple[Path, dict, dict]:
         raise ConfigError(f"config file {str(path)!r} is empty; give a 'model:' and/or a 'train:' section")
     unknown = sorted(str(k) for k in spec if k not in ("model", "train"))
     if unknown:
-        raise ConfigError(
-            f"config file {str(path)!r}: unknown section(s) {unknown}; use 'model:' and 'train:'"
-        )
+        raise ConfigError(f"config file {str(path)!r}: unknown section(s) {unknown}; use 'model:' and 'train:'")
     for section in ("model", "train"):
         if not isinstance(spec.get(section) or {}, dict):
             raise ConfigError(
@@ -140,9 +134,7 @@ def build_configs(
             import difflib
 
             near = difflib.get_close_matches(key, sorted(model_keys | train_keys), n=1)
-            raise ConfigError(
-                f"--set {item!r}: unknown key {key!r}" + (f"; did you mean {near[0]!r}?" if near else "")
-            )
+            raise ConfigError(f"--set {item!r}: unknown key {key!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
     model = apply_overrides(model, m_over, ModelConfig)
     train = apply_overrides(train, t_over, TrainConfig)
     if base is not None:  # before the merged settings are checked (e.g. muon_lr without muon)
@@ -150,8 +142,10 @@ def build_configs(
 
         was, now = optimizer_of(base.get("train")), train.get("optimizer", "adamw")
         if now != was:
-            raise ConfigError(f"optimizer={now!r}: the resumed run trains with optimizer={was!r}, whose state "
-                              f"its checkpoints hold; keep it, or start a new run")
+            raise ConfigError(
+                f"optimizer={now!r}: the resumed run trains with optimizer={was!r}, whose state "
+                f"its checkpoints hold; keep it, or start a new run"
+            )
     if not explicit_vocab and data_vocab is not None:  # the data's tokenizer decides, not the preset
         model["vocab_size"] = data_vocab
     if sets:
@@ -174,8 +168,9 @@ def attach_data(out: Path, run: dict, data_dir: Path) -> None:
     write_run(out, run)
 
 
-def model_config_for(preset: Optional[str], scale: Optional[str], config: Optional[str | Path],
-                     run: Optional[str | Path]):
+def model_config_for(
+    preset: Optional[str], scale: Optional[str], config: Optional[str | Path], run: Optional[str | Path]
+):
     """(ModelConfig, title, published parameter count or None) of a model named by exactly one of a
     preset (at ``scale``: ``real`` or ``tiny``), a config file or a run folder; (None, None, None) when
     none is given. Raises ConfigError for several, CheckpointError for a run folder without a valid
@@ -267,7 +262,8 @@ def setup_run(
 
 
 def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress):
-    from lmlab.checkpoint import RUN_FILE, check_run_model, read_run, run_copy_hint
+    from lmlab.checkpoint import check_run_model
+    from lmlab.run_folder import RUN_FILE, read_run, run_copy_hint
     from lmlab.config import ModelConfig, check_keys
     from lmlab.data.shards import TokenData
     from lmlab.run_folder import check_new_run_dir
@@ -287,8 +283,15 @@ def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress
             )
         if resume:  # continue, possibly with changed training settings
             cfg, tc = (
-                build_configs(config, preset, scale, sets, run["model"].get("vocab_size"), base=run,
-                              base_source=str(out / RUN_FILE))
+                build_configs(
+                    config,
+                    preset,
+                    scale,
+                    sets,
+                    run["model"].get("vocab_size"),
+                    base=run,
+                    base_source=str(out / RUN_FILE),
+                )
                 if (config or preset or sets)
                 else (None, None)
             )
@@ -313,8 +316,11 @@ def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress
             if diff:
                 more = f"; and {len(diff) - 4} more" if len(diff) > 4 else ""
                 # --resume takes new train settings, never another architecture or data
-                advice = ("choose another --out" if any(not d.startswith("train.") for d in diff)
-                          else "choose another --out, or pass --resume to continue it with new train settings")
+                advice = (
+                    "choose another --out"
+                    if any(not d.startswith("train.") for d in diff)
+                    else "choose another --out, or pass --resume to continue it with new train settings"
+                )
                 raise ConfigError(
                     f"run folder {str(out)!r} already holds a different run ({'; '.join(diff[:4])}{more}; "
                     f"the run's settings as {str(out / RUN_FILE)!r} records them); {advice}"

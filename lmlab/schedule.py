@@ -91,8 +91,7 @@ def shortest_plan(step: int, tc: TrainConfig) -> int:
     return n
 
 
-def budget_steps(step: int, elapsed_s: float, step_s: float, eval_s: float, save_s: float,
-                 tc: TrainConfig) -> int:
+def budget_steps(step: int, elapsed_s: float, step_s: float, eval_s: float, save_s: float, tc: TrainConfig) -> int:
     """The ``max_steps`` that makes a run end within ``tc.budget_seconds`` of wall time: the largest N in
     [step, tc.max_steps] with ``elapsed_s + (N - step) * step_s + evals * eval_s + saves * save_s <=
     budget``, where evals counts the periodic evaluations in (step, N] plus the final one at N, and saves
@@ -122,7 +121,12 @@ def planned_config(run: dict, tc: TrainConfig) -> tuple[TrainConfig, bool]:
     :meth:`Trainer.fit`), and whether that plan holds: it does while ``tc`` asks the same
     ``budget_seconds`` and either the same cap or the planned steps themselves."""
     plan = run.get("budget")
-    if (isinstance(plan, dict) and tc.budget_seconds is not None and tc.budget_seconds == plan.get("seconds")
-            and tc.max_steps in (plan.get("cap"), plan.get("steps")) and isinstance(plan.get("steps"), int)):
+    if (
+        isinstance(plan, dict)
+        and tc.budget_seconds is not None
+        and tc.budget_seconds == plan.get("seconds")
+        and tc.max_steps in (plan.get("cap"), plan.get("steps"))
+        and isinstance(plan.get("steps"), int)
+    ):
         return dataclasses.replace(tc, max_steps=plan["steps"]), True
     return tc, False

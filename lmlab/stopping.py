@@ -46,8 +46,12 @@ class StopSignals:
         if self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum
-        print(f"\n{signal.Signals(signum).name} received: finishing the current step and saving a checkpoint "
-              f"(send it again to stop at once)", file=sys.stderr, flush=True)
+        print(
+            f"\n{signal.Signals(signum).name} received: finishing the current step and saving a checkpoint "
+            f"(send it again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def __enter__(self) -> "StopSignals":
         if threading.current_thread() is threading.main_thread():

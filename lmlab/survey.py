@@ -14,14 +14,23 @@ from lmlab.config import ModelConfig
 from lmlab.config_checks import GATED_ACTIVATIONS
 
 
-_NORM_NAMES = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm", "gemma_rmsnorm": "RMSNorm(1+w)",
-               "layernorm1p": "LayerNorm(1+w)"}
+_NORM_NAMES = {
+    "rmsnorm": "RMSNorm",
+    "layernorm": "LayerNorm",
+    "gemma_rmsnorm": "RMSNorm(1+w)",
+    "layernorm1p": "LayerNorm(1+w)",
+}
 
 
 def _positions(cfg: ModelConfig) -> str:
     if cfg.position != "rope":
-        return {"nope": "NoPE", "learned": "learned", "sinusoidal": "sinusoidal", "alibi": "ALiBi",
-                "t5": f"T5 bias ({cfg.t5_num_buckets} buckets)"}[cfg.position]
+        return {
+            "nope": "NoPE",
+            "learned": "learned",
+            "sinusoidal": "sinusoidal",
+            "alibi": "ALiBi",
+            "t5": f"T5 bias ({cfg.t5_num_buckets} buckets)",
+        }[cfg.position]
     theta = f"{cfg.rope_theta:,.0f}".replace(",000,000", "M").replace(",000", "k")
     out = f"RoPE {theta}"
     if cfg.rope_fraction < 1:
@@ -46,7 +55,8 @@ def _windows(cfg: ModelConfig) -> str:
         return "-"
     if cfg.local_attention == "chunk":
         return _windows(dataclasses.replace(cfg, local_attention="window")).replace(
-            f" {cfg.sliding_window}", f" chunk {cfg.sliding_window}", 1)
+            f" {cfg.sliding_window}", f" chunk {cfg.sliding_window}", 1
+        )
     if cfg.layer_pattern is None or "G" not in cfg.layer_pattern:
         return f"all {cfg.sliding_window}"
     p = cfg.layer_pattern
@@ -59,8 +69,11 @@ def _windows(cfg: ModelConfig) -> str:
 def _stability(cfg: ModelConfig) -> str:
     tricks = []
     if cfg.qk_norm != "none":
-        tricks.append("QK-norm" + ("" if cfg.qk_norm_scope == "head" else f" ({cfg.qk_norm_scope})")
-                      + (" (L2, RoPE layers)" if cfg.qk_norm_layers == "rope" else ""))
+        tricks.append(
+            "QK-norm"
+            + ("" if cfg.qk_norm_scope == "head" else f" ({cfg.qk_norm_scope})")
+            + (" (L2, RoPE layers)" if cfg.qk_norm_layers == "rope" else "")
+        )
     if cfg.attn_temperature_tuning:
         tricks.append("attn temperature")
     if cfg.attn_logit_softcap:
@@ -74,8 +87,20 @@ def _stability(cfg: ModelConfig) -> str:
     return ", ".join(tricks) or "-"
 
 
-SURVEY_COLUMNS = ("model", "vocab", "norm", "activation", "d_ff/d", "H*hd/d", "d/L", "positions", "heads/kv",
-                  "windows", "stability", "params")
+SURVEY_COLUMNS = (
+    "model",
+    "vocab",
+    "norm",
+    "activation",
+    "d_ff/d",
+    "H*hd/d",
+    "d/L",
+    "positions",
+    "heads/kv",
+    "windows",
+    "stability",
+    "params",
+)
 
 
 def survey_rows(scale: str = "real") -> list[dict]:
@@ -96,16 +121,26 @@ def survey_rows(scale: str = "real") -> list[dict]:
         params = human_count(p.published_params) if p.published_params else f"~{human_count(n)}"
         if cfg.n_experts:  # mixture of experts: routed x top-k (+ shared), and the active parameters
             act += f", MoE {cfg.n_experts} top-{cfg.experts_per_token}" + (
-                f" +{cfg.n_shared_experts} shared" if cfg.n_shared_experts else "")
+                f" +{cfg.n_shared_experts} shared" if cfg.n_shared_experts else ""
+            )
             params += f" ({human_count(counts['active'])} active)"
         mla = cfg.attention == "mla"  # heads: value width per head; KV: the cached latent
-        rows.append({"model": name, "vocab": cfg.vocab_size, "norm": norm, "activation": act,
-                     "d_ff/d": round((cfg.expert_d_ff or cfg.d_ff) / cfg.d_model, 2),
-                     "H*hd/d": round(cfg.n_heads * (cfg.v_head_dim if mla else cfg.head_dim) / cfg.d_model, 2),
-                     "d/L": round(cfg.d_model / cfg.n_layers, 1), "positions": _positions(cfg),
-                     "heads/kv": f"{cfg.n_heads} MLA r{cfg.kv_lora_rank}" if mla else f"{cfg.n_heads}/{cfg.n_kv_heads}",
-                     "windows": _windows(cfg),
-                     "stability": _stability(cfg), "params": params})
+        rows.append(
+            {
+                "model": name,
+                "vocab": cfg.vocab_size,
+                "norm": norm,
+                "activation": act,
+                "d_ff/d": round((cfg.expert_d_ff or cfg.d_ff) / cfg.d_model, 2),
+                "H*hd/d": round(cfg.n_heads * (cfg.v_head_dim if mla else cfg.head_dim) / cfg.d_model, 2),
+                "d/L": round(cfg.d_model / cfg.n_layers, 1),
+                "positions": _positions(cfg),
+                "heads/kv": f"{cfg.n_heads} MLA r{cfg.kv_lora_rank}" if mla else f"{cfg.n_heads}/{cfg.n_kv_heads}",
+                "windows": _windows(cfg),
+                "stability": _stability(cfg),
+                "params": params,
+            }
+        )
     return rows
 
 
@@ -127,6 +162,8 @@ def format_survey(rows: list[dict], fmt: str = "table") -> str:
         raise ValueError(f"format={fmt!r} is not one of 'table', 'markdown', 'csv'")
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     numeric = {"vocab", "d_ff/d", "H*hd/d", "d/L", "params"}
-    line = lambda vals: "  ".join(v.rjust(w) if c in numeric else v.ljust(w)  # noqa: E731
-                                  for v, w, c in zip(vals, widths, cols)).rstrip()
+    line = lambda vals: "  ".join(
+        v.rjust(w) if c in numeric else v.ljust(w)  # noqa: E731
+        for v, w, c in zip(vals, widths, cols)
+    ).rstrip()
     return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(r) for r in cells])

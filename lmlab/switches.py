@@ -19,11 +19,21 @@ from lmlab import config_checks
 
 # field -> the tuple of accepted values in lmlab.config_checks (the names _choice validates against)
 CHOICES = {
-    "norm_type": "NORM_TYPES", "norm_position": "NORM_POSITIONS", "activation": "ACTIVATIONS",
-    "position": "POSITIONS", "rope_style": "ROPE_STYLES", "bias": "BIASES", "moe_balance": "MOE_BALANCES",
-    "attn_output_gate": "ATTN_OUTPUT_GATES", "linear_attention": "LINEAR_ATTENTIONS", "qk_norm": "QK_NORMS",
-    "qk_norm_layers": "QK_NORM_LAYERS", "router_weights": "ROUTER_WEIGHTS", "qk_norm_scope": "QK_NORM_SCOPES",
-    "parametrization": "PARAMETRIZATIONS", "router_score": "ROUTER_SCORES",
+    "norm_type": "NORM_TYPES",
+    "norm_position": "NORM_POSITIONS",
+    "activation": "ACTIVATIONS",
+    "position": "POSITIONS",
+    "rope_style": "ROPE_STYLES",
+    "bias": "BIASES",
+    "moe_balance": "MOE_BALANCES",
+    "attn_output_gate": "ATTN_OUTPUT_GATES",
+    "linear_attention": "LINEAR_ATTENTIONS",
+    "qk_norm": "QK_NORMS",
+    "qk_norm_layers": "QK_NORM_LAYERS",
+    "router_weights": "ROUTER_WEIGHTS",
+    "qk_norm_scope": "QK_NORM_SCOPES",
+    "parametrization": "PARAMETRIZATIONS",
+    "router_score": "ROUTER_SCORES",
 }
 
 
@@ -39,14 +49,18 @@ def _comments(cls: type) -> dict[str, str]:
     for tok in tokenize.generate_tokens(io.StringIO(src).readline):
         if tok.type == tokenize.COMMENT:
             comment[tok.start[0]] = tok.string.lstrip("#").strip()
-    fields = [(n.lineno, n.end_lineno or n.lineno, n.target.id) for n in body
-              if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+    fields = [
+        (n.lineno, n.end_lineno or n.lineno, n.target.id)
+        for n in body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+    ]
     starts = {a: name for a, _, name in fields}
     ends = {b: name for _, b, name in fields}
     own = {name: [comment[r] for r in range(a, b + 1) if r in comment] for a, b, name in fields}
     before: dict[str, list] = {name: [] for _, _, name in fields}
-    is_block = lambda r: 1 <= r <= len(lines) and lines[r - 1].strip().startswith("#") \
-        and not lines[r - 1].strip().startswith("# ---")  # noqa: E731
+    is_block = lambda r: (
+        1 <= r <= len(lines) and lines[r - 1].strip().startswith("#") and not lines[r - 1].strip().startswith("# ---")
+    )  # noqa: E731
     r = 1
     while r <= len(lines):
         if not is_block(r):
@@ -84,8 +98,15 @@ def rows(cls: type) -> list[dict]:
     out = []
     for f in dataclasses.fields(cls):
         choices = getattr(config_checks, CHOICES[f.name]) if f.name in CHOICES else None
-        out.append({"name": f.name, "type": _type(f), "default": _default(f),
-                    "values": ", ".join(f"`{c}`" for c in choices) if choices else "", "doc": notes.get(f.name, "")})
+        out.append(
+            {
+                "name": f.name,
+                "type": _type(f),
+                "default": _default(f),
+                "values": ", ".join(f"`{c}`" for c in choices) if choices else "",
+                "doc": notes.get(f.name, ""),
+            }
+        )
     return out
 
 
@@ -98,11 +119,15 @@ def markdown() -> str:
     from lmlab.config import ModelConfig
     from lmlab.train import TrainConfig
 
-    L = ["# Every switch", "",
-         "Generated from `lmlab/config.py` (`ModelConfig`: the model) and `lmlab/train_config.py` (`TrainConfig`: "
-         "training) by `python -m lmlab.switches > docs/switches.md`; `tests/test_switches.py` checks the page "
-         "is current. Any field is set with `--set name=value` on `lmlab train` (or in a config / spec YAML); "
-         "every value is validated, and a bad one is refused naming the field and what is valid.", ""]
+    L = [
+        "# Every switch",
+        "",
+        "Generated from `lmlab/config.py` (`ModelConfig`: the model) and `lmlab/train_config.py` (`TrainConfig`: "
+        "training) by `python -m lmlab.switches > docs/switches.md`; `tests/test_switches.py` checks the page "
+        "is current. Any field is set with `--set name=value` on `lmlab train` (or in a config / spec YAML); "
+        "every value is validated, and a bad one is refused naming the field and what is valid.",
+        "",
+    ]
     for title, cls in (("Model (`ModelConfig`)", ModelConfig), ("Training (`TrainConfig`)", TrainConfig)):
         rs = rows(cls)
         L += [
@@ -114,8 +139,10 @@ def markdown() -> str:
             "| --- | --- | --- | --- | --- |",
         ]
         for r in rs:
-            L.append(f"| `{r['name']}` | {_cell(r['type'])} | `{_cell(r['default'])}` | {_cell(r['values'])} | "
-                     f"{_cell(r['doc'])} |")
+            L.append(
+                f"| `{r['name']}` | {_cell(r['type'])} | `{_cell(r['default'])}` | {_cell(r['values'])} | "
+                f"{_cell(r['doc'])} |"
+            )
         L.append("")
     return "\n".join(L)
 

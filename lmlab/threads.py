@@ -71,4 +71,3 @@ def using_threads(threads: Optional[int]) -> Iterator[int]:
         yield set_threads(threads)
     finally:
         set_threads(before)
-

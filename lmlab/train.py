@@ -36,12 +36,20 @@ from lmlab.evaluate import evaluate
 from lmlab.model import TransformerLM
 from lmlab.kernels.linear import fp32_linears_on_onednn
 from lmlab.compile_choice import choose_for_run, compile_blocks, eager
-from lmlab.devices import (PRECISIONS, check_memory, device_peak_flops, keep_freed_memory, precision_name,
-                           resolve_device, resolve_dtype)
+from lmlab.devices import (
+    PRECISIONS,
+    check_memory,
+    device_peak_flops,
+    keep_freed_memory,
+    precision_name,
+    resolve_device,
+    resolve_dtype,
+)
 from lmlab.stopping import StopSignals, TrainingDiverged, TrainingInterrupted
 from lmlab.optim import build_optimizer, muon_lr_at, optimizer_of, param_groups, set_lr
 from lmlab.train_config import AUTO, TrainConfig
 from lmlab.parallel import Dist, all_reduce_mean, barrier, full_state, init_distributed, load_full_state, wrap_model
+
 
 def restart_rate(bar) -> None:
     """Restart a tqdm bar's clock at its current count, so its rate (steps/s) and ETA leave out what
@@ -55,18 +63,26 @@ def restart_rate(bar) -> None:
     bar.refresh()
 
 
-
 class Trainer:
     """Train a model in a run folder. Build with :meth:`create` (new run) or :meth:`resume`."""
 
-    def __init__(self, run_dir: Path, cfg: ModelConfig, tc: TrainConfig, data: TokenData, progress: bool = True,
-                 padded_vocab: bool = False):
+    def __init__(
+        self,
+        run_dir: Path,
+        cfg: ModelConfig,
+        tc: TrainConfig,
+        data: TokenData,
+        progress: bool = True,
+        padded_vocab: bool = False,
+    ):
         self.run_dir, self.cfg, self.tc, self.data = Path(run_dir), cfg, tc, data
         self.progress = progress
         # an imported model may pad its embedding past its tokenizer (padded_vocab); otherwise exact
         if data.vocab_size > cfg.vocab_size or (data.vocab_size != cfg.vocab_size and not padded_vocab):
-            raise ConfigError(f"model vocab_size={cfg.vocab_size} does not match the tokenizer of "
-                              f"{str(data.folder)!r} ({data.vocab_size} tokens); set vocab_size={data.vocab_size}")
+            raise ConfigError(
+                f"model vocab_size={cfg.vocab_size} does not match the tokenizer of "
+                f"{str(data.folder)!r} ({data.vocab_size} tokens); set vocab_size={data.vocab_size}"
+            )
         self.train_tokens = data.tokens("train")
         self.val_tokens = data.tokens("val")
         if len(self.train_tokens) < cfg.context_length + 2:
@@ -80,8 +96,15 @@ class Trainer:
             "cuda" if (tc.device.startswith("cuda") or (tc.device == "auto" and torch.cuda.is_available())) else "cpu"
         )
         self.dist: Dist = init_distributed(device_type)
-        check_data_bounds(tc, cfg.context_length, len(self.train_tokens), len(self.val_tokens),
-                          self.dist.world_size, str(data.folder), self.dist.is_main)
+        check_data_bounds(
+            tc,
+            cfg.context_length,
+            len(self.train_tokens),
+            len(self.val_tokens),
+            self.dist.world_size,
+            str(data.folder),
+            self.dist.is_main,
+        )
         self.device = resolve_device(tc.device, self.dist.local_rank)
         self.amp_dtype = resolve_dtype(tc.dtype, self.device)
         resumed = (self.run_dir / run_folder.RUN_FILE).is_file()
@@ -89,14 +112,22 @@ class Trainer:
         # resuming: what dtype=auto chose when the run started holds
         if tc.dtype == AUTO and isinstance(kept, str) and kept in PRECISIONS:
             if kept != precision_name(self.amp_dtype) and self.dist.is_main:
-                print(f"note: dtype=auto chose {kept} when this run started; it keeps {kept} (this device alone "
-                      f"would choose {precision_name(self.amp_dtype)}; set dtype to change it)", file=sys.stderr)
+                print(
+                    f"note: dtype=auto chose {kept} when this run started; it keeps {kept} (this device alone "
+                    f"would choose {precision_name(self.amp_dtype)}; set dtype to change it)",
+                    file=sys.stderr,
+                )
             self.amp_dtype = PRECISIONS[kept]
         # CPU steps allocate and free their activations in host memory: keep it mapped (1.18x, above)
         self.malloc_kept = keep_freed_memory() if self.device.type == "cpu" else False
         torch.manual_seed(tc.seed)
-        check_memory(cfg, self.device, self.dist.world_size if tc.parallel == "fsdp" else 1, tc.batch_size,
-                     4 if self.amp_dtype is None else 2)
+        check_memory(
+            cfg,
+            self.device,
+            self.dist.world_size if tc.parallel == "fsdp" else 1,
+            tc.batch_size,
+            4 if self.amp_dtype is None else 2,
+        )
         self.model = TransformerLM(cfg).to(self.device)  # this process's kernels (lmlab.kernels.settings)
         # fp32 on an x86 CPU: the linear layers multiply on oneDNN (lmlab.kernels.linear), said at startup
         self.onednn_linears = fp32_linears_on_onednn(self.device, self.amp_dtype, self.model.kernels)
@@ -104,8 +135,9 @@ class Trainer:
         self.mode = tc.parallel if self.dist.enabled else "none"
         self.fwd = wrap_model(self.model, self.mode, self.dist, self.device)
         if tc.compile_scope == "blocks" and not hasattr(torch.compiler, "set_stance"):
-            raise ConfigError(f"compile_scope='blocks' needs torch >= 2.6 (this is {torch.__version__}); "
-                              f"use compile_scope=model")
+            raise ConfigError(
+                f"compile_scope='blocks' needs torch >= 2.6 (this is {torch.__version__}); use compile_scope=model"
+            )
         self.compile_choice: Optional[str] = None  # eager | blocks | model; compile=auto: choose_for_run in fit()
         self._clock = None  # a lmlab.compile_choice.RunClock: this process's first steps, for the machine's record
         self._compile_checked = False
@@ -163,8 +195,9 @@ class Trainer:
         return trainer
 
     @classmethod
-    def resume(cls, run_dir: str | Path, cfg: Optional[ModelConfig] = None, tc: Optional[TrainConfig] = None,
-               **kw) -> "Trainer":
+    def resume(
+        cls, run_dir: str | Path, cfg: Optional[ModelConfig] = None, tc: Optional[TrainConfig] = None, **kw
+    ) -> "Trainer":
         """Continue ``run_dir`` from its last complete checkpoint (from scratch if it has none): weights,
         optimizer state, step and token counters, RNG state; data order and LR schedule follow from the
         step. A ``cfg`` differing from the run's is refused, naming the fields; ``tc`` may change (e.g. a
@@ -173,14 +206,19 @@ class Trainer:
         run = run_folder.read_run(run_dir)
         saved = ModelConfig.from_dict(run["model"], source=f"{run_dir}/{run_folder.RUN_FILE}")
         if cfg is not None and cfg != saved:
-            diff = [f"{k}: run has {v!r}, asked {getattr(cfg, k)!r}" for k, v in saved.to_dict().items()
-                    if getattr(cfg, k) != v]
+            diff = [
+                f"{k}: run has {v!r}, asked {getattr(cfg, k)!r}"
+                for k, v in saved.to_dict().items()
+                if getattr(cfg, k) != v
+            ]
             raise CheckpointError(f"cannot resume {str(run_dir)!r} with another architecture ({'; '.join(diff)})")
         tc = tc or TrainConfig.from_dict(run["train"], source=f"{run_dir}/{run_folder.RUN_FILE}")
         if tc.optimizer != optimizer_of(run.get("train")):
-            raise CheckpointError(f"cannot resume {str(run_dir)!r} with optimizer={tc.optimizer!r}: the run "
-                                  f"trains with optimizer={optimizer_of(run.get('train'))!r}, whose state its "
-                                  f"checkpoints hold; keep it, or start a new run")
+            raise CheckpointError(
+                f"cannot resume {str(run_dir)!r} with optimizer={tc.optimizer!r}: the run "
+                f"trains with optimizer={optimizer_of(run.get('train'))!r}, whose state its "
+                f"checkpoints hold; keep it, or start a new run"
+            )
         tc, planned = schedule.planned_config(run, tc)
         if run.get("data") is None:
             raise CheckpointError(f"run {str(run_dir)!r} names no data folder; pass --data to fine-tune it")
@@ -189,8 +227,10 @@ class Trainer:
             run_folder.check_lost_checkpoints(trainer.run_dir)
         trainer.budget_planned = planned
         if trainer.step > tc.max_steps:
-            raise CheckpointError(f"max_steps={tc.max_steps} is below the step {trainer.step} run {str(run_dir)!r} "
-                                  f"has reached; give max_steps >= {trainer.step}")
+            raise CheckpointError(
+                f"max_steps={tc.max_steps} is below the step {trainer.step} run {str(run_dir)!r} "
+                f"has reached; give max_steps >= {trainer.step}"
+            )
         if trainer.dist.is_main:
             keep = run_folder.metrics_to_keep(trainer.run_dir, trainer.step, tc.log_interval)  # checked before writing
             spec = dict(run, train=dataclasses.asdict(tc))
@@ -258,8 +298,15 @@ class Trainer:
 
     def validate(self) -> dict:
         with eager():  # compiled blocks: no inference graphs to compile for a few evaluation batches
-            return evaluate(self.model, self.val_tokens, self.data.bytes("val"), batch_size=self.tc.batch_size,
-                            device=self.device, max_windows=self.tc.eval_windows, autocast_dtype=self.amp_dtype)
+            return evaluate(
+                self.model,
+                self.val_tokens,
+                self.data.bytes("val"),
+                batch_size=self.tc.batch_size,
+                device=self.device,
+                max_windows=self.tc.eval_windows,
+                autocast_dtype=self.amp_dtype,
+            )
 
     def save(self) -> Optional[Path]:
         """Checkpoint the current state (gathered to rank 0, written there atomically), then log a
@@ -267,16 +314,30 @@ class Trainer:
         msd, osd = full_state(self.model, self.opt, self.mode, self.dist)
         path = None
         if self.dist.is_main:
-            state = {"step": self.step, "tokens_seen": self.tokens_seen, "seed": self.tc.seed,
-                     "clipped_steps": self.clipped_steps, "spikes": self.spikes, "loss_ema": self.loss_ema,
-                     "world_size": self.dist.world_size}
+            state = {
+                "step": self.step,
+                "tokens_seen": self.tokens_seen,
+                "seed": self.tc.seed,
+                "clipped_steps": self.clipped_steps,
+                "spikes": self.spikes,
+                "loss_ema": self.loss_ema,
+                "world_size": self.dist.world_size,
+            }
             if self.scaler is not None:
                 state["grad_scaler"] = self.scaler.state_dict()
             rng = {"cpu": torch.get_rng_state()}
             if self.device.type == "cuda":
                 rng["cuda"] = torch.cuda.get_rng_state(self.device)
-            path = save_checkpoint(self.run_dir, self.step, msd, osd, state, self.tc.keep_checkpoints,
-                                   tied=self.cfg.tie_embeddings, rng=rng)
+            path = save_checkpoint(
+                self.run_dir,
+                self.step,
+                msd,
+                osd,
+                state,
+                self.tc.keep_checkpoints,
+                tied=self.cfg.tie_embeddings,
+                rng=rng,
+            )
             self._log({"step": self.step, "checkpoint": path.name})  # after the rename: it exists
         barrier(self.dist)
         return path
@@ -289,7 +350,7 @@ class Trainer:
         micro = []
         for m in range(tc.grad_accum):
             first = (m * info.world_size + info.rank) * tc.batch_size
-            x, y = windows_to_batch(self.train_tokens, starts[first:first + tc.batch_size], T)
+            x, y = windows_to_batch(self.train_tokens, starts[first : first + tc.batch_size], T)
             micro.append((x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)))
         return micro
 
@@ -302,8 +363,11 @@ class Trainer:
         micro = self._global_batch()
         local_tokens = sum(int((y != -100).sum()) for _, y in micro)
         global_tokens = all_reduce_mean(float(local_tokens), info, self.device) * info.world_size
-        diag = forward_diagnostics(self.model, micro[0][0], self._autocast) if tc.diag_interval and (
-            self.step == 0 or (self.step + 1) % tc.diag_interval == 0) else None  # step 1: at initialisation
+        diag = (
+            forward_diagnostics(self.model, micro[0][0], self._autocast)
+            if tc.diag_interval and (self.step == 0 or (self.step + 1) % tc.diag_interval == 0)
+            else None
+        )  # step 1: at initialisation
         ce_sum = 0.0
         for i, (x, y) in enumerate(micro):
             sync = i == len(micro) - 1
@@ -406,9 +470,12 @@ class Trainer:
         if stop.signum is not None and self.step < self.tc.max_steps:  # (a signal after the last step: done)
             self._outcome("interrupted")
             name = signal.Signals(stop.signum).name
-            raise TrainingInterrupted(f"interrupted by {name} at step {self.step} of {self.tc.max_steps}; its "
-                                      f"checkpoint is saved in {str(self.run_dir)!r}: run the same command again "
-                                      f"to continue", stop.signum)
+            raise TrainingInterrupted(
+                f"interrupted by {name} at step {self.step} of {self.tc.max_steps}; its "
+                f"checkpoint is saved in {str(self.run_dir)!r}: run the same command again "
+                f"to continue",
+                stop.signum,
+            )
         self._outcome("finished")
         return last_val
 
@@ -428,11 +495,14 @@ class Trainer:
     def _validate_and_log(self, bar) -> dict:
         """Validate, log the figures to metrics.jsonl and print them above the progress bar."""
         val = self.validate()
-        self._log({"step": self.step, "val_loss": val["loss"], "val_bpb": val["bits_per_byte"],
-                   "val_tokens": val["tokens"]})
+        self._log(
+            {"step": self.step, "val_loss": val["loss"], "val_bpb": val["bits_per_byte"], "val_tokens": val["tokens"]}
+        )
         if self.dist.is_main:
-            bar.write(f"step {self.step}: val loss {val['loss']:.4f} nats/token, "
-                      f"~{val['bits_per_byte']:.3f} bits/byte ({val['tokens']} val tokens sampled)")
+            bar.write(
+                f"step {self.step}: val loss {val['loss']:.4f} nats/token, "
+                f"~{val['bits_per_byte']:.3f} bits/byte ({val['tokens']} val tokens sampled)"
+            )
         return val
 
     def _plan_budget(self, bar, t0: float, step_s: float) -> dict:
@@ -449,15 +519,28 @@ class Trainer:
         t = time.perf_counter()
         self.save()
         save_s = time.perf_counter() - t
-        step_s, eval_s, save_s, elapsed = (all_reduce_mean(v, self.dist, self.device)
-                                           for v in (step_s, eval_s, save_s, time.perf_counter() - t0))
+        step_s, eval_s, save_s, elapsed = (
+            all_reduce_mean(v, self.dist, self.device) for v in (step_s, eval_s, save_s, time.perf_counter() - t0)
+        )
         cap = self.tc.max_steps
         steps = schedule.budget_steps(self.step, elapsed, step_s, eval_s, save_s, self.tc)
-        plan = {"seconds": self.tc.budget_seconds, "cap": cap, "steps": steps, "planned_at_step": self.step,
-                "step_s": step_s, "eval_s": eval_s, "save_s": save_s, "elapsed_s": elapsed}
-        self._record_plan(bar, plan, f"budget {self.tc.budget_seconds:g} s: {steps} steps planned (cap {cap}) "
-                                     f"at {step_s * 1e3:.0f} ms/step, {eval_s:.1f} s/evaluation, {save_s:.1f} "
-                                     f"s/checkpoint, {elapsed:.0f} s spent")
+        plan = {
+            "seconds": self.tc.budget_seconds,
+            "cap": cap,
+            "steps": steps,
+            "planned_at_step": self.step,
+            "step_s": step_s,
+            "eval_s": eval_s,
+            "save_s": save_s,
+            "elapsed_s": elapsed,
+        }
+        self._record_plan(
+            bar,
+            plan,
+            f"budget {self.tc.budget_seconds:g} s: {steps} steps planned (cap {cap}) "
+            f"at {step_s * 1e3:.0f} ms/step, {eval_s:.1f} s/evaluation, {save_s:.1f} "
+            f"s/checkpoint, {elapsed:.0f} s spent",
+        )
         return val
 
     def _replan_budget(self, bar, t0: float, step_s: float) -> None:
@@ -469,13 +552,24 @@ class Trainer:
         plan = dict(self.budget_plan)
         step_s, elapsed = (all_reduce_mean(v, self.dist, self.device) for v in (step_s, time.perf_counter() - t0))
         cap_tc = dataclasses.replace(self.tc, max_steps=plan["cap"])
-        steps = max(schedule.shortest_plan(self.step, self.tc),
-                    schedule.budget_steps(self.step, elapsed, step_s, plan["eval_s"], plan["save_s"], cap_tc))
-        plan.update(first_steps=plan.get("first_steps", plan["steps"]), steps=steps, replanned_at_step=self.step,
-                    replan_step_s=step_s, replan_elapsed_s=elapsed)
-        self._record_plan(bar, plan, f"budget {self.tc.budget_seconds:g} s: {steps} steps planned again at step "
-                                     f"{self.step} (was {self.tc.max_steps}) at {step_s * 1e3:.0f} ms/step since "
-                                     f"the plan, {elapsed:.0f} s spent")
+        steps = max(
+            schedule.shortest_plan(self.step, self.tc),
+            schedule.budget_steps(self.step, elapsed, step_s, plan["eval_s"], plan["save_s"], cap_tc),
+        )
+        plan.update(
+            first_steps=plan.get("first_steps", plan["steps"]),
+            steps=steps,
+            replanned_at_step=self.step,
+            replan_step_s=step_s,
+            replan_elapsed_s=elapsed,
+        )
+        self._record_plan(
+            bar,
+            plan,
+            f"budget {self.tc.budget_seconds:g} s: {steps} steps planned again at step "
+            f"{self.step} (was {self.tc.max_steps}) at {step_s * 1e3:.0f} ms/step since "
+            f"the plan, {elapsed:.0f} s spent",
+        )
 
     def _record_plan(self, bar, plan: dict, message: str) -> None:
         """Apply a budget plan: ``self.tc.max_steps``, metrics.jsonl (``budget_steps``, ``budget``),
@@ -519,15 +613,18 @@ class Trainer:
             window_steps += 1
             if rec.get("skipped"):
                 self._log(rec)
-                bar.write(f"step {rec['step']}: non-finite loss/gradient ({rec['loss']}, {rec['grad_norm']}); "
-                          f"update skipped ({self.bad_in_row} in a row)")
+                bar.write(
+                    f"step {rec['step']}: non-finite loss/gradient ({rec['loss']}, {rec['grad_norm']}); "
+                    f"update skipped ({self.bad_in_row} in a row)"
+                )
                 if self.bad_in_row >= tc.max_bad_steps:
                     path = self.save()  # the weights are those of the last good step
                     bar.close()
                     raise TrainingDiverged(
                         f"{self.bad_in_row} non-finite steps in a row at step {rec['step']}; stopped, last good state "
                         f"saved in {path}; lower lr={tc.lr}, raise warmup_steps={tc.warmup_steps}, "
-                        "or try z_loss / qk_norm", rec["step"]
+                        "or try z_loss / qk_norm",
+                        rec["step"],
                     )
                 bar.update(1)
                 continue
@@ -548,12 +645,17 @@ class Trainer:
             if tc.budget_seconds is not None and not self.budget_planned:
                 if self.step == first_step + schedule.BUDGET_SKIP_STEPS:
                     timed_from, side_s = time.perf_counter(), 0.0
-                elif (self.step >= max(tc.warmup_steps,
-                                       first_step + schedule.BUDGET_SKIP_STEPS + schedule.BUDGET_TIMED_STEPS)
-                      and all_reduce_mean(float(time.perf_counter() - t0 >= schedule.budget_plan_after(tc)), self.dist,
-                                          self.device) > 0):
-                    step_s = ((time.perf_counter() - timed_from - side_s)
-                              / (self.step - first_step - schedule.BUDGET_SKIP_STEPS))
+                elif (
+                    self.step
+                    >= max(tc.warmup_steps, first_step + schedule.BUDGET_SKIP_STEPS + schedule.BUDGET_TIMED_STEPS)
+                    and all_reduce_mean(
+                        float(time.perf_counter() - t0 >= schedule.budget_plan_after(tc)), self.dist, self.device
+                    )
+                    > 0
+                ):
+                    step_s = (time.perf_counter() - timed_from - side_s) / (
+                        self.step - first_step - schedule.BUDGET_SKIP_STEPS
+                    )
                     last_val = self._plan_budget(bar, t0, step_s)
                     tc, planned_now = self.tc, True
                     window_t = timed_from = time.perf_counter()  # the re-plan times the steps from here
@@ -566,12 +668,19 @@ class Trainer:
             if not planned_now and (self.step % tc.eval_interval == 0 or self.step == tc.max_steps):
                 last_val = self._validate_and_log(bar)
                 window_t = time.perf_counter()  # evaluation time is not training throughput
-            if (tc.checkpoint_interval and self.step % tc.checkpoint_interval == 0 and self.step < tc.max_steps
-                    and not planned_now):
+            if (
+                tc.checkpoint_interval
+                and self.step % tc.checkpoint_interval == 0
+                and self.step < tc.max_steps
+                and not planned_now
+            ):
                 self.save()
             side_s += time.perf_counter() - side_t
-            if tc.max_seconds is not None and self.step < tc.max_steps and all_reduce_mean(
-                    float(time.perf_counter() - t0 >= tc.max_seconds), self.dist, self.device) > 0:
+            if (
+                tc.max_seconds is not None
+                and self.step < tc.max_steps
+                and all_reduce_mean(float(time.perf_counter() - t0 >= tc.max_seconds), self.dist, self.device) > 0
+            ):
                 self._log({"step": self.step, "stopped": "max_seconds", "elapsed_s": time.perf_counter() - t0})
                 break  # wall-time budget spent: checkpointed below, marked as stopped in metrics.jsonl
         bar.close()

@@ -15,7 +15,7 @@ from lmlab.config_checks import ConfigError, _choice, _non_negative, _number_in,
 from lmlab.optim import OPTIMIZERS
 
 WD_GROUPS = ("norm", "bias", "embedding")
-MAX_COUNT = 2 ** 53  # step counts and intervals: exact as floats (schedules divide them)
+MAX_COUNT = 2**53  # step counts and intervals: exact as floats (schedules divide them)
 SCHEDULES = ("cosine", "wsd", "constant")
 
 
@@ -71,12 +71,19 @@ class TrainConfig:
     # run (see budget_plan_after, budget_steps; wsd and constant rates check the plan again: budget_replan_step)
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "grad_accum", "max_steps", "eval_interval", "eval_windows", "log_interval",
-                     "max_bad_steps"):
+        for name in (
+            "batch_size",
+            "grad_accum",
+            "max_steps",
+            "eval_interval",
+            "eval_windows",
+            "log_interval",
+            "max_bad_steps",
+        ):
             _positive_int(name, getattr(self, name), 1, MAX_COUNT)
         for name in ("warmup_steps", "checkpoint_interval", "keep_checkpoints", "diag_interval"):
             _positive_int(name, getattr(self, name), 0, MAX_COUNT)
-        _positive_int("seed", self.seed, 0, 2 ** 63 - 1)  # torch.manual_seed's range
+        _positive_int("seed", self.seed, 0, 2**63 - 1)  # torch.manual_seed's range
         _positive("lr", self.lr)
         _non_negative("weight_decay", self.weight_decay)
         _non_negative("grad_clip", self.grad_clip)
@@ -91,8 +98,10 @@ class TrainConfig:
         if self.muon_lr is not None:
             _positive("muon_lr", self.muon_lr)
             if self.optimizer != "muon":
-                raise ConfigError(f"muon_lr={self.muon_lr!r} is set but optimizer={self.optimizer!r}; set "
-                                  f"optimizer=muon or drop muon_lr")
+                raise ConfigError(
+                    f"muon_lr={self.muon_lr!r} is set but optimizer={self.optimizer!r}; set "
+                    f"optimizer=muon or drop muon_lr"
+                )
         if self.optimizer == "muon" and self.dtype == "fp16":
             raise ConfigError("optimizer=muon with dtype=fp16 (GradScaler) is not supported; use dtype=bf16 or fp32")
         if not isinstance(self.device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
@@ -103,8 +112,10 @@ class TrainConfig:
         if not (isinstance(self.compile, bool) or self.compile == "auto"):
             raise ConfigError(f"compile={self.compile!r:.60} must be true, false or auto")
         if self.compile_scope == "blocks" and self.compile is False:
-            raise ConfigError(f"compile_scope={self.compile_scope!r} is set but compile={self.compile!r}; set "
-                              f"compile=true (or auto) or drop compile_scope")
+            raise ConfigError(
+                f"compile_scope={self.compile_scope!r} is set but compile={self.compile!r}; set "
+                f"compile=true (or auto) or drop compile_scope"
+            )
         for name in ("tensorboard", "activation_checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")

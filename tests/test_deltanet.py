@@ -10,7 +10,7 @@ from lmlab.model.deltanet import GatedDeltaNet, gated_delta_chunked, gated_delta
 
 def inputs(B=2, H=3, T=11, dk=4, dv=5, seed=0, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
-    q = torch.nn.functional.normalize(torch.randn(B, H, T, dk, generator=g, dtype=dtype), dim=-1) * dk ** -0.5
+    q = torch.nn.functional.normalize(torch.randn(B, H, T, dk, generator=g, dtype=dtype), dim=-1) * dk**-0.5
     k = torch.nn.functional.normalize(torch.randn(B, H, T, dk, generator=g, dtype=dtype), dim=-1)
     v = torch.randn(B, H, T, dv, generator=g, dtype=dtype)
     decay = -torch.rand(B, H, T, generator=g, dtype=dtype) * 0.5  # log decay <= 0
@@ -64,8 +64,9 @@ def test_no_decay_and_beta_one_by_hand():
     k = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]], dtype=torch.float64)[None, None]
     v = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], dtype=torch.float64)[None, None]
     q = k.clone()
-    o, S = gated_delta_chunked(q, k, v, torch.zeros(1, 1, 3, dtype=torch.float64),
-                               torch.ones(1, 1, 3, dtype=torch.float64), chunk=2)
+    o, S = gated_delta_chunked(
+        q, k, v, torch.zeros(1, 1, 3, dtype=torch.float64), torch.ones(1, 1, 3, dtype=torch.float64), chunk=2
+    )
     assert o[0, 0].tolist() == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
     assert S[0, 0].tolist() == [[5.0, 6.0], [3.0, 4.0]] and (dk, dv) == S.shape[-2:]
 
@@ -82,7 +83,7 @@ def test_layer_decoded_with_its_state_equals_its_forward():
     x = torch.randn(2, 13, 16, dtype=torch.float64)
     full = layer(x)
     state: dict = {}
-    pieces = [layer(x[:, :6], state)] + [layer(x[:, t:t + 1], state) for t in range(6, 13)]
+    pieces = [layer(x[:, :6], state)] + [layer(x[:, t : t + 1], state) for t in range(6, 13)]
     assert torch.allclose(torch.cat(pieces, 1), full, atol=1e-10)
     assert state["S"].shape == (2, 4, 4, 3) and state["conv"].shape == (2, 2 * 2 * 4 + 4 * 3, 3)
     assert layer.state_bytes() == 4 * ((16 + 12) * 3 + 4 * 4 * 3)
@@ -110,9 +111,16 @@ def test_layer_equals_hugging_face_qwen3_next_gated_deltanet():
 
     Hk, Hv, dk, dv, d, K = 2, 4, 8, 6, 32, 4
     r = Hv // Hk
-    cfg = Qwen3NextConfig(hidden_size=d, linear_num_key_heads=Hk, linear_num_value_heads=Hv, linear_key_head_dim=dk,
-                          linear_value_head_dim=dv, linear_conv_kernel_dim=K, num_hidden_layers=1,
-                          layer_types=["linear_attention"])
+    cfg = Qwen3NextConfig(
+        hidden_size=d,
+        linear_num_key_heads=Hk,
+        linear_num_value_heads=Hv,
+        linear_key_head_dim=dk,
+        linear_value_head_dim=dv,
+        linear_conv_kernel_dim=K,
+        num_hidden_layers=1,
+        layer_types=["linear_attention"],
+    )
     torch.manual_seed(0)
     ref = qn.Qwen3NextGatedDeltaNet(cfg, 0).eval()
     with torch.no_grad():
@@ -122,7 +130,7 @@ def test_layer_equals_hugging_face_qwen3_next_gated_deltanet():
     ours = GatedDeltaNet(d, Hk, Hv, dk, dv, K, chunk=5, norm_eps=cfg.rms_norm_eps).eval()
     W = ref.in_proj_qkvz.weight.view(Hk, 2 * dk + 2 * r * dv, d)
     ba = ref.in_proj_ba.weight.view(Hk, 2 * r, d)
-    rows = [W[:, :dk], W[:, dk:2 * dk], W[:, 2 * dk:2 * dk + r * dv], W[:, 2 * dk + r * dv:], ba[:, :r], ba[:, r:]]
+    rows = [W[:, :dk], W[:, dk : 2 * dk], W[:, 2 * dk : 2 * dk + r * dv], W[:, 2 * dk + r * dv :], ba[:, :r], ba[:, r:]]
     with torch.no_grad():
         ours.in_proj.weight.copy_(torch.cat([x.reshape(-1, d) for x in rows]))
         ours.conv_weight.copy_(ref.conv1d.weight)
@@ -148,8 +156,19 @@ from lmlab.model.attention import KVCache  # noqa: E402
 
 
 def hybrid(pattern="DDDG", **kw):
-    base = dict(vocab_size=61, context_length=40, d_model=32, n_layers=4, n_heads=4, layer_pattern=pattern,
-                linear_n_k_heads=2, linear_n_v_heads=4, linear_k_head_dim=8, linear_v_head_dim=6, linear_chunk=5)
+    base = dict(
+        vocab_size=61,
+        context_length=40,
+        d_model=32,
+        n_layers=4,
+        n_heads=4,
+        layer_pattern=pattern,
+        linear_n_k_heads=2,
+        linear_n_v_heads=4,
+        linear_k_head_dim=8,
+        linear_v_head_dim=6,
+        linear_chunk=5,
+    )
     base.update(kw)
     return ModelConfig(**base)
 
@@ -166,7 +185,7 @@ def test_hybrid_model_prefill_then_decode_equals_its_forward(pattern, window):
     with torch.no_grad():
         full = model.hidden(x)
         cache = KVCache(cfg, 2, 21, dtype=torch.float64)
-        steps = [model.hidden(x[:, :9], cache)] + [model.hidden(x[:, t:t + 1], cache) for t in range(9, 21)]
+        steps = [model.hidden(x[:, :9], cache)] + [model.hidden(x[:, t : t + 1], cache) for t in range(9, 21)]
     # the norms compute in fp32 whatever the model's dtype (as Meta's and HF's do), so last-bit differences of
     # the two fp64 paths can round to neighbouring fp32 values there: equal to fp32 resolution (2.4e-7 seen
     # on a Zen 4 EPYC, 0 on a Xeon); a wrong cache is off by orders of magnitude more
@@ -182,11 +201,12 @@ def test_left_padded_batch_and_generation_equal_each_prompt_alone():
     prompts = [[5, 9, 2, 7, 7, 1, 30, 4, 8, 8, 3], [11, 3, 60], [42]]
     with torch.no_grad():
         from lmlab.generate import left_pad_batch
+
         ids, pad = left_pad_batch(prompts)
         batched = model(ids, left_pad=pad)
         for row, p in enumerate(prompts):
             alone = model(torch.tensor([p]))
-            assert torch.allclose(batched[row, -len(p):], alone[0], atol=1e-5)
+            assert torch.allclose(batched[row, -len(p) :], alone[0], atol=1e-5)
     greedy = generate_batch(model, prompts, 8, temperature=0.0)
     assert greedy == [list(generate(model, p, 8, temperature=0.0)) for p in prompts]
 

@@ -11,8 +11,19 @@ import pytest
 
 
 MODEL = ["d_model=32", "n_layers=2", "n_heads=4", "n_kv_heads=2", "context_length=32"]
-TRAIN = ["log_interval=1", "eval_interval=100", "eval_windows=2", "device=cpu", "warmup_steps=2", "lr=3e-3",
-         "tensorboard=false", "dtype=fp32", "max_steps=8", "checkpoint_interval=4", "keep_checkpoints=0"]
+TRAIN = [
+    "log_interval=1",
+    "eval_interval=100",
+    "eval_windows=2",
+    "device=cpu",
+    "warmup_steps=2",
+    "lr=3e-3",
+    "tensorboard=false",
+    "dtype=fp32",
+    "max_steps=8",
+    "checkpoint_interval=4",
+    "keep_checkpoints=0",
+]
 
 
 def run(out, data, sets, ranks=1, resume=False):

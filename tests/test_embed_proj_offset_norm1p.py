@@ -12,13 +12,16 @@ from lmlab.model.norms import make_norm
 TINY = dict(vocab_size=64, context_length=32, d_model=32, n_layers=2, n_heads=4)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(embed_dim=0), "embed_dim=0 must be an integer >= 1"),
-    (dict(learned_pos_offset=-1), "learned_pos_offset=-1 must be an integer >= 0"),
-    (dict(learned_pos_offset=2), "learned_pos_offset=2 needs position='learned'"),
-    (dict(norm_type="layernorm1p", norm_affine=False), "needs norm_affine=True"),
-    (dict(norm_type="rmsnorm", norm_bias=True), "norm_bias=True needs norm_type='layernorm'"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(embed_dim=0), "embed_dim=0 must be an integer >= 1"),
+        (dict(learned_pos_offset=-1), "learned_pos_offset=-1 must be an integer >= 0"),
+        (dict(learned_pos_offset=2), "learned_pos_offset=2 needs position='learned'"),
+        (dict(norm_type="layernorm1p", norm_affine=False), "needs norm_affine=True"),
+        (dict(norm_type="rmsnorm", norm_bias=True), "norm_bias=True needs norm_type='layernorm'"),
+    ],
+)
 def test_invalid_values_raise(overrides, message):
     with pytest.raises(ConfigError, match=message):
         ModelConfig(**TINY, **overrides)

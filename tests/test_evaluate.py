@@ -22,8 +22,9 @@ def test_windows_score_every_target_once(n, T, stride):
 
 def constant_model(vocab: int) -> tuple[TransformerLM, torch.Tensor]:
     """A model whose logits ignore the input: all weights zero except the LM-head bias."""
-    cfg = ModelConfig(vocab_size=vocab, context_length=8, d_model=16, n_layers=1, n_heads=2,
-                      lm_head_bias=True, tie_embeddings=False)
+    cfg = ModelConfig(
+        vocab_size=vocab, context_length=8, d_model=16, n_layers=1, n_heads=2, lm_head_bias=True, tie_embeddings=False
+    )
     model = TransformerLM(cfg)
     with torch.no_grad():
         for p in model.parameters():
@@ -83,7 +84,7 @@ def test_loss_by_position_is_the_mean_over_full_windows_by_hand():
     for j in range(8):
         vals = []
         for s, a, b in full:
-            ctx = torch.tensor(tokens[s:s + j + 1].astype(np.int64))[None]
+            ctx = torch.tensor(tokens[s : s + j + 1].astype(np.int64))[None]
             logp = torch.log_softmax(model(ctx)[0, -1].double(), -1)
             vals.append(-logp[int(tokens[s + j + 1])].item())
         want.append(sum(vals) / len(vals))

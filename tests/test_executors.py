@@ -29,14 +29,26 @@ SAME = ("status", "steps", "tokens", "val_bpb", "val_loss", "final_train_loss", 
 def tiny_spec(data: Path, steps: int = 12) -> dict:
     """Two variants, two-stage tuning: seed 1 over two rates, seed 2 at the chosen one (6 runs)."""
     return {
-        "name": "tiny-exec", "claim": "SwiGLU beats SiLU at equal non-embedding parameters.",
+        "name": "tiny-exec",
+        "claim": "SwiGLU beats SiLU at equal non-embedding parameters.",
         "model": {"context_length": 32, "d_model": 32, "n_layers": 2, "n_heads": 2},
-        "train": {"batch_size": 4, "warmup_steps": 2, "log_interval": 2, "eval_interval": 100, "eval_windows": 2,
-                  "device": "cpu", "checkpoint_interval": 4},
+        "train": {
+            "batch_size": 4,
+            "warmup_steps": 2,
+            "log_interval": 2,
+            "eval_interval": 100,
+            "eval_windows": 2,
+            "device": "cpu",
+            "checkpoint_interval": 4,
+        },
         "data": str(data),
         "axes": {"zip": [{"label": "SiLU", "activation": "silu"}, {"label": "SwiGLU", "activation": "swiglu"}]},
-        "seeds": [1, 2], "tune_seeds": [1], "tune": {"lr": [3e-3, 1e-2]}, "tuning": {"extend": 0},
-        "budget": {"steps": steps}, "eval_contexts": [1],
+        "seeds": [1, 2],
+        "tune_seeds": [1],
+        "tune": {"lr": [3e-3, 1e-2]},
+        "tuning": {"extend": 0},
+        "budget": {"steps": steps},
+        "eval_contexts": [1],
     }
 
 
@@ -91,12 +103,19 @@ def _wait(cond, timeout: float, what: str):
 def _submitit_local_at_second_checkpoint(path: Path, out: Path):
     """`lmlab sweep PATH --executor submitit-local` started in a subprocess, once its run has checkpointed
     twice; returns (the process, the job's controller PID)."""
-    proc = subprocess.Popen([sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out),
-                             "--executor", "submitit-local"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out), "--executor", "submitit-local"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     metrics = out / "runs" / "SiLU-s1" / "metrics.jsonl"
-    _wait(lambda: metrics.is_file() and '"checkpoint": "step_0000008"' in metrics.read_text(), 120,
-          "the run's second checkpoint")
+    _wait(
+        lambda: metrics.is_file() and '"checkpoint": "step_0000008"' in metrics.read_text(),
+        120,
+        "the run's second checkpoint",
+    )
     return proc, int(json.loads((out / "jobs.jsonl").read_text().splitlines()[0])["job_id"])
 
 
@@ -174,15 +193,37 @@ def test_coordinator_killed_and_restarted_reattaches(executor, local_reference, 
     path, want = local_reference
     out = tmp_path / "sweep"
     flags = ["--slurm-partition", "debug", "--cpus-per-task", "1", "--array-parallelism", "2", "--time", "30"]
-    proc = subprocess.Popen([sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out),
-                             "--executor", executor, "--jobs", "2"] + (flags if executor == "slurm" else []),
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lmlab.cli",
+            "sweep",
+            str(path),
+            "--out",
+            str(out),
+            "--executor",
+            executor,
+            "--jobs",
+            "2",
+        ]
+        + (flags if executor == "slurm" else []),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     _wait(lambda: (out / "rows").is_dir() and len(list((out / "rows").glob("*.json"))) >= 1, 180, "a first row")
     proc.kill()
     proc.wait()
     lines = []
-    run_sweep(path, out=out, jobs=2, executor=executor, log=lines.append,
-              executor_params=SLURM_FLAGS if executor == "slurm" else None)
+    run_sweep(
+        path,
+        out=out,
+        jobs=2,
+        executor=executor,
+        log=lines.append,
+        executor_params=SLURM_FLAGS if executor == "slurm" else None,
+    )
     assert _rows(out) == want
     for name in want:  # each run trained by one process from start to end
         log = (out / "logs" / f"{name}.log").read_text()
@@ -202,23 +243,51 @@ def test_sweep_worker_cli_and_bad_input(local_reference, tmp_path, capsys):
     assert "plans/nope-s1.json: no such plan" in err and "SiLU_lr=0.003-s1" in err
     # bad executor input: named, non-zero, nothing written
     fresh = tmp_path / "fresh"
-    assert main(["sweep", str(path), "--out", str(fresh), "--executor", "submitit-local",
-                 "--executor-config", str(_write(tmp_path / "x.yaml", {"bogus_key": 1}))]) == 2
+    assert (
+        main(
+            [
+                "sweep",
+                str(path),
+                "--out",
+                str(fresh),
+                "--executor",
+                "submitit-local",
+                "--executor-config",
+                str(_write(tmp_path / "x.yaml", {"bogus_key": 1})),
+            ]
+        )
+        == 2
+    )
     assert "bogus_key" in capsys.readouterr().err and not (fresh / "runs").exists()
     assert main(["sweep", str(path), "--out", str(fresh), "--runs-per-task", "2"]) == 2
     assert "--runs-per-task: not options of the local executor" in capsys.readouterr().err
     for argv, want in [
         (["--executor", "submitit-local", "--address", "local"], "--address: options of --executor ray"),
-        (["--executor", "ray", "--slurm-partition", "debug", "--time", "5"],
-         "--slurm-partition, --time: not options of --executor ray"),
+        (
+            ["--executor", "ray", "--slurm-partition", "debug", "--time", "5"],
+            "--slurm-partition, --time: not options of --executor ray",
+        ),
         (["--executor", "submitit-local", "--gpus-per-task", "0.5"], "Slurm counts whole GPUs"),
         (["--executor", "ray", "--gpus-per-task", "-1"], "--gpus-per-task -1.0: give a number >= 0"),
         (["--executor", "ray", "--max-retries", "-2"], "--max-retries -2: give an integer >= 0, or -1"),
     ]:
         assert main(["sweep", str(path), "--out", str(fresh)] + argv) == 2, argv
         assert want in capsys.readouterr().err, argv
-    assert main(["sweep", str(path), "--out", str(fresh), "--executor", "submitit-local", "--executor-config",
-                 str(_write(tmp_path / "t.yaml", {"mem_gb": "lots"}))]) == 2
+    assert (
+        main(
+            [
+                "sweep",
+                str(path),
+                "--out",
+                str(fresh),
+                "--executor",
+                "submitit-local",
+                "--executor-config",
+                str(_write(tmp_path / "t.yaml", {"mem_gb": "lots"})),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "a parameter submitit refuses among ['mem_gb']" in err and "Traceback" not in err
     assert not fresh.exists()
@@ -241,8 +310,10 @@ def _slurm_up() -> bool:
     return out.returncode == 0 and any(s.startswith(("idle", "mix", "alloc")) for s in out.stdout.split())
 
 
-slurm = pytest.mark.skipif(not _slurm_up() and os.environ.get("LMLAB_REQUIRE_SLURM") != "1",
-                           reason="no Slurm cluster answers (.ci/slurm-up starts one)")
+slurm = pytest.mark.skipif(
+    not _slurm_up() and os.environ.get("LMLAB_REQUIRE_SLURM") != "1",
+    reason="no Slurm cluster answers (.ci/slurm-up starts one)",
+)
 
 
 @pytest.fixture
@@ -255,14 +326,26 @@ def test_slurm_sweep_equals_local_threads(cluster, local_reference, tmp_path, ca
     path, want = local_reference
     out = tmp_path / "sweep"
     lines = []
-    run_sweep(path, out=out, executor="slurm", log=lines.append, runs_per_task=2,
-              executor_params={"slurm_partition": "debug", "cpus_per_task": 2, "slurm_array_parallelism": 2,
-                               "timeout_min": 30})
+    run_sweep(
+        path,
+        out=out,
+        executor="slurm",
+        log=lines.append,
+        runs_per_task=2,
+        executor_params={
+            "slurm_partition": "debug",
+            "cpus_per_task": 2,
+            "slurm_array_parallelism": 2,
+            "timeout_min": 30,
+        },
+    )
     assert _rows(out) == want  # two runs per task, one thread each, as --jobs 2's one thread
     # what Slurm would refuse is refused before anything is written (sbatch --test-only)
     bad = tmp_path / "bad"
-    for argv, want_err in [(["--slurm-partition", "nosuchpart"], "invalid partition"),
-                           (["--slurm-partition", "debug", "--cpus-per-task", "4096"], "Slurm refuses a job with")]:
+    for argv, want_err in [
+        (["--slurm-partition", "nosuchpart"], "invalid partition"),
+        (["--slurm-partition", "debug", "--cpus-per-task", "4096"], "Slurm refuses a job with"),
+    ]:
         assert main(["sweep", str(path), "--out", str(bad), "--executor", "slurm"] + argv) == 2, argv
         err = capsys.readouterr().err
         assert want_err in err and "Traceback" not in err and not bad.exists(), err
@@ -279,18 +362,48 @@ def test_slurm_sweep_equals_local_threads(cluster, local_reference, tmp_path, ca
 def test_slurm_preemption_is_requeued_and_resumes(cluster, one_run, tmp_path):
     path, ref_rows = one_run
     out = tmp_path / "sweep"
-    proc = subprocess.Popen([sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out),
-                             "--executor", "slurm", "--slurm-partition", "debug", "--cpus-per-task", "2",
-                             "--time", "30"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lmlab.cli",
+            "sweep",
+            str(path),
+            "--out",
+            str(out),
+            "--executor",
+            "slurm",
+            "--slurm-partition",
+            "debug",
+            "--cpus-per-task",
+            "2",
+            "--time",
+            "30",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     metrics = out / "runs" / "SiLU-s1" / "metrics.jsonl"
     try:
-        _wait(lambda: metrics.is_file() and '"checkpoint": "step_0000008"' in metrics.read_text(), 180,
-              "the run's second checkpoint")
+        _wait(
+            lambda: metrics.is_file() and '"checkpoint": "step_0000008"' in metrics.read_text(),
+            180,
+            "the run's second checkpoint",
+        )
         job_id = json.loads((out / "jobs.jsonl").read_text().splitlines()[0])["job_id"]
         subprocess.run(["scancel", "--signal", "USR2", job_id], check=True)
         # Slurm holds a requeued job for 120 s (BeginTime); this test cluster releases it at once
-        _wait(lambda: (out / "requeues.jsonl").is_file() and "PENDING" in subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout, 120, "the requeue")
+        _wait(
+            lambda: (
+                (out / "requeues.jsonl").is_file()
+                and "PENDING"
+                in subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout
+            ),
+            120,
+            "the requeue",
+        )
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
         text, _ = proc.communicate(timeout=400)
     finally:
@@ -344,8 +457,11 @@ def test_ray_retries_a_killed_worker_and_the_run_resumes(ray_here, one_run, tmp_
     killed = []
 
     def kill_the_worker():
-        _wait(lambda: metrics.is_file() and '"checkpoint": "step_0000008"' in metrics.read_text(), 240,
-              "the run's second checkpoint")
+        _wait(
+            lambda: metrics.is_file() and '"checkpoint": "step_0000008"' in metrics.read_text(),
+            240,
+            "the run's second checkpoint",
+        )
         trainer = _training_pid(out / "runs" / "SiLU-s1")
         worker = _parent(trainer)
         if b"lmlab.lab.fork_server" in (Path("/proc") / str(worker) / "cmdline").read_bytes():
@@ -355,8 +471,9 @@ def test_ray_retries_a_killed_worker_and_the_run_resumes(ray_here, one_run, tmp_
 
     thread = threading.Thread(target=kill_the_worker, daemon=True)
     thread.start()
-    run_sweep(path, out=out, executor="ray", executor_params={"address": "local", "cpus_per_task": 2},
-              log=lambda line: None)  # the Ray of the test before: 2 CPUs, one 2-thread task at a time
+    run_sweep(
+        path, out=out, executor="ray", executor_params={"address": "local", "cpus_per_task": 2}, log=lambda line: None
+    )  # the Ray of the test before: 2 CPUs, one 2-thread task at a time
     thread.join(timeout=5)
     assert killed, "the worker was not killed"
     log = (out / "logs" / "SiLU-s1.log").read_text()
@@ -372,11 +489,18 @@ def test_a_killed_local_sweep_leaves_no_training_behind(one_run, tmp_path):
     exits, instead of training on as an orphan that holds the run's lock; the same command continues it."""
     path, ref_rows = one_run
     out = tmp_path / "sweep"
-    proc = subprocess.Popen([sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     metrics = out / "runs" / "SiLU-s1" / "metrics.jsonl"
-    _wait(lambda: metrics.is_file() and '"checkpoint": "step_0000008"' in metrics.read_text(), 120,
-          "the run's second checkpoint")
+    _wait(
+        lambda: metrics.is_file() and '"checkpoint": "step_0000008"' in metrics.read_text(),
+        120,
+        "the run's second checkpoint",
+    )
     trainer = _training_pid(out / "runs" / "SiLU-s1")
     assert trainer is not None, "no process holds the run's lock"
     proc.kill()

@@ -28,10 +28,31 @@ MODEL = dict(vocab_size=257, context_length=32, d_model=32, n_layers=2, n_heads=
 
 
 def _plan(data, steps: int, **train) -> RunPlan:
-    tc = TrainConfig(max_steps=steps, batch_size=4, lr=3e-3, warmup_steps=2, log_interval=1, eval_interval=steps,
-                     eval_windows=4, device="cpu", dtype="fp32", compile=False, seed=3, **train)
-    return RunPlan(name="r", variant="v", seed=3, fields={}, cfg=ModelConfig(**MODEL), tc=tc,
-                   tokens_per_step=4 * 32, flops_per_token=1.0, data=data)
+    tc = TrainConfig(
+        max_steps=steps,
+        batch_size=4,
+        lr=3e-3,
+        warmup_steps=2,
+        log_interval=1,
+        eval_interval=steps,
+        eval_windows=4,
+        device="cpu",
+        dtype="fp32",
+        compile=False,
+        seed=3,
+        **train,
+    )
+    return RunPlan(
+        name="r",
+        variant="v",
+        seed=3,
+        fields={},
+        cfg=ModelConfig(**MODEL),
+        tc=tc,
+        tokens_per_step=4 * 32,
+        flops_per_token=1.0,
+        data=data,
+    )
 
 
 def _losses(run_dir):

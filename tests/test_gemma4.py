@@ -14,10 +14,27 @@ from lmlab.model import TransformerLM
 from lmlab.model.attention import KVCache
 from lmlab.model.positions import RotaryEmbedding
 
-SMALL = dict(vocab_size=64, d_model=32, n_layers=5, n_heads=4, n_kv_heads=2, head_dim=8, sliding_window=4,
-             layer_pattern="LLG", global_head_dim=16, global_n_kv_heads=1, global_k_eq_v=True,
-             global_rope_proportion=0.25, v_norm=True, layer_scalar=True, qk_norm="rmsnorm",
-             norm_position="sandwich", rope_local_theta=100.0, rope_theta=1e4, context_length=64)
+SMALL = dict(
+    vocab_size=64,
+    d_model=32,
+    n_layers=5,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    sliding_window=4,
+    layer_pattern="LLG",
+    global_head_dim=16,
+    global_n_kv_heads=1,
+    global_k_eq_v=True,
+    global_rope_proportion=0.25,
+    v_norm=True,
+    layer_scalar=True,
+    qk_norm="rmsnorm",
+    norm_position="sandwich",
+    rope_local_theta=100.0,
+    rope_theta=1e4,
+    context_length=64,
+)
 
 
 def test_proportional_rope_turns_the_first_pairs_at_whole_head_frequencies():
@@ -40,21 +57,24 @@ def test_proportional_rope_turns_the_first_pairs_at_whole_head_frequencies():
     assert not torch.allclose(partial(x.view(1, 1, 1, D), torch.tensor([pos])), y.view(1, 1, 1, D))
 
 
-@pytest.mark.parametrize("changes, words", [
-    (dict(sliding_window=None, layer_pattern=None), ["global_head_dim=16", "sliding_window is not set"]),
-    (dict(global_n_kv_heads=3), ["global_n_kv_heads=3", "divide n_heads=4"]),
-    (dict(global_rope_proportion=1.5), ["global_rope_proportion=1.5"]),
-    (dict(rope_fraction=0.5), ["global_rope_proportion=0.25", "rope_fraction=0.5"]),
-    (dict(global_rope_proportion=0.05), ["global_rope_proportion=0.05", "rotates no pair"]),
-    (dict(local_attention="chunk"), ["global_head_dim", "local_attention='chunk'"]),
-    (dict(global_k_eq_v="yes"), ["global_k_eq_v='yes'", "true or false"]),
-    (dict(kv_shared_layers=5), ["kv_shared_layers=5", "<= 4"]),
-    (dict(kv_shared_layers=4), ["kv_shared_layers=4", "layer 2 is global", "layers 0-0"]),
-    (dict(kv_shared_wide_ffn=True), ["kv_shared_wide_ffn=True", "kv_shared_layers > 0"]),
-    (dict(ple_vocab_size=64), ["ple_vocab_size=64 needs ple_dim > 0"]),
-    (dict(ple_dim=4, ple_vocab_size=32), ["ple_vocab_size=32 must be >= vocab_size=64"]),
-    (dict(ple_dim=-1), ["ple_dim=-1"]),
-])
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        (dict(sliding_window=None, layer_pattern=None), ["global_head_dim=16", "sliding_window is not set"]),
+        (dict(global_n_kv_heads=3), ["global_n_kv_heads=3", "divide n_heads=4"]),
+        (dict(global_rope_proportion=1.5), ["global_rope_proportion=1.5"]),
+        (dict(rope_fraction=0.5), ["global_rope_proportion=0.25", "rope_fraction=0.5"]),
+        (dict(global_rope_proportion=0.05), ["global_rope_proportion=0.05", "rotates no pair"]),
+        (dict(local_attention="chunk"), ["global_head_dim", "local_attention='chunk'"]),
+        (dict(global_k_eq_v="yes"), ["global_k_eq_v='yes'", "true or false"]),
+        (dict(kv_shared_layers=5), ["kv_shared_layers=5", "<= 4"]),
+        (dict(kv_shared_layers=4), ["kv_shared_layers=4", "layer 2 is global", "layers 0-0"]),
+        (dict(kv_shared_wide_ffn=True), ["kv_shared_wide_ffn=True", "kv_shared_layers > 0"]),
+        (dict(ple_vocab_size=64), ["ple_vocab_size=64 needs ple_dim > 0"]),
+        (dict(ple_dim=4, ple_vocab_size=32), ["ple_vocab_size=32 must be >= vocab_size=64"]),
+        (dict(ple_dim=-1), ["ple_dim=-1"]),
+    ],
+)
 def test_global_layer_switches_refuse_bad_values(changes, words):
     with pytest.raises(ConfigError) as err:
         ModelConfig(**{**SMALL, **changes})
@@ -89,7 +109,7 @@ def check_cache_and_decoding(model, nbytes, n=20):
     x = torch.randint(0, 64, (2, n))
     with torch.no_grad():
         full = model(x)
-        steps = [model(x[:, :6], cache)] + [model(x[:, i:i + 1], cache) for i in range(6, n)]
+        steps = [model(x[:, :6], cache)] + [model(x[:, i : i + 1], cache) for i in range(6, n)]
     assert (torch.cat(steps, 1) - full).abs().max() < 1e-5
 
 
@@ -109,12 +129,15 @@ def test_layer_scalar_is_a_stored_buffer_that_scales_the_block_output():
 
 # the card's figures: 31B "30.7B" (all of it), E2B / E4B "2.3B" / "4.5B effective" (without the per-layer
 # embedding table; E4B's 4.64B is 3% above its card's rounded figure: stated in the preset's notes)
-@pytest.mark.parametrize("name, count, effective, card", [
-    ("gemma-4-31b", 30_697_345_280, 30_697_345_280, 30.7e9),
-    ("gemma-4-e2b", 4_628_569_344, 2_279_759_104, 2.3e9),
-    ("gemma-4-e4b", 7_463_013_376, 4_644_441_088, None),
-    ("gemma-4-26b-a4b", 25_233_141_760, 25_233_141_760, None),
-])
+@pytest.mark.parametrize(
+    "name, count, effective, card",
+    [
+        ("gemma-4-31b", 30_697_345_280, 30_697_345_280, 30.7e9),
+        ("gemma-4-e2b", 4_628_569_344, 2_279_759_104, 2.3e9),
+        ("gemma-4-e4b", 7_463_013_376, 4_644_441_088, None),
+        ("gemma-4-26b-a4b", 25_233_141_760, 25_233_141_760, None),
+    ],
+)
 def test_real_preset_count_equals_transformers(name, count, effective, card):
     """Each Gemma 4 preset at real scale: lmlab's count equals HF Gemma4ForCausalLM's on the same config
     (meta device); HF's KV-sharing modes put each shared layer's source where lmlab does."""
@@ -148,29 +171,49 @@ def test_real_preset_count_equals_transformers(name, count, effective, card):
 def gemma4_dir(tmp_path_factory):
     transformers = pytest.importorskip("transformers")
     path = tmp_path_factory.mktemp("gemma4") / "hf"
-    cfg = transformers.Gemma4TextConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                        num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                                        global_head_dim=32, sliding_window=4, hidden_size_per_layer_input=0,
-                                        layer_types=["sliding_attention", "full_attention"])
+    cfg = transformers.Gemma4TextConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        global_head_dim=32,
+        sliding_window=4,
+        hidden_size_per_layer_input=0,
+        layer_types=["sliding_attention", "full_attention"],
+    )
     torch.manual_seed(0)
     transformers.Gemma4ForCausalLM(cfg).save_pretrained(path)
     return path
 
 
-@pytest.mark.parametrize("changes, words", [
-    (dict(num_kv_shared_layers=2), ["num_kv_shared_layers=2", "0 to 1"]),
-    (dict(enable_moe_block=True, num_experts=4, top_k_experts=None, moe_intermediate_size=8),
-     ["top_k_experts=None", "enable_moe_block"]),
-    (dict(use_bidirectional_attention="all"), ["use_bidirectional_attention='all'"]),
-    (dict(per_layer_config={"0": {"head_dim": 32}, "1": {"head_dim": 32}}), ["per_layer_config.0", "sliding"]),
-    (dict(sliding_window=None), ["sliding_window=None"]),
-    (dict(per_layer_config={"1": {"head_dim": None}}), ["per_layer_config.1.head_dim=None"]),
-    (dict(per_layer_config={"9": {"head_dim": 32}}), ["per_layer_config.9", "0 to 1"]),
-    (dict(attention_k_eq_v="yes"), ["attention_k_eq_v='yes'", "true or false"]),
-    (dict(rope_parameters={"sliding_attention": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0},
-                           "full_attention": {"rope_type": "default", "rope_theta": 1e6}}),
-     ["rope_parameters.sliding_attention.rope_type='yarn'"]),
-])
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        (dict(num_kv_shared_layers=2), ["num_kv_shared_layers=2", "0 to 1"]),
+        (
+            dict(enable_moe_block=True, num_experts=4, top_k_experts=None, moe_intermediate_size=8),
+            ["top_k_experts=None", "enable_moe_block"],
+        ),
+        (dict(use_bidirectional_attention="all"), ["use_bidirectional_attention='all'"]),
+        (dict(per_layer_config={"0": {"head_dim": 32}, "1": {"head_dim": 32}}), ["per_layer_config.0", "sliding"]),
+        (dict(sliding_window=None), ["sliding_window=None"]),
+        (dict(per_layer_config={"1": {"head_dim": None}}), ["per_layer_config.1.head_dim=None"]),
+        (dict(per_layer_config={"9": {"head_dim": 32}}), ["per_layer_config.9", "0 to 1"]),
+        (dict(attention_k_eq_v="yes"), ["attention_k_eq_v='yes'", "true or false"]),
+        (
+            dict(
+                rope_parameters={
+                    "sliding_attention": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0},
+                    "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                }
+            ),
+            ["rope_parameters.sliding_attention.rope_type='yarn'"],
+        ),
+    ],
+)
 def test_import_refuses_what_lmlab_cannot_represent(gemma4_dir, tmp_path, changes, words):
     import shutil
 
@@ -189,8 +232,9 @@ def test_import_refuses_what_lmlab_cannot_represent(gemma4_dir, tmp_path, change
     assert not (tmp_path / "run").exists()  # nothing half-written
 
 
-SHARED = dict(SMALL, n_layers=6, kv_shared_layers=3, kv_shared_wide_ffn=True, ple_dim=8, ple_vocab_size=80,
-              global_k_eq_v=False)
+SHARED = dict(
+    SMALL, n_layers=6, kv_shared_layers=3, kv_shared_wide_ffn=True, ple_dim=8, ple_vocab_size=80, global_k_eq_v=False
+)
 
 
 def test_kv_sharing_and_per_layer_inputs():
@@ -240,8 +284,17 @@ def test_kv_sharing_trains_with_activation_checkpointing():
 def test_moe_block_beside_the_dense_ffn():
     """Gemma 4 26B-A4B's block: norm(norm1(FFN(n(x))) + norm2(MoE(n2(x)))) with the router reading the raw
     residual (weightless RMSNorm x a learned vector / sqrt(d)) and a learned scale per expert, by hand."""
-    cfg = ModelConfig(**dict(SMALL, n_experts=4, experts_per_token=2, expert_d_ff=8, moe_beside_dense=True,
-                             router_input_norm=True, router_expert_scale=True))
+    cfg = ModelConfig(
+        **dict(
+            SMALL,
+            n_experts=4,
+            experts_per_token=2,
+            expert_d_ff=8,
+            moe_beside_dense=True,
+            router_input_norm=True,
+            router_expert_scale=True,
+        )
+    )
     block = TransformerLM(cfg).blocks[0].eval()
     torch.manual_seed(1)
     with torch.no_grad():
@@ -250,7 +303,7 @@ def test_moe_block_beside_the_dense_ffn():
         x = torch.randn(1, 5, cfg.d_model)
         moe = block.moe
         # the routing by hand, on the raw x
-        r = x[0] / x[0].pow(2).mean(-1, keepdim=True).add(cfg.norm_eps).sqrt() * moe.router_scale / cfg.d_model ** 0.5
+        r = x[0] / x[0].pow(2).mean(-1, keepdim=True).add(cfg.norm_eps).sqrt() * moe.router_scale / cfg.d_model**0.5
         probs = torch.softmax(r @ moe.router.weight.T, -1)
         w, e = probs.topk(2, -1)
         w = w / w.sum(-1, keepdim=True) * moe.expert_scale[e]
@@ -268,11 +321,14 @@ def test_moe_block_beside_the_dense_ffn():
         ModelConfig(**dict(SMALL, norm_position="pre", n_experts=4, moe_beside_dense=True))
 
 
-@pytest.mark.parametrize("changes, words", [
-    (dict(global_head_dim=25), ["global_head_dim=25 is odd"]),
-    (dict(layer_pattern="L"), ["every layer is local", "layer_pattern='L'"]),
-    (dict(nope_global_layers=True), ["global_rope_proportion=0.25", "nope_global_layers=True"]),
-])
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        (dict(global_head_dim=25), ["global_head_dim=25 is odd"]),
+        (dict(layer_pattern="L"), ["every layer is local", "layer_pattern='L'"]),
+        (dict(nope_global_layers=True), ["global_rope_proportion=0.25", "nope_global_layers=True"]),
+    ],
+)
 def test_global_layer_switches_refuse_what_would_not_take_effect(changes, words):
     """Found by a new-user trial: an odd global head (RoPE crashed), global_* fields with no global layer or
     next to NoPE global layers (silently moot) are refused."""
@@ -310,7 +366,9 @@ def test_proportional_rope_turning_no_pair_imports_as_nope_global_layers(gemma4_
     x = torch.randint(3, 64, (1, 12))
     with torch.no_grad():
         assert (model(x) - ref(input_ids=x).logits).abs().max() < 1e-4
-    for name, full, field in (("f0", {"rope_type": "proportional", "rope_theta": 1e6, "factor": 0.0}, "factor=0.0"),
-                              ("abc", {"rope_type": "proportional", "rope_theta": "abc"}, "rope_theta='abc'")):
+    for name, full, field in (
+        ("f0", {"rope_type": "proportional", "rope_theta": 1e6, "factor": 0.0}, "factor=0.0"),
+        ("abc", {"rope_type": "proportional", "rope_theta": "abc"}, "rope_theta='abc'"),
+    ):
         with pytest.raises(UnsupportedError, match=field):
             hfio.import_hf(with_rope(name, full), tmp_path / f"run_{name}")

@@ -48,7 +48,7 @@ def test_greedy_generation_matches_full_forward_and_runs_past_context():
     for _ in range(40):
         nxt = int(model(torch.tensor([ctx]))[0, -1].argmax())
         expected.append(nxt)
-        ctx = (ctx + [nxt])[-(T // 2):] if len(ctx) == T else ctx + [nxt]
+        ctx = (ctx + [nxt])[-(T // 2) :] if len(ctx) == T else ctx + [nxt]
     assert out == expected
     assert len(set(out)) > 5  # a non-degenerate sequence, so the comparison can fail
 
@@ -66,6 +66,7 @@ def test_seeded_sampling_reproducible_and_prompt_checks():
 
 
 # --- ties, peaked distributions, tiny temperatures ---------------------------------------------------
+
 
 def test_ties_and_all_mass_in_one_token():
     g = torch.Generator().manual_seed(0)
@@ -134,8 +135,9 @@ def test_decode_layout_is_transparent_and_restored(kind, monkeypatch):
     if kind == "transposed":
         monkeypatch.setattr(dl, "PACK_LIMIT_BYTES", 0)  # weights "too large" to copy
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=40, context_length=16, d_model=32, n_layers=1, n_heads=4, tie_embeddings=True,
-                      bias="all")
+    cfg = ModelConfig(
+        vocab_size=40, context_length=16, d_model=32, n_layers=1, n_heads=4, tie_embeddings=True, bias="all"
+    )
     model = TransformerLM(cfg).eval()
     assert decode_layout_kind(model, batch=2) == kind
     assert decode_layout_kind(model, batch=1) == "transposed"
@@ -165,6 +167,7 @@ def test_decode_layout_is_transparent_and_restored(kind, monkeypatch):
 
 # --- stop strings and streaming text ------------------------------------------------------------------
 
+
 def test_text_stream_stop_strings_and_utf8():
     ts = TextStream(["END!", "\n\n"])
     shown = ""
@@ -185,6 +188,7 @@ def test_text_stream_stop_strings_and_utf8():
 
 
 # --- the command line: stop strings, a batch of prompts, `bench decode` on a run ----------------------
+
 
 @pytest.fixture(scope="module")
 def byte_run(tmp_path_factory):
@@ -215,7 +219,7 @@ def test_cli_generate_stop_and_batch(byte_run, capsys):
     assert full.startswith("ab") and len(full) > 4
     stop = full[4:6]  # cut where this text first appears in the continuation
     assert main(args + ["--prompt", "ab", "--stop", stop]) == 0
-    assert capsys.readouterr().out.rstrip("\n") == "ab" + full[2:][:full[2:].find(stop)]
+    assert capsys.readouterr().out.rstrip("\n") == "ab" + full[2:][: full[2:].find(stop)]
     assert main(args + ["--prompt", "ab", "--prompt", "xyz"]) == 0
     out = capsys.readouterr().out
     assert "--- [0] ---\n" + full + "\n" in out and "--- [1] ---\nxyz" in out
@@ -273,6 +277,7 @@ def test_decode_copies_are_cached_and_remade_when_the_weights_change(batch):
             return out, m(x)
 
     import unittest.mock as mock
+
     with mock.patch.object(dl, "_make_decode_copy", spy):
         first = decode(model)
         n = len(made)
@@ -326,10 +331,10 @@ def test_several_eos_ids_and_logprobs():
     assert len(new) >= 2, greedy  # two distinct ids that first appear after the start
     a, b = new[0], new[1]
     first, second = greedy[a], greedy[b]
-    assert list(generate(model, [1, 2], 12, temperature=0, eos_id=[second, first])) == greedy[:a + 1]
-    assert list(generate(model, [1, 2], 12, temperature=0, eos_id=[second])) == greedy[:b + 1]
+    assert list(generate(model, [1, 2], 12, temperature=0, eos_id=[second, first])) == greedy[: a + 1]
+    assert list(generate(model, [1, 2], 12, temperature=0, eos_id=[second])) == greedy[: b + 1]
     rows = generate_batch(model, [[1, 2], [1, 2]], 12, temperature=0, eos_id=(first, 99))
-    assert rows == [greedy[:a + 1], greedy[:a + 1]]
+    assert rows == [greedy[: a + 1], greedy[: a + 1]]
     steps = list(generate_logprobs(model, [1, 2], 6, temperature=1.0, seed=5))
     ctx = [1, 2]
     for token, lp in steps:
@@ -385,8 +390,7 @@ def test_a_suspended_generator_never_serves_stale_or_foreign_weights():
     from lmlab.kernels.decode_layout import decode_layout
 
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=64, context_length=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                      init_std=0.3)
+    cfg = ModelConfig(vocab_size=64, context_length=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, init_std=0.3)
     model = TransformerLM(cfg)
     prompts = [[1, 2, 3, 4], [5, 6, 7, 8]]
 

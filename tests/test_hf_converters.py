@@ -37,42 +37,167 @@ MAX_DIFF: dict[str, float] = {}  # case -> max |logit diff| over the checks (rep
 # model_type, HF config kwargs (tiny: hidden 32-64, 2 layers, vocabulary 128)
 CASES = {
     "gpt2": ("gpt2", dict(n_embd=48, n_layer=2, n_head=4, n_positions=96, activation_function="gelu_new")),
-    "gpt2-untied-unscaled": ("gpt2", dict(n_embd=32, n_layer=2, n_head=2, n_positions=96, n_inner=80,
-                                          activation_function="relu", tie_word_embeddings=False,
-                                          scale_attn_weights=False)),
+    "gpt2-untied-unscaled": (
+        "gpt2",
+        dict(
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            n_positions=96,
+            n_inner=80,
+            activation_function="relu",
+            tie_word_embeddings=False,
+            scale_attn_weights=False,
+        ),
+    ),
     "gptj": ("gptj", dict(n_embd=64, n_layer=2, n_head=4, n_positions=96, rotary_dim=8)),
-    "gpt_neox": ("gpt_neox", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=160,
-                                  max_position_embeddings=96, rotary_pct=0.25, rotary_emb_base=500.0)),
-    "gpt_neox-sequential": ("gpt_neox", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                             intermediate_size=64, max_position_embeddings=96, rotary_pct=0.5,
-                                             use_parallel_residual=False, hidden_act="gelu_fast",
-                                             tie_word_embeddings=True)),
-    "opt": ("opt", dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, ffn_dim=96,
-                        max_position_embeddings=96)),
-    "opt-350m-style": ("opt", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
-                                   max_position_embeddings=96, do_layer_norm_before=False, word_embed_proj_dim=32)),
-    "opt-bare": ("opt", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, ffn_dim=64,
-                             max_position_embeddings=96, enable_bias=False, layer_norm_elementwise_affine=False,
-                             _remove_final_layer_norm=True, activation_function="gelu")),
-    "phi": ("phi", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                        intermediate_size=128, max_position_embeddings=96, partial_rotary_factor=0.5)),
-    "nemotron": ("nemotron", dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                  head_dim=16, intermediate_size=96, max_position_embeddings=96,
-                                  partial_rotary_factor=0.5, mlp_bias=True)),
-    "stablelm": ("stablelm", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                  intermediate_size=96, max_position_embeddings=96, partial_rotary_factor=0.25,
-                                  use_qkv_bias=True, qk_layernorm=True)),
-    "stablelm-parallel": ("stablelm", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                           num_key_value_heads=2, intermediate_size=64, max_position_embeddings=96,
-                                           partial_rotary_factor=0.5, use_parallel_residual=True)),
-    "falcon-mqa": ("falcon", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, multi_query=True,
-                                  parallel_attn=True, bias=False, max_position_embeddings=96)),
-    "falcon-new-arch": ("falcon", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2,
-                                       new_decoder_architecture=True, bias=True, max_position_embeddings=96,
-                                       ffn_hidden_size=96)),
-    "falcon-mha-sequential": ("falcon", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                             multi_query=False, parallel_attn=False, bias=True,
-                                             max_position_embeddings=96, tie_word_embeddings=False)),
+    "gpt_neox": (
+        "gpt_neox",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=160,
+            max_position_embeddings=96,
+            rotary_pct=0.25,
+            rotary_emb_base=500.0,
+        ),
+    ),
+    "gpt_neox-sequential": (
+        "gpt_neox",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=96,
+            rotary_pct=0.5,
+            use_parallel_residual=False,
+            hidden_act="gelu_fast",
+            tie_word_embeddings=True,
+        ),
+    ),
+    "opt": (
+        "opt",
+        dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, ffn_dim=96, max_position_embeddings=96),
+    ),
+    "opt-350m-style": (
+        "opt",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            ffn_dim=128,
+            max_position_embeddings=96,
+            do_layer_norm_before=False,
+            word_embed_proj_dim=32,
+        ),
+    ),
+    "opt-bare": (
+        "opt",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            ffn_dim=64,
+            max_position_embeddings=96,
+            enable_bias=False,
+            layer_norm_elementwise_affine=False,
+            _remove_final_layer_norm=True,
+            activation_function="gelu",
+        ),
+    ),
+    "phi": (
+        "phi",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=96,
+            partial_rotary_factor=0.5,
+        ),
+    ),
+    "nemotron": (
+        "nemotron",
+        dict(
+            hidden_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=96,
+            max_position_embeddings=96,
+            partial_rotary_factor=0.5,
+            mlp_bias=True,
+        ),
+    ),
+    "stablelm": (
+        "stablelm",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=96,
+            max_position_embeddings=96,
+            partial_rotary_factor=0.25,
+            use_qkv_bias=True,
+            qk_layernorm=True,
+        ),
+    ),
+    "stablelm-parallel": (
+        "stablelm",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=96,
+            partial_rotary_factor=0.5,
+            use_parallel_residual=True,
+        ),
+    ),
+    "falcon-mqa": (
+        "falcon",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            multi_query=True,
+            parallel_attn=True,
+            bias=False,
+            max_position_embeddings=96,
+        ),
+    ),
+    "falcon-new-arch": (
+        "falcon",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_kv_heads=2,
+            new_decoder_architecture=True,
+            bias=True,
+            max_position_embeddings=96,
+            ffn_hidden_size=96,
+        ),
+    ),
+    "falcon-mha-sequential": (
+        "falcon",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            multi_query=False,
+            parallel_attn=False,
+            bias=True,
+            max_position_embeddings=96,
+            tie_word_embeddings=False,
+        ),
+    ),
 }
 
 
@@ -87,8 +212,9 @@ def _one_thread():
 
 def _hf_model(model_type: str, kwargs: dict):
     """A random HF model with every parameter perturbed (norm weights and biases no longer 1 / 0)."""
-    config = transformers.AutoConfig.for_model(model_type, vocab_size=VOCAB, bos_token_id=None, eos_token_id=None,
-                                               pad_token_id=None, **kwargs)
+    config = transformers.AutoConfig.for_model(
+        model_type, vocab_size=VOCAB, bos_token_id=None, eos_token_id=None, pad_token_id=None, **kwargs
+    )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
@@ -131,30 +257,43 @@ def test_family_parity(case, tmp_path):
     lengths = [SEQ, SEQ - 7]
     mask = torch.zeros(2, SEQ, dtype=torch.long)
     for row, n in enumerate(lengths):
-        mask[row, SEQ - n:] = 1
+        mask[row, SEQ - n :] = 1
     padded = torch.where(mask.bool(), ids, torch.zeros_like(ids))
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         ref = hf_model(padded, attention_mask=mask, position_ids=positions).logits
-        check("padded", max(_diff(ref[row:row + 1, SEQ - n:], model(ids[row:row + 1, SEQ - n:]))
-                            for row, n in enumerate(lengths)))
+        check(
+            "padded",
+            max(
+                _diff(ref[row : row + 1, SEQ - n :], model(ids[row : row + 1, SEQ - n :]))
+                for row, n in enumerate(lengths)
+            ),
+        )
 
     # 3. greedy generation with lmlab's KV cache vs HF generate, token for token; and lmlab's cached
     #    one-token steps along HF's sequence against HF's per-step logits (a check even where a random
     #    model repeats one token)
     prompt = ids[0, :8]
     with torch.no_grad():
-        hf_out = hf_model.generate(prompt[None], attention_mask=torch.ones(1, 8, dtype=torch.long), do_sample=False,
-                                   max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0,
-                                   output_logits=True, return_dict_in_generate=True)
+        hf_out = hf_model.generate(
+            prompt[None],
+            attention_mask=torch.ones(1, 8, dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            pad_token_id=0,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
         hf_tokens = hf_out.sequences[0, 8:].tolist()
         cache = KVCache(cfg, 1, cfg.context_length)
         step_logits = [model(prompt[None], cache)[:, -1]]
         for tok in hf_tokens[:-1]:
             step_logits.append(model(torch.tensor([[tok]]), cache)[:, -1])
         check("cached", _diff(torch.cat(hf_out.logits), torch.cat(step_logits)))
-    assert list(generate(model, prompt.tolist(), NEW_TOKENS, temperature=0)) == hf_tokens, \
+    assert list(generate(model, prompt.tolist(), NEW_TOKENS, temperature=0)) == hf_tokens, (
         f"{case}: greedy generations differ"
+    )
 
     # 4. export_hf -> transformers reproduces the logits; re-importing the export reproduces lmlab's logits
     summary = export_hf(tmp_path / "run", tmp_path / "export")
@@ -171,13 +310,16 @@ def test_family_parity(case, tmp_path):
     print(f"\n{case}: max |logit diff| " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
 
 
-@pytest.mark.parametrize("model_type, field, value", [
-    ("gpt2", "scale_attn_by_inverse_layer_idx", True),
-    ("gpt_neox", "attention_bias", False),
-    ("phi", "qk_layernorm", True),
-    ("falcon", "alibi", True),
-    ("opt", "some_future_switch", 3),
-])
+@pytest.mark.parametrize(
+    "model_type, field, value",
+    [
+        ("gpt2", "scale_attn_by_inverse_layer_idx", True),
+        ("gpt_neox", "attention_bias", False),
+        ("phi", "qk_layernorm", True),
+        ("falcon", "alibi", True),
+        ("opt", "some_future_switch", 3),
+    ],
+)
 def test_unsupported_fields_raise(model_type, field, value):
     hf = {"model_type": model_type, field: value}
     with pytest.raises(UnsupportedError, match=field):
@@ -185,29 +327,55 @@ def test_unsupported_fields_raise(model_type, field, value):
 
 
 def test_export_refuses_what_a_family_lacks():
-    cfg = ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, norm_type="layernorm", norm_bias=True,
-                      bias="all", activation="swiglu", position="learned")
+    cfg = ModelConfig(
+        vocab_size=VOCAB,
+        d_model=32,
+        n_layers=2,
+        n_heads=2,
+        norm_type="layernorm",
+        norm_bias=True,
+        bias="all",
+        activation="swiglu",
+        position="learned",
+    )
     with pytest.raises(UnsupportedError, match="activation"):
         get_family("gpt2").config_to_hf(cfg)
-    cfg = ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, norm_type="layernorm", norm_bias=True,
-                      bias="all", activation="gelu_tanh", position="learned", qk_norm="rmsnorm")
+    cfg = ModelConfig(
+        vocab_size=VOCAB,
+        d_model=32,
+        n_layers=2,
+        n_heads=2,
+        norm_type="layernorm",
+        norm_bias=True,
+        bias="all",
+        activation="gelu_tanh",
+        position="learned",
+        qk_norm="rmsnorm",
+    )
     with pytest.raises(UnsupportedError, match="qk_norm"):
         get_family("gpt2").config_to_hf(cfg)
 
 
-@pytest.mark.parametrize("model_type, fields", [
-    ("gpt_neox", dict(hidden_size=64, num_attention_heads=4, rotary_pct=0.5, rotary_emb_base=500)),
-    ("gpt_neox", dict(hidden_size=64, num_attention_heads=4)),
-    ("phi", dict(hidden_size=80, num_attention_heads=4, partial_rotary_factor=0.4, rope_theta=500.0)),
-    ("phi", dict(hidden_size=64, num_attention_heads=4, rope_scaling={"type": "linear", "factor": 2.0})),
-    ("phi", dict(hidden_size=64, num_attention_heads=4)),
-    ("stablelm", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, partial_rotary_factor=0.5,
-                      rope_theta=1000)),
-    ("stablelm", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4)),
-    ("nemotron", dict(hidden_size=64, num_attention_heads=4, head_dim=32, partial_rotary_factor=0.25)),
-    ("nemotron", dict(hidden_size=64, num_attention_heads=4)),
-    ("falcon", dict(n_embed=64, num_attention_heads=4, rope_theta=5000.0)),
-])
+@pytest.mark.parametrize(
+    "model_type, fields",
+    [
+        ("gpt_neox", dict(hidden_size=64, num_attention_heads=4, rotary_pct=0.5, rotary_emb_base=500)),
+        ("gpt_neox", dict(hidden_size=64, num_attention_heads=4)),
+        ("phi", dict(hidden_size=80, num_attention_heads=4, partial_rotary_factor=0.4, rope_theta=500.0)),
+        ("phi", dict(hidden_size=64, num_attention_heads=4, rope_scaling={"type": "linear", "factor": 2.0})),
+        ("phi", dict(hidden_size=64, num_attention_heads=4)),
+        (
+            "stablelm",
+            dict(
+                hidden_size=64, num_attention_heads=4, num_key_value_heads=4, partial_rotary_factor=0.5, rope_theta=1000
+            ),
+        ),
+        ("stablelm", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4)),
+        ("nemotron", dict(hidden_size=64, num_attention_heads=4, head_dim=32, partial_rotary_factor=0.25)),
+        ("nemotron", dict(hidden_size=64, num_attention_heads=4)),
+        ("falcon", dict(n_embed=64, num_attention_heads=4, rope_theta=5000.0)),
+    ],
+)
 def test_config_spellings_read_as_transformers_does(model_type, fields):
     """Older config.json spellings (rotary_pct, top-level rope_theta / partial_rotary_factor, rope_scaling,
     n_embed) and absent fields (each family's defaults) resolve to the RoPE transformers uses."""
@@ -223,11 +391,22 @@ def test_config_spellings_read_as_transformers_does(model_type, fields):
     assert (ours.rope_scaling or {}).get("type", "default") == kind
 
 
-@pytest.mark.parametrize("preset, model_type", [
-    ("gpt2-124m", "gpt2"), ("gpt-j-6b", "gptj"), ("gpt-neox-20b", "gpt_neox"), ("pythia-160m", "gpt_neox"),
-    ("opt-350m", "opt"), ("nemotron-4-15b", "nemotron"), ("nemotron-4-340b", "nemotron"), ("phi-2", "phi"),
-    ("llama-4-scout", "llama4_text"), ("deepseek-v2-lite", "deepseek_v2"), ("deepseek-v2", "deepseek_v2"),
-])
+@pytest.mark.parametrize(
+    "preset, model_type",
+    [
+        ("gpt2-124m", "gpt2"),
+        ("gpt-j-6b", "gptj"),
+        ("gpt-neox-20b", "gpt_neox"),
+        ("pythia-160m", "gpt_neox"),
+        ("opt-350m", "opt"),
+        ("nemotron-4-15b", "nemotron"),
+        ("nemotron-4-340b", "nemotron"),
+        ("phi-2", "phi"),
+        ("llama-4-scout", "llama4_text"),
+        ("deepseek-v2-lite", "deepseek_v2"),
+        ("deepseek-v2", "deepseek_v2"),
+    ],
+)
 def test_tiny_preset_exports_to_transformers(preset, model_type, tmp_path):
     """Every preset of these families (tiny scale, random weights, norms and biases perturbed) exports to
     its HF family and transformers reproduces lmlab's logits."""
@@ -244,8 +423,11 @@ def test_tiny_preset_exports_to_transformers(preset, model_type, tmp_path):
     family = get_family(model_type)
     (tmp_path / "config.json").write_text(json.dumps(family.config_to_hf(cfg)))
     state = family.state_to_hf({k: v.detach() for k, v in model.state_dict().items()}, cfg)
-    save_file({k: v.clone().contiguous() for k, v in state.items()}, str(tmp_path / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.clone().contiguous() for k, v in state.items()},
+        str(tmp_path / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     hf_model, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(2))
@@ -270,21 +452,49 @@ def test_falcon_num_key_value_heads_is_checked_against_the_layout():
 def test_config_table_reads_aliases_and_defaults_and_writes_them_back():
     """The config table of the hand-written families (lmlab/interop/families/_config_table.py): a null field
     falls to the next alias, then to the default (a callable one follows the fields read before it); casts
-    on reading; on writing, an optional field equal to its default is left out, write_as renames."""
+    on reading, beside the family's fixed fields; on writing, the model type and class come first, an optional
+    field equal to its default is left out, write_as renames."""
     from lmlab.interop.families._config_table import STANDARD, ConfigTable
 
-    table = ConfigTable("toy", dict(d_model=64, n_heads=4, d_ff=lambda v: 4 * v["d_model"],
-                                    head_dim=lambda v: v["d_model"] // v["n_heads"], norm_eps=1e-5, activation="gelu"),
-                        names={**STANDARD, "d_model": ("n_embd", "hidden_size")}, optional=("head_dim",),
-                        write_as={"d_model": "hidden_size"})
-    assert table.keys() == {"n_embd", "hidden_size", "num_attention_heads", "intermediate_size", "head_dim",
-                            "layer_norm_eps", "hidden_act"}
+    table = ConfigTable(
+        "toy",
+        dict(
+            d_model=64,
+            n_heads=4,
+            d_ff=lambda v: 4 * v["d_model"],
+            head_dim=lambda v: v["d_model"] // v["n_heads"],
+            norm_eps=1e-5,
+            activation="gelu",
+        ),
+        names={**STANDARD, "d_model": ("n_embd", "hidden_size")},
+        optional=("head_dim",),
+        write_as={"d_model": "hidden_size"},
+        hf_class="ToyForCausalLM",
+        fixed=dict(norm_type="layernorm", bias="all"),
+    )
+    assert table.keys() == {
+        "n_embd",
+        "hidden_size",
+        "num_attention_heads",
+        "intermediate_size",
+        "head_dim",
+        "layer_norm_eps",
+        "hidden_act",
+    }
     fields = table.read({"n_embd": None, "hidden_size": 32, "layer_norm_eps": 1})
-    assert fields == {"d_model": 32, "n_heads": 4, "d_ff": 128, "head_dim": 8, "norm_eps": 1.0, "activation": "gelu"}
+    assert fields == {"norm_type": "layernorm", "bias": "all", "d_model": 32, "n_heads": 4, "d_ff": 128, "head_dim": 8,
+                      "norm_eps": 1.0, "activation": "gelu"}  # fmt: skip
     assert isinstance(fields["norm_eps"], float)
     cfg = ModelConfig(vocab_size=16, context_length=8, d_model=32, n_heads=4, d_ff=128, activation="gelu_tanh")
-    assert table.write(cfg) == {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 128,
-                                "layer_norm_eps": 1e-5, "hidden_act": "gelu_new"}
+    assert table.write(cfg) == {
+        "model_type": "toy",
+        "architectures": ["ToyForCausalLM"],
+        "hidden_size": 32,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "layer_norm_eps": 1e-5,
+        "hidden_act": "gelu_new",
+    }
     wide = ModelConfig(vocab_size=16, context_length=8, d_model=32, n_heads=4, head_dim=16, d_ff=128)
     with pytest.raises(UnsupportedError, match="activation='swiglu' cannot be exported"):
         table.write(wide)  # the table's MLP is plain

@@ -23,9 +23,19 @@ from lmlab.model import TransformerLM  # noqa: E402
 from lmlab.model.norms import RMSNorm  # noqa: E402
 
 V = 128
-BASE = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.1, pad_token_id=0,
-            bos_token_id=1, eos_token_id=2)
+BASE = dict(
+    vocab_size=V,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    initializer_range=0.1,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 
 def _bf16_input(shape, seed=0):
@@ -37,13 +47,17 @@ def _bf16_input(shape, seed=0):
 # 1. RMSNorm rounding order in bf16
 # ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("hf_class, kwargs", [
-    ("transformers.models.llama.modeling_llama.LlamaRMSNorm", dict()),
-    ("transformers.models.qwen3.modeling_qwen3.Qwen3RMSNorm", dict()),
-    ("transformers.models.olmo2.modeling_olmo2.Olmo2RMSNorm", dict(weight_fp32=True)),
-    ("transformers.models.gemma.modeling_gemma.GemmaRMSNorm", dict(offset=1.0)),
-    ("transformers.models.gemma3.modeling_gemma3.Gemma3RMSNorm", dict(offset=1.0)),
-])
+
+@pytest.mark.parametrize(
+    "hf_class, kwargs",
+    [
+        ("transformers.models.llama.modeling_llama.LlamaRMSNorm", dict()),
+        ("transformers.models.qwen3.modeling_qwen3.Qwen3RMSNorm", dict()),
+        ("transformers.models.olmo2.modeling_olmo2.Olmo2RMSNorm", dict(weight_fp32=True)),
+        ("transformers.models.gemma.modeling_gemma.GemmaRMSNorm", dict(offset=1.0)),
+        ("transformers.models.gemma3.modeling_gemma3.Gemma3RMSNorm", dict(offset=1.0)),
+    ],
+)
 def test_rmsnorm_bf16_bitwise_equals_hf(hf_class, kwargs):
     """An lmlab RMSNorm cast to bf16 equals the family's HF norm bitwise on random input, and the other
     rounding order would not (so the comparison can tell the two apart)."""
@@ -107,16 +121,37 @@ def test_bf16_lean_decode_uses_the_same_norm_order():
 
 # lmlab module -> HF module of the same norm, per family (the families whose HF norm classes differ)
 NORM_PAIRS = {
-    "llama": ("LlamaConfig", {}, [("blocks.0.attn_norm", "model.layers.0.input_layernorm"),
-                                  ("final_norm", "model.norm")]),
-    "qwen3": ("Qwen3Config", dict(head_dim=32), [("blocks.1.mlp_norm", "model.layers.1.post_attention_layernorm"),
-                                                 ("blocks.0.attn.q_norm", "model.layers.0.self_attn.q_norm")]),
-    "olmo2": ("Olmo2Config", {}, [("blocks.0.attn_norm", "model.layers.0.post_attention_layernorm"),
-                                  ("blocks.0.attn.k_norm", "model.layers.0.self_attn.k_norm"),
-                                  ("final_norm", "model.norm")]),
-    "gemma3_text": ("Gemma3TextConfig", dict(head_dim=16), [
-        ("blocks.0.attn_out_norm", "model.layers.0.post_attention_layernorm"),
-        ("blocks.0.attn.q_norm", "model.layers.0.self_attn.q_norm"), ("final_norm", "model.norm")]),
+    "llama": (
+        "LlamaConfig",
+        {},
+        [("blocks.0.attn_norm", "model.layers.0.input_layernorm"), ("final_norm", "model.norm")],
+    ),
+    "qwen3": (
+        "Qwen3Config",
+        dict(head_dim=32),
+        [
+            ("blocks.1.mlp_norm", "model.layers.1.post_attention_layernorm"),
+            ("blocks.0.attn.q_norm", "model.layers.0.self_attn.q_norm"),
+        ],
+    ),
+    "olmo2": (
+        "Olmo2Config",
+        {},
+        [
+            ("blocks.0.attn_norm", "model.layers.0.post_attention_layernorm"),
+            ("blocks.0.attn.k_norm", "model.layers.0.self_attn.k_norm"),
+            ("final_norm", "model.norm"),
+        ],
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        dict(head_dim=16),
+        [
+            ("blocks.0.attn_out_norm", "model.layers.0.post_attention_layernorm"),
+            ("blocks.0.attn.q_norm", "model.layers.0.self_attn.q_norm"),
+            ("final_norm", "model.norm"),
+        ],
+    ),
 }
 
 
@@ -149,8 +184,12 @@ def test_imported_model_in_bf16_norms_equal_hf(tmp_path, family):
 
 META_CASES = {
     "rope_tied": dict(position="rope"),
-    "rope_scaled_untied": dict(position="rope", tie_embeddings=False, rope_fraction=0.5,
-                               rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}),
+    "rope_scaled_untied": dict(
+        position="rope",
+        tie_embeddings=False,
+        rope_fraction=0.5,
+        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+    ),
     "alibi": dict(position="alibi", n_kv_heads=3, n_heads=6, d_model=48),
     "sinusoidal": dict(position="sinusoidal", tie_embeddings=False),
     "learned_tied": dict(position="learned"),
@@ -163,8 +202,9 @@ def test_meta_to_empty_load_gives_the_same_model(case):
     """TransformerLM built on the meta device, ``to_empty(device='cpu')``, ``load_state_dict`` of an
     ordinary model's state: the same logits (exactly) as that model, with and without a KV cache past the
     initial table length, and a tied LM head is the embedding's Parameter (one storage, trained as one)."""
-    cfg = ModelConfig(**{**dict(vocab_size=V, context_length=64, d_model=32, n_layers=2, n_heads=4,
-                                n_kv_heads=2), **META_CASES[case]})
+    cfg = ModelConfig(
+        **{**dict(vocab_size=V, context_length=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2), **META_CASES[case]}
+    )
     torch.manual_seed(0)
     ref = TransformerLM(cfg).eval()
     with torch.device("meta"):
@@ -211,7 +251,7 @@ def test_meta_materialised_model_trains_like_the_original():
     assert torch.equal(model(idx), ref(idx))
 
 
-FSDP_META_SCRIPT = '''
+FSDP_META_SCRIPT = """
 import json, sys, torch, torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from lmlab.config import ModelConfig
@@ -239,7 +279,7 @@ dist.destroy_process_group()
 sys.stdout.flush()
 import os
 os._exit(0)  # skip interpreter teardown: gloo's threads sometimes abort there ("terminate called ...")
-'''
+"""
 
 
 def test_meta_fsdp_two_ranks_materialise(tmp_path):
@@ -255,8 +295,13 @@ def test_meta_fsdp_two_ranks_materialise(tmp_path):
     script = tmp_path / "meta_fsdp.py"
     script.write_text(FSDP_META_SCRIPT)
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
-    proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", str(script), str(tmp_path / "out.json")],
-                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node=2", str(script), str(tmp_path / "out.json")],
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "out.json").read_text())
     for position, (diff, tied) in result.items():
@@ -266,6 +311,7 @@ def test_meta_fsdp_two_ranks_materialise(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # 3-4. Config fields transformers never reads: Gemma 3's attention soft-cap, published legacy keys
 # ------------------------------------------------------------------------------------------------
+
 
 def _hf_folder(tmp_path, cls: str, overrides: dict, extra_json: dict, name: str = "hf"):
     """A random HF model of config class ``cls`` saved to ``tmp_path/name``, with ``extra_json`` written
@@ -306,8 +352,14 @@ def _logits_diff(model, ref, seq=40) -> float:
         return float((model(idx) - ref(idx).logits.float()).abs().max())
 
 
-GEMMA3 = dict(BASE, head_dim=16, num_hidden_layers=3, sliding_window=8, query_pre_attn_scalar=16,
-              layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+GEMMA3 = dict(
+    BASE,
+    head_dim=16,
+    num_hidden_layers=3,
+    sliding_window=8,
+    query_pre_attn_scalar=16,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+)
 
 
 def test_gemma3_attn_logit_softcapping_follows_hf(tmp_path, capsys):
@@ -329,16 +381,25 @@ def test_gemma3_attn_logit_softcapping_follows_hf(tmp_path, capsys):
 
 
 COHERE2 = dict(BASE, num_hidden_layers=4, sliding_window=8, logit_scale=0.25)
-R7B_LEGACY = {"order_of_interleaved_layers": "local_attn_first", "position_embedding_type": "rope_gptj",
-              "rotary_pct": 1.0, "use_embedding_sharing": True, "use_gated_activation": True,
-              "use_parallel_block": True, "use_parallel_embedding": True}
+R7B_LEGACY = {
+    "order_of_interleaved_layers": "local_attn_first",
+    "position_embedding_type": "rope_gptj",
+    "rotary_pct": 1.0,
+    "use_embedding_sharing": True,
+    "use_gated_activation": True,
+    "use_parallel_block": True,
+    "use_parallel_embedding": True,
+}
 GPTJ = dict(vocab_size=V, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=128, initializer_range=0.1)
 PUBLISHED = {  # case -> (config class, tiny config, the published keys transformers never reads)
     "qwen2.5": ("Qwen2Config", dict(BASE, use_sliding_window=False), {"use_mrope": False}),
     "gpt-j-6b": ("GPTJConfig", GPTJ, {"rotary": True}),
     "command-r7b": ("Cohere2Config", COHERE2, R7B_LEGACY),
-    "command-r": ("CohereConfig", dict(BASE, logit_scale=0.25),
-                  {k: v for k, v in R7B_LEGACY.items() if k != "order_of_interleaved_layers"}),
+    "command-r": (
+        "CohereConfig",
+        dict(BASE, logit_scale=0.25),
+        {k: v for k, v in R7B_LEGACY.items() if k != "order_of_interleaved_layers"},
+    ),
 }
 
 
@@ -384,6 +445,7 @@ def test_unread_keys_that_would_change_the_model_are_refused(tmp_path, capsys, c
 # ------------------------------------------------------------------------------------------------
 # 5. dtype on import and export
 # ------------------------------------------------------------------------------------------------
+
 
 def _safetensors(folder):
     from safetensors.torch import load_file
@@ -468,14 +530,16 @@ def test_bf16_import_evaluates_in_fp32_like_the_original(tmp_path):
     hfio.import_hf(folder, tmp_path / "run")
     model = hfio.load_run_model(tmp_path / "run")[0]
     assert next(model.parameters()).dtype == torch.float32
-    ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
-                                                            attn_implementation="eager").eval()
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     assert _logits_diff(model, ref) <= 1e-4
 
 
 # ------------------------------------------------------------------------------------------------
 # 6. The pickle refusal: one line naming the file
 # ------------------------------------------------------------------------------------------------
+
 
 class _Payload:
     """Unpickling this runs os.system (writes a marker file): what weights_only must refuse."""

@@ -28,9 +28,19 @@ from lmlab.interop.registry import UnsupportedError  # noqa: E402
 
 V, T, PAD = 128, 40, 7  # vocabulary, sequence length, left padding of the second padded row
 TOL = 1e-4
-BASE = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.1, pad_token_id=0,
-            bos_token_id=1, eos_token_id=2)
+BASE = dict(
+    vocab_size=V,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    initializer_range=0.1,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 # model_type -> (config class, overrides, what the case exercises)
 CASES = {
@@ -340,8 +350,10 @@ def report():
         return
     print("\nHugging Face parity (fp32, max |logit diff| vs transformers):")
     for name, r in RESULTS.items():
-        print(f"  {name:12s} logits {r.get('logits', float('nan')):.1e}  padded {r.get('padded', float('nan')):.1e}  "
-              f"export {r.get('export', float('nan')):.1e}  greedy32 {r.get('greedy', '-')}  ({CASES[name][2]})")
+        print(
+            f"  {name:12s} logits {r.get('logits', float('nan')):.1e}  padded {r.get('padded', float('nan')):.1e}  "
+            f"export {r.get('export', float('nan')):.1e}  greedy32 {r.get('greedy', '-')}  ({CASES[name][2]})"
+        )
     if os.environ.get("LMLAB_PARITY_REPORT"):
         with open(os.environ["LMLAB_PARITY_REPORT"], "w") as f:
             json.dump({k: dict(v, checked=CASES[k][2]) for k, v in RESULTS.items()}, f, indent=1)
@@ -416,8 +428,14 @@ def test_family_parity(name, tmp_path):
     prompt = x[0, :8]
     ours_gen = list(generate(model, prompt.tolist(), 32, temperature=0.0))
     with torch.no_grad():
-        out = ref.generate(prompt[None], attention_mask=torch.ones_like(prompt[None]), do_sample=False,
-                           max_new_tokens=32, min_new_tokens=32, pad_token_id=0)
+        out = ref.generate(
+            prompt[None],
+            attention_mask=torch.ones_like(prompt[None]),
+            do_sample=False,
+            max_new_tokens=32,
+            min_new_tokens=32,
+            pad_token_id=0,
+        )
     theirs_gen = out[0, 8:].tolist()
     res["greedy"] = "equal" if ours_gen == theirs_gen else "DIFFERENT"
     assert ours_gen == theirs_gen, f"{name}: greedy tokens differ\n{ours_gen}\n{theirs_gen}"
@@ -452,12 +470,17 @@ def test_llama4_padded_batch(tmp_path, capsys):
     assert float((theirs[1, PAD:] - alone).abs().max()) <= TOL
     # an import without tokenizer.json: the CLI generates from token ids
     assert main(["generate", str(tmp_path / "run"), "--prompt", "hi"]) == 2
-    assert main(["generate", str(tmp_path / "run"), "--prompt-ids", "5 6 7", "--max-new-tokens", "4",
-                 "--temperature", "0"]) == 0
+    assert (
+        main(
+            ["generate", str(tmp_path / "run"), "--prompt-ids", "5 6 7", "--max-new-tokens", "4", "--temperature", "0"]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.split() == [str(i) for i in generate(model, [5, 6, 7], 4, temperature=0)]
 
 
 # --- refusals ----------------------------------------------------------------------------------
+
 
 def save_llama(path, **over):
     cfg = transformers.LlamaConfig(**{**BASE, **over})
@@ -477,14 +500,19 @@ def llama_dir(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("changes, words", [
-    (dict(rope_parameters=dict(rope_type="dynamic", rope_theta=1e4, factor=2.0)), ["'dynamic'", "llama3"]),
-    (dict(rope_parameters=dict(rope_type="default", rope_theta=1e4, partial_rotary_factor=0.5)),
-     ["partial_rotary_factor=0.5"]),
-    (dict(num_experts=8), ["num_experts=8", "not handled"]),
-    (dict(hidden_act="gelu"), ["hidden_act='gelu'", "silu"]),
-    (dict(model_type="mamba"), ["model_type='mamba'", "llama"]),
-])
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        (dict(rope_parameters=dict(rope_type="dynamic", rope_theta=1e4, factor=2.0)), ["'dynamic'", "llama3"]),
+        (
+            dict(rope_parameters=dict(rope_type="default", rope_theta=1e4, partial_rotary_factor=0.5)),
+            ["partial_rotary_factor=0.5"],
+        ),
+        (dict(num_experts=8), ["num_experts=8", "not handled"]),
+        (dict(hidden_act="gelu"), ["hidden_act='gelu'", "silu"]),
+        (dict(model_type="mamba"), ["model_type='mamba'", "llama"]),
+    ],
+)
 def test_import_refuses_what_it_cannot_represent(llama_dir, tmp_path, changes, words):
     import shutil
 
@@ -544,9 +572,11 @@ def test_cli_import_export_and_errors(llama_dir, tmp_path, capsys):
     assert "no tokenizer" in capsys.readouterr().err
 
 
-TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
-        "want of a wife. However little known the feelings or views of such a man may be on his first entering "
-        "a neighbourhood, this truth is so well fixed in the minds of the surrounding families. ")
+TEXT = (
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
+    "want of a wife. However little known the feelings or views of such a man may be on his first entering "
+    "a neighbourhood, this truth is so well fixed in the minds of the surrounding families. "
+)
 
 
 def test_imported_run_with_tokenizer_evaluates_generates_and_fine_tunes(tmp_path, capsys):
@@ -573,9 +603,32 @@ def test_imported_run_with_tokenizer_evaluates_generates_and_fine_tunes(tmp_path
     assert json.loads(capsys.readouterr().out)["bits_per_byte"] > 0
     assert main(["generate", str(run), "--prompt", "It is", "--max-new-tokens", "4", "--temperature", "0"]) == 0
     assert capsys.readouterr().out.startswith("It is")
-    assert main(["train", "--out", str(run), "--resume", "--data", str(data), "--set", "max_steps=2",
-                 "--set", "batch_size=2", "--set", "eval_interval=2", "--set", "eval_windows=1",
-                 "--set", "device=cpu", "--set", "warmup_steps=1", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(run),
+                "--resume",
+                "--data",
+                str(data),
+                "--set",
+                "max_steps=2",
+                "--set",
+                "batch_size=2",
+                "--set",
+                "eval_interval=2",
+                "--set",
+                "eval_windows=1",
+                "--set",
+                "device=cpu",
+                "--set",
+                "warmup_steps=1",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert yaml.safe_load((run / "run.yaml").read_text())["data"] == str(data.resolve())
     assert (run / "checkpoints" / "step_0000002").is_dir()
     assert main(["export", str(run), "--format", "hf", "--out", str(tmp_path / "exp")]) == 0
@@ -592,8 +645,9 @@ def test_hf_tokenizer_of_another_kind(tmp_path):
     hf = HFTokenizer(models.BPE(unk_token="<unk>"))
     hf.pre_tokenizer = pre_tokenizers.Metaspace()
     hf.decoder = decoders.Metaspace()
-    hf.train_from_iterator([TEXT] * 4, trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "<s>", "</s>"],
-                                                           show_progress=False))
+    hf.train_from_iterator(
+        [TEXT] * 4, trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    )
     hf.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     hf.save(str(tmp_path / "tokenizer.json"))
     tok = Tokenizer.load(tmp_path / "tokenizer.json")
@@ -696,8 +750,15 @@ def test_gpt2_style_tokenizer_imported_and_generates_as_hf(tmp_path, capsys):
     hf_dir.mkdir()
     ours.hf.model.save(str(hf_dir))  # vocab.json + merges.txt, as a GPT-2 folder holds them
     vocab = json.loads((hf_dir / "vocab.json").read_text())
-    cfg = transformers.GPT2Config(vocab_size=len(vocab), n_positions=64, n_embd=32, n_layer=2, n_head=4,
-                                  eos_token_id=vocab["<|endoftext|>"], bos_token_id=vocab["<|endoftext|>"])
+    cfg = transformers.GPT2Config(
+        vocab_size=len(vocab),
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        eos_token_id=vocab["<|endoftext|>"],
+        bos_token_id=vocab["<|endoftext|>"],
+    )
     torch.manual_seed(0)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(hf_dir)
     assert not (hf_dir / "tokenizer.json").exists()
@@ -718,8 +779,22 @@ def test_gpt2_style_tokenizer_imported_and_generates_as_hf(tmp_path, capsys):
     docs.mkdir()
     (docs / "a.txt").write_text(TEXT * 3)
     (docs / "b.txt").write_text(TEXT)
-    assert main(["prepare", "--data", str(docs), "--out", str(tmp_path / "data"), "--tokenizer-file",
-                 str(hf_dir), "--val-docs", "b.txt"]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                "--data",
+                str(docs),
+                "--out",
+                str(tmp_path / "data"),
+                "--tokenizer-file",
+                str(hf_dir),
+                "--val-docs",
+                "b.txt",
+            ]
+        )
+        == 0
+    )
     data_tok = Tokenizer.load(tmp_path / "data" / "tokenizer.json")
     assert data_tok.encode(TEXT) == hf_tok(TEXT).input_ids
 
@@ -759,8 +834,9 @@ def test_layer_pattern_that_ends_mid_pattern(tmp_path):
         assert [cfg.layer_is_local(i) for i in range(n)] == [t == "sliding_attention" for t in hf_types]
     types = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]
     cls, over, _ = CASES["gemma3_text"]
-    hf_cfg = getattr(transformers, cls)(**{**BASE, **over, "num_hidden_layers": 5, "layer_types": types,
-                                           "eos_token_id": None})  # min_new_tokens would mask token 2
+    hf_cfg = getattr(transformers, cls)(
+        **{**BASE, **over, "num_hidden_layers": 5, "layer_types": types, "eos_token_id": None}
+    )  # min_new_tokens would mask token 2
     torch.manual_seed(0)
     ref = transformers.AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="eager").eval()
     ref.save_pretrained(tmp_path / "hf")
@@ -772,8 +848,14 @@ def test_layer_pattern_that_ends_mid_pattern(tmp_path):
         assert float((model(x) - hf_logits(ref, x)).abs().max()) <= TOL
     prompt = x[0, :8]
     with torch.no_grad():
-        out = ref.generate(prompt[None], attention_mask=torch.ones_like(prompt[None]), do_sample=False,
-                           max_new_tokens=32, min_new_tokens=32, pad_token_id=0)
+        out = ref.generate(
+            prompt[None],
+            attention_mask=torch.ones_like(prompt[None]),
+            do_sample=False,
+            max_new_tokens=32,
+            min_new_tokens=32,
+            pad_token_id=0,
+        )
     assert list(generate(model, prompt.tolist(), 32, temperature=0.0)) == out[0, 8:].tolist()
     hfio.export_hf(tmp_path / "run", tmp_path / "exp")
     assert json.loads((tmp_path / "exp" / "config.json").read_text())["layer_types"] == types
@@ -790,8 +872,9 @@ def test_deepseek_v2_stacked_experts_read_as_the_published_layout(tmp_path):
     n = ref.config.n_routed_experts
     for i in range(1, ref.config.num_hidden_layers):  # layer 0 is dense
         p = f"model.layers.{i}.mlp.experts"
-        gate_up = [torch.cat([state.pop(f"{p}.{e}.gate_proj.weight"), state.pop(f"{p}.{e}.up_proj.weight")])
-                   for e in range(n)]
+        gate_up = [
+            torch.cat([state.pop(f"{p}.{e}.gate_proj.weight"), state.pop(f"{p}.{e}.up_proj.weight")]) for e in range(n)
+        ]
         state[f"{p}.gate_up_proj"] = torch.stack(gate_up)
         state[f"{p}.down_proj"] = torch.stack([state.pop(f"{p}.{e}.down_proj.weight") for e in range(n)])
     save_file(state, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
@@ -811,8 +894,14 @@ def test_yarn_mscale_zero_means_off():
     """transformers reads mscale / mscale_all_dim 0 as "off": the import drops them (not refused)."""
     from lmlab.interop import common as C
 
-    params = dict(rope_type="yarn", rope_theta=1e4, factor=4.0, original_max_position_embeddings=32,
-                  mscale=0.0, mscale_all_dim=0.0)
+    params = dict(
+        rope_type="yarn",
+        rope_theta=1e4,
+        factor=4.0,
+        original_max_position_embeddings=32,
+        mscale=0.0,
+        mscale_all_dim=0.0,
+    )
     theta, scaling, _ = C.read_rope({"rope_parameters": params}, "deepseek_v2")
     assert theta == 1e4 and "mscale" not in scaling and "mscale_all_dim" not in scaling
     assert scaling["factor"] == 4.0
@@ -828,12 +917,23 @@ def test_llama4_scout_card_count_is_the_text_model_plus_the_vision_tower():
     cfg = preset_config("llama-4-scout", "real")
     _, hf = hfio.lmlab_to_hf_config(cfg)
     text = transformers.Llama4TextConfig(**{k: v for k, v in hf.items() if k not in ("architectures", "model_type")})
-    vision = dict(hidden_size=1408, image_size=336, intermediate_size=5632, num_attention_heads=16,
-                  num_hidden_layers=34, patch_size=14, pixel_shuffle_ratio=0.5, projector_input_dim=4096,
-                  projector_output_dim=4096, vision_output_dim=4096, multi_modal_projector_bias=False)
+    vision = dict(
+        hidden_size=1408,
+        image_size=336,
+        intermediate_size=5632,
+        num_attention_heads=16,
+        num_hidden_layers=34,
+        patch_size=14,
+        pixel_shuffle_ratio=0.5,
+        projector_input_dim=4096,
+        projector_output_dim=4096,
+        vision_output_dim=4096,
+        multi_modal_projector_bias=False,
+    )
     with torch.device("meta"):
-        full = transformers.Llama4ForConditionalGeneration(transformers.Llama4Config(text_config=text.to_dict(),
-                                                                                     vision_config=vision))
+        full = transformers.Llama4ForConditionalGeneration(
+            transformers.Llama4Config(text_config=text.to_dict(), vision_config=vision)
+        )
     total = sum(p.numel() for p in full.parameters())
     text_only = sum(p.numel() for n, p in full.named_parameters() if "language_model" in n)
     assert text_only == param_counts(cfg)["total"] == 107_769_861_120
@@ -865,8 +965,12 @@ def test_qwen3_moe_each_feature_is_what_matches(tmp_path):
     # the export writes the same layout back: step 2 with layer 3 listed as dense
     fam, hf = hfio.lmlab_to_hf_config(cfg)
     assert fam.model_type == "qwen3_moe" and (hf["decoder_sparse_step"], hf["mlp_only_layers"]) == (2, [3])
-    assert (hf["num_experts"], hf["moe_intermediate_size"], hf["intermediate_size"], hf["norm_topk_prob"]) == \
-        (4, 32, 96, True)
+    assert (hf["num_experts"], hf["moe_intermediate_size"], hf["intermediate_size"], hf["norm_topk_prob"]) == (
+        4,
+        32,
+        96,
+        True,
+    )
 
 
 def test_deepseek_v3_router_readings_each_matter(tmp_path):
@@ -879,8 +983,12 @@ def test_deepseek_v3_router_readings_each_matter(tmp_path):
     ref = hf_model("deepseek_v3", tmp_path / "hf")
     hfio.import_hf(tmp_path / "hf", tmp_path / "run")
     model, cfg, _, _ = hfio.load_run_model(tmp_path / "run")
-    assert (cfg.router_score, cfg.router_group_score, cfg.moe_balance, cfg.router_renormalize) == \
-        ("sigmoid", "top2_sum", "aux_free", True)
+    assert (cfg.router_score, cfg.router_group_score, cfg.moe_balance, cfg.router_renormalize) == (
+        "sigmoid",
+        "top2_sum",
+        "aux_free",
+        True,
+    )
     assert (cfg.router_groups, cfg.router_topk_groups, cfg.routed_scaling_factor) == (4, 2, 2.5)
     x = torch.randint(3, V, (2, T), generator=torch.Generator().manual_seed(1))
     theirs = hf_logits(ref, x)
@@ -908,8 +1016,13 @@ def test_gpt_oss_readings_each_matter(tmp_path):
     ref = hf_model("gpt_oss", tmp_path / "hf")
     hfio.import_hf(tmp_path / "hf", tmp_path / "run")
     model, cfg, _, _ = hfio.load_run_model(tmp_path / "run")
-    assert (cfg.activation, cfg.swiglu_limit, cfg.attn_sinks, cfg.router_bias, cfg.bias) == \
-        ("swiglu_clamped", 1.5, True, True, "all")
+    assert (cfg.activation, cfg.swiglu_limit, cfg.attn_sinks, cfg.router_bias, cfg.bias) == (
+        "swiglu_clamped",
+        1.5,
+        True,
+        True,
+        "all",
+    )
     assert cfg.layer_pattern == "LG" and cfg.rope_scaling["truncate"] is False
     x = torch.randint(3, V, (2, T), generator=torch.Generator().manual_seed(1))
     theirs = hf_logits(ref, x)
@@ -937,16 +1050,27 @@ def test_qwen3_next_readings_each_matter(tmp_path):
     ref = hf_model("qwen3_next", tmp_path / "hf")
     hfio.import_hf(tmp_path / "hf", tmp_path / "run")
     model, cfg, _, _ = hfio.load_run_model(tmp_path / "run")
-    assert (cfg.layer_pattern, cfg.attn_output_gate, cfg.rope_fraction, cfg.n_shared_experts, cfg.shared_expert_gate,
-            cfg.moe_pattern, cfg.norm_type, cfg.qk_norm) == ("DDDG", "elementwise", 0.5, 2, True, "MMD",
-                                                               "gemma_rmsnorm", "gemma_rmsnorm")
+    assert (
+        cfg.layer_pattern,
+        cfg.attn_output_gate,
+        cfg.rope_fraction,
+        cfg.n_shared_experts,
+        cfg.shared_expert_gate,
+        cfg.moe_pattern,
+        cfg.norm_type,
+        cfg.qk_norm,
+    ) == ("DDDG", "elementwise", 0.5, 2, True, "MMD", "gemma_rmsnorm", "gemma_rmsnorm")
     x = torch.randint(3, V, (2, T), generator=torch.Generator().manual_seed(1))
     theirs = hf_logits(ref, x)
     state = model.state_dict()
-    for change, drop, off in ((dict(linear_chunk=3), None, False), (dict(attn_output_gate="none"), ".attn.gate.", True),
-                              (dict(shared_expert_gate=False), ".shared_gate.", True),
-                              (dict(norm_type="rmsnorm", qk_norm="rmsnorm"), None, True),
-                              (dict(rope_fraction=1.0), None, True), (dict(layer_pattern=None), ".attn.", True)):
+    for change, drop, off in (
+        (dict(linear_chunk=3), None, False),
+        (dict(attn_output_gate="none"), ".attn.gate.", True),
+        (dict(shared_expert_gate=False), ".shared_gate.", True),
+        (dict(norm_type="rmsnorm", qk_norm="rmsnorm"), None, True),
+        (dict(rope_fraction=1.0), None, True),
+        (dict(layer_pattern=None), ".attn.", True),
+    ):
         other = TransformerLM(dataclasses.replace(cfg, **change)).eval()
         kept = {k: v for k, v in state.items() if drop is None or drop not in k}
         other.load_state_dict(kept, strict=drop is None)

@@ -11,8 +11,12 @@ from lmlab.cli import main
 from lmlab.config import ConfigError
 from lmlab.lab.spec import parse_spec
 
-BASE = {"name": "t", "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "context_length": 16}, "seeds": [1],
-        "budget": {"steps": 2}}
+BASE = {
+    "name": "t",
+    "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "context_length": 16},
+    "seeds": [1],
+    "budget": {"steps": 2},
+}
 
 
 def _spec_file(tmp_path, text):
@@ -23,8 +27,10 @@ def _spec_file(tmp_path, text):
 
 @pytest.mark.parametrize("dry", [True, False])
 def test_a_million_variant_grid_is_refused_at_once_with_its_count(tmp_path, capsys, dry):
-    grid = "\n".join(f"    {f}: [{', '.join(str(i) for i in range(1, 11))}]"
-                     for f in ("lr", "warmup_steps", "batch_size", "grad_accum", "max_steps", "weight_decay"))
+    grid = "\n".join(
+        f"    {f}: [{', '.join(str(i) for i in range(1, 11))}]"
+        for f in ("lr", "warmup_steps", "batch_size", "grad_accum", "max_steps", "weight_decay")
+    )
     path = _spec_file(tmp_path, f"name: big\nbudget: {{steps: 2}}\nseeds: [1]\naxes:\n  grid:\n{grid}\n")
     t0 = time.perf_counter()
     rc = main(["sweep", str(path), "--out", str(tmp_path / "sw")] + (["--dry-run"] if dry else []))
@@ -38,19 +44,23 @@ def test_the_cli_refuses_a_million_runs_in_under_two_seconds_end_to_end(tmp_path
     import subprocess
     import sys
 
-    grid = ", ".join(f"{f}: [{', '.join(str(i) for i in range(1, 11))}]"
-                     for f in ("lr", "warmup_steps", "batch_size", "grad_accum", "max_steps", "weight_decay"))
+    grid = ", ".join(
+        f"{f}: [{', '.join(str(i) for i in range(1, 11))}]"
+        for f in ("lr", "warmup_steps", "batch_size", "grad_accum", "max_steps", "weight_decay")
+    )
     path = _spec_file(tmp_path, f"name: big\nbudget: {{steps: 2}}\naxes: {{grid: {{{grid}}}}}\n")
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--dry-run"], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--dry-run"], capture_output=True, text=True, timeout=60
+    )
     assert time.perf_counter() - t0 < 2  # the count comes before torch is imported
     assert done.returncode == 2 and "plans 1,000,000 runs" in done.stderr and not done.stdout
 
 
 def test_a_hundred_thousand_seeds_are_refused_at_once(tmp_path, capsys):
-    path = _spec_file(tmp_path, "name: big\nbudget: {steps: 2}\nseeds: [" + ", ".join(map(str, range(1, 100001)))
-                      + "]\n")
+    path = _spec_file(
+        tmp_path, "name: big\nbudget: {steps: 2}\nseeds: [" + ", ".join(map(str, range(1, 100001))) + "]\n"
+    )
     t0 = time.perf_counter()
     rc = main(["sweep", str(path), "--dry-run"])
     assert time.perf_counter() - t0 < 15  # PyYAML parsing the 100,000 numbers (~2 s); the count is arithmetic
@@ -75,8 +85,11 @@ def test_the_run_limit_is_the_users_to_raise_or_lower():
 
 
 def test_the_planned_count_is_shown_in_a_dry_run(tmp_path, capsys):
-    path = _spec_file(tmp_path, "name: small\nmodel: {d_model: 32, n_layers: 1, n_heads: 2, context_length: 16}\n"
-                                "budget: {steps: 2}\nseeds: [1, 2]\naxes: {grid: {lr: [0.001, 0.002]}}\n")
+    path = _spec_file(
+        tmp_path,
+        "name: small\nmodel: {d_model: 32, n_layers: 1, n_heads: 2, context_length: 16}\n"
+        "budget: {steps: 2}\nseeds: [1, 2]\naxes: {grid: {lr: [0.001, 0.002]}}\n",
+    )
     assert main(["sweep", str(path), "--dry-run", "--out", str(tmp_path / "sw")]) == 0
     out = capsys.readouterr().out
     assert "planning 4 run(s)" in out
@@ -126,7 +139,7 @@ def byte_run(tmp_path_factory):
 
 
 def test_generation_lengths_past_the_context_are_one_line_or_a_sliding_window(byte_run, capsys):
-    rc = main(["generate", str(byte_run), "--prompt", "a", "--prompt", "b", "--max-new-tokens", str(10 ** 15)])
+    rc = main(["generate", str(byte_run), "--prompt", "a", "--prompt", "b", "--max-new-tokens", str(10**15)])
     err = capsys.readouterr().err
     assert rc != 0 and "max_new_tokens=1000000000000000" in err and len(err.strip().splitlines()) == 1
     # one prompt: the window slides (the cache holds at most the context), so any length streams
@@ -140,10 +153,18 @@ def test_grad_accum_past_the_training_split_is_refused_before_allocating(byte_da
 
     cfg = ModelConfig(vocab_size=257, context_length=32, d_model=16, n_layers=1, n_heads=2)
     t0 = time.perf_counter()
-    with pytest.raises(ConfigError, match=r"grad_accum=1000000000000: a step of batch_size x grad_accum x ranks = "
-                                          r"8 x 1000000000000 x 1 = 8,000,000,000,000 windows is more than the "):
-        Trainer.create(tmp_path / "r", cfg, TrainConfig(batch_size=8, grad_accum=10 ** 12, max_steps=1,
-                                                        tensorboard=False), byte_data, progress=False)
+    with pytest.raises(
+        ConfigError,
+        match=r"grad_accum=1000000000000: a step of batch_size x grad_accum x ranks = "
+        r"8 x 1000000000000 x 1 = 8,000,000,000,000 windows is more than the ",
+    ):
+        Trainer.create(
+            tmp_path / "r",
+            cfg,
+            TrainConfig(batch_size=8, grad_accum=10**12, max_steps=1, tensorboard=False),
+            byte_data,
+            progress=False,
+        )
     assert time.perf_counter() - t0 < 10 and not (tmp_path / "r").exists()
 
 
@@ -152,8 +173,9 @@ def test_eval_windows_past_the_validation_split_are_capped_with_a_note(byte_data
     from lmlab.train import TrainConfig, Trainer
 
     cfg = ModelConfig(vocab_size=257, context_length=32, d_model=16, n_layers=1, n_heads=2)
-    tc = TrainConfig(batch_size=2, max_steps=1, eval_interval=1, eval_windows=10 ** 12, tensorboard=False,
-                     checkpoint_interval=0)
+    tc = TrainConfig(
+        batch_size=2, max_steps=1, eval_interval=1, eval_windows=10**12, tensorboard=False, checkpoint_interval=0
+    )
     t0 = time.perf_counter()
     trainer = Trainer.create(tmp_path / "r", cfg, tc, byte_data, progress=False)
     trainer.fit()
@@ -170,9 +192,24 @@ def hf_folder(tmp_path):
     from lmlab.interop.hf import export_model
     from lmlab.model import TransformerLM
 
-    model = TransformerLM(ModelConfig(vocab_size=64, context_length=32, d_model=32, n_layers=2, n_heads=4, d_ff=64,
-                                      norm_type="rmsnorm", norm_position="pre", norm_bias=False, bias="none",
-                                      activation="swiglu", position="rope", rope_style="half", tie_embeddings=False))
+    model = TransformerLM(
+        ModelConfig(
+            vocab_size=64,
+            context_length=32,
+            d_model=32,
+            n_layers=2,
+            n_heads=4,
+            d_ff=64,
+            norm_type="rmsnorm",
+            norm_position="pre",
+            norm_bias=False,
+            bias="none",
+            activation="swiglu",
+            position="rope",
+            rope_style="half",
+            tie_embeddings=False,
+        )
+    )
     export_model(model, tmp_path / "hf", family="llama")
     path = tmp_path / "hf"
     return path, json.loads((path / "config.json").read_text())
@@ -196,10 +233,13 @@ def test_import_refuses_more_layers_than_the_weights_hold_at_once(hf_folder, tmp
     assert "num_hidden_layers=1000000000 but the weights hold 2 layer(s) (indices 0-1)" in err
 
 
-@pytest.mark.parametrize("change,needle", [
-    ({"torch_dtype": "float7"}, "torch_dtype='float7' is not a dtype; valid: 'auto' or a torch dtype name"),
-    ({"dtype": [1]}, "dtype=[1] is not a dtype; valid: "),
-])
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        ({"torch_dtype": "float7"}, "torch_dtype='float7' is not a dtype; valid: 'auto' or a torch dtype name"),
+        ({"dtype": [1]}, "dtype=[1] is not a dtype; valid: "),
+    ],
+)
 def test_import_refuses_unknown_dtypes(hf_folder, tmp_path, capsys, change, needle):
     assert needle in _import_with(hf_folder, tmp_path, capsys, change)
 
@@ -260,8 +300,11 @@ def test_a_tokenizer_without_separators_encodes_prompts_and_names_what_needs_one
     assert tok.encode("a b a") == [0, 1, 0]
     with pytest.raises(TokenizerError, match="none of the document separators .*give a prompt"):
         tok.eot_id
-    with pytest.raises(TokenizerError, match=r"byte 0xff at character 2, which is not UTF-8, and this tokenizer "
-                                             r"has no byte tokens"):
+    with pytest.raises(
+        TokenizerError,
+        match=r"byte 0xff at character 2, which is not UTF-8, and this tokenizer "
+        r"has no byte tokens",
+    ):
         tok.encode(b"a \xff".decode("utf-8", errors="surrogateescape"))
 
 
@@ -282,17 +325,21 @@ def test_generate_raw_writes_the_prompt_as_it_came(byte_run, capsysbinary):
     assert capsysbinary.readouterr().out.startswith(b"\x1b]0;pwned\x07HAM\xffLET\xc2\x9b")
 
 
-@pytest.mark.parametrize("step,state,needle", [
-    (3, {"step": 3}, "missing key 'tokens_seen'"),
-    (3, {"step": 4, "tokens_seen": 0}, "key 'step' is 4 but its folder is step 3"),
-    (3, {"step": 3, "tokens_seen": -1}, "key 'tokens_seen' must be a non-negative integer"),
-    (3, {"step": 3, "tokens_seen": 0, "loss_ema": float("nan")}, "key 'loss_ema' must be a finite number"),
-    (3, {"step": 3, "tokens_seen": 0, "note": object()}, "not JSON-able"),
-    (-1, {"step": -1, "tokens_seen": 0}, "step=-1 must be a non-negative integer"),
-    (3, [3], "expected a JSON object of trainer counters"),
-])
+@pytest.mark.parametrize(
+    "step,state,needle",
+    [
+        (3, {"step": 3}, "missing key 'tokens_seen'"),
+        (3, {"step": 4, "tokens_seen": 0}, "key 'step' is 4 but its folder is step 3"),
+        (3, {"step": 3, "tokens_seen": -1}, "key 'tokens_seen' must be a non-negative integer"),
+        (3, {"step": 3, "tokens_seen": 0, "loss_ema": float("nan")}, "key 'loss_ema' must be a finite number"),
+        (3, {"step": 3, "tokens_seen": 0, "note": object()}, "not JSON-able"),
+        (-1, {"step": -1, "tokens_seen": 0}, "step=-1 must be a non-negative integer"),
+        (3, [3], "expected a JSON object of trainer counters"),
+    ],
+)
 def test_save_checkpoint_refuses_what_resuming_would_refuse(tmp_path, step, state, needle):
-    from lmlab.checkpoint import CheckpointError, save_checkpoint
+    from lmlab.checkpoint import save_checkpoint
+    from lmlab.run_folder import CheckpointError
 
     with pytest.raises(CheckpointError, match=needle):
         save_checkpoint(tmp_path / "r", step, _tiny_model(), None, state)
@@ -302,7 +349,8 @@ def test_save_checkpoint_refuses_what_resuming_would_refuse(tmp_path, step, stat
 def test_save_checkpoint_refuses_foreign_optimizer_and_rng_states(tmp_path):
     import torch
 
-    from lmlab.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
+    from lmlab.checkpoint import read_checkpoint, save_checkpoint
+    from lmlab.run_folder import CheckpointError
 
     model, state = _tiny_model(), {"step": 2, "tokens_seen": 64}
     with pytest.raises(CheckpointError, match="key 'state' holds 'nope'"):
@@ -336,10 +384,12 @@ DEEP = "[" * 100000 + "]" * 100000
 
 
 def test_deep_json_in_an_import_config_a_tokenizer_a_checkpoint_and_a_data_manifest_is_one_line(
-        hf_folder, tmp_path, byte_run, byte_data, capsys):
+    hf_folder, tmp_path, byte_run, byte_data, capsys
+):
     import shutil
 
-    from lmlab.checkpoint import CheckpointError, checkpoint_dirs, read_checkpoint
+    from lmlab.checkpoint import read_checkpoint
+    from lmlab.run_folder import CheckpointError, checkpoint_dirs
     from lmlab.data.shards import TokenData
     from lmlab.data.sources import DataError
     from lmlab.data.tokenizer import Tokenizer, TokenizerError

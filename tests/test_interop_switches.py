@@ -11,15 +11,18 @@ from lmlab.model import KVCache, TransformerLM
 TINY = dict(vocab_size=64, context_length=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2)
 
 
-@pytest.mark.parametrize("kw, words", [
-    (dict(qk_norm_scope="all"), ["qk_norm_scope='all'", "qk_norm"]),
-    (dict(qk_norm_scope="rows", qk_norm="rmsnorm"), ["qk_norm_scope='rows'", "'head_untied'"]),
-    (dict(norm_affine=False, norm_type="layernorm", norm_bias=True), ["norm_affine=False", "norm_bias"]),
-    (dict(norm_affine=False, norm_type="gemma_rmsnorm"), ["norm_affine=False"]),
-    (dict(norm_affine="no"), ["norm_affine='no'"]),
-    (dict(logit_scale=0), ["logit_scale=0"]),
-    (dict(clip_qkv=-1.0), ["clip_qkv=-1.0"]),
-])
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(qk_norm_scope="all"), ["qk_norm_scope='all'", "qk_norm"]),
+        (dict(qk_norm_scope="rows", qk_norm="rmsnorm"), ["qk_norm_scope='rows'", "'head_untied'"]),
+        (dict(norm_affine=False, norm_type="layernorm", norm_bias=True), ["norm_affine=False", "norm_bias"]),
+        (dict(norm_affine=False, norm_type="gemma_rmsnorm"), ["norm_affine=False"]),
+        (dict(norm_affine="no"), ["norm_affine='no'"]),
+        (dict(logit_scale=0), ["logit_scale=0"]),
+        (dict(clip_qkv=-1.0), ["clip_qkv=-1.0"]),
+    ],
+)
 def test_validation(kw, words):
     with pytest.raises(ConfigError) as err:
         ModelConfig(**TINY, **kw)
@@ -55,14 +58,28 @@ def test_formulas():
         assert torch.allclose(scaled(ids), 3.0 * torch.tanh(base(ids) * 0.25 / 3.0), atol=1e-6)
 
 
-@pytest.mark.parametrize("kw", [
-    dict(norm_type="layernorm", norm_affine=False, clip_qkv=0.5),
-    dict(qk_norm="rmsnorm", qk_norm_scope="all", norm_position="reordered"),
-    dict(qk_norm="layernorm", qk_norm_scope="head_untied", parallel_block=True, rope_style="interleaved",
-         logit_scale=0.5),
-    dict(qk_norm="gemma_rmsnorm", norm_type="gemma_rmsnorm", norm_position="sandwich", sliding_window=4,
-         layer_pattern="LG", rope_local_theta=100.0),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(norm_type="layernorm", norm_affine=False, clip_qkv=0.5),
+        dict(qk_norm="rmsnorm", qk_norm_scope="all", norm_position="reordered"),
+        dict(
+            qk_norm="layernorm",
+            qk_norm_scope="head_untied",
+            parallel_block=True,
+            rope_style="interleaved",
+            logit_scale=0.5,
+        ),
+        dict(
+            qk_norm="gemma_rmsnorm",
+            norm_type="gemma_rmsnorm",
+            norm_position="sandwich",
+            sliding_window=4,
+            layer_pattern="LG",
+            rope_local_theta=100.0,
+        ),
+    ],
+)
 def test_kv_cache_decoding_equals_full_forward(kw):
     torch.manual_seed(0)
     model = TransformerLM(ModelConfig(**TINY, **kw)).eval()
@@ -74,5 +91,5 @@ def test_kv_cache_decoding_equals_full_forward(kw):
     with torch.no_grad():
         full = model(ids)
         cache = KVCache(model.cfg, 2, 32)
-        steps = [model(ids[:, :5], cache)] + [model(ids[:, i:i + 1], cache) for i in range(5, 12)]
+        steps = [model(ids[:, :5], cache)] + [model(ids[:, i : i + 1], cache) for i in range(5, 12)]
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)

@@ -30,8 +30,7 @@ def _reference(h, w, y, b=None, z=0.0, cap=None, reduction="mean"):
     return (ce + zl) / n, ce / n
 
 
-@pytest.mark.parametrize("z,cap,bias", [(0.0, None, False), (1e-2, None, False), (0.0, 3.0, False),
-                                        (1e-3, 5.0, True)])
+@pytest.mark.parametrize("z,cap,bias", [(0.0, None, False), (1e-2, None, False), (0.0, 3.0, False), (1e-3, 5.0, True)])
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 def test_linear_cross_entropy_matches_materialised_logits(z, cap, bias, reduction):
     g = torch.Generator().manual_seed(0)
@@ -80,9 +79,15 @@ def test_linear_cross_entropy_rejects_bad_arguments():
     assert chunk_rows(4096, torch.device("cpu")) == 256 and chunk_rows(10**7, torch.device("cpu")) == 16
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(z_loss=1e-3, final_logit_softcap=8.0),
-                                dict(logit_scale=0.5, lm_head_bias=True, tie_embeddings=False),
-                                dict(embed_dim=24, tie_embeddings=True)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(z_loss=1e-3, final_logit_softcap=8.0),
+        dict(logit_scale=0.5, lm_head_bias=True, tie_embeddings=False),
+        dict(embed_dim=24, tie_embeddings=True),
+    ],
+)
 def test_model_training_loss_is_lm_loss_of_its_logits(kw):
     cfg = ModelConfig(vocab_size=61, context_length=12, d_model=32, n_layers=2, n_heads=4, **kw)
     torch.manual_seed(0)
@@ -294,8 +299,9 @@ def test_compiled_training_gradients_are_the_same_every_call():
     """Inductor compiled the embedding's scatter-add with atomic float adds on 2 threads: the same
     step's embedding gradient changed between calls (up to 2e-9) and exact resume failed
     (lmlab.kernels.embedding). Learned positions: their table's gather is differentiated too."""
-    cfg = ModelConfig(vocab_size=512, context_length=64, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2,
-                      position="learned")
+    cfg = ModelConfig(
+        vocab_size=512, context_length=64, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2, position="learned"
+    )
     torch.manual_seed(0)
     model = TransformerLM(cfg, kernels=BLOCKED)
     f = torch.compile(model)

@@ -105,11 +105,7 @@ def test_pooled_noise_for_single_seed_variants():
     from scipy import stats as sst
 
     half = sst.t.ppf(0.975, 3) * 0.01 * math.sqrt(2)
-    assert (
-        d["method"] == "pooled"
-        and d["lo"] == pytest.approx(-0.1 - half)
-        and d["hi"] == pytest.approx(-0.1 + half)
-    )
+    assert d["method"] == "pooled" and d["lo"] == pytest.approx(-0.1 - half) and d["hi"] == pytest.approx(-0.1 + half)
     assert stats.difference({1: 2.0}, {1: 1.9})["method"] == "none"
 
 
@@ -144,16 +140,16 @@ def _rows(table):
     return rows
 
 
-LENIENT = {"tuning": {"min_points": 2, "min_seeds": 1, "extend": 0, "window": 1},
-           "judging": {"min_seeds": 2, "tokens_per_param": 0}}  # the rules a test of other things sets aside
+LENIENT = {
+    "tuning": {"min_points": 2, "min_seeds": 1, "extend": 0, "window": 1},
+    "judging": {"min_seeds": 2, "tokens_per_param": 0},
+}  # the rules a test of other things sets aside
 
 
 def _spec(**extra):
     raw = {
         "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "context_length": 32},
-        "axes": {
-            "grid": {"v": [{"label": "A", "activation": "silu"}, {"label": "B", "activation": "swiglu"}]}
-        },
+        "axes": {"grid": {"v": [{"label": "A", "activation": "silu"}, {"label": "B", "activation": "swiglu"}]}},
         "seeds": [1, 2, 3],
         "tune": {"lr": [1e-3, 3e-3, 1e-2]},
         **extra,
@@ -192,10 +188,16 @@ def test_tune_picks_argmin_per_variant_and_flags_the_edge():
     (c3,) = analyze(rows3, spec)["claims"]
     assert c3["measured"] == "agrees" and c3["verdict"] == "rate not bracketed" and "diverged" in c3["note"]
     # without the bracket, a claim on 3 paired seeds under the default rules has too few seeds
-    ok = _rows({(v, lr): [2.6 + abs(math.log10(lr / 3e-3)) + (0.05 if v == "B" else 0) + 0.01 * k
-                          for k in range(3)] for v in "AB" for lr in (1e-3, 3e-3, 1e-2)})
-    (c4,) = analyze(ok, _spec(expect=[{"better": "A", "than": "B"}],
-                              tuning={"min_points": 3, "min_seeds": 3}))["claims"]
+    ok = _rows(
+        {
+            (v, lr): [2.6 + abs(math.log10(lr / 3e-3)) + (0.05 if v == "B" else 0) + 0.01 * k for k in range(3)]
+            for v in "AB"
+            for lr in (1e-3, 3e-3, 1e-2)
+        }
+    )
+    (c4,) = analyze(ok, _spec(expect=[{"better": "A", "than": "B"}], tuning={"min_points": 3, "min_seeds": 3}))[
+        "claims"
+    ]
     assert c4["measured"] == "agrees" and c4["verdict"] == "too few seeds" and "3 paired seed(s)" in c4["gate"]
 
 
@@ -205,7 +207,8 @@ def test_lr_sensitivity_around_each_variant_own_optimum_by_hand():
     counts as bpb_0 (the untrained model: first loss x tokens/byte / ln 2)."""
     grid = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
     spec = _spec(
-        tune={"lr": grid}, tolerated_within=0.05,
+        tune={"lr": grid},
+        tolerated_within=0.05,
         expect=[{"better": "B", "than": "A", "metric": "lr_sensitivity", "by": 0.1}],
         tuning={"min_points": 5, "min_seeds": 2, "extend": 0, "window": 1},
         judging={"min_seeds": 2, "tokens_per_param": 0},
@@ -306,9 +309,7 @@ def test_timing_block_ratios():
     small = ModelConfig(vocab_size=64, context_length=32, d_model=64, n_layers=2, n_heads=2)
     cfgs = {"a": small, "b": small, "deep": ModelConfig(**{**small.to_dict(), "n_layers": 4})}
     res = time_variants(cfgs, batch=4, pairs=21, steps=5, threads=1, decode=True, decode_batch=2)
-    assert all(len(v) == 21 for v in res["step_s"].values()) and all(
-        len(v) == 21 for v in res["decode_s"].values()
-    )
+    assert all(len(v) == 21 for v in res["step_s"].values()) and all(len(v) == 21 for v in res["decode_s"].values())
     assert all(t > 0 for v in res["step_s"].values() for t in v)
     # no timed assertion (a loaded machine moves any bound): the ratio summary by hand instead, the
     # median of the per-round ratios b / a (rounds paired) and its sign-test interval
@@ -374,8 +375,16 @@ def test_decode_claims_are_judged_only_where_the_step_is_bound_by_its_cache(monk
 
     monkeypatch.setattr(lmlab.bench, "bench_decode", fake)
     small = ModelConfig(vocab_size=64, context_length=32, d_model=32, n_layers=1, n_heads=2)
-    res = time_variants({"MHA": small, "MQA": ModelConfig(**{**small.to_dict(), "n_kv_heads": 1})}, batch=2,
-                        pairs=3, steps=1, threads=1, decode=True, decode_batch=2, decode_context=96)
+    res = time_variants(
+        {"MHA": small, "MQA": ModelConfig(**{**small.to_dict(), "n_kv_heads": 1})},
+        batch=2,
+        pairs=3,
+        steps=1,
+        threads=1,
+        decode=True,
+        decode_batch=2,
+        decode_context=96,
+    )
     assert (96, 48, 49) in calls and (96, 1, 64) in calls  # half the context; the short cache, same model
     assert set(res["decode_short_s"]) == {"MHA", "MQA"} and res["decode_short_steps"] == 64
     spec = load_spec("07-gqa-mqa")
@@ -383,14 +392,16 @@ def test_decode_claims_are_judged_only_where_the_step_is_bound_by_its_cache(monk
     block = {"decode_s": {e.a: [2e-3] * 9, e.b: [4e-3] * 9}, "decode_short_s": {e.a: [2e-3] * 9, e.b: [3e-3] * 9}}
     check = kv_bound_check(e, block)  # margin 10% < 25%: holds
     assert check["holds"] and check["value"].startswith("25.0% of a step")
-    c = gate({**judge_timing(e, block["decode_s"], 0.95), "mechanism": check}, e, None, spec,
-             {"rows": [], "selected": {}})
+    c = gate(
+        {**judge_timing(e, block["decode_s"], 0.95), "mechanism": check}, e, None, spec, {"rows": [], "selected": {}}
+    )
     assert c["verdict"] == stats.AGREES and c["preconditions"] == [check]
     block["decode_short_s"][e.b] = [3.8e-3] * 9  # 5% of the step grows with the cache: below the 10% margin
     check = kv_bound_check(e, block)
     assert not check["holds"]
-    c = gate({**judge_timing(e, block["decode_s"], 0.95), "mechanism": check}, e, None, spec,
-             {"rows": [], "selected": {}})
+    c = gate(
+        {**judge_timing(e, block["decode_s"], 0.95), "mechanism": check}, e, None, spec, {"rows": [], "selected": {}}
+    )
     assert c["measured"] == stats.AGREES and c["verdict"] == stats.NOT_TESTABLE and "bound by its KV" in c["gate"]
     assert kv_bound_check(e, {"decode_s": block["decode_s"]}) is None  # older blocks: no check, as before
 
@@ -406,8 +417,7 @@ def test_init_grad_norms_are_the_step0_batch_gradients_of_a_fresh_model(byte_dat
     from lmlab.train import TrainConfig, global_batch_starts, windows_to_batch
 
     tokens = TokenData(byte_data).tokens("train")
-    cfg = ModelConfig(vocab_size=260, d_model=32, n_layers=2, n_heads=2, context_length=16,
-                      norm_position="post")
+    cfg = ModelConfig(vocab_size=260, d_model=32, n_layers=2, n_heads=2, context_length=16, norm_position="post")
     got = init_grad_norms(cfg, tokens, [1, 3], [5, 6], 3)
     assert sorted(got) == [1, 3] and [len(v) for v in got[3].values()] == [3, 3]
     torch.manual_seed(6)
@@ -418,13 +428,11 @@ def test_init_grad_norms_are_the_step0_batch_gradients_of_a_fresh_model(byte_dat
     per_block, i = [], 0
     for b in model.blocks:
         n = len(list(b.parameters()))
-        per_block.append(math.sqrt(sum(float((g * g).sum()) for g in grads[i:i + n])))
+        per_block.append(math.sqrt(sum(float((g * g).sum()) for g in grads[i : i + n])))
         i += n
     assert got[3][6] == pytest.approx(per_block, rel=1e-5)
     assert got[3][5] != got[3][6]  # another seed: another model and batch
-    assert top_to_bottom(got)[3] == pytest.approx(
-        statistics.median([got[3][s][-1] / got[3][s][0] for s in (5, 6)])
-    )
+    assert top_to_bottom(got)[3] == pytest.approx(statistics.median([got[3][s][-1] / got[3][s][0] for s in (5, 6)]))
     with pytest.raises(ValueError, match="fewer than one window"):
         init_grad_norms(cfg, tokens[:10], [1], [1], 1)
     with pytest.raises(ConfigError, match="init_grads.depths"):
@@ -542,17 +550,22 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path, 
     assert bpb["effect"] == pytest.approx(statistics.fmean(diffs))
     half = T975[2] * statistics.stdev(diffs) / math.sqrt(3)
     assert bpb["lo"] == pytest.approx(statistics.fmean(diffs) - half)
-    assert (
-        bpb["measured"] == stats.verdict("better", bpb["lo"], bpb["hi"], 0.0)
-        and f"**{bpb['verdict']}**" in table[1]
-    )
+    assert bpb["measured"] == stats.verdict("better", bpb["lo"], bpb["hi"], 0.0) and f"**{bpb['verdict']}**" in table[1]
     # two tuned values: each variant's best is an end of the grid, so no verdict (the interval is shown)
     assert bpb["verdict"] == "rate not bracketed" and "edge of the 2 values tried" in bpb["gate"]
     tpp = [r["tokens"] / r["non_embedding_params"] for r in rows if r["tune"]["lr"] == chosen[r["variant"]]]
     assert bpb["tokens_per_param"] == pytest.approx(min(tpp))
     assert "## Gradients at initialisation" in md and "## Loss by position" in md
-    figs = ("sensitivity.png", "bpb.png", "loss.png", "diagnostics.png", "diagnostics-high.png", "basin-d_ff.png",
-            "init-grads.png", "loss-by-position.png")
+    figs = (
+        "sensitivity.png",
+        "bpb.png",
+        "loss.png",
+        "diagnostics.png",
+        "diagnostics-high.png",
+        "basin-d_ff.png",
+        "init-grads.png",
+        "loss-by-position.png",
+    )
     for fig in figs:
         assert (out / fig).stat().st_size > 1000, fig
     assert "](sensitivity.png)" in md and "SHA-256" in md and "Load average" in md and "lmlab sweep" in md
@@ -564,8 +577,9 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path, 
     ckpts = sorted((out / "runs" / rows[-1]["run"] / "checkpoints").iterdir())
     shutil.rmtree(ckpts[-1])  # killed while its last checkpoint was written: not recorded in the log
     log = out / "runs" / rows[-1]["run"] / "metrics.jsonl"
-    log.write_text("".join(x + "\n" for x in log.read_text().splitlines()
-                           if json.loads(x).get("checkpoint") != ckpts[-1].name))
+    log.write_text(
+        "".join(x + "\n" for x in log.read_text().splitlines() if json.loads(x).get("checkpoint") != ckpts[-1].name)
+    )
     assert main(["sweep", str(path), "--out", str(out)]) == 0
     assert main(["report", str(out)]) == 0
     assert _verdict_table((out / "report.md").read_text()) == table
@@ -573,8 +587,7 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path, 
     ends = [json.loads(x) for x in (out / "provenance.jsonl").read_text().splitlines() if "ended_at" in x]
     assert len(ends) == 2 and all(e["finished"] and e["wall_s"] > 0 for e in ends)
     wall = json.loads((out / "verdicts.json").read_text())["sweep_wall"]
-    assert wall == {"wall_s": pytest.approx(ends[0]["wall_s"] + ends[1]["wall_s"]), "invocations": 2,
-                    "finished": True}
+    assert wall == {"wall_s": pytest.approx(ends[0]["wall_s"] + ends[1]["wall_s"]), "invocations": 2, "finished": True}
     assert "**Wall time** of `lmlab sweep`" in (out / "report.md").read_text()
 
     # a report into a user's folder never replaces a file lmlab did not write
@@ -606,8 +619,10 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path, 
     assert text.startswith("intro\n") and text.endswith(f"{README_END}\nrest\n") and "old table" not in text
     assert "| bar | SwiGLU better than SiLU |" in text and "](index.md)" in text
     (tmp_path / "bad.md").write_text("no markers\n")
-    assert main(["report", "--index", str(out), "--out", str(tmp_path / "i2.md"), "--readme",
-                 str(tmp_path / "bad.md")]) == 2
+    assert (
+        main(["report", "--index", str(out), "--out", str(tmp_path / "i2.md"), "--readme", str(tmp_path / "bad.md")])
+        == 2
+    )
     assert (tmp_path / "bad.md").read_text() == "no markers\n"
     # two files at once: one with the counts line alone, the other with the table; both rewritten
     from lmlab.lab.index import COUNTS_END, COUNTS_START
@@ -615,8 +630,22 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path, 
     short = tmp_path / "sub" / "S.md"
     short.parent.mkdir()
     short.write_text(f"a\n{COUNTS_START}\nold\n{COUNTS_END}\nb\n")
-    assert main(["report", "--index", str(out), "--out", str(tmp_path / "index.md"), "--readme", str(readme),
-                 "--readme", str(short)]) == 0
+    assert (
+        main(
+            [
+                "report",
+                "--index",
+                str(out),
+                "--out",
+                str(tmp_path / "index.md"),
+                "--readme",
+                str(readme),
+                "--readme",
+                str(short),
+            ]
+        )
+        == 0
+    )
     line = short.read_text().split("\n")[2]
     assert line.startswith("The shipped specs' executions so far: 2 claims, **") and "](../index.md))." in line
     assert "| bar | SwiGLU better than SiLU |" in readme.read_text()
@@ -817,9 +846,18 @@ def test_two_stage_sweep_trains_stage_2_at_the_chosen_values(byte_data, tmp_path
     and on a second invocation nothing again (the choice is remade from the recorded rows)."""
     from lmlab.lab import runner
 
-    spec = parse_spec({**BAR_SPEC, "data": str(byte_data), "seeds": [1, 2, 3], "tune_seeds": [1],
-                       "tune": {"lr": [1e-3, 3e-3, 1e-2]}, "timing": None, "init_grads": None,
-                       "expect": [{"better": "SwiGLU", "than": "SiLU"}]})
+    spec = parse_spec(
+        {
+            **BAR_SPEC,
+            "data": str(byte_data),
+            "seeds": [1, 2, 3],
+            "tune_seeds": [1],
+            "tune": {"lr": [1e-3, 3e-3, 1e-2]},
+            "timing": None,
+            "init_grads": None,
+            "expect": [{"better": "SwiGLU", "than": "SiLU"}],
+        }
+    )
     plans = plan_runs(spec, byte_data)
     assert sum(not p.stage2 for p in plans) == 2 * 3 and all(p.seed == 1 for p in plans if not p.stage2)
     assert len(runner.trained_plans(plans)) == 2 * 3 + 2 * 2
@@ -831,15 +869,26 @@ def test_two_stage_sweep_trains_stage_2_at_the_chosen_values(byte_data, tmp_path
     def job(self, p):  # a stand-in for training + evaluation: bpb from the table above
         trained.append(p.name)
         with self.lock:
-            self.rows[p.name] = {"run": p.name, "variant": p.variant, "seed": p.seed, "scale": p.scale,
-                                 "tune": p.tune, "status": "ok", "val_bpb": fake[p.variant][p.tune["lr"]]}
+            self.rows[p.name] = {
+                "run": p.name,
+                "variant": p.variant,
+                "seed": p.seed,
+                "scale": p.scale,
+                "tune": p.tune,
+                "status": "ok",
+                "val_bpb": fake[p.variant][p.tune["lr"]],
+            }
 
     monkeypatch.setattr(runner._Sweep, "job", job)
     sweep = runner._Sweep(spec, tmp_path, plans, 2, 1, lambda line: None)
     sweep.run()
     stage2 = sorted(n for n in trained if not n.endswith("-s1"))
-    assert len(trained) == 10 and stage2 == ["SiLU_lr=0.003-s2", "SiLU_lr=0.003-s3",
-                                              "SwiGLU_lr=0.01-s2", "SwiGLU_lr=0.01-s3"]
+    assert len(trained) == 10 and stage2 == [
+        "SiLU_lr=0.003-s2",
+        "SiLU_lr=0.003-s3",
+        "SwiGLU_lr=0.01-s2",
+        "SwiGLU_lr=0.01-s3",
+    ]
     trained.clear()
     again = runner._Sweep(spec, tmp_path, plans, 2, 1, lambda line: None)
     again.rows = dict(sweep.rows)

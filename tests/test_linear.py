@@ -69,8 +69,9 @@ def test_op_passes_torch_library_checks():
     torch.library.opcheck(L.onednn_grad_input, (g, w.detach()))
     for d_out in (12, 4):  # both orders of onednn_grad_weight's product
         torch.library.opcheck(L.onednn_grad_weight, (torch.randn(32, d_out), x.detach()))
-        torch.testing.assert_close(L.onednn_grad_weight(torch.ones(32, d_out), x.detach()),
-                                   torch.ones(32, d_out).t() @ x.detach())
+        torch.testing.assert_close(
+            L.onednn_grad_weight(torch.ones(32, d_out), x.detach()), torch.ones(32, d_out).t() @ x.detach()
+        )
 
 
 def test_runs_the_onednn_op(monkeypatch):
@@ -145,8 +146,9 @@ def test_vmap_over_inputs_and_stacked_weights():
     ws, bs = torch.randn(3, 32, 16), torch.randn(3, 32)
     want = xs @ ws.transpose(1, 2) + bs[:, None]
     torch.testing.assert_close(vmap(partial(L.linear, onednn=True))(xs, ws, bs), want)
-    torch.testing.assert_close(vmap(partial(L.linear, onednn=True), in_dims=(0, None, None))(xs, ws[0], bs[0]),
-                               xs @ ws[0].t() + bs[0])
+    torch.testing.assert_close(
+        vmap(partial(L.linear, onednn=True), in_dims=(0, None, None))(xs, ws[0], bs[0]), xs @ ws[0].t() + bs[0]
+    )
 
 
 def test_training_steps_agree_with_the_mkl_path():
@@ -192,8 +194,10 @@ def test_gradients_of_gradients():
     def second(fn, x, w):
         xg = x.clone().requires_grad_()
         gx, gw = torch.autograd.grad(fn(xg).square().sum(), (xg, w), create_graph=True)
-        return (*torch.autograd.grad(gx.square().sum(), (xg, w), retain_graph=True),  # grad_input
-                *torch.autograd.grad(gw.square().sum(), (xg, w)))  # grad_weight
+        return (
+            *torch.autograd.grad(gx.square().sum(), (xg, w), retain_graph=True),  # grad_input
+            *torch.autograd.grad(gw.square().sum(), (xg, w)),
+        )  # grad_weight
 
     w64 = m.weight.detach().double().requires_grad_()
     got = second(m, x, m.weight)
@@ -216,13 +220,18 @@ def test_forward_mode_and_func_transforms_fall_back():
         tangent = fwAD.unpack_dual(m(fwAD.make_dual(x, torch.ones_like(x)))).tangent
     torch.testing.assert_close(tangent, want)
     xr = x.clone().requires_grad_()
-    want_grad, = torch.autograd.grad(F.linear(xr, m.weight, m.bias).square().sum(), xr)
+    (want_grad,) = torch.autograd.grad(F.linear(xr, m.weight, m.bias).square().sum(), xr)
     torch.testing.assert_close(torch.func.grad(lambda t: m(t).square().sum())(x), want_grad)
 
 
 def _calibration(onednn: bool, blocked: bool, identity: dict) -> dict:
-    return {"version": S.CALIBRATION_VERSION, "identity": identity, "date": "2026-12-05T01:00:00+00:00",
-            "choices": {"onednn_fp32": onednn, "blocked_attention_fp32": blocked}, "cells": []}
+    return {
+        "version": S.CALIBRATION_VERSION,
+        "identity": identity,
+        "date": "2026-12-05T01:00:00+00:00",
+        "choices": {"onednn_fp32": onednn, "blocked_attention_fp32": blocked},
+        "cells": [],
+    }
 
 
 def test_the_defaults_are_this_machines_calibration_or_torchs(tmp_path, monkeypatch, capsys):
@@ -232,11 +241,17 @@ def test_the_defaults_are_this_machines_calibration_or_torchs(tmp_path, monkeypa
     from lmlab.kernels.calibrate import cache_path
 
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
-                    "model name\t: AMD EPYC 9R14\n\nprocessor\t: 1\nmodel name\t: other\n")
+    info.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+        "model name\t: AMD EPYC 9R14\n\nprocessor\t: 1\nmodel name\t: other\n"
+    )
     ident = S.cpu_identity(str(info))
-    assert (ident["cpu"], ident["family"], ident["model"], ident["torch"]) == ("AMD EPYC 9R14", "25", "17",
-                                                                            torch.__version__)
+    assert (ident["cpu"], ident["family"], ident["model"], ident["torch"]) == (
+        "AMD EPYC 9R14",
+        "25",
+        "17",
+        torch.__version__,
+    )
     monkeypatch.setenv("LMLAB_CACHE", str(tmp_path / "cache"))
     here = S.cpu_identity()
     path = cache_path(here)
@@ -284,7 +299,11 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
     assert [c[1] for c in calls if c[0] == "blocked_attention_fp32"] == [1, 1]  # a one-thread path
     assert all(c[2].onednn_fp32 for c in calls if c[0] == "blocked_attention_fp32")  # with the linears chosen
     assert [(c["decision"], c["ratio"]) for c in record["cells"]] == [
-        ("onednn_fp32", 0.8), ("onednn_fp32", 1.1), ("blocked_attention_fp32", 1.3), ("blocked_attention_fp32", 0.8)]
+        ("onednn_fp32", 0.8),
+        ("onednn_fp32", 1.1),
+        ("blocked_attention_fp32", 1.3),
+        ("blocked_attention_fp32", 0.8),
+    ]
     ratios["onednn_fp32"] = [0.98, 1.0]
     calls.clear()
     assert C.calibrate(rounds=3, log=lambda s: None)["choices"]["onednn_fp32"] is False
@@ -337,8 +356,11 @@ def test_calibrate_checks_its_destination_before_measuring(tmp_path, monkeypatch
     monkeypatch.setattr(C, "calibrate", lambda *a, **k: pytest.fail("measured before checking --out"))
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")
-    for out, why in ((tmp_path, "is a folder"), (notes, "is not a kernel calibration"),
-                     (notes / "x.json", "is a file, not a folder")):
+    for out, why in (
+        (tmp_path, "is a folder"),
+        (notes, "is not a kernel calibration"),
+        (notes / "x.json", "is a file, not a folder"),
+    ):
         assert main(["bench", "calibrate", "--out", str(out)]) == 2
         assert why in capsys.readouterr().err
     assert notes.read_text() == "mine"

@@ -9,8 +9,10 @@ import torch
 lm_eval = pytest.importorskip("lm_eval")  # the `eval` extra (make installs it)
 transformers = pytest.importorskip("transformers")
 
-TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, must "
-        "be in want of a wife. The cat sat on the mat and the dog sat on the log. ")
+TEXT = (
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must "
+    "be in want of a wife. The cat sat on the mat and the dog sat on the log. "
+)
 
 TASKS = """
 task: lmlab_mc
@@ -67,15 +69,25 @@ def models(tmp_path_factory):
     tok = transformers.GPT2TokenizerFast(vocab=str(hf_dir / "vocab.json"), merges=str(hf_dir / "merges.txt"))
     tok.save_pretrained(hf_dir)
     eos = tok.convert_tokens_to_ids("<|endoftext|>")
-    cfg = transformers.GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=2, n_head=4,
-                                  eos_token_id=eos, bos_token_id=eos, initializer_range=0.3)
+    cfg = transformers.GPT2Config(
+        vocab_size=len(tok),
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        eos_token_id=eos,
+        bos_token_id=eos,
+        initializer_range=0.3,
+    )
     torch.manual_seed(0)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(hf_dir)
     assert main(["import", str(hf_dir), "--out", str(tmp / "run")]) == 0
-    docs = [{"question": "The cat sat on the", "choices": [" mat", " dog", " log"], "answer": 0},
-            {"question": "a single man in possession of a good", "choices": [" fortune", " wife"], "answer": 0},
-            {"question": "It is a truth universally", "choices": [" acknowledged", " sat", " cat"], "answer": 0},
-            {"question": "", "choices": ["The dog", "The wife"], "answer": 1}]
+    docs = [
+        {"question": "The cat sat on the", "choices": [" mat", " dog", " log"], "answer": 0},
+        {"question": "a single man in possession of a good", "choices": [" fortune", " wife"], "answer": 0},
+        {"question": "It is a truth universally", "choices": [" acknowledged", " sat", " cat"], "answer": 0},
+        {"question": "", "choices": ["The dog", "The wife"], "answer": 1},
+    ]
     data, gen = tmp / "docs.jsonl", tmp / "gen.jsonl"
     data.write_text("".join(json.dumps(d) + "\n" for d in docs))
     gen.write_text("".join(json.dumps(d) + "\n" for d in docs if d["question"]))  # HF cannot generate from ""
@@ -99,10 +111,16 @@ def _only_these_tasks(monkeypatch):
 def _evaluate(model, model_args, tasks):
     from lm_eval.tasks import TaskManager
 
-    return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=["lmlab_mc", "lmlab_ppl", "lmlab_gen"],
-                                   task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
-                                   log_samples=True,
-                                   bootstrap_iters=0, device="cpu", batch_size=1)
+    return lm_eval.simple_evaluate(
+        model=model,
+        model_args=model_args,
+        tasks=["lmlab_mc", "lmlab_ppl", "lmlab_gen"],
+        task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
+        log_samples=True,
+        bootstrap_iters=0,
+        device="cpu",
+        batch_size=1,
+    )
 
 
 def test_lmlab_backend_equals_the_hf_backend(models, monkeypatch):
@@ -143,11 +161,14 @@ def test_lmlab_eval_tasks_cli(models, monkeypatch, capsys):
     assert main(["eval", str(run), "--tasks", "lmlab_mc", "--include-path", str(tasks), "--limit", "2"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("lmlab_mc: acc ")
     # an unknown task, a misspelt one, a blank list or a missing --include-path: one line, exit 2
-    for args, says in ((["--tasks", "lmlab_mcq", "--include-path", str(tasks)],
-                        "'lmlab_mcq' is not an lm-eval task, group or tag, nor a task YAML file; did you mean "
-                        "'lmlab_mc'"),
-                       (["--tasks", " ,"], "--tasks names no task"),
-                       (["--tasks", "lmlab_mc", "--include-path", str(tasks / "nope")], "is not a folder")):
+    for args, says in (
+        (
+            ["--tasks", "lmlab_mcq", "--include-path", str(tasks)],
+            "'lmlab_mcq' is not an lm-eval task, group or tag, nor a task YAML file; did you mean 'lmlab_mc'",
+        ),
+        (["--tasks", " ,"], "--tasks names no task"),
+        (["--tasks", "lmlab_mc", "--include-path", str(tasks / "nope")], "is not a folder"),
+    ):
         capsys.readouterr()
         assert main(["eval", str(run), *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -14,8 +14,17 @@ from lmlab.cli import main
 from lmlab.interop import hf as hfio
 from lmlab.interop.meta import MetaFormatError, ffn_width, read_meta
 
-PARAMS = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": -1, "multiple_of": 32,
-          "ffn_dim_multiplier": 1.3, "norm_eps": 1e-5, "rope_theta": 500000.0}
+PARAMS = {
+    "dim": 64,
+    "n_layers": 2,
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "vocab_size": -1,
+    "multiple_of": 32,
+    "ffn_dim_multiplier": 1.3,
+    "norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+}
 V = 96
 
 
@@ -28,10 +37,19 @@ def meta_state(params: dict, seed: int = 0) -> dict:
     state = {"tok_embeddings.weight": r(V, dim), "norm.weight": 1 + r(dim), "output.weight": r(V, dim)}
     for i in range(params["n_layers"]):
         a, m = f"layers.{i}.attention.", f"layers.{i}.feed_forward."
-        state.update({a + "wq.weight": r(params["n_heads"] * hd, dim), a + "wk.weight": r(kv * hd, dim),
-                      a + "wv.weight": r(kv * hd, dim), a + "wo.weight": r(dim, params["n_heads"] * hd),
-                      m + "w1.weight": r(f, dim), m + "w2.weight": r(dim, f), m + "w3.weight": r(f, dim),
-                      f"layers.{i}.attention_norm.weight": 1 + r(dim), f"layers.{i}.ffn_norm.weight": 1 + r(dim)})
+        state.update(
+            {
+                a + "wq.weight": r(params["n_heads"] * hd, dim),
+                a + "wk.weight": r(kv * hd, dim),
+                a + "wv.weight": r(kv * hd, dim),
+                a + "wo.weight": r(dim, params["n_heads"] * hd),
+                m + "w1.weight": r(f, dim),
+                m + "w2.weight": r(dim, f),
+                m + "w3.weight": r(f, dim),
+                f"layers.{i}.attention_norm.weight": 1 + r(dim),
+                f"layers.{i}.ffn_norm.weight": 1 + r(dim),
+            }
+        )
     return state
 
 
@@ -123,8 +141,13 @@ def test_llama_3_1_scaled_rope_and_refusals(tmp_path):
     params = dict(PARAMS, use_scaled_rope=True)
     write_meta(tmp_path / "m31", params, meta_state(params))
     hf, _, notes = read_meta(tmp_path / "m31")
-    assert hf["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    assert hf["rope_scaling"] == {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     assert hf["max_position_embeddings"] == 131072 and any("3.1" in n for n in notes)
     write_meta(tmp_path / "odd", dict(PARAMS, moe_experts=8), meta_state(PARAMS))
     with pytest.raises(MetaFormatError, match=r"key\(s\) \['moe_experts'\] are not part of the Llama"):

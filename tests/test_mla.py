@@ -10,8 +10,18 @@ from lmlab.config import ConfigError, ModelConfig
 from lmlab.generate import generate_logprobs
 from lmlab.model import KVCache, TransformerLM
 
-MLA = dict(vocab_size=64, context_length=48, d_model=64, n_layers=2, n_heads=4, attention="mla", kv_lora_rank=16,
-           qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12)
+MLA = dict(
+    vocab_size=64,
+    context_length=48,
+    d_model=64,
+    n_layers=2,
+    n_heads=4,
+    attention="mla",
+    kv_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=16,
+    v_head_dim=12,
+)
 
 
 @pytest.mark.parametrize("q_lora_rank", [None, 24])

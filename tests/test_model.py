@@ -22,11 +22,11 @@ def test_causality(kw):
     base = model(x)
     for t in (0, 7, 18):
         y = x.clone()
-        y[:, t + 1:] = torch.randint(0, 64, y[:, t + 1:].shape)
+        y[:, t + 1 :] = torch.randint(0, 64, y[:, t + 1 :].shape)
         out = model(y)
         assert torch.equal(out[:, : t + 1], base[:, : t + 1])
         if t + 1 < 20:  # and the change is visible later: the test can fail
-            assert not torch.allclose(out[:, t + 1:], base[:, t + 1:])
+            assert not torch.allclose(out[:, t + 1 :], base[:, t + 1 :])
 
 
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
@@ -38,7 +38,7 @@ def test_kv_cache_matches_full_forward(n_kv_heads):
     cache = KVCache(cfg, batch=2, max_len=24)
     outs = [model(x[:, :5], cache)]  # a prefill of 5, then one token at a time
     for t in range(5, 24):
-        outs.append(model(x[:, t:t + 1], cache))
+        outs.append(model(x[:, t : t + 1], cache))
     stepped = torch.cat(outs, dim=1)
     assert cache.length == 24
     assert (stepped - full).abs().max().item() <= 1e-5
@@ -77,7 +77,7 @@ def test_mha_matches_hand_written_attention():
     def rope(t):  # half-split pairing: channel i with i + D/2, angle p * 10000^(-2i/D)
         pos = torch.arange(T, dtype=torch.float64)[:, None]
         freq = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
-        z = torch.complex(t[..., : D // 2].double(), t[..., D // 2:].double())
+        z = torch.complex(t[..., : D // 2].double(), t[..., D // 2 :].double())
         z = z * torch.polar(torch.ones_like(pos * freq), pos * freq)[None, :, None, :]
         return torch.cat([z.real, z.imag], dim=-1).float()
 

@@ -32,18 +32,35 @@ def naive(moe: MoEFeedForward, x: torch.Tensor) -> torch.Tensor:
     rows = []
     for t in range(flat.shape[0]):
         if moe.weights_input:  # Llama 4: the expert sees the token times its weight
-            y = sum(moe.experts[int(idx[t, j])](w[t, j] * flat[t:t + 1])[0] for j in range(moe.k))
+            y = sum(moe.experts[int(idx[t, j])](w[t, j] * flat[t : t + 1])[0] for j in range(moe.k))
         else:
-            y = sum(w[t, j] * moe.experts[int(idx[t, j])](flat[t:t + 1])[0] for j in range(moe.k))
-        rows.append(y + (moe.shared(flat[t:t + 1])[0] if moe.shared is not None else 0))
+            y = sum(w[t, j] * moe.experts[int(idx[t, j])](flat[t : t + 1])[0] for j in range(moe.k))
+        rows.append(y + (moe.shared(flat[t : t + 1])[0] if moe.shared is not None else 0))
     return torch.stack(rows).reshape(x.shape)
 
 
-@pytest.mark.parametrize("over", [dict(n_experts=4, experts_per_token=2),
-                                  dict(n_experts=5, experts_per_token=3, n_shared_experts=2, expert_d_ff=24,
-                                       router_score="sigmoid", router_renormalize=False),
-                                  dict(n_experts=4, experts_per_token=2, n_shared_experts=1, router_score="sigmoid",
-                                       router_renormalize=False, router_weights="input")])
+@pytest.mark.parametrize(
+    "over",
+    [
+        dict(n_experts=4, experts_per_token=2),
+        dict(
+            n_experts=5,
+            experts_per_token=3,
+            n_shared_experts=2,
+            expert_d_ff=24,
+            router_score="sigmoid",
+            router_renormalize=False,
+        ),
+        dict(
+            n_experts=4,
+            experts_per_token=2,
+            n_shared_experts=1,
+            router_score="sigmoid",
+            router_renormalize=False,
+            router_weights="input",
+        ),
+    ],
+)
 def test_dispatch_equals_the_per_token_loop_and_keeps_every_token(over):
     cfg = ModelConfig(**BASE, **over)
     torch.manual_seed(1)
@@ -62,8 +79,14 @@ def test_dispatch_equals_the_per_token_loop_and_keeps_every_token(over):
 def test_llama4_router_weights_scale_the_expert_input():
     """router_weights='input' (HF Llama4TextMoe): one expert, top-1, sigmoid score s of its logit: the
     output is FFN(s x), not s FFN(x) (they differ: the FFN is not linear)."""
-    cfg = ModelConfig(**BASE, n_experts=1, experts_per_token=1, router_score="sigmoid", router_renormalize=False,
-                      router_weights="input")
+    cfg = ModelConfig(
+        **BASE,
+        n_experts=1,
+        experts_per_token=1,
+        router_score="sigmoid",
+        router_renormalize=False,
+        router_weights="input",
+    )
     torch.manual_seed(0)
     moe, dense = MoEFeedForward(cfg), FeedForward(cfg)
     moe.experts[0].load_state_dict(dense.state_dict())
@@ -77,8 +100,15 @@ def test_group_limited_routing_and_scaling_by_hand():
     """DeepSeek-V2's group-limited routing: 4 experts in 2 groups, the best group kept, top-2 within it,
     weights x routed_scaling_factor. Softmax scores of logits (3, 0, 2.5, 2.4): group {0, 1} is best (3),
     so experts 0 and 1 are chosen although expert 2 outscores 1 (plain top-2 takes 0 and 2)."""
-    cfg = ModelConfig(**dict(BASE, d_model=4, n_heads=1), n_experts=4, experts_per_token=2, router_groups=2,
-                      router_topk_groups=1, routed_scaling_factor=2.0, router_renormalize=False)
+    cfg = ModelConfig(
+        **dict(BASE, d_model=4, n_heads=1),
+        n_experts=4,
+        experts_per_token=2,
+        router_groups=2,
+        router_topk_groups=1,
+        routed_scaling_factor=2.0,
+        router_renormalize=False,
+    )
     moe = MoEFeedForward(cfg)
     logits = torch.tensor([3.0, 0.0, 2.5, 2.4])
     with torch.no_grad():  # x = e_0, so the logits are the router weight's first column
@@ -89,8 +119,9 @@ def test_group_limited_routing_and_scaling_by_hand():
     assert sorted(idx[0].tolist()) == [0, 1]
     assert torch.allclose(w[0].sort().values, (2.0 * p[[1, 0]]).sort().values)
     assert torch.allclose(probs[0], p)  # the aux loss sees the unmasked scores
-    plain = MoEFeedForward(ModelConfig(**dict(BASE, d_model=4, n_heads=1), n_experts=4, experts_per_token=2,
-                                       router_renormalize=False))
+    plain = MoEFeedForward(
+        ModelConfig(**dict(BASE, d_model=4, n_heads=1), n_experts=4, experts_per_token=2, router_renormalize=False)
+    )
     plain.router.load_state_dict(moe.router.state_dict())
     assert sorted(plain.route(torch.tensor([[1.0, 0.0, 0.0, 0.0]]))[1][0].tolist()) == [0, 2]
     with pytest.raises(ConfigError, match="router_topk_groups=3 exceeds router_groups=2"):
@@ -126,8 +157,14 @@ def test_router_and_auxiliary_losses_by_hand():
 
 
 def test_aux_losses_enter_the_training_loss_and_decode_matches_the_forward():
-    cfg = ModelConfig(**dict(BASE, n_layers=3), n_experts=4, experts_per_token=2, moe_aux_loss=0.02,
-                      moe_router_z_loss=0.001, moe_first_dense=1)
+    cfg = ModelConfig(
+        **dict(BASE, n_layers=3),
+        n_experts=4,
+        experts_per_token=2,
+        moe_aux_loss=0.02,
+        moe_router_z_loss=0.001,
+        moe_first_dense=1,
+    )
     torch.manual_seed(0)
     model = TransformerLM(cfg)
     assert [type(b.mlp).__name__ for b in model.blocks] == ["FeedForward", "MoEFeedForward", "MoEFeedForward"]
@@ -148,8 +185,15 @@ def test_aux_losses_enter_the_training_loss_and_decode_matches_the_forward():
 
 
 def test_counts_total_and_active_and_config_errors():
-    cfg = ModelConfig(**dict(BASE, n_layers=4), n_experts=8, experts_per_token=2, n_shared_experts=1,
-                      expert_d_ff=16, moe_first_dense=1, moe_pattern="DM")
+    cfg = ModelConfig(
+        **dict(BASE, n_layers=4),
+        n_experts=8,
+        experts_per_token=2,
+        n_shared_experts=1,
+        expert_d_ff=16,
+        moe_first_dense=1,
+        moe_pattern="DM",
+    )
     res = analyze(cfg)
     assert res["instantiated"]["equal"]
     p = res["params"]
@@ -170,8 +214,17 @@ def test_a_moe_model_trains_and_logs_its_router(tmp_path, byte_data):
 
     from lmlab.train import TrainConfig, Trainer
 
-    cfg = ModelConfig(vocab_size=257, context_length=64, d_model=64, n_layers=2, n_heads=4, n_experts=4,
-                      experts_per_token=2, moe_aux_loss=0.02, moe_router_z_loss=0.001)
+    cfg = ModelConfig(
+        vocab_size=257,
+        context_length=64,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        n_experts=4,
+        experts_per_token=2,
+        moe_aux_loss=0.02,
+        moe_router_z_loss=0.001,
+    )
     tc = TrainConfig(
         batch_size=8,
         max_steps=40,
@@ -205,11 +258,20 @@ def test_a_moe_model_exports_only_as_mixtral():
 
 # --- auxiliary-loss-free balancing and the sequence-wise loss (DeepSeek-V3; issue 45) ------------------
 
+
 def _skewed(moe_balance="aux_free", noise: float = 0.0, **kw) -> MoEFeedForward:
     """4 experts, top-1, a router that sends every token to expert 0 unless a bias intervenes (with
     ``noise``, the other experts' logits differ from token to token)."""
-    cfg = ModelConfig(**{**BASE, "n_experts": 4, "experts_per_token": 1, "moe_balance": moe_balance,
-                         "moe_bias_update_rate": 0.01, **kw})
+    cfg = ModelConfig(
+        **{
+            **BASE,
+            "n_experts": 4,
+            "experts_per_token": 1,
+            "moe_balance": moe_balance,
+            "moe_bias_update_rate": 0.01,
+            **kw,
+        }
+    )
     torch.manual_seed(0)
     moe = MoEFeedForward(cfg).train()
     with torch.no_grad():
@@ -281,10 +343,30 @@ def test_aux_free_bias_is_saved_and_a_run_resumes_bit_for_bit(tmp_path, byte_dat
     from lmlab.checkpoint import load_run
     from lmlab.train import TrainConfig, Trainer
 
-    cfg = ModelConfig(vocab_size=257, context_length=32, d_model=32, n_layers=2, n_heads=4, n_experts=4,
-                      experts_per_token=2, moe_balance="aux_free", moe_bias_update_rate=0.01, moe_seq_aux_loss=0.01)
-    base = dict(batch_size=4, max_steps=8, lr=3e-3, warmup_steps=2, eval_interval=8, eval_windows=2, log_interval=1,
-                device="cpu", tensorboard=False, schedule="constant")
+    cfg = ModelConfig(
+        vocab_size=257,
+        context_length=32,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        n_experts=4,
+        experts_per_token=2,
+        moe_balance="aux_free",
+        moe_bias_update_rate=0.01,
+        moe_seq_aux_loss=0.01,
+    )
+    base = dict(
+        batch_size=4,
+        max_steps=8,
+        lr=3e-3,
+        warmup_steps=2,
+        eval_interval=8,
+        eval_windows=2,
+        log_interval=1,
+        device="cpu",
+        tensorboard=False,
+        schedule="constant",
+    )
     straight = Trainer.create(tmp_path / "straight", cfg, TrainConfig(**base), byte_data, progress=False)
     straight.fit()
     half = Trainer.create(tmp_path / "split", cfg, TrainConfig(**{**base, "max_steps": 4}), byte_data, progress=False)

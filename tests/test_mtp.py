@@ -52,11 +52,12 @@ def test_each_depth_by_hand():
     h = m.hidden(idx, final=False)  # h^0: the last block's output, before the final norm
     for k, module in enumerate(m.mtp, start=1):
         S = T - k
-        rows = [module.proj(torch.cat([module.hnorm(h[:, i]), module.enorm(m.embed(seq[:, i + k]))], -1))
-                for i in range(S)]
+        rows = [
+            module.proj(torch.cat([module.hnorm(h[:, i]), module.enorm(m.embed(seq[:, i + k]))], -1)) for i in range(S)
+        ]
         h = module.block(torch.stack(rows, 1), torch.arange(S))
         logits = module.out_norm(h) @ m.lm_head.weight.T
-        want = F.cross_entropy(logits.reshape(-1, 64), targets[:, k:k + S].reshape(-1), ignore_index=-100)
+        want = F.cross_entropy(logits.reshape(-1, 64), targets[:, k : k + S].reshape(-1), ignore_index=-100)
         assert float(m.mtp_last[k - 1]) == pytest.approx(float(want.detach()), rel=1e-5)
 
 
@@ -73,10 +74,18 @@ def test_mtp_parameters_are_counted():
 def test_a_run_with_mtp_trains_and_logs_each_depth(tmp_path, byte_data):
     from lmlab.train import TrainConfig, Trainer
 
-    cfg = ModelConfig(vocab_size=257, context_length=32, d_model=32, n_layers=2, n_heads=4, mtp_depth=2,
-                      mtp_weight=0.5)
-    tc = TrainConfig(batch_size=8, max_steps=30, lr=3e-3, warmup_steps=3, eval_interval=30, eval_windows=2,
-                     log_interval=1, device="cpu", tensorboard=False)
+    cfg = ModelConfig(vocab_size=257, context_length=32, d_model=32, n_layers=2, n_heads=4, mtp_depth=2, mtp_weight=0.5)
+    tc = TrainConfig(
+        batch_size=8,
+        max_steps=30,
+        lr=3e-3,
+        warmup_steps=3,
+        eval_interval=30,
+        eval_windows=2,
+        log_interval=1,
+        device="cpu",
+        tensorboard=False,
+    )
     Trainer.create(tmp_path / "run", cfg, tc, byte_data, progress=False).fit()
     logged = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in logged if "mtp_loss" in r]
@@ -94,10 +103,19 @@ def test_export_writes_the_main_model_and_says_what_it_leaves_out(tmp_path, byte
     from lmlab.interop.hf import load_run_model
     from lmlab.train import TrainConfig, Trainer
 
-    cfg = ModelConfig(vocab_size=257, context_length=32, d_model=32, n_layers=2, n_heads=4, mtp_depth=1,
-                      tie_embeddings=False)
-    tc = TrainConfig(batch_size=4, max_steps=2, lr=3e-3, warmup_steps=1, eval_interval=2, eval_windows=2,
-                     device="cpu", tensorboard=False)
+    cfg = ModelConfig(
+        vocab_size=257, context_length=32, d_model=32, n_layers=2, n_heads=4, mtp_depth=1, tie_embeddings=False
+    )
+    tc = TrainConfig(
+        batch_size=4,
+        max_steps=2,
+        lr=3e-3,
+        warmup_steps=1,
+        eval_interval=2,
+        eval_windows=2,
+        device="cpu",
+        tensorboard=False,
+    )
     Trainer.create(tmp_path / "run", cfg, tc, byte_data, progress=False).fit()
     capsys.readouterr()
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
@@ -125,8 +143,15 @@ def test_mtp_modules_with_moe_blocks():
     from lmlab.analysis import analyze
     from lmlab.model.moe import MoEFeedForward
 
-    cfg = ModelConfig(**BASE, mtp_depth=1, n_experts=4, experts_per_token=2, moe_aux_loss=0.01, moe_balance="both",
-                      moe_bias_update_rate=0.1)
+    cfg = ModelConfig(
+        **BASE,
+        mtp_depth=1,
+        n_experts=4,
+        experts_per_token=2,
+        moe_aux_loss=0.01,
+        moe_balance="both",
+        moe_bias_update_rate=0.1,
+    )
     torch.manual_seed(0)
     m = TransformerLM(cfg).train()
     assert isinstance(m.mtp[0].block.mlp, MoEFeedForward) and len(m.moe_layers(mtp=True)) == 3

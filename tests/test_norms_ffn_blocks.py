@@ -457,12 +457,21 @@ def _copy(dst: torch.nn.Parameter, src: torch.Tensor) -> None:
 def test_gpt2_layout_matches_hugging_face():
     """Pre-norm LayerNorm with biases, GELU (tanh), all-linear biases, learned positions, tied head."""
     transformers = pytest.importorskip("transformers")
-    hf_cfg = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    hf_cfg = transformers.GPT2Config(
+        vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
     torch.manual_seed(8)
     hf = transformers.GPT2LMHeadModel(hf_cfg).eval()
-    ours = TransformerLM(small(norm_type="layernorm", norm_bias=True, bias="all", activation="gelu_tanh",
-                               position="learned", tie_embeddings=True)).eval()
+    ours = TransformerLM(
+        small(
+            norm_type="layernorm",
+            norm_bias=True,
+            bias="all",
+            activation="gelu_tanh",
+            position="learned",
+            tie_embeddings=True,
+        )
+    ).eval()
     sd = {k: v for k, v in hf.state_dict().items()}
     with torch.no_grad():
         _copy(ours.embed.weight, sd["transformer.wte.weight"])
@@ -472,8 +481,12 @@ def test_gpt2_layout_matches_hugging_face():
             for norm, name in ((b.attn_norm, "ln_1"), (b.mlp_norm, "ln_2")):
                 _copy(norm.weight, sd[p + name + ".weight"])
                 _copy(norm.bias, sd[p + name + ".bias"])
-            for lin, name in ((b.attn.qkv, "attn.c_attn"), (b.attn.out, "attn.c_proj"),
-                              (b.mlp.w_in, "mlp.c_fc"), (b.mlp.w_out, "mlp.c_proj")):
+            for lin, name in (
+                (b.attn.qkv, "attn.c_attn"),
+                (b.attn.out, "attn.c_proj"),
+                (b.mlp.w_in, "mlp.c_fc"),
+                (b.mlp.w_out, "mlp.c_proj"),
+            ):
                 _copy(lin.weight, sd[p + name + ".weight"].T)  # GPT-2's Conv1D stores (in, out)
                 _copy(lin.bias, sd[p + name + ".bias"])
         _copy(ours.final_norm.weight, sd["transformer.ln_f.weight"])
@@ -487,14 +500,32 @@ def test_neox_parallel_two_norms_matches_hugging_face():
     """GPT-NeoX: parallel block with two LayerNorms, partial RoPE (0.25, half pairing), untied head."""
     transformers = pytest.importorskip("transformers")
     hf_cfg = transformers.GPTNeoXConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
-        hidden_act="gelu", max_position_embeddings=32, use_parallel_residual=True, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        hidden_act="gelu",
+        max_position_embeddings=32,
+        use_parallel_residual=True,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    )
     torch.manual_seed(10)
     hf = transformers.GPTNeoXForCausalLM(hf_cfg).eval()
-    ours = TransformerLM(small(n_heads=2, norm_type="layernorm", norm_bias=True, bias="all", activation="gelu",
-                               parallel_block=True, parallel_shared_norm=False, rope_fraction=0.25,
-                               tie_embeddings=False)).eval()
+    ours = TransformerLM(
+        small(
+            n_heads=2,
+            norm_type="layernorm",
+            norm_bias=True,
+            bias="all",
+            activation="gelu",
+            parallel_block=True,
+            parallel_shared_norm=False,
+            rope_fraction=0.25,
+            tie_embeddings=False,
+        )
+    ).eval()
     sd = hf.state_dict()
     H, D = 2, 16
     with torch.no_grad():
@@ -510,8 +541,11 @@ def test_neox_parallel_two_norms_matches_hugging_face():
             bias = sd[p + "attention.query_key_value.bias"].view(H, 3, D).transpose(0, 1).reshape(3 * H * D)
             _copy(b.attn.qkv.weight, w)
             _copy(b.attn.qkv.bias, bias)
-            for lin, name in ((b.attn.out, "attention.dense"), (b.mlp.w_in, "mlp.dense_h_to_4h"),
-                              (b.mlp.w_out, "mlp.dense_4h_to_h")):
+            for lin, name in (
+                (b.attn.out, "attention.dense"),
+                (b.mlp.w_in, "mlp.dense_h_to_4h"),
+                (b.mlp.w_out, "mlp.dense_4h_to_h"),
+            ):
                 _copy(lin.weight, sd[p + name + ".weight"])
                 _copy(lin.bias, sd[p + name + ".bias"])
         _copy(ours.final_norm.weight, sd["gpt_neox.final_layer_norm.weight"])
@@ -525,14 +559,33 @@ def test_phi_parallel_shared_norm_matches_hugging_face():
     """Phi-2: parallel block with one shared LayerNorm, partial RoPE 0.4, GELU (tanh), LM-head bias."""
     transformers = pytest.importorskip("transformers")
     hf_cfg = transformers.PhiConfig(
-        vocab_size=64, hidden_size=40, intermediate_size=160, num_hidden_layers=2, num_attention_heads=1,
-        max_position_embeddings=32, hidden_act="gelu_new", tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.4})
+        vocab_size=64,
+        hidden_size=40,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=1,
+        max_position_embeddings=32,
+        hidden_act="gelu_new",
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.4},
+    )
     torch.manual_seed(12)
     hf = transformers.PhiForCausalLM(hf_cfg).eval()
-    ours = TransformerLM(small(d_model=40, n_heads=1, norm_type="layernorm", norm_bias=True, bias="all",
-                               activation="gelu_tanh", parallel_block=True, parallel_shared_norm=True,
-                               rope_fraction=0.4, tie_embeddings=False, lm_head_bias=True)).eval()
+    ours = TransformerLM(
+        small(
+            d_model=40,
+            n_heads=1,
+            norm_type="layernorm",
+            norm_bias=True,
+            bias="all",
+            activation="gelu_tanh",
+            parallel_block=True,
+            parallel_shared_norm=True,
+            rope_fraction=0.4,
+            tie_embeddings=False,
+            lm_head_bias=True,
+        )
+    ).eval()
     sd = hf.state_dict()
     with torch.no_grad():
         _copy(ours.embed.weight, sd["model.embed_tokens.weight"])
@@ -558,9 +611,17 @@ def test_phi_parallel_shared_norm_matches_hugging_face():
 def test_llama_layout_matches_hugging_face():
     """LLaMA: pre-norm RMSNorm, SwiGLU, no biases, RoPE (half pairing), GQA, untied head."""
     transformers = pytest.importorskip("transformers")
-    hf_cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=88, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
-                                      max_position_embeddings=32, tie_word_embeddings=False)
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=88,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(14)
     hf = transformers.LlamaForCausalLM(hf_cfg).eval()
     ours = TransformerLM(small(n_kv_heads=2, d_ff=88, norm_eps=1e-6, tie_embeddings=False)).eval()
@@ -587,25 +648,54 @@ def test_gemma2_layout_matches_hugging_face():
     attention and final logit soft-caps, query_pre_attn_scalar, alternating local / global layers."""
     transformers = pytest.importorskip("transformers")
     hf_cfg = transformers.Gemma2Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, sliding_window=4,
-        attn_logit_softcapping=5.0, final_logit_softcapping=3.0, max_position_embeddings=32,
-        hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, tie_word_embeddings=True)
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=24,
+        sliding_window=4,
+        attn_logit_softcapping=5.0,
+        final_logit_softcapping=3.0,
+        max_position_embeddings=32,
+        hidden_activation="gelu_pytorch_tanh",
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(16)
     hf = transformers.Gemma2ForCausalLM(hf_cfg).eval()
     randomise_(hf, seed=17)  # Gemma's norm weights start at 0: make them matter
-    ours = TransformerLM(small(n_kv_heads=2, head_dim=16, d_ff=64, norm_type="gemma_rmsnorm", norm_eps=1e-6,
-                               norm_position="sandwich", activation="geglu", scale_embeddings=True,
-                               tie_embeddings=True, attn_logit_softcap=5.0, final_logit_softcap=3.0,
-                               query_pre_attn_scalar=24.0, sliding_window=4, layer_pattern="LG")).eval()
+    ours = TransformerLM(
+        small(
+            n_kv_heads=2,
+            head_dim=16,
+            d_ff=64,
+            norm_type="gemma_rmsnorm",
+            norm_eps=1e-6,
+            norm_position="sandwich",
+            activation="geglu",
+            scale_embeddings=True,
+            tie_embeddings=True,
+            attn_logit_softcap=5.0,
+            final_logit_softcap=3.0,
+            query_pre_attn_scalar=24.0,
+            sliding_window=4,
+            layer_pattern="LG",
+        )
+    ).eval()
     sd = hf.state_dict()
     with torch.no_grad():
         _copy(ours.embed.weight, sd["model.embed_tokens.weight"])
         for i, b in enumerate(ours.blocks):
             p = f"model.layers.{i}."
-            for norm, name in ((b.attn_norm, "input_layernorm"), (b.attn_out_norm, "post_attention_layernorm"),
-                               (b.mlp_norm, "pre_feedforward_layernorm"),
-                               (b.mlp_out_norm, "post_feedforward_layernorm")):
+            for norm, name in (
+                (b.attn_norm, "input_layernorm"),
+                (b.attn_out_norm, "post_attention_layernorm"),
+                (b.mlp_norm, "pre_feedforward_layernorm"),
+                (b.mlp_out_norm, "post_feedforward_layernorm"),
+            ):
                 _copy(norm.weight, sd[p + name + ".weight"])
             _copy(b.attn.qkv.weight, torch.cat([sd[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]))
             _copy(b.attn.out.weight, sd[p + "self_attn.o_proj.weight"])

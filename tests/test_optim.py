@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from lmlab.checkpoint import CheckpointError, load_run, read_metrics_file
+from lmlab.checkpoint import load_run
+from lmlab.run_folder import CheckpointError, read_metrics_file
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.model import TransformerLM
 from lmlab.optim import OptimizerPair, build_optimizer, muon_parameters, param_groups, set_lr
@@ -16,8 +17,9 @@ CPU = torch.device("cpu")
 
 
 def small_model(**kw):
-    return ModelConfig(**{**dict(vocab_size=257, context_length=32, d_model=32, n_layers=2, n_heads=4,
-                                 n_kv_heads=2), **kw})
+    return ModelConfig(
+        **{**dict(vocab_size=257, context_length=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2), **kw}
+    )
 
 
 def names_of(model, params):
@@ -29,10 +31,10 @@ def names_of(model, params):
 def test_muon_takes_the_block_matrices_and_adamw_the_rest(tie):
     model = TransformerLM(small_model(bias="all", tie_embeddings=tie))
     muon = names_of(model, muon_parameters(model))
-    assert muon == {f"blocks.{i}.{m}.weight" for i in range(2)
-                    for m in ("attn.qkv", "attn.out", "mlp.w_in", "mlp.w_out")}
-    opt = build_optimizer(model, param_groups(model, TrainConfig(optimizer="muon")),
-                          TrainConfig(optimizer="muon"), CPU)
+    assert muon == {
+        f"blocks.{i}.{m}.weight" for i in range(2) for m in ("attn.qkv", "attn.out", "mlp.w_in", "mlp.w_out")
+    }
+    opt = build_optimizer(model, param_groups(model, TrainConfig(optimizer="muon")), TrainConfig(optimizer="muon"), CPU)
     adam = names_of(model, [p for g in opt.adamw.param_groups for p in g["params"]])
     assert adam.isdisjoint(muon) and "embed.weight" in adam and "final_norm.weight" in adam
     assert "blocks.0.attn.qkv.bias" in adam and ("lm_head.weight" in adam) == (not tie)
@@ -46,7 +48,10 @@ def test_parameter_kinds_of_per_layer_inputs_and_positions():
 
     kinds = {n: param_kind(n) for n, _ in TransformerLM(small_model(ple_dim=4)).named_parameters()}
     assert (kinds["ple_embed.weight"], kinds["ple_proj.weight"], kinds["ple_norm.weight"]) == (
-        "embedding", "weight", "norm")
+        "embedding",
+        "weight",
+        "norm",
+    )
     assert kinds["embed.weight"] == "embedding"
     model = TransformerLM(small_model(ple_dim=4))
     groups = param_groups(model, TrainConfig(wd_exclude=["embedding"]))
@@ -99,15 +104,27 @@ def test_muon_lr_follows_the_schedule_with_its_own_peak():
 
 
 def test_muon_run_trains_and_resumes_bit_for_bit(tmp_path, byte_data):
-    base = dict(batch_size=4, max_steps=8, lr=3e-3, warmup_steps=2, eval_interval=8, eval_windows=2,
-                log_interval=1, device="cpu", tensorboard=False, optimizer="muon", muon_lr=6e-3,
-                schedule="constant")  # the same lr at each step whatever max_steps
+    base = dict(
+        batch_size=4,
+        max_steps=8,
+        lr=3e-3,
+        warmup_steps=2,
+        eval_interval=8,
+        eval_windows=2,
+        log_interval=1,
+        device="cpu",
+        tensorboard=False,
+        optimizer="muon",
+        muon_lr=6e-3,
+        schedule="constant",
+    )  # the same lr at each step whatever max_steps
     straight = Trainer.create(tmp_path / "straight", small_model(), TrainConfig(**base), byte_data, progress=False)
     first = straight.validate()["loss"]
     straight.fit()
     assert straight.validate()["loss"] < first - 0.5  # bytes: well below log(257) = 5.55 nats
-    half = Trainer.create(tmp_path / "split", small_model(), TrainConfig(**{**base, "max_steps": 4}), byte_data,
-                          progress=False)
+    half = Trainer.create(
+        tmp_path / "split", small_model(), TrainConfig(**{**base, "max_steps": 4}), byte_data, progress=False
+    )
     half.fit()
     half.release_lock()
     resumed = Trainer.resume(tmp_path / "split", tc=TrainConfig(**base), progress=False)
@@ -144,8 +161,9 @@ def test_optimizer_refusals(tmp_path, byte_data):
     with pytest.raises(ValueError, match="another optimizer"):
         pair.load_state_dict(adam_state)
     # a run's optimizer cannot change on resume: its checkpoints hold that optimizer's state
-    tc = TrainConfig(batch_size=2, max_steps=2, eval_interval=2, eval_windows=2, device="cpu", tensorboard=False,
-                     optimizer="muon")
+    tc = TrainConfig(
+        batch_size=2, max_steps=2, eval_interval=2, eval_windows=2, device="cpu", tensorboard=False, optimizer="muon"
+    )
     Trainer.create(tmp_path / "run", small_model(), tc, byte_data, progress=False).fit()
     with pytest.raises(CheckpointError, match="optimizer='adamw'.*trains with optimizer='muon'"):
         Trainer.resume(tmp_path / "run", tc=TrainConfig(**{**tc.__dict__, "optimizer": "adamw", "max_steps": 4}))

@@ -73,24 +73,56 @@ def test_depth_coordcheck_passes_under_completep_and_fails_under_mup():
 
 
 def test_depth_coordcheck_cli(capsys):
-    args = ["coordcheck", "--data", "random", "--depths", "1,2", "--steps", "2", "--parametrization", "completep",
-            "--set", "context_length=16", "--set", "d_model=32", "--batch-size", "2"]
+    args = [
+        "coordcheck",
+        "--data",
+        "random",
+        "--depths",
+        "1,2",
+        "--steps",
+        "2",
+        "--parametrization",
+        "completep",
+        "--set",
+        "context_length=16",
+        "--set",
+        "d_model=32",
+        "--batch-size",
+        "2",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "depths 1, 2 layers (base_n_layers 1) at d_model 32" in out and "depth 2" in out and "last block" in out
-    for bad, needle in ((["--depths", "2,4", "--widths", "32,64"], "drop --widths"),
-                        (["--depths", "2,2"], "--depths 2,2: give at least two different depths"),
-                        (["--base-depth", "2"], "--base-depth applies to a check over depth"),
-                        (["--depths", "2,4", "--base-depth", "2", "--parametrization", "mup"],
-                         "--base-depth 2 applies to --parametrization completep")):
+    for bad, needle in (
+        (["--depths", "2,4", "--widths", "32,64"], "drop --widths"),
+        (["--depths", "2,2"], "--depths 2,2: give at least two different depths"),
+        (["--base-depth", "2"], "--base-depth applies to a check over depth"),
+        (
+            ["--depths", "2,4", "--base-depth", "2", "--parametrization", "mup"],
+            "--base-depth 2 applies to --parametrization completep",
+        ),
+    ):
         assert main(["coordcheck", "--data", "random", "--steps", "1"] + bad) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], err
 
 
 def test_coordcheck_cli_check_flag_sets_the_exit_status(capsys, tmp_path):
-    args = ["coordcheck", "--data", "random", "--widths", "16,32", "--steps", "2", "--parametrization", "sp",
-            "--set", "context_length=16", "--batch-size", "2"]
+    args = [
+        "coordcheck",
+        "--data",
+        "random",
+        "--widths",
+        "16,32",
+        "--steps",
+        "2",
+        "--parametrization",
+        "sp",
+        "--set",
+        "context_length=16",
+        "--batch-size",
+        "2",
+    ]
     assert main(args) == 0  # FAIL is reported, exit 0 without --check
     out = capsys.readouterr().out
     assert "FAIL:" in out and "width 16" in out and "logits" in out
@@ -99,8 +131,14 @@ def test_coordcheck_cli_check_flag_sets_the_exit_status(capsys, tmp_path):
 
 
 # --- (b) multiplier 1: mup and completep are sp -------------------------------------------------
-@pytest.mark.parametrize("kw", [dict(parametrization="mup"), dict(parametrization="mup", base_d_model=64),
-                                dict(parametrization="completep", base_d_model=64, base_n_layers=2)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(parametrization="mup"),
+        dict(parametrization="mup", base_d_model=64),
+        dict(parametrization="completep", base_d_model=64, base_n_layers=2),
+    ],
+)
 def test_multiplier_one_equals_sp(kw):
     sp, other = cfg_of(), cfg_of(**kw)
     torch.manual_seed(3)
@@ -160,16 +198,18 @@ def test_untied_head_keeps_its_init_and_lr():
 
 def test_completep_rules_by_hand():
     """8 layers over base 2 (d = 4), d_model 128 over base 32 (m = 4)."""
-    cfg = cfg_of(d_model=128, n_layers=8, parametrization="completep", base_d_model=32, base_n_layers=2,
-                 parallel_block=True)
+    cfg = cfg_of(
+        d_model=128, n_layers=8, parametrization="completep", base_d_model=32, base_n_layers=2, parallel_block=True
+    )
     assert P.branch_multiplier(cfg) == 0.25
     assert P.init_std(cfg, "hidden", residual=True) == pytest.approx(0.01 / 2)  # 1/sqrt(2 x base depth 2)
     torch.manual_seed(0)
     model = TransformerLM(cfg)
     assert all(b.branch_mult == 0.25 for b in model.blocks)
     # the branch multiplier: a parallel block's update of the stream is 1/4 of sp's with the same weights
-    sp = TransformerLM(ModelConfig(**{**cfg.to_dict(), "parametrization": "sp", "base_d_model": None,
-                                      "base_n_layers": None}))
+    sp = TransformerLM(
+        ModelConfig(**{**cfg.to_dict(), "parametrization": "sp", "base_d_model": None, "base_n_layers": None})
+    )
     sp.load_state_dict(model.state_dict())
     for blk in sp.blocks:
         blk.attn.scale = model.blocks[0].attn.scale  # compare the branch multiplier alone
@@ -185,10 +225,20 @@ def test_completep_rules_by_hand():
 
 
 def test_lr_scale_survives_the_schedule_and_a_resume(tmp_path, byte_data):
-    cfg = ModelConfig(vocab_size=257, context_length=32, d_model=64, n_layers=2, n_heads=4,
-                      parametrization="mup", base_d_model=16)
-    tc = TrainConfig(batch_size=2, max_steps=3, warmup_steps=2, lr=4e-3, eval_interval=3, eval_windows=2,
-                     checkpoint_interval=2, device="cpu", tensorboard=False)
+    cfg = ModelConfig(
+        vocab_size=257, context_length=32, d_model=64, n_layers=2, n_heads=4, parametrization="mup", base_d_model=16
+    )
+    tc = TrainConfig(
+        batch_size=2,
+        max_steps=3,
+        warmup_steps=2,
+        lr=4e-3,
+        eval_interval=3,
+        eval_windows=2,
+        checkpoint_interval=2,
+        device="cpu",
+        tensorboard=False,
+    )
     trainer = Trainer.create(tmp_path / "run", cfg, tc, byte_data, progress=False)
     trainer.train_step()
     trainer.train_step()
@@ -205,12 +255,21 @@ def test_lr_scale_survives_the_schedule_and_a_resume(tmp_path, byte_data):
 
 
 # --- (d) refusals -------------------------------------------------------------------------------
-@pytest.mark.parametrize("flags,needle", [
-    (["--widths", "64"], "--widths"), (["--widths", "64,64"], "--widths"), (["--widths", "64,abc"], "--widths"),
-    (["--widths", "30,60"], "--widths"), (["--widths", "0,64"], "--widths"), (["--steps", "0"], "--steps"),
-    (["--parametrization", "ntk"], "--parametrization"), (["--seeds", "x"], "--seeds"),
-    (["--lr", "-1"], "--lr"), (["--set", "parametrization=mu"], "parametrization="),
-])
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (["--widths", "64"], "--widths"),
+        (["--widths", "64,64"], "--widths"),
+        (["--widths", "64,abc"], "--widths"),
+        (["--widths", "30,60"], "--widths"),
+        (["--widths", "0,64"], "--widths"),
+        (["--steps", "0"], "--steps"),
+        (["--parametrization", "ntk"], "--parametrization"),
+        (["--seeds", "x"], "--seeds"),
+        (["--lr", "-1"], "--lr"),
+        (["--set", "parametrization=mu"], "parametrization="),
+    ],
+)
 def test_coordcheck_refuses_bad_flags(flags, needle, capsys):
     """One line naming the flag and the value, exit 2 (from argparse or from the check), nothing trained."""
     try:
@@ -224,15 +283,18 @@ def test_coordcheck_refuses_bad_flags(flags, needle, capsys):
     assert any(v in err[0] for v in flags[-1].split("=")[-1].split(","))  # the value (or the bad one in a list)
 
 
-@pytest.mark.parametrize("kw,needle", [
-    (dict(base_d_model=32), "base_d_model=32 applies to parametrization='mup' or 'completep'"),
-    (dict(parametrization="mup", base_n_layers=2), "base_n_layers=2 applies to parametrization='completep'"),
-    (dict(parametrization="muP"), "parametrization='muP' is not valid; choose one of 'sp', 'mup', 'completep'"),
-    (dict(parametrization="mup", attention="mla"), "needs attention='mha'"),
-    (dict(parametrization="mup", n_experts=4), "needs n_experts=0"),
-    (dict(parametrization="completep", norm_position="post"), "needs norm_position="),
-    (dict(parametrization="mup", base_d_model=0), "base_d_model=0 must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        (dict(base_d_model=32), "base_d_model=32 applies to parametrization='mup' or 'completep'"),
+        (dict(parametrization="mup", base_n_layers=2), "base_n_layers=2 applies to parametrization='completep'"),
+        (dict(parametrization="muP"), "parametrization='muP' is not valid; choose one of 'sp', 'mup', 'completep'"),
+        (dict(parametrization="mup", attention="mla"), "needs attention='mha'"),
+        (dict(parametrization="mup", n_experts=4), "needs n_experts=0"),
+        (dict(parametrization="completep", norm_position="post"), "needs norm_position="),
+        (dict(parametrization="mup", base_d_model=0), "base_d_model=0 must be an integer >= 1"),
+    ],
+)
 def test_config_refusals(kw, needle):
     with pytest.raises(ConfigError, match=None) as exc:
         cfg_of(**kw)
@@ -240,8 +302,21 @@ def test_config_refusals(kw, needle):
 
 
 def test_muon_is_refused_under_mup(tmp_path, capsys, byte_data):
-    rc = main(["train", "--config", "demo", "--out", str(tmp_path / "run"), "--set", "parametrization=mup",
-               "--set", "optimizer=muon", "--data", str(byte_data)])
+    rc = main(
+        [
+            "train",
+            "--config",
+            "demo",
+            "--out",
+            str(tmp_path / "run"),
+            "--set",
+            "parametrization=mup",
+            "--set",
+            "optimizer=muon",
+            "--data",
+            str(byte_data),
+        ]
+    )
     (line,) = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert rc == 2 and "optimizer='muon' with parametrization='mup'" in line
     assert not (tmp_path / "run").exists()
@@ -250,8 +325,16 @@ def test_muon_is_refused_under_mup(tmp_path, capsys, byte_data):
 # --- (e) the default, and a run keeps the field -------------------------------------------------
 def test_sp_is_the_default_and_a_run_keeps_the_field(tmp_path, byte_data):
     assert ModelConfig().parametrization == "sp" and ModelConfig().base_d_model is None
-    cfg = ModelConfig(vocab_size=257, context_length=32, d_model=64, n_layers=4, n_heads=4,
-                      parametrization="completep", base_d_model=32, base_n_layers=2)
+    cfg = ModelConfig(
+        vocab_size=257,
+        context_length=32,
+        d_model=64,
+        n_layers=4,
+        n_heads=4,
+        parametrization="completep",
+        base_d_model=32,
+        base_n_layers=2,
+    )
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
     tc = TrainConfig(batch_size=2, max_steps=1, eval_interval=1, eval_windows=2, device="cpu", tensorboard=False)
     Trainer.create(tmp_path / "run", cfg, tc, byte_data, progress=False).fit()
@@ -277,8 +360,9 @@ def test_completep_kv_cache_decoding_equals_the_full_forward(parallel):
     from lmlab.kernels.decode_layout import decode_layout
     from lmlab.model import KVCache
 
-    cfg = cfg_of(n_layers=4, parametrization="completep", base_d_model=16, base_n_layers=1, parallel_block=parallel,
-                 init_std=0.2)
+    cfg = cfg_of(
+        n_layers=4, parametrization="completep", base_d_model=16, base_n_layers=1, parallel_block=parallel, init_std=0.2
+    )
     torch.manual_seed(0)
     m = TransformerLM(cfg).eval()
     idx = torch.randint(0, 64, (2, 12))
@@ -287,7 +371,7 @@ def test_completep_kv_cache_decoding_equals_the_full_forward(parallel):
     with decode_layout(m, batch=2), torch.inference_mode():
         assert m.lean_decode
         cache = KVCache(cfg, batch=2, max_len=12)
-        steps = [m(idx[:, :4], cache=cache)] + [m(idx[:, t:t + 1], cache=cache) for t in range(4, 12)]
+        steps = [m(idx[:, :4], cache=cache)] + [m(idx[:, t : t + 1], cache=cache) for t in range(4, 12)]
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
 
 

@@ -32,6 +32,7 @@ def model(seed: int = 0, **kw) -> TransformerLM:
 
 # --- RoPE -------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("style", ["half", "interleaved"])
 @pytest.mark.parametrize("fraction", [1.0, 0.5])
 def test_rope_dot_product_depends_only_on_offset(style, fraction):
@@ -108,8 +109,13 @@ def test_half_style_matches_hugging_face_llama():
     hf = pytest.importorskip("transformers.models.llama.modeling_llama")
     from transformers import LlamaConfig
 
-    conf = LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16, max_position_embeddings=64,
-                       rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    conf = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        head_dim=16,
+        max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+    )
     q, k = torch.randn(2, 4, 7, 16), torch.randn(2, 4, 7, 16)
     pos = torch.arange(3, 10)
     cos, sin = hf.LlamaRotaryEmbedding(conf)(q, pos[None].expand(2, -1))
@@ -137,15 +143,28 @@ def test_nope_attention_is_permutation_equivariant_without_causal_mask(monkeypat
 
 
 def test_hybrid_positions_nope_global_layers_and_local_theta():
-    cfg = tiny(n_layers=4, layer_pattern="LLLG", sliding_window=4, nope_global_layers=True,
-               rope_theta=1e6, rope_local_theta=1e4, rope_scaling={"type": "linear", "factor": 8.0})
+    cfg = tiny(
+        n_layers=4,
+        layer_pattern="LLLG",
+        sliding_window=4,
+        nope_global_layers=True,
+        rope_theta=1e6,
+        rope_local_theta=1e4,
+        rope_scaling={"type": "linear", "factor": 8.0},
+    )
     m = TransformerLM(cfg)
     ropes = [b.attn.rope for b in m.blocks]
     assert ropes[3] is None and all(r is not None for r in ropes[:3])  # NoPE on the global layer only
     for r in ropes[:3]:  # local layers: their own theta, no scaling (Gemma 3)
         assert torch.allclose(r.inv_freq, rope_inv_freq(16, 1e4))
-    cfg2 = tiny(n_layers=2, layer_pattern="LG", sliding_window=4, rope_theta=1e6, rope_local_theta=1e4,
-                rope_scaling={"type": "linear", "factor": 8.0})
+    cfg2 = tiny(
+        n_layers=2,
+        layer_pattern="LG",
+        sliding_window=4,
+        rope_theta=1e6,
+        rope_local_theta=1e4,
+        rope_scaling={"type": "linear", "factor": 8.0},
+    )
     r_local, r_global = (b.attn.rope for b in TransformerLM(cfg2).blocks)
     assert torch.allclose(r_local.inv_freq, rope_inv_freq(16, 1e4))
     assert torch.allclose(r_global.inv_freq, rope_inv_freq(16, 1e6) / 8)
@@ -164,6 +183,7 @@ def test_rope_tables_rebuilt_in_fp32_after_cast_and_beyond_length():
 
 # --- absolute positions -------------------------------------------------------------------------
 
+
 def test_sinusoidal_table_by_hand():
     t = sinusoidal_table(6, 8)
     p = 5
@@ -179,6 +199,7 @@ def test_learned_positions_beyond_context_raise_and_sinusoidal_extends():
 
 
 # --- ALiBi ------------------------------------------------------------------------------------------
+
 
 def test_alibi_slopes_match_the_paper():
     # Press et al. 2022, section 3: 8 heads -> 1/2, 1/4, ..., 1/256
@@ -200,6 +221,7 @@ def test_alibi_bias_is_minus_slope_times_distance():
 
 # --- T5 relative bias -------------------------------------------------------------------------------
 
+
 def test_t5_buckets_by_hand():
     # unidirectional, 32 buckets, max_distance 128: max_exact 16; n >= 16 -> 16 + floor(ln(n/16)/ln(8) * 16)
     offsets = torch.tensor([0, -1, -15, -16, -20, -32, -64, -112, -113, -128, -1000, 3])
@@ -216,8 +238,9 @@ def test_t5_buckets_match_hugging_face():
     rel = torch.arange(-300, 300)
     for bidirectional in (False, True):
         for nb, md in ((32, 128), (8, 20)):
-            ref = t5.T5Attention._relative_position_bucket(rel, bidirectional=bidirectional, num_buckets=nb,
-                                                           max_distance=md)
+            ref = t5.T5Attention._relative_position_bucket(
+                rel, bidirectional=bidirectional, num_buckets=nb, max_distance=md
+            )
             assert torch.equal(t5_bucket(rel, nb, md, bidirectional), ref)
 
 
@@ -239,12 +262,29 @@ SCALINGS = [
     {"type": "linear", "factor": 4.0},
     {"type": "ntk", "factor": 4.0},
     {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
-    {"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 2048, "beta_fast": 16, "beta_slow": 2,
-     "attention_factor": 1.3},
-    {"type": "yarn", "factor": 16.0, "original_max_position_embeddings": 65536, "mscale": 1.0,
-     "mscale_all_dim": 0.5, "truncate": False},
-    {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-     "original_max_position_embeddings": 256},
+    {
+        "type": "yarn",
+        "factor": 8.0,
+        "original_max_position_embeddings": 2048,
+        "beta_fast": 16,
+        "beta_slow": 2,
+        "attention_factor": 1.3,
+    },
+    {
+        "type": "yarn",
+        "factor": 16.0,
+        "original_max_position_embeddings": 65536,
+        "mscale": 1.0,
+        "mscale_all_dim": 0.5,
+        "truncate": False,
+    },
+    {
+        "type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    },
 ]
 
 
@@ -259,16 +299,22 @@ def test_rope_scaling_matches_hugging_face(scaling, fraction):
     params = {k: v for k, v in scaling.items() if k != "type"}
     hf_type = "dynamic" if scaling["type"] == "ntk" else scaling["type"]
     params.update(rope_type=hf_type, rope_theta=theta, partial_rotary_factor=fraction)
-    conf = LlamaConfig(hidden_size=64, num_attention_heads=2, head_dim=head_dim, max_position_embeddings=max_pos,
-                       rope_parameters=params)
+    conf = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=2,
+        head_dim=head_dim,
+        max_position_embeddings=max_pos,
+        rope_parameters=params,
+    )
     kwargs = {}
     if hf_type == "dynamic":  # HF's dynamic NTK has effective factor f*L/L0 - (f-1); = f at L = L0 (2f-1)/f
         f = scaling["factor"]
         kwargs["seq_len"] = max_pos * (2 * f - 1) / f
     ref_inv_freq, ref_factor = ROPE_INIT_FUNCTIONS[hf_type](conf, **kwargs)
 
-    cfg = tiny(d_model=64, n_heads=2, context_length=64, rope_theta=theta, rope_fraction=fraction,
-               rope_scaling=dict(scaling))
+    cfg = tiny(
+        d_model=64, n_heads=2, context_length=64, rope_theta=theta, rope_fraction=fraction, rope_scaling=dict(scaling)
+    )
     rope = TransformerLM(cfg).blocks[0].attn.rope
     assert torch.allclose(rope.inv_freq, ref_inv_freq, rtol=1e-5, atol=0)
     assert rope.attention_factor == pytest.approx(ref_factor, rel=1e-9)
@@ -285,9 +331,18 @@ def test_yarn_attention_factor_applied_like_hugging_face():
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     scaling = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
-    conf = LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16, max_position_embeddings=64,
-                       rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                                        "original_max_position_embeddings": 16})
+    conf = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        head_dim=16,
+        max_position_embeddings=64,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    )
     pos = torch.arange(40)
     cos, sin = LlamaRotaryEmbedding(conf)(torch.zeros(1, 40, 16), pos[None])
     ours = RotaryEmbedding(16, 1.0, 10000.0, "half", 64, scaling)
@@ -304,21 +359,36 @@ def test_ntk_base_change_by_hand():
     assert torch.allclose(rope.inv_freq, rope_inv_freq(16, 10000.0 * 4.0 ** (16 / 14)))
 
 
-@pytest.mark.parametrize("scaling, field", [
-    ({"type": "yarn", "factor": 4.0}, "rope_scaling.original_max_position_embeddings"),
-    ({"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 256},
-     "rope_scaling.high_freq_factor"),
-    ({"type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
-      "original_max_position_embeddings": 256}, "rope_scaling.high_freq_factor"),
-    ({"type": "linear", "factor": 0.5}, "rope_scaling.factor"),
-    ({"type": "linear"}, "rope_scaling.factor"),
-    ({"type": "linear", "factor": 2.0, "beta_fast": 32}, "rope_scaling.beta_fast"),
-    ({"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 0}, "rope_scaling.original_max"),
-    ({"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64, "beta_fast": 1, "beta_slow": 2},
-     "rope_scaling.beta_fast"),
-    ({"type": "dynamic", "factor": 2.0}, "rope_scaling.type"),
-    ({"factor": 2.0}, "rope_scaling"),
-])
+@pytest.mark.parametrize(
+    "scaling, field",
+    [
+        ({"type": "yarn", "factor": 4.0}, "rope_scaling.original_max_position_embeddings"),
+        (
+            {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 256},
+            "rope_scaling.high_freq_factor",
+        ),
+        (
+            {
+                "type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 4.0,
+                "high_freq_factor": 1.0,
+                "original_max_position_embeddings": 256,
+            },
+            "rope_scaling.high_freq_factor",
+        ),
+        ({"type": "linear", "factor": 0.5}, "rope_scaling.factor"),
+        ({"type": "linear"}, "rope_scaling.factor"),
+        ({"type": "linear", "factor": 2.0, "beta_fast": 32}, "rope_scaling.beta_fast"),
+        ({"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 0}, "rope_scaling.original_max"),
+        (
+            {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64, "beta_fast": 1, "beta_slow": 2},
+            "rope_scaling.beta_fast",
+        ),
+        ({"type": "dynamic", "factor": 2.0}, "rope_scaling.type"),
+        ({"factor": 2.0}, "rope_scaling"),
+    ],
+)
 def test_rope_scaling_validation_names_the_key(scaling, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         tiny(rope_scaling=scaling)

@@ -105,11 +105,26 @@ def test_giant_line_without_whitespace_is_cut_with_a_note(tmp_path, capsys):
     giant = "".join(rnd.choice("abcdefghij") for _ in range(200_000)).encode()
     (folder / "a_giant.txt").write_bytes(giant)
     (folder / "b_play.txt").write_bytes(b"To be, or not to be, that is the question. " * 50)
-    assert main(["prepare", "--data", str(folder), "--out", str(tmp_path / "out"), "--vocab-size", "300",
-                 "--val-docs", "b_play.txt"]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                "--data",
+                str(folder),
+                "--out",
+                str(tmp_path / "out"),
+                "--vocab-size",
+                "300",
+                "--val-docs",
+                "b_play.txt",
+            ]
+        )
+        == 0
+    )
     notes = [line for line in error_lines(capsys) if line.startswith("note:")]
-    assert any(f"longer than {MAX_CHUNK_BYTES} bytes" in n and "200,000 bytes" in n and "a_giant.txt" in n
-               for n in notes), notes
+    assert any(
+        f"longer than {MAX_CHUNK_BYTES} bytes" in n and "200,000 bytes" in n and "a_giant.txt" in n for n in notes
+    ), notes
     data = TokenData(tmp_path / "out")
     ids = split_stream(data, "train")[0]
     assert data.tokenizer.decode_bytes(ids) == giant
@@ -149,8 +164,23 @@ def test_special_files_are_read_only_if_asked(tmp_path, capsys):
 
     thread = threading.Thread(target=writer)
     thread.start()
-    assert main(["prepare", "--data", str(fifo_dir), "--out", str(out), "--tokenizer", "bytes",
-                 "--allow-special-files", "--val-docs", "pipe.txt"]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                "--data",
+                str(fifo_dir),
+                "--out",
+                str(out),
+                "--tokenizer",
+                "bytes",
+                "--allow-special-files",
+                "--val-docs",
+                "pipe.txt",
+            ]
+        )
+        == 0
+    )
     thread.join()
     assert split_stream(TokenData(out), "val") == [list(b"a piped document")]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "with_fifo"]  # the spool folder is gone
@@ -177,8 +207,12 @@ def test_links_loops_and_unreadable_files_give_one_line(tmp_path, capsys, monkey
     (cycle / "sub").mkdir(parents=True)
     (cycle / "a.txt").write_text("text")
     (cycle / "sub" / "up").symlink_to("..")
-    cases = [(loop, "symlink loop"), (loop / "self.txt", "symlink loop"), (broken, "broken symlink"),
-             (cycle, "symlink loop")]
+    cases = [
+        (loop, "symlink loop"),
+        (loop / "self.txt", "symlink loop"),
+        (broken, "broken symlink"),
+        (cycle, "symlink loop"),
+    ]
     for data, says in cases:
         assert main(["prepare", "--data", str(data), "--out", out, "--tokenizer", "bytes"]) == 2
         (line,) = error_lines(capsys)
@@ -214,8 +248,9 @@ def test_temp_folders_of_the_user_are_never_touched(tmp_path, small_corpus, caps
     assert main(["prepare", "--data", str(small_corpus), "--out", str(tmp_path / "X"), "--tokenizer", "bytes"]) == 0
     assert tree(user) == {k.split("/", 1)[1]: v for k, v in before.items() if "/" in k}
     assert main(["prepare", "--data", str(user), "--out", str(tmp_path / "Y"), "--tokenizer", "bytes"]) == 0
-    assert main(["prepare", "--data", str(user), "--out", str(tmp_path / "X"), "--tokenizer", "bytes",
-                 "--overwrite"]) == 0
+    assert (
+        main(["prepare", "--data", str(user), "--out", str(tmp_path / "X"), "--tokenizer", "bytes", "--overwrite"]) == 0
+    )
     assert tree(user) == {k.split("/", 1)[1]: v for k, v in before.items() if "/" in k}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["X", "X.partial", "Y"]  # no temp or lock left
     assert set(tree(tmp_path / "X")) == {"manifest.json", "tokenizer.json", "train.bin", "val.bin"}
@@ -250,10 +285,27 @@ def _default_sigint() -> None:
 
 def _start_blocked_prepare(fifo: Path, out: Path) -> subprocess.Popen:
     """A real `lmlab prepare` that holds the lock of ``out`` while it waits on the FIFO ``fifo``."""
-    proc = subprocess.Popen([sys.executable, "-m", "lmlab.cli", "prepare", "--data", str(fifo), "--out", str(out),
-                             "--tokenizer", "bytes", "--allow-special-files", "--overwrite"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_default_sigint)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lmlab.cli",
+            "prepare",
+            "--data",
+            str(fifo),
+            "--out",
+            str(out),
+            "--tokenizer",
+            "bytes",
+            "--allow-special-files",
+            "--overwrite",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
+    )
     deadline = time.monotonic() + 60
     while not lock_path(out).exists() or f'"pid": {proc.pid}' not in lock_path(out).read_text():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -272,8 +324,10 @@ def test_sigint_and_a_second_writer(tmp_path, small_corpus, capsys):
     os.mkfifo(fifo)
     first = _start_blocked_prepare(fifo, out)
     try:
-        assert main(["prepare", "--data", str(small_corpus), "--out", str(out), "--tokenizer", "bytes",
-                     "--overwrite"]) == 2
+        assert (
+            main(["prepare", "--data", str(small_corpus), "--out", str(out), "--tokenizer", "bytes", "--overwrite"])
+            == 2
+        )
         (line,) = error_lines(capsys)
         assert f"PID {first.pid}" in line and "lmlab prepare" in line and "in use" in line
         assert tree(out) == before
@@ -288,8 +342,7 @@ def test_sigint_and_a_second_writer(tmp_path, small_corpus, capsys):
     killed.send_signal(signal.SIGKILL)
     killed.communicate(timeout=60)
     assert lock_path(out).exists() and tree(out) == before  # a stale lock; the data intact
-    assert main(["prepare", "--data", str(small_corpus), "--out", str(out), "--tokenizer", "bytes",
-                 "--overwrite"]) == 0
+    assert main(["prepare", "--data", str(small_corpus), "--out", str(out), "--tokenizer", "bytes", "--overwrite"]) == 0
     err = capsys.readouterr().err
     assert "stale lock" in err and f"PID {killed.pid}" in err
     assert not lock_path(out).exists() and tree(out) == before  # the same input gives the same bytes
@@ -351,9 +404,22 @@ def _damage(folder: Path, how: str) -> str:
     raise AssertionError(how)
 
 
-DAMAGE = ["manifest_truncated", "manifest_empty", "manifest_list", "manifest_no_tokenizer", "manifest_no_dtype",
-          "manifest_no_splits", "manifest_no_tokenizer.file", "manifest_no_splits.val", "manifest_tokens_str",
-          "manifest_escape", "tokenizer_list", "shard_truncated", "shard_empty", "shard_bitflip"]
+DAMAGE = [
+    "manifest_truncated",
+    "manifest_empty",
+    "manifest_list",
+    "manifest_no_tokenizer",
+    "manifest_no_dtype",
+    "manifest_no_splits",
+    "manifest_no_tokenizer.file",
+    "manifest_no_splits.val",
+    "manifest_tokens_str",
+    "manifest_escape",
+    "tokenizer_list",
+    "shard_truncated",
+    "shard_empty",
+    "shard_bitflip",
+]
 
 
 @pytest.mark.parametrize("how", DAMAGE)
@@ -369,15 +435,20 @@ def test_damaged_data_folder_is_refused_naming_file_and_key(data_copy, how):
 
 def test_damaged_data_folder_through_train_gives_exit_2(data_copy, tmp_path, capsys):
     _damage(data_copy, "manifest_list")
-    rc = main(["train", "--config", "demo", "--data", str(data_copy), "--out", str(tmp_path / "run"),
-               "--set", "max_steps=1"])
+    rc = main(
+        ["train", "--config", "demo", "--data", str(data_copy), "--out", str(tmp_path / "run"), "--set", "max_steps=1"]
+    )
     (line,) = error_lines(capsys)
     assert rc == 2 and "manifest.json" in line and "JSON list" in line
 
 
 def test_tokenizer_loader_refuses_wrong_shapes(tmp_path):
-    for text, says in (("[]", "JSON list"), ('"x"', "JSON str"), ("{}", "no key 'model'"),
-                       ('{"type": "bytes", "vocab_size": 300}', "vocab_size 257")):
+    for text, says in (
+        ("[]", "JSON list"),
+        ('"x"', "JSON str"),
+        ("{}", "no key 'model'"),
+        ('{"type": "bytes", "vocab_size": 300}', "vocab_size 257"),
+    ):
         (tmp_path / "tokenizer.json").write_text(text)
         with pytest.raises(TokenizerError, match=re.escape(says)):
             Tokenizer.load(tmp_path / "tokenizer.json")
@@ -388,8 +459,11 @@ def test_scan_documents_keeps_no_text(tmp_path):
     f = tmp_path / "book.txt"
     f.write_bytes(b"one\n\ntwo two\n \n\nthree")
     docs = scan_documents(f)
-    assert [(d.name, d.start, d.end) for d in docs] == [("book.txt#0", 0, 3), ("book.txt#1", 5, 12),
-                                                         ("book.txt#2", 16, 21)]
+    assert [(d.name, d.start, d.end) for d in docs] == [
+        ("book.txt#0", 0, 3),
+        ("book.txt#1", 5, 12),
+        ("book.txt#2", 16, 21),
+    ]
     assert all(d.data is None for d in docs) and docs[1].read() == b"two two"
 
 
@@ -398,8 +472,21 @@ def test_out_that_is_a_symlink_is_refused_untouched(tmp_path, small_corpus, caps
     assert main(["prepare", "--data", str(small_corpus), "--out", str(real), "--tokenizer", "bytes"]) == 0
     (tmp_path / "link").symlink_to(real)
     before = tree(tmp_path)
-    assert main(["prepare", "--data", str(small_corpus), "--out", str(tmp_path / "link"), "--tokenizer", "bytes",
-                 "--overwrite"]) == 2
+    assert (
+        main(
+            [
+                "prepare",
+                "--data",
+                str(small_corpus),
+                "--out",
+                str(tmp_path / "link"),
+                "--tokenizer",
+                "bytes",
+                "--overwrite",
+            ]
+        )
+        == 2
+    )
     assert "is a symlink" in capsys.readouterr().err and tree(tmp_path) == before
 
 
@@ -410,18 +497,18 @@ def test_overwrite_replaces_only_prepared_data(tmp_path, small_corpus, capsys):
     os.umask(mask)
     assert (out.stat().st_mode & 0o777) == (0o777 & ~mask)  # not mkdtemp's 0700
     (out / "notes.txt").write_text("mine")
-    assert main(["prepare", "--data", str(small_corpus), "--tokenizer", "bytes", "--out", str(out),
-                 "--overwrite"]) == 2
+    assert main(["prepare", "--data", str(small_corpus), "--tokenizer", "bytes", "--out", str(out), "--overwrite"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "also holds notes.txt" in err[-1] and (out / "notes.txt").read_text() == "mine"
     foreign = tmp_path / "webapp"
     foreign.mkdir()
     (foreign / "manifest.json").write_text('{"name": "my webapp"}')
     (foreign / "a.txt").write_text("precious")
-    assert main(["prepare", "--data", str(small_corpus), "--tokenizer", "bytes", "--out", str(foreign),
-                 "--overwrite"]) == 2
+    assert (
+        main(["prepare", "--data", str(small_corpus), "--tokenizer", "bytes", "--out", str(foreign), "--overwrite"])
+        == 2
+    )
     assert "not a prepared data folder lmlab can read" in capsys.readouterr().err.strip().splitlines()[-1]
     assert (foreign / "a.txt").read_text() == "precious"
     (out / "notes.txt").unlink()  # a folder holding only what prepare wrote is replaced
-    assert main(["prepare", "--data", str(small_corpus), "--tokenizer", "bytes", "--out", str(out),
-                 "--overwrite"]) == 0
+    assert main(["prepare", "--data", str(small_corpus), "--tokenizer", "bytes", "--out", str(out), "--overwrite"]) == 0

@@ -16,8 +16,7 @@ import torch
 
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.model import TransformerLM, lm_loss
-from lmlab.presets import (PRESETS, TABLE, format_presets, get_preset, load_presets, preset_config,
-                           real_param_count)
+from lmlab.presets import PRESETS, TABLE, format_presets, get_preset, load_presets, preset_config, real_param_count
 
 NAMES = list(PRESETS)
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,10 +29,35 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_every_family_of_the_lecture_has_a_preset():
     families = {p.family for p in PRESETS.values()}
-    for family in ("Original Transformer", "GPT-2", "GPT-3", "GPT-J", "GPT-NeoX / Pythia", "OPT",
-                   "T5 (relative position bias)", "PaLM", "LLaMA", "Llama 2", "Llama 3", "Llama 4", "Mistral",
-                   "Qwen2", "Qwen3", "Gemma", "Gemma 2", "Gemma 3", "OLMo", "OLMo 2", "Nemotron-4",
-                   "Cohere Command R7B", "Phi-2", "SmolLM3", "InternLM2", "Marin", "T5 v1.1"):
+    for family in (
+        "Original Transformer",
+        "GPT-2",
+        "GPT-3",
+        "GPT-J",
+        "GPT-NeoX / Pythia",
+        "OPT",
+        "T5 (relative position bias)",
+        "PaLM",
+        "LLaMA",
+        "Llama 2",
+        "Llama 3",
+        "Llama 4",
+        "Mistral",
+        "Qwen2",
+        "Qwen3",
+        "Gemma",
+        "Gemma 2",
+        "Gemma 3",
+        "OLMo",
+        "OLMo 2",
+        "Nemotron-4",
+        "Cohere Command R7B",
+        "Phi-2",
+        "SmolLM3",
+        "InternLM2",
+        "Marin",
+        "T5 v1.1",
+    ):
         assert family in families
 
 
@@ -66,17 +90,24 @@ def test_load_presets_reads_the_table_and_derives_tiny(tmp_path):
     assert load_presets() == PRESETS and TABLE.name == "presets.yaml"
 
 
-@pytest.mark.parametrize("change, message", [
-    (("    tiny: {n_heads: 4}", "    tiny: {n_heads: 4}\n    size: 7b"), r"unknown keys \['size'\]"),
-    (("    summary: a toy\n", ""), r"missing keys \['summary'\]"),
-    (("    tiny: {n_heads: 4}", "    tiny: {n_heads: 4}\n    published_params: 1000"),
-     "published_params and params_source go together"),
-    (("    tiny: {n_heads: 4}", "    tiny: {n_heads: 3}"), "does not keep the GQA ratio 4"),
-    (("    tiny: {n_heads: 4}", "    tiny: {heads: 4}"),
-     r"tiny: unknown ModelConfig key 'heads'; did you mean 'n_heads'\?"),
-    (("d_ff: 128}", "d_ff: 128, norm: rms}"), r"real: unknown ModelConfig key 'norm'"),
-    (("d_ff: 128}", "d_ff: 128, norm_type: rms}"), r"presets\[0\] \('toy'\): norm_type"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (("    tiny: {n_heads: 4}", "    tiny: {n_heads: 4}\n    size: 7b"), r"unknown keys \['size'\]"),
+        (("    summary: a toy\n", ""), r"missing keys \['summary'\]"),
+        (
+            ("    tiny: {n_heads: 4}", "    tiny: {n_heads: 4}\n    published_params: 1000"),
+            "published_params and params_source go together",
+        ),
+        (("    tiny: {n_heads: 4}", "    tiny: {n_heads: 3}"), "does not keep the GQA ratio 4"),
+        (
+            ("    tiny: {n_heads: 4}", "    tiny: {heads: 4}"),
+            r"tiny: unknown ModelConfig key 'heads'; did you mean 'n_heads'\?",
+        ),
+        (("d_ff: 128}", "d_ff: 128, norm: rms}"), r"real: unknown ModelConfig key 'norm'"),
+        (("d_ff: 128}", "d_ff: 128, norm_type: rms}"), r"presets\[0\] \('toy'\): norm_type"),
+    ],
+)
 def test_load_presets_refuses_a_bad_record_naming_file_and_record(tmp_path, change, message):
     path = tmp_path / "presets.yaml"
     path.write_text(_RECORD.replace(*change))
@@ -175,11 +206,37 @@ def test_real_configs_spot_checks():
 # Tiny scale: same shape, CPU sized
 # ------------------------------------------------------------------------------------------------
 
-_SAME = ("norm_type", "norm_position", "norm_bias", "final_norm", "bias", "lm_head_bias", "activation",
-         "parallel_block", "parallel_shared_norm", "position", "rope_style", "rope_fraction", "rope_theta",
-         "rope_local_theta", "nope_global_layers", "qk_norm", "attn_logit_softcap", "layer_pattern",
-         "tie_embeddings", "scale_embeddings", "final_logit_softcap", "z_loss", "t5_num_buckets",
-         "t5_max_distance", "norm_eps", "v_norm", "layer_scalar", "global_k_eq_v", "kv_shared_wide_ffn")
+_SAME = (
+    "norm_type",
+    "norm_position",
+    "norm_bias",
+    "final_norm",
+    "bias",
+    "lm_head_bias",
+    "activation",
+    "parallel_block",
+    "parallel_shared_norm",
+    "position",
+    "rope_style",
+    "rope_fraction",
+    "rope_theta",
+    "rope_local_theta",
+    "nope_global_layers",
+    "qk_norm",
+    "attn_logit_softcap",
+    "layer_pattern",
+    "tie_embeddings",
+    "scale_embeddings",
+    "final_logit_softcap",
+    "z_loss",
+    "t5_num_buckets",
+    "t5_max_distance",
+    "norm_eps",
+    "v_norm",
+    "layer_scalar",
+    "global_k_eq_v",
+    "kv_shared_wide_ffn",
+)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -219,7 +276,7 @@ def byte_tokens(shakespeare) -> torch.Tensor:
 
 def _batch(tokens: torch.Tensor, gen: torch.Generator, batch: int = 4, context: int = 64):
     starts = torch.randint(0, len(tokens) - context - 1, (batch,), generator=gen)
-    chunk = torch.stack([tokens[s: s + context + 1] for s in starts.tolist()])
+    chunk = torch.stack([tokens[s : s + context + 1] for s in starts.tolist()])
     return chunk[:, :-1], chunk[:, 1:]
 
 

@@ -39,9 +39,20 @@ def _rows(table, tokens=1_000_000, params=10_000, **cols):
     rows = []
     for (variant, lr), vals in table.items():
         for seed, v in enumerate(vals, 1):
-            rows.append({"run": f"{variant}_lr={lr}-s{seed}", "variant": variant, "seed": seed, "scale": None,
-                         "tune": {"lr": lr}, "val_bpb": v, "status": "ok" if v is not None else "diverged",
-                         "tokens": tokens, "non_embedding_params": params, **cols})
+            rows.append(
+                {
+                    "run": f"{variant}_lr={lr}-s{seed}",
+                    "variant": variant,
+                    "seed": seed,
+                    "scale": None,
+                    "tune": {"lr": lr},
+                    "val_bpb": v,
+                    "status": "ok" if v is not None else "diverged",
+                    "tokens": tokens,
+                    "non_embedding_params": params,
+                    **cols,
+                }
+            )
     return rows
 
 
@@ -49,9 +60,13 @@ def _table(best_a=4e-3, best_b=4e-3, gap=0.05, noise=(0.0, 0.004, -0.003, 0.002,
     """A's and B's basins on the grid, B worse by ``gap``, with a per-seed offset shared by both (paired)
     and a small per-variant jitter."""
     jit = {"A": (0.001, -0.002, 0.0, 0.002, -0.001, 0.0), "B": (-0.001, 0.0, 0.002, -0.002, 0.001, 0.0)}
-    return {(v, lr): [bowl(lr, best_a if v == "A" else best_b) + (gap if v == "B" else 0) + n + j
-                      for n, j in zip(noise, jit[v])]
-            for v in "AB" for lr in grid}
+    return {
+        (v, lr): [
+            bowl(lr, best_a if v == "A" else best_b) + (gap if v == "B" else 0) + n + j for n, j in zip(noise, jit[v])
+        ]
+        for v in "AB"
+        for lr in grid
+    }
 
 
 def test_a_bracketed_choice_is_judged():
@@ -126,17 +141,33 @@ def test_choice_on_too_few_seeds_or_values_is_not_bracketed():
 def test_a_failed_precondition_reads_not_testable_with_its_value():
     """Spec 11's claim needs the annealing phase to help the baseline: WSD minus constant measured on
     its own runs. At 150 steps it did not (+0.008, WSD worse): not testable, with the value."""
-    variants = [{"label": n, "schedule": s, "weight_decay": w} for n, s, w in
-                (("wd0 wsd", "wsd", 0.0), ("wd1 wsd", "wsd", 1.0), ("wd0 const", "constant", 0.0))]
-    raw = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "context_length": 32},
-           "axes": {"zip": variants}, "seeds": SEEDS, "tune": {"lr": GRID}, "baseline": "wd0 wsd",
-           "expect": [{"better": "wd1 wsd", "than": "wd0 wsd",
-                       "requires": [{"better": "wd0 wsd", "than": "wd0 const", "by": 0.005,
-                                     "why": "the decay phase must help"}]}]}
+    variants = [
+        {"label": n, "schedule": s, "weight_decay": w}
+        for n, s, w in (("wd0 wsd", "wsd", 0.0), ("wd1 wsd", "wsd", 1.0), ("wd0 const", "constant", 0.0))
+    ]
+    raw = {
+        "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "context_length": 32},
+        "axes": {"zip": variants},
+        "seeds": SEEDS,
+        "tune": {"lr": GRID},
+        "baseline": "wd0 wsd",
+        "expect": [
+            {
+                "better": "wd1 wsd",
+                "than": "wd0 wsd",
+                "requires": [
+                    {"better": "wd0 wsd", "than": "wd0 const", "by": 0.005, "why": "the decay phase must help"}
+                ],
+            }
+        ],
+    }
     spec = parse_spec(raw)
     off = (0.0, 0.004, -0.003, 0.002, -0.004, 0.001)
-    table = {(v, lr): [bowl(lr, 4e-3) + d + o + 0.001 * (i % 2) for i, o in enumerate(off)]
-             for v, d in (("wd0 wsd", 0.008), ("wd1 wsd", -0.02), ("wd0 const", 0.0)) for lr in GRID}
+    table = {
+        (v, lr): [bowl(lr, 4e-3) + d + o + 0.001 * (i % 2) for i, o in enumerate(off)]
+        for v, d in (("wd0 wsd", 0.008), ("wd1 wsd", -0.02), ("wd0 const", 0.0))
+        for lr in GRID
+    }
     (c,) = analyze(_rows(table), spec)["claims"]
     assert c["measured"] == "agrees" and c["verdict"] == "not testable at this scale"
     (pre,) = c["preconditions"]
@@ -152,8 +183,16 @@ def test_value_context_and_device_preconditions():
     from lmlab.lab.preconditions import context_gain, device_of
 
     # z-loss: log Z must grow past 5 somewhere on the grid without it (over: grid)
-    spec = _spec(expect=[{"better": "B", "than": "A", "metric": "val_bpb",
-                          "requires": [{"value": "log_z_max", "of": "A", "above": 5, "over": "grid"}]}])
+    spec = _spec(
+        expect=[
+            {
+                "better": "B",
+                "than": "A",
+                "metric": "val_bpb",
+                "requires": [{"value": "log_z_max", "of": "A", "above": 5, "over": "grid"}],
+            }
+        ]
+    )
     rows = _rows(_table(), log_z_max=3.0)
     (c,) = analyze(rows, spec)["claims"]
     assert c["verdict"] == "not testable at this scale" and "log_z_max 3" in c["preconditions"][0]["value"]
@@ -168,8 +207,9 @@ def test_value_context_and_device_preconditions():
     assert context_gain(curve, 16) == pytest.approx(1.0)
     assert context_gain(curve, 40) is None  # 81-...: the ranges meet
     flat = [4.0] * 16 + [3.0] * 112
-    s8 = _spec(expect=[{"better": "B", "than": "A", "by": -0.03,
-                        "requires": [{"context_gain": "A", "past": 16, "by": 0.02}]}])
+    s8 = _spec(
+        expect=[{"better": "B", "than": "A", "by": -0.03, "requires": [{"context_gain": "A", "past": 16, "by": 0.02}]}]
+    )
     rows8 = _rows(_table(gap=0.0))
     for r in rows8:
         r["val_loss_by_position"] = [x + 0.001 * r["seed"] for x in flat]
@@ -179,10 +219,23 @@ def test_value_context_and_device_preconditions():
         r["val_loss_by_position"] = [x + 0.001 * r["seed"] for x in curve]
     assert analyze(rows8, s8)["claims"][0]["preconditions"][0]["holds"]
     # a speed claim about GPU memory traffic, timed on a CPU
-    sd = _spec(timing={"pairs": 15}, expect=[{"better": "B", "than": "A", "metric": "step_time",
-                                              "requires": [{"device": "cuda", "why": "memory-bound norms"}]}])
-    timing = {"machine": "Intel(R) Xeon(R) Processor, 2 cores visible", "scales": {"": {"step_s": {
-        "A": [1.0 + 0.01 * i for i in range(15)], "B": [0.8 + 0.01 * i for i in range(15)]}}}}
+    sd = _spec(
+        timing={"pairs": 15},
+        expect=[
+            {
+                "better": "B",
+                "than": "A",
+                "metric": "step_time",
+                "requires": [{"device": "cuda", "why": "memory-bound norms"}],
+            }
+        ],
+    )
+    timing = {
+        "machine": "Intel(R) Xeon(R) Processor, 2 cores visible",
+        "scales": {
+            "": {"step_s": {"A": [1.0 + 0.01 * i for i in range(15)], "B": [0.8 + 0.01 * i for i in range(15)]}}
+        },
+    }
     (ct,) = analyze(_rows(_table()), sd, timing)["claims"]
     assert ct["measured"] == "agrees" and ct["verdict"] == "not testable at this scale"
     assert "measured on cpu" in ct["gate"] and ct["tokens_per_param"] is None
@@ -223,8 +276,9 @@ def test_relative_margin_by_hand():
 
 
 def test_underpowered_and_far_from_published_are_flagged():
-    spec = _spec(expect=[{"equal": ["A", "B"], "within": 0.001},
-                         {"better": "A", "than": "B", "published": [0.005, 0.01]}])
+    spec = _spec(
+        expect=[{"equal": ["A", "B"], "within": 0.001}, {"better": "A", "than": "B", "published": [0.005, 0.01]}]
+    )
     eq, pub = analyze(_rows(_table()), spec)["claims"]
     assert eq["detectable"] > 0.001 and "underpowered: detects" in eq["note"]
     assert "far outside the published range [0.005, 0.01]" in pub["note"]  # 0.05 measured
@@ -235,8 +289,14 @@ def test_underpowered_and_far_from_published_are_flagged():
 def test_dry_run_states_the_protocol_and_warns_of_designs_without_verdicts(byte_data):
     from lmlab.lab import runner
 
-    spec = _spec(data=str(byte_data), tune={"lr": [1e-3, 3e-3]}, tune_seeds=[1], seeds=[1, 2, 3],
-                 budget={"steps": 2}, expect=[{"better": "A", "than": "B"}, {"better": "B", "than": "A", "floor": 0}])
+    spec = _spec(
+        data=str(byte_data),
+        tune={"lr": [1e-3, 3e-3]},
+        tune_seeds=[1],
+        seeds=[1, 2, 3],
+        budget={"steps": 2},
+        expect=[{"better": "A", "than": "B"}, {"better": "B", "than": "A", "floor": 0}],
+    )
     plans = plan_runs(spec, byte_data)
     text = runner.format_plan(plans, {p.name: "new" for p in plans}, spec)
     assert "tuning: each variant's value from the mean over 1 seed(s) on 2 value(s)" in text
@@ -252,12 +312,19 @@ def test_the_sweep_extends_the_grid_and_trains_stage_2_at_an_added_value(tmp_pat
     then stage 2 at the value the extension found; a second invocation trains nothing."""
     from lmlab.lab import runner
 
-    spec = parse_spec({
-        "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "context_length": 32},
-        "train": {"batch_size": 2, "device": "cpu"}, "data": str(byte_data),
-        "axes": {"grid": {"v": [{"label": "A", "activation": "silu"}, {"label": "B", "activation": "swiglu"}]}},
-        "seeds": [1, 2, 3, 4], "tune_seeds": [1, 2, 3], "tune": {"lr": GRID}, "budget": {"steps": 2},
-        "tuning": {"extend": 3}})
+    spec = parse_spec(
+        {
+            "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "context_length": 32},
+            "train": {"batch_size": 2, "device": "cpu"},
+            "data": str(byte_data),
+            "axes": {"grid": {"v": [{"label": "A", "activation": "silu"}, {"label": "B", "activation": "swiglu"}]}},
+            "seeds": [1, 2, 3, 4],
+            "tune_seeds": [1, 2, 3],
+            "tune": {"lr": GRID},
+            "budget": {"steps": 2},
+            "tuning": {"extend": 3},
+        }
+    )
     plans = plan_runs(spec, byte_data)
     planned = {p.name.split("-s")[0] for p in plans}
     best = {"A": 4e-2, "B": 4e-3}
@@ -266,9 +333,15 @@ def test_the_sweep_extends_the_grid_and_trains_stage_2_at_an_added_value(tmp_pat
     def job(self, p):  # a stand-in for training + evaluation: a basin per variant
         trained.append(p.name)
         with self.lock:
-            self.rows[p.name] = {"run": p.name, "variant": p.variant, "seed": p.seed, "scale": p.scale,
-                                 "tune": p.tune, "status": "ok",
-                                 "val_bpb": bowl(p.tune["lr"], best[p.variant]) + 0.001 * p.seed}
+            self.rows[p.name] = {
+                "run": p.name,
+                "variant": p.variant,
+                "seed": p.seed,
+                "scale": p.scale,
+                "tune": p.tune,
+                "status": "ok",
+                "val_bpb": bowl(p.tune["lr"], best[p.variant]) + 0.001 * p.seed,
+            }
 
     monkeypatch.setattr(runner._Sweep, "job", job)
     logs = []

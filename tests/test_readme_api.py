@@ -57,7 +57,7 @@ def test_checkpoints_of_any_module_and_runs_without_a_tokenizer(tmp_path):
     import pytest
 
     import lmlab.api as lm
-    from lmlab.checkpoint import CheckpointError, checkpoint_dirs
+    from lmlab.run_folder import CheckpointError, checkpoint_dirs
 
     class Tiny(torch.nn.Module):
         def __init__(self):
@@ -95,8 +95,10 @@ def test_readme_ablation_summary_is_the_committed_index():
     root = README.parent
     dirs = sorted(d for d in (root / "docs" / "ablations").iterdir() if d.is_dir() and d.name[:1].isdigit())
     claims, _, executed = collect_claims(dirs)
-    again = "regenerate: lmlab report --index docs/ablations/[0-9]*/ --out docs/ablations/README.md " \
+    again = (
+        "regenerate: lmlab report --index docs/ablations/[0-9]*/ --out docs/ablations/README.md "
         "--readme README.md --readme docs/lab.md"
+    )
     assert readme_block(LAB_PAGE) == summary_block(claims, executed, Path("ablations/README.md")), again
     assert readme_block(README, COUNTS_START, COUNTS_END) == counts_line(claims, Path("docs/ablations/README.md")), (
         again
@@ -110,11 +112,14 @@ def test_readme_ablation_summary_is_the_committed_index():
     # the floor its claim declares in the executed spec), and every such claim states its tokens per parameter
     import yaml
 
-    floors = {(d.name, e["claim"]): e.get("floor", 10) for d in dirs
-              for e in yaml.safe_load((d / "spec.yaml").read_text()).get("expect", []) if "claim" in e}
+    floors = {
+        (d.name, e["claim"]): e.get("floor", 10)
+        for d in dirs
+        for e in yaml.safe_load((d / "spec.yaml").read_text()).get("expect", [])
+        if "claim" in e
+    }
     for c in claims:
-        if c["verdict"] in ("agrees", "disagrees", "inconclusive") and c["metric"] not in ("step_time",
-                                                                                             "decode_time"):
+        if c["verdict"] in ("agrees", "disagrees", "inconclusive") and c["metric"] not in ("step_time", "decode_time"):
             floor = floors.get((c["spec"], c["text"]), 10)
             assert "rate not bracketed" not in (c.get("gate") or "") and c["tokens_per_param"] >= floor, c
         if c["metric"] not in ("step_time", "decode_time"):

@@ -29,12 +29,17 @@ def test_the_tour_runs_as_written(tmp_path, shakespeare):
     lmlab = Path(sys.executable).parent / "lmlab"
     if not lmlab.exists():
         pytest.skip(f"no lmlab entry point beside {sys.executable} (the package is not installed)")
-    env = dict(os.environ, PATH=f"{lmlab.parent}{os.pathsep}{os.environ.get('PATH', '')}",
-               LMLAB_CORPUS_DIR=str(shakespeare), LMLAB_CACHE=str(tmp_path / "cache"))
+    env = dict(
+        os.environ,
+        PATH=f"{lmlab.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        LMLAB_CORPUS_DIR=str(shakespeare),
+        LMLAB_CACHE=str(tmp_path / "cache"),
+    )
     out = ""
     for i, block in enumerate(runnable_blocks()):
-        run = subprocess.run(["bash", "-e", "-c", block], cwd=tmp_path, env=env, capture_output=True,
-                             text=True, timeout=900)
+        run = subprocess.run(
+            ["bash", "-e", "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+        )
         assert run.returncode == 0, f"README block {i} failed:\n{block}\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}"
         out += run.stdout
     bpb = float(re.search(r"bits-per-byte\s+([\d.]+)", out).group(1))

@@ -15,22 +15,30 @@ from lmlab.cli import main
 from lmlab.lab import plots
 
 TINY_MODEL = {"context_length": 32, "d_model": 32, "n_layers": 1, "n_heads": 2}
-TINY_TRAIN = {"batch_size": 4, "warmup_steps": 2, "log_interval": 2, "eval_interval": 1000, "eval_windows": 2,
-              "device": "cpu", "checkpoint_interval": 0}
+TINY_TRAIN = {
+    "batch_size": 4,
+    "warmup_steps": 2,
+    "log_interval": 2,
+    "eval_interval": 1000,
+    "eval_windows": 2,
+    "device": "cpu",
+    "checkpoint_interval": 0,
+}
 SPEC = {
     "name": "damage",
     "model": TINY_MODEL,
     "train": TINY_TRAIN,
     "axes": {"zip": [{"label": "fast", "lr": 1.0e-2}, {"label": "slow", "lr": 1.0e-3}]},
     "baseline": "slow",
-    "expect": [{"better": "fast", "than": "slow", "by": 0.05},
-               {"equal": ["fast", "slow"], "within": 0.01}],
+    "expect": [{"better": "fast", "than": "slow", "by": 0.05}, {"equal": ["fast", "slow"], "within": 0.01}],
     "judging": {"min_seeds": 2, "tokens_per_param": 0},
     "seeds": [1, 2],
     "budget": {"steps": 8},
 }
-VERDICT = re.compile(r"\*\*(agrees|disagrees|inconclusive|rate not bracketed|not testable at this scale|too few seeds)"
-                     r"\*\*")
+VERDICT = re.compile(
+    r"\*\*(agrees|disagrees|inconclusive|rate not bracketed|not testable at this scale|too few seeds)"
+    r"\*\*"
+)
 SWEEP_FILES = ("results.jsonl", "provenance.jsonl", "load.jsonl", "spec.yaml")
 
 
@@ -53,8 +61,18 @@ def tiny(byte_data, tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _no_figures(monkeypatch):
     """Figures are not what is checked here, and drawing them would take most of the time."""
-    for name in ("lr_sensitivity", "basin", "init_grads", "loss_by_position", "ladder", "loss_curves", "diagnostics",
-                 "bpb_by_variant", "throughput", "forest"):
+    for name in (
+        "lr_sensitivity",
+        "basin",
+        "init_grads",
+        "loss_by_position",
+        "ladder",
+        "loss_curves",
+        "diagnostics",
+        "bpb_by_variant",
+        "throughput",
+        "forest",
+    ):
         monkeypatch.setattr(plots, name, lambda *a, **k: None)
 
 
@@ -99,25 +117,43 @@ def _one_error(err, *names):
 
 
 # --- results.jsonl --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("damage, says", [
-    (lambda rows: [[1, 2]] + rows[1:], "line 1: a results row must be a JSON object, got list"),
-    (lambda rows: [None] + rows[1:], "line 1: a results row must be a JSON object, got NoneType"),
-    (lambda rows: [{**rows[0], "val_bpb": "abc"}] + rows[1:], "line 1: field 'val_bpb' is 'abc'; give a finite number"),
-    (lambda rows: [{k: v for k, v in rows[0].items() if k != "run"}] + rows[1:], "line 1: field 'run' is missing"),
-    (lambda rows: [{**rows[0], "variant": 7}] + rows[1:], "line 1: field 'variant' is 7; give a non-empty string"),
-    (lambda rows: [{**rows[0], "steps": "x"}] + rows[1:], "line 1: field 'steps' is 'x'; give an integer >= 0"),
-    (lambda rows: [{**rows[0], "val_bpb": -5.0}] + rows[1:], "line 1: field 'val_bpb' is -5.0; give a finite number"),
-    (lambda rows: [{**rows[0], "val_bpb": float("nan")}] + rows[1:], "line 1: field 'val_bpb' is NaN or infinite"),
-    (lambda rows: rows + [{**rows[0], "val_bpb": rows[0]["val_bpb"] + 1}],
-     "line 5: a second row for run 'fast-s1' (first at line 1)"),
-    (lambda rows: [{**rows[0], "status": "weird"}] + rows[1:], "line 1: field 'status' is 'weird'; give one of ok, "),
-    (lambda rows: [{**rows[0], "sweep": "another"}] + rows[1:], "line 1: field 'sweep' is 'another', not this sweep's"),
-    (lambda rows: [{**rows[0], "seed": 9, "run": "fast-s9"}] + rows[1:], "line 1: field 'seed' is 9, not a seed"),
-    (lambda rows: [{**rows[0], "run": "slow-s1"}] + rows[1:], "line 1: field 'run' is 'slow-s1', "
-                                                                       "but its variant"),
-    (lambda rows: [{k: v for k, v in rows[0].items() if k != "tokens"}] + rows[1:],
-     "line 1: field 'tokens' is missing or null, though the other 'ok' rows hold it"),
-])
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        (lambda rows: [[1, 2]] + rows[1:], "line 1: a results row must be a JSON object, got list"),
+        (lambda rows: [None] + rows[1:], "line 1: a results row must be a JSON object, got NoneType"),
+        (
+            lambda rows: [{**rows[0], "val_bpb": "abc"}] + rows[1:],
+            "line 1: field 'val_bpb' is 'abc'; give a finite number",
+        ),
+        (lambda rows: [{k: v for k, v in rows[0].items() if k != "run"}] + rows[1:], "line 1: field 'run' is missing"),
+        (lambda rows: [{**rows[0], "variant": 7}] + rows[1:], "line 1: field 'variant' is 7; give a non-empty string"),
+        (lambda rows: [{**rows[0], "steps": "x"}] + rows[1:], "line 1: field 'steps' is 'x'; give an integer >= 0"),
+        (
+            lambda rows: [{**rows[0], "val_bpb": -5.0}] + rows[1:],
+            "line 1: field 'val_bpb' is -5.0; give a finite number",
+        ),
+        (lambda rows: [{**rows[0], "val_bpb": float("nan")}] + rows[1:], "line 1: field 'val_bpb' is NaN or infinite"),
+        (
+            lambda rows: rows + [{**rows[0], "val_bpb": rows[0]["val_bpb"] + 1}],
+            "line 5: a second row for run 'fast-s1' (first at line 1)",
+        ),
+        (
+            lambda rows: [{**rows[0], "status": "weird"}] + rows[1:],
+            "line 1: field 'status' is 'weird'; give one of ok, ",
+        ),
+        (
+            lambda rows: [{**rows[0], "sweep": "another"}] + rows[1:],
+            "line 1: field 'sweep' is 'another', not this sweep's",
+        ),
+        (lambda rows: [{**rows[0], "seed": 9, "run": "fast-s9"}] + rows[1:], "line 1: field 'seed' is 9, not a seed"),
+        (lambda rows: [{**rows[0], "run": "slow-s1"}] + rows[1:], "line 1: field 'run' is 'slow-s1', but its variant"),
+        (
+            lambda rows: [{k: v for k, v in rows[0].items() if k != "tokens"}] + rows[1:],
+            "line 1: field 'tokens' is missing or null, though the other 'ok' rows hold it",
+        ),
+    ],
+)
 def test_damaged_results_rows_are_refused_in_one_line(tiny, tmp_path, capsys, damage, says):
     light, _ = tiny
     sweep = _copy(light, tmp_path / "sweep")
@@ -176,8 +212,9 @@ def test_damaged_provenance_is_named_and_garbage_load_only_warns(tiny, tmp_path,
     _write_rows(sweep / "provenance.jsonl", recs[:-1] + [{**recs[-1], "wall_s": "abc"}])
     assert _report(sweep, tmp_path, capsys)[0] == 2
     _copy(light, sweep)
-    (sweep / "load.jsonl").write_bytes(b'\x00garbage\n[1, 2]\n{"load_1m": "high"}\n\xff\n' + (light / "load.jsonl")
-                                       .read_bytes())
+    (sweep / "load.jsonl").write_bytes(
+        b'\x00garbage\n[1, 2]\n{"load_1m": "high"}\n\xff\n' + (light / "load.jsonl").read_bytes()
+    )
     rc, got, err = _report(sweep, tmp_path, capsys)
     assert rc == 0 and got == want
     assert len(err) == 1 and err[0].startswith(f"warning: {sweep / 'load.jsonl'}: line 1: not JSON")
@@ -201,9 +238,12 @@ def test_index_never_judges_a_bad_results_csv_cell(tiny, tmp_path, capsys):
     rc, want, _ = _index(rep, tmp_path, capsys)
     assert rc == 0 and want and "agrees" in want  # the fast variant beats the slow baseline
     folder = _copy(rep, tmp_path / "rep")
-    for cell, says in (("abc", "column 'val_bpb' is 'abc'; give a finite number"),
-                       ("nan", "column 'val_bpb' is 'nan'"), ("inf", "column 'val_bpb' is 'inf'"),
-                       ("-5.0", "field 'val_bpb' is -5.0")):
+    for cell, says in (
+        ("abc", "column 'val_bpb' is 'abc'; give a finite number"),
+        ("nan", "column 'val_bpb' is 'nan'"),
+        ("inf", "column 'val_bpb' is 'inf'"),
+        ("-5.0", "field 'val_bpb' is -5.0"),
+    ):
         _copy(rep, folder)
         _csv_cell(folder / "results.csv", "slow-s1", "val_bpb", cell)  # the baseline's row
         rc, _, err = _index(folder, tmp_path, capsys)
@@ -221,12 +261,15 @@ def test_index_never_judges_a_bad_results_csv_cell(tiny, tmp_path, capsys):
     _one_error(err, "results.csv: line 2: a NUL byte")
 
 
-@pytest.mark.parametrize("claims, says", [
-    ({"claims": [1, 2]}, "claims[0]: a claim must be a JSON object, got int"),
-    ({"claims": [{}]}, "claims[0]: field 'text' is missing"),
-    (None, "claims[0]: field 'verdict' is 'probably'; give one of agrees"),  # an unknown verdict
-    ("nan", "is NaN or infinite"),
-])
+@pytest.mark.parametrize(
+    "claims, says",
+    [
+        ({"claims": [1, 2]}, "claims[0]: a claim must be a JSON object, got int"),
+        ({"claims": [{}]}, "claims[0]: field 'text' is missing"),
+        (None, "claims[0]: field 'verdict' is 'probably'; give one of agrees"),  # an unknown verdict
+        ("nan", "is NaN or infinite"),
+    ],
+)
 def test_damaged_verdicts_json_is_refused_in_one_line(tiny, tmp_path, capsys, claims, says):
     _, rep = tiny
     folder = tmp_path / "verdicts-only"  # a folder read from its verdicts.json alone
@@ -260,9 +303,11 @@ def test_a_hand_edited_verdict_or_interval_is_refused(tiny, tmp_path, capsys):
     )
     c = data["claims"][judged]
     flip = {"agrees": "disagrees", "disagrees": "agrees"}[c["verdict"]]
-    for edit, says in (({"verdict": flip, "measured": flip}, "(a hand-edited verdict?)"),
-                       ({"lo": c["hi"] + 1.0}, "above hi="),
-                       ({"effect": c["hi"] + 1.0}, "outside its interval")):
+    for edit, says in (
+        ({"verdict": flip, "measured": flip}, "(a hand-edited verdict?)"),
+        ({"lo": c["hi"] + 1.0}, "above hi="),
+        ({"effect": c["hi"] + 1.0}, "outside its interval"),
+    ):
         folder = tmp_path / f"v-{len(says)}"
         folder.mkdir()
         damaged = json.loads(json.dumps(data))
@@ -298,7 +343,7 @@ def _damage(rng: random.Random, name: str, data: bytes) -> tuple[str, bytes]:
     if kind == "flip":  # an ASCII byte's top bit: never valid UTF-8 beside ASCII
         spots = [i for i in range(1, len(data) - 1) if data[i - 1] < 0x80 and data[i] < 0x80 and data[i + 1] < 0x80]
         at = rng.choice(spots)
-        return f"flip byte {at}", data[:at] + bytes([data[at] ^ 0x80]) + data[at + 1:]
+        return f"flip byte {at}", data[:at] + bytes([data[at] ^ 0x80]) + data[at + 1 :]
     if kind == "utf8":
         at = rng.randrange(len(data))
         return f"invalid UTF-8 at {at}", data[:at] + b"\xc3\x28\xff" + data[at:]
@@ -360,8 +405,13 @@ def test_random_damages_never_give_a_traceback_or_another_verdict(tiny, tmp_path
     assert rc == 0 and want_rep_index == want_sweep_index
     sweep, folder = _copy(light, tmp_path / "sweep"), _copy(rep, tmp_path / "rep")
     rng = random.Random(44)
-    files = [(sweep, "results.jsonl"), (sweep, "provenance.jsonl"), (sweep, "load.jsonl"),
-             (folder, "results.csv"), (folder, "verdicts.json")]
+    files = [
+        (sweep, "results.jsonl"),
+        (sweep, "provenance.jsonl"),
+        (sweep, "load.jsonl"),
+        (folder, "results.csv"),
+        (folder, "verdicts.json"),
+    ]
     outcomes = {0: 0, 2: 0}
     for n in range(200):
         where, name = files[n % len(files)]
@@ -369,8 +419,9 @@ def test_random_damages_never_give_a_traceback_or_another_verdict(tiny, tmp_path
         what, damaged = _damage(rng, name, original)
         (where / name).write_bytes(damaged)
         try:
-            checks = ([(_report, want_report), (_index, want_sweep_index)] if where == sweep
-                      else [(_index, want_rep_index)])
+            checks = (
+                [(_report, want_report), (_index, want_sweep_index)] if where == sweep else [(_index, want_rep_index)]
+            )
             for run, want in checks:
                 try:
                     rc, got, err = run(where, out, capsys)

@@ -8,8 +8,7 @@ from lmlab.cli import main
 from lmlab.config import ModelConfig
 from lmlab.data.prepare import DataError, prepare
 from lmlab.data.shards import TokenData
-from lmlab.run_folder import (CheckpointError, check_data_tokenizer, read_outcome, read_run, run_data,
-                              write_outcome)
+from lmlab.run_folder import CheckpointError, check_data_tokenizer, read_outcome, read_run, run_data, write_outcome
 from lmlab.train import TrainConfig, Trainer
 
 TINY = dict(context_length=32, d_model=32, n_layers=1, n_heads=2)
@@ -33,7 +32,7 @@ def test_outcome_records_are_checked(tmp_path):
         write_outcome(tmp_path, "done", 3)
     write_outcome(tmp_path, "failed", 2, "DataError: shard 0 is truncated")
     assert read_outcome(tmp_path) == {"status": "failed", "step": 2, "error": "DataError: shard 0 is truncated"}
-    for bad in ('{"status": "finished", "step": -1}', '{"status": "ok", "step": 1}', '[1, 2]'):
+    for bad in ('{"status": "finished", "step": -1}', '{"status": "ok", "step": 1}', "[1, 2]"):
         (tmp_path / "outcome.json").write_text(bad)
         with pytest.raises(CheckpointError, match="outcome.json.*expected"):
             read_outcome(tmp_path)
@@ -42,8 +41,7 @@ def test_outcome_records_are_checked(tmp_path):
         read_outcome(tmp_path)
 
 
-def test_data_of_another_tokenizer_is_refused_by_eval_and_run_data(byte_run, byte_data, small_corpus, tmp_path,
-                                                                     capsys):
+def test_data_of_another_tokenizer_is_refused_by_eval_and_run_data(byte_run, byte_data, small_corpus, tmp_path, capsys):
     other = tmp_path / "bpe"
     prepare(small_corpus, other, "bpe", vocab_size=300, val_docs=["tempest_gut.txt"])
     run = read_run(byte_run)

@@ -14,19 +14,41 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmlab.checkpoint import checkpoint_dirs, metrics_lines
+from lmlab.run_folder import checkpoint_dirs, metrics_lines
 from lmlab.cli import main
 from lmlab.fsutil import lock_path
 
-SETS = ["d_model=32", "n_layers=2", "n_heads=4", "context_length=32", "batch_size=8", "max_steps=40",
-        "log_interval=1", "eval_interval=15", "eval_windows=2", "device=cpu", "tensorboard=false", "warmup_steps=5",
-        "resid_dropout=0.1"]
+SETS = [
+    "d_model=32",
+    "n_layers=2",
+    "n_heads=4",
+    "context_length=32",
+    "batch_size=8",
+    "max_steps=40",
+    "log_interval=1",
+    "eval_interval=15",
+    "eval_windows=2",
+    "device=cpu",
+    "tensorboard=false",
+    "warmup_steps=5",
+    "resid_dropout=0.1",
+]
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
 def train_cmd(data, out, sets=SETS):
-    return [sys.executable, "-m", "lmlab.cli", "train", "--data", str(data), "--out", str(out), "--no-progress",
-            *[a for s in sets for a in ("--set", s)]]
+    return [
+        sys.executable,
+        "-m",
+        "lmlab.cli",
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--no-progress",
+        *[a for s in sets for a in ("--set", s)],
+    ]
 
 
 def losses(run):
@@ -34,8 +56,11 @@ def losses(run):
 
 
 def tree(folder):
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(Path(folder).rglob("*"))
+        if p.is_file()
+    }
 
 
 def wait_for_lines(path, n, proc, timeout=120):
@@ -57,8 +82,9 @@ def straight(tmp_path_factory, corpus_bytes):
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_mid_run_saves_and_the_same_command_resumes_bit_for_bit(straight, corpus_bytes, tmp_path, sig, code):
     out = tmp_path / "run"
-    proc = subprocess.Popen(train_cmd(corpus_bytes, out), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        train_cmd(corpus_bytes, out), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     wait_for_lines(out / "metrics.jsonl", 4, proc)
     proc.send_signal(sig)
     err = proc.communicate(timeout=120)[1]
@@ -80,8 +106,9 @@ def test_signal_mid_run_saves_and_the_same_command_resumes_bit_for_bit(straight,
 
 def test_second_train_into_the_same_folder_is_refused(corpus_bytes, tmp_path):
     out = tmp_path / "run"
-    first = subprocess.Popen(train_cmd(corpus_bytes, out), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True)
+    first = subprocess.Popen(
+        train_cmd(corpus_bytes, out), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         wait_for_lines(out / "metrics.jsonl", 2, first)
         first.send_signal(signal.SIGSTOP)  # keep it mid-run (holding its lock) while the second one starts
@@ -102,16 +129,20 @@ def test_stale_lock_is_taken_over_with_a_note(corpus_bytes, tmp_path, capsys):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     out = tmp_path / "run"
-    lock_path(out).write_text(json.dumps({"pid": dead.pid, "host": "here", "what": "lmlab train",
-                                          "started": "earlier"}) + "\n")
+    lock_path(out).write_text(
+        json.dumps({"pid": dead.pid, "host": "here", "what": "lmlab train", "started": "earlier"}) + "\n"
+    )
     sets = [a for s in SETS[:-3] + ["max_steps=2"] for a in ("--set", s)]
     assert main(["train", "--data", str(corpus_bytes), "--out", str(out), "--no-progress", *sets]) == 0
-    assert f"took over the stale lock {str(lock_path(out))!r} left by lmlab train (PID {dead.pid}" in \
-        capsys.readouterr().err
+    assert (
+        f"took over the stale lock {str(lock_path(out))!r} left by lmlab train (PID {dead.pid}"
+        in capsys.readouterr().err
+    )
     assert not lock_path(out).exists() and [c.name for c in checkpoint_dirs(out)] == ["step_0000002"]
 
 
 # --- own only what you made ------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory):
@@ -193,8 +224,9 @@ def test_plot_never_overwrites_a_users_png(straight, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("section, key", [("model", "kv_shared_layers"), ("train", "compile_scope")])
-def test_same_command_on_a_run_yaml_with_a_damaged_key_is_refused_naming_it(straight, corpus_bytes, tmp_path,
-                                                                            section, key, capsys):
+def test_same_command_on_a_run_yaml_with_a_damaged_key_is_refused_naming_it(
+    straight, corpus_bytes, tmp_path, section, key, capsys
+):
     """The same `lmlab train` again compares the run's settings with the command's; a key of run.yaml
     that no config has (one flipped bit: kv_shared_|ayers) is refused naming the file, not a traceback."""
     import shutil

@@ -9,30 +9,41 @@ from lmlab.config import ConfigError
 from lmlab.config_files import load_mapping
 from lmlab.lab.spec import parse_spec
 
-BASE = {"name": "t", "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "context_length": 16}, "seeds": [1],
-        "budget": {"steps": 2}}
+BASE = {
+    "name": "t",
+    "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "context_length": 16},
+    "seeds": [1],
+    "budget": {"steps": 2},
+}
 
 
-@pytest.mark.parametrize("extra,needle", [
-    ({"decode": [1, 2]}, "'decode:' must be a mapping of field names to values, got [1, 2]"),
-    ({"eval_contexts": [float("inf")]}, "eval_contexts=[inf] must be a list of finite context multiples"),
-    ({"eval_contexts": [float("nan")]}, "eval_contexts=[nan] must be a list of finite context multiples"),
-    ({"preset": [1]}, "preset=[1] is not a model family preset; choose one of"),
-    ({"preset": "llama-9"}, "preset='llama-9' is not a model family preset"),
-    ({"axes": {"grid": {}}}, "axes.grid is empty"),
-    ({"axes": {"zip": []}}, "axes.zip is empty"),
-    ({"model": None}, "'model: null' is empty"),
-    ({"train": None}, "'train: null' is empty"),
-    ({"axes": None}, "'axes: null' is empty"),
-    ({"notes": [["a", "b"], ["a", "b"]]}, "notes must be text, got list"),
-    ({"claim": {"x": 1}}, "claim must be text, got dict"),
-    ({"axes": {"zip": [{"label": 1, "d_model": 32}, {"label": "b", "d_model": 64}]}},
-     "axes.zip[0].label=1 must be a non-empty string"),
-    ({"axes": {"zip": [{"label": "a", "d_model": 32}, {"label": [2], "d_model": 64}]}},
-     "axes.zip[1].label=[2] must be a non-empty string"),
-    ({"axes": {"zip": {"label": ["a", 7], "d_model": [32, 64]}}}, "axes.zip.label[1]=7 must be a non-empty string"),
-    ({"axes": {"grid": {"act": [{"label": "", "activation": "gelu"}]}}}, "label='' must be a non-empty string"),
-])
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        ({"decode": [1, 2]}, "'decode:' must be a mapping of field names to values, got [1, 2]"),
+        ({"eval_contexts": [float("inf")]}, "eval_contexts=[inf] must be a list of finite context multiples"),
+        ({"eval_contexts": [float("nan")]}, "eval_contexts=[nan] must be a list of finite context multiples"),
+        ({"preset": [1]}, "preset=[1] is not a model family preset; choose one of"),
+        ({"preset": "llama-9"}, "preset='llama-9' is not a model family preset"),
+        ({"axes": {"grid": {}}}, "axes.grid is empty"),
+        ({"axes": {"zip": []}}, "axes.zip is empty"),
+        ({"model": None}, "'model: null' is empty"),
+        ({"train": None}, "'train: null' is empty"),
+        ({"axes": None}, "'axes: null' is empty"),
+        ({"notes": [["a", "b"], ["a", "b"]]}, "notes must be text, got list"),
+        ({"claim": {"x": 1}}, "claim must be text, got dict"),
+        (
+            {"axes": {"zip": [{"label": 1, "d_model": 32}, {"label": "b", "d_model": 64}]}},
+            "axes.zip[0].label=1 must be a non-empty string",
+        ),
+        (
+            {"axes": {"zip": [{"label": "a", "d_model": 32}, {"label": [2], "d_model": 64}]}},
+            "axes.zip[1].label=[2] must be a non-empty string",
+        ),
+        ({"axes": {"zip": {"label": ["a", 7], "d_model": [32, 64]}}}, "axes.zip.label[1]=7 must be a non-empty string"),
+        ({"axes": {"grid": {"act": [{"label": "", "activation": "gelu"}]}}}, "label='' must be a non-empty string"),
+    ],
+)
 def test_spec_refuses_by_name(extra, needle):
     with pytest.raises(ConfigError) as exc:
         parse_spec({**BASE, **extra})

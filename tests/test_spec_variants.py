@@ -52,10 +52,17 @@ def test_01_reordered_variant_has_olmo2_switches(tier):
     spec, p = _reordered(tier)
     assert "OLMo 2" in p.variant and "QK-norm" in p.variant
     olmo2 = get_preset("olmo-2-7b").real
-    switches = ("norm_type", "norm_position", "qk_norm", "qk_norm_scope", "norm_weight_fp32", "activation",
-                "position", "bias")
-    assert {k: getattr(p.cfg, k) for k in switches} == {k: olmo2.get(k, getattr(ModelConfig(), k))
-                                                        for k in switches}
+    switches = (
+        "norm_type",
+        "norm_position",
+        "qk_norm",
+        "qk_norm_scope",
+        "norm_weight_fp32",
+        "activation",
+        "position",
+        "bias",
+    )
+    assert {k: getattr(p.cfg, k) for k in switches} == {k: olmo2.get(k, getattr(ModelConfig(), k)) for k in switches}
     assert (p.cfg.qk_norm, p.cfg.qk_norm_scope) == ("rmsnorm", "all")  # QK RMSNorm across heads
     fam, hf = lmlab_to_hf_config(p.cfg, family="olmo2")  # OLMo 2's HF config represents it exactly
     assert fam.hf_class == "Olmo2ForCausalLM"
@@ -93,8 +100,9 @@ def test_01_reordered_block_equals_transformers_olmo2_decoder_layer(tmp_path):
         if hasattr(module, "ensure"):  # RoPE tables (TransformerLM.hidden does this before its blocks)
             module.ensure(T)
     with torch.no_grad():
-        want = layer(x, attention_mask=causal, position_ids=pos[None],
-                     position_embeddings=hf.model.rotary_emb(x, pos[None]))
+        want = layer(
+            x, attention_mask=causal, position_ids=pos[None], position_embeddings=hf.model.rotary_emb(x, pos[None])
+        )
         got = model.blocks[0](x, pos)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         ids = torch.randint(0, cfg.vocab_size, (2, T))
@@ -112,7 +120,7 @@ def _sinusoidal(tier):
 def test_10_sinusoidal_variant_has_the_published_scale(tier):
     cfg = _sinusoidal(tier).cfg
     assert cfg.scale_embeddings and cfg.tie_embeddings
-    assert math.isclose(cfg.embed_init_std, cfg.d_model ** -0.5, rel_tol=1e-8)  # tensor2tensor's init
+    assert math.isclose(cfg.embed_init_std, cfg.d_model**-0.5, rel_tol=1e-8)  # tensor2tensor's init
 
 
 def test_10_sinusoidal_embeddings_rms_one_against_positions_rms_sqrt_half():
@@ -126,8 +134,9 @@ def test_10_sinusoidal_embeddings_rms_one_against_positions_rms_sqrt_half():
     scaled = model.embed.weight * math.sqrt(d)
     assert scaled.pow(2).mean().sqrt().item() == pytest.approx(1.0, abs=0.01)
     # Vaswani et al. 2017 section 3.5, by hand: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(...)
-    table = torch.tensor([[f(p / 10000 ** (2 * (j // 2) / d)) for j, f in zip(range(d), [math.sin, math.cos] * d)]
-                          for p in range(T)])
+    table = torch.tensor(
+        [[f(p / 10000 ** (2 * (j // 2) / d)) for j, f in zip(range(d), [math.sin, math.cos] * d)] for p in range(T)]
+    )
     torch.testing.assert_close(model.abs_pos.table[:T], table, atol=1e-6, rtol=0)
     assert table.pow(2).mean().sqrt().item() == pytest.approx(math.sqrt(0.5), abs=1e-6)  # sin^2 + cos^2 = 1
     # what the first block sees: the scaled embeddings plus the table, at RMS 1 and sqrt(1/2)
@@ -145,8 +154,15 @@ def test_embed_init_std_changes_only_the_token_embedding():
     """None (the default) draws exactly what lmlab drew before the field existed (every weight N(0,
     init_std), residual projections / sqrt(2 n_layers)); a value changes the token embedding (and a tied
     LM head, the same matrix) and nothing else, with the same random stream; an untied head keeps init_std."""
-    base = dict(vocab_size=64, context_length=16, d_model=32, n_layers=2, n_heads=4, position="sinusoidal",
-                scale_embeddings=True)
+    base = dict(
+        vocab_size=64,
+        context_length=16,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        position="sinusoidal",
+        scale_embeddings=True,
+    )
     for tie in (True, False):
         cfg = ModelConfig(**base, tie_embeddings=tie)
         torch.manual_seed(1)
@@ -199,8 +215,12 @@ def test_05_labels_state_the_planned_depth_and_aspect(tier):
         m = ASPECT.fullmatch(variant)
         assert m, variant
         assert p.cfg.n_layers == int(m.group(1)), variant
-        assert Fraction(p.cfg.d_model, p.cfg.n_layers) == d0[scale] * _aspect(variant.split("aspect ")[1]), \
-            (scale, variant, p.cfg.d_model, p.cfg.n_layers)
+        assert Fraction(p.cfg.d_model, p.cfg.n_layers) == d0[scale] * _aspect(variant.split("aspect ")[1]), (
+            scale,
+            variant,
+            p.cfg.d_model,
+            p.cfg.n_layers,
+        )
     # every aspect the claims name is one of the labels'
     labelled = {variant.split("aspect ")[1] for _, variant in runs}
     for e in spec.expect:

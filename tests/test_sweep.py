@@ -22,16 +22,28 @@ from lmlab.lab.plan import _plan, plan_runs, trained_plans
 from lmlab.train import TrainConfig, Trainer
 
 TINY_MODEL = {"context_length": 32, "d_model": 32, "n_layers": 2, "n_heads": 2}
-TINY_TRAIN = {"batch_size": 4, "lr": 3.0e-3, "warmup_steps": 2, "log_interval": 2, "eval_interval": 5,
-              "eval_windows": 4, "device": "cpu", "max_bad_steps": 2}
+TINY_TRAIN = {
+    "batch_size": 4,
+    "lr": 3.0e-3,
+    "warmup_steps": 2,
+    "log_interval": 2,
+    "eval_interval": 5,
+    "eval_windows": 4,
+    "device": "cpu",
+    "max_bad_steps": 2,
+}
 
 
 def test_grid_and_zip_expansion():
-    variants = expand_axes({
-        "grid": {"norm_position": ["pre", "post"],
-                 "warmup": [{"label": "warm", "warmup_steps": 5}, {"warmup_steps": 0}]},
-        "zip": {"activation": ["gelu", "swiglu"], "d_ff": [64, 43], "label": ["GELU", "SwiGLU"]},
-    })
+    variants = expand_axes(
+        {
+            "grid": {
+                "norm_position": ["pre", "post"],
+                "warmup": [{"label": "warm", "warmup_steps": 5}, {"warmup_steps": 0}],
+            },
+            "zip": {"activation": ["gelu", "swiglu"], "d_ff": [64, 43], "label": ["GELU", "SwiGLU"]},
+        }
+    )
     assert len(variants) == 2 * 2 * 2  # grid product, crossed with the zipped pairs taken together
     assert variants[0].label == "norm_position=pre, warm, GELU"
     assert variants[0].fields == {"norm_position": "pre", "warmup_steps": 5, "activation": "gelu", "d_ff": 64}
@@ -79,8 +91,11 @@ def test_budget_conversion_and_dry_run(byte_data, tmp_path, capsys):
     assert timed[0].tc.max_seconds == 30 and timed[0].steps == 50
     with pytest.raises(ConfigError, match="give one of"):
         parse_spec({**spec, "budget": {"tokens": 10, "flops": 10}})
-    with pytest.raises(ConfigError, match=r"variant 'n_layers=1': budget tokens=100 buys no training step \(one step "
-                                          r"is 128 tokens\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"variant 'n_layers=1': budget tokens=100 buys no training step \(one step "
+        r"is 128 tokens\)",
+    ):
         plan_runs(parse_spec({**spec, "budget": {"tokens": 100}}), byte_data)
     with pytest.raises(ConfigError, match="'train:' must be a mapping"):
         parse_spec({**spec, "train": [1]})
@@ -101,8 +116,15 @@ def test_budget_conversion_and_dry_run(byte_data, tmp_path, capsys):
 
 
 def test_max_seconds_stops_training(byte_data, tmp_path):
-    tc = TrainConfig(batch_size=2, max_steps=10**6, max_seconds=0.5, log_interval=1, eval_interval=10**6,
-                     device="cpu", tensorboard=False)
+    tc = TrainConfig(
+        batch_size=2,
+        max_steps=10**6,
+        max_seconds=0.5,
+        log_interval=1,
+        eval_interval=10**6,
+        device="cpu",
+        tensorboard=False,
+    )
     cfg = ModelConfig(vocab_size=257, **{**TINY_MODEL, "n_layers": 1})
     trainer = Trainer.create(tmp_path / "run", cfg, tc, byte_data, progress=False)
     trainer.fit()
@@ -115,13 +137,21 @@ def test_max_seconds_stops_training(byte_data, tmp_path):
 
 def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
     spec = {
-        "name": "tiny", "claim": "Learned positions cannot run past the training context.",
-        "model": TINY_MODEL, "train": {**TINY_TRAIN, "checkpoint_interval": 5, "keep_checkpoints": 2,
-                                         "diag_interval": 5},
+        "name": "tiny",
+        "claim": "Learned positions cannot run past the training context.",
+        "model": TINY_MODEL,
+        "train": {**TINY_TRAIN, "checkpoint_interval": 5, "keep_checkpoints": 2, "diag_interval": 5},
         "data": str(byte_data),
-        "axes": {"zip": [{"label": "rope", "position": "rope"}, {"label": "learned", "position": "learned"},
-                         {"label": "boom", "lr": 1.0e30}]},  # non-finite after one step
-        "seeds": [1], "budget": {"steps": 10}, "eval_contexts": [1, 2],
+        "axes": {
+            "zip": [
+                {"label": "rope", "position": "rope"},
+                {"label": "learned", "position": "learned"},
+                {"label": "boom", "lr": 1.0e30},
+            ]
+        },  # non-finite after one step
+        "seeds": [1],
+        "budget": {"steps": 10},
+        "eval_contexts": [1, 2],
     }
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -139,7 +169,8 @@ def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
     assert read_outcome(out / "runs" / "boom-s1")["status"] == "diverged"  # what the worker read, not the log
     assert read_outcome(out / "runs" / "rope-s1") == {"status": "finished", "step": 10, "error": None}
     assert rope["params"] == rope["non_embedding_params"] + 257 * 32 and rope["flops"] == pytest.approx(
-        rope["flops_per_token"] * rope["tokens"])
+        rope["flops_per_token"] * rope["tokens"]
+    )
     assert rope["kv_bytes_per_token"] == 2 * 2 * 32 * 4  # K and V, 2 layers, 32 channels, fp32
     assert rope["fields"] == {"position": "rope"} and rope["tokens_per_s"] > 0
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", rope["finished_at"])
@@ -170,8 +201,10 @@ def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
     lines.clear()
     run_sweep(path, out=out, jobs=1, log=lines.append)
     assert any(line.startswith("train rope-s1: continuing") for line in lines)
-    assert "resuming" in (out / "logs" / "rope-s1.log").read_text() and "from step 5" in (
-        out / "logs" / "rope-s1.log").read_text()
+    assert (
+        "resuming" in (out / "logs" / "rope-s1.log").read_text()
+        and "from step 5" in (out / "logs" / "rope-s1.log").read_text()
+    )
     assert (out / "logs" / "learned-s1.log").read_text() == learned_log  # not trained again
     rows = {r["run"]: r for r in read_results(out)}
     assert set(rows) == {"rope-s1", "learned-s1", "boom-s1"} and rows["rope-s1"]["steps"] == 10
@@ -180,9 +213,12 @@ def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
     assert main(["report", str(out)]) == 0
     md = (out / "report.md").read_text()
     assert spec["claim"] in md
-    assert rows['rope-s1']['machine'] in md and "**Executed** 20" in md and "max attn logit" in md
-    table = [line for line in md.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
-             or line.startswith("| 3 |")]
+    assert rows["rope-s1"]["machine"] in md and "**Executed** 20" in md and "max attn logit" in md
+    table = [
+        line
+        for line in md.splitlines()
+        if line.startswith("| 1 |") or line.startswith("| 2 |") or line.startswith("| 3 |")
+    ]
     assert [line.split(" | ")[1] for line in table][2] == "boom"  # diverged sorts last
     assert {line.split(" | ")[1] for line in table} == {"rope", "learned", "boom"}
     for png in ("loss.png", "bpb.png", "throughput.png"):
@@ -197,7 +233,8 @@ def test_sweep_resume_divergence_and_report(byte_data, tmp_path):
                 assert json.loads(c[key]) == value
             elif key == "fields":
                 assert {k[4:]: v for k, v in c.items() if k.startswith("set.") and v} == {
-                    k: str(v) for k, v in value.items()}
+                    k: str(v) for k, v in value.items()
+                }
             elif value is None:
                 assert c[key] == ""
             elif isinstance(value, bool):
@@ -264,10 +301,23 @@ def test_unreadable_results_line_is_reported(tmp_path, capsys):
 def test_tier_overrides_and_errors(byte_data, tmp_path, capsys):
     """A tier merges model/train field by field, replaces the other keys it names, gets its own name
     (and so its own sweep folder); a missing tier or a key a tier may not set is refused by name."""
-    spec = {"name": "t", "model": {**TINY_MODEL, "d_ff": 64}, "train": TINY_TRAIN, "data": str(byte_data),
-            "axes": {"grid": {"n_layers": [1, 2]}}, "seeds": [1], "budget": {"steps": 2},
-            "tiers": {"big": {"model": {"d_model": 64}, "train": {"batch_size": 2},
-                              "axes": {"grid": {"n_layers": [3]}}, "seeds": [4, 5]}}}
+    spec = {
+        "name": "t",
+        "model": {**TINY_MODEL, "d_ff": 64},
+        "train": TINY_TRAIN,
+        "data": str(byte_data),
+        "axes": {"grid": {"n_layers": [1, 2]}},
+        "seeds": [1],
+        "budget": {"steps": 2},
+        "tiers": {
+            "big": {
+                "model": {"d_model": 64},
+                "train": {"batch_size": 2},
+                "axes": {"grid": {"n_layers": [3]}},
+                "seeds": [4, 5],
+            }
+        },
+    }
     plain = parse_spec(spec)
     assert plain.name == "t" and plain.tier is None and "tiers" not in plain.raw
     assert [p.cfg.d_model for p in plan_runs(plain, byte_data)] == [32, 32]
@@ -275,7 +325,9 @@ def test_tier_overrides_and_errors(byte_data, tmp_path, capsys):
     assert big.name == "t-big" and big.tier == "big" and "tiers" not in big.raw
     plans = plan_runs(big, byte_data)
     assert [(p.cfg.d_model, p.cfg.n_layers, p.cfg.d_ff, p.tc.batch_size, p.tc.seed) for p in plans] == [
-        (64, 3, 64, 2, 4), (64, 3, 64, 2, 5)]  # d_ff and the rest of train kept from the spec
+        (64, 3, 64, 2, 4),
+        (64, 3, 64, 2, 5),
+    ]  # d_ff and the rest of train kept from the spec
     assert plans[0].tc.lr == TINY_TRAIN["lr"]
     with pytest.raises(ConfigError, match="no tier 'gpu'; this spec defines 'big'"):
         parse_spec(spec, tier="gpu")
@@ -293,8 +345,9 @@ def test_tier_overrides_and_errors(byte_data, tmp_path, capsys):
     assert "data: " in capsys.readouterr().out
     rows = read_results(out)
     assert sorted(r["run"] for r in rows) == ["n_layers=3-s4", "n_layers=3-s5"]
-    prov = [json.loads(line) for line in (out / "provenance.jsonl").read_text().splitlines()
-            if "ended_at" not in line]  # the invocations' start records (each is closed by an end record)
+    prov = [
+        json.loads(line) for line in (out / "provenance.jsonl").read_text().splitlines() if "ended_at" not in line
+    ]  # the invocations' start records (each is closed by an end record)
     assert prov[-1]["tier"] == "big" and "--tier big" in prov[-1]["command"]
     assert yaml.safe_load((out / "spec.yaml").read_text())["model"]["d_model"] == 64
 
@@ -374,13 +427,19 @@ def test_variants_with_their_own_data_train_and_score_on_it(byte_data, small_cor
     src = tmp_path / "src"
     src.mkdir()
     for name in ("macbeth_gut.txt", "tempest_gut.txt"):  # the documents byte_data holds
-        (src / name).write_bytes((small_corpus / name).read_bytes()[:{"macbeth_gut.txt": 20000}.get(name, 6000)])
+        (src / name).write_bytes((small_corpus / name).read_bytes()[: {"macbeth_gut.txt": 20000}.get(name, 6000)])
     prepare(src, bpe, "bpe", 300, val_docs=["tempest_gut.txt"])
-    spec = {"name": "v", "model": TINY_MODEL, "train": TINY_TRAIN, "seeds": [1], "budget": {"flops": 2e9},
-            "axes": {"grid": {"tok": [{"label": "bytes", "data": str(byte_data)},
-                                      {"label": "bpe", "data": str(bpe)}]}},
-            "match": "flops", "varies": ["params", "tokens", "flops_per_token", "steps"],
-            "expect": [{"better": "bpe", "than": "bytes"}]}
+    spec = {
+        "name": "v",
+        "model": TINY_MODEL,
+        "train": TINY_TRAIN,
+        "seeds": [1],
+        "budget": {"flops": 2e9},
+        "axes": {"grid": {"tok": [{"label": "bytes", "data": str(byte_data)}, {"label": "bpe", "data": str(bpe)}]}},
+        "match": "flops",
+        "varies": ["params", "tokens", "flops_per_token", "steps"],
+        "expect": [{"better": "bpe", "than": "bytes"}],
+    }
     plans = {p.variant: p for p in plan_runs(parse_spec(spec))}
     assert plans["bytes"].data == byte_data.resolve() and plans["bytes"].cfg.vocab_size == 257
     assert plans["bpe"].data == bpe.resolve() and plans["bpe"].cfg.vocab_size == 300
@@ -401,8 +460,11 @@ def test_variants_with_their_own_data_train_and_score_on_it(byte_data, small_cor
     folder, vocab = variant_data({"tokenizer": "bpe", "vocab_size": 1024}, None, prepare=False)
     assert (folder, vocab) in ((None, 1024), (default_data_dir("bpe", 1024).resolve(), 1024))
     for bad in ({"tokenizer": "bpe"}, {"tokenizer": "wordpiece"}, {"tokenizer": "bytes", "vocab_size": 9}, 3):
-        raw = {**spec, "axes": {"grid": {"tok": [{"label": "x", "data": bad}, {"label": "y", "d_ff": 64}]}},
-               "expect": []}
+        raw = {
+            **spec,
+            "axes": {"grid": {"tok": [{"label": "x", "data": bad}, {"label": "y", "d_ff": 64}]}},
+            "expect": [],
+        }
         with pytest.raises(ConfigError, match=r"data=.* must be a prepared data folder"):
             parse_spec(raw)
 
@@ -415,8 +477,14 @@ def test_max_epochs_refuses_a_corpus_the_runs_would_repeat(byte_data, tmp_path, 
 
     train_tokens = int(TokenData(byte_data).manifest["splits"]["train"]["tokens"])
     steps = 2 * train_tokens // (4 * 32) + 1  # two passes at batch 4 x 32
-    spec = {"name": "ep", "model": TINY_MODEL, "train": TINY_TRAIN, "seeds": [1], "budget": {"steps": steps},
-            "max_epochs": 1}
+    spec = {
+        "name": "ep",
+        "model": TINY_MODEL,
+        "train": TINY_TRAIN,
+        "seeds": [1],
+        "budget": {"steps": steps},
+        "max_epochs": 1,
+    }
     out = tmp_path / "sw"
     with pytest.raises(ConfigError) as exc:  # the dry run prints the plan, then fails as the sweep would
         run_sweep(parse_spec(spec), out, dry_run=True, data_dir=byte_data)
@@ -446,8 +514,25 @@ def test_shipped_gpu_tier_runs_end_to_end_on_a_datasets_corpus(small_corpus, tmp
     paras = [d for doc in docs for d in doc.split("\n\n") if d.strip()]
     datasets.Dataset.from_dict({"text": paras}).save_to_disk(str(tmp_path / "ds"))
     data = tmp_path / "prepared"
-    assert main(["prepare", "--data", str(tmp_path / "ds"), "--out", str(data), "--tokenizer", "bpe",
-                 "--vocab-size", "300", "--val-fraction", "0.1", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                "--data",
+                str(tmp_path / "ds"),
+                "--out",
+                str(data),
+                "--tokenizer",
+                "bpe",
+                "--vocab-size",
+                "300",
+                "--val-fraction",
+                "0.1",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     raw = load_mapping(builtin_specs()["09-parallel-block"])
     with pytest.raises(ConfigError, match="max_epochs=1"):  # 1.2e9 tokens per run on a 60 kB corpus
         run_sweep(parse_spec(raw, builtin_specs()["09-parallel-block"], "gpu"), tmp_path / "full", data_dir=data)
@@ -455,8 +540,14 @@ def test_shipped_gpu_tier_runs_end_to_end_on_a_datasets_corpus(small_corpus, tmp
     gpu["model"].update(d_model=32, n_layers=1, n_heads=2, context_length=32)
     gpu["scales"] = [{"label": "d32", "d_model": 32, "n_heads": 2}, {"label": "d64", "d_model": 64, "n_heads": 4}]
     gpu["train"].update(batch_size=4, eval_interval=6, eval_windows=2, warmup_steps=2, checkpoint_interval=6)
-    gpu.update(budget={"steps": 6}, seeds=[1, 2], tune_seeds=[1], timing={"batch": 2, "pairs": 15, "steps": 1},
-               tune={"lr": [1e-3, 3e-3]}, tuning={"extend": 0})
+    gpu.update(
+        budget={"steps": 6},
+        seeds=[1, 2],
+        tune_seeds=[1],
+        timing={"batch": 2, "pairs": 15, "steps": 1},
+        tune={"lr": [1e-3, 3e-3]},
+        tuning={"extend": 0},
+    )
     spec = parse_spec(raw, builtin_specs()["09-parallel-block"], "gpu")
     assert spec.name == "09-parallel-block-gpu" and spec.max_epochs == 1 and spec.train["dtype"] == "bf16"
     folder = run_sweep(spec, tmp_path / "sw", data_dir=data)
@@ -482,10 +573,15 @@ def _sweep_proc(path, out, session=False):
     from pathlib import Path
 
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    return subprocess.Popen([sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-                            start_new_session=session)
+    return subprocess.Popen(
+        [sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        start_new_session=session,
+    )
 
 
 def _wait_for_steps(metrics, more, proc, timeout=120):
@@ -508,9 +604,14 @@ def test_sweep_stops_on_sigint_in_the_background_and_at_a_terminal(byte_data, tm
     import signal
     import time
 
-    spec = {"name": "sigint", "model": TINY_MODEL, "train": {**TINY_TRAIN, "log_interval": 1, "eval_interval": 10**4,
-                                                              "checkpoint_interval": 0},
-            "data": str(byte_data), "seeds": [1], "budget": {"steps": 300}}
+    spec = {
+        "name": "sigint",
+        "model": TINY_MODEL,
+        "train": {**TINY_TRAIN, "log_interval": 1, "eval_interval": 10**4, "checkpoint_interval": 0},
+        "data": str(byte_data),
+        "seeds": [1],
+        "budget": {"steps": 300},
+    }
     path = tmp_path / "sigint.yaml"
     path.write_text(yaml.safe_dump(spec))
     out = tmp_path / "sw"
@@ -546,8 +647,14 @@ def test_two_sweeps_on_one_folder_the_second_refuses(byte_data, tmp_path, capsys
 
     from lmlab.fsutil import acquire_lock, lock_path
 
-    spec = {"name": "locked", "model": TINY_MODEL, "train": TINY_TRAIN, "data": str(byte_data), "seeds": [1],
-            "budget": {"steps": 4}}
+    spec = {
+        "name": "locked",
+        "model": TINY_MODEL,
+        "train": TINY_TRAIN,
+        "data": str(byte_data),
+        "seeds": [1],
+        "budget": {"steps": 4},
+    }
     path = tmp_path / "locked.yaml"
     path.write_text(yaml.safe_dump(spec))
     out = tmp_path / "sw"
@@ -567,8 +674,9 @@ def test_two_sweeps_on_one_folder_the_second_refuses(byte_data, tmp_path, capsys
         held.release()
     # a lock left by a process that is gone: taken over with a note, and the sweep runs
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    lock_path(out).write_text(json.dumps({"pid": int(dead.stdout), "host": "h", "what": "lmlab sweep",
-                                          "started": "then"}) + "\n")
+    lock_path(out).write_text(
+        json.dumps({"pid": int(dead.stdout), "host": "h", "what": "lmlab sweep", "started": "then"}) + "\n"
+    )
     capsys.readouterr()
     assert main(["sweep", str(path), "--out", str(out)]) == 0
     assert "took over the stale lock" in capsys.readouterr().err
@@ -576,10 +684,16 @@ def test_two_sweeps_on_one_folder_the_second_refuses(byte_data, tmp_path, capsys
 
 
 def test_attn_sink_claims_need_the_diagnostics():
-    spec = {"name": "s", "model": TINY_MODEL, "train": TINY_TRAIN, "seeds": [1], "budget": {"steps": 2},
-            "axes": {"grid": {"attn_output_gate": ["none", "elementwise"]}}, "baseline": "attn_output_gate=none",
-            "expect": [{"better": "attn_output_gate=elementwise", "than": "attn_output_gate=none",
-                        "metric": "attn_sink"}]}
+    spec = {
+        "name": "s",
+        "model": TINY_MODEL,
+        "train": TINY_TRAIN,
+        "seeds": [1],
+        "budget": {"steps": 2},
+        "axes": {"grid": {"attn_output_gate": ["none", "elementwise"]}},
+        "baseline": "attn_output_gate=none",
+        "expect": [{"better": "attn_output_gate=elementwise", "than": "attn_output_gate=none", "metric": "attn_sink"}],
+    }
     with pytest.raises(ConfigError, match="attn_sink reads the diagnostics: set train.diag_interval"):
         parse_spec(spec)
     assert parse_spec({**spec, "train": {**TINY_TRAIN, "diag_interval": 5}}).expect[0].metric == "attn_sink"
@@ -603,8 +717,17 @@ exit 2
 """)
     fake.chmod(0o755)
     monkeypatch.setattr(worker.sys, "executable", str(fake))
-    p = RunPlan(name="r", variant="v", seed=1, fields={}, cfg=ModelConfig(vocab_size=257, **TINY_MODEL),
-                tc=TrainConfig(max_steps=3), tokens_per_step=64, flops_per_token=1.0, data=tmp_path)
+    p = RunPlan(
+        name="r",
+        variant="v",
+        seed=1,
+        fields={},
+        cfg=ModelConfig(vocab_size=257, **TINY_MODEL),
+        tc=TrainConfig(max_steps=3),
+        tokens_per_step=64,
+        flops_per_token=1.0,
+        data=tmp_path,
+    )
 
     def attempt(say, outcome):
         monkeypatch.setenv("FAKE_SAY", say)
@@ -613,8 +736,10 @@ exit 2
 
     diverged = '{"status": "diverged", "step": 7, "error": null}'
     assert attempt("the loss left the floats at step 7", diverged) == (True, None)  # reworded: still diverged
-    ok, err = attempt("5 non-finite steps in a row (an old message)", '{"status": "failed", "step": 2, '
-                      '"error": "DataError: shard 0 is truncated"}')
+    ok, err = attempt(
+        "5 non-finite steps in a row (an old message)",
+        '{"status": "failed", "step": 2, "error": "DataError: shard 0 is truncated"}',
+    )
     assert not ok and "DataError: shard 0 is truncated" in err  # the old text alone is not a divergence
     (tmp_path / "sweep" / "runs" / "r" / "outcome.json").write_text(diverged + "\n")
     ok, err = attempt("ConfigError: bad field", "")  # this attempt wrote none: the earlier one is not read
@@ -624,12 +749,19 @@ exit 2
     assert not ok and "outcome.json" in err and "could not be read" in err
 
 
-
 def test_out_must_be_new_or_this_specs_sweep(byte_data, tmp_path):
     """--out holding a foreign spec.yaml, or another spec's sweep, is refused before anything is written
     (a new-user check ran a second spec into a sweep folder: it trained, mixed rows and broke both)."""
-    spec = {"name": "tiny", "claim": "c", "model": TINY_MODEL, "train": TINY_TRAIN, "data": str(byte_data),
-            "axes": {"zip": [{"label": "rope", "position": "rope"}]}, "seeds": [1], "budget": {"steps": 2}}
+    spec = {
+        "name": "tiny",
+        "claim": "c",
+        "model": TINY_MODEL,
+        "train": TINY_TRAIN,
+        "data": str(byte_data),
+        "axes": {"zip": [{"label": "rope", "position": "rope"}]},
+        "seeds": [1],
+        "budget": {"steps": 2},
+    }
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(spec))
     foreign = tmp_path / "notes"
@@ -639,7 +771,9 @@ def test_out_must_be_new_or_this_specs_sweep(byte_data, tmp_path):
     with pytest.raises(ConfigError, match=r"is a non-empty folder that is not a sweep \(it holds notes.txt, spec.yaml"):
         run_sweep(path, out=foreign, jobs=1, log=lambda line: None)
     assert (foreign / "spec.yaml").read_text() == "foo: bar\n" and sorted(p.name for p in foreign.iterdir()) == [
-        "notes.txt", "spec.yaml"]
+        "notes.txt",
+        "spec.yaml",
+    ]
     other = tmp_path / "other-sweep"
     other.mkdir()
     (other / "spec.yaml").write_text("seeds: [1]\n")

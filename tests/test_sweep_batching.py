@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 
 SPEC = importlib.util.spec_from_file_location(
-    "sweep_batching", Path(__file__).resolve().parents[1] / "bench" / "sweep_batching.py")
+    "sweep_batching", Path(__file__).resolve().parents[1] / "bench" / "sweep_batching.py"
+)
 sb = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(sb)
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 import yaml
 
-from lmlab.checkpoint import CheckpointError, checkpoint_dirs, load_run
+from lmlab.checkpoint import load_run
+from lmlab.run_folder import CheckpointError, checkpoint_dirs
 from lmlab.run_folder import check_new_run_dir
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.model import TransformerLM
@@ -33,8 +34,17 @@ def test_cpu_peak_flops_only_in_fp32():
 
 
 def test_short_training_run_lowers_loss(tmp_path, corpus_bytes):
-    tc = TrainConfig(batch_size=8, max_steps=60, lr=3e-3, warmup_steps=10, eval_interval=30, eval_windows=8,
-                     log_interval=10, device="cpu", dtype="fp32")  # MFU: fp32 (the CPU's bf16 peak is unknown)
+    tc = TrainConfig(
+        batch_size=8,
+        max_steps=60,
+        lr=3e-3,
+        warmup_steps=10,
+        eval_interval=30,
+        eval_windows=8,
+        log_interval=10,
+        device="cpu",
+        dtype="fp32",
+    )  # MFU: fp32 (the CPU's bf16 peak is unknown)
     trainer = Trainer.create(tmp_path / "run", small_model(), tc, corpus_bytes, progress=False)
     before = trainer.validate()["loss"]
     after = trainer.fit()["loss"]
@@ -156,8 +166,9 @@ def test_budget_steps_hand_computed():
     # are the final ones): 10 + 43.75 + 4 + 4 x 0.5 = 59.75 s; N = 401 costs 61.375 s
     tc_ckpt = TrainConfig(max_steps=1000, eval_interval=100, checkpoint_interval=100, budget_seconds=60)
     assert budget_steps(50, 10.0, 0.125, 1.0, 0.5, tc_ckpt) == 400
-    assert budget_steps(50, 10.0, 0.125, 1.0, 0.5, TrainConfig(max_steps=300, eval_interval=100,
-                                                                 budget_seconds=60)) == 300  # the cap
+    assert (
+        budget_steps(50, 10.0, 0.125, 1.0, 0.5, TrainConfig(max_steps=300, eval_interval=100, budget_seconds=60)) == 300
+    )  # the cap
     assert budget_steps(50, 70.0, 0.125, 1.0, 0.5, tc) == 50  # budget spent: the run ends where it is
     with pytest.raises(ConfigError, match="budget_seconds=0 must be a finite number > 0"):
         TrainConfig(budget_seconds=0)
@@ -168,7 +179,7 @@ def test_budgeted_run_plans_its_steps_and_equals_a_fixed_run(tmp_path, corpus_by
     then the same run, weight for weight, as one asked for max_steps=37 from the start; the plan is in
     run.yaml and metrics.jsonl, and the same command again (cap and budget) finds the run complete."""
     import lmlab.schedule as schedule_mod
-    from lmlab.checkpoint import read_run
+    from lmlab.run_folder import read_run
     from lmlab.runs import setup_run
 
     planned = []
@@ -178,12 +189,22 @@ def test_budgeted_run_plans_its_steps_and_equals_a_fixed_run(tmp_path, corpus_by
         return step + 7
 
     monkeypatch.setattr(schedule_mod, "budget_steps", fake_plan)
-    train = dict(batch_size=2, max_steps=80, lr=3e-3, warmup_steps=30, eval_interval=20, eval_windows=2,
-                 checkpoint_interval=0, device="cpu", tensorboard=False, dtype="fp32")
+    train = dict(
+        batch_size=2,
+        max_steps=80,
+        lr=3e-3,
+        warmup_steps=30,
+        eval_interval=20,
+        eval_windows=2,
+        checkpoint_interval=0,
+        device="cpu",
+        tensorboard=False,
+        dtype="fp32",
+    )
     tc = TrainConfig(**train, budget_seconds=600)
     budgeted = Trainer.create(tmp_path / "budget", small_model(), tc, corpus_bytes, progress=False)
     budgeted.fit()
-    (step, elapsed, step_s, eval_s, save_s, cap), = planned
+    ((step, elapsed, step_s, eval_s, save_s, cap),) = planned
     assert step == 30 and cap == 80 and 0 < step_s and 0 < eval_s and 0 < save_s and elapsed > 25 * step_s
     assert budgeted.step == 37 and budgeted.tc.max_steps == 37
     run = read_run(tmp_path / "budget")
@@ -191,8 +212,9 @@ def test_budgeted_run_plans_its_steps_and_equals_a_fixed_run(tmp_path, corpus_by
     records = [json.loads(x) for x in (tmp_path / "budget" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "budget_steps" in r] == [30]
     assert [r["step"] for r in records if "val_loss" in r] == [20, 30, 37]  # the plan's evaluation at 30
-    fixed = Trainer.create(tmp_path / "fixed", small_model(), TrainConfig(**{**train, "max_steps": 37}), corpus_bytes,
-                           progress=False)
+    fixed = Trainer.create(
+        tmp_path / "fixed", small_model(), TrainConfig(**{**train, "max_steps": 37}), corpus_bytes, progress=False
+    )
     fixed.fit()
     for (name, a), b in zip(budgeted.model.state_dict().items(), fixed.model.state_dict().values()):
         assert torch.equal(a, b), name
@@ -214,7 +236,7 @@ def test_wsd_budget_plans_late_checks_again_and_equals_a_fixed_run(tmp_path, cor
     (a longer plan, or one far too short: kept to the shortest whose decay starts after the re-plan).
     Planned before the decay, the run equals the fixed run of the final length, weight for weight."""
     import lmlab.schedule as schedule_mod
-    from lmlab.checkpoint import read_run
+    from lmlab.run_folder import read_run
 
     planned = []
 
@@ -225,8 +247,17 @@ def test_wsd_budget_plans_late_checks_again_and_equals_a_fixed_run(tmp_path, cor
         return step  # "no step fits": shortest_plan keeps the decay after the re-plan
 
     monkeypatch.setattr(schedule_mod, "budget_steps", fake_plan)
-    train = dict(batch_size=2, max_steps=5000, lr=3e-3, warmup_steps=5, eval_interval=50, eval_windows=2,
-                 device="cpu", tensorboard=False, schedule="wsd")
+    train = dict(
+        batch_size=2,
+        max_steps=5000,
+        lr=3e-3,
+        warmup_steps=5,
+        eval_interval=50,
+        eval_windows=2,
+        device="cpu",
+        tensorboard=False,
+        schedule="wsd",
+    )
     tc = TrainConfig(**train, budget_seconds=1.0)
     assert schedule_mod.budget_plan_after(tc) == pytest.approx(0.4)
     assert schedule_mod.budget_plan_after(TrainConfig(budget_seconds=1.0)) == 0.0  # cosine: at warmup's end
@@ -236,20 +267,30 @@ def test_wsd_budget_plans_late_checks_again_and_equals_a_fixed_run(tmp_path, cor
     first = 2 * step + 40
     assert elapsed >= 0.4 and step >= schedule_mod.BUDGET_TIMED_STEPS  # more on a quiet machine (40% of 1 s)
     assert again == int(0.9 * (first - round(0.2 * first))) and cap == 5000  # the cap, not the first plan
-    assert step_s > 0 and (eval_s, save_s) == (read_run(tmp_path / "budget")["budget"]["eval_s"],
-                                               read_run(tmp_path / "budget")["budget"]["save_s"])
+    assert step_s > 0 and (eval_s, save_s) == (
+        read_run(tmp_path / "budget")["budget"]["eval_s"],
+        read_run(tmp_path / "budget")["budget"]["save_s"],
+    )
     final = 2 * again + 40 if replan == "longer" else schedule_mod.shortest_plan(again, tc)
     if replan == "shortest":  # the smallest N whose decay starts at or after the re-plan step, by hand
         assert final - round(0.2 * final) >= again > (final - 1) - round(0.2 * (final - 1))
     assert budgeted.step == final
     plan = read_run(tmp_path / "budget")["budget"]
     assert (plan["steps"], plan["first_steps"], plan["replanned_at_step"], plan["planned_at_step"]) == (
-        final, first, again, step)
+        final,
+        first,
+        again,
+        step,
+    )
     records = [json.loads(x) for x in (tmp_path / "budget" / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["step"], r["budget_steps"]) for r in records if "budget_steps" in r] == [(step, first),
-                                                                                       (again, final)]
-    fixed = Trainer.create(tmp_path / "fixed", small_model(n_layers=1),
-                           TrainConfig(**{**train, "max_steps": final}), corpus_bytes, progress=False)
+    assert [(r["step"], r["budget_steps"]) for r in records if "budget_steps" in r] == [(step, first), (again, final)]
+    fixed = Trainer.create(
+        tmp_path / "fixed",
+        small_model(n_layers=1),
+        TrainConfig(**{**train, "max_steps": final}),
+        corpus_bytes,
+        progress=False,
+    )
     fixed.fit()
     for (name, a), b in zip(budgeted.model.state_dict().items(), fixed.model.state_dict().values()):
         assert torch.equal(a, b), name
@@ -268,11 +309,19 @@ def test_budget_replan_step_by_schedule():
 
 def test_budget_seconds_end_to_end(tmp_path, corpus_bytes):
     """Unpatched: the recorded plan is budget_steps of the recorded timings, and the run stops there."""
-    from lmlab.checkpoint import read_run
+    from lmlab.run_folder import read_run
     from lmlab.schedule import budget_steps
 
-    tc = TrainConfig(batch_size=2, max_steps=100000, warmup_steps=30, eval_interval=40, eval_windows=2,
-                     device="cpu", tensorboard=False, budget_seconds=3.0)
+    tc = TrainConfig(
+        batch_size=2,
+        max_steps=100000,
+        warmup_steps=30,
+        eval_interval=40,
+        eval_windows=2,
+        device="cpu",
+        tensorboard=False,
+        budget_seconds=3.0,
+    )
     trainer = Trainer.create(tmp_path / "run", small_model(n_layers=1), tc, corpus_bytes, progress=False)
     trainer.fit()
     plan = read_run(tmp_path / "run")["budget"]
@@ -308,8 +357,13 @@ def test_keep_freed_memory_reuses_the_pages_it_freed():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", FAULT_PROBE, "keep"], check=True, capture_output=True, text=True,
-                         env=dict(__import__("os").environ, OMP_NUM_THREADS="1")).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", FAULT_PROBE, "keep"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=dict(__import__("os").environ, OMP_NUM_THREADS="1"),
+    ).stdout
     first, later = map(int, out.split())
     assert first > 15_000  # 78 MiB of fresh pages: the probe did touch them
     assert later < 0.05 * first, (first, later)
@@ -338,7 +392,7 @@ def test_restart_rate_leaves_the_first_step_out_of_the_progress_rate():
 
 
 def test_a_run_folder_without_run_yaml_points_to_the_copy_its_checkpoint_keeps(tmp_path):
-    from lmlab.checkpoint import read_run
+    from lmlab.run_folder import read_run
 
     ckpt = tmp_path / "checkpoints" / "step_0000004"
     ckpt.mkdir(parents=True)
@@ -377,8 +431,9 @@ def test_resume_of_a_run_whose_checkpoints_were_deleted_is_refused(tmp_path, cor
         Trainer.resume(tmp_path / "run", tc=longer, progress=False)
     # killed while the checkpoint at step 4 was written (its record not logged): restarts, the log cut
     metrics = tmp_path / "run" / "metrics.jsonl"
-    metrics.write_text("".join(line + "\n" for line in metrics.read_text().splitlines()
-                               if "checkpoint" not in json.loads(line)))
+    metrics.write_text(
+        "".join(line + "\n" for line in metrics.read_text().splitlines() if "checkpoint" not in json.loads(line))
+    )
     t = Trainer.resume(tmp_path / "run", tc=longer, progress=False)
     assert t.step == 0 and metrics.read_text() == ""
 
@@ -405,8 +460,11 @@ def test_an_edited_architecture_field_in_run_yaml_is_named(tmp_path, corpus_byte
     load_run(tmp_path / "run")
     run["model"].update(n_layers=3, d_model=32, n_heads=2, n_kv_heads=1, rope_theta=1.0)
     run_file.write_text(yaml.safe_dump(run, sort_keys=False))
-    with pytest.raises(CheckpointError, match=r"\(fields \['d_model', 'n_heads', 'n_kv_heads', 'n_layers'\] and 1 "
-                                              r"more\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"\(fields \['d_model', 'n_heads', 'n_kv_heads', 'n_layers'\] and 1 "
+        r"more\)",
+    ):
         load_run(tmp_path / "run")
 
 
@@ -414,10 +472,10 @@ def test_run_yaml_is_checked_against_an_intact_copy_only(tmp_path, corpus_bytes)
     """A newest checkpoint whose run.yaml copy was edited (its SHA-256 no longer the manifest's) is not
     taken as the reference: an intact run.yaml is not reported as edited, and the damaged checkpoint
     falls back to the previous one when loaded."""
-    from lmlab.checkpoint import check_run_model, read_run
+    from lmlab.checkpoint import check_run_model
+    from lmlab.run_folder import read_run
 
-    tc = TrainConfig(batch_size=2, max_steps=4, eval_interval=4, eval_windows=2, checkpoint_interval=2,
-                     device="cpu")
+    tc = TrainConfig(batch_size=2, max_steps=4, eval_interval=4, eval_windows=2, checkpoint_interval=2, device="cpu")
     Trainer.create(tmp_path / "run", small_model(), tc, corpus_bytes, progress=False).fit()
     older, newest = checkpoint_dirs(tmp_path / "run")
     copy = yaml.safe_load((newest / "run.yaml").read_text())
@@ -437,8 +495,7 @@ def test_export_checks_run_yaml_and_falls_back_like_eval(tmp_path, corpus_bytes,
 
     from lmlab.cli import main
 
-    tc = TrainConfig(batch_size=2, max_steps=4, eval_interval=4, eval_windows=2, checkpoint_interval=2,
-                     device="cpu")
+    tc = TrainConfig(batch_size=2, max_steps=4, eval_interval=4, eval_windows=2, checkpoint_interval=2, device="cpu")
     Trainer.create(tmp_path / "run", small_model(), tc, corpus_bytes, progress=False).fit()
     older, newest = checkpoint_dirs(tmp_path / "run")
     weights = newest / "model.safetensors"

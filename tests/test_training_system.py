@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from lmlab.checkpoint import CheckpointError, checkpoint_dirs
+from lmlab.run_folder import CheckpointError, checkpoint_dirs
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.diagnostics import forward_diagnostics
 from lmlab.schedule import lr_at
@@ -35,9 +35,24 @@ def losses(run) -> dict:
 
 
 def test_sigkill_then_same_command_reproduces_losses_exactly(tmp_path, corpus_bytes):
-    sets = ["d_model=32", "n_layers=2", "n_heads=4", "n_kv_heads=2", "context_length=32", "batch_size=4",
-            "max_steps=40", "checkpoint_interval=5", "log_interval=1", "eval_interval=100", "eval_windows=2",
-            "device=cpu", "resid_dropout=0.1", "attn_dropout=0.1", "warmup_steps=5", "tensorboard=false"]
+    sets = [
+        "d_model=32",
+        "n_layers=2",
+        "n_heads=4",
+        "n_kv_heads=2",
+        "context_length=32",
+        "batch_size=4",
+        "max_steps=40",
+        "checkpoint_interval=5",
+        "log_interval=1",
+        "eval_interval=100",
+        "eval_windows=2",
+        "device=cpu",
+        "resid_dropout=0.1",
+        "attn_dropout=0.1",
+        "warmup_steps=5",
+        "tensorboard=false",
+    ]
     args = ["train", "--data", str(corpus_bytes), "--no-progress"] + [a for s in sets for a in ("--set", s)]
     cmd = lambda out: [sys.executable, "-m", "lmlab.cli", *args, "--out", str(out)]  # noqa: E731
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -59,8 +74,7 @@ def test_sigkill_then_same_command_reproduces_losses_exactly(tmp_path, corpus_by
 
 
 def test_grad_accumulation_equals_large_batch(tmp_path, corpus_bytes):
-    common = dict(max_steps=1, lr=1e-2, warmup_steps=0, device="cpu", eval_interval=10, tensorboard=False,
-                  dtype="fp32")
+    common = dict(max_steps=1, lr=1e-2, warmup_steps=0, device="cpu", eval_interval=10, tensorboard=False, dtype="fp32")
     big = Trainer.create(
         tmp_path / "big", tiny_cfg(), TrainConfig(batch_size=8, grad_accum=1, **common), corpus_bytes, progress=False
     )
@@ -91,8 +105,19 @@ def test_schedules():
 
 
 def test_diagnostics_logged_and_correct(tmp_path, corpus_bytes):
-    tc = TrainConfig(batch_size=4, max_steps=4, diag_interval=2, log_interval=1, eval_interval=100, device="cpu",
-                     tensorboard=False, warmup_steps=0, lr=1e-2, grad_clip=1e-3, dtype="fp32")
+    tc = TrainConfig(
+        batch_size=4,
+        max_steps=4,
+        diag_interval=2,
+        log_interval=1,
+        eval_interval=100,
+        device="cpu",
+        tensorboard=False,
+        warmup_steps=0,
+        lr=1e-2,
+        grad_clip=1e-3,
+        dtype="fp32",
+    )
     t = Trainer.create(tmp_path / "run", tiny_cfg(qk_norm="rmsnorm"), tc, corpus_bytes, progress=False)
     t.fit()
     recs = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -132,8 +157,16 @@ def test_diagnostics_logged_and_correct(tmp_path, corpus_bytes):
 
 def test_non_finite_guard_skips_then_stops_with_last_good_state(tmp_path, corpus_bytes, monkeypatch):
 
-    tc = TrainConfig(batch_size=2, max_steps=20, max_bad_steps=3, log_interval=1, eval_interval=100, device="cpu",
-                     tensorboard=False, compile=False)  # no compile=auto probe: the flaky loss counts its calls
+    tc = TrainConfig(
+        batch_size=2,
+        max_steps=20,
+        max_bad_steps=3,
+        log_interval=1,
+        eval_interval=100,
+        device="cpu",
+        tensorboard=False,
+        compile=False,
+    )  # no compile=auto probe: the flaky loss counts its calls
     t = Trainer.create(tmp_path / "run", tiny_cfg(), tc, corpus_bytes, progress=False)
     real = t.model.loss_from_hidden  # the training loss (TransformerLM.forward with targets)
     calls = {"n": 0}
@@ -211,8 +244,9 @@ def test_compiled_blocks_match_eager_and_evaluate_eagerly(tmp_path, corpus_bytes
     a = Trainer.create(tmp_path / "a", cfg, TrainConfig(**common), corpus_bytes, progress=False)
     torch._dynamo.reset()
     counters.clear()
-    b = Trainer.create(tmp_path / "b", cfg, TrainConfig(compile=True, compile_scope="blocks", **common), corpus_bytes,
-                       progress=False)
+    b = Trainer.create(
+        tmp_path / "b", cfg, TrainConfig(compile=True, compile_scope="blocks", **common), corpus_bytes, progress=False
+    )
     assert b.fwd is b.model and all(blk._compiled_call_impl is not None for blk in b.model.blocks)
     la = [a.train_step()["loss"] for _ in range(2)]
     lb = [b.train_step()["loss"] for _ in range(2)]
@@ -224,8 +258,13 @@ def test_compiled_blocks_match_eager_and_evaluate_eagerly(tmp_path, corpus_bytes
     # one block's code compiled for all: three blocks trace what two did
     torch._dynamo.reset()
     counters.clear()
-    c = Trainer.create(tmp_path / "c", tiny_cfg(n_layers=3), TrainConfig(compile=True, compile_scope="blocks",
-                                                                         **common), corpus_bytes, progress=False)
+    c = Trainer.create(
+        tmp_path / "c",
+        tiny_cfg(n_layers=3),
+        TrainConfig(compile=True, compile_scope="blocks", **common),
+        corpus_bytes,
+        progress=False,
+    )
     c.train_step()
     assert (counters["frames"]["ok"], counters["stats"]["unique_graphs"]) == (traced, graphs)
     with pytest.raises(ConfigError, match="compile_scope='blocks' is set but compile=False"):

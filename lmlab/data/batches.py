@@ -26,12 +26,13 @@ def global_batch_starts(n_tokens: int, step: int, n_windows: int, tc: TrainConfi
 
 def windows_to_batch(tokens: np.ndarray, starts: np.ndarray, T: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets (each (len(starts), T) int64) of the windows of T + 1 tokens at ``starts``."""
-    chunk = torch.from_numpy(np.stack([np.asarray(tokens[s:s + T + 1], dtype=np.int64) for s in starts]))
+    chunk = torch.from_numpy(np.stack([np.asarray(tokens[s : s + T + 1], dtype=np.int64) for s in starts]))
     return chunk[:, :-1], chunk[:, 1:]
 
 
-def check_data_bounds(tc: TrainConfig, T: int, n_train: int, n_val: int, world_size: int, folder: str,
-                      say: bool = True) -> None:
+def check_data_bounds(
+    tc: TrainConfig, T: int, n_train: int, n_val: int, world_size: int, folder: str, say: bool = True
+) -> None:
     """Bound ``grad_accum`` and ``eval_windows`` by what the data holds, before anything is allocated:
     a step's ``batch_size x grad_accum x world_size`` windows may not outnumber the training split's
     window starts (``n_train - T``; more would draw every window several times per step, and the
@@ -42,11 +43,16 @@ def check_data_bounds(tc: TrainConfig, T: int, n_train: int, n_val: int, world_s
     starts = max(1, n_train - T)
     per_step = tc.batch_size * tc.grad_accum * world_size
     if per_step > starts:
-        raise ConfigError(f"grad_accum={tc.grad_accum}: a step of batch_size x grad_accum x ranks = "
-                          f"{tc.batch_size} x {tc.grad_accum} x {world_size} = {per_step:,} windows is more than "
-                          f"the {starts:,} windows the training split of {folder!r} holds; lower grad_accum "
-                          f"(at most {max(1, starts // (tc.batch_size * world_size)):,} here) or batch_size")
+        raise ConfigError(
+            f"grad_accum={tc.grad_accum}: a step of batch_size x grad_accum x ranks = "
+            f"{tc.batch_size} x {tc.grad_accum} x {world_size} = {per_step:,} windows is more than "
+            f"the {starts:,} windows the training split of {folder!r} holds; lower grad_accum "
+            f"(at most {max(1, starts // (tc.batch_size * world_size)):,} here) or batch_size"
+        )
     n_windows = -(-(n_val - 1) // T)  # len(lmlab.evaluate.windows(n_val, T)), without listing them
     if tc.eval_windows > n_windows and tc.eval_windows > TrainConfig.eval_windows and say:
-        print(f"note: eval_windows={tc.eval_windows:,} is more than the {n_windows:,} windows the validation split "
-              f"of {folder!r} holds; each evaluation scores all {n_windows:,}", file=sys.stderr)
+        print(
+            f"note: eval_windows={tc.eval_windows:,} is more than the {n_windows:,} windows the validation split "
+            f"of {folder!r} holds; each evaluation scores all {n_windows:,}",
+            file=sys.stderr,
+        )

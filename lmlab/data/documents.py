@@ -36,6 +36,7 @@ class Document:
     """One document: ``name`` (its path relative to the input folder, ``file#paragraph`` or
     ``file#row``) and the byte range [``start``, ``end``) of ``path`` that holds it (read lazily, never
     kept whole), or, for a record of a JSON / parquet / ``datasets`` corpus, its UTF-8 ``data``."""
+
     name: str
     path: Path
     start: int
@@ -56,7 +57,7 @@ class Document:
         :data:`MAX_SEGMENT_BYTES` without one, cut anyway and append the offset to ``hard_cuts``) or
         ``"whole"`` (one piece). Raises DataError naming the file when it cannot be read."""
         try:
-            with (io.BytesIO(self.data) if self.data is not None else open(self.path, "rb")) as f:
+            with io.BytesIO(self.data) if self.data is not None else open(self.path, "rb") as f:
                 f.seek(self.start)
                 left, buf = self.size, b""
 
@@ -86,8 +87,9 @@ class Document:
                     yield buf[:cut]
                     buf = buf[cut:]
         except OSError as exc:
-            raise DataError(f"document {self.name!r}: {str(self.path)!r} could not be read: "
-                            f"{exc.strerror or exc}") from None
+            raise DataError(
+                f"document {self.name!r}: {str(self.path)!r} could not be read: {exc.strerror or exc}"
+            ) from None
 
 
 def cut_point(buf: bytes) -> Optional[int]:
@@ -107,16 +109,13 @@ def cut_point(buf: bytes) -> Optional[int]:
         window *= 4
 
 
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+
+
 def _describe_special(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
+    """What a file of ``mode`` that is not a regular file is, in words."""
+    return next((name for test, name in _SPECIAL if test(mode)), "not a regular file")
 
 
 def _stat_input(path: Path) -> os.stat_result:
@@ -128,13 +127,15 @@ def _stat_input(path: Path) -> os.stat_result:
             if exc.errno == 40:  # ELOOP
                 raise DataError(f"{str(path)!r} is a symlink loop; point it at a text file or remove it") from None
             if not os.path.lexists(os.path.realpath(path)):
-                raise DataError(f"{str(path)!r} is a broken symlink (its target "
-                                f"{os.path.realpath(path)!r} does not exist)") from None
+                raise DataError(
+                    f"{str(path)!r} is a broken symlink (its target {os.path.realpath(path)!r} does not exist)"
+                ) from None
         if exc.errno == 40:
             raise DataError(f"{str(path)!r} goes through a symlink loop") from None
         if not os.path.lexists(path):
-            raise DataError(f"data path {str(path)!r} does not exist; give a text file or a folder of .txt "
-                            f"documents") from None
+            raise DataError(
+                f"data path {str(path)!r} does not exist; give a text file or a folder of .txt documents"
+            ) from None
         raise DataError(f"{str(path)!r} could not be read: {exc.strerror or exc}") from None
 
 
@@ -149,8 +150,10 @@ def _check_readable(path: Path) -> None:
 def _spool(path: Path, mode: int, allow_special: bool, spool_dir: Optional[Path]) -> Path:
     """A regular copy of the special file ``path`` (at most SPECIAL_FILE_LIMIT bytes) when allowed."""
     if not allow_special or spool_dir is None:
-        raise DataError(f"{str(path)!r} is {_describe_special(mode)}, not a regular file; lmlab reads such "
-                        f"files only with --allow-special-files")
+        raise DataError(
+            f"{str(path)!r} is {_describe_special(mode)}, not a regular file; lmlab reads such "
+            f"files only with --allow-special-files"
+        )
     spool_dir.mkdir(exist_ok=True)
     copy = Path(spool_dir) / f"{len(list(spool_dir.iterdir()))}.txt"
     n = 0
@@ -159,9 +162,11 @@ def _spool(path: Path, mode: int, allow_special: bool, spool_dir: Optional[Path]
             while chunk := src.read(SEGMENT_BYTES):
                 n += len(chunk)
                 if n > SPECIAL_FILE_LIMIT:
-                    raise DataError(f"{str(path)!r} ({_describe_special(mode)}) gave more than "
-                                    f"{SPECIAL_FILE_LIMIT:,} bytes; refused (special files are read up to "
-                                    f"that size)")
+                    raise DataError(
+                        f"{str(path)!r} ({_describe_special(mode)}) gave more than "
+                        f"{SPECIAL_FILE_LIMIT:,} bytes; refused (special files are read up to "
+                        f"that size)"
+                    )
                 dst.write(chunk)
     except OSError as exc:
         raise DataError(f"{str(path)!r} could not be read: {exc.strerror or exc}") from None
@@ -201,7 +206,7 @@ def paragraph_ranges(path: Path) -> list[tuple[int, int]]:
             for m in _PARAGRAPH_SEP.finditer(buf):
                 if m.end() >= settled and not eof:
                     break
-                if nonblank or buf[pos:m.start()].strip(_WS):
+                if nonblank or buf[pos : m.start()].strip(_WS):
                     ranges.append((para_start, base + m.start()))
                 para_start, pos, nonblank = base + m.end(), m.end(), False
             keep = len(buf) if eof else max(pos, settled)  # later separators start in the trailing whitespace
@@ -220,8 +225,7 @@ def _walk_txt(root: Path) -> Iterator[Path]:
     def walk(folder: Path):
         st = _stat_input(folder)
         if (st.st_dev, st.st_ino) in seen:
-            raise DataError(f"{str(folder)!r} leads back to a folder already read (a symlink loop); "
-                            f"remove the link")
+            raise DataError(f"{str(folder)!r} leads back to a folder already read (a symlink loop); remove the link")
         seen.add((st.st_dev, st.st_ino))
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
@@ -240,8 +244,7 @@ def _walk_txt(root: Path) -> Iterator[Path]:
     yield from walk(root)
 
 
-def scan_documents(path: str | Path, allow_special: bool = False,
-                   spool_dir: Optional[Path] = None) -> list[Document]:
+def scan_documents(path: str | Path, allow_special: bool = False, spool_dir: Optional[Path] = None) -> list[Document]:
     """Locate the documents at ``path`` (a ``.txt`` file, split at blank lines, or a folder of ``*.txt``)
     without keeping their text: names and byte ranges, blank documents dropped. Raises DataError (one
     line, naming the file) for a missing path, symlink loop, broken link, unreadable file, a special
@@ -264,8 +267,10 @@ def scan_documents(path: str | Path, allow_special: bool = False,
             if _has_text(source):
                 docs.append(Document(str(p.relative_to(path)), source, 0, size))
         if not docs:
-            raise DataError(f"data folder {str(path)!r} holds no non-empty .txt files (a folder is read as "
-                            f".txt documents; give .jsonl / .parquet shards as files, e.g. --data DIR/*.parquet)")
+            raise DataError(
+                f"data folder {str(path)!r} holds no non-empty .txt files (a folder is read as "
+                f".txt documents; give .jsonl / .parquet shards as files, e.g. --data DIR/*.parquet)"
+            )
         return docs
     source = path
     if not stat.S_ISREG(st.st_mode):
@@ -296,17 +301,26 @@ class Corpus:
     located at once (:func:`scan_documents`); record files are checked to exist and be readable here
     and read when iterated. Raises DataError naming the path."""
 
-    def __init__(self, sources: Sequence[str | Path], text_field: str = "text", allow_special: bool = False,
-                 spool_dir: Optional[Path] = None):
+    def __init__(
+        self,
+        sources: Sequence[str | Path],
+        text_field: str = "text",
+        allow_special: bool = False,
+        spool_dir: Optional[Path] = None,
+    ):
         if not sources:
-            raise DataError("no data given; give a .txt file, a folder of .txt documents, .jsonl / .parquet "
-                            "files or a saved `datasets` folder")
+            raise DataError(
+                "no data given; give a .txt file, a folder of .txt documents, .jsonl / .parquet "
+                "files or a saved `datasets` folder"
+            )
         self.text_field = text_field
         self.parts: list = []  # a list of Documents (text input) or (path, kind, label) of a record input
         for source in map(Path, sources):
             if not os.path.lexists(source):
-                raise DataError(f"data path {str(source)!r} does not exist; give a text file, a folder of .txt "
-                                f"documents, .jsonl / .parquet files or a saved `datasets` folder")
+                raise DataError(
+                    f"data path {str(source)!r} does not exist; give a text file, a folder of .txt "
+                    f"documents, .jsonl / .parquet files or a saved `datasets` folder"
+                )
             st = _stat_input(source)
             kind = input_kind(source)
             if kind == "text":
@@ -327,5 +341,3 @@ class Corpus:
             path, kind, label = part
             for name, data in iter_records(path, kind, self.text_field, label):
                 yield Document(name, path, 0, len(data), data)
-
-

@@ -59,6 +59,8 @@ from lmlab.data.shards import TokenData
 from lmlab.fsutil import acquire_lock, fsync_tree, make_temp_dir, sha256_file
 
 MANIFEST_VERSION = 1
+
+
 class PrepareInterrupted(KeyboardInterrupt):
     """Ctrl-C during ``prepare``; the message says that the output folder was left as it was."""
 
@@ -71,13 +73,14 @@ def split_key(data_segments) -> float:
     h = hashlib.blake2b(digest_size=8)
     for seg in data_segments:
         h.update(seg)
-    return int.from_bytes(h.digest(), "big") / 2.0 ** 64
+    return int.from_bytes(h.digest(), "big") / 2.0**64
 
 
 @dataclass
 class DocumentTable(Sequence):
     """The documents of one split, kept compactly (a name and two integers each): item ``i`` is
     ``{"name", "bytes", "tokens"}``, as the manifest lists it."""
+
     names: list
     nbytes: array
     ntokens: array
@@ -107,30 +110,36 @@ def scan_corpus(corpus: Corpus, progress=None) -> tuple[list[str], array, array]
             if dup in seen:
                 break
             seen.add(dup)
-        raise DataError(f"two documents are named {dup!r} (inputs with the same file name?); give inputs "
-                        f"whose names differ")
+        raise DataError(
+            f"two documents are named {dup!r} (inputs with the same file name?); give inputs whose names differ"
+        )
     return names, sizes, keys
 
 
-def assign_splits(names: list[str], keys: Sequence[float], val_docs: Optional[Sequence[str]],
-                  val_fraction: float, source: str) -> tuple[bytearray, list[str]]:
+def assign_splits(
+    names: list[str], keys: Sequence[float], val_docs: Optional[Sequence[str]], val_fraction: float, source: str
+) -> tuple[bytearray, list[str]]:
     """Which documents are held out (``is_val[i]`` = 1) and notes for the user. With ``val_docs``,
     exactly the named documents; else every document whose :func:`split_key` is below
     ``val_fraction`` (about that fraction of the documents, the same ones however the corpus grows),
     and if none falls below it, the one with the smallest key (said in a note). Raises DataError when
     a named document is absent, there are fewer than 2 documents, or no training document is left."""
     if len(names) < 2:
-        raise DataError(f"data {source!r} holds {len(names)} document{'' if len(names) == 1 else 's'}; at least 2 are "
-                        f"needed for a "
-                        f"train/validation split by whole documents")
+        raise DataError(
+            f"data {source!r} holds {len(names)} document{'' if len(names) == 1 else 's'}; at least 2 are "
+            f"needed for a "
+            f"train/validation split by whole documents"
+        )
     notes = []
     if val_docs:
         present = set(names)
         missing = [v for v in val_docs if v not in present]
         if missing:
             shown = sorted(present)[:10]
-            raise DataError(f"validation document(s) {missing} not found in {source!r}; "
-                            f"available: {', '.join(shown)}{' ...' if len(present) > 10 else ''}")
+            raise DataError(
+                f"validation document(s) {missing} not found in {source!r}; "
+                f"available: {', '.join(shown)}{' ...' if len(present) > 10 else ''}"
+            )
         wanted = set(val_docs)
         is_val = bytearray(n in wanted for n in names)
     else:
@@ -138,8 +147,10 @@ def assign_splits(names: list[str], keys: Sequence[float], val_docs: Optional[Se
         if not any(is_val):
             i = min(range(len(keys)), key=keys.__getitem__)
             is_val[i] = 1
-            notes.append(f"no document's split hash fell below --val-fraction {val_fraction:g} "
-                         f"({len(names)} documents); the one nearest it, {names[i]!r}, is held out")
+            notes.append(
+                f"no document's split hash fell below --val-fraction {val_fraction:g} "
+                f"({len(names)} documents); the one nearest it, {names[i]!r}, is held out"
+            )
     if all(is_val):
         raise DataError(f"no training documents left in {source!r} after holding out {len(names)} for validation")
     return is_val, notes
@@ -175,8 +186,13 @@ class _Shard:
 
     def info(self) -> dict:
         self.f.close()
-        return {"file": self.path.name, "documents": self.docs, "bytes": sum(self.docs.nbytes),
-                "tokens": self.tokens, "sha256": self.h.hexdigest()}
+        return {
+            "file": self.path.name,
+            "documents": self.docs,
+            "bytes": sum(self.docs.nbytes),
+            "tokens": self.tokens,
+            "sha256": self.h.hexdigest(),
+        }
 
 
 ENCODE_BATCH_BYTES = 1 << 21  # text handed to the batch encoder at once (all cores share it)
@@ -187,17 +203,21 @@ def _same_documents(corpus: Corpus, names: list[str], sizes: array) -> Iterator[
     n = 0
     for i, doc in enumerate(corpus):
         if i >= len(names) or doc.name != names[i] or doc.size != sizes[i]:
-            raise DataError(f"the input changed while it was prepared (document {doc.name!r}); nothing was "
-                            f"written: run again on data that is not being modified")
+            raise DataError(
+                f"the input changed while it was prepared (document {doc.name!r}); nothing was "
+                f"written: run again on data that is not being modified"
+            )
         n = i + 1
         yield i, doc
     if n != len(names):
-        raise DataError(f"the input changed while it was prepared ({n} documents, earlier {len(names)}); "
-                        f"nothing was written")
+        raise DataError(
+            f"the input changed while it was prepared ({n} documents, earlier {len(names)}); nothing was written"
+        )
 
 
-def _write_splits(tok: Tokenizer, docs: Iterator[tuple[int, Document]], is_val: bytearray,
-                  shards: dict, notes: dict, progress=None) -> None:
+def _write_splits(
+    tok: Tokenizer, docs: Iterator[tuple[int, Document]], is_val: bytearray, shards: dict, notes: dict, progress=None
+) -> None:
     """Encode every document into its split's shard, many segments at a time
     (:meth:`Tokenizer.encode_bytes_batch`), in document order."""
     mode = tok.segment_mode
@@ -242,8 +262,7 @@ def _write_manifest(path: Path, manifest: dict) -> None:
     """``manifest`` as JSON (indent 1), each split's documents written one line each from their
     :class:`DocumentTable` rather than built as one string."""
     marks = {split: f"\u0000documents:{split}" for split in manifest["splits"]}
-    skeleton = {**manifest, "splits": {s: {**info, "documents": marks[s]}
-                                       for s, info in manifest["splits"].items()}}
+    skeleton = {**manifest, "splits": {s: {**info, "documents": marks[s]} for s, info in manifest["splits"].items()}}
     text = json.dumps(skeleton, indent=1)
     with open(path, "w", encoding="utf-8") as f:
         for split, info in manifest["splits"].items():
@@ -260,13 +279,17 @@ def _write_manifest(path: Path, manifest: dict) -> None:
 def _note_lines(notes: dict) -> list[str]:
     lines = []
     if notes.get("long_chunks"):
-        lines.append(f"{notes['long_chunks']:,} pre-tokenisation chunk(s) longer than {MAX_CHUNK_BYTES} bytes "
-                     f"(runs without whitespace; longest {notes['longest']:,} bytes, first in "
-                     f"{notes['long_doc']!r}) were tokenised in pieces of at most {MAX_CHUNK_BYTES} bytes")
+        lines.append(
+            f"{notes['long_chunks']:,} pre-tokenisation chunk(s) longer than {MAX_CHUNK_BYTES} bytes "
+            f"(runs without whitespace; longest {notes['longest']:,} bytes, first in "
+            f"{notes['long_doc']!r}) were tokenised in pieces of at most {MAX_CHUNK_BYTES} bytes"
+        )
     if notes.get("hard_cuts"):
-        lines.append(f"{notes['hard_cuts']:,} place(s) with more than {documents.MAX_SEGMENT_BYTES:,} bytes without a "
-                     f"space or line break (first in {notes['hard_doc']!r}) were cut there to bound memory; the "
-                     f"tokens at such a cut may differ from encoding that text whole")
+        lines.append(
+            f"{notes['hard_cuts']:,} place(s) with more than {documents.MAX_SEGMENT_BYTES:,} bytes without a "
+            f"space or line break (first in {notes['hard_doc']!r}) were cut there to bound memory; the "
+            f"tokens at such a cut may differ from encoding that text whole"
+        )
     return lines
 
 
@@ -303,16 +326,21 @@ def _check_replaceable(out_dir: Path) -> None:
     try:
         data = TokenData(out_dir)
         owned = {"manifest.json", data.manifest["tokenizer"].get("file", "tokenizer.json")}
-        owned |= {info["file"] for info in data.manifest["splits"].values()
-                  if isinstance(info, dict) and "file" in info}
+        owned |= {
+            info["file"] for info in data.manifest["splits"].values() if isinstance(info, dict) and "file" in info
+        }
     except DataError as exc:
-        raise DataError(f"--overwrite refused: {str(out_dir)!r} is not a prepared data folder lmlab can read ({exc})"
-                        f"; choose another --out") from None
+        raise DataError(
+            f"--overwrite refused: {str(out_dir)!r} is not a prepared data folder lmlab can read ({exc})"
+            f"; choose another --out"
+        ) from None
     foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in owned)
     if foreign:
-        raise DataError(f"--overwrite refused: {str(out_dir)!r} also holds {', '.join(foreign[:5])}"
-                        f"{' ...' if len(foreign) > 5 else ''}, which lmlab prepare did not write and would delete; "
-                        f"move them away or choose another --out")
+        raise DataError(
+            f"--overwrite refused: {str(out_dir)!r} also holds {', '.join(foreign[:5])}"
+            f"{' ...' if len(foreign) > 5 else ''}, which lmlab prepare did not write and would delete; "
+            f"move them away or choose another --out"
+        )
 
 
 def expand_inputs(patterns: Sequence[str | Path]) -> list[Path]:
@@ -335,14 +363,33 @@ def _bar(progress: bool, total: Optional[int], desc: str):
     """A tqdm bar over bytes (MB/s shown) when ``progress``, else one that shows nothing."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1000, file=sys.stderr,
-                leave=False, mininterval=0.5, dynamic_ncols=True, disable=not progress)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1000,
+        file=sys.stderr,
+        leave=False,
+        mininterval=0.5,
+        dynamic_ncols=True,
+        disable=not progress,
+    )
 
 
-def prepare(source: str | Path | Sequence[str | Path], out_dir: str | Path, tokenizer: str = "bpe",
-            vocab_size: int = 4096, val_docs: Optional[Sequence[str]] = None, val_fraction: float = 0.1,
-            overwrite: bool = False, tokenizer_file: Optional[str | Path] = None, allow_special: bool = False,
-            text_field: str = "text", progress: bool = False) -> dict:
+def prepare(
+    source: str | Path | Sequence[str | Path],
+    out_dir: str | Path,
+    tokenizer: str = "bpe",
+    vocab_size: int = 4096,
+    val_docs: Optional[Sequence[str]] = None,
+    val_fraction: float = 0.1,
+    overwrite: bool = False,
+    tokenizer_file: Optional[str | Path] = None,
+    allow_special: bool = False,
+    text_field: str = "text",
+    progress: bool = False,
+) -> dict:
     """Tokenise the documents at ``source`` (one path or several: see :class:`Corpus`) into ``out_dir``
     (see module docstring); returns the manifest (its ``notes``: lines for the user, e.g. long chunks
     that were cut; ``stats``, not written to the file: ``bytes`` of text and ``seconds`` per pass,
@@ -366,13 +413,17 @@ def prepare(source: str | Path | Sequence[str | Path], out_dir: str | Path, toke
     for src in sources:
         real = Path(os.path.realpath(src))
         if real_out == real or real_out in real.parents:
-            raise DataError(f"--out {str(out_dir)!r} holds the input documents {str(src)!r}; write the prepared "
-                            f"data to another folder")
+            raise DataError(
+                f"--out {str(out_dir)!r} holds the input documents {str(src)!r}; write the prepared "
+                f"data to another folder"
+            )
     if out_dir.exists() and not out_dir.is_dir():
         raise DataError(f"--out {str(out_dir)!r} is a file, not a folder; choose a folder path")
     if out_dir.is_symlink():
-        raise DataError(f"--out {str(out_dir)!r} is a symlink; give the folder it points to "
-                        f"({os.path.realpath(out_dir)!r}) or another path")
+        raise DataError(
+            f"--out {str(out_dir)!r} is a symlink; give the folder it points to "
+            f"({os.path.realpath(out_dir)!r}) or another path"
+        )
     lock = acquire_lock(out_dir, "lmlab prepare")
     if lock.note:  # a stale lock of a killed prepare was taken over
         print(lock.note, file=sys.stderr)
@@ -381,11 +432,15 @@ def prepare(source: str | Path | Sequence[str | Path], out_dir: str | Path, toke
     try:
         if out_dir.exists() and any(out_dir.iterdir()):
             if not overwrite:
-                raise DataError(f"output folder {str(out_dir)!r} already exists and is not empty; "
-                                f"choose another --out or pass --overwrite")
+                raise DataError(
+                    f"output folder {str(out_dir)!r} already exists and is not empty; "
+                    f"choose another --out or pass --overwrite"
+                )
             if not (out_dir / "manifest.json").is_file():  # --overwrite replaces prepared data, nothing else
-                raise DataError(f"--overwrite refused: {str(out_dir)!r} is not a prepared data folder (no "
-                                f"manifest.json) and would be deleted; choose another --out")
+                raise DataError(
+                    f"--overwrite refused: {str(out_dir)!r} is not a prepared data folder (no "
+                    f"manifest.json) and would be deleted; choose another --out"
+                )
             _check_replaceable(out_dir)
         if allow_special:
             spool = make_temp_dir(out_dir, "input")
@@ -405,7 +460,7 @@ def prepare(source: str | Path | Sequence[str | Path], out_dir: str | Path, toke
         with _bar(progress and tokenizer_file is None and tokenizer == "bpe", train_bytes, "train BPE") as bar:
             tok = _make_tokenizer(train_docs, tokenizer, vocab_size, tokenizer_file, bar)
         seconds["tokenizer"] = time.perf_counter() - t0
-        dtype = np.uint16 if tok.vocab_size <= 2 ** 16 else np.uint32
+        dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
         tmp = make_temp_dir(out_dir, "partial")
         if tokenizer_file is not None and Path(tokenizer_file).is_file():
             shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")  # byte for byte: runs and data compare equal
@@ -415,8 +470,13 @@ def prepare(source: str | Path | Sequence[str | Path], out_dir: str | Path, toke
         manifest = {
             "version": MANIFEST_VERSION,
             "source": real_src[0] if len(real_src) == 1 else real_src,
-            "tokenizer": {"type": tok.kind, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id,
-                          "file": "tokenizer.json", "sha256": sha256_file(tmp / "tokenizer.json")},
+            "tokenizer": {
+                "type": tok.kind,
+                "vocab_size": tok.vocab_size,
+                "eot_id": tok.eot_id,
+                "file": "tokenizer.json",
+                "sha256": sha256_file(tmp / "tokenizer.json"),
+            },
             "dtype": np.dtype(dtype).name,
             "splits": {},
         }
@@ -435,8 +495,9 @@ def prepare(source: str | Path | Sequence[str | Path], out_dir: str | Path, toke
         return {**manifest, "stats": {"bytes": total, "seconds": seconds}}
     except KeyboardInterrupt:
         state = "left as it was" if out_dir.exists() else "not created"
-        raise PrepareInterrupted(f"interrupted: {str(out_dir)!r} {state} (its previous complete state); "
-                                 f"nothing half-written kept") from None
+        raise PrepareInterrupted(
+            f"interrupted: {str(out_dir)!r} {state} (its previous complete state); nothing half-written kept"
+        ) from None
     finally:
         for shard in shards.values():
             shard.f.close()
@@ -446,23 +507,29 @@ def prepare(source: str | Path | Sequence[str | Path], out_dir: str | Path, toke
         lock.release()
 
 
-def _make_tokenizer(train: Iterator[Document], tokenizer: str, vocab_size: int, tokenizer_file,
-                    progress=None) -> Tokenizer:
+def _make_tokenizer(
+    train: Iterator[Document], tokenizer: str, vocab_size: int, tokenizer_file, progress=None
+) -> Tokenizer:
     if tokenizer_file is not None:
         path = Path(tokenizer_file)
         if path.is_dir():  # an HF model folder: tokenizer.json, or GPT-2-style vocab.json + merges.txt
             tok, _ = Tokenizer.from_folder(path)
             if tok is None:
-                raise DataError(f"--tokenizer-file {str(path)!r} is a folder without tokenizer.json or "
-                                f"vocab.json + merges.txt; give a tokenizer.json or such a folder")
+                raise DataError(
+                    f"--tokenizer-file {str(path)!r} is a folder without tokenizer.json or "
+                    f"vocab.json + merges.txt; give a tokenizer.json or such a folder"
+                )
             return tok
         if not path.is_file():
-            raise DataError(f"tokenizer file {str(tokenizer_file)!r} " + ("is not a file; give a tokenizer.json"
-                            if path.exists() else "does not exist"))
+            raise DataError(
+                f"tokenizer file {str(tokenizer_file)!r} "
+                + ("is not a file; give a tokenizer.json" if path.exists() else "does not exist")
+            )
         return Tokenizer.load(tokenizer_file)
     if tokenizer == "bytes":
         return Tokenizer.bytes_tokenizer()
     if tokenizer == "bpe":  # trained from a stream of segments: the HF trainer keeps word counts only
+
         def texts():
             for d in train:
                 for seg in d.segments("safe"):

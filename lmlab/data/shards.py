@@ -17,21 +17,27 @@ from lmlab.fsutil import sha256_file
 def _key(obj, key: str, kind, path: Path, where: str = ""):
     """``obj[key]`` checked to be of ``kind``; DataError naming the file and the key otherwise."""
     if not isinstance(obj, dict) or key not in obj:
-        raise DataError(f"manifest {str(path)!r} has no key {where + key!r}; the file is damaged or not "
-                        f"lmlab's: re-run `lmlab prepare`")
+        raise DataError(
+            f"manifest {str(path)!r} has no key {where + key!r}; the file is damaged or not "
+            f"lmlab's: re-run `lmlab prepare`"
+        )
     value = obj[key]
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise DataError(f"manifest {str(path)!r}: {where + key!r} is {value!r:.60}, not a {names}; the file is "
-                        f"damaged: re-run `lmlab prepare`")
+        raise DataError(
+            f"manifest {str(path)!r}: {where + key!r} is {value!r:.60}, not a {names}; the file is "
+            f"damaged: re-run `lmlab prepare`"
+        )
     return value
 
 
 def _file_name(obj, key: str, path: Path, where: str) -> str:
     name = _key(obj, key, str, path, where)
     if not name or "/" in name or "\\" in name or name in (".", ".."):
-        raise DataError(f"manifest {str(path)!r}: {where + key!r} = {name!r} is not a file name inside the data "
-                        f"folder; the file is damaged: re-run `lmlab prepare`")
+        raise DataError(
+            f"manifest {str(path)!r}: {where + key!r} = {name!r} is not a file name inside the data "
+            f"folder; the file is damaged: re-run `lmlab prepare`"
+        )
     return name
 
 
@@ -48,38 +54,54 @@ class TokenData:
         self.folder = Path(folder)
         path = self.folder / "manifest.json"
         if not path.is_file():
-            raise DataError(f"{str(self.folder)!r} is not a prepared data folder (no manifest.json); "
-                            f"run `lmlab prepare --data PATH --out {self.folder}` first")
+            raise DataError(
+                f"{str(self.folder)!r} is not a prepared data folder (no manifest.json); "
+                f"run `lmlab prepare --data PATH --out {self.folder}` first"
+            )
         try:
             from lmlab.json_checks import check_nesting
 
-            self.manifest = json.loads(check_nesting(path.read_text(), f"manifest {str(path)!r}", DataError,
-                                                     "; the file is damaged: re-run `lmlab prepare`"))
+            self.manifest = json.loads(
+                check_nesting(
+                    path.read_text(),
+                    f"manifest {str(path)!r}",
+                    DataError,
+                    "; the file is damaged: re-run `lmlab prepare`",
+                )
+            )
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DataError(f"manifest {str(path)!r} could not be read ({exc}); the file is damaged: "
-                            f"re-run `lmlab prepare`") from None
+            raise DataError(
+                f"manifest {str(path)!r} could not be read ({exc}); the file is damaged: re-run `lmlab prepare`"
+            ) from None
         if not isinstance(self.manifest, dict):
-            raise DataError(f"manifest {str(path)!r} holds a JSON {type(self.manifest).__name__}, not an object; "
-                            f"the file is damaged: re-run `lmlab prepare`")
+            raise DataError(
+                f"manifest {str(path)!r} holds a JSON {type(self.manifest).__name__}, not an object; "
+                f"the file is damaged: re-run `lmlab prepare`"
+            )
         self._path = path
         tok_info = _key(self.manifest, "tokenizer", dict, path)
         tok_path = self.folder / _file_name(tok_info, "file", path, "tokenizer.")
         sha = _key(tok_info, "sha256", str, path, "tokenizer.")
         dtype = _key(self.manifest, "dtype", str, path)
         if dtype not in ("uint16", "uint32"):
-            raise DataError(f"manifest {str(path)!r}: 'dtype' is {dtype!r}, not 'uint16' or 'uint32'; the file is "
-                            f"damaged: re-run `lmlab prepare`")
+            raise DataError(
+                f"manifest {str(path)!r}: 'dtype' is {dtype!r}, not 'uint16' or 'uint32'; the file is "
+                f"damaged: re-run `lmlab prepare`"
+            )
         splits = _key(self.manifest, "splits", dict, path)
         for split in ("train", "val"):
             info = _key(splits, split, dict, path, "splits.")
             _file_name(info, "file", path, f"splits.{split}.")
             for key in ("tokens", "bytes"):
                 if _key(info, key, int, path, f"splits.{split}.") < 0:
-                    raise DataError(f"manifest {str(path)!r}: 'splits.{split}.{key}' is negative; re-run "
-                                    f"`lmlab prepare`")
+                    raise DataError(
+                        f"manifest {str(path)!r}: 'splits.{split}.{key}' is negative; re-run `lmlab prepare`"
+                    )
         if not tok_path.is_file() or sha256_file(tok_path) != sha:
-            raise DataError(f"tokenizer {str(tok_path)!r} does not match manifest {str(path)!r} "
-                            f"(missing or changed since prepare); re-run `lmlab prepare`")
+            raise DataError(
+                f"tokenizer {str(tok_path)!r} does not match manifest {str(path)!r} "
+                f"(missing or changed since prepare); re-run `lmlab prepare`"
+            )
         self.tokenizer = Tokenizer.load(tok_path)
         self.vocab_size = self.tokenizer.vocab_size
         self._checked: dict = {}
@@ -95,25 +117,33 @@ class TokenData:
         try:
             size = os.path.getsize(path)
         except OSError as exc:
-            raise DataError(f"shard {str(path)!r} (manifest key 'splits.{split}.file') could not be read: "
-                            f"{exc.strerror or exc}; re-run `lmlab prepare`") from None
+            raise DataError(
+                f"shard {str(path)!r} (manifest key 'splits.{split}.file') could not be read: "
+                f"{exc.strerror or exc}; re-run `lmlab prepare`"
+            ) from None
         if size != info["tokens"] * dtype.itemsize:
-            raise DataError(f"shard {str(path)!r} has {size:,} bytes, manifest 'splits.{split}.tokens' says "
-                            f"{info['tokens']:,} {dtype.name} tokens ({info['tokens'] * dtype.itemsize:,} bytes): "
-                            f"the file is truncated or changed: re-run `lmlab prepare`")
+            raise DataError(
+                f"shard {str(path)!r} has {size:,} bytes, manifest 'splits.{split}.tokens' says "
+                f"{info['tokens']:,} {dtype.name} tokens ({info['tokens'] * dtype.itemsize:,} bytes): "
+                f"the file is truncated or changed: re-run `lmlab prepare`"
+            )
         if info["tokens"] == 0:
             return np.zeros(0, dtype=dtype)
         if split not in self._checked:
             want = info.get("sha256")
             if isinstance(want, str) and sha256_file(path) != want:
-                raise DataError(f"shard {str(path)!r} does not match its SHA-256 in the manifest "
-                                f"('splits.{split}.sha256'): the file is damaged or changed: re-run `lmlab prepare`")
+                raise DataError(
+                    f"shard {str(path)!r} does not match its SHA-256 in the manifest "
+                    f"('splits.{split}.sha256'): the file is damaged or changed: re-run `lmlab prepare`"
+                )
         arr = np.memmap(path, dtype=dtype, mode="r")
         if split not in self._checked:
             top = int(arr.max())
             if top >= self.vocab_size:
-                raise DataError(f"{str(path)!r} holds token id {top} >= tokenizer vocab_size "
-                                f"{self.vocab_size}: the shards do not match the tokenizer; re-run `lmlab prepare`")
+                raise DataError(
+                    f"{str(path)!r} holds token id {top} >= tokenizer vocab_size "
+                    f"{self.vocab_size}: the shards do not match the tokenizer; re-run `lmlab prepare`"
+                )
             self._checked[split] = True
         return arr
 

@@ -40,18 +40,14 @@ def input_kind(path: Path) -> str:
     ``*.txt``, or any other file, read as text)."""
     name = path.name.lower()
     if path.is_dir():
-        if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
-            return "datasets"
-        return "text"
-    if name.endswith(JSON_SUFFIXES):
-        return "json"
-    if name.endswith(PARQUET_SUFFIXES):
-        return "parquet"
-    return "text"
+        saved = (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+        return "datasets" if saved else "text"
+    return "json" if name.endswith(JSON_SUFFIXES) else "parquet" if name.endswith(PARQUET_SUFFIXES) else "text"
 
 
-def iter_records(path: Path, kind: str, text_field: str = "text",
-                 label: Optional[str] = None) -> Iterator[tuple[str, bytes]]:
+def iter_records(
+    path: Path, kind: str, text_field: str = "text", label: Optional[str] = None
+) -> Iterator[tuple[str, bytes]]:
     """(name, UTF-8 bytes) of every non-blank record of ``path`` (an :func:`input_kind` other than
     ``"text"``), in file order; names are ``LABEL#ROW`` (``label`` defaults to the file name). Raises
     DataError naming the file, row and field for bad records, and for a missing optional library
@@ -74,19 +70,25 @@ def iter_records(path: Path, kind: str, text_field: str = "text",
 
 def _text_of(obj, field: str, path: Path, row: int) -> str:
     if not isinstance(obj, dict):
-        raise DataError(f"{str(path)!r} row {row}: a JSON {type(obj).__name__}, not an object with a "
-                        f"{field!r} field (each record must be an object; choose the field with --text-field)")
+        raise DataError(
+            f"{str(path)!r} row {row}: a JSON {type(obj).__name__}, not an object with a "
+            f"{field!r} field (each record must be an object; choose the field with --text-field)"
+        )
     if field not in obj:
         keys = ", ".join(map(repr, list(obj)[:8])) or "none"
-        raise DataError(f"{str(path)!r} row {row} has no field {field!r} (its fields: {keys}); choose the "
-                        f"text field with --text-field")
+        raise DataError(
+            f"{str(path)!r} row {row} has no field {field!r} (its fields: {keys}); choose the "
+            f"text field with --text-field"
+        )
     return _check_str(obj[field], field, path, row)
 
 
 def _check_str(value, field: str, path: Path, row: int) -> str:
     if not isinstance(value, str):
-        raise DataError(f"{str(path)!r} row {row}: field {field!r} is {value!r:.40} "
-                        f"({type(value).__name__}), not a string; give a text field")
+        raise DataError(
+            f"{str(path)!r} row {row}: field {field!r} is {value!r:.40} "
+            f"({type(value).__name__}), not a string; give a text field"
+        )
     return value
 
 
@@ -128,21 +130,25 @@ def _loads(raw: bytes, path: Path, where: str):
     deeper than :data:`lmlab.json_checks.MAX_DEPTH` (counted before parsing: no RecursionError)."""
     from lmlab.json_checks import check_nesting
 
-    check_nesting(raw.decode("utf-8", errors="replace"), f"{str(path)!r} {where}", DataError,
-                  " (a text record needs one or two)")
+    check_nesting(
+        raw.decode("utf-8", errors="replace"), f"{str(path)!r} {where}", DataError, " (a text record needs one or two)"
+    )
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"{str(path)!r} {where} is not valid JSON ({exc}); a .jsonl file holds one JSON "
-                        f"object per line, a .json file JSON lines or one array of objects") from None
+        raise DataError(
+            f"{str(path)!r} {where} is not valid JSON ({exc}); a .jsonl file holds one JSON "
+            f"object per line, a .json file JSON lines or one array of objects"
+        ) from None
 
 
 def _need(module: str):
     try:
         return __import__(module, fromlist=["_"])
     except ImportError:
-        raise DataError(f"reading this corpus needs the {module.split('.')[0]!r} package: "
-                        f"pip install 'lmlab[data]'") from None
+        raise DataError(
+            f"reading this corpus needs the {module.split('.')[0]!r} package: pip install 'lmlab[data]'"
+        ) from None
 
 
 def _parquet_rows(path: Path, field: str) -> Iterator[tuple[int, object]]:
@@ -156,8 +162,10 @@ def _parquet_rows(path: Path, field: str) -> Iterator[tuple[int, object]]:
         raise DataError(f"{str(path)!r} could not be read as parquet: {exc}") from None
     names = pf.schema_arrow.names
     if field not in names:
-        raise DataError(f"{str(path)!r} has no column {field!r} (its columns: "
-                        f"{', '.join(map(repr, names[:8]))}); choose the text column with --text-field")
+        raise DataError(
+            f"{str(path)!r} has no column {field!r} (its columns: "
+            f"{', '.join(map(repr, names[:8]))}); choose the text column with --text-field"
+        )
     row = 0
     batches = pf.iter_batches(batch_size=BATCH_ROWS, columns=[field])
     while True:
@@ -166,8 +174,9 @@ def _parquet_rows(path: Path, field: str) -> Iterator[tuple[int, object]]:
         except StopIteration:
             break
         except Exception as exc:  # OSError "CRC checksum verification failed", ArrowInvalid, a codec's error
-            raise DataError(f"{str(path)!r} is damaged at or after row {row} of column {field!r}: "
-                            f"{' '.join(str(exc).split())}") from None
+            raise DataError(
+                f"{str(path)!r} is damaged at or after row {row} of column {field!r}: {' '.join(str(exc).split())}"
+            ) from None
         for value in batch.column(0).to_pylist():
             yield row, value
             row += 1
@@ -183,8 +192,10 @@ def _datasets_records(path: Path, field: str, label: str) -> Iterator[tuple[str,
     for split, ds in parts:
         where = path / split if split else path
         if field not in ds.column_names:
-            raise DataError(f"{str(where)!r} has no column {field!r} (its columns: "
-                            f"{', '.join(map(repr, ds.column_names[:8]))}); choose it with --text-field")
+            raise DataError(
+                f"{str(where)!r} has no column {field!r} (its columns: "
+                f"{', '.join(map(repr, ds.column_names[:8]))}); choose it with --text-field"
+            )
         prefix = f"{label}/{split}" if split else label
         row = 0
         for batch in ds.select_columns([field]).iter(batch_size=BATCH_ROWS):

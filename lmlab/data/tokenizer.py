@@ -44,8 +44,9 @@ def byte_level_alphabet() -> tuple[dict[int, str], dict[str, int]]:
     """The reversible byte -> printable-unicode table of byte-level BPE (GPT-2's ``bytes_to_unicode``):
     printable Latin-1 bytes map to themselves, the other 68 bytes to U+0100 onward in byte order.
     This is the table HF ``tokenizers``' ByteLevel pre-tokenizer uses. Returns (byte->char, char->byte)."""
-    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-            + list(range(ord("®"), ord("ÿ") + 1)))
+    keep = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     table, extra = {}, 0
     for b in range(256):
         if b in keep:
@@ -89,8 +90,17 @@ class Tokenizer:
 
     # the token an HF tokenizer puts before a document, in order of preference: GPT-2's <|endoftext|>,
     # else the beginning-of-sequence token (Llama, Gemma, Llama 3, Cohere), else an end-of-sequence one
-    HF_EOT_NAMES = ("<|endoftext|>", "<s>", "<bos>", "<|begin_of_text|>", "<BOS_TOKEN>", "</s>", "<eos>",
-                    "<|end_of_text|>", "<|im_end|>")
+    HF_EOT_NAMES = (
+        "<|endoftext|>",
+        "<s>",
+        "<bos>",
+        "<|begin_of_text|>",
+        "<BOS_TOKEN>",
+        "</s>",
+        "<eos>",
+        "<|end_of_text|>",
+        "<|im_end|>",
+    )
 
     def _init_hf(self, hf, byte_level: bool) -> None:
         self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
@@ -116,8 +126,10 @@ class Tokenizer:
         """The id placed before every document; raises TokenizerError when the tokenizer has none of
         :data:`HF_EOT_NAMES` (an imported tokenizer without special tokens)."""
         if self._eot_id is None:
-            raise TokenizerError(f"the tokenizer has none of the document separators {', '.join(self.HF_EOT_NAMES)}; "
-                                 f"give a prompt (generation from a document start needs one)")
+            raise TokenizerError(
+                f"the tokenizer has none of the document separators {', '.join(self.HF_EOT_NAMES)}; "
+                f"give a prompt (generation from a document start needs one)"
+            )
         return self._eot_id
 
     @eot_id.setter
@@ -143,13 +155,18 @@ class Tokenizer:
         from tokenizers import decoders, models, pre_tokenizers, trainers
 
         if not isinstance(vocab_size, int) or vocab_size < 257:
-            raise TokenizerError(f"vocab_size={vocab_size!r} is too small for byte-level BPE; it needs >= 257 "
-                                 f"(256 bytes + {EOT})")
+            raise TokenizerError(
+                f"vocab_size={vocab_size!r} is too small for byte-level BPE; it needs >= 257 (256 bytes + {EOT})"
+            )
         hf = HFTokenizer(models.BPE())
         hf.pre_tokenizer = _bounded_byte_level()
         hf.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=[EOT],
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
         # the trainer does not split at special tokens: cut the texts there, so no merge learns a piece
         # of the reserved string (b"<|", b"endoftext") from a literal occurrence
         hf.train_from_iterator((piece for t in texts for piece in t.split(EOT)), trainer=trainer)
@@ -173,17 +190,22 @@ class Tokenizer:
         """A tokenizer from the parsed contents of a ``tokenizer.json`` (``where`` names it in errors)."""
         path = where
         if not isinstance(data, dict):
-            raise TokenizerError(f"tokenizer file {str(path)!r} holds a JSON {type(data).__name__}, not an object "
-                                 f"(a Hugging Face tokenizer.json or lmlab's {{\"type\": \"bytes\"}}); re-run "
-                                 f"`lmlab prepare` or restore the file")
+            raise TokenizerError(
+                f"tokenizer file {str(path)!r} holds a JSON {type(data).__name__}, not an object "
+                f'(a Hugging Face tokenizer.json or lmlab\'s {{"type": "bytes"}}); re-run '
+                f"`lmlab prepare` or restore the file"
+            )
         if data.get("type") == "bytes":
             if data.get("vocab_size", 257) != 257 or data.get("eot", 256) != 256:
-                raise TokenizerError(f"tokenizer file {str(path)!r}: a bytes tokenizer has vocab_size 257 and eot "
-                                     f"256, not {data.get('vocab_size')!r} / {data.get('eot')!r}")
+                raise TokenizerError(
+                    f"tokenizer file {str(path)!r}: a bytes tokenizer has vocab_size 257 and eot "
+                    f"256, not {data.get('vocab_size')!r} / {data.get('eot')!r}"
+                )
             return cls.bytes_tokenizer()
         if "model" not in data:
-            raise TokenizerError(f"tokenizer file {str(path)!r} has no key 'model' (nor \"type\": \"bytes\"): "
-                                 f"not a tokenizer.json")
+            raise TokenizerError(
+                f'tokenizer file {str(path)!r} has no key \'model\' (nor "type": "bytes"): not a tokenizer.json'
+            )
         from tokenizers import Tokenizer as HFTokenizer
 
         try:
@@ -210,8 +232,9 @@ class Tokenizer:
         try:
             hf = HFTokenizer(models.BPE.from_file(str(vocab), str(merges)))
         except Exception as exc:  # tokenizers raises a plain Exception for malformed files
-            raise TokenizerError(f"{str(vocab)!r} + {str(merges)!r} are not a BPE vocabulary and merges: "
-                                 f"{exc}") from None
+            raise TokenizerError(
+                f"{str(vocab)!r} + {str(merges)!r} are not a BPE vocabulary and merges: {exc}"
+            ) from None
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         hf.decoder = decoders.ByteLevel()
         if hf.token_to_id(EOT) is not None:
@@ -267,12 +290,17 @@ class Tokenizer:
         ``allowed_special`` entry that is not one of :meth:`special_tokens` (naming the valid ones)."""
         if allowed_special:
             specials = self.special_tokens()
-            wanted = list(specials) if allowed_special == "all" else (
-                [allowed_special] if isinstance(allowed_special, str) else list(allowed_special))
+            wanted = (
+                list(specials)
+                if allowed_special == "all"
+                else ([allowed_special] if isinstance(allowed_special, str) else list(allowed_special))
+            )
             unknown = [t for t in wanted if t not in specials]
             if unknown:
-                raise TokenizerError(f"allowed_special: {unknown[0]!r} is not a special token of this tokenizer; "
-                                     f"its special tokens: {', '.join(map(repr, specials)) or 'none'}, or 'all'")
+                raise TokenizerError(
+                    f"allowed_special: {unknown[0]!r} is not a special token of this tokenizer; "
+                    f"its special tokens: {', '.join(map(repr, specials)) or 'none'}, or 'all'"
+                )
             if wanted:
                 pattern = "(" + "|".join(re.escape(t) for t in sorted(set(wanted), key=len, reverse=True)) + ")"
                 ids: list[int] = []
@@ -295,11 +323,15 @@ class Tokenizer:
         try:
             data = text.encode("utf-8", errors="surrogateescape")
         except UnicodeEncodeError as exc:
-            raise TokenizerError(f"the text holds a lone surrogate U+{ord(text[exc.start]):04X} at character "
-                                 f"{exc.start}, which stands for no bytes; give UTF-8 text") from None
+            raise TokenizerError(
+                f"the text holds a lone surrogate U+{ord(text[exc.start]):04X} at character "
+                f"{exc.start}, which stands for no bytes; give UTF-8 text"
+            ) from None
         if self.kind == "hf":
-            raise TokenizerError(f"the text holds byte {ord(text[at]) - 0xDC00:#04x} at character {at}, which is not "
-                                 f"UTF-8, and this tokenizer has no byte tokens to hold it; give UTF-8 text")
+            raise TokenizerError(
+                f"the text holds byte {ord(text[at]) - 0xDC00:#04x} at character {at}, which is not "
+                f"UTF-8, and this tokenizer has no byte tokens to hold it; give UTF-8 text"
+            )
         return self.encode_bytes(data)
 
     def encode_bytes(self, data: bytes) -> list[int]:
@@ -371,10 +403,12 @@ def _bounded_byte_level():
     :data:`MAX_CHUNK_BYTES` byte-level characters (= bytes: each byte is one character there)."""
     from tokenizers import Regex, pre_tokenizers
 
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        pre_tokenizers.Split(Regex(f".{{1,{MAX_CHUNK_BYTES}}}"), behavior="isolated"),
-    ])
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            pre_tokenizers.Split(Regex(f".{{1,{MAX_CHUNK_BYTES}}}"), behavior="isolated"),
+        ]
+    )
 
 
 _LONG_RUN = re.compile(rb"[^ \t\n\r\x0b\x0c]{%d,}" % (MAX_CHUNK_BYTES + 1))
@@ -391,7 +425,7 @@ def long_chunks(data: bytes) -> tuple[int, int]:
     for m in _LONG_RUN.finditer(data):
         pre = pre or pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         start = m.start() - (m.start() > 0 and data[m.start() - 1] == 0x20)  # a leading space joins the chunk
-        for piece, _ in pre.pre_tokenize_str(data[start:m.end()].decode("utf-8", errors="replace")):
+        for piece, _ in pre.pre_tokenize_str(data[start : m.end()].decode("utf-8", errors="replace")):
             if len(piece) > MAX_CHUNK_BYTES:
                 count, longest = count + 1, max(longest, len(piece))
     return count, longest

@@ -28,29 +28,92 @@ from lmlab.interop.registry import StateDict, UnsupportedError
 
 # config.json fields that describe the checkpoint, the tokenizer's special ids, initialisation, caching or
 # generation defaults: none of them changes the logits of a forward pass.
-META_FIELDS = frozenset({
-    "_name_or_path", "architectures", "model_type", "transformers_version", "dtype", "torch_dtype",
-    "id2label", "label2id", "num_labels", "problem_type", "return_dict", "output_attentions",
-    "output_hidden_states", "use_return_dict", "torchscript", "chunk_size_feed_forward", "is_encoder_decoder",
-    "is_decoder", "add_cross_attention", "cross_attention_hidden_size", "tie_encoder_decoder", "pruned_heads",
-    "tf_legacy_loss", "use_bfloat16", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
-    "decoder_start_token_id", "initializer_range", "use_cache", "cache_implementation", "tokenizer_class",
-    "prefix", "task_specific_params", "finetuning_task", "max_length", "min_length", "do_sample",
-    "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p",
-    "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
-    "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
-    "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
-    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "_attn_implementation",
-    "_attn_implementation_autoset", "attn_implementation", "use_flash_attn", "pretraining_tp",
-})
+META_FIELDS = frozenset(
+    {
+        "_name_or_path",
+        "architectures",
+        "model_type",
+        "transformers_version",
+        "dtype",
+        "torch_dtype",
+        "id2label",
+        "label2id",
+        "num_labels",
+        "problem_type",
+        "return_dict",
+        "output_attentions",
+        "output_hidden_states",
+        "use_return_dict",
+        "torchscript",
+        "chunk_size_feed_forward",
+        "is_encoder_decoder",
+        "is_decoder",
+        "add_cross_attention",
+        "cross_attention_hidden_size",
+        "tie_encoder_decoder",
+        "pruned_heads",
+        "tf_legacy_loss",
+        "use_bfloat16",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "sep_token_id",
+        "decoder_start_token_id",
+        "initializer_range",
+        "use_cache",
+        "cache_implementation",
+        "tokenizer_class",
+        "prefix",
+        "task_specific_params",
+        "finetuning_task",
+        "max_length",
+        "min_length",
+        "do_sample",
+        "early_stopping",
+        "num_beams",
+        "num_beam_groups",
+        "diversity_penalty",
+        "temperature",
+        "top_k",
+        "top_p",
+        "typical_p",
+        "repetition_penalty",
+        "length_penalty",
+        "no_repeat_ngram_size",
+        "encoder_no_repeat_ngram_size",
+        "bad_words_ids",
+        "num_return_sequences",
+        "output_scores",
+        "return_dict_in_generate",
+        "forced_bos_token_id",
+        "forced_eos_token_id",
+        "remove_invalid_values",
+        "exponential_decay_length_penalty",
+        "suppress_tokens",
+        "begin_suppress_tokens",
+        "_attn_implementation",
+        "_attn_implementation_autoset",
+        "attn_implementation",
+        "use_flash_attn",
+        "pretraining_tp",
+    }
+)
 
 ROPE_FIELDS = frozenset({"rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor"})
 # HF rope_type -> lmlab rope_scaling type; keys besides rope_type/type/rope_theta carried over unchanged
 _ROPE_TYPES = {"linear": "linear", "yarn": "yarn", "llama3": "llama3"}
 _ROPE_KEYS = {
     "linear": {"factor"},
-    "yarn": {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale",
-             "mscale_all_dim", "truncate"},
+    "yarn": {
+        "factor",
+        "original_max_position_embeddings",
+        "beta_fast",
+        "beta_slow",
+        "attention_factor",
+        "mscale",
+        "mscale_all_dim",
+        "truncate",
+    },
     "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
 }
 SUPPORTED_ROPE = "default, linear, yarn, llama3"
@@ -60,6 +123,67 @@ def unsupported(family: str, field: str, value: Any, supported: str) -> Unsuppor
     return UnsupportedError(
         f"{family}: {field}={value!r} cannot be represented exactly by lmlab; supported: {supported}"
     )
+
+
+# ModelConfig field <- (config.json key, cast): the sizes every Llama-era config.json names alike
+_SIZES = (
+    ("vocab_size", "vocab_size", None), ("context_length", "max_position_embeddings", None),
+    ("d_model", "hidden_size", None), ("n_layers", "num_hidden_layers", None),
+    ("n_heads", "num_attention_heads", None), ("n_kv_heads", "num_key_value_heads", None),
+    ("head_dim", "head_dim", None), ("d_ff", "intermediate_size", None),
+    ("tie_embeddings", "tie_word_embeddings", bool), ("attn_dropout", "attention_dropout", lambda x: float(x or 0.0)),
+)  # fmt: skip
+
+
+def read_sizes(g: Callable[[str], Any], **given: Any) -> dict:
+    """The ModelConfig sizes of a Llama-era config.json, each read through ``g`` (config.json key -> value,
+    the family's defaults filled in; :func:`get`) under its usual name (``hidden_size``, ``num_hidden_layers``,
+    ``max_position_embeddings``, ...; ``tie_word_embeddings`` as a bool, a null ``attention_dropout`` as 0);
+    ``given``: fields the family derives or names otherwise (not read), and further fields."""
+    out = {lm: (cast or (lambda x: x))(g(key)) for lm, key, cast in _SIZES if lm not in given}
+    return {**out, **given}
+
+
+def hf_sizes(model_type: str, hf_class: str, cfg: ModelConfig, **override: Any) -> dict:
+    """The start of a Llama-era config.json for ``cfg``: class, type, fp32, and the sizes of
+    :func:`read_sizes` under their usual names (``head_dim`` aside: not every family writes it);
+    ``override``: keys the family writes otherwise, and further keys."""
+    out = {
+        "architectures": [hf_class], "model_type": model_type, "dtype": "float32", "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
+        "max_position_embeddings": cfg.context_length, "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_dropout": float(cfg.attn_dropout),
+    }  # fmt: skip
+    out.update(override)
+    return out
+
+
+def mapped_states(
+    family: str,
+    tensor_maps: Callable,
+    before_import: Optional[Callable] = None,
+    after_export: Optional[Callable] = None,
+) -> tuple:
+    """``(state_to_lmlab, state_to_hf)`` of a family whose tensors map through ``tensor_maps(cfg)``
+    (:func:`state_to_lmlab`, :func:`state_to_hf`), with ``before_import(state, cfg)`` regrouping the HF
+    state dict first and ``after_export(state, cfg)`` regrouping the written one last (e.g. stacked experts)."""
+
+    def to_lmlab(state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
+        return state_to_lmlab(before_import(state, cfg) if before_import else state, cfg, tensor_maps(cfg), family)
+
+    def to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
+        out = state_to_hf(state, cfg, tensor_maps(cfg))
+        return after_export(out, cfg) if after_export else out
+
+    return to_lmlab, to_hf
+
+
+def refuse_router_noise(family: str, g: Callable[[str], Any]) -> None:
+    """UnsupportedError when config.json (read through ``g``) sets ``router_jitter_noise``: lmlab's router
+    adds no training-time noise."""
+    if g("router_jitter_noise"):
+        raise unsupported(family, "router_jitter_noise", g("router_jitter_noise"), "0.0 (lmlab's router adds no noise)")
 
 
 def lmlab_config(family: str, fields: dict) -> ModelConfig:
@@ -80,7 +204,8 @@ def check_fields(hf: dict, family: str, handled: set | frozenset) -> None:
         raise UnsupportedError(
             f"{family}: config.json field(s) {', '.join(f'{k}={hf[k]!r}' for k in unknown)} are not handled by lmlab's "
             f"{family} converter (it refuses rather than guess whether they change the model); handled fields: "
-            f"{', '.join(sorted(handled))} plus RoPE and metadata fields")
+            f"{', '.join(sorted(handled))} plus RoPE and metadata fields"
+        )
 
 
 @dataclass(frozen=True)
@@ -104,8 +229,7 @@ def _same_value(a: Any, b: Any) -> bool:
     return a == b
 
 
-def check_unread(hf: dict, family: str, unread: Sequence[Unread],
-                 defaults: Optional[dict] = None) -> list[str]:
+def check_unread(hf: dict, family: str, unread: Sequence[Unread], defaults: Optional[dict] = None) -> list[str]:
     """Validate the fields of ``unread`` present in ``hf``; UnsupportedError for a value that would describe
     another model. Returns one note per field present and not null: 'key=value: meaning'."""
     notes = []
@@ -142,14 +266,19 @@ def require(hf: dict, family: str, key: str, expected: Any, supported: str, defa
 # RoPE
 # ------------------------------------------------------------------------------------------------
 
+
 def _rope_dict(params: dict, family: str, field: str, max_pos: Optional[int]) -> Optional[dict]:
     """An HF RoPE parameter mapping (rope_type + params) -> lmlab rope_scaling (None for 'default')."""
     kind = params.get("rope_type", params.get("type", "default"))
     if kind in (None, "default"):
         extra = sorted(k for k in params if k not in ("rope_type", "type", "rope_theta", "partial_rotary_factor"))
         if extra:
-            raise unsupported(family, f"{field}.{extra[0]}", params[extra[0]], "no parameters besides rope_theta for "
-                              "rope_type 'default'")
+            raise unsupported(
+                family,
+                f"{field}.{extra[0]}",
+                params[extra[0]],
+                "no parameters besides rope_theta for rope_type 'default'",
+            )
         return None
     if kind not in _ROPE_TYPES:
         raise unsupported(family, f"{field}.rope_type", kind, SUPPORTED_ROPE)
@@ -171,8 +300,13 @@ def _rope_dict(params: dict, family: str, field: str, max_pos: Optional[int]) ->
     return out
 
 
-def read_rope(hf: dict, family: str, layer_type: Optional[str] = None, default_theta: float = 10000.0,
-              legacy_theta_key: str = "rope_theta") -> tuple[float, Optional[dict], float]:
+def read_rope(
+    hf: dict,
+    family: str,
+    layer_type: Optional[str] = None,
+    default_theta: float = 10000.0,
+    legacy_theta_key: str = "rope_theta",
+) -> tuple[float, Optional[dict], float]:
     """(rope_theta, lmlab rope_scaling or None, partial_rotary_factor) from either HF spelling: v5
     ``rope_parameters`` (nested by layer type for Gemma 3: pass ``layer_type``) or v4 ``rope_theta`` +
     ``rope_scaling`` (``legacy_theta_key`` names the v4 theta field of that layer type, e.g. Gemma 3's
@@ -215,6 +349,7 @@ def rope_to_hf(theta: float, scaling: Optional[dict], rot_dim: int) -> dict:
 # Layer types <-> layer_pattern
 # ------------------------------------------------------------------------------------------------
 
+
 def pattern_from_types(types: Sequence[str], family: str) -> Optional[str]:
     """HF ``layer_types`` ('sliding_attention' / 'full_attention' per layer) -> the shortest lmlab
     ``layer_pattern`` whose repetition (cut at the depth) gives them, or None when every layer is full.
@@ -251,16 +386,26 @@ def types_from_cfg(cfg: ModelConfig) -> list[str]:
 # Activations and biases
 # ------------------------------------------------------------------------------------------------
 
-GATED_ACT = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu_tanh": "geglu",
-             "gelu_new": "geglu", "relu": "reglu"}
+GATED_ACT = {
+    "silu": "swiglu",
+    "swish": "swiglu",
+    "gelu_pytorch_tanh": "geglu",
+    "gelu_tanh": "geglu",
+    "gelu_new": "geglu",
+    "relu": "reglu",
+}
 GATED_ACT_TO_HF = {"swiglu": "silu", "geglu": "gelu_pytorch_tanh", "reglu": "relu"}
 
 
 def gated_activation(family: str, field: str, value: str) -> str:
     """HF gated-MLP activation name -> lmlab activation (swiglu / geglu / reglu)."""
     if value not in GATED_ACT:
-        raise unsupported(family, field, value, ", ".join(sorted(GATED_ACT)) +
-                          " (exact GELU 'gelu' in a gated MLP has no lmlab activation)")
+        raise unsupported(
+            family,
+            field,
+            value,
+            ", ".join(sorted(GATED_ACT)) + " (exact GELU 'gelu' in a gated MLP has no lmlab activation)",
+        )
     return GATED_ACT[value]
 
 
@@ -268,16 +413,43 @@ def gated_activation(family: str, field: str, value: str) -> str:
 # Round-trip verification
 # ------------------------------------------------------------------------------------------------
 
+
 def layer_signature(cfg: ModelConfig) -> dict:
     """Every property of ``cfg`` that changes the forward pass, canonicalised so that two configs with the
     same signature compute the same function with the same parameter layout (training-only fields, the
     FFN sizing rules that produced d_ff, and switches made moot by others are left out)."""
     qk_scope = cfg.qk_norm_scope if cfg.qk_norm != "none" else None
-    sig: dict = {k: getattr(cfg, k) for k in (
-        "vocab_size", "context_length", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
-        "norm_type", "norm_position", "norm_eps", "final_norm", "bias", "lm_head_bias", "activation",
-        "parallel_block", "position", "qk_norm", "attn_logit_softcap", "final_logit_softcap",
-        "tie_embeddings", "scale_embeddings", "clip_qkv", "logit_scale", "attn_output_gate", "attn_sinks")}
+    sig: dict = {
+        k: getattr(cfg, k)
+        for k in (
+            "vocab_size",
+            "context_length",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "d_ff",
+            "norm_type",
+            "norm_position",
+            "norm_eps",
+            "final_norm",
+            "bias",
+            "lm_head_bias",
+            "activation",
+            "parallel_block",
+            "position",
+            "qk_norm",
+            "attn_logit_softcap",
+            "final_logit_softcap",
+            "tie_embeddings",
+            "scale_embeddings",
+            "clip_qkv",
+            "logit_scale",
+            "attn_output_gate",
+            "attn_sinks",
+        )
+    }
     for extra in ("embed_dim", "learned_pos_offset"):  # switches other families add (OPT)
         if hasattr(cfg, extra):
             sig[extra] = getattr(cfg, extra)
@@ -291,8 +463,9 @@ def layer_signature(cfg: ModelConfig) -> dict:
     sig["qk_norm_scope"] = qk_scope
     sig["qk_norm_layers"] = cfg.qk_norm_layers if cfg.qk_norm != "none" else None
     no_rope = any(not cfg.layer_has_rope(i) for i in range(cfg.n_layers))
-    sig["temperature"] = ((cfg.attn_temperature_floor, cfg.attn_temperature_scale)
-                          if cfg.attn_temperature_tuning and no_rope else None)
+    sig["temperature"] = (
+        (cfg.attn_temperature_floor, cfg.attn_temperature_scale) if cfg.attn_temperature_tuning and no_rope else None
+    )
     sig["query_scale"] = cfg.query_pre_attn_scalar if cfg.query_pre_attn_scalar else cfg.head_dim
     # mup / completep (lmlab.model.parametrization): logits / m, attention scale / sqrt(m), branches x
     # base_n_layers / n_layers, which no family has; at the base (multipliers 1) they compute sp's function
@@ -301,25 +474,57 @@ def layer_signature(cfg: ModelConfig) -> dict:
     m, d = width_multiplier(cfg), depth_multiplier(cfg)
     sig["parametrization"] = "sp" if m == d == 1.0 else f"{cfg.parametrization} (width x{m:g}, depth x{d:g})"
     sig["t5"] = (cfg.t5_num_buckets, cfg.t5_max_distance) if cfg.position == "t5" else None
-    sig["attention"] = (cfg.attention if cfg.attention == "mha" else
-                        (cfg.attention, cfg.kv_lora_rank, cfg.q_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim,
-                         cfg.v_head_dim))
-    sig["moe"] = (None if not cfg.n_experts else
-                  (cfg.n_experts, cfg.experts_per_token, cfg.n_shared_experts, cfg.expert_d_ff or cfg.d_ff,
-                   cfg.router_score, cfg.router_renormalize, cfg.router_weights, cfg.router_groups,
-                   (cfg.router_topk_groups, cfg.router_group_score) if cfg.router_groups > 1 else None,
-                   cfg.routed_scaling_factor,
-                   tuple(cfg.layer_is_moe(i) for i in range(cfg.n_layers)), cfg.moe_beside_dense,
-                   cfg.router_input_norm, cfg.router_expert_scale,
-                   cfg.moe_balance != "aux_loss", cfg.router_bias, cfg.shared_expert_gate))
+    sig["attention"] = (
+        cfg.attention
+        if cfg.attention == "mha"
+        else (
+            cfg.attention,
+            cfg.kv_lora_rank,
+            cfg.q_lora_rank,
+            cfg.qk_rope_head_dim,
+            cfg.qk_nope_head_dim,
+            cfg.v_head_dim,
+        )
+    )
+    sig["moe"] = (
+        None
+        if not cfg.n_experts
+        else (
+            cfg.n_experts,
+            cfg.experts_per_token,
+            cfg.n_shared_experts,
+            cfg.expert_d_ff or cfg.d_ff,
+            cfg.router_score,
+            cfg.router_renormalize,
+            cfg.router_weights,
+            cfg.router_groups,
+            (cfg.router_topk_groups, cfg.router_group_score) if cfg.router_groups > 1 else None,
+            cfg.routed_scaling_factor,
+            tuple(cfg.layer_is_moe(i) for i in range(cfg.n_layers)),
+            cfg.moe_beside_dense,
+            cfg.router_input_norm,
+            cfg.router_expert_scale,
+            cfg.moe_balance != "aux_loss",
+            cfg.router_bias,
+            cfg.shared_expert_gate,
+        )
+    )
     sig["swiglu_clamp"] = (
         (cfg.swiglu_alpha, cfg.swiglu_limit) if cfg.activation == "swiglu_clamped" else None
     )  # a routing bias (DeepSeek-V3's e_score_correction_bias)
     layers = []
     for i in range(cfg.n_layers):
         if cfg.layer_is_linear(i):  # a linear-attention layer: its kind and sizes (the chunk does not matter)
-            layers.append((cfg.linear_attention, cfg.linear_n_k_heads, cfg.linear_n_v_heads, cfg.linear_k_head_dim,
-                           cfg.linear_v_head_dim, cfg.linear_conv_kernel))
+            layers.append(
+                (
+                    cfg.linear_attention,
+                    cfg.linear_n_k_heads,
+                    cfg.linear_n_v_heads,
+                    cfg.linear_k_head_dim,
+                    cfg.linear_v_head_dim,
+                    cfg.linear_conv_kernel,
+                )
+            )
             continue
         window = cfg.layer_window(i)
         if window is not None and cfg.local_attention == "chunk":
@@ -333,12 +538,22 @@ def layer_signature(cfg: ModelConfig) -> dict:
             if scaling is not None and scaling["type"] == "ntk":
                 theta, scaling = theta * float(scaling["factor"]) ** (rot / (rot - 2)), None
             proportion = cfg.global_rope_proportion if window is None else None
-            rope = (cfg.rope_style, rot, float(theta), None if scaling is None else tuple(sorted(scaling.items())),
-                    proportion)
+            rope = (
+                cfg.rope_style,
+                rot,
+                float(theta),
+                None if scaling is None else tuple(sorted(scaling.items())),
+                proportion,
+            )
         # Gemma 4: a layer's own KV heads and head_dim, whether its values are its keys' projection, the
         # layer whose keys and values it reads (KV sharing) and its FFN width
-        sizes = (cfg.layer_n_kv_heads(i), cfg.layer_head_dim(i), cfg.layer_k_eq_v(i), cfg.layer_kv_source(i),
-                 cfg.layer_d_ff(i))
+        sizes = (
+            cfg.layer_n_kv_heads(i),
+            cfg.layer_head_dim(i),
+            cfg.layer_k_eq_v(i),
+            cfg.layer_kv_source(i),
+            cfg.layer_d_ff(i),
+        )
         layers.append((window, rope, sizes))
     sig["layers"] = layers
     return sig
@@ -375,8 +590,9 @@ def verify_roundtrip(family: str, cfg: ModelConfig, hf: dict, to_lmlab: Callable
                     if la[1] != lb[1]:
                         what.append(f"RoPE {la[1]} (the family gives {lb[1]})")
                     if la[2] != lb[2]:
-                        what.append(f"(KV heads, head_dim, keys as values, KV source, d_ff) {la[2]} (the family "
-                                    f"gives {lb[2]})")
+                        what.append(
+                            f"(KV heads, head_dim, keys as values, KV source, d_ff) {la[2]} (the family gives {lb[2]})"
+                        )
                     diffs.append(f"layer {i}: {', '.join(what)}")
                     break
         elif not _close(a[key], b.get(key)):
@@ -390,6 +606,7 @@ def verify_roundtrip(family: str, cfg: ModelConfig, hf: dict, to_lmlab: Callable
 # Tensors
 # ------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class TensorMap:
     """One lmlab tensor made of HF tensors concatenated along dim 0 (in order); ``sizes`` are their row
@@ -400,8 +617,13 @@ class TensorMap:
     sizes: tuple[int, ...]
 
 
-def llama_layer_maps(cfg: ModelConfig, norms: dict[str, str], prefix: str = "model.layers",
-                     attn: str = "self_attn", qk_norm_names: tuple[str, str] = ("q_norm", "k_norm")) -> list[TensorMap]:
+def llama_layer_maps(
+    cfg: ModelConfig,
+    norms: dict[str, str],
+    prefix: str = "model.layers",
+    attn: str = "self_attn",
+    qk_norm_names: tuple[str, str] = ("q_norm", "k_norm"),
+) -> list[TensorMap]:
     """TensorMaps of a Llama-layout checkpoint (q_proj/k_proj/v_proj/o_proj, gate_proj/up_proj/down_proj,
     per-layer norms named by ``norms``: lmlab block norm name -> HF module name), weights and biases."""
     H, K, D, F = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
@@ -409,8 +631,13 @@ def llama_layer_maps(cfg: ModelConfig, norms: dict[str, str], prefix: str = "mod
     for i in range(cfg.n_layers):
         p, b = f"{prefix}.{i}", f"blocks.{i}"
         for s in ("weight", "bias"):
-            maps.append(TensorMap(f"{b}.attn.qkv.{s}", (f"{p}.{attn}.q_proj.{s}", f"{p}.{attn}.k_proj.{s}",
-                                                         f"{p}.{attn}.v_proj.{s}"), (H * D, K * D, K * D)))
+            maps.append(
+                TensorMap(
+                    f"{b}.attn.qkv.{s}",
+                    (f"{p}.{attn}.q_proj.{s}", f"{p}.{attn}.k_proj.{s}", f"{p}.{attn}.v_proj.{s}"),
+                    (H * D, K * D, K * D),
+                )
+            )
             maps.append(TensorMap(f"{b}.attn.out.{s}", (f"{p}.{attn}.o_proj.{s}",), (cfg.d_model,)))
             maps.append(TensorMap(f"{b}.mlp.w_in.{s}", (f"{p}.mlp.gate_proj.{s}", f"{p}.mlp.up_proj.{s}"), (F, F)))
             maps.append(TensorMap(f"{b}.mlp.w_out.{s}", (f"{p}.mlp.down_proj.{s}",), (cfg.d_model,)))
@@ -421,8 +648,13 @@ def llama_layer_maps(cfg: ModelConfig, norms: dict[str, str], prefix: str = "mod
     return maps
 
 
-def model_maps(cfg: ModelConfig, layer_maps: list[TensorMap], embed: str = "model.embed_tokens.weight",
-               final_norm: str = "model.norm", lm_head: str = "lm_head") -> list[TensorMap]:
+def model_maps(
+    cfg: ModelConfig,
+    layer_maps: list[TensorMap],
+    embed: str = "model.embed_tokens.weight",
+    final_norm: str = "model.norm",
+    lm_head: str = "lm_head",
+) -> list[TensorMap]:
     maps = [TensorMap("embed.weight", (embed,), (cfg.vocab_size,))]
     maps += layer_maps
     for s in ("weight", "bias"):
@@ -467,13 +699,20 @@ def state_to_lmlab(hf_state: StateDict, cfg: ModelConfig, maps: list[TensorMap],
     head = next((m.hf[0] for m in maps if m.lmlab == "lm_head.weight"), "lm_head.weight")
     if cfg.tie_embeddings and head in hf_state:
         if not torch.equal(hf_state[head].to(out["embed.weight"].dtype), out["embed.weight"]):
-            raise unsupported(family, "tie_word_embeddings", True, "a tied checkpoint whose lm_head.weight equals "
-                              "the token embedding (this one stores a different LM head)")
+            raise unsupported(
+                family,
+                "tie_word_embeddings",
+                True,
+                "a tied checkpoint whose lm_head.weight equals "
+                "the token embedding (this one stores a different LM head)",
+            )
         used.add(head)
     extra = sorted(k for k in hf_state if k not in used and not k.endswith(IGNORED_HF_SUFFIXES))
     if extra:
-        raise UnsupportedError(f"{family}: checkpoint tensor(s) {extra[:4]}{' ...' if len(extra) > 4 else ''} have no "
-                               f"place in lmlab's model of this config (refusing to drop them)")
+        raise UnsupportedError(
+            f"{family}: checkpoint tensor(s) {extra[:4]}{' ...' if len(extra) > 4 else ''} have no "
+            f"place in lmlab's model of this config (refusing to drop them)"
+        )
     wrong = [(k, tuple(out[k].shape), tuple(expected[k])) for k in out if out[k].shape != expected[k]]
     if wrong:
         raise UnsupportedError(f"{family}: tensor shapes do not fit the config: {wrong[:3]}")
@@ -491,8 +730,10 @@ def pop_stacked_experts(state: StateDict, cfg: ModelConfig, prefix: str, family:
             continue
         gate_up, down = state.pop(f"{p}.gate_up_proj"), state.pop(f"{p}.down_proj")
         if gate_up.shape[0] != cfg.n_experts or down.shape[0] != cfg.n_experts:
-            raise UnsupportedError(f"{family}: {p}.gate_up_proj / down_proj hold {gate_up.shape[0]} / "
-                                   f"{down.shape[0]} experts, the config {cfg.n_experts}")
+            raise UnsupportedError(
+                f"{family}: {p}.gate_up_proj / down_proj hold {gate_up.shape[0]} / "
+                f"{down.shape[0]} experts, the config {cfg.n_experts}"
+            )
         yield p, gate_up, down
 
 

@@ -34,14 +34,26 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from lmlab.checkpoint import state_mismatch
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.interop import common
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, families, get_family
 from lmlab.json_checks import check_nesting
 
 # Export tries families in this order when the run names none (the common recipes first).
-PREFERRED = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "cohere",
-             "cohere2")
+PREFERRED = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "olmo",
+    "olmo2",
+    "cohere",
+    "cohere2",
+)
 
 
 class HFFormatError(ValueError):
@@ -51,6 +63,7 @@ class HFFormatError(ValueError):
 # ------------------------------------------------------------------------------------------------
 # Reading an HF folder
 # ------------------------------------------------------------------------------------------------
+
 
 def read_hf_config(path: str | Path) -> dict:
     """The parsed ``config.json`` of HF model folder ``path``; raises HFFormatError naming the file when
@@ -85,12 +98,15 @@ def _bin_error(file: Path, exc: Exception) -> HFFormatError:
     if isinstance(exc, pickle.UnpicklingError) and "weights only load failed" in text.lower():
         found = re.search(r"GLOBAL ([\w.]+)", text)
         what = f" ({found.group(1)})" if found else ""
-        return HFFormatError(f"{str(file)!r} holds Python objects beyond tensors{what} that only full "
-                             f"unpickling would load: refused, lmlab never unpickles (torch.load("
-                             f"weights_only=True) at most); convert it to safetensors where it comes from")
+        return HFFormatError(
+            f"{str(file)!r} holds Python objects beyond tensors{what} that only full "
+            f"unpickling would load: refused, lmlab never unpickles (torch.load("
+            f"weights_only=True) at most); convert it to safetensors where it comes from"
+        )
     first = (text.strip().splitlines() or [type(exc).__name__])[0]
-    return HFFormatError(f"{str(file)!r} could not be read with torch.load(weights_only=True) (truncated or "
-                         f"corrupt?): {first[:200]}")
+    return HFFormatError(
+        f"{str(file)!r} could not be read with torch.load(weights_only=True) (truncated or corrupt?): {first[:200]}"
+    )
 
 
 def _load_bin(file: Path) -> StateDict:
@@ -107,8 +123,10 @@ def read_hf_state(path: str | Path) -> StateDict:
     """All tensors of HF model folder ``path``: model.safetensors, sharded safetensors (index), or
     pytorch_model.bin (sharded or not; read with ``weights_only=True``)."""
     path = Path(path)
-    for index_name, loader in (("model.safetensors.index.json", _load_safetensors),
-                               ("pytorch_model.bin.index.json", _load_bin)):
+    for index_name, loader in (
+        ("model.safetensors.index.json", _load_safetensors),
+        ("pytorch_model.bin.index.json", _load_bin),
+    ):
         index = path / index_name
         if index.is_file():
             try:
@@ -129,8 +147,9 @@ def read_hf_state(path: str | Path) -> StateDict:
         return _load_safetensors(path / "model.safetensors")
     if (path / "pytorch_model.bin").is_file():
         return _load_bin(path / "pytorch_model.bin")
-    raise HFFormatError(f"{str(path)!r} has no weights (model.safetensors, model.safetensors.index.json or "
-                        f"pytorch_model.bin)")
+    raise HFFormatError(
+        f"{str(path)!r} has no weights (model.safetensors, model.safetensors.index.json or pytorch_model.bin)"
+    )
 
 
 def load_strict(model: torch.nn.Module, state: StateDict) -> None:
@@ -138,14 +157,10 @@ def load_strict(model: torch.nn.Module, state: StateDict) -> None:
     their shapes; UnsupportedError naming what differs."""
     expected = model.state_dict()
     tied = getattr(model.cfg, "tie_embeddings", False)
-    need = {k for k in expected if not (tied and k == "lm_head.weight")}
-    missing, extra = sorted(need - set(state)), sorted(set(state) - set(expected))
-    wrong = sorted(k for k in need & set(state) if tuple(state[k].shape) != tuple(expected[k].shape))
-    if missing or extra or wrong:
-        raise UnsupportedError("the converted tensors do not fit the lmlab model: " + "; ".join(x for x in (
-            f"missing {missing[:3]}" if missing else "", f"unexpected {extra[:3]}" if extra else "",
-            f"shape mismatch {[(k, tuple(state[k].shape), tuple(expected[k].shape)) for k in wrong[:3]]}"
-            if wrong else "") if x))
+    need = {k: v for k, v in expected.items() if not (tied and k == "lm_head.weight")}
+    mismatch = state_mismatch({k: v for k, v in state.items() if k in need or k not in expected}, need)
+    if mismatch:
+        raise UnsupportedError(f"the converted tensors do not fit the lmlab model: {mismatch}")
     full = dict(state)
     if tied:
         full["lm_head.weight"] = full["embed.weight"]
@@ -203,22 +218,28 @@ def check_declared(hf: dict, state: StateDict, where: str) -> None:
             continue
         name = value.removeprefix("torch.") if isinstance(value, str) else None
         if not (name and isinstance(getattr(torch, name, None), torch.dtype)):
-            raise HFFormatError(f"{where}: {key}={value!r} is not a dtype; valid: 'auto' or a torch dtype name "
-                                f"(float32, bfloat16, float16, float64, ...)")
+            raise HFFormatError(
+                f"{where}: {key}={value!r} is not a dtype; valid: 'auto' or a torch dtype name "
+                f"(float32, bfloat16, float16, float64, ...)"
+            )
     layers = {int(m.group(1)) for k in state for m in [_LAYER_INDEX.search(k)] if m}
     found = max(layers) + 1 if layers else 0
     for section in (hf, hf.get("text_config") if isinstance(hf.get("text_config"), dict) else {}):
         for key in ("num_hidden_layers", "n_layer", "num_layers"):
             value = section.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and layers and value > found:
-                raise HFFormatError(f"{where}: {key}={value} but the weights hold {found} layer(s) "
-                                    f"(indices {min(layers)}-{max(layers)}); the config and the weights disagree")
+                raise HFFormatError(
+                    f"{where}: {key}={value} but the weights hold {found} layer(s) "
+                    f"(indices {min(layers)}-{max(layers)}); the config and the weights disagree"
+                )
     for name, t in state.items():
         if t.is_floating_point():
             bad = int((~torch.isfinite(t)).sum())
             if bad:
-                raise HFFormatError(f"{where}: tensor {name!r} holds {bad:,} NaN or infinite value(s) of "
-                                    f"{t.numel():,}; the weights are damaged, refused")
+                raise HFFormatError(
+                    f"{where}: tensor {name!r} holds {bad:,} NaN or infinite value(s) of "
+                    f"{t.numel():,}; the weights are damaged, refused"
+                )
 
 
 def hf_to_lmlab(path: str | Path, dtype: str = "fp32", notes: Optional[list] = None):
@@ -234,8 +255,9 @@ def hf_to_lmlab(path: str | Path, dtype: str = "fp32", notes: Optional[list] = N
     hf, hf_state, extra = _read_folder(Path(path))
     if notes is not None:
         notes.extend(extra)
-    check_declared(hf, hf_state, str(Path(path) / "config.json") if (Path(path) / "config.json").is_file()
-                   else str(path))
+    check_declared(
+        hf, hf_state, str(Path(path) / "config.json") if (Path(path) / "config.json").is_file() else str(path)
+    )
     family = get_family(hf["model_type"])
     cfg = family.config_to_lmlab(dict(hf))
     target = resolve_dtype(dtype, stored_dtype(t.dtype for t in hf_state.values()))
@@ -248,6 +270,7 @@ def hf_to_lmlab(path: str | Path, dtype: str = "fp32", notes: Optional[list] = N
 # ------------------------------------------------------------------------------------------------
 # Import
 # ------------------------------------------------------------------------------------------------
+
 
 def _refuse_existing(folder: Path, what: str) -> None:
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
@@ -309,8 +332,9 @@ def import_hf(path: str | Path, out_run_dir: str | Path, dtype: str = "auto") ->
             },
         }
         write_run(tmp, spec)
-        save_checkpoint(tmp, 0, model, None, {"step": 0, "tokens_seen": 0, "imported_from": str(path.resolve())},
-                        keep=0)
+        save_checkpoint(
+            tmp, 0, model, None, {"step": 0, "tokens_seen": 0, "imported_from": str(path.resolve())}, keep=0
+        )
         if out.exists():
             out.rmdir()  # empty (checked above)
         os.replace(tmp, out)
@@ -319,14 +343,21 @@ def import_hf(path: str | Path, out_run_dir: str | Path, dtype: str = "auto") ->
         raise
     unread = family.unread_notes(hf) if family.unread_notes is not None else []
     notes = conversion + [f"config.json {n}" for n in unread]
-    return {"model_type": family.model_type, "params": model.num_params(), "tokenizer": tokenizer,
-            "run": str(out), "checkpoint": str(out / "checkpoints" / "step_0000000"), "notes": notes,
-            "dtype": stored}
+    return {
+        "model_type": family.model_type,
+        "params": model.num_params(),
+        "tokenizer": tokenizer,
+        "run": str(out),
+        "checkpoint": str(out / "checkpoints" / "step_0000000"),
+        "notes": notes,
+        "dtype": stored,
+    }
 
 
 # ------------------------------------------------------------------------------------------------
 # Export
 # ------------------------------------------------------------------------------------------------
+
 
 def _ordered_families() -> list[Family]:
     fams = families()
@@ -353,9 +384,10 @@ def lmlab_to_hf_config(
         except (UnsupportedError, ConfigError) as exc:
             why = str(exc).split(": ", 1)[-1]
             reasons.append(f"  {fam.model_type}: {why if len(why) <= 160 else why[:157] + '...'}")
-    raise UnsupportedError("no Hugging Face family represents this config exactly; why not, per "
-                           "family (`--family NAME` gives one family's reasons in full):\n"
-                           + "\n".join(reasons))
+    raise UnsupportedError(
+        "no Hugging Face family represents this config exactly; why not, per "
+        "family (`--family NAME` gives one family's reasons in full):\n" + "\n".join(reasons)
+    )
 
 
 def load_run_model(run_dir: str | Path, step: Optional[int] = None):
@@ -369,17 +401,28 @@ def load_run_model(run_dir: str | Path, step: Optional[int] = None):
     return model, cfg, run, ckpt
 
 
-def export_model(model: torch.nn.Module, out_dir: str | Path, family: Optional[str] = None,
-                 hint: Optional[str] = None, extra_config: Optional[dict] = None,
-                 dtype: torch.dtype = torch.float32) -> tuple[Family, dict]:
+def export_model(
+    model: torch.nn.Module,
+    out_dir: str | Path,
+    family: Optional[str] = None,
+    hint: Optional[str] = None,
+    extra_config: Optional[dict] = None,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[Family, dict]:
     """Write ``model`` (a TransformerLM) as an HF model folder: config.json and model.safetensors in
     ``dtype`` (torch.float32 or torch.bfloat16; config.json's ``dtype`` says which). ``family`` / ``hint``
     as in :func:`lmlab_to_hf_config`; ``extra_config``: metadata fields added to config.json (special
     token ids). Returns (family, config.json mapping)."""
     cfg = model.cfg
     fam, hf = lmlab_to_hf_config(cfg, family, hint)
-    state = fam.state_to_hf({k: v.detach().to(device="cpu", dtype=dtype) for k, v in model.state_dict().items()
-                             if not k.startswith("mtp.")}, cfg)  # MTP: training only (export_hf says so)
+    state = fam.state_to_hf(
+        {
+            k: v.detach().to(device="cpu", dtype=dtype)
+            for k, v in model.state_dict().items()
+            if not k.startswith("mtp.")
+        },
+        cfg,
+    )  # MTP: training only (export_hf says so)
     state = {k: v.clone().contiguous() for k, v in state.items()}  # no shared storage in safetensors
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -402,8 +445,13 @@ def checkpoint_dtype(ckpt_dir: str | Path) -> torch.dtype:
     return stored_dtype({"BF16": torch.bfloat16, "F16": torch.float16}.get(n, torch.float32) for n in names)
 
 
-def export_hf(run_dir: str | Path, out_dir: str | Path, family: Optional[str] = None,
-              step: Optional[int] = None, dtype: str = "auto") -> dict:
+def export_hf(
+    run_dir: str | Path,
+    out_dir: str | Path,
+    family: Optional[str] = None,
+    step: Optional[int] = None,
+    dtype: str = "auto",
+) -> dict:
     """Write the run's latest checkpoint (or ``step``) as an HF model folder ``out_dir``: config.json,
     model.safetensors and tokenizer.json when the run has one. ``dtype`` of the written weights: 'auto'
     (default) that of the checkpoint's stored weights (:func:`checkpoint_dtype`: bf16 for an import kept
@@ -429,8 +477,19 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, family: Optional[str] = 
     fam, hf = export_model(model, out, family, meta.get("model_type"), special, target)
     if (run_dir / "tokenizer.json").is_file():
         shutil.copyfile(run_dir / "tokenizer.json", out / "tokenizer.json")
-    left_out = ([f"the {cfg.mtp_depth} multi-token prediction module(s) (training only; the logits do not use "
-                 f"them, and no converted family holds them: transformers' DeepSeek-V3 drops them too)"]
-                if cfg.mtp_depth else [])
-    return {"model_type": fam.model_type, "hf_class": fam.hf_class, "checkpoint": str(ckpt), "out": str(out),
-            "dtype": DTYPE_NAMES[target], "left_out": left_out}
+    left_out = (
+        [
+            f"the {cfg.mtp_depth} multi-token prediction module(s) (training only; the logits do not use "
+            f"them, and no converted family holds them: transformers' DeepSeek-V3 drops them too)"
+        ]
+        if cfg.mtp_depth
+        else []
+    )
+    return {
+        "model_type": fam.model_type,
+        "hf_class": fam.hf_class,
+        "checkpoint": str(ckpt),
+        "out": str(out),
+        "dtype": DTYPE_NAMES[target],
+        "left_out": left_out,
+    }

@@ -21,8 +21,12 @@ from lmlab.interop.registry import Family, StateDict, register
 
 NORM_LAYOUTS = {
     "pre": {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"},
-    "sandwich": {"attn_norm": "input_layernorm", "attn_out_norm": "post_attention_layernorm",
-                 "mlp_norm": "pre_feedforward_layernorm", "mlp_out_norm": "post_feedforward_layernorm"},
+    "sandwich": {
+        "attn_norm": "input_layernorm",
+        "attn_out_norm": "post_attention_layernorm",
+        "mlp_norm": "pre_feedforward_layernorm",
+        "mlp_out_norm": "post_feedforward_layernorm",
+    },
     "reordered": {"attn_norm": "post_attention_layernorm", "mlp_norm": "post_feedforward_layernorm"},
     "parallel": {"attn_norm": "input_layernorm"},
 }
@@ -67,13 +71,28 @@ class Spec:
     notes: str = ""
 
     def handled(self) -> set:
-        keys = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings", "attention_dropout",
-                self.act_key, "head_dim"}
-        keys |= {"rms": {"rms_norm_eps"}, "gemma": {"rms_norm_eps"}, "olmo": set(),
-                 "cohere": {"layer_norm_eps"}}[self.norm]
-        keys |= {"attention_bias": {"attention_bias"}, "llama": {"attention_bias", "mlp_bias"}, "qkv": set(),
-                 "none": set()}[self.bias]
+        keys = {
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "max_position_embeddings",
+            "tie_word_embeddings",
+            "attention_dropout",
+            self.act_key,
+            "head_dim",
+        }
+        keys |= {"rms": {"rms_norm_eps"}, "gemma": {"rms_norm_eps"}, "olmo": set(), "cohere": {"layer_norm_eps"}}[
+            self.norm
+        ]
+        keys |= {
+            "attention_bias": {"attention_bias"},
+            "llama": {"attention_bias", "mlp_bias"},
+            "qkv": set(),
+            "none": set(),
+        }[self.bias]
         keys |= {
             "none": set(),
             "all": {"sliding_window"},
@@ -98,8 +117,13 @@ class Spec:
         if self.nope:
             keys |= {"no_rope_layers", "no_rope_layer_interval", "use_sliding_window", "sliding_window", "layer_types"}
         if self.moe == "mixtral":
-            keys |= {"num_local_experts", "num_experts_per_tok", "output_router_logits", "router_aux_loss_coef",
-                     "router_jitter_noise"}
+            keys |= {
+                "num_local_experts",
+                "num_experts_per_tok",
+                "output_router_logits",
+                "router_aux_loss_coef",
+                "router_jitter_noise",
+            }
         if self.moe == "qwen3":
             keys |= {
                 "num_experts",
@@ -119,6 +143,7 @@ class Spec:
 # config.json -> ModelConfig
 # ------------------------------------------------------------------------------------------------
 
+
 def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
     fam, d = spec.model_type, spec.defaults
     C.check_fields(hf, fam, spec.handled())
@@ -128,10 +153,7 @@ def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
     kv = g("num_key_value_heads") or heads
     head_dim = hidden // heads if spec.head_dim == "derived" else (g("head_dim") or hidden // heads)
     n_layers = g("num_hidden_layers")
-    kw: dict = dict(vocab_size=g("vocab_size"), context_length=g("max_position_embeddings"), d_model=hidden,
-                    n_layers=n_layers, n_heads=heads, n_kv_heads=kv, head_dim=head_dim,
-                    d_ff=g("intermediate_size"), tie_embeddings=bool(g("tie_word_embeddings")),
-                    attn_dropout=float(g("attention_dropout") or 0.0))
+    kw: dict = C.read_sizes(g, d_model=hidden, n_layers=n_layers, n_heads=heads, n_kv_heads=kv, head_dim=head_dim)
     act = g(spec.act_key)
     if spec.gemma_legacy_gelu and act == "gelu":  # GemmaConfig.__post_init__ maps the legacy value to tanh
         act = "gelu_pytorch_tanh"
@@ -171,15 +193,17 @@ def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
     elif spec.sliding == "qwen":
         window = g("sliding_window") if g("use_sliding_window") else None
         mwl = g("max_window_layers")
-        types = hf.get("layer_types") or ["sliding_attention" if window is not None and i >= mwl else "full_attention"
-                                          for i in range(n_layers)]
+        types = hf.get("layer_types") or [
+            "sliding_attention" if window is not None and i >= mwl else "full_attention" for i in range(n_layers)
+        ]
     elif spec.sliding == "types":
         window = g("sliding_window")
         p = spec.default_pattern
         if spec.pattern_key:
             p = hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern", p))
-        types = hf.get("layer_types") or ["sliding_attention" if (i + 1) % p else "full_attention"
-                                          for i in range(n_layers)]
+        types = hf.get("layer_types") or [
+            "sliding_attention" if (i + 1) % p else "full_attention" for i in range(n_layers)
+        ]
     if types is not None and len(types) != n_layers:
         raise C.unsupported(fam, "layer_types", types, f"one entry per layer ({n_layers})")
     pattern = C.pattern_from_types(types, fam) if (types is not None and window is not None) else None
@@ -190,12 +214,17 @@ def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
     kw.update(position="rope", rope_style="interleaved" if spec.rope in ("interleaved", "cohere2") else "half")
     if spec.rope == "gemma3":
         theta, scaling, partial = C.read_rope(hf, fam, "full_attention", spec.rope_defaults[0])
-        l_theta, l_scaling, l_partial = C.read_rope(hf, fam, "sliding_attention", spec.rope_defaults[1],
-                                                    "rope_local_base_freq")
+        l_theta, l_scaling, l_partial = C.read_rope(
+            hf, fam, "sliding_attention", spec.rope_defaults[1], "rope_local_base_freq"
+        )
         if pattern is not None and (l_theta, l_scaling) != (theta, scaling):
             if l_scaling is not None:
-                raise C.unsupported(fam, "rope_parameters.sliding_attention.rope_type", l_scaling["type"],
-                                    "'default' on sliding layers when their RoPE differs from the full layers'")
+                raise C.unsupported(
+                    fam,
+                    "rope_parameters.sliding_attention.rope_type",
+                    l_scaling["type"],
+                    "'default' on sliding layers when their RoPE differs from the full layers'",
+                )
             kw["rope_local_theta"] = l_theta
         partial = partial if partial != 1.0 else l_partial
     else:
@@ -219,9 +248,12 @@ def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
     elif spec.qk_norm == "cohere" and g("use_qk_norm"):
         kw.update(qk_norm="layernorm", qk_norm_scope="head_untied")
     if spec.gemma:
-        kw.update(scale_embeddings=True, query_pre_attn_scalar=float(g("query_pre_attn_scalar")),
-                  attn_logit_softcap=g("attn_logit_softcapping") if spec.attn_softcap else None,
-                  final_logit_softcap=g("final_logit_softcapping"))
+        kw.update(
+            scale_embeddings=True,
+            query_pre_attn_scalar=float(g("query_pre_attn_scalar")),
+            attn_logit_softcap=g("attn_logit_softcapping") if spec.attn_softcap else None,
+            final_logit_softcap=g("final_logit_softcapping"),
+        )
     elif spec.norm == "gemma":
         kw["scale_embeddings"] = True
     if spec.bidirectional_key and g("use_bidirectional_attention"):
@@ -235,8 +267,9 @@ def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
         kw["clip_qkv"] = float(g("clip_qkv"))
     if spec.nope:  # SmolLM3Attention: RoPE only where no_rope_layers[i] is 1
         if g("use_sliding_window"):
-            raise C.unsupported(fam, "use_sliding_window", True, "false (SmolLM3's sliding NoPE layers are not "
-                                "represented)")
+            raise C.unsupported(
+                fam, "use_sliding_window", True, "false (SmolLM3's sliding NoPE layers are not represented)"
+            )
         flags = hf.get("no_rope_layers") or [int((i + 1) % g("no_rope_layer_interval") != 0) for i in range(n_layers)]
         if len(flags) != n_layers or any(f not in (0, 1) for f in flags):
             raise C.unsupported(fam, "no_rope_layers", flags, f"one 0 or 1 per layer ({n_layers})")
@@ -244,13 +277,15 @@ def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
         if "N" in pattern:
             kw["nope_layers"] = pattern
     if spec.moe == "mixtral":  # MixtralTopKRouter: softmax over the experts, top-k, renormalised
-        if g("router_jitter_noise"):
-            raise C.unsupported(fam, "router_jitter_noise", g("router_jitter_noise"),
-                                "0.0 (lmlab's router adds no training-time noise)")
-        kw.update(n_experts=g("num_local_experts"), experts_per_token=g("num_experts_per_tok"),
-                  router_score="softmax", router_renormalize=True,
-                  # HF adds the load-balancing loss only when output_router_logits is set
-                  moe_aux_loss=float(g("router_aux_loss_coef")) if g("output_router_logits") else 0.0)
+        C.refuse_router_noise(fam, g)
+        kw.update(
+            n_experts=g("num_local_experts"),
+            experts_per_token=g("num_experts_per_tok"),
+            router_score="softmax",
+            router_renormalize=True,
+            # HF adds the load-balancing loss only when output_router_logits is set
+            moe_aux_loss=float(g("router_aux_loss_coef")) if g("output_router_logits") else 0.0,
+        )
     if spec.moe == "qwen3":
         kw.update(_qwen3_moe_fields(hf, g, fam, n_layers))
     return C.lmlab_config(fam, kw)
@@ -260,15 +295,14 @@ def config_to_lmlab(spec: Spec, hf: dict) -> ModelConfig:
 # ModelConfig -> config.json
 # ------------------------------------------------------------------------------------------------
 
+
 def config_to_hf(spec: Spec, cfg: ModelConfig) -> dict:
     """The family's config.json for ``cfg``; UnsupportedError naming what the family cannot represent."""
     rot = int(round(cfg.head_dim * cfg.rope_fraction))
-    hf: dict = {"architectures": [spec.hf_class], "model_type": spec.model_type, "dtype": "float32",
-                "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff,
-                "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-                "num_key_value_heads": cfg.n_kv_heads, "max_position_embeddings": cfg.context_length,
-                "tie_word_embeddings": cfg.tie_embeddings, "attention_dropout": float(cfg.attn_dropout),
-                spec.act_key: C.GATED_ACT_TO_HF.get(cfg.activation, cfg.activation)}
+    hf: dict = {
+        **C.hf_sizes(spec.model_type, spec.hf_class, cfg),
+        spec.act_key: C.GATED_ACT_TO_HF.get(cfg.activation, cfg.activation),
+    }
     if spec.head_dim == "key":
         hf["head_dim"] = cfg.head_dim
     if spec.norm in ("rms", "gemma"):
@@ -284,16 +318,22 @@ def config_to_hf(spec: Spec, cfg: ModelConfig) -> dict:
     if spec.sliding == "all":
         hf["sliding_window"] = cfg.sliding_window if local else None
     elif spec.sliding == "qwen":
-        hf.update(use_sliding_window=local, sliding_window=cfg.sliding_window if local else None,
-                  max_window_layers=types.index("sliding_attention") if local else cfg.n_layers, layer_types=types)
+        hf.update(
+            use_sliding_window=local,
+            sliding_window=cfg.sliding_window if local else None,
+            max_window_layers=types.index("sliding_attention") if local else cfg.n_layers,
+            layer_types=types,
+        )
     elif spec.sliding == "types":
         hf.update(sliding_window=cfg.sliding_window if local else cfg.context_length, layer_types=types)
     elif spec.sliding == "flag":
         hf.update(use_sliding_window=local, sliding_window=cfg.sliding_window if local else None)
     if spec.rope == "gemma3":
         local_rope = (cfg.rope_local_theta, None) if cfg.rope_local_theta else (cfg.rope_theta, cfg.rope_scaling)
-        hf["rope_parameters"] = {"full_attention": C.rope_to_hf(cfg.rope_theta, cfg.rope_scaling, rot),
-                                 "sliding_attention": C.rope_to_hf(local_rope[0], local_rope[1], rot)}
+        hf["rope_parameters"] = {
+            "full_attention": C.rope_to_hf(cfg.rope_theta, cfg.rope_scaling, rot),
+            "sliding_attention": C.rope_to_hf(local_rope[0], local_rope[1], rot),
+        }
     else:
         hf["rope_parameters"] = C.rope_to_hf(cfg.rope_theta, cfg.rope_scaling, rot)
     if spec.qk_norm == "cohere":
@@ -303,8 +343,11 @@ def config_to_hf(spec: Spec, cfg: ModelConfig) -> dict:
         if float(scalar) != int(scalar):  # transformers types the field as int
             raise C.unsupported(spec.model_type, "query_pre_attn_scalar", scalar, "a whole number")
         cap = lambda v: None if v is None else float(v)  # noqa: E731
-        hf.update(query_pre_attn_scalar=int(scalar), final_logit_softcapping=cap(cfg.final_logit_softcap),
-                  attn_logit_softcapping=cap(cfg.attn_logit_softcap) if spec.attn_softcap else None)
+        hf.update(
+            query_pre_attn_scalar=int(scalar),
+            final_logit_softcapping=cap(cfg.final_logit_softcap),
+            attn_logit_softcapping=cap(cfg.attn_logit_softcap) if spec.attn_softcap else None,
+        )
     if spec.bidirectional_key:
         hf["use_bidirectional_attention"] = False
     if spec.logit_scale:
@@ -312,12 +355,20 @@ def config_to_hf(spec: Spec, cfg: ModelConfig) -> dict:
     if spec.clip_qkv:
         hf["clip_qkv"] = None if cfg.clip_qkv is None else float(cfg.clip_qkv)
     if spec.nope:
-        hf.update(no_rope_layers=[int(cfg.layer_has_rope(i)) for i in range(cfg.n_layers)], no_rope_layer_interval=4,
-                  use_sliding_window=False, sliding_window=None)
+        hf.update(
+            no_rope_layers=[int(cfg.layer_has_rope(i)) for i in range(cfg.n_layers)],
+            no_rope_layer_interval=4,
+            use_sliding_window=False,
+            sliding_window=None,
+        )
     if spec.moe == "mixtral":
-        hf.update(num_local_experts=cfg.n_experts, num_experts_per_tok=cfg.experts_per_token,
-                  output_router_logits=cfg.moe_aux_loss > 0, router_jitter_noise=0.0,
-                  router_aux_loss_coef=cfg.moe_aux_loss or spec.defaults["router_aux_loss_coef"])
+        hf.update(
+            num_local_experts=cfg.n_experts,
+            num_experts_per_tok=cfg.experts_per_token,
+            output_router_logits=cfg.moe_aux_loss > 0,
+            router_jitter_noise=0.0,
+            router_aux_loss_coef=cfg.moe_aux_loss or spec.defaults["router_aux_loss_coef"],
+        )
         if cfg.expert_d_ff is not None:
             hf["intermediate_size"] = cfg.expert_d_ff
     if spec.moe == "qwen3":
@@ -328,6 +379,7 @@ def config_to_hf(spec: Spec, cfg: ModelConfig) -> dict:
 # ------------------------------------------------------------------------------------------------
 # State dicts
 # ------------------------------------------------------------------------------------------------
+
 
 def tensor_maps(spec: Spec, cfg: ModelConfig) -> list[C.TensorMap]:
     layers = C.llama_layer_maps(cfg, NORM_LAYOUTS[spec.layout])
@@ -372,10 +424,15 @@ def _qwen3_moe_fields(hf: dict, g, fam: str, n_layers: int) -> dict:
     flags = "".join("M" if experts and i not in only and (i + 1) % step == 0 else "D" for i in range(n_layers))
     if "M" not in flags:
         return {}
-    return dict(n_experts=experts, experts_per_token=g("num_experts_per_tok"), expert_d_ff=g("moe_intermediate_size"),
-                router_score="softmax", router_renormalize=bool(g("norm_topk_prob")),
-                moe_pattern=C.shortest_period(flags),
-                moe_aux_loss=float(g("router_aux_loss_coef")) if g("output_router_logits") else 0.0)
+    return dict(
+        n_experts=experts,
+        experts_per_token=g("num_experts_per_tok"),
+        expert_d_ff=g("moe_intermediate_size"),
+        router_score="softmax",
+        router_renormalize=bool(g("norm_topk_prob")),
+        moe_pattern=C.shortest_period(flags),
+        moe_aux_loss=float(g("router_aux_loss_coef")) if g("output_router_logits") else 0.0,
+    )
 
 
 def _qwen3_moe_hf(cfg: ModelConfig, defaults: dict) -> dict:
@@ -386,11 +443,16 @@ def _qwen3_moe_hf(cfg: ModelConfig, defaults: dict) -> dict:
     moe = {i for i in range(cfg.n_layers) if cfg.layer_is_moe(i)}
     steps = [s for s in range(1, cfg.n_layers + 1) if all((i + 1) % s == 0 for i in moe)]
     step = min(steps, key=lambda s: sum(1 for i in range(cfg.n_layers) if (i + 1) % s == 0 and i not in moe))
-    return dict(num_experts=cfg.n_experts, num_experts_per_tok=cfg.experts_per_token, decoder_sparse_step=step,
-                mlp_only_layers=[i for i in range(cfg.n_layers) if (i + 1) % step == 0 and i not in moe],
-                moe_intermediate_size=cfg.expert_d_ff or cfg.d_ff, norm_topk_prob=cfg.router_renormalize,
-                output_router_logits=cfg.moe_aux_loss > 0,
-                router_aux_loss_coef=cfg.moe_aux_loss or defaults["router_aux_loss_coef"])
+    return dict(
+        num_experts=cfg.n_experts,
+        num_experts_per_tok=cfg.experts_per_token,
+        decoder_sparse_step=step,
+        mlp_only_layers=[i for i in range(cfg.n_layers) if (i + 1) % step == 0 and i not in moe],
+        moe_intermediate_size=cfg.expert_d_ff or cfg.d_ff,
+        norm_topk_prob=cfg.router_renormalize,
+        output_router_logits=cfg.moe_aux_loss > 0,
+        router_aux_loss_coef=cfg.moe_aux_loss or defaults["router_aux_loss_coef"],
+    )
 
 
 def build(spec: Spec) -> Family:
@@ -402,8 +464,15 @@ def build(spec: Spec) -> Family:
     def to_hf_state(state: StateDict, cfg: ModelConfig) -> StateDict:
         return C.state_to_hf(state, cfg, tensor_maps(spec, cfg))
 
-    return register(Family(model_type=spec.model_type, hf_class=spec.hf_class,
-                           config_to_lmlab=lambda hf: config_to_lmlab(spec, hf), state_to_lmlab=to_lmlab_state,
-                           config_to_hf=lambda cfg: config_to_hf(spec, cfg), state_to_hf=to_hf_state,
-                           notes=spec.notes,
-                           unread_notes=lambda hf: C.check_unread(hf, spec.model_type, spec.unread, spec.defaults)))
+    return register(
+        Family(
+            model_type=spec.model_type,
+            hf_class=spec.hf_class,
+            config_to_lmlab=lambda hf: config_to_lmlab(spec, hf),
+            state_to_lmlab=to_lmlab_state,
+            config_to_hf=lambda cfg: config_to_hf(spec, cfg),
+            state_to_hf=to_hf_state,
+            notes=spec.notes,
+            unread_notes=lambda hf: C.check_unread(hf, spec.model_type, spec.unread, spec.defaults),
+        )
+    )

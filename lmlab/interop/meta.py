@@ -33,9 +33,24 @@ from pathlib import Path
 
 import torch
 
-PARAM_KEYS = {"dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of", "ffn_dim_multiplier",
-              "norm_eps", "rope_theta", "use_scaled_rope", "rope_scaling_factor", "low_freq_factor",
-              "high_freq_factor", "original_max_position_embeddings", "max_seq_len", "max_batch_size"}
+PARAM_KEYS = {
+    "dim",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "vocab_size",
+    "multiple_of",
+    "ffn_dim_multiplier",
+    "norm_eps",
+    "rope_theta",
+    "use_scaled_rope",
+    "rope_scaling_factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "original_max_position_embeddings",
+    "max_seq_len",
+    "max_batch_size",
+}
 SHARD = re.compile(r"consolidated\.(\d+)\.pth$")
 
 
@@ -52,8 +67,10 @@ def is_meta_folder(path: str | Path) -> bool:
 def _shards(path: Path) -> list[Path]:
     found = sorted((int(m.group(1)), p) for p in path.iterdir() if (m := SHARD.search(p.name)))
     if [i for i, _ in found] != list(range(len(found))):
-        raise MetaFormatError(f"{str(path)!r}: shards {[p.name for _, p in found]} are not consolidated.00 .. "
-                              f"consolidated.{len(found) - 1:02d}; a shard is missing")
+        raise MetaFormatError(
+            f"{str(path)!r}: shards {[p.name for _, p in found]} are not consolidated.00 .. "
+            f"consolidated.{len(found) - 1:02d}; a shard is missing"
+        )
     return [p for _, p in found]
 
 
@@ -107,21 +124,25 @@ def read_meta(path: str | Path) -> tuple[dict, dict, list[str]]:
     try:
         from lmlab.json_checks import check_nesting
 
-        params = json.loads(check_nesting((path / "params.json").read_text(), repr(str(path / "params.json")),
-                                          MetaFormatError))
+        params = json.loads(
+            check_nesting((path / "params.json").read_text(), repr(str(path / "params.json")), MetaFormatError)
+        )
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise MetaFormatError(f"{str(path / 'params.json')!r} could not be read: {exc}") from None
     if not isinstance(params, dict):
         raise MetaFormatError(f"{str(path / 'params.json')!r} is not a JSON object")
     unknown = sorted(set(params) - PARAM_KEYS)
     if unknown:
-        raise MetaFormatError(f"{str(path / 'params.json')!r}: key(s) {unknown} are not part of the Llama 2 / 3 "
-                              f"layout lmlab reads ({', '.join(sorted(PARAM_KEYS))}); refused rather than ignored")
+        raise MetaFormatError(
+            f"{str(path / 'params.json')!r}: key(s) {unknown} are not part of the Llama 2 / 3 "
+            f"layout lmlab reads ({', '.join(sorted(PARAM_KEYS))}); refused rather than ignored"
+        )
     try:
         dim, n_layers, n_heads = int(params["dim"]), int(params["n_layers"]), int(params["n_heads"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise MetaFormatError(f"{str(path / 'params.json')!r} lacks a valid {exc}; it needs dim, n_layers, "
-                              f"n_heads") from None
+        raise MetaFormatError(
+            f"{str(path / 'params.json')!r} lacks a valid {exc}; it needs dim, n_layers, n_heads"
+        ) from None
     n_kv = int(params.get("n_kv_heads") or n_heads)
     shard_files = _shards(path)
     pieces = [_load(f) for f in shard_files]
@@ -131,8 +152,9 @@ def read_meta(path: str | Path) -> tuple[dict, dict, list[str]]:
             raise MetaFormatError(f"{str(f)!r} holds other tensors than {shard_files[0].name}")
     state = {n: _join(n, [p[n] for p in pieces], dim) for n in names}
     if "output.weight" not in state:
-        raise MetaFormatError(f"{str(shard_files[0])!r} has no tensor 'output.weight' (the LM head); not a "
-                              f"complete Llama checkpoint")
+        raise MetaFormatError(
+            f"{str(shard_files[0])!r} has no tensor 'output.weight' (the LM head); not a complete Llama checkpoint"
+        )
     vocab = state["output.weight"].shape[0]
     if params.get("vocab_size", -1) not in (-1, None, vocab):
         raise MetaFormatError(f"params.json vocab_size {params['vocab_size']} but output.weight has {vocab} rows")
@@ -141,10 +163,19 @@ def read_meta(path: str | Path) -> tuple[dict, dict, list[str]]:
     want = {"tok_embeddings.weight": (vocab, dim), "norm.weight": (dim,), "output.weight": (vocab, dim)}
     for i in range(n_layers):
         a, f = f"layers.{i}.attention.", f"layers.{i}.feed_forward."
-        want.update({a + "wq.weight": (n_heads * head_dim, dim), a + "wk.weight": (n_kv * head_dim, dim),
-                     a + "wv.weight": (n_kv * head_dim, dim), a + "wo.weight": (dim, n_heads * head_dim),
-                     f + "w1.weight": (d_ff, dim), f + "w2.weight": (dim, d_ff), f + "w3.weight": (d_ff, dim),
-                     f"layers.{i}.attention_norm.weight": (dim,), f"layers.{i}.ffn_norm.weight": (dim,)})
+        want.update(
+            {
+                a + "wq.weight": (n_heads * head_dim, dim),
+                a + "wk.weight": (n_kv * head_dim, dim),
+                a + "wv.weight": (n_kv * head_dim, dim),
+                a + "wo.weight": (dim, n_heads * head_dim),
+                f + "w1.weight": (d_ff, dim),
+                f + "w2.weight": (dim, d_ff),
+                f + "w3.weight": (d_ff, dim),
+                f"layers.{i}.attention_norm.weight": (dim,),
+                f"layers.{i}.ffn_norm.weight": (dim,),
+            }
+        )
     extra = sorted(set(state) - set(want))
     if extra:
         raise MetaFormatError(f"{str(path)!r}: tensor(s) {extra[:4]} are not part of the Llama layout")
@@ -152,10 +183,15 @@ def read_meta(path: str | Path) -> tuple[dict, dict, list[str]]:
         if name not in state:
             raise MetaFormatError(f"{str(path)!r} has no tensor {name!r}")
         if tuple(state[name].shape) != shape:
-            raise MetaFormatError(f"{str(path)!r}: {name!r} has shape {tuple(state[name].shape)}, the params.json "
-                                  f"layout gives {shape} (d_ff {d_ff} from multiple_of / ffn_dim_multiplier)")
-    hf_state = {"model.embed_tokens.weight": state["tok_embeddings.weight"], "model.norm.weight": state["norm.weight"],
-                "lm_head.weight": state["output.weight"]}
+            raise MetaFormatError(
+                f"{str(path)!r}: {name!r} has shape {tuple(state[name].shape)}, the params.json "
+                f"layout gives {shape} (d_ff {d_ff} from multiple_of / ffn_dim_multiplier)"
+            )
+    hf_state = {
+        "model.embed_tokens.weight": state["tok_embeddings.weight"],
+        "model.norm.weight": state["norm.weight"],
+        "lm_head.weight": state["output.weight"],
+    }
     for i in range(n_layers):
         a, f, o = f"layers.{i}.attention.", f"layers.{i}.feed_forward.", f"model.layers.{i}."
         hf_state.update(
@@ -173,26 +209,46 @@ def read_meta(path: str | Path) -> tuple[dict, dict, list[str]]:
         )
     theta = float(params.get("rope_theta", 10000.0))
     scaled = bool(params.get("use_scaled_rope", False))
-    notes = [f"converted from Meta's layout ({len(shard_files)} shard(s)); q/k rows reordered from interleaved "
-             f"to half rotation (the same attention)"]
+    notes = [
+        f"converted from Meta's layout ({len(shard_files)} shard(s)); q/k rows reordered from interleaved "
+        f"to half rotation (the same attention)"
+    ]
     if "max_seq_len" in params:
         context = int(params["max_seq_len"])
     else:
         context = 131072 if scaled else (8192 if math.isclose(theta, 500000.0) else 4096)
-        notes.append(f"params.json has no max_seq_len; context_length set to {context:,} (Llama "
-                     f"{'3.1' if scaled else '3' if context == 8192 else '2'}'s)")
+        notes.append(
+            f"params.json has no max_seq_len; context_length set to {context:,} (Llama "
+            f"{'3.1' if scaled else '3' if context == 8192 else '2'}'s)"
+        )
     if (path / "tokenizer.model").is_file():
-        notes.append("tokenizer.model (SentencePiece / tiktoken) is not read: the run has no tokenizer; prepare "
-                     "data with the model's HF tokenizer.json (`lmlab prepare --tokenizer-file`)")
-    hf = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": dim,
-          "num_hidden_layers": n_layers, "num_attention_heads": n_heads, "num_key_value_heads": n_kv,
-          "intermediate_size": d_ff, "vocab_size": vocab, "rms_norm_eps": float(params.get("norm_eps", 1e-5)),
-          "hidden_act": "silu", "max_position_embeddings": context, "tie_word_embeddings": False,
-          "attention_bias": False, "mlp_bias": False, "rope_theta": theta}
+        notes.append(
+            "tokenizer.model (SentencePiece / tiktoken) is not read: the run has no tokenizer; prepare "
+            "data with the model's HF tokenizer.json (`lmlab prepare --tokenizer-file`)"
+        )
+    hf = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": dim,
+        "num_hidden_layers": n_layers,
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv,
+        "intermediate_size": d_ff,
+        "vocab_size": vocab,
+        "rms_norm_eps": float(params.get("norm_eps", 1e-5)),
+        "hidden_act": "silu",
+        "max_position_embeddings": context,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "rope_theta": theta,
+    }
     if scaled:
-        hf["rope_scaling"] = {"rope_type": "llama3", "factor": float(params.get("rope_scaling_factor", 8.0)),
-                              "low_freq_factor": float(params.get("low_freq_factor", 1.0)),
-                              "high_freq_factor": float(params.get("high_freq_factor", 4.0)),
-                              "original_max_position_embeddings":
-                                  int(params.get("original_max_position_embeddings", 8192))}
+        hf["rope_scaling"] = {
+            "rope_type": "llama3",
+            "factor": float(params.get("rope_scaling_factor", 8.0)),
+            "low_freq_factor": float(params.get("low_freq_factor", 1.0)),
+            "high_freq_factor": float(params.get("high_freq_factor", 4.0)),
+            "original_max_position_embeddings": int(params.get("original_max_position_embeddings", 8192)),
+        }
     return hf, hf_state, notes

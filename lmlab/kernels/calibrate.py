@@ -47,8 +47,22 @@ from lmlab.kernels.settings import CALIBRATION_VERSION, KernelSettings, cache_pa
 # (two of its four layers, half its batch: the same products, a quarter of the time)
 SHAPES = (
     ("lab d64x2", dict(vocab_size=257, context_length=256, d_model=64, n_layers=2, n_heads=2), 16),
-    ("demo d256", dict(vocab_size=4096, context_length=256, d_model=256, n_layers=2, n_heads=8, n_kv_heads=4,
-                       norm_type="rmsnorm", activation="swiglu", position="rope", bias="none"), 8),
+    (
+        "demo d256",
+        dict(
+            vocab_size=4096,
+            context_length=256,
+            d_model=256,
+            n_layers=2,
+            n_heads=8,
+            n_kv_heads=4,
+            norm_type="rmsnorm",
+            activation="swiglu",
+            position="rope",
+            bias="none",
+        ),
+        8,
+    ),
 )
 TARGET_S = 0.25  # each timed measurement runs about this long (whole steps, at least one)
 MIN_GAIN = 0.05  # a kernel is taken only when it makes the steps at least this much faster (geometric mean)
@@ -79,8 +93,7 @@ def _timer(fields: dict, batch: int, kernels: KernelSettings) -> Callable[[int],
     return run
 
 
-def measure_cell(fields: dict, batch: int, threads: int, on: KernelSettings, off: KernelSettings,
-                 rounds: int) -> dict:
+def measure_cell(fields: dict, batch: int, threads: int, on: KernelSettings, off: KernelSettings, rounds: int) -> dict:
     """Interleaved step times of ``on`` and ``off`` at ``threads``: {"ratio": median of on/off per
     round, "q1", "q3", "on_ms", "off_ms" (medians), "rounds", "steps"}."""
     from lmlab.threads import using_threads
@@ -91,12 +104,19 @@ def measure_cell(fields: dict, batch: int, threads: int, on: KernelSettings, off
         steps = max(1, round(TARGET_S / max(min(first.values()), 1e-6)))
         times: dict = {"on": [], "off": []}
         for r in range(rounds):
-            for k in (("on", "off") if r % 2 == 0 else ("off", "on")):
+            for k in ("on", "off") if r % 2 == 0 else ("off", "on"):
                 times[k].append(timers[k](steps))
     ratios = sorted(a / b for a, b in zip(times["on"], times["off"]))
     q = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else [ratios[0]] * 3
-    return {"ratio": statistics.median(ratios), "q1": q[0], "q3": q[2], "rounds": rounds, "steps": steps,
-            "on_ms": 1e3 * statistics.median(times["on"]), "off_ms": 1e3 * statistics.median(times["off"])}
+    return {
+        "ratio": statistics.median(ratios),
+        "q1": q[0],
+        "q3": q[2],
+        "rounds": rounds,
+        "steps": steps,
+        "on_ms": 1e3 * statistics.median(times["on"]),
+        "off_ms": 1e3 * statistics.median(times["off"]),
+    }
 
 
 def _geomean(xs: list) -> float:
@@ -124,24 +144,34 @@ def calibrate(rounds: int = 7, log: Callable[[str], None] = print) -> dict:
             cell = measure_cell(fields, batch, threads, on, off, rounds)
             cells.append({"decision": decision, "shape": label, "threads": threads, **cell})
             ratios.append(cell["ratio"])
-            log(f"{decision}: {label}, {threads} thread(s): on/off {cell['ratio']:.3f} "
-                f"(IQR {cell['q1']:.3f}-{cell['q3']:.3f}; {cell['on_ms']:.1f} vs {cell['off_ms']:.1f} ms/step)")
+            log(
+                f"{decision}: {label}, {threads} thread(s): on/off {cell['ratio']:.3f} "
+                f"(IQR {cell['q1']:.3f}-{cell['q3']:.3f}; {cell['on_ms']:.1f} vs {cell['off_ms']:.1f} ms/step)"
+            )
         chosen = _geomean(ratios) < 1 - MIN_GAIN
-        log(f"{decision}: {'on' if chosen else 'off'} (geometric mean of the cells' ratios {_geomean(ratios):.3f}; "
-            f"on below {1 - MIN_GAIN:g})")
+        log(
+            f"{decision}: {'on' if chosen else 'off'} (geometric mean of the cells' ratios {_geomean(ratios):.3f}; "
+            f"on below {1 - MIN_GAIN:g})"
+        )
         return chosen
 
     (lab_label, lab, lab_batch), (demo_label, demo, demo_batch) = SHAPES
     if onednn_available():
         choices["onednn_fp32"] = decide(
-            "onednn_fp32", [(lab_label, lab, lab_batch, 1), (demo_label, demo, demo_batch, cores)],
-            KernelSettings(True, False), KernelSettings(False, False))
+            "onednn_fp32",
+            [(lab_label, lab, lab_batch, 1), (demo_label, demo, demo_batch, cores)],
+            KernelSettings(True, False),
+            KernelSettings(False, False),
+        )
     else:
         choices["onednn_fp32"] = False
         log("onednn_fp32: off (this torch build has no oneDNN linear op on this CPU)")
     choices["blocked_attention_fp32"] = decide(
-        "blocked_attention_fp32", [(lab_label, lab, lab_batch, 1), (demo_label, demo, demo_batch, 1)],
-        KernelSettings(choices["onednn_fp32"], True), KernelSettings(choices["onednn_fp32"], False))
+        "blocked_attention_fp32",
+        [(lab_label, lab, lab_batch, 1), (demo_label, demo, demo_batch, 1)],
+        KernelSettings(choices["onednn_fp32"], True),
+        KernelSettings(choices["onednn_fp32"], False),
+    )
     return {
         "version": CALIBRATION_VERSION,
         "identity": cpu_identity(),
@@ -164,11 +194,13 @@ def check_destination(path: Optional[Path] = None) -> Path:
     path = Path(path or cache_path())
     for parent in path.parents:
         if parent.exists() and not parent.is_dir():
-            raise ConfigError(f"--out {str(path)!r}: {str(parent)!r} is a file, not a folder; give a .json path "
-                              f"in a folder")
+            raise ConfigError(
+                f"--out {str(path)!r}: {str(parent)!r} is a file, not a folder; give a .json path in a folder"
+            )
     if path.is_dir():
-        raise ConfigError(f"--out {str(path)!r} is a folder; give a .json file path (new, or an earlier "
-                          f"calibration to replace)")
+        raise ConfigError(
+            f"--out {str(path)!r} is a folder; give a .json file path (new, or an earlier calibration to replace)"
+        )
     if path.exists() or path.is_symlink():
         if not path.is_file():
             raise ConfigError(f"--out {str(path)!r} is not a regular file; give a .json file path")
@@ -178,8 +210,10 @@ def check_destination(path: Optional[Path] = None) -> Path:
         except (OSError, ValueError, UnicodeDecodeError):
             ours = False
         if not ours:
-            raise ConfigError(f"--out {str(path)!r} exists and is not a kernel calibration; refusing to overwrite "
-                              f"it (give a new path)")
+            raise ConfigError(
+                f"--out {str(path)!r} exists and is not a kernel calibration; refusing to overwrite "
+                f"it (give a new path)"
+            )
     return path
 
 

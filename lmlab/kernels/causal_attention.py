@@ -55,8 +55,7 @@ def use_blocked(q: torch.Tensor, blocked_fp32: bool) -> bool:
     B, H, T, _ = q.shape
     saved = B * H * T * (T + BLOCK) // 2 * q.element_size()
     low_precision_or_one_thread = q.dtype != torch.float32 or (blocked_fp32 and _threads() == 1)
-    return (q.device.type == "cpu" and 1 < T <= MAX_CONTEXT and saved <= MAX_SAVED_BYTES
-            and low_precision_or_one_thread)
+    return q.device.type == "cpu" and 1 < T <= MAX_CONTEXT and saved <= MAX_SAVED_BYTES and low_precision_or_one_thread
 
 
 def _forward_fused(q, k, v, scale: float, block: int):
@@ -173,8 +172,9 @@ def _eager_loops(q, k, v, scale: float, block: int) -> torch.Tensor:
     return _BlockedCausal.apply(q, k, v, scale, block, False)
 
 
-def blocked_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                             block: int = BLOCK, fused: bool = True) -> torch.Tensor:
+def blocked_causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, block: int = BLOCK, fused: bool = True
+) -> torch.Tensor:
     """Causal attention softmax(q k^T * scale, masked) v in query blocks of ``block`` rows.
 
     q: (batch, heads, T, head_dim); k, v: (batch, kv_heads, T, head_dim) with kv_heads dividing heads
@@ -191,8 +191,10 @@ def blocked_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     """
     B, H, T, D = q.shape
     if k.shape != v.shape or k.shape[0] != B or k.shape[2:] != (T, D) or H % k.shape[1]:
-        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: expected k and v "
-                         "(batch, kv_heads, T, head_dim) with kv_heads dividing q's heads")
+        raise ValueError(
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: expected k and v "
+            "(batch, kv_heads, T, head_dim) with kv_heads dividing q's heads"
+        )
     if k.shape[1] != H:
         k = k.repeat_interleave(H // k.shape[1], dim=1)
         v = v.repeat_interleave(H // v.shape[1], dim=1)

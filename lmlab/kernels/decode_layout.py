@@ -42,8 +42,11 @@ def decode_threads(model: TransformerLM, available: int) -> int:
 
 def packed_decode_available() -> bool:
     """True when this PyTorch build can pack linear weights for oneDNN (``torch.ops.mkldnn``)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") \
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
 
 
 # Gradients backward has accumulated into a weight since a decode copy of it was made: weight -> [count,
@@ -97,8 +100,13 @@ def _decode_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     (an optimizer step may follow at any time)."""
     d = self._decode_copy
     copy, packed, state = d.copy, d.packed, d.state
-    if copy is None or torch.is_grad_enabled() or x.dtype != self.weight.dtype \
-            or self.weight.grad is not None or _weight_state(self.weight) != state:
+    if (
+        copy is None
+        or torch.is_grad_enabled()
+        or x.dtype != self.weight.dtype
+        or self.weight.grad is not None
+        or _weight_state(self.weight) != state
+    ):
         return F.linear(x, self.weight, self.bias)
     if packed:
         return torch.ops.mkldnn._linear_pointwise(x, copy, self.bias, "none", [], "")

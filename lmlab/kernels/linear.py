@@ -46,8 +46,11 @@ MIN_ROWS = 64
 
 # once per process (a constant to torch.compile): this PyTorch build has oneDNN's linear op and the CPU
 # is x86-64 (on ARM builds oneDNN runs on the Compute Library, which this path was not measured with)
-_AVAILABLE = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-              and platform.machine().lower() in ("x86_64", "amd64"))
+_AVAILABLE = (
+    torch.backends.mkldnn.is_available()
+    and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    and platform.machine().lower() in ("x86_64", "amd64")
+)
 
 
 def onednn_available() -> bool:
@@ -55,8 +58,9 @@ def onednn_available() -> bool:
     return _AVAILABLE
 
 
-def fp32_linears_on_onednn(device: torch.device, autocast_dtype: Optional[torch.dtype],
-                           kernels: KernelSettings) -> bool:
+def fp32_linears_on_onednn(
+    device: torch.device, autocast_dtype: Optional[torch.dtype], kernels: KernelSettings
+) -> bool:
     """Whether a model with ``kernels`` training on ``device`` under ``autocast_dtype`` (None: fp32)
     multiplies its linear layers on oneDNN (inputs of at least :data:`MIN_ROWS` rows; :func:`uses_onednn`)."""
     return device.type == "cpu" and autocast_dtype is None and kernels.onednn_fp32 and _AVAILABLE
@@ -132,15 +136,19 @@ def _save_both(ctx, inputs, output):
 def _grad_input_backward(ctx, h):
     # gx = G W: dG = H W^T, dW = G^T H
     g, weight = ctx.saved_tensors
-    return (onednn_linear(h, weight, None) if ctx.needs_input_grad[0] else None,
-            onednn_grad_weight(g, h) if ctx.needs_input_grad[1] else None)
+    return (
+        onednn_linear(h, weight, None) if ctx.needs_input_grad[0] else None,
+        onednn_grad_weight(g, h) if ctx.needs_input_grad[1] else None,
+    )
 
 
 def _grad_weight_backward(ctx, h):
     # gW = G^T X: dG = X H^T, dX = G H
     g, x = ctx.saved_tensors
-    return (onednn_linear(x, h, None) if ctx.needs_input_grad[0] else None,
-            onednn_grad_input(g, h) if ctx.needs_input_grad[1] else None)
+    return (
+        onednn_linear(x, h, None) if ctx.needs_input_grad[0] else None,
+        onednn_grad_input(g, h) if ctx.needs_input_grad[1] else None,
+    )
 
 
 # each op differentiable in the others, so gradients of gradients (create_graph=True) work too
@@ -153,10 +161,13 @@ def _per_member(op):
     """A vmap rule for ``op`` (bench/sweep_batching.py's K runs as one vmapped module): ``op`` once
     per member on that member's slices, the results stacked along dim 0; the same oneDNN products as
     K separate runs."""
+
     def rule(info, in_dims, *args):
         def member(i):
             return [a if d is None or a is None else a.select(d, i) for a, d in zip(args, in_dims)]
+
         return torch.stack([op(*member(i)) for i in range(info.batch_size)]), 0
+
     return rule
 
 
@@ -171,22 +182,29 @@ def _under_transform(*tensors: torch.Tensor) -> bool:
     if torch.autograd.forward_ad._current_level >= 0:
         return True
     functorch = torch._C._functorch
-    return any(functorch.is_functorch_wrapped_tensor(t) and not functorch.is_batchedtensor(t)
-               for t in tensors)
+    return any(functorch.is_functorch_wrapped_tensor(t) and not functorch.is_batchedtensor(t) for t in tensors)
 
 
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor, onednn: bool) -> bool:
     """Whether :func:`linear` runs x (..., in) times weight (out, in) on oneDNN (see the module), given
     ``onednn``, the model's :attr:`KernelSettings.onednn_fp32`."""
     rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 0
-    return (onednn and x.device.type == "cpu" and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and weight.device.type == "cpu" and rows >= MIN_ROWS
-            and not torch.is_autocast_enabled("cpu") and _AVAILABLE
-            and (torch.compiler.is_compiling() or not _under_transform(x, weight)))
+    return (
+        onednn
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and weight.device.type == "cpu"
+        and rows >= MIN_ROWS
+        and not torch.is_autocast_enabled("cpu")
+        and _AVAILABLE
+        and (torch.compiler.is_compiling() or not _under_transform(x, weight))
+    )
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           onednn: bool = False) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, onednn: bool = False
+) -> torch.Tensor:
     """``F.linear(x, weight, bias)``: x (..., in), weight (out, in), bias (out,) -> (..., out), on
     oneDNN when ``onednn`` and :func:`uses_onednn` (equal to F.linear up to fp32 summation order), else
     F.linear."""

@@ -27,8 +27,9 @@ from lmlab.kernels.linear import grad_input, linear, onednn_grad_weight, uses_on
 IGNORE = -100  # target id that is not scored (padding, document masks)
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0,
-            reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+def lm_loss(
+    logits: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0, reduction: str = "mean"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Next-token cross-entropy in nats, computed in fp32, plus the z-loss z_loss * (log Z)^2.
 
     logits: (batch, seq, vocab); targets: (batch, seq) ids, -100 ignored.
@@ -72,10 +73,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ce_total = torch.zeros((), dtype=acc, device=h.device)
         grad_h = torch.empty(h.shape, dtype=acc, device=h.device) if want_grad else None
         grad_w = torch.zeros(weight.shape, dtype=acc, device=h.device) if want_grad else None
-        grad_b = torch.zeros(bias.shape, dtype=acc, device=h.device) if (
-            want_grad and bias is not None) else None
+        grad_b = torch.zeros(bias.shape, dtype=acc, device=h.device) if (want_grad and bias is not None) else None
         for s in range(0, h.shape[0], chunk):
-            hc, yc, kc = hc_all[s:s + chunk], safe[s:s + chunk], keep[s:s + chunk]
+            hc, yc, kc = hc_all[s : s + chunk], safe[s : s + chunk], keep[s : s + chunk]
             logits = linear(hc, w, onednn=onednn).to(acc)
             if b is not None:
                 logits += b
@@ -103,7 +103,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if grad_b is not None:
                 grad_b += g.sum(0)
             gc = g.to(compute_dtype)
-            grad_h[s:s + chunk] = grad_input(gc, w, onednn)
+            grad_h[s : s + chunk] = grad_input(gc, w, onednn)
             if uses_onednn(hc, gc, onednn):  # fp32 on oneDNN: its product, then the sum
                 grad_w += onednn_grad_weight(gc, hc)
             elif gc.dtype == acc:
@@ -125,10 +125,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return gh, gw, gb, None, None, None, None, None, None
 
 
-def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         bias: Optional[torch.Tensor] = None, z_loss: float = 0.0,
-                         softcap_value: Optional[float] = None, reduction: str = "mean",
-                         chunk: Optional[int] = None, onednn: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def linear_cross_entropy(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    z_loss: float = 0.0,
+    softcap_value: Optional[float] = None,
+    reduction: str = "mean",
+    chunk: Optional[int] = None,
+    onednn: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy (nats) of the logits h @ weight.T (+ bias, soft-capped) against ``targets``,
     without materialising the logits: the same values and gradients as
     ``lm_loss(softcap(h @ weight.T + bias), targets, z_loss, reduction)`` (to fp32 rounding).
@@ -145,15 +152,25 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
         raise ValueError(f"reduction={reduction!r}: expected 'sum' or 'mean'")
     d = weight.shape[1]
     if h.shape[-1] != d or h.shape[:-1] != targets.shape:
-        raise ValueError(f"h {tuple(h.shape)}, weight {tuple(weight.shape)}, targets {tuple(targets.shape)}: "
-                         f"expected h (..., {d}) and targets of h's leading shape")
+        raise ValueError(
+            f"h {tuple(h.shape)}, weight {tuple(weight.shape)}, targets {tuple(targets.shape)}: "
+            f"expected h (..., {d}) and targets of h's leading shape"
+        )
     rows, flat_t = h.reshape(-1, d), targets.reshape(-1)
     device_type = h.device.type
     compute = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else h.dtype
     with torch.autocast(device_type, enabled=False):
-        total, ce = _LinearCrossEntropy.apply(rows, weight, bias, flat_t, float(z_loss), softcap_value,
-                                              chunk or chunk_rows(weight.shape[0], h.device), compute,
-                                              bool(onednn))
+        total, ce = _LinearCrossEntropy.apply(
+            rows,
+            weight,
+            bias,
+            flat_t,
+            float(z_loss),
+            softcap_value,
+            chunk or chunk_rows(weight.shape[0], h.device),
+            compute,
+            bool(onednn),
+        )
     if reduction == "mean":
         n = (flat_t != IGNORE).sum().clamp(min=1)
         total, ce = total / n, ce / n

@@ -42,8 +42,10 @@ class KernelSettings:
         ...)'."""
         from lmlab.kernels.linear import onednn_available
 
-        parts = ["fp32 linears on " + ("oneDNN" if self.onednn_fp32 and onednn_available() else "MKL"),
-                 "fp32 attention " + ("blocked on one thread" if self.blocked_attention_fp32 else "SDPA")]
+        parts = [
+            "fp32 linears on " + ("oneDNN" if self.onednn_fp32 and onednn_available() else "MKL"),
+            "fp32 attention " + ("blocked on one thread" if self.blocked_attention_fp32 else "SDPA"),
+        ]
         if not self.fused_loops:
             parts.append("unfused attention loops")
         return ", ".join(parts) + f" ({self.source})"
@@ -66,9 +68,13 @@ def cpu_identity(cpuinfo: str = "/proc/cpuinfo") -> dict:
                     break
     except OSError:
         pass
-    return {"cpu": info.get("model name") or platform.processor() or platform.machine() or "?",
-            "family": info.get("cpu family", "?"), "model": info.get("model", "?"),
-            "machine": platform.machine(), "torch": str(torch.__version__)}  # a plain str: compared exactly
+    return {
+        "cpu": info.get("model name") or platform.processor() or platform.machine() or "?",
+        "family": info.get("cpu family", "?"),
+        "model": info.get("model", "?"),
+        "machine": platform.machine(),
+        "torch": str(torch.__version__),
+    }  # a plain str: compared exactly
 
 
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
@@ -120,25 +126,36 @@ def load_calibration(path=None) -> Optional[dict]:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        print(f"lmlab: warning: cannot read the kernel calibration {path}: {exc}; using torch's defaults",
-              file=sys.stderr)
+        print(
+            f"lmlab: warning: cannot read the kernel calibration {path}: {exc}; using torch's defaults", file=sys.stderr
+        )
         return None
     try:
         record = json.loads(text)
         choices = record["choices"]
-        ok = (type(record.get("version")) is int and record["version"] == CALIBRATION_VERSION
-              and isinstance(record.get("date"), str) and isinstance(record.get("identity"), dict)
-              and isinstance(choices, dict)
-              and all(isinstance(choices.get(k), bool) for k in ("onednn_fp32", "blocked_attention_fp32")))
+        ok = (
+            type(record.get("version")) is int
+            and record["version"] == CALIBRATION_VERSION
+            and isinstance(record.get("date"), str)
+            and isinstance(record.get("identity"), dict)
+            and isinstance(choices, dict)
+            and all(isinstance(choices.get(k), bool) for k in ("onednn_fp32", "blocked_attention_fp32"))
+        )
     except (ValueError, KeyError, TypeError):
         ok, record = False, None
     if not ok:
-        print(f"lmlab: warning: {path} is not a kernel calibration of version {CALIBRATION_VERSION}; using "
-              f"torch's defaults (`lmlab bench calibrate` rewrites it)", file=sys.stderr)
+        print(
+            f"lmlab: warning: {path} is not a kernel calibration of version {CALIBRATION_VERSION}; using "
+            f"torch's defaults (`lmlab bench calibrate` rewrites it)",
+            file=sys.stderr,
+        )
         return None
     if {k: str(v) for k, v in record["identity"].items()} != ident or set(record["identity"]) != set(ident):
-        print(f"lmlab: warning: {path} was measured on {record.get('identity')}, not this machine ({ident}); "
-              f"using torch's defaults (`lmlab bench calibrate` measures this one)", file=sys.stderr)
+        print(
+            f"lmlab: warning: {path} was measured on {record.get('identity')}, not this machine ({ident}); "
+            f"using torch's defaults (`lmlab bench calibrate` measures this one)",
+            file=sys.stderr,
+        )
         return None
     return record
 
@@ -150,13 +167,19 @@ def default_kernels() -> KernelSettings:
     process, ``default_kernels.cache_clear()`` reads the new file."""
     record = load_calibration()
     if record is None:
-        return KernelSettings(onednn_fp32=False, blocked_attention_fp32=False,
-                              source="uncalibrated: torch's defaults; `lmlab bench calibrate` measures this CPU")
+        return KernelSettings(
+            onednn_fp32=False,
+            blocked_attention_fp32=False,
+            source="uncalibrated: torch's defaults; `lmlab bench calibrate` measures this CPU",
+        )
     return calibrated_kernels(record)
 
 
 def calibrated_kernels(record: dict) -> KernelSettings:
     """The settings a valid calibration record (:func:`load_calibration`) chose."""
     c = record["choices"]
-    return KernelSettings(onednn_fp32=c["onednn_fp32"], blocked_attention_fp32=c["blocked_attention_fp32"],
-                          source=f"calibrated on this CPU {record['date'][:10]}")
+    return KernelSettings(
+        onednn_fp32=c["onednn_fp32"],
+        blocked_attention_fp32=c["blocked_attention_fp32"],
+        source=f"calibrated on this CPU {record['date'][:10]}",
+    )

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from lmlab.config import ConfigError, ModelConfig
 
+
 @dataclass
 class Variant:
     label: str
@@ -62,7 +63,7 @@ def _check_label(label: Any, where: str) -> None:
     """A variant's label: None (built from its fields) or a non-empty string (not a number or a list,
     which YAML would otherwise turn into a label silently)."""
     if label is not None and (not isinstance(label, str) or not label.strip()):
-        raise ConfigError(f"{where}={label!r} must be a non-empty string (quote it: label: \"{label}\")")
+        raise ConfigError(f'{where}={label!r} must be a non-empty string (quote it: label: "{label}")')
 
 
 def _check_variant_data(value: Any, where: str) -> None:
@@ -169,9 +170,7 @@ def expand_axes(axes: Any, source: str = "axes") -> list[Variant]:
             for i in range(len(next(iter(lists.values())))):
                 fields_ = {k: v[i] for k, v in lists.items()}
                 label = (
-                    str(labels[i])
-                    if labels is not None
-                    else ", ".join(f"{k}={_fmt(x)}" for k, x in fields_.items())
+                    str(labels[i]) if labels is not None else ", ".join(f"{k}={_fmt(x)}" for k, x in fields_.items())
                 )
                 options.append((label, fields_))
         else:
@@ -183,9 +182,7 @@ def expand_axes(axes: Any, source: str = "axes") -> list[Variant]:
         for _, fields_ in combo:
             for k, v in fields_.items():
                 if k in merged and merged[k] != v:
-                    raise ConfigError(
-                        f"{source}: field {k!r} is set twice in one variant ({merged[k]!r} and {v!r})"
-                    )
+                    raise ConfigError(f"{source}: field {k!r} is set twice in one variant ({merged[k]!r} and {v!r})")
                 merged[k] = v
         variants.append(Variant(", ".join(label for label, _ in combo), merged))
     labels = [v.label for v in variants]
@@ -205,9 +202,7 @@ def parse_scales(raw: Any, source: str) -> list[Variant]:
         k, values = next(iter(raw.items()))
         raw = [{k: v} for v in values]
     if not isinstance(raw, list) or len(raw) < 2:
-        raise ConfigError(
-            f"{source}: scales must list at least two sizes, e.g. [{{d_model: 64}}, {{d_model: 128}}]"
-        )
+        raise ConfigError(f"{source}: scales must list at least two sizes, e.g. [{{d_model: 64}}, {{d_model: 128}}]")
     out = []
     for i, v in enumerate(raw):
         if not isinstance(v, dict):

@@ -19,6 +19,7 @@ from lmlab.lab.preconditions import parse_requires
 METRICS = ("val_bpb", "final_train_loss", "step_time", "decode_time", "lr_sensitivity", "attn_sink")
 TIMING_METRICS = {"step_time": "step_s", "decode_time": "decode_s"}
 
+
 @dataclass
 class Expectation:
     """One claim: ``better`` has a lower ``metric`` than ``than`` by at least ``by`` (absolute, or a
@@ -56,41 +57,38 @@ def _threshold(value: Any, where: str, negative: bool = False) -> tuple[float, b
             try:
                 x = float(x)
             except ValueError:
-                raise ConfigError(
-                    f"{where}={value!r} must be a number or a percentage such as '2%'"
-                ) from None
-    if (
-        isinstance(x, bool)
-        or not isinstance(x, (int, float))
-        or not math.isfinite(x)
-        or (x < 0 and not negative)
-    ):
+                raise ConfigError(f"{where}={value!r} must be a number or a percentage such as '2%'") from None
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or (x < 0 and not negative):
         raise ConfigError(f"{where}={value!r} must be a finite number >= 0 (or a percentage such as '2%')")
     return float(x), relative
 
 
-def parse_expect(
-    raw: Any, labels: list[str], baseline: str, contexts: list, source: str
-) -> list[Expectation]:
+def parse_expect(raw: Any, labels: list[str], baseline: str, contexts: list, source: str) -> list[Expectation]:
     """The ``expect:`` list (see the module docstring); every variant named must exist."""
     if raw is None:
         return []
     if isinstance(raw, dict):
         raw = [raw]
     if not isinstance(raw, list):
-        raise ConfigError(
-            f"{source}: expect must be a list of claims such as {{better: A, than: B, by: 0.01}}"
-        )
+        raise ConfigError(f"{source}: expect must be a list of claims such as {{better: A, than: B, by: 0.01}}")
     metrics = set(METRICS) | {f"val_bpb_{m}x" for m in contexts if m != 1}
     out = []
     for i, e in enumerate(raw):
         where = f"{source}: expect[{i}]"
         if not isinstance(e, dict):
-            raise ConfigError(
-                f"{where}: expected a mapping such as {{better: A, than: B, by: 0.01}}, got {e!r}"
-            )
-        unknown = set(e) - {"better", "than", "by", "equal", "within", "metric", "claim", "requires", "floor",
-                            "published"}
+            raise ConfigError(f"{where}: expected a mapping such as {{better: A, than: B, by: 0.01}}, got {e!r}")
+        unknown = set(e) - {
+            "better",
+            "than",
+            "by",
+            "equal",
+            "within",
+            "metric",
+            "claim",
+            "requires",
+            "floor",
+            "published",
+        }
         if unknown:
             raise ConfigError(
                 f"{where}: unknown key(s) {sorted(unknown)}; use better/than/by, or equal/within, "
@@ -107,8 +105,7 @@ def parse_expect(
             raise ConfigError(f"{where}: metric={metric!r} is not one of {', '.join(sorted(metrics))}")
         if ("better" in e) == ("equal" in e):
             raise ConfigError(
-                f"{where}: give either 'better: A' (with 'than: B', default the baseline) or "
-                f"'equal: [A, B]'"
+                f"{where}: give either 'better: A' (with 'than: B', default the baseline) or 'equal: [A, B]'"
             )
         if "better" in e:
             if "within" in e:
@@ -124,17 +121,14 @@ def parse_expect(
         else:
             pair = e["equal"]
             if not isinstance(pair, list) or len(pair) != 2:
-                raise ConfigError(
-                    f"{where}: equal={pair!r} must name two variants, e.g. [RMSNorm, LayerNorm]"
-                )
+                raise ConfigError(f"{where}: equal={pair!r} must name two variants, e.g. [RMSNorm, LayerNorm]")
             if "by" in e:
                 raise ConfigError(f"{where}: 'by' goes with 'better'; an 'equal' claim takes 'within'")
             a, b = str(pair[0]), str(pair[1])
             by, rel = _threshold(e.get("within"), f"{where}.within")
             if by <= 0:
                 raise ConfigError(
-                    f"{where}: an 'equal' claim needs within > 0 (the largest difference that "
-                    f"still counts as equal)"
+                    f"{where}: an 'equal' claim needs within > 0 (the largest difference that still counts as equal)"
                 )
             kind = "equal"
         for name in (a, b):
@@ -165,19 +159,25 @@ def parse_expect(
         )
         requires = parse_requires(e.get("requires"), labels, metrics, f"{where}.requires")
         floor = e.get("floor")
-        if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float))
-                                  or not math.isfinite(floor) or floor < 0):
+        if floor is not None and (
+            isinstance(floor, bool) or not isinstance(floor, (int, float)) or not math.isfinite(floor) or floor < 0
+        ):
             raise ConfigError(f"{where}.floor={floor!r} must be a number of tokens per parameter >= 0")
         published = e.get("published")
         if published is not None:
             if not isinstance(published, list) or len(published) != 2:
-                raise ConfigError(f"{where}.published={published!r} must be [lo, hi], the effect the "
-                                  f"literature reports in the claim's unit (or percentages)")
+                raise ConfigError(
+                    f"{where}.published={published!r} must be [lo, hi], the effect the "
+                    f"literature reports in the claim's unit (or percentages)"
+                )
             pub = [_threshold(x, f"{where}.published", negative=True) for x in published]
             if pub[0][1] != rel and metric not in TIMING_METRICS or pub[0][0] > pub[1][0]:
-                raise ConfigError(f"{where}.published={published!r} must be [lo, hi] with lo <= hi, in the "
-                                  f"claim's unit ({'percent' if rel else 'absolute'})")
+                raise ConfigError(
+                    f"{where}.published={published!r} must be [lo, hi] with lo <= hi, in the "
+                    f"claim's unit ({'percent' if rel else 'absolute'})"
+                )
             published = (pub[0][0], pub[1][0])
-        out.append(Expectation(kind, a, b, by, rel, metric, text, requires,
-                               None if floor is None else float(floor), published))
+        out.append(
+            Expectation(kind, a, b, by, rel, metric, text, requires, None if floor is None else float(floor), published)
+        )
     return out

@@ -53,12 +53,16 @@ def at_width(cfg: ModelConfig, width: int, base_width: Optional[int]) -> ModelCo
     derived = ModelConfig.from_dict({**fields, "head_dim": None, "d_ff": None})
     for name in ("head_dim", "d_ff"):
         if getattr(derived, name) != getattr(cfg, name):
-            raise ConfigError(f"{name}={getattr(cfg, name)} is set apart from d_model={cfg.d_model} (derived: "
-                              f"{getattr(derived, name)}); the coordinate check widens d_model and derives "
-                              f"{name} from it: drop {name} from the config")
+            raise ConfigError(
+                f"{name}={getattr(cfg, name)} is set apart from d_model={cfg.d_model} (derived: "
+                f"{getattr(derived, name)}); the coordinate check widens d_model and derives "
+                f"{name} from it: drop {name} from the config"
+            )
     if width % cfg.n_heads:
-        raise ConfigError(f"--widths: {width} is not a multiple of n_heads={cfg.n_heads} (the check keeps the "
-                          f"heads and widens each: head_dim = width / n_heads)")
+        raise ConfigError(
+            f"--widths: {width} is not a multiple of n_heads={cfg.n_heads} (the check keeps the "
+            f"heads and widens each: head_dim = width / n_heads)"
+        )
     fields.update(d_model=width, head_dim=None, d_ff=None)
     if cfg.parametrization != "sp":
         fields["base_d_model"] = base_width
@@ -93,7 +97,7 @@ def _batches(tokens: Optional[np.ndarray], vocab: int, steps: int, batch: int, T
             w = rng.choice(vocab, size=(batch, T + 1), p=zipf)
         else:
             starts = rng.integers(0, len(tokens) - T - 1, size=batch)
-            w = np.stack([np.asarray(tokens[s:s + T + 1], dtype=np.int64) for s in starts])
+            w = np.stack([np.asarray(tokens[s : s + T + 1], dtype=np.int64) for s in starts])
         w = torch.from_numpy(w.astype(np.int64))
         yield w[:, :-1], w[:, 1:]
 
@@ -102,8 +106,15 @@ def _mean_abs(t: torch.Tensor) -> float:
     return float(t.detach().float().abs().mean())
 
 
-def train_and_record(cfg: ModelConfig, tc, steps: int, seed: int, tokens: Optional[np.ndarray],
-                     device: torch.device, last_block: bool = False) -> dict[str, list[float]]:
+def train_and_record(
+    cfg: ModelConfig,
+    tc,
+    steps: int,
+    seed: int,
+    tokens: Optional[np.ndarray],
+    device: torch.device,
+    last_block: bool = False,
+) -> dict[str, list[float]]:
     """{layer: [mean |x| at step 1, ..., steps]} of a model of ``cfg`` trained ``steps`` AdamW steps at
     ``tc.lr`` (constant) with ``tc``'s betas, eps and weight decay; layers 'embedding', 'block 0', ...,
     'logits' (``last_block``: 'embedding', 'last block', 'logits', for models of different depths)."""
@@ -121,8 +132,7 @@ def train_and_record(cfg: ModelConfig, tc, steps: int, seed: int, tokens: Option
     record: dict[str, list[float]] = {n: [] for n in names}
     hooks = [model.embed.register_forward_hook(lambda m, i, o: record["embedding"].append(_mean_abs(o)))]
     for name, block in blocks:
-        hooks.append(block.register_forward_hook(
-            lambda m, inp, out, name=name: record[name].append(_mean_abs(out))))
+        hooks.append(block.register_forward_hook(lambda m, inp, out, name=name: record[name].append(_mean_abs(out))))
     try:
         for x, y in _batches(tokens, cfg.vocab_size, steps, tc.batch_size, cfg.context_length, seed):
             x, y = x.to(device), y.to(device)
@@ -149,10 +159,19 @@ def slope(widths: Sequence[int], values: Sequence[float]) -> float:
     return float((x * (y - y.mean())).sum() / (x * x).sum())
 
 
-def coord_check(cfg: ModelConfig, tc, widths: Sequence[int], steps: int, seeds: Sequence[int] = (1,),
-                tokens: Optional[np.ndarray] = None, device: str | torch.device = "cpu",
-                threshold: float = THRESHOLD, base_width: Optional[int] = None,
-                depths: Optional[Sequence[int]] = None, base_depth: Optional[int] = None) -> dict:
+def coord_check(
+    cfg: ModelConfig,
+    tc,
+    widths: Sequence[int],
+    steps: int,
+    seeds: Sequence[int] = (1,),
+    tokens: Optional[np.ndarray] = None,
+    device: str | torch.device = "cpu",
+    threshold: float = THRESHOLD,
+    base_width: Optional[int] = None,
+    depths: Optional[Sequence[int]] = None,
+    base_depth: Optional[int] = None,
+) -> dict:
     """Run the coordinate check of ``cfg`` (its ``parametrization``) at ``widths`` (or, with ``depths``, at
     those n_layers and the config's width): ``steps`` AdamW steps at ``tc.lr`` for each size and seed (see
     the module docstring). ``base_width``: mup's base_d_model (default: the config's, else the smallest
@@ -178,19 +197,37 @@ def coord_check(cfg: ModelConfig, tc, widths: Sequence[int], steps: int, seeds: 
         if cfg.parametrization != "sp":
             base = base_width or cfg.base_d_model or min(sizes)
         configs = [at_width(cfg, w, base) for w in sizes]
-    runs = [[train_and_record(c, tc, steps, seed, tokens, device, last_block=axis == "depth") for seed in seeds]
-            for c in configs]
+    runs = [
+        [train_and_record(c, tc, steps, seed, tokens, device, last_block=axis == "depth") for seed in seeds]
+        for c in configs
+    ]
     layers = list(runs[0][0])
-    scales = {layer: [[float(np.mean([r[layer][s] for r in per_size])) for per_size in runs]
-                      for s in range(steps)] for layer in layers}
+    scales = {
+        layer: [[float(np.mean([r[layer][s] for r in per_size])) for per_size in runs] for s in range(steps)]
+        for layer in layers
+    }
     slopes = {layer: [slope(sizes, scales[layer][s]) for s in range(steps)] for layer in layers}
     worst = max(layers, key=lambda n: abs(slopes[n][-1]))
-    return {"parametrization": cfg.parametrization, "axis": axis, "sizes": sizes,
-            "widths": sizes if axis == "width" else [cfg.d_model], "base": base, "steps": steps,
-            "seeds": list(seeds), "layers": layers, "scales": scales, "slopes": slopes, "threshold": threshold,
-            "passed": abs(slopes[worst][-1]) < threshold, "worst": (worst, slopes[worst][-1]),
-            "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "lr": tc.lr, "batch": tc.batch_size,
-            "context": cfg.context_length}
+    return {
+        "parametrization": cfg.parametrization,
+        "axis": axis,
+        "sizes": sizes,
+        "widths": sizes if axis == "width" else [cfg.d_model],
+        "base": base,
+        "steps": steps,
+        "seeds": list(seeds),
+        "layers": layers,
+        "scales": scales,
+        "slopes": slopes,
+        "threshold": threshold,
+        "passed": abs(slopes[worst][-1]) < threshold,
+        "worst": (worst, slopes[worst][-1]),
+        "n_layers": cfg.n_layers,
+        "n_heads": cfg.n_heads,
+        "lr": tc.lr,
+        "batch": tc.batch_size,
+        "context": cfg.context_length,
+    }
 
 
 def format_result(res: dict) -> str:
@@ -205,27 +242,39 @@ def format_result(res: dict) -> str:
     else:
         base = f" (base_d_model {res['base']})" if res["base"] else ""
         shape = f"widths {', '.join(map(str, sizes))}{base}, {res['n_layers']} layers x {res['n_heads']} heads"
-    lines = [f"coordinate check, parametrization={res['parametrization']}: {shape}, {res['steps']} AdamW steps at lr "
-             f"{res['lr']:g}, batch {res['batch']} x {res['context']} tokens, seed(s) "
-             f"{', '.join(map(str, res['seeds']))}",
-             "mean |x| per coordinate at each step's forward (step 1: at initialisation); slope: of log(mean |x|) "
-             f"against log({axis})", ""]
+    lines = [
+        f"coordinate check, parametrization={res['parametrization']}: {shape}, {res['steps']} AdamW steps at lr "
+        f"{res['lr']:g}, batch {res['batch']} x {res['context']} tokens, seed(s) "
+        f"{', '.join(map(str, res['seeds']))}",
+        "mean |x| per coordinate at each step's forward (step 1: at initialisation); slope: of log(mean |x|) "
+        f"against log({axis})",
+        "",
+    ]
     head = ["layer", "step"] + [f"{axis} {w}" for w in sizes] + ["slope"]
-    rows = [[layer, str(s + 1)] + [f"{v:.4g}" for v in res["scales"][layer][s]] + [f"{res['slopes'][layer][s]:+.2f}"]
-            for layer in res["layers"] for s in range(res["steps"])]
+    rows = [
+        [layer, str(s + 1)] + [f"{v:.4g}" for v in res["scales"][layer][s]] + [f"{res['slopes'][layer][s]:+.2f}"]
+        for layer in res["layers"]
+        for s in range(res["steps"])
+    ]
     widths_col = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
-    fmt = lambda r: "  ".join(c.ljust(widths_col[i]) if i < 2 else c.rjust(widths_col[i])  # noqa: E731
-                              for i, c in enumerate(r)).rstrip()
+    fmt = lambda r: "  ".join(
+        c.ljust(widths_col[i]) if i < 2 else c.rjust(widths_col[i])  # noqa: E731
+        for i, c in enumerate(r)
+    ).rstrip()
     lines += [fmt(head)] + [fmt(r) for r in rows] + [""]
     last = ", ".join(f"{layer} {res['slopes'][layer][-1]:+.2f}" for layer in res["layers"])
     lines.append(f"slopes at step {res['steps']}: {last}")
     layer, worst = res["worst"]
     if res["passed"]:
-        lines.append(f"PASS: every |slope| < {res['threshold']:g} at step {res['steps']} (largest: {layer}, "
-                     f"{worst:+.2f}): the activations' size does not change with the {axis}")
+        lines.append(
+            f"PASS: every |slope| < {res['threshold']:g} at step {res['steps']} (largest: {layer}, "
+            f"{worst:+.2f}): the activations' size does not change with the {axis}"
+        )
     else:
-        lines.append(f"FAIL: {layer} has slope {worst:+.2f} at step {res['steps']} (|slope| >= {res['threshold']:g}):"
-                     f" its activations' size changes with the {axis}")
+        lines.append(
+            f"FAIL: {layer} has slope {worst:+.2f} at step {res['steps']} (|slope| >= {res['threshold']:g}):"
+            f" its activations' size changes with the {axis}"
+        )
     return "\n".join(lines)
 
 
@@ -249,13 +298,18 @@ def plot_result(res: dict, path: Path) -> Path:
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False)
     for ax, layer in zip(axes.flat, layers):
         for s, values in enumerate(res["scales"][layer]):
-            ax.plot(res.get("sizes", res["widths"]), values, marker="o", label=f"step {s + 1}",
-                    color=plt.cm.viridis(s / max(1, res["steps"] - 1)))
+            ax.plot(
+                res.get("sizes", res["widths"]),
+                values,
+                marker="o",
+                label=f"step {s + 1}",
+                color=plt.cm.viridis(s / max(1, res["steps"] - 1)),
+            )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(f"{layer} (slope {res['slopes'][layer][-1]:+.2f})", fontsize=9)
         ax.set_xlabel("width (d_model)" if res.get("axis", "width") == "width" else "depth (n_layers)", fontsize=8)
-    for ax in list(axes.flat)[len(layers):]:
+    for ax in list(axes.flat)[len(layers) :]:
         ax.axis("off")
     axes.flat[0].set_ylabel("mean |x|", fontsize=8)
     axes.flat[0].legend(fontsize=7)
@@ -271,15 +325,31 @@ def train_settings(tc):
     """The train settings the check uses from ``tc``: its lr, batch size, betas, eps and weight decay (no
     schedule, no clipping); AdamW only (Muon is refused: the check is of the Adam rules)."""
     if tc.optimizer != "adamw":
-        raise ConfigError(f"optimizer={tc.optimizer!r}: the coordinate check trains with AdamW (the rules of "
-                          f"lmlab's parametrizations are Adam's); drop optimizer")
+        raise ConfigError(
+            f"optimizer={tc.optimizer!r}: the coordinate check trains with AdamW (the rules of "
+            f"lmlab's parametrizations are Adam's); drop optimizer"
+        )
     return replace(tc, warmup_steps=0, schedule="constant")
 
 
-def run_coordcheck(config, preset: Optional[str], scale: str, sets: list[str], parametrization: Optional[str],
-                   widths: Optional[Sequence[int]], depths: Optional[Sequence[int]], base_width: Optional[int],
-                   base_depth: Optional[int], lr: Optional[float], batch_size: Optional[int], steps: int,
-                   seeds: Sequence[int], data, device: torch.device, threshold: float = THRESHOLD) -> dict:
+def run_coordcheck(
+    config,
+    preset: Optional[str],
+    scale: str,
+    sets: list[str],
+    parametrization: Optional[str],
+    widths: Optional[Sequence[int]],
+    depths: Optional[Sequence[int]],
+    base_width: Optional[int],
+    base_depth: Optional[int],
+    lr: Optional[float],
+    batch_size: Optional[int],
+    steps: int,
+    seeds: Sequence[int],
+    data,
+    device: torch.device,
+    threshold: float = THRESHOLD,
+) -> dict:
     """``lmlab coordcheck``: the model of a config file, a preset (at ``scale``) or, with neither, this
     check's own small one (:data:`DEFAULT_MODEL`, :data:`DEFAULT_TRAIN`), under ``sets`` (``--set``
     overrides) and ``parametrization``; checked at ``widths`` (default 64, 128, 256) or ``depths`` on
@@ -295,8 +365,10 @@ def run_coordcheck(config, preset: Optional[str], scale: str, sets: list[str], p
         if len(depths) < 2 or len(set(depths)) != len(depths):
             raise ConfigError(f"--depths {','.join(map(str, depths))}: give at least two different depths")
         if widths_given or base_width:
-            raise ConfigError("--depths checks over depth at the config's d_model: drop --widths / --base-width "
-                              "(set the width with --set d_model=N)")
+            raise ConfigError(
+                "--depths checks over depth at the config's d_model: drop --widths / --base-width "
+                "(set the width with --set d_model=N)"
+            )
     elif len(widths) < 2 or len(set(widths)) != len(widths):
         raise ConfigError(f"--widths {','.join(map(str, widths))}: give at least two different widths")
     if base_depth and depths is None:
@@ -309,14 +381,18 @@ def run_coordcheck(config, preset: Optional[str], scale: str, sets: list[str], p
     def configs(vocab: int):
         cfg, tc = build_configs(config, preset, scale, sets, vocab)
         if base_width and cfg.parametrization == "sp":
-            raise ConfigError(f"--base-width {base_width} applies to --parametrization mup or completep "
-                              f"(sp has no base width)")
+            raise ConfigError(
+                f"--base-width {base_width} applies to --parametrization mup or completep (sp has no base width)"
+            )
         tc = train_settings(tc)
-        tc = replace(tc, lr=lr if lr is not None else tc.lr,
-                     batch_size=batch_size if batch_size is not None else tc.batch_size)
+        tc = replace(
+            tc, lr=lr if lr is not None else tc.lr, batch_size=batch_size if batch_size is not None else tc.batch_size
+        )
         if base_depth and cfg.parametrization != "completep":
-            raise ConfigError(f"--base-depth {base_depth} applies to --parametrization completep (only it "
-                              f"scales the residual branches with depth)")
+            raise ConfigError(
+                f"--base-depth {base_depth} applies to --parametrization completep (only it "
+                f"scales the residual branches with depth)"
+            )
         if depths is not None:  # every size checked before any data is prepared or any model trained
             for d in depths:
                 at_depth(cfg, d, base_depth or min(depths))
@@ -337,4 +413,3 @@ def run_coordcheck(config, preset: Optional[str], scale: str, sets: list[str], p
         if cfg.vocab_size < prepared.vocab_size:
             raise ConfigError(f"vocab_size={cfg.vocab_size} is below the {prepared.vocab_size} tokens of the data")
     return coord_check(cfg, tc, widths, steps, seeds, tokens, device, threshold, base_width, depths, base_depth)
-

@@ -48,8 +48,9 @@ def _submitit():
     try:
         import submitit
     except ImportError:
-        raise ConfigError("--executor slurm and submitit-local need submitit: pip install 'lmlab[slurm]' "
-                          "(or pip install submitit)") from None
+        raise ConfigError(
+            "--executor slurm and submitit-local need submitit: pip install 'lmlab[slurm]' (or pip install submitit)"
+        ) from None
     return submitit
 
 
@@ -76,15 +77,19 @@ class SweepTask:
 
         stopped = stop_training()
         job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
-        rec = {"runs": list(names), "job_id": job_id, "stopped_trainings": stopped,
-               "at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+        rec = {
+            "runs": list(names),
+            "job_id": job_id,
+            "stopped_trainings": stopped,
+            "at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        }
         with open(Path(sweep_dir) / REQUEUES_FILE, "a") as f:
             f.write(json.dumps(rec) + "\n")
         return _submitit().helpers.DelayedSubmission(self, sweep_dir, names, threads)
 
 
 def chunks(names: list, size: int) -> list[list]:
-    return [names[i:i + size] for i in range(0, len(names), size)]
+    return [names[i : i + size] for i in range(0, len(names), size)]
 
 
 def _pid_alive(pid: int) -> bool:
@@ -101,8 +106,18 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-            "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
+TERMINAL = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "SPECIAL_EXIT",
+    "REVOKED",
+}
 # A job seen ended while a run of it has no row is taken as over only when it still is this many seconds
 # later: a job being requeued (a preemption) can show FAILED or CANCELLED in squeue for a moment before
 # it is PENDING again (seen once in CI: the preempted run was recorded failed while its job requeued)
@@ -116,8 +131,9 @@ def slurm_states() -> Optional[dict]:
     import subprocess
 
     try:
-        out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-o", "%i %T"], capture_output=True, text=True,
-                             timeout=60)
+        out = subprocess.run(
+            ["squeue", "-h", "-r", "-t", "all", "-o", "%i %T"], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
@@ -158,9 +174,11 @@ def _make(folder: Path, kind: str, params: Optional[dict], name: str):
     except (NameError, ValueError, TypeError, AssertionError) as exc:
         why = " ".join(str(exc).split())
         why = why if len(why) <= 240 else why[:240] + "..."
-        raise ConfigError(f"--executor {kind}: a parameter submitit refuses among {sorted(given)}: {why} (names: "
-                          f"submitit's AutoExecutor parameters, e.g. timeout_min, mem_gb, cpus_per_task, "
-                          f"gpus_per_node, slurm_partition, slurm_account, slurm_additional_parameters)") from None
+        raise ConfigError(
+            f"--executor {kind}: a parameter submitit refuses among {sorted(given)}: {why} (names: "
+            f"submitit's AutoExecutor parameters, e.g. timeout_min, mem_gb, cpus_per_task, "
+            f"gpus_per_node, slurm_partition, slurm_account, slurm_additional_parameters)"
+        ) from None
     return ex, params
 
 
@@ -169,13 +187,21 @@ def slurm_preflight(params: dict) -> None:
     (``sbatch --test-only``: nothing is queued); raise ConfigError with sbatch's reason if not."""
     import subprocess
 
-    flags = {"slurm_partition": "--partition={}", "cpus_per_task": "--cpus-per-task={}",
-             "gpus_per_node": "--gpus-per-node={}", "timeout_min": "--time={}", "mem_gb": "--mem={}G",
-             "slurm_account": "--account={}", "slurm_qos": "--qos={}", "slurm_constraint": "--constraint={}"}
+    flags = {
+        "slurm_partition": "--partition={}",
+        "cpus_per_task": "--cpus-per-task={}",
+        "gpus_per_node": "--gpus-per-node={}",
+        "timeout_min": "--time={}",
+        "mem_gb": "--mem={}G",
+        "slurm_account": "--account={}",
+        "slurm_qos": "--qos={}",
+        "slurm_constraint": "--constraint={}",
+    }
     args = [f.format(params[k]) for k, f in flags.items() if params.get(k)]
     try:
-        out = subprocess.run(["sbatch", "--test-only", *args, "--wrap", "true"], capture_output=True, text=True,
-                             timeout=60)
+        out = subprocess.run(
+            ["sbatch", "--test-only", *args, "--wrap", "true"], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ConfigError(f"--executor slurm: sbatch could not be run ({exc})") from None
     if out.returncode != 0:
@@ -183,9 +209,15 @@ def slurm_preflight(params: dict) -> None:
         raise ConfigError(f"--executor slurm: Slurm refuses a job with {' '.join(args) or 'no options'}: {why}")
 
 
-FLAGS = {"slurm_partition": "--slurm-partition", "timeout_min": "--time", "cpus_per_task": "--cpus-per-task",
-         "gpus_per_node": "--gpus-per-task", "slurm_array_parallelism": "--array-parallelism",
-         "address": "--address", "max_retries": "--max-retries"}
+FLAGS = {
+    "slurm_partition": "--slurm-partition",
+    "timeout_min": "--time",
+    "cpus_per_task": "--cpus-per-task",
+    "gpus_per_node": "--gpus-per-task",
+    "slurm_array_parallelism": "--array-parallelism",
+    "address": "--address",
+    "max_retries": "--max-retries",
+}
 
 
 def _named(keys) -> str:
@@ -203,12 +235,16 @@ def check_executor_params(kind: str, params: dict, runs_per_task: int = 1) -> No
     ray_only = {k for k in params if k in ("address", "max_retries")}
     if kind == "local" and (params or runs_per_task != 1):
         given = _named(params) or "--runs-per-task"
-        raise ConfigError(f"{given}: not options of the local executor (--jobs N sets its runs at once); "
-                          f"--address and --max-retries go with --executor ray, the others with --executor "
-                          f"slurm, submitit-local or ray")
+        raise ConfigError(
+            f"{given}: not options of the local executor (--jobs N sets its runs at once); "
+            f"--address and --max-retries go with --executor ray, the others with --executor "
+            f"slurm, submitit-local or ray"
+        )
     if kind == "ray" and set(params) - set(RAY_KEYS):
-        raise ConfigError(f"{_named(set(params) - set(RAY_KEYS))}: not options of --executor ray (it takes "
-                          f"{_named(RAY_KEYS)}); they go with --executor slurm or submitit-local")
+        raise ConfigError(
+            f"{_named(set(params) - set(RAY_KEYS))}: not options of --executor ray (it takes "
+            f"{_named(RAY_KEYS)}); they go with --executor slurm or submitit-local"
+        )
     if kind in ("slurm", "submitit-local") and ray_only:
         raise ConfigError(f"{_named(ray_only)}: options of --executor ray, not of --executor {kind}")
     gpus = params.get("gpus_per_node")
@@ -216,8 +252,10 @@ def check_executor_params(kind: str, params: dict, runs_per_task: int = 1) -> No
         if not isinstance(gpus, (int, float)) or isinstance(gpus, bool) or gpus < 0:
             raise ConfigError(f"--gpus-per-task {gpus!r}: give a number >= 0")
         if kind != "ray" and not float(gpus).is_integer():
-            raise ConfigError(f"--gpus-per-task {gpus!r}: Slurm counts whole GPUs (give an integer); fractions "
-                              f"of a GPU go with --executor ray, or --runs-per-gpu N shares one")
+            raise ConfigError(
+                f"--gpus-per-task {gpus!r}: Slurm counts whole GPUs (give an integer); fractions "
+                f"of a GPU go with --executor ray, or --runs-per-gpu N shares one"
+            )
     retries = params.get("max_retries")
     if retries is not None and (not isinstance(retries, int) or isinstance(retries, bool) or retries < -1):
         raise ConfigError(f"--max-retries {retries!r}: give an integer >= 0, or -1 for unlimited (Ray's meaning)")
@@ -243,9 +281,17 @@ class SubmititExecutor:
     ``cpus_per_task``, ``gpus_per_node``, ``slurm_array_parallelism``, ``slurm_additional_parameters``);
     an unknown name raises ConfigError naming it."""
 
-    def __init__(self, sweep_dir: Path, kind: str, params: Optional[dict] = None, runs_per_task: int = 1,
-                 threads: int = 1, parallelism: int = 1, poll_s: Optional[float] = None,
-                 log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        sweep_dir: Path,
+        kind: str,
+        params: Optional[dict] = None,
+        runs_per_task: int = 1,
+        threads: int = 1,
+        parallelism: int = 1,
+        poll_s: Optional[float] = None,
+        log: Callable[[str], None] = print,
+    ):
         if kind not in ("slurm", "submitit-local"):
             raise ConfigError(f"executor {kind!r}: SubmititExecutor runs 'slurm' or 'submitit-local'")
         self.dir, self.kind, self.runs_per_task = Path(sweep_dir), kind, int(runs_per_task)
@@ -265,17 +311,32 @@ class SubmititExecutor:
             return []
         out = []
         for where, rec in jsonl_objects(path):
-            if not (isinstance(rec, dict) and isinstance(rec.get("job_id"), str) and isinstance(rec.get("runs"), list)
-                    and rec.get("executor") in ("slurm", "submitit-local")):
-                raise ConfigError(f"{where}: not a job record lmlab wrote (job_id, runs, executor); the file is "
-                                  f"damaged")
+            if not (
+                isinstance(rec, dict)
+                and isinstance(rec.get("job_id"), str)
+                and isinstance(rec.get("runs"), list)
+                and rec.get("executor") in ("slurm", "submitit-local")
+            ):
+                raise ConfigError(
+                    f"{where}: not a job record lmlab wrote (job_id, runs, executor); the file is damaged"
+                )
             out.append(rec)
         return out
 
     def _record(self, job_id: str, names: list) -> None:
         with open(self.dir / JOBS_FILE, "a") as f:
-            f.write(json.dumps({"job_id": job_id, "runs": names, "executor": self.kind, "t": time.time(),
-                                "submitted": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "job_id": job_id,
+                        "runs": names,
+                        "executor": self.kind,
+                        "t": time.time(),
+                        "submitted": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                    }
+                )
+                + "\n"
+            )
 
     def _attach(self, job_id: str):
         submitit = _submitit()
@@ -310,9 +371,11 @@ class SubmititExecutor:
                 jobs = [self.ex.submit(task, *a) for a in args]
         except _submitit().core.utils.FailedJobError as exc:
             why = " ".join(str(exc).split())
-            raise ConfigError(f"--executor {self.kind}: the scheduler refused the jobs: {why[-400:]} (the sweep "
-                              f"folder {self.dir} keeps what was planned; fix the options and rerun the same "
-                              f"command)") from None
+            raise ConfigError(
+                f"--executor {self.kind}: the scheduler refused the jobs: {why[-400:]} (the sweep "
+                f"folder {self.dir} keeps what was planned; fix the options and rerun the same "
+                f"command)"
+            ) from None
         for job, g in zip(jobs, groups):
             self._record(str(job.job_id), g)
         return dict(zip(jobs, groups))
@@ -389,23 +452,25 @@ class SubmititExecutor:
         state = self._state(job)
         paths = getattr(job, "paths", None)
         where = f"; its log: {paths.stderr}" if paths is not None else ""
-        return (f"job {job.job_id} ended ({state}) without a row{where}; reproduce with "
-                f"`lmlab sweep-worker {self.dir} {name}`")
+        return (
+            f"job {job.job_id} ended ({state}) without a row{where}; reproduce with "
+            f"`lmlab sweep-worker {self.dir} {name}`"
+        )
 
     def _status(self, total: int, done_at: dict, running: dict, queue: list, t0: float) -> None:
         states: dict = {}
         for job in running:
             s = self._state(job)
             states[s] = states.get(s, 0) + len(running[job])
-        queued = sum(v for k, v in states.items() if k in ("PENDING", "REQUEUED", "CONFIGURING")) + sum(
-            map(len, queue))
+        queued = sum(v for k, v in states.items() if k in ("PENDING", "REQUEUED", "CONFIGURING")) + sum(map(len, queue))
         run_n = sum(v for k, v in states.items() if k not in ("PENDING", "REQUEUED", "CONFIGURING"))
         n_done = len(done_at)
         eta = ""
         if n_done and total > n_done:
             eta = f", ETA {((time.time() - t0) / n_done * (total - n_done)) / 60:.0f} min"
-        self.log(f"{self.kind}: {queued} queued, {run_n} running, {n_done}/{total} done, "
-                 f"{self.requeues()} requeue(s){eta}")
+        self.log(
+            f"{self.kind}: {queued} queued, {run_n} running, {n_done}/{total} done, {self.requeues()} requeue(s){eta}"
+        )
 
 
 # --- Ray ------------------------------------------------------------------------------------------
@@ -435,9 +500,19 @@ class RayExecutor:
 
     Source: Ray's tasks (https://docs.ray.io/en/latest/ray-core/tasks.html), ``ray.wait``."""
 
-    def __init__(self, sweep_dir: Path, address: Optional[str], runs_per_task: int = 1, threads: int = 1,
-                 num_cpus: Optional[float] = None, num_gpus: float = 0, max_retries: int = 3, parallelism: int = 1,
-                 poll_s: float = 2.0, log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        sweep_dir: Path,
+        address: Optional[str],
+        runs_per_task: int = 1,
+        threads: int = 1,
+        num_cpus: Optional[float] = None,
+        num_gpus: float = 0,
+        max_retries: int = 3,
+        parallelism: int = 1,
+        poll_s: float = 2.0,
+        log: Callable[[str], None] = print,
+    ):
         self.dir, self.runs_per_task, self.threads = Path(sweep_dir), int(runs_per_task), int(threads)
         self.num_cpus = float(num_cpus if num_cpus is not None else self.threads * self.runs_per_task)
         self.num_gpus, self.max_retries, self.poll_s, self.log = float(num_gpus), int(max_retries), poll_s, log
@@ -445,8 +520,12 @@ class RayExecutor:
         if not ray.is_initialized():
             try:
                 if address in (None, "local"):
-                    ray.init(num_cpus=parallelism * self.num_cpus, include_dashboard=False, log_to_driver=False,
-                             configure_logging=False)
+                    ray.init(
+                        num_cpus=parallelism * self.num_cpus,
+                        include_dashboard=False,
+                        log_to_driver=False,
+                        configure_logging=False,
+                    )
                 else:
                     ray.init(address=address, log_to_driver=False, configure_logging=False)
             except (ConnectionError, ValueError, RuntimeError) as exc:
@@ -473,13 +552,17 @@ class RayExecutor:
                     row = read_row(self.dir, n)
                     if row is None:
                         p, ev = read_plan(self.dir, n)
-                        row = failed_row(p, ev.name, f"ray task ended without a row ({error or 'no error'}); "
-                                                     f"its log: {self.dir / 'logs' / (n + '.log')}; reproduce "
-                                                     f"with `lmlab sweep-worker {self.dir} {n}`")
+                        row = failed_row(
+                            p,
+                            ev.name,
+                            f"ray task ended without a row ({error or 'no error'}); "
+                            f"its log: {self.dir / 'logs' / (n + '.log')}; reproduce "
+                            f"with `lmlab sweep-worker {self.dir} {n}`",
+                        )
                     n_done += 1
                     on_row(row, time.time() - t0)
             if ready or time.time() - last >= 60:
                 left = sum(map(len, refs.values()))
-                eta = (f", ETA {(time.time() - t0) / n_done * left / 60:.0f} min" if n_done and left else "")
+                eta = f", ETA {(time.time() - t0) / n_done * left / 60:.0f} min" if n_done and left else ""
                 self.log(f"ray: {left} queued or running, {n_done}/{len(names)} done{eta}")
                 last = time.time()

@@ -174,8 +174,13 @@ class ForkServer:
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # the lmlab being run, also when not installed
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.proc = subprocess.Popen([sys.executable, "-m", "lmlab.lab.fork_server"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "lmlab.lab.fork_server"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
         self._cond = threading.Condition()
         self._pids: list = []
         self._exits: dict = {}
@@ -231,8 +236,10 @@ class ForkServer:
                 while self.alive and not self._pids:
                     self._cond.wait()
                 if not self._pids:
-                    raise RuntimeError(f"lmlab's fork server (python -m lmlab.lab.fork_server) exited with status "
-                                       f"{self.proc.poll()} before it started the run")
+                    raise RuntimeError(
+                        f"lmlab's fork server (python -m lmlab.lab.fork_server) exited with status "
+                        f"{self.proc.poll()} before it started the run"
+                    )
                 return ForkedRun(self, self._pids.pop(0))
 
     def wait_exit(self, pid: int) -> Optional[int]:

@@ -12,8 +12,7 @@ from typing import Optional
 from lmlab.config import ConfigError
 from lmlab.lab import plots, validate
 from lmlab.lab.page import _duration, sweep_wall
-from lmlab.lab.report import (REPORT_MARKS, VERDICTS_FILE, _check_out, read_json_file, read_results_csv,
-                              read_spec_file)
+from lmlab.lab.report import REPORT_MARKS, VERDICTS_FILE, _check_out, read_json_file, read_results_csv, read_spec_file
 from lmlab.lab.results import RESULTS_FILE, TIMING_FILE
 from lmlab.lab.spec import builtin_specs, parse_spec
 from lmlab.lab.verdict_table import CLAIM_HEAD, HOW_TO_READ, _effect, _md_escape, claim_cells
@@ -73,8 +72,14 @@ def collect_claims(dirs: list[Path]) -> tuple[list[dict], list[tuple], dict]:
                 f"folders `lmlab sweep --out` or `lmlab report --out` wrote"
             )
         specs.append(
-            (res.get("spec") or d.name, res.get("claim", ""), link, len(res["claims"]), res.get("pooled"),
-             res.get("sweep_wall"))
+            (
+                res.get("spec") or d.name,
+                res.get("claim", ""),
+                link,
+                len(res["claims"]),
+                res.get("pooled"),
+                res.get("sweep_wall"),
+            )
         )
         for c in res["claims"]:
             claims.append({**c, "spec": res.get("spec") or d.name})
@@ -143,22 +148,24 @@ def write_index(dirs: list[Path], out: Path, readme=None) -> list[Path]:
         "",
     ]
     scaled = any(c.get("scale") for c in claims)
-    head = (
-        ["spec", "claim"]
-        + (["scale"] if scaled else [])
-        + CLAIM_HEAD + ["leans", "why no verdict"]
-    )
+    head = ["spec", "claim"] + (["scale"] if scaled else []) + CLAIM_HEAD + ["leans", "why no verdict"]
     L += ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     for c in claims:
-        L.append("| " + " | ".join([_md_escape(c["spec"])] + claim_cells(c, scaled)
-                                   + [_leans(c), _md_escape(c.get("gate") or "")]) + " |")
+        L.append(
+            "| "
+            + " | ".join(
+                [_md_escape(c["spec"])] + claim_cells(c, scaled) + [_leans(c), _md_escape(c.get("gate") or "")]
+            )
+            + " |"
+        )
     L.append("")
     if forest:
         L += [f"![every claim]({forest.name})", ""]
     L += ["## Sweeps", ""]
     for name, claim, link, n, pooled, wall in specs:
         where = (
-            f"[{name}]({Path(link).resolve().relative_to(out.parent.resolve())})" if link and _under(link, out.parent)
+            f"[{name}]({Path(link).resolve().relative_to(out.parent.resolve())})"
+            if link and _under(link, out.parent)
             else name
         )
         noise = f"; per-run noise {pooled[0]:.4f} bits/byte" if pooled else "; no noise estimate (one seed)"
@@ -193,8 +200,10 @@ COUNTS_END = "<!-- /lmlab:ablation-counts -->"
 
 def counts_line(claims: list[dict], index: Path) -> str:
     """The one-line count of the verdicts, linking the index page ``index`` (relative to the file)."""
-    return (f"The shipped specs' executions so far: {len(claims)} claims, **{_counts_text(_verdict_counts(claims))}** "
-            f"([every claim, interval and note]({index.as_posix()})).")
+    return (
+        f"The shipped specs' executions so far: {len(claims)} claims, **{_counts_text(_verdict_counts(claims))}** "
+        f"([every claim, interval and note]({index.as_posix()}))."
+    )
 
 
 def summary_block(claims: list[dict], executed: dict, index: Path) -> str:
@@ -214,9 +223,7 @@ def summary_block(claims: list[dict], executed: dict, index: Path) -> str:
     ]
     for c in claims:
         scale = f" (@{c['scale']})" if c.get("scale") else ""
-        L.append(
-            f"| {_md_escape(c['spec'])} | {_md_escape(c['text'])}{scale} | **{c['verdict']}** | {_effect(c)} |"
-        )
+        L.append(f"| {_md_escape(c['spec'])} | {_md_escape(c['text'])}{scale} | **{c['verdict']}** | {_effect(c)} |")
     return "\n".join(L)
 
 
@@ -247,7 +254,7 @@ def readme_block(readme: Path, start: str = README_START, end: str = README_END)
     without them."""
     text = readme.read_text()
     a, b = text.find(start), text.find(end)
-    return text[a + len(start):b].strip("\n") if 0 <= a < b else ""
+    return text[a + len(start) : b].strip("\n") if 0 <= a < b else ""
 
 
 def _under(path: Path, folder: Path) -> bool:

@@ -21,9 +21,7 @@ import torch
 from lmlab.config import ModelConfig
 
 
-def init_grad_norms(
-    cfg: ModelConfig, tokens: np.ndarray, depths: list[int], seeds: list[int], batch: int
-) -> dict:
+def init_grad_norms(cfg: ModelConfig, tokens: np.ndarray, depths: list[int], seeds: list[int], batch: int) -> dict:
     """{depth: {seed: [gradient L2 norm of block 0, 1, ..., depth-1]}} of untrained models.
 
     ``cfg``: the variant (its ``n_layers`` is replaced by each depth); ``tokens``: the training split,
@@ -37,8 +35,10 @@ def init_grad_norms(
 
     T = cfg.context_length
     if len(tokens) < T + 2:
-        raise ValueError(f"init_grads: the training split has {len(tokens)} tokens, fewer than one "
-                         f"window of context_length + 1 = {T + 1}")
+        raise ValueError(
+            f"init_grads: the training split has {len(tokens)} tokens, fewer than one "
+            f"window of context_length + 1 = {T + 1}"
+        )
     out: dict = {}
     for depth in depths:
         out[depth] = {}

@@ -68,16 +68,23 @@ def _run_files_lines(sweep_dir: Path, rows: list[dict]) -> list[str]:
     from lmlab.lab.provenance import _repo_relative
 
     where = _repo_relative(Path(sweep_dir))
-    out = [f"Each run's training log is `{where}/logs/RUN.log` and its run folder `{where}/runs/RUN/` "
-           "(`lmlab eval`, `generate` and `plot` work on it).", ""]
+    out = [
+        f"Each run's training log is `{where}/logs/RUN.log` and its run folder `{where}/runs/RUN/` "
+        "(`lmlab eval`, `generate` and `plot` work on it).",
+        "",
+    ]
     failed = [r for r in rows if r.get("status") == "failed"]
     if failed:
-        out += [f"Failed runs ({len(failed)}; no result, unlike a diverged run; rerunning `lmlab sweep` retries "
-                f"them):", ""]
+        out += [
+            f"Failed runs ({len(failed)}; no result, unlike a diverged run; rerunning `lmlab sweep` retries them):",
+            "",
+        ]
         for r in failed:
             err = " ".join(str(r.get("error") or "no error recorded").split())
-            out.append(f"- `{r['run']}`: {err[:300]}{'...' if len(err) > 300 else ''}; log `{where}/logs/"
-                       f"{r['run']}.log`; reproduce with `lmlab sweep-worker {where} {r['run']}`")
+            out.append(
+                f"- `{r['run']}`: {err[:300]}{'...' if len(err) > 300 else ''}; log `{where}/logs/"
+                f"{r['run']}.log`; reproduce with `lmlab sweep-worker {where} {r['run']}`"
+            )
         out.append("")
     return out
 
@@ -90,8 +97,7 @@ def _provenance_lines(sweep_dir: Path, rows: list[dict]) -> list[str]:
             {
                 f"lmlab {r.get('lmlab_version')}"
                 + (
-                    f" (git {r['git_commit'][:12]}"
-                    f"{'+dirty' if r['git_commit'].endswith('+dirty') else ''})"
+                    f" (git {r['git_commit'][:12]}{'+dirty' if r['git_commit'].endswith('+dirty') else ''})"
                     if r.get("git_commit")
                     else ""
                 )
@@ -123,12 +129,8 @@ def _provenance_lines(sweep_dir: Path, rows: list[dict]) -> list[str]:
             + "."
         )
     else:  # results written before lmlab recorded the time and machine of each run
-        when = datetime.datetime.fromtimestamp(
-            (sweep_dir / RESULTS_FILE).stat().st_mtime, datetime.timezone.utc
-        )
-        L.append(
-            f"- Results file last written {when:%Y-%m-%d %H:%M} UTC (its rows carry no time or machine)."
-        )
+        when = datetime.datetime.fromtimestamp((sweep_dir / RESULTS_FILE).stat().st_mtime, datetime.timezone.utc)
+        L.append(f"- Results file last written {when:%Y-%m-%d %H:%M} UTC (its rows carry no time or machine).")
     wall = sweep_wall(sweep_dir)
     if wall:
         L.append(
@@ -146,9 +148,24 @@ def _provenance_lines(sweep_dir: Path, rows: list[dict]) -> list[str]:
     return L
 
 
-def page_markdown(name: str, res: dict, spec, spec_raw: dict, rows: list[dict], planned: Optional[int],
-                  selected: dict, order: list[dict], ctxs: list, aggs: list[dict], timing: Optional[dict],
-                  grads: Optional[dict], by_pos: dict, figs: list, csv_path: Path, sweep_dir: Path) -> str:
+def page_markdown(
+    name: str,
+    res: dict,
+    spec,
+    spec_raw: dict,
+    rows: list[dict],
+    planned: Optional[int],
+    selected: dict,
+    order: list[dict],
+    ctxs: list,
+    aggs: list[dict],
+    timing: Optional[dict],
+    grads: Optional[dict],
+    by_pos: dict,
+    figs: list,
+    csv_path: Path,
+    sweep_dir: Path,
+) -> str:
     """The markdown of a sweep's page (see the module docstring) from its analysis ``res``
     (:func:`lmlab.lab.verdicts.analyze`) and the figures :func:`page_figures` wrote."""
     conf = res["confidence"]
@@ -164,8 +181,7 @@ def page_markdown(name: str, res: dict, spec, spec_raw: dict, rows: list[dict], 
         L.append("How to read: " + HOW_TO_READ.format(conf=100 * conf))
     else:
         L.append(
-            "The spec states no expectations (`expect:`), so this page gives differences and intervals "
-            "but no verdict."
+            "The spec states no expectations (`expect:`), so this page gives differences and intervals but no verdict."
         )
     pooled = res["pooled"]
     L.append("")
@@ -216,8 +232,7 @@ def page_markdown(name: str, res: dict, spec, spec_raw: dict, rows: list[dict], 
         + f" ({len(selected)} variant(s) x scale); {diverged} diverged, {failed} failed; "
         + f"{_duration(wall)} in the training loops"
         + (
-            f", {_duration(run_wall)} end to end summed over the runs "
-            "(process start, training, evaluation)"
+            f", {_duration(run_wall)} end to end summed over the runs (process start, training, evaluation)"
             if run_wall
             else ""
         )
@@ -299,13 +314,24 @@ def _design_lines(res: dict, spec) -> list[str]:
     L = ["## Design", ""]
     L.append(
         f"{len(compared)} paired seed(s) compared"
-        + (f", the rate chosen on {len(spec.tune_seeds)} other seed(s)" if spec.tune_seeds else
-           (", the rate chosen on the same seeds" if spec.tune else ""))
-        + (f"; {max((len(s['grid']) for s in res['selected']), default=0)} tuned value(s) at most per variant "
-           f"(the spec's {math.prod(len(v) for v in spec.tune.values())}, extended past an edge up to "
-           f"{t.extend} per side)" if spec.tune else "")
-        + (f"; {' to '.join(dict.fromkeys(f'{v:.3g}' for v in (min(tpp), max(tpp))))} tokens per "
-           f"non-embedding parameter" if tpp else "")
+        + (
+            f", the rate chosen on {len(spec.tune_seeds)} other seed(s)"
+            if spec.tune_seeds
+            else (", the rate chosen on the same seeds" if spec.tune else "")
+        )
+        + (
+            f"; {max((len(s['grid']) for s in res['selected']), default=0)} tuned value(s) at most per variant "
+            f"(the spec's {math.prod(len(v) for v in spec.tune.values())}, extended past an edge up to "
+            f"{t.extend} per side)"
+            if spec.tune
+            else ""
+        )
+        + (
+            f"; {' to '.join(dict.fromkeys(f'{v:.3g}' for v in (min(tpp), max(tpp))))} tokens per "
+            f"non-embedding parameter"
+            if tpp
+            else ""
+        )
         + f". A verdict needs {j.min_seeds} paired seeds, {j.tokens_per_param:g} tokens per parameter (claims "
         f"about trained quality, unless a claim sets its floor) and rates chosen on >= {t.min_seeds} seeds over "
         f">= {t.min_points} values and bracketed."
@@ -313,16 +339,21 @@ def _design_lines(res: dict, spec) -> list[str]:
     L.append("")
     rows = [c for c in res["claims"] if _ok(c.get("detectable"))]
     if rows:
-        L.append("Smallest effect each claim's design detects at "
-                 f"{100 * j.power:g}% power (from its measured paired noise), against its margin:")
+        L.append(
+            "Smallest effect each claim's design detects at "
+            f"{100 * j.power:g}% power (from its measured paired noise), against its margin:"
+        )
         L.append("")
         for c in rows:
             margin = c.get("margin")
-            m = ("" if not _ok(margin) else (f"{100 * margin:.2f}%" if c.get("relative") else f"{margin:.4f}"))
+            m = "" if not _ok(margin) else (f"{100 * margin:.2f}%" if c.get("relative") else f"{margin:.4f}")
             under = _ok(margin) and c["detectable"] > margin
             at = f" @{c['scale']}" if c.get("scale") else ""
-            L.append(f"- {_md_escape(c['text'])}{at}: {_detectable(c)}" + (f" against a margin of {m}" if m else "")
-                     + (" (**underpowered**)" if under else ""))
+            L.append(
+                f"- {_md_escape(c['text'])}{at}: {_detectable(c)}"
+                + (f" against a margin of {m}" if m else "")
+                + (" (**underpowered**)" if under else "")
+            )
         L.append("")
     return L
 
@@ -366,8 +397,11 @@ def _tuning_lines(res: dict, spec) -> list[str]:
             for g in s["grid"]
         )
         bracket = "yes" if s.get("bracketed", not s["edge"]) else f"**no**: {s.get('why') or 'at the edge'}"
-        sens = _num(s.get("lr_sensitivity")) if s.get("lr_sensitivity") is not None else (
-            f"n/a ({s['lr_sensitivity_why']})" if s.get("lr_sensitivity_why") else "n/a")
+        sens = (
+            _num(s.get("lr_sensitivity"))
+            if s.get("lr_sensitivity") is not None
+            else (f"n/a ({s['lr_sensitivity_why']})" if s.get("lr_sensitivity_why") else "n/a")
+        )
         L.append(
             "| "
             + " | ".join(
@@ -593,5 +627,8 @@ def sweep_wall(sweep_dir: Path) -> Optional[dict]:
     ends = [r for r in validate.read_provenance(sweep_dir / PROVENANCE_FILE) if "ended_at" in r]
     if not ends:
         return None
-    return {"wall_s": sum(r["wall_s"] for r in ends), "invocations": len(ends),
-            "finished": bool(ends[-1].get("finished"))}
+    return {
+        "wall_s": sum(r["wall_s"] for r in ends),
+        "invocations": len(ends),
+        "finished": bool(ends[-1].get("finished")),
+    }

@@ -172,9 +172,7 @@ def budget_steps(budget: dict, tokens_per_step: int, flops_per_tok: float, defau
         return int(budget.get("steps", default_steps))
     if steps < 1:
         key = "tokens" if "tokens" in budget else "flops"
-        raise ConfigError(
-            f"budget {key}={budget[key]:g} buys no training step (one step is {unit}); raise the budget"
-        )
+        raise ConfigError(f"budget {key}={budget[key]:g} buys no training step (one step is {unit}); raise the budget")
     return steps
 
 
@@ -195,8 +193,11 @@ def plan_runs(spec: Spec, data_dir: Optional[Path] = None) -> list[RunPlan]:
         plans = _plan(spec, None, vocab, False)
         for p in {p.cell: p for p in plans}.values():
             check_run_memory(p.cfg, p.tc)
-        data_dir = (variant_data(spec.data, None, prepare=True)[0] if isinstance(spec.data, dict)
-                    else ensure_default_data(spec.data))
+        data_dir = (
+            variant_data(spec.data, None, prepare=True)[0]
+            if isinstance(spec.data, dict)
+            else ensure_default_data(spec.data)
+        )
         return _plan(spec, Path(data_dir).resolve(), TokenData(data_dir).vocab_size, True)
     own = [v.label for v in spec.variants if "data" in v.fields]
     if own:
@@ -265,13 +266,9 @@ def _plan(spec: Spec, data_dir: Optional[Path], vocab: int, prepare: bool = Fals
             )
             target = spec.match.target
             if target == "baseline":
-                target = measure(
-                    ModelConfig.from_dict(models[spec.baseline], f"{where} model"), spec.match.hold
-                )
+                target = measure(ModelConfig.from_dict(models[spec.baseline], f"{where} model"), spec.match.hold)
         for v in spec.variants:
-            where = f"{spec.path or 'sweep spec'}, variant {v.label!r}" + (
-                f", scale {scale.label!r}" if scale else ""
-            )
+            where = f"{spec.path or 'sweep spec'}, variant {v.label!r}" + (f", scale {scale.label!r}" if scale else "")
             model, solved = models[v.label], {}
             if target is not None and not (v.label == spec.baseline and spec.match.target == "baseline"):
                 model, solved = solve_size(model, spec.match, target, where)
@@ -381,11 +378,14 @@ def epochs_line(plans: list[RunPlan]) -> str:
     comparison is made on repeated data (a different regime: memorisation, where dropout and weight
     decay act differently), so the line then starts with ``warning:``."""
     epochs, train, data, most = most_epochs(plans)
-    text = (f"data: {train:,} training tokens in {data}; the run with the most passes reads "
-            f"{most:,} ({epochs:.2f} epochs)")
+    text = (
+        f"data: {train:,} training tokens in {data}; the run with the most passes reads {most:,} ({epochs:.2f} epochs)"
+    )
     if epochs > 1:
-        text = (f"warning: {text}: the runs repeat the data; pass a larger corpus (`lmlab sweep --data DIR`, "
-                f"a folder of `lmlab prepare`) for single-pass results")
+        text = (
+            f"warning: {text}: the runs repeat the data; pass a larger corpus (`lmlab sweep --data DIR`, "
+            f"a folder of `lmlab prepare`) for single-pass results"
+        )
     return text
 
 
@@ -397,10 +397,12 @@ def too_few_tokens(spec: Spec, plans: list[RunPlan]) -> Optional[str]:
     epochs, train, data, most = most_epochs(plans)
     if epochs <= spec.max_epochs:
         return None
-    return (f"{spec.name}: the longest run reads {most:,} tokens, {epochs:.1f} passes over the {train:,} training "
-            f"tokens of {data}, and the spec allows max_epochs={spec.max_epochs:g}; give a corpus of at least "
-            f"{math.ceil(most / spec.max_epochs):,} training tokens with --data DIR (a folder of `lmlab prepare "
-            f"--data ...`: parquet shards, JSONL or a `datasets` save_to_disk folder such as FineWeb-Edu's)")
+    return (
+        f"{spec.name}: the longest run reads {most:,} tokens, {epochs:.1f} passes over the {train:,} training "
+        f"tokens of {data}, and the spec allows max_epochs={spec.max_epochs:g}; give a corpus of at least "
+        f"{math.ceil(most / spec.max_epochs):,} training tokens with --data DIR (a folder of `lmlab prepare "
+        f"--data ...`: parquet shards, JSONL or a `datasets` save_to_disk folder such as FineWeb-Edu's)"
+    )
 
 
 def protocol_lines(spec: Spec) -> list[str]:
@@ -412,21 +414,28 @@ def protocol_lines(spec: Spec) -> list[str]:
     if spec.tune:
         n_tune = len(spec.tune_seeds) if spec.tune_seeds else len(spec.seeds)
         points = math.prod(len(v) for v in spec.tune.values())
-        L.append(f"tuning: each variant's value from the mean over {n_tune} seed(s) on {points} value(s); "
-                 f"up to {t.extend} value(s) added past an edge that wins, per side and variant (runs not "
-                 f"counted above); unstable cells (a diverged seed, or seed SD > {t.unstable_ratio:g}x the "
-                 f"median) are never chosen")
+        L.append(
+            f"tuning: each variant's value from the mean over {n_tune} seed(s) on {points} value(s); "
+            f"up to {t.extend} value(s) added past an edge that wins, per side and variant (runs not "
+            f"counted above); unstable cells (a diverged seed, or seed SD > {t.unstable_ratio:g}x the "
+            f"median) are never chosen"
+        )
         if n_tune < t.min_seeds:
-            L.append(f"warning: {n_tune} tuning seed(s) < tuning.min_seeds={t.min_seeds}: every claim will read "
-                     f"'rate not bracketed'")
+            L.append(
+                f"warning: {n_tune} tuning seed(s) < tuning.min_seeds={t.min_seeds}: every claim will read "
+                f"'rate not bracketed'"
+            )
         if points < t.min_points:
-            L.append(f"warning: {points} tuned value(s) < tuning.min_points={t.min_points}: claims read 'rate "
-                     f"not bracketed' unless the extension adds enough")
+            L.append(
+                f"warning: {points} tuned value(s) < tuning.min_points={t.min_points}: claims read 'rate "
+                f"not bracketed' unless the extension adds enough"
+            )
     compared = len(spec.seeds) - (len(spec.tune_seeds) if spec.tune_seeds else 0)
-    if spec.expect and compared < j.min_seeds and any(e.metric not in TIMING_METRICS
-                                                      for e in spec.expect):
-        L.append(f"warning: {compared} compared seed(s) < judging.min_seeds={j.min_seeds}: claims on trained "
-                 f"quantities will read 'too few seeds'")
+    if spec.expect and compared < j.min_seeds and any(e.metric not in TIMING_METRICS for e in spec.expect):
+        L.append(
+            f"warning: {compared} compared seed(s) < judging.min_seeds={j.min_seeds}: claims on trained "
+            f"quantities will read 'too few seeds'"
+        )
     return L
 
 
@@ -435,9 +444,7 @@ def format_plan(plans: list[RunPlan], states: dict, spec: Optional[Spec] = None)
     with ``spec``, the controls: quantities that differ > 5% from the baseline without being declared."""
     from lmlab.param_counts import param_counts
 
-    lines = [
-        f"{'run':44} {'steps':>6} {'tokens':>11} {'train FLOPs':>11} {'params':>10} {'non-emb':>10}  state"
-    ]
+    lines = [f"{'run':44} {'steps':>6} {'tokens':>11} {'train FLOPs':>11} {'params':>10} {'non-emb':>10}  state"]
     todo = trained_plans(plans)
     for p in (p for p in todo if not p.stage2):
         c = param_counts(p.cfg)
@@ -455,9 +462,7 @@ def format_plan(plans: list[RunPlan], states: dict, spec: Optional[Spec] = None)
             f"tuned values stage 1 chooses; {done2} done"
         )
     total = sum(p.flops for p in todo)
-    lines.append(
-        f"{len(todo)} runs, {sum(p.tokens for p in todo):,} tokens, {total:.3g} training FLOPs in all"
-    )
+    lines.append(f"{len(todo)} runs, {sum(p.tokens for p in todo):,} tokens, {total:.3g} training FLOPs in all")
     if plans:
         lines.append(epochs_line(plans))
     short = [p for p in todo if p.tc.warmup_steps > p.steps]
@@ -478,8 +483,10 @@ def format_plan(plans: list[RunPlan], states: dict, spec: Optional[Spec] = None)
         if per:
             floor = spec.judging.tokens_per_param
             span = " to ".join(dict.fromkeys(f"{v:.3g}" for v in (min(per.values()), max(per.values()))))
-            lines.append(f"tokens per non-embedding parameter: {span} "
-                         f"(a claim about trained quality needs {floor:g}, unless it sets its own floor)")
+            lines.append(
+                f"tokens per non-embedding parameter: {span} "
+                f"(a claim about trained quality needs {floor:g}, unless it sets its own floor)"
+            )
             low = []
             for e in spec.expect:
                 if e.metric in TIMING_METRICS:
@@ -489,17 +496,15 @@ def format_plan(plans: list[RunPlan], states: dict, spec: Optional[Spec] = None)
                 if got < f:
                     low.append(f"{e.text!r} ({got:.3g} < {f:g})")
             if low:
-                lines.append(f"warning: below their tokens-per-parameter floor, these claims will read 'not testable "
-                             f"at this scale': {'; '.join(low)}")
+                lines.append(
+                    f"warning: below their tokens-per-parameter floor, these claims will read 'not testable "
+                    f"at this scale': {'; '.join(low)}"
+                )
         if spec.match:
             solved = {(p.scale, p.variant): p.solved for p in plans if p.solved}
             lines.append(
                 f"control: {spec.match.hold} held"
-                + (
-                    f" by solving {spec.match.solve} (multiple " f"{spec.match.multiple})"
-                    if spec.match.solve
-                    else ""
-                )
+                + (f" by solving {spec.match.solve} (multiple {spec.match.multiple})" if spec.match.solve else "")
                 + "".join(
                     f"; {v}{f' @{s}' if s else ''}: " + ", ".join(f"{k}={x}" for k, x in f.items())
                     for (s, v), f in solved.items()

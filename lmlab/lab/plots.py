@@ -72,9 +72,7 @@ def _seed_band(vals: list[float], confidence: float) -> tuple[float, float, floa
     return vals[0], vals[0], vals[0]
 
 
-def lr_sensitivity(
-    rows: list[dict], selected: list[dict], tuned: dict, path: Path, colors: dict
-) -> Optional[Path]:
+def lr_sensitivity(rows: list[dict], selected: list[dict], tuned: dict, path: Path, colors: dict) -> Optional[Path]:
     """Final held-out bits/byte against each tuned field (one panel per field), see the module doc."""
     fields = [f for f, vals in tuned.items() if all(_ok(v) for v in vals)]
     if not fields or not any(_ok(r.get("val_bpb")) for r in rows):  # nothing finished: no curve to draw
@@ -87,9 +85,7 @@ def lr_sensitivity(
         for r in rows:
             t = r.get("tune") or {}
             if fld in t:
-                groups.setdefault((r.get("scale"), r["variant"]), {}).setdefault(t[fld], []).append(
-                    r.get("val_bpb")
-                )
+                groups.setdefault((r.get("scale"), r["variant"]), {}).setdefault(t[fld], []).append(r.get("val_bpb"))
         worst = max((v for g in groups.values() for vs in g.values() for v in vs if _ok(v)), default=None)
         scales = list(dict.fromkeys(k[0] for k in groups))
         for (scale, variant), by_x in groups.items():
@@ -121,9 +117,7 @@ def lr_sensitivity(
             ax.set_xscale("log")
         ax.set_xlabel(f"{fld} (tuned)")
         ax.set_ylabel("held-out bits/byte (lower is better)")
-        ax.set_title(
-            f"sensitivity to {fld}: mean over seeds, band min-max, x = diverged, ring = chosen", fontsize=9
-        )
+        ax.set_title(f"sensitivity to {fld}: mean over seeds, band min-max, x = diverged, ring = chosen", fontsize=9)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
     return _save(fig, path)
@@ -180,8 +174,12 @@ def init_grads(variants: dict, path: Path, colors: dict) -> Optional[Path]:
             ax.plot(layers, [statistics.median(c) for c in cols], "o-", color=col, label=label, ms=3)
             ax.fill_between(layers, [min(c) for c in cols], [max(c) for c in cols], color=col, alpha=0.15)
         ax.set_yscale("log")
-        _axes(ax, "block (0 = next to the embedding)", "gradient L2 norm of the block",
-              f"{depth} layers, at initialisation: median over seeds, band min-max")
+        _axes(
+            ax,
+            "block (0 = next to the embedding)",
+            "gradient L2 norm of the block",
+            f"{depth} layers, at initialisation: median over seeds, band min-max",
+        )
     return _save(fig, path)
 
 
@@ -198,13 +196,17 @@ def loss_by_position(curves: dict, path: Path, colors: dict, bucket: int = 8) ->
         mean = [statistics.fmean(col) for col in zip(*per_seed)]
         xs, ys = [], []
         for i in range(0, len(mean), bucket):
-            part = mean[i:i + bucket]
+            part = mean[i : i + bucket]
             xs.append(i + 1 + (len(part) - 1) / 2)  # context tokens seen, bucket centre
             ys.append(statistics.fmean(part))
         ax.plot(xs, ys, "-", color=colors.get(label.split(" @")[0], "k"), label=label)
     ax.set_xscale("log")
-    _axes(ax, "tokens of context (position + 1)", "held-out loss (nats/token)",
-          f"loss by position: mean over seeds, buckets of {bucket} positions")
+    _axes(
+        ax,
+        "tokens of context (position + 1)",
+        "held-out loss (nats/token)",
+        f"loss by position: mean over seeds, buckets of {bucket} positions",
+    )
     return _save(fig, path)
 
 
@@ -326,9 +328,7 @@ def diagnostics(diag: dict, path: Path, colors: dict) -> Optional[Path]:
             first = gn[0]["grad_norm_layers"]
             axes[0].plot(range(len(first)), first, "o-", color=col, label=f"{label} (step {gn[0]['step']})")
             steps = [r["step"] for r in gn]
-            axes[1].plot(
-                steps, [r["grad_norm_layers"][0] for r in gn], "-", color=col, label=f"{label}: layer 0"
-            )
+            axes[1].plot(steps, [r["grad_norm_layers"][0] for r in gn], "-", color=col, label=f"{label}: layer 0")
             axes[1].plot(
                 steps,
                 [r["grad_norm_layers"][-1] for r in gn],
@@ -350,9 +350,7 @@ def diagnostics(diag: dict, path: Path, colors: dict) -> Optional[Path]:
             axes[3].plot([r["step"] for r in lz], [r["log_z_max"] for r in lz], "-", color=col, label=label)
         sp = [r for r in recs if "spikes" in r]
         if sp:
-            axes[4].step(
-                [r["step"] for r in sp], [r["spikes"] for r in sp], where="post", color=col, label=label
-            )
+            axes[4].step([r["step"] for r in sp], [r["spikes"] for r in sp], where="post", color=col, label=label)
     titles = (
         "gradient norm per layer at initialisation",
         "gradient norm of the first/last layer",
@@ -424,9 +422,7 @@ def throughput(order: list[dict], path: Path, colors: dict) -> Path:
         [v - (a.get("tokens_per_s_min") or v) for v, a in zip(vals, order)],
         [(a.get("tokens_per_s_max") or v) - v for v, a in zip(vals, order)],
     ]
-    ax.barh(
-        ys, vals, xerr=err, color=[colors.get(a["variant"].split(" @")[0], "C0") for a in order], capsize=3
-    )
+    ax.barh(ys, vals, xerr=err, color=[colors.get(a["variant"].split(" @")[0], "C0") for a in order], capsize=3)
     ax.set_yticks(ys)
     ax.set_yticklabels([a["variant"] for a in order], fontsize=8)
     ax.set_xlabel("training tokens/s (median over logged steps; bar: min-max over seeds)")
@@ -457,9 +453,7 @@ def forest(claims: list[dict], path: Path) -> Optional[Path]:
             e = c["effect"] * k
             lo = c["lo"] * k if c.get("lo") is not None else e
             hi = c["hi"] * k if c.get("hi") is not None else e
-            ax.errorbar(
-                [e], [y], xerr=[[e - lo], [hi - e]], fmt="o", color=color.get(c["verdict"], "k"), capsize=3
-            )
+            ax.errorbar([e], [y], xerr=[[e - lo], [hi - e]], fmt="o", color=color.get(c["verdict"], "k"), capsize=3)
             if c["kind"] == "equal":
                 ax.plot([-c["by"] * k, c["by"] * k], [y, y], "|", color="k", ms=12)
             else:
@@ -467,10 +461,7 @@ def forest(claims: list[dict], path: Path) -> Optional[Path]:
         ax.axvline(0, color="k", lw=0.8)
         ax.set_yticks(range(len(cs)))
         ax.set_yticklabels(
-            [
-                f"{c['spec']}: {c['text']}"[:70] + (f" @{c['scale']}" if c.get("scale") else "")
-                for c in reversed(cs)
-            ],
+            [f"{c['spec']}: {c['text']}"[:70] + (f" @{c['scale']}" if c.get("scale") else "") for c in reversed(cs)],
             fontsize=7,
         )
         ax.set_xlabel("effect as claimed (%)" if kind == "relative" else "effect as claimed (bits/byte)")

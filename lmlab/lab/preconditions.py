@@ -61,11 +61,15 @@ class Requirement:
         if self.kind == "better":
             return f"{self.a} better than {self.b} by > {self.bound:g} ({self.metric})"
         if self.kind == "value":
-            return (f"{self.metric} of {self.a}{' (max over the grid)' if self.over == 'grid' else ''} "
-                    f"{'>' if self.above else '<'} {self.bound:g}")
+            return (
+                f"{self.metric} of {self.a}{' (max over the grid)' if self.over == 'grid' else ''} "
+                f"{'>' if self.above else '<'} {self.bound:g}"
+            )
         if self.kind == "context_gain":
-            return (f"{self.a}'s loss at positions {self.past + 1}-{2 * self.past} exceeds its loss over the "
-                    f"second half of the context by > {self.bound:g} nats/token")
+            return (
+                f"{self.a}'s loss at positions {self.past + 1}-{2 * self.past} exceeds its loss over the "
+                f"second half of the context by > {self.bound:g} nats/token"
+            )
         return f"measured on {self.device}"
 
 
@@ -74,8 +78,10 @@ def _variant(name: Any, labels: list, where: str) -> str:
         import difflib
 
         near = difflib.get_close_matches(str(name), labels, n=1)
-        raise ConfigError(f"{where}: no variant {name!r}"
-                          + (f"; did you mean {near[0]!r}?" if near else f"; variants: {', '.join(labels)}"))
+        raise ConfigError(
+            f"{where}: no variant {name!r}"
+            + (f"; did you mean {near[0]!r}?" if near else f"; variants: {', '.join(labels)}")
+        )
     return str(name)
 
 
@@ -108,12 +114,17 @@ def parse_requires(raw: Any, labels: list, metrics: set, where: str) -> list[Req
         if len(kinds) != 1:
             raise ConfigError(f"{w}: give exactly one of {', '.join(KINDS)} (got {sorted(r)})")
         kind, why = kinds[0], str(r.get("why") or "")
-        allowed = {"better": {"better", "than", "by", "metric"}, "value": {"value", "of", "above", "below", "over"},
-                   "context_gain": {"context_gain", "past", "by"}, "device": {"device"}}[kind] | {"why"}
+        allowed = {
+            "better": {"better", "than", "by", "metric"},
+            "value": {"value", "of", "above", "below", "over"},
+            "context_gain": {"context_gain", "past", "by"},
+            "device": {"device"},
+        }[kind] | {"why"}
         unknown = sorted(set(r) - allowed)
         if unknown:
-            raise ConfigError(f"{w}: unknown key(s) {unknown} for a {kind!r} precondition; valid: "
-                              f"{', '.join(sorted(allowed))}")
+            raise ConfigError(
+                f"{w}: unknown key(s) {unknown} for a {kind!r} precondition; valid: {', '.join(sorted(allowed))}"
+            )
         if kind == "better":
             if "than" not in r:
                 raise ConfigError(f"{w}: a 'better' precondition needs 'than: VARIANT'")
@@ -136,15 +147,32 @@ def parse_requires(raw: Any, labels: list, metrics: set, where: str) -> list[Req
             if not isinstance(col, str) or not re.fullmatch(r"[A-Za-z0-9_]+", col):
                 raise ConfigError(f"{w}.value={col!r} must name a results column, e.g. log_z_max")
             side = "above" if "above" in r else "below"
-            out.append(Requirement("value", _variant(r["of"], labels, f"{w}.of"), metric=col,
-                                   bound=_number(r[side], f"{w}.{side}"), above=side == "above", over=over,
-                                   why=why, spec=r))
+            out.append(
+                Requirement(
+                    "value",
+                    _variant(r["of"], labels, f"{w}.of"),
+                    metric=col,
+                    bound=_number(r[side], f"{w}.{side}"),
+                    above=side == "above",
+                    over=over,
+                    why=why,
+                    spec=r,
+                )
+            )
         elif kind == "context_gain":
             past = r.get("past")
             if isinstance(past, bool) or not isinstance(past, int) or past < 1:
                 raise ConfigError(f"{w}.past={past!r} must be a number of tokens >= 1")
-            out.append(Requirement("context_gain", _variant(r["context_gain"], labels, f"{w}.context_gain"),
-                                   bound=_number(r.get("by", 0), f"{w}.by"), past=past, why=why, spec=r))
+            out.append(
+                Requirement(
+                    "context_gain",
+                    _variant(r["context_gain"], labels, f"{w}.context_gain"),
+                    bound=_number(r.get("by", 0), f"{w}.by"),
+                    past=past,
+                    why=why,
+                    spec=r,
+                )
+            )
         else:
             if r["device"] not in DEVICES:
                 raise ConfigError(f"{w}.device={r['device']!r} must be one of {', '.join(DEVICES)}")
@@ -159,8 +187,11 @@ def device_of(machine: Optional[str], recorded: Optional[str] = None) -> str:
     names a GPU only for CUDA runs)."""
     if recorded:
         return "cuda" if str(recorded).startswith("cuda") else "cpu"
-    return "cuda" if re.search(r"NVIDIA|Tesla|GeForce|\bH100\b|\bH200\b|\bA100\b|Radeon|Instinct",
-                               str(machine or "")) else "cpu"
+    return (
+        "cuda"
+        if re.search(r"NVIDIA|Tesla|GeForce|\bH100\b|\bH200\b|\bA100\b|Radeon|Instinct", str(machine or ""))
+        else "cpu"
+    )
 
 
 def interval_above(values: list[float], bound: float, confidence: float) -> tuple[bool, dict]:
@@ -182,7 +213,7 @@ def context_gain(by_position: list[float], past: int) -> Optional[float]:
     T = len(by_position)
     if 2 * past > T // 2:
         return None
-    return statistics.fmean(by_position[past:2 * past]) - statistics.fmean(by_position[T // 2:])
+    return statistics.fmean(by_position[past : 2 * past]) - statistics.fmean(by_position[T // 2 :])
 
 
 def check(req: Requirement, ctx: dict) -> dict:
@@ -205,9 +236,13 @@ def check(req: Requirement, ctx: dict) -> dict:
         c = ctx["judge_sub"](req)
         out["holds"] = c["verdict"] == "agrees"
         eff = c.get("effect")
-        out["value"] = ("no measurement" if eff is None else
-                        f"{eff:+.4f}" + (f" [{c['lo']:+.4f}, {c['hi']:+.4f}]" if c.get("lo") is not None else "")
-                        + f", {c['verdict']}")
+        out["value"] = (
+            "no measurement"
+            if eff is None
+            else f"{eff:+.4f}"
+            + (f" [{c['lo']:+.4f}, {c['hi']:+.4f}]" if c.get("lo") is not None else "")
+            + f", {c['verdict']}"
+        )
         return out
     chosen = sel.get((scale, req.a))
     if chosen is None:
@@ -231,26 +266,39 @@ def check(req: Requirement, ctx: dict) -> dict:
             holds, ti = interval_above(vals, req.bound, conf)
         else:
             holds, ti = interval_above([-v for v in vals], -req.bound, conf)
-            ti = {**ti, "mean": -ti["mean"], "lo": None if ti["hi"] is None else -ti["hi"],
-                  "hi": None if ti["lo"] is None else -ti["lo"]}
-        out["holds"] = holds
-        out["value"] = f"{req.metric} {ti['mean']:.4g}" + (
-            f" [{ti['lo']:.4g}, {ti['hi']:.4g}]" if ti["lo"] is not None else "") + f" over {len(vals)} seed(s)"
+            ti = {
+                **ti,
+                "mean": -ti["mean"],
+                "lo": None if ti["hi"] is None else -ti["hi"],
+                "hi": None if ti["lo"] is None else -ti["lo"],
+            }
+        out["holds"], out["value"] = holds, _interval_text(req.metric, ti, len(vals), ".4g")
         return out
     # context_gain
     gains = []
     for r in ctx["rows"]:
-        if r.get("scale") == scale and r["variant"] == req.a and tune_key(r) == chosen["key"] \
-                and r.get("val_loss_by_position"):
+        if (
+            r.get("scale") == scale
+            and r["variant"] == req.a
+            and tune_key(r) == chosen["key"]
+            and r.get("val_loss_by_position")
+        ):
             g = context_gain(r["val_loss_by_position"], req.past)
             if g is not None:
                 gains.append(g)
     if not gains:
-        out["value"] = ("no loss by position recorded (loss_by_position: true), or the context is shorter "
-                        f"than 4 x {req.past} tokens")
+        out["value"] = (
+            "no loss by position recorded (loss_by_position: true), or the context is shorter "
+            f"than 4 x {req.past} tokens"
+        )
         return out
     holds, ti = interval_above(gains, req.bound, conf)
-    out["holds"] = holds
-    out["value"] = f"gain {ti['mean']:+.4f} nats/token" + (
-        f" [{ti['lo']:+.4f}, {ti['hi']:+.4f}]" if ti["lo"] is not None else "") + f" over {len(gains)} seed(s)"
+    out["holds"], out["value"] = holds, _interval_text("gain", ti, len(gains), "+.4f", " nats/token")
     return out
+
+
+def _interval_text(label: str, ti: dict, n: int, fmt: str, unit: str = "") -> str:
+    """'label mean[unit] [lo, hi] over n seed(s)' of an interval ``ti`` (``mean``, ``lo``, ``hi``; the bracket
+    left out when ``lo`` is None), numbers in format ``fmt``."""
+    bracket = f" [{ti['lo']:{fmt}}, {ti['hi']:{fmt}}]" if ti["lo"] is not None else ""
+    return f"{label} {ti['mean']:{fmt}}{unit}{bracket} over {n} seed(s)"

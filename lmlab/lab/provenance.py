@@ -20,6 +20,7 @@ import yaml
 from lmlab.lab.results import _machine
 from lmlab.lab.spec import Spec
 
+
 # --- provenance, machine load and the timing block ---------------------------------------
 def git_commit(path: Path = Path(__file__)) -> Optional[str]:
     """The git commit of the lmlab source tree holding ``path`` (``+dirty`` when the package's source,
@@ -29,12 +30,9 @@ def git_commit(path: Path = Path(__file__)) -> Optional[str]:
     if not (root / ".git").exists():
         return None
     try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-        )
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", "lmlab",
-             "pyproject.toml"],
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", "lmlab", "pyproject.toml"],
             capture_output=True,
             text=True,
             timeout=10,

@@ -36,7 +36,7 @@ from lmlab.lab.stats import finite as _ok
 from lmlab.lab.results import INIT_GRADS_FILE, PROVENANCE_FILE, RESULTS_FILE, TIMING_FILE, run_metrics
 from lmlab.lab.spec import parse_spec
 from lmlab.lab.page import _label, page_markdown, sweep_wall
-from lmlab.json_checks import check_nesting
+from lmlab.json_checks import read_json_object
 from lmlab.lab import validate
 from lmlab.config import ConfigError
 from lmlab.lab.verdicts import analyze, split_stages, tune_key
@@ -222,9 +222,18 @@ def _numeric_axes(chosen: list[dict], baseline: str) -> dict:
     return out
 
 
-def page_figures(rows: list[dict], chosen: list[dict], tune_rows: list[dict], res: dict, spec, grads: Optional[dict],
-                 order: list[dict], sweep_dir: Path, out_dir: Path, prefix: str
-                 ) -> list[tuple[str, Optional[Path], str]]:
+def page_figures(
+    rows: list[dict],
+    chosen: list[dict],
+    tune_rows: list[dict],
+    res: dict,
+    spec,
+    grads: Optional[dict],
+    order: list[dict],
+    sweep_dir: Path,
+    out_dir: Path,
+    prefix: str,
+) -> list[tuple[str, Optional[Path], str]]:
     """The figures of a sweep's page (:mod:`lmlab.lab.plots`), written into ``out_dir`` as
     ``{prefix}NAME.png``: (title, path or None when there was nothing to draw, note) in page order.
     ``chosen``: the rows at each variant's chosen tuned values; ``order``: their aggregates, sorted."""
@@ -252,9 +261,7 @@ def page_figures(rows: list[dict], chosen: list[dict], tune_rows: list[dict], re
                 "",
             )
         )
-    sizes = {
-        c["scale"]: c.get("non_embedding_params") for c in res["controls"] if c["variant"] == res["baseline"]
-    }
+    sizes = {c["scale"]: c.get("non_embedding_params") for c in res["controls"] if c["variant"] == res["baseline"]}
     if spec and spec.scales:
         figs.append(
             (
@@ -378,8 +385,10 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     nothing is written then)."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
-        raise ConfigError(f"{str(sweep_dir)!r} is {'a file' if sweep_dir.exists() else 'not there'}, not a sweep "
-                          f"folder; give the folder `lmlab sweep --out` wrote (it holds results.jsonl)")
+        raise ConfigError(
+            f"{str(sweep_dir)!r} is {'a file' if sweep_dir.exists() else 'not there'}, not a sweep "
+            f"folder; give the folder `lmlab sweep --out` wrote (it holds results.jsonl)"
+        )
     out = _check_out(Path(out) if out else sweep_dir / "report.md")
     # report.md, or a report beside its sweep: plain names (loss.png, ...); NAME.md elsewhere: NAME-loss.png, ...
     prefix = "" if (out.parent.resolve() == sweep_dir.resolve() or out.stem == "report") else f"{out.stem}-"
@@ -393,9 +402,7 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
         except Exception as exc:  # noqa: BLE001 -- a page from the results alone still works, said so
             spec_note = f"{sweep_dir / 'spec.yaml'} is not a valid spec ({exc})"
     timing = read_json_file(sweep_dir / TIMING_FILE) if (sweep_dir / TIMING_FILE).exists() else None
-    grads = (
-        read_json_file(sweep_dir / INIT_GRADS_FILE) if (sweep_dir / INIT_GRADS_FILE).exists() else None
-    )
+    grads = read_json_file(sweep_dir / INIT_GRADS_FILE) if (sweep_dir / INIT_GRADS_FILE).exists() else None
     # every row validated (lmlab.lab.validate) before anything is judged; a cut last line is refused
     rows = validate.read_results_jsonl(sweep_dir / RESULTS_FILE, spec_raw.get("name"), spec)
     if not rows:
@@ -420,8 +427,7 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     chosen = [
         r
         for r in eval_rows
-        if (r.get("scale"), r["variant"]) in selected
-        and tune_key(r) == selected[(r.get("scale"), r["variant"])]["key"]
+        if (r.get("scale"), r["variant"]) in selected and tune_key(r) == selected[(r.get("scale"), r["variant"])]["key"]
     ]
     labelled = [{**r, "variant": _label(r.get("scale"), r["variant"])} for r in chosen]
     aggs = aggregate(labelled)
@@ -430,13 +436,17 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     written: list[Path] = []
     kept = []  # beside a report elsewhere: the spec it ran with and its timing block (`lmlab report --index`
     if out.parent.resolve() != sweep_dir.resolve():  # re-judges the folder from them)
-        for src, fname, mark in ((sweep_dir / "spec.yaml", "spec.yaml", SPEC_MARK.encode()),
-                                 (sweep_dir / TIMING_FILE, TIMING_FILE, b'{\n "key"')):
+        for src, fname, mark in (
+            (sweep_dir / "spec.yaml", "spec.yaml", SPEC_MARK.encode()),
+            (sweep_dir / TIMING_FILE, TIMING_FILE, b'{\n "key"'),
+        ):
             dst = out.parent / f"{prefix}{fname}"
             if src.is_file():
                 if dst.exists() and not dst.read_bytes().startswith(mark):
-                    raise ValueError(f"--out {str(dst.parent)!r} already holds {dst.name}, which lmlab report "
-                                     f"did not write; choose another folder (nothing was written)")
+                    raise ValueError(
+                        f"--out {str(dst.parent)!r} already holds {dst.name}, which lmlab report "
+                        f"did not write; choose another folder (nothing was written)"
+                    )
                 kept.append((src, dst, mark))
     _check_own_data([out.parent / f"{prefix}results.csv", out.parent / f"{prefix}{VERDICTS_FILE}"])
     for src, dst, mark in kept:
@@ -447,8 +457,24 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     by_pos = by_position(chosen)
     figs = page_figures(rows, chosen, tune_rows, res, spec, grads, order, sweep_dir, out.parent, prefix)
     written += [path for _, path, _ in figs if path is not None]
-    text = page_markdown(name, res, spec, spec_raw, rows, planned, selected, order, ctxs, aggs, timing, grads,
-                         by_pos, figs, csv_path, sweep_dir)
+    text = page_markdown(
+        name,
+        res,
+        spec,
+        spec_raw,
+        rows,
+        planned,
+        selected,
+        order,
+        ctxs,
+        aggs,
+        timing,
+        grads,
+        by_pos,
+        figs,
+        csv_path,
+        sweep_dir,
+    )
     res["sweep_wall"] = sweep_wall(sweep_dir)
     verdict_path = out.parent / f"{prefix}{VERDICTS_FILE}"
     verdict_path.write_text(json.dumps(_json_safe(res), indent=1))
@@ -466,39 +492,29 @@ def read_spec_file(path: Path) -> dict:
         return load_mapping(path)
     except ConfigError as exc:
         raise ValueError(
-            f"{exc}; the sweep's spec.yaml is damaged: rerun `lmlab sweep SPEC --out "
-            f"{path.parent}` to rewrite it"
+            f"{exc}; the sweep's spec.yaml is damaged: rerun `lmlab sweep SPEC --out {path.parent}` to rewrite it"
         ) from None
 
 
 def read_json_file(path: Path) -> dict:
-    """A JSON object written by the lab (timing.json, init_grads.json); ValueError naming the file
-    (nesting deeper than :data:`lmlab.json_checks.MAX_DEPTH` refused before parsing)."""
+    """A JSON object written by the lab (timing.json, init_grads.json: :func:`lmlab.json_checks.read_json_object`);
+    ValueError naming the file, what is wrong and that a rerun writes it again."""
     try:
-        data = json.loads(check_nesting(path.read_text(), "its text", error=ValueError))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return read_json_object(path)
+    except (OSError, ValueError) as exc:
         raise ValueError(
-            f"{str(path)!r} could not be read ({exc}); the file is damaged: delete it (a rerun of "
-            f"the sweep or report writes it again)"
+            f"{str(path)!r} could not be read ({exc}); delete it (a rerun of the sweep or report writes it again)"
         ) from None
-    if not isinstance(data, dict):
-        raise ValueError(
-            f"{str(path)!r} holds a JSON {type(data).__name__}, not an object; the file is damaged"
-        )
-    return data
 
 
 def _check_out(out: Path, mark: str = REPORT_MARKS[0]) -> Path:
     if out.is_dir() or out.suffix.lower() != ".md":
         raise ValueError(
-            f"--out {str(out)!r} must be a markdown file path ending in .md (its plots and CSV go "
-            f"beside it)"
+            f"--out {str(out)!r} must be a markdown file path ending in .md (its plots and CSV go beside it)"
         )
     if out.exists() and not out.read_text(errors="replace").startswith(mark):
         what = "an lmlab index page" if mark == REPORT_MARKS[1] else "an lmlab sweep report"
-        raise ValueError(
-            f"--out {str(out)!r} exists and is not {what}; choose another file (nothing was written)"
-        )
+        raise ValueError(f"--out {str(out)!r} exists and is not {what}; choose another file (nothing was written)")
     out.parent.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -529,5 +545,3 @@ def _largest_tuned(spec) -> Optional[dict]:
     ((fld, values),) = spec.tune.items()
     nums = [v for v in values if _ok(v)]
     return {fld: max(nums)} if len(nums) == len(values) else None
-
-

@@ -66,9 +66,7 @@ def run_state(run_dir: Path, max_steps: int) -> str:
     step = _last_checkpoint_step(run_dir)
     if step >= max_steps:
         return "trained"
-    if step and any(
-        r.get("stopped") == "max_seconds" and r.get("step") == step for r in run_metrics(run_dir)
-    ):
+    if step and any(r.get("stopped") == "max_seconds" and r.get("step") == step for r in run_metrics(run_dir)):
         return "trained"
     return "partial"
 
@@ -110,9 +108,7 @@ def _nan_to_none(x: Any) -> Any:
     return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
-def evaluate_run(
-    run_dir: Path, contexts: list, decode: Optional[dict] = None, by_position: bool = False
-) -> dict:
+def evaluate_run(run_dir: Path, contexts: list, decode: Optional[dict] = None, by_position: bool = False) -> dict:
     """Full validation split of a trained run: loss and bits-per-byte at ``contexts`` multiples of the
     training context (a multiple the positions cannot reach, learned positions beyond the table, gives
     None and the reason), KV-cache bytes, with ``decode`` decode tokens/s and with ``by_position``
@@ -139,17 +135,13 @@ def evaluate_run(
             m = model
         elif cfg.position == "learned" and ctx > cfg.context_length:
             out[f"val_loss{suffix}"] = out[f"val_bpb{suffix}"] = None
-            out[f"eval_note{suffix}"] = (
-                f"learned positions exist only below context_length={cfg.context_length}"
-            )
+            out[f"eval_note{suffix}"] = f"learned positions exist only below context_length={cfg.context_length}"
             continue
         else:  # the same weights in a model built for the longer context
             m = TransformerLM(dataclasses.replace(cfg, context_length=ctx)).to(device)
             m.load_state_dict(model.state_dict())
             m.eval()
-        res = evaluate(
-            m, tokens, n_bytes, batch_size=16, device=device, by_position=by_position and mult == 1
-        )
+        res = evaluate(m, tokens, n_bytes, batch_size=16, device=device, by_position=by_position and mult == 1)
         if res.get("loss_by_position"):
             out["val_loss_by_position"] = [round(x, 5) for x in res["loss_by_position"]]
         out[f"val_loss{suffix}"] = _nan_to_none(res["loss"])
@@ -211,8 +203,14 @@ def training_summary(run_dir: Path) -> dict:
         "stopped_early": any(r.get("stopped") == "max_seconds" for r in recs),
         # largest attention logit (any layer) and output log Z seen by the diagnostics, None without them
         "max_attn_logit": _nan_to_none(
-            max((max(x for x in r["max_attn_logit"] if x is not None) for r in diag
-                 if any(x is not None for x in r["max_attn_logit"] or [])), default=None)
+            max(
+                (
+                    max(x for x in r["max_attn_logit"] if x is not None)
+                    for r in diag
+                    if any(x is not None for x in r["max_attn_logit"] or [])
+                ),
+                default=None,
+            )
         ),
         "log_z_max": _nan_to_none(max((r["log_z_max"] for r in diag if "log_z_max" in r), default=None)),
         # the attention-sink share at the last diagnostics: the first key's mean attention probability over

@@ -48,8 +48,17 @@ from lmlab.threads import current_threads, physical_cores, set_threads, sweep_th
 from lmlab.lab.spec import Spec, load_spec
 from lmlab.lab.plan import RunPlan, format_plan, plan_runs, too_few_tokens, trained_plans
 from lmlab.lab.provenance import LoadSampler, end_record, provenance_record
-from lmlab.lab.results import (INIT_GRADS_FILE, LOAD_FILE, PROVENANCE_FILE, RESULTS_FILE, TIMING_FILE,
-                               _check_existing, _machine, read_results, run_state)
+from lmlab.lab.results import (
+    INIT_GRADS_FILE,
+    LOAD_FILE,
+    PROVENANCE_FILE,
+    RESULTS_FILE,
+    TIMING_FILE,
+    _check_existing,
+    _machine,
+    read_results,
+    run_state,
+)
 
 
 # --- the sweep -----------------------------------------------------------------------------
@@ -64,8 +73,12 @@ def retuned(p: RunPlan, tune: dict) -> RunPlan:
     if tm:
         raise ConfigError(f"the grid of {sorted(tm)} cannot be extended (a model field); extend it in the spec")
     return dataclasses.replace(
-        p, name=f"{run_stem(p.variant, p.scale, tune)}-s{p.seed}", tc=dataclasses.replace(p.tc, **tt),
-        tune=dict(tune), fields={**p.fields, **tune})
+        p,
+        name=f"{run_stem(p.variant, p.scale, tune)}-s{p.seed}",
+        tc=dataclasses.replace(p.tc, **tt),
+        tune=dict(tune),
+        fields={**p.fields, **tune},
+    )
 
 
 class _Sweep:
@@ -93,9 +106,7 @@ class _Sweep:
 
     def write_results(self) -> None:
         order = [p.name for p in self.plans]
-        rows = [self.rows[n] for n in order if n in self.rows] + [
-            r for n, r in self.rows.items() if n not in order
-        ]
+        rows = [self.rows[n] for n in order if n in self.rows] + [r for n, r in self.rows.items() if n not in order]
         path = self.dir / RESULTS_FILE
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
@@ -110,8 +121,15 @@ class _Sweep:
         if self.stopping:
             return
         t0 = time.perf_counter()
-        row = run_planned(self.dir, p, EvalSettings.of(self.spec), self.threads, self.eval_lock,
-                          stopping=lambda: self.stopping, log=self.log)
+        row = run_planned(
+            self.dir,
+            p,
+            EvalSettings.of(self.spec),
+            self.threads,
+            self.eval_lock,
+            stopping=lambda: self.stopping,
+            log=self.log,
+        )
         self.record(row, time.perf_counter() - t0)
 
     def record(self, row: dict, took: float) -> None:
@@ -171,8 +189,10 @@ class _Sweep:
                 cell = [p for p in self.plans if not p.stage2 and (p.scale, p.variant) == (scale, variant)]
                 seeds = sorted({p.seed for p in cell})
                 at = ", ".join(f"{k}={v:g}" for k, v in tune.items())
-                self.log(f"extend: {variant}{f' @{scale}' if scale else ''}: its best value is at an edge of "
-                         f"the grid; adding {at} for seed(s) {', '.join(map(str, seeds))}")
+                self.log(
+                    f"extend: {variant}{f' @{scale}' if scale else ''}: its best value is at an edge of "
+                    f"the grid; adding {at} for seed(s) {', '.join(map(str, seeds))}"
+                )
                 for seed in seeds:
                     new = retuned(next(p for p in cell if p.seed == seed), tune)
                     if new.name not in {p.name for p in self.plans}:
@@ -289,9 +309,7 @@ def _kept(path: Path, key: dict, what: str, log: Callable[[str], None]) -> Optio
     return None
 
 
-def run_timing(
-    spec: Spec, plans: list[RunPlan], sweep_dir: Path, log: Callable[[str], None]
-) -> Optional[dict]:
+def run_timing(spec: Spec, plans: list[RunPlan], sweep_dir: Path, log: Callable[[str], None]) -> Optional[dict]:
     """Run the spec's timing block (per scale, every variant's untrained model, interleaved; see
     :mod:`lmlab.lab.timing`) unless ``timing.json`` holds one with the same settings and models; returns
     {"key", "scales": {scale or "": time_variants result}, "machine", "finished_at"}."""
@@ -338,9 +356,7 @@ def run_timing(
     return out
 
 
-def run_init_grads(
-    spec: Spec, plans: list[RunPlan], sweep_dir: Path, log: Callable[[str], None]
-) -> Optional[dict]:
+def run_init_grads(spec: Spec, plans: list[RunPlan], sweep_dir: Path, log: Callable[[str], None]) -> Optional[dict]:
     """The spec's ``init_grads:`` block (:mod:`lmlab.lab.init_grads`) for every variant (and scale),
     kept when ``init_grads.json`` holds one with the same settings and models; returns
     {"key", "variants": {label: {depth: {seed: [norm per block]}}}, "finished_at"}."""
@@ -363,9 +379,7 @@ def run_init_grads(
         out = {
             "key": key,
             "variants": {
-                label: init_grad_norms(
-                    p.cfg, TokenData(p.data).tokens("train"), g["depths"], g["seeds"], g["batch"]
-                )
+                label: init_grad_norms(p.cfg, TokenData(p.data).tokens("train"), g["depths"], g["seeds"], g["batch"])
                 for label, p in cfgs.items()
             },
         }
@@ -438,8 +452,16 @@ def run_sweep(
         if lock.note:
             print(lock.note, file=sys.stderr)
     try:
-        return _run_locked(spec, sweep_dir, jobs, dry_run, log, data_dir, command,
-                           (executor, dict(executor_params or {}), runs_per_task))
+        return _run_locked(
+            spec,
+            sweep_dir,
+            jobs,
+            dry_run,
+            log,
+            data_dir,
+            command,
+            (executor, dict(executor_params or {}), runs_per_task),
+        )
     finally:
         if lock is not None:
             lock.release()
@@ -472,9 +494,16 @@ def check_sweep_folder(sweep_dir: Path, name: str) -> None:
         )
 
 
-def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Callable[[str], None],
-                data_dir: Optional[Path], command: Optional[str],
-                how: tuple = ("local", {}, 1)) -> Path:
+def _run_locked(
+    spec: Spec,
+    sweep_dir: Path,
+    jobs: int,
+    dry_run: bool,
+    log: Callable[[str], None],
+    data_dir: Optional[Path],
+    command: Optional[str],
+    how: tuple = ("local", {}, 1),
+) -> Path:
     """The body of :func:`run_sweep`, with the sweep folder locked (unless ``dry_run``)."""
     log(f"sweep {spec.name}: planning {spec.planned_runs:,} run(s)")
     plans = plan_runs(spec, data_dir)
@@ -487,9 +516,7 @@ def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Call
         try:
             load_mapping(sweep_dir / "spec.yaml")
         except ConfigError as exc:  # lmlab's own copy, damaged: the runs are checked against the spec below
-            log(
-                f"warning: {exc}; it is rewritten from the spec given (every run folder is checked against it)"
-            )
+            log(f"warning: {exc}; it is rewritten from the spec given (every run folder is checked against it)")
     jobs = min(jobs, len(plans))  # no more workers than runs
     for p in plans:
         _check_existing(p, sweep_dir / "runs" / p.name)
@@ -517,9 +544,12 @@ def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Call
             else ""
         )
         + f" ({len(trained_plans(plans))} runs) in {sweep_dir}, "
-        + (f"{jobs} job(s) x {threads} thread(s)" if kind == "local" else
-           f"executor {kind}, {per_task} run(s) per task x {threads} thread(s)"
-           + (f", at most {jobs} task(s) at once" if kind == "submitit-local" else ""))
+        + (
+            f"{jobs} job(s) x {threads} thread(s)"
+            if kind == "local"
+            else f"executor {kind}, {per_task} run(s) per task x {threads} thread(s)"
+            + (f", at most {jobs} task(s) at once" if kind == "submitit-local" else "")
+        )
     )
     log(format_plan(plans, states, spec))
     short = too_few_tokens(spec, plans)
@@ -535,8 +565,17 @@ def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Call
     elif kind == "ray":
         from lmlab.lab.executors import RayExecutor
 
-        ex = RayExecutor(sweep_dir, params.get("address"), per_task, threads, params.get("cpus_per_task"),
-                         params.get("gpus_per_node", 0), params.get("max_retries", 3), parallelism=jobs, log=log)
+        ex = RayExecutor(
+            sweep_dir,
+            params.get("address"),
+            per_task,
+            threads,
+            params.get("cpus_per_task"),
+            params.get("gpus_per_node", 0),
+            params.get("max_retries", 3),
+            parallelism=jobs,
+            log=log,
+        )
     for sub in ("runs", "configs", "logs"):
         (sweep_dir / sub).mkdir(parents=True, exist_ok=True)
     (sweep_dir / "spec.yaml").write_text(yaml.safe_dump(spec.raw, sort_keys=False, allow_unicode=True))
@@ -558,11 +597,14 @@ def _run_locked(spec: Spec, sweep_dir: Path, jobs: int, dry_run: bool, log: Call
         raise SweepInterrupted(
             f"sweep interrupted ({str(exc) or 'SIGINT'}); {done} of {len(trained_plans(plans))} run(s) "
             f"recorded, the others "
-            + ("checkpointed where they stopped; the same command resumes" if kind == "local" else
-               "stopped with the coordinator (their trainings checkpointed); the same command continues them"
-               if kind == "ray" else
-               f"that were submitted keep running in their {kind} jobs (not cancelled); the same command "
-               f"re-attaches to them"),
+            + (
+                "checkpointed where they stopped; the same command resumes"
+                if kind == "local"
+                else "stopped with the coordinator (their trainings checkpointed); the same command continues them"
+                if kind == "ray"
+                else f"that were submitted keep running in their {kind} jobs (not cancelled); the same command "
+                f"re-attaches to them"
+            ),
             getattr(exc, "exit_code", 130),
         ) from None
     finally:

@@ -94,8 +94,15 @@ from lmlab.config import ConfigError, ModelConfig, check_keys
 from lmlab.config_files import load_mapping
 from lmlab.lab.axes import _check_variant_data, expand_axes, parse_scales
 from lmlab.lab.claims import TIMING_METRICS, parse_expect
-from lmlab.lab.spec_blocks import (Match, _number, parse_init_grads, parse_match, parse_timing, parse_tune,
-                                   parse_tune_seeds)
+from lmlab.lab.spec_blocks import (
+    Match,
+    _number,
+    parse_init_grads,
+    parse_match,
+    parse_timing,
+    parse_tune,
+    parse_tune_seeds,
+)
 
 SPECS_DIR = Path(__file__).resolve().parents[1] / "specs"
 SPEC_KEYS = (
@@ -136,14 +143,38 @@ BUDGET_KEYS = ("steps", "tokens", "flops", "seconds")
 # training settings a sweep changes from TrainConfig's defaults unless the spec sets them: fp32 and no
 # compile, so that neither the machine's bf16 support nor a per-run compile decision (compile=auto,
 # measured per run) differs between a spec's runs or its executions
-SWEEP_TRAIN_DEFAULTS = {"tensorboard": False, "keep_checkpoints": 1, "checkpoint_interval": 100, "dtype": "fp32",
-                        "compile": False, "compile_scope": "model"}
+SWEEP_TRAIN_DEFAULTS = {
+    "tensorboard": False,
+    "keep_checkpoints": 1,
+    "checkpoint_interval": 100,
+    "dtype": "fp32",
+    "compile": False,
+    "compile_scope": "model",
+}
 DECODE_DEFAULTS = {"batch": 8, "prompt_len": 32, "new_tokens": 64, "repeats": 3}
 QUANTITIES = ("params", "non_embedding_params", "flops_per_token", "tokens", "flops", "steps")
 # what a tier (``tiers: {gpu: {...}}``) may change: model/train are merged over the spec's, the rest replaced
-TIER_KEYS = ("model", "train", "data", "axes", "seeds", "tune_seeds", "budget", "tune", "match", "scales",
-             "timing", "notes", "eval_contexts", "expect", "varies", "baseline", "tuning", "judging",
-             "max_epochs")
+TIER_KEYS = (
+    "model",
+    "train",
+    "data",
+    "axes",
+    "seeds",
+    "tune_seeds",
+    "budget",
+    "tune",
+    "match",
+    "scales",
+    "timing",
+    "notes",
+    "eval_contexts",
+    "expect",
+    "varies",
+    "baseline",
+    "tuning",
+    "judging",
+    "max_epochs",
+)
 
 
 @dataclass
@@ -245,8 +276,7 @@ def parse_budget(budget: Any, source: str = "budget") -> dict:
     keys = set(budget)
     if len(keys) > 1 and keys != {"seconds", "steps"}:
         raise ConfigError(
-            f"{source}: give one of {', '.join(BUDGET_KEYS)} (or seconds with a steps cap), got "
-            f"{sorted(keys)}"
+            f"{source}: give one of {', '.join(BUDGET_KEYS)} (or seconds with a steps cap), got {sorted(keys)}"
         )
     out = {k: _number(v, f"{source}.{k}") for k, v in budget.items()}
     for k in ("steps", "tokens"):
@@ -268,19 +298,27 @@ def apply_tier(raw: dict, tier: Optional[str], source: str = "sweep spec", base:
         raise ConfigError(f"{source}: a sweep spec must be a mapping")
     tiers = raw.get("tiers") or {}
     if not isinstance(tiers, dict) or any(not isinstance(v, dict) for v in tiers.values()):
-        raise ConfigError(f"{source}: tiers must map tier names to mappings of spec keys, e.g. "
-                          f"tiers: {{gpu: {{model: {{d_model: 512}}, budget: {{tokens: 2.0e7}}}}}}")
+        raise ConfigError(
+            f"{source}: tiers must map tier names to mappings of spec keys, e.g. "
+            f"tiers: {{gpu: {{model: {{d_model: 512}}, budget: {{tokens: 2.0e7}}}}}}"
+        )
     out = {k: v for k, v in raw.items() if k != "tiers"}
     if tier is None:
         return out
     if tier not in tiers:
-        raise ConfigError(f"{source}: no tier {tier!r}; "
-                          + (f"this spec defines {', '.join(map(repr, tiers))}" if tiers else
-                             "this spec defines none (add a 'tiers:' mapping)"))
+        raise ConfigError(
+            f"{source}: no tier {tier!r}; "
+            + (
+                f"this spec defines {', '.join(map(repr, tiers))}"
+                if tiers
+                else "this spec defines none (add a 'tiers:' mapping)"
+            )
+        )
     for key, value in tiers[tier].items():
         if key not in TIER_KEYS:
-            raise ConfigError(f"{source}: tiers.{tier}.{key} is not a key a tier may set; "
-                              f"valid: {', '.join(TIER_KEYS)}")
+            raise ConfigError(
+                f"{source}: tiers.{tier}.{key} is not a key a tier may set; valid: {', '.join(TIER_KEYS)}"
+            )
         if key in ("model", "train"):
             if not isinstance(value, dict):
                 raise ConfigError(f"{source}: tiers.{tier}.{key} must be a mapping of fields, got {value!r}")
@@ -288,14 +326,17 @@ def apply_tier(raw: dict, tier: Optional[str], source: str = "sweep spec", base:
         else:
             out[key] = value
     if "notes" not in tiers[tier] and out.get("notes"):  # the spec's notes describe the spec as written
-        out["notes"] = (f"(The spec's notes, written for the spec as written; this sweep ran its tier {tier!r}, whose "
-                        f"model, training and budget are in this page's Setup above.) {str(out['notes']).strip()}")
+        out["notes"] = (
+            f"(The spec's notes, written for the spec as written; this sweep ran its tier {tier!r}, whose "
+            f"model, training and budget are in this page's Setup above.) {str(out['notes']).strip()}"
+        )
     out["name"] = f"{raw.get('name') or base}-{tier}"
     return out
 
 
-def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = None,
-               max_runs: Optional[int] = None) -> Spec:
+def parse_spec(
+    raw: dict, path: Optional[Path] = None, tier: Optional[str] = None, max_runs: Optional[int] = None
+) -> Spec:
     """Validate a spec mapping (see the module docstring) at ``tier`` (:func:`apply_tier`; None: as
     written); raises ConfigError naming the key, and (:func:`check_run_count`) when it plans more runs
     than ``max_runs`` (None: the spec's ``max_runs:``, else :data:`MAX_RUNS`) before expanding them."""
@@ -351,8 +392,7 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
         )
     if any(c < 1 or int(c * 8) != c * 8 for c in contexts):
         raise ConfigError(
-            f"{source}: eval_contexts={contexts!r}: multiples must be >= 1 and whole eighths "
-            f"(1, 1.5, 2, ...)"
+            f"{source}: eval_contexts={contexts!r}: multiples must be >= 1 and whole eighths (1, 1.5, 2, ...)"
         )
     decode = {**DECODE_DEFAULTS, **(raw.get("decode") or {})}
     if set(decode) != set(DECODE_DEFAULTS):
@@ -369,8 +409,10 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
         from lmlab.presets import PRESETS
 
         if not isinstance(preset, str) or preset not in PRESETS:
-            raise ConfigError(f"{source}: preset={preset!r} is not a model family preset; choose one of "
-                              f"{', '.join(sorted(PRESETS))} (see `lmlab presets`)")
+            raise ConfigError(
+                f"{source}: preset={preset!r} is not a model family preset; choose one of "
+                f"{', '.join(sorted(PRESETS))} (see `lmlab presets`)"
+            )
     scale = raw.get("scale", "tiny")
     if scale not in ("tiny", "real"):
         raise ConfigError(f"{source}: scale={scale!r} must be 'tiny' or 'real'")
@@ -398,23 +440,20 @@ def parse_spec(raw: dict, path: Optional[Path] = None, tier: Optional[str] = Non
     tune = parse_tune(raw.get("tune"), source)
     tolerated = raw.get("tolerated_within", 0.05)
     if isinstance(tolerated, bool) or not isinstance(tolerated, (int, float)) or not tolerated > 0:
-        raise ConfigError(
-            f"{source}: tolerated_within={tolerated!r} must be a positive number of bits/byte, e.g. 0.05"
-        )
+        raise ConfigError(f"{source}: tolerated_within={tolerated!r} must be a positive number of bits/byte, e.g. 0.05")
     tolerated = float(tolerated)
     clash = sorted(set(tune) & {k for v in variants for k in v.fields})
     if clash:
-        raise ConfigError(
-            f"{source}: {clash} is both tuned and set by a variant; tune a field the axes leave alone"
-        )
+        raise ConfigError(f"{source}: {clash} is both tuned and set by a variant; tune a field the axes leave alone")
     tune_seeds = parse_tune_seeds(raw.get("tune_seeds"), seeds, tune, source)
     timing = parse_timing(raw.get("timing"), source)
     expect = parse_expect(raw.get("expect"), labels, str(baseline), contexts, source)
     if any(e.metric in TIMING_METRICS for e in expect) and timing is None:
         raise ConfigError(f"{source}: an expectation on step_time/decode_time needs a 'timing:' block")
     if any(e.metric == "attn_sink" for e in expect) and not train.get("diag_interval"):
-        raise ConfigError(f"{source}: an expectation on attn_sink reads the diagnostics: set train.diag_interval "
-                          f"(e.g. 50)")
+        raise ConfigError(
+            f"{source}: an expectation on attn_sink reads the diagnostics: set train.diag_interval (e.g. 50)"
+        )
     if any(e.metric == "decode_time" for e in expect) and not timing["decode"]:
         raise ConfigError(f"{source}: an expectation on decode_time needs timing: {{decode: true}}")
     if any(e.metric == "lr_sensitivity" for e in expect) and math.prod(len(v) for v in tune.values()) < 2:
@@ -471,8 +510,9 @@ def parse_max_epochs(value: Any, source: str) -> Optional[float]:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{source}: max_epochs must be a positive number of passes over the training data "
-                          f"(e.g. 1), got {value!r}")
+        raise ConfigError(
+            f"{source}: max_epochs must be a positive number of passes over the training data (e.g. 1), got {value!r}"
+        )
     return float(value)
 
 
@@ -497,9 +537,12 @@ def parse_block(raw: Any, cls: type, where: str):
         else:
             ok = ok and v >= 0 and (k != "power" or 0.5 <= v < 1) and (k != "unstable_ratio" or v > 1)
         if not ok:
-            what = {"power": "a probability in [0.5, 1)", "unstable_ratio": "a number > 1",
-                    "extend": "an integer >= 0", "tokens_per_param": "a number >= 0"}.get(
-                k, "an integer >= 1")
+            what = {
+                "power": "a probability in [0.5, 1)",
+                "unstable_ratio": "a number > 1",
+                "extend": "an integer >= 0",
+                "tokens_per_param": "a number >= 0",
+            }.get(k, "an integer >= 1")
             raise ConfigError(f"{where}.{k}={v!r} must be {what}")
         setattr(out, k, type(default)(v))
     return out
@@ -548,8 +591,11 @@ def check_run_count(raw: dict, source: str, max_runs: Optional[int] = None) -> i
     tune = raw.get("tune") if isinstance(raw.get("tune"), dict) else {}
     scales = raw.get("scales")
     seeds = raw["seeds"] if isinstance(raw.get("seeds"), list) else [None]  # default: train.seed
-    cells = (math.prod(_options(v) for v in grid.values()) * (_options(axes["zip"]) if "zip" in axes else 1)
-             * (_options(scales) if scales is not None else 1))
+    cells = (
+        math.prod(_options(v) for v in grid.values())
+        * (_options(axes["zip"]) if "zip" in axes else 1)
+        * (_options(scales) if scales is not None else 1)
+    )
     values = math.prod(_options(v) for v in tune.values())
     per_cell = values * len(seeds)
     tune_seeds = raw.get("tune_seeds")

@@ -38,12 +38,7 @@ def _number(value: Any, where: str) -> float:
             value = float(value)
         except ValueError:
             pass
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ConfigError(f"{where}={value!r} must be a finite number > 0")
     return value
 
@@ -72,20 +67,15 @@ def parse_match(raw: Any, source: str) -> Optional[Match]:
     unknown = set(raw) - {"hold", "solve", "multiple", "target", "tolerance"}
     if unknown:
         raise ConfigError(
-            f"{source}.match: unknown key(s) {sorted(unknown)}; use hold, solve, multiple, target, "
-            f"tolerance"
+            f"{source}.match: unknown key(s) {sorted(unknown)}; use hold, solve, multiple, target, tolerance"
         )
     hold = raw.get("hold")
     if hold not in HOLDS:
         raise ConfigError(f"{source}.match.hold={hold!r} must be one of {', '.join(HOLDS)}")
-    solve = raw.get(
-        "solve", "d_ff" if hold in ("non_embedding_params", "params", "flops_per_token") else None
-    )
+    solve = raw.get("solve", "d_ff" if hold in ("non_embedding_params", "params", "flops_per_token") else None)
     if hold in ("tokens", "flops"):
         if "solve" in raw:
-            raise ConfigError(
-                f"{source}.match: hold={hold} is held by the budget, not by solving a size; drop " f"'solve'"
-            )
+            raise ConfigError(f"{source}.match: hold={hold} is held by the budget, not by solving a size; drop 'solve'")
     elif solve not in SOLVABLE:
         raise ConfigError(f"{source}.match.solve={solve!r} must be one of {', '.join(SOLVABLE)}")
     multiple = raw.get("multiple", 1 if solve == "n_layers" else 8)
@@ -133,9 +123,7 @@ def parse_tune(raw: Any, source: str) -> dict:
     if raw is None:
         return {}
     if not isinstance(raw, dict) or not raw:
-        raise ConfigError(
-            f"{source}: tune must map a field to a list of values, e.g. {{lr: [1.0e-3, 3.0e-3]}}"
-        )
+        raise ConfigError(f"{source}: tune must map a field to a list of values, e.g. {{lr: [1.0e-3, 3.0e-3]}}")
     out = {}
     for k, v in raw.items():
         _check_field(str(k), f"{source}.tune")
@@ -162,9 +150,7 @@ def parse_timing(raw: Any, source: str) -> Optional[dict]:
         return None
     raw = {} if raw is True else raw
     if not isinstance(raw, dict):
-        raise ConfigError(
-            f"{source}: timing must be true or a mapping with keys {', '.join(TIMING_DEFAULTS)}"
-        )
+        raise ConfigError(f"{source}: timing must be true or a mapping with keys {', '.join(TIMING_DEFAULTS)}")
     unknown = set(raw) - set(TIMING_DEFAULTS) - set(TIMING_OPTIONAL)
     if unknown:
         raise ConfigError(
@@ -209,5 +195,3 @@ def parse_init_grads(raw: Any, seeds: list, source: str) -> Optional[dict]:
     if isinstance(b, bool) or not isinstance(b, int) or b < 1:
         raise ConfigError(f"{source}.init_grads.batch={b!r} must be an integer >= 1")
     return out
-
-

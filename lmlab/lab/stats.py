@@ -71,9 +71,7 @@ def paired(a: dict, b: dict) -> list[tuple[int, float]]:
     return [(s, b[s] - a[s]) for s in sorted(set(a) & set(b))]
 
 
-def difference(
-    a: dict, b: dict, confidence: float = 0.95, pooled: Optional[tuple[float, int]] = None
-) -> dict:
+def difference(a: dict, b: dict, confidence: float = 0.95, pooled: Optional[tuple[float, int]] = None) -> dict:
     """The difference b - a (``a``/``b``: seed -> value of one metric) with its interval.
 
     Returns {mean, lo, hi, n, method, diffs}: ``method`` is ``paired t`` (>= 2 shared seeds),
@@ -123,9 +121,16 @@ def verdict(kind: str, lo: Optional[float], hi: Optional[float], threshold: floa
     raise ValueError(f"unknown claim kind {kind!r}; use 'better' or 'equal'")
 
 
-def seeds_to_settle(kind: str, mean: Optional[float], sd: Optional[float], threshold: float,
-                    confidence: float = 0.95, n_max: int = 1000, power: float = 0.8,
-                    n: Optional[int] = None) -> Optional[tuple[int, str]]:
+def seeds_to_settle(
+    kind: str,
+    mean: Optional[float],
+    sd: Optional[float],
+    threshold: float,
+    confidence: float = 0.95,
+    n_max: int = 1000,
+    power: float = 0.8,
+    n: Optional[int] = None,
+) -> Optional[tuple[int, str]]:
     """Where an *inconclusive* claim leans and how many paired seeds would decide it, if the effect and
     the per-seed noise were what was measured: (n, ``agrees`` or ``disagrees``), n the smallest number
     of paired seeds whose interval would clear the nearest boundary of the undecided region with

@@ -45,7 +45,11 @@ def kv_share(block: dict, label: str) -> Optional[float]:
 
 
 def _decode_timer(
-    cfg: ModelConfig, batch: int, context: int, device: torch.device, seed: int = 0,
+    cfg: ModelConfig,
+    batch: int,
+    context: int,
+    device: torch.device,
+    seed: int = 0,
     decode_steps: Optional[int] = None,
 ) -> Callable[[], float]:
     """A closure timing greedy KV-cache decoding of an untrained ``TransformerLM(cfg)`` from a prompt
@@ -60,9 +64,11 @@ def _decode_timer(
 
     if context > cfg.context_length:
         if cfg.position == "learned":
-            raise ConfigError(f"timing.decode_context={context} exceeds context_length={cfg.context_length} "
-                              f"with learned positions (the position table would change); use at most "
-                              f"{cfg.context_length}")
+            raise ConfigError(
+                f"timing.decode_context={context} exceeds context_length={cfg.context_length} "
+                f"with learned positions (the position table would change); use at most "
+                f"{cfg.context_length}"
+            )
         cfg = dataclasses.replace(cfg, context_length=context)
     torch.manual_seed(seed)
     model = TransformerLM(cfg).to(device).eval()
@@ -119,14 +125,18 @@ def time_variants(
         timers = {"step_s": {k: functools.partial(run, steps) for k, run in step_s.items()}}
         if decode:
             timers["decode_s"] = {
-                k: _decode_timer(c, decode_batch, decode_context or c.context_length, device,
-                                 decode_steps=decode_steps)
+                k: _decode_timer(c, decode_batch, decode_context or c.context_length, device, decode_steps=decode_steps)
                 for k, c in cfgs.items()
             }
             n = min(SHORT_DECODE_STEPS, decode_steps or SHORT_DECODE_STEPS)
             timers["decode_short_s"] = {  # the mechanism check: the same step at a cache of at most n entries
-                k: _decode_timer(dataclasses.replace(c, context_length=max(c.context_length, decode_context or 0)),
-                                 decode_batch, n, device, decode_steps=n)
+                k: _decode_timer(
+                    dataclasses.replace(c, context_length=max(c.context_length, decode_context or 0)),
+                    decode_batch,
+                    n,
+                    device,
+                    decode_steps=n,
+                )
                 for k, c in cfgs.items()
             }
         out: dict = {kind: {k: [] for k in labels} for kind in timers}

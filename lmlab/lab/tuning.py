@@ -66,22 +66,40 @@ def select(rows: list[dict], spec) -> dict:
             fin = [v for v in vals.values() if v is not None]
             failed = len(vals) - len(fin)
             sd = statistics.stdev(fin) if len(fin) >= 2 else None
-            spread = (rules is not None and noise and sd is not None and sd > rules.unstable_ratio * noise)
-            grid.append({"tune": json.loads(key), "key": key, "n": len(vals), "failed": failed, "sd": sd,
-                         "mean": statistics.fmean(fin) if fin and not failed else math.inf,
-                         "unstable": bool(failed or spread)})
+            spread = rules is not None and noise and sd is not None and sd > rules.unstable_ratio * noise
+            grid.append(
+                {
+                    "tune": json.loads(key),
+                    "key": key,
+                    "n": len(vals),
+                    "failed": failed,
+                    "sd": sd,
+                    "mean": statistics.fmean(fin) if fin and not failed else math.inf,
+                    "unstable": bool(failed or spread),
+                }
+            )
         grid.sort(key=lambda g: g["key"])
         stable = [g for g in grid if not g["unstable"]] or ([] if rules is not None else grid)
-        best = min(stable, key=lambda g: (g["mean"], g["key"])) if stable else \
-            min(grid, key=lambda g: (g["mean"], g["key"]))
+        best = (
+            min(stable, key=lambda g: (g["mean"], g["key"]))
+            if stable
+            else min(grid, key=lambda g: (g["mean"], g["key"]))
+        )
         edge = []
         for fld in best["tune"]:
             xs = sorted({g["tune"].get(fld) for g in grid if finite(g["tune"].get(fld))})
             if len(xs) >= 2 and best["tune"].get(fld) in (xs[0], xs[-1]):
                 edge.append(fld)
-        sel = {"tune": best["tune"], "key": best["key"], "grid": grid, "edge": edge if len(grid) > 1 else [],
-               "all_failed": best["mean"] == math.inf, "seeds": best["n"], "noise": noise,
-               "fit": _fit(grid, best)}
+        sel = {
+            "tune": best["tune"],
+            "key": best["key"],
+            "grid": grid,
+            "edge": edge if len(grid) > 1 else [],
+            "all_failed": best["mean"] == math.inf,
+            "seeds": best["n"],
+            "noise": noise,
+            "fit": _fit(grid, best),
+        }
         sel["why"] = _why_not(sel, stable, rules, len(grid)) if rules is not None and len(grid) > 1 else ""
         if rules is not None and len(grid) <= 1 and spec is not None and spec.tune:
             sel["why"] = "one tuned value trained"
@@ -183,16 +201,22 @@ def sensitivity(rows: list[dict], selected: dict, window: int, untrained: dict) 
         xs = sorted({g["tune"][fld] for g in sel["grid"]})
         i = xs.index(sel["tune"][fld])
         if i - window < 0 or i + window >= len(xs):
-            out[(scale, variant)] = {"per_seed": {}, "why": f"the window of {window} value(s) each side of the "
-                                     f"optimum {fld}={xs[i]:g} leaves the grid tried ({xs[0]:g}-{xs[-1]:g})"}
+            out[(scale, variant)] = {
+                "per_seed": {},
+                "why": f"the window of {window} value(s) each side of the "
+                f"optimum {fld}={xs[i]:g} leaves the grid tried ({xs[0]:g}-{xs[-1]:g})",
+            }
             continue
         key = {x: json.dumps({fld: x}, sort_keys=True) for x in xs}
         centre = table.get((scale, variant, key[xs[i]]), {})
         per = {}
         for seed, c in centre.items():
             l0 = untrained.get((scale, seed))
-            around = [table.get((scale, variant, key[xs[j]]), {}).get(seed, "missing")
-                      for j in range(i - window, i + window + 1) if j != i]
+            around = [
+                table.get((scale, variant, key[xs[j]]), {}).get(seed, "missing")
+                for j in range(i - window, i + window + 1)
+                if j != i
+            ]
             if c is None or l0 is None or "missing" in around:
                 per[seed] = None
                 continue

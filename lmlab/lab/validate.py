@@ -72,14 +72,22 @@ KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "count": (lambda x: x is None or (_is_int(x) and x >= 0), "an integer >= 0 or null"),
     "amount": (lambda x: x is None or (_is_num(x) and x >= 0), "a finite number >= 0 or null"),
     "signed": (lambda x: x is None or _is_num(x), "a finite number or null"),
-    "bpb": (lambda x: x is None or (_is_num(x) and 0 < x <= MAX_BPB),
-            f"a finite number of bits per byte in (0, {MAX_BPB:g}] or null"),
-    "numbers": (lambda x: x is None or (isinstance(x, list) and all(_is_num(v) for v in x)),
-                "a list of finite numbers or null"),
-    "tune": (lambda x: x is None or (isinstance(x, dict) and all(_json_scalar(v) for v in x.values())),
-             "an object of field -> number, string or boolean, or null"),
-    "solved": (lambda x: x is None or (isinstance(x, dict) and all(_is_num(v) for v in x.values())),
-               "an object of field -> finite number, or null"),
+    "bpb": (
+        lambda x: x is None or (_is_num(x) and 0 < x <= MAX_BPB),
+        f"a finite number of bits per byte in (0, {MAX_BPB:g}] or null",
+    ),
+    "numbers": (
+        lambda x: x is None or (isinstance(x, list) and all(_is_num(v) for v in x)),
+        "a list of finite numbers or null",
+    ),
+    "tune": (
+        lambda x: x is None or (isinstance(x, dict) and all(_json_scalar(v) for v in x.values())),
+        "an object of field -> number, string or boolean, or null",
+    ),
+    "solved": (
+        lambda x: x is None or (isinstance(x, dict) and all(_is_num(v) for v in x.values())),
+        "an object of field -> finite number, or null",
+    ),
     "fields": (lambda x: x is None or isinstance(x, dict), "an object of field -> value, or null"),
 }
 
@@ -142,13 +150,13 @@ FIELDS: dict[str, str] = {
 REQUIRED = ("run", "variant", "seed", "status")
 # fields that every row of one status holds when one does (non-null): a value removed from one row would
 # change the verdicts (a missing val_bpb counts as a failed run, missing tokens as an unknown size, ...)
+_RUN_FIELDS = ("sweep", "scale", "tune", "diverged", "steps", "max_steps", "tokens", "params", "non_embedding_params",
+               "flops_per_token")  # fmt: skip
 CONSISTENT = {
-    "ok": ("sweep", "scale", "tune", "diverged", "steps", "max_steps", "tokens", "params", "non_embedding_params",
-           "flops_per_token", "first_train_loss", "final_train_loss", "val_loss", "val_bpb", "val_tokens",
-           "val_bytes", "wall_s", "finished_at", "machine"),
-    "diverged": ("sweep", "scale", "tune", "diverged", "steps", "max_steps", "tokens", "params",
-                 "non_embedding_params", "flops_per_token"),
-}
+    "ok": _RUN_FIELDS + ("first_train_loss", "final_train_loss", "val_loss", "val_bpb", "val_tokens", "val_bytes",
+                         "wall_s", "finished_at", "machine"),
+    "diverged": _RUN_FIELDS,
+}  # fmt: skip
 
 
 def field_kind(key: str) -> Optional[str]:
@@ -169,17 +177,22 @@ def check_row(row: Any, where: str) -> dict:
     from lmlab.lab.plan import run_stem
 
     if not isinstance(row, dict):
-        raise ConfigError(f"{where}: a results row must be a JSON object, got {type(row).__name__} "
-                          f"{_show(row)}; the file is damaged")
+        raise ConfigError(
+            f"{where}: a results row must be a JSON object, got {type(row).__name__} {_show(row)}; the file is damaged"
+        )
     for key in REQUIRED:
         if key not in row:
-            raise ConfigError(f"{where}: field {key!r} is missing; every results row holds "
-                              f"{', '.join(REQUIRED)} (the file is damaged)")
+            raise ConfigError(
+                f"{where}: field {key!r} is missing; every results row holds "
+                f"{', '.join(REQUIRED)} (the file is damaged)"
+            )
     for key, value in row.items():
         kind = field_kind(key)
         if kind is None:
-            raise ConfigError(f"{where}: unknown field {key!r}; lmlab writes no such field (the file is damaged "
-                              f"or not a sweep's results)")
+            raise ConfigError(
+                f"{where}: unknown field {key!r}; lmlab writes no such field (the file is damaged "
+                f"or not a sweep's results)"
+            )
         ok, valid = KINDS[kind]
         if not ok(value):
             raise ConfigError(f"{where}: field {key!r} is {_show(value)}; give {valid}")
@@ -187,21 +200,29 @@ def check_row(row: Any, where: str) -> dict:
             raise ConfigError(f"{where}: field 'fields.{nonfinite_path(value)}' is NaN or infinite")
     status = row["status"]
     if row.get("diverged") is not None and row["diverged"] != (status == "diverged"):
-        raise ConfigError(f"{where}: field 'diverged' is {_show(row['diverged'])} but 'status' is {status!r} "
-                          f"(a diverged run has status 'diverged' and diverged true); the file is damaged")
+        raise ConfigError(
+            f"{where}: field 'diverged' is {_show(row['diverged'])} but 'status' is {status!r} "
+            f"(a diverged run has status 'diverged' and diverged true); the file is damaged"
+        )
     values = {k: v for k, v in row.items() if k == "val_bpb" or k.startswith("val_bpb_")}
     if status == "ok" and row.get("val_bpb") is None:
-        raise ConfigError(f"{where}: field 'val_bpb' is {_show(row.get('val_bpb'))} but 'status' is 'ok'; a "
-                          f"finished run has its held-out bits per byte (the file is damaged)")
+        raise ConfigError(
+            f"{where}: field 'val_bpb' is {_show(row.get('val_bpb'))} but 'status' is 'ok'; a "
+            f"finished run has its held-out bits per byte (the file is damaged)"
+        )
     if status != "ok":
         for k, v in values.items():
             if v is not None:
-                raise ConfigError(f"{where}: field {k!r} is {_show(v)} but 'status' is {status!r}; a {status} run "
-                                  f"has no held-out value (null; the file is damaged)")
+                raise ConfigError(
+                    f"{where}: field {k!r} is {_show(v)} but 'status' is {status!r}; a {status} run "
+                    f"has no held-out value (null; the file is damaged)"
+                )
     want = f"{run_stem(row['variant'], row.get('scale'), row.get('tune') or {})}-s{row['seed']}"
     if row["run"] != want:
-        raise ConfigError(f"{where}: field 'run' is {_show(row['run'])}, but its variant, scale, tuned values and "
-                          f"seed name it {want!r}; the file is damaged")
+        raise ConfigError(
+            f"{where}: field 'run' is {_show(row['run'])}, but its variant, scale, tuned values and "
+            f"seed name it {want!r}; the file is damaged"
+        )
     return row
 
 
@@ -218,9 +239,11 @@ def check_rows(rows: list[tuple[str, dict]], path: Path, sweep: Optional[str] = 
         if name in seen:
             if seen[name][1] != row:
                 diff = sorted(k for k in set(row) | set(seen[name][1]) if row.get(k) != seen[name][1].get(k))
-                first = seen[name][0][len(str(path)) + 2:]  # "line N" / "row N (line M)"
-                raise ConfigError(f"{where}: a second row for run {name!r} (first at {first}) with other "
-                                  f"values ({', '.join(diff[:4])}); keep one of them (the file is damaged)")
+                first = seen[name][0][len(str(path)) + 2 :]  # "line N" / "row N (line M)"
+                raise ConfigError(
+                    f"{where}: a second row for run {name!r} (first at {first}) with other "
+                    f"values ({', '.join(diff[:4])}); keep one of them (the file is damaged)"
+                )
             continue
         seen[name] = (where, row)
         out.append((where, row))
@@ -229,16 +252,20 @@ def check_rows(rows: list[tuple[str, dict]], path: Path, sweep: Optional[str] = 
         sweep = sweep or named[0][1]["sweep"]
         for where, row in named:
             if row["sweep"] != sweep:
-                raise ConfigError(f"{where}: field 'sweep' is {_show(row['sweep'])}, not this sweep's name {sweep!r}; "
-                                  f"a row of another sweep (the file is damaged or mixed)")
+                raise ConfigError(
+                    f"{where}: field 'sweep' is {_show(row['sweep'])}, not this sweep's name {sweep!r}; "
+                    f"a row of another sweep (the file is damaged or mixed)"
+                )
     for status, keys in CONSISTENT.items():
         group = [(w, r) for w, r in out if r["status"] == status]
         for key in keys:
             holding = [w for w, r in group if r.get(key) is not None]
             if holding and len(holding) < len(group):
                 where = next(w for w, r in group if r.get(key) is None)
-                raise ConfigError(f"{where}: field {key!r} is missing or null, though the other {status!r} rows hold "
-                                  f"it (e.g. {holding[0][len(str(path)) + 2:]}); the file is damaged")
+                raise ConfigError(
+                    f"{where}: field {key!r} is missing or null, though the other {status!r} rows hold "
+                    f"it (e.g. {holding[0][len(str(path)) + 2 :]}); the file is damaged"
+                )
     if spec is not None:
         _check_against_spec(out, spec)
     return [r for _, r in out]
@@ -251,18 +278,25 @@ def _check_against_spec(rows: list[tuple[str, dict]], spec) -> None:
     tuned = sorted(spec.tune)
     for where, row in rows:
         if row["variant"] not in variants:
-            raise ConfigError(f"{where}: field 'variant' is {_show(row['variant'])}, not a variant of the spec "
-                              f"({', '.join(map(repr, variants[:6]))}{', ...' if len(variants) > 6 else ''})")
+            raise ConfigError(
+                f"{where}: field 'variant' is {_show(row['variant'])}, not a variant of the spec "
+                f"({', '.join(map(repr, variants[:6]))}{', ...' if len(variants) > 6 else ''})"
+            )
         if row["seed"] not in seeds:
-            raise ConfigError(f"{where}: field 'seed' is {row['seed']}, not a seed of the spec "
-                              f"({', '.join(map(str, sorted(seeds)))})")
+            raise ConfigError(
+                f"{where}: field 'seed' is {row['seed']}, not a seed of the spec ({', '.join(map(str, sorted(seeds)))})"
+            )
         scale = row.get("scale")
         if (scale is None and scales) or (scale is not None and scale not in scales):
-            raise ConfigError(f"{where}: field 'scale' is {_show(scale)}; the spec's scales are "
-                              + (", ".join(map(repr, scales)) if scales else "none (null)"))
+            raise ConfigError(
+                f"{where}: field 'scale' is {_show(scale)}; the spec's scales are "
+                + (", ".join(map(repr, scales)) if scales else "none (null)")
+            )
         if sorted(row.get("tune") or {}) != tuned:
-            raise ConfigError(f"{where}: field 'tune' is {_show(row.get('tune'))}; the spec tunes "
-                              + (", ".join(tuned) if tuned else "nothing ({} or null)"))
+            raise ConfigError(
+                f"{where}: field 'tune' is {_show(row.get('tune'))}; the spec tunes "
+                + (", ".join(tuned) if tuned else "nothing ({} or null)")
+            )
 
 
 def read_results_jsonl(path: Path, sweep: Optional[str] = None, spec=None, cut_last: str = "refuse") -> list[dict]:
@@ -287,11 +321,16 @@ def read_results_jsonl(path: Path, sweep: Optional[str] = None, spec=None, cut_l
                 json.loads(line)
             except json.JSONDecodeError:
                 if cut_last == "skip":
-                    print(f"warning: {where} is not JSON (a write cut by an interrupted sweep?); skipped: its run "
-                          f"counts as unfinished", file=sys.stderr)
+                    print(
+                        f"warning: {where} is not JSON (a write cut by an interrupted sweep?); skipped: its run "
+                        f"counts as unfinished",
+                        file=sys.stderr,
+                    )
                     continue
-                raise ConfigError(f"{where}: not JSON (a write cut by an interrupted sweep?); rerun `lmlab sweep` on "
-                                  f"{path.parent} to score that run again") from None
+                raise ConfigError(
+                    f"{where}: not JSON (a write cut by an interrupted sweep?); rerun `lmlab sweep` on "
+                    f"{path.parent} to score that run again"
+                ) from None
             except RecursionError:
                 pass  # refused by parse_json below
         rows.append((where, check_row(parse_json(line, where), where)))
@@ -321,8 +360,9 @@ def _csv_value(key: str, cell: str, where: str) -> Any:
             return float(cell)
         if kind == "set":
             return cell
-    raise ConfigError(f"{where}: column {key!r} is {_show(cell)}; give {KINDS[kind][1].replace(' or null', '')} "
-                      f"(or an empty cell)")
+    raise ConfigError(
+        f"{where}: column {key!r} is {_show(cell)}; give {KINDS[kind][1].replace(' or null', '')} (or an empty cell)"
+    )
 
 
 def read_results_csv(path: Path, sweep: Optional[str] = None, spec=None) -> list[dict]:
@@ -342,12 +382,16 @@ def read_results_csv(path: Path, sweep: Optional[str] = None, spec=None) -> list
     try:
         header = next(reader, None)
         if not header or header[0] not in ("sweep", "run"):
-            raise ConfigError(f"{path}: line 1: the header {_show(','.join(header or []))} is not that of an lmlab "
-                              f"results.csv (it starts with 'sweep' or 'run')")
+            raise ConfigError(
+                f"{path}: line 1: the header {_show(','.join(header or []))} is not that of an lmlab "
+                f"results.csv (it starts with 'sweep' or 'run')"
+            )
         unknown = [c for c in header if not c.startswith("set.") and field_kind(c) is None or c in ("fields",)]
         if unknown:
-            raise ConfigError(f"{path}: line 1: unknown column {unknown[0]!r}; lmlab writes no such column (a foreign "
-                              f"or damaged header)")
+            raise ConfigError(
+                f"{path}: line 1: unknown column {unknown[0]!r}; lmlab writes no such column (a foreign "
+                f"or damaged header)"
+            )
         twice = sorted({c for c in header if header.count(c) > 1})
         if twice:
             raise ConfigError(f"{path}: line 1: column {twice[0]!r} appears twice in the header (the file is damaged)")
@@ -357,8 +401,9 @@ def read_results_csv(path: Path, sweep: Optional[str] = None, spec=None) -> list
             if not cells:
                 continue
             if len(cells) != len(header):
-                raise ConfigError(f"{where}: {len(cells)} cell(s), the header has {len(header)} (the file is "
-                                  f"damaged or cut)")
+                raise ConfigError(
+                    f"{where}: {len(cells)} cell(s), the header has {len(header)} (the file is damaged or cut)"
+                )
             row: dict = {"fields": {}}
             for key, cell in zip(header, cells):
                 value = _csv_value(key, cell, where)
@@ -375,19 +420,31 @@ def read_results_csv(path: Path, sweep: Optional[str] = None, spec=None) -> list
 
 # --- verdicts.json ---------------------------------------------------------------------------
 _CLAIM_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "text": KINDS["name"], "a": KINDS["name"], "b": KINDS["name"], "metric": KINDS["name"],
+    "text": KINDS["name"],
+    "a": KINDS["name"],
+    "b": KINDS["name"],
+    "metric": KINDS["name"],
     "kind": (lambda x: x in ("better", "equal"), "better or equal"),
     "by": (_is_num, "a finite number"),
     "relative": (lambda x: x is None or isinstance(x, bool), "true or false"),
-    "scale": KINDS["text"], "method": KINDS["text"], "note": KINDS["text"], "gate": KINDS["text"],
+    "scale": KINDS["text"],
+    "method": KINDS["text"],
+    "note": KINDS["text"],
+    "gate": KINDS["text"],
     "n": (lambda x: x is None or (_is_int(x) and x >= 0), "an integer >= 0"),
     **dict.fromkeys(("effect", "lo", "hi", "tokens_per_param", "detectable", "margin"), KINDS["signed"]),
-    "settle": (lambda x: x is None or (isinstance(x, list) and len(x) == 2 and _is_int(x[0]) and isinstance(x[1], str)),
-               "null or [seeds, verdict]"),
-    "preconditions": (lambda x: x is None or (isinstance(x, list) and all(isinstance(p, dict) for p in x)),
-                      "a list of objects"),
-    "published": (lambda x: x is None or (isinstance(x, list) and len(x) == 2 and all(_is_num(v) for v in x)),
-                  "null or [low, high]"),
+    "settle": (
+        lambda x: x is None or (isinstance(x, list) and len(x) == 2 and _is_int(x[0]) and isinstance(x[1], str)),
+        "null or [seeds, verdict]",
+    ),
+    "preconditions": (
+        lambda x: x is None or (isinstance(x, list) and all(isinstance(p, dict) for p in x)),
+        "a list of objects",
+    ),
+    "published": (
+        lambda x: x is None or (isinstance(x, list) and len(x) == 2 and all(_is_num(v) for v in x)),
+        "null or [low, high]",
+    ),
 }
 
 
@@ -401,8 +458,10 @@ def check_claim(c: Any, where: str) -> dict:
         raise ConfigError(f"{where}: a claim must be a JSON object, got {type(c).__name__} {_show(c)}")
     for key in ("text", "kind", "a", "b", "metric", "by", "verdict"):
         if key not in c:
-            raise ConfigError(f"{where}: field {key!r} is missing; a claim holds text, kind, a, b, metric, by and "
-                              f"verdict (the file is damaged)")
+            raise ConfigError(
+                f"{where}: field {key!r} is missing; a claim holds text, kind, a, b, metric, by and "
+                f"verdict (the file is damaged)"
+            )
     for key in ("verdict", "measured"):
         if key in c and c[key] not in VERDICTS:
             raise ConfigError(f"{where}: field {key!r} is {_show(c[key])}; give one of {', '.join(VERDICTS)}")
@@ -426,8 +485,9 @@ def _check_claim_numbers(c: dict, where: str) -> None:
         raise ConfigError(f"{where}: its interval has lo={lo!r} above hi={hi!r} (the file is damaged)")
     tol = 1e-9 * max(1.0, abs(lo), abs(hi))
     if _is_num(effect) and not lo - tol <= effect <= hi + tol:
-        raise ConfigError(f"{where}: field 'effect' is {effect!r}, outside its interval [{lo!r}, {hi!r}] (the file "
-                          f"is damaged)")
+        raise ConfigError(
+            f"{where}: field 'effect' is {effect!r}, outside its interval [{lo!r}, {hi!r}] (the file is damaged)"
+        )
     interval = (stats.AGREES, stats.DISAGREES, stats.INCONCLUSIVE)
     stored = c.get("measured") if c.get("measured") is not None else c.get("verdict")
     if (
@@ -454,19 +514,29 @@ def read_verdicts(path: Path) -> dict:
         raise ConfigError(f"{path}: holds a JSON {type(data).__name__}, not an object; not an lmlab report's verdicts")
     claims = data.get("claims")
     if not isinstance(claims, list):
-        raise ConfigError(f"{path}: field 'claims' is {_show(claims)}; an lmlab report's verdicts hold a list of "
-                          f"claims (the file is damaged)")
+        raise ConfigError(
+            f"{path}: field 'claims' is {_show(claims)}; an lmlab report's verdicts hold a list of "
+            f"claims (the file is damaged)"
+        )
     for i, c in enumerate(claims):
         check_claim(c, f"{path}: claims[{i}]")
     wall = data.get("sweep_wall")
-    if wall is not None and not (isinstance(wall, dict) and _is_num(wall.get("wall_s")) and wall["wall_s"] >= 0
-                                 and _is_int(wall.get("invocations")) and wall["invocations"] >= 0
-                                 and isinstance(wall.get("finished"), bool)):
-        raise ConfigError(f"{path}: field 'sweep_wall' is {_show(wall)}; give null or {{wall_s: seconds >= 0, "
-                          f"invocations: integer >= 0, finished: true/false}}")
+    if wall is not None and not (
+        isinstance(wall, dict)
+        and _is_num(wall.get("wall_s"))
+        and wall["wall_s"] >= 0
+        and _is_int(wall.get("invocations"))
+        and wall["invocations"] >= 0
+        and isinstance(wall.get("finished"), bool)
+    ):
+        raise ConfigError(
+            f"{path}: field 'sweep_wall' is {_show(wall)}; give null or {{wall_s: seconds >= 0, "
+            f"invocations: integer >= 0, finished: true/false}}"
+        )
     pooled = data.get("pooled")
-    if pooled is not None and not (isinstance(pooled, list) and len(pooled) == 2 and _is_num(pooled[0])
-                                   and pooled[0] >= 0 and _is_int(pooled[1])):
+    if pooled is not None and not (
+        isinstance(pooled, list) and len(pooled) == 2 and _is_num(pooled[0]) and pooled[0] >= 0 and _is_int(pooled[1])
+    ):
         raise ConfigError(f"{path}: field 'pooled' is {_show(pooled)}; give null or [sd >= 0, degrees of freedom]")
     for key in ("spec", "claim"):
         if data.get(key) is not None and not isinstance(data[key], str):
@@ -475,9 +545,20 @@ def read_verdicts(path: Path) -> dict:
 
 
 # --- provenance.jsonl and load.jsonl ---------------------------------------------------------
-_START_FIELDS = {"command": "name", "sweep": "name", "cwd": "text", "lmlab_version": "text", "git_commit": "text",
-                 "spec": "text", "spec_sha256": "name", "tier": "text", "machine": "text", "kernels": "text",
-                 "python": "text", "started_at": "text"}
+_START_FIELDS = {
+    "command": "name",
+    "sweep": "name",
+    "cwd": "text",
+    "lmlab_version": "text",
+    "git_commit": "text",
+    "spec": "text",
+    "spec_sha256": "name",
+    "tier": "text",
+    "machine": "text",
+    "kernels": "text",
+    "python": "text",
+    "started_at": "text",
+}
 
 
 def read_provenance(path: Path) -> list[dict]:
@@ -492,8 +573,11 @@ def read_provenance(path: Path) -> list[dict]:
         if isinstance(rec, ConfigError):
             raise rec
         if "ended_at" in rec:
-            checks = {"ended_at": KINDS["name"], "wall_s": (lambda x: _is_num(x) and x >= 0, "a finite number >= 0"),
-                      "finished": (lambda x: isinstance(x, bool), "true or false")}
+            checks = {
+                "ended_at": KINDS["name"],
+                "wall_s": (lambda x: _is_num(x) and x >= 0, "a finite number >= 0"),
+                "finished": (lambda x: isinstance(x, bool), "true or false"),
+            }
         else:
             checks = {k: KINDS[v] for k, v in _START_FIELDS.items()}
             checks["load_avg"] = KINDS["numbers"]
@@ -518,14 +602,18 @@ def read_load(path: Path) -> list[dict]:
         if isinstance(rec, ConfigError):
             bad.append(str(rec))
             continue
-        wrong = next((k for k in ("time", "load_1m", "load_5m") if k in rec and not (_is_num(rec[k]) and rec[k] >= 0)),
-                     None)
+        wrong = next(
+            (k for k in ("time", "load_1m", "load_5m") if k in rec and not (_is_num(rec[k]) and rec[k] >= 0)), None
+        )
         if wrong or "load_1m" not in rec:
             key = wrong or "load_1m"
             bad.append(f"{where}: field {key!r} is {_show(rec.get(key))}; give a finite number >= 0")
             continue
         out.append(rec)
     if bad:
-        print(f"warning: {bad[0]}; {len(bad)} damaged line(s) of {path.name} skipped (informational: the load "
-              f"average is reported from the others)", file=sys.stderr)
+        print(
+            f"warning: {bad[0]}; {len(bad)} damaged line(s) of {path.name} skipped (informational: the load "
+            f"average is reported from the others)",
+            file=sys.stderr,
+        )
     return out

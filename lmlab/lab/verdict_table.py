@@ -8,6 +8,7 @@ from typing import Any
 
 from lmlab.lab.stats import finite as _ok
 
+
 # --- formatting ----------------------------------------------------------------------------
 def _num(x: Any, digits: int = 4) -> str:
     return f"{x:.{digits}f}" if _ok(x) else "n/a"
@@ -96,8 +97,16 @@ def claim_cells(c: dict, show_scale: bool) -> list[str]:
     )
 
 
-CLAIM_HEAD = ["metric", "expected", "tokens/param", "detectable (80%)", "measured effect [interval]", "seeds",
-              "method", "verdict"]
+CLAIM_HEAD = [
+    "metric",
+    "expected",
+    "tokens/param",
+    "detectable (80%)",
+    "measured effect [interval]",
+    "seeds",
+    "method",
+    "verdict",
+]
 
 
 def claim_note(c: dict) -> str:

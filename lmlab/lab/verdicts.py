@@ -86,10 +86,7 @@ def untrained_bpb(rows: list[dict]) -> dict:
     for r in rows:
         if _ok(r.get("first_train_loss")) and r.get("scale") in per_byte:
             first.setdefault((r.get("scale"), r["seed"]), []).append(r["first_train_loss"])
-    return {
-        (scale, seed): statistics.median(v) * per_byte[scale] / math.log(2)
-        for (scale, seed), v in first.items()
-    }
+    return {(scale, seed): statistics.median(v) * per_byte[scale] / math.log(2) for (scale, seed), v in first.items()}
 
 
 def chosen_values(rows: list[dict], selected: dict, metric: str) -> dict:
@@ -182,28 +179,36 @@ def judge(e, a: dict, b: dict, confidence: float, pooled, power: float = 0.8) ->
     out["verdict"] = stats.verdict(e.kind, out["lo"], out["hi"], e.by)
     sd = d.get("sd") / scale if d.get("sd") is not None and d["method"] == "paired t" else None
     out["detectable"] = stats.detectable(sd, d["n"], confidence, power)
-    margin = abs(e.by) if (e.kind == "equal" or e.by < 0) else (
-        e.published[0] - e.by if e.published and e.published[0] > e.by else None)
+    margin = (
+        abs(e.by)
+        if (e.kind == "equal" or e.by < 0)
+        else (e.published[0] - e.by if e.published and e.published[0] > e.by else None)
+    )
     out["margin"] = margin
     if out["detectable"] is not None and margin is not None and out["detectable"] > margin:
-        notes.append(f"underpowered: detects {out['detectable']:.4g} at {100 * power:g}% power, above the "
-                     f"margin {margin:.4g}")
+        notes.append(
+            f"underpowered: detects {out['detectable']:.4g} at {100 * power:g}% power, above the margin {margin:.4g}"
+        )
     if e.published and out["effect"] is not None:
         lo_p, hi_p = e.published
-        far = abs(out["effect"]) > 2 * max(abs(lo_p), abs(hi_p)) or (
-            out["hi"] is not None and lo_p > 0 and out["hi"] < 0) or (
-            out["lo"] is not None and hi_p < 0 and out["lo"] > 0)
+        far = (
+            abs(out["effect"]) > 2 * max(abs(lo_p), abs(hi_p))
+            or (out["hi"] is not None and lo_p > 0 and out["hi"] < 0)
+            or (out["lo"] is not None and hi_p < 0 and out["lo"] > 0)
+        )
         out["published"] = [lo_p, hi_p]
         if far:
-            notes.append(f"far outside the published range [{lo_p:g}, {hi_p:g}]: check the mechanism before "
-                         f"citing it")
+            notes.append(f"far outside the published range [{lo_p:g}, {hi_p:g}]: check the mechanism before citing it")
     if out["verdict"] == stats.INCONCLUSIVE and sd is not None:
         need = stats.seeds_to_settle(e.kind, out["effect"], sd, e.by, confidence, power=power, n=d["n"])
         out["settle"] = list(need) if need else None
-        notes.append(f"leans {need[1]}: about {need[0]} paired seeds would decide it ({100 * power:g}% power "
-                     f"at the measured effect and noise)" if need else
-                     "leans nowhere: the interval is centred on its boundary (more seeds will not settle "
-                     "a null; more steps or a larger model might)")
+        notes.append(
+            f"leans {need[1]}: about {need[0]} paired seeds would decide it ({100 * power:g}% power "
+            f"at the measured effect and noise)"
+            if need
+            else "leans nowhere: the interval is centred on its boundary (more seeds will not settle "
+            "a null; more steps or a larger model might)"
+        )
     out["note"] = "; ".join(notes)
     return out
 
@@ -216,9 +221,7 @@ def judge_timing(e, times: dict, confidence: float) -> dict:
 
     out = {**claim_record(e), "relative": True, "note": "median of per-round ratios, sign-test interval"}
     if e.a not in times or e.b not in times:
-        out.update(
-            verdict=stats.INCONCLUSIVE, effect=None, lo=None, hi=None, n=0, method="none", note="not timed"
-        )
+        out.update(verdict=stats.INCONCLUSIVE, effect=None, lo=None, hi=None, n=0, method="none", note="not timed")
         return out
     r = summarize_ratio(times, e.b, e.a, confidence)  # t_a / t_b per round
     lo, hi = r["lo"], r["hi"]
@@ -243,11 +246,13 @@ def kv_bound_check(e, block: dict) -> Optional[dict]:
     if share is None or e.kind != "better":
         return None
     n = len(next(iter(block.get("decode_short_s", {}).values()), []))
-    return {"text": f"{e.b}'s decode step is bound by its KV cache (more than {e.by:.0%} of a step grows with "
-                    f"the cache)", "holds": share > e.by,
-            "value": f"{share:.1%} of a step grows with the cache (median of {n} rounds: full cache vs a cache of "
-                     f"at most {block.get('decode_short_steps') or 64} tokens)",
-            "why": "a smaller cache can only save the time spent reading the cache"}
+    return {
+        "text": f"{e.b}'s decode step is bound by its KV cache (more than {e.by:.0%} of a step grows with the cache)",
+        "holds": share > e.by,
+        "value": f"{share:.1%} of a step grows with the cache (median of {n} rounds: full cache vs a cache of "
+        f"at most {block.get('decode_short_steps') or 64} tokens)",
+        "why": "a smaller cache can only save the time spent reading the cache",
+    }
 
 
 def contention(rows: list[dict]) -> list[dict]:
@@ -314,8 +319,7 @@ def gate(c: dict, e, scale, spec: Optional[Spec], ctx: dict) -> dict:
     c["measured"] = c["verdict"]
     c["gate"] = ""
     timed = e.metric in TIMING_METRICS
-    c["tokens_per_param"] = None if timed else claim_tokens_per_param(
-        ctx["rows"], ctx["selected"], scale, (e.a, e.b))
+    c["tokens_per_param"] = None if timed else claim_tokens_per_param(ctx["rows"], ctx["selected"], scale, (e.a, e.b))
     if spec is None:
         c["preconditions"] = []
         return c
@@ -332,8 +336,13 @@ def gate(c: dict, e, scale, spec: Optional[Spec], ctx: dict) -> dict:
     if not timed and floor > 0:
         tpp = c["tokens_per_param"]
         if tpp is None or tpp < floor:
-            reasons.append((stats.NOT_TESTABLE, (f"{tpp:.2g}" if tpp is not None else "unknown")
-                            + f" tokens per non-embedding parameter, below the floor of {floor:g}"))
+            reasons.append(
+                (
+                    stats.NOT_TESTABLE,
+                    (f"{tpp:.2g}" if tpp is not None else "unknown")
+                    + f" tokens per non-embedding parameter, below the floor of {floor:g}",
+                )
+            )
     if not timed and spec.tune:
         for v in (e.a, e.b):
             sel = ctx["selected"].get((scale, v))
@@ -348,8 +357,12 @@ def gate(c: dict, e, scale, spec: Optional[Spec], ctx: dict) -> dict:
         if x not in static:
             reasons.append((stats.NOT_TESTABLE, f"precondition failed: {x['text']}: {x['value']}"))
     if not timed and c.get("n", 0) < spec.judging.min_seeds and not reasons:
-        reasons.append((stats.TOO_FEW_SEEDS, f"{c.get('n', 0)} paired seed(s), fewer than the "
-                                             f"{spec.judging.min_seeds} a verdict needs"))
+        reasons.append(
+            (
+                stats.TOO_FEW_SEEDS,
+                f"{c.get('n', 0)} paired seed(s), fewer than the {spec.judging.min_seeds} a verdict needs",
+            )
+        )
     if reasons:
         c["verdict"] = reasons[0][0]
         c["gate"] = "; ".join(r for _, r in reasons)
@@ -357,8 +370,9 @@ def gate(c: dict, e, scale, spec: Optional[Spec], ctx: dict) -> dict:
     return c
 
 
-def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = None,
-            timed_claims: Optional[list] = None) -> dict:
+def analyze(
+    rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = None, timed_claims: Optional[list] = None
+) -> dict:
     """Everything the report states about the results (see the module docstring): "selected",
     "comparisons" (each variant - baseline in val_bpb, per scale), "claims" (one per expectation and
     scale, with "verdict"), "controls", "timing" (step-time ratios variant / baseline), "contention",
@@ -408,9 +422,14 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
     metric_values: dict = {"val_bpb": values}
     power = spec.judging.power if spec else 0.8
     timing_machine = (timing or {}).get("machine")
-    ctx = {"rows": eval_rows, "tune_rows": tune_rows, "selected": selected, "confidence": confidence,
-           "sensitivity": sens_full,
-           "timing_device": device_of(timing_machine, timing.get("device")) if timing else None}
+    ctx = {
+        "rows": eval_rows,
+        "tune_rows": tune_rows,
+        "selected": selected,
+        "confidence": confidence,
+        "sensitivity": sens_full,
+        "timing_device": device_of(timing_machine, timing.get("device")) if timing else None,
+    }
 
     def judge_sub(req, scale):
 
@@ -419,7 +438,7 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
         noise = pooled_noise(eval_rows, req.metric)
         return judge(sub, mv.get((scale, req.a), {}), mv.get((scale, req.b), {}), confidence, noise, power)
 
-    for e in (spec.expect if spec else []):
+    for e in spec.expect if spec else []:
         for scale in scales:
             if e.metric in TIMING_METRICS:
                 block = ((timing or {}).get("scales") or {}).get(scale or "")
@@ -427,18 +446,24 @@ def analyze(rows: list[dict], spec: Optional[Spec], timing: Optional[dict] = Non
                 c = judge_timing(e, times, confidence)
                 if e.metric == "decode_time" and block:
                     c["mechanism"] = kv_bound_check(e, block)
-                old = next((x for x in timed_claims or [] if x.get("text") == e.text and x.get("scale") == scale
-                            and x.get("metric") == e.metric), None)
+                old = next(
+                    (
+                        x
+                        for x in timed_claims or []
+                        if x.get("text") == e.text and x.get("scale") == scale and x.get("metric") == e.metric
+                    ),
+                    None,
+                )
                 if not times and old is not None:
                     c.update({k: old.get(k) for k in ("effect", "lo", "hi", "n", "method", "verdict")})
-                    c["note"] = (f"{old.get('note') or ''}; numbers from the earlier verdicts.json (this folder "
-                                 f"has no timing.json with the rounds)").lstrip("; ")
+                    c["note"] = (
+                        f"{old.get('note') or ''}; numbers from the earlier verdicts.json (this folder "
+                        f"has no timing.json with the rounds)"
+                    ).lstrip("; ")
             else:
                 if e.metric not in metric_values:
                     metric_values[e.metric] = (
-                        sensitivity
-                        if e.metric == "lr_sensitivity"
-                        else chosen_values(eval_rows, selected, e.metric)
+                        sensitivity if e.metric == "lr_sensitivity" else chosen_values(eval_rows, selected, e.metric)
                     )
                 mv = metric_values[e.metric]
                 if e.metric == "val_bpb":

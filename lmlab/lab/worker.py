@@ -70,18 +70,33 @@ class EvalSettings:
 
     @classmethod
     def of(cls, spec: Spec) -> "EvalSettings":
-        return cls(spec.name, list(spec.eval_contexts), dict(spec.decode), bool(spec.measure_decode),
-                   bool(spec.loss_by_position))
+        return cls(
+            spec.name,
+            list(spec.eval_contexts),
+            dict(spec.decode),
+            bool(spec.measure_decode),
+            bool(spec.loss_by_position),
+        )
 
 
 # --- plans on disk -----------------------------------------------------------------------------
 def plan_record(p: RunPlan, spec: Spec) -> dict:
     """``p`` and the spec's evaluation settings as JSON-ready data (:func:`read_plan` reads it back)."""
     return {
-        "name": p.name, "variant": p.variant, "seed": p.seed, "fields": p.fields, "model": p.cfg.to_dict(),
-        "train": dataclasses.asdict(p.tc), "tokens_per_step": p.tokens_per_step,
-        "flops_per_token": p.flops_per_token, "data": str(p.data), "scale": p.scale, "tune": p.tune,
-        "solved": p.solved, "stage2": p.stage2, "eval": dataclasses.asdict(EvalSettings.of(spec)),
+        "name": p.name,
+        "variant": p.variant,
+        "seed": p.seed,
+        "fields": p.fields,
+        "model": p.cfg.to_dict(),
+        "train": dataclasses.asdict(p.tc),
+        "tokens_per_step": p.tokens_per_step,
+        "flops_per_token": p.flops_per_token,
+        "data": str(p.data),
+        "scale": p.scale,
+        "tune": p.tune,
+        "solved": p.solved,
+        "stage2": p.stage2,
+        "eval": dataclasses.asdict(EvalSettings.of(spec)),
     }
 
 
@@ -106,20 +121,35 @@ def read_plan(sweep_dir: Path, name: str) -> tuple[RunPlan, EvalSettings]:
         have = sorted(q.stem for q in (Path(sweep_dir) / PLANS_DIR).glob("*.json"))
         raise ConfigError(
             f"{path}: no such plan; run {name!r} was not planned in sweep {str(sweep_dir)!r} "
-            + (f"(planned: {', '.join(have[:5])}{', ...' if len(have) > 5 else ''})" if have else
-               "(the folder has no plans: start the sweep with `lmlab sweep SPEC --out DIR`)"))
+            + (
+                f"(planned: {', '.join(have[:5])}{', ...' if len(have) > 5 else ''})"
+                if have
+                else "(the folder has no plans: start the sweep with `lmlab sweep SPEC --out DIR`)"
+            )
+        )
     d = read_json_object(path)
     try:
         ev = EvalSettings(**d["eval"])
         p = RunPlan(
-            name=d["name"], variant=d["variant"], seed=int(d["seed"]), fields=dict(d["fields"]),
-            cfg=ModelConfig.from_dict(d["model"], str(path)), tc=TrainConfig.from_dict(d["train"], str(path)),
-            tokens_per_step=int(d["tokens_per_step"]), flops_per_token=float(d["flops_per_token"]),
-            data=Path(d["data"]), scale=d["scale"], tune=dict(d["tune"]), solved=dict(d["solved"]),
-            stage2=bool(d["stage2"]))
+            name=d["name"],
+            variant=d["variant"],
+            seed=int(d["seed"]),
+            fields=dict(d["fields"]),
+            cfg=ModelConfig.from_dict(d["model"], str(path)),
+            tc=TrainConfig.from_dict(d["train"], str(path)),
+            tokens_per_step=int(d["tokens_per_step"]),
+            flops_per_token=float(d["flops_per_token"]),
+            data=Path(d["data"]),
+            scale=d["scale"],
+            tune=dict(d["tune"]),
+            solved=dict(d["solved"]),
+            stage2=bool(d["stage2"]),
+        )
     except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{path}: not a plan lmlab wrote ({type(exc).__name__}: {exc}); the file is damaged; "
-                          f"rerun `lmlab sweep` on the folder to rewrite it") from None
+        raise ConfigError(
+            f"{path}: not a plan lmlab wrote ({type(exc).__name__}: {exc}); the file is damaged; "
+            f"rerun `lmlab sweep` on the folder to rewrite it"
+        ) from None
     if p.name != name:
         raise ConfigError(f"{path}: holds the plan of {p.name!r}, not {name!r}; the file is damaged")
     return p, ev
@@ -200,8 +230,13 @@ _PRCTL = _libc_prctl()
 FORK_SERVER = sys.platform.startswith("linux")
 
 
-def train_run(sweep_dir: Path, p: RunPlan, threads: int, stopping: Callable[[], bool] = lambda: False,
-              launch: Optional[str] = None) -> tuple[bool, Optional[str]]:
+def train_run(
+    sweep_dir: Path,
+    p: RunPlan,
+    threads: int,
+    stopping: Callable[[], bool] = lambda: False,
+    launch: Optional[str] = None,
+) -> tuple[bool, Optional[str]]:
     """Train (or continue) run ``p`` in its own process with ``threads`` torch threads; returns (diverged,
     error). ``launch``: ``fork`` (from :mod:`lmlab.lab.fork_server`; the default on Linux, where
     :data:`FORK_SERVER`) or ``exec`` (``python -m lmlab.cli train``); anything else raises ValueError.
@@ -213,15 +248,18 @@ def train_run(sweep_dir: Path, p: RunPlan, threads: int, stopping: Callable[[], 
     run_dir = sweep_dir / "runs" / p.name
     cfg_path = sweep_dir / "configs" / f"{p.name}.yaml"
     cfg_path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(cfg_path, yaml.safe_dump({"model": p.cfg.to_dict(), "train": dataclasses.asdict(p.tc)},
-                                               sort_keys=False))
+    atomic_write_text(
+        cfg_path, yaml.safe_dump({"model": p.cfg.to_dict(), "train": dataclasses.asdict(p.tc)}, sort_keys=False)
+    )
     log_path = sweep_dir / "logs" / f"{p.name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     stops_before = _STOPS[0]
     launch = launch or ("fork" if FORK_SERVER else "exec")
     if launch not in ("fork", "exec") or (launch == "fork" and not FORK_SERVER):
-        raise ValueError(f"launch={launch!r}: expected 'exec'" + (" or 'fork'" if FORK_SERVER else
-                                                                   " (no fork server on this platform)"))
+        raise ValueError(
+            f"launch={launch!r}: expected 'exec'"
+            + (" or 'fork'" if FORK_SERVER else " (no fork server on this platform)")
+        )
     argv = ["train", "--out", str(run_dir), "--config", str(cfg_path), "--data", str(p.data), "--no-progress"]
     cmd = [sys.executable, "-m", "lmlab.cli", *argv]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
@@ -237,9 +275,13 @@ def train_run(sweep_dir: Path, p: RunPlan, threads: int, stopping: Callable[[], 
 
             proc = ForkServer.fork(argv, log_path, env)
         else:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                    preexec_fn=functools.partial(_child_setup, os.getpid()) if os.name == "posix"
-                                    else None)
+            proc = subprocess.Popen(
+                cmd,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=functools.partial(_child_setup, os.getpid()) if os.name == "posix" else None,
+            )
         with _LIVE_LOCK:
             _LIVE.add(proc)
             stopped = _STOPS[0] != stops_before
@@ -251,10 +293,13 @@ def train_run(sweep_dir: Path, p: RunPlan, threads: int, stopping: Callable[[], 
     if rc == 0:
         return False, None
     if stopping() or rc in (130, 143) or rc < 0:  # SIGINT/SIGTERM (checkpointed: 130/143) or killed
-        how = {130: "SIGINT", 143: "SIGTERM"}.get(rc) or (signal.Signals(-rc).name if -rc in
-                                                           signal.valid_signals() else f"status {rc}")
-        raise KeyboardInterrupt(f"{p.name}: its training was stopped by {how}"
-                                + (" (its fork server exited)" if getattr(proc, "server_lost", False) else ""))
+        how = {130: "SIGINT", 143: "SIGTERM"}.get(rc) or (
+            signal.Signals(-rc).name if -rc in signal.valid_signals() else f"status {rc}"
+        )
+        raise KeyboardInterrupt(
+            f"{p.name}: its training was stopped by {how}"
+            + (" (its fork server exited)" if getattr(proc, "server_lost", False) else "")
+        )
     try:
         outcome = read_outcome(run_dir)
     except CheckpointError as exc:
@@ -303,13 +348,29 @@ def stop_training(timeout: float = 60.0) -> int:
 
 
 def failed_row(p: RunPlan, sweep_name: str, error: str) -> dict:
-    return {"sweep": sweep_name, "run": p.name, "variant": p.variant, "seed": p.seed, "scale": p.scale,
-            "tune": p.tune, "status": "failed", "diverged": False, "error": error, "fields": p.fields}
+    return {
+        "sweep": sweep_name,
+        "run": p.name,
+        "variant": p.variant,
+        "seed": p.seed,
+        "scale": p.scale,
+        "tune": p.tune,
+        "status": "failed",
+        "diverged": False,
+        "error": error,
+        "fields": p.fields,
+    }
 
 
-def run_planned(sweep_dir: Path, p: RunPlan, ev: EvalSettings, threads: int,
-                eval_lock: Optional[threading.Lock] = None, stopping: Callable[[], bool] = lambda: False,
-                log: Callable[[str], None] = lambda line: None) -> dict:
+def run_planned(
+    sweep_dir: Path,
+    p: RunPlan,
+    ev: EvalSettings,
+    threads: int,
+    eval_lock: Optional[threading.Lock] = None,
+    stopping: Callable[[], bool] = lambda: False,
+    log: Callable[[str], None] = lambda line: None,
+) -> dict:
     """Train ``p`` (unless trained), evaluate it and write ``rows/RUN.json``; returns the row. Evaluation
     holds ``eval_lock`` when given (one at a time in a process that trains several runs). A diverged run
     is a row with status ``diverged``; an evaluation that raises gives a ``failed`` row. Raises
@@ -322,8 +383,10 @@ def run_planned(sweep_dir: Path, p: RunPlan, ev: EvalSettings, threads: int,
     t0 = time.perf_counter()
     diverged, error = False, None
     if state != "trained":
-        log(f"train {p.name}: {'continuing, ' if state == 'partial' else ''}{p.steps} steps, "
-            f"{p.tokens:,} tokens, {p.flops:.3g} FLOPs")
+        log(
+            f"train {p.name}: {'continuing, ' if state == 'partial' else ''}{p.steps} steps, "
+            f"{p.tokens:,} tokens, {p.flops:.3g} FLOPs"
+        )
         diverged, error = train_run(sweep_dir, p, threads, stopping)
     with eval_lock or threading.Lock():
         set_threads(threads)

@@ -59,20 +59,37 @@ class KVCache:
     real token attend to padding. Set it before the first token (constructor or ``model(idx, cache, left_pad)``).
     """
 
-    def __init__(self, cfg: ModelConfig, batch: int, max_len: int, device=None, dtype=torch.float32,
-                 left_pad: Optional[torch.Tensor] = None):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        batch: int,
+        max_len: int,
+        device=None,
+        dtype=torch.float32,
+        left_pad: Optional[torch.Tensor] = None,
+    ):
         self.windows = [cfg.layer_window(i) for i in range(cfg.n_layers)]
         self.capacity = [w if (w is not None and w < max_len) else max_len for w in self.windows]
         self.rolling = [c < max_len for c in self.capacity]
         if cfg.attention == "mla":  # lmlab.model.mla: the latent and the shared RoPE key per token
             self.k = [torch.zeros((batch, 1, c, cfg.kv_lora_rank), device=device, dtype=dtype) for c in self.capacity]
-            self.v = [torch.zeros((batch, 1, c, cfg.qk_rope_head_dim), device=device, dtype=dtype)
-                      for c in self.capacity]
+            self.v = [
+                torch.zeros((batch, 1, c, cfg.qk_rope_head_dim), device=device, dtype=dtype) for c in self.capacity
+            ]
         else:  # per layer: Gemma 4's global layers have their own KV heads and head_dim; KV-shared and linear none
-            self.k = [torch.zeros((batch, cfg.layer_n_kv_heads(i), 0 if (cfg.layer_kv_source(i) is not None or
-                                                                         cfg.layer_is_linear(i)) else c,
-                                   cfg.layer_head_dim(i)), device=device, dtype=dtype)
-                      for i, c in enumerate(self.capacity)]
+            self.k = [
+                torch.zeros(
+                    (
+                        batch,
+                        cfg.layer_n_kv_heads(i),
+                        0 if (cfg.layer_kv_source(i) is not None or cfg.layer_is_linear(i)) else c,
+                        cfg.layer_head_dim(i),
+                    ),
+                    device=device,
+                    dtype=dtype,
+                )
+                for i, c in enumerate(self.capacity)
+            ]
             self.v = [torch.zeros_like(t) for t in self.k]
         self.batch, self.max_len, self.device = batch, max_len, self.k[0].device
         self.states: dict[int, dict] = {i: {} for i in range(cfg.n_layers) if cfg.layer_is_linear(i)}
@@ -135,8 +152,8 @@ class KVCache:
         keys, values = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)
         keep = min(T, cap)  # then keep the newest ``cap`` entries in their slots
         slots = torch.arange(end - keep, end, device=kb.device) % cap
-        kb.index_copy_(2, slots, k[:, :, T - keep:])
-        vb.index_copy_(2, slots, v[:, :, T - keep:])
+        kb.index_copy_(2, slots, k[:, :, T - keep :])
+        vb.index_copy_(2, slots, v[:, :, T - keep :])
         return keys, values, start - n_old
 
     def key_index(self, layer: int, first: Optional[int], n_keys: int) -> torch.Tensor:
@@ -156,7 +173,7 @@ class KVCache:
         if lowest >= self.pad_max:
             return None
         if first is not None and first + n_keys <= self.max_len:
-            return self._real_key[:, None, None, first:first + n_keys]
+            return self._real_key[:, None, None, first : first + n_keys]
         idx = self.key_index(layer, first, n_keys)
         return (idx[None, :] >= self.left_pad[:, None])[:, None, None, :]
 
@@ -168,8 +185,10 @@ def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: Optional[int],
     diff = q_pos[:, None] - k_pos[None, :]
     allowed = diff >= 0
     if window is not None and chunk:
-        allowed = allowed & (torch.div(q_pos, window, rounding_mode="floor")[:, None]
-                             == torch.div(k_pos, window, rounding_mode="floor")[None, :])
+        allowed = allowed & (
+            torch.div(q_pos, window, rounding_mode="floor")[:, None]
+            == torch.div(k_pos, window, rounding_mode="floor")[None, :]
+        )
     elif window is not None:
         allowed = allowed & (diff < window)
     return allowed
@@ -180,10 +199,19 @@ def softcap(x: torch.Tensor, cap: Optional[float]) -> torch.Tensor:
     return x if cap is None else cap * torch.tanh(x / cap)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor] = None, *,
-              scale: Optional[float] = None, logit_softcap: Optional[float] = None,
-              bias: Optional[torch.Tensor] = None, dropout: float = 0.0,
-              stats: Optional[dict] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
+    *,
+    scale: Optional[float] = None,
+    logit_softcap: Optional[float] = None,
+    bias: Optional[torch.Tensor] = None,
+    dropout: float = 0.0,
+    stats: Optional[dict] = None,
+    sinks: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """Softmax attention with an arbitrary boolean mask, written out (fp32 logits).
 
     q: (batch, n_heads, T, head_dim); k, v: (batch, n_kv_heads, S, head_dim) with n_heads a multiple of
@@ -262,8 +290,11 @@ class Attention(nn.Module):
         self.qkv = Linear(cfg.d_model, (H + kv_rows) * D, bias=bias)
         self.out = Linear(H * D, cfg.d_model, bias=cfg.bias in ("all", "attention"))
         self.out.is_residual_projection = True
-        self.gate = (None if cfg.attn_output_gate == "none" else
-                     Linear(cfg.d_model, H * D if cfg.attn_output_gate == "elementwise" else H, bias=bias))
+        self.gate = (
+            None
+            if cfg.attn_output_gate == "none"
+            else Linear(cfg.d_model, H * D if cfg.attn_output_gate == "elementwise" else H, bias=bias)
+        )
         self.sinks = nn.Parameter(torch.zeros(H)) if cfg.attn_sinks else None  # reset_parameters: zeros
         self.qk_norm_all = cfg.qk_norm_scope == "all"
         self.clip_qkv = cfg.clip_qkv
@@ -283,18 +314,23 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         if self.kv_source_layer is not None:  # no keys of its own to normalise
             self.k_norm = None
-        self.v_norm = (make_norm("rmsnorm", D, cfg.norm_eps, affine=False)
-                       if cfg.v_norm and self.kv_source_layer is None else None)  # Gemma 4
+        self.v_norm = (
+            make_norm("rmsnorm", D, cfg.norm_eps, affine=False) if cfg.v_norm and self.kv_source_layer is None else None
+        )  # Gemma 4
         self.rope = None
         if cfg.layer_has_rope(layer):
             theta = cfg.rope_local_theta if (self.window is not None and cfg.rope_local_theta) else cfg.rope_theta
             scaling = None if (self.window is not None and cfg.rope_local_theta) else cfg.rope_scaling
             proportion = cfg.global_rope_proportion if self.window is None else None
-            self.rope = RotaryEmbedding(D, cfg.rope_fraction, theta, cfg.rope_style, cfg.context_length, scaling,
-                                        proportion)
+            self.rope = RotaryEmbedding(
+                D, cfg.rope_fraction, theta, cfg.rope_style, cfg.context_length, scaling, proportion
+            )
         # Llama 4's attention temperature on layers without RoPE: (floor, scale), see temperature()
-        self.temperature = ((cfg.attn_temperature_floor, cfg.attn_temperature_scale)
-                            if cfg.attn_temperature_tuning and self.rope is None else None)
+        self.temperature = (
+            (cfg.attn_temperature_floor, cfg.attn_temperature_scale)
+            if cfg.attn_temperature_tuning and self.rope is None
+            else None
+        )
         # training on CPU: lmlab.kernels.causal_attention's blocked kernel where use_blocked() says so
         # (False: always SDPA, e.g. to compare the two)
         self.blocked_kernel = True
@@ -307,8 +343,14 @@ class Attention(nn.Module):
         self.first_key: Optional[float] = None  # and the attention share of the first key (see attention())
         self.record_max_logit = False
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: Optional[KVCache] = None,
-                bias_fn: Optional[Callable] = None, left_pad: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Optional[KVCache] = None,
+        bias_fn: Optional[Callable] = None,
+        left_pad: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """x: (batch, seq, d_model); positions: (seq,) absolute positions of x's tokens, or (batch, seq)
         per row; cache: KV cache holding the earlier tokens (its ``length`` is the cache index of x's first
         token); bias_fn(q_idx, k_idx, layer) -> additive (n_heads, seq_q, seq_k) fp32 logit bias (ALiBi,
@@ -362,13 +404,18 @@ class Attention(nn.Module):
             self._kv = (k, v, None)
         if cache is None:
             if plain and self.window is None and left_pad is None:  # the training path
-                if (not dropout and self.blocked_kernel and torch.is_grad_enabled()
-                        and use_blocked(q, self.kernels.blocked_attention_fp32)):
+                if (
+                    not dropout
+                    and self.blocked_kernel
+                    and torch.is_grad_enabled()
+                    and use_blocked(q, self.kernels.blocked_attention_fp32)
+                ):
                     # CPU: faster than SDPA there; traced into the graph when the model is compiled
                     y = blocked_causal_attention(q, k, v, self.scale, fused=self.kernels.fused_loops)
                 else:
-                    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout,
-                                                       scale=self.scale, enable_gqa=K != H)
+                    y = F.scaled_dot_product_attention(
+                        q, k, v, is_causal=True, dropout_p=dropout, scale=self.scale, enable_gqa=K != H
+                    )
                 return self._out(y.transpose(1, 2).reshape(B, T, H * D), x)
             q_idx = k_idx = torch.arange(T, device=x.device)
         else:
@@ -383,8 +430,9 @@ class Attention(nn.Module):
                 mask = self._chunk_keys(cache, first, S, mask)
                 return self._out(self._attend_one(q, k, v, mask).view(B, 1, H * D), x)
             if plain and S == T and self.window is None and left_pad is None:  # prefill of an empty cache
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=self.scale,
-                                                   enable_gqa=K != H)
+                y = F.scaled_dot_product_attention(
+                    q, k, v, is_causal=True, dropout_p=dropout, scale=self.scale, enable_gqa=K != H
+                )
                 return self._out(y.transpose(1, 2).reshape(B, T, H * D), x)
             q_idx = torch.arange(start, start + T, device=x.device)
             k_idx = cache.key_index(self.cache_layer, first, S)
@@ -392,15 +440,17 @@ class Attention(nn.Module):
         bias = bias_fn(q_idx, k_idx, self.layer) if bias_fn is not None else None
         allowed = causal_mask(q_idx, k_idx, self.window, self.chunk)
         if left_pad is not None:  # no attending to padding; a padding query attends to itself (no empty row)
-            allowed = (allowed & (k_idx[None, :] >= left_pad[:, None])[:, None, None, :]) \
-                | (q_idx[:, None] == k_idx[None, :])
+            allowed = (allowed & (k_idx[None, :] >= left_pad[:, None])[:, None, None, :]) | (
+                q_idx[:, None] == k_idx[None, :]
+            )
         if self.logit_cap is None and not self.record_max_logit and self.sinks is None:
             mask = torch.zeros(allowed.shape, device=x.device, dtype=q.dtype)
             mask = mask.masked_fill(~allowed, float("-inf"))
             if bias is not None:
                 mask = mask + bias.to(q.dtype)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=self.scale,
-                                               enable_gqa=K != H)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout, scale=self.scale, enable_gqa=K != H
+            )
         else:
             y = self._explicit(q, k, v, allowed, bias, dropout)
         return self._out(y.transpose(1, 2).reshape(B, T, H * D), x)
@@ -420,9 +470,19 @@ class Attention(nn.Module):
     def supports_decode_one(self) -> bool:
         """Whether :meth:`decode_one` can run this layer: no QK-norm, clip_qkv, soft-cap or logit recording
         (position biases are the model's: ALiBi and T5 models never take the lean path)."""
-        return self.q_norm is None and self.clip_qkv is None and self.logit_cap is None and not self.record_max_logit \
-            and self.temperature is None and not self.k_eq_v and self.v_norm is None \
-            and self.kv_source_layer is None and not self.kv_store and self.gate is None and self.sinks is None
+        return (
+            self.q_norm is None
+            and self.clip_qkv is None
+            and self.logit_cap is None
+            and not self.record_max_logit
+            and self.temperature is None
+            and not self.k_eq_v
+            and self.v_norm is None
+            and self.kv_source_layer is None
+            and not self.kv_store
+            and self.gate is None
+            and self.sinks is None
+        )
 
     def temperature_of(self, positions: torch.Tensor) -> torch.Tensor:
         """Llama 4's query scale at each position p: 1 + scale * log(1 + floor((p + 1) / floor)), fp32,
@@ -449,8 +509,9 @@ class Attention(nn.Module):
         mask = self._chunk_keys(cache, first, keys.shape[2], mask)
         return self.out.forward(self._attend_one(qk.narrow(1, 0, H), keys, values, mask))
 
-    def _chunk_keys(self, cache: KVCache, first: Optional[int], n_keys: int,
-                    mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    def _chunk_keys(
+        self, cache: KVCache, first: Optional[int], n_keys: int, mask: Optional[torch.Tensor]
+    ) -> Optional[torch.Tensor]:
         """For a chunked layer decoding one token (its cache index is ``cache.length``: the model advances
         the length after every layer): ``mask`` (batch, 1, 1, n_keys) or None, also False at the cached
         keys of earlier chunks (the rolling buffer of W slots still holds some of them)."""
@@ -477,15 +538,28 @@ class Attention(nn.Module):
         scores = torch.bmm(q.reshape(B * K, H // K, D), k.reshape(B * K, S, D).transpose(1, 2)).mul_(self.scale)
         if mask is not None:
             scores.view(B, K, H // K, S).masked_fill_(~mask, float("-inf"))
-        probs = torch.softmax(scores, dim=-1) if scores.dtype == torch.float32 else \
-            torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)  # fp32 whatever the cache dtype
+        probs = (
+            torch.softmax(scores, dim=-1)
+            if scores.dtype == torch.float32
+            else torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+        )  # fp32 whatever the cache dtype
         return torch.bmm(probs, v.reshape(B * K, S, D)).view(B, H * D)
 
     def _explicit(self, q, k, v, allowed, bias, dropout):
         """:func:`attention` written out, for soft-caps and logit diagnostics (records max_logit)."""
         stats = {} if self.record_max_logit else None
-        y = attention(q, k, v, allowed, scale=self.scale, logit_softcap=self.logit_cap, bias=bias,
-                      dropout=dropout, stats=stats, sinks=self.sinks)
+        y = attention(
+            q,
+            k,
+            v,
+            allowed,
+            scale=self.scale,
+            logit_softcap=self.logit_cap,
+            bias=bias,
+            dropout=dropout,
+            stats=stats,
+            sinks=self.sinks,
+        )
         if stats is not None:
             self.max_logit, self.first_key = stats["max_logit"], stats["first_key"]
         return y

@@ -44,8 +44,14 @@ import torch.nn.functional as F
 from lmlab.kernels.linear import Linear
 
 
-def gated_delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                          state: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def gated_delta_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule token by token (module docstring). q, k (batch, heads, T, d_k) (already
     normalised and scaled), v (batch, heads, T, d_v), g and beta (batch, heads, T), state (batch, heads, d_k,
     d_v) or None (zeros). Returns (o (batch, heads, T, d_v), the final state), in the inputs' dtype."""
@@ -60,8 +66,15 @@ def gated_delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     return torch.stack(out, 2), S
 
 
-def gated_delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                        chunk: int = 64, state: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def gated_delta_chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    chunk: int = 64,
+    state: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The same as :func:`gated_delta_recurrent`, ``chunk`` tokens at a time (module docstring); T need not
     be a multiple of ``chunk`` (the last chunk is shorter). Raises ValueError for chunk < 1."""
     if chunk < 1:
@@ -70,8 +83,8 @@ def gated_delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
     S = state if state is not None else k.new_zeros(B, H, dk, v.shape[-1])
     out = []
     for s in range(0, T, chunk):
-        Q, K, V = q[:, :, s:s + chunk], k[:, :, s:s + chunk], v[:, :, s:s + chunk]
-        gam, bet = g[:, :, s:s + chunk].cumsum(-1), beta[:, :, s:s + chunk]
+        Q, K, V = q[:, :, s : s + chunk], k[:, :, s : s + chunk], v[:, :, s : s + chunk]
+        gam, bet = g[:, :, s : s + chunk].cumsum(-1), beta[:, :, s : s + chunk]
         C = K.shape[2]
         causal = torch.ones(C, C, dtype=torch.bool, device=k.device).tril()
         diff = (gam[..., :, None] - gam[..., None, :]).masked_fill(~causal, float("-inf"))
@@ -93,8 +106,17 @@ class GatedDeltaNet(nn.Module):
     n_v_heads, d_k, d_v)} carried from the previous call and updated in place (decoding, or a long
     sequence in pieces)."""
 
-    def __init__(self, d_model: int, n_k_heads: int, n_v_heads: int, d_k: int, d_v: int, conv_kernel: int = 4,
-                 chunk: int = 64, norm_eps: float = 1e-6):
+    def __init__(
+        self,
+        d_model: int,
+        n_k_heads: int,
+        n_v_heads: int,
+        d_k: int,
+        d_v: int,
+        conv_kernel: int = 4,
+        chunk: int = 64,
+        norm_eps: float = 1e-6,
+    ):
         super().__init__()
         if n_v_heads % n_k_heads:
             raise ValueError(f"n_v_heads={n_v_heads} must be a multiple of n_k_heads={n_k_heads}")
@@ -139,17 +161,18 @@ class GatedDeltaNet(nn.Module):
         Hk, Hv, dk, dv = self.n_k, self.n_v, self.d_k, self.d_v
         qkv, z, b, a = self.in_proj(x).split([self.channels, Hv * dv, Hv, Hv], dim=-1)
         qkv = qkv.transpose(1, 2)  # (B, channels, T)
-        past = state["conv"] if state is not None and "conv" in state else qkv.new_zeros(B, self.channels,
-                                                                                            self.kernel - 1)
+        past = (
+            state["conv"] if state is not None and "conv" in state else qkv.new_zeros(B, self.channels, self.kernel - 1)
+        )
         padded = torch.cat([past.to(qkv.dtype), qkv], dim=2)
         if state is not None:
-            state["conv"] = padded[:, :, -(self.kernel - 1):].detach() if self.kernel > 1 else past
+            state["conv"] = padded[:, :, -(self.kernel - 1) :].detach() if self.kernel > 1 else past
         qkv = F.silu(F.conv1d(padded.to(self.conv_weight.dtype), self.conv_weight, groups=self.channels)).transpose(
             1, 2
         )
         q, k, v = qkv.split([Hk * dk, Hk * dk, Hv * dv], dim=-1)
         q, k = (t.reshape(B, T, Hk, dk).to(ct) for t in (q, k))  # x / sqrt(|x|^2 + 1e-6), as FLA's l2norm
-        q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + 1e-6) * dk ** -0.5
+        q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + 1e-6) * dk**-0.5
         k = k * torch.rsqrt(k.pow(2).sum(-1, keepdim=True) + 1e-6)
         if Hv != Hk:  # each key head serves n_v / n_k consecutive value heads
             q, k = q.repeat_interleave(Hv // Hk, dim=2), k.repeat_interleave(Hv // Hk, dim=2)

@@ -59,9 +59,10 @@ class MultiHeadLatentAttention(nn.Module):
         self.kv_up = Linear(self.rank, cfg.n_heads * (self.nope + self.v_dim), bias=False)
         self.out = Linear(cfg.n_heads * self.v_dim, cfg.d_model, bias=False)
         self.out.is_residual_projection = True
-        self.rope = RotaryEmbedding(self.rope_dim, 1.0, cfg.rope_theta, cfg.rope_style, cfg.context_length,
-                                    cfg.rope_scaling)
-        self.scale = qk ** -0.5
+        self.rope = RotaryEmbedding(
+            self.rope_dim, 1.0, cfg.rope_theta, cfg.rope_style, cfg.context_length, cfg.rope_scaling
+        )
+        self.scale = qk**-0.5
         rs = cfg.rope_scaling or {}
         if rs.get("mscale_all_dim"):  # DeepSeek-V2 with YaRN: softmax scale x mscale(factor, mscale_all_dim)^2
             from lmlab.model.rope_scaling import yarn_mscale
@@ -80,8 +81,14 @@ class MultiHeadLatentAttention(nn.Module):
         c = self.kv_norm(c)
         return c.unsqueeze(1), self.rope(k_rope.unsqueeze(1), positions)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None, bias_fn: Optional[Callable] = None,
-                left_pad: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cache=None,
+        bias_fn: Optional[Callable] = None,
+        left_pad: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         from lmlab.model.attention import attention, causal_mask
 
         B, T, _ = x.shape
@@ -104,12 +111,21 @@ class MultiHeadLatentAttention(nn.Module):
         k = torch.cat([k_nope, k_rope.expand(B, H, S, self.rope_dim)], dim=-1)
         allowed = causal_mask(q_idx, k_idx, None)
         if left_pad is not None:  # as Attention: no attending to padding; a padding query sees itself
-            allowed = (allowed & (k_idx[None, :] >= left_pad[:, None])[:, None, None, :]) \
-                | (q_idx[:, None] == k_idx[None, :])
+            allowed = (allowed & (k_idx[None, :] >= left_pad[:, None])[:, None, None, :]) | (
+                q_idx[:, None] == k_idx[None, :]
+            )
         bias = bias_fn(q_idx, k_idx, self.layer) if bias_fn is not None else None
         stats = {} if self.record_max_logit else None
-        y = attention(q, k, v, allowed, scale=self.scale, bias=bias,
-                      dropout=self.attn_dropout if self.training else 0.0, stats=stats)
+        y = attention(
+            q,
+            k,
+            v,
+            allowed,
+            scale=self.scale,
+            bias=bias,
+            dropout=self.attn_dropout if self.training else 0.0,
+            stats=stats,
+        )
         if stats is not None:
             self.max_logit, self.first_key = stats["max_logit"], stats["first_key"]
         return self.out(y.transpose(1, 2).reshape(B, T, H * self.v_dim))

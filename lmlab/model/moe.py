@@ -64,8 +64,16 @@ class MoEFeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         width = cfg.expert_d_ff or cfg.d_ff
-        expert_cfg = dataclasses.replace(cfg, d_ff=width, n_experts=0, moe_beside_dense=False, router_input_norm=False,
-                                         router_expert_scale=False, kv_shared_wide_ffn=False, shared_expert_gate=False)
+        expert_cfg = dataclasses.replace(
+            cfg,
+            d_ff=width,
+            n_experts=0,
+            moe_beside_dense=False,
+            router_input_norm=False,
+            router_expert_scale=False,
+            kv_shared_wide_ffn=False,
+            shared_expert_gate=False,
+        )
         self.n_experts, self.k = cfg.n_experts, cfg.experts_per_token
         self.score, self.renormalize = cfg.router_score, cfg.router_renormalize
         self.weights_input = cfg.router_weights == "input"
@@ -74,13 +82,17 @@ class MoEFeedForward(nn.Module):
         self.router = Linear(cfg.d_model, cfg.n_experts, bias=cfg.router_bias)
         # Gemma 4: the router's input norm (weightless RMSNorm, then x a learned vector / sqrt(d_model)) and a
         # learned scale per expert on the routed weights (HF Gemma4TextRouter: scale, per_expert_scale)
-        self.router_norm = make_norm("rmsnorm", cfg.d_model, cfg.norm_eps, affine=False) if cfg.router_input_norm \
-            else None
+        self.router_norm = (
+            make_norm("rmsnorm", cfg.d_model, cfg.norm_eps, affine=False) if cfg.router_input_norm else None
+        )
         self.router_scale = nn.Parameter(torch.ones(cfg.d_model)) if cfg.router_input_norm else None
         self.expert_scale = nn.Parameter(torch.ones(cfg.n_experts)) if cfg.router_expert_scale else None
         self.experts = nn.ModuleList(FeedForward(expert_cfg) for _ in range(cfg.n_experts))
-        self.shared = (FeedForward(dataclasses.replace(expert_cfg, d_ff=width * cfg.n_shared_experts))
-                       if cfg.n_shared_experts else None)
+        self.shared = (
+            FeedForward(dataclasses.replace(expert_cfg, d_ff=width * cfg.n_shared_experts))
+            if cfg.n_shared_experts
+            else None
+        )
         self.shared_gate = Linear(cfg.d_model, 1, bias=False) if cfg.shared_expert_gate else None
         self.aux: Optional[tuple] = None  # (balance, router z, sequence balance or None), 0-dim fp32
         self.tokens_per_expert: Optional[torch.Tensor] = None
@@ -131,7 +143,7 @@ class MoEFeedForward(nn.Module):
         start = 0
         for e, n in enumerate(counts.tolist()):
             if n:
-                sel = order[start:start + n]
+                sel = order[start : start + n]
                 tokens = sel // self.k
                 if self.weights_input:
                     y = self.experts[e](flat[tokens] * w[sel, None].to(flat.dtype))
@@ -143,8 +155,11 @@ class MoEFeedForward(nn.Module):
             shared = self.shared(flat)
             out = out + (shared if self.shared_gate is None else torch.sigmoid(self.shared_gate(flat)) * shared)
         f = counts.float() / flat.shape[0]
-        self.aux = (self.n_experts * (f * probs.mean(0)).sum(), torch.logsumexp(logits, -1).pow(2).mean(),
-                    self.sequence_balance(experts, probs, shape[0]) if self.seq_balance else None)
+        self.aux = (
+            self.n_experts * (f * probs.mean(0)).sum(),
+            torch.logsumexp(logits, -1).pow(2).mean(),
+            self.sequence_balance(experts, probs, shape[0]) if self.seq_balance else None,
+        )
         self.tokens_per_expert = counts.detach()
         if self.load is not None and self.training and torch.is_grad_enabled():
             self.load += counts.detach().to(self.load.dtype)

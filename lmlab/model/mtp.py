@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from lmlab.config import ModelConfig
 from lmlab.kernels.linear import Linear
-from lmlab.model.norms import make_norm
+from lmlab.model.norms import model_norm
 
 
 class MTPModule(nn.Module):
@@ -31,8 +31,7 @@ class MTPModule(nn.Module):
 
     def __init__(self, cfg: ModelConfig, block: nn.Module):
         super().__init__()
-        norm = lambda: make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine,  # noqa: E731
-                                 cfg.norm_weight_fp32)
+        norm = lambda: model_norm(cfg)
         self.hnorm, self.enorm, self.out_norm = norm(), norm(), norm()
         self.proj = Linear(2 * cfg.d_model, cfg.d_model, bias=False)
         self.block = block
@@ -57,7 +56,14 @@ def mtp_losses(model, raw: torch.Tensor, idx: torch.Tensor, targets: torch.Tenso
             break
         emb = model.embed_tokens(idx[:, k:])
         h = module(h[:, :S], emb, torch.arange(S, device=idx.device))
-        loss, _ = linear_cross_entropy(model.head_input(module.out_norm(h)), model.lm_head.weight, targets[:, k:],
-                                       model.head_bias(), 0.0, model.cfg.final_logit_softcap, "mean")
+        loss, _ = linear_cross_entropy(
+            model.head_input(module.out_norm(h)),
+            model.lm_head.weight,
+            targets[:, k:],
+            model.head_bias(),
+            0.0,
+            model.cfg.final_logit_softcap,
+            "mean",
+        )
         out.append(loss)
     return out

@@ -36,8 +36,9 @@ class RMSNorm(nn.Module):
       ``GemmaRMSNorm`` / ``Gemma2RMSNorm`` / ``Gemma3RMSNorm`` with the (1 + w) offset).
     """
 
-    def __init__(self, dim: int, eps: float = 1e-5, offset: float = 0.0, affine: bool = True,
-                 weight_fp32: bool = False):
+    def __init__(
+        self, dim: int, eps: float = 1e-5, offset: float = 0.0, affine: bool = True, weight_fp32: bool = False
+    ):
         super().__init__()
         self.eps = eps
         self.offset = offset
@@ -90,8 +91,9 @@ class HeadwiseNorm(nn.Module):
         return (self.norm(x.float()) * w).to(x.dtype)
 
 
-def make_norm(norm_type: str, dim: int, eps: float, bias: bool = False, affine: bool = True,
-              weight_fp32: bool = False) -> nn.Module:
+def make_norm(
+    norm_type: str, dim: int, eps: float, bias: bool = False, affine: bool = True, weight_fp32: bool = False
+) -> nn.Module:
     """Build the norm named by ``ModelConfig.norm_type`` ('rmsnorm' | 'layernorm' | 'gemma_rmsnorm' |
     'layernorm1p'); ``affine=False``: no learnable parameters (the (1 + w) form then equals plain RMSNorm);
     ``weight_fp32``: 'rmsnorm' applies its weight in fp32 (``ModelConfig.norm_weight_fp32``, see RMSNorm).
@@ -105,3 +107,12 @@ def make_norm(norm_type: str, dim: int, eps: float, bias: bool = False, affine: 
     if norm_type == "layernorm1p":
         return LayerNorm(dim, eps, bias=bias, affine=affine, offset=1.0)
     raise ValueError(f"norm_type={norm_type!r} is not one of 'rmsnorm', 'layernorm', 'gemma_rmsnorm', 'layernorm1p'")
+
+
+def model_norm(cfg, dim: int | None = None) -> nn.Module:
+    """The model's norm as its ModelConfig ``cfg`` sets it (``norm_type``, ``norm_eps``, ``norm_bias``,
+    ``norm_affine``, ``norm_weight_fp32``) over ``dim`` channels (default ``cfg.d_model``): every block's
+    norms, the final norm, the MTP modules' and the per-layer-embedding norm."""
+    return make_norm(
+        cfg.norm_type, dim or cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine, cfg.norm_weight_fp32
+    )

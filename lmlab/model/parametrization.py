@@ -82,8 +82,18 @@ from typing import Optional
 from lmlab.config import ModelConfig
 from lmlab.config_checks import PARAMETRIZATIONS, ConfigError
 
-__all__ = ["PARAMETRIZATIONS", "width_multiplier", "depth_multiplier", "init_std", "attention_scale",
-           "output_multiplier", "branch_multiplier", "param_role", "optimizer_scales", "check_optimizer"]
+__all__ = [
+    "PARAMETRIZATIONS",
+    "width_multiplier",
+    "depth_multiplier",
+    "init_std",
+    "attention_scale",
+    "output_multiplier",
+    "branch_multiplier",
+    "param_role",
+    "optimizer_scales",
+    "check_optimizer",
+]
 
 
 def width_multiplier(cfg: ModelConfig) -> float:
@@ -120,7 +130,7 @@ def attention_scale(cfg: ModelConfig, head_dim: int) -> float:
     ``query_pre_attn_scalar``**-0.5 when set), 1/(sqrt(head_dim) sqrt(m)) under mup / completep (see the
     module docstring)."""
     if cfg.query_pre_attn_scalar:
-        return cfg.query_pre_attn_scalar ** -0.5
+        return cfg.query_pre_attn_scalar**-0.5
     scale = 1.0 / math.sqrt(head_dim)
     m = width_multiplier(cfg)
     return scale if m == 1.0 else scale / math.sqrt(m)
@@ -176,6 +186,8 @@ def check_optimizer(cfg: ModelConfig, optimizer: str) -> None:
     """Refuse an optimiser whose rules lmlab does not implement for ``cfg.parametrization``: Muon under mup
     or completep (its orthogonalised updates have a width scaling of their own). Raises ConfigError."""
     if cfg.parametrization != "sp" and optimizer != "adamw":
-        raise ConfigError(f"optimizer={optimizer!r} with parametrization={cfg.parametrization!r} is not "
-                          f"implemented (lmlab's {cfg.parametrization} rules are Adam's); use optimizer=adamw "
-                          f"or parametrization=sp")
+        raise ConfigError(
+            f"optimizer={optimizer!r} with parametrization={cfg.parametrization!r} is not "
+            f"implemented (lmlab's {cfg.parametrization} rules are Adam's); use optimizer=adamw "
+            f"or parametrization=sp"
+        )

@@ -57,8 +57,16 @@ class RotaryEmbedding(nn.Module):
     or when the module was cast to a lower precision.
     """
 
-    def __init__(self, head_dim: int, rope_fraction: float, theta: float, style: str, max_len: int,
-                 scaling: Optional[dict] = None, proportion: Optional[float] = None):
+    def __init__(
+        self,
+        head_dim: int,
+        rope_fraction: float,
+        theta: float,
+        style: str,
+        max_len: int,
+        scaling: Optional[dict] = None,
+        proportion: Optional[float] = None,
+    ):
         super().__init__()
         self.rot_dim = int(round(head_dim * rope_fraction))
         self.key = (head_dim, rope_fraction, theta, style, repr(scaling), proportion)  # equal keys: equal tables
@@ -79,7 +87,7 @@ class RotaryEmbedding(nn.Module):
             inv_freq, attention_factor = scale_inv_freq(inv_freq, self.rot_dim, self._theta, self._scaling)
         if self._proportion is not None:  # proportional RoPE: only the first pairs turn
             inv_freq = inv_freq.clone()
-            inv_freq[int(self._proportion * self.rot_dim // 2):] = 0.0
+            inv_freq[int(self._proportion * self.rot_dim // 2) :] = 0.0
         self.attention_factor = attention_factor
         self._inv_freq_fp32 = inv_freq.float().clone()
         return inv_freq
@@ -146,7 +154,7 @@ class RotaryEmbedding(nn.Module):
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
         # x * cos + rotate(x) * sin, with rotate(x) = (-x2, x1) per pair, written as swap(x) * sin_signed
         # (swap(x) = (x2, x1)): the same products, fewer ops
-        rot, rest = (x, None) if self.rot_dim == x.shape[-1] else (x[..., : self.rot_dim], x[..., self.rot_dim:])
+        rot, rest = (x, None) if self.rot_dim == x.shape[-1] else (x[..., : self.rot_dim], x[..., self.rot_dim :])
         xf = rot if rot.dtype == torch.float32 else rot.float()
         if self.style == "half":
             swapped = torch.roll(xf, self.rot_dim // 2, dims=-1)

@@ -57,9 +57,16 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def yarn_inv_freq(inv_freq: torch.Tensor, rot_dim: int, theta: float, factor: float,
-                  original_max_position_embeddings: int, beta_fast: float = 32.0, beta_slow: float = 1.0,
-                  truncate: bool = True) -> torch.Tensor:
+def yarn_inv_freq(
+    inv_freq: torch.Tensor,
+    rot_dim: int,
+    theta: float,
+    factor: float,
+    original_max_position_embeddings: int,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    truncate: bool = True,
+) -> torch.Tensor:
     """YaRN's "NTK-by-parts" frequencies (Peng et al. 2023, arXiv:2309.00071).
 
     A pair whose wavelength fits more than ``beta_fast`` rotations in the original context
@@ -68,6 +75,7 @@ def yarn_inv_freq(inv_freq: torch.Tensor, rot_dim: int, theta: float, factor: fl
     for r rotations is rot_dim * ln(L / (2 pi r)) / (2 ln theta), L = original_max_position_embeddings;
     ``truncate`` floors/ceils the two boundaries (Hugging Face's default).
     """
+
     def boundary(rotations: float) -> float:
         return rot_dim * math.log(original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
@@ -82,8 +90,13 @@ def yarn_inv_freq(inv_freq: torch.Tensor, rot_dim: int, theta: float, factor: fl
     return (inv_freq / factor) * (1 - keep) + inv_freq * keep
 
 
-def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
-                    original_max_position_embeddings: int) -> torch.Tensor:
+def llama3_inv_freq(
+    inv_freq: torch.Tensor,
+    factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_max_position_embeddings: int,
+) -> torch.Tensor:
     """Llama 3.1's frequency scaling (Meta's ``apply_scaling`` in the Llama 3.1 reference code; Llama 3
     herd paper, Dubey et al. 2024): with L = original_max_position_embeddings and wavelength
     2 pi / inv_freq, wavelengths above L / low_freq_factor are divided by ``factor``, those below
@@ -125,11 +138,23 @@ def scale_inv_freq(inv_freq: torch.Tensor, rot_dim: int, theta: float, scaling: 
                 attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
             else:
                 attention_factor = yarn_mscale(factor)
-        new = yarn_inv_freq(inv_freq, rot_dim, theta, factor, scaling["original_max_position_embeddings"],
-                            scaling.get("beta_fast") or 32.0, scaling.get("beta_slow") or 1.0,
-                            scaling.get("truncate", True))
+        new = yarn_inv_freq(
+            inv_freq,
+            rot_dim,
+            theta,
+            factor,
+            scaling["original_max_position_embeddings"],
+            scaling.get("beta_fast") or 32.0,
+            scaling.get("beta_slow") or 1.0,
+            scaling.get("truncate", True),
+        )
         return new, float(attention_factor)
     if kind == "llama3":
-        return llama3_inv_freq(inv_freq, factor, scaling["low_freq_factor"], scaling["high_freq_factor"],
-                               scaling["original_max_position_embeddings"]), 1.0
+        return llama3_inv_freq(
+            inv_freq,
+            factor,
+            scaling["low_freq_factor"],
+            scaling["high_freq_factor"],
+            scaling["original_max_position_embeddings"],
+        ), 1.0
     raise ValueError(f"rope_scaling.type={kind!r} is not one of {', '.join(map(repr, ROPE_SCALINGS))}")

@@ -17,8 +17,9 @@ import torch.nn as nn
 from lmlab.config import ConfigError, ModelConfig
 
 
-def t5_bucket(relative_position: torch.Tensor, num_buckets: int = 32, max_distance: int = 128,
-              bidirectional: bool = False) -> torch.Tensor:
+def t5_bucket(
+    relative_position: torch.Tensor, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = False
+) -> torch.Tensor:
     """Bucket ids of T5's relative positions (Mesh TensorFlow / Hugging Face ``_relative_position_bucket``).
 
     ``relative_position`` = key position - query position (integer tensor, any shape); a causal query

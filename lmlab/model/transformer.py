@@ -39,7 +39,7 @@ from lmlab.kernels.settings import KernelSettings, default_kernels
 from lmlab.model.mla import MultiHeadLatentAttention
 from lmlab.model.moe import MoEFeedForward
 from lmlab.model.mtp import MTPModule, mtp_losses
-from lmlab.model.norms import make_norm
+from lmlab.model.norms import model_norm
 from lmlab.model.parametrization import branch_multiplier, init_std, output_multiplier
 from lmlab.kernels.loss import linear_cross_entropy, lm_loss  # noqa: F401 (lm_loss re-exported)
 from lmlab.model.positions import AbsolutePositions, alibi_slopes
@@ -52,13 +52,20 @@ class Block(nn.Module):
         super().__init__()
         self.position_kind = cfg.norm_position
         self.parallel = cfg.parallel_block
-        norm = lambda: make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine,  # noqa: E731
-                                 cfg.norm_weight_fp32)
+        norm = lambda: model_norm(cfg)
         self.layer = layer
         self.linear = cfg.layer_is_linear(layer)  # a Gated DeltaNet layer in attention's place ('D')
         if self.linear:
-            self.attn = GatedDeltaNet(cfg.d_model, cfg.linear_n_k_heads, cfg.linear_n_v_heads, cfg.linear_k_head_dim,
-                                      cfg.linear_v_head_dim, cfg.linear_conv_kernel, cfg.linear_chunk, cfg.norm_eps)
+            self.attn = GatedDeltaNet(
+                cfg.d_model,
+                cfg.linear_n_k_heads,
+                cfg.linear_n_v_heads,
+                cfg.linear_k_head_dim,
+                cfg.linear_v_head_dim,
+                cfg.linear_conv_kernel,
+                cfg.linear_chunk,
+                cfg.norm_eps,
+            )
         else:
             self.attn = MultiHeadLatentAttention(cfg, layer) if cfg.attention == "mla" else Attention(cfg, layer)
         moe = cfg.layer_is_moe(layer)
@@ -75,17 +82,28 @@ class Block(nn.Module):
         self.branch_mult = branch_multiplier(cfg)  # completep: each branch's output x base_n_layers / n_layers
         self.ple = None
         if cfg.ple_dim:  # per-layer input embeddings (Gemma 4 E2B/E4B): gate d -> P, out P -> d, a norm
-            self.ple = nn.ModuleDict(dict(gate=Linear(cfg.d_model, cfg.ple_dim, bias=False),
-                                          out=Linear(cfg.ple_dim, cfg.d_model, bias=False), norm=norm()))
+            self.ple = nn.ModuleDict(
+                dict(
+                    gate=Linear(cfg.d_model, cfg.ple_dim, bias=False),
+                    out=Linear(cfg.ple_dim, cfg.d_model, bias=False),
+                    norm=norm(),
+                )
+            )
             self.ple_act = ACTIVATION_FNS[cfg.activation]  # the FFN's (gate) nonlinearity (HF hidden_activation)
         if cfg.layer_scalar:  # Gemma 4: the block's output x s, a stored (persistent) buffer, not a parameter
             self.register_buffer("layer_scalar", torch.ones(1))
         else:
             self.layer_scalar = None
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: Optional[KVCache] = None,
-                bias_fn=None, left_pad: Optional[torch.Tensor] = None,
-                layer_input: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Optional[KVCache] = None,
+        bias_fn=None,
+        left_pad: Optional[torch.Tensor] = None,
+        layer_input: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """x: (batch, seq, d_model); ``layer_input``: this layer's per-layer input embedding (batch, seq,
         ple_dim) when ``ple_dim`` is set (see :meth:`TransformerLM.per_layer_inputs`)."""
         y = self._forward(x, positions, cache, bias_fn, left_pad)
@@ -103,8 +121,14 @@ class Block(nn.Module):
                 real = torch.arange(start, start + h.shape[1], device=h.device)[None, :] >= left_pad[:, None]
         return self.attn(h, cache.linear_state(self.layer) if cache is not None else None, real)
 
-    def _forward(self, x: torch.Tensor, positions: torch.Tensor, cache: Optional[KVCache],
-                 bias_fn, left_pad: Optional[torch.Tensor]) -> torch.Tensor:
+    def _forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Optional[KVCache],
+        bias_fn,
+        left_pad: Optional[torch.Tensor],
+    ) -> torch.Tensor:
         if self.linear:
             mixer = lambda h: self._linear(h, cache, left_pad)  # noqa: E731
         else:
@@ -141,8 +165,12 @@ class Block(nn.Module):
     def supports_decode_one(self) -> bool:
         """Whether :meth:`decode_one` can run this block: pre-norm (serial or parallel), plain attention
         (see ``Attention.supports_decode_one``)."""
-        return self.position_kind == "pre" and self.attn.supports_decode_one and self.layer_scalar is None \
+        return (
+            self.position_kind == "pre"
+            and self.attn.supports_decode_one
+            and self.layer_scalar is None
             and self.ple is None
+        )
 
     def decode_one(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One new token per row, inference only: x (batch, d_model) -> (batch, d_model), equal to
@@ -160,8 +188,11 @@ class Block(nn.Module):
         s = self.branch_mult
         if s != 1.0:  # completep's branch multiplier (see _forward)
             if self.parallel:
-                return x + s * self.attn.decode_one(h, positions, cache) + s * ffn(
-                    h if self.mlp_norm is None else self.mlp_norm.forward(x))
+                return (
+                    x
+                    + s * self.attn.decode_one(h, positions, cache)
+                    + s * ffn(h if self.mlp_norm is None else self.mlp_norm.forward(x))
+                )
             x = x + s * self.attn.decode_one(h, positions, cache)
             return x + s * ffn(self.mlp_norm.forward(x))
         if self.parallel:
@@ -190,11 +221,13 @@ class TransformerLM(nn.Module):
         self.embd_drop = nn.Dropout(cfg.embd_dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         # multi-token prediction (lmlab.model.mtp): training-only modules, each with a block like the last layer
-        self.mtp = (nn.ModuleList(MTPModule(cfg, Block(cfg, cfg.n_layers - 1)) for _ in range(cfg.mtp_depth))
-                    if cfg.mtp_depth else None)
+        self.mtp = (
+            nn.ModuleList(MTPModule(cfg, Block(cfg, cfg.n_layers - 1)) for _ in range(cfg.mtp_depth))
+            if cfg.mtp_depth
+            else None
+        )
         self.mtp_last: Optional[list] = None  # the last training forward's MTP losses (detached), for the log
-        self.final_norm = (make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine,
-                                     cfg.norm_weight_fp32) if cfg.final_norm else None)
+        self.final_norm = model_norm(cfg) if cfg.final_norm else None
         self.lm_head = Linear(embed_dim, cfg.vocab_size, bias=cfg.lm_head_bias)
         # what the logits are multiplied by: logit_scale, x 1/m under mup / completep (their output multiplier)
         self.logit_mult = cfg.logit_scale * output_multiplier(cfg)
@@ -210,8 +243,7 @@ class TransformerLM(nn.Module):
             width = cfg.n_layers * cfg.ple_dim
             self.ple_embed = Embedding(cfg.ple_vocab_size or cfg.vocab_size, width)
             self.ple_proj = Linear(cfg.d_model, width, bias=False)
-            self.ple_norm = make_norm(cfg.norm_type, cfg.ple_dim, cfg.norm_eps, cfg.norm_bias, cfg.norm_affine,
-                                      cfg.norm_weight_fp32)
+            self.ple_norm = model_norm(cfg, cfg.ple_dim)
         for block in self.blocks:  # KV sharing: each consumer reads its source layer's keys and values
             src = block.attn.kv_source_layer if isinstance(block.attn, Attention) else None
             if src is not None:
@@ -297,17 +329,24 @@ class TransformerLM(nn.Module):
 
     def _bias_fn(self):
         if self.cfg.position == "alibi":
+
             def alibi(q_pos, k_pos, layer):
                 dist = (q_pos[:, None] - k_pos[None, :]).float()  # (T, S), >= 0 where attended
                 return -self.alibi[:, None, None] * dist[None]
+
             return alibi
         if self.rel_bias is not None:
             return lambda q_pos, k_pos, layer: self.rel_bias(q_pos, k_pos)
         return None
 
-    def forward(self, idx: torch.Tensor, cache: Optional[KVCache] = None,
-                left_pad: Optional[torch.Tensor] = None, targets: Optional[torch.Tensor] = None,
-                reduction: str = "mean"):
+    def forward(
+        self,
+        idx: torch.Tensor,
+        cache: Optional[KVCache] = None,
+        left_pad: Optional[torch.Tensor] = None,
+        targets: Optional[torch.Tensor] = None,
+        reduction: str = "mean",
+    ):
         """idx: (batch, seq) token ids. With ``cache``, idx continues the cached positions and the
         cache is advanced by seq. ``left_pad`` (batch,): leading padding tokens of each row (batched
         prompts of different lengths): row b's token i sits at position i - left_pad[b] and padding is
@@ -323,8 +362,9 @@ class TransformerLM(nn.Module):
         if targets is not None and self.mtp is not None and self.training:  # + multi-token prediction
             raw = self.hidden(idx, cache, left_pad, final=False)
             losses = mtp_losses(self, raw, idx, targets)  # first: the MoE losses below include the modules' MoE
-            loss, ce = self.loss_from_hidden(self.final_norm(raw) if self.final_norm is not None else raw, targets,
-                                             reduction, mtp=True)
+            loss, ce = self.loss_from_hidden(
+                self.final_norm(raw) if self.final_norm is not None else raw, targets, reduction, mtp=True
+            )
             self.mtp_last = [x.detach() for x in losses]
             if losses:  # per token, like the cross-entropy: times the scored tokens for 'sum'
                 n = int((targets != -100).sum()) if reduction == "sum" else 1
@@ -352,9 +392,16 @@ class TransformerLM(nn.Module):
         (batch, seq, d_model): the same numbers as ``lm_loss(self.logits(h), targets, cfg.z_loss)``, plus the
         MoE losses (:meth:`moe_aux_loss`; with ``mtp`` over the multi-token modules' MoE layers too, whose
         forward must have run first)."""
-        loss, ce = linear_cross_entropy(self.head_input(h), self.lm_head.weight, targets, self.head_bias(),
-                                        self.cfg.z_loss, self.cfg.final_logit_softcap, reduction,
-                                        onednn=self.kernels.onednn_fp32)
+        loss, ce = linear_cross_entropy(
+            self.head_input(h),
+            self.lm_head.weight,
+            targets,
+            self.head_bias(),
+            self.cfg.z_loss,
+            self.cfg.final_logit_softcap,
+            reduction,
+            onednn=self.kernels.onednn_fp32,
+        )
         aux = self.moe_aux_loss(mtp)
         if aux is not None:  # per token, like the cross-entropy: times the scored tokens for 'sum'
             loss = loss + aux * (int((targets != -100).sum()) if reduction == "sum" else 1)
@@ -392,8 +439,13 @@ class TransformerLM(nn.Module):
             x = x * torch.tensor(math.sqrt(self.cfg.d_model), dtype=x.dtype)
         return self.proj_in(x) if self.proj_in is not None else x
 
-    def hidden(self, idx: torch.Tensor, cache: Optional[KVCache] = None,
-               left_pad: Optional[torch.Tensor] = None, final: bool = True) -> torch.Tensor:
+    def hidden(
+        self,
+        idx: torch.Tensor,
+        cache: Optional[KVCache] = None,
+        left_pad: Optional[torch.Tensor] = None,
+        final: bool = True,
+    ) -> torch.Tensor:
         """Final hidden states (batch, seq, d_model), after the final norm (``final``; False: the last
         block's output, as multi-token prediction reads it)."""
         T = idx.shape[1]
@@ -430,8 +482,16 @@ class TransformerLM(nn.Module):
             x = x.unsqueeze(1)
         elif self.checkpoint_blocks and cache is None and self.training and torch.is_grad_enabled():
             for i, block in enumerate(self.blocks):  # activations recomputed in backward, block by block
-                x = checkpoint(block, x, positions, cache, bias_fn, left_pad, None if ple is None else ple[:, :, i],
-                               use_reentrant=False)
+                x = checkpoint(
+                    block,
+                    x,
+                    positions,
+                    cache,
+                    bias_fn,
+                    left_pad,
+                    None if ple is None else ple[:, :, i],
+                    use_reentrant=False,
+                )
         else:
             for i, block in enumerate(self.blocks):
                 x = block(x, positions, cache, bias_fn, left_pad, None if ple is None else ple[:, :, i])
@@ -450,8 +510,8 @@ class TransformerLM(nn.Module):
         cfg = self.cfg
         shape = (*idx.shape, cfg.n_layers, cfg.ple_dim)
         tok = self.ple_embed(idx) * torch.tensor(math.sqrt(cfg.ple_dim), dtype=self.ple_embed.weight.dtype)
-        proj = self.ple_norm((self.ple_proj(x) * cfg.d_model ** -0.5).view(shape))
-        return (proj + tok.view(shape)) * 2 ** -0.5
+        proj = self.ple_norm((self.ple_proj(x) * cfg.d_model**-0.5).view(shape))
+        return (proj + tok.view(shape)) * 2**-0.5
 
     def lean_decode_possible(self) -> bool:
         """Whether one-token cached steps may take the blocks' lean ``decode_one`` path: no ALiBi/T5 bias,
@@ -463,7 +523,8 @@ class TransformerLM(nn.Module):
         if self.cfg.position in ("alibi", "t5") or _global_forward_hooks or _global_forward_pre_hooks:
             return False
         return all(b.supports_decode_one for b in self.blocks) and not any(
-            m._forward_hooks or m._forward_pre_hooks for m in self.blocks.modules())
+            m._forward_hooks or m._forward_pre_hooks for m in self.blocks.modules()
+        )
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """LM head with the optional final-logit soft-cap: (batch, seq, d_model) -> fp32 logits. With

@@ -21,6 +21,7 @@ from lmlab.interop.families._tools import hf_act_name, hf_activation, hf_get
 
 Names = Union[str, tuple]  # a config.json name, or names read in order (written under the first)
 
+# fmt: off
 STANDARD: dict[str, Names] = {  # ModelConfig field -> config.json name
     "vocab_size": "vocab_size", "context_length": "max_position_embeddings", "d_model": "hidden_size",
     "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads",
@@ -28,14 +29,19 @@ STANDARD: dict[str, Names] = {  # ModelConfig field -> config.json name
     "tie_embeddings": "tie_word_embeddings", "embd_dropout": "embd_pdrop", "attn_dropout": "attention_dropout",
     "resid_dropout": "hidden_dropout", "init_std": "initializer_range",
 }
+# fmt: on
+# fmt: off
 GPT2_NAMES: dict[str, Names] = {  # GPT-2 / GPT-J: the old names first, the standard ones their aliases
     **STANDARD, "context_length": ("n_positions", "max_position_embeddings"), "d_model": ("n_embd", "hidden_size"),
     "n_layers": ("n_layer", "num_hidden_layers"), "n_heads": ("n_head", "num_attention_heads"), "d_ff": "n_inner",
     "norm_eps": "layer_norm_epsilon", "activation": "activation_function", "attn_dropout": "attn_pdrop",
     "resid_dropout": "resid_pdrop",
 }
+# fmt: on
+# fmt: off
 _CASTS: dict[str, Callable] = {"norm_eps": float, "tie_embeddings": bool, "embd_dropout": float,
                                "attn_dropout": float, "resid_dropout": float, "init_std": float}
+# fmt: on
 
 
 @dataclass(frozen=True)
@@ -45,15 +51,21 @@ class ConfigTable:
     config.json name(s) (only the fields in ``defaults`` are read). ``activation`` is read through
     :func:`hf_activation` (``gated``: the MLP is gated) and written through :func:`hf_act_name`
     (``tanh_name`` spells the tanh GELU). ``optional``: fields written only where they differ from their
-    default; ``write_as``: field -> the name written where it is not the first of ``names``."""
+    default; ``write_as``: field -> the name written where it is not the first of ``names``; ``hf_class``: the
+    transformers model class :meth:`write` names (``architectures``, beside ``model_type``). ``fixed``:
+    ModelConfig fields every model of the family has (its norm, biases, positions...), returned by
+    :meth:`read` beside the fields read; an export is checked against them by reading it back
+    (``check_expressible``)."""
 
     family: str
     defaults: dict
+    hf_class: str = ""
     names: dict = field(default_factory=lambda: dict(STANDARD))
     gated: bool = False
     tanh_name: str = "gelu_new"
     optional: tuple = ()
     write_as: dict = field(default_factory=dict)
+    fixed: dict = field(default_factory=dict)
 
     def _names(self, lm: str) -> tuple:
         names = self.names[lm]
@@ -64,9 +76,9 @@ class ConfigTable:
         return frozenset(n for lm in self.defaults for n in self._names(lm))
 
     def read(self, hf: dict) -> dict:
-        """ModelConfig fields from config.json ``hf``; UnsupportedError for an activation the family's
-        MLP does not have."""
-        out: dict = {}
+        """ModelConfig fields from config.json ``hf`` (``fixed`` first); UnsupportedError for an activation
+        the family's MLP does not have."""
+        out: dict = dict(self.fixed)
         for lm, default in self.defaults.items():
             names = self._names(lm)
             value = hf_get(hf, *names, default=default(out) if callable(default) else default)
@@ -76,8 +88,9 @@ class ConfigTable:
         return out
 
     def write(self, cfg: ModelConfig) -> dict:
-        """config.json fields for ``cfg``; UnsupportedError for an activation the family cannot express."""
-        out: dict = {}
+        """config.json fields for ``cfg`` (``model_type`` and ``architectures`` first); UnsupportedError for an
+        activation the family cannot express."""
+        out: dict = {"model_type": self.family, "architectures": [self.hf_class]}
         read: dict = {}
         for lm, default in self.defaults.items():
             value = read[lm] = getattr(cfg, lm)
@@ -87,4 +100,3 @@ class ConfigTable:
                 value = hf_act_name(self.family, value, gated=self.gated, tanh_name=self.tanh_name)
             out[self.write_as.get(lm, self._names(lm)[0])] = value
         return out
-

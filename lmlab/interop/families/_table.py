@@ -28,8 +28,14 @@ from typing import Callable, Optional, Union
 import torch
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._tools import (StateReader, check_expressible, deinterleave_heads, interleave_heads, lm_key,
-                                           put)
+from lmlab.interop.families._tools import (
+    StateReader,
+    check_expressible,
+    deinterleave_heads,
+    interleave_heads,
+    lm_key,
+    put,
+)
 from lmlab.interop.registry import Family, StateDict, register
 
 Predicate = Callable[[ModelConfig], bool]
@@ -45,8 +51,10 @@ class Transform:
 
 CONV1D = Transform(lambda w, cfg: w.t(), lambda w, cfg: w.t())  # GPT-2's Conv1D stores (in, out)
 # [q_h k_h v_h for each head h] (GPT-NeoX, Falcon MHA) <-> lmlab's [q heads | k heads | v heads]
+# fmt: off
 PER_HEAD_QKV = Transform(lambda w, cfg: deinterleave_heads(w, cfg.n_heads, cfg.head_dim),
                          lambda w, cfg: interleave_heads(w, cfg.n_heads, cfg.head_dim))
+# fmt: on
 
 
 @dataclass(frozen=True)
@@ -123,8 +131,9 @@ def to_lmlab(r: StateReader, rows: list, cfg: ModelConfig, head: Optional[str] =
     return r.finish(out, cfg)
 
 
-def to_hf(state: StateDict, rows: list, cfg: ModelConfig, prefix: str = "",
-          head: Optional[str] = "lm_head.weight") -> StateDict:
+def to_hf(
+    state: StateDict, rows: list, cfg: ModelConfig, prefix: str = "", head: Optional[str] = "lm_head.weight"
+) -> StateDict:
     """The HF state dict of lmlab's ``state`` by ``rows``, each HF name under ``prefix`` (the module
     prefix :class:`StateReader` strips on import), and the untied head as ``head`` (no prefix).
     Raises UnsupportedError naming an lmlab tensor the config implies but ``state`` lacks."""
@@ -143,8 +152,15 @@ def to_hf(state: StateDict, rows: list, cfg: ModelConfig, prefix: str = "",
     return out
 
 
-def converters(family: str, rows: list, prefix: str, read_prefixes: Optional[tuple] = None, ignore: tuple = (),
-               head: str = "lm_head.weight", head_aliases: tuple = ()) -> tuple:
+def converters(
+    family: str,
+    rows: list,
+    prefix: str,
+    read_prefixes: Optional[tuple] = None,
+    ignore: tuple = (),
+    head: str = "lm_head.weight",
+    head_aliases: tuple = (),
+) -> tuple:
     """``(state_to_lmlab, state_to_hf)`` of a family whose state dicts are ``rows``: HF names under
     ``prefix`` (on import any of ``read_prefixes``, default ``(prefix,)``, is stripped; names matching an
     ``ignore`` regex, e.g. causal-mask buffers, are dropped); the untied head is written as ``head`` and
@@ -161,8 +177,9 @@ def converters(family: str, rows: list, prefix: str, read_prefixes: Optional[tup
     return state_to_lmlab, state_to_hf
 
 
-def register_family(name: str, hf_class: str, config_to_lmlab: Callable, config_to_hf: Callable, state: tuple,
-                    notes: str, **extra) -> Family:
+def register_family(
+    name: str, hf_class: str, config_to_lmlab: Callable, config_to_hf: Callable, state: tuple, notes: str, **extra
+) -> Family:
     """Register a hand-written family: its config converters (each export checked by reading it back,
     :func:`~lmlab.interop.families._tools.check_expressible`, which raises UnsupportedError for a config the
     family cannot represent exactly) and its state-dict converters ``state``, ``(state_to_lmlab, state_to_hf)``
@@ -172,6 +189,15 @@ def register_family(name: str, hf_class: str, config_to_lmlab: Callable, config_
     def checked_to_hf(cfg: ModelConfig) -> dict:
         return check_expressible(name, cfg, config_to_hf(cfg), config_to_lmlab)
 
-    return register(Family(model_type=name, hf_class=hf_class, config_to_lmlab=config_to_lmlab,
-                           state_to_lmlab=state[0], config_to_hf=checked_to_hf, state_to_hf=state[1],
-                           notes=notes, **extra))
+    return register(
+        Family(
+            model_type=name,
+            hf_class=hf_class,
+            config_to_lmlab=config_to_lmlab,
+            state_to_lmlab=state[0],
+            config_to_hf=checked_to_hf,
+            state_to_hf=state[1],
+            notes=notes,
+            **extra,
+        )
+    )

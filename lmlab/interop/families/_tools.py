@@ -60,12 +60,16 @@ def expect(family: str, hf: dict, field: str, allowed: Iterable, default: Any) -
 # --- activations ------------------------------------------------------------------------------------
 # HF ACT2FN names -> non-gated ModelConfig.activation. The tanh approximations (gelu_new, gelu_fast,
 # gelu_pytorch_tanh, gelu_accurate) are one function; they differ only in how the constant is written.
+# fmt: off
 _PLAIN = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh",
           "gelu_pytorch_tanh": "gelu_tanh", "gelu_python_tanh": "gelu_tanh", "gelu_accurate": "gelu_tanh",
           "relu": "relu", "silu": "silu", "swish": "silu", "relu2": "relu2"}
+# fmt: on
 # HF act of a gated MLP (act(gate) * up) -> gated ModelConfig.activation. lmlab's GeGLU is the tanh GELU.
+# fmt: off
 _GATED = {"silu": "swiglu", "swish": "swiglu", "relu": "reglu", "gelu_new": "geglu", "gelu_fast": "geglu",
           "gelu_pytorch_tanh": "geglu", "gelu_python_tanh": "geglu", "gelu_accurate": "geglu"}
+# fmt: on
 
 
 def hf_activation(family: str, field: str, name: Any, gated: bool = False) -> str:
@@ -83,15 +87,23 @@ def hf_act_name(family: str, activation: str, gated: bool, tanh_name: str = "gel
     table = glu if gated else plain
     if activation not in table:
         kinds = "gated (act(gate) * up)" if gated else "plain (non-gated)"
-        raise UnsupportedError(f"{family}: activation={activation!r} cannot be exported; {family} has a {kinds} MLP: "
-                               f"{', '.join(map(repr, table))}")
+        raise UnsupportedError(
+            f"{family}: activation={activation!r} cannot be exported; {family} has a {kinds} MLP: "
+            f"{', '.join(map(repr, table))}"
+        )
     return table[activation]
 
 
 # --- RoPE ------------------------------------------------------------------------------------------
-def read_rope(family: str, hf: dict, head_dim: int, default_fraction: float = 1.0,
-              theta_key: str = "rope_theta", fraction_key: str = "partial_rotary_factor",
-              fixed_fraction: Optional[float] = None) -> dict:
+def read_rope(
+    family: str,
+    hf: dict,
+    head_dim: int,
+    default_fraction: float = 1.0,
+    theta_key: str = "rope_theta",
+    fraction_key: str = "partial_rotary_factor",
+    fixed_fraction: Optional[float] = None,
+) -> dict:
     """ModelConfig RoPE fields (rope_theta, rope_fraction, rope_scaling) from HF's RoPE fields, as
     transformers resolves them: ``rope_parameters`` (v5) or ``rope_scaling`` (v4) first, then the
     top-level ``theta_key`` / ``fraction_key`` (GPT-NeoX: ``rotary_emb_base`` / ``rotary_pct``), then the
@@ -105,13 +117,21 @@ def read_rope(family: str, hf: dict, head_dim: int, default_fraction: float = 1.
         fraction = hf_get(hf, fraction_key, default=default_fraction)
     if fixed_fraction is not None:
         if fraction not in (fixed_fraction, default_fraction):
-            reject(family, "partial_rotary_factor", fraction, f"{fixed_fraction} ({family} rotates whole heads; "
-                                                              f"HF's model ignores the field)")
+            reject(
+                family,
+                "partial_rotary_factor",
+                fraction,
+                f"{fixed_fraction} ({family} rotates whole heads; HF's model ignores the field)",
+            )
         fraction = fixed_fraction
     rotated = int(head_dim * float(fraction))
     if rotated < 2 or rotated % 2:
-        reject(family, "partial_rotary_factor", fraction,
-               f"a rotated width int(head_dim * factor) that is even and >= 2 (head_dim={head_dim} gives {rotated})")
+        reject(
+            family,
+            "partial_rotary_factor",
+            fraction,
+            f"a rotated width int(head_dim * factor) that is even and >= 2 (head_dim={head_dim} gives {rotated})",
+        )
     return dict(rope_theta=theta, rope_fraction=rotated / head_dim, rope_scaling=scaling)
 
 
@@ -153,7 +173,7 @@ class StateReader:
         for key, value in state.items():
             for prefix in prefixes:
                 if key.startswith(prefix):
-                    key = key[len(prefix):]
+                    key = key[len(prefix) :]
             if any(re.search(pattern, key) for pattern in ignore):
                 continue
             self.state[key] = value
@@ -164,8 +184,10 @@ class StateReader:
 
     def take(self, key: str) -> torch.Tensor:
         if key not in self.state:
-            raise UnsupportedError(f"{self.family}: checkpoint lacks tensor {key!r} that its config implies "
-                                   f"(has e.g. {sorted(self.state)[:5]})")
+            raise UnsupportedError(
+                f"{self.family}: checkpoint lacks tensor {key!r} that its config implies "
+                f"(has e.g. {sorted(self.state)[:5]})"
+            )
         self.used.add(key)
         return self.state[key]
 
@@ -177,8 +199,10 @@ class StateReader:
         """A tied checkpoint's ``key`` (lm_head.weight), when stored, must equal the embedding ``embed``."""
         if key in self.state:
             if not torch.equal(self.state[key].to(embed.dtype), embed):
-                raise UnsupportedError(f"{self.family}: tie_word_embeddings=True but the checkpoint's {key!r} differs "
-                                       f"from the token embedding; lmlab ties them exactly")
+                raise UnsupportedError(
+                    f"{self.family}: tie_word_embeddings=True but the checkpoint's {key!r} differs "
+                    f"from the token embedding; lmlab ties them exactly"
+                )
             self.used.add(key)
 
     def finish(self, out: StateDict, cfg: ModelConfig) -> StateDict:
@@ -186,8 +210,10 @@ class StateReader:
         lmlab's model of ``cfg`` (tied LM head left out); returns ``out``."""
         left = sorted(set(self.state) - self.used)
         if left:
-            raise UnsupportedError(f"{self.family}: checkpoint tensors {left[:6]}{' ...' if len(left) > 6 else ''} "
-                                   f"have no place in lmlab's model of this config (refusing to drop them)")
+            raise UnsupportedError(
+                f"{self.family}: checkpoint tensors {left[:6]}{' ...' if len(left) > 6 else ''} "
+                f"have no place in lmlab's model of this config (refusing to drop them)"
+            )
         expected = common.expected_state(cfg)
         missing, extra = sorted(set(expected) - set(out)), sorted(set(out) - set(expected))
         wrong = [
@@ -251,9 +277,11 @@ def interleave_heads(w: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tens
 # --- config checks ----------------------------------------------------------------------------------
 # config.json fields that never change the forward pass, besides common.META_FIELDS: remote-code class maps,
 # training-only switches (dropouts, layer drop, gradient checkpointing).
+# fmt: off
 EXTRA_META = frozenset({"auto_map", "gradient_checkpointing", "classifier_dropout", "layerdrop", "activation_dropout",
                         "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
                         "summary_first_dropout", "n_ctx"})
+# fmt: on
 
 
 def check_fields(hf: dict, family: str, handled: Iterable[str]) -> None:

@@ -15,6 +15,7 @@ from lmlab.interop.llama_like import Spec, build
 
 # config.json keys of Cohere's code base that transformers' Cohere and Cohere2 never read (checked in
 # transformers 5: no reference in its source), with the values that describe the HF model
+# fmt: off
 LEGACY = (
     Unread("use_gated_activation", "gated SiLU MLP, which the HF model always is", accepted=(True,)),
     Unread("use_parallel_block", "attention and MLP in parallel off one norm, as the HF layer always is",
@@ -27,7 +28,9 @@ LEGACY = (
     Unread("use_parallel_embedding", "a tensor-parallel layout of the embedding in Cohere's training code: "
            "no effect on the function"),
 )
+# fmt: on
 
+# fmt: off
 FAMILY = build(Spec(
     model_type="cohere", hf_class="CohereForCausalLM", norm="cohere", layout="parallel", rope="interleaved",
     logit_scale=True, qk_norm="cohere",
@@ -38,3 +41,4 @@ FAMILY = build(Spec(
     unread=LEGACY,
     notes="parallel block, bias-free LayerNorm, interleaved RoPE, logit_scale, optional per-head QK-norm",
 ))
+# fmt: on

@@ -12,6 +12,7 @@ from lmlab.interop.common import Unread
 from lmlab.interop.families.cohere import LEGACY
 from lmlab.interop.llama_like import Spec, build
 
+# fmt: off
 FAMILY = build(Spec(
     model_type="cohere2", hf_class="Cohere2ForCausalLM", norm="cohere", layout="parallel", rope="cohere2",
     logit_scale=True, head_dim="derived", sliding="types", default_pattern=4,
@@ -24,3 +25,4 @@ FAMILY = build(Spec(
                             accepted=("local_attn_first",)),),
     notes="parallel block, interleaved RoPE on sliding layers only (NoPE full layers), logit_scale",
 ))
+# fmt: on

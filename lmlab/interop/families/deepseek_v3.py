@@ -22,8 +22,9 @@ from lmlab.interop.registry import Family, StateDict, register
 
 
 def to_lmlab_state(state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
-    mtp = tuple(f"model.layers.{i}." for i in range(cfg.n_layers, cfg.n_layers + int(hf.get(
-        "num_nextn_predict_layers") or 0)))
+    mtp = tuple(
+        f"model.layers.{i}." for i in range(cfg.n_layers, cfg.n_layers + int(hf.get("num_nextn_predict_layers") or 0))
+    )
     kept = {k: v for k, v in state.items() if not k.startswith(mtp)} if mtp else state
     return C.state_to_lmlab(V2._split_experts(kept, cfg, V2.FAM_V3), cfg, V2.tensor_maps(cfg), V2.FAM_V3)
 
@@ -34,10 +35,17 @@ def to_hf_state(state: StateDict, cfg: ModelConfig) -> StateDict:
 
 def _notes(hf: dict) -> list:
     n = int(hf.get("num_nextn_predict_layers") or 0)
-    return [f"deepseek_v3: the {n} multi-token prediction layer(s) of the checkpoint are not read (transformers "
-            f"does not read them either)"] if n else []
+    return (
+        [
+            f"deepseek_v3: the {n} multi-token prediction layer(s) of the checkpoint are not read (transformers "
+            f"does not read them either)"
+        ]
+        if n
+        else []
+    )
 
 
+# fmt: off
 FAMILY = register(Family(model_type=V2.FAM_V3, hf_class=V2.HF_CLASS_V3,
                          config_to_lmlab=lambda hf: V2.config_to_lmlab(hf, v3=True), state_to_lmlab=to_lmlab_state,
                          config_to_hf=lambda cfg: V2.config_to_hf(cfg, v3=True), state_to_hf=to_hf_state,
@@ -45,3 +53,4 @@ FAMILY = register(Family(model_type=V2.FAM_V3, hf_class=V2.HF_CLASS_V3,
                                "auxiliary-loss-free bias (groups by their best two), shared experts, the first "
                                "layers dense",
                          unread_notes=_notes))
+# fmt: on

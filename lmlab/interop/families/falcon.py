@@ -20,14 +20,20 @@ import torch
 
 from lmlab.config import ModelConfig
 from lmlab.interop.families._config_table import STANDARD, ConfigTable
-from lmlab.interop.families._table import (PER_HEAD_QKV, Row, Transform, layer_norm, linear, register_family, to_hf,
-                                           to_lmlab)
+from lmlab.interop.families._table import (
+    PER_HEAD_QKV,
+    Row,
+    Transform,
+    layer_norm,
+    linear,
+    register_family,
+    to_hf,
+    to_lmlab,
+)
 from lmlab.interop.families._tools import (
     check_fields,
-    deinterleave_heads,
     expect,
     hf_get,
-    interleave_heads,
     read_rope,
     reject,
     rope_parameters,
@@ -45,24 +51,37 @@ def _layout(hf: dict) -> str:
         return "new"
     return "mqa" if hf.get("multi_query", True) else "mha"
 
-CONFIG = ConfigTable(NAME, dict(  # FalconConfig's defaults
+
+# fmt: off
+CONFIG = ConfigTable(NAME, hf_class="FalconForCausalLM", defaults=dict(  # FalconConfig's defaults
     vocab_size=65024, context_length=2048, d_model=4544, n_layers=32, n_heads=71, d_ff=lambda v: 4 * v["d_model"],
     norm_eps=1e-5, activation="gelu", tie_embeddings=True, attn_dropout=0.0, resid_dropout=0.0, init_std=0.02),
     names={**STANDARD, "d_model": ("n_embed", "hidden_size"), "d_ff": "ffn_hidden_size", "activation": "activation",
            "norm_eps": "layer_norm_epsilon"},  # HF lets the old n_embed win
-    write_as={"d_model": "hidden_size"}, tanh_name="gelu_pytorch_tanh")
+    write_as={"d_model": "hidden_size"}, tanh_name="gelu_pytorch_tanh",
+    fixed=dict(norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True, lm_head_bias=False,
+               position="rope", rope_style="half"),
+)
+# fmt: on
+# fmt: off
 HANDLED = CONFIG.keys() | {
     "num_ln_in_parallel_attn", "num_kv_heads", "alibi", "new_decoder_architecture", "multi_query", "parallel_attn",
     "bias", "apply_residual_connection_post_layernorm",
     "num_key_value_heads",  # written by transformers >= 5.25: the KV heads the layout gives, checked
 }
+# fmt: on
 
 
 def config_to_lmlab(hf: dict) -> ModelConfig:
     check_fields(hf, NAME, HANDLED)
     if hf.get("alibi"):
-        reject(NAME, "alibi", True, "RoPE Falcons only: HF Falcon's ALiBi bias is bf16(bf16(slope) * key_index) "
-                                    "/ sqrt(head_dim), bfloat16-rounded, which lmlab's fp32 ALiBi cannot reproduce")
+        reject(
+            NAME,
+            "alibi",
+            True,
+            "RoPE Falcons only: HF Falcon's ALiBi bias is bf16(bf16(slope) * key_index) "
+            "/ sqrt(head_dim), bfloat16-rounded, which lmlab's fp32 ALiBi cannot reproduce",
+        )
     expect(NAME, hf, "apply_residual_connection_post_layernorm", (False,), False)
     fields = CONFIG.read(hf)
     n_heads = fields["n_heads"]
@@ -72,8 +91,13 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     shared_norm = True
     if layout == "new":
         if not parallel:
-            reject(NAME, "parallel_attn", False, "parallel_attn=True with new_decoder_architecture (HF's own "
-                                                 "forward needs ln_attn/ln_mlp it does not build otherwise)")
+            reject(
+                NAME,
+                "parallel_attn",
+                False,
+                "parallel_attn=True with new_decoder_architecture (HF's own "
+                "forward needs ln_attn/ln_mlp it does not build otherwise)",
+            )
         shared_norm = expect(NAME, hf, "num_ln_in_parallel_attn", (1, 2), 2) == 1
         n_kv = hf_get(hf, "num_kv_heads", default=n_heads)
     elif layout == "mqa":
@@ -81,40 +105,48 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     else:
         n_kv = hf_get(hf, "num_kv_heads", default=n_heads)
         if n_kv != n_heads:
-            reject(NAME, "num_kv_heads", n_kv, f"num_kv_heads = num_attention_heads ({n_heads}) without "
-                                               f"multi_query or new_decoder_architecture (HF's fused layout)")
+            reject(
+                NAME,
+                "num_kv_heads",
+                n_kv,
+                f"num_kv_heads = num_attention_heads ({n_heads}) without "
+                f"multi_query or new_decoder_architecture (HF's fused layout)",
+            )
     kv_written = hf.get("num_key_value_heads")
     if kv_written is not None and kv_written != n_kv:
-        reject(NAME, "num_key_value_heads", kv_written, f"{n_kv}, the KV heads of this {layout} layout "
-                                                        f"(transformers derives the field from num_kv_heads "
-                                                        f"and multi_query / new_decoder_architecture)")
+        reject(
+            NAME,
+            "num_key_value_heads",
+            kv_written,
+            f"{n_kv}, the KV heads of this {layout} layout "
+            f"(transformers derives the field from num_kv_heads "
+            f"and multi_query / new_decoder_architecture)",
+        )
     biased = expect(NAME, hf, "bias", (True, False), False)
     return ModelConfig(
-        **fields, n_kv_heads=n_kv,
-        norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True,
-        bias="all" if biased else "none", lm_head_bias=False, parallel_block=parallel, parallel_shared_norm=shared_norm,
-        position="rope", rope_style="half", **read_rope(NAME, hf, head_dim, fixed_fraction=1.0),
+        **fields,
+        n_kv_heads=n_kv,
+        bias="all" if biased else "none",
+        parallel_block=parallel,
+        parallel_shared_norm=shared_norm,
+        **read_rope(NAME, hf, head_dim, fixed_fraction=1.0),
     )
 
 
-def _qkv_to_lmlab(w: torch.Tensor, cfg: ModelConfig, layout: str) -> torch.Tensor:
+def _grouped_to_lmlab(w: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """new_decoder_architecture's fused qkv, [q heads of group g | k_g | v_g for each KV group g], as lmlab's
+    [q heads | k heads | v heads]."""
     H, K, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    if layout == "mha":
-        return deinterleave_heads(w, H, D)
-    if layout == "mqa":
-        return w.contiguous()
     rest = w.shape[1:]
     g = w.reshape(K, H // K + 2, D, *rest)  # per group: H/K query heads, then k, then v
-    return torch.cat([g[:, :-2].reshape(H * D, *rest), g[:, -2].reshape(K * D, *rest),
-                      g[:, -1].reshape(K * D, *rest)]).contiguous()
+    return torch.cat(
+        [g[:, :-2].reshape(H * D, *rest), g[:, -2].reshape(K * D, *rest), g[:, -1].reshape(K * D, *rest)]
+    ).contiguous()
 
 
-def _qkv_to_hf(w: torch.Tensor, cfg: ModelConfig, layout: str) -> torch.Tensor:
+def _grouped_to_hf(w: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """The inverse of :func:`_grouped_to_lmlab`."""
     H, K, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    if layout == "mha":
-        return interleave_heads(w, H, D)
-    if layout == "mqa":
-        return w.contiguous()
     q, k, v = split_qkv(w, cfg)
     rest = w.shape[1:]
     g = torch.cat([q.reshape(K, H // K, D, *rest), k.reshape(K, 1, D, *rest), v.reshape(K, 1, D, *rest)], dim=1)
@@ -125,7 +157,9 @@ def _qkv(layout: str) -> Transform:
     """The fused query_key_value of ``layout`` ('mha' | 'mqa' | 'new') <-> lmlab's qkv."""
     if layout == "mha":
         return PER_HEAD_QKV
-    return Transform(lambda w, cfg: _qkv_to_lmlab(w, cfg, layout), lambda w, cfg: _qkv_to_hf(w, cfg, layout))
+    if layout == "mqa":  # [q heads | k | v] already
+        return Transform(lambda w, cfg: w.contiguous(), lambda w, cfg: w.contiguous())
+    return Transform(_grouped_to_lmlab, _grouped_to_hf)
 
 
 def _biased(cfg: ModelConfig) -> bool:
@@ -165,19 +199,30 @@ def _hf_layout(cfg: ModelConfig) -> dict:
     if cfg.n_kv_heads == 1 and not two_norms:
         return {"new_decoder_architecture": False, "multi_query": True}
     if not cfg.parallel_block:
-        raise UnsupportedError(f"{NAME}: n_kv_heads={cfg.n_kv_heads} of n_heads={cfg.n_heads} cannot be exported "
-                               f"with a sequential block; Falcon has GQA only in its parallel new_decoder_architecture")
-    return {"new_decoder_architecture": True, "multi_query": False,
-            "num_ln_in_parallel_attn": 1 if cfg.parallel_shared_norm else 2}
+        raise UnsupportedError(
+            f"{NAME}: n_kv_heads={cfg.n_kv_heads} of n_heads={cfg.n_heads} cannot be exported "
+            f"with a sequential block; Falcon has GQA only in its parallel new_decoder_architecture"
+        )
+    return {
+        "new_decoder_architecture": True,
+        "multi_query": False,
+        "num_ln_in_parallel_attn": 1 if cfg.parallel_shared_norm else 2,
+    }
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
     if cfg.bias not in ("all", "none"):
-        raise UnsupportedError(f"{NAME}: bias={cfg.bias!r} cannot be exported; Falcon's bias flag covers every "
-                               f"linear layer: bias 'all' or 'none'")
+        raise UnsupportedError(
+            f"{NAME}: bias={cfg.bias!r} cannot be exported; Falcon's bias flag covers every "
+            f"linear layer: bias 'all' or 'none'"
+        )
     return {
-        "model_type": NAME, "architectures": ["FalconForCausalLM"], **CONFIG.write(cfg), "num_kv_heads": cfg.n_kv_heads,
-        "bias": cfg.bias == "all", "alibi": False, "parallel_attn": cfg.parallel_block, **_hf_layout(cfg),
+        **CONFIG.write(cfg),
+        "num_kv_heads": cfg.n_kv_heads,
+        "bias": cfg.bias == "all",
+        "alibi": False,
+        "parallel_attn": cfg.parallel_block,
+        **_hf_layout(cfg),
         "rope_parameters": rope_parameters(cfg, partial=False),
     }
 
@@ -186,9 +231,11 @@ def state_to_hf(state: StateDict, cfg: ModelConfig) -> StateDict:
     return to_hf(state, _rows(_layout(_hf_layout(cfg))), cfg, prefix="transformer.")
 
 
+# fmt: off
 FAMILY = register_family(
-    NAME, "FalconForCausalLM", config_to_lmlab, config_to_hf, (state_to_lmlab, state_to_hf),
+    NAME, CONFIG.hf_class, config_to_lmlab, config_to_hf, (state_to_lmlab, state_to_hf),
     notes="exact for RoPE Falcons: MQA (7B), MHA, new_decoder_architecture GQA with one or two LayerNorms (40B/180B), "
           "parallel or sequential blocks. Unsupported: alibi=True (HF rounds the ALiBi bias to bfloat16 and scales "
           "it by 1/sqrt(head_dim); lmlab's fp32 ALiBi cannot match it to 1e-4).",
 )
+# fmt: on

@@ -7,6 +7,7 @@ with the tanh GELU (the legacy ``hidden_act='gelu'`` of the released configs mea
 
 from lmlab.interop.llama_like import Spec, build
 
+# fmt: off
 FAMILY = build(Spec(
     model_type="gemma", hf_class="GemmaForCausalLM", norm="gemma", gemma_legacy_gelu=True, bidirectional_key=True,
     defaults=dict(vocab_size=256000, hidden_size=3072, intermediate_size=24576, num_hidden_layers=28,
@@ -16,3 +17,4 @@ FAMILY = build(Spec(
     ignored=frozenset({"hidden_activation"}),  # a 4.x field; GemmaMLP reads hidden_act only
     notes="(1+w) RMSNorm, GeGLU, embeddings x sqrt(d), tied",
 ))
+# fmt: on

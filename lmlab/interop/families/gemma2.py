@@ -8,6 +8,7 @@ final-logit soft-cap (``final_logit_softcapping``), sliding windows on the 'slid
 
 from lmlab.interop.llama_like import Spec, build
 
+# fmt: off
 FAMILY = build(Spec(
     model_type="gemma2", hf_class="Gemma2ForCausalLM", norm="gemma", layout="sandwich", act_key="hidden_activation",
     sliding="types", default_pattern=2, pattern_key=False, gemma=True, bidirectional_key=True,
@@ -20,3 +21,4 @@ FAMILY = build(Spec(
     ignored=frozenset({"hidden_act", "sliding_window_size"}),
     notes="sandwich norms, soft-caps, alternating local/global attention",
 ))
+# fmt: on

@@ -16,6 +16,7 @@ export writes null; a config with ``attn_logit_softcap`` set is refused for this
 from lmlab.interop.common import Unread
 from lmlab.interop.llama_like import Spec, build
 
+# fmt: off
 FAMILY = build(Spec(
     model_type="gemma3_text", hf_class="Gemma3ForCausalLM", norm="gemma", layout="sandwich",
     act_key="hidden_activation", sliding="types", default_pattern=6, gemma=True, qk_norm="head_gemma", rope="gemma3",
@@ -30,3 +31,4 @@ FAMILY = build(Spec(
                    "does lmlab (Gemma 3 has no attention soft-cap)"),),
     notes="sandwich norms, (1+w) QK-norm, 5:1 local/global with local RoPE theta",
 ))
+# fmt: on

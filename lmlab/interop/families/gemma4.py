@@ -45,6 +45,7 @@ from lmlab.interop import common as C
 from lmlab.interop.registry import Family, StateDict, register
 
 FAM, HF_CLASS = "gemma4_text", "Gemma4ForCausalLM"
+# fmt: off
 DEFAULTS = dict(vocab_size=262144, hidden_size=2304, intermediate_size=9216, num_hidden_layers=30,
                 num_attention_heads=8, num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh",
                 max_position_embeddings=131072, rms_norm_eps=1e-6, tie_word_embeddings=True, rope_parameters=None,
@@ -54,12 +55,17 @@ DEFAULTS = dict(vocab_size=262144, hidden_size=2304, intermediate_size=9216, num
                 enable_moe_block=False, use_double_wide_mlp=False, num_experts=None, top_k_experts=None,
                 moe_intermediate_size=None, global_head_dim=512, num_global_key_value_heads=None,
                 per_layer_config=None)
+# fmt: on
+# fmt: off
 DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                    "rope_theta": 1_000_000.0}}
+# fmt: on
 HANDLED = set(DEFAULTS)
+# fmt: off
 NORMS = {"attn_norm": "input_layernorm", "attn_out_norm": "post_attention_layernorm",
          "mlp_norm": "pre_feedforward_layernorm", "mlp_out_norm": "post_feedforward_layernorm"}
+# fmt: on
 
 
 def _number(field: str, value, minimum: float = 0.0, integer: bool = False):
@@ -121,8 +127,9 @@ def _global_sizes(hf: dict, types: list[str], head_dim: int, kv: int) -> tuple[i
         raise C.unsupported(FAM, "per_layer_config", per_layer, "a mapping of layer index to overrides") from None
     outside = sorted(i for i in per_layer if not 0 <= i < len(types))
     if outside:
-        raise C.unsupported(FAM, f"per_layer_config.{outside[0]}", per_layer[outside[0]],
-                            f"layer indices 0 to {len(types) - 1}")
+        raise C.unsupported(
+            FAM, f"per_layer_config.{outside[0]}", per_layer[outside[0]], f"layer indices 0 to {len(types) - 1}"
+        )
     sizes = set()
     for i, t in enumerate(types):
         over = per_layer.get(i) or {}
@@ -131,9 +138,17 @@ def _global_sizes(hf: dict, types: list[str], head_dim: int, kv: int) -> tuple[i
         if t == "sliding_attention" and over:
             raise C.unsupported(FAM, f"per_layer_config.{i}", over, "no overrides on sliding layers")
         if t == "full_attention":
-            sizes.add((_number(f"per_layer_config.{i}.head_dim", over.get("head_dim", head_dim), 1, integer=True),
-                       _number(f"per_layer_config.{i}.num_key_value_heads", over.get("num_key_value_heads", kv), 1,
-                               integer=True)))
+            sizes.add(
+                (
+                    _number(f"per_layer_config.{i}.head_dim", over.get("head_dim", head_dim), 1, integer=True),
+                    _number(
+                        f"per_layer_config.{i}.num_key_value_heads",
+                        over.get("num_key_value_heads", kv),
+                        1,
+                        integer=True,
+                    ),
+                )
+            )
     if len(sizes) > 1:
         raise C.unsupported(FAM, "per_layer_config", per_layer, "the same head_dim and KV heads on every full layer")
     return sizes.pop() if sizes else (head_dim, kv)
@@ -152,8 +167,12 @@ def _rope(hf: dict, types: list[str], head_dim: int) -> dict:
         theta = float(_number(f"{field}.rope_theta", p["rope_theta"], 1e-12))
         extra = sorted(set(p) - {"rope_type", "rope_theta", "partial_rotary_factor", "factor"})
         if extra:
-            raise C.unsupported(FAM, f"{field}.{extra[0]}", p[extra[0]], "rope_type, rope_theta, "
-                                "partial_rotary_factor and (proportional) factor")
+            raise C.unsupported(
+                FAM,
+                f"{field}.{extra[0]}",
+                p[extra[0]],
+                "rope_type, rope_theta, partial_rotary_factor and (proportional) factor",
+            )
         if t == "sliding_attention":
             if kind != "default":
                 raise C.unsupported(FAM, f"{field}.rope_type", kind, "'default' on sliding layers")
@@ -184,20 +203,30 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     C.check_fields(hf, FAM, HANDLED)
     g = lambda k: C.get(hf, k, DEFAULTS)  # noqa: E731
     if g("use_bidirectional_attention") not in (None, False):
-        raise C.unsupported(FAM, "use_bidirectional_attention", g("use_bidirectional_attention"),
-                            "null (lmlab models are causal)")
+        raise C.unsupported(
+            FAM, "use_bidirectional_attention", g("use_bidirectional_attention"), "null (lmlab models are causal)"
+        )
     n_layers, heads, hidden = g("num_hidden_layers"), g("num_attention_heads"), g("hidden_size")
     kv, head_dim = g("num_key_value_heads") or heads, g("head_dim") or hidden // heads
     types = _layer_types(hf, n_layers)
     g_head, g_kv = _global_sizes(hf, types, head_dim, kv)
-    kw: dict = dict(vocab_size=g("vocab_size"), context_length=g("max_position_embeddings"), d_model=hidden,
-                    n_layers=n_layers, n_heads=heads, n_kv_heads=kv, head_dim=head_dim, d_ff=g("intermediate_size"),
-                    tie_embeddings=bool(g("tie_word_embeddings")), attn_dropout=float(g("attention_dropout") or 0.0),
-                    activation=C.gated_activation(FAM, "hidden_activation", g("hidden_activation")),
-                    norm_type="rmsnorm", norm_weight_fp32=True, norm_eps=float(g("rms_norm_eps")),
-                    norm_position="sandwich", bias="attention" if g("attention_bias") else "none",
-                    position="rope", rope_style="half", qk_norm="rmsnorm", v_norm=True, query_pre_attn_scalar=1.0,
-                    scale_embeddings=True, layer_scalar=True, final_logit_softcap=g("final_logit_softcapping"))
+    kw: dict = dict(
+        **C.read_sizes(g, d_model=hidden, n_layers=n_layers, n_heads=heads, n_kv_heads=kv, head_dim=head_dim),
+        activation=C.gated_activation(FAM, "hidden_activation", g("hidden_activation")),
+        norm_type="rmsnorm",
+        norm_weight_fp32=True,
+        norm_eps=float(g("rms_norm_eps")),
+        norm_position="sandwich",
+        bias="attention" if g("attention_bias") else "none",
+        position="rope",
+        rope_style="half",
+        qk_norm="rmsnorm",
+        v_norm=True,
+        query_pre_attn_scalar=1.0,
+        scale_embeddings=True,
+        layer_scalar=True,
+        final_logit_softcap=g("final_logit_softcapping"),
+    )
     shared = g("num_kv_shared_layers") or 0
     if not isinstance(shared, int) or not 0 <= shared < n_layers:
         raise C.unsupported(FAM, "num_kv_shared_layers", shared, f"a whole number from 0 to {n_layers - 1}")
@@ -209,9 +238,16 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
         for field in ("num_experts", "top_k_experts", "moe_intermediate_size"):
             if not isinstance(g(field), int) or g(field) < 1:
                 raise C.unsupported(FAM, field, g(field), "a whole number >= 1 with enable_moe_block")
-        kw.update(n_experts=g("num_experts"), experts_per_token=g("top_k_experts"),
-                  expert_d_ff=g("moe_intermediate_size"), router_score="softmax", router_renormalize=True,
-                  moe_beside_dense=True, router_input_norm=True, router_expert_scale=True)
+        kw.update(
+            n_experts=g("num_experts"),
+            experts_per_token=g("top_k_experts"),
+            expert_d_ff=g("moe_intermediate_size"),
+            router_score="softmax",
+            router_renormalize=True,
+            moe_beside_dense=True,
+            router_input_norm=True,
+            router_expert_scale=True,
+        )
     if g("hidden_size_per_layer_input"):
         _number("hidden_size_per_layer_input", g("hidden_size_per_layer_input"), 1, integer=True)
         vocab = g("vocab_size_per_layer_input")
@@ -222,16 +258,28 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
         rope.pop("rope_scaling", None)
         kw["nope_global_layers"] = True
     if pattern is None:  # every layer full: no local layers to set the global ones apart from
-        if (g_head, g_kv) != (head_dim, kv) or _flag(hf, "attention_k_eq_v") or rope.get("global_rope_proportion") \
-                or kw.get("nope_global_layers"):
-            raise C.unsupported(FAM, "layer_types", types, "some sliding layers when the full layers have their "
-                                "own head_dim, KV heads, attention_k_eq_v or proportional RoPE")
+        if (
+            (g_head, g_kv) != (head_dim, kv)
+            or _flag(hf, "attention_k_eq_v")
+            or rope.get("global_rope_proportion")
+            or kw.get("nope_global_layers")
+        ):
+            raise C.unsupported(
+                FAM,
+                "layer_types",
+                types,
+                "some sliding layers when the full layers have their "
+                "own head_dim, KV heads, attention_k_eq_v or proportional RoPE",
+            )
         rope.pop("rope_local_theta", None)
     else:
-        kw.update(sliding_window=_number("sliding_window", g("sliding_window"), 1, integer=True),
-                  layer_pattern=None if pattern == "L" else pattern,
-                  global_head_dim=g_head if g_head != head_dim else None,
-                  global_n_kv_heads=g_kv if g_kv != kv else None, global_k_eq_v=_flag(hf, "attention_k_eq_v"))
+        kw.update(
+            sliding_window=_number("sliding_window", g("sliding_window"), 1, integer=True),
+            layer_pattern=None if pattern == "L" else pattern,
+            global_head_dim=g_head if g_head != head_dim else None,
+            global_n_kv_heads=g_kv if g_kv != kv else None,
+            global_k_eq_v=_flag(hf, "attention_k_eq_v"),
+        )
         if "G" not in pattern:  # no full layer: its RoPE and sizes are moot
             for key in ("global_head_dim", "global_n_kv_heads"):
                 kw[key] = None
@@ -256,28 +304,39 @@ def config_to_hf(cfg: ModelConfig) -> dict:
             full["factor"] = float(scaling["factor"])
     local_theta = cfg.rope_local_theta or cfg.rope_theta
     rope = {"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": float(local_theta)}}
-    hf: dict = {"architectures": [HF_CLASS], "model_type": FAM, "dtype": "float32", "vocab_size": cfg.vocab_size,
-                "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layers,
-                "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
-                "max_position_embeddings": cfg.context_length, "tie_word_embeddings": cfg.tie_embeddings,
-                "attention_dropout": float(cfg.attn_dropout), "rms_norm_eps": float(cfg.norm_eps),
-                "hidden_activation": C.GATED_ACT_TO_HF.get(cfg.activation, cfg.activation),
-                "attention_bias": cfg.bias == "attention", "rope_parameters": rope, "layer_types": types,
-                "sliding_window": cfg.sliding_window or cfg.context_length,
-                "final_logit_softcapping": None if cfg.final_logit_softcap is None else float(cfg.final_logit_softcap),
-                "use_bidirectional_attention": None, "hidden_size_per_layer_input": cfg.ple_dim,
-                "vocab_size_per_layer_input": cfg.ple_vocab_size or cfg.vocab_size,
-                "num_kv_shared_layers": cfg.kv_shared_layers, "use_double_wide_mlp": cfg.kv_shared_wide_ffn,
-                "enable_moe_block": bool(cfg.n_experts), "attention_k_eq_v": cfg.global_k_eq_v,
-                # the published spelling, and the resolved one transformers 5 saves (it wins when both are read)
-                "global_head_dim": g_head,
-                "per_layer_config": {str(i): {"head_dim": g_head, "num_key_value_heads": g_kv}
-                                     for i, t in enumerate(types) if t == "full_attention"}}
+    hf: dict = {
+        **C.hf_sizes(FAM, HF_CLASS, cfg),
+        "head_dim": cfg.head_dim,
+        "rms_norm_eps": float(cfg.norm_eps),
+        "hidden_activation": C.GATED_ACT_TO_HF.get(cfg.activation, cfg.activation),
+        "attention_bias": cfg.bias == "attention",
+        "rope_parameters": rope,
+        "layer_types": types,
+        "sliding_window": cfg.sliding_window or cfg.context_length,
+        "final_logit_softcapping": None if cfg.final_logit_softcap is None else float(cfg.final_logit_softcap),
+        "use_bidirectional_attention": None,
+        "hidden_size_per_layer_input": cfg.ple_dim,
+        "vocab_size_per_layer_input": cfg.ple_vocab_size or cfg.vocab_size,
+        "num_kv_shared_layers": cfg.kv_shared_layers,
+        "use_double_wide_mlp": cfg.kv_shared_wide_ffn,
+        "enable_moe_block": bool(cfg.n_experts),
+        "attention_k_eq_v": cfg.global_k_eq_v,
+        # the published spelling, and the resolved one transformers 5 saves (it wins when both are read)
+        "global_head_dim": g_head,
+        "per_layer_config": {
+            str(i): {"head_dim": g_head, "num_key_value_heads": g_kv}
+            for i, t in enumerate(types)
+            if t == "full_attention"
+        },
+    }
     if cfg.global_k_eq_v:
         hf["num_global_key_value_heads"] = g_kv
     if cfg.n_experts:
-        hf.update(num_experts=cfg.n_experts, top_k_experts=cfg.experts_per_token,
-                  moe_intermediate_size=cfg.expert_d_ff or cfg.d_ff)
+        hf.update(
+            num_experts=cfg.n_experts,
+            top_k_experts=cfg.experts_per_token,
+            moe_intermediate_size=cfg.expert_d_ff or cfg.d_ff,
+        )
     return C.verify_roundtrip(FAM, cfg, hf, config_to_lmlab)
 
 
@@ -289,9 +348,11 @@ def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:
     H, d = cfg.n_heads, cfg.d_model
     maps = []
     if cfg.ple_dim:
-        maps += [C.TensorMap("ple_embed.weight", ("model.embed_tokens_per_layer.weight",), (-1,)),
-                 C.TensorMap("ple_proj.weight", ("model.per_layer_model_projection.weight",), (-1,)),
-                 C.TensorMap("ple_norm.weight", ("model.per_layer_projection_norm.weight",), (-1,))]
+        maps += [
+            C.TensorMap("ple_embed.weight", ("model.embed_tokens_per_layer.weight",), (-1,)),
+            C.TensorMap("ple_proj.weight", ("model.per_layer_model_projection.weight",), (-1,)),
+            C.TensorMap("ple_norm.weight", ("model.per_layer_projection_norm.weight",), (-1,)),
+        ]
     for i in range(cfg.n_layers):
         p, b = f"model.layers.{i}", f"blocks.{i}"
         K, D, F = cfg.layer_n_kv_heads(i), cfg.layer_head_dim(i), cfg.layer_d_ff(i)
@@ -307,21 +368,28 @@ def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:
             maps.append(C.TensorMap(f"{b}.attn.out.{s}", (f"{p}.self_attn.o_proj.{s}",), (d,)))
         for ours in ("q_norm", "k_norm"):
             maps.append(C.TensorMap(f"{b}.attn.{ours}.weight", (f"{p}.self_attn.{ours}.weight",), (-1,)))
-        maps.append(C.TensorMap(f"{b}.mlp.w_in.weight", (f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"),
-                                (F, F)))
+        maps.append(
+            C.TensorMap(f"{b}.mlp.w_in.weight", (f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"), (F, F))
+        )
         maps.append(C.TensorMap(f"{b}.mlp.w_out.weight", (f"{p}.mlp.down_proj.weight",), (d,)))
         for ours, theirs in NORMS.items():
             maps.append(C.TensorMap(f"{b}.{ours}.weight", (f"{p}.{theirs}.weight",), (d,)))
         maps.append(C.TensorMap(f"{b}.layer_scalar", (f"{p}.layer_scalar",), (1,)))
-        for ours, theirs in (("gate", "per_layer_input_gate"), ("out", "per_layer_projection"),
-                             ("norm", "post_per_layer_input_norm")):
+        for ours, theirs in (
+            ("gate", "per_layer_input_gate"),
+            ("out", "per_layer_projection"),
+            ("norm", "post_per_layer_input_norm"),
+        ):
             maps.append(C.TensorMap(f"{b}.ple.{ours}.weight", (f"{p}.{theirs}.weight",), (-1,)))
         if cfg.layer_is_moe(i):  # the MoE block beside the MLP; experts split per expert by _split_experts
-            for ours, theirs in (("moe.router.weight", "router.proj.weight"), ("moe.router_scale", "router.scale"),
-                                 ("moe.expert_scale", "router.per_expert_scale"),
-                                 ("dense_out_norm.weight", "post_feedforward_layernorm_1.weight"),
-                                 ("moe_norm.weight", "pre_feedforward_layernorm_2.weight"),
-                                 ("moe_out_norm.weight", "post_feedforward_layernorm_2.weight")):
+            for ours, theirs in (
+                ("moe.router.weight", "router.proj.weight"),
+                ("moe.router_scale", "router.scale"),
+                ("moe.expert_scale", "router.per_expert_scale"),
+                ("dense_out_norm.weight", "post_feedforward_layernorm_1.weight"),
+                ("moe_norm.weight", "pre_feedforward_layernorm_2.weight"),
+                ("moe_out_norm.weight", "post_feedforward_layernorm_2.weight"),
+            ):
                 maps.append(C.TensorMap(f"{b}.{ours}", (f"{p}.{theirs}",), (-1,)))
             for e in range(cfg.n_experts):
                 maps.append(C.TensorMap(f"{b}.moe.experts.{e}.w_in.weight", (f"{p}.experts.{e}.gate_up",), (-1,)))
@@ -332,8 +400,13 @@ def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:
 def to_lmlab_state(state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
     # KV-shared layers: HF builds no k/v projections or norms there and ignores them in a checkpoint
     # (Gemma4TextModel._keys_to_ignore_on_load_unexpected): unused by the forward pass, so dropped here too
-    unused = {f"model.layers.{i}.self_attn.{n}.{s}" for i in range(cfg.n_layers) if cfg.layer_kv_source(i) is not None
-              for n in ("k_proj", "v_proj", "k_norm", "v_norm") for s in ("weight", "bias")}
+    unused = {
+        f"model.layers.{i}.self_attn.{n}.{s}"
+        for i in range(cfg.n_layers)
+        if cfg.layer_kv_source(i) is not None
+        for n in ("k_proj", "v_proj", "k_norm", "v_norm")
+        for s in ("weight", "bias")
+    }
     state = {k: v for k, v in state.items() if k not in unused}
     for p, gate_up, down in C.pop_stacked_experts(state, cfg, "model.layers.{i}.experts", FAM):
         for e in range(cfg.n_experts):  # stored as nn.Linear weights: (2 x width, d) [gate | up], (d, width)
@@ -353,9 +426,11 @@ def to_hf_state(state: StateDict, cfg: ModelConfig) -> StateDict:
     return {k: v.contiguous() for k, v in out.items()}
 
 
+# fmt: off
 FAMILY = register(Family(model_type=FAM, hf_class=HF_CLASS, config_to_lmlab=config_to_lmlab,
                          state_to_lmlab=to_lmlab_state, config_to_hf=config_to_hf, state_to_hf=to_hf_state,
                          notes="Gemma 4 dense text: sandwich RMSNorms, QK- and V-norm, query scale 1, full layers "
                                "with their own head_dim / KV heads, keys as values and proportional RoPE, "
                                "layer scalars, 5:1 local/global",
                          unread_notes=notes))
+# fmt: on

@@ -18,10 +18,15 @@ from lmlab.interop.registry import UnsupportedError
 
 NAME = "gpt2"
 
-CONFIG = ConfigTable(NAME, dict(  # GPT2Config's defaults
+# fmt: off
+CONFIG = ConfigTable(NAME, hf_class="GPT2LMHeadModel", defaults=dict(  # GPT2Config's defaults
     vocab_size=50257, context_length=1024, d_model=768, n_layers=12, n_heads=12, d_ff=lambda v: 4 * v["d_model"],
     norm_eps=1e-5, activation="gelu_new", tie_embeddings=True, embd_dropout=0.1, attn_dropout=0.1, resid_dropout=0.1,
-    init_std=0.02), names=GPT2_NAMES)
+    init_std=0.02), names=GPT2_NAMES,
+    fixed=dict(norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True, bias="all",
+               lm_head_bias=False, position="learned"),
+)
+# fmt: on
 HANDLED = CONFIG.keys() | {"scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"}
 
 
@@ -30,13 +35,10 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     expect(NAME, hf, "scale_attn_by_inverse_layer_idx", (False,), False)
     expect(NAME, hf, "add_cross_attention", (False,), False)
     scaled = expect(NAME, hf, "scale_attn_weights", (True, False), True)
-    return ModelConfig(
-        **CONFIG.read(hf),
-        norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True, bias="all", lm_head_bias=False,
-        position="learned", query_pre_attn_scalar=None if scaled else 1.0,
-    )
+    return ModelConfig(**CONFIG.read(hf), query_pre_attn_scalar=None if scaled else 1.0)
 
 
+# fmt: off
 ROWS = [  # HF name (under transformer.) <-> lmlab name; {i}: every layer
     Row("wte.weight", "embed.weight"),
     Row("wpe.weight", "abs_pos.weight"),
@@ -48,23 +50,29 @@ ROWS = [  # HF name (under transformer.) <-> lmlab name; {i}: every layer
     *linear("h.{i}.mlp.c_proj", "blocks.{i}.mlp.w_out", bias=True, transform=CONV1D),
     *layer_norm("ln_f", "final_norm"),
 ]
+# fmt: on
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
     if cfg.query_pre_attn_scalar is not None and cfg.query_pre_attn_scalar not in (1.0, float(cfg.head_dim)):
-        raise UnsupportedError(f"{NAME}: query_pre_attn_scalar={cfg.query_pre_attn_scalar!r} cannot be exported; "
-                               f"GPT-2 scales attention logits by 1/sqrt(head_dim) or not at all (1.0)")
+        raise UnsupportedError(
+            f"{NAME}: query_pre_attn_scalar={cfg.query_pre_attn_scalar!r} cannot be exported; "
+            f"GPT-2 scales attention logits by 1/sqrt(head_dim) or not at all (1.0)"
+        )
     return {
-        "model_type": NAME, "architectures": ["GPT2LMHeadModel"], **CONFIG.write(cfg),
-        "scale_attn_weights": cfg.query_pre_attn_scalar != 1.0, "scale_attn_by_inverse_layer_idx": False,
+        **CONFIG.write(cfg),
+        "scale_attn_weights": cfg.query_pre_attn_scalar != 1.0,
+        "scale_attn_by_inverse_layer_idx": False,
         "reorder_and_upcast_attn": False,
     }
 
 
+# fmt: off
 FAMILY = register_family(
-    NAME, "GPT2LMHeadModel", config_to_lmlab, config_to_hf,
+    NAME, CONFIG.hf_class, config_to_lmlab, config_to_hf,
     converters(NAME, ROWS, "transformer.", ignore=(r"\.attn\.(masked_)?bias$",)),
     notes="exact: pre-norm LayerNorm, plain GELU MLP, learned positions, Conv1D weights transposed; "
           "scale_attn_weights=False as query_pre_attn_scalar=1. Unsupported: scale_attn_by_inverse_layer_idx, "
           "add_cross_attention.",
 )
+# fmt: on

@@ -25,9 +25,14 @@ from lmlab.interop.families._tools import (
 
 NAME = "gpt_neox"
 
-CONFIG = ConfigTable(NAME, dict(  # GPTNeoXConfig's defaults
+# fmt: off
+CONFIG = ConfigTable(NAME, hf_class="GPTNeoXForCausalLM", defaults=dict(  # GPTNeoXConfig's defaults
     vocab_size=50432, context_length=2048, d_model=6144, n_layers=44, n_heads=64, d_ff=24576, norm_eps=1e-5,
-    activation="gelu", tie_embeddings=False, attn_dropout=0.0, resid_dropout=0.0, init_std=0.02), tanh_name="gelu_fast")
+    activation="gelu", tie_embeddings=False, attn_dropout=0.0, resid_dropout=0.0, init_std=0.02), tanh_name="gelu_fast",
+    fixed=dict(norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True, bias="all",
+               lm_head_bias=False, parallel_shared_norm=False, position="rope", rope_style="half"),
+)
+# fmt: on
 HANDLED = CONFIG.keys() | {"use_parallel_residual", "attention_bias", "rotary_pct", "rotary_emb_base"}
 
 
@@ -41,14 +46,17 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     # HF's GPT-NeoX config ignores the top-level names other families use: refuse them when they disagree
     for key, used in (("rope_theta", rope["rope_theta"]), ("partial_rotary_factor", rope["rope_fraction"])):
         if hf.get(key) is not None and float(hf[key]) != used:
-            reject(NAME, key, hf[key], f"RoPE given as rope_parameters or rotary_emb_base / rotary_pct (HF's GPT-NeoX "
-                                       f"ignores a top-level {key}; it would use {used})")
-    return ModelConfig(
-        **fields,
-        norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True, bias="all", lm_head_bias=False,
-        parallel_block=parallel, parallel_shared_norm=False, position="rope", rope_style="half", **rope,
-    )
+            reject(
+                NAME,
+                key,
+                hf[key],
+                f"RoPE given as rope_parameters or rotary_emb_base / rotary_pct (HF's GPT-NeoX "
+                f"ignores a top-level {key}; it would use {used})",
+            )
+    return ModelConfig(**fields, parallel_block=parallel, **rope)
 
+
+# fmt: off
 ROWS = [  # HF name (under gpt_neox.) <-> lmlab name; {i}: every layer
     Row("embed_in.weight", "embed.weight"),
     *layer_norm("layers.{i}.input_layernorm", "blocks.{i}.attn_norm"),
@@ -59,17 +67,24 @@ ROWS = [  # HF name (under gpt_neox.) <-> lmlab name; {i}: every layer
     *linear("layers.{i}.mlp.dense_4h_to_h", "blocks.{i}.mlp.w_out", bias=True),
     *layer_norm("final_layer_norm", "final_norm"),
 ]
+# fmt: on
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
-    return {"model_type": NAME, "architectures": ["GPTNeoXForCausalLM"], **CONFIG.write(cfg),
-          "use_parallel_residual": cfg.parallel_block, "attention_bias": True, "rope_parameters": rope_parameters(cfg)}
+    return {
+        **CONFIG.write(cfg),
+        "use_parallel_residual": cfg.parallel_block,
+        "attention_bias": True,
+        "rope_parameters": rope_parameters(cfg),
+    }
 
 
+# fmt: off
 FAMILY = register_family(
-    NAME, "GPTNeoXForCausalLM", config_to_lmlab, config_to_hf, converters(
+    NAME, CONFIG.hf_class, config_to_lmlab, config_to_hf, converters(
     NAME, ROWS, "gpt_neox.", ignore=(r"\.attention\.(masked_)?bias$", r"\.attention\.rotary_emb\.inv_freq$"),
     head="embed_out.weight", head_aliases=("lm_head.weight",)),
     notes="exact: parallel residual with two LayerNorms (or sequential), per-head interleaved fused qkv, "
           "partial rotate-half RoPE. Unsupported: attention_bias=False (MLP biases without attention ones).",
 )
+# fmt: on

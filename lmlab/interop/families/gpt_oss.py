@@ -25,12 +25,14 @@ from lmlab.interop import common as C
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
 
 FAM, HF_CLASS = "gpt_oss", "GptOssForCausalLM"
+# fmt: off
 DEFAULTS = dict(vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=36,
                 num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=128,
                 num_experts_per_tok=4, sliding_window=128, max_position_embeddings=131072, rms_norm_eps=1e-5,
                 tie_word_embeddings=False, hidden_act="silu", attention_bias=True, attention_dropout=0.0,
                 router_aux_loss_coef=0.9, output_router_logits=False, swiglu_alpha=1.702, swiglu_limit=7.0,
                 layer_types=None)
+# fmt: on
 HANDLED = set(DEFAULTS) | {"rope_parameters", "rope_scaling", "rope_theta"}
 
 
@@ -52,16 +54,28 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     if partial != 1.0:
         raise C.unsupported(FAM, "partial_rotary_factor", partial, "1.0")
     width = g("intermediate_size")
-    kw = dict(vocab_size=g("vocab_size"), context_length=g("max_position_embeddings"), d_model=g("hidden_size"),
-              n_layers=n, n_heads=g("num_attention_heads"), n_kv_heads=g("num_key_value_heads"), head_dim=g("head_dim"),
-              d_ff=width, expert_d_ff=width, norm_type="rmsnorm", norm_eps=float(g("rms_norm_eps")),
-              norm_position="pre", bias="all", activation="swiglu_clamped", swiglu_alpha=float(g("swiglu_alpha")),
-              swiglu_limit=float(g("swiglu_limit")), position="rope", rope_style="half", rope_theta=theta,
-              rope_scaling=scaling, tie_embeddings=bool(g("tie_word_embeddings")),
-              attn_dropout=float(g("attention_dropout") or 0.0), attn_sinks=True,
-              n_experts=g("num_local_experts"), experts_per_token=g("num_experts_per_tok"), router_score="softmax",
-              router_renormalize=True, router_bias=True,
-              moe_aux_loss=float(g("router_aux_loss_coef")) if g("output_router_logits") else 0.0)
+    kw = dict(
+        **C.read_sizes(g, n_layers=n, d_ff=width),
+        expert_d_ff=width,
+        norm_type="rmsnorm",
+        norm_eps=float(g("rms_norm_eps")),
+        norm_position="pre",
+        bias="all",
+        activation="swiglu_clamped",
+        swiglu_alpha=float(g("swiglu_alpha")),
+        swiglu_limit=float(g("swiglu_limit")),
+        position="rope",
+        rope_style="half",
+        rope_theta=theta,
+        rope_scaling=scaling,
+        attn_sinks=True,
+        n_experts=g("num_local_experts"),
+        experts_per_token=g("num_experts_per_tok"),
+        router_score="softmax",
+        router_renormalize=True,
+        router_bias=True,
+        moe_aux_loss=float(g("router_aux_loss_coef")) if g("output_router_logits") else 0.0,
+    )
     if pattern is not None:
         kw.update(sliding_window=int(g("sliding_window")), layer_pattern=None if pattern == "L" else pattern)
     return C.lmlab_config(FAM, kw)
@@ -71,26 +85,15 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     """GptOssConfig for ``cfg``; UnsupportedError naming what gpt-oss cannot represent."""
     types = C.types_from_cfg(cfg)
     hf = {
-        "architectures": [HF_CLASS],
-        "model_type": FAM,
-        "dtype": "float32",
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model,
-        "intermediate_size": cfg.expert_d_ff or cfg.d_ff,
-        "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads,
+        **C.hf_sizes(FAM, HF_CLASS, cfg, intermediate_size=cfg.expert_d_ff or cfg.d_ff),
         "head_dim": cfg.head_dim,
         "num_local_experts": cfg.n_experts,
         "num_experts_per_tok": cfg.experts_per_token,
         "sliding_window": cfg.sliding_window,
         "layer_types": types,
-        "max_position_embeddings": cfg.context_length,
         "rms_norm_eps": float(cfg.norm_eps),
-        "tie_word_embeddings": cfg.tie_embeddings,
         "hidden_act": "silu",
         "attention_bias": True,
-        "attention_dropout": float(cfg.attn_dropout),
         "output_router_logits": cfg.moe_aux_loss > 0,
         "router_aux_loss_coef": cfg.moe_aux_loss or DEFAULTS["router_aux_loss_coef"],
         "swiglu_alpha": float(cfg.swiglu_alpha),
@@ -128,8 +131,10 @@ def _unstack(state: StateDict, cfg: ModelConfig) -> StateDict:
         p = f"model.layers.{i}.mlp.experts"
         if f"{p}.gate_up_proj" not in out:
             if f"{p}.gate_up_proj_blocks" in out:
-                raise UnsupportedError(f"{FAM}: {p}.gate_up_proj is stored in MXFP4 (_blocks/_scales); load it with "
-                                       f"transformers (Mxfp4Config(dequantize=True)), save it, and import that")
+                raise UnsupportedError(
+                    f"{FAM}: {p}.gate_up_proj is stored in MXFP4 (_blocks/_scales); load it with "
+                    f"transformers (Mxfp4Config(dequantize=True)), save it, and import that"
+                )
             continue
         gu, gub = out.pop(f"{p}.gate_up_proj"), out.pop(f"{p}.gate_up_proj_bias")
         down, downb = out.pop(f"{p}.down_proj"), out.pop(f"{p}.down_proj_bias")
@@ -161,17 +166,14 @@ def _stack(state: StateDict, cfg: ModelConfig) -> StateDict:
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def to_lmlab_state(state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
-    return C.state_to_lmlab(_unstack(state, cfg), cfg, tensor_maps(cfg), FAM)
+to_lmlab_state, to_hf_state = C.mapped_states(FAM, tensor_maps, _unstack, _stack)
 
 
-def to_hf_state(state: StateDict, cfg: ModelConfig) -> StateDict:
-    return _stack(C.state_to_hf(state, cfg, tensor_maps(cfg)), cfg)
-
-
+# fmt: off
 FAMILY = register(Family(model_type=FAM, hf_class=HF_CLASS, config_to_lmlab=config_to_lmlab,
                          state_to_lmlab=to_lmlab_state, config_to_hf=config_to_hf, state_to_hf=to_hf_state,
                          notes="gpt-oss: GQA with biases and sinks, sliding/full layers, YaRN, every FFN a "
                                "mixture of clamped-SwiGLU experts with biases (router with a bias, softmax "
                                "over the top-k)",
                          unread_notes=lambda hf: []))
+# fmt: on

@@ -19,10 +19,16 @@ from lmlab.interop.registry import UnsupportedError
 
 NAME = "gptj"
 
-CONFIG = ConfigTable(NAME, dict(  # GPTJConfig's defaults
+# fmt: off
+CONFIG = ConfigTable(NAME, hf_class="GPTJForCausalLM", defaults=dict(  # GPTJConfig's defaults
     vocab_size=50400, context_length=2048, d_model=4096, n_layers=28, n_heads=16, d_ff=lambda v: 4 * v["d_model"],
     norm_eps=1e-5, activation="gelu_new", tie_embeddings=False, embd_dropout=0.0, attn_dropout=0.0,
-    resid_dropout=0.0, init_std=0.02), names=GPT2_NAMES)
+    resid_dropout=0.0, init_std=0.02), names=GPT2_NAMES,
+    fixed=dict(norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True, bias="mlp",
+               lm_head_bias=True, parallel_block=True, parallel_shared_norm=True, position="rope",
+               rope_style="interleaved", rope_theta=10000.0),
+)
+# fmt: on
 HANDLED = CONFIG.keys() | {"rotary_dim", "scale_attn_weights"}  # the latter: old GPT-J configs; HF always scales
 # GPT-J-6B's published config.json: a key of mesh-transformer-jax that transformers' GPT-J never reads
 UNREAD = (Unread("rotary", "RoPE on, as HF's GPT-J always rotates rotary_dim channels", accepted=(True,)),)
@@ -36,18 +42,19 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     rotary_dim = hf.get("rotary_dim", 64)
     if rotary_dim is None:
         if fields["n_heads"] != 1:
-            reject(NAME, "rotary_dim", None, "an explicit rotary_dim (HF's None rotates hidden_size channels, "
-                                             "which only fits n_head=1)")
+            reject(
+                NAME,
+                "rotary_dim",
+                None,
+                "an explicit rotary_dim (HF's None rotates hidden_size channels, which only fits n_head=1)",
+            )
         rotary_dim = head_dim
     if not (2 <= rotary_dim <= head_dim) or rotary_dim % 2:
         reject(NAME, "rotary_dim", rotary_dim, f"an even rotary_dim in [2, head_dim={head_dim}]")
-    return ModelConfig(
-        **fields,
-        norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True, bias="mlp", lm_head_bias=True,
-        parallel_block=True, parallel_shared_norm=True,
-        position="rope", rope_style="interleaved", rope_theta=10000.0, rope_fraction=rotary_dim / head_dim,
-    )
+    return ModelConfig(**fields, rope_fraction=rotary_dim / head_dim)
 
+
+# fmt: off
 ROWS = [  # HF name (under transformer.) <-> lmlab name; {i}: every layer
     Row("wte.weight", "embed.weight"),
     *layer_norm("h.{i}.ln_1", "blocks.{i}.attn_norm"),
@@ -58,20 +65,26 @@ ROWS = [  # HF name (under transformer.) <-> lmlab name; {i}: every layer
     *layer_norm("ln_f", "final_norm"),
     Row("lm_head.bias", "lm_head.bias", prefixed=False),
 ]
+# fmt: on
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
     if cfg.position == "rope" and cfg.rope_theta != 10000.0:
-        raise UnsupportedError(f"{NAME}: rope_theta={cfg.rope_theta!r} cannot be exported; GPT-J's RoPE base is "
-                               f"fixed at 10000")
-    return {"model_type": NAME, "architectures": ["GPTJForCausalLM"], **CONFIG.write(cfg),
-          "rotary_dim": rotated_dims(cfg)}
+        raise UnsupportedError(
+            f"{NAME}: rope_theta={cfg.rope_theta!r} cannot be exported; GPT-J's RoPE base is fixed at 10000"
+        )
+    return {
+        **CONFIG.write(cfg),
+        "rotary_dim": rotated_dims(cfg),
+    }
 
 
+# fmt: off
 FAMILY = register_family(
-    NAME, "GPTJForCausalLM", config_to_lmlab, config_to_hf,
+    NAME, CONFIG.hf_class, config_to_lmlab, config_to_hf,
     converters(NAME, ROWS, "transformer.", ignore=(r"\.attn\.(masked_)?bias$",)),
     unread_notes=lambda hf: check_unread(hf, NAME, UNREAD),
     notes="exact: parallel block off one LayerNorm, partial interleaved RoPE (rotary_dim, base 10000), "
           "LM-head bias. Unsupported: rotary_dim=None with more than one head (HF itself fails there).",
 )
+# fmt: on

@@ -9,6 +9,7 @@ gates. ``pretraining_tp`` is metadata (transformers 5 never reads it).
 
 from lmlab.interop.llama_like import Spec, build
 
+# fmt: off
 FAMILY = build(Spec(
     model_type="llama", hf_class="LlamaForCausalLM", bias="llama",
     defaults=dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
@@ -17,3 +18,4 @@ FAMILY = build(Spec(
                   mlp_bias=False, head_dim=None),
     notes="pre-norm RMSNorm, gated MLP, RoPE (default/linear/yarn/llama3), GQA, optional biases",
 ))
+# fmt: on

@@ -37,6 +37,7 @@ from lmlab.interop import common as C
 from lmlab.interop.registry import Family, StateDict, register
 
 FAM, HF_CLASS = "llama4_text", "Llama4ForCausalLM"
+# fmt: off
 DEFAULTS = dict(vocab_size=202048, hidden_size=5120, intermediate_size=8192, intermediate_size_mlp=16384,
                 num_hidden_layers=48, num_attention_heads=40, num_key_value_heads=8, head_dim=128, hidden_act="silu",
                 max_position_embeddings=4096 * 32, rms_norm_eps=1e-5, tie_word_embeddings=False,
@@ -45,6 +46,7 @@ DEFAULTS = dict(vocab_size=202048, hidden_size=5120, intermediate_size=8192, int
                 router_aux_loss_coef=0.001, router_jitter_noise=0.0, no_rope_layers=None, no_rope_layer_interval=4,
                 attention_chunk_size=8192, layer_types=None, attn_temperature_tuning=True, floor_scale=8192,
                 attn_scale=0.1, attention_bias=False)
+# fmt: on
 DEFAULT_THETA = 500000.0
 HANDLED = set(DEFAULTS)
 
@@ -73,13 +75,24 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     g = lambda k: C.get(hf, k, DEFAULTS)  # noqa: E731
     n_layers, heads = g("num_hidden_layers"), g("num_attention_heads")
     hidden = g("hidden_size")
-    kw: dict = dict(vocab_size=g("vocab_size"), context_length=g("max_position_embeddings"), d_model=hidden,
-                    n_layers=n_layers, n_heads=heads, n_kv_heads=g("num_key_value_heads") or heads,
-                    head_dim=g("head_dim") or hidden // heads, d_ff=g("intermediate_size_mlp"),
-                    tie_embeddings=bool(g("tie_word_embeddings")), attn_dropout=float(g("attention_dropout") or 0.0),
-                    activation=C.gated_activation(FAM, "hidden_act", g("hidden_act")), norm_type="rmsnorm",
-                    norm_eps=float(g("rms_norm_eps")), norm_position="pre",
-                    bias="attention" if g("attention_bias") else "none", position="rope", rope_style="interleaved")
+    kw: dict = dict(
+        **C.read_sizes(
+            g,
+            d_model=hidden,
+            n_layers=n_layers,
+            n_heads=heads,
+            n_kv_heads=g("num_key_value_heads") or heads,
+            head_dim=g("head_dim") or hidden // heads,
+            d_ff=g("intermediate_size_mlp"),
+        ),
+        activation=C.gated_activation(FAM, "hidden_act", g("hidden_act")),
+        norm_type="rmsnorm",
+        norm_eps=float(g("rms_norm_eps")),
+        norm_position="pre",
+        bias="attention" if g("attention_bias") else "none",
+        position="rope",
+        rope_style="interleaved",
+    )
     theta, scaling, partial = C.read_rope(hf, FAM, default_theta=DEFAULT_THETA)
     if partial != 1.0:
         raise C.unsupported(FAM, "partial_rotary_factor", partial, "1.0 (Llama 4 rotates the whole head)")
@@ -88,14 +101,22 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     flags, chunk = _flags(hf, n_layers), g("attention_chunk_size")
     want = ["chunked_attention" if f and chunk is not None else "full_attention" for f in flags]
     if hf.get("layer_types") is not None and list(hf["layer_types"]) != want:
-        raise C.unsupported(FAM, "layer_types", hf["layer_types"],
-                            f"{want}: chunked exactly on the RoPE layers of no_rope_layers={flags} when "
-                            f"attention_chunk_size={chunk!r} is set, as Llama4TextConfig derives them")
+        raise C.unsupported(
+            FAM,
+            "layer_types",
+            hf["layer_types"],
+            f"{want}: chunked exactly on the RoPE layers of no_rope_layers={flags} when "
+            f"attention_chunk_size={chunk!r} is set, as Llama4TextConfig derives them",
+        )
     letters = "".join("R" if f else "N" for f in flags)
     if chunk is not None and "R" in letters:
         pattern = C.shortest_period(letters.replace("R", "L").replace("N", "G"))
-        kw.update(sliding_window=int(chunk), local_attention="chunk", layer_pattern=None if pattern == "L" else pattern,
-                  nope_global_layers="G" in pattern)
+        kw.update(
+            sliding_window=int(chunk),
+            local_attention="chunk",
+            layer_pattern=None if pattern == "L" else pattern,
+            nope_global_layers="G" in pattern,
+        )
     elif "N" in letters:
         kw["nope_layers"] = C.shortest_period(letters)
     if "R" not in letters:
@@ -103,18 +124,25 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     if g("use_qk_norm") and "R" in letters:
         kw.update(qk_norm="l2", qk_norm_layers="rope")
     if g("attn_temperature_tuning") and "N" in letters:
-        kw.update(attn_temperature_tuning=True, attn_temperature_floor=int(g("floor_scale")),
-                  attn_temperature_scale=float(g("attn_scale")))
+        kw.update(
+            attn_temperature_tuning=True,
+            attn_temperature_floor=int(g("floor_scale")),
+            attn_temperature_scale=float(g("attn_scale")),
+        )
 
     moe = _moe_layers(hf, n_layers)
     if moe:
-        if g("router_jitter_noise"):
-            raise C.unsupported(FAM, "router_jitter_noise", g("router_jitter_noise"),
-                                "0.0 (lmlab's router adds no training-time noise)")
-        kw.update(n_experts=g("num_local_experts"), experts_per_token=g("num_experts_per_tok"), n_shared_experts=1,
-                  expert_d_ff=g("intermediate_size"), router_score="sigmoid", router_renormalize=False,
-                  router_weights="input",
-                  moe_pattern=C.shortest_period("".join("M" if i in moe else "D" for i in range(n_layers))))
+        C.refuse_router_noise(FAM, g)
+        kw.update(
+            n_experts=g("num_local_experts"),
+            experts_per_token=g("num_experts_per_tok"),
+            n_shared_experts=1,
+            expert_d_ff=g("intermediate_size"),
+            router_score="sigmoid",
+            router_renormalize=False,
+            router_weights="input",
+            moe_pattern=C.shortest_period("".join("M" if i in moe else "D" for i in range(n_layers))),
+        )
     return C.lmlab_config(FAM, kw)
 
 
@@ -125,28 +153,35 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     chunked = cfg.local_attention == "chunk" and any(cfg.layer_is_local(i) for i in range(cfg.n_layers))
     moe = [i for i in range(cfg.n_layers) if cfg.layer_is_moe(i)]
     width = cfg.expert_d_ff or cfg.d_ff
-    hf: dict = {"architectures": [HF_CLASS], "model_type": FAM, "dtype": "float32", "vocab_size": cfg.vocab_size,
-                "hidden_size": cfg.d_model, "intermediate_size": width, "intermediate_size_mlp": cfg.d_ff,
-                "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-                "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
-                "max_position_embeddings": cfg.context_length, "tie_word_embeddings": cfg.tie_embeddings,
-                "attention_dropout": float(cfg.attn_dropout), "hidden_act": C.GATED_ACT_TO_HF.get(cfg.activation,
-                                                                                                 cfg.activation),
-                "rms_norm_eps": float(cfg.norm_eps), "attention_bias": cfg.bias == "attention",
-                "rope_parameters": C.rope_to_hf(cfg.rope_theta, cfg.rope_scaling, rot),
-                "no_rope_layers": flags, "attention_chunk_size": cfg.sliding_window if chunked else None,
-                "use_qk_norm": cfg.qk_norm == "l2", "attn_temperature_tuning": cfg.attn_temperature_tuning,
-                "floor_scale": cfg.attn_temperature_floor, "attn_scale": cfg.attn_temperature_scale,
-                "moe_layers": moe, "num_local_experts": cfg.n_experts or 1,
-                "num_experts_per_tok": cfg.experts_per_token if cfg.n_experts else 1,
-                "output_router_logits": False, "router_jitter_noise": 0.0}
+    hf: dict = {
+        **C.hf_sizes(FAM, HF_CLASS, cfg, intermediate_size=width),
+        "intermediate_size_mlp": cfg.d_ff,
+        "head_dim": cfg.head_dim,
+        "hidden_act": C.GATED_ACT_TO_HF.get(cfg.activation, cfg.activation),
+        "rms_norm_eps": float(cfg.norm_eps),
+        "attention_bias": cfg.bias == "attention",
+        "rope_parameters": C.rope_to_hf(cfg.rope_theta, cfg.rope_scaling, rot),
+        "no_rope_layers": flags,
+        "attention_chunk_size": cfg.sliding_window if chunked else None,
+        "use_qk_norm": cfg.qk_norm == "l2",
+        "attn_temperature_tuning": cfg.attn_temperature_tuning,
+        "floor_scale": cfg.attn_temperature_floor,
+        "attn_scale": cfg.attn_temperature_scale,
+        "moe_layers": moe,
+        "num_local_experts": cfg.n_experts or 1,
+        "num_experts_per_tok": cfg.experts_per_token if cfg.n_experts else 1,
+        "output_router_logits": False,
+        "router_jitter_noise": 0.0,
+    }
     return C.verify_roundtrip(FAM, cfg, hf, config_to_lmlab)
 
 
 def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:
-    layers = [m for m in C.llama_layer_maps(cfg, {"attn_norm": "input_layernorm",
-                                                  "mlp_norm": "post_attention_layernorm"})
-              if ".mlp." not in m.lmlab]
+    layers = [
+        m
+        for m in C.llama_layer_maps(cfg, {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"})
+        if ".mlp." not in m.lmlab
+    ]
     F, W, d = cfg.d_ff, cfg.expert_d_ff or cfg.d_ff, cfg.d_model
     for i in range(cfg.n_layers):
         p, b = f"model.layers.{i}.feed_forward", f"blocks.{i}.mlp"
@@ -191,8 +226,10 @@ def to_hf_state(state: StateDict, cfg: ModelConfig) -> StateDict:
     return {k: v.contiguous() for k, v in out.items()}
 
 
+# fmt: off
 FAMILY = register(Family(model_type=FAM, hf_class=HF_CLASS, config_to_lmlab=config_to_lmlab,
                          state_to_lmlab=to_lmlab_state, config_to_hf=config_to_hf, state_to_hf=to_hf_state,
                          notes="Llama 4 text: chunked RoPE layers, NoPE layers with temperature tuning, L2 QK-norm, "
                                "MoE of sigmoid-scored experts fed the scaled token plus a shared expert",
                          unread_notes=lambda hf: []))
+# fmt: on

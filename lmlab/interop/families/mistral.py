@@ -6,6 +6,7 @@ HF's ``kv_idx > q_idx - sliding_window``) on every layer, or none when it is nul
 
 from lmlab.interop.llama_like import Spec, build
 
+# fmt: off
 FAMILY = build(Spec(
     model_type="mistral", hf_class="MistralForCausalLM", bias="none", sliding="all",
     defaults=dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -14,3 +15,4 @@ FAMILY = build(Spec(
                   attention_dropout=0.0),
     notes="Llama block, sliding window on every layer",
 ))
+# fmt: on

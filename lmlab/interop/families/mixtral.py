@@ -11,6 +11,7 @@ them (lmlab: ``router_score='softmax'``, ``router_renormalize=True``). Checkpoin
 
 from lmlab.interop.llama_like import Spec, build
 
+# fmt: off
 FAMILY = build(Spec(
     model_type="mixtral", hf_class="MixtralForCausalLM", bias="none", sliding="all", moe="mixtral",
     defaults=dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -20,3 +21,4 @@ FAMILY = build(Spec(
                   router_aux_loss_coef=0.001, router_jitter_noise=0.0),
     notes="Mistral attention, every MLP a top-2 mixture of 8 SwiGLU experts",
 ))
+# fmt: on

@@ -13,17 +13,22 @@ from __future__ import annotations
 from lmlab.config import ModelConfig
 from lmlab.interop.families._config_table import STANDARD, ConfigTable
 from lmlab.interop.families._table import register_family, converters, Row, layer_norm, linear, separate_qkv
-from lmlab.interop.families._tools import (check_fields, expect, read_rope, rope_parameters)
+from lmlab.interop.families._tools import check_fields, expect, read_rope, rope_parameters
 from lmlab.interop.registry import UnsupportedError
 
 NAME = "nemotron"
 _BIAS = {(False, False): "none", (True, True): "all", (False, True): "mlp", (True, False): "attention"}
 
-CONFIG = ConfigTable(NAME, dict(  # NemotronConfig's defaults
+# fmt: off
+CONFIG = ConfigTable(NAME, hf_class="NemotronForCausalLM", defaults=dict(  # NemotronConfig's defaults
     vocab_size=256000, context_length=4096, d_model=6144, n_layers=32, n_heads=48, n_kv_heads=lambda v: v["n_heads"],
     head_dim=lambda v: v["d_model"] // v["n_heads"], d_ff=24576, norm_eps=1e-5, activation="relu2",
     tie_embeddings=False, attn_dropout=0.0, init_std=0.0134),
-    names={**STANDARD, "norm_eps": "norm_eps"}, tanh_name="gelu_pytorch_tanh")
+    names={**STANDARD, "norm_eps": "norm_eps"}, tanh_name="gelu_pytorch_tanh",
+    fixed=dict(norm_type="layernorm1p", norm_position="pre", norm_bias=True, final_norm=True, lm_head_bias=False,
+               position="rope", rope_style="half"),
+)
+# fmt: on
 HANDLED = CONFIG.keys() | {"attention_bias", "mlp_bias"}
 
 
@@ -33,10 +38,7 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     attn_bias = expect(NAME, hf, "attention_bias", (True, False), False)
     mlp_bias = expect(NAME, hf, "mlp_bias", (True, False), False)
     return ModelConfig(
-        **fields,
-        norm_type="layernorm1p", norm_position="pre", norm_bias=True, final_norm=True,
-        bias=_BIAS[(attn_bias, mlp_bias)], lm_head_bias=False,
-        position="rope", rope_style="half", **read_rope(NAME, hf, fields["head_dim"], default_fraction=0.5),
+        **fields, bias=_BIAS[(attn_bias, mlp_bias)], **read_rope(NAME, hf, fields["head_dim"], default_fraction=0.5)
     )
 
 
@@ -48,6 +50,7 @@ def _mlp_bias(cfg: ModelConfig) -> bool:
     return cfg.bias in ("all", "mlp")
 
 
+# fmt: off
 ROWS = [  # HF name (under model.) <-> lmlab name; {i}: every layer
     Row("embed_tokens.weight", "embed.weight"),
     *layer_norm("layers.{i}.input_layernorm", "blocks.{i}.attn_norm"),
@@ -58,21 +61,27 @@ ROWS = [  # HF name (under model.) <-> lmlab name; {i}: every layer
     *linear("layers.{i}.mlp.down_proj", "blocks.{i}.mlp.w_out", bias=_mlp_bias),
     *layer_norm("norm", "final_norm"),
 ]
+# fmt: on
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
     if cfg.bias not in _BIAS.values():
-        raise UnsupportedError(f"{NAME}: bias={cfg.bias!r} cannot be exported; Nemotron has attention biases "
-                               f"(q, k, v and o) and MLP biases: bias 'none', 'all' or 'mlp'")
+        raise UnsupportedError(
+            f"{NAME}: bias={cfg.bias!r} cannot be exported; Nemotron has attention biases "
+            f"(q, k, v and o) and MLP biases: bias 'none', 'all' or 'mlp'"
+        )
     return {
-        "model_type": NAME, "architectures": ["NemotronForCausalLM"], **CONFIG.write(cfg),
-        "attention_bias": cfg.bias in ("all", "attention"), "mlp_bias": cfg.bias in ("all", "mlp"),
+        **CONFIG.write(cfg),
+        "attention_bias": cfg.bias in ("all", "attention"),
+        "mlp_bias": cfg.bias in ("all", "mlp"),
         "rope_parameters": rope_parameters(cfg),
     }
 
 
+# fmt: off
 FAMILY = register_family(
-    NAME, "NemotronForCausalLM", config_to_lmlab, config_to_hf, converters(NAME, ROWS, "model."),
+    NAME, CONFIG.hf_class, config_to_lmlab, config_to_hf, converters(NAME, ROWS, "model."),
     notes="exact: LayerNorm1P as norm_type='layernorm1p' (weights unchanged), relu2 MLP, GQA with free "
           "head_dim, partial rotate-half RoPE. Unsupported: attention_bias=True with mlp_bias=False.",
 )
+# fmt: on

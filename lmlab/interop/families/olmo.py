@@ -7,6 +7,7 @@ clamped to [-c, c]; OLMo 1.7). ``attention_bias`` would bias q, k, v and o (refu
 
 from lmlab.interop.llama_like import Spec, build
 
+# fmt: off
 FAMILY = build(Spec(
     model_type="olmo", hf_class="OlmoForCausalLM", norm="olmo", clip_qkv=True,
     defaults=dict(vocab_size=50304, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
@@ -14,3 +15,4 @@ FAMILY = build(Spec(
                   tie_word_embeddings=False, attention_bias=False, attention_dropout=0.0, clip_qkv=None),
     notes="LayerNorm without parameters, optional clip_qkv",
 ))
+# fmt: on

@@ -8,6 +8,7 @@ heads: lmlab qk_norm_scope='all'). ``Olmo2RMSNorm`` multiplies by its weight in 
 
 from lmlab.interop.llama_like import Spec, build
 
+# fmt: off
 FAMILY = build(Spec(
     model_type="olmo2", hf_class="Olmo2ForCausalLM", layout="reordered", qk_norm="all_rms",
     rms_weight_fp32=True,
@@ -16,3 +17,4 @@ FAMILY = build(Spec(
                   tie_word_embeddings=False, attention_bias=False, attention_dropout=0.0, rms_norm_eps=1e-5),
     notes="norms on sublayer outputs, QK-norm across heads",
 ))
+# fmt: on

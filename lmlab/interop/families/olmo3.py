@@ -9,6 +9,7 @@ full when (i + 1) % 4 == 0) and ``sliding_window`` (default 4096), and RoPE para
 
 from lmlab.interop.llama_like import Spec, build
 
+# fmt: off
 FAMILY = build(Spec(
     model_type="olmo3", hf_class="Olmo3ForCausalLM", layout="reordered", qk_norm="all_rms",
     rms_weight_fp32=True, sliding="types", default_pattern=4, pattern_key=False, rope="gemma3",
@@ -19,3 +20,4 @@ FAMILY = build(Spec(
                   sliding_window=4096),
     notes="OLMo 2's block with 3 sliding : 1 full layers",
 ))
+# fmt: on

@@ -12,16 +12,21 @@ from __future__ import annotations
 from lmlab.config import ModelConfig
 from lmlab.interop.families._config_table import STANDARD, ConfigTable
 from lmlab.interop.families._table import register_family, converters, Row, layer_norm, linear, separate_qkv
-from lmlab.interop.families._tools import (check_fields, expect, read_rope, rope_parameters)
+from lmlab.interop.families._tools import check_fields, expect, read_rope, rope_parameters
 
 NAME = "phi"
 
-CONFIG = ConfigTable(NAME, dict(  # PhiConfig's defaults
+# fmt: off
+CONFIG = ConfigTable(NAME, hf_class="PhiForCausalLM", defaults=dict(  # PhiConfig's defaults
     vocab_size=51200, context_length=2048, d_model=2048, n_layers=24, n_heads=32,
     n_kv_heads=lambda v: v["n_heads"], head_dim=lambda v: v["d_model"] // v["n_heads"], d_ff=8192, norm_eps=1e-5,
     activation="gelu_new", tie_embeddings=False, embd_dropout=0.0, attn_dropout=0.0, resid_dropout=0.0,
     init_std=0.02), names={**STANDARD, "resid_dropout": "resid_pdrop"},
-    optional=("head_dim",))  # head_dim: read by PhiAttention through getattr(config, "head_dim", ...)
+    optional=("head_dim",),  # head_dim: read by PhiAttention through getattr(config, "head_dim", ...)
+    fixed=dict(norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True, bias="all",
+               lm_head_bias=True, parallel_block=True, parallel_shared_norm=True, position="rope", rope_style="half"),
+)
+# fmt: on
 HANDLED = CONFIG.keys() | {"qk_layernorm"}
 
 
@@ -29,14 +34,10 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     check_fields(hf, NAME, HANDLED)
     expect(NAME, hf, "qk_layernorm", (False,), False)
     fields = CONFIG.read(hf)
-    return ModelConfig(
-        **fields,
-        norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True, bias="all", lm_head_bias=True,
-        parallel_block=True, parallel_shared_norm=True,
-        position="rope", rope_style="half", **read_rope(NAME, hf, fields["head_dim"], default_fraction=0.5),
-    )
+    return ModelConfig(**fields, **read_rope(NAME, hf, fields["head_dim"], default_fraction=0.5))
 
 
+# fmt: off
 ROWS = [  # HF name (under model.) <-> lmlab name; {i}: every layer
     Row("embed_tokens.weight", "embed.weight"),
     *layer_norm("layers.{i}.input_layernorm", "blocks.{i}.attn_norm"),
@@ -47,15 +48,21 @@ ROWS = [  # HF name (under model.) <-> lmlab name; {i}: every layer
     *layer_norm("final_layernorm", "final_norm"),
     Row("lm_head.bias", "lm_head.bias", prefixed=False),
 ]
+# fmt: on
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
-    return {"model_type": NAME, "architectures": ["PhiForCausalLM"], **CONFIG.write(cfg), "qk_layernorm": False,
-          "rope_parameters": rope_parameters(cfg)}
+    return {
+        **CONFIG.write(cfg),
+        "qk_layernorm": False,
+        "rope_parameters": rope_parameters(cfg),
+    }
 
 
+# fmt: off
 FAMILY = register_family(
-    NAME, "PhiForCausalLM", config_to_lmlab, config_to_hf, converters(NAME, ROWS, "model."),
+    NAME, CONFIG.hf_class, config_to_lmlab, config_to_hf, converters(NAME, ROWS, "model."),
     notes="exact: parallel block off one LayerNorm, q/k/v with biases (GQA), partial rotate-half RoPE, "
           "LM-head bias. Unsupported: qk_layernorm=True (a biased QK LayerNorm shared across heads).",
 )
+# fmt: on

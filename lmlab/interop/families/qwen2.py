@@ -10,6 +10,7 @@ reads: accepted with a note when false, refused when true.
 from lmlab.interop.common import Unread
 from lmlab.interop.llama_like import Spec, build
 
+# fmt: off
 FAMILY = build(Spec(
     model_type="qwen2", hf_class="Qwen2ForCausalLM", bias="qkv", sliding="qwen",
     defaults=dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
@@ -20,3 +21,4 @@ FAMILY = build(Spec(
                    "computes it", accepted=(False,)),),
     notes="q/k/v biases, optional sliding window on the upper layers",
 ))
+# fmt: on

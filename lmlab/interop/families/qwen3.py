@@ -7,6 +7,7 @@ o (refused: no lmlab bias choice).
 
 from lmlab.interop.llama_like import Spec, build
 
+# fmt: off
 FAMILY = build(Spec(
     model_type="qwen3", hf_class="Qwen3ForCausalLM", sliding="qwen", qk_norm="head_rms",
     defaults=dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
@@ -15,3 +16,4 @@ FAMILY = build(Spec(
                   use_sliding_window=False, sliding_window=4096, max_window_layers=28, attention_dropout=0.0),
     notes="per-head QK RMSNorm, optional sliding window on the upper layers",
 ))
+# fmt: on

@@ -12,6 +12,7 @@ the tensors ``mlp.gate`` and ``mlp.experts.E.{gate,up,down}_proj``.
 
 from lmlab.interop.llama_like import Spec, build
 
+# fmt: off
 FAMILY = build(Spec(
     model_type="qwen3_moe", hf_class="Qwen3MoeForCausalLM", sliding="flag", qk_norm="head_rms", moe="qwen3",
     defaults=dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
@@ -23,3 +24,4 @@ FAMILY = build(Spec(
     notes="Qwen3 attention, MoE SwiGLU experts (top-k softmax, renormalised when norm_topk_prob) on the "
           "decoder_sparse_step-th layers",
 ))
+# fmt: on

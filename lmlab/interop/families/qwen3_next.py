@@ -33,6 +33,7 @@ from lmlab.interop.llama_like import _qwen3_moe_fields, _qwen3_moe_hf
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
 
 FAM, HF_CLASS = "qwen3_next", "Qwen3NextForCausalLM"
+# fmt: off
 DEFAULTS = dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=48,
                 num_attention_heads=16, num_key_value_heads=2, hidden_act="silu", max_position_embeddings=32768,
                 rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False, attention_dropout=0.0,
@@ -41,6 +42,7 @@ DEFAULTS = dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num
                 shared_expert_intermediate_size=512, num_experts_per_tok=10, num_experts=512, norm_topk_prob=True,
                 output_router_logits=False, router_aux_loss_coef=0.001, mlp_only_layers=None, layer_types=None,
                 full_attention_interval=4)
+# fmt: on
 HANDLED = set(DEFAULTS) | C.ROPE_FIELDS
 LETTERS = {"linear_attention": "D", "full_attention": "G"}
 
@@ -65,21 +67,37 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     if moe:
         width, shared = g("moe_intermediate_size"), g("shared_expert_intermediate_size")
         if shared <= 0 or shared % width:
-            raise C.unsupported(FAM, "shared_expert_intermediate_size", shared,
-                                f"a positive multiple of moe_intermediate_size={width} (lmlab's shared experts are "
-                                f"n_shared_experts x the experts' width)")
+            raise C.unsupported(
+                FAM,
+                "shared_expert_intermediate_size",
+                shared,
+                f"a positive multiple of moe_intermediate_size={width} (lmlab's shared experts are "
+                f"n_shared_experts x the experts' width)",
+            )
         moe.update(n_shared_experts=shared // width, shared_expert_gate=True)
-    kw = dict(vocab_size=g("vocab_size"), context_length=g("max_position_embeddings"), d_model=g("hidden_size"),
-              n_layers=n, n_heads=g("num_attention_heads"), n_kv_heads=g("num_key_value_heads"), head_dim=g("head_dim"),
-              d_ff=g("intermediate_size"), activation="swiglu", norm_type="gemma_rmsnorm",
-              norm_eps=float(g("rms_norm_eps")), norm_position="pre", bias="none", position="rope",
-              rope_style="half", rope_theta=theta, rope_scaling=scaling, rope_fraction=partial,
-              qk_norm="gemma_rmsnorm", qk_norm_scope="head", attn_output_gate="elementwise",
-              tie_embeddings=bool(g("tie_word_embeddings")), attn_dropout=float(g("attention_dropout") or 0.0),
-              layer_pattern=C.shortest_period("".join(LETTERS[t] for t in types)),
-              linear_n_k_heads=g("linear_num_key_heads"), linear_n_v_heads=g("linear_num_value_heads"),
-              linear_k_head_dim=g("linear_key_head_dim"), linear_v_head_dim=g("linear_value_head_dim"),
-              linear_conv_kernel=g("linear_conv_kernel_dim"), **moe)
+    kw = dict(
+        **C.read_sizes(g, n_layers=n),
+        activation="swiglu",
+        norm_type="gemma_rmsnorm",
+        norm_eps=float(g("rms_norm_eps")),
+        norm_position="pre",
+        bias="none",
+        position="rope",
+        rope_style="half",
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rope_fraction=partial,
+        qk_norm="gemma_rmsnorm",
+        qk_norm_scope="head",
+        attn_output_gate="elementwise",
+        layer_pattern=C.shortest_period("".join(LETTERS[t] for t in types)),
+        linear_n_k_heads=g("linear_num_key_heads"),
+        linear_n_v_heads=g("linear_num_value_heads"),
+        linear_k_head_dim=g("linear_key_head_dim"),
+        linear_v_head_dim=g("linear_value_head_dim"),
+        linear_conv_kernel=g("linear_conv_kernel_dim"),
+        **moe,
+    )
     if kw["layer_pattern"] == "G":
         kw["layer_pattern"] = None
     return C.lmlab_config(FAM, kw)
@@ -89,22 +107,11 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     """Qwen3NextConfig for ``cfg``; UnsupportedError naming what Qwen3-Next cannot represent."""
     width = cfg.expert_d_ff or cfg.d_ff
     hf = {
-        "architectures": [HF_CLASS],
-        "model_type": FAM,
-        "dtype": "float32",
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model,
-        "intermediate_size": cfg.d_ff,
-        "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads,
+        **C.hf_sizes(FAM, HF_CLASS, cfg),
         "head_dim": cfg.head_dim,
         "hidden_act": "silu",
-        "max_position_embeddings": cfg.context_length,
         "rms_norm_eps": float(cfg.norm_eps),
-        "tie_word_embeddings": cfg.tie_embeddings,
         "attention_bias": False,
-        "attention_dropout": float(cfg.attn_dropout),
         "layer_types": [
             "linear_attention" if cfg.layer_is_linear(i) else "full_attention" for i in range(cfg.n_layers)
         ],
@@ -132,36 +139,55 @@ def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:
     maps = []
     for i in range(cfg.n_layers):
         p, b = f"model.layers.{i}", f"blocks.{i}"
-        maps += [C.TensorMap(f"{b}.attn_norm.weight", (f"{p}.input_layernorm.weight",), (d,)),
-                 C.TensorMap(f"{b}.mlp_norm.weight", (f"{p}.post_attention_layernorm.weight",), (d,))]
+        maps += [
+            C.TensorMap(f"{b}.attn_norm.weight", (f"{p}.input_layernorm.weight",), (d,)),
+            C.TensorMap(f"{b}.mlp_norm.weight", (f"{p}.post_attention_layernorm.weight",), (d,)),
+        ]
         if cfg.layer_is_linear(i):
             a = f"{p}.linear_attn"
-            maps += [C.TensorMap(f"{b}.attn.in_proj.weight", tuple(f"{a}.in_proj_{x}.weight" for x in "qkvzba"),
-                                 (Hk * dk, Hk * dk, Hv * dv, Hv * dv, Hv, Hv)),
-                     C.TensorMap(f"{b}.attn.conv_weight", (f"{a}.conv1d.weight",), (-1,)),
-                     C.TensorMap(f"{b}.attn.A_log", (f"{a}.A_log",), (-1,)),
-                     C.TensorMap(f"{b}.attn.dt_bias", (f"{a}.dt_bias",), (-1,)),
-                     C.TensorMap(f"{b}.attn.norm.weight", (f"{a}.norm.weight",), (-1,)),
-                     C.TensorMap(f"{b}.attn.out.weight", (f"{a}.out_proj.weight",), (d,))]
+            maps += [
+                C.TensorMap(
+                    f"{b}.attn.in_proj.weight",
+                    tuple(f"{a}.in_proj_{x}.weight" for x in "qkvzba"),
+                    (Hk * dk, Hk * dk, Hv * dv, Hv * dv, Hv, Hv),
+                ),
+                C.TensorMap(f"{b}.attn.conv_weight", (f"{a}.conv1d.weight",), (-1,)),
+                C.TensorMap(f"{b}.attn.A_log", (f"{a}.A_log",), (-1,)),
+                C.TensorMap(f"{b}.attn.dt_bias", (f"{a}.dt_bias",), (-1,)),
+                C.TensorMap(f"{b}.attn.norm.weight", (f"{a}.norm.weight",), (-1,)),
+                C.TensorMap(f"{b}.attn.out.weight", (f"{a}.out_proj.weight",), (d,)),
+            ]
         else:
             a = f"{p}.self_attn"
-            maps += [C.TensorMap(f"{b}.attn.qkv.weight", (f"{a}.q_only.weight", f"{a}.k_proj.weight",
-                                                           f"{a}.v_proj.weight"), (H * D, K * D, K * D)),
-                     C.TensorMap(f"{b}.attn.gate.weight", (f"{a}.q_gate.weight",), (-1,)),
-                     C.TensorMap(f"{b}.attn.out.weight", (f"{a}.o_proj.weight",), (d,)),
-                     C.TensorMap(f"{b}.attn.q_norm.weight", (f"{a}.q_norm.weight",), (-1,)),
-                     C.TensorMap(f"{b}.attn.k_norm.weight", (f"{a}.k_norm.weight",), (-1,))]
+            maps += [
+                C.TensorMap(
+                    f"{b}.attn.qkv.weight",
+                    (f"{a}.q_only.weight", f"{a}.k_proj.weight", f"{a}.v_proj.weight"),
+                    (H * D, K * D, K * D),
+                ),
+                C.TensorMap(f"{b}.attn.gate.weight", (f"{a}.q_gate.weight",), (-1,)),
+                C.TensorMap(f"{b}.attn.out.weight", (f"{a}.o_proj.weight",), (d,)),
+                C.TensorMap(f"{b}.attn.q_norm.weight", (f"{a}.q_norm.weight",), (-1,)),
+                C.TensorMap(f"{b}.attn.k_norm.weight", (f"{a}.k_norm.weight",), (-1,)),
+            ]
         m, x = f"{p}.mlp", f"{b}.mlp"
         if not cfg.layer_is_moe(i):
-            maps += [C.TensorMap(f"{x}.w_in.weight", (f"{m}.gate_proj.weight", f"{m}.up_proj.weight"), (cfg.d_ff,) * 2),
-                     C.TensorMap(f"{x}.w_out.weight", (f"{m}.down_proj.weight",), (d,))]
+            maps += [
+                C.TensorMap(f"{x}.w_in.weight", (f"{m}.gate_proj.weight", f"{m}.up_proj.weight"), (cfg.d_ff,) * 2),
+                C.TensorMap(f"{x}.w_out.weight", (f"{m}.down_proj.weight",), (d,)),
+            ]
             continue
         S = F * cfg.n_shared_experts
-        maps += [C.TensorMap(f"{x}.router.weight", (f"{m}.gate.weight",), (E,)),
-                 C.TensorMap(f"{x}.shared.w_in.weight", (f"{m}.shared_expert.gate_proj.weight",
-                                                         f"{m}.shared_expert.up_proj.weight"), (S, S)),
-                 C.TensorMap(f"{x}.shared.w_out.weight", (f"{m}.shared_expert.down_proj.weight",), (d,)),
-                 C.TensorMap(f"{x}.shared_gate.weight", (f"{m}.shared_expert_gate.weight",), (1,))]
+        maps += [
+            C.TensorMap(f"{x}.router.weight", (f"{m}.gate.weight",), (E,)),
+            C.TensorMap(
+                f"{x}.shared.w_in.weight",
+                (f"{m}.shared_expert.gate_proj.weight", f"{m}.shared_expert.up_proj.weight"),
+                (S, S),
+            ),
+            C.TensorMap(f"{x}.shared.w_out.weight", (f"{m}.shared_expert.down_proj.weight",), (d,)),
+            C.TensorMap(f"{x}.shared_gate.weight", (f"{m}.shared_expert_gate.weight",), (1,)),
+        ]
         for e in range(E):
             q = f"{m}.experts.{e}"
             maps += [
@@ -184,8 +210,10 @@ def _regroup(state: StateDict, cfg: ModelConfig) -> StateDict:
         if f"{p}.self_attn.q_proj.weight" in out:
             w = out.pop(f"{p}.self_attn.q_proj.weight")
             if w.shape != (2 * H * D, d):
-                raise UnsupportedError(f"{FAM}: {p}.self_attn.q_proj.weight has shape {tuple(w.shape)}, the config "
-                                       f"{(2 * H * D, d)} (query and gate rows per head)")
+                raise UnsupportedError(
+                    f"{FAM}: {p}.self_attn.q_proj.weight has shape {tuple(w.shape)}, the config "
+                    f"{(2 * H * D, d)} (query and gate rows per head)"
+                )
             w = w.view(H, 2, D, d)
             out[f"{p}.self_attn.q_only.weight"] = w[:, 0].reshape(H * D, d)
             out[f"{p}.self_attn.q_gate.weight"] = w[:, 1].reshape(H * D, d)
@@ -193,8 +221,10 @@ def _regroup(state: StateDict, cfg: ModelConfig) -> StateDict:
         if f"{a}.in_proj_qkvz.weight" in out and f"{a}.in_proj_ba.weight" in out:
             qkvz, ba = out.pop(f"{a}.in_proj_qkvz.weight"), out.pop(f"{a}.in_proj_ba.weight")
             if qkvz.shape != (Hk * (2 * dk + 2 * r * dv), d) or ba.shape != (Hk * 2 * r, d):
-                raise UnsupportedError(f"{FAM}: {a}.in_proj_qkvz / in_proj_ba have shapes {tuple(qkvz.shape)} / "
-                                       f"{tuple(ba.shape)}, which the config's linear_* sizes do not give")
+                raise UnsupportedError(
+                    f"{FAM}: {a}.in_proj_qkvz / in_proj_ba have shapes {tuple(qkvz.shape)} / "
+                    f"{tuple(ba.shape)}, which the config's linear_* sizes do not give"
+                )
             qkvz, ba = qkvz.view(Hk, 2 * dk + 2 * r * dv, d), ba.view(Hk, 2 * r, d)
             cuts = [0, dk, 2 * dk, 2 * dk + r * dv, 2 * dk + 2 * r * dv]
             for name, lo, hi in zip("qkvz", cuts, cuts[1:]):
@@ -207,8 +237,10 @@ def _regroup(state: StateDict, cfg: ModelConfig) -> StateDict:
         if f"{e}.gate_up_proj" in out:  # transformers' in-memory stack: (experts, 2 x width, d), (experts, d, width)
             gate_up, down = out.pop(f"{e}.gate_up_proj"), out.pop(f"{e}.down_proj")
             if gate_up.shape[0] != cfg.n_experts or down.shape[0] != cfg.n_experts:
-                raise UnsupportedError(f"{FAM}: {e}.gate_up_proj / down_proj hold {gate_up.shape[0]} / "
-                                       f"{down.shape[0]} experts, the config {cfg.n_experts}")
+                raise UnsupportedError(
+                    f"{FAM}: {e}.gate_up_proj / down_proj hold {gate_up.shape[0]} / "
+                    f"{down.shape[0]} experts, the config {cfg.n_experts}"
+                )
             for j in range(cfg.n_experts):
                 gate, up = gate_up[j].chunk(2, dim=0)
                 out[f"{e}.{j}.gate_proj.weight"], out[f"{e}.{j}.up_proj.weight"] = gate, up
@@ -234,16 +266,13 @@ def _interleave(state: StateDict, cfg: ModelConfig) -> StateDict:
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def to_lmlab_state(state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
-    return C.state_to_lmlab(_regroup(state, cfg), cfg, tensor_maps(cfg), FAM)
+to_lmlab_state, to_hf_state = C.mapped_states(FAM, tensor_maps, _regroup, _interleave)
 
 
-def to_hf_state(state: StateDict, cfg: ModelConfig) -> StateDict:
-    return _interleave(C.state_to_hf(state, cfg, tensor_maps(cfg)), cfg)
-
-
+# fmt: off
 FAMILY = register(Family(model_type=FAM, hf_class=HF_CLASS, config_to_lmlab=config_to_lmlab,
                          state_to_lmlab=to_lmlab_state, config_to_hf=config_to_hf, state_to_hf=to_hf_state,
                          notes="Qwen3-Next: Gated DeltaNet and gated full-attention layers ((1 + w) QK-norm, partial "
                                "RoPE), (1 + w) RMSNorms, MoE with a gated shared expert",
                          unread_notes=lambda hf: []))
+# fmt: on

@@ -8,6 +8,7 @@ optional sliding window on NoPE layers (``use_sliding_window``) is refused.
 
 from lmlab.interop.llama_like import Spec, build
 
+# fmt: off
 FAMILY = build(Spec(
     model_type="smollm3", hf_class="SmolLM3ForCausalLM", bias="llama", nope=True, default_theta=2_000_000.0,
     defaults=dict(vocab_size=128256, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
@@ -17,3 +18,4 @@ FAMILY = build(Spec(
                   no_rope_layers=None, no_rope_layer_interval=4, layer_types=None),
     notes="Llama block, NoPE on every 4th layer",
 ))
+# fmt: on

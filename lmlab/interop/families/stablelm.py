@@ -14,15 +14,20 @@ from __future__ import annotations
 from lmlab.config import ModelConfig
 from lmlab.interop.families._config_table import ConfigTable
 from lmlab.interop.families._table import register_family, converters, Row, layer_norm, linear, separate_qkv
-from lmlab.interop.families._tools import (check_fields, expect, read_rope, rope_parameters)
+from lmlab.interop.families._tools import check_fields, expect, read_rope, rope_parameters
 from lmlab.interop.registry import UnsupportedError
 
 NAME = "stablelm"
 
-CONFIG = ConfigTable(NAME, dict(  # StableLmConfig's defaults
+# fmt: off
+CONFIG = ConfigTable(NAME, hf_class="StableLmForCausalLM", defaults=dict(  # StableLmConfig's defaults
     vocab_size=50304, context_length=4096, d_model=2560, n_layers=32, n_heads=32, n_kv_heads=32, d_ff=6912,
     norm_eps=1e-5, activation="silu", tie_embeddings=False, attn_dropout=0.0, resid_dropout=0.0, init_std=0.02),
-    gated=True, tanh_name="gelu_pytorch_tanh")
+    gated=True, tanh_name="gelu_pytorch_tanh",
+    fixed=dict(norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True, lm_head_bias=False,
+               parallel_shared_norm=True, position="rope", rope_style="half"),
+)
+# fmt: on
 HANDLED = CONFIG.keys() | {"use_qkv_bias", "qk_layernorm", "use_parallel_residual"}
 
 
@@ -35,10 +40,11 @@ def config_to_lmlab(hf: dict) -> ModelConfig:
     parallel = expect(NAME, hf, "use_parallel_residual", (True, False), False)
     return ModelConfig(
         **fields,
-        norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True,
-        bias="qkv" if qkv_bias else "none", lm_head_bias=False, parallel_block=parallel, parallel_shared_norm=True,
-        qk_norm="layernorm" if qk_norm else "none", qk_norm_scope="head_untied" if qk_norm else "head",
-        position="rope", rope_style="half", **read_rope(NAME, hf, head_dim, default_fraction=0.25),
+        bias="qkv" if qkv_bias else "none",
+        parallel_block=parallel,
+        qk_norm="layernorm" if qk_norm else "none",
+        qk_norm_scope="head_untied" if qk_norm else "head",
+        **read_rope(NAME, hf, head_dim, default_fraction=0.25),
     )
 
 
@@ -46,6 +52,7 @@ def _qk_norm(cfg: ModelConfig) -> bool:
     return cfg.qk_norm != "none"
 
 
+# fmt: off
 ROWS = [  # HF name (under model.) <-> lmlab name; {i}: every layer, {j}: every head
     Row("embed_tokens.weight", "embed.weight"),
     *layer_norm("layers.{i}.input_layernorm", "blocks.{i}.attn_norm"),
@@ -62,22 +69,29 @@ ROWS = [  # HF name (under model.) <-> lmlab name; {i}: every layer, {j}: every 
     *linear("layers.{i}.mlp.down_proj", "blocks.{i}.mlp.w_out"),
     *layer_norm("norm", "final_norm"),
 ]
+# fmt: on
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
     if cfg.qk_norm != "none" and (cfg.qk_norm, cfg.qk_norm_scope) != ("layernorm", "head_untied"):
-        raise UnsupportedError(f"{NAME}: qk_norm={cfg.qk_norm!r} with qk_norm_scope={cfg.qk_norm_scope!r} cannot be "
-                               f"exported; StableLM's qk_layernorm is a bias-free LayerNorm per head "
-                               f"(qk_norm='layernorm', qk_norm_scope='head_untied')")
+        raise UnsupportedError(
+            f"{NAME}: qk_norm={cfg.qk_norm!r} with qk_norm_scope={cfg.qk_norm_scope!r} cannot be "
+            f"exported; StableLM's qk_layernorm is a bias-free LayerNorm per head "
+            f"(qk_norm='layernorm', qk_norm_scope='head_untied')"
+        )
     return {
-        "model_type": NAME, "architectures": ["StableLmForCausalLM"], **CONFIG.write(cfg),
-        "use_qkv_bias": cfg.bias == "qkv", "qk_layernorm": cfg.qk_norm != "none",
-        "use_parallel_residual": cfg.parallel_block, "rope_parameters": rope_parameters(cfg),
+        **CONFIG.write(cfg),
+        "use_qkv_bias": cfg.bias == "qkv",
+        "qk_layernorm": cfg.qk_norm != "none",
+        "use_parallel_residual": cfg.parallel_block,
+        "rope_parameters": rope_parameters(cfg),
     }
 
 
+# fmt: off
 FAMILY = register_family(
-    NAME, "StableLmForCausalLM", config_to_lmlab, config_to_hf, converters(NAME, ROWS, "model."),
+    NAME, CONFIG.hf_class, config_to_lmlab, config_to_hf, converters(NAME, ROWS, "model."),
     notes="exact: sequential or parallel (one LayerNorm) blocks, q/k/v biases, per-head untied QK LayerNorm "
           "(qk_norm_scope='head_untied'), SwiGLU, partial rotate-half RoPE, GQA.",
 )
+# fmt: on
