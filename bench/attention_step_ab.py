@@ -58,8 +58,8 @@ def slice_adds_backward(do, q3, k3, v3, out, probs, scale: float, block: int):
 
 def variants(compare: str) -> dict:
     """name -> a function that sets the module globals of that variant (the second is lmlab's)."""
-    import lmlab.model.attention as attention
     import lmlab.kernels.causal_attention as ca
+    import lmlab.model.attention as attention
 
     padded, rule = ca._backward_fused, ca.use_blocked
 
@@ -90,8 +90,8 @@ def main() -> None:
 
     shape = Args(recipe=a.recipe, **RECIPES[a.recipe])
     dtype = torch.bfloat16 if a.dtype == "bf16" else None
-    import lmlab.model.attention as attention
     import lmlab.kernels.causal_attention as ca
+    import lmlab.model.attention as attention
 
     originals = ca._backward_fused, attention.use_blocked  # read before any variant is set
     setters = variants(a.compare)

@@ -30,11 +30,11 @@ SCOPES = ("model", "blocks")
 def make_step(scope: str, dtype):
     """A demo-recipe training step with ``scope`` compiled; returns (step, seconds of its first call)."""
     from bench.train_step_gains import training_step
+    from lmlab.compile_choice import compile_blocks
     from lmlab.config import ModelConfig
     from lmlab.config_files import load_mapping
     from lmlab.model import TransformerLM
     from lmlab.runs import BUILTIN_CONFIGS
-    from lmlab.compile_choice import compile_blocks
 
     cfg = ModelConfig.from_dict({**load_mapping(BUILTIN_CONFIGS / "demo.yaml")["model"], "vocab_size": 4096})
     torch.manual_seed(0)

@@ -40,12 +40,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lmlab.analysis import flops_per_token  # noqa: E402
-from lmlab.param_counts import param_counts  # noqa: E402
 from lmlab.bench import describe_machine  # noqa: E402
 from lmlab.config_files import load_mapping  # noqa: E402
 from lmlab.lab.claims import TIMING_METRICS  # noqa: E402
-from lmlab.lab.spec import builtin_specs, load_spec, parse_spec  # noqa: E402
 from lmlab.lab.plan import _plan, trained_plans  # noqa: E402
+from lmlab.lab.spec import builtin_specs, load_spec, parse_spec  # noqa: E402
+from lmlab.param_counts import param_counts  # noqa: E402
 
 
 def speed_claims(

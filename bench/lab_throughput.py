@@ -130,11 +130,11 @@ def main() -> None:
     import torch
 
     from bench.train_vs_peers import quartiles
-    from lmlab.param_counts import param_counts
     from lmlab.bench import describe_machine
     from lmlab.lab.fork_server import ForkServer
     from lmlab.lab.plan import plan_runs
     from lmlab.lab.spec import builtin_specs, load_spec
+    from lmlab.param_counts import param_counts
 
     torch.set_num_threads(args.threads)
     names = args.specs or [n for n in sorted(builtin_specs()) if not n.startswith("16")]

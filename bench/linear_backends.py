@@ -29,8 +29,8 @@ def recipe_shapes(recipes: list[str]) -> list[tuple[int, int]]:
     """(in, out) of every distinct linear layer of the recipes' models (bench/train_vs_peers.py),
     the LM head included."""
     from bench.train_vs_peers import RECIPES, Args, lmlab_config
-    from lmlab.model import TransformerLM
     from lmlab.kernels.linear import Linear
+    from lmlab.model import TransformerLM
 
     shapes = []
     for r in recipes:

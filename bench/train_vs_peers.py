@@ -266,8 +266,8 @@ def make_system(
     x = torch.randint(0, a.vocab, (a.batch, a.context + 1), device=dev)
     inputs, targets = x[:, :-1].contiguous(), x[:, 1:].contiguous()  # nanoGPT views its targets
     if name == "lmlab":
-        from lmlab.model import TransformerLM
         from lmlab.devices import keep_freed_memory
+        from lmlab.model import TransformerLM
         from lmlab.optim import adamw, param_groups
         from lmlab.train_config import TrainConfig
 

@@ -17,16 +17,16 @@ the example of docs/python-api.md.
 """
 
 from lmlab.analysis import flops_per_token, kv_cache_bytes
-from lmlab.param_counts import param_counts
 from lmlab.checkpoint import load_run, load_weights, read_checkpoint, save_checkpoint
 from lmlab.config import ConfigError, ModelConfig
-from lmlab.data.shards import TokenData
 from lmlab.data.prepare import prepare
+from lmlab.data.shards import TokenData
 from lmlab.data.tokenizer import Tokenizer
 from lmlab.evaluate import evaluate
 from lmlab.generate import generate, generate_batch, generate_logprobs
 from lmlab.model import TransformerLM
 from lmlab.model.attention import attention, causal_mask
+from lmlab.param_counts import param_counts
 from lmlab.presets import get_preset
 from lmlab.runs import setup_run
 from lmlab.train import TrainConfig, Trainer

@@ -15,13 +15,26 @@ repeated calls do.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Callable, Iterable, Optional
 
 import torch
 
+from lmlab.analysis import kv_cache_bytes
+from lmlab.config import ConfigError, ModelConfig
+from lmlab.config_files import load_mapping
+from lmlab.devices import check_memory, require_memory
+from lmlab.generate import stream_batch
+from lmlab.kernels.decode_layout import PACK_LIMIT_BYTES, decode_layout_kind, release_decode_copies
+from lmlab.kernels.settings import cpu_identity
 from lmlab.model import TransformerLM
+from lmlab.optim import adamw
+from lmlab.param_counts import param_counts
+from lmlab.runs import BUILTIN_CONFIGS
+from lmlab.threads import current_threads
+from lmlab.train_config import TrainConfig
 
 
 def step_timer(
@@ -39,9 +52,6 @@ def step_timer(
     fixed random batch of ``batch`` x ``context`` tokens. Returns (``run``, parameters): ``run(n)`` takes
     ``n`` steps and returns seconds per step (CUDA synchronised). What ``lmlab bench train`` and the lab's
     timing block (:func:`lmlab.lab.timing.time_variants`) both time."""
-    from lmlab.model import TransformerLM  # the module's attribute at call time (tests patch it)
-    from lmlab.optim import adamw
-    from lmlab.train_config import TrainConfig
 
     torch.manual_seed(seed)
     model = TransformerLM(cfg).to(device)
@@ -75,9 +85,6 @@ def plural(n: int, word: str) -> str:
 def describe_machine(device: str | torch.device = "cpu") -> str:
     """One line naming the machine measurements were taken on: CPU model, cores visible to this process,
     memory, torch version and threads, and the GPU when ``device`` is CUDA."""
-    import os
-
-    from lmlab.kernels.settings import cpu_identity
 
     ident = cpu_identity()
     cpu = ident["cpu"]
@@ -151,10 +158,6 @@ def check_decode_memory(
     ``batch`` x ``length`` tokens, for each of ``models`` models, plus the decode copy of the weights
     (CPU, at most ``PACK_LIMIT_BYTES``, see :func:`lmlab.kernels.decode_layout.decode_layout`) exceed the memory
     available on ``device``."""
-    from lmlab.analysis import kv_cache_bytes
-    from lmlab.param_counts import param_counts
-    from lmlab.kernels.decode_layout import PACK_LIMIT_BYTES
-    from lmlab.devices import require_memory
 
     weights = 4 * param_counts(cfg)["total"]
     kv = kv_cache_bytes(cfg, length, batch, "bf16" if dtype == "bf16" else "fp32")["total"]
@@ -180,8 +183,6 @@ def bench_decode(
     prompts: Optional[list[list[int]]] = None,
 ) -> dict:
     """Greedy KV-cache generation throughput of ``model`` (see the module docstring)."""
-    from lmlab.generate import stream_batch
-    from lmlab.kernels.decode_layout import decode_layout_kind, release_decode_copies
 
     if prompt_len + new_tokens - 1 > model.cfg.context_length:
         raise ValueError(
@@ -224,9 +225,6 @@ def decode_benchmark(
     ``cfg`` (None: the demo config), in ``dtype`` (fp32 or bf16), with ``model`` (``title``) and
     ``params`` added. Raises ConfigError when prompt and new tokens exceed the context or the cache
     would not fit (:func:`check_decode_memory`), before any weights load."""
-    from lmlab.config import ConfigError, ModelConfig
-    from lmlab.config_files import load_mapping
-    from lmlab.runs import BUILTIN_CONFIGS
 
     if cfg is None:
         cfg, title = ModelConfig.from_dict(load_mapping(BUILTIN_CONFIGS / "demo.yaml")["model"]), "the demo config"
@@ -294,11 +292,6 @@ def train_benchmark(
     per round. Returns {model, params, device, threads, batch, context, machine, variants: {name:
     {s_per_step (median), tokens_per_s, vs_first (median of per-round ratios to the first variant's
     step time: > 1 is faster) with q1/q3}}}. Raises ConfigError for a model that would not fit."""
-    from lmlab.config import ModelConfig
-    from lmlab.config_files import load_mapping
-    from lmlab.devices import check_memory
-    from lmlab.runs import BUILTIN_CONFIGS
-    from lmlab.threads import current_threads
 
     if cfg is None:
         cfg, title = ModelConfig.from_dict(load_mapping(BUILTIN_CONFIGS / "demo.yaml")["model"]), "the demo config"

@@ -37,9 +37,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from lmlab.config import ConfigError, ModelConfig
+from lmlab.data.tokenizer import Tokenizer
 from lmlab.fsutil import _fsync_dir, sha256_file
 from lmlab.json_checks import check_nesting
 from lmlab.model import TransformerLM
+from lmlab.parallel import optimizer_state_by_name
 from lmlab.run_folder import (
     MANIFEST,
     RUN_FILE,
@@ -95,7 +97,6 @@ def save_checkpoint(
     failing :func:`check_trainer_state` (``step`` equal to ``step``, ``tokens_seen`` present, the counters'
     types) or not JSON-able, an optimizer state that does not fit the module, RNG states of another
     form; and when the write fails (e.g. a full disk); earlier checkpoints stay intact."""
-    from lmlab.parallel import optimizer_state_by_name
 
     if not is_count(step):
         raise CheckpointError(f"save_checkpoint: step={step!r} must be a non-negative integer")
@@ -528,7 +529,6 @@ def load_run(
     loads too.
     Checkpoints are verified (:func:`load_latest`: a damaged newest one falls back to the previous one,
     saying so). Raises CheckpointError when the run has no usable checkpoint or it does not fit its config."""
-    from lmlab.data.tokenizer import Tokenizer
 
     run = read_run(run_dir)
     check_run_model(run_dir, run)  # an edited architecture field is named before it breaks anything else

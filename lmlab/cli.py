@@ -316,9 +316,9 @@ def _check_eval_flags(args) -> None:
 
 def cmd_eval(args) -> int:
     from lmlab.checkpoint import load_run
+    from lmlab.devices import resolve_device, resolve_dtype
     from lmlab.evaluate import evaluate
     from lmlab.run_folder import run_data
-    from lmlab.devices import resolve_device, resolve_dtype
 
     _check_eval_flags(args)
     device = resolve_device(args.device)
@@ -353,8 +353,8 @@ def cmd_eval(args) -> int:
 def cmd_generate(args) -> int:
     from lmlab.checkpoint import load_run
     from lmlab.data.tokenizer import TokenizerError
-    from lmlab.generate import encode_prompt, print_completion, print_completions
     from lmlab.devices import resolve_device
+    from lmlab.generate import encode_prompt, print_completion, print_completions
 
     device = resolve_device(args.device)
     if args.prompt_ids is not None:
@@ -559,8 +559,8 @@ def cmd_bench_calibrate(args) -> int:
 
 # --- coordcheck ----------------------------------------------------------------------------
 def cmd_coordcheck(args) -> int:
-    from lmlab.lab.coordcheck import format_result, plot_result, run_coordcheck
     from lmlab.devices import resolve_device
+    from lmlab.lab.coordcheck import format_result, plot_result, run_coordcheck
 
     _resolve_scale(args, "tiny")
     res = run_coordcheck(
@@ -648,8 +648,8 @@ def _one_line(exc: BaseException) -> bool:
     plans too many runs) is not kept waiting for torch."""
     if isinstance(exc, (ConfigError, ValueError, FloatingPointError)):  # DataError, TokenizerError, ...
         return True
-    from lmlab.run_folder import CheckpointError
     from lmlab.data.corpus import CorpusError
+    from lmlab.run_folder import CheckpointError
 
     return isinstance(exc, (CheckpointError, CorpusError))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from lmlab import __version__
 from lmlab.argtypes import int_at_least
 
 _int_at_least = int_at_least
@@ -113,7 +114,6 @@ def _weights_dtype(sp: argparse.ArgumentParser, what: str) -> None:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    from lmlab import __version__
 
     p = _Parser(prog="lmlab", description="A language-model architecture lab.")
     p.add_argument("--version", action="version", version=f"lmlab {__version__}")

@@ -28,6 +28,7 @@ compilation" (the ``blocks`` candidate); measurements: docs/training.md, docs/be
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import re
 import shutil
@@ -39,6 +40,11 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
+
+from lmlab.data.corpus import cache_root
+from lmlab.fsutil import atomic_write_text
+from lmlab.parallel import barrier
+from lmlab.run_folder import RUN_FILE, read_run, write_run
 
 RECORD_VERSION = 1
 SCOPES = ("eager", "blocks", "model")
@@ -105,7 +111,6 @@ def no_compiler_reason(device: torch.device) -> Optional[str]:
 def shape_key(cfg, tc, amp_dtype: Optional[torch.dtype], device: torch.device, threads: int, world: int) -> str:
     """A record's key: everything that changes a step's time or its compiled graph (the model's config,
     the micro-batch, precision, device, threads, ranks), hashed."""
-    import hashlib
 
     desc = json.dumps(
         {
@@ -146,7 +151,6 @@ class CompileRecords:
     one that fails (a read-only cache) is said on stderr while the run goes on."""
 
     def __init__(self, device: torch.device, root: Optional[Path] = None):
-        from lmlab.data.corpus import cache_root
 
         self.folder = (root or cache_root() / "compile") / machine_name(device)
 
@@ -198,7 +202,6 @@ class CompileRecords:
     def update(self, key: str, scope: str, ratio: float, compile_s: Optional[float] = None) -> None:
         """Add ``scope``'s steady step over the probe (``ratio``) and, when given, a compile's seconds
         (counted in ``compiles``: the first was cold, see :data:`WARM_FRACTION`)."""
-        from lmlab.fsutil import atomic_write_text
 
         path = self.path(key)
         if not RATIO_BOUNDS[0] <= ratio <= RATIO_BOUNDS[1]:
@@ -354,8 +357,8 @@ class StepClock:
     """The seconds of a process's first :data:`CLOCK_LATE` steps (train steps only: evaluations and
     checkpoints not counted). ``compile_s`` = the first step minus the median of the next
     :data:`CLOCK_EARLY`; ``steady_s`` = the median of steps :data:`CLOCK_LATE_FROM` to :data:`CLOCK_LATE`
-    when the run got that far (a compiled step kept getting faster for its first ~150 steps on the
-    Zen 4: 220 ms at steps 20-140, 192 ms after), else of the steps after the first."""
+    when the run got that far (a compiled step keeps getting faster for its first ~150 steps:
+    docs/bench/measured-choices.md), else of the steps after the first."""
 
     def __init__(self):
         self.times: list[float] = []
@@ -428,8 +431,6 @@ def choose_for_run(trainer) -> tuple[Optional[str], Optional[RunClock]]:
     run.yaml. A process that compiles or may compile (compile=true or auto, one rank) gets a
     :class:`RunClock` for this machine's record. Returns (the line to print or None, the clock or
     None). Under torchrun, or with no C++ compiler for inductor, auto stays eager and says why."""
-    from lmlab.parallel import barrier
-    from lmlab.run_folder import RUN_FILE, read_run, write_run
 
     tc, cfg, dist = trainer.tc, trainer.cfg, trainer.dist
     records = CompileRecords(trainer.device)

@@ -9,8 +9,10 @@ from typing import Optional
 
 import torch
 
+from lmlab.analysis import DEVICES
 from lmlab.config import ConfigError, ModelConfig
-
+from lmlab.kernels import settings as kernel_settings
+from lmlab.param_counts import param_counts
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 
@@ -73,7 +75,6 @@ def check_memory(
     the fp32 logits and their gradient (2 x vocab per token) and, per layer, the block input, the normed
     input, q|k|v, the attention output and its projection, the FFN input and its d_ff-wide hidden states
     (6 x d_model + 2 x d_ff per token, ``activation_bytes`` each: 2 under bf16/fp16 autocast)."""
-    from lmlab.param_counts import param_counts
 
     n = param_counts(cfg)["total"]
     tokens = batch_size * cfg.context_length
@@ -126,9 +127,8 @@ def resolve_dtype(name: str, device: torch.device) -> Optional[torch.dtype]:
         return torch.float16
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    from lmlab.kernels.settings import native_bf16
 
-    return torch.bfloat16 if native_bf16() else None
+    return torch.bfloat16 if kernel_settings.native_bf16() else None
 
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # names of autocast dtypes
@@ -155,7 +155,6 @@ def device_peak_flops(device: torch.device, amp_dtype: Optional[torch.dtype]) ->
     datasheet figure (under bf16/fp16 autocast; None in fp32, whose tensor-core rate depends on TF32
     settings), the nominal 2-core fp32 figure on CPU in fp32 (None under autocast: MFU against the
     fp32 peak could pass 1), None for an unknown GPU (pass peak_flops)."""
-    from lmlab.analysis import DEVICES
 
     if device.type == "cpu":  # the table's CPU figure is fp32 (AVX-512 FMA); bf16 runs faster (AVX512-BF16,
         return DEVICES["cpu"].peak_flops if amp_dtype is None else None  # AMX) by a factor we do not know

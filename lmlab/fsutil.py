@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import hashlib
+import json
 import os
 import socket
 import sys

@@ -273,7 +273,6 @@ def escape_controls(text: str) -> str:
 def write_text(text: str, raw: bool = False, out=None) -> None:
     """Write ``text`` to ``out`` (default sys.stdout): escaped (:func:`escape_controls`) unless ``raw``;
     raw, the bytes of surrogate escapes (a prompt's invalid UTF-8) go out as they came in."""
-    import sys
 
     out = out or sys.stdout
     if not raw:

@@ -21,10 +21,9 @@ an imported model with the same weights: equal per-request log-likelihoods and a
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
-
-import sys
 
 try:
     import lm_eval.models  # noqa: F401  (the harness's own backends stay registered beside ours)
@@ -35,12 +34,15 @@ except ImportError as exc:
             f"extra: pip install 'lmlab[eval]'"
         )
     raise
+import difflib
+
 import torch
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from lmlab.checkpoint import load_run
+from lmlab.config import ConfigError
 from lmlab.generate import TextStream, generate
 
 
@@ -150,12 +152,9 @@ def run_tasks(
     YAMLs found in the folder ``include_path``); returns lm-eval's results mapping (per task its
     metrics, e.g. ``acc,none``). Raises ConfigError, before the run is loaded, for no task, an unknown
     one (with the nearest names) or an ``include_path`` that is not a folder."""
-    import difflib
 
     import lm_eval
     from lm_eval.tasks import TaskManager
-
-    from lmlab.config import ConfigError
 
     tasks = [t.strip() for t in tasks if t.strip()]
     if not tasks:

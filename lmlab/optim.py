@@ -14,7 +14,7 @@ one optimiser for the training loop and its checkpoints.
   (``muon_lr``, default ``lr``). Weight decay is decoupled, as AdamW's: ``p -= lr * weight_decay * p``.
 
 Cost: Muon's Newton-Schulz iterations are about 20 m^2 n + 10 m^3 FLOPs per (m x n) matrix (m <= n) and
-step, independent of the batch (the demo model: about 18 GFLOP per step, ~36 ms on two CPU cores).
+step, independent of the batch (the demo model's: docs/bench/measured-choices.md).
 """
 
 from __future__ import annotations

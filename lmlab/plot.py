@@ -16,8 +16,9 @@ import io
 import struct
 from pathlib import Path
 
-from lmlab.run_folder import RUN_FILE, CheckpointError, metrics_path, read_metrics_file, read_run
 from lmlab.fsutil import atomic_write_bytes
+from lmlab.run_folder import RUN_FILE, CheckpointError, metrics_path, read_metrics_file, read_run
+from lmlab.schedule import lr_at
 
 PNG_SOURCE = "lmlab plot"  # the text of the PNG "Source" chunk marking files this module wrote
 
@@ -91,7 +92,6 @@ def plot_runs(runs: list[Path], out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lmlab.schedule import lr_at
     from lmlab.train import TrainConfig
 
     records_of = {run: read_metrics(run) for run in runs}  # every run is checked before anything is written

@@ -40,6 +40,7 @@ from typing import Any, Optional
 import yaml
 
 from lmlab.config import ConfigError, ModelConfig, check_keys
+from lmlab.param_counts import param_counts
 
 SCALES = ("tiny", "real")
 TINY_CONTEXT = 256
@@ -73,7 +74,6 @@ class Preset:
         meta-device build for every preset (tests/test_analysis.py) and without building the big MoEs."""
         if self.published_params is not None:
             return human_count(self.published_params)
-        from lmlab.param_counts import param_counts
 
         return "~" + human_count(param_counts(preset_config(self.name, "real"))["total"])
 

@@ -13,7 +13,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from lmlab.config import ConfigError
+from lmlab.config import ConfigError, ModelConfig, check_keys
+from lmlab.config_files import apply_overrides, load_mapping
+from lmlab.data.shards import TokenData
+from lmlab.fsutil import acquire_lock
+from lmlab.run_folder import RUN_FILE, CheckpointError, check_new_run_dir, read_run, run_copy_hint, run_data, write_run
+from lmlab.schedule import planned_config
 
 if TYPE_CHECKING:
     from lmlab.train import Trainer
@@ -62,8 +67,6 @@ def read_config_file(name: str | Path) -> tuple[Path, dict, dict]:
     """A config file (YAML/JSON, or the name of a built-in config such as 'demo') -> (path, model
     mapping, train mapping), its keys checked. Raises ConfigError for an empty file, a section other
     than 'model:'/'train:', or an unknown key, naming the file."""
-    from lmlab.config import ModelConfig, check_keys
-    from lmlab.config_files import load_mapping
     from lmlab.train import TrainConfig
 
     path = Path(name)
@@ -101,8 +104,6 @@ def build_configs(
     ``sets``. The data's vocabulary ``data_vocab`` replaces the preset's unless a file or override sets
     ``vocab_size``. Raises ConfigError naming the field and where it came from (``base_source``: the
     run file ``base`` was read from)."""
-    from lmlab.config import ModelConfig
-    from lmlab.config_files import apply_overrides
     from lmlab.train import TrainConfig
 
     model: dict = dict((base or {}).get("model") or {})
@@ -162,7 +163,6 @@ def attach_data(out: Path, run: dict, data_dir: Path) -> None:
     """Give a run without data (an imported one) the data folder ``data_dir``, which must have been
     prepared with the run's own tokenizer (``lmlab prepare --tokenizer-file RUN/tokenizer.json``), and
     record it in run.yaml. Raises DataError otherwise."""
-    from lmlab.run_folder import run_data, write_run
 
     run["data"] = str(run_data(out, run, data_dir).folder.resolve())
     write_run(out, run)
@@ -175,7 +175,6 @@ def model_config_for(
     preset (at ``scale``: ``real`` or ``tiny``), a config file or a run folder; (None, None, None) when
     none is given. Raises ConfigError for several, CheckpointError for a run folder without a valid
     model config."""
-    from lmlab.config import ModelConfig
 
     if len([x for x in (preset, config, run) if x]) > 1:
         raise ConfigError("give one of --preset NAME, --config FILE or a RUN folder, not several")
@@ -233,8 +232,6 @@ def setup_run(
     the holder's PID and host; a stale lock (its process gone) is taken over with a note on stderr. The
     returned trainer holds the lock until ``trainer.release_lock()`` (or the process ends).
     Raises ConfigError / CheckpointError / DataError / LockError with one line naming what is wrong."""
-    from lmlab.run_folder import CheckpointError
-    from lmlab.fsutil import acquire_lock
 
     if not str(out).strip():
         raise CheckpointError("--out is blank; give a folder path for the new run")
@@ -263,11 +260,6 @@ def setup_run(
 
 def _setup_locked(out: Path, config, preset, scale, sets, data, resume, progress):
     from lmlab.checkpoint import check_run_model
-    from lmlab.run_folder import RUN_FILE, read_run, run_copy_hint
-    from lmlab.config import ModelConfig, check_keys
-    from lmlab.data.shards import TokenData
-    from lmlab.run_folder import check_new_run_dir
-    from lmlab.schedule import planned_config
     from lmlab.train import TrainConfig, Trainer
 
     sets = list(sets)

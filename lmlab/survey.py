@@ -9,10 +9,10 @@ import csv
 import dataclasses
 import io
 
-from lmlab.param_counts import param_counts
 from lmlab.config import ModelConfig
 from lmlab.config_checks import GATED_ACTIVATIONS
-
+from lmlab.param_counts import param_counts
+from lmlab.presets import PRESETS, human_count
 
 _NORM_NAMES = {
     "rmsnorm": "RMSNorm",
@@ -105,7 +105,6 @@ SURVEY_COLUMNS = (
 
 def survey_rows(scale: str = "real") -> list[dict]:
     """One row per preset (real scale) with the columns the lecture compares across models."""
-    from lmlab.presets import PRESETS, human_count
 
     rows = []
     for name, p in PRESETS.items():

@@ -16,6 +16,7 @@ import tokenize
 from typing import Any
 
 from lmlab import config_checks
+from lmlab.config import ModelConfig
 
 # field -> the tuple of accepted values in lmlab.config_checks (the names _choice validates against)
 CHOICES = {
@@ -116,7 +117,6 @@ def _cell(x: Any) -> str:
 
 def markdown() -> str:
     """docs/switches.md: a table per dataclass."""
-    from lmlab.config import ModelConfig
     from lmlab.train import TrainConfig
 
     L = [

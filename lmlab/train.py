@@ -23,19 +23,15 @@ from typing import Optional
 
 import torch
 
-from lmlab.checkpoint import check_run_files, check_run_model, load_latest, save_checkpoint
 from lmlab import run_folder, schedule
-from lmlab.run_folder import CheckpointError
+from lmlab.analysis import flops_per_token
+from lmlab.checkpoint import check_run_files, check_run_model, load_latest, save_checkpoint
+from lmlab.compile_choice import choose_for_run, compile_blocks, eager
 from lmlab.config import ModelConfig
 from lmlab.config_checks import ConfigError
-from lmlab.data.prepare import DataError
-from lmlab.diagnostics import forward_diagnostics, layer_grad_norms, update_rms_ratios, weights_before
 from lmlab.data.batches import check_data_bounds, global_batch_starts, windows_to_batch
+from lmlab.data.prepare import DataError
 from lmlab.data.shards import TokenData
-from lmlab.evaluate import evaluate
-from lmlab.model import TransformerLM
-from lmlab.kernels.linear import fp32_linears_on_onednn
-from lmlab.compile_choice import choose_for_run, compile_blocks, eager
 from lmlab.devices import (
     PRECISIONS,
     check_memory,
@@ -45,10 +41,15 @@ from lmlab.devices import (
     resolve_device,
     resolve_dtype,
 )
-from lmlab.stopping import StopSignals, TrainingDiverged, TrainingInterrupted
+from lmlab.diagnostics import forward_diagnostics, layer_grad_norms, update_rms_ratios, weights_before
+from lmlab.evaluate import evaluate
+from lmlab.kernels.linear import fp32_linears_on_onednn
+from lmlab.model import TransformerLM
 from lmlab.optim import build_optimizer, muon_lr_at, optimizer_of, param_groups, set_lr
-from lmlab.train_config import AUTO, TrainConfig
 from lmlab.parallel import Dist, all_reduce_mean, barrier, full_state, init_distributed, load_full_state, wrap_model
+from lmlab.run_folder import CheckpointError
+from lmlab.stopping import StopSignals, TrainingDiverged, TrainingInterrupted
+from lmlab.train_config import AUTO, TrainConfig
 
 
 def restart_rate(bar) -> None:
@@ -268,7 +269,6 @@ class Trainer:
 
     # --- pieces ----------------------------------------------------------------------------
     def _mfu_inputs(self) -> tuple[float, Optional[float]]:
-        from lmlab.analysis import flops_per_token
 
         fpt = flops_per_token(self.cfg, self.cfg.context_length, training=True)
         peak = self.tc.peak_flops or device_peak_flops(self.device, self.amp_dtype)

@@ -21,12 +21,12 @@ from lmlab.analysis import (
     kv_cache_bytes,
     mean_keys,
 )
-from lmlab.param_counts import instantiated_params, param_counts
-from lmlab.survey import format_survey, survey_rows
 from lmlab.cli import main
 from lmlab.config import ModelConfig
 from lmlab.model import KVCache, TransformerLM
+from lmlab.param_counts import instantiated_params, param_counts
 from lmlab.presets import PRESETS, preset_config
+from lmlab.survey import format_survey, survey_rows
 
 
 def small(**kw) -> ModelConfig:

@@ -554,8 +554,8 @@ def test_chunked_model_ignores_earlier_chunks_and_decodes_as_its_forward():
 def test_llama4_temperature_and_l2_qk_norm_by_hand():
     """Llama 4 (HF Llama4TextAttention): NoPE layers scale q by 1 + scale * log(1 + floor((p + 1) / floor));
     the weightless L2 QK-norm sits on the RoPE layers only and has no parameters."""
-    from lmlab.param_counts import param_counts
     from lmlab.generate import generate_logprobs
+    from lmlab.param_counts import param_counts
 
     cfg = ModelConfig(
         vocab_size=40,

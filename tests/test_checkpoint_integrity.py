@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from lmlab.checkpoint import load_run, verify_checkpoint
-from lmlab.run_folder import MANIFEST, CheckpointError, checkpoint_dirs, metrics_lines, read_run
 from lmlab.config import ModelConfig
+from lmlab.run_folder import MANIFEST, CheckpointError, checkpoint_dirs, metrics_lines, read_run
 from lmlab.train import TrainConfig, Trainer
 
 

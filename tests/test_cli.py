@@ -587,8 +587,8 @@ def test_training_memory_bound_counts_weights_and_activations(monkeypatch):
     import torch
 
     import lmlab.devices as devices
-    from lmlab.param_counts import param_counts
     from lmlab.config import ConfigError, ModelConfig
+    from lmlab.param_counts import param_counts
 
     cfg = ModelConfig(vocab_size=400, context_length=32, d_model=32, n_layers=2, n_heads=2, d_ff=96)
     n = param_counts(cfg)["total"]

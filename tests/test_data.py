@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
+from lmlab.data.documents import read_documents
 from lmlab.data.prepare import DataError, prepare
 from lmlab.data.shards import TokenData
-from lmlab.data.documents import read_documents
 from lmlab.data.tokenizer import EOT, Tokenizer, TokenizerError
 
 SAMPLES = ["Hamlet — to be, or not to be ✓", "naïve café 日本語 😀", "", "tabs\tand\r\nnewlines\n\n"]

@@ -148,11 +148,11 @@ def test_layer_equals_hugging_face_qwen3_next_gated_deltanet():
 # --- the layer in a model: layer_pattern 'D' (lmlab.config, lmlab.model.transformer, KVCache, analysis) ------
 
 from lmlab.analysis import analyze, kv_cache_bytes  # noqa: E402
-from lmlab.param_counts import linear_layer_params, param_counts  # noqa: E402
 from lmlab.config import ConfigError, ModelConfig  # noqa: E402
 from lmlab.generate import generate, generate_batch  # noqa: E402
 from lmlab.model import TransformerLM  # noqa: E402
 from lmlab.model.attention import KVCache  # noqa: E402
+from lmlab.param_counts import linear_layer_params, param_counts  # noqa: E402
 
 
 def hybrid(pattern="DDDG", **kw):

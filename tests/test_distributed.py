@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-
 MODEL = ["d_model=32", "n_layers=2", "n_heads=4", "n_kv_heads=2", "context_length=32"]
 TRAIN = [
     "log_interval=1",

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from lmlab.analysis import kv_cache_bytes
-from lmlab.param_counts import param_counts
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.model import TransformerLM
 from lmlab.model.attention import KVCache
 from lmlab.model.positions import RotaryEmbedding
+from lmlab.param_counts import param_counts
 
 SMALL = dict(
     vocab_size=64,

@@ -452,8 +452,9 @@ def test_decode_copies_are_invalidated_by_gradients_not_by_a_process_wide_optimi
     import copy
     import unittest.mock as mock
 
-    import lmlab.kernels.decode_layout as dl
     from torch.optim import optimizer as torch_optimizer
+
+    import lmlab.kernels.decode_layout as dl
 
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=40, context_length=32, d_model=32, n_layers=2, n_heads=4, init_std=0.3)

@@ -699,7 +699,7 @@ PRESET_FAMILIES = {
 @pytest.mark.parametrize("preset", list(PRESET_FAMILIES))
 def test_presets_are_models_of_their_family(preset):
     """Each preset of these families (real and tiny scale) is exactly a model of its HF family (the
-    export's config converts back to the same function: ``common.verify_roundtrip``); the families
+    export's config converts back to the same function: ``roundtrip.verify_roundtrip``); the families
     themselves are proven against transformers above."""
     from lmlab.presets import preset_config
 

@@ -389,10 +389,10 @@ def test_deep_json_in_an_import_config_a_tokenizer_a_checkpoint_and_a_data_manif
     import shutil
 
     from lmlab.checkpoint import read_checkpoint
-    from lmlab.run_folder import CheckpointError, checkpoint_dirs
     from lmlab.data.shards import TokenData
     from lmlab.data.sources import DataError
     from lmlab.data.tokenizer import Tokenizer, TokenizerError
+    from lmlab.run_folder import CheckpointError, checkpoint_dirs
 
     (hf_folder[0] / "config.json").write_text('{"model_type": "llama", "x": ' + DEEP + "}")
     assert main(["import", str(hf_folder[0]), "--out", str(tmp_path / "run")]) == 2

@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from lmlab.config import ModelConfig
-from lmlab.model import TransformerLM, lm_loss
 from lmlab.kernels.causal_attention import BLOCK, blocked_causal_attention, use_blocked
 from lmlab.kernels.linear import Linear
 from lmlab.kernels.loss import chunk_rows, linear_cross_entropy
 from lmlab.kernels.settings import KernelSettings, default_kernels
+from lmlab.model import TransformerLM, lm_loss
 
 
 def _reference(h, w, y, b=None, z=0.0, cap=None, reduction="mean"):

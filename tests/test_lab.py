@@ -10,15 +10,15 @@ import pytest
 import torch
 import yaml
 
-from lmlab.param_counts import param_counts
 from lmlab.cli import main
 from lmlab.config import ConfigError, ModelConfig
+from lmlab.diagnostics import layer_grad_norms
 from lmlab.lab import stats
-from lmlab.lab.spec import parse_spec
 from lmlab.lab.plan import plan_runs
+from lmlab.lab.spec import parse_spec
 from lmlab.lab.verdicts import analyze, select_tuned
 from lmlab.model import TransformerLM
-from lmlab.diagnostics import layer_grad_norms
+from lmlab.param_counts import param_counts
 
 T975 = {2: 4.302652729911275, 1: 12.706204736174705}  # Student t 97.5% quantiles (tables), df 2 and 1
 

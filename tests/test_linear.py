@@ -1,8 +1,7 @@
 """lmlab.kernels.linear: fp32 CPU linears on oneDNN, against fp64 references and F.linear."""
 
-from functools import partial
-
 import json
+from functools import partial
 
 import pytest
 import torch
@@ -11,9 +10,9 @@ import torch.nn.functional as F
 
 import lmlab.kernels.linear as L
 import lmlab.kernels.settings as S
+from lmlab.config import ModelConfig
 from lmlab.kernels.settings import KernelSettings
 from lmlab.model import TransformerLM
-from lmlab.config import ModelConfig
 
 pytestmark = pytest.mark.skipif(not L.onednn_available(), reason="no oneDNN linear op in this build")
 

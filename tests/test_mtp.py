@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmlab.param_counts import param_counts
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.model import TransformerLM
+from lmlab.param_counts import param_counts
 
 BASE = dict(vocab_size=64, context_length=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2)
 

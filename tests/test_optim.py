@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from lmlab.checkpoint import load_run
-from lmlab.run_folder import CheckpointError, read_metrics_file
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.model import TransformerLM
 from lmlab.optim import OptimizerPair, build_optimizer, muon_parameters, param_groups, set_lr
+from lmlab.run_folder import CheckpointError, read_metrics_file
 from lmlab.train import TrainConfig, Trainer
 
 CPU = torch.device("cpu")

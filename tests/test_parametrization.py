@@ -12,10 +12,10 @@ import yaml
 from lmlab.checkpoint import load_run
 from lmlab.cli import main
 from lmlab.config import ConfigError, ModelConfig
+from lmlab.kernels.loss import lm_loss
 from lmlab.lab.coordcheck import coord_check
 from lmlab.model import TransformerLM
 from lmlab.model import parametrization as P
-from lmlab.kernels.loss import lm_loss
 from lmlab.optim import adamw, param_groups, set_lr
 from lmlab.schedule import lr_at
 from lmlab.train import TrainConfig, Trainer

@@ -20,9 +20,9 @@ import pytest
 from lmlab.cli import main
 from lmlab.data import documents as docs_mod
 from lmlab.data import prepare as prep
+from lmlab.data.documents import paragraph_ranges, scan_documents
 from lmlab.data.prepare import DataError, PrepareInterrupted, prepare
 from lmlab.data.shards import TokenData
-from lmlab.data.documents import paragraph_ranges, scan_documents
 from lmlab.data.tokenizer import MAX_CHUNK_BYTES, Tokenizer, TokenizerError
 from lmlab.fsutil import lock_path
 

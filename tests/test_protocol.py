@@ -9,8 +9,8 @@ import pytest
 
 from lmlab.config import ConfigError
 from lmlab.lab import stats
-from lmlab.lab.spec import parse_spec
 from lmlab.lab.plan import plan_runs
+from lmlab.lab.spec import parse_spec
 from lmlab.lab.tuning import extensions, select
 from lmlab.lab.verdicts import analyze
 

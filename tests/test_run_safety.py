@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmlab.run_folder import checkpoint_dirs, metrics_lines
 from lmlab.cli import main
 from lmlab.fsutil import lock_path
+from lmlab.run_folder import checkpoint_dirs, metrics_lines
 
 SETS = [
     "d_model=32",

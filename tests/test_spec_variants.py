@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from lmlab.config import ModelConfig
-from lmlab.lab.spec import load_spec
 from lmlab.lab.plan import _plan, control_flags, plan_quantities
+from lmlab.lab.spec import load_spec
 from lmlab.model import TransformerLM
 
 TIERS = [None, "gpu"]

@@ -2,8 +2,8 @@
 
 import csv
 import json
-import re
 import math
+import re
 import shutil
 
 import pytest
@@ -13,12 +13,12 @@ import yaml
 from lmlab.cli import main
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.data.prepare import prepare
+from lmlab.lab.axes import expand_axes
+from lmlab.lab.plan import _plan, plan_runs, trained_plans
 from lmlab.lab.results import read_results, run_state
 from lmlab.lab.runner import run_sweep
-from lmlab.run_folder import read_outcome
-from lmlab.lab.axes import expand_axes
 from lmlab.lab.spec import builtin_specs, load_spec, parse_spec
-from lmlab.lab.plan import _plan, plan_runs, trained_plans
+from lmlab.run_folder import read_outcome
 from lmlab.train import TrainConfig, Trainer
 
 TINY_MODEL = {"context_length": 32, "d_model": 32, "n_layers": 2, "n_heads": 2}

@@ -7,10 +7,9 @@ import torch
 import yaml
 
 from lmlab.checkpoint import load_run
-from lmlab.run_folder import CheckpointError, checkpoint_dirs
-from lmlab.run_folder import check_new_run_dir
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.model import TransformerLM
+from lmlab.run_folder import CheckpointError, check_new_run_dir, checkpoint_dirs
 from lmlab.schedule import lr_at
 from lmlab.train import TrainConfig, Trainer, param_groups
 

@@ -12,9 +12,9 @@ import time
 import pytest
 import torch
 
-from lmlab.run_folder import CheckpointError, checkpoint_dirs
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.diagnostics import forward_diagnostics
+from lmlab.run_folder import CheckpointError, checkpoint_dirs
 from lmlab.schedule import lr_at
 from lmlab.train import TrainConfig, Trainer
 

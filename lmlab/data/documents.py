@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-
 from lmlab.data.sources import DataError, input_kind, iter_records
 
 SEGMENT_BYTES = 1 << 20  # a document is read and encoded in pieces of about this size

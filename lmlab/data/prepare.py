@@ -40,22 +40,22 @@ import glob
 import hashlib
 import json
 import os
-import time
-from array import array
 import shutil
 import signal
 import sys
+import time
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from lmlab.data.sources import DataError
-from lmlab.data.tokenizer import MAX_CHUNK_BYTES, Tokenizer, long_chunks
 from lmlab.data import documents
 from lmlab.data.documents import Corpus, Document
 from lmlab.data.shards import TokenData
+from lmlab.data.sources import DataError
+from lmlab.data.tokenizer import MAX_CHUNK_BYTES, Tokenizer, long_chunks
 from lmlab.fsutil import acquire_lock, fsync_tree, make_temp_dir, sha256_file
 
 MANIFEST_VERSION = 1

@@ -23,6 +23,8 @@ import json
 from pathlib import Path
 from typing import Iterator, Optional
 
+from lmlab.json_checks import check_nesting
+
 _WS = " \t\n\r\x0b\x0c"
 JSON_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
@@ -128,7 +130,6 @@ def _json_rows(path: Path) -> Iterator[tuple[int, object]]:
 def _loads(raw: bytes, path: Path, where: str):
     """``raw`` parsed as JSON; DataError naming ``path`` and ``where`` when it is not JSON or nests
     deeper than :data:`lmlab.json_checks.MAX_DEPTH` (counted before parsing: no RecursionError)."""
-    from lmlab.json_checks import check_nesting
 
     check_nesting(
         raw.decode("utf-8", errors="replace"), f"{str(path)!r} {where}", DataError, " (a text record needs one or two)"

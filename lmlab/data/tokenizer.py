@@ -31,6 +31,9 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
+from lmlab.fsutil import atomic_write_text
+from lmlab.json_checks import check_nesting
+
 EOT = "<|endoftext|>"
 MAX_CHUNK_BYTES = 256  # longest pre-tokenisation chunk lmlab's BPE sees; longer ones are cut into pieces
 
@@ -176,7 +179,6 @@ class Tokenizer:
     def load(cls, path: str | Path) -> "Tokenizer":
         """Load ``tokenizer.json``: an HF tokenizer file, or lmlab's ``{"type": "bytes"}``; raises
         TokenizerError naming the file when it is unreadable, not JSON or nested too deep."""
-        from lmlab.json_checks import check_nesting
 
         path = Path(path)
         try:
@@ -256,7 +258,6 @@ class Tokenizer:
 
     def save(self, path: str | Path) -> None:
         """Write ``tokenizer.json`` atomically (temp file + fsync + rename: never a half-written file)."""
-        from lmlab.fsutil import atomic_write_text
 
         if self.kind == "bytes":
             atomic_write_text(path, json.dumps({"type": "bytes", "vocab_size": 257, "eot": 256}))

@@ -34,11 +34,17 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from lmlab.checkpoint import state_mismatch
+from lmlab import checkpoint
+from lmlab.checkpoint import load_run, state_mismatch
 from lmlab.config import ConfigError, ModelConfig
-from lmlab.interop import common
+from lmlab.fsutil import make_temp_dir
+from lmlab.interop.meta import is_meta_folder, read_meta
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, families, get_family
+from lmlab.interop.roundtrip import verify_roundtrip
 from lmlab.json_checks import check_nesting
+from lmlab.model import TransformerLM
+from lmlab.run_folder import write_run
+from lmlab.train import TrainConfig
 
 # Export tries families in this order when the run names none (the common recipes first).
 PREFERRED = (
@@ -195,7 +201,6 @@ def _read_folder(path: Path) -> tuple[dict, StateDict, list[str]]:
     """(HF config, HF state dict, notes) of an HF model folder, or of a Meta checkpoint folder
     (``params.json`` + ``consolidated.NN.pth``, converted to the HF Llama form by
     :func:`lmlab.interop.meta.read_meta`)."""
-    from lmlab.interop.meta import is_meta_folder, read_meta
 
     if path.is_dir() and not (path / "config.json").is_file() and is_meta_folder(path):
         return read_meta(path)
@@ -249,7 +254,6 @@ def hf_to_lmlab(path: str | Path, dtype: str = "fp32", notes: Optional[list] = N
     stores every floating tensor in bf16, else fp32; see :func:`stored_dtype`). Raises HFFormatError
     (:func:`check_declared`) before building the model when the config's sizes or dtype contradict the
     weights or a tensor is not finite."""
-    from lmlab.model import TransformerLM
 
     resolve_dtype(dtype, torch.float32)  # the name checked before anything is read
     hf, hf_state, extra = _read_folder(Path(path))
@@ -291,16 +295,12 @@ def import_hf(path: str | Path, out_run_dir: str | Path, dtype: str = "auto") ->
     e.g. Qwen2.5's ``use_mrope: false``).
     Raises UnsupportedError (a config or tensor lmlab cannot represent), HFFormatError (an unreadable
     folder, or ``out_run_dir`` exists). Nothing is written unless the import succeeds."""
-    from lmlab.checkpoint import save_checkpoint
-    from lmlab.run_folder import write_run
-    from lmlab.train import TrainConfig
 
     path, out = Path(path), Path(out_run_dir)
     _refuse_existing(out, "run folder")
     conversion: list[str] = []
     model, cfg, family, hf = hf_to_lmlab(path, dtype, conversion)
     stored = DTYPE_NAMES[next(model.parameters()).dtype]
-    from lmlab.fsutil import make_temp_dir
 
     tmp = make_temp_dir(out, "import-tmp")  # a new, uniquely named folder: the only one ever removed here
     try:
@@ -332,7 +332,7 @@ def import_hf(path: str | Path, out_run_dir: str | Path, dtype: str = "auto") ->
             },
         }
         write_run(tmp, spec)
-        save_checkpoint(
+        checkpoint.save_checkpoint(
             tmp, 0, model, None, {"step": 0, "tokens_seen": 0, "imported_from": str(path.resolve())}, keep=0
         )
         if out.exists():
@@ -370,17 +370,17 @@ def lmlab_to_hf_config(
 ) -> tuple[Family, dict]:
     """(family, config.json mapping) for ``cfg``: the family named ``family``, else ``hint`` (the run's
     imported model_type) when it represents cfg, else the first family that does. Every choice is checked
-    by converting the mapping back (common.verify_roundtrip). UnsupportedError when none represents it."""
+    by converting the mapping back (roundtrip.verify_roundtrip). UnsupportedError when none represents it."""
     if family is not None:
         fam = get_family(family)
-        return fam, common.verify_roundtrip(fam.model_type, cfg, fam.config_to_hf(cfg), fam.config_to_lmlab)
+        return fam, verify_roundtrip(fam.model_type, cfg, fam.config_to_hf(cfg), fam.config_to_lmlab)
     candidates = _ordered_families()
     if hint is not None and hint in families():
         candidates = [families()[hint]] + [f for f in candidates if f.model_type != hint]
     reasons = []
     for fam in candidates:
         try:
-            return fam, common.verify_roundtrip(fam.model_type, cfg, fam.config_to_hf(cfg), fam.config_to_lmlab)
+            return fam, verify_roundtrip(fam.model_type, cfg, fam.config_to_hf(cfg), fam.config_to_lmlab)
         except (UnsupportedError, ConfigError) as exc:
             why = str(exc).split(": ", 1)[-1]
             reasons.append(f"  {fam.model_type}: {why if len(why) <= 160 else why[:157] + '...'}")
@@ -395,7 +395,6 @@ def load_run_model(run_dir: str | Path, step: Optional[int] = None):
     (or ``step``): :func:`lmlab.checkpoint.load_run` without the tokenizer (an imported run has none),
     so run.yaml is checked against its checkpoint's copy and a damaged newest checkpoint falls back to
     the previous one, with a warning. Raises CheckpointError."""
-    from lmlab.checkpoint import load_run
 
     model, cfg, _, run, ckpt = load_run(run_dir, step=step, tokenizer=False)
     return model, cfg, run, ckpt

@@ -7,7 +7,7 @@ Each family module describes its differences in a :class:`Spec` (which norm, whe
 biases, how sliding windows and RoPE are configured, QK-norm, soft-caps, logit scale, ...), read off the
 family's ``configuration_*.py`` / ``modeling_*.py`` in transformers 5; :func:`build` turns a Spec into a
 registered :class:`~lmlab.interop.registry.Family`. ``config_to_hf`` proves each export exact by
-converting its output back (:func:`lmlab.interop.common.verify_roundtrip`).
+converting its output back (:func:`lmlab.interop.roundtrip.verify_roundtrip`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Optional
 from lmlab.config import ModelConfig
 from lmlab.interop import common as C
 from lmlab.interop.registry import Family, StateDict, register
+from lmlab.interop.roundtrip import verify_roundtrip
 
 NORM_LAYOUTS = {
     "pre": {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"},
@@ -373,7 +374,7 @@ def config_to_hf(spec: Spec, cfg: ModelConfig) -> dict:
             hf["intermediate_size"] = cfg.expert_d_ff
     if spec.moe == "qwen3":
         hf.update(_qwen3_moe_hf(cfg, spec.defaults))
-    return C.verify_roundtrip(spec.model_type, cfg, hf, lambda h: config_to_lmlab(spec, h))
+    return verify_roundtrip(spec.model_type, cfg, hf, lambda h: config_to_lmlab(spec, h))
 
 
 # ------------------------------------------------------------------------------------------------

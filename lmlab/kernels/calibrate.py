@@ -6,11 +6,9 @@ per setting with the same weights and batch, timed in interleaved rounds (every 
 once, the order alternating), after one untimed warm-up round. A cell is one (model shape, threads);
 its figure is the median over rounds of the per-round ratio (setting on / setting off) with the
 interquartile range; a decision takes the setting on when the geometric mean of its cells' medians is
-below ``1 - MIN_GAIN``: a smaller difference does not survive from one calibration to the next (four
-calibrations of one 2-core AMD EPYC, family 25 model 17, within half an hour: the blocked loops' geometric
-mean 0.969, 0.994, 1.016 and 0.976, oneDNN's 1.019, 1.006, 1.034 and 1.118), and then torch's own
-kernel, the reference, stays. On the CPUs where a choice mattered it was far from the line (oneDNN's
-fp32 steps about 1.2-2x on an earlier EPYC, 0.86-0.93x on a Xeon: docs/bench/measured-choices.md).
+below ``1 - MIN_GAIN``: a smaller difference does not survive from one calibration to the next (the
+repeat calibrations behind it: docs/bench/measured-choices.md), and then torch's own kernel, the
+reference, stays.
 
 - ``onednn_fp32`` (fp32 linears and the chunked loss's products on oneDNN rather than MKL): the lab's run
   shape at one thread (what ``lmlab sweep --jobs 2`` runs on 2 cores) and the demo's layer shape at
@@ -41,7 +39,13 @@ from typing import Callable, Optional
 
 import torch
 
+from lmlab.config import ConfigError, ModelConfig
+from lmlab.kernels.linear import onednn_available
 from lmlab.kernels.settings import CALIBRATION_VERSION, KernelSettings, cache_path, cpu_identity
+from lmlab.model import TransformerLM
+from lmlab.optim import adamw
+from lmlab.threads import physical_cores, using_threads
+from lmlab.train_config import TrainConfig
 
 # (label, ModelConfig fields, batch): the shipped specs' byte-level run shape and the demo's layer shape
 # (two of its four layers, half its batch: the same products, a quarter of the time)
@@ -70,10 +74,6 @@ MIN_GAIN = 0.05  # a kernel is taken only when it makes the steps at least this 
 
 def _timer(fields: dict, batch: int, kernels: KernelSettings) -> Callable[[int], float]:
     """A closure timing ``n`` fp32 training steps of a fresh model with ``kernels``; returns s/step."""
-    from lmlab.config import ModelConfig
-    from lmlab.model import TransformerLM
-    from lmlab.optim import adamw
-    from lmlab.train_config import TrainConfig
 
     cfg = ModelConfig(**fields)
     torch.manual_seed(0)
@@ -96,7 +96,6 @@ def _timer(fields: dict, batch: int, kernels: KernelSettings) -> Callable[[int],
 def measure_cell(fields: dict, batch: int, threads: int, on: KernelSettings, off: KernelSettings, rounds: int) -> dict:
     """Interleaved step times of ``on`` and ``off`` at ``threads``: {"ratio": median of on/off per
     round, "q1", "q3", "on_ms", "off_ms" (medians), "rounds", "steps"}."""
-    from lmlab.threads import using_threads
 
     with using_threads(threads):
         timers = {"on": _timer(fields, batch, on), "off": _timer(fields, batch, off)}
@@ -128,8 +127,6 @@ def calibrate(rounds: int = 7, log: Callable[[str], None] = print) -> dict:
     {"version", "identity" (:func:`cpu_identity`), "date", "load_avg" [before, after], "threads"
     (physical cores), "choices" {field: bool}, "cells" [{"decision", "shape", "threads", ...}]}.
     Raises ValueError for ``rounds`` < 3."""
-    from lmlab.kernels.linear import onednn_available
-    from lmlab.threads import physical_cores
 
     if rounds < 3:
         raise ValueError(f"rounds={rounds} must be >= 3 (a median of paired ratios and its quartiles)")
@@ -189,7 +186,6 @@ def check_destination(path: Optional[Path] = None) -> Path:
     """Where a calibration may be written (``path``, default :func:`cache_path`), checked before any
     measuring: ConfigError naming the path when it is a folder, a special file, or a file that is not a
     kernel calibration (nothing else is ever overwritten), or when its folder is a file."""
-    from lmlab.config import ConfigError
 
     path = Path(path or cache_path())
     for parent in path.parents:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import torch
 
-
 BLOCK = 64  # query rows per block (measured: docs/bench/measured-choices.md)
 MAX_CONTEXT = 1024
 MAX_SAVED_BYTES = 256 * 2**20
@@ -102,7 +101,7 @@ def _sum_padded(parts, T: int, acc: torch.dtype) -> torch.Tensor:
     growing r1, as zero-padded to T keys, in ``acc`` (fp32); returns (batch*heads, T, head_dim) in the
     parts' dtype. Written as one sum of pads, which inductor fuses into one kernel with one masked load
     per part: the in-place form ``dk[:, :r1] += part`` lowers to nested slice_scatters whose kernel
-    reloaded each part once per level (1,600 lines of C++, 5 ms a layer in a bf16 GPT-2-recipe step)."""
+    reloaded each part once per level (1,600 lines of C++; docs/bench/measured-choices.md)."""
     total = None
     for part in parts:
         padded = torch.nn.functional.pad(part.to(acc), (0, 0, 0, T - part.shape[1]))

@@ -19,7 +19,6 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from lmlab.model import TransformerLM
 
-
 # linear weights up to this size (bytes, all layers together) get a decode copy (packed or transposed),
 # kept between generate calls; larger ones are re-laid out in place on every call
 PACK_LIMIT_BYTES = 1 << 30

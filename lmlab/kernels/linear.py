@@ -35,7 +35,6 @@ import torch.nn.functional as F
 
 from lmlab.kernels.settings import KernelSettings, default_kernels
 
-
 # Rows (product of the input's leading dims) from which oneDNN is used. Forward through this module's
 # op against ``x @ w.T`` on MKL, the GPT-2 recipe's shapes (python bench/linear_backends.py --rows
 # 1 4 16 32 64 --recipes gpt2), 1 and 2 threads: 1 row 0.2-0.9x, 16 rows 0.5-1.7x, 32 rows 0.8-1.8x,

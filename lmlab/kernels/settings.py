@@ -15,10 +15,12 @@ import json
 import platform
 import re
 import sys
-from pathlib import Path
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Optional
+
+from lmlab.data.corpus import cache_root
 
 CALIBRATION_VERSION = 1  # of the calibration file's format
 
@@ -102,7 +104,6 @@ def native_bf16(flags: Optional[set] = None) -> bool:
 
 def cache_dir() -> Path:
     """``$LMLAB_CACHE/kernels`` (default ``~/.cache/lmlab/kernels``)."""
-    from lmlab.data.corpus import cache_root
 
     return cache_root() / "kernels"
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lmlab.config import ConfigError, ModelConfig
+from lmlab.data.shards import TokenData
+from lmlab.runs import default_data_dir, ensure_default_data
 
 
 @dataclass
@@ -89,8 +91,6 @@ def variant_data(value: Any, default: Optional[Path], prepare: bool) -> tuple[Op
     ``default`` when the variant has none. With ``prepare`` the default corpus is prepared with the
     variant's tokenizer on first use; without, a folder that does not exist yet gives (None, the
     vocabulary the tokenizer will have: 257 for bytes)."""
-    from lmlab.data.shards import TokenData
-    from lmlab.runs import default_data_dir, ensure_default_data
 
     if value is None:
         return default, (TokenData(default).vocab_size if default is not None else None)

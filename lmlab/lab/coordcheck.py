@@ -38,6 +38,11 @@ import numpy as np
 import torch
 
 from lmlab.config import ConfigError, ModelConfig
+from lmlab.kernels.loss import lm_loss
+from lmlab.model import TransformerLM
+from lmlab.optim import adamw, param_groups, set_lr
+from lmlab.plot import check_own_outputs, save_png
+from lmlab.runs import DEFAULT_VOCAB, build_configs, ensure_default_data
 
 DEFAULT_MODEL = {"n_layers": 2, "n_heads": 4, "context_length": 64}  # without --config / --preset
 DEFAULT_TRAIN = {"lr": 0.005, "batch_size": 8, "weight_decay": 0.0}
@@ -118,9 +123,6 @@ def train_and_record(
     """{layer: [mean |x| at step 1, ..., steps]} of a model of ``cfg`` trained ``steps`` AdamW steps at
     ``tc.lr`` (constant) with ``tc``'s betas, eps and weight decay; layers 'embedding', 'block 0', ...,
     'logits' (``last_block``: 'embedding', 'last block', 'logits', for models of different depths)."""
-    from lmlab.model import TransformerLM
-    from lmlab.kernels.loss import lm_loss
-    from lmlab.optim import adamw, param_groups, set_lr
 
     torch.manual_seed(seed)
     model = TransformerLM(cfg).to(device).train()
@@ -285,7 +287,6 @@ def plot_result(res: dict, path: Path) -> Path:
         import matplotlib
     except ImportError:
         raise ConfigError("--out needs matplotlib (pip install 'lmlab[plot]')") from None
-    from lmlab.plot import check_own_outputs, save_png
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -357,7 +358,6 @@ def run_coordcheck(
     validated before any data is prepared or model trained. Returns :func:`coord_check`'s result.
     Raises ConfigError for fewer than two different sizes, flags of the other axis or of another
     parametrization, or a vocabulary below the data's."""
-    from lmlab.runs import DEFAULT_VOCAB, build_configs, ensure_default_data
 
     widths_given = widths is not None
     widths = list(widths) if widths is not None else [64, 128, 256]

@@ -31,11 +31,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
 
 from lmlab.config import ConfigError
+from lmlab.json_checks import jsonl_objects
+from lmlab.lab.worker import failed_row, read_plan, read_row, run_names, stop_training
 
 JOBS_FILE = "jobs.jsonl"
 RAY_KEYS = ("address", "cpus_per_task", "gpus_per_node", "max_retries")  # what --executor ray takes
@@ -60,7 +64,6 @@ class SweepTask:
     Checkpointable in submitit's sense: submitit calls :meth:`checkpoint` on preemption or timeout."""
 
     def __call__(self, sweep_dir: str, names: list, threads: int) -> int:
-        from lmlab.lab.worker import run_names, stop_training
 
         try:
             rows = run_names(Path(sweep_dir), list(names), threads, log=lambda line: print(line, flush=True))
@@ -73,7 +76,6 @@ class SweepTask:
         """Preempted or near the time limit (submitit calls this on SIGUSR2): stop the training
         subprocesses (each checkpoints its last finished step), note the requeue, and ask submitit to
         requeue the same task."""
-        from lmlab.lab.worker import stop_training
 
         stopped = stop_training()
         job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
@@ -128,7 +130,6 @@ def slurm_states() -> Optional[dict]:
     """{job id: state} of every job Slurm still knows, from one ``squeue`` call (which needs no
     accounting database, unlike submitit's ``sacct``; array tasks one per line as ``JOB_TASK``); None when
     squeue cannot be run (then nothing is concluded from it)."""
-    import subprocess
 
     try:
         out = subprocess.run(
@@ -185,7 +186,6 @@ def _make(folder: Path, kind: str, params: Optional[dict], name: str):
 def slurm_preflight(params: dict) -> None:
     """Ask Slurm whether it would accept a job with ``params``' partition, CPUs, GPUs, time and memory
     (``sbatch --test-only``: nothing is queued); raise ConfigError with sbatch's reason if not."""
-    import subprocess
 
     flags = {
         "slurm_partition": "--partition={}",
@@ -266,7 +266,6 @@ def check_executor_params(kind: str, params: dict, runs_per_task: int = 1) -> No
 def check_params(kind: str, params: Optional[dict]) -> None:
     """Raise ConfigError now, before a sweep writes anything, for parameters :class:`SubmititExecutor`
     would refuse (checked on a scratch folder)."""
-    import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         _, full = _make(Path(tmp) / "%j", kind, params, "check")
@@ -304,7 +303,6 @@ class SubmititExecutor:
 
     # --- bookkeeping ------------------------------------------------------------------------
     def _records(self) -> list[dict]:
-        from lmlab.json_checks import jsonl_objects
 
         path = self.dir / JOBS_FILE
         if not path.is_file():
@@ -384,7 +382,6 @@ class SubmititExecutor:
         """Run ``names`` (their plans written) to a row each; ``on_row(row, seconds)`` as each finishes.
         Returns when every run has a row (a job that ended without one gives a ``failed`` row naming its
         log and the command that reproduces it)."""
-        from lmlab.lab.worker import read_plan, read_row
 
         t0 = time.time()
         pending = list(names)
@@ -484,7 +481,6 @@ def _ray():
 
 def _ray_task(sweep_dir: str, names: list, threads: int) -> int:
     """One Ray task: :func:`lmlab.lab.worker.run_names` (the outcome is the rows it writes)."""
-    from lmlab.lab.worker import run_names
 
     return len(run_names(Path(sweep_dir), list(names), threads, log=lambda line: print(line, flush=True)))
 
@@ -534,7 +530,6 @@ class RayExecutor:
 
     def run(self, names: list, on_row: Callable[[dict, float], None]) -> None:
         """As :meth:`SubmititExecutor.run`: every run of ``names`` to a row, ``on_row`` as each finishes."""
-        from lmlab.lab.worker import failed_row, read_plan, read_row
 
         ray, t0 = self.ray, time.time()
         task = ray.remote(num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_retries=self.max_retries)(_ray_task)

@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Optional
 
 from lmlab.config import ConfigError
+from lmlab.fsutil import atomic_write_text
 from lmlab.lab import plots, validate
 from lmlab.lab.page import _duration, sweep_wall
 from lmlab.lab.report import REPORT_MARKS, VERDICTS_FILE, _check_out, read_json_file, read_results_csv, read_spec_file
 from lmlab.lab.results import RESULTS_FILE, TIMING_FILE
 from lmlab.lab.spec import builtin_specs, parse_spec
+from lmlab.lab.stats import VERDICTS
 from lmlab.lab.verdict_table import CLAIM_HEAD, HOW_TO_READ, _effect, _md_escape, claim_cells
 from lmlab.lab.verdicts import analyze
 
@@ -95,7 +97,6 @@ def collect_claims(dirs: list[Path]) -> tuple[list[dict], list[tuple], dict]:
 
 def _verdict_counts(claims: list[dict]) -> dict:
     """{verdict: n} over ``claims``, for every verdict of :data:`lmlab.lab.stats.VERDICTS`."""
-    from lmlab.lab.stats import VERDICTS
 
     return {v: sum(1 for c in claims if c["verdict"] == v) for v in VERDICTS}
 
@@ -231,7 +232,6 @@ def update_readme(readme: Path, block: str, counts: Optional[str] = None) -> Non
     """Replace what lies between :data:`README_START` and :data:`README_END` in ``readme`` with ``block``,
     and between :data:`COUNTS_START` and :data:`COUNTS_END` with ``counts`` (each where its markers are;
     atomically). Raises ValueError when the file has neither pair in order."""
-    from lmlab.fsutil import atomic_write_text
 
     text = readme.read_text()
     done = 0

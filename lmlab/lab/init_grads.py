@@ -19,6 +19,10 @@ import numpy as np
 import torch
 
 from lmlab.config import ModelConfig
+from lmlab.data.batches import global_batch_starts, windows_to_batch
+from lmlab.diagnostics import layer_grad_norms
+from lmlab.model import TransformerLM
+from lmlab.train_config import TrainConfig
 
 
 def init_grad_norms(cfg: ModelConfig, tokens: np.ndarray, depths: list[int], seeds: list[int], batch: int) -> dict:
@@ -28,10 +32,6 @@ def init_grad_norms(cfg: ModelConfig, tokens: np.ndarray, depths: list[int], see
     (n_tokens,) ids; ``batch``: windows of ``cfg.context_length`` tokens, the step-0 batch of each seed
     (:func:`lmlab.data.batches.global_batch_starts`). The loss is the training loss (mean cross-entropy in
     nats, plus the config's z-loss). Raises ValueError when the split is shorter than one window."""
-    from lmlab.model import TransformerLM
-    from lmlab.data.batches import global_batch_starts, windows_to_batch
-    from lmlab.diagnostics import layer_grad_norms
-    from lmlab.train_config import TrainConfig
 
     T = cfg.context_length
     if len(tokens) < T + 2:

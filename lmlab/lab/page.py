@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Optional
 
 from lmlab.lab import validate
+from lmlab.lab.provenance import _repo_relative
 from lmlab.lab.results import LOAD_FILE, PROVENANCE_FILE, RESULTS_FILE
 from lmlab.lab.stats import finite as _ok
 from lmlab.lab.verdict_table import HOW_TO_READ, _ci, _count, _detectable, _md_escape, _num, verdict_lines
+from lmlab.run_folder import read_run
 
 
 def _setup_lines(spec_raw: dict, rows: list[dict], sweep_dir: Path) -> list[str]:
-    from lmlab.run_folder import read_run
 
     lines = []
     run = first = None
@@ -65,7 +66,6 @@ def _label(scale: Optional[str], variant: str) -> str:
 def _run_files_lines(sweep_dir: Path, rows: list[dict]) -> list[str]:
     """Where each run's log and folder are, and every failed run (not a diverged one: that is a result)
     with its error and the command that reproduces it (``lmlab sweep-worker``)."""
-    from lmlab.lab.provenance import _repo_relative
 
     where = _repo_relative(Path(sweep_dir))
     out = [

@@ -14,11 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from lmlab.analysis import flops_per_token as fpt
 from lmlab.config import ConfigError, ModelConfig
-from lmlab.lab.claims import TIMING_METRICS
+from lmlab.data.shards import TokenData
 from lmlab.lab.axes import _field_names, _fmt, variant_data
+from lmlab.lab.claims import TIMING_METRICS
 from lmlab.lab.spec import QUANTITIES, SWEEP_TRAIN_DEFAULTS, Spec
 from lmlab.lab.spec_blocks import Match
+from lmlab.param_counts import param_counts
+from lmlab.runs import DEFAULT_VOCAB, check_run_memory, ensure_default_data
 
 
 @dataclass
@@ -61,7 +65,6 @@ class RunPlan:
 def measure(cfg: ModelConfig, quantity: str) -> float:
     """A size of ``cfg`` by formula (:mod:`lmlab.analysis`): ``params``, ``non_embedding_params`` or
     ``flops_per_token`` (training FLOPs per token at the model's context)."""
-    from lmlab.param_counts import param_counts
 
     if quantity == "flops_per_token":
         return flops_per_token(cfg)
@@ -153,7 +156,6 @@ def run_stem(variant: str, scale: Optional[str], tune: dict) -> str:
 
 def flops_per_token(cfg: ModelConfig) -> float:
     """Training FLOPs per token at the model's context (:func:`lmlab.analysis.flops_per_token`)."""
-    from lmlab.analysis import flops_per_token as fpt
 
     return float(fpt(cfg, cfg.context_length, training=True))
 
@@ -182,8 +184,6 @@ def plan_runs(spec: Spec, data_dir: Optional[Path] = None) -> list[RunPlan]:
     (or the default corpus, prepared on first use) is used; every run is checked before anything is
     prepared. A variant with a ``data:`` field trains on that (:func:`variant_data`); ``data_dir``
     together with such variants raises ConfigError (it could not replace their data)."""
-    from lmlab.data.shards import TokenData
-    from lmlab.runs import DEFAULT_VOCAB, check_run_memory, ensure_default_data
 
     if data_dir is None:
         if isinstance(spec.data, dict):  # the default corpus with the spec's tokenizer
@@ -341,7 +341,6 @@ def _check_budget_hold(spec: Spec, plans: list[RunPlan]) -> None:
 
 def plan_quantities(plans: list[RunPlan]) -> dict:
     """(scale, variant) -> {quantity: value} of the planned runs (first run of each), for control_flags."""
-    from lmlab.param_counts import param_counts
 
     out = {}
     for p in plans:
@@ -362,7 +361,6 @@ def plan_quantities(plans: list[RunPlan]) -> dict:
 def most_epochs(plans: list[RunPlan]) -> tuple[float, int, Path, int]:
     """(passes, training tokens, data folder, tokens read) of the run that reads its data's training
     split most often."""
-    from lmlab.data.shards import TokenData
 
     worst = None
     for data in dict.fromkeys(p.data for p in plans):
@@ -442,7 +440,6 @@ def protocol_lines(spec: Spec) -> list[str]:
 def format_plan(plans: list[RunPlan], states: dict, spec: Optional[Spec] = None) -> str:
     """The dry-run table: one line per run (steps, tokens, FLOPs, parameters, state), the totals and,
     with ``spec``, the controls: quantities that differ > 5% from the baseline without being declared."""
-    from lmlab.param_counts import param_counts
 
     lines = [f"{'run':44} {'steps':>6} {'tokens':>11} {'train FLOPs':>11} {'params':>10} {'non-emb':>10}  state"]
     todo = trained_plans(plans)

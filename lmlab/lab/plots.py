@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Optional
 
 from lmlab.lab.stats import finite as _ok
+from lmlab.lab.stats import t_interval
+from lmlab.plot import check_own_outputs, save_png
 
 LN2 = math.log(2)
 
@@ -39,7 +41,6 @@ def _plt():
 def _save(fig, path: Path) -> Path:
     """Write ``fig`` marked as lmlab's, atomically (:func:`lmlab.plot.save_png`); a file of that name
     that lmlab did not write is refused (CheckpointError), never overwritten."""
-    from lmlab.plot import check_own_outputs, save_png
 
     fig.tight_layout()
     try:
@@ -64,7 +65,6 @@ def geometric(values: list) -> bool:
 
 
 def _seed_band(vals: list[float], confidence: float) -> tuple[float, float, float]:
-    from lmlab.lab.stats import t_interval
 
     if len(vals) >= 2:
         ti = t_interval(vals, confidence)

@@ -17,6 +17,8 @@ from typing import Optional
 
 import yaml
 
+import lmlab
+from lmlab.kernels.settings import default_kernels
 from lmlab.lab.results import _machine
 from lmlab.lab.spec import Spec
 
@@ -79,8 +81,6 @@ def provenance_record(spec: Spec, command: Optional[str]) -> dict:
     """What a reader needs to reproduce one sweep invocation: the command, lmlab version and git
     commit, the spec file and its SHA-256, the machine and the CPU kernels its models use (this
     machine's calibration, :mod:`lmlab.kernels.calibrate`), the time and the load average at the start."""
-    import lmlab
-    from lmlab.kernels.settings import default_kernels
 
     return {
         "command": command or f"lmlab sweep {spec.path or spec.name}",

@@ -30,15 +30,14 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-
-from lmlab.lab import plots
-from lmlab.lab.stats import finite as _ok
+from lmlab.config import ConfigError
+from lmlab.config_files import load_mapping
+from lmlab.json_checks import read_json_object
+from lmlab.lab import plots, validate
+from lmlab.lab.page import _label, page_markdown, sweep_wall
 from lmlab.lab.results import INIT_GRADS_FILE, PROVENANCE_FILE, RESULTS_FILE, TIMING_FILE, run_metrics
 from lmlab.lab.spec import parse_spec
-from lmlab.lab.page import _label, page_markdown, sweep_wall
-from lmlab.json_checks import read_json_object
-from lmlab.lab import validate
-from lmlab.config import ConfigError
+from lmlab.lab.stats import finite as _ok
 from lmlab.lab.verdicts import analyze, split_stages, tune_key
 
 VERDICTS_FILE = "verdicts.json"
@@ -485,8 +484,6 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
 def read_spec_file(path: Path) -> dict:
     """A sweep's ``spec.yaml`` as a mapping; ValueError naming the file when it is damaged (not YAML,
     not a mapping, not UTF-8)."""
-    from lmlab.config import ConfigError
-    from lmlab.config_files import load_mapping
 
     try:
         return load_mapping(path)

@@ -13,11 +13,15 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional
 
+from lmlab.analysis import kv_cache_bytes
 from lmlab.config import ConfigError
-from lmlab.lab.plan import RunPlan
-from lmlab.lab.axes import _fmt
-from lmlab.lab.spec import Spec
+from lmlab.data.shards import TokenData
 from lmlab.json_checks import check_nesting
+from lmlab.lab.axes import _fmt
+from lmlab.lab.plan import RunPlan
+from lmlab.lab.spec import Spec
+from lmlab.lab.validate import read_results_jsonl
+from lmlab.plot import cumulative_wall_time
 from lmlab.run_folder import RUN_FILE, checkpoint_dirs, metrics_path, read_metrics_file, read_run
 
 RESULTS_FILE = "results.jsonl"
@@ -47,7 +51,6 @@ def read_results(sweep_dir: str | Path) -> list[dict]:
     :func:`lmlab.lab.validate.read_results_jsonl`. A last line that is not JSON (cut by a kill
     mid-write) is skipped with a warning on stderr: its run counts as not finished, so ``lmlab sweep``
     scores it again. Raises ConfigError naming the file, line and field of any other damaged row."""
-    from lmlab.lab.validate import read_results_jsonl
 
     return read_results_jsonl(Path(sweep_dir) / RESULTS_FILE, cut_last="skip")
 
@@ -116,12 +119,10 @@ def evaluate_run(run_dir: Path, contexts: list, decode: Optional[dict] = None, b
     :func:`lmlab.evaluate.evaluate`)."""
     import torch
 
-    from lmlab.analysis import kv_cache_bytes
     from lmlab.checkpoint import load_run
-    from lmlab.data.shards import TokenData
+    from lmlab.devices import resolve_device
     from lmlab.evaluate import evaluate
     from lmlab.model import TransformerLM
-    from lmlab.devices import resolve_device
 
     device = resolve_device("auto")
     model, cfg, _, run, _ = load_run(run_dir, device=str(device))
@@ -177,7 +178,6 @@ def training_summary(run_dir: Path) -> dict:
     resumed invocations), median tokens/s, final train loss (mean of those logged in the last 10% of the
     steps), spikes, skipped
     steps and whether training stopped on its wall-time budget."""
-    from lmlab.plot import cumulative_wall_time
 
     recs = run_metrics(run_dir)
     train = [r for r in recs if "loss" in r and "tokens" in r and not r.get("skipped")]

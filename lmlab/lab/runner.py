@@ -41,12 +41,12 @@ from typing import Any, Callable, Optional
 import yaml
 
 from lmlab.config import ConfigError
+from lmlab.data.shards import TokenData
 from lmlab.fsutil import atomic_write_text
 from lmlab.json_checks import check_nesting
-from lmlab.lab.worker import stop_training
-from lmlab.threads import current_threads, physical_cores, set_threads, sweep_threads, using_threads
-from lmlab.lab.spec import Spec, load_spec
-from lmlab.lab.plan import RunPlan, format_plan, plan_runs, too_few_tokens, trained_plans
+from lmlab.kernels.settings import default_kernels
+from lmlab.lab.executors import EXECUTORS, check_executor_params
+from lmlab.lab.plan import RunPlan, _split_fields, format_plan, plan_runs, run_stem, too_few_tokens, trained_plans
 from lmlab.lab.provenance import LoadSampler, end_record, provenance_record
 from lmlab.lab.results import (
     INIT_GRADS_FILE,
@@ -59,6 +59,12 @@ from lmlab.lab.results import (
     read_results,
     run_state,
 )
+from lmlab.lab.spec import Spec, load_spec
+from lmlab.lab.tuning import extensions
+from lmlab.lab.validate import read_provenance
+from lmlab.lab.verdicts import select_tuned, split_stages
+from lmlab.lab.worker import EvalSettings, finished_row, run_planned, stop_training, write_plan
+from lmlab.threads import current_threads, physical_cores, set_threads, sweep_threads, using_threads
 
 
 # --- the sweep -----------------------------------------------------------------------------
@@ -67,7 +73,6 @@ def retuned(p: RunPlan, tune: dict) -> RunPlan:
     extension, :mod:`lmlab.lab.tuning`): the same model, seed, data and steps, named as the spec names
     its runs (:func:`lmlab.lab.spec.run_stem`). Raises ConfigError for a tuned model field (its steps
     could change under a FLOPs budget: not extended)."""
-    from lmlab.lab.plan import _split_fields, run_stem
 
     tm, tt = _split_fields(tune)
     if tm:
@@ -116,7 +121,6 @@ class _Sweep:
             self._say(line)
 
     def job(self, p: RunPlan) -> None:
-        from lmlab.lab.worker import EvalSettings, run_planned
 
         if self.stopping:
             return
@@ -150,7 +154,6 @@ class _Sweep:
         """Two-stage tuning (``spec.tune_seeds``): the stage-2 runs at the tuned values stage 1 chose
         for their (scale, variant), from the recorded stage-1 rows (lmlab.lab.verdicts.select_tuned); a
         value the grid's extension added gets its stage-2 runs planned here (:func:`retuned`)."""
-        from lmlab.lab.verdicts import select_tuned, split_stages
 
         tune_rows, _ = split_stages(list(self.rows.values()), self.spec)
         chosen = select_tuned(tune_rows, self.spec)
@@ -179,8 +182,6 @@ class _Sweep:
         """Add tuned values past an edge that wins (:func:`lmlab.lab.tuning.extensions`) and train them on
         the seeds that tune, until every variant's best is bracketed or has used ``tuning.extend`` values
         per side. The choice is remade from the recorded rows, so a resumed sweep extends the same way."""
-        from lmlab.lab.tuning import extensions
-        from lmlab.lab.verdicts import split_stages
 
         while True:
             tune_rows, _ = split_stages(list(self.rows.values()), self.spec)
@@ -213,7 +214,6 @@ class _Sweep:
 
     def run_batch(self, plans: list[RunPlan]) -> None:
         """Train, evaluate and record ``plans`` (one stage: returns when every one has a row)."""
-        from lmlab.lab.worker import finished_row, write_plan
 
         todo, merged = [], []
         for p in plans:
@@ -320,8 +320,8 @@ def run_timing(spec: Spec, plans: list[RunPlan], sweep_dir: Path, log: Callable[
     stored = _kept(path, key, "timing", log)
     if stored:
         return stored
-    from lmlab.lab.timing import time_variants
     from lmlab.devices import resolve_device, resolve_dtype
+    from lmlab.lab.timing import time_variants
 
     t = spec.timing
     device = resolve_device(plans[0].tc.device)
@@ -370,7 +370,6 @@ def run_init_grads(spec: Spec, plans: list[RunPlan], sweep_dir: Path, log: Calla
     stored = _kept(path, key, "init_grads", log)
     if stored:
         return stored
-    from lmlab.data.shards import TokenData
     from lmlab.lab.init_grads import init_grad_norms
 
     g = spec.init_grads
@@ -426,13 +425,11 @@ def run_sweep(
     re-attaches to them."""
     if not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"--jobs {jobs!r} must be an integer >= 1")
-    from lmlab.lab.executors import EXECUTORS
 
     if executor not in EXECUTORS:
         raise ConfigError(f"--executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
     if not isinstance(runs_per_task, int) or runs_per_task < 1:
         raise ConfigError(f"--runs-per-task {runs_per_task!r} must be an integer >= 1")
-    from lmlab.lab.executors import check_executor_params
 
     check_executor_params(executor, dict(executor_params or {}), runs_per_task)
     if isinstance(spec, Spec) and tier is not None and spec.tier != tier:
@@ -482,7 +479,6 @@ def check_sweep_folder(sweep_dir: Path, name: str) -> None:
             f"{', '.join(held[:6])}{', ...' if len(held) > 6 else ''}; a sweep's folder holds spec.yaml with "
             f"{PROVENANCE_FILE} or {RESULTS_FILE}); choose a new folder or an existing sweep's folder"
         )
-    from lmlab.lab.validate import read_provenance
 
     names = {r.get("sweep") for r in read_results(sweep_dir)}
     names |= {r.get("sweep") for r in read_provenance(sweep_dir / PROVENANCE_FILE)}
@@ -507,7 +503,6 @@ def _run_locked(
     """The body of :func:`run_sweep`, with the sweep folder locked (unless ``dry_run``)."""
     log(f"sweep {spec.name}: planning {spec.planned_runs:,} run(s)")
     plans = plan_runs(spec, data_dir)
-    from lmlab.kernels.settings import default_kernels
 
     log(f"kernels: {default_kernels().describe()}")  # every run's model uses these (provenance.jsonl)
     if (sweep_dir / "spec.yaml").is_file():

@@ -84,6 +84,7 @@ variant's own optimum, per seed; see :func:`lmlab.lab.tuning.sensitivity`).
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from dataclasses import dataclass, field
@@ -254,7 +255,6 @@ def resolve_spec_path(spec: str | Path) -> Path:
     shipped = builtin_specs()
     if str(spec) in shipped:
         return shipped[str(spec)]
-    import difflib
 
     near = difflib.get_close_matches(str(spec), list(shipped), n=1)
     raise ConfigError(

@@ -24,9 +24,11 @@ from typing import Callable, Optional
 
 import torch
 
-from lmlab.config import ModelConfig
+from lmlab import bench
+from lmlab.config import ConfigError, ModelConfig
+from lmlab.lab.stats import median_interval
+from lmlab.model import TransformerLM
 from lmlab.threads import current_threads, set_threads
-
 
 SHORT_DECODE_STEPS = 64  # the short-cache decode: steps from a one-token prompt (``decode_steps`` if smaller)
 
@@ -58,9 +60,6 @@ def _decode_timer(
     A ``context`` beyond cfg.context_length (decode made long enough for the KV cache, not the weights,
     to dominate memory traffic) times the same architecture built with that context_length; learned
     absolute positions would then get a larger table, so they raise ConfigError instead."""
-    from lmlab.bench import bench_decode, random_prompts
-    from lmlab.config import ConfigError
-    from lmlab.model import TransformerLM
 
     if context > cfg.context_length:
         if cfg.position == "learned":
@@ -74,10 +73,10 @@ def _decode_timer(
     model = TransformerLM(cfg).to(device).eval()
     prompt_len = max(1, context // 2 if decode_steps is None else context - decode_steps + 1)
     new_tokens = max(2, context - prompt_len + 1)
-    prompts = random_prompts(cfg.vocab_size, batch, prompt_len, seed)
+    prompts = bench.random_prompts(cfg.vocab_size, batch, prompt_len, seed)
 
     def run() -> float:
-        res = bench_decode(
+        res = bench.bench_decode(
             model,
             batch=batch,
             prompt_len=prompt_len,
@@ -179,7 +178,6 @@ def round_ratios(times: dict, a: str, b: str) -> list[float]:
 def summarize_ratio(times: dict, a: str, b: str, confidence: float = 0.95) -> dict:
     """Median of the per-round ratios b / a with its distribution-free interval and the spread
     (interquartile range): {median, lo, hi, n, coverage, q1, q3}."""
-    from lmlab.lab.stats import median_interval
 
     ratios = round_ratios(times, a, b)
     out = median_interval(ratios, confidence)

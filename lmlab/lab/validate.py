@@ -36,6 +36,9 @@ from typing import Any, Callable, Optional
 
 from lmlab.config import ConfigError
 from lmlab.json_checks import decode_utf8, jsonl_objects, nonfinite_path, parse_json, read_text
+from lmlab.lab import stats
+from lmlab.lab.plan import run_stem
+from lmlab.lab.stats import VERDICTS
 
 STATUSES = ("ok", "diverged", "failed")  # the statuses lmlab.lab.runner writes
 MAX_BPB = 100.0  # bits per byte: a uniform guess over bytes is 8; past 100 a value is not a measurement
@@ -174,7 +177,6 @@ def check_row(row: Any, where: str) -> dict:
     (:data:`FIELDS`) and valid for their kind, with :data:`REQUIRED` present, a status that agrees with
     ``diverged`` and ``val_bpb``, and ``run`` the name of its variant, scale, tuned values and seed.
     Returns the row; raises ConfigError naming the field."""
-    from lmlab.lab.plan import run_stem
 
     if not isinstance(row, dict):
         raise ConfigError(
@@ -452,7 +454,6 @@ def check_claim(c: Any, where: str) -> dict:
     """One judged claim of a ``verdicts.json`` (``where``: ``FILE: claims[i]``): an object with text,
     kind, the two variants, the metric, the margin and a verdict of :data:`lmlab.lab.stats.VERDICTS`,
     its numbers finite or null. Returns it; ConfigError naming the field otherwise."""
-    from lmlab.lab.stats import VERDICTS
 
     if not isinstance(c, dict):
         raise ConfigError(f"{where}: a claim must be a JSON object, got {type(c).__name__} {_show(c)}")
@@ -476,7 +477,6 @@ def _check_claim_numbers(c: dict, where: str) -> None:
     """A stored claim's numbers agree with each other: lo <= effect <= hi, and the verdict its interval
     gives (:func:`lmlab.lab.stats.verdict` with its kind and margin) is the one stored ("measured" where a
     gate replaced it; the verdict itself otherwise). A hand-edited verdict is refused, never published."""
-    from lmlab.lab import stats
 
     lo, hi, effect = c.get("lo"), c.get("hi"), c.get("effect")
     if not (_is_num(lo) and _is_num(hi)):

@@ -32,11 +32,11 @@ import statistics
 from typing import Optional
 
 from lmlab.lab import stats
-from lmlab.lab.preconditions import device_of
-from lmlab.lab.stats import finite as _ok
 from lmlab.lab.claims import TIMING_METRICS, Expectation
-from lmlab.lab.spec import QUANTITIES, Spec
 from lmlab.lab.plan import control_flags
+from lmlab.lab.preconditions import device_of
+from lmlab.lab.spec import QUANTITIES, Spec
+from lmlab.lab.stats import finite as _ok
 
 CONTENTION_LIMIT = 1.2  # a run whose wall time exceeds tokens / median rate by 20% shared the machine
 

@@ -34,17 +34,21 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional
 
 import yaml
 
-from lmlab.run_folder import OUTCOME_FILE, CheckpointError, read_outcome
-from lmlab.threads import set_threads
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.fsutil import atomic_write_text
-from lmlab.lab.spec import Spec
+from lmlab.json_checks import read_json_object
 from lmlab.lab.plan import RunPlan
+from lmlab.lab.results import collect_result, run_state
+from lmlab.lab.spec import Spec
+from lmlab.lab.validate import check_row
+from lmlab.run_folder import OUTCOME_FILE, CheckpointError, read_outcome
+from lmlab.threads import set_threads
 
 PLANS_DIR = "plans"
 ROWS_DIR = "rows"
@@ -113,7 +117,6 @@ def write_plan(sweep_dir: Path, p: RunPlan, spec: Spec) -> Path:
 def read_plan(sweep_dir: Path, name: str) -> tuple[RunPlan, EvalSettings]:
     """The plan of run ``name`` in ``sweep_dir`` (``plans/NAME.json``). Raises ConfigError naming the file
     when it is missing (not a run the coordinator planned) or damaged."""
-    from lmlab.json_checks import read_json_object
     from lmlab.train import TrainConfig
 
     path = Path(sweep_dir) / PLANS_DIR / f"{name}.json"
@@ -161,8 +164,6 @@ def row_path(sweep_dir: Path, name: str) -> Path:
 
 def read_row(sweep_dir: Path, name: str) -> Optional[dict]:
     """The row a worker wrote for ``name`` (validated), or None when there is none yet."""
-    from lmlab.lab.validate import check_row
-    from lmlab.json_checks import read_json_object
 
     path = row_path(sweep_dir, name)
     if not path.is_file():
@@ -174,7 +175,6 @@ def finished_row(sweep_dir: Path, name: str, steps: Optional[int] = None) -> Opt
     """The row of ``name`` when it is final: ok or diverged (a failed row is retried), and, given the
     planned ``steps``, an ok row only while its run folder is still trained that far (a row whose run lost
     its last checkpoint is not used: the run continues)."""
-    from lmlab.lab.results import run_state
 
     row = read_row(sweep_dir, name)
     if row is None or row.get("status") not in ("ok", "diverged"):
@@ -375,7 +375,6 @@ def run_planned(
     holds ``eval_lock`` when given (one at a time in a process that trains several runs). A diverged run
     is a row with status ``diverged``; an evaluation that raises gives a ``failed`` row. Raises
     KeyboardInterrupt when training was stopped by a signal (continued by the next call)."""
-    from lmlab.lab.results import collect_result, run_state
 
     sweep_dir = Path(sweep_dir)
     run_dir = sweep_dir / "runs" / p.name
@@ -407,7 +406,6 @@ def run_names(sweep_dir: Path, names: list[str], threads: int, log: Callable[[st
     """Run the planned runs ``names`` of ``sweep_dir`` (all at once, ``threads`` torch threads each): those
     with a final row are skipped. Returns their rows. What a Slurm/Ray/submitit task and ``lmlab
     sweep-worker`` call. Raises ConfigError for a name that was not planned."""
-    from concurrent.futures import ThreadPoolExecutor
 
     plans = [read_plan(sweep_dir, n) for n in names]  # every name checked before anything trains
     eval_lock = threading.Lock()

@@ -28,6 +28,7 @@ import torch.nn as nn
 
 from lmlab.config import ModelConfig
 from lmlab.kernels.linear import Linear
+from lmlab.model.attention import attention, causal_mask
 from lmlab.model.norms import make_norm
 from lmlab.model.positions import RotaryEmbedding
 
@@ -89,7 +90,6 @@ class MultiHeadLatentAttention(nn.Module):
         bias_fn: Optional[Callable] = None,
         left_pad: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        from lmlab.model.attention import attention, causal_mask
 
         B, T, _ = x.shape
         H = self.n_heads

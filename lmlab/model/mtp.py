@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from lmlab.config import ModelConfig
 from lmlab.kernels.linear import Linear
+from lmlab.kernels.loss import linear_cross_entropy
 from lmlab.model.norms import model_norm
 
 
@@ -46,7 +47,6 @@ def mtp_losses(model, raw: torch.Tensor, idx: torch.Tensor, targets: torch.Tenso
     ``model`` (a TransformerLM with ``mtp``) from its last block's output ``raw`` (batch, T, d_model), the
     input ids ``idx`` (batch, T) and the next-token ``targets`` (batch, T; -100 not scored). Depth k scores
     t_{i+k+1} = targets[:, i+k] from position i < T - k; a depth with no position left gives no loss."""
-    from lmlab.kernels.loss import linear_cross_entropy
 
     T = idx.shape[1]
     h, out = raw, []

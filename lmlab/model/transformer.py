@@ -26,22 +26,22 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
 from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
+from torch.utils.checkpoint import checkpoint
 
 from lmlab.config import ModelConfig
+from lmlab.kernels.embedding import Embedding
+from lmlab.kernels.linear import Linear
+from lmlab.kernels.loss import linear_cross_entropy, lm_loss  # noqa: F401 (lm_loss re-exported)
+from lmlab.kernels.settings import KernelSettings, default_kernels
 from lmlab.model.attention import Attention, KVCache, softcap
 from lmlab.model.deltanet import GatedDeltaNet
-from lmlab.kernels.embedding import Embedding
 from lmlab.model.ffn import ACTIVATION_FNS, FeedForward
-from lmlab.kernels.linear import Linear
-from lmlab.kernels.settings import KernelSettings, default_kernels
 from lmlab.model.mla import MultiHeadLatentAttention
 from lmlab.model.moe import MoEFeedForward
 from lmlab.model.mtp import MTPModule, mtp_losses
 from lmlab.model.norms import model_norm
 from lmlab.model.parametrization import branch_multiplier, init_std, output_multiplier
-from lmlab.kernels.loss import linear_cross_entropy, lm_loss  # noqa: F401 (lm_loss re-exported)
 from lmlab.model.positions import AbsolutePositions, alibi_slopes
 
 

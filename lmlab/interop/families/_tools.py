@@ -9,7 +9,7 @@
 - :func:`check_fields` refuses config.json fields a converter does not handle (common.check_fields);
 - :class:`StateReader` takes tensors out of an HF state dict and fails on any tensor left over;
 - :func:`check_expressible` checks that an HF config written by ``config_to_hf`` reads back as a model
-  computing the same function (common.verify_roundtrip), so an lmlab switch a family cannot express
+  computing the same function (roundtrip.verify_roundtrip), so an lmlab switch a family cannot express
   raises instead of being dropped.
 
 The lmlab state dicts produced here leave out ``lm_head.weight`` when embeddings are tied (as lmlab
@@ -27,6 +27,7 @@ import torch
 from lmlab.config import ModelConfig
 from lmlab.interop import common
 from lmlab.interop.registry import StateDict, UnsupportedError
+from lmlab.interop.roundtrip import verify_roundtrip
 
 _MISSING = object()
 
@@ -292,5 +293,5 @@ def check_fields(hf: dict, family: str, handled: Iterable[str]) -> None:
 
 def check_expressible(family: str, cfg: ModelConfig, hf: dict, to_lmlab) -> dict:
     """UnsupportedError when the HF config ``hf`` written for ``cfg`` does not read back (through the
-    family's ``to_lmlab``) as a model computing the same function (common.verify_roundtrip)."""
-    return common.verify_roundtrip(family, cfg, hf, to_lmlab)
+    family's ``to_lmlab``) as a model computing the same function (roundtrip.verify_roundtrip)."""
+    return verify_roundtrip(family, cfg, hf, to_lmlab)

@@ -29,6 +29,7 @@ from __future__ import annotations
 from lmlab.config import ModelConfig
 from lmlab.interop import common as C
 from lmlab.interop.registry import Family, StateDict, register
+from lmlab.interop.roundtrip import verify_roundtrip
 
 FAM, HF_CLASS = "deepseek_v2", "DeepseekV2ForCausalLM"
 FAM_V3, HF_CLASS_V3 = "deepseek_v3", "DeepseekV3ForCausalLM"
@@ -181,7 +182,7 @@ def config_to_hf(cfg: ModelConfig, v3: bool = False) -> dict:
         )
     if cfg.n_experts and cfg.moe_pattern != "M":
         raise C.unsupported(fam, "moe_pattern", cfg.moe_pattern, "'M' (every layer after the first dense ones)")
-    return C.verify_roundtrip(fam, cfg, hf, lambda h: config_to_lmlab(h, v3))
+    return verify_roundtrip(fam, cfg, hf, lambda h: config_to_lmlab(h, v3))
 
 
 def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:

@@ -31,6 +31,7 @@ from lmlab.interop.families._table import (
     to_lmlab,
 )
 from lmlab.interop.families._tools import (
+    StateReader,
     check_fields,
     expect,
     hf_get,
@@ -38,7 +39,6 @@ from lmlab.interop.families._tools import (
     reject,
     rope_parameters,
     split_qkv,
-    StateReader,
 )
 from lmlab.interop.registry import StateDict, UnsupportedError
 

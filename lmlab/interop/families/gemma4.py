@@ -40,9 +40,12 @@ its text model.
 
 from __future__ import annotations
 
+import torch
+
 from lmlab.config import ModelConfig
 from lmlab.interop import common as C
 from lmlab.interop.registry import Family, StateDict, register
+from lmlab.interop.roundtrip import verify_roundtrip
 
 FAM, HF_CLASS = "gemma4_text", "Gemma4ForCausalLM"
 # fmt: off
@@ -337,7 +340,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
             top_k_experts=cfg.experts_per_token,
             moe_intermediate_size=cfg.expert_d_ff or cfg.d_ff,
         )
-    return C.verify_roundtrip(FAM, cfg, hf, config_to_lmlab)
+    return verify_roundtrip(FAM, cfg, hf, config_to_lmlab)
 
 
 def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:
@@ -415,7 +418,6 @@ def to_lmlab_state(state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
 
 
 def to_hf_state(state: StateDict, cfg: ModelConfig) -> StateDict:
-    import torch
 
     out = C.state_to_hf(state, cfg, tensor_maps(cfg))
     for i in range(cfg.n_layers):

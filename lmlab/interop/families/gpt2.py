@@ -11,8 +11,8 @@ Unsupported: ``scale_attn_by_inverse_layer_idx`` (a per-layer scale), ``add_cros
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._table import register_family, converters, CONV1D, Row, layer_norm, linear
 from lmlab.interop.families._config_table import GPT2_NAMES, ConfigTable
+from lmlab.interop.families._table import CONV1D, Row, converters, layer_norm, linear, register_family
 from lmlab.interop.families._tools import check_fields, expect
 from lmlab.interop.registry import UnsupportedError
 

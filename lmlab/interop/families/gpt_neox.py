@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from lmlab.config import ModelConfig
 from lmlab.interop.families._config_table import ConfigTable
-from lmlab.interop.families._table import register_family, converters, PER_HEAD_QKV, Row, layer_norm, linear
+from lmlab.interop.families._table import PER_HEAD_QKV, Row, converters, layer_norm, linear, register_family
 from lmlab.interop.families._tools import (
     check_fields,
     expect,

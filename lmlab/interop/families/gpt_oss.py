@@ -23,6 +23,7 @@ import torch
 from lmlab.config import ModelConfig
 from lmlab.interop import common as C
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
+from lmlab.interop.roundtrip import verify_roundtrip
 
 FAM, HF_CLASS = "gpt_oss", "GptOssForCausalLM"
 # fmt: off
@@ -102,7 +103,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     }
     if cfg.d_ff != (cfg.expert_d_ff or cfg.d_ff):
         raise C.unsupported(FAM, "d_ff", cfg.d_ff, f"the experts' width {cfg.expert_d_ff} (no dense FFN)")
-    return C.verify_roundtrip(FAM, cfg, hf, config_to_lmlab)
+    return verify_roundtrip(FAM, cfg, hf, config_to_lmlab)
 
 
 def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:

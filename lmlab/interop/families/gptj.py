@@ -11,10 +11,10 @@ is accepted with a note; ``rotary: false`` is refused (it would describe a model
 from __future__ import annotations
 
 from lmlab.config import ModelConfig
-from lmlab.interop.families._table import register_family, converters, Row, layer_norm, linear, separate_qkv
-from lmlab.interop.families._config_table import GPT2_NAMES, ConfigTable
-from lmlab.interop.families._tools import check_fields, reject, rotated_dims
 from lmlab.interop.common import Unread, check_unread
+from lmlab.interop.families._config_table import GPT2_NAMES, ConfigTable
+from lmlab.interop.families._table import Row, converters, layer_norm, linear, register_family, separate_qkv
+from lmlab.interop.families._tools import check_fields, reject, rotated_dims
 from lmlab.interop.registry import UnsupportedError
 
 NAME = "gptj"

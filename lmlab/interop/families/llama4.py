@@ -32,9 +32,12 @@ not read: import its text model's folder.
 
 from __future__ import annotations
 
+import torch
+
 from lmlab.config import ModelConfig
 from lmlab.interop import common as C
 from lmlab.interop.registry import Family, StateDict, register
+from lmlab.interop.roundtrip import verify_roundtrip
 
 FAM, HF_CLASS = "llama4_text", "Llama4ForCausalLM"
 # fmt: off
@@ -173,7 +176,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         "output_router_logits": False,
         "router_jitter_noise": 0.0,
     }
-    return C.verify_roundtrip(FAM, cfg, hf, config_to_lmlab)
+    return verify_roundtrip(FAM, cfg, hf, config_to_lmlab)
 
 
 def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:
@@ -214,7 +217,6 @@ def to_lmlab_state(state: StateDict, cfg: ModelConfig, hf: dict) -> StateDict:
 
 
 def to_hf_state(state: StateDict, cfg: ModelConfig) -> StateDict:
-    import torch
 
     out = C.state_to_hf(state, cfg, tensor_maps(cfg))
     for i in range(cfg.n_layers):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from lmlab.config import ModelConfig
 from lmlab.interop.families._config_table import STANDARD, ConfigTable
-from lmlab.interop.families._table import register_family, converters, Row, layer_norm, linear, separate_qkv
+from lmlab.interop.families._table import Row, converters, layer_norm, linear, register_family, separate_qkv
 from lmlab.interop.families._tools import check_fields, expect, read_rope, rope_parameters
 
 NAME = "phi"

@@ -31,6 +31,7 @@ from lmlab.config import ModelConfig
 from lmlab.interop import common as C
 from lmlab.interop.llama_like import _qwen3_moe_fields, _qwen3_moe_hf
 from lmlab.interop.registry import Family, StateDict, UnsupportedError, register
+from lmlab.interop.roundtrip import verify_roundtrip
 
 FAM, HF_CLASS = "qwen3_next", "Qwen3NextForCausalLM"
 # fmt: off
@@ -127,7 +128,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         ),
     }
     hf.update(_qwen3_moe_hf(cfg, DEFAULTS))
-    return C.verify_roundtrip(FAM, cfg, hf, config_to_lmlab)
+    return verify_roundtrip(FAM, cfg, hf, config_to_lmlab)
 
 
 def tensor_maps(cfg: ModelConfig) -> list[C.TensorMap]:

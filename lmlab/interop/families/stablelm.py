@@ -10,10 +10,9 @@ per-head weights are stacked into (n_heads, head_dim) / (n_kv_heads, head_dim).
 
 from __future__ import annotations
 
-
 from lmlab.config import ModelConfig
 from lmlab.interop.families._config_table import ConfigTable
-from lmlab.interop.families._table import register_family, converters, Row, layer_norm, linear, separate_qkv
+from lmlab.interop.families._table import Row, converters, layer_norm, linear, register_family, separate_qkv
 from lmlab.interop.families._tools import check_fields, expect, read_rope, rope_parameters
 from lmlab.interop.registry import UnsupportedError
 
