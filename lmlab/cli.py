@@ -222,7 +222,9 @@ def cmd_sweep_worker(args) -> int:
 def cmd_report(args) -> int:
     from lmlab.lab.index import write_index
     from lmlab.lab.report import write_report
+    from lmlab.plot import require_matplotlib
 
+    require_matplotlib("lmlab report")
     if args.readme and not args.index:
         raise ConfigError("--readme goes with --index DIR... --out FILE.md (the summary is the index's)")
     if args.index:
@@ -243,8 +245,9 @@ def cmd_report(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from lmlab.plot import plot_runs
+    from lmlab.plot import plot_runs, require_matplotlib
 
+    require_matplotlib("lmlab plot")
     for path in plot_runs([Path(r) for r in args.runs], Path(args.out)):
         print(f"wrote {path}")
     return 0

@@ -30,6 +30,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import itertools
+import operator
 import re
 import sys
 from typing import Iterable, Iterator, Optional, Sequence
@@ -123,12 +124,35 @@ def eos_set(eos_id: "int | Sequence[int] | None") -> frozenset:
     return frozenset(ids)
 
 
+SAMPLING = ("temperature", "top_k", "top_p", "seed", "eos_id", "device")  # generate_logprobs's keywords
+
+
+def _check_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:
+    """ValueError naming the first of token ``ids`` (integers, numpy's included) outside 0..vocab_size - 1
+    or not an integer (``what``: 'prompt', 'eos_id')."""
+    for i in ids:
+        try:
+            ok = not isinstance(i, bool) and 0 <= operator.index(i) < vocab_size
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{what} id {i!r} is outside the model's vocabulary 0..{vocab_size - 1}")
+
+
+def _check_keywords(sampling: dict, valid: Sequence[str], fn: str) -> None:
+    unknown = sorted(set(sampling) - set(valid))
+    if unknown:
+        raise TypeError(f"{fn}() got unexpected keyword(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
+
+
 def generate(model: TransformerLM, prompt: list[int], max_new_tokens: int, **sampling) -> Iterator[int]:
     """Yield up to ``max_new_tokens`` token ids continuing ``prompt`` (a non-empty list of ids), one
     at a time; stops after yielding an id of ``eos_id`` (one id or several). ``sampling``: the keywords of
     :func:`generate_logprobs` (``temperature`` 1.0, ``top_k``, ``top_p``, ``seed``, ``eos_id``, ``device``).
-    Raises ValueError for an empty prompt or one longer than ``context_length`` (see the module docstring
-    for what happens when the window fills), TypeError for an unknown keyword."""
+    Raises ValueError for an empty prompt, one longer than ``context_length`` (see the module docstring
+    for what happens when the window fills) or an id outside the vocabulary, TypeError for an unknown
+    keyword."""
+    _check_keywords(sampling, SAMPLING, "generate")
     for token, _ in generate_logprobs(model, prompt, max_new_tokens, **sampling):
         yield token
 
@@ -149,8 +173,11 @@ def generate_logprobs(
     distribution: log-softmax of the logits before temperature, top-k or top-p) continuing ``prompt``, one
     at a time, sampled with ``temperature`` (0: greedy), ``top_k`` and ``top_p`` (:func:`sample_next`) from a
     generator seeded with ``seed`` on ``device``; stops after an id of ``eos_id`` (one id or several).
-    Raises ValueError for an empty prompt or one longer than ``context_length``."""
+    Raises ValueError for an empty prompt, one longer than ``context_length``, or a prompt or ``eos_id`` id
+    outside the vocabulary."""
     eos = eos_set(eos_id)
+    _check_ids(list(prompt), model.cfg.vocab_size, "prompt")
+    _check_ids(sorted(eos), model.cfg.vocab_size, "eos_id")
     T = model.cfg.context_length
     if not prompt:
         raise ValueError("the prompt is empty; give at least one token")
@@ -212,6 +239,8 @@ def stream_batch(
         raise ValueError("no prompts given")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("a prompt is empty; give at least one token per prompt")
+    for p in prompts:
+        _check_ids(list(p), model.cfg.vocab_size, "prompt")
     _check_sampling(temperature, top_k, top_p)
     longest, T = max(len(p) for p in prompts), model.cfg.context_length
     if longest + max_new_tokens - 1 > T:
@@ -247,7 +276,9 @@ def generate_batch(
     and decoding stops once every row has ended. ``sampling``: the keywords of :func:`stream_batch`
     (``temperature``, ``top_k``, ``top_p``, ``seed``, ``device``, ``pad_id``). Greedy rows equal
     :func:`generate` on each prompt alone (within context_length). Returns one list of new ids per prompt."""
+    _check_keywords(sampling, ("temperature", "top_k", "top_p", "seed", "device", "pad_id"), "generate_batch")
     eos = eos_set(eos_id)
+    _check_ids(sorted(eos), model.cfg.vocab_size, "eos_id")
     out: list[list[int]] = [[] for _ in prompts]
     done = [False] * len(prompts)
     for nxt in stream_batch(model, prompts, max_new_tokens, **sampling):

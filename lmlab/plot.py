@@ -16,11 +16,22 @@ import io
 import struct
 from pathlib import Path
 
+from lmlab.config_checks import ConfigError
 from lmlab.fsutil import atomic_write_bytes
 from lmlab.run_folder import RUN_FILE, CheckpointError, metrics_path, read_metrics_file, read_run
 from lmlab.schedule import lr_at
 
 PNG_SOURCE = "lmlab plot"  # the text of the PNG "Source" chunk marking files this module wrote
+
+
+def require_matplotlib(what: str) -> None:
+    """ConfigError, before anything is written, when matplotlib (the ``plot`` extra) is not installed:
+    ``what`` (a command) draws figures with it."""
+    try:
+        import matplotlib  # noqa: F401  (imported where it draws; this only asks whether it can be)
+    except ImportError:
+        raise ConfigError(f"{what} draws its figures with matplotlib, which is not installed: "
+                          f"pip install 'lmlab[plot]'") from None  # fmt: skip
 
 
 def read_metrics(run: Path) -> list[dict]:

@@ -32,6 +32,7 @@ Usage::
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -39,7 +40,7 @@ from typing import Any, Optional
 
 import yaml
 
-from lmlab.config import ConfigError, ModelConfig, check_keys
+from lmlab.config import ConfigError, ModelConfig, build_checked, check_keys
 from lmlab.param_counts import param_counts
 
 SCALES = ("tiny", "real")
@@ -140,15 +141,27 @@ _KEYS = _REQUIRED + ("published_params", "params_source", "notes", "extra")
 def load_presets(path: Path = TABLE) -> dict[str, Preset]:
     """The presets of the YAML table at ``path`` (its header names the keys), by name, in the file's order.
 
-    Raises ConfigError naming the file and the record for an unknown or missing key, a name given twice,
-    ``published_params`` without its ``params_source`` (or the reverse), a ``real`` or ``tiny`` key that is
-    not a ModelConfig field (naming the nearest), a value ModelConfig refuses, or a ``tiny`` size that cannot keep
-    the GQA ratio."""
-    with open(path, encoding="utf-8") as f:
-        records = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))["presets"]
+    Raises ConfigError naming the file (and the record) for text that is not YAML, a file without a
+    ``presets`` list, a record that is not a mapping, an unknown or missing key, a name that is not a
+    lowercase-hyphen string or is given twice, ``published_params`` without its ``params_source`` (or the
+    reverse), a ``real`` or ``tiny`` key that is not a ModelConfig field (naming the nearest), a ``tiny``
+    size that is not a positive integer or cannot keep the GQA ratio, or a value ModelConfig refuses at
+    either scale."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            table = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    records = table.get("presets") if isinstance(table, dict) else None
+    if not isinstance(records, list):
+        raise ConfigError(f"{path}: expected a mapping with a 'presets' list of records, got {type(table).__name__}")
     out: dict[str, Preset] = {}
     for i, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            raise ConfigError(f"{path}: presets[{i}] is a {type(rec).__name__}, not a mapping of keys")
         where = f"{path}: presets[{i}] ({rec.get('name', '?')!r})"
+        if not isinstance(rec.get("name"), str) or not re.fullmatch(r"[a-z0-9]+(-[a-z0-9.]+)*", rec["name"]):
+            raise ConfigError(f"{where}: name must be a lowercase-hyphen string such as 'llama-2-7b'")
         unknown, missing = sorted(set(rec) - set(_KEYS)), [k for k in _REQUIRED if k not in rec]
         if unknown or missing:
             raise ConfigError(
@@ -160,10 +173,15 @@ def load_presets(path: Path = TABLE) -> dict[str, Preset]:
             raise ConfigError(f"{where}: published_params and params_source go together")
         check_keys(ModelConfig, rec["real"], f"{where} real")
         check_keys(ModelConfig, rec["tiny"], f"{where} tiny")
+        for key in ("d_model", "n_heads", "n_layers"):  # _tiny's sizes (the other tiny fields are set as given)
+            value = rec["tiny"].get(key, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{where} tiny: {key}={value!r} must be an integer >= 1")
         try:
             tiny = _tiny(rec["real"], **rec["tiny"])
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{where}: {exc}") from exc
+        build_checked(ModelConfig, {**rec["real"], **tiny}, f"{where} tiny")  # each scale builds
         out[rec["name"]] = Preset(
             rec["name"],
             rec["family"],

@@ -333,7 +333,8 @@ def test_several_eos_ids_and_logprobs():
     first, second = greedy[a], greedy[b]
     assert list(generate(model, [1, 2], 12, temperature=0, eos_id=[second, first])) == greedy[: a + 1]
     assert list(generate(model, [1, 2], 12, temperature=0, eos_id=[second])) == greedy[: b + 1]
-    rows = generate_batch(model, [[1, 2], [1, 2]], 12, temperature=0, eos_id=(first, 99))
+    unused = next(i for i in range(40) if i not in greedy)  # an eos id that never comes
+    rows = generate_batch(model, [[1, 2], [1, 2]], 12, temperature=0, eos_id=(first, unused))
     assert rows == [greedy[: a + 1], greedy[: a + 1]]
     steps = list(generate_logprobs(model, [1, 2], 6, temperature=1.0, seed=5))
     ctx = [1, 2]
@@ -497,3 +498,29 @@ def test_decode_copies_are_invalidated_by_gradients_not_by_a_process_wide_optimi
     dl.release_decode_copies(model)
     assert not any(w in dl._GRAD_EVENTS for w in watched)
     assert not any(w._post_accumulate_grad_hooks for w in watched)  # the hooks went with the copies
+
+
+def test_the_python_api_refuses_ids_outside_the_vocabulary_and_unknown_keywords():
+    """generate / generate_batch check what the CLI checks: a prompt or eos id outside the vocabulary is a
+    ValueError naming it (not torch's IndexError from the embedding), and a misspelled sampling keyword is a
+    TypeError naming the function the user called and the valid keywords."""
+    torch.manual_seed(0)
+    model = TransformerLM(ModelConfig(vocab_size=40, context_length=16, d_model=32, n_layers=1, n_heads=4))
+    for prompt in ([99999], [-1], [1, 40]):
+        with pytest.raises(ValueError, match=f"prompt id {prompt[-1]} is outside the model's vocabulary 0..39"):
+            list(generate(model, prompt, 2))
+        with pytest.raises(ValueError, match="outside the model's vocabulary"):
+            generate_batch(model, [[1, 2], prompt], 2)
+    with pytest.raises(ValueError, match="eos_id id 99999 is outside"):
+        list(generate(model, [1, 2], 2, eos_id=99999))
+    with pytest.raises(ValueError, match="eos_id id 40 is outside"):
+        generate_batch(model, [[1, 2]], 2, eos_id=[3, 40])
+    with pytest.raises(TypeError, match=r"generate\(\) got unexpected keyword\(s\) temprature; valid: temperature"):
+        list(generate(model, [1, 2], 2, temprature=0.5))
+    with pytest.raises(TypeError, match=r"generate_batch\(\) got unexpected keyword\(s\) topk"):
+        generate_batch(model, [[1, 2]], 2, topk=3)
+    import numpy as np
+
+    assert list(generate(model, list(np.array([1, 2])), 3, temperature=0)) == list(
+        generate(model, [1, 2], 3, temperature=0)
+    )

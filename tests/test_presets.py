@@ -106,6 +106,11 @@ def test_load_presets_reads_the_table_and_derives_tiny(tmp_path):
         ),
         (("d_ff: 128}", "d_ff: 128, norm: rms}"), r"real: unknown ModelConfig key 'norm'"),
         (("d_ff: 128}", "d_ff: 128, norm_type: rms}"), r"presets\[0\] \('toy'\): norm_type"),
+        # a tiny value ModelConfig refuses is caught when the table loads, not when the preset trains
+        (("    tiny: {n_heads: 4}", "    tiny: {n_heads: 4, norm_type: foo}"), r"\('toy'\) tiny: norm_type='foo'"),
+        (("    tiny: {n_heads: 4}", "    tiny: {n_heads: 4, d_model: abc}"), r"tiny: d_model='abc' must be an integer"),
+        (("    tiny: {n_heads: 4}", "    tiny: {n_heads: 4, n_layers: -1}"), r"tiny: n_layers=-1 must be an integer"),
+        (("  - name: toy", "  - name: 42"), r"presets\[0\] \(42\): name must be a lowercase-hyphen string"),
     ],
 )
 def test_load_presets_refuses_a_bad_record_naming_file_and_record(tmp_path, change, message):
@@ -113,7 +118,24 @@ def test_load_presets_refuses_a_bad_record_naming_file_and_record(tmp_path, chan
     path.write_text(_RECORD.replace(*change))
     with pytest.raises(ConfigError, match=message) as err:
         load_presets(path)
-    assert f"{path}: presets[0] ('toy')" in str(err.value)
+    assert f"{path}: presets[0] (" in str(err.value)  # the file and the record
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("presets:\n  - name: [toy\n", "not valid YAML"),
+        ("", "expected a mapping with a 'presets' list of records, got NoneType"),
+        (_RECORD.replace("presets:", "presetz:"), "expected a mapping with a 'presets' list"),
+        ("presets:\n  - toy\n", r"presets\[0\] is a str, not a mapping of keys"),
+    ],
+)
+def test_load_presets_refuses_a_file_that_is_not_a_table(tmp_path, text, message):
+    path = tmp_path / "presets.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as err:
+        load_presets(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
 
 
 def test_load_presets_refuses_a_name_given_twice(tmp_path):

@@ -7,12 +7,16 @@ import json
 import random
 import re
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from lmlab.cli import main
 from lmlab.lab import plots
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY_MODEL = {"context_length": 32, "d_model": 32, "n_layers": 1, "n_heads": 2}
 TINY_TRAIN = {
@@ -453,3 +457,80 @@ def test_report_on_damaged_sweep_files_gives_one_line(tmp_path, capsys):
     assert main(["report", str(sweep)]) == 2
     assert "timing.json' could not be read" in capsys.readouterr().err.strip().splitlines()[-1]
     assert (sweep / "results.jsonl").read_bytes() == (tmp_path / "keep.jsonl").read_bytes()
+
+
+def test_report_and_plot_without_matplotlib_name_the_extra_before_writing(tmp_path, capsys, monkeypatch):
+    """Without the plot extra, `lmlab report` and `lmlab plot` stop in one line naming it, before writing
+    anything (report used to write results.csv, then fail with a traceback)."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "results.jsonl").write_text('{"run": "a-s1", "variant": "a", "seed": 1, "status": "ok", "val_bpb": 2.0}\n')
+    (sweep / "spec.yaml").write_text("seeds: [1]\n")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    before = sorted(p.name for p in sweep.iterdir())
+    assert main(["report", str(sweep)]) == 2
+    assert "pip install 'lmlab[plot]'" in capsys.readouterr().err
+    assert sorted(p.name for p in sweep.iterdir()) == before
+    assert main(["plot", str(sweep), "--out", str(tmp_path / "figs")]) == 2
+    assert "lmlab plot draws its figures with matplotlib" in capsys.readouterr().err
+    assert not (tmp_path / "figs").exists()
+
+
+def _timed_sweep(tmp_path):
+    """A sweep folder rebuilt from a committed report folder with a timing block (09-parallel-block)."""
+    from lmlab.lab.validate import read_results_csv
+
+    src = ROOT / "docs" / "ablations" / "09-parallel-block"
+    sweep = tmp_path / "09-parallel-block"
+    sweep.mkdir()
+    rows = read_results_csv(src / "results.csv")
+    (sweep / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for name in ("spec.yaml", "timing.json"):
+        shutil.copy(src / name, sweep / name)
+    return sweep, json.loads((src / "timing.json").read_text())
+
+
+def _break(timing, how):
+    t = json.loads(json.dumps(timing))
+    block = t["scales"][""]["step_s"]
+    first = next(iter(block))
+    if how == "scales a list":
+        t["scales"] = [1]
+    elif how == "times as strings":
+        block[first] = [str(x) for x in block[first]]
+    elif how == "a negative time":
+        block[first][0] = -0.01
+    elif how == "an infinite time":
+        block[first][0] = float("inf")
+    elif how == "other settings":
+        t["key"]["settings"]["pairs"] = 99
+    elif how == "no key":
+        del t["key"]
+    elif how == "a round missing":
+        block[first] = block[first][:-1]
+    return t
+
+
+@pytest.mark.parametrize(
+    "how, says",
+    [
+        ("scales a list", "field 'scales' must map each scale"),
+        ("times as strings", "must be a non-empty list of seconds"),
+        ("a negative time", "must be a non-empty list of seconds"),
+        ("an infinite time", "NaN or infinite"),
+        ("other settings", "is not the spec's timing settings"),
+        ("no key", "field 'key.settings' must be an object"),
+        ("a round missing", "rounds; interleaved rounds pair them"),
+    ],
+)
+def test_report_refuses_a_damaged_timing_block(tmp_path, capsys, how, says):
+    """timing.json's numbers decide the step-time claims: a damaged or foreign block is refused in one line
+    naming the file and the field (it used to be judged, e.g. a negative time read as a +8,884% gain)."""
+    sweep, timing = _timed_sweep(tmp_path)
+    assert main(["report", str(sweep), "--out", str(tmp_path / "ok" / "report.md")]) == 0
+    capsys.readouterr()
+    (sweep / "timing.json").write_text(json.dumps(_break(timing, how)))
+    assert main(["report", str(sweep), "--out", str(tmp_path / "bad" / "report.md")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "timing.json" in err[0] and says in err[0], err
+    assert not (tmp_path / "bad").exists()

@@ -13,7 +13,14 @@ from lmlab.config import ConfigError
 from lmlab.fsutil import atomic_write_text
 from lmlab.lab import plots, validate
 from lmlab.lab.page import _duration, sweep_wall
-from lmlab.lab.report import REPORT_MARKS, VERDICTS_FILE, _check_out, read_json_file, read_results_csv, read_spec_file
+from lmlab.lab.report import (
+    REPORT_MARKS,
+    VERDICTS_FILE,
+    _check_out,
+    read_results_csv,
+    read_spec_file,
+    read_timing_file,
+)
 from lmlab.lab.results import RESULTS_FILE, TIMING_FILE
 from lmlab.lab.spec import builtin_specs, parse_spec
 from lmlab.lab.stats import VERDICTS
@@ -39,7 +46,7 @@ def collect_claims(dirs: list[Path]) -> tuple[list[dict], list[tuple], dict]:
             spec_raw = read_spec_file(d / "spec.yaml") if (d / "spec.yaml").exists() else {}
             spec = parse_spec(spec_raw or {"axes": None}, d / "spec.yaml")
             rows = validate.read_results_jsonl(d / RESULTS_FILE, spec_raw.get("name"), spec if spec_raw else None)
-            timing = read_json_file(d / TIMING_FILE) if (d / TIMING_FILE).exists() else None
+            timing = read_timing_file(d / TIMING_FILE, spec) if (d / TIMING_FILE).exists() else None
             res = analyze(rows, spec, timing)
             res["spec"], res["claim"] = (
                 spec_raw.get("name") or d.name,
@@ -57,7 +64,7 @@ def collect_claims(dirs: list[Path]) -> tuple[list[dict], list[tuple], dict]:
             # validated against the spec it ran with (a shipped spec of the folder's name may have changed since)
             own = (d / "spec.yaml").is_file()
             rows = read_results_csv(d / "results.csv", raw_name if own else None, spec if own else None)
-            timing = read_json_file(d / TIMING_FILE) if (d / TIMING_FILE).is_file() else None
+            timing = read_timing_file(d / TIMING_FILE, spec if own else None) if (d / TIMING_FILE).is_file() else None
             stored = validate.read_verdicts(d / VERDICTS_FILE) if (d / VERDICTS_FILE).is_file() else None
             res = analyze(rows, spec, timing, stored["claims"] if stored else None)
             if stored:
@@ -133,6 +140,7 @@ def write_index(dirs: list[Path], out: Path, readme=None) -> list[Path]:
     for r in readmes:
         link = Path(os.path.relpath(out.resolve(), r.resolve().parent))
         update_readme(r, summary_block(claims, executed, link), counts_line(claims, link))
+    out.parent.mkdir(parents=True, exist_ok=True)  # every folder read: the first write
     forest = plots.forest(claims, out.parent / f"{out.stem}-forest.png")
     counts = _verdict_counts(claims)
     L = [

@@ -400,7 +400,7 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
             spec = parse_spec(spec_raw)
         except Exception as exc:  # noqa: BLE001 -- a page from the results alone still works, said so
             spec_note = f"{sweep_dir / 'spec.yaml'} is not a valid spec ({exc})"
-    timing = read_json_file(sweep_dir / TIMING_FILE) if (sweep_dir / TIMING_FILE).exists() else None
+    timing = read_timing_file(sweep_dir / TIMING_FILE, spec) if (sweep_dir / TIMING_FILE).exists() else None
     grads = read_json_file(sweep_dir / INIT_GRADS_FILE) if (sweep_dir / INIT_GRADS_FILE).exists() else None
     # every row validated (lmlab.lab.validate) before anything is judged; a cut last line is refused
     rows = validate.read_results_jsonl(sweep_dir / RESULTS_FILE, spec_raw.get("name"), spec)
@@ -448,6 +448,7 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
                     )
                 kept.append((src, dst, mark))
     _check_own_data([out.parent / f"{prefix}results.csv", out.parent / f"{prefix}{VERDICTS_FILE}"])
+    out.parent.mkdir(parents=True, exist_ok=True)  # every input checked: the first write
     for src, dst, mark in kept:
         data = src.read_bytes()
         dst.write_bytes((SPEC_MARK + f" ({src})\n").encode() + data if dst.suffix == ".yaml" else data)
@@ -493,6 +494,17 @@ def read_spec_file(path: Path) -> dict:
         ) from None
 
 
+def read_timing_file(path: Path, spec=None) -> dict:
+    """A sweep's timing.json, checked (:func:`lmlab.lab.validate.read_timing`, against ``spec``'s timing
+    settings when given); ValueError naming the file, what is wrong and that a rerun measures it again."""
+    try:
+        return validate.read_timing(path, spec)
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"{str(path)!r} could not be read ({exc}); delete it (a rerun of the sweep measures it again)"
+        ) from None
+
+
 def read_json_file(path: Path) -> dict:
     """A JSON object written by the lab (timing.json, init_grads.json: :func:`lmlab.json_checks.read_json_object`);
     ValueError naming the file, what is wrong and that a rerun writes it again."""
@@ -512,8 +524,9 @@ def _check_out(out: Path, mark: str = REPORT_MARKS[0]) -> Path:
     if out.exists() and not out.read_text(errors="replace").startswith(mark):
         what = "an lmlab index page" if mark == REPORT_MARKS[1] else "an lmlab sweep report"
         raise ValueError(f"--out {str(out)!r} exists and is not {what}; choose another file (nothing was written)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return out
+    if any(p.exists() and not p.is_dir() for p in out.parents):
+        raise ValueError(f"--out {str(out)!r} lies under a file; choose a folder path (nothing was written)")
+    return out  # its folder is made by the first write, once every input is checked
 
 
 def _check_own_data(paths: list[Path]) -> None:

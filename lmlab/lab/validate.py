@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from lmlab.config import ConfigError
-from lmlab.json_checks import decode_utf8, jsonl_objects, nonfinite_path, parse_json, read_text
+from lmlab.json_checks import decode_utf8, jsonl_objects, nonfinite_path, parse_json, read_json_object, read_text
 from lmlab.lab import stats
 from lmlab.lab.plan import run_stem
 from lmlab.lab.stats import VERDICTS
@@ -588,6 +588,50 @@ def read_provenance(path: Path) -> list[dict]:
                 )
         out.append(rec)
     return out
+
+
+TIMING_TIMES = ("step_s", "decode_s", "decode_short_s")  # a timing block's per-round seconds, by variant
+
+
+def read_timing(path: Path, spec=None) -> dict:
+    """A sweep's ``timing.json`` (:func:`lmlab.lab.runner.run_timing`): an object with ``key.settings`` (with
+    ``spec``, equal to the spec's own ``timing`` settings: a block measured for other settings is not this
+    sweep's) and ``scales``, each scale's block mapping every variant, under ``step_s`` (and ``decode_s``,
+    ``decode_short_s`` when timed), to its per-round seconds: finite numbers > 0, as many for every variant
+    of the block. Raises ConfigError naming the file and the field otherwise."""
+    data = read_json_object(path, finite=True)
+    key = data.get("key")
+    if not isinstance(key, dict) or not isinstance(key.get("settings"), dict):
+        raise ConfigError(f"{path}: field 'key.settings' must be an object (the timing block's settings)")
+    if spec is not None and getattr(spec, "timing", None) and json.loads(json.dumps(spec.timing)) != key["settings"]:
+        raise ConfigError(
+            f"{path}: field 'key.settings' {_show(key['settings'], 120)} is not the spec's timing settings "
+            f"{_show(spec.timing, 120)}: the block was measured for another spec"
+        )
+    scales = data.get("scales")
+    if not isinstance(scales, dict) or not scales or not all(isinstance(b, dict) for b in scales.values()):
+        raise ConfigError(f"{path}: field 'scales' must map each scale to its timing block (an object)")
+    for scale, block in scales.items():
+        if "step_s" not in block:
+            raise ConfigError(f"{path}: field 'scales.{scale}.step_s' is missing (the training steps' seconds)")
+        for field in TIMING_TIMES:
+            times = block.get(field)
+            if times is None:
+                continue
+            where = f"{path}: field 'scales.{scale}.{field}'"
+            if not isinstance(times, dict) or not times:
+                raise ConfigError(f"{where} must map each variant to its per-round seconds")
+            counts = set()
+            for variant, values in times.items():
+                if not isinstance(values, list) or not values or not all(_is_num(v) and v > 0 for v in values):
+                    raise ConfigError(
+                        f"{where}.{variant} = {_show(values)} must be a non-empty list of seconds, each a finite "
+                        f"number > 0"
+                    )
+                counts.add(len(values))
+            if len(counts) > 1:
+                raise ConfigError(f"{where}: the variants have {sorted(counts)} rounds; interleaved rounds pair them")
+    return data
 
 
 def read_load(path: Path) -> list[dict]:
