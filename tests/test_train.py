@@ -349,10 +349,11 @@ print(f1 - f0, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f1)
 @pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_keep_freed_memory_reuses_the_pages_it_freed():
     """With keep_freed_memory (the Trainer on CPU) the blocks a round frees are reused by the next rounds
-    without faulting their pages in again: measured 512 minor faults in 19 later rounds against ~19.8k
-    in the first round. glibc's default varies from run to run (20k to 333k faults in the same 19
-    rounds measured here, one to 17 rounds' worth), so the bound is on the kept mode: under 5% of one
-    round's pages."""
+    without faulting their pages in again: 256 or 512 minor faults in 19 later rounds against ~19.96k in
+    the first round, and in 3 of 20 probes (AMD EPYC family 25 model 17, 2026-12-05; the same before and
+    after that day's changes) 7,680: the heap grew once more by the largest block (30 MiB), then reused
+    it. glibc's default faults 20k to 333k pages in the same 19 rounds (one to 17 rounds' worth), so the
+    bound is on the kept mode: under half of one round's pages, at most one such growth."""
     import subprocess
     import sys
 
@@ -365,7 +366,7 @@ def test_keep_freed_memory_reuses_the_pages_it_freed():
     ).stdout
     first, later = map(int, out.split())
     assert first > 15_000  # 78 MiB of fresh pages: the probe did touch them
-    assert later < 0.05 * first, (first, later)
+    assert later < 0.5 * first, (first, later)
 
 
 def test_restart_rate_leaves_the_first_step_out_of_the_progress_rate():
