@@ -29,16 +29,12 @@ STANDARD: dict[str, Names] = {  # ModelConfig field -> config.json name
     "tie_embeddings": "tie_word_embeddings", "embd_dropout": "embd_pdrop", "attn_dropout": "attention_dropout",
     "resid_dropout": "hidden_dropout", "init_std": "initializer_range",
 }
-# fmt: on
-# fmt: off
 GPT2_NAMES: dict[str, Names] = {  # GPT-2 / GPT-J: the old names first, the standard ones their aliases
     **STANDARD, "context_length": ("n_positions", "max_position_embeddings"), "d_model": ("n_embd", "hidden_size"),
     "n_layers": ("n_layer", "num_hidden_layers"), "n_heads": ("n_head", "num_attention_heads"), "d_ff": "n_inner",
     "norm_eps": "layer_norm_epsilon", "activation": "activation_function", "attn_dropout": "attn_pdrop",
     "resid_dropout": "resid_pdrop",
 }
-# fmt: on
-# fmt: off
 _CASTS: dict[str, Callable] = {"norm_eps": float, "tie_embeddings": bool, "embd_dropout": float,
                                "attn_dropout": float, "resid_dropout": float, "init_std": float}
 # fmt: on

@@ -62,8 +62,6 @@ CONFIG = ConfigTable(NAME, hf_class="FalconForCausalLM", defaults=dict(  # Falco
     fixed=dict(norm_type="layernorm", norm_position="pre", norm_bias=True, final_norm=True, lm_head_bias=False,
                position="rope", rope_style="half"),
 )
-# fmt: on
-# fmt: off
 HANDLED = CONFIG.keys() | {
     "num_ln_in_parallel_attn", "num_kv_heads", "alibi", "new_decoder_architecture", "multi_query", "parallel_attn",
     "bias", "apply_residual_connection_post_layernorm",

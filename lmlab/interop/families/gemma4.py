@@ -58,8 +58,6 @@ DEFAULTS = dict(vocab_size=262144, hidden_size=2304, intermediate_size=9216, num
                 enable_moe_block=False, use_double_wide_mlp=False, num_experts=None, top_k_experts=None,
                 moe_intermediate_size=None, global_head_dim=512, num_global_key_value_heads=None,
                 per_layer_config=None)
-# fmt: on
-# fmt: off
 DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                    "rope_theta": 1_000_000.0}}

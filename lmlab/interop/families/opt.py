@@ -30,8 +30,6 @@ CONFIG = ConfigTable(NAME, hf_class="OPTForCausalLM", defaults=dict(  # OPTConfi
     fixed=dict(norm_type="layernorm", norm_eps=1e-5, lm_head_bias=False, position="learned",
                learned_pos_offset=OFFSET),
 )
-# fmt: on
-# fmt: off
 HANDLED = CONFIG.keys() | {"do_layer_norm_before", "_remove_final_layer_norm", "word_embed_proj_dim", "layerdrop",
                            "enable_bias", "layer_norm_elementwise_affine"}
 # fmt: on
