@@ -69,22 +69,27 @@ def _watch_gradients(w: torch.Tensor) -> None:
     _GRAD_EVENTS[w] = entry
 
 
-def _weight_state(w: torch.Tensor) -> tuple:
+_NO_EVENTS = (0,)  # the gradient count of a weight without autograd (never watched)
+
+
+def _weight_state(w: torch.Tensor, events: Optional[list] = None) -> tuple:
     """What identifies the values of weight ``w`` without reading them: its storage, layout, dtype,
-    version counter and the gradients accumulated into it since it was watched (see :func:`decode_layout`)."""
-    return (w.data_ptr(), tuple(w.shape), w.stride(), w.dtype, w._version, _GRAD_EVENTS.get(w, (0,))[0])
+    version counter and the gradients accumulated into it since it was watched (see :func:`decode_layout`).
+    ``events``: its entry of ``_GRAD_EVENTS`` when the caller holds it (each decode step: no lookup)."""
+    count = (events or _GRAD_EVENTS.get(w, _NO_EVENTS))[0]
+    return (w.data_ptr(), tuple(w.shape), w.stride(), w.dtype, w._version, count)
 
 
 class _DecodeCopy:
-    """A module's decode copy of its weight: the copy, whether it is oneDNN-packed, and the weight's
-    state when it was made. A deep copy or pickle of the model carries no copy (an opaque oneDNN
-    tensor cannot be copied, and the clone's weights are other tensors): its forward then uses its
-    own weight."""
+    """A module's decode copy of its weight: the copy, whether it is oneDNN-packed, the weight's state
+    when it was made, and the weight's gradient-count entry (read each step without a lookup). A deep copy
+    or pickle of the model carries no copy (an opaque oneDNN tensor cannot be copied, and the clone's
+    weights are other tensors): its forward then uses its own weight."""
 
-    __slots__ = ("copy", "packed", "state")
+    __slots__ = ("copy", "packed", "state", "events")
 
-    def __init__(self, copy: Optional[torch.Tensor], packed: bool, state: Optional[tuple]):
-        self.copy, self.packed, self.state = copy, packed, state
+    def __init__(self, copy: Optional[torch.Tensor], packed: bool, state: Optional[tuple], events=None):
+        self.copy, self.packed, self.state, self.events = copy, packed, state, events
 
     def __reduce__(self):  # pickle and copy.deepcopy both rebuild it empty
         return _DecodeCopy, (None, self.packed, None)
@@ -104,7 +109,7 @@ def _decode_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         or torch.is_grad_enabled()
         or x.dtype != self.weight.dtype
         or self.weight.grad is not None
-        or _weight_state(self.weight) != state
+        or _weight_state(self.weight, d.events) != state
     ):
         return F.linear(x, self.weight, self.bias)
     if packed:
@@ -232,7 +237,8 @@ def decode_layout(model: TransformerLM, batch: int = 1) -> Iterator[None]:
                 if (not packed and not _transposes(module.weight)) or module.weight.grad is not None:
                     continue
                 copy = _decode_copy(module, ("packed", batch) if packed else ("transposed",))
-                module._decode_copy = _DecodeCopy(copy, packed, _weight_state(module.weight))
+                events = _GRAD_EVENTS.get(module.weight, _NO_EVENTS)  # watched by _decode_copy
+                module._decode_copy = _DecodeCopy(copy, packed, _weight_state(module.weight, events), events)
                 module.forward = types.MethodType(_decode_forward, module)  # deep copies rebind it
                 patched.append(module)
         else:
