@@ -358,28 +358,12 @@ def test_slurm_sweep_equals_local_threads(cluster, local_reference, tmp_path, ca
     assert any(line.startswith("slurm: ") for line in lines)
 
 
-@slurm
-def test_slurm_preemption_is_requeued_and_resumes(cluster, one_run, tmp_path):
-    path, ref_rows = one_run
-    out = tmp_path / "sweep"
+def _slurm_sweep_at_second_checkpoint(path: Path, out: Path, partition: str) -> subprocess.Popen:
+    """`lmlab sweep PATH --executor slurm` (2 CPUs a task: the whole test node) started in a subprocess,
+    returned once its run has checkpointed twice (the process is killed if that does not come)."""
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "lmlab.cli",
-            "sweep",
-            str(path),
-            "--out",
-            str(out),
-            "--executor",
-            "slurm",
-            "--slurm-partition",
-            "debug",
-            "--cpus-per-task",
-            "2",
-            "--time",
-            "30",
-        ],
+        [sys.executable, "-m", "lmlab.cli", "sweep", str(path), "--out", str(out), "--executor", "slurm"]
+        + ["--slurm-partition", partition, "--cpus-per-task", "2", "--time", "30"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -392,6 +376,18 @@ def test_slurm_preemption_is_requeued_and_resumes(cluster, one_run, tmp_path):
             180,
             "the run's second checkpoint",
         )
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
+@slurm
+def test_slurm_preemption_is_requeued_and_resumes(cluster, one_run, tmp_path):
+    path, ref_rows = one_run
+    out = tmp_path / "sweep"
+    proc = _slurm_sweep_at_second_checkpoint(path, out, "debug")
+    try:
         job_id = json.loads((out / "jobs.jsonl").read_text().splitlines()[0])["job_id"]
         subprocess.run(["scancel", "--signal", "USR2", job_id], check=True)
         # Slurm holds a requeued job for 120 s (BeginTime); this test cluster releases it at once
@@ -415,6 +411,58 @@ def test_slurm_preemption_is_requeued_and_resumes(cluster, one_run, tmp_path):
     log = (out / "logs" / "SiLU-s1.log").read_text()
     assert log.count("$ ") == 2 and "resuming" in log
     assert _rows(out) == ref_rows
+
+
+@slurm
+@pytest.mark.parametrize("partition", ["debug", "scavenger"])
+def test_slurm_partition_preemption_resumes(cluster, one_run, tmp_path, partition):
+    """A cluster's preemption, not a signal sent by hand: a job of the higher-priority partition `urgent`
+    needs the node, and Slurm (partition_prio) sends the sweep's job SIGTERM, on which the training
+    checkpoints. debug's PreemptMode=REQUEUE: Slurm requeues the job and its next attempt continues the
+    run; scavenger's PreemptMode=CANCEL: the job ends PREEMPTED and the coordinator submits the run again.
+    Either way the row equals an uninterrupted run's and the requeue is recorded."""
+    path, ref_rows = one_run
+    out = tmp_path / "sweep"
+    proc = _slurm_sweep_at_second_checkpoint(path, out, partition)
+    urgent = None
+
+    def squeue(job: str) -> str:
+        return subprocess.run(
+            ["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], capture_output=True, text=True
+        ).stdout
+
+    try:
+        job_id = json.loads((out / "jobs.jsonl").read_text().splitlines()[0])["job_id"]
+        urgent = subprocess.run(
+            ["sbatch", "--parsable", "-p", "urgent", "-c", "2", "-o", "/dev/null", "--wrap", "sleep 1"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        want = "PENDING" if partition == "debug" else "PREEMPTED"
+        _wait(lambda: want in squeue(job_id), 120, f"the sweep's job {want}")
+        if partition == "debug":  # Slurm holds a requeued job for 120 s (BeginTime); release it at once
+            _wait(lambda: "COMPLETED" in squeue(urgent), 60, "the urgent job")
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+        text, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if urgent:
+            subprocess.run(["scancel", urgent], check=False)
+    assert proc.returncode == 0, text
+    log = (out / "logs" / "SiLU-s1.log").read_text()
+    assert log.count("$ ") == 2 and "SIGTERM received" in log and "resuming" in log, log
+    assert _rows(out) == ref_rows
+    requeues = [json.loads(x) for x in (out / "requeues.jsonl").read_text().splitlines()]
+    jobs = [json.loads(x)["job_id"] for x in (out / "jobs.jsonl").read_text().splitlines()]
+    assert len(requeues) == 1 and requeues[0]["runs"] == ["SiLU-s1"] and requeues[0]["job_id"] == job_id
+    if partition == "debug":
+        assert requeues[0]["by"].startswith("slurm") and requeues[0]["attempt"] == 1 and jobs == [job_id]
+    else:
+        assert len(jobs) == 2 and requeues[0]["by"].startswith("lmlab sweep") and jobs[1] in requeues[0]["by"]
+        assert f"job {job_id} was preempted: SiLU-s1 submitted again as job {jobs[1]}" in text
+    assert "slurm: 0 queued, 0 running, 1/1 done, 1 requeue(s)" in text, text
 
 
 # --- Ray ---------------------------------------------------------------------------------------

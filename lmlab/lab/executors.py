@@ -13,7 +13,11 @@ Preemption and time limits: Slurm (``#SBATCH --signal=USR2@...``, which submitit
 --signal USR2`` send SIGUSR2; submitit then calls :meth:`SweepTask.checkpoint`, which sends SIGTERM to the
 training subprocesses (each checkpoints its last finished step and exits), and requeues the job; the
 requeued job continues every unfinished run from its checkpoint (resume is exact: the row equals an
-uninterrupted run's). Each requeue is recorded in ``requeues.jsonl``.
+uninterrupted run's). A cluster's own preemption sends SIGTERM to every process of the job: the trainings
+checkpoint on it; a partition with ``PreemptMode=REQUEUE`` requeues the job (its next attempt continues the
+runs), one with ``PreemptMode=CANCEL`` ends it as ``PREEMPTED``, and the coordinator submits its runs
+again (they continue from their checkpoints). Each requeue or resubmission is recorded in
+``requeues.jsonl``.
 
 Stopping the coordinator (SIGINT, SIGTERM, a lost login) leaves the jobs running: the submitted jobs are
 recorded in ``jobs.jsonl`` (job id, runs, executor), and the same command later re-attaches to those still
@@ -64,7 +68,14 @@ class SweepTask:
     Checkpointable in submitit's sense: submitit calls :meth:`checkpoint` on preemption or timeout."""
 
     def __call__(self, sweep_dir: str, names: list, threads: int) -> int:
-
+        attempt = _attempt()
+        if attempt and not any(  # requeued by Slurm itself (a preemption, `scontrol requeue`): note it once
+            r.get("job_id") == _job_id() and r.get("attempt") == attempt for r in read_requeues(Path(sweep_dir))
+        ):
+            _note_requeue(
+                Path(sweep_dir),
+                {"runs": list(names), "job_id": _job_id(), "attempt": attempt, "by": "slurm (preempted or requeued)"},
+            )
         try:
             rows = run_names(Path(sweep_dir), list(names), threads, log=lambda line: print(line, flush=True))
         except KeyboardInterrupt:  # cancelled (SIGINT): stop the training subprocesses, which checkpoint
@@ -78,16 +89,47 @@ class SweepTask:
         requeue the same task."""
 
         stopped = stop_training()
-        job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
         rec = {
             "runs": list(names),
-            "job_id": job_id,
+            "job_id": _job_id(),
+            "attempt": _attempt() + 1,
+            "by": "submitit (SIGUSR2: time limit or preemption)",
             "stopped_trainings": stopped,
-            "at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         }
-        with open(Path(sweep_dir) / REQUEUES_FILE, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        _note_requeue(Path(sweep_dir), rec)
         return _submitit().helpers.DelayedSubmission(self, sweep_dir, names, threads)
+
+
+def _job_id() -> Optional[str]:
+    return os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
+
+
+def _attempt() -> int:
+    """This job's attempt: 0 the first, n after n requeues (Slurm's ``SLURM_RESTART_COUNT``; 0 elsewhere)."""
+    try:
+        return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    except ValueError:
+        return 0
+
+
+def _note_requeue(sweep_dir: Path, rec: dict) -> None:
+    """Append ``rec`` (runs, job_id, by, ...) with the time to the sweep's ``requeues.jsonl`` (one line,
+    appended: the jobs of a sweep write it concurrently)."""
+    rec = {**rec, "at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    with open(sweep_dir / REQUEUES_FILE, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def read_requeues(sweep_dir: Path) -> list[dict]:
+    """The records of ``requeues.jsonl`` (empty when there is none). Raises ConfigError for a line that is
+    not a JSON object (a damaged file)."""
+    path = sweep_dir / REQUEUES_FILE
+    out = []
+    for _, rec in jsonl_objects(path) if path.is_file() else []:
+        if isinstance(rec, ConfigError):
+            raise rec
+        out.append(rec)
+    return out
 
 
 def chunks(names: list, size: int) -> list[list]:
@@ -119,6 +161,7 @@ TERMINAL = {
     "DEADLINE",
     "SPECIAL_EXIT",
     "REVOKED",
+    "PREEMPTED",  # a preemption that cancels (PreemptMode=CANCEL): the coordinator submits its runs again
 }
 # A job seen ended while a run of it has no row is taken as over only when it still is this many seconds
 # later: a job being requeued (a preemption) can show FAILED or CANCELLED in squeue for a moment before
@@ -343,8 +386,7 @@ class SubmititExecutor:
         return _OrphanLocalJob(job_id)
 
     def requeues(self) -> int:
-        path = self.dir / REQUEUES_FILE
-        return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.is_file() else 0
+        return len(read_requeues(self.dir))
 
     # --- running a batch --------------------------------------------------------------------
     def live_jobs(self, names: set) -> dict:
@@ -409,12 +451,26 @@ class SubmititExecutor:
                 elif time.monotonic() - ended_at.setdefault(job, time.monotonic()) >= TERMINAL_CONFIRM_S:
                     finished.append(job)  # still ended, a row missing: the job ended without one
             for job in finished:
-                for n in running.pop(job):
+                g = running.pop(job)
+                missing = [n for n in g if read_row(self.dir, n) is None]
+                if missing and self._state(job) == "PREEMPTED":  # cancelled by a preemption: submit again
+                    again = self._submit([missing])
+                    (new_id,) = [str(j.job_id) for j in again]
+                    _note_requeue(
+                        self.dir,
+                        {
+                            "runs": missing,
+                            "job_id": str(job.job_id),
+                            "by": f"lmlab sweep (preempted and cancelled; submitted again as job {new_id})",
+                        },
+                    )
+                    self.log(f"job {job.job_id} was preempted: {', '.join(missing)} submitted again as job {new_id}")
+                    running.update(again)
+                    g = [n for n in g if n not in missing]
+                for n in g:
                     row = read_row(self.dir, n)
                     if row is None:
                         p, ev = read_plan(self.dir, n)
-                        from lmlab.lab.worker import failed_row
-
                         row = failed_row(p, ev.name, self._why(job, n))
                     done_at[n] = time.time()
                     on_row(row, time.time() - t0)
