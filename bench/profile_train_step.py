@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -122,6 +121,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from bench.train_vs_peers import RECIPES, Args, make_system
+    from lmlab.bench import describe_machine
 
     shape = Args(recipe=a.recipe, nanogpt=a.nanogpt, **RECIPES[a.recipe])
     shape.batch, shape.context = a.batch, a.context
@@ -130,7 +130,7 @@ def main() -> None:
     for _ in range(3):
         s.step()
     walls = []
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
         for _ in range(a.steps):
             t0 = time.perf_counter()
             s.step()
@@ -138,18 +138,19 @@ def main() -> None:
     wall = statistics.median(walls)
     totals: dict[str, float] = defaultdict(float)
     per_op: dict[str, float] = defaultdict(float)
+    mm_flops = mm_us = 0.0  # the matrix products torch counts FLOPs for (aten::mm, addmm, bmm, baddbmm)
     for ev in prof.key_averages():
         if not ev.key.startswith(("aten::", "mkldnn::")):  # mkldnn: lmlab's fp32 linears (oneDNN)
             continue
         us = ev.self_cpu_time_total / a.steps
         totals[group_of(ev.key)] += us
         per_op[ev.key] += us
+        if ev.flops:
+            mm_flops += ev.flops / a.steps
+            mm_us += us
     ops = sum(totals.values()) / 1e6
     load = os.getloadavg()
-    print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"threads {a.threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
-    )
+    print(f"machine: {describe_machine()}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(
         f"{a.system}{' + compile' if a.compile else ''}, recipe {a.recipe}, {a.dtype}, batch {a.batch}, "
         f"context {a.context}: "
@@ -159,6 +160,12 @@ def main() -> None:
     for g, us in rows:
         print(f"  {g:24s} {us / 1e3:8.2f} ms  {us / 1e6 / wall:6.1%}")
     print(f"  {'python / other':24s} {(wall - ops) * 1e3:8.2f} ms  {(wall - ops) / wall:6.1%}")
+    if mm_us:
+        print(
+            f"matrix products with a FLOP count (aten mm/addmm/bmm/baddbmm; oneDNN's mkldnn linears have none): "
+            f"{mm_flops / 1e9:.1f} GFLOP a step in {mm_us / 1e3:.1f} ms, {mm_flops / mm_us / 1e3:.0f} GFLOP/s "
+            f"({mm_us / 1e6 / wall:.1%} of the step)"
+        )
     if a.top:
         print(f"top {a.top} ops by self CPU time per step:")
         for k, us in sorted(per_op.items(), key=lambda kv: -kv[1])[: a.top]:

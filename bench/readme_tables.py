@@ -10,7 +10,10 @@ written relative to the file holding the block):
 
 - ``train_vs_peers``: the summary of docs/bench/train_vs_peers.md (bench/train_matrix.sh): per
   recipe x precision x threads cell, lmlab's speed-up over the fastest eager and the fastest compiled peer;
-  ``train_vs_peers_intel`` the same from docs/bench/train_vs_peers_intel.md (the matrix on an Intel Xeon);
+  ``train_vs_peers_intel`` the same from docs/bench/train_vs_peers_intel.md (the matrix on an Intel Xeon),
+  ``train_vs_peers_epyc_zen4`` from docs/bench/train_vs_peers_epyc_zen4.md (on a Zen 4 AMD EPYC);
+  ``peers_by_cpu``: one line per CPU measured, the range of lmlab's speed-up over the fastest compiled
+  peer in bf16 and in fp32 (the README's);
 - ``train_step_gains``: docs/bench/train_step_gains.md (bench/train_step_gains.py --markdown), one
   column pair per precision;
 - ``context_scaling``: docs/bench/context_scaling.md (bench/context_scaling.sh), one row per context;
@@ -37,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "bench"
 LOAD = re.compile(r"load average[^0-9]*([0-9.]+)")
 DATE = re.compile(r"\b(20\d\d-\d\d-\d\d)\b")
+CPU = re.compile(r"((?:AMD|Intel)[^,;]*? \(family \d+, model \d+\))")
 
 
 def _source(path: Path, what: str = "") -> str:
@@ -46,6 +50,9 @@ def _source(path: Path, what: str = "") -> str:
     dates = sorted(set(DATE.findall(text)))
     rel = path.relative_to(ROOT).as_posix()
     line = f"From [{rel}]({rel}){what}"
+    cpus = sorted(set(CPU.findall(text)))
+    if len(cpus) == 1:  # the page names its CPU model (benchmarks since 2026-12-04 print it)
+        line += f", on {cpus[0]}"
     if dates:
         line += f", {dates[0] if len(dates) == 1 else dates[0] + ' to ' + dates[-1]}"
     if loads:
@@ -118,6 +125,54 @@ def train_vs_peers() -> list[str]:
 
 def train_vs_peers_intel() -> list[str]:
     return _peers_table(DOCS / "train_vs_peers_intel.md")
+
+
+def train_vs_peers_epyc_zen4() -> list[str]:
+    return _peers_table(DOCS / "train_vs_peers_epyc_zen4.md")
+
+
+# the matrix pages, with the CPU of those whose lines do not name its family and model (measured before
+# the benchmarks printed them)
+PEER_PAGES = {
+    "train_vs_peers_epyc_zen4.md": None,
+    "train_vs_peers_intel.md": "Intel Xeon with AMX (family/model not recorded)",
+    "train_vs_peers.md": "AMD EPYC with AVX-512 (family/model not recorded)",
+}
+
+
+def peers_by_cpu() -> list[str]:
+    """One line per CPU whose matrix was measured: the range over its cells of lmlab's speed-up over the
+    fastest compiled peer, in bf16 and in fp32."""
+    rows = []
+    for name, cpu in PEER_PAGES.items():
+        page = DOCS / name
+        text = page.read_text()
+        found = sorted(set(CPU.findall(text)))
+        cpu = cpu or (found[0] if len(found) == 1 else "?")
+        ranges = {}
+        for head, body in _sections(text):
+            m = re.match(r"(\w+), (\w+), (\d+) thread", head)
+            f = re.search(r"fastest compiled peer \([\w+]+\): ([0-9.]+)x", body)
+            if m and f:
+                ranges.setdefault(m[2], []).append(float(f[1]))
+        if set(ranges) != {"bf16", "fp32"}:
+            raise SystemExit(f"{page}: no bf16 and fp32 cells with a 'fastest compiled peer' line")
+        date = DATE.search(text)[1]
+        rel = f"{page.relative_to(ROOT).as_posix()}"
+        rows.append(
+            [
+                f"{cpu}, {date}",
+                *(f"{min(ranges[d]):.2f}-{max(ranges[d]):.2f}x" for d in ("bf16", "fp32")),
+                f"[page]({rel})",
+            ]
+        )
+    return [
+        "lmlab's compiled training step against the fastest compiled peer (HF, litgpt, nanoGPT), 2 cores, "
+        "over each CPU's 6 cells per precision (LLaMA, GPT-2 and demo recipes, 1 and 2 threads); generated "
+        "from the pages by bench/readme_tables.py.",
+        "",
+        *_md(["CPU, date", "bf16", "fp32", "cells"], rows),
+    ]
 
 
 def train_step_gains() -> list[str]:
@@ -299,6 +354,8 @@ BLOCKS = {
         demo_result,
         train_vs_peers,
         train_vs_peers_intel,
+        train_vs_peers_epyc_zen4,
+        peers_by_cpu,
         train_step_gains,
         context_scaling,
         gpu_check,

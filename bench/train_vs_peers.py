@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -327,13 +326,13 @@ def check_equal_settings(model: torch.nn.Module) -> list[str]:
 
 
 def machine_line(threads: int, device: str = "cpu") -> str:
+    """The machine, named to its CPU model (family/model), torch's threads (and ``threads`` where it is not
+    what torch runs) and the load."""
+    from lmlab.bench import describe_machine
+
     load = os.getloadavg()
-    gpu = f"{torch.cuda.get_device_name()}; " if device.startswith("cuda") else ""
-    return (
-        f"machine: {gpu}{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-        f"torch {torch.__version__}, "
-        f"threads {threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
-    )
+    other = f", {threads} threads asked" if threads != torch.get_num_threads() else ""
+    return f"machine: {describe_machine(device)}{other}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
 
 
 def peak_rss(system: str, argv: list[str]) -> dict:

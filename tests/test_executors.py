@@ -462,7 +462,7 @@ def test_slurm_partition_preemption_resumes(cluster, one_run, tmp_path, partitio
     else:
         assert len(jobs) == 2 and requeues[0]["by"].startswith("lmlab sweep") and jobs[1] in requeues[0]["by"]
         assert f"job {job_id} was preempted: SiLU-s1 submitted again as job {jobs[1]}" in text
-    assert "slurm: 0 queued, 0 running, 1/1 done, 1 requeue(s)" in text, text
+    assert "slurm: 0 queued, 0 running, 1/1 done, 0 failed, 1 requeue(s)" in text, text
 
 
 # --- Ray ---------------------------------------------------------------------------------------
@@ -577,6 +577,7 @@ def test_a_job_that_dies_gives_a_failed_row_the_report_lists_and_sweep_worker_re
     text, _ = proc.communicate(timeout=120)
     _wait(lambda: all(_gone(pid) for pid in trainers), 60, "the orphaned training to checkpoint and stop")
     assert proc.returncode == 1 and "1 run(s) failed without a result (SiLU-s1)" in text, text
+    assert "submitit-local: 0 queued, 0 running, 1/1 done, 1 failed, 0 requeue(s)" in text, text
     (row,) = read_results(out)
     assert row["status"] == "failed" and f"job {controller} ended" in row["error"]
     assert f"reproduce with `lmlab sweep-worker {out} SiLU-s1`" in row["error"]

@@ -101,7 +101,11 @@ class SweepTask:
 
 
 def _job_id() -> Optional[str]:
-    return os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
+    """This job's id as the coordinator recorded it (an array task's ``ARRAY_TASK``), from submitit."""
+    try:
+        return str(_submitit().JobEnvironment().job_id)
+    except RuntimeError:  # not inside a submitit job (called directly, as in a test)
+        return os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
 
 
 def _attempt() -> int:
@@ -436,6 +440,7 @@ class SubmititExecutor:
             running.update(self._submit(queue))
             queue = []
         done_at: dict = {}
+        failed: set = set()
         ended_at: dict = {}  # job -> when it was first seen ended with a run still without a row
         last_status = 0.0
         while running or queue:
@@ -473,9 +478,11 @@ class SubmititExecutor:
                         p, ev = read_plan(self.dir, n)
                         row = failed_row(p, ev.name, self._why(job, n))
                     done_at[n] = time.time()
+                    if row["status"] == "failed":
+                        failed.add(n)
                     on_row(row, time.time() - t0)
             if time.time() - last_status >= 60 or finished:
-                self._status(len(names), done_at, running, queue, t0)
+                self._status(len(names), done_at, len(failed), running, queue, t0)
                 last_status = time.time()
             if running or queue:
                 time.sleep(self.poll_s)
@@ -510,7 +517,7 @@ class SubmititExecutor:
             f"`lmlab sweep-worker {self.dir} {name}`"
         )
 
-    def _status(self, total: int, done_at: dict, running: dict, queue: list, t0: float) -> None:
+    def _status(self, total: int, done_at: dict, n_failed: int, running: dict, queue: list, t0: float) -> None:
         states: dict = {}
         for job in running:
             s = self._state(job)
@@ -522,7 +529,8 @@ class SubmititExecutor:
         if n_done and total > n_done:
             eta = f", ETA {((time.time() - t0) / n_done * (total - n_done)) / 60:.0f} min"
         self.log(
-            f"{self.kind}: {queued} queued, {run_n} running, {n_done}/{total} done, {self.requeues()} requeue(s){eta}"
+            f"{self.kind}: {queued} queued, {run_n} running, {n_done}/{total} done, {n_failed} failed, "
+            f"{self.requeues()} requeue(s){eta}"
         )
 
 
