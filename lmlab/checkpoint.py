@@ -165,10 +165,12 @@ def save_checkpoint(
             os.replace(final, aside)
         os.replace(tmp, final)
         _fsync_dir(root)
-    except OSError as exc:
+    except BaseException as exc:  # an OSError, or a stop at once (KeyboardInterrupt) mid-write
         shutil.rmtree(tmp, ignore_errors=True)
         if aside is not None and aside.exists() and not final.exists():
             os.replace(aside, final)
+        if not isinstance(exc, OSError):
+            raise
         raise CheckpointError(
             f"could not write checkpoint {str(final)!r}: {exc}; earlier checkpoints in {str(root)!r} are intact"
         ) from None

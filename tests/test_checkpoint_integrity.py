@@ -7,6 +7,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from lmlab.checkpoint import load_run, verify_checkpoint
 from lmlab.config import ModelConfig
@@ -202,3 +203,27 @@ def test_damaged_run_yaml_points_at_the_checkpoint_copy(reference, tmp_path):
     with pytest.raises(CheckpointError, match=r"step_0000006/run.yaml.*copy it back"):
         read_run(run)
     assert (checkpoint_dirs(run)[-1] / "run.yaml").read_bytes() == good
+
+
+def test_a_stop_mid_write_leaves_no_tmp_and_the_earlier_checkpoints(reference, tmp_path, monkeypatch):
+    """A stop at once (KeyboardInterrupt) while a checkpoint is being written: its ``.tmp`` folder is removed
+    and the earlier checkpoints are as they were (before: the ``.tmp`` folder stayed behind)."""
+    import lmlab.checkpoint as ck
+
+    run = tmp_path / "run"
+    shutil.copytree(reference / "at6", run)
+    before = tree_hashes(run / "checkpoints")
+    state = json.loads((run / "checkpoints" / "step_0000006" / "trainer.json").read_text())
+    writes = []
+
+    def interrupted(path, data):
+        writes.append(path.name)
+        raise KeyboardInterrupt
+
+    model_state = {"w": torch.zeros(2)}
+    monkeypatch.setattr(ck, "_fsync_write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ck.save_checkpoint(run, 7, model_state, None, {**state, "step": 7}, keep=0)
+    assert writes and not (run / "checkpoints" / "step_0000007.tmp").exists()
+    assert not (run / "checkpoints" / "step_0000007").exists()
+    assert tree_hashes(run / "checkpoints") == before

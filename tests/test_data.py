@@ -184,3 +184,15 @@ def test_default_corpus_is_complete(shakespeare):
     assert len(WORKS) == 42 and TOTAL_BYTES == 5_057_198
     assert _complete(shakespeare)
     assert all(name in WORKS for name in VALIDATION_WORKS)
+
+
+def test_a_folder_of_documents_given_as_data_names_the_prepare_command_that_works(tmp_path):
+    """The hint for a folder that is not prepared: where it holds documents, prepare them into another
+    folder (`lmlab prepare` refuses to write into the folder of its input)."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("some text\n")
+    with pytest.raises(DataError, match=rf"prepare them into another folder, `lmlab prepare --data {docs} --out DIR`"):
+        TokenData(docs)
+    with pytest.raises(DataError, match=rf"run `lmlab prepare --data PATH --out {tmp_path / 'new'}` first"):
+        TokenData(tmp_path / "new")

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from lmlab.cli import main
+from lmlab.config import ConfigError
 from lmlab.lab.results import read_results
 from lmlab.lab.runner import run_sweep
 
@@ -216,6 +217,9 @@ def test_coordinator_killed_and_restarted_reattaches(executor, local_reference, 
     proc.kill()
     proc.wait()
     lines = []
+    if executor == "slurm":  # 3 of its 4 jobs still queued or running: another executor is refused
+        with pytest.raises(ConfigError, match=r"--executor local: runs of this sweep are still in \d+ job\(s\) sub"):
+            run_sweep(path, out=out, jobs=2, executor="local", log=lines.append)
     run_sweep(
         path,
         out=out,
@@ -260,9 +264,11 @@ def test_sweep_worker_cli_and_bad_input(local_reference, tmp_path, capsys):
     )
     assert "bogus_key" in capsys.readouterr().err and not (fresh / "runs").exists()
     assert main(["sweep", str(path), "--out", str(fresh), "--runs-per-task", "2"]) == 2
-    assert "--runs-per-task: not options of the local executor" in capsys.readouterr().err
+    assert "--runs-per-task: not an option of the local executor" in capsys.readouterr().err
     for argv, want in [
-        (["--executor", "submitit-local", "--address", "local"], "--address: options of --executor ray"),
+        (["--executor", "submitit-local", "--address", "local"], "--address: an option of --executor ray"),
+        (["--executor", "submitit-local", "--slurm-partition", " "], "--slurm-partition: empty; give a value"),
+        (["--executor", "slurm", "--time", "2"], "--time 2: not longer than the 120 s before the limit"),
         (
             ["--executor", "ray", "--slurm-partition", "debug", "--time", "5"],
             "--slurm-partition, --time: not options of --executor ray",
@@ -307,7 +313,9 @@ def _slurm_up() -> bool:
         out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return False
-    return out.returncode == 0 and any(s.startswith(("idle", "mix", "alloc")) for s in out.stdout.split())
+    # "planned": idle, held by the backfill scheduler for a pending job (seen right after a preemption test)
+    usable = ("idle", "mix", "alloc", "planned")
+    return out.returncode == 0 and any(s.startswith(usable) for s in out.stdout.split())
 
 
 slurm = pytest.mark.skipif(
@@ -453,6 +461,10 @@ def test_slurm_partition_preemption_resumes(cluster, one_run, tmp_path, partitio
     assert proc.returncode == 0, text
     log = (out / "logs" / "SiLU-s1.log").read_text()
     assert log.count("$ ") == 2 and "SIGTERM received" in log and "resuming" in log, log
+    # the checkpoint was written at the SIGTERM (Slurm delivers it twice: one request, not "stop at once")
+    stopped = re.search(r"interrupted by SIGTERM at step (\d+) of 400; its checkpoint is saved", log)
+    assert stopped and f"from step {stopped[1]} of 400" in log, log
+    assert not list((out / "runs" / "SiLU-s1" / "checkpoints").glob("*.tmp"))
     assert _rows(out) == ref_rows
     requeues = [json.loads(x) for x in (out / "requeues.jsonl").read_text().splitlines()]
     jobs = [json.loads(x)["job_id"] for x in (out / "jobs.jsonl").read_text().splitlines()]

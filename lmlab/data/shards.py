@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lmlab.data.sources import DataError
+from lmlab.data.sources import JSON_SUFFIXES, PARQUET_SUFFIXES, DataError
 from lmlab.data.tokenizer import Tokenizer
 from lmlab.fsutil import sha256_file
 
@@ -54,10 +54,16 @@ class TokenData:
         self.folder = Path(folder)
         path = self.folder / "manifest.json"
         if not path.is_file():
-            raise DataError(
-                f"{str(self.folder)!r} is not a prepared data folder (no manifest.json); "
-                f"run `lmlab prepare --data PATH --out {self.folder}` first"
+            holds_text = self.folder.is_dir() and any(  # the documents `lmlab prepare` reads
+                p.name.endswith((".txt", *JSON_SUFFIXES, *PARQUET_SUFFIXES)) for p in self.folder.iterdir()
             )
+            how = (
+                f"it holds documents: prepare them into another folder, `lmlab prepare --data {self.folder} "
+                f"--out DIR`, and pass DIR"
+                if holds_text
+                else f"run `lmlab prepare --data PATH --out {self.folder}` first"
+            )
+            raise DataError(f"{str(self.folder)!r} is not a prepared data folder (no manifest.json); {how}")
         try:
             from lmlab.json_checks import check_nesting
 

@@ -21,7 +21,7 @@ again (they continue from their checkpoints). Each requeue or resubmission is re
 
 Stopping the coordinator (SIGINT, SIGTERM, a lost login) leaves the jobs running: the submitted jobs are
 recorded in ``jobs.jsonl`` (job id, runs, executor), and the same command later re-attaches to those still
-queued or running (Slurm: by job id through ``sacct``/``squeue``; submitit-local: by process id), merges the
+queued or running (Slurm: by job id through ``squeue``; submitit-local: by process id), merges the
 rows of those that finished meanwhile, and submits only runs that have neither a row nor a live job.
 
 submitit's own files (``submitit/``: the submission and result pickles it writes and reads inside its
@@ -134,6 +134,56 @@ def read_requeues(sweep_dir: Path) -> list[dict]:
             raise rec
         out.append(rec)
     return out
+
+
+def job_records(sweep_dir: Path) -> list[dict]:
+    """The records of the sweep's ``jobs.jsonl`` (job_id, runs, executor; empty when there is none).
+    Raises ConfigError naming the line for one lmlab did not write (a damaged file)."""
+    path = sweep_dir / JOBS_FILE
+    if not path.is_file():
+        return []
+    out = []
+    for where, rec in jsonl_objects(path):
+        if not (
+            isinstance(rec, dict)
+            and isinstance(rec.get("job_id"), str)
+            and isinstance(rec.get("runs"), list)
+            and rec.get("executor") in ("slurm", "submitit-local")
+        ):
+            raise ConfigError(f"{where}: not a job record lmlab wrote (job_id, runs, executor); the file is damaged")
+        out.append(rec)
+    return out
+
+
+def check_no_jobs_elsewhere(sweep_dir: Path, executor: str, log: Callable[[str], None] = print) -> None:
+    """Refuse (ConfigError) to run the sweep with ``executor`` while jobs that another executor submitted
+    for it still run: the same runs would be trained twice at once (their run locks let one of each pair
+    fail). Slurm jobs are judged from ``squeue`` (a line is logged when it cannot be run: unknown, not
+    refused); submitit-local jobs from their controller process."""
+    others = [r for r in job_records(sweep_dir) if r["executor"] != executor]
+    if not others:
+        return
+    states = slurm_states() if any(r["executor"] == "slurm" for r in others) else None
+    live = []
+    for r in others:
+        if r["executor"] == "slurm":
+            if states is None:
+                log(
+                    f"note: job {r['job_id']} (--executor slurm) of this sweep: squeue cannot be run here, so "
+                    "whether it still runs is unknown"
+                )
+            elif states.get(r["job_id"]) not in (None, *TERMINAL):
+                live.append(r)
+        elif r["job_id"].isdigit() and _pid_alive(int(r["job_id"])):
+            live.append(r)
+    if live:
+        kinds = sorted({r["executor"] for r in live})
+        raise ConfigError(
+            f"--executor {executor}: runs of this sweep are still in {len(live)} job(s) submitted with "
+            f"--executor {' and '.join(kinds)} ({', '.join(r['job_id'] for r in live[:5])}"
+            f"{', ...' if len(live) > 5 else ''}); rerun with --executor {kinds[0]} to wait for them, or cancel "
+            f"them first (scancel / stop their controller)"
+        )
 
 
 def chunks(names: list, size: int) -> list[list]:
@@ -271,6 +321,10 @@ def _named(keys) -> str:
     return ", ".join(FLAGS.get(k, k) for k in sorted(keys))
 
 
+def _options(n: int) -> str:
+    return "an option" if n == 1 else "options"
+
+
 def check_executor_params(kind: str, params: dict, runs_per_task: int = 1) -> None:
     """Refuse (ConfigError, before anything is written) options that do not go with executor ``kind``, a
     negative GPU count, a fraction of a GPU on Slurm, retries below -1; for Slurm and submitit-local, also
@@ -283,17 +337,29 @@ def check_executor_params(kind: str, params: dict, runs_per_task: int = 1) -> No
     if kind == "local" and (params or runs_per_task != 1):
         given = _named(params) or "--runs-per-task"
         raise ConfigError(
-            f"{given}: not options of the local executor (--jobs N sets its runs at once); "
+            f"{given}: not {_options(len(params) or 1)} of the local executor (--jobs N sets its runs at once); "
             f"--address and --max-retries go with --executor ray, the others with --executor "
             f"slurm, submitit-local or ray"
         )
     if kind == "ray" and set(params) - set(RAY_KEYS):
         raise ConfigError(
-            f"{_named(set(params) - set(RAY_KEYS))}: not options of --executor ray (it takes "
+            f"{_named(set(params) - set(RAY_KEYS))}: not {_options(len(set(params) - set(RAY_KEYS)))} of "
+            f"--executor ray (it takes "
             f"{_named(RAY_KEYS)}); they go with --executor slurm or submitit-local"
         )
     if kind in ("slurm", "submitit-local") and ray_only:
-        raise ConfigError(f"{_named(ray_only)}: options of --executor ray, not of --executor {kind}")
+        raise ConfigError(f"{_named(ray_only)}: {_options(len(ray_only))} of --executor ray, not of --executor {kind}")
+    minutes, delay = params.get("timeout_min"), params.get("slurm_signal_delay_s", 120)
+    if kind == "slurm" and isinstance(minutes, (int, float)) and isinstance(delay, (int, float)):
+        if 0 < minutes * 60 <= delay:  # signalled as it starts: every attempt stopped and requeued at once
+            raise ConfigError(
+                f"--time {minutes}: not longer than the {delay} s before the limit at which Slurm signals a "
+                f"job to checkpoint and requeue; give --time above {delay / 60:g} minutes (or a smaller "
+                f"slurm_signal_delay_s in --executor-config)"
+            )
+    empty = sorted(k for k, v in params.items() if isinstance(v, str) and not v.strip())
+    if empty:  # e.g. --slurm-partition '': sbatch would take it as no partition and fail at submission
+        raise ConfigError(f"{_named(empty)}: empty; give a value or leave the option out")
     gpus = params.get("gpus_per_node")
     if gpus is not None:
         if not isinstance(gpus, (int, float)) or isinstance(gpus, bool) or gpus < 0:
@@ -350,23 +416,7 @@ class SubmititExecutor:
 
     # --- bookkeeping ------------------------------------------------------------------------
     def _records(self) -> list[dict]:
-
-        path = self.dir / JOBS_FILE
-        if not path.is_file():
-            return []
-        out = []
-        for where, rec in jsonl_objects(path):
-            if not (
-                isinstance(rec, dict)
-                and isinstance(rec.get("job_id"), str)
-                and isinstance(rec.get("runs"), list)
-                and rec.get("executor") in ("slurm", "submitit-local")
-            ):
-                raise ConfigError(
-                    f"{where}: not a job record lmlab wrote (job_id, runs, executor); the file is damaged"
-                )
-            out.append(rec)
-        return out
+        return job_records(self.dir)
 
     def _record(self, job_id: str, names: list) -> None:
         with open(self.dir / JOBS_FILE, "a") as f:

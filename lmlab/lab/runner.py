@@ -552,6 +552,9 @@ def _run_locked(
         raise ConfigError(short + (" (the plan above; the sweep refuses to start)" if dry_run else ""))
     if dry_run:
         return sweep_dir
+    from lmlab.lab.executors import check_no_jobs_elsewhere
+
+    check_no_jobs_elsewhere(sweep_dir, kind, log)
     ex = None
     if kind in ("slurm", "submitit-local"):  # its parameters checked before anything is written
         from lmlab.lab.executors import SubmititExecutor
