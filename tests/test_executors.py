@@ -601,3 +601,27 @@ def test_a_job_that_dies_gives_a_failed_row_the_report_lists_and_sweep_worker_re
     run_sweep(path, out=out, executor="submitit-local", log=lambda line: None)  # merges the row: no new job
     assert _rows(out) == ref_rows and len((out / "jobs.jsonl").read_text().splitlines()) == 1
     assert main(["report", str(out)]) == 0 and "Failed runs" not in (out / "report.md").read_text()
+
+
+def test_another_executor_is_refused_only_while_the_first_ones_jobs_run(tmp_path, monkeypatch):
+    """check_no_jobs_elsewhere on recorded jobs: a Slurm job squeue lists as running or pending refuses
+    `--jobs`/Ray (naming it), an ended or forgotten one does not, and where squeue cannot be run one note
+    says their state is unknown; the executor that submitted them is never refused (it re-attaches)."""
+    from lmlab.lab import executors
+
+    recs = [{"job_id": f"7_{i}", "runs": [f"r{i}"], "executor": "slurm", "t": 0.0} for i in range(3)]
+    (tmp_path / "jobs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    lines = []
+    for states, live in [({"7_0": "COMPLETED", "7_1": "PENDING"}, ["7_1"]), ({"7_2": "PREEMPTED"}, [])]:
+        monkeypatch.setattr(executors, "slurm_states", lambda s=states: s)
+        if live:
+            with pytest.raises(ConfigError, match=r"still in 1 job\(s\) submitted with --executor slurm \(7_1\)"):
+                executors.check_no_jobs_elsewhere(tmp_path, "local", lines.append)
+        else:
+            executors.check_no_jobs_elsewhere(tmp_path, "ray", lines.append)
+        executors.check_no_jobs_elsewhere(tmp_path, "slurm", lines.append)
+    monkeypatch.setattr(executors, "slurm_states", lambda: None)
+    executors.check_no_jobs_elsewhere(tmp_path, "local", lines.append)
+    assert lines == [
+        "note: 3 Slurm job(s) of this sweep (7_2, ...): squeue cannot be run here, so whether they still run is unknown"
+    ]

@@ -163,16 +163,17 @@ def check_no_jobs_elsewhere(sweep_dir: Path, executor: str, log: Callable[[str],
     others = [r for r in job_records(sweep_dir) if r["executor"] != executor]
     if not others:
         return
-    states = slurm_states() if any(r["executor"] == "slurm" for r in others) else None
+    slurm = [r for r in others if r["executor"] == "slurm"]
+    states = slurm_states() if slurm else None
+    if slurm and states is None:
+        log(
+            f"note: {len(slurm)} Slurm job(s) of this sweep ({slurm[-1]['job_id']}, ...): squeue cannot be run "
+            "here, so whether they still run is unknown"
+        )
     live = []
     for r in others:
         if r["executor"] == "slurm":
-            if states is None:
-                log(
-                    f"note: job {r['job_id']} (--executor slurm) of this sweep: squeue cannot be run here, so "
-                    "whether it still runs is unknown"
-                )
-            elif states.get(r["job_id"]) not in (None, *TERMINAL):
+            if states is not None and states.get(r["job_id"]) not in (None, *TERMINAL):
                 live.append(r)
         elif r["job_id"].isdigit() and _pid_alive(int(r["job_id"])):
             live.append(r)
