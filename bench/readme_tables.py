@@ -93,18 +93,29 @@ RECIPE = {"llama": "LLaMA", "gpt2": "GPT-2", "demo": "demo"}
 PEER = {"hf": "HF", "litgpt": "litgpt", "nanogpt": "nanoGPT", "xt": "x-transformers"}
 
 
-def _peers_table(page: Path) -> list[str]:
-    """The summary of one bench/train_matrix.sh page: a row per recipe x precision x threads cell."""
-    rows = []
+def _matrix_cells(page: Path):
+    """(recipe, precision, threads, {"eager": match, "compiled": match}) per cell of a bench/train_matrix.sh
+    page; each match's groups: the peer, the ratio, the IQR's ends. SystemExit for a cell without them."""
     for head, body in _sections(page.read_text()):
         m = re.match(r"(\w+), (\w+), (\d+) thread", head)
         if not m:
             continue
-        cells = [RECIPE.get(m[1], m[1]), m[2], m[3]]
+        found = {}
         for kind in ("eager", "compiled"):
             f = re.search(rf"fastest {kind} peer \(([\w+]+)\): ([0-9.]+)x \(IQR ([0-9.]+)-([0-9.]+)\)", body)
             if not f:
                 raise SystemExit(f"{page}: section '{head}' has no 'fastest {kind} peer' line")
+            found[kind] = f
+        yield m[1], m[2], m[3], found
+
+
+def _peers_table(page: Path) -> list[str]:
+    """The summary of one bench/train_matrix.sh page: a row per recipe x precision x threads cell."""
+    rows = []
+    for recipe, precision, threads, found in _matrix_cells(page):
+        cells = [RECIPE.get(recipe, recipe), precision, threads]
+        for kind in ("eager", "compiled"):
+            f = found[kind]
             ratio = f"{f[2]}x"
             cells.append(
                 f"{'**' + ratio + '**' if float(f[2]) >= 1.3 else ratio} "
@@ -147,18 +158,15 @@ def peers_by_cpu() -> list[str]:
     for name, cpu in PEER_PAGES.items():
         page = DOCS / name
         text = page.read_text()
-        found = sorted(set(CPU.findall(text)))
-        cpu = cpu or (found[0] if len(found) == 1 else "?")
+        named = sorted(set(CPU.findall(text)))
+        cpu = cpu or (named[0] if len(named) == 1 else "?")
         ranges = {}
-        for head, body in _sections(text):
-            m = re.match(r"(\w+), (\w+), (\d+) thread", head)
-            f = re.search(r"fastest compiled peer \([\w+]+\): ([0-9.]+)x", body)
-            if m and f:
-                ranges.setdefault(m[2], []).append(float(f[1]))
+        for _, precision, _, found in _matrix_cells(page):
+            ranges.setdefault(precision, []).append(float(found["compiled"][2]))
         if set(ranges) != {"bf16", "fp32"}:
             raise SystemExit(f"{page}: no bf16 and fp32 cells with a 'fastest compiled peer' line")
         date = DATE.search(text)[1]
-        rel = f"{page.relative_to(ROOT).as_posix()}"
+        rel = page.relative_to(ROOT).as_posix()
         rows.append(
             [
                 f"{cpu}, {date}",

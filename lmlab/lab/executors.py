@@ -48,6 +48,7 @@ from lmlab.lab.worker import failed_row, read_plan, read_row, run_names, stop_tr
 JOBS_FILE = "jobs.jsonl"
 RAY_KEYS = ("address", "cpus_per_task", "gpus_per_node", "max_retries")  # what --executor ray takes
 REQUEUES_FILE = "requeues.jsonl"
+SIGNAL_DELAY_S = 120  # Slurm sends SIGUSR2 this long before a job's time limit (submitit's slurm_signal_delay_s)
 SUBMITIT_DIR = "submitit"
 EXECUTORS = ("local", "slurm", "submitit-local", "ray")
 
@@ -68,13 +69,13 @@ class SweepTask:
     Checkpointable in submitit's sense: submitit calls :meth:`checkpoint` on preemption or timeout."""
 
     def __call__(self, sweep_dir: str, names: list, threads: int) -> int:
-        attempt = _attempt()
+        attempt, job_id = _attempt(), _job_id()
         if attempt and not any(  # requeued by Slurm itself (a preemption, `scontrol requeue`): note it once
-            r.get("job_id") == _job_id() and r.get("attempt") == attempt for r in read_requeues(Path(sweep_dir))
+            r.get("job_id") == job_id and r.get("attempt") == attempt for r in read_requeues(Path(sweep_dir))
         ):
             _note_requeue(
                 Path(sweep_dir),
-                {"runs": list(names), "job_id": _job_id(), "attempt": attempt, "by": "slurm (preempted or requeued)"},
+                {"runs": list(names), "job_id": job_id, "attempt": attempt, "by": "slurm (preempted or requeued)"},
             )
         try:
             rows = run_names(Path(sweep_dir), list(names), threads, log=lambda line: print(line, flush=True))
@@ -267,7 +268,7 @@ def _make(folder: Path, kind: str, params: Optional[dict], name: str):
     params.setdefault("timeout_min", 24 * 60)
     params.setdefault("name", f"lmlab-{name}")
     if kind == "slurm":
-        params.setdefault("slurm_signal_delay_s", 120)  # SIGUSR2 this long before the time limit
+        params.setdefault("slurm_signal_delay_s", SIGNAL_DELAY_S)
     try:
         ex.update_parameters(**params)
     except (NameError, ValueError, TypeError, AssertionError) as exc:
@@ -350,7 +351,7 @@ def check_executor_params(kind: str, params: dict, runs_per_task: int = 1) -> No
         )
     if kind in ("slurm", "submitit-local") and ray_only:
         raise ConfigError(f"{_named(ray_only)}: {_options(len(ray_only))} of --executor ray, not of --executor {kind}")
-    minutes, delay = params.get("timeout_min"), params.get("slurm_signal_delay_s", 120)
+    minutes, delay = params.get("timeout_min"), params.get("slurm_signal_delay_s", SIGNAL_DELAY_S)
     if kind == "slurm" and isinstance(minutes, (int, float)) and isinstance(delay, (int, float)):
         if 0 < minutes * 60 <= delay:  # signalled as it starts: every attempt stopped and requeued at once
             raise ConfigError(
@@ -416,9 +417,6 @@ class SubmititExecutor:
         self.params = params
 
     # --- bookkeeping ------------------------------------------------------------------------
-    def _records(self) -> list[dict]:
-        return job_records(self.dir)
-
     def _record(self, job_id: str, names: list) -> None:
         with open(self.dir / JOBS_FILE, "a") as f:
             f.write(
@@ -448,7 +446,7 @@ class SubmititExecutor:
         """Jobs recorded by earlier invocations that still run any of ``names``: {job: its runs}."""
         live = {}
         self.squeue = slurm_states() if self.kind == "slurm" else None
-        for rec in self._records():
+        for rec in job_records(self.dir):
             if rec["executor"] != self.kind or not names.intersection(rec["runs"]):
                 continue
             job = self._attach(rec["job_id"])
