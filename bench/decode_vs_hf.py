@@ -12,6 +12,9 @@ what a user calls, greedy, fp32, --new-tokens tokens after prompts of --prompt-l
   steps, and the check that the cached decode copies of the weights are current);
 - ``lmlab cold``: the same call after ``release_decode_copies`` (so it also pays the weight re-layout,
   as the first call on a model or the first after a training step does);
+- ``lmlab compiled``: the same call with ``compile=True`` (the compiled decode step over the preallocated
+  cache, :mod:`lmlab.kernels.compiled_decode`), after one untimed call that compiles it (its time is
+  printed as ``compile``: what the first such call in a process pays);
 - ``HF``: ``model.generate`` (default dynamic cache, sdpa attention, a streamer that timestamps each
   new token), whole call timed;
 - ``weight-read floor``: the time to read every weight matrix a decode step multiplies by, once
@@ -202,21 +205,34 @@ def bench_batch(ours, hf, cfg, B: int, args) -> dict:
     mine = torch.stack(list(stream_batch(ours, prompts, args.new_tokens, temperature=0.0)), 1).tolist()
     agree = sum(a == b for ra, rb in zip(mine, same) for a, b in zip(ra, rb)) / (B * args.new_tokens)
 
-    def lmlab_call():
-        return stamps_of(stream_batch(ours, prompts, args.new_tokens, temperature=0.0))
+    def lmlab_call(compile: bool = False):
+        return stamps_of(stream_batch(ours, prompts, args.new_tokens, temperature=0.0, compile=compile))
 
-    runs = {"lmlab": lmlab_call, "lmlab cold": lmlab_call, "HF": lambda: hf_stamps(hf, prompts, args.new_tokens)}
+    t0 = time.perf_counter()
+    compiled = torch.stack(list(stream_batch(ours, prompts, args.new_tokens, temperature=0.0, compile=True)), 1)
+    compile_s = time.perf_counter() - t0  # the first compiled call: it compiles the step for this batch size
+    agree_compiled = sum(a == b for ra, rb in zip(compiled.tolist(), same) for a, b in zip(ra, rb)) / (
+        B * args.new_tokens
+    )
+    runs = {
+        "lmlab": lmlab_call,
+        "lmlab cold": lmlab_call,
+        "lmlab compiled": lambda: lmlab_call(compile=True),
+        "HF": lambda: hf_stamps(hf, prompts, args.new_tokens),
+    }
     names = list(runs)
-    timed(lmlab_call), timed(runs["HF"])  # warm-up
+    timed(lmlab_call), timed(runs["lmlab compiled"]), timed(runs["HF"])  # warm-up
     times = {name: [] for name in names}
     for r in range(args.repeats):
-        for name in names[r % 3 :] + names[: r % 3]:
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
             if name == "lmlab cold":
                 release_decode_copies(ours)  # not timed: the call then remakes the copies
             times[name].append(timed(runs[name]))
     out = {
         "batch": B,
-        "agree": agree,
+        "agree": min(agree, agree_compiled),
+        "compile_s": compile_s,
         "layout": decode_layout_kind(ours, B),
         "systems": {},
         "floor_ms": read_floor(ours) * 1e3,
@@ -239,17 +255,18 @@ def print_batch(res: dict, threads: int) -> list[str]:
     B = res["batch"]
     print(
         f"batch {B}, {threads} thread(s): lmlab decode weight layout {res['layout']}; greedy tokens identical "
-        f"{res['agree']:.1%}"
+        f"{res['agree']:.1%} (lmlab, lmlab compiled, HF); compiling the decode step took {res['compile_s']:.1f} s "
+        "(the first compiled call for this batch size)"
     )
     print(
-        f"  {'system':11} {'call ms':>9} {'tokens/s':>9} {'prefill ms':>11} {'ms/step':>8}  HF call / this call (IQR)"
+        f"  {'system':14} {'call ms':>9} {'tokens/s':>9} {'prefill ms':>11} {'ms/step':>8}  HF call / this call (IQR)"
     )
     rows = []
     for name, r in res["systems"].items():
         q1, med, q3 = r["hf_over"]
         vs = "" if name == "HF" else f"{med:.2f}x ({q1:.2f}-{q3:.2f})"
         print(
-            f"  {name:11} {r['call_ms']:>9.1f} {r['tokens_s']:>9,.0f} {r['prefill_ms']:>11.2f} "
+            f"  {name:14} {r['call_ms']:>9.1f} {r['tokens_s']:>9,.0f} {r['prefill_ms']:>11.2f} "
             f"{r['decode_ms_step']:>8.2f}  {vs}"
         )
         rows.append(
@@ -264,6 +281,10 @@ def print_batch(res: dict, threads: int) -> list[str]:
     rows.append(
         f"| {threads} | {B} | weight-read floor | | | | {res['floor_ms']:.2f} | HF's step / floor: "
         f"{hf_step / res['floor_ms']:.2f}x |"
+    )
+    rows.append(
+        f"| {threads} | {B} | lmlab compiled, first call (compiles) | {res['compile_s'] * 1e3:,.0f} | | | | "
+        "once per model and batch size in a process |"
     )
     return rows
 

@@ -27,6 +27,7 @@ from lmlab.config import ConfigError, ModelConfig
 from lmlab.config_files import load_mapping
 from lmlab.devices import check_memory, require_memory
 from lmlab.generate import stream_batch
+from lmlab.kernels.compiled_decode import compiled_decode_unsupported
 from lmlab.kernels.decode_layout import PACK_LIMIT_BYTES, decode_layout_kind, release_decode_copies
 from lmlab.kernels.settings import cpu_identity
 from lmlab.model import TransformerLM
@@ -181,8 +182,11 @@ def bench_decode(
     device: str | torch.device = "cpu",
     seed: int = 0,
     prompts: Optional[list[list[int]]] = None,
+    compile: bool = False,
 ) -> dict:
-    """Greedy KV-cache generation throughput of ``model`` (see the module docstring)."""
+    """Greedy KV-cache generation throughput of ``model`` (see the module docstring); ``compile``: through
+    the compiled decode step (the first, untimed-as-warm call also compiles it). Raises ValueError for
+    prompts and new tokens beyond the context, or ``compile`` with a model the compiled step cannot run."""
 
     if prompt_len + new_tokens - 1 > model.cfg.context_length:
         raise ValueError(
@@ -192,7 +196,7 @@ def bench_decode(
     model.eval()
 
     def call() -> list[float]:
-        return stamps_of(stream_batch(model, prompts, new_tokens, temperature=0.0, device=device))
+        return stamps_of(stream_batch(model, prompts, new_tokens, temperature=0.0, device=device, compile=compile))
 
     release_decode_copies(model)  # one cold call: it pays the weight re-layout, as a user's first call does,
     t0 = time.perf_counter()  # and is the warm-up of the timed calls
@@ -204,8 +208,9 @@ def bench_decode(
         threads=torch.get_num_threads(),
         device=str(device),
         dtype=str(next(model.parameters()).dtype),
-        decode_layout=decode_layout_kind(model, batch),
+        decode_layout=decode_layout_kind(model, batch, compile),
         lean_decode=model.lean_decode_possible(),
+        compiled=compile,
     )
     return res
 
@@ -220,11 +225,13 @@ def decode_benchmark(
     new_tokens: int,
     repeats: int,
     dtype: str = "fp32",
+    compile: bool = False,
 ) -> dict:
     """``lmlab bench decode``: :func:`bench_decode` on run ``run``'s weights, or on random weights of
-    ``cfg`` (None: the demo config), in ``dtype`` (fp32 or bf16), with ``model`` (``title``) and
-    ``params`` added. Raises ConfigError when prompt and new tokens exceed the context or the cache
-    would not fit (:func:`check_decode_memory`), before any weights load."""
+    ``cfg`` (None: the demo config), in ``dtype`` (fp32 or bf16), through the compiled decode step with
+    ``compile``, with ``model`` (``title``) and ``params`` added. Raises ConfigError when prompt and new
+    tokens exceed the context or the cache would not fit (:func:`check_decode_memory`), before any
+    weights load, and for ``compile`` with a model the compiled step cannot run."""
 
     if cfg is None:
         cfg, title = ModelConfig.from_dict(load_mapping(BUILTIN_CONFIGS / "demo.yaml")["model"]), "the demo config"
@@ -245,7 +252,10 @@ def decode_benchmark(
         title += " (random weights)"
     if dtype == "bf16":
         model = model.to(torch.bfloat16)
-    res = bench_decode(model, batch, prompt_len, new_tokens, repeats, device)
+    reason = compiled_decode_unsupported(model) if compile else None
+    if reason is not None:
+        raise ConfigError(f"--compile: the compiled decode step cannot run {title}: {reason}; drop --compile")
+    res = bench_decode(model, batch, prompt_len, new_tokens, repeats, device, compile=compile)
     res.update(model=title, params=model.num_params())
     return res
 
@@ -262,13 +272,16 @@ def format_decode_benchmark(res: dict, batch: int, prompt_len: int, new_tokens: 
                 else ""
             )
             + ("" if res["lean_decode"] else " (ordinary block path: no lean one-token decode for this config)")
+            + (", compiled decode step" if res["compiled"] else "")
             + f"; greedy, batch {batch}, prompt {prompt_len} tokens, {new_tokens} new tokens, median of {repeats}",
             f"  prefill {res['prefill_tokens_per_s']:>12,.0f} tokens/s   ({res['prefill_s'] * 1e3:.2f} ms for "
             f"{batch} x {plural(prompt_len, 'token')})",
             f"  decode  {res['decode_tokens_per_s']:>12,.0f} tokens/s   ({res['decode_s_per_step'] * 1e3:.2f} ms per "
             f"step of {batch} token{'s' if batch > 1 else ''})",
             f"  whole call {res['call_s'] * 1e3:.1f} ms ({res['call_tokens_per_s']:,.0f} new tokens/s); the first "
-            f"call on the model, which also lays out its weights for decoding, {res['first_call_s'] * 1e3:.1f} ms",
+            "call on the model, which also lays out its weights for decoding"
+            + (" and compiles the step" if res["compiled"] else "")
+            + f", {res['first_call_s'] * 1e3:.1f} ms",
         ]
     )
 

@@ -7,6 +7,7 @@ Every error a user can cause (bad config, missing data, wrong checkpoint, ...) e
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -354,7 +355,6 @@ def cmd_eval(args) -> int:
 
 # --- generate ------------------------------------------------------------------------------
 def cmd_generate(args) -> int:
-    from lmlab.checkpoint import load_run
     from lmlab.data.tokenizer import TokenizerError
     from lmlab.devices import resolve_device
     from lmlab.generate import encode_prompt, print_completion, print_completions
@@ -362,12 +362,7 @@ def cmd_generate(args) -> int:
     device = resolve_device(args.device)
     if args.prompt_ids is not None:
         return _generate_ids(args, device)
-    model, cfg, tok, _, _ = load_run(args.run, device=str(device))
-    if args.threads is None and device.type == "cpu" and len(args.prompt or [""]) == 1:
-        from lmlab.kernels.decode_layout import decode_threads
-        from lmlab.threads import default_threads, set_threads
-
-        set_threads(decode_threads(model, default_threads()))  # small models: 1 thread
+    model, tok = _generation_model(args, device)
     texts = args.prompt or [""]
     prompts = []
     for text in texts:
@@ -381,9 +376,7 @@ def cmd_generate(args) -> int:
         raise ConfigError(f"--stop-at-eot: {exc}") from None
     if args.logprobs and len(prompts) > 1:
         raise ConfigError("--logprobs takes one --prompt (the log-probabilities of one stream)")
-    sampling = dict(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_id=eos, device=device
-    )
+    sampling = dict(_sampling(args, device), eos_id=eos)
     if len(prompts) == 1:  # one prompt: stream the text as it comes
         print_completion(
             model, tok, texts[0], prompts[0], args.max_new_tokens, args.stop or (), args.raw, args.logprobs, **sampling
@@ -393,40 +386,55 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _sampling(args, device) -> dict:
+    """``generate``'s sampling keywords (lmlab.generate) from its flags."""
+    return dict({k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "seed", "compile")}, device=device)
+
+
+def _generation_model(args, device, tokenizer: bool = True) -> tuple:
+    """``generate``'s (model, tokenizer or None); --compile checked; one prompt on a CPU: decode_threads."""
+    from lmlab.checkpoint import load_run
+    from lmlab.kernels.compiled_decode import compiled_decode_unsupported
+    from lmlab.kernels.decode_layout import decode_threads
+    from lmlab.threads import default_threads, set_threads
+
+    model, _, tok, _, _ = load_run(args.run, device=str(device), tokenizer=tokenizer)
+    why = compiled_decode_unsupported(model) if args.compile else None
+    if why is not None:
+        raise ConfigError(
+            f"--compile: {args.run}: the compiled decode step cannot run this model: {why}; drop --compile"
+        )
+    if args.threads is None and device.type == "cpu" and len(args.prompt or [""]) == 1:
+        set_threads(decode_threads(model, default_threads()))
+    return model, tok
+
+
 def _generate_ids(args, device) -> int:
     """``generate --prompt-ids``: token ids in, token ids out (a run without a tokenizer, e.g. imported
     from a Hugging Face folder without tokenizer.json)."""
-
-    from lmlab.checkpoint import load_run
     from lmlab.generate import generate_logprobs, print_logprobs
-    from lmlab.kernels.decode_layout import decode_threads
-    from lmlab.threads import default_threads, set_threads
 
     if args.prompt or args.stop or args.stop_at_eot or args.prompt_after_eot:
         raise ConfigError(
             "--prompt-ids takes token ids and prints ids: it cannot be combined with --prompt, "
             "--stop, --stop-at-eot or --prompt-after-eot (they need a tokenizer)"
         )
-    try:
-        ids = [int(x) for x in args.prompt_ids.replace(",", " ").split()]
+    text = args.prompt_ids.strip()
+    try:  # one comma or whitespace between ids: '1,,2' is refused, not read as 1,2
+        ids = [int(x) for x in re.split(r"\s*,\s*|\s+", text)] if text else []
     except ValueError:
         raise ConfigError(
             f"--prompt-ids {args.prompt_ids!r}: give token ids separated by commas or spaces, e.g. 1,2,3"
         ) from None
-    model, cfg, _, _, _ = load_run(args.run, device=str(device), tokenizer=False)
-    bad = [i for i in ids if not 0 <= i < cfg.vocab_size]
+    model, _ = _generation_model(args, device, tokenizer=False)
+    vocab = model.cfg.vocab_size
+    bad = [i for i in ids if not 0 <= i < vocab]
     if not ids or bad:
         raise ConfigError(
             f"--prompt-ids {args.prompt_ids!r}: "
-            + (f"id {bad[0]} is outside 0..{cfg.vocab_size - 1}, the model's vocabulary" if bad else "no ids given")
+            + (f"id {bad[0]} is outside 0..{vocab - 1}, the model's vocabulary" if bad else "no ids given")
         )
-    if args.threads is None and device.type == "cpu":
-        set_threads(decode_threads(model, default_threads()))
-    seen = list(
-        generate_logprobs(
-            model, ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed, device=device
-        )
-    )
+    seen = list(generate_logprobs(model, ids, args.max_new_tokens, **_sampling(args, device)))
     print(" ".join(str(i) for i, _ in seen))
     if args.logprobs:
         print_logprobs(seen)
@@ -510,6 +518,7 @@ def cmd_bench_decode(args) -> int:
         args.new_tokens,
         args.repeats,
         args.dtype,
+        args.compile,
     )
     print(
         json.dumps(res)

@@ -243,6 +243,13 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--logprobs", action="store_true", help="after the text, each new token's id, log-probability (nats) and text"
     )
+    sp.add_argument(
+        "--compile",
+        action="store_true",
+        help="decode through a compiled step (torch.compile over a preallocated cache): seconds to compile once per "
+        "process, then less time per token at batch 1 (not at batch 8: docs/benchmarks.md); pays for long or many "
+        "generations",
+    )
     sp.add_argument("--device", default="auto")
     sp.add_argument(
         "--threads",
@@ -449,6 +456,11 @@ def make_parser() -> argparse.ArgumentParser:
     bp.add_argument("--repeats", type=POSITIVE, default=5, help="timed runs (medians), after one warm-up")
     bp.add_argument("--device", default="cpu")
     bp.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    bp.add_argument(
+        "--compile",
+        action="store_true",
+        help="time the compiled decode step (as generate --compile); the first call compiles",
+    )
     bp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
     bp.add_argument("--json", action="store_true", help="print one JSON object")
     bp.set_defaults(func="bench decode", command="bench decode")

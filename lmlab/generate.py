@@ -37,6 +37,7 @@ from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
 
+from lmlab.kernels.compiled_decode import compiled_decode_unsupported, compiled_decoder
 from lmlab.kernels.decode_layout import decode_layout
 from lmlab.model import KVCache, TransformerLM
 
@@ -124,7 +125,7 @@ def eos_set(eos_id: "int | Sequence[int] | None") -> frozenset:
     return frozenset(ids)
 
 
-SAMPLING = ("temperature", "top_k", "top_p", "seed", "eos_id", "device")  # generate_logprobs's keywords
+SAMPLING = ("temperature", "top_k", "top_p", "seed", "eos_id", "device", "compile")  # generate_logprobs's keywords
 
 
 def _check_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:
@@ -137,6 +138,20 @@ def _check_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:
             ok = False
         if not ok:
             raise ValueError(f"{what} id {i!r} is outside the model's vocabulary 0..{vocab_size - 1}")
+
+
+def decode_step(model: TransformerLM, compile: bool = False):
+    """The decode loops' one-token step: (ids (batch, 1), cache) -> fp32 logits (batch, vocab), the cache
+    advanced by one. Eager (the model's lean path) by default; with ``compile``, the compiled step over
+    the preallocated cache (:func:`lmlab.kernels.compiled_decode.compiled_decoder`: a few seconds to compile
+    once per model and batch size, then less time per token; measured in docs/bench/decode_vs_hf.md).
+    Raises ValueError at once when ``compile`` is asked for a model it cannot run, naming why."""
+    if not compile:
+        return lambda ids, cache: model.logits(model.hidden(ids, cache)[:, -1])
+    reason = compiled_decode_unsupported(model)
+    if reason is not None:
+        raise ValueError(f"compile: this model cannot decode through the compiled step: {reason}; decode without it")
+    return compiled_decoder(model)
 
 
 def _check_keywords(sampling: dict, valid: Sequence[str], fn: str) -> None:
@@ -168,13 +183,15 @@ def generate_logprobs(
     seed: Optional[int] = None,
     eos_id: "int | Sequence[int] | None" = None,
     device: str | torch.device = "cpu",
+    compile: bool = False,
 ) -> Iterator[tuple[int, float]]:
     """Yield up to ``max_new_tokens`` (token id, its log-probability in nats under the model's own
     distribution: log-softmax of the logits before temperature, top-k or top-p) continuing ``prompt``, one
     at a time, sampled with ``temperature`` (0: greedy), ``top_k`` and ``top_p`` (:func:`sample_next`) from a
     generator seeded with ``seed`` on ``device``; stops after an id of ``eos_id`` (one id or several).
-    Raises ValueError for an empty prompt, one longer than ``context_length``, or a prompt or ``eos_id`` id
-    outside the vocabulary."""
+    ``compile``: decode steps through the compiled step (:func:`decode_step`). Raises ValueError for an
+    empty prompt, one longer than ``context_length``, a prompt or ``eos_id`` id outside the vocabulary, or
+    ``compile`` with a model the compiled step cannot run."""
     eos = eos_set(eos_id)
     _check_ids(list(prompt), model.cfg.vocab_size, "prompt")
     _check_ids(sorted(eos), model.cfg.vocab_size, "eos_id")
@@ -184,11 +201,12 @@ def generate_logprobs(
     if len(prompt) > T:
         raise ValueError(f"the prompt has {len(prompt)} tokens, more than context_length={T}; shorten it")
     _check_sampling(temperature, top_k, top_p)
+    step = decode_step(model, compile)
     gen = _generator(device, seed)
     dtype = _dtype(model)
     history = list(prompt)
     max_len = min(T, len(prompt) + max(max_new_tokens - 1, 0))
-    with eval_mode(model), decode_layout(model):
+    with eval_mode(model), decode_layout(model, compiled=compile):
         cache = KVCache(model.cfg, 1, max_len, device=device, dtype=dtype)
         logits = model.logits(model.hidden(torch.tensor([history], device=device), cache)[:, -1])
         for i in range(max_new_tokens):
@@ -203,7 +221,7 @@ def generate_logprobs(
                 cache = KVCache(model.cfg, 1, T, device=device, dtype=dtype)
                 logits = model.logits(model.hidden(torch.tensor([keep], device=device), cache)[:, -1])
             else:
-                logits = model.logits(model.hidden(nxt.view(1, 1), cache)[:, -1])
+                logits = step(nxt.view(1, 1), cache)
 
 
 def left_pad_batch(
@@ -230,11 +248,14 @@ def stream_batch(
     seed: Optional[int] = None,
     device: str | torch.device = "cpu",
     pad_id: int = 0,
+    compile: bool = False,
 ) -> Iterator[torch.Tensor]:
     """Yield the next ids of every row, (batch,) long tensors, ``max_new_tokens`` times: the first
     right after the prefill of the left-padded prompts, then one per decode step. Rows never stop on their
-    own (see :func:`generate_batch` for end-of-sequence ids). Raises ValueError for no prompts, an empty
-    prompt, or the longest prompt plus max_new_tokens - 1 exceeding context_length."""
+    own (see :func:`generate_batch` for end-of-sequence ids). ``compile``: decode steps through the
+    compiled step (:func:`decode_step`). Raises ValueError for no prompts, an empty prompt, the longest
+    prompt plus max_new_tokens - 1 exceeding context_length, or ``compile`` with a model the compiled step
+    cannot run."""
     if not prompts:
         raise ValueError("no prompts given")
     if any(len(p) == 0 for p in prompts):
@@ -242,6 +263,7 @@ def stream_batch(
     for p in prompts:
         _check_ids(list(p), model.cfg.vocab_size, "prompt")
     _check_sampling(temperature, top_k, top_p)
+    step = decode_step(model, compile)
     longest, T = max(len(p) for p in prompts), model.cfg.context_length
     if longest + max_new_tokens - 1 > T:
         raise ValueError(
@@ -256,13 +278,13 @@ def stream_batch(
     cache = KVCache(
         model.cfg, len(prompts), longest + max_new_tokens - 1, device=device, dtype=_dtype(model), left_pad=pad
     )
-    with eval_mode(model), decode_layout(model, len(prompts)):
+    with eval_mode(model), decode_layout(model, len(prompts), compiled=compile):
         logits = model.logits(model.hidden(ids, cache)[:, -1])
         for i in range(max_new_tokens):
             nxt = sample_next(logits, temperature, top_k, top_p, gen)
             yield nxt
             if i + 1 < max_new_tokens:
-                logits = model.logits(model.hidden(nxt[:, None], cache)[:, -1])
+                logits = step(nxt[:, None], cache)
 
 
 def generate_batch(
@@ -274,9 +296,11 @@ def generate_batch(
 ) -> list[list[int]]:
     """Continue every prompt by up to ``max_new_tokens`` ids; a row ends after an id of ``eos_id`` (kept),
     and decoding stops once every row has ended. ``sampling``: the keywords of :func:`stream_batch`
-    (``temperature``, ``top_k``, ``top_p``, ``seed``, ``device``, ``pad_id``). Greedy rows equal
+    (``temperature``, ``top_k``, ``top_p``, ``seed``, ``device``, ``pad_id``, ``compile``). Greedy rows equal
     :func:`generate` on each prompt alone (within context_length). Returns one list of new ids per prompt."""
-    _check_keywords(sampling, ("temperature", "top_k", "top_p", "seed", "device", "pad_id"), "generate_batch")
+    _check_keywords(
+        sampling, ("temperature", "top_k", "top_p", "seed", "device", "pad_id", "compile"), "generate_batch"
+    )
     eos = eos_set(eos_id)
     _check_ids(sorted(eos), model.cfg.vocab_size, "eos_id")
     out: list[list[int]] = [[] for _ in prompts]

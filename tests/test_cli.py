@@ -752,6 +752,7 @@ def test_generate_prompt_ids(run_dir, capsys):
     for bad, words in (
         (f"1,{vocab}", f"id {vocab} is outside 0..{vocab - 1}"),
         ("1,x", "separated by commas"),
+        ("1,,2", "separated by commas"),  # an empty id between two commas is a typo, not nothing
         ("", "no ids given"),
     ):
         assert main(["generate", str(run), "--prompt-ids", bad]) == 2

@@ -104,6 +104,8 @@ def _decode_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     (an optimizer step may follow at any time)."""
     d = self._decode_copy
     copy, packed, state = d.copy, d.packed, d.state
+    if torch.compiler.is_compiling():  # the compiled decode step checks decode_copies_current before each step
+        return F.linear(x, copy, self.bias)
     if (
         copy is None
         or torch.is_grad_enabled()
@@ -123,6 +125,26 @@ def _decode_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 # copies; see decode_layout for when a copy is remade.
 _DECODE_COPIES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 _ACTIVE: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models inside decode_layout now
+# the linear modules multiplying by a decode copy, per model inside decode_layout (decode_copies_current)
+_PATCHED: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
+
+
+def decode_copy_modules(model: torch.nn.Module) -> frozenset:
+    """The ids of the linear modules of ``model`` that multiply by a decode copy now (inside
+    :func:`decode_layout`; empty outside it or when the weights were re-laid out in place)."""
+    return frozenset(id(m) for m in _PATCHED.get(model, ()))
+
+
+def decode_copies_current(model: torch.nn.Module) -> bool:
+    """Whether every decode copy ``model`` multiplies by inside :func:`decode_layout` is current: made from
+    the weight as it is now (same tensor, version, no gradient since, none held), as ``_decode_forward``
+    checks per call. True outside decode_layout and for a model with no copies."""
+    for module in _PATCHED.get(model, ()):
+        d = module._decode_copy
+        w = module.weight
+        if d.copy is None or w.grad is not None or _weight_state(w, d.events) != d.state:
+            return False
+    return True
 
 
 def _decode_copy(module: torch.nn.Linear, what: tuple) -> torch.Tensor:
@@ -173,19 +195,22 @@ def _linear_bytes(model: torch.nn.Module) -> int:
     return sum(w.numel() * w.element_size() for w in weights.values())
 
 
-def decode_layout_kind(model: TransformerLM, batch: int = 1) -> str:
+def decode_layout_kind(model: TransformerLM, batch: int = 1, compiled: bool = False) -> str:
     """Which weight layout :func:`decode_layout` uses for ``model`` decoding ``batch`` rows at a time:
-    'onednn-packed', 'transposed' or 'unchanged' (not a CPU model)."""
+    'onednn-packed', 'transposed' or 'unchanged' (not a CPU model); ``compiled`` (the compiled decode
+    step, which Inductor cannot run over packed weights): never 'onednn-packed'."""
     weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
     if not weights or any(w.device.type != "cpu" for w in weights.values()):
         return "unchanged"
     fp32 = all(w.dtype == torch.float32 for w in weights.values())
-    pack = batch >= 2 and fp32 and _linear_bytes(model) <= PACK_LIMIT_BYTES and packed_decode_available()
+    pack = (
+        not compiled and batch >= 2 and fp32 and _linear_bytes(model) <= PACK_LIMIT_BYTES and packed_decode_available()
+    )
     return "onednn-packed" if pack else "transposed"
 
 
 @contextlib.contextmanager
-def decode_layout(model: TransformerLM, batch: int = 1) -> Iterator[None]:
+def decode_layout(model: TransformerLM, batch: int = 1, compiled: bool = False) -> Iterator[None]:
     """Lay the linear weights out for decoding on CPU, where each step multiplies a few rows (``batch``,
     one per sequence) by every weight matrix, and let one-token steps take the model's lean path
     (``TransformerLM.lean_decode``: each block's ``decode_one``, when ``lean_decode_possible()``, i.e. no
@@ -218,8 +243,11 @@ def decode_layout(model: TransformerLM, batch: int = 1) -> Iterator[None]:
     write into ``p.data``'s storage in place (``p.data.mul_(2)``): call :func:`release_decode_copies` after
     them.
 
+    ``compiled``: the layout for the compiled decode step (:mod:`lmlab.kernels.compiled_decode`):
+    'transposed' whatever the batch (Inductor cannot multiply by oneDNN's packed weights).
+
     Side by side on the demo shape (2 CPU threads; ``python bench/decode_vs_hf.py``): see docs/benchmarks.md."""
-    kind = decode_layout_kind(model, batch)
+    kind = decode_layout_kind(model, batch, compiled)
     if model in _ACTIVE:
         yield
         return
@@ -241,6 +269,7 @@ def decode_layout(model: TransformerLM, batch: int = 1) -> Iterator[None]:
                 module._decode_copy = _DecodeCopy(copy, packed, _weight_state(module.weight, events), events)
                 module.forward = types.MethodType(_decode_forward, module)  # deep copies rebind it
                 patched.append(module)
+            _PATCHED[model] = patched
         else:
             with torch.inference_mode(False), torch.no_grad():  # new storage must stay usable by autograd
                 seen = set()
@@ -257,5 +286,6 @@ def decode_layout(model: TransformerLM, batch: int = 1) -> Iterator[None]:
                 w.data = w.data.contiguous()
         for module in patched:
             del module.forward, module._decode_copy  # back to nn.Linear.forward
+        _PATCHED.pop(model, None)
         _ACTIVE.discard(model)
         model.lean_decode = False

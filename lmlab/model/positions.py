@@ -143,6 +143,8 @@ class RotaryEmbedding(nn.Module):
         Without autograd (inference, decoding) the gathered tables are kept for the next call with the
         same ``positions`` tensor: the layers sharing this module (TransformerLM shares one per distinct
         RoPE) gather them once per forward."""
+        if torch.compiler.is_compiling():  # a compiled graph shares the gathers itself; no memo across graphs
+            return self._rotate(x, self.cos[positions].unsqueeze(-2), self.sin_signed[positions].unsqueeze(-2))
         memo = self._memo
         if memo is not None and memo[0] is positions:
             return self._rotate(x, memo[1], memo[2])

@@ -468,6 +468,10 @@ class TransformerLM(nn.Module):
                 positions = (positions[None, :] - left_pad[:, None]).clamp(min=0)
         for module in self._position_tables:
             module.ensure(start + T - pad_min)
+        if lean:
+            h = self.decode_hidden(idx, positions, cache, final)
+            cache.length += T
+            return h
         x = self.embed_tokens(idx)
         if self.abs_pos is not None:
             x = x + self.abs_pos(positions).to(x.dtype)
@@ -475,12 +479,7 @@ class TransformerLM(nn.Module):
         if self.training and self.embd_drop.p > 0:
             x = self.embd_drop(x)
         bias_fn = self._bias_fn()
-        if lean:  # the blocks' one-token path works on (batch, d_model)
-            x = x.view(x.shape[0], x.shape[2])
-            for block in self.blocks:
-                x = block.decode_one(x, positions, cache)
-            x = x.unsqueeze(1)
-        elif self.checkpoint_blocks and cache is None and self.training and torch.is_grad_enabled():
+        if self.checkpoint_blocks and cache is None and self.training and torch.is_grad_enabled():
             for i, block in enumerate(self.blocks):  # activations recomputed in backward, block by block
                 x = checkpoint(
                     block,
@@ -501,6 +500,20 @@ class TransformerLM(nn.Module):
                     block.attn._kv = None
         if cache is not None:
             cache.length += T
+        return self.final_norm(x) if (self.final_norm is not None and final) else x
+
+    def decode_hidden(self, idx: torch.Tensor, positions, cache, final: bool = True) -> torch.Tensor:
+        """The lean one-token step of :meth:`hidden` (inference, ``lean_decode_possible()``): ids (batch, 1)
+        at ``positions`` ((1,) or per row (batch, 1) long, or a ``slice`` of one position) through every
+        block's ``decode_one`` over ``cache`` (which the caller advances) -> (batch, 1, d_model), after the
+        final norm (``final``). Also the body of the compiled decode step (:mod:`lmlab.kernels.compiled_decode`)."""
+        x = self.embed_tokens(idx)
+        if self.abs_pos is not None:
+            x = x + self.abs_pos(positions).to(x.dtype)
+        x = x.view(x.shape[0], x.shape[2])  # the blocks' one-token path works on (batch, d_model)
+        for block in self.blocks:
+            x = block.decode_one(x, positions, cache)
+        x = x.unsqueeze(1)
         return self.final_norm(x) if (self.final_norm is not None and final) else x
 
     def per_layer_inputs(self, idx: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,140 @@
+"""A compiled one-token decode step over a fixed-length KV cache: the decode loops of :mod:`lmlab.generate`
+with ``compile=True``.
+
+An eager decode step of a small model is some 150 small PyTorch ops, each paying Python and dispatcher
+time: for the demo shape that overhead, not the arithmetic, is most of a step. Here the step (embedding,
+every block's ``decode_one``, final norm, LM head: :meth:`TransformerLM.decode_hidden`) is one
+``torch.compile`` graph (Inductor, ``fullgraph``): elementwise work fused, no per-op Python. So that one
+compiled graph serves every step and every call:
+
+- the cache index being written is a tensor (``pos``): keys and values go in with ``index_copy_``, and
+  each step attends over the whole preallocated buffer, masked to indices <= pos (and, for a left-padded
+  batch, >= the row's padding), so shapes do not change from step to step;
+- the buffer length (prompt + new tokens, dimension 2 of the cache) is marked dynamic, so calls of other
+  lengths reuse the code: one compile per model, batch size and padding kind (a few seconds on a CPU,
+  then cached for the model's lifetime; Inductor's on-disk cache shortens it in later processes);
+- the linear weights are :func:`lmlab.kernels.decode_layout.decode_layout`'s copies ('transposed'); whether
+  each is still current (same tensor, version and gradient count) is checked before every step, outside
+  the graph; a step taken while any is stale runs eagerly, which uses the module's own weight (so training
+  between the tokens of a suspended generator takes effect at once, as in eager decoding).
+
+Supported (:func:`compiled_decode_unsupported` says why not): models whose blocks all take the lean decode
+path (``TransformerLM.lean_decode_possible``: pre-norm, plain attention, no hooks) with full causal
+attention in every layer (no sliding-window or chunked layer, no linear-attention layer) and no mixture
+of experts. Logits equal the eager step's up to fp32 summation order (tests/test_compiled_decode.py);
+timings in docs/bench/decode_vs_hf.md.
+"""
+
+from __future__ import annotations
+
+import types
+import weakref
+from typing import Optional
+
+import torch
+
+from lmlab.kernels.decode_layout import decode_copies_current, decode_copy_modules
+from lmlab.model import KVCache, TransformerLM
+
+
+def compiled_decode_unsupported(model: TransformerLM) -> Optional[str]:
+    """Why ``model`` cannot decode through the compiled step (a phrase for an error message), or None when
+    it can."""
+    cfg = model.cfg
+    if model.moe_layers():
+        return "its mixture-of-experts layers route each token by value (a graph of changing shapes)"
+    if any(cfg.layer_window(i) is not None for i in range(cfg.n_layers)):
+        return "it has sliding-window or chunked attention layers (a rolling cache)"
+    if not model.lean_decode_possible():
+        return (
+            "not every block takes the lean one-token path (it needs pre-norm blocks with plain attention: no "
+            "QK-norm, soft-cap, ALiBi/T5 bias, attention gate, sinks, KV sharing, MLA or linear attention, and "
+            "no forward hooks)"
+        )
+    return None
+
+
+class _StepCache:
+    """What ``Attention.decode_one`` reads of a :class:`KVCache`, over the whole fixed-length buffers with
+    the index being written a tensor: keys (batch, n_kv_heads, L, head_dim) per layer, ``pos`` () long, and
+    ``left_pad`` (batch,) long or None."""
+
+    def __init__(self, keys: list, values: list, pos: torch.Tensor, left_pad: Optional[torch.Tensor]):
+        self.k, self.v, self.index = keys, values, pos.view(1)
+        slots = torch.arange(keys[0].shape[2], device=pos.device)
+        real = (slots <= pos)[None, :]  # written so far, the new token included
+        if left_pad is not None:
+            real = real & (slots[None, :] >= left_pad[:, None])
+        self.mask = real[:, None, None, :]  # (batch or 1, 1, 1, L)
+        self.left_pad = left_pad if left_pad is not None else real  # decode_one masks when this is not None
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        self.k[layer].index_copy_(2, self.index, k)
+        self.v[layer].index_copy_(2, self.index, v)
+        return self.k[layer], self.v[layer], 0
+
+    def real_keys(self, layer: int, first: int, n_keys: int) -> torch.Tensor:
+        return self.mask
+
+
+def _step(model: TransformerLM, idx, pos, keys, values, left_pad):
+    """One token per row: ids (batch, 1) at cache index ``pos`` () -> fp32 logits (batch, vocab)."""
+    cache = _StepCache(keys, values, pos, left_pad)
+    positions = pos.view(1) if left_pad is None else (pos - left_pad).clamp(min=0).view(-1, 1)
+    return model.logits(model.decode_hidden(idx, positions, cache)[:, -1])
+
+
+# model -> {(padded, layout signature): its compiled step}. Each gets a code object of its own, so that
+# torch.compile's cache of graphs (and its limit of 8 per code object) is its own, not shared by every
+# model a process builds.
+_COMPILED: "weakref.WeakKeyDictionary[TransformerLM, dict]" = weakref.WeakKeyDictionary()
+
+
+def _compiled_fn(model: TransformerLM, padded: bool):
+    """The compiled ``_step`` for ``model`` with (``padded``) or without left padding, for the linear modules
+    decode_layout multiplies by a copy now. Its guards are the tensors' (dtype, shape, stride, device of
+    every input, parameter and table: a change recompiles); dynamo's guards on module attributes are
+    dropped (a tenth of a step at the demo shape), since what they would catch cannot change between its
+    calls: the model's structure is fixed, hooks make the model unsupported (checked per call), and the
+    two things that do vary, left padding and which modules hold decode copies, select the function."""
+    key = (padded, decode_copy_modules(model))
+    fns = _COMPILED.setdefault(model, {})
+    fn = fns.get(key)
+    if fn is None:
+        own = types.FunctionType(_step.__code__.replace(), _step.__globals__, "_step")
+        fn = fns[key] = torch.compile(
+            own, fullgraph=True, dynamic=None, options={"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
+        )
+    return fn
+
+
+def compiled_decoder(model: TransformerLM):
+    """The compiled one-token step of ``model``: ``step(idx, cache)`` decodes ``idx`` (batch, 1) ids
+    continuing ``cache`` (a :class:`KVCache` of full-attention layers, after its prefill) -> fp32 logits
+    (batch, vocab), advancing the cache by one. Call it inside
+    :func:`lmlab.kernels.decode_layout.decode_layout` (``compiled=True``) under inference mode. The first
+    step for a model and batch size compiles (seconds). Raises ValueError for a model
+    :func:`compiled_decode_unsupported` refuses (here) and, from ``step``, for a full cache."""
+    reason = compiled_decode_unsupported(model)
+    if reason is not None:
+        raise ValueError(f"compiled decoding cannot run this model: {reason}")
+    fn = None
+
+    def step(idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        if cache.length >= cache.max_len:
+            raise ValueError(f"KV cache full: {cache.length + 1} positions needed, {cache.max_len} allocated")
+        if not decode_copies_current(model):  # a weight changed since its decode copy: the eager step reads it
+            return model.logits(model.hidden(idx, cache)[:, -1])
+        nonlocal fn
+        if fn is None or not getattr(cache, "_dynamic_marked", False):  # once per cache
+            for t in cache.k + cache.v:  # the buffer length varies between calls: one graph for all
+                torch._dynamo.mark_dynamic(t, 2)
+            cache._dynamic_marked = True
+            for module in model._position_tables:  # tables cover every position the buffer can hold
+                module.ensure(cache.max_len)
+            fn = _compiled_fn(model, cache.left_pad is not None)
+        logits = fn(model, idx, torch.tensor(cache.length, device=idx.device), cache.k, cache.v, cache.left_pad)
+        cache.length += 1
+        return logits
+
+    return step

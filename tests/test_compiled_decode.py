@@ -1,0 +1,148 @@
+"""The compiled decode step (lmlab.kernels.compiled_decode, ``compile=True`` in lmlab.generate) against the
+eager step it replaces: the same tokens and log-probabilities, one graph for every call length, weights
+changed between tokens used at once, and the models it cannot run refused by name. Each compile takes a
+few seconds on a CPU: the models are module-scoped and shared by the tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmlab.config import ModelConfig
+from lmlab.generate import generate_batch, generate_logprobs
+from lmlab.kernels.compiled_decode import _COMPILED, compiled_decode_unsupported
+from lmlab.model import TransformerLM
+
+# Llama-style (RoPE, GQA, SwiGLU, RMSNorm) and GPT-2-style (learned positions, LayerNorm, biases, GELU)
+LLAMA = dict(vocab_size=64, context_length=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2)
+GPT2 = dict(
+    LLAMA,
+    n_kv_heads=None,
+    norm_type="layernorm",
+    norm_bias=True,
+    bias="all",
+    activation="gelu_tanh",
+    position="learned",
+)
+
+
+def _model(kw: dict, seed: int = 0) -> TransformerLM:
+    torch.manual_seed(seed)
+    return TransformerLM(ModelConfig(**kw)).eval()
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return _model(LLAMA)
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return _model(GPT2, seed=1)
+
+
+def _compiled_graphs(model: TransformerLM) -> int:
+    """How many graphs torch.compile holds for ``model``'s compiled steps (its cache entries)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return sum(
+        len(_debug_get_cache_entry_list(fn._torchdynamo_orig_callable.__code__)) for fn in _COMPILED[model].values()
+    )
+
+
+def test_one_sequence_equals_the_eager_step_and_one_graph_serves_every_length(llama):
+    """Greedy ids equal, log-probabilities within fp32 summation order (1e-4 nats), for prompts and
+    new-token counts that give the preallocated cache three different lengths; and past the window
+    (generate's re-encoding from the last half, then more compiled steps); one compiled graph for all."""
+    for prompt, new in (([1, 2, 3], 12), (list(range(5, 25)), 9), ([7], 30), ([4, 5], 60)):
+        eager = list(generate_logprobs(llama, prompt, new, temperature=0))
+        compiled = list(generate_logprobs(llama, prompt, new, temperature=0, compile=True))
+        assert [t for t, _ in compiled] == [t for t, _ in eager], (prompt, new)
+        assert max(abs(a - b) for (_, a), (_, b) in zip(compiled, eager)) < 1e-4
+    assert _compiled_graphs(llama) == 1
+    # sampled (temperature, top-k, top-p): the same seed draws the same tokens from the same logits
+    kw = dict(temperature=0.9, top_k=20, top_p=0.9, seed=3)
+    assert (
+        list(generate_logprobs(llama, [1, 2], 15, compile=True, **kw))[-1][0]
+        == (list(generate_logprobs(llama, [1, 2], 15, **kw))[-1][0])
+    )
+
+
+def test_a_left_padded_batch_equals_the_eager_batch(gpt2):
+    """Prompts of different lengths (left padding: each row's own positions, padding masked) through a
+    learned-position, LayerNorm, biased model: each row's ids equal the eager batch's, which equal each
+    prompt decoded alone; batch 1 without padding and batch 3 with it are graphs of their own."""
+    prompts = [[3, 1, 4, 1, 5, 9, 2], [6], [5, 3, 5, 8]]
+    compiled = generate_batch(gpt2, prompts, 14, temperature=0, compile=True)
+    assert compiled == generate_batch(gpt2, prompts, 14, temperature=0)
+    alone = [[t for t, _ in generate_logprobs(gpt2, p, 14, temperature=0, compile=True)] for p in prompts]
+    assert compiled == alone
+    assert len(_COMPILED[gpt2]) == 2  # padded and unpadded
+
+
+def test_weights_changed_between_tokens_take_effect_at_once(llama):
+    """A suspended compiled generator, then the weights change (an in-place write, as an optimizer step
+    makes): the next tokens are those of a model that had the new weights from that point on, whose
+    eager decoding gives the reference; a stale decode copy would give the old model's."""
+    import copy
+
+    model = copy.deepcopy(llama)
+    reference = copy.deepcopy(llama)
+    prompt = [2, 7, 1, 8]
+    ours = generate_logprobs(model, prompt, 10, temperature=0, compile=True)
+    theirs = generate_logprobs(reference, prompt, 10, temperature=0)
+    head, head_ref = [next(ours) for _ in range(4)], [next(theirs) for _ in range(4)]
+    assert [t for t, _ in head] == [t for t, _ in head_ref]
+    assert [lp for _, lp in head] == pytest.approx([lp for _, lp in head_ref], abs=1e-4)
+    with torch.no_grad():
+        for m in (model, reference):
+            m.blocks[0].mlp.w_in.weight.mul_(-3.0)
+            m.lm_head.weight.add_(0.5)
+    rest_ours, rest_theirs = list(ours), list(theirs)
+    assert [t for t, _ in rest_ours] == [t for t, _ in rest_theirs]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(rest_ours, rest_theirs)) < 1e-4
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(LLAMA, sliding_window=8), "sliding-window"),
+        (dict(LLAMA, n_experts=4), "mixture-of-experts"),
+        (dict(LLAMA, qk_norm="rmsnorm"), "QK-norm"),
+        (dict(LLAMA, position="alibi"), "ALiBi"),
+    ],
+)
+def test_models_the_compiled_step_cannot_run_are_refused_by_name(kw, words):
+    """compile=True on a model outside the compiled step's reach raises ValueError naming why, before any
+    token; without compile the same model decodes (the eager step)."""
+    model = _model(kw)
+    assert words in compiled_decode_unsupported(model)
+    with pytest.raises(ValueError, match=words):
+        next(generate_logprobs(model, [1, 2], 3, temperature=0, compile=True))
+    assert len(list(generate_logprobs(model, [1, 2], 3, temperature=0))) == 3
+    assert model not in _COMPILED
+
+
+def test_cli_generate_compile(tmp_path, capsys):
+    """`lmlab generate --compile` prints what it prints without; on a model it cannot run it exits 2 with
+    one line naming the flag, the run and the reason."""
+    import yaml
+
+    from lmlab.checkpoint import save_checkpoint
+    from lmlab.cli import main
+
+    for name, kw in (("ok", LLAMA), ("windowed", dict(LLAMA, sliding_window=8))):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "run.yaml").write_text(
+            yaml.safe_dump({"model": ModelConfig(**kw).to_dict(), "train": {}, "data": "none"})
+        )
+        save_checkpoint(run, 1, _model(kw), None, {"step": 1, "tokens_seen": 0})
+    args = ["generate", str(tmp_path / "ok"), "--prompt-ids", "1,2,3", "--max-new-tokens", "8", "--temperature", "0"]
+    assert main(args) == 0
+    eager = capsys.readouterr().out
+    assert main(args + ["--compile"]) == 0
+    assert capsys.readouterr().out == eager and len(eager.split()) == 8
+    assert main(["generate", str(tmp_path / "windowed"), "--prompt-ids", "1", "--compile"]) == 2
+    err = capsys.readouterr().err
+    assert "--compile" in err and "windowed" in err and "sliding-window" in err
