@@ -284,7 +284,7 @@ def print_batch(res: dict, threads: int) -> list[str]:
     )
     rows.append(
         f"| {threads} | {B} | lmlab compiled, first call (compiles) | {res['compile_s'] * 1e3:,.0f} | | | | "
-        "once per model and batch size in a process |"
+        "once per model in a process for batch 1, once more for larger batches |"
     )
     return rows
 

@@ -254,7 +254,9 @@ def decode_benchmark(
         model = model.to(torch.bfloat16)
     reason = compiled_decode_unsupported(model) if compile else None
     if reason is not None:
-        raise ConfigError(f"--compile: the compiled decode step cannot run {title}: {reason}; drop --compile")
+        raise ConfigError(
+            f"--compile: {title}: the compiled decode step cannot run this model: {reason}; drop --compile"
+        )
     res = bench_decode(model, batch, prompt_len, new_tokens, repeats, device, compile=compile)
     res.update(model=title, params=model.num_params())
     return res

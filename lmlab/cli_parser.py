@@ -246,9 +246,9 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--compile",
         action="store_true",
-        help="decode through a compiled step (torch.compile over a preallocated cache): seconds to compile once per "
-        "process, then less time per token at batch 1 (not at batch 8: docs/benchmarks.md); pays for long or many "
-        "generations",
+        help="decode through a compiled step (torch.compile over a preallocated cache): 4-15 s to compile once per "
+        "process, then less time per token at batch 1 (not at batch 8); pays only past thousands of tokens in one "
+        "process (docs/usage.md)",
     )
     sp.add_argument("--device", default="auto")
     sp.add_argument(

@@ -143,9 +143,12 @@ def _check_ids(ids: Sequence[int], vocab_size: int, what: str) -> None:
 def decode_step(model: TransformerLM, compile: bool = False):
     """The decode loops' one-token step: (ids (batch, 1), cache) -> fp32 logits (batch, vocab), the cache
     advanced by one. Eager (the model's lean path) by default; with ``compile``, the compiled step over
-    the preallocated cache (:func:`lmlab.kernels.compiled_decode.compiled_decoder`: a few seconds to compile
-    once per model and batch size, then less time per token; measured in docs/bench/decode_vs_hf.md).
-    Raises ValueError at once when ``compile`` is asked for a model it cannot run, naming why."""
+    the preallocated cache (:func:`lmlab.kernels.compiled_decode.compiled_decoder`: seconds to compile once
+    per model, then less time per token at batch 1; docs/usage.md says when it pays).
+    Raises ValueError at once for a ``compile`` that is not a bool, or asked for a model it cannot run,
+    naming why."""
+    if not isinstance(compile, bool):
+        raise ValueError(f"compile={compile!r} must be True or False")
     if not compile:
         return lambda ids, cache: model.logits(model.hidden(ids, cache)[:, -1])
     reason = compiled_decode_unsupported(model)

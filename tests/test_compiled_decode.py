@@ -109,18 +109,29 @@ def test_weights_changed_between_tokens_take_effect_at_once(llama):
         (dict(LLAMA, sliding_window=8), "sliding-window"),
         (dict(LLAMA, n_experts=4), "mixture-of-experts"),
         (dict(LLAMA, qk_norm="rmsnorm"), "QK-norm"),
-        (dict(LLAMA, position="alibi"), "ALiBi"),
+        (dict(LLAMA, position="alibi"), "alibi position biases"),
+        (dict(LLAMA, norm_position="post"), "norm_position 'post'"),
+        (dict(LLAMA, attention="mla", kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8), "LatentAttention"),
+        (LLAMA, "forward hooks"),  # a hook on the LM head (outside the blocks): a graph would call it once
     ],
 )
 def test_models_the_compiled_step_cannot_run_are_refused_by_name(kw, words):
-    """compile=True on a model outside the compiled step's reach raises ValueError naming why, before any
-    token; without compile the same model decodes (the eager step)."""
+    """compile=True on a model outside the compiled step's reach raises ValueError naming why (the
+    first feature in the way), before any token; without compile the same model decodes (the eager step)."""
     model = _model(kw)
+    if words == "forward hooks":
+        model.lm_head.register_forward_hook(lambda module, args, out: out)
     assert words in compiled_decode_unsupported(model)
     with pytest.raises(ValueError, match=words):
         next(generate_logprobs(model, [1, 2], 3, temperature=0, compile=True))
     assert len(list(generate_logprobs(model, [1, 2], 3, temperature=0))) == 3
     assert model not in _COMPILED
+
+
+def test_compile_must_be_a_bool(llama):
+    """compile='no' is a mistake, not a true value: refused before any token, naming the value."""
+    with pytest.raises(ValueError, match="compile='no' must be True or False"):
+        next(generate_logprobs(llama, [1, 2], 3, temperature=0, compile="no"))
 
 
 def test_cli_generate_compile(tmp_path, capsys):

@@ -11,18 +11,22 @@ compiled graph serves every step and every call:
   each step attends over the whole preallocated buffer, masked to indices <= pos (and, for a left-padded
   batch, >= the row's padding), so shapes do not change from step to step;
 - the buffer length (prompt + new tokens, dimension 2 of the cache) is marked dynamic, so calls of other
-  lengths reuse the code: one compile per model, batch size and padding kind (a few seconds on a CPU,
-  then cached for the model's lifetime; Inductor's on-disk cache shortens it in later processes);
+  lengths reuse the code: per model and padding kind, one compile for batch 1 and one more for larger
+  batches (dynamo makes the batch size dynamic at its second value); 4-15 s each on a CPU, kept for the
+  model's lifetime (Inductor's on-disk cache shortens it in later processes);
 - the linear weights are :func:`lmlab.kernels.decode_layout.decode_layout`'s copies ('transposed'); whether
   each is still current (same tensor, version and gradient count) is checked before every step, outside
   the graph; a step taken while any is stale runs eagerly, which uses the module's own weight (so training
   between the tokens of a suspended generator takes effect at once, as in eager decoding).
 
 Supported (:func:`compiled_decode_unsupported` says why not): models whose blocks all take the lean decode
-path (``TransformerLM.lean_decode_possible``: pre-norm, plain attention, no hooks) with full causal
-attention in every layer (no sliding-window or chunked layer, no linear-attention layer) and no mixture
-of experts. Logits equal the eager step's up to fp32 summation order (tests/test_compiled_decode.py);
-timings in docs/bench/decode_vs_hf.md.
+path (``TransformerLM.lean_decode_obstacle``: pre-norm, plain attention) with full causal attention in
+every layer (no sliding-window or chunked layer, no linear-attention layer), no mixture of experts and no
+forward hooks on any module (a graph would call them once, when traced, not each step). In fp32 the
+logits equal the eager step's up to summation order and greedy tokens are the same
+(tests/test_compiled_decode.py); in bf16 Inductor keeps fused intermediates in fp32 where the eager ops
+round each to bf16, so greedy tokens can part from the eager ones after a near tie. Timings in
+docs/bench/decode_vs_hf.md.
 """
 
 from __future__ import annotations
@@ -45,12 +49,11 @@ def compiled_decode_unsupported(model: TransformerLM) -> Optional[str]:
         return "its mixture-of-experts layers route each token by value (a graph of changing shapes)"
     if any(cfg.layer_window(i) is not None for i in range(cfg.n_layers)):
         return "it has sliding-window or chunked attention layers (a rolling cache)"
-    if not model.lean_decode_possible():
-        return (
-            "not every block takes the lean one-token path (it needs pre-norm blocks with plain attention: no "
-            "QK-norm, soft-cap, ALiBi/T5 bias, attention gate, sinks, KV sharing, MLA or linear attention, and "
-            "no forward hooks)"
-        )
+    why = model.lean_decode_obstacle()
+    if why is not None:
+        return f"its blocks cannot take the lean one-token path: {why}"
+    if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):  # a graph would run them once
+        return "it has forward hooks (a compiled graph would not call them each step)"
     return None
 
 

@@ -466,23 +466,29 @@ class Attention(nn.Module):
                 y = y * g
         return self.out(y)
 
+    def decode_one_obstacle(self) -> Optional[str]:
+        """What keeps :meth:`decode_one` from running this layer, as a phrase (the first of: QK-norm,
+        clip_qkv, a logit soft-cap, max-logit recording, Llama 4's temperature, values equal to keys, a
+        value norm, KV sharing, an output gate, sinks), or None when it can (position biases are the
+        model's: ALiBi and T5 models never take the lean path)."""
+        checks = (
+            (self.q_norm is not None, "QK-norm"),
+            (self.clip_qkv is not None, "clip_qkv"),
+            (self.logit_cap is not None, "an attention logit soft-cap"),
+            (self.record_max_logit, "max-logit recording"),
+            (self.temperature is not None, "Llama 4's attention temperature"),
+            (self.k_eq_v, "values equal to keys (k_eq_v)"),
+            (self.v_norm is not None, "a value norm (v_norm)"),
+            (self.kv_source_layer is not None or self.kv_store, "keys and values shared across layers"),
+            (self.gate is not None, "an attention output gate"),
+            (self.sinks is not None, "attention sinks"),
+        )
+        return next((what for present, what in checks if present), None)
+
     @property
     def supports_decode_one(self) -> bool:
-        """Whether :meth:`decode_one` can run this layer: no QK-norm, clip_qkv, soft-cap or logit recording
-        (position biases are the model's: ALiBi and T5 models never take the lean path)."""
-        return (
-            self.q_norm is None
-            and self.clip_qkv is None
-            and self.logit_cap is None
-            and not self.record_max_logit
-            and self.temperature is None
-            and not self.k_eq_v
-            and self.v_norm is None
-            and self.kv_source_layer is None
-            and not self.kv_store
-            and self.gate is None
-            and self.sinks is None
-        )
+        """Whether :meth:`decode_one` can run this layer (:meth:`decode_one_obstacle` is None)."""
+        return self.decode_one_obstacle() is None
 
     def temperature_of(self, positions: torch.Tensor) -> torch.Tensor:
         """Llama 4's query scale at each position p: 1 + scale * log(1 + floor((p + 1) / floor)), fp32,

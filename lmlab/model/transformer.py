@@ -161,16 +161,22 @@ class Block(nn.Module):
         x = x + r(self.attn_norm(attn(x)))
         return x + r(self.mlp_norm(mlp(x)))
 
+    def decode_one_obstacle(self) -> Optional[str]:
+        """What keeps :meth:`decode_one` from running this block, as a phrase, or None when it can: it
+        needs pre-norm (serial or parallel), plain attention (``Attention.decode_one_obstacle``; not MLA
+        or linear attention), no per-layer scalar or per-layer inputs (Gemma 4)."""
+        if self.position_kind != "pre":
+            return f"norm_position {self.position_kind!r} (the lean path is pre-norm)"
+        if not hasattr(self.attn, "decode_one_obstacle"):
+            return f"{type(self.attn).__name__} layers"
+        if self.layer_scalar is not None or self.ple is not None:
+            return "Gemma 4's per-layer scalar or inputs"
+        return self.attn.decode_one_obstacle()
+
     @property
     def supports_decode_one(self) -> bool:
-        """Whether :meth:`decode_one` can run this block: pre-norm (serial or parallel), plain attention
-        (see ``Attention.supports_decode_one``)."""
-        return (
-            self.position_kind == "pre"
-            and self.attn.supports_decode_one
-            and self.layer_scalar is None
-            and self.ple is None
-        )
+        """Whether :meth:`decode_one` can run this block (:meth:`decode_one_obstacle` is None)."""
+        return self.decode_one_obstacle() is None
 
     def decode_one(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One new token per row, inference only: x (batch, d_model) -> (batch, d_model), equal to
@@ -533,11 +539,18 @@ class TransformerLM(nn.Module):
         :func:`lmlab.kernels.decode_layout.decode_layout` checks this once when generation starts and sets
         ``lean_decode`` for its duration; ``hidden`` then takes the lean path for steps of one token under
         inference (no autograd, eval mode)."""
-        if self.cfg.position in ("alibi", "t5") or _global_forward_hooks or _global_forward_pre_hooks:
-            return False
-        return all(b.supports_decode_one for b in self.blocks) and not any(
-            m._forward_hooks or m._forward_pre_hooks for m in self.blocks.modules()
-        )
+        return self.lean_decode_obstacle() is None
+
+    def lean_decode_obstacle(self) -> Optional[str]:
+        """What keeps one-token steps off the lean path (see :meth:`lean_decode_possible`), as a phrase,
+        or None."""
+        if self.cfg.position in ("alibi", "t5"):
+            return f"{self.cfg.position} position biases"
+        if _global_forward_hooks or _global_forward_pre_hooks:
+            return "global forward hooks"
+        if any(m._forward_hooks or m._forward_pre_hooks for m in self.blocks.modules()):
+            return "forward hooks on the blocks"
+        return next((why for why in (b.decode_one_obstacle() for b in self.blocks) if why), None)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """LM head with the optional final-logit soft-cap: (batch, seq, d_model) -> fp32 logits. With
