@@ -225,20 +225,35 @@ TERMINAL = {
 TERMINAL_CONFIRM_S = 10.0
 
 
-def slurm_states() -> Optional[dict]:
-    """{job id: state} of every job Slurm still knows, from one ``squeue`` call (which needs no
-    accounting database, unlike submitit's ``sacct``; array tasks one per line as ``JOB_TASK``); None when
-    squeue cannot be run (then nothing is concluded from it)."""
+def slurm_queue() -> Optional[dict]:
+    """{job id: (state, restart count)} of every job Slurm still knows, from one ``squeue`` call (which
+    needs no accounting database, unlike submitit's ``sacct``; array tasks one per line as ``JOB_TASK``,
+    as submitit names them); the restart count is how many times Slurm requeued the job (a preemption,
+    ``scontrol requeue``, submitit's requeue at the time limit). None when squeue cannot be run (then
+    nothing is concluded from it)."""
 
+    fields = "ArrayJobID:|,ArrayTaskID:|,State:|,RestartCnt:|"
     try:
         out = subprocess.run(
-            ["squeue", "-h", "-r", "-t", "all", "-o", "%i %T"], capture_output=True, text=True, timeout=60
+            ["squeue", "-h", "-r", "-t", "all", "-O", fields], capture_output=True, text=True, timeout=60
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
         return None
-    return dict(line.split()[:2] for line in out.stdout.splitlines() if len(line.split()) >= 2)
+    jobs = {}
+    for line in out.stdout.splitlines():
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) >= 4 and parts[0]:
+            job_id = parts[0] if parts[1] in ("", "N/A") else f"{parts[0]}_{parts[1]}"
+            jobs[job_id] = (parts[2], int(parts[3]) if parts[3].isdigit() else 0)
+    return jobs
+
+
+def slurm_states() -> Optional[dict]:
+    """{job id: state} of :func:`slurm_queue`; None when squeue cannot be run."""
+    jobs = slurm_queue()
+    return None if jobs is None else {j: state for j, (state, _) in jobs.items()}
 
 
 class _OrphanLocalJob:
@@ -415,6 +430,14 @@ class SubmititExecutor:
         self.threads, self.parallelism, self.poll_s, self.log = int(threads), int(parallelism), poll_s, log
         self.ex, params = _make(self.dir / SUBMITIT_DIR / "%j", kind, params, self.dir.name)
         self.params = params
+        self.squeue: Optional[dict] = None  # {job id: state} at the last poll (Slurm; None: squeue failed)
+        self.restarts: dict = {}  # {job id: times Slurm requeued it} at the last poll
+
+    def _poll(self) -> None:
+        """Slurm: one squeue call for every job's state and restart count (see :func:`slurm_queue`)."""
+        jobs = slurm_queue() if self.kind == "slurm" else None
+        self.squeue = None if jobs is None else {j: state for j, (state, _) in jobs.items()}
+        self.restarts = {} if jobs is None else {j: n for j, (_, n) in jobs.items()}
 
     # --- bookkeeping ------------------------------------------------------------------------
     def _record(self, job_id: str, names: list) -> None:
@@ -438,14 +461,22 @@ class SubmititExecutor:
             return submitit.SlurmJob(folder=self.dir / SUBMITIT_DIR / "%j", job_id=job_id)
         return _OrphanLocalJob(job_id)
 
-    def requeues(self) -> int:
-        return len(read_requeues(self.dir))
+    def requeues(self, jobs=()) -> int:
+        """Requeues and resubmissions of this sweep: those recorded in ``requeues.jsonl``, plus those Slurm
+        made of ``jobs`` (ids) that no attempt has recorded yet (a requeued job Slurm holds pending before
+        its next attempt starts and notes it: attempts 1..restart count without a record)."""
+        records = read_requeues(self.dir)
+        unseen = 0
+        for job_id in jobs:
+            noted = {r.get("attempt") for r in records if r.get("job_id") == job_id}
+            unseen += sum(a not in noted for a in range(1, self.restarts.get(job_id, 0) + 1))
+        return len(records) + unseen
 
     # --- running a batch --------------------------------------------------------------------
     def live_jobs(self, names: set) -> dict:
         """Jobs recorded by earlier invocations that still run any of ``names``: {job: its runs}."""
         live = {}
-        self.squeue = slurm_states() if self.kind == "slurm" else None
+        self._poll()
         for rec in job_records(self.dir):
             if rec["executor"] != self.kind or not names.intersection(rec["runs"]):
                 continue
@@ -495,7 +526,7 @@ class SubmititExecutor:
         while running or queue:
             while queue and len(running) < self.parallelism:  # submitit-local: a bounded number at once
                 running.update(self._submit([queue.pop(0)]))
-            self.squeue = slurm_states() if self.kind == "slurm" else None
+            self._poll()
             finished = []
             for job, g in running.items():
                 if not self._over(job):
@@ -579,7 +610,7 @@ class SubmititExecutor:
             eta = f", ETA {((time.time() - t0) / n_done * (total - n_done)) / 60:.0f} min"
         self.log(
             f"{self.kind}: {queued} queued, {run_n} running, {n_done}/{total} done, {n_failed} failed, "
-            f"{self.requeues()} requeue(s){eta}"
+            f"{self.requeues([str(job.job_id) for job in running])} requeue(s){eta}"
         )
 
 
