@@ -37,7 +37,7 @@ from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from lmlab.kernels.compiled_decode import compiled_decode_unsupported, compiled_decoder
+from lmlab.kernels.compiled_decode import compiled_decoder
 from lmlab.kernels.decode_layout import decode_layout
 from lmlab.model import KVCache, TransformerLM
 
@@ -151,9 +151,6 @@ def decode_step(model: TransformerLM, compile: bool = False):
         raise ValueError(f"compile={compile!r} must be True or False")
     if not compile:
         return lambda ids, cache: model.logits(model.hidden(ids, cache)[:, -1])
-    reason = compiled_decode_unsupported(model)
-    if reason is not None:
-        raise ValueError(f"compile: this model cannot decode through the compiled step: {reason}; decode without it")
     return compiled_decoder(model)
 
 

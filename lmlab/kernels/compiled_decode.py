@@ -120,7 +120,7 @@ def compiled_decoder(model: TransformerLM):
     :func:`compiled_decode_unsupported` refuses (here) and, from ``step``, for a full cache."""
     reason = compiled_decode_unsupported(model)
     if reason is not None:
-        raise ValueError(f"compiled decoding cannot run this model: {reason}")
+        raise ValueError(f"compile: this model cannot decode through the compiled step: {reason}; decode without it")
     fn = None
 
     def step(idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
