@@ -604,37 +604,35 @@ def test_a_job_that_dies_gives_a_failed_row_the_report_lists_and_sweep_worker_re
 
 
 def test_requeues_slurm_holds_count_before_their_next_attempt_notes_them(tmp_path, monkeypatch):
-    """squeue's lines (as `squeue -O ArrayJobID:|,ArrayTaskID:|,State:|,RestartCnt:|` prints them, array
-    tasks named JOB_TASK as submitit names them) give each job's state and restart count; the progress
-    line's requeue count is the recorded requeues plus the attempts Slurm made of this sweep's jobs that no
-    record names yet (a preempted job held pending), never another sweep's."""
+    """squeue's lines (`-o '%i %T'` for states; `-O ArrayJobID:|,ArrayTaskID:|,RestartCnt:|` for restart
+    counts, array tasks named JOB_TASK as submitit names them) are read per job; the progress line's
+    requeue count is the recorded requeues plus the attempts Slurm made of this sweep's jobs that no record
+    names yet (a preempted job held pending), never another sweep's."""
     import subprocess
 
     from lmlab.lab import executors
 
-    out = "676|N/A|PENDING|3|\n677|0|PENDING|2|\n677|1|RUNNING|1|\n680|N/A|RUNNING|0|\n"
-    done = subprocess.CompletedProcess([], 0, stdout=out, stderr="")
-    monkeypatch.setattr(executors.subprocess, "run", lambda *a, **k: done)
-    assert executors.slurm_queue() == {
-        "676": ("PENDING", 3),
-        "677_0": ("PENDING", 2),
-        "677_1": ("RUNNING", 1),
-        "680": ("RUNNING", 0),
+    lines = {
+        "-o": "676 PENDING\n677_0 PENDING\n677_1 RUNNING\n680 RUNNING\n",
+        "-O": "676|N/A|3|\n677|0|2|\n677|1|1|\n680|N/A|0|\n",
     }
+    monkeypatch.setattr(
+        executors.subprocess, "run", lambda cmd, **k: subprocess.CompletedProcess(cmd, 0, lines[cmd[-2]], "")
+    )
     assert executors.slurm_states() == {"676": "PENDING", "677_0": "PENDING", "677_1": "RUNNING", "680": "RUNNING"}
+    assert executors.slurm_restarts() == {"676": 3, "677_0": 2, "677_1": 1, "680": 0}
     records = [  # 677_0's first requeue noted (its USR2 handler), a resubmission of a cancelled job 675
         {"job_id": "677_0", "attempt": 1, "runs": ["a"], "by": "submitit"},
         {"job_id": "675", "runs": ["c"], "by": "lmlab sweep (preempted and cancelled; submitted again as job 680)"},
     ]
     (tmp_path / executors.REQUEUES_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
     ex = executors.SubmititExecutor(tmp_path, "slurm", log=lambda line: None)
-    ex._poll()
     assert ex.requeues() == 2  # the records alone
     # 677_0: attempt 2 unrecorded; 677_1: attempt 1 unrecorded; 680 never requeued; 676 is not this sweep's
     assert ex.requeues(["677_0", "677_1", "680"]) == 2 + 1 + 1
-    monkeypatch.setattr(executors.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess([], 1, "", "down"))
-    ex._poll()
-    assert executors.slurm_queue() is None and ex.squeue is None and ex.requeues(["677_0"]) == 2
+    monkeypatch.setattr(executors.subprocess, "run", lambda cmd, **k: subprocess.CompletedProcess(cmd, 1, "", "down"))
+    assert executors.slurm_restarts() is None and executors.slurm_states() is None
+    assert ex.requeues(["677_0"]) == 2  # squeue cannot be run: the records
 
 
 def test_another_executor_is_refused_only_while_the_first_ones_jobs_run(tmp_path, monkeypatch):

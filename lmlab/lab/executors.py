@@ -225,35 +225,33 @@ TERMINAL = {
 TERMINAL_CONFIRM_S = 10.0
 
 
-def slurm_queue() -> Optional[dict]:
-    """{job id: (state, restart count)} of every job Slurm still knows, from one ``squeue`` call (which
-    needs no accounting database, unlike submitit's ``sacct``; array tasks one per line as ``JOB_TASK``,
-    as submitit names them); the restart count is how many times Slurm requeued the job (a preemption,
-    ``scontrol requeue``, submitit's requeue at the time limit). None when squeue cannot be run (then
-    nothing is concluded from it)."""
+def slurm_states() -> Optional[dict]:
+    """{job id: state} of every job Slurm still knows, from one ``squeue`` call (which needs no
+    accounting database, unlike submitit's ``sacct``; array tasks one per line as ``JOB_TASK``); None when
+    squeue cannot be run (then nothing is concluded from it)."""
+    out = _squeue("-o", "%i %T")
+    return None if out is None else dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
 
-    fields = "ArrayJobID:|,ArrayTaskID:|,State:|,RestartCnt:|"
+
+def slurm_restarts() -> Optional[dict]:
+    """{job id: how many times Slurm requeued it} (a preemption, ``scontrol requeue``, submitit's requeue at
+    the time limit) for every job Slurm still knows, ids as :func:`slurm_states` gives them; None when
+    squeue cannot be run."""
+    out = _squeue("-O", "ArrayJobID:|,ArrayTaskID:|,RestartCnt:|")
+    counts = {}
+    for parts in ([p.strip() for p in line.split("|")] for line in (out or "").splitlines()):
+        if len(parts) >= 3 and parts[0] and parts[2].isdigit():
+            counts[parts[0] if parts[1] in ("", "N/A") else f"{parts[0]}_{parts[1]}"] = int(parts[2])
+    return None if out is None else counts
+
+
+def _squeue(*fmt: str) -> Optional[str]:
+    """The output of ``squeue -h -r -t all`` with format ``fmt``; None when it cannot be run."""
     try:
-        out = subprocess.run(
-            ["squeue", "-h", "-r", "-t", "all", "-O", fields], capture_output=True, text=True, timeout=60
-        )
+        out = subprocess.run(["squeue", "-h", "-r", "-t", "all", *fmt], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if out.returncode != 0:
-        return None
-    jobs = {}
-    for line in out.stdout.splitlines():
-        parts = [p.strip() for p in line.split("|")]
-        if len(parts) >= 4 and parts[0]:
-            job_id = parts[0] if parts[1] in ("", "N/A") else f"{parts[0]}_{parts[1]}"
-            jobs[job_id] = (parts[2], int(parts[3]) if parts[3].isdigit() else 0)
-    return jobs
-
-
-def slurm_states() -> Optional[dict]:
-    """{job id: state} of :func:`slurm_queue`; None when squeue cannot be run."""
-    jobs = slurm_queue()
-    return None if jobs is None else {j: state for j, (state, _) in jobs.items()}
+    return out.stdout if out.returncode == 0 else None
 
 
 class _OrphanLocalJob:
@@ -431,13 +429,6 @@ class SubmititExecutor:
         self.ex, params = _make(self.dir / SUBMITIT_DIR / "%j", kind, params, self.dir.name)
         self.params = params
         self.squeue: Optional[dict] = None  # {job id: state} at the last poll (Slurm; None: squeue failed)
-        self.restarts: dict = {}  # {job id: times Slurm requeued it} at the last poll
-
-    def _poll(self) -> None:
-        """Slurm: one squeue call for every job's state and restart count (see :func:`slurm_queue`)."""
-        jobs = slurm_queue() if self.kind == "slurm" else None
-        self.squeue = None if jobs is None else {j: state for j, (state, _) in jobs.items()}
-        self.restarts = {} if jobs is None else {j: n for j, (_, n) in jobs.items()}
 
     # --- bookkeeping ------------------------------------------------------------------------
     def _record(self, job_id: str, names: list) -> None:
@@ -466,17 +457,18 @@ class SubmititExecutor:
         made of ``jobs`` (ids) that no attempt has recorded yet (a requeued job Slurm holds pending before
         its next attempt starts and notes it: attempts 1..restart count without a record)."""
         records = read_requeues(self.dir)
+        restarts = (slurm_restarts() or {}) if self.kind == "slurm" and jobs else {}
         unseen = 0
         for job_id in jobs:
             noted = {r.get("attempt") for r in records if r.get("job_id") == job_id}
-            unseen += sum(a not in noted for a in range(1, self.restarts.get(job_id, 0) + 1))
+            unseen += sum(a not in noted for a in range(1, restarts.get(job_id, 0) + 1))
         return len(records) + unseen
 
     # --- running a batch --------------------------------------------------------------------
     def live_jobs(self, names: set) -> dict:
         """Jobs recorded by earlier invocations that still run any of ``names``: {job: its runs}."""
         live = {}
-        self._poll()
+        self.squeue = slurm_states() if self.kind == "slurm" else None
         for rec in job_records(self.dir):
             if rec["executor"] != self.kind or not names.intersection(rec["runs"]):
                 continue
@@ -526,7 +518,7 @@ class SubmititExecutor:
         while running or queue:
             while queue and len(running) < self.parallelism:  # submitit-local: a bounded number at once
                 running.update(self._submit([queue.pop(0)]))
-            self._poll()
+            self.squeue = slurm_states() if self.kind == "slurm" else None
             finished = []
             for job, g in running.items():
                 if not self._over(job):
