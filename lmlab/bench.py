@@ -27,7 +27,7 @@ from lmlab.config import ConfigError, ModelConfig
 from lmlab.config_files import load_mapping
 from lmlab.devices import check_memory, require_memory
 from lmlab.generate import stream_batch
-from lmlab.kernels.compiled_decode import compiled_decode_unsupported
+from lmlab.kernels.compiled_decode import check_compilable
 from lmlab.kernels.decode_layout import PACK_LIMIT_BYTES, decode_layout_kind, release_decode_copies
 from lmlab.kernels.settings import cpu_identity
 from lmlab.model import TransformerLM
@@ -231,7 +231,7 @@ def decode_benchmark(
     ``cfg`` (None: the demo config), in ``dtype`` (fp32 or bf16), through the compiled decode step with
     ``compile``, with ``model`` (``title``) and ``params`` added. Raises ConfigError when prompt and new
     tokens exceed the context or the cache would not fit (:func:`check_decode_memory`), before any
-    weights load, and for ``compile`` with a model the compiled step cannot run."""
+    weights load; ValueError for ``compile`` with a model the compiled step cannot run."""
 
     if cfg is None:
         cfg, title = ModelConfig.from_dict(load_mapping(BUILTIN_CONFIGS / "demo.yaml")["model"]), "the demo config"
@@ -252,11 +252,8 @@ def decode_benchmark(
         title += " (random weights)"
     if dtype == "bf16":
         model = model.to(torch.bfloat16)
-    reason = compiled_decode_unsupported(model) if compile else None
-    if reason is not None:
-        raise ConfigError(
-            f"--compile: {title}: the compiled decode step cannot run this model: {reason}; drop --compile"
-        )
+    if compile:
+        check_compilable(model, f"--compile: {title}")
     res = bench_decode(model, batch, prompt_len, new_tokens, repeats, device, compile=compile)
     res.update(model=title, params=model.num_params())
     return res

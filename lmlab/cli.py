@@ -394,16 +394,13 @@ def _sampling(args, device) -> dict:
 def _generation_model(args, device, tokenizer: bool = True) -> tuple:
     """``generate``'s (model, tokenizer or None); --compile checked; one prompt on a CPU: decode_threads."""
     from lmlab.checkpoint import load_run
-    from lmlab.kernels.compiled_decode import compiled_decode_unsupported
+    from lmlab.kernels.compiled_decode import check_compilable
     from lmlab.kernels.decode_layout import decode_threads
     from lmlab.threads import default_threads, set_threads
 
     model, _, tok, _, _ = load_run(args.run, device=str(device), tokenizer=tokenizer)
-    why = compiled_decode_unsupported(model) if args.compile else None
-    if why is not None:
-        raise ConfigError(
-            f"--compile: {args.run}: the compiled decode step cannot run this model: {why}; drop --compile"
-        )
+    if args.compile:
+        check_compilable(model, f"--compile: {args.run}")
     if args.threads is None and device.type == "cpu" and len(args.prompt or [""]) == 1:
         set_threads(decode_threads(model, default_threads()))
     return model, tok

@@ -57,6 +57,14 @@ def compiled_decode_unsupported(model: TransformerLM) -> Optional[str]:
     return None
 
 
+def check_compilable(model: TransformerLM, where: str = "compile") -> None:
+    """ValueError ``"{where}: the compiled decode step cannot run this model: {why}; ..."`` when
+    :func:`compiled_decode_unsupported` refuses ``model`` (``where``: the option and run, for the CLI)."""
+    why = compiled_decode_unsupported(model)
+    if why is not None:
+        raise ValueError(f"{where}: the compiled decode step cannot run this model: {why}; decode without compiling")
+
+
 class _StepCache:
     """What ``Attention.decode_one`` reads of a :class:`KVCache`, over the whole fixed-length buffers with
     the index being written a tensor: keys (batch, n_kv_heads, L, head_dim) per layer, ``pos`` () long, and
@@ -118,9 +126,7 @@ def compiled_decoder(model: TransformerLM):
     :func:`lmlab.kernels.decode_layout.decode_layout` (``compiled=True``) under inference mode. The first
     step for a model and batch size compiles (seconds). Raises ValueError for a model
     :func:`compiled_decode_unsupported` refuses (here) and, from ``step``, for a full cache."""
-    reason = compiled_decode_unsupported(model)
-    if reason is not None:
-        raise ValueError(f"compile: this model cannot decode through the compiled step: {reason}; decode without it")
+    check_compilable(model)
     fn = None
 
     def step(idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -129,7 +135,7 @@ def compiled_decoder(model: TransformerLM):
         if not decode_copies_current(model):  # a weight changed since its decode copy: the eager step reads it
             return model.logits(model.hidden(idx, cache)[:, -1])
         nonlocal fn
-        if fn is None or not getattr(cache, "_dynamic_marked", False):  # once per cache
+        if not getattr(cache, "_dynamic_marked", False):  # once per cache (each call makes its own)
             for t in cache.k + cache.v:  # the buffer length varies between calls: one graph for all
                 torch._dynamo.mark_dynamic(t, 2)
             cache._dynamic_marked = True
