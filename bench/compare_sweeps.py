@@ -32,10 +32,18 @@ def rows(path: Path) -> dict:
         path = path / "results.jsonl"
     if not path.is_file():
         sys.exit(f"{path}: no such results file (give a sweep folder or a results.csv)")
-    if path.suffix == ".csv":
-        with open(path, newline="") as f:
-            return {r["run"]: r for r in csv.DictReader(f)}
-    return {r["run"]: r for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip())}
+    out = {}
+    try:
+        if path.suffix == ".csv":
+            with open(path, newline="") as f:
+                return {r["run"]: r for r in csv.DictReader(f)}
+        for line in path.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                out[r["run"]] = r
+    except (ValueError, KeyError, TypeError) as exc:  # a damaged or foreign file: one line naming it
+        sys.exit(f"{path}: not a results file lmlab wrote ({type(exc).__name__}: {exc})")
+    return out
 
 
 def usable(r: dict) -> bool:
