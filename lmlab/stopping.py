@@ -8,7 +8,6 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-import time
 from typing import Optional
 
 
@@ -32,31 +31,30 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 class StopSignals:
     """While active (``with``), SIGINT and SIGTERM only ask the training loop to stop after the step in
-    progress (:attr:`signum` set, one line on stderr); a second signal interrupts at once
-    (KeyboardInterrupt; the checkpoints on disk stay intact, being written atomically). A SIGTERM within
-    :attr:`SAME_REQUEST_S` seconds of a first SIGTERM is the same request: a scheduler delivers it twice
-    (Slurm's preemption signals every process of a job, and srun forwards the SIGTERM it received to its
-    tasks once more), and taking the second as "stop at once" would abandon the checkpoint. Installed only
-    in the main thread (elsewhere signals cannot be caught and this does nothing); the previous handlers
-    come back on exit."""
+    progress (:attr:`signum` set, one line on stderr). A second SIGINT (Ctrl-C pressed again) interrupts at
+    once (KeyboardInterrupt; the checkpoints on disk stay intact, being written atomically). A SIGTERM never
+    does: it is how schedulers ask, and they repeat it (Slurm signals every process of a job, again when the
+    job's end time comes, and srun forwards it once more; under load the copies came seconds apart), while
+    their hard stop is SIGKILL after a grace period (Slurm's KillWait, Kubernetes' grace period, systemd's
+    stop timeout); taking a repeat as "stop at once" would abandon the checkpoint it asked for. Installed
+    only in the main thread (elsewhere signals cannot be caught and this does nothing); the previous
+    handlers come back on exit."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
-    SAME_REQUEST_S = 2.0
 
     def __init__(self):
         self.signum: Optional[int] = None
-        self._first_at = 0.0
         self._old: dict = {}
 
     def _handle(self, signum, frame) -> None:
         if self.signum is not None:
-            if signum == self.signum == signal.SIGTERM and time.monotonic() - self._first_at < self.SAME_REQUEST_S:
-                return
-            raise KeyboardInterrupt
-        self.signum, self._first_at = signum, time.monotonic()
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            return  # a SIGTERM again: the same request
+        self.signum = signum
         print(
             f"\n{signal.Signals(signum).name} received: finishing the current step and saving a checkpoint "
-            f"(send it again to stop at once)",
+            f"(Ctrl-C / SIGINT again stops at once)",
             file=sys.stderr,
             flush=True,
         )

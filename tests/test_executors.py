@@ -101,6 +101,15 @@ def _wait(cond, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _release_requeued(job_id: str) -> None:
+    """Start a requeued job now instead of after Slurm's 120-s hold (BeginTime), but not within the second
+    its last attempt was killed: slurmd refuses to launch a job whose credential was created in the second
+    its earlier one was revoked ("Job credential revoked" in slurmctld's log, and the job ends FAILED: five
+    times on 2026-12-05, each a job released in the second of its requeue). Real clusters hold it 120 s."""
+    time.sleep(2.0)
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+
+
 def _submitit_local_at_second_checkpoint(path: Path, out: Path):
     """`lmlab sweep PATH --executor submitit-local` started in a subprocess, once its run has checkpointed
     twice; returns (the process, the job's controller PID)."""
@@ -408,7 +417,7 @@ def test_slurm_preemption_is_requeued_and_resumes(cluster, one_run, tmp_path):
             120,
             "the requeue",
         )
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+        _release_requeued(job_id)
         text, _ = proc.communicate(timeout=400)
     finally:
         if proc.poll() is None:
@@ -451,7 +460,7 @@ def test_slurm_partition_preemption_resumes(cluster, one_run, tmp_path, partitio
         _wait(lambda: want in squeue(job_id), 120, f"the sweep's job {want}")
         if partition == "debug":  # Slurm holds a requeued job for 120 s (BeginTime); release it at once
             _wait(lambda: "COMPLETED" in squeue(urgent), 60, "the urgent job")
-            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+            _release_requeued(job_id)
         text, _ = proc.communicate(timeout=400)
     finally:
         if proc.poll() is None:

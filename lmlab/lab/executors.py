@@ -220,10 +220,10 @@ TERMINAL = {
     "PREEMPTED",  # a preemption that cancels (PreemptMode=CANCEL): the coordinator submits its runs again
 }
 # A job seen ended while a run of it has no row is taken as over only when it still is this many seconds
-# later: a job being requeued can show FAILED or CANCELLED in squeue until its step has ended, which srun
-# waits for up to KillWait + 2 s ("Waiting up to 32 seconds for job step to finish" with KillWait 30, in
-# the job log of a USR2 requeue that CI saw as FAILED for over 10 s, 2026-12-05), before it is PENDING again
-TERMINAL_CONFIRM_S = 45.0
+# later: one squeue snapshot is not trusted alone. (A requeue shows COMPLETING, then PENDING, not a terminal
+# state; the FAILED requeues seen in CI were real failures: a test released the job within the second of
+# its requeue, and slurmd refused it as "Job credential revoked".)
+TERMINAL_CONFIRM_S = 10.0
 
 
 def slurm_states() -> Optional[dict]:
