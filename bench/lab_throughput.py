@@ -10,6 +10,12 @@ gives each run), each round in two ways, alternated:
 - ``fork``: the run forked from lmlab's fork server (:mod:`lmlab.lab.fork_server`, the default);
 - ``exec``: ``python -m lmlab.cli train``, a new Python per run (the lab before the fork server).
 
+``--compare dtype`` alternates two precisions instead, both forked: the spec's run as planned in fp32
+and the same run in bf16 autocast (its ``dtype`` changed, nothing else; the final evaluation in fp32 for
+both, as the lab evaluates); ``--compare compile`` alternates bf16 eager and bf16 with ``compile: true``
+(the compile's own seconds counted in the run, as a sweep pays them); ``--compare lab`` alternates the
+lab as issue 42 found it (exec, fp32) and both changes together (fork, bf16).
+
 A run's seconds are split into: process (the training process's time outside its loop: Python's and
 torch's start, imports, model, optimizer and data, the last checkpoint, exit), steps (the training
 loop's step time, from metrics.jsonl, checkpoints included), in-loop evaluations (the rest of the loop),
@@ -39,6 +45,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+
+ARMS = {  # --compare: {arm: (launch, TrainConfig fields changed)}, the reference first
+    "launch": {"exec": ("exec", {}), "fork": ("fork", {})},
+    "dtype": {"fp32": ("fork", {"dtype": "fp32"}), "bf16": ("fork", {"dtype": "bf16"})},
+    "lab": {"exec fp32": ("exec", {"dtype": "fp32"}), "fork bf16": ("fork", {"dtype": "bf16"})},
+    "compile": {
+        "bf16": ("fork", {"dtype": "bf16", "compile": False}),
+        "bf16+compile": ("fork", {"dtype": "bf16", "compile": True}),
+    },
+}
+
+
+def with_train(p, changes: dict):
+    """Plan ``p`` with its TrainConfig's ``changes`` applied (same name, model, data and steps)."""
+    import dataclasses
+
+    return dataclasses.replace(p, tc=dataclasses.replace(p.tc, **changes)) if changes else p
 
 
 def one_run(spec, p, threads: int, launch: str, work: Path) -> dict:
@@ -125,7 +149,16 @@ def main() -> None:
     ap.add_argument("--plain", action="store_true", help="also time a plain PyTorch loop, fp32 and bf16")
     ap.add_argument("--plain-steps", type=int, default=20)
     ap.add_argument("--markdown", help="write the report here too")
+    ap.add_argument(
+        "--compare",
+        choices=sorted(ARMS),
+        default="launch",
+        help="what the alternated arms differ in: launch (exec vs fork, default), dtype (fp32 vs bf16, forked), "
+        "compile (bf16 eager vs bf16 compiled, forked), lab (exec fp32 vs fork bf16)",
+    )
     args = ap.parse_args()
+    arms = ARMS[args.compare]
+    ref, other = list(arms)
 
     import torch
 
@@ -147,39 +180,45 @@ def main() -> None:
         "",
         f"`python bench/lab_throughput.py {' '.join(sys.argv[1:])}`, {time.strftime('%Y-%m-%d')}; "
         f"machine: {describe_machine()}; load average {' '.join(f'{x:.2f}' for x in load0)}; "
-        f"{args.rounds} rounds, fork and exec alternated; the fork server's own start {server_s:.1f} s "
+        f"{args.rounds} rounds, {ref} and {other} alternated; the fork server's own start {server_s:.1f} s "
         f"(once per sweep process).",
         "",
-        "| spec | steps | tokens/param | launch | run s | process | steps | evaluations in loop | "
-        "final eval | runs/hour (--jobs 2) | exec / fork (IQR) |",
+        "| spec | steps | tokens/param | arm | run s | process | steps | evaluations in loop | "
+        f"final eval | runs/hour (--jobs 2) | {ref} / {other} (IQR) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     plain_lines = []
     pooled = []
+    loss_notes = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             spec = load_spec(name)
             p = plan_runs(spec)[0]
             tpp = p.steps * p.tokens_per_step / param_counts(p.cfg)["non_embedding"]
-            res = {"fork": [], "exec": []}
+            res = {arm: [] for arm in arms}
             for r in range(args.rounds):
-                for launch in ("fork", "exec") if r % 2 == 0 else ("exec", "fork"):
-                    res[launch].append(one_run(spec, p, args.threads, launch, Path(tmp)))
-                    print(f"{spec.name} round {r + 1} {launch}: {res[launch][-1]['total']:.2f} s", flush=True)
-            ratios = [e["total"] / f["total"] for e, f in zip(res["exec"], res["fork"])]
+                for arm in (other, ref) if r % 2 == 0 else (ref, other):
+                    launch, changes = arms[arm]
+                    res[arm].append(one_run(spec, with_train(p, changes), args.threads, launch, Path(tmp)))
+                    print(f"{spec.name} round {r + 1} {arm}: {res[arm][-1]['total']:.2f} s", flush=True)
+            ratios = [e["total"] / f["total"] for e, f in zip(res[ref], res[other])]
             pooled += ratios
             q1, med, q3 = quartiles(ratios)
-            for launch in ("exec", "fork"):
-                m = {k: statistics.median(x[k] for x in res[launch]) for k in res[launch][0] if k != "train_loss"}
-                ratio = f"**{med:.3f}x** ({q1:.3f}-{q3:.3f})" if launch == "fork" else "1 (reference)"
+            for arm in (ref, other):
+                m = {k: statistics.median(x[k] for x in res[arm]) for k in res[arm][0] if k != "train_loss"}
+                ratio = f"**{med:.3f}x** ({q1:.3f}-{q3:.3f})" if arm == other else "1 (reference)"
                 lines.append(
-                    f"| {spec.name} | {p.steps} | {tpp:.1f} | {launch} | {m['total']:.2f} | "
+                    f"| {spec.name} | {p.steps} | {tpp:.1f} | {arm} | {m['total']:.2f} | "
                     f"{m['process']:.2f} | {m['steps']:.2f} | {m['loop_side']:.2f} | {m['final_eval']:.2f} | "
                     f"{2 * 3600 / m['total']:.0f} | {ratio} |"
                 )
-            losses = {(x["train_loss"]) for k in res for x in res[k]}
-            if len(losses) != 1:
-                raise SystemExit(f"{spec.name}: fork and exec runs differ (final train loss {sorted(losses)})")
+            for arm in arms:  # each arm deterministic: its rounds end on the same loss
+                if len({x["train_loss"] for x in res[arm]}) != 1:
+                    raise SystemExit(f"{spec.name}: the {arm} runs differ between rounds (final train loss)")
+            losses = {arm: res[arm][0]["train_loss"] for arm in arms}
+            if args.compare == "launch" and len(set(losses.values())) != 1:
+                raise SystemExit(f"{spec.name}: fork and exec runs differ (final train loss {losses})")
+            loss_notes.append(f"{spec.name}: " + ", ".join(f"{a} {v:.4f}" for a, v in losses.items()))
             if args.plain:
                 trainer_step = statistics.median(x["steps"] for k in res for x in res[k]) / p.steps
                 fp32 = plain_steps(p, args.plain_steps, args.threads, False)
@@ -191,8 +230,13 @@ def main() -> None:
     q1, med, q3 = quartiles(pooled)
     lines += [
         "",
-        f"Every spec: exec / fork per run {med:.3f}x (IQR {q1:.3f}-{q3:.3f}) over {len(pooled)} paired "
-        f"rounds; final training losses identical between fork and exec in every spec (checked).",
+        f"Every spec: {ref} / {other} per run {med:.3f}x (IQR {q1:.3f}-{q3:.3f}) over {len(pooled)} paired "
+        f"rounds; "
+        + (
+            "final training losses identical between fork and exec in every spec (checked)."
+            if args.compare == "launch"
+            else "final training losses (each arm's rounds identical, checked): " + "; ".join(loss_notes) + "."
+        ),
     ]
     if plain_lines:
         lines += [
