@@ -140,6 +140,7 @@ def cmd_sweep(args) -> int:
     command = (
         f"lmlab sweep {args.spec}"
         + (f" --tier {args.tier}" if args.tier else "")
+        + (f" --dtype {args.dtype}" if args.dtype else "")
         + (f" --out {args.out}" if args.out else "")
         + f" --jobs {args.jobs}"
     )
@@ -191,6 +192,7 @@ def cmd_sweep(args) -> int:
         dry_run=args.dry_run,
         command=command,
         tier=args.tier,
+        dtype=args.dtype,
         data_dir=Path(args.data) if args.data else None,
         max_runs=args.max_runs,
         executor=args.executor,

@@ -465,6 +465,7 @@ def test_model_too_large_for_memory_is_refused_before_building(data_dir, tmp_pat
 def test_decode_benchmark_checks_memory_and_lengths_before_building(run_dir, monkeypatch, capsys):
     """bench decode sizes weights + KV cache (+ the packed copy) against free memory, and the prompt and
     new tokens against the context, before it builds or loads anything."""
+    import lmlab.bench as bench
     import lmlab.checkpoint as checkpoint
     import lmlab.devices as devices
     import lmlab.model as model_pkg
@@ -473,7 +474,8 @@ def test_decode_benchmark_checks_memory_and_lengths_before_building(run_dir, mon
     from lmlab.config_files import load_mapping
 
     monkeypatch.setattr(checkpoint, "load_run", lambda *a, **k: pytest.fail("loaded weights"))
-    monkeypatch.setattr(model_pkg, "TransformerLM", lambda cfg: pytest.fail("built a model"))
+    for module in (model_pkg, bench):  # bench holds its own name for the class (imported before the patch)
+        monkeypatch.setattr(module, "TransformerLM", lambda cfg: pytest.fail("built a model"))
     from lmlab.runs import BUILTIN_CONFIGS
 
     demo = ModelConfig.from_dict(load_mapping(BUILTIN_CONFIGS / "demo.yaml")["model"])

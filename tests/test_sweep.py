@@ -352,6 +352,47 @@ def test_tier_overrides_and_errors(byte_data, tmp_path, capsys):
     assert yaml.safe_load((out / "spec.yaml").read_text())["model"]["d_model"] == 64
 
 
+def test_dtype_switch_changes_only_the_precision_and_the_sweep_name(byte_data, tmp_path, capsys):
+    """`lmlab sweep SPEC --dtype bf16`: every run's dtype and nothing else (same runs, models, steps and
+    rates), a sweep named NAME-bf16 (its own folder, the flag in its recorded command), the runs trained in
+    bf16 autocast; the spec's own dtype is a no-op, and a spec whose axes compare precisions is refused."""
+    spec = {
+        "name": "t",
+        "model": {**TINY_MODEL, "d_ff": 64},
+        "train": {**TINY_TRAIN, "dtype": "fp32"},
+        "data": str(byte_data),
+        "axes": {"grid": {"n_layers": [1, 2]}},
+        "seeds": [1],
+        "budget": {"steps": 2},
+    }
+    fp32 = plan_runs(parse_spec(spec), byte_data)
+    bf16_spec = parse_spec(spec, dtype="bf16")
+    assert bf16_spec.name == "t-bf16" and bf16_spec.raw["train"]["dtype"] == "bf16"
+    bf16 = plan_runs(bf16_spec, byte_data)
+    assert [p.tc.dtype for p in fp32] == ["fp32"] * 2 and [p.tc.dtype for p in bf16] == ["bf16"] * 2
+    assert [(p.name, p.cfg, p.steps, p.tc.lr) for p in bf16] == [(p.name, p.cfg, p.steps, p.tc.lr) for p in fp32]
+    assert parse_spec(spec, dtype="fp32").name == "t"  # the spec's own precision: the same sweep
+    assert load_spec("02-norm-type-and-biases", dtype="auto").name == "02-norm-type-and-biases-auto"
+    with pytest.raises(ConfigError, match="its axes set dtype themselves"):
+        parse_spec({**spec, "axes": {"grid": {"variant": [{"dtype": "fp32"}, {"dtype": "bf16"}]}}}, dtype="bf16")
+    with pytest.raises(ConfigError, match="--dtype 'fp8': choose fp32, bf16 or auto"):
+        parse_spec(spec, dtype="fp8")
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "sw"
+    assert main(["sweep", str(path), "--dtype", "bf16", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert sorted(r["run"] for r in read_results(out)) == ["n_layers=1-s1", "n_layers=2-s1"]
+    assert all(r["sweep"] == "t-bf16" for r in read_results(out))
+    run_yaml = yaml.safe_load((out / "runs" / "n_layers=1-s1" / "run.yaml").read_text())
+    assert run_yaml["train"]["dtype"] == "bf16"
+    start = json.loads((out / "provenance.jsonl").read_text().splitlines()[0])
+    assert "--dtype bf16" in start["command"] and start["sweep"] == "t-bf16"
+    # the same folder resumed without the flag is another sweep (t), refused before anything is written
+    assert main(["sweep", str(path), "--out", str(out)]) == 2
+    assert "holds sweep 't-bf16', not 't'" in capsys.readouterr().err
+
+
 def test_plan_warns_when_runs_repeat_the_data(byte_data, capsys):
     from lmlab.lab.plan import epochs_line
 

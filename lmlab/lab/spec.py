@@ -334,15 +334,42 @@ def apply_tier(raw: dict, tier: Optional[str], source: str = "sweep spec", base:
     return out
 
 
+def apply_dtype(raw: dict, dtype: Optional[str], source: str = "sweep spec", base: str = "sweep") -> dict:
+    """The spec mapping with every run in precision ``dtype`` (fp32, bf16 or auto: the trainer's
+    ``dtype``) instead of the spec's ``train.dtype``, named ``NAME-DTYPE`` so its sweep gets a folder of
+    its own; unchanged when ``dtype`` is None or already the spec's. Raises ConfigError for another value,
+    and for a spec whose axes set ``dtype`` themselves (a precision comparison, which one dtype would
+    erase)."""
+    if dtype is None:
+        return raw
+    if dtype not in ("fp32", "bf16", "auto"):
+        raise ConfigError(f"--dtype {dtype!r}: choose fp32, bf16 or auto")
+    if "'dtype'" in repr(raw.get("axes")):
+        raise ConfigError(
+            f"{source}: its axes set dtype themselves (the spec compares precisions); --dtype {dtype} would "
+            f"make every run the same: run the spec as written"
+        )
+    train = raw.get("train") if isinstance(raw.get("train"), dict) else {}
+    if train.get("dtype", "auto") == dtype:
+        return raw
+    return {**raw, "train": {**train, "dtype": dtype}, "name": f"{raw.get('name') or base}-{dtype}"}
+
+
 def parse_spec(
-    raw: dict, path: Optional[Path] = None, tier: Optional[str] = None, max_runs: Optional[int] = None
+    raw: dict,
+    path: Optional[Path] = None,
+    tier: Optional[str] = None,
+    max_runs: Optional[int] = None,
+    dtype: Optional[str] = None,
 ) -> Spec:
     """Validate a spec mapping (see the module docstring) at ``tier`` (:func:`apply_tier`; None: as
-    written); raises ConfigError naming the key, and (:func:`check_run_count`) when it plans more runs
-    than ``max_runs`` (None: the spec's ``max_runs:``, else :data:`MAX_RUNS`) before expanding them."""
+    written) in ``dtype`` (:func:`apply_dtype`; None: the spec's); raises ConfigError naming the key, and
+    (:func:`check_run_count`) when it plans more runs than ``max_runs`` (None: the spec's ``max_runs:``,
+    else :data:`MAX_RUNS`) before expanding them."""
     source = str(path) if path else "sweep spec"
     tiers = list(raw.get("tiers") or {}) if isinstance(raw, dict) and isinstance(raw.get("tiers"), dict) else []
     raw = apply_tier(raw, tier, source, path.stem if path else "sweep")
+    raw = apply_dtype(raw, dtype, source, path.stem if path else "sweep")
     if not raw:
         raise ConfigError(
             f"{source}: the spec is empty; give at least 'axes' (the variants to compare) or "
@@ -558,11 +585,14 @@ def _spec_data(value: Any, source: str):
     return dict(value) if isinstance(value, dict) else str(value)
 
 
-def load_spec(spec: str | Path, tier: Optional[str] = None, max_runs: Optional[int] = None) -> Spec:
-    """A spec file or shipped spec name, read at ``tier`` (None: as written); raises ConfigError as
-    :func:`parse_spec` does (``max_runs``: the most runs it may plan, see :func:`check_run_count`)."""
+def load_spec(
+    spec: str | Path, tier: Optional[str] = None, max_runs: Optional[int] = None, dtype: Optional[str] = None
+) -> Spec:
+    """A spec file or shipped spec name, read at ``tier`` (None: as written) in ``dtype`` (None: the
+    spec's); raises ConfigError as :func:`parse_spec` does (``max_runs``: the most runs it may plan, see
+    :func:`check_run_count`)."""
     path = resolve_spec_path(spec)
-    return parse_spec(load_mapping(path), path, tier, max_runs)
+    return parse_spec(load_mapping(path), path, tier, max_runs, dtype)
 
 
 def _options(value: Any) -> int:
