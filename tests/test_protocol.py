@@ -231,7 +231,7 @@ def test_value_context_and_device_preconditions():
         ],
     )
     timing = {
-        "machine": "Intel(R) Xeon(R) Processor, 2 cores visible",
+        "machine": "Intel(R) Xeon(R) Processor (family 6, model 167), 2 cores visible, 24 GiB",
         "scales": {
             "": {"step_s": {"A": [1.0 + 0.01 * i for i in range(15)], "B": [0.8 + 0.01 * i for i in range(15)]}}
         },
@@ -239,6 +239,8 @@ def test_value_context_and_device_preconditions():
     (ct,) = analyze(_rows(_table()), sd, timing)["claims"]
     assert ct["measured"] == "agrees" and ct["verdict"] == "not testable at this scale"
     assert "measured on cpu" in ct["gate"] and ct["tokens_per_param"] is None
+    # a speed verdict names the processor it was timed on (the same claim can differ on another CPU)
+    assert ct["method"] == "interleaved timing on Intel Xeon Processor (family 6, model 167)"
     assert device_of("AMD EPYC, 16 cores visible, torch 2.13, NVIDIA H200") == "cuda"
     assert device_of("x", "cuda:0") == "cuda" and device_of("NVIDIA H200", "cpu") == "cpu"
     with pytest.raises(ConfigError, match=r"requires\[0\].device='tpu' must be one of cpu, cuda"):

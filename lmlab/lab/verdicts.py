@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import statistics
 from typing import Optional
 
@@ -232,6 +233,13 @@ def judge_timing(e, times: dict, confidence: float) -> dict:
     out.update(effect=eff, lo=lo2, hi=hi2, n=r["n"], method="interleaved timing")
     out["verdict"] = stats.verdict(e.kind, lo2, hi2, e.by)
     return out
+
+
+def short_machine(machine: str) -> str:
+    """The processor of a machine line (:func:`lmlab.bench.describe_machine`), e.g. 'Intel Xeon Processor
+    (family 6, model 167)' or 'NVIDIA H200': what a speed verdict was measured on."""
+    m = re.match(r"^(.*?\(family \d+, model \d+\))", machine)
+    return (m[1] if m else machine.split(",")[0]).replace("(R)", "").replace("(TM)", "").strip()
 
 
 def kv_bound_check(e, block: dict) -> Optional[dict]:
@@ -444,6 +452,8 @@ def analyze(
                 block = ((timing or {}).get("scales") or {}).get(scale or "")
                 times = (block or {}).get(TIMING_METRICS[e.metric], {})
                 c = judge_timing(e, times, confidence)
+                if times and timing_machine:  # a speed verdict holds for the machine it was timed on
+                    c["method"] = f"interleaved timing on {short_machine(timing_machine)}"
                 if e.metric == "decode_time" and block:
                     c["mechanism"] = kv_bound_check(e, block)
                 old = next(
