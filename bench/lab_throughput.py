@@ -14,7 +14,9 @@ gives each run), each round in two ways, alternated:
 and the same run in bf16 autocast (its ``dtype`` changed, nothing else; the final evaluation in fp32 for
 both, as the lab evaluates); ``--compare compile`` alternates bf16 eager and bf16 with ``compile: true``
 (the compile's own seconds counted in the run, as a sweep pays them); ``--compare lab`` alternates the
-lab as issue 42 found it (exec, fp32) and both changes together (fork, bf16).
+lab as issue 42 found it (exec, fp32) and both changes together (fork, bf16), ``--compare lab-compiled``
+the same with the forked runs compiled (``lmlab sweep --dtype bf16 --compile``: the fork server compiles
+each shape once, in the first run's wall time).
 
 A run's seconds are split into: process (the training process's time outside its loop: Python's and
 torch's start, imports, model, optimizer and data, the last checkpoint, exit), steps (the training
@@ -51,6 +53,10 @@ ARMS = {  # --compare: {arm: (launch, TrainConfig fields changed)}, the referenc
     "launch": {"exec": ("exec", {}), "fork": ("fork", {})},
     "dtype": {"fp32": ("fork", {"dtype": "fp32"}), "bf16": ("fork", {"dtype": "bf16"})},
     "lab": {"exec fp32": ("exec", {"dtype": "fp32"}), "fork bf16": ("fork", {"dtype": "bf16"})},
+    "lab-compiled": {
+        "exec fp32": ("exec", {"dtype": "fp32"}),
+        "fork bf16 compiled": ("fork", {"dtype": "bf16", "compile": True}),
+    },
     "compile": {
         "bf16": ("fork", {"dtype": "bf16", "compile": False}),
         "bf16+compile": ("fork", {"dtype": "bf16", "compile": True}),
@@ -154,7 +160,8 @@ def main() -> None:
         choices=sorted(ARMS),
         default="launch",
         help="what the alternated arms differ in: launch (exec vs fork, default), dtype (fp32 vs bf16, forked), "
-        "compile (bf16 eager vs bf16 compiled, forked), lab (exec fp32 vs fork bf16)",
+        "compile (bf16 eager vs bf16 compiled, forked), lab (exec fp32 vs fork bf16), lab-compiled (exec fp32 vs "
+        "fork bf16 compiled)",
     )
     args = ap.parse_args()
     arms = ARMS[args.compare]

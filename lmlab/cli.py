@@ -141,11 +141,11 @@ def cmd_sweep(args) -> int:
         f"lmlab sweep {args.spec}"
         + (f" --tier {args.tier}" if args.tier else "")
         + (f" --dtype {args.dtype}" if args.dtype else "")
+        + (" --compile" if args.compile else "")
         + (f" --out {args.out}" if args.out else "")
         + f" --jobs {args.jobs}"
+        + (f" --data {args.data}" if args.data else "")
     )
-    if args.data:
-        command += f" --data {args.data}"
     params = {}
     if args.executor_config:
         from lmlab.config_files import load_mapping
@@ -193,6 +193,7 @@ def cmd_sweep(args) -> int:
         command=command,
         tier=args.tier,
         dtype=args.dtype,
+        compile=args.compile,
         data_dir=Path(args.data) if args.data else None,
         max_runs=args.max_runs,
         executor=args.executor,

@@ -295,6 +295,12 @@ def make_parser() -> argparse.ArgumentParser:
         "autocast: about 1.3x the runs per hour on a CPU with native bf16, docs/bench/lab_throughput.md)",
     )
     sp.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile every run (a sweep NAME-compiled of its own); on Linux the fork server compiles each run "
+        "shape once for all its one-thread runs",
+    )
+    sp.add_argument(
         "--executor",
         choices=["local", "slurm", "submitit-local", "ray"],
         default="local",

@@ -486,3 +486,48 @@ def choose_for_run(trainer) -> tuple[Optional[str], Optional[RunClock]]:
         write_run(trainer.run_dir, run)
     barrier(dist)
     return f"compile auto: {scope} ({why})", clock
+
+
+def warm_for_fork(argv: list, env: dict, warmed: set) -> Optional[str]:
+    """In lmlab's fork server (:mod:`lmlab.lab.fork_server`), before it forks ``lmlab train ARGV``: when
+    that run compiles (its config's ``compile: true``) with one thread, train one step of a throwaway
+    model of its shape here, so that Dynamo's and Inductor's compiled code is in this process and every
+    run forked after it finds it (a new model of the same shape passes the same guards: its parameters
+    are graph inputs) instead of compiling again (about 4 s a run for a spec's model, measured:
+    docs/bench/lab_throughput.md). ``warmed``: the shapes this server has warmed (model config, batch,
+    accumulation, precision, compile scope), to which the run's is added. Returns the shape's key when it
+    warmed now (None: nothing to do: warmed before, or the run does not compile, uses more than one
+    thread, or is not a ``--config ... --data ...`` run). The
+    throwaway trainer writes nothing (its folder is a temporary one) and leaves no state a run reads:
+    each run seeds itself. One thread only: a process that has run OpenMP with several threads must not
+    fork (GNU OpenMP's thread pool does not survive a fork), and Inductor's kernels are generated for the
+    thread count they are compiled at. Errors propagate (the caller reports them and forks anyway: the
+    run then compiles for itself)."""
+    if env.get("OMP_NUM_THREADS") != "1" or "--config" not in argv or "--data" not in argv:
+        return None
+    import tempfile
+
+    import torch._inductor.config as inductor_config
+
+    from lmlab.data.shards import TokenData
+    from lmlab.runs import build_configs
+    from lmlab.train import Trainer
+
+    data = TokenData(argv[argv.index("--data") + 1])
+    cfg, tc = build_configs(argv[argv.index("--config") + 1], data_vocab=data.vocab_size)
+    key = json.dumps([cfg.to_dict(), tc.batch_size, tc.grad_accum, tc.dtype, tc.compile_scope], sort_keys=True)
+    if tc.compile is not True or tc.device not in ("cpu", "auto") or torch.cuda.is_available() or key in warmed:
+        return None
+    warmed.add(key)  # once, whatever happens below
+    threads, compile_threads = torch.get_num_threads(), inductor_config.compile_threads
+    torch.set_num_threads(1)
+    inductor_config.compile_threads = 1  # compiled in this process: no worker pool for the runs to inherit
+    try:
+        with tempfile.TemporaryDirectory(prefix="lmlab-warm-") as tmp:
+            trainer = Trainer(Path(tmp), cfg, tc, data, progress=False)
+            trainer.train_step()
+            del trainer
+    finally:
+        torch.set_num_threads(threads)
+        inductor_config.compile_threads = compile_threads
+    return key

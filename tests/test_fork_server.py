@@ -28,7 +28,7 @@ MODEL = dict(vocab_size=257, context_length=32, d_model=32, n_layers=2, n_heads=
 
 
 def _plan(data, steps: int, **train) -> RunPlan:
-    tc = TrainConfig(
+    fields = dict(
         max_steps=steps,
         batch_size=4,
         lr=3e-3,
@@ -40,8 +40,8 @@ def _plan(data, steps: int, **train) -> RunPlan:
         dtype="fp32",
         compile=False,
         seed=3,
-        **train,
     )
+    tc = TrainConfig(**{**fields, **train})
     return RunPlan(
         name="r",
         variant="v",
@@ -175,3 +175,56 @@ def test_a_stop_while_the_run_is_being_launched_stops_it(byte_data, tmp_path):
     assert not metrics.is_file() or '"step": 3000' not in metrics.read_text()
     p = _plan(byte_data, 4)
     assert worker.train_run(tmp_path / "s2", p, 1, launch="fork") == (False, None)  # a later run is not stopped
+
+
+def test_a_compiled_run_forked_after_the_server_compiled_its_shape_equals_an_exec_run(byte_data, tmp_path):
+    """Runs with compile: true, one thread: the server compiles their shape once (a throwaway step) and the
+    forked runs use that code; each equals, bit for bit, a new process that compiled for itself."""
+    p = _plan(byte_data, 4, compile=True)
+    got = {}
+    for launch in ("fork", "fork2", "exec"):
+        assert worker.train_run(tmp_path / launch, p, 1, launch=launch.rstrip("2")) == (False, None)
+        run_dir = tmp_path / launch / "runs" / "r"
+        got[launch] = (_losses(run_dir), _weights(run_dir))
+        assert "compile model" in (tmp_path / launch / "logs" / "r.log").read_text()
+    for launch in ("fork", "fork2"):
+        assert got[launch][0] == got["exec"][0] and len(got[launch][0]) == 4
+        for name, w in got["exec"][1].items():
+            assert torch.equal(got[launch][1][name], w), (launch, name)
+
+
+def test_warming_a_shape_leaves_nothing_to_compile_for_the_next_model_of_it(byte_data, tmp_path):
+    """lmlab.compile_choice.warm_for_fork, in this process: it trains one throwaway step of a compiling
+    run's shape (once per shape, one thread only, compile: true only), after which a new model of that
+    shape trains without Dynamo compiling another graph: what a run forked from the server inherits."""
+    import dataclasses
+
+    import yaml
+    from torch._dynamo.utils import counters
+
+    from lmlab.compile_choice import warm_for_fork
+    from lmlab.data.shards import TokenData
+    from lmlab.train import Trainer
+
+    p = _plan(byte_data, 4, compile=True)
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(yaml.safe_dump({"model": p.cfg.to_dict(), "train": dataclasses.asdict(p.tc)}))
+    argv = ["train", "--out", str(tmp_path / "run"), "--config", str(cfg_path), "--data", str(byte_data)]
+    warmed: set = set()
+    assert warm_for_fork(argv, {"OMP_NUM_THREADS": "2"}, warmed) is None and not warmed  # several threads
+    key = warm_for_fork(argv, {"OMP_NUM_THREADS": "1"}, warmed)
+    assert key is not None and warmed == {key} and not (tmp_path / "run").exists()  # nothing written
+    assert warm_for_fork(argv, {"OMP_NUM_THREADS": "1"}, warmed) is None  # once per shape
+    eager = tmp_path / "e.yaml"
+    eager_train = {**dataclasses.asdict(p.tc), "compile": False}
+    eager.write_text(yaml.safe_dump({"model": p.cfg.to_dict(), "train": eager_train}))
+    assert warm_for_fork([*argv[:4], str(eager), *argv[5:]], {"OMP_NUM_THREADS": "1"}, warmed) is None
+    graphs, threads = counters["stats"]["unique_graphs"], torch.get_num_threads()
+    torch.set_num_threads(1)  # as the forked run (Dynamo guards the thread count)
+    try:
+        torch.manual_seed(1)
+        trainer = Trainer(tmp_path / "new", p.cfg, p.tc, TokenData(byte_data), progress=False)
+        trainer.train_step()
+    finally:
+        torch.set_num_threads(threads)
+    assert counters["stats"]["unique_graphs"] == graphs > 0  # the warmed graph served the new model

@@ -352,10 +352,11 @@ def test_tier_overrides_and_errors(byte_data, tmp_path, capsys):
     assert yaml.safe_load((out / "spec.yaml").read_text())["model"]["d_model"] == 64
 
 
-def test_dtype_switch_changes_only_the_precision_and_the_sweep_name(byte_data, tmp_path, capsys):
-    """`lmlab sweep SPEC --dtype bf16`: every run's dtype and nothing else (same runs, models, steps and
-    rates), a sweep named NAME-bf16 (its own folder, the flag in its recorded command), the runs trained in
-    bf16 autocast; the spec's own dtype is a no-op, and a spec whose axes compare precisions is refused."""
+def test_dtype_and_compile_switches_change_only_their_field_and_the_sweep_name(byte_data, tmp_path, capsys):
+    """`lmlab sweep SPEC --dtype bf16 [--compile]`: every run's dtype (compile) and nothing else (same runs,
+    models, steps and rates), a sweep named NAME-bf16 (-compiled; its own folder, the flag in its recorded
+    command), the runs trained in bf16 autocast; the spec's own setting is a no-op, and a spec whose axes
+    compare precisions (compile) is refused."""
     spec = {
         "name": "t",
         "model": {**TINY_MODEL, "d_ff": 64},
@@ -372,6 +373,13 @@ def test_dtype_switch_changes_only_the_precision_and_the_sweep_name(byte_data, t
     assert [p.tc.dtype for p in fp32] == ["fp32"] * 2 and [p.tc.dtype for p in bf16] == ["bf16"] * 2
     assert [(p.name, p.cfg, p.steps, p.tc.lr) for p in bf16] == [(p.name, p.cfg, p.steps, p.tc.lr) for p in fp32]
     assert parse_spec(spec, dtype="fp32").name == "t"  # the spec's own precision: the same sweep
+    no_dtype = {**spec, "train": TINY_TRAIN}  # a sweep's default precision is fp32 (SWEEP_TRAIN_DEFAULTS)
+    assert parse_spec(no_dtype, dtype="fp32").name == "t" and parse_spec(no_dtype, dtype="auto").name == "t-auto"
+    both = parse_spec(spec, dtype="bf16", compile=True)
+    assert both.name == "t-bf16-compiled" and [p.tc.compile for p in plan_runs(both, byte_data)] == [True, True]
+    assert parse_spec({**spec, "train": {**spec["train"], "compile": True}}, compile=True).name == "t"
+    with pytest.raises(ConfigError, match="its axes set compile themselves"):
+        parse_spec({**spec, "axes": {"grid": {"compile": [True, False]}}}, compile=True)
     assert load_spec("02-norm-type-and-biases", dtype="auto").name == "02-norm-type-and-biases-auto"
     with pytest.raises(ConfigError, match="its axes set dtype themselves"):
         parse_spec({**spec, "axes": {"grid": {"variant": [{"dtype": "fp32"}, {"dtype": "bf16"}]}}}, dtype="bf16")

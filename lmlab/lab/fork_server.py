@@ -68,6 +68,25 @@ def _run_child(req: dict, server: int) -> int:
     return int(code or 0)
 
 
+def _warm(req: dict, warmed: set) -> None:
+    """Compile here, once per run shape, what a forked run would compile for itself
+    (:func:`lmlab.compile_choice.warm_for_fork`); a failure is said on the server's stderr (the worker's)
+    and the run compiles for itself."""
+    try:
+        from lmlab.compile_choice import warm_for_fork
+
+        os.chdir(req["cwd"])
+        t = time.perf_counter()
+        if warm_for_fork(list(req["argv"]), req["env"], warmed):
+            print(
+                f"fork server: compiled the model of this shape once for its runs ({time.perf_counter() - t:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    except Exception as exc:  # noqa: BLE001 -- the run then compiles for itself, as without this server
+        print(f"fork server: could not compile ahead ({exc}); the run compiles itself", file=sys.stderr, flush=True)
+
+
 def serve() -> None:
     """The server's loop (``python -m lmlab.lab.fork_server``): see the module's docstring."""
     import torch  # noqa: F401 -- what every run would import: paid once here
@@ -94,6 +113,7 @@ def serve() -> None:
     server = os.getpid()
     say({"ready": server})
     running: set = set()
+    warmed: set = set()  # the run shapes whose compiled code this server holds
     buf = b""
     while True:
         ready, _, _ = select.select([fd_in], [], [], 0.05 if running else 1.0)
@@ -105,6 +125,7 @@ def serve() -> None:
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 req = json.loads(line)
+                _warm(req, warmed)
                 pid = os.fork()
                 if pid == 0:
                     code = 1

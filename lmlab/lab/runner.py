@@ -405,11 +405,12 @@ def run_sweep(
     executor_params: Optional[dict] = None,
     runs_per_task: int = 1,
     dtype: Optional[str] = None,
+    compile: bool = False,
 ) -> Path:
     """Plan, time, train, evaluate and record every run of ``spec`` in the sweep folder ``out`` (default
     ``sweeps/NAME``, ``sweeps/NAME-TIER`` at a ``tier`` of the spec's ``tiers:``, ``sweeps/NAME-DTYPE``
-    with every run in precision ``dtype`` instead of the spec's: :func:`lmlab.lab.spec.apply_dtype`);
-    returns the folder.
+    with every run in precision ``dtype`` instead of the spec's, ``-compiled`` with ``compile``:
+    :func:`lmlab.lab.spec.apply_switches`); returns the folder.
     Resumes a folder it finds (see the module docstring). ``command`` is recorded in the provenance
     (default: ``lmlab sweep SPEC``). Raises ConfigError for a bad spec, tier, --out or --jobs before
     anything is written. The folder is locked while the sweep runs (:func:`lmlab.fsutil.acquire_lock`,
@@ -437,9 +438,9 @@ def run_sweep(
     check_executor_params(executor, dict(executor_params or {}), runs_per_task)
     if isinstance(spec, Spec) and tier is not None and spec.tier != tier:
         raise ConfigError(f"the spec was read at tier {spec.tier!r}, not {tier!r}; pass its file or name")
-    if isinstance(spec, Spec) and dtype is not None:
-        raise ConfigError(f"dtype={dtype!r} applies to a spec file or name, not a parsed Spec (read it in that dtype)")
-    spec = spec if isinstance(spec, Spec) else load_spec(spec, tier, max_runs, dtype)
+    if isinstance(spec, Spec) and (dtype is not None or compile):
+        raise ConfigError("dtype and compile apply to a spec file or name, not a parsed Spec (read it so)")
+    spec = spec if isinstance(spec, Spec) else load_spec(spec, tier, max_runs, dtype, compile)
     if max_runs is not None and spec.planned_runs > max_runs:
         raise ConfigError(f"the spec plans {spec.planned_runs:,} runs, more than --max-runs {max_runs:,}")
     sweep_dir = Path(out) if out else default_out(spec)

@@ -334,25 +334,35 @@ def apply_tier(raw: dict, tier: Optional[str], source: str = "sweep spec", base:
     return out
 
 
-def apply_dtype(raw: dict, dtype: Optional[str], source: str = "sweep spec", base: str = "sweep") -> dict:
-    """The spec mapping with every run in precision ``dtype`` (fp32, bf16 or auto: the trainer's
-    ``dtype``) instead of the spec's ``train.dtype``, named ``NAME-DTYPE`` so its sweep gets a folder of
-    its own; unchanged when ``dtype`` is None or already the spec's. Raises ConfigError for another value,
-    and for a spec whose axes set ``dtype`` themselves (a precision comparison, which one dtype would
-    erase)."""
-    if dtype is None:
-        return raw
-    if dtype not in ("fp32", "bf16", "auto"):
-        raise ConfigError(f"--dtype {dtype!r}: choose fp32, bf16 or auto")
-    if "'dtype'" in repr(raw.get("axes")):
-        raise ConfigError(
-            f"{source}: its axes set dtype themselves (the spec compares precisions); --dtype {dtype} would "
-            f"make every run the same: run the spec as written"
-        )
+def apply_switches(
+    raw: dict, dtype: Optional[str] = None, compile: bool = False, source: str = "sweep spec", base: str = "sweep"
+) -> dict:
+    """The spec mapping with every run in precision ``dtype`` (fp32, bf16 or auto: the trainer's ``dtype``)
+    instead of the spec's ``train.dtype``, and with ``compile`` every run compiled (``train.compile: true``;
+    on Linux the fork server compiles each run shape once for all its runs: :mod:`lmlab.lab.fork_server`);
+    nothing else changes. The sweep is named ``NAME-DTYPE``, ``NAME-compiled`` or ``NAME-DTYPE-compiled``
+    so it gets a folder of its own; a switch that is already the spec's setting changes nothing. Raises
+    ConfigError for another dtype, and for a spec whose axes set the field themselves (a comparison of
+    precisions or of compile, which one setting would erase)."""
+    changes = {}
+    if dtype is not None:
+        if dtype not in ("fp32", "bf16", "auto"):
+            raise ConfigError(f"--dtype {dtype!r}: choose fp32, bf16 or auto")
+        changes["dtype"] = dtype
+    if compile:
+        changes["compile"] = True
     train = raw.get("train") if isinstance(raw.get("train"), dict) else {}
-    if train.get("dtype", "auto") == dtype:
+    for key, flag in (("dtype", f"--dtype {dtype}"), ("compile", "--compile")):
+        if key in changes and f"'{key}'" in repr(raw.get("axes")):
+            raise ConfigError(
+                f"{source}: its axes set {key} themselves (the spec compares them); {flag} would make every run "
+                f"the same: run the spec as written"
+            )
+    changes = {k: v for k, v in changes.items() if train.get(k, SWEEP_TRAIN_DEFAULTS[k]) != v}
+    if not changes:
         return raw
-    return {**raw, "train": {**train, "dtype": dtype}, "name": f"{raw.get('name') or base}-{dtype}"}
+    suffix = (f"-{changes['dtype']}" if "dtype" in changes else "") + ("-compiled" if "compile" in changes else "")
+    return {**raw, "train": {**train, **changes}, "name": f"{raw.get('name') or base}{suffix}"}
 
 
 def parse_spec(
@@ -361,15 +371,16 @@ def parse_spec(
     tier: Optional[str] = None,
     max_runs: Optional[int] = None,
     dtype: Optional[str] = None,
+    compile: bool = False,
 ) -> Spec:
     """Validate a spec mapping (see the module docstring) at ``tier`` (:func:`apply_tier`; None: as
-    written) in ``dtype`` (:func:`apply_dtype`; None: the spec's); raises ConfigError naming the key, and
-    (:func:`check_run_count`) when it plans more runs than ``max_runs`` (None: the spec's ``max_runs:``,
-    else :data:`MAX_RUNS`) before expanding them."""
+    written) in ``dtype`` and with ``compile`` (:func:`apply_switches`; None / False: the spec's);
+    raises ConfigError naming the key, and (:func:`check_run_count`) when it plans more runs than
+    ``max_runs`` (None: the spec's ``max_runs:``, else :data:`MAX_RUNS`) before expanding them."""
     source = str(path) if path else "sweep spec"
     tiers = list(raw.get("tiers") or {}) if isinstance(raw, dict) and isinstance(raw.get("tiers"), dict) else []
     raw = apply_tier(raw, tier, source, path.stem if path else "sweep")
-    raw = apply_dtype(raw, dtype, source, path.stem if path else "sweep")
+    raw = apply_switches(raw, dtype, compile, source, path.stem if path else "sweep")
     if not raw:
         raise ConfigError(
             f"{source}: the spec is empty; give at least 'axes' (the variants to compare) or "
@@ -586,13 +597,17 @@ def _spec_data(value: Any, source: str):
 
 
 def load_spec(
-    spec: str | Path, tier: Optional[str] = None, max_runs: Optional[int] = None, dtype: Optional[str] = None
+    spec: str | Path,
+    tier: Optional[str] = None,
+    max_runs: Optional[int] = None,
+    dtype: Optional[str] = None,
+    compile: bool = False,
 ) -> Spec:
-    """A spec file or shipped spec name, read at ``tier`` (None: as written) in ``dtype`` (None: the
-    spec's); raises ConfigError as :func:`parse_spec` does (``max_runs``: the most runs it may plan, see
-    :func:`check_run_count`)."""
+    """A spec file or shipped spec name, read at ``tier`` (None: as written) in ``dtype`` and with
+    ``compile`` (:func:`apply_switches`; None / False: the spec's); raises ConfigError as
+    :func:`parse_spec` does (``max_runs``: the most runs it may plan, see :func:`check_run_count`)."""
     path = resolve_spec_path(spec)
-    return parse_spec(load_mapping(path), path, tier, max_runs, dtype)
+    return parse_spec(load_mapping(path), path, tier, max_runs, dtype, compile)
 
 
 def _options(value: Any) -> int:
