@@ -266,7 +266,12 @@ def make_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("sweep", help="run an ablation spec: every variant x seed trained, evaluated, recorded")
     sp.add_argument("spec", nargs="?", type=_path, help="a sweep spec YAML file or a shipped spec name (see --list)")
-    sp.add_argument("--out", type=_path, help="sweep folder (default sweeps/NAME); an existing one is resumed")
+    sp.add_argument(
+        "--out",
+        type=_path,
+        help="sweep folder (default sweeps/NAME, NAME with -TIER, -DTYPE and -compiled as --tier, --dtype and "
+        "--compile change the spec); an existing one is resumed",
+    )
     sp.add_argument("--jobs", type=POSITIVE, default=1, help="runs trained at once, each with cores // jobs threads")
     sp.add_argument("--dry-run", action="store_true", help="print the runs, steps, tokens and FLOPs; train nothing")
     sp.add_argument("--list", action="store_true", help="list the shipped specs and their claims")

@@ -52,12 +52,15 @@ class StopSignals:
                 raise KeyboardInterrupt
             return  # a SIGTERM again: the same request
         self.signum = signum
-        print(
-            f"\n{signal.Signals(signum).name} received: finishing the current step and saving a checkpoint "
-            f"(Ctrl-C / SIGINT again stops at once)",
-            file=sys.stderr,
-            flush=True,
-        )
+        try:  # stderr may be a pipe whose reader the same Ctrl-C ended (`lmlab train ... | tee log`)
+            print(
+                f"\n{signal.Signals(signum).name} received: finishing the current step and saving a checkpoint "
+                f"(Ctrl-C / SIGINT again stops at once)",
+                file=sys.stderr,
+                flush=True,
+            )
+        except (OSError, ValueError):  # a broken pipe or a closed stream must not cost the checkpoint asked for
+            pass
 
     def __enter__(self) -> "StopSignals":
         if threading.current_thread() is threading.main_thread():

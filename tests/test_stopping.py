@@ -42,3 +42,20 @@ def test_a_second_signal_of_a_person_stops_at_once(first, second):
         with pytest.raises(KeyboardInterrupt):
             _deliver(second)
     assert signal.getsignal(signal.SIGTERM) != stop._handle  # the previous handler is back
+
+
+def test_a_stop_whose_stderr_is_a_broken_pipe_still_stops_after_the_step(monkeypatch):
+    """`lmlab train ... | tee log` and Ctrl-C: tee dies with the same SIGINT, so the handler's line meets a
+    broken pipe; the stop request must stand (a new user lost 186 steps to a BrokenPipeError here)."""
+
+    class Broken:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("sys.stderr", Broken())
+    with StopSignals() as stop:
+        _deliver(signal.SIGINT)
+        assert stop.signum == signal.SIGINT

@@ -378,10 +378,17 @@ def test_dtype_and_compile_switches_change_only_their_field_and_the_sweep_name(b
     both = parse_spec(spec, dtype="bf16", compile=True)
     assert both.name == "t-bf16-compiled" and [p.tc.compile for p in plan_runs(both, byte_data)] == [True, True]
     assert parse_spec({**spec, "train": {**spec["train"], "compile": True}}, compile=True).name == "t"
-    with pytest.raises(ConfigError, match="its axes set compile themselves"):
+    with pytest.raises(ConfigError, match="variant 'compile=true' sets compile itself"):
         parse_spec({**spec, "axes": {"grid": {"compile": [True, False]}}}, compile=True)
+    # scales and tune: the switch would reach only some runs (a new user's find); a label is not a field
+    with pytest.raises(ConfigError, match="scale 's1' sets dtype itself"):
+        parse_spec({**spec, "scales": [{"label": "s1", "dtype": "fp32"}, {"label": "s2", "d_model": 64}]}, dtype="bf16")
+    with pytest.raises(ConfigError, match="tune: sets dtype itself"):
+        parse_spec({**spec, "tune": {"dtype": ["fp32", "bf16"]}}, dtype="bf16")
+    labelled = {**spec, "axes": {"grid": {"variant": [{"label": "dtype", "n_layers": 1}]}}}
+    assert parse_spec(labelled, dtype="bf16").name == "t-bf16"
     assert load_spec("02-norm-type-and-biases", dtype="auto").name == "02-norm-type-and-biases-auto"
-    with pytest.raises(ConfigError, match="its axes set dtype themselves"):
+    with pytest.raises(ConfigError, match="variant 'dtype=fp32' sets dtype itself"):
         parse_spec({**spec, "axes": {"grid": {"variant": [{"dtype": "fp32"}, {"dtype": "bf16"}]}}}, dtype="bf16")
     with pytest.raises(ConfigError, match="--dtype 'fp8': choose fp32, bf16 or auto"):
         parse_spec(spec, dtype="fp8")

@@ -3,7 +3,10 @@ training command forks each run's ``lmlab train`` (:func:`lmlab.lab.worker.train
 does not pay Python's and torch's start again (torch, and torch._dynamo, which ``torch.optim`` imports
 when the first optimizer is built: about 3 s of every run on a 2-core VM, docs/bench/lab_throughput.md).
 Each run is still its own process (a crash, a leak or a signal stays in it), and it computes what
-``python -m lmlab.cli train`` computes: the same code, a fresh fork of a process that has run nothing.
+``python -m lmlab.cli train`` computes: the same code, a fresh fork of a process that has run nothing but,
+for runs that compile (``compile: true``, one thread), one throwaway training step of each run shape, so
+that its forked runs find the compiled code instead of compiling it again
+(:func:`lmlab.compile_choice.warm_for_fork`; the forked runs equal new processes bit for bit, tested).
 
 Why not ``multiprocessing``'s forkserver: it imports the parent's main module again in every child (a
 script that calls the lab's API without an ``if __name__ == "__main__"`` guard would run itself once per

@@ -343,7 +343,7 @@ def apply_switches(
     nothing else changes. The sweep is named ``NAME-DTYPE``, ``NAME-compiled`` or ``NAME-DTYPE-compiled``
     so it gets a folder of its own; a switch that is already the spec's setting changes nothing. Raises
     ConfigError for another dtype, and for a spec whose axes set the field themselves (a comparison of
-    precisions or of compile, which one setting would erase)."""
+    precisions or of compile, which one setting would erase: :func:`check_switches`, on the parsed spec)."""
     changes = {}
     if dtype is not None:
         if dtype not in ("fp32", "bf16", "auto"):
@@ -352,17 +352,28 @@ def apply_switches(
     if compile:
         changes["compile"] = True
     train = raw.get("train") if isinstance(raw.get("train"), dict) else {}
-    for key, flag in (("dtype", f"--dtype {dtype}"), ("compile", "--compile")):
-        if key in changes and f"'{key}'" in repr(raw.get("axes")):
-            raise ConfigError(
-                f"{source}: its axes set {key} themselves (the spec compares them); {flag} would make every run "
-                f"the same: run the spec as written"
-            )
     changes = {k: v for k, v in changes.items() if train.get(k, SWEEP_TRAIN_DEFAULTS[k]) != v}
     if not changes:
         return raw
     suffix = (f"-{changes['dtype']}" if "dtype" in changes else "") + ("-compiled" if "compile" in changes else "")
     return {**raw, "train": {**train, **changes}, "name": f"{raw.get('name') or base}{suffix}"}
+
+
+def check_switches(spec: "Spec", dtype: Optional[str], compile: bool, source: str) -> None:
+    """Refuse (ConfigError) a ``--dtype`` / ``--compile`` for a spec whose variants, scales or ``tune:``
+    set that field themselves: the switch would override only some runs (a comparison of precisions, or
+    of compile, half erased under a sweep name that claims one setting)."""
+    for key, flag in (("dtype", f"--dtype {dtype}"), ("compile", "--compile")):
+        if (key == "dtype" and dtype is None) or (key == "compile" and not compile):
+            continue
+        where = [f"variant {v.label!r}" for v in spec.variants if key in v.fields]
+        where += [f"scale {v.label!r}" for v in spec.scales if key in v.fields]
+        where += ["tune:"] if key in (spec.tune or {}) else []
+        if where:
+            raise ConfigError(
+                f"{source}: {where[0]} sets {key} itself (the spec varies it); {flag} would override only the "
+                f"other runs: run the spec as written"
+            )
 
 
 def parse_spec(
@@ -505,7 +516,7 @@ def parse_spec(
             f"grid, and tune_seeds={tune_seeds!r} gives one (no interval); list at least two, or drop "
             f"tune_seeds"
         )
-    return Spec(
+    spec = Spec(
         name=str(name),
         claim=str(raw.get("claim") or "").strip(),
         path=path,
@@ -540,6 +551,8 @@ def parse_spec(
         max_epochs=parse_max_epochs(raw.get("max_epochs"), source),
         planned_runs=planned,
     )
+    check_switches(spec, dtype, compile, source)
+    return spec
 
 
 def parse_max_epochs(value: Any, source: str) -> Optional[float]:
