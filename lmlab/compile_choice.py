@@ -499,10 +499,10 @@ def warm_for_fork(argv: list, env: dict, warmed: set) -> Optional[str]:
     warmed now (None: nothing to do: warmed before, or the run does not compile, uses more than one
     thread, or is not a ``--config ... --data ...`` run). The
     throwaway trainer writes nothing (its folder is a temporary one) and leaves no state a run reads:
-    each run seeds itself. One thread only: a process that has run OpenMP with several threads must not
-    fork (GNU OpenMP's thread pool does not survive a fork), and Inductor's kernels are generated for the
-    thread count they are compiled at. Errors propagate (the caller reports them and forks anyway: the
-    run then compiles for itself)."""
+    each run seeds itself. One thread only: a process that has run OpenMP with several threads is not
+    safe to fork in general (its thread pool is not the child's), and Dynamo guards the thread count
+    (Inductor's kernels are generated for it). Errors propagate (the caller reports them and forks anyway:
+    the run then compiles for itself)."""
     if env.get("OMP_NUM_THREADS") != "1" or "--config" not in argv or "--data" not in argv:
         return None
     import tempfile

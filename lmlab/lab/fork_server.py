@@ -22,6 +22,7 @@ the runs); it exits when its stdin closes (the worker is gone), and its runs the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -80,7 +81,9 @@ def _warm(req: dict, warmed: set) -> None:
 
         os.chdir(req["cwd"])
         t = time.perf_counter()
-        if warm_for_fork(list(req["argv"]), req["env"], warmed):
+        with contextlib.redirect_stdout(sys.stderr):  # this server's stdout is its answers to the worker
+            done = warm_for_fork(list(req["argv"]), req["env"], warmed)
+        if done:
             print(
                 f"fork server: compiled the model of this shape once for its runs ({time.perf_counter() - t:.1f} s)",
                 file=sys.stderr,

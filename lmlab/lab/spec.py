@@ -342,8 +342,8 @@ def apply_switches(
     on Linux the fork server compiles each run shape once for all its runs: :mod:`lmlab.lab.fork_server`);
     nothing else changes. The sweep is named ``NAME-DTYPE``, ``NAME-compiled`` or ``NAME-DTYPE-compiled``
     so it gets a folder of its own; a switch that is already the spec's setting changes nothing. Raises
-    ConfigError for another dtype, and for a spec whose axes set the field themselves (a comparison of
-    precisions or of compile, which one setting would erase: :func:`check_switches`, on the parsed spec)."""
+    ConfigError for another dtype (a spec whose variants, scales or ``tune:`` set the field themselves is
+    refused by :func:`check_switches`, on the parsed spec)."""
     changes = {}
     if dtype is not None:
         if dtype not in ("fp32", "bf16", "auto"):
