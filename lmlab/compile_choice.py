@@ -511,6 +511,7 @@ def warm_for_fork(argv: list, env: dict, warmed: set) -> Optional[str]:
 
     from lmlab.data.shards import TokenData
     from lmlab.runs import build_configs
+    from lmlab.threads import using_threads
     from lmlab.train import Trainer
 
     data = TokenData(argv[argv.index("--data") + 1])
@@ -519,15 +520,13 @@ def warm_for_fork(argv: list, env: dict, warmed: set) -> Optional[str]:
     if tc.compile is not True or tc.device not in ("cpu", "auto") or torch.cuda.is_available() or key in warmed:
         return None
     warmed.add(key)  # once, whatever happens below
-    threads, compile_threads = torch.get_num_threads(), inductor_config.compile_threads
-    torch.set_num_threads(1)
+    compile_threads = inductor_config.compile_threads
     inductor_config.compile_threads = 1  # compiled in this process: no worker pool for the runs to inherit
     try:
-        with tempfile.TemporaryDirectory(prefix="lmlab-warm-") as tmp:
+        with using_threads(1), tempfile.TemporaryDirectory(prefix="lmlab-warm-") as tmp:
             trainer = Trainer(Path(tmp), cfg, tc, data, progress=False)
             trainer.train_step()
             del trainer
     finally:
-        torch.set_num_threads(threads)
         inductor_config.compile_threads = compile_threads
     return key

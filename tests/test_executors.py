@@ -141,9 +141,10 @@ def local_reference(byte_data, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def one_run(byte_data, tmp_path_factory):
-    """One 400-step run (checkpoints every 4 steps: long enough that a test interrupting it after its second
-    checkpoint lands mid-training on a fast machine) and its rows trained without interruption."""
-    spec = tiny_spec(byte_data, steps=400)
+    """One 1,600-step run (checkpoints every 4 steps: long enough that a test interrupting it after its
+    second checkpoint lands mid-training on a fast machine: at 400 steps a Zen 4 core finished the training
+    in the 1.6 s Slurm took to preempt it, 2026-12-05 CI) and its rows trained without interruption."""
+    spec = tiny_spec(byte_data, steps=1600)
     spec.update(seeds=[1], tune_seeds=None, tune=None, train={**spec["train"], "lr": 3e-3})
     spec["axes"] = {"zip": spec["axes"]["zip"][:1]}
     path = tmp_path_factory.mktemp("one") / "one.yaml"
@@ -471,8 +472,8 @@ def test_slurm_partition_preemption_resumes(cluster, one_run, tmp_path, partitio
     log = (out / "logs" / "SiLU-s1.log").read_text()
     assert log.count("$ ") == 2 and "SIGTERM received" in log and "resuming" in log, log
     # the checkpoint was written at the SIGTERM (Slurm delivers it twice: one request, not "stop at once")
-    stopped = re.search(r"interrupted by SIGTERM at step (\d+) of 400; its checkpoint is saved", log)
-    assert stopped and f"from step {stopped[1]} of 400" in log, log
+    stopped = re.search(r"interrupted by SIGTERM at step (\d+) of 1600; its checkpoint is saved", log)
+    assert stopped and f"from step {stopped[1]} of 1600" in log, log
     assert not list((out / "runs" / "SiLU-s1" / "checkpoints").glob("*.tmp"))
     assert _rows(out) == ref_rows
     requeues = [json.loads(x) for x in (out / "requeues.jsonl").read_text().splitlines()]
@@ -548,8 +549,8 @@ def test_ray_retries_a_killed_worker_and_the_run_resumes(ray_here, one_run, tmp_
     log = (out / "logs" / "SiLU-s1.log").read_text()
     # the training gets SIGTERM when its worker dies (a checkpoint at its current step), unless Ray's own kill
     # of a dead worker's children comes first (then the last periodic checkpoint): either way it resumes
-    resumed = re.search(r"resuming \S+ from step (\d+) of 400", log)
-    assert log.count("$ ") == 2 and resumed and 8 <= int(resumed.group(1)) < 400
+    resumed = re.search(r"resuming \S+ from step (\d+) of 1600", log)
+    assert log.count("$ ") == 2 and resumed and 8 <= int(resumed.group(1)) < 1600
     assert _rows(out) == ref_rows
 
 
