@@ -10,6 +10,10 @@ each block at every level of the nesting. This script keeps that version (``slic
 ``--compare sdpa``: the blocked attention against torch's SDPA kernel (what
 lmlab.kernels.causal_attention.use_blocked chooses between; the rule is bypassed here).
 
+``--compare row-copies``: the traced loops' bmm operands as plain row slices of (batch*heads, T,
+head_dim) (as before 2026-12-05), against the contiguous block copies the loops now make
+(lmlab.kernels.causal_attention._rows): oneDNN's bf16 bmm copies a slice itself, a strided copy.
+
 Both models are built and compiled in one process, then ``--rounds`` rounds of ``--steps`` steps
 each, alternating which goes first; the figure is the median over rounds of the first variant's time /
 the second's, with its interquartile range (above 1: the second, lmlab's choice for ``dkdv-sum``, is
@@ -17,6 +21,7 @@ faster).
 
     python bench/attention_step_ab.py --recipe gpt2 --dtype bf16 --threads 1
     python bench/attention_step_ab.py --compare sdpa --recipe gpt2 --dtype fp32 --threads 1
+    python bench/attention_step_ab.py --compare row-copies --recipe gpt2 --dtype bf16 --threads 2
 
 Dynamo guards on the module globals it reads, so each model keeps the variant it was compiled with as
 long as the globals are set back before its steps (done here before every round).
@@ -26,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -61,16 +65,18 @@ def variants(compare: str) -> dict:
     import lmlab.kernels.causal_attention as ca
     import lmlab.model.attention as attention
 
-    padded, rule = ca._backward_fused, ca.use_blocked
+    padded, rule, rows = ca._backward_fused, ca.use_blocked, ca._rows
 
-    def setter(backward, use_blocked):
+    def setter(backward, use_blocked, rows_of=rows):
         def apply():
-            ca._backward_fused, attention.use_blocked = backward, use_blocked
+            ca._backward_fused, attention.use_blocked, ca._rows = backward, use_blocked, rows_of
 
         return apply
 
     if compare == "sdpa":
         return {"sdpa": setter(padded, lambda q: False), "blocked": setter(padded, lambda q: True)}
+    if compare == "row-copies":
+        return {"row slices": setter(padded, rule, lambda t, r0, r1: t[:, r0:r1]), "row copies": setter(padded, rule)}
     return {"slice adds": setter(slice_adds_backward, rule), "padded sum": setter(padded, rule)}
 
 
@@ -78,7 +84,7 @@ def main() -> None:
     from lmlab.argtypes import int_at_least
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--compare", choices=["dkdv-sum", "sdpa"], default="dkdv-sum")
+    ap.add_argument("--compare", choices=["dkdv-sum", "sdpa", "row-copies"], default="dkdv-sum")
     ap.add_argument("--recipe", choices=["llama", "gpt2", "demo"], default="gpt2")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
     ap.add_argument("--threads", type=int_at_least(1), default=1)
@@ -93,7 +99,7 @@ def main() -> None:
     import lmlab.kernels.causal_attention as ca
     import lmlab.model.attention as attention
 
-    originals = ca._backward_fused, attention.use_blocked  # read before any variant is set
+    originals = ca._backward_fused, attention.use_blocked, ca._rows  # read before any variant is set
     setters = variants(a.compare)
     names = list(setters)
     systems = {}
@@ -110,15 +116,13 @@ def main() -> None:
                 systems[name].step()
             if r:
                 times[name].append((time.perf_counter() - t0) / a.steps)
-    ca._backward_fused, attention.use_blocked = originals  # lmlab's own globals back
+    ca._backward_fused, attention.use_blocked, ca._rows = originals  # lmlab's own globals back
     first, second = names
     ratios = [x / y for x, y in zip(times[first], times[second])]
     q1, _, q3 = statistics.quantiles(ratios, n=4)
-    load = os.getloadavg()
-    print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-        f"torch {torch.__version__}, threads {a.threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
-    )
+    from bench.train_vs_peers import machine_line
+
+    print(machine_line(a.threads))
     print(f"recipe {a.recipe}, {a.dtype}, compiled step, {a.rounds} rounds x {a.steps} steps, alternated")
     for name in names:
         print(f"  {name:11s} {statistics.median(times[name]) * 1e3:7.1f} ms/step (median)")

@@ -295,6 +295,47 @@ def test_compiled_model_matches_the_eager_model_in_bf16():
         torch.testing.assert_close(p.grad, e, rtol=5e-2, atol=5e-3)
 
 
+@pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    reason="oneDNN's bf16 batched product is what copies operands it cannot take as they are",
+)
+def test_compiled_bf16_attention_hands_bmm_operands_it_takes_without_a_copy():
+    """oneDNN's bf16 bmm copies a 3-D operand that is neither contiguous nor the transpose of a contiguous
+    tensor (a row slice of (batch*heads, T, head_dim) is neither); the traced loops give it block copies
+    of their own (causal_attention._rows), so no aten::contiguous runs inside a bmm of the compiled step.
+    Before, 112 did in a GPT-2-recipe step. T = 2 * BLOCK + 5: query blocks, key prefixes and a ragged block."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg = ModelConfig(vocab_size=64, context_length=2 * BLOCK + 5, d_model=32, n_layers=1, n_heads=2)
+    torch.manual_seed(0)
+    model = TransformerLM(cfg, kernels=BLOCKED)
+    f = torch.compile(model, fullgraph=True)
+    x = torch.randint(0, 64, (2, cfg.context_length))
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            f(x, targets=x)[0].backward()
+
+    try:
+        step()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step()
+    finally:
+        torch._dynamo.reset()
+    bmms, copies = 0, []
+    for e in prof.events():
+        if e.name == "aten::bmm":
+            bmms += 1
+        parent = e.cpu_parent
+        while parent is not None and e.name in ("aten::contiguous", "aten::clone"):
+            if parent.name == "aten::bmm":
+                copies.append(e.input_shapes)
+                break
+            parent = parent.cpu_parent
+    assert bmms == 3 * 2 + 3 * 4  # 3 query blocks: 2 products each forward, 4 backward
+    assert copies == []
+
+
 def test_compiled_training_gradients_are_the_same_every_call():
     """Inductor compiled the embedding's scatter-add with atomic float adds on 2 threads: the same
     step's embedding gradient changed between calls (up to 2e-9) and exact resume failed

@@ -68,11 +68,11 @@ def _forward_fused(q, k, v, scale: float, block: int):
     outs, probs = [], []
     for r0 in range(0, T, block):
         r1 = min(r0 + block, T)
-        s = torch.bmm(q3[:, r0:r1], k3[:, :r1].transpose(1, 2)).to(acc) * scale
+        s = torch.bmm(_rows(q3, r0, r1), _rows(k3, 0, r1).transpose(1, 2)).to(acc) * scale
         rows = torch.arange(r0, r1, device=q.device)[:, None]
         cols = torch.arange(r1, device=q.device)[None, :]
         p = torch.softmax(s.masked_fill(cols > rows, float("-inf")), dim=-1).to(q.dtype)
-        outs.append(torch.bmm(p, v3[:, :r1]))
+        outs.append(torch.bmm(p, _rows(v3, 0, r1)))
         probs.append(p)
     return torch.cat(outs, dim=1), q3, k3, v3, probs
 
@@ -87,13 +87,27 @@ def _backward_fused(do, q3, k3, v3, out, probs, scale: float, block: int):
     dqs, dks, dvs = [], [], []
     for i, r0 in enumerate(range(0, T, block)):
         r1 = min(r0 + block, T)
-        p, do_i, q_i = probs[i], do[:, r0:r1], q3[:, r0:r1]
-        dp = torch.bmm(do_i, v3[:, :r1].transpose(1, 2)).to(acc)
+        p, do_i, q_i = probs[i], _rows(do, r0, r1), _rows(q3, r0, r1)
+        dp = torch.bmm(do_i, _rows(v3, 0, r1).transpose(1, 2)).to(acc)
         ds = ((dp - delta[:, r0:r1, None]) * p.to(acc) * scale).to(q3.dtype)
-        dqs.append(torch.bmm(ds, k3[:, :r1]))
+        dqs.append(torch.bmm(ds, _rows(k3, 0, r1)))
         dvs.append(torch.bmm(p.transpose(1, 2), do_i))  # keys :r1
         dks.append(torch.bmm(ds.transpose(1, 2), q_i))
     return torch.cat(dqs, dim=1), _sum_padded(dks, T, acc), _sum_padded(dvs, T, acc)
+
+
+def _rows(t: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
+    """Rows r0:r1 of t (batch*heads, T, head_dim) as a contiguous tensor, for ``torch.bmm``. oneDNN's
+    batched product (what bmm runs in bf16) takes a 3-D operand as it is only when it is contiguous or
+    the transpose of a contiguous tensor; a row slice of t is neither (its batch stride stays T x
+    head_dim), and bmm then copies it itself (``aten::contiguous``, a strided copy, transposing for a
+    ``.transpose(1, 2)`` operand). Asked for here, inside the compiled graph, the copy is inductor's
+    (vectorised, or fused into the kernel that produced t), and the transposed operand is a plain view."""
+    part = t[:, r0:r1]
+    if r1 - r0 == t.shape[1]:
+        return part
+    n, rows, d = part.shape
+    return torch.as_strided(part.contiguous(), (n, rows, d), (rows * d, d, 1))
 
 
 def _sum_padded(parts, T: int, acc: torch.dtype) -> torch.Tensor:
