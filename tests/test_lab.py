@@ -534,6 +534,7 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path, 
     assert main(["report", str(out)]) == 0
     md = (out / "report.md").read_text()
     assert f"- **CPU kernels**: {default_kernels().describe()}." in md
+    assert "grad clip 1, dtype fp32.\n" in md  # the sweep default: fp32, not compiled
     assert md.startswith("# Ablation: bar\n")  # the spec's name, also when basins are drawn
     assert md.index("## Verdicts") < md.index("## Against the baseline") < md.index("## Setup and provenance")
     table = _verdict_table(md)
@@ -894,3 +895,18 @@ def test_two_stage_sweep_trains_stage_2_at_the_chosen_values(byte_data, tmp_path
     again.rows = dict(sweep.rows)
     again.run()
     assert trained == []
+
+
+def test_page_names_the_precision_a_run_trained_in_and_whether_it_compiled():
+    """dtype auto is shown with what it resolved to on the run's machine (run.yaml's precision)."""
+    from lmlab.lab.page import _compiled, _precision
+
+    assert _precision({"train": {"dtype": "auto"}, "precision": "bf16"}) == "auto (bf16) autocast"
+    assert _precision({"train": {"dtype": "auto"}, "precision": "fp32"}) == "auto (fp32)"
+    assert _precision({"train": {"dtype": "bf16"}}) == "bf16 autocast"
+    assert _precision({"train": {"dtype": "fp32"}}) == "fp32"
+    assert [_compiled({"compile": c}) for c in (True, False, "auto")] == [
+        ", compiled (torch.compile)",
+        "",
+        ", compile auto",
+    ]

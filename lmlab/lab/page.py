@@ -41,7 +41,7 @@ def _setup_lines(spec_raw: dict, rows: list[dict], sweep_dir: Path) -> list[str]
         lines.append(
             f"- **Training**: batch {t['batch_size']} x {m['context_length']} tokens, AdamW lr {t['lr']:g} "
             f"({t['schedule']}, {t['warmup_steps']} warmup steps), weight decay {t['weight_decay']:g}, "
-            f"grad clip {t['grad_clip']:g}, dtype {t['dtype']}."
+            f"grad clip {t['grad_clip']:g}, dtype {_precision(run)}{_compiled(t)}."
         )
         data = str(run.get("data"))
         try:  # a path inside the working directory is shown relative to it
@@ -57,6 +57,20 @@ def _setup_lines(spec_raw: dict, rows: list[dict], sweep_dir: Path) -> list[str]
     if spec_raw.get("notes"):
         lines.append(f"- **Notes**: {str(spec_raw['notes']).strip()}")
     return lines
+
+
+def _precision(run: dict) -> str:
+    """The run's training precision: its ``dtype``, with what ``auto`` resolved to on the run's machine
+    (run.yaml's ``precision``), and bf16/fp16 named as autocast."""
+    dtype, chosen = run["train"].get("dtype"), run.get("precision")
+    shown = f"auto ({chosen})" if dtype == "auto" and chosen else str(dtype)
+    return shown + (" autocast" if (chosen or dtype) in ("bf16", "fp16") else "")
+
+
+def _compiled(train: dict) -> str:
+    """', compiled' / ', compile auto' / '' for a run's ``compile`` setting."""
+    c = train.get("compile")
+    return ", compiled (torch.compile)" if c is True else ", compile auto" if c == "auto" else ""
 
 
 def _label(scale: Optional[str], variant: str) -> str:
