@@ -102,7 +102,10 @@ def _rows(t: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
     the transpose of a contiguous tensor; a row slice of t is neither (its batch stride stays T x
     head_dim), and bmm then copies it itself (``aten::contiguous``, a strided copy, transposing for a
     ``.transpose(1, 2)`` operand). Asked for here, inside the compiled graph, the copy is inductor's
-    (vectorised, or fused into the kernel that produced t), and the transposed operand is a plain view."""
+    (vectorised, or fused into the kernel that produced t), and the transposed operand is a plain view.
+    ``as_strided`` pins the copy's layout: inductor lowers ``contiguous()`` to a copy whose layout it
+    chooses itself, and chose the producer's for the dO blocks (batch stride head_dim), which bmm copied
+    again (measured: docs/bench/measured-choices.md)."""
     part = t[:, r0:r1]
     if r1 - r0 == t.shape[1]:
         return part

@@ -68,7 +68,8 @@ def _precision(run: dict) -> str:
 
 
 def _compiled(train: dict) -> str:
-    """', compiled' / ', compile auto' / '' for a run's ``compile`` setting."""
+    """What a page's training line adds for a run's ``compile`` setting: ', compiled (torch.compile)',
+    ', compile auto' or nothing (compile off)."""
     c = train.get("compile")
     return ", compiled (torch.compile)" if c is True else ", compile auto" if c == "auto" else ""
 
