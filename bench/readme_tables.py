@@ -11,7 +11,9 @@ written relative to the file holding the block):
 - ``train_vs_peers``: the summary of docs/bench/train_vs_peers.md (bench/train_matrix.sh): per
   recipe x precision x threads cell, lmlab's speed-up over the fastest eager and the fastest compiled peer;
   ``train_vs_peers_intel`` the same from docs/bench/train_vs_peers_intel.md (the matrix on an Intel Xeon),
-  ``train_vs_peers_epyc_zen4`` from docs/bench/train_vs_peers_epyc_zen4.md (on a Zen 4 AMD EPYC);
+  ``train_vs_peers_epyc_zen4`` from docs/bench/train_vs_peers_epyc_zen4.md (on a Zen 4 AMD EPYC),
+  ``train_vs_peers_xeon_f6m207`` from docs/bench/train_vs_peers_xeon_f6m207.md (an Intel Xeon, family 6
+  model 207);
   ``peers_by_cpu``: one line per CPU measured, the range of lmlab's speed-up over the fastest compiled
   peer in bf16 and in fp32 (the README's);
 - ``train_step_gains``: docs/bench/train_step_gains.md (bench/train_step_gains.py --markdown), one
@@ -142,9 +144,14 @@ def train_vs_peers_epyc_zen4() -> list[str]:
     return _peers_table(DOCS / "train_vs_peers_epyc_zen4.md")
 
 
+def train_vs_peers_xeon_f6m207() -> list[str]:
+    return _peers_table(DOCS / "train_vs_peers_xeon_f6m207.md")
+
+
 # the matrix pages, with the CPU of those whose lines do not name its family and model (measured before
 # the benchmarks printed them)
 PEER_PAGES = {
+    "train_vs_peers_xeon_f6m207.md": None,
     "train_vs_peers_epyc_zen4.md": None,
     "train_vs_peers_intel.md": "Intel Xeon with AMX (family/model not recorded)",
     "train_vs_peers.md": "AMD EPYC with AVX-512 (family/model not recorded)",
@@ -363,6 +370,7 @@ BLOCKS = {
         train_vs_peers,
         train_vs_peers_intel,
         train_vs_peers_epyc_zen4,
+        train_vs_peers_xeon_f6m207,
         peers_by_cpu,
         train_step_gains,
         context_scaling,

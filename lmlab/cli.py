@@ -123,17 +123,10 @@ def _train(trainer, out: Path) -> int:
 
 def cmd_sweep(args) -> int:
     from lmlab.lab.runner import run_sweep
-    from lmlab.lab.spec import builtin_specs, load_spec
+    from lmlab.lab.spec import list_specs
 
     if args.list:
-        for name, path in builtin_specs().items():
-            spec = load_spec(path)
-            tiers = spec.tiers
-            print(
-                f"{name}: {len(spec.variants)} variant(s) x {len(spec.seeds)} seed(s)"
-                + (f"; tiers: {', '.join(tiers)}" if tiers else "")
-                + f"; {spec.claim}"
-            )
+        print("\n".join(list_specs(args.tier, args.dtype, args.compile)))
         return 0
     if not args.spec:
         raise ConfigError("give a spec file or a shipped spec name (`lmlab sweep --list` shows them)")

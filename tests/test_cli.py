@@ -820,3 +820,27 @@ def test_bench_train_times_the_precisions_side_by_side(capsys):
     assert "--rounds" in capsys.readouterr().err
     assert main(["bench", "train", "--preset", "llama-3-8b", "--config", "demo"]) == 2
     assert "one of --config or --preset" in capsys.readouterr().err
+
+
+def test_sweep_list_shows_each_spec_as_the_switches_would_run_it(capsys):
+    """`lmlab sweep --list` names each spec's precision as written (the specs moved to bf16 + compile and those
+    still fp32), --dtype/--compile change what it lists, --tier lists the specs that define the tier."""
+    import yaml
+
+    from lmlab.lab.spec import builtin_specs
+
+    written = {n: yaml.safe_load(p.read_text()).get("train", {}) for n, p in builtin_specs().items()}
+    assert main(["sweep", "--list"]) == 0
+    lines = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines())
+    assert sorted(lines) == sorted(written)
+    for name, train in written.items():
+        how = train.get("dtype", "fp32") + (", compiled" if train.get("compile") else "")
+        assert lines[name].split(";")[0].endswith(f"seed(s), {how}"), (name, lines[name])
+    assert {"fp32", "bf16"} <= {t.get("dtype", "fp32") for t in written.values()}  # both kinds are listed
+    assert main(["sweep", "--list", "--dtype", "fp32", "--compile"]) == 0
+    assert all(", fp32, compiled" in line for line in capsys.readouterr().out.splitlines())
+    with_gpu = [n for n, p in builtin_specs().items() if "gpu" in (yaml.safe_load(p.read_text()).get("tiers") or {})]
+    assert main(["sweep", "--list", "--tier", "gpu"]) == 0
+    assert sorted(line.split(": ")[0] for line in capsys.readouterr().out.splitlines()) == sorted(with_gpu)
+    assert main(["sweep", "--list", "--tier", "tpu"]) == 2
+    assert "--tier 'tpu': no shipped spec defines it" in capsys.readouterr().err

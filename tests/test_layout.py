@@ -14,7 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TORCH_FREE = ["lmlab.cli", "lmlab.cli_parser", "lmlab.config", "lmlab.presets", "lmlab.run_folder", "lmlab.runs",
               "lmlab.data.prepare", "lmlab.lab.runner", "lmlab.lab.report", "lmlab.lab.index", "lmlab.lab.worker",
-              "lmlab.lab.executors", "lmlab.analysis", "lmlab.param_counts", "lmlab.plot"]  # fmt: skip
+              "lmlab.lab.executors", "lmlab.lab.ray_executor", "lmlab.analysis", "lmlab.param_counts",
+              "lmlab.plot"]  # fmt: skip
 
 
 @pytest.mark.parametrize("module", TORCH_FREE)

@@ -1,6 +1,6 @@
 """Where a sweep's runs train: local threads (``lmlab sweep --jobs N``, :class:`lmlab.lab.runner._Sweep`), a
 Slurm cluster or this machine through submitit (``--executor slurm`` / ``--executor submitit-local``), or a
-Ray cluster (``--executor ray --address ...``, :class:`RayExecutor`).
+Ray cluster (``--executor ray --address ...``, :class:`lmlab.lab.ray_executor.RayExecutor`).
 
 The coordinator (``lmlab sweep``) plans the runs, writes each one's ``plans/RUN.json``
 (:mod:`lmlab.lab.worker`), submits them, waits for every job of a stage before planning the next (the spec's
@@ -16,7 +16,11 @@ requeued job continues every unfinished run from its checkpoint (resume is exact
 uninterrupted run's). A cluster's own preemption sends SIGTERM to every process of the job: the trainings
 checkpoint on it; a partition with ``PreemptMode=REQUEUE`` requeues the job (its next attempt continues the
 runs), one with ``PreemptMode=CANCEL`` ends it as ``PREEMPTED``, and the coordinator submits its runs
-again (they continue from their checkpoints). Each requeue or resubmission is recorded in
+again (they continue from their checkpoints). ``srun``, signalled with the job, ends the job's step within
+about a second ("forcing job termination"): a training that has not saved its checkpoint by then continues
+from its last periodic one. A task whose trainings did stop in time waits for Slurm to end the job (with a
+``GraceTime`` on the partition, at its end): a task that ended itself first would leave the job FAILED,
+which Slurm neither requeues nor calls preempted. Each requeue or resubmission is recorded in
 ``requeues.jsonl``.
 
 Stopping the coordinator (SIGINT, SIGTERM, a lost login) leaves the jobs running: the submitted jobs are
@@ -33,8 +37,10 @@ arrays (``Executor.map_array``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -48,6 +54,7 @@ from lmlab.lab.worker import failed_row, read_plan, read_row, run_names, stop_tr
 JOBS_FILE = "jobs.jsonl"
 RAY_KEYS = ("address", "cpus_per_task", "gpus_per_node", "max_retries")  # what --executor ray takes
 REQUEUES_FILE = "requeues.jsonl"
+SLURM_END_WAIT_S = 600  # after a SIGTERM from Slurm, how long a task whose trainings stopped waits to be ended
 SIGNAL_DELAY_S = 120  # Slurm sends SIGUSR2 this long before a job's time limit (submitit's slurm_signal_delay_s)
 SUBMITIT_DIR = "submitit"
 EXECUTORS = ("local", "slurm", "submitit-local", "ray")
@@ -77,11 +84,14 @@ class SweepTask:
                 Path(sweep_dir),
                 {"runs": list(names), "job_id": job_id, "attempt": attempt, "by": "slurm (preempted or requeued)"},
             )
-        try:
-            rows = run_names(Path(sweep_dir), list(names), threads, log=lambda line: print(line, flush=True))
-        except KeyboardInterrupt:  # cancelled (SIGINT): stop the training subprocesses, which checkpoint
-            stop_training()
-            raise
+        with _sigterm_noted() as signalled:
+            try:
+                rows = run_names(Path(sweep_dir), list(names), threads, log=lambda line: print(line, flush=True))
+            except KeyboardInterrupt:  # cancelled (SIGINT) or SIGTERM: stop the trainings (they checkpoint)
+                stop_training()
+                if signalled and os.environ.get("SLURM_JOB_ID"):
+                    _await_slurm_end(signalled[0])
+                raise
         return len(rows)
 
     def checkpoint(self, sweep_dir: str, names: list, threads: int):
@@ -99,6 +109,37 @@ class SweepTask:
         }
         _note_requeue(Path(sweep_dir), rec)
         return _submitit().helpers.DelayedSubmission(self, sweep_dir, names, threads)
+
+
+@contextlib.contextmanager
+def _sigterm_noted():
+    """Yields a list that gets the time of the first SIGTERM this process receives inside the block; the
+    handler before it (submitit's, which ignores the signal) still runs, and is restored after. Main thread."""
+    got: list = []
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum, frame):
+        if not got:
+            got.append(time.time())
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _await_slurm_end(since: float) -> None:
+    """Slurm sent this job SIGTERM (a preemption with a ``GraceTime``, ``scancel``) and its trainings have
+    checkpointed and exited: wait for Slurm to end the job as its partition says (requeue it, cancel it as
+    PREEMPTED, kill it at the grace time's end) instead of ending it here as FAILED, which Slurm would not
+    requeue; after ``SLURM_END_WAIT_S`` without that, return (the caller raises: the job fails, and the runs
+    continue from their checkpoints in the next sweep)."""
+    print(f"SIGTERM from Slurm: trainings checkpointed; waiting for Slurm to end job {_job_id()}", flush=True)
+    while time.time() - since < SLURM_END_WAIT_S:
+        time.sleep(1.0)
 
 
 def _job_id() -> Optional[str]:
@@ -605,96 +646,3 @@ class SubmititExecutor:
             f"{self.kind}: {queued} queued, {run_n} running, {n_done}/{total} done, {n_failed} failed, "
             f"{self.requeues([str(job.job_id) for job in running])} requeue(s){eta}"
         )
-
-
-# --- Ray ------------------------------------------------------------------------------------------
-def _ray():
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("--executor ray needs ray: pip install 'lmlab[ray]' (or pip install ray)") from None
-    return ray
-
-
-def _ray_task(sweep_dir: str, names: list, threads: int) -> int:
-    """One Ray task: :func:`lmlab.lab.worker.run_names` (the outcome is the rows it writes)."""
-
-    return len(run_names(Path(sweep_dir), list(names), threads, log=lambda line: print(line, flush=True)))
-
-
-class RayExecutor:
-    """Runs batches of planned runs as Ray tasks: one task per ``runs_per_task`` runs, each with
-    ``num_cpus``/``num_gpus`` resources (Ray places them; several small runs share a GPU with fractional
-    ``num_gpus``), retried up to ``max_retries`` times when its worker or node dies (the run continues from
-    its checkpoint). ``address``: a running cluster (``ray://HOST:10001`` or ``HOST:6379``, ``auto``), or
-    ``local`` for a Ray started in this process with ``parallelism`` CPUs. The sweep folder must be on a
-    filesystem every node sees (tasks read plans and write rows there). Ray tasks belong to the
-    coordinator: stopping it stops them (their trainings checkpoint), and the same command continues.
-
-    Source: Ray's tasks (https://docs.ray.io/en/latest/ray-core/tasks.html), ``ray.wait``."""
-
-    def __init__(
-        self,
-        sweep_dir: Path,
-        address: Optional[str],
-        runs_per_task: int = 1,
-        threads: int = 1,
-        num_cpus: Optional[float] = None,
-        num_gpus: float = 0,
-        max_retries: int = 3,
-        parallelism: int = 1,
-        poll_s: float = 2.0,
-        log: Callable[[str], None] = print,
-    ):
-        self.dir, self.runs_per_task, self.threads = Path(sweep_dir), int(runs_per_task), int(threads)
-        self.num_cpus = float(num_cpus if num_cpus is not None else self.threads * self.runs_per_task)
-        self.num_gpus, self.max_retries, self.poll_s, self.log = float(num_gpus), int(max_retries), poll_s, log
-        ray = _ray()
-        if not ray.is_initialized():
-            try:
-                if address in (None, "local"):
-                    ray.init(
-                        num_cpus=parallelism * self.num_cpus,
-                        include_dashboard=False,
-                        log_to_driver=False,
-                        configure_logging=False,
-                    )
-                else:
-                    ray.init(address=address, log_to_driver=False, configure_logging=False)
-            except (ConnectionError, ValueError, RuntimeError) as exc:
-                raise ConfigError(f"--executor ray --address {address!r}: {str(exc).splitlines()[0]}") from None
-        self.ray = ray
-
-    def run(self, names: list, on_row: Callable[[dict, float], None]) -> None:
-        """As :meth:`SubmititExecutor.run`: every run of ``names`` to a row, ``on_row`` as each finishes."""
-
-        ray, t0 = self.ray, time.time()
-        task = ray.remote(num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_retries=self.max_retries)(_ray_task)
-        refs = {task.remote(str(self.dir), g, self.threads): g for g in chunks(list(names), self.runs_per_task)}
-        n_done, last = 0, 0.0
-        while refs:
-            ready, _ = ray.wait(list(refs), num_returns=1, timeout=self.poll_s)
-            for ref in ready:
-                group, error = refs.pop(ref), None
-                try:
-                    ray.get(ref)
-                except Exception as exc:  # noqa: BLE001 -- the task failed after its retries
-                    error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                for n in group:
-                    row = read_row(self.dir, n)
-                    if row is None:
-                        p, ev = read_plan(self.dir, n)
-                        row = failed_row(
-                            p,
-                            ev.name,
-                            f"ray task ended without a row ({error or 'no error'}); "
-                            f"its log: {self.dir / 'logs' / (n + '.log')}; reproduce "
-                            f"with `lmlab sweep-worker {self.dir} {n}`",
-                        )
-                    n_done += 1
-                    on_row(row, time.time() - t0)
-            if ready or time.time() - last >= 60:
-                left = sum(map(len, refs.values()))
-                eta = f", ETA {(time.time() - t0) / n_done * left / 60:.0f} min" if n_done and left else ""
-                self.log(f"ray: {left} queued or running, {n_done}/{len(names)} done{eta}")
-                last = time.time()

@@ -567,7 +567,7 @@ def _run_locked(
 
         ex = SubmititExecutor(sweep_dir, kind, params, per_task, threads, parallelism=jobs, log=log)
     elif kind == "ray":
-        from lmlab.lab.executors import RayExecutor
+        from lmlab.lab.ray_executor import RayExecutor
 
         ex = RayExecutor(
             sweep_dir,

@@ -609,6 +609,23 @@ def _spec_data(value: Any, source: str):
     return dict(value) if isinstance(value, dict) else str(value)
 
 
+def list_specs(tier: Optional[str] = None, dtype: Optional[str] = None, compile: bool = False) -> list[str]:
+    """One line per shipped spec as ``lmlab sweep NAME`` with these switches would run it: variants, seeds,
+    precision, tiers and claim. With ``tier``, only the specs that define it, read at it; raises ConfigError
+    when none does."""
+    lines = []
+    for name, path in builtin_specs().items():
+        if tier is not None and tier not in load_spec(path).tiers:
+            continue
+        spec = load_spec(path, tier, None, dtype, compile)
+        how = f"{spec.train.get('dtype', 'fp32')}{', compiled' if spec.train.get('compile') else ''}"
+        tiers = f"; tiers: {', '.join(spec.tiers)}" if spec.tiers else ""
+        lines.append(f"{name}: {len(spec.variants)} variant(s) x {len(spec.seeds)} seed(s), {how}{tiers}; {spec.claim}")
+    if not lines:
+        raise ConfigError(f"--tier {tier!r}: no shipped spec defines it (`lmlab sweep --list` shows their tiers)")
+    return lines
+
+
 def load_spec(
     spec: str | Path,
     tier: Optional[str] = None,
