@@ -195,7 +195,9 @@ def test_value_context_and_device_preconditions():
     )
     rows = _rows(_table(), log_z_max=3.0)
     (c,) = analyze(rows, spec)["claims"]
-    assert c["verdict"] == "not testable at this scale" and "log_z_max 3" in c["preconditions"][0]["value"]
+    assert (
+        c["verdict"] == "not testable at this scale" and "log_z_max geometric mean 3 " in c["preconditions"][0]["value"]
+    )
     for r in rows:
         if r["tune"]["lr"] == 1.6e-2 and r["variant"] == "A":
             r["log_z_max"] = 9.0 + 0.1 * r["seed"]
@@ -361,3 +363,40 @@ def test_the_sweep_extends_the_grid_and_trains_stage_2_at_an_added_value(tmp_pat
     again.rows = dict(sweep.rows)
     again.run()
     assert len(trained) == n  # nothing trained twice
+
+
+def test_a_positive_value_precondition_is_judged_on_the_log_scale():
+    """A positive quantity against a positive bound: the Student-t interval of the log values (of the
+    geometric mean), checked against scipy's t quantile by hand. Spec 15's baseline max attention logits
+    over three seeds (564, 632, 1,552 against 20) pass on the log scale though their arithmetic interval
+    reaches below zero; a seed at or below zero keeps the arithmetic interval."""
+    from scipy import stats as st
+
+    from lmlab.lab.preconditions import Requirement, check
+    from lmlab.lab.verdicts import tune_key
+
+    per_seed = {1: 564.0, 2: 632.0, 3: 1552.0}
+    rows = [
+        {"scale": None, "variant": "A", "seed": s, "tune": {"lr": 1e-3}, "max_attn_logit": v}
+        for s, v in per_seed.items()
+    ]
+    ctx = {"rows": rows, "tune_rows": rows, "confidence": 0.95, "scale": None}
+    ctx["selected"] = {(None, "A"): {"key": tune_key(rows[0])}}
+    logs = [math.log(v) for v in per_seed.values()]
+    m, half = statistics.fmean(logs), st.t.ppf(0.975, 2) * statistics.stdev(logs) / math.sqrt(3)
+    lo, hi = math.exp(m - half), math.exp(m + half)
+    assert 150 < lo < 250 and 2900 < hi < 3500  # [207, 3255]: the hand figure quoted in the docs
+    above = check(Requirement("value", "A", metric="max_attn_logit", bound=20.0, over="grid"), ctx)
+    assert above["holds"] and above["value"] == (
+        f"max_attn_logit geometric mean {math.exp(m):.4g} [{lo:.4g}, {hi:.4g}] over 3 seed(s)"
+    )
+    assert not check(Requirement("value", "A", metric="max_attn_logit", bound=250.0, over="grid"), ctx)["holds"]
+    below = check(Requirement("value", "A", metric="max_attn_logit", bound=4000.0, above=False), ctx)
+    assert below["holds"] and f"[{lo:.4g}, {hi:.4g}]" in below["value"]
+    assert not check(Requirement("value", "A", metric="max_attn_logit", bound=3000.0, above=False), ctx)["holds"]
+    # one value at zero: the arithmetic interval (mean 732, lower end below 20: fails)
+    rows[0]["max_attn_logit"] = 0.0
+    flat = check(Requirement("value", "A", metric="max_attn_logit", bound=20.0, over="grid"), ctx)
+    vals = [0.0, 632.0, 1552.0]
+    a_lo = statistics.fmean(vals) - st.t.ppf(0.975, 2) * statistics.stdev(vals) / math.sqrt(3)
+    assert not flat["holds"] and flat["value"].startswith(f"max_attn_logit {statistics.fmean(vals):.4g} [{a_lo:.4g},")
