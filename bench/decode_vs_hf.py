@@ -6,7 +6,8 @@ weights are copied into the lmlab demo shape: q/k/v_proj -> ``attn.qkv`` rows [q
 ``attn.out``, gate/up_proj -> ``mlp.w_in`` rows [gate | up], down_proj -> ``mlp.w_out``; RoPE's
 half-split pairing is HF's rotate_half. The script checks that the two forwards agree (largest logit
 difference at most 1e-4, else it stops) and that greedy generation gives the same tokens, then times
-what a user calls, greedy, fp32, --new-tokens tokens after prompts of --prompt-len tokens at each --batch:
+what a user calls, greedy, in --dtype (fp32 by default; bf16: both models' weights and caches cast to
+bfloat16 after the fp32 check), --new-tokens tokens after prompts of --prompt-len tokens at each --batch:
 
 - ``lmlab``: ``lmlab.generate.stream_batch`` consumed to the end, whole call timed (prefill, decode
   steps, and the check that the cached decode copies of the weights are current);
@@ -18,20 +19,22 @@ what a user calls, greedy, fp32, --new-tokens tokens after prompts of --prompt-l
 - ``HF``: ``model.generate`` (default dynamic cache, sdpa attention, a streamer that timestamps each
   new token), whole call timed;
 - ``weight-read floor``: the time to read every weight matrix a decode step multiplies by, once
-  (:func:`read_floor`): no fp32 decode step can take less; HF's step over it bounds what any decode
-  loop could gain over HF's (at batch 1, where a step is memory-bound).
+  (:func:`read_floor`): no decode step in that dtype can take less; HF's step over it bounds what any decode
+  loop could gain over HF's (at batch 1, where a step is memory-bound). In bf16 the weights are half
+  the bytes; the sum then converts each element, so the floor is an upper estimate of the read time.
 
 ``--model gpt2`` does the same for GPT-2 small (124M, HF's ``GPT2LMHeadModel`` with its own init,
 imported by lmlab's own ``hf_to_lmlab``) instead of the demo shape.
 
-Equalised and checked: the same weights (logits within 1e-4), the same greedy tokens, fp32 everywhere,
-SDPA attention in HF, the same prompts, the same threads. Prefill = call start to the first new token;
+Equalised and checked: the same weights (fp32 logits within 1e-4), the same greedy tokens (in bf16 the
+share of positions where they agree is printed: the two models round differently, so a near tie can go
+either way), the same precision for both, SDPA attention in HF, the same prompts, the same threads. Prefill = call start to the first new token;
 decode = the remaining new_tokens - 1 steps. The three run in rotated order in each round (so a slow
 minute of the machine hits all); figures are medians over --repeats rounds, ratios the median of the
 per-round ratios with their IQR. Run:
 
-    python bench/decode_vs_hf.py [--batch 1 8] [--threads 1 2] [--prompt-len 32] [--new-tokens 64]
-        [--repeats 9] [--markdown FILE]
+    python bench/decode_vs_hf.py [--model demo|gpt2] [--dtype fp32|bf16] [--batch 1 8] [--threads 1 2]
+        [--prompt-len 32] [--new-tokens 64] [--repeats 9] [--markdown FILE]
 
 ``--markdown FILE`` writes the tables as a page (dated, machine, threads, load average) with
 ``<!-- bench:decode_vs_hf -->`` markers; ``python bench/readme_tables.py`` copies it into the README.
@@ -112,8 +115,8 @@ def build_gpt2_pair(seed: int = 0):
 def read_floor(model, repeats: int = 7) -> float:
     """Seconds to read every weight matrix a decode step multiplies by (each ``nn.Linear``'s weight and the
     LM head; a tied table once) one time, as a sum over each (the least work that touches every byte),
-    median of ``repeats`` passes after one: a lower bound of any batch-1 decode step in fp32, lmlab's or
-    HF's, since each step reads every weight."""
+    median of ``repeats`` passes after one: a lower bound of any batch-1 decode step in the weights'
+    dtype, lmlab's or HF's, since each step reads every weight."""
     mats = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
     mats[id(model.lm_head.weight)] = model.lm_head.weight  # the tied embedding's table when tied
     times = []
@@ -308,6 +311,12 @@ def main() -> None:
         default="demo",
         help="demo: the Llama-style demo shape (4M); gpt2: GPT-2 small (124M)",
     )
+    ap.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="weights and caches of both models (bf16: cast after the fp32 logit check)",
+    )
     args = ap.parse_args()
     if args.markdown and not Path(args.markdown).resolve().parent.is_dir():
         ap.error(f"--markdown {args.markdown}: its folder does not exist")
@@ -340,6 +349,10 @@ def main() -> None:
         diff = (ours(x) - hf(x).logits).abs().max().item()
     if diff > 1e-4:  # the same weights must give the same logits, else the timing compares different models
         raise SystemExit(f"lmlab and HF logits differ by {diff:.2e} (> 1e-4): the weight mapping is wrong")
+    if args.dtype == "bf16":  # both cast the same way after the mapping is checked in fp32
+        ours.to(torch.bfloat16), hf.to(torch.bfloat16)
+        with torch.inference_mode():
+            diff_bf16 = (ours(x).float() - hf(x).logits.float()).abs().max().item()
     load0 = os.getloadavg()
     machine = re.sub(r" \(\d+ threads?\)", "", describe_machine())  # threads: per row
     head = [
@@ -347,8 +360,9 @@ def main() -> None:
         f"{' '.join(f'{v:.2f}' for v in load0)}",
         f"model: {args.model}, d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads / "
         f"{cfg.n_kv_heads} KV heads, "
-        f"vocab {cfg.vocab_size}, {ours.num_params():,} params, fp32; max |logit difference| lmlab vs HF {diff:.2e}",
-        f"equalised: same weights, fp32, SDPA attention in HF, same prompts and threads, greedy; whole calls "
+        f"vocab {cfg.vocab_size}, {ours.num_params():,} params, {args.dtype}; max |logit difference| lmlab vs HF "
+        f"{diff:.2e} in fp32" + (f", {diff_bf16:.2e} in bf16" if args.dtype == "bf16" else ""),
+        f"equalised: same weights, {args.dtype} weights and caches in both, SDPA attention in HF, same prompts and threads, greedy; whole calls "
         f"timed (prompt {args.prompt_len} tokens, {args.new_tokens} new tokens), {args.repeats} rotated rounds",
     ]
     print("\n".join(head))
@@ -363,7 +377,8 @@ def main() -> None:
     print(f"load average after {' '.join(f'{v:.2f}' for v in load1)}")
     if args.markdown:
         cmd = "python bench/decode_vs_hf.py " + " ".join(sys.argv[1:])
-        block = "decode_vs_hf" if args.model == "demo" else f"decode_vs_hf_{args.model}"
+        block = "decode_vs_hf" + ("" if args.model == "demo" else f"_{args.model}")
+        block += "" if args.dtype == "fp32" else f"_{args.dtype}"
         page = [
             "# Generation end to end: lmlab vs Hugging Face (generated by bench/decode_vs_hf.py)",
             "",

@@ -530,11 +530,13 @@ def test_sweep_report_verdicts_plots_provenance_and_resume(byte_data, tmp_path, 
     from lmlab.kernels.settings import default_kernels
 
     assert prov[0]["kernels"] == default_kernels().describe()  # the kernels every run's model used
+    assert prov[0]["precision"] == "fp32"  # the sweep default
 
     assert main(["report", str(out)]) == 0
     md = (out / "report.md").read_text()
     assert f"- **CPU kernels**: {default_kernels().describe()}." in md
     assert "grad clip 1, dtype fp32.\n" in md  # the sweep default: fp32, not compiled
+    assert "- **Precision**: fp32.\n" in md
     assert md.startswith("# Ablation: bar\n")  # the spec's name, also when basins are drawn
     assert md.index("## Verdicts") < md.index("## Against the baseline") < md.index("## Setup and provenance")
     table = _verdict_table(md)

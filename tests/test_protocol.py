@@ -400,3 +400,12 @@ def test_a_positive_value_precondition_is_judged_on_the_log_scale():
     vals = [0.0, 632.0, 1552.0]
     a_lo = statistics.fmean(vals) - st.t.ppf(0.975, 2) * statistics.stdev(vals) / math.sqrt(3)
     assert not flat["holds"] and flat["value"].startswith(f"max_attn_logit {statistics.fmean(vals):.4g} [{a_lo:.4g},")
+
+
+def test_spec_precision_names_how_the_runs_train():
+    """The precision a sweep's provenance records: the train block's, unless the spec varies it."""
+    assert _spec().precision == "fp32"
+    assert _spec(train={"dtype": "bf16", "compile": True}).precision == "bf16, compiled"
+    assert parse_spec(_spec().raw, dtype="bf16", compile=True).precision == "bf16, compiled"  # the switches
+    by_variant = {"grid": {"v": [{"label": "A", "dtype": "fp32"}, {"label": "B", "dtype": "bf16"}]}}
+    assert _spec(axes=by_variant, train={"compile": True}).precision == "dtype per variant, compiled"

@@ -126,6 +126,14 @@ def _provenance_lines(sweep_dir: Path, rows: list[dict]) -> list[str]:
             + (" (the spec changed between invocations)" if len(hashes) > 1 else "")
             + "."
         )
+        precisions = list(dict.fromkeys(r["precision"] for r in recs if r.get("precision")))
+        if precisions:  # recorded since 2026-12-06
+            L.append(
+                "- **Precision**: "
+                + "; ".join(precisions)
+                + (" (it changed between invocations)" if len(precisions) > 1 else "")
+                + "."
+            )
         kernels = list(dict.fromkeys(r["kernels"] for r in recs if r.get("kernels")))
         if kernels:  # recorded since 2026-12-05
             L.append("- **CPU kernels**: " + "; ".join(kernels) + ".")

@@ -79,8 +79,10 @@ def _repo_relative(path: Path) -> str:
 
 def provenance_record(spec: Spec, command: Optional[str]) -> dict:
     """What a reader needs to reproduce one sweep invocation: the command, lmlab version and git
-    commit, the spec file and its SHA-256, the machine and the CPU kernels its models use (this
-    machine's calibration, :mod:`lmlab.kernels.calibrate`), the time and the load average at the start."""
+    commit, the spec file and its SHA-256, the precision its runs train in (the spec's ``train.dtype``
+    and ``compile`` after any ``--dtype`` / ``--compile``: "bf16, compiled" or "fp32"), the machine and
+    the CPU kernels its models use (this machine's calibration, :mod:`lmlab.kernels.calibrate`), the
+    time and the load average at the start."""
 
     return {
         "command": command or f"lmlab sweep {spec.path or spec.name}",
@@ -91,6 +93,7 @@ def provenance_record(spec: Spec, command: Optional[str]) -> dict:
         "spec": _repo_relative(spec.path) if spec.path else None,
         "spec_sha256": spec_sha256(spec),
         "tier": spec.tier,
+        "precision": spec.precision,
         "machine": _machine("auto"),
         "kernels": default_kernels().describe(),
         "python": sys.version.split()[0],

@@ -240,6 +240,19 @@ class Spec:
     max_epochs: Optional[float] = None  # passes over the training data the longest run may make (None: any)
     planned_runs: int = 0  # runs planned (variants x scales x tuned values x seeds), counted before expanding
 
+    @property
+    def precision(self) -> str:
+        """How the runs train: ``"fp32"`` or ``"bf16"`` (autocast), with ``", compiled"`` when
+        ``train.compile`` is set; ``"dtype per variant"`` / ``"compile per variant"`` where a variant,
+        scale or ``tune:`` sets the field itself."""
+
+        def varied(key: str) -> bool:
+            return key in (self.tune or {}) or any(key in v.fields for v in [*self.variants, *self.scales])
+
+        dtype = "dtype per variant" if varied("dtype") else self.train.get("dtype") or "fp32"
+        compiled = ", compile per variant" if varied("compile") else ", compiled" if self.train.get("compile") else ""
+        return dtype + compiled
+
 
 # --- spec ----------------------------------------------------------------------------------
 def builtin_specs() -> dict[str, Path]:
@@ -618,9 +631,10 @@ def list_specs(tier: Optional[str] = None, dtype: Optional[str] = None, compile:
         if tier is not None and tier not in load_spec(path).tiers:
             continue
         spec = load_spec(path, tier, None, dtype, compile)
-        how = f"{spec.train.get('dtype', 'fp32')}{', compiled' if spec.train.get('compile') else ''}"
         tiers = f"; tiers: {', '.join(spec.tiers)}" if spec.tiers else ""
-        lines.append(f"{name}: {len(spec.variants)} variant(s) x {len(spec.seeds)} seed(s), {how}{tiers}; {spec.claim}")
+        lines.append(
+            f"{name}: {len(spec.variants)} variant(s) x {len(spec.seeds)} seed(s), {spec.precision}{tiers}; {spec.claim}"
+        )
     if not lines:
         raise ConfigError(f"--tier {tier!r}: no shipped spec defines it (`lmlab sweep --list` shows their tiers)")
     return lines

@@ -554,6 +554,7 @@ _START_FIELDS = {
     "spec": "text",
     "spec_sha256": "name",
     "tier": "text",
+    "precision": "text",
     "machine": "text",
     "kernels": "text",
     "python": "text",
