@@ -28,10 +28,10 @@ imported by lmlab's own ``hf_to_lmlab``) instead of the demo shape.
 
 Equalised and checked: the same weights (fp32 logits within 1e-4), the same greedy tokens (in bf16 the
 share of positions where they agree is printed: the two models round differently, so a near tie can go
-either way), the same precision for both, SDPA attention in HF, the same prompts, the same threads. Prefill = call start to the first new token;
-decode = the remaining new_tokens - 1 steps. The three run in rotated order in each round (so a slow
-minute of the machine hits all); figures are medians over --repeats rounds, ratios the median of the
-per-round ratios with their IQR. Run:
+either way), the same precision for both, SDPA attention in HF, the same prompts, the same threads.
+Prefill = call start to the first new token; decode = the remaining new_tokens - 1 steps. The four run in
+rotated order in each round (so a slow minute of the machine hits all); figures are medians over --repeats
+rounds, ratios the median of the per-round ratios with their IQR. Run:
 
     python bench/decode_vs_hf.py [--model demo|gpt2] [--dtype fp32|bf16] [--batch 1 8] [--threads 1 2]
         [--prompt-len 32] [--new-tokens 64] [--repeats 9] [--markdown FILE]
@@ -362,8 +362,9 @@ def main() -> None:
         f"{cfg.n_kv_heads} KV heads, "
         f"vocab {cfg.vocab_size}, {ours.num_params():,} params, {args.dtype}; max |logit difference| lmlab vs HF "
         f"{diff:.2e} in fp32" + (f", {diff_bf16:.2e} in bf16" if args.dtype == "bf16" else ""),
-        f"equalised: same weights, {args.dtype} weights and caches in both, SDPA attention in HF, same prompts and threads, greedy; whole calls "
-        f"timed (prompt {args.prompt_len} tokens, {args.new_tokens} new tokens), {args.repeats} rotated rounds",
+        f"equalised: same weights, {args.dtype} weights and caches in both, SDPA attention in HF, same prompts "
+        f"and threads, greedy; whole calls timed (prompt {args.prompt_len} tokens, {args.new_tokens} new tokens), "
+        f"{args.repeats} rotated rounds",
     ]
     print("\n".join(head))
     rows, agree = [], []

@@ -632,9 +632,8 @@ def list_specs(tier: Optional[str] = None, dtype: Optional[str] = None, compile:
             continue
         spec = load_spec(path, tier, None, dtype, compile)
         tiers = f"; tiers: {', '.join(spec.tiers)}" if spec.tiers else ""
-        lines.append(
-            f"{name}: {len(spec.variants)} variant(s) x {len(spec.seeds)} seed(s), {spec.precision}{tiers}; {spec.claim}"
-        )
+        runs = f"{len(spec.variants)} variant(s) x {len(spec.seeds)} seed(s)"
+        lines.append(f"{name}: {runs}, {spec.precision}{tiers}; {spec.claim}")
     if not lines:
         raise ConfigError(f"--tier {tier!r}: no shipped spec defines it (`lmlab sweep --list` shows their tiers)")
     return lines
