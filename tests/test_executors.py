@@ -260,6 +260,16 @@ def test_coordinator_killed_and_restarted_reattaches(executor, local_reference, 
     if executor == "slurm":  # 3 of its 4 jobs still queued or running: another executor is refused
         with pytest.raises(ConfigError, match=r"--executor local: runs of this sweep are still in \d+ job\(s\) sub"):
             run_sweep(path, out=out, jobs=2, executor="local", log=lines.append)
+        # and the same executor with other CPUs per task: the live jobs' resources are not this command's
+        with pytest.raises(ConfigError, match=r"still runs with --cpus-per-task 1 \(this command: 2\)"):
+            run_sweep(
+                path,
+                out=out,
+                jobs=2,
+                executor="slurm",
+                log=lines.append,
+                executor_params={**SLURM_FLAGS, "cpus_per_task": 2},
+            )
     run_sweep(
         path,
         out=out,
@@ -714,3 +724,31 @@ def test_another_executor_is_refused_only_while_the_first_ones_jobs_run(tmp_path
     assert lines == [
         "note: 3 Slurm job(s) of this sweep (7_2, ...): squeue cannot be run here, so whether they still run is unknown"
     ]
+
+
+def test_reattaching_with_other_resources_is_refused(tmp_path, monkeypatch):
+    """check_same_resources: a live job of the same executor recorded with other threads or CPUs per task
+    refuses the command (naming the job, the option, both values and scancel); the same resources, an
+    ended job, or a record from before resources were recorded do not."""
+    from lmlab.lab import executors
+
+    base = {"runs": ["r0"], "executor": "slurm", "t": 0.0}
+    recs = [
+        {**base, "job_id": "8_0", "resources": executors.resources(1, {"cpus_per_task": 1})},
+        {**base, "job_id": "8_1", "resources": executors.resources(1, {"cpus_per_task": 1})},
+        {**base, "job_id": "8_2"},  # recorded before 2026-12-06: no resources
+    ]
+    (tmp_path / "jobs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    monkeypatch.setattr(executors, "slurm_states", lambda: {"8_0": "COMPLETED", "8_1": "RUNNING", "8_2": "RUNNING"})
+    executors.check_same_resources(tmp_path, "slurm", 1, {"cpus_per_task": 1, "slurm_partition": "debug"})
+    with pytest.raises(ConfigError) as err:
+        executors.check_same_resources(tmp_path, "slurm", 1, {"cpus_per_task": 2})
+    assert str(err.value) == (
+        "--executor slurm: job 8_1 of this sweep still runs with --cpus-per-task 1 (this command: 2); rerun with "
+        "the job's options to re-attach to it, or cancel it first (scancel 8_1 / stop its controller)"
+    )
+    with pytest.raises(ConfigError, match=r"job 8_1 .* --threads 1 \(this command: 2\)"):
+        executors.check_same_resources(tmp_path, "slurm", 2, {"cpus_per_task": 1})
+    executors.check_same_resources(tmp_path, "submitit-local", 2, None)  # the Slurm jobs are not its own
+    monkeypatch.setattr(executors, "slurm_states", lambda: {"8_1": "COMPLETED", "8_2": "RUNNING"})
+    executors.check_same_resources(tmp_path, "slurm", 2, {"cpus_per_task": 2})

@@ -202,23 +202,7 @@ def check_no_jobs_elsewhere(sweep_dir: Path, executor: str, log: Callable[[str],
     for it still run: the same runs would be trained twice at once (their run locks let one of each pair
     fail). Slurm jobs are judged from ``squeue`` (a line is logged when it cannot be run: unknown, not
     refused); submitit-local jobs from their controller process."""
-    others = [r for r in job_records(sweep_dir) if r["executor"] != executor]
-    if not others:
-        return
-    slurm = [r for r in others if r["executor"] == "slurm"]
-    states = slurm_states() if slurm else None
-    if slurm and states is None:
-        log(
-            f"note: {len(slurm)} Slurm job(s) of this sweep ({slurm[-1]['job_id']}, ...): squeue cannot be run "
-            "here, so whether they still run is unknown"
-        )
-    live = []
-    for r in others:
-        if r["executor"] == "slurm":
-            if states is not None and states.get(r["job_id"]) not in (None, *TERMINAL):
-                live.append(r)
-        elif r["job_id"].isdigit() and _pid_alive(int(r["job_id"])):
-            live.append(r)
+    live = _live([r for r in job_records(sweep_dir) if r["executor"] != executor], log)
     if live:
         kinds = sorted({r["executor"] for r in live})
         raise ConfigError(
@@ -227,6 +211,52 @@ def check_no_jobs_elsewhere(sweep_dir: Path, executor: str, log: Callable[[str],
             f"{', ...' if len(live) > 5 else ''}); rerun with --executor {kinds[0]} to wait for them, or cancel "
             f"them first (scancel / stop their controller)"
         )
+
+
+def _live(records: list[dict], log: Callable[[str], None]) -> list[dict]:
+    """The job records whose jobs still run: Slurm's by ``squeue`` (one line logged when it cannot be run:
+    unknown, counted as not running), submitit-local's by their controller process."""
+    slurm = [r for r in records if r["executor"] == "slurm"]
+    states = slurm_states() if slurm else None
+    if slurm and states is None:
+        log(
+            f"note: {len(slurm)} Slurm job(s) of this sweep ({slurm[-1]['job_id']}, ...): squeue cannot be run "
+            "here, so whether they still run is unknown"
+        )
+
+    def running(r: dict) -> bool:
+        if r["executor"] == "slurm":
+            return states is not None and states.get(r["job_id"]) not in (None, *TERMINAL)
+        return r["job_id"].isdigit() and _pid_alive(int(r["job_id"]))
+
+    return [r for r in records if running(r)]
+
+
+def resources(threads: int, params: Optional[dict]) -> dict:
+    """What a job's runs are given, as recorded with it: torch threads per run, CPUs and GPUs per task."""
+    params = params or {}
+    return {
+        "threads": int(threads),
+        "cpus_per_task": params.get("cpus_per_task"),
+        "gpus_per_node": params.get("gpus_per_node"),
+    }
+
+
+def check_same_resources(sweep_dir: Path, executor: str, threads: int, params: Optional[dict], log=print) -> None:
+    """Refuse (ConfigError) to re-attach to jobs of ``executor`` that still run with other resources than
+    this command gives (``--threads``, ``--cpus-per-task``, ``--gpus-per-task``): the runs of one sweep
+    would train with different threads, and their speed figures would not compare. Jobs recorded before
+    lmlab recorded resources (2026-12-06) are not checked."""
+    want = resources(threads, params)
+    for r in _live([r for r in job_records(sweep_dir) if r["executor"] == executor and "resources" in r], log):
+        diff = [k for k in want if r["resources"].get(k) != want[k]]
+        if diff:
+            flag = {"threads": "--threads", "cpus_per_task": "--cpus-per-task", "gpus_per_node": "--gpus-per-task"}
+            said = ", ".join(f"{flag[k]} {r['resources'].get(k)} (this command: {want[k]})" for k in diff)
+            raise ConfigError(
+                f"--executor {executor}: job {r['job_id']} of this sweep still runs with {said}; rerun with the "
+                f"job's options to re-attach to it, or cancel it first (scancel {r['job_id']} / stop its controller)"
+            )
 
 
 def chunks(names: list, size: int) -> list[list]:
@@ -481,6 +511,7 @@ class SubmititExecutor:
                         "job_id": job_id,
                         "runs": names,
                         "executor": self.kind,
+                        "resources": resources(self.threads, self.params),
                         "t": time.time(),
                         "submitted": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                     }

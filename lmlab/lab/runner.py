@@ -558,9 +558,11 @@ def _run_locked(
         raise ConfigError(short + (" (the plan above; the sweep refuses to start)" if dry_run else ""))
     if dry_run:
         return sweep_dir
-    from lmlab.lab.executors import check_no_jobs_elsewhere
+    from lmlab.lab.executors import check_no_jobs_elsewhere, check_same_resources
 
     check_no_jobs_elsewhere(sweep_dir, kind, log)
+    if kind in ("slurm", "submitit-local"):
+        check_same_resources(sweep_dir, kind, threads, params, log)
     ex = None
     if kind in ("slurm", "submitit-local"):  # its parameters checked before anything is written
         from lmlab.lab.executors import SubmititExecutor
