@@ -749,6 +749,8 @@ def test_reattaching_with_other_resources_is_refused(tmp_path, monkeypatch):
     )
     with pytest.raises(ConfigError, match=r"job 8_1 .* --threads 1 \(this command: 2\)"):
         executors.check_same_resources(tmp_path, "slurm", 2, {"cpus_per_task": 1})
+    with pytest.raises(ConfigError, match=r"--cpus-per-task 1 \(this command: unset\)"):
+        executors.check_same_resources(tmp_path, "slurm", 1, None)
     executors.check_same_resources(tmp_path, "submitit-local", 2, None)  # the Slurm jobs are not its own
     monkeypatch.setattr(executors, "slurm_states", lambda: {"8_1": "COMPLETED", "8_2": "RUNNING"})
     executors.check_same_resources(tmp_path, "slurm", 2, {"cpus_per_task": 2})

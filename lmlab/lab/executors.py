@@ -191,6 +191,7 @@ def job_records(sweep_dir: Path) -> list[dict]:
             and isinstance(rec.get("job_id"), str)
             and isinstance(rec.get("runs"), list)
             and rec.get("executor") in ("slurm", "submitit-local")
+            and isinstance(rec.get("resources", {}), dict)
         ):
             raise ConfigError(f"{where}: not a job record lmlab wrote (job_id, runs, executor); the file is damaged")
         out.append(rec)
@@ -251,8 +252,8 @@ def check_same_resources(sweep_dir: Path, executor: str, threads: int, params: O
     for r in _live([r for r in job_records(sweep_dir) if r["executor"] == executor and "resources" in r], log):
         diff = [k for k in want if r["resources"].get(k) != want[k]]
         if diff:
-            flag = {"threads": "--threads", "cpus_per_task": "--cpus-per-task", "gpus_per_node": "--gpus-per-task"}
-            said = ", ".join(f"{flag[k]} {r['resources'].get(k)} (this command: {want[k]})" for k in diff)
+            flag, shown = {**FLAGS, "threads": "--threads"}, lambda v: "unset" if v is None else v
+            said = ", ".join(f"{flag[k]} {shown(r['resources'].get(k))} (this command: {shown(want[k])})" for k in diff)
             raise ConfigError(
                 f"--executor {executor}: job {r['job_id']} of this sweep still runs with {said}; rerun with the "
                 f"job's options to re-attach to it, or cancel it first (scancel {r['job_id']} / stop its controller)"
