@@ -14,7 +14,8 @@ gives each run), each round in two ways, alternated:
 and the same run in bf16 autocast (its ``dtype`` changed, nothing else; the final evaluation in fp32 for
 both, as the lab evaluates); ``--compare compile`` alternates bf16 eager and bf16 with ``compile: true``
 (the compile's own seconds counted in the run, as a sweep pays them); ``--compare lab`` alternates the
-lab as issue 42 found it (exec, fp32) and both changes together (fork, bf16), ``--compare lab-compiled``
+lab as issue 42 found it (exec, fp32, eager, also for a spec that now sets ``compile: true``) and both
+changes together (fork, bf16, eager), ``--compare lab-compiled``
 the same with the forked runs compiled (``lmlab sweep --dtype bf16 --compile``: the fork server compiles
 each shape once, in the first run's wall time).
 
@@ -52,9 +53,13 @@ sys.path.insert(0, str(ROOT))
 ARMS = {  # --compare: {arm: (launch, TrainConfig fields changed)}, the reference first
     "launch": {"exec": ("exec", {}), "fork": ("fork", {})},
     "dtype": {"fp32": ("fork", {"dtype": "fp32"}), "bf16": ("fork", {"dtype": "bf16"})},
-    "lab": {"exec fp32": ("exec", {"dtype": "fp32"}), "fork bf16": ("fork", {"dtype": "bf16"})},
+    # the lab as issue 42 found it: exec-launched, fp32, eager (also for a spec that sets compile: true)
+    "lab": {
+        "exec fp32": ("exec", {"dtype": "fp32", "compile": False}),
+        "fork bf16": ("fork", {"dtype": "bf16", "compile": False}),
+    },
     "lab-compiled": {
-        "exec fp32": ("exec", {"dtype": "fp32"}),
+        "exec fp32": ("exec", {"dtype": "fp32", "compile": False}),
         "fork bf16 compiled": ("fork", {"dtype": "bf16", "compile": True}),
     },
     "compile": {

@@ -261,7 +261,9 @@ def test_coordinator_killed_and_restarted_reattaches(executor, local_reference, 
         with pytest.raises(ConfigError, match=r"--executor local: runs of this sweep are still in \d+ job\(s\) sub"):
             run_sweep(path, out=out, jobs=2, executor="local", log=lines.append)
         # and the same executor with other CPUs per task: the live jobs' resources are not this command's
-        with pytest.raises(ConfigError, match=r"still runs with --cpus-per-task 1 \(this command: 2\)"):
+        with pytest.raises(
+            ConfigError, match=r"job \S+ of this sweep still runs with .*--cpus-per-task 1 \(this command: 2\)"
+        ):
             run_sweep(
                 path,
                 out=out,
