@@ -19,9 +19,11 @@ bfloat16 after the fp32 check), --new-tokens tokens after prompts of --prompt-le
 - ``HF``: ``model.generate`` (default dynamic cache, sdpa attention, a streamer that timestamps each
   new token), whole call timed;
 - ``weight-read floor``: the time to read every weight matrix a decode step multiplies by, once
-  (:func:`read_floor`): no decode step in that dtype can take less; HF's step over it bounds what any decode
-  loop could gain over HF's (at batch 1, where a step is memory-bound). In bf16 the weights are half
-  the bytes; the sum then converts each element, so the floor is an upper estimate of the read time.
+  (:func:`read_floor`), meant as the least a decode step in that dtype can take; HF's step over it bounds
+  what any decode loop could gain over HF's (at batch 1, where a step is memory-bound). It is only as
+  good as ``sum()``'s read rate: on the 2-core Xeon of family 6 model 207 a one-thread fp32 sum reads
+  slower than the one-row products do, and the "floor" came out above lmlab's compiled step
+  (docs/benchmarks.md). In bf16 the sum also converts each element.
 
 ``--model gpt2`` does the same for GPT-2 small (124M, HF's ``GPT2LMHeadModel`` with its own init,
 imported by lmlab's own ``hf_to_lmlab``) instead of the demo shape.
@@ -115,8 +117,9 @@ def build_gpt2_pair(seed: int = 0):
 def read_floor(model, repeats: int = 7) -> float:
     """Seconds to read every weight matrix a decode step multiplies by (each ``nn.Linear``'s weight and the
     LM head; a tied table once) one time, as a sum over each (the least work that touches every byte),
-    median of ``repeats`` passes after one: a lower bound of any batch-1 decode step in the weights'
-    dtype, lmlab's or HF's, since each step reads every weight."""
+    median of ``repeats`` passes after one: meant as a lower bound of any batch-1 decode step in the
+    weights' dtype, lmlab's or HF's, since each step reads every weight; not one where ``sum()`` reads
+    slower than a one-row product (see the module docstring)."""
     mats = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
     mats[id(model.lm_head.weight)] = model.lm_head.weight  # the tied embedding's table when tied
     times = []

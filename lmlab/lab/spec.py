@@ -242,16 +242,13 @@ class Spec:
 
     @property
     def precision(self) -> str:
-        """How the runs train: ``"fp32"`` or ``"bf16"`` (autocast), with ``", compiled"`` when
-        ``train.compile`` is set; ``"dtype per variant"`` / ``"compile per variant"`` where a variant,
-        scale or ``tune:`` sets the field itself."""
-
-        def varied(key: str) -> bool:
-            return key in (self.tune or {}) or any(key in v.fields for v in [*self.variants, *self.scales])
-
-        dtype = "dtype per variant" if varied("dtype") else self.train.get("dtype") or "fp32"
-        compiled = ", compile per variant" if varied("compile") else ", compiled" if self.train.get("compile") else ""
-        return dtype + compiled
+        """How the runs train: ``"fp32"`` or ``"bf16"`` (autocast), ``", compiled"`` added when
+        ``train.compile`` is set; ``"... per variant"`` where a variant, scale or ``tune:`` sets it."""
+        fields = [self.tune or {}, *(v.fields for v in [*self.variants, *self.scales])]
+        varied = {k for k in ("dtype", "compile") if any(k in f for f in fields)}
+        dtype = "dtype per variant" if "dtype" in varied else self.train.get("dtype") or "fp32"
+        compiled = ", compiled" if self.train.get("compile") else ""
+        return dtype + (", compile per variant" if "compile" in varied else compiled)
 
 
 # --- spec ----------------------------------------------------------------------------------
