@@ -498,7 +498,7 @@ def make_parser() -> argparse.ArgumentParser:
     bp.add_argument(
         "--if-missing",
         action="store_true",
-        help="measure only when this machine has no valid calibration yet (make demo, make ablations)",
+        help="measure only when this machine has no valid calibration of every decision (make demo, make ablations)",
     )
     bp.set_defaults(func="bench calibrate", command="bench calibrate")
 

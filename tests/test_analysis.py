@@ -257,7 +257,12 @@ def test_analyze_report_and_json():
 # --- commands -----------------------------------------------------------------------------------------
 
 
-def test_cli_analyze_survey_and_bench(capsys, tmp_path):
+def test_cli_analyze_survey_and_bench(capsys, tmp_path, monkeypatch, request):
+    from lmlab.kernels.settings import cache_path, cpu_identity, default_kernels
+
+    monkeypatch.setenv("LMLAB_CACHE", str(tmp_path / "cache"))  # this machine uncalibrated
+    default_kernels.cache_clear()
+    request.addfinalizer(default_kernels.cache_clear)
     assert main(["analyze", "--preset", "llama-3-8b", "--context", "2048", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["params"]["total"] == 8_030_261_248 and res["context"] == 2048
@@ -302,10 +307,18 @@ def test_cli_analyze_survey_and_bench(capsys, tmp_path):
     )
     res = json.loads(capsys.readouterr().out)
     assert res["batch"] == 2 and res["decode_tokens_per_s"] > 0 and res["prefill_tokens_per_s"] > 0
+    assert res["lean_decode"] is True  # pre-norm, GQA, windows: the lean one-token path
+    assert res["decode_layout"] == "transposed"  # uncalibrated (LMLAB_CACHE above): no packed weights
     from lmlab.kernels.decode_layout import packed_decode_available
 
-    assert res["lean_decode"] is True  # pre-norm, GQA, windows: the lean one-token path
-    assert res["decode_layout"] == ("onednn-packed" if packed_decode_available() else "transposed")
+    if packed_decode_available():  # a calibration that measured packed fp32 batches faster: they decode packed
+        cache_path().parent.mkdir(parents=True)
+        choices = {"onednn_fp32": False, "blocked_attention_fp32": False, "decode_packed": ["fp32 batch 2+"]}
+        record = {"version": 1, "identity": cpu_identity(), "date": "2026-12-06T08:00:00", "choices": choices}
+        cache_path().write_text(json.dumps({**record, "cells": []}))
+        default_kernels.cache_clear()
+        assert main(["bench", "decode", "--batch", "2", "--prompt-len", "4", "--new-tokens", "3", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["decode_layout"] == "onednn-packed"
     assert (
         main(["bench", "decode", "--preset", "qwen3-8b", "--prompt-len", "4", "--new-tokens", "2", "--repeats", "1"])
         == 0

@@ -6,6 +6,7 @@ import torch
 from lmlab.config import ModelConfig
 from lmlab.generate import TextStream, generate, generate_batch, sample_next
 from lmlab.kernels.decode_layout import decode_layout, decode_layout_kind
+from lmlab.kernels.settings import KernelSettings
 from lmlab.model import TransformerLM
 
 
@@ -126,6 +127,10 @@ def test_batch_eos_seed_and_limits():
         generate_batch(model, [[1], []], 2)
 
 
+# the layout a calibration chose where oneDNN-packed weights decoded fp32 batches faster (not batch 1)
+PACKED_BATCHES = KernelSettings(False, False, decode_packed=frozenset({"fp32 batch 2+"}))
+
+
 @pytest.mark.parametrize("kind", ["onednn-packed", "transposed"])
 def test_decode_layout_is_transparent_and_restored(kind, monkeypatch):
     import lmlab.kernels.decode_layout as dl
@@ -138,9 +143,11 @@ def test_decode_layout_is_transparent_and_restored(kind, monkeypatch):
     cfg = ModelConfig(
         vocab_size=40, context_length=16, d_model=32, n_layers=1, n_heads=4, tie_embeddings=True, bias="all"
     )
-    model = TransformerLM(cfg).eval()
+    model = TransformerLM(cfg, kernels=PACKED_BATCHES).eval()
     assert decode_layout_kind(model, batch=2) == kind
     assert decode_layout_kind(model, batch=1) == "transposed"
+    assert decode_layout_kind(model, batch=2, compiled=True) == "transposed"  # Inductor: no packed weights
+    assert decode_layout_kind(TransformerLM(cfg, kernels=KernelSettings(False, False)), batch=2) == "transposed"
     x = torch.randint(0, 40, (2, 7))
     ref = model(x)
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -248,6 +255,45 @@ def test_suspended_generator_holds_the_decode_layout_until_closed(large, monkeyp
     assert all("forward" not in m.__dict__ for m in model.modules())
 
 
+@pytest.mark.parametrize("cell", ["bf16 batch 1", "bf16 batch 2+", "fp32 batch 1"])
+def test_packed_decode_in_each_calibrated_cell_matches_the_plain_forward(cell):
+    """Where a calibration chose oneDNN-packed weights for a cell (a dtype and batch class), decoding in it
+    multiplies by packed copies (of that dtype, for that batch) and gives the plain layout's results: the
+    logits of a forward inside decode_layout, to the dtype's rounding (bf16: the same products summed in
+    another order), and greedy ids for the fp32 cell; the other cells stay transposed."""
+    import lmlab.generate as gen
+    import lmlab.kernels.decode_layout as dl
+
+    if not dl.packed_decode_available():
+        pytest.skip("this PyTorch has no oneDNN")
+    dtype = torch.bfloat16 if cell.startswith("bf16") else torch.float32
+    batch = 1 if cell.endswith("batch 1") else 3
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=40, context_length=32, d_model=32, n_layers=2, n_heads=4, init_std=0.3)
+    plain = TransformerLM(cfg, kernels=KernelSettings(False, False)).eval().to(dtype)
+    model = TransformerLM(cfg, kernels=KernelSettings(False, False, decode_packed={cell})).eval()
+    model.load_state_dict(plain.state_dict())
+    model.to(dtype)
+    assert decode_layout_kind(model, batch) == "onednn-packed"
+    other_dtype, other_batch = (torch.float32 if dtype == torch.bfloat16 else torch.bfloat16), 4 - batch
+    assert decode_layout_kind(model, other_batch) == "transposed"
+    assert decode_layout_kind(TransformerLM(cfg, kernels=model.kernels).to(other_dtype), batch) == "transposed"
+    x = torch.randint(0, 40, (batch, 9), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ref = plain(x).float()
+        with decode_layout(model, batch):
+            assert "forward" in model.blocks[0].attn.qkv.__dict__  # multiplies by its packed copy
+            copy = model.blocks[0].attn.qkv._decode_copy
+            assert copy.packed and copy.copy.dtype == dtype
+            out = model(x).float()
+    tol = 0.05 if dtype == torch.bfloat16 else 1e-5  # bf16: an ulp of logits of size ~2
+    assert (out - ref).abs().max() <= tol and ref.abs().max() > 0.5
+    if dtype == torch.float32:
+        prompts = x[:, :3].tolist()
+        ids = torch.stack(list(gen.stream_batch(model, prompts, 6, temperature=0)))
+        assert torch.equal(ids, torch.stack(list(gen.stream_batch(plain, prompts, 6, temperature=0))))
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_decode_copies_are_cached_and_remade_when_the_weights_change(batch):
     """The decode copies of the weights (transposed at batch 1, oneDNN-packed at batch >= 2) are made
@@ -263,7 +309,7 @@ def test_decode_copies_are_cached_and_remade_when_the_weights_change(batch):
         pytest.skip("this PyTorch has no oneDNN")
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=40, context_length=32, d_model=32, n_layers=2, n_heads=4, init_std=0.3)
-    model = TransformerLM(cfg)
+    model = TransformerLM(cfg, kernels=PACKED_BATCHES)
     prompts = [[1, 2, 3]] * batch
     made = []
     real = dl._make_decode_copy

@@ -223,12 +223,14 @@ def test_forward_mode_and_func_transforms_fall_back():
     torch.testing.assert_close(torch.func.grad(lambda t: m(t).square().sum())(x), want_grad)
 
 
-def _calibration(onednn: bool, blocked: bool, identity: dict) -> dict:
+def _calibration(onednn: bool, blocked: bool, identity: dict, decode=()) -> dict:
+    """A calibration record; ``decode`` None: one measured before the decode layout was calibrated."""
+    choices = {"onednn_fp32": onednn, "blocked_attention_fp32": blocked}
     return {
         "version": S.CALIBRATION_VERSION,
         "identity": identity,
         "date": "2026-12-05T01:00:00+00:00",
-        "choices": {"onednn_fp32": onednn, "blocked_attention_fp32": blocked},
+        "choices": choices if decode is None else {**choices, "decode_packed": list(decode)},
         "cells": [],
     }
 
@@ -264,6 +266,20 @@ def test_the_defaults_are_this_machines_calibration_or_torchs(tmp_path, monkeypa
             S.default_kernels.cache_clear()
             assert S.default_kernels() == KernelSettings(onednn, blocked)
             assert "calibrated on this CPU 2026-12-05" in S.default_kernels().describe()
+        path.write_text(json.dumps(_calibration(False, True, here, decode=["bf16 batch 1", "fp32 batch 2+"])))
+        S.default_kernels.cache_clear()
+        assert S.default_kernels().decode_packed == {"bf16 batch 1", "fp32 batch 2+"}
+        assert "oneDNN-packed for fp32 batch 2+, bf16 batch 1, transposed otherwise" in (
+            S.default_kernels().describe_decode()
+        )
+        path.write_text(json.dumps(_calibration(False, True, here, decode=None)))  # before decode was measured
+        S.default_kernels.cache_clear()
+        assert S.default_kernels() == KernelSettings(False, True) and not S.default_kernels().decode_packed
+        assert "decode layout not calibrated" in S.default_kernels().describe_decode()
+        path.write_text(json.dumps(_calibration(False, True, here, decode=["fp16 batch 1"])))  # no such cell
+        S.default_kernels.cache_clear()
+        assert S.default_kernels() == KernelSettings(False, False)
+        assert f"{path} is not a kernel calibration" in capsys.readouterr().err
         path.write_text(json.dumps(_calibration(True, True, {**here, "model": "other"})))
         S.default_kernels.cache_clear()
         assert S.default_kernels() == KernelSettings(False, False)
@@ -291,10 +307,36 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
         r = ratios[decision][sum(c[0] == decision for c in calls) - 1]
         return {"ratio": r, "q1": r, "q3": r, "rounds": rounds, "steps": 1, "on_ms": r, "off_ms": 1.0}
 
+    # decode: packed/transposed per shape (demo, d768) for each cell; geometric means 0.9 (packed), 0.99,
+    # 0.949 (just below 1 - MIN_GAIN: packed), 1.2
+    decode = {"fp32 batch 1": [0.9, 0.9], "fp32 batch 2+": [0.9, 1.089], "bf16 batch 1": [0.949, 0.949]}
+    decode["bf16 batch 2+"] = [1.2, 1.2]
+    decode_calls = []
+
+    def fake_decode(fields, batch, threads, dtype, rounds, base):
+        name = S.decode_cell(dtype, batch)
+        decode_calls.append((name, threads, fields["d_model"], base))
+        r = decode[name][len([c for c in decode_calls if c[0] == name]) - 1]
+        return {"ratio": r, "q1": r, "q3": r, "rounds": rounds, "steps": 1, "on_ms": r, "off_ms": 1.0}
+
     monkeypatch.setattr(C, "measure_cell", fake)
+    monkeypatch.setattr(C, "measure_decode_cell", fake_decode)
+    monkeypatch.setattr(C, "physical_cores", lambda: 3)
+    monkeypatch.setattr(C, "packed_decode_available", lambda: True)
     monkeypatch.setattr(L, "_AVAILABLE", True)
     record = C.calibrate(rounds=3, log=lambda s: None)
-    assert record["choices"] == {"onednn_fp32": True, "blocked_attention_fp32": False}
+    assert record["choices"] == {
+        "onednn_fp32": True,
+        "blocked_attention_fp32": False,
+        "decode_packed": ["fp32 batch 1", "bf16 batch 1"],
+    }
+    # batch 1 on one thread, batch 8 on every core; both shapes per cell; with the training kernels chosen
+    assert [(c[0], c[1], c[2]) for c in decode_calls] == [
+        (name, 1 if "batch 1" in name else 3, d) for name in S.DECODE_CELLS for d in (256, 768)
+    ]
+    assert all(c[3] == KernelSettings(True, False) for c in decode_calls)
+    assert [c["decision"] for c in record["cells"][4:]] == [f"decode_packed {n}" for n in S.DECODE_CELLS for _ in "ab"]
+    record = {**record, "cells": record["cells"][:4]}
     assert [c[1] for c in calls if c[0] == "blocked_attention_fp32"] == [1, 1]  # a one-thread path
     assert all(c[2].onednn_fp32 for c in calls if c[0] == "blocked_attention_fp32")  # with the linears chosen
     assert [(c["decision"], c["ratio"]) for c in record["cells"]] == [
@@ -305,6 +347,7 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
     ]
     ratios["onednn_fp32"] = [0.98, 1.0]
     calls.clear()
+    decode_calls.clear()
     assert C.calibrate(rounds=3, log=lambda s: None)["choices"]["onednn_fp32"] is False
     out = C.write_calibration(record, tmp_path / "k" / "cal.json")
     assert json.loads(out.read_text())["choices"] == record["choices"] and len(list(out.parent.iterdir())) == 1
@@ -322,6 +365,25 @@ def test_a_calibration_cell_measures_real_steps():
     assert cell["on_ms"] > 0 and cell["off_ms"] > 0 and cell["q1"] <= cell["ratio"] <= cell["q3"]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_decode_calibration_cell_decodes_packed_against_transposed(dtype, monkeypatch):
+    """One real decode cell: 'on' decodes through oneDNN-packed copies of the weights (packed for the
+    cell's batch), 'off' through transposed ones, both in the dtype asked; the ratio is their
+    per-round median."""
+    import lmlab.kernels.decode_layout as dl
+    from lmlab.kernels import calibrate as C
+
+    if not dl.packed_decode_available():
+        pytest.skip("this PyTorch cannot pack for oneDNN")
+    made = []
+    real = dl._make_decode_copy
+    monkeypatch.setattr(dl, "_make_decode_copy", lambda w, what: made.append((what, w.dtype)) or real(w, what))
+    fields = dict(vocab_size=64, context_length=32, d_model=32, n_layers=1, n_heads=2)
+    cell = C.measure_decode_cell(fields, 3, 1, dtype, 3, KernelSettings(False, False))
+    assert cell["on_ms"] > 0 and cell["off_ms"] > 0 and cell["q1"] <= cell["ratio"] <= cell["q3"]
+    assert {what for what, _ in made} == {("packed", 3), ("transposed",)} and {d for _, d in made} == {dtype}
+
+
 def test_bench_calibrate_if_missing_keeps_a_valid_calibration(tmp_path, monkeypatch, capsys):
     """`lmlab bench calibrate --if-missing` with this machine's calibration present measures nothing
     and prints the kernels it names; --rounds below 3 is refused by argparse, naming the flag."""
@@ -337,6 +399,13 @@ def test_bench_calibrate_if_missing_keeps_a_valid_calibration(tmp_path, monkeypa
     try:
         assert main(["bench", "calibrate", "--if-missing"]) == 0
         assert "fp32 attention blocked on one thread (calibrated on this CPU 2026-12-05)" in capsys.readouterr().out
+        # a calibration from before the decode layout was measured is measured again
+        path.write_text(json.dumps(_calibration(False, True, S.cpu_identity(), decode=None)))
+        fresh = _calibration(True, False, S.cpu_identity(), decode=["fp32 batch 2+"])
+        monkeypatch.setattr(C, "calibrate", lambda *a, **k: fresh)
+        assert main(["bench", "calibrate", "--if-missing"]) == 0
+        assert json.loads(path.read_text())["choices"]["decode_packed"] == ["fp32 batch 2+"]
+        assert S.default_kernels().decode_packed == {"fp32 batch 2+"}
     finally:
         S.default_kernels.cache_clear()
     with pytest.raises(SystemExit) as exc:
@@ -375,6 +444,7 @@ def test_calibrate_checks_its_destination_before_measuring(tmp_path, monkeypatch
             assert str(path) in capsys.readouterr().err
         path.write_text(json.dumps(_calibration(True, False, here)))
         assert main(["bench", "calibrate", "--if-missing", "--json"]) == 0  # kept: its record on stdout
-        assert json.loads(capsys.readouterr().out)["choices"] == {"onednn_fp32": True, "blocked_attention_fp32": False}
+        kept = json.loads(capsys.readouterr().out)["choices"]
+        assert kept == {"onednn_fp32": True, "blocked_attention_fp32": False, "decode_packed": []}
     finally:
         S.default_kernels.cache_clear()

@@ -15,7 +15,13 @@ reference, stays.
   every physical core;
 - ``blocked_attention_fp32`` (fp32 training attention through the blocked loops rather than SDPA, a
   one-thread path): both shapes at one thread, with the linears as just chosen;
-- ``fused_loops`` concerns compiled models only and is not measured (True).
+- ``fused_loops`` concerns compiled models only and is not measured (True);
+- ``decode_packed`` (the cells of :data:`lmlab.kernels.settings.DECODE_CELLS` in which eager CPU decoding
+  multiplies by oneDNN-packed weights rather than transposed ones, :mod:`lmlab.kernels.decode_layout`):
+  whole greedy decode steps (:func:`lmlab.generate.stream_batch`, the KV cache after a 16-token prompt)
+  of the demo shape and of a GPT-2-wide one (d_model 768), in fp32 and bf16 weights, batch 1 on one
+  thread (what ``lmlab generate`` uses for one prompt at these sizes) and batch 8 on every physical
+  core; the same rule decides each cell over its two shapes.
 
 The result is cached as JSON under ``$LMLAB_CACHE/kernels/`` (default ``~/.cache/lmlab``), one file per
 CPU model and torch version (:func:`cache_path`), with the machine, the date and every cell, and
@@ -27,6 +33,7 @@ test suite or sweep would make runs of one comparison differ in summation order.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -40,8 +47,9 @@ from typing import Callable, Optional
 import torch
 
 from lmlab.config import ConfigError, ModelConfig
+from lmlab.kernels.decode_layout import packed_decode_available
 from lmlab.kernels.linear import onednn_available
-from lmlab.kernels.settings import CALIBRATION_VERSION, KernelSettings, cache_path, cpu_identity
+from lmlab.kernels.settings import CALIBRATION_VERSION, KernelSettings, cache_path, cpu_identity, decode_cell
 from lmlab.model import TransformerLM
 from lmlab.optim import adamw
 from lmlab.threads import physical_cores, using_threads
@@ -68,6 +76,16 @@ SHAPES = (
         8,
     ),
 )
+# the decode layout's shapes: the demo's (all four layers: a step is cheap) and a GPT-2-wide one
+DECODE_SHAPES = (
+    ("demo d256", dict(SHAPES[1][1], n_layers=4)),
+    (
+        "d768x2",
+        dict(vocab_size=8192, context_length=256, d_model=768, n_layers=2, n_heads=12, norm_type="layernorm"),
+    ),
+)
+DECODE_PROMPT = 16  # tokens of the prompt before the timed decode steps
+DECODE_BATCHES = (1, 8)  # rows a step: the DECODE_CELLS batch classes 1 and 2+
 TARGET_S = 0.25  # each timed measurement runs about this long (whole steps, at least one)
 MIN_GAIN = 0.05  # a kernel is taken only when it makes the steps at least this much faster (geometric mean)
 
@@ -93,18 +111,57 @@ def _timer(fields: dict, batch: int, kernels: KernelSettings) -> Callable[[int],
     return run
 
 
+def _decode_timer(fields: dict, batch: int, dtype: torch.dtype, kernels: KernelSettings) -> Callable[[int], float]:
+    """A closure timing ``n`` eager greedy decode steps (after a :data:`DECODE_PROMPT`-token prompt, in
+    one :func:`lmlab.generate.stream_batch` call) of a fresh model in ``dtype`` with ``kernels``; returns
+    s/step. ``n`` is capped by the context."""
+    from lmlab.generate import stream_batch
+
+    cfg = ModelConfig(**fields)
+    torch.manual_seed(0)
+    model = TransformerLM(cfg, kernels=kernels).eval().to(dtype)
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, cfg.vocab_size, (batch, DECODE_PROMPT), generator=g).tolist()
+
+    def run(n: int) -> float:
+        n = min(n, cfg.context_length - DECODE_PROMPT)
+        steps = stream_batch(model, prompts, n + 1, temperature=0.0)
+        next(steps)  # the prompt's forward and the first token
+        t0 = time.perf_counter()
+        for _ in steps:
+            pass
+        return (time.perf_counter() - t0) / n
+
+    return run
+
+
 def measure_cell(fields: dict, batch: int, threads: int, on: KernelSettings, off: KernelSettings, rounds: int) -> dict:
     """Interleaved step times of ``on`` and ``off`` at ``threads``: {"ratio": median of on/off per
     round, "q1", "q3", "on_ms", "off_ms" (medians), "rounds", "steps"}."""
-
     with using_threads(threads):
-        timers = {"on": _timer(fields, batch, on), "off": _timer(fields, batch, off)}
-        first = {k: t(1) for k, t in timers.items()}  # warm-up, and the size of a measurement
-        steps = max(1, round(TARGET_S / max(min(first.values()), 1e-6)))
-        times: dict = {"on": [], "off": []}
-        for r in range(rounds):
-            for k in ("on", "off") if r % 2 == 0 else ("off", "on"):
-                times[k].append(timers[k](steps))
+        return _interleave({"on": _timer(fields, batch, on), "off": _timer(fields, batch, off)}, rounds)
+
+
+def measure_decode_cell(fields: dict, batch: int, threads: int, dtype: torch.dtype, rounds: int, base: KernelSettings):
+    """:func:`measure_cell` for decode steps: 'on' multiplies by oneDNN-packed weights in the cell of
+    ``dtype`` and ``batch``, 'off' by transposed ones (``base``'s other choices in both)."""
+    cell = decode_cell(dtype, batch)
+    on = dataclasses.replace(base, decode_packed=frozenset({cell}))
+    off = dataclasses.replace(base, decode_packed=frozenset())
+    with using_threads(threads):
+        timers = {"on": _decode_timer(fields, batch, dtype, on), "off": _decode_timer(fields, batch, dtype, off)}
+        return _interleave(timers, rounds)
+
+
+def _interleave(timers: dict, rounds: int) -> dict:
+    """Time ``timers['on']`` and ``timers['off']`` (closures: n steps -> s/step) in ``rounds`` rounds, the
+    order alternating, after one untimed step each (also the size of a measurement)."""
+    first = {k: t(1) for k, t in timers.items()}  # warm-up, and the size of a measurement
+    steps = max(1, round(TARGET_S / max(min(first.values()), 1e-6)))
+    times: dict = {"on": [], "off": []}
+    for r in range(rounds):
+        for k in ("on", "off") if r % 2 == 0 else ("off", "on"):
+            times[k].append(timers[k](steps))
     ratios = sorted(a / b for a, b in zip(times["on"], times["off"]))
     q = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else [ratios[0]] * 3
     return {
@@ -169,6 +226,9 @@ def calibrate(rounds: int = 7, log: Callable[[str], None] = print) -> dict:
         KernelSettings(choices["onednn_fp32"], True),
         KernelSettings(choices["onednn_fp32"], False),
     )
+    choices["decode_packed"] = decide_decode(
+        KernelSettings(choices["onednn_fp32"], choices["blocked_attention_fp32"]), rounds, cores, cells, log
+    )
     return {
         "version": CALIBRATION_VERSION,
         "identity": cpu_identity(),
@@ -180,6 +240,40 @@ def calibrate(rounds: int = 7, log: Callable[[str], None] = print) -> dict:
         "choices": choices,
         "cells": cells,
     }
+
+
+def decide_decode(base: KernelSettings, rounds: int, cores: int, cells: list, log: Callable[[str], None]) -> list:
+    """The ``decode_packed`` decision (module docstring): the :data:`DECODE_CELLS` where oneDNN-packed
+    weights made the decode steps of :data:`DECODE_SHAPES` at least ``MIN_GAIN`` faster (geometric
+    mean) than transposed ones; each cell measured is appended to ``cells``."""
+    if not packed_decode_available():
+        log("decode_packed: none (this torch build cannot pack weights for oneDNN)")
+        return []
+    packed = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for batch in DECODE_BATCHES:
+            name, threads, ratios = decode_cell(dtype, batch), 1 if batch == 1 else cores, []
+            for label, fields in DECODE_SHAPES:
+                try:
+                    cell = measure_decode_cell(fields, batch, threads, dtype, rounds, base)
+                except RuntimeError as exc:  # e.g. no oneDNN packing for bf16 on this CPU
+                    log(f"decode_packed: {name}: not packed (oneDNN cannot pack it here: {str(exc)[:120]})")
+                    ratios = []
+                    break
+                cells.append({"decision": f"decode_packed {name}", "shape": label, "threads": threads, **cell})
+                ratios.append(cell["ratio"])
+                log(
+                    f"decode_packed {name}: {label}, {threads} thread(s): packed/transposed {cell['ratio']:.3f} "
+                    f"(IQR {cell['q1']:.3f}-{cell['q3']:.3f}; {cell['on_ms']:.2f} vs {cell['off_ms']:.2f} ms/step)"
+                )
+            if ratios:
+                chosen = _geomean(ratios) < 1 - MIN_GAIN
+                log(
+                    f"decode_packed {name}: {'packed' if chosen else 'transposed'} (geometric mean "
+                    f"{_geomean(ratios):.3f}; packed below {1 - MIN_GAIN:g})"
+                )
+                packed += [name] if chosen else []
+    return packed
 
 
 def check_destination(path: Optional[Path] = None) -> Path:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
+from lmlab.kernels.settings import decode_cell
 from lmlab.model import TransformerLM
 
 # linear weights up to this size (bytes, all layers together) get a decode copy (packed or transposed),
@@ -197,15 +198,18 @@ def _linear_bytes(model: torch.nn.Module) -> int:
 
 def decode_layout_kind(model: TransformerLM, batch: int = 1, compiled: bool = False) -> str:
     """Which weight layout :func:`decode_layout` uses for ``model`` decoding ``batch`` rows at a time:
-    'onednn-packed', 'transposed' or 'unchanged' (not a CPU model); ``compiled`` (the compiled decode
-    step, which Inductor cannot run over packed weights): never 'onednn-packed'."""
+    'onednn-packed', 'transposed' or 'unchanged' (not a CPU model). 'onednn-packed' where the model's
+    kernels (``model.kernels.decode_packed``, measured by ``lmlab bench calibrate``) chose it for the
+    weights' dtype and batch (:func:`lmlab.kernels.settings.decode_cell`), the weights fit
+    ``PACK_LIMIT_BYTES`` and this torch packs for oneDNN; never for ``compiled`` (the compiled decode
+    step: Inductor cannot run over packed weights)."""
     weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
     if not weights or any(w.device.type != "cpu" for w in weights.values()):
         return "unchanged"
-    fp32 = all(w.dtype == torch.float32 for w in weights.values())
-    pack = (
-        not compiled and batch >= 2 and fp32 and _linear_bytes(model) <= PACK_LIMIT_BYTES and packed_decode_available()
-    )
+    dtypes = {w.dtype for w in weights.values()}
+    cell = decode_cell(dtypes.pop(), batch) if len(dtypes) == 1 else None
+    chosen = getattr(getattr(model, "kernels", None), "decode_packed", frozenset())
+    pack = not compiled and cell in chosen and _linear_bytes(model) <= PACK_LIMIT_BYTES and packed_decode_available()
     return "onednn-packed" if pack else "transposed"
 
 
@@ -217,12 +221,12 @@ def decode_layout(model: TransformerLM, batch: int = 1, compiled: bool = False) 
     hooks and plain attention); both are undone on exit. Nested uses are left alone; non-CPU models keep
     their weights as they are (see :func:`decode_layout_kind`).
 
-    - 'onednn-packed' (fp32 weights, at most ``PACK_LIMIT_BYTES`` of them, a PyTorch built with oneDNN):
-      each ``nn.Linear`` multiplies by a copy of its weight reordered into oneDNN's blocked format for
-      ``batch`` rows (``torch.ops.mkldnn._reorder_linear_weight``, the packing Inductor's CPU "freezing"
-      uses), through ``torch.ops.mkldnn._linear_pointwise``. Results equal ``F.linear`` up to fp32
-      summation order.
-    - 'transposed' (otherwise, e.g. bf16 weights or batch 1): each weight with at least as many outputs
+    - 'onednn-packed' (where this machine's calibration measured it faster for the weights' dtype and
+      the batch, see :func:`decode_layout_kind`): each ``nn.Linear`` multiplies by a copy of its weight
+      reordered into oneDNN's blocked format for ``batch`` rows (``torch.ops.mkldnn._reorder_linear_weight``,
+      the packing Inductor's CPU "freezing" uses), through ``torch.ops.mkldnn._linear_pointwise``.
+      Results equal ``F.linear`` up to summation order.
+    - 'transposed' (otherwise, and on an uncalibrated machine): each weight with at least as many outputs
       as inputs (q|k|v, gate|up, the LM head) keeps its values and shape (out, in) but is stored as the
       (in, out) matrix, which MKL multiplies by one row faster than the (out, in) layout (whole demo-shape
       decode steps 9% faster for q|k|v, 20% for gate|up); the narrowing ones (the FFN's down projection)

@@ -5,8 +5,9 @@ reads a global switch.
 
 The defaults are measured, never inferred from the CPU's vendor: :func:`default_kernels` reads this
 machine's calibration (``lmlab bench calibrate``, :mod:`lmlab.kernels.calibrate`: whole training steps
-timed both ways on this CPU model and torch version); where there is none, torch's own kernels (MKL
-linears, SDPA attention), and the startup line says the machine is uncalibrated.
+timed both ways on this CPU model and torch version, and eager decode steps in each weight layout);
+where there is none, torch's own kernels (MKL linears, SDPA attention) and transposed decode weights,
+and the startup line says the machine is uncalibrated.
 """
 
 from __future__ import annotations
@@ -24,6 +25,19 @@ from lmlab.data.corpus import cache_root
 
 CALIBRATION_VERSION = 1  # of the calibration file's format
 
+# The cells of the decode layout decision (:mod:`lmlab.kernels.decode_layout`): the linear weights' dtype
+# and whether a step multiplies one row (one sequence) or several.
+DECODE_CELLS = ("fp32 batch 1", "fp32 batch 2+", "bf16 batch 1", "bf16 batch 2+")
+
+
+def decode_cell(dtype, batch: int) -> Optional[str]:
+    """The :data:`DECODE_CELLS` entry for weights of torch dtype ``dtype`` decoding ``batch`` rows a
+    step; None for another dtype (those always take the transposed layout)."""
+    import torch
+
+    name = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype)
+    return None if name is None else f"{name} batch {'1' if batch <= 1 else '2+'}"
+
 
 @dataclass(frozen=True)
 class KernelSettings:
@@ -32,12 +46,21 @@ class KernelSettings:
     ``blocked_attention_fp32``: fp32 training attention on one thread through the blocked loops rather
     than SDPA (:mod:`lmlab.kernels.causal_attention`; bf16 always takes them); ``fused_loops``: inside a
     compiled model the blocked loops are traced into its graph (False: eager loops behind a graph break
-    per layer, for comparisons)."""
+    per layer, for comparisons); ``decode_packed``: the :data:`DECODE_CELLS` in which an eager CPU decode
+    step multiplies by oneDNN-packed copies of the weights rather than transposed ones
+    (:mod:`lmlab.kernels.decode_layout`; empty: transposed everywhere)."""
 
     onednn_fp32: bool
     blocked_attention_fp32: bool
     fused_loops: bool = True
+    decode_packed: frozenset = frozenset()
     source: str = field(default="explicit", compare=False)  # where the choice came from (not compared)
+
+    def __post_init__(self):
+        unknown = set(self.decode_packed) - set(DECODE_CELLS)
+        if unknown:
+            raise ValueError(f"decode_packed: unknown cells {sorted(unknown)}; valid: {', '.join(DECODE_CELLS)}")
+        object.__setattr__(self, "decode_packed", frozenset(self.decode_packed))
 
     def describe(self) -> str:
         """One line for the startup message, e.g. 'fp32 linears on oneDNN, fp32 attention SDPA (calibrated
@@ -51,6 +74,13 @@ class KernelSettings:
         if not self.fused_loops:
             parts.append("unfused attention loops")
         return ", ".join(parts) + f" ({self.source})"
+
+    def describe_decode(self) -> str:
+        """The decode layout choice in words, e.g. 'decode weights oneDNN-packed for fp32 batch 2+,
+        transposed otherwise (calibrated ...)'."""
+        cells = [c for c in DECODE_CELLS if c in self.decode_packed]
+        what = f"oneDNN-packed for {', '.join(cells)}, transposed otherwise" if cells else "transposed"
+        return f"decode weights {what} ({self.source})"
 
 
 def cpu_identity(cpuinfo: str = "/proc/cpuinfo") -> dict:
@@ -141,6 +171,13 @@ def load_calibration(path=None) -> Optional[dict]:
             and isinstance(record.get("identity"), dict)
             and isinstance(choices, dict)
             and all(isinstance(choices.get(k), bool) for k in ("onednn_fp32", "blocked_attention_fp32"))
+            and (
+                "decode_packed" not in choices  # measured before the decode layout was calibrated
+                or (
+                    isinstance(choices["decode_packed"], list)
+                    and all(c in DECODE_CELLS for c in choices["decode_packed"])
+                )
+            )
         )
     except (ValueError, KeyError, TypeError):
         ok, record = False, None
@@ -164,8 +201,8 @@ def load_calibration(path=None) -> Optional[dict]:
 @lru_cache(maxsize=None)
 def default_kernels() -> KernelSettings:
     """This process's defaults, decided once: this machine's calibration (:func:`load_calibration`),
-    else torch's own kernels (MKL linears, SDPA attention). After ``lmlab bench calibrate`` in the same
-    process, ``default_kernels.cache_clear()`` reads the new file."""
+    else torch's own kernels (MKL linears, SDPA attention) and transposed decode weights. After
+    ``lmlab bench calibrate`` in the same process, ``default_kernels.cache_clear()`` reads the new file."""
     record = load_calibration()
     if record is None:
         return KernelSettings(
@@ -179,8 +216,10 @@ def default_kernels() -> KernelSettings:
 def calibrated_kernels(record: dict) -> KernelSettings:
     """The settings a valid calibration record (:func:`load_calibration`) chose."""
     c = record["choices"]
+    decode = "" if "decode_packed" in c else "; decode layout not calibrated (an older calibration)"
     return KernelSettings(
         onednn_fp32=c["onednn_fp32"],
         blocked_attention_fp32=c["blocked_attention_fp32"],
-        source=f"calibrated on this CPU {record['date'][:10]}",
+        decode_packed=frozenset(c.get("decode_packed", ())),
+        source=f"calibrated on this CPU {record['date'][:10]}{decode}",
     )
