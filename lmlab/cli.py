@@ -547,7 +547,7 @@ def cmd_bench_calibrate(args) -> int:
     dest = check_destination(Path(args.out) if args.out else None)  # before minutes of measuring
     if args.if_missing:
         kept = load_calibration(dest)
-        if kept is not None and "decode_packed" in kept["choices"]:  # else measured before decode was
+        if kept is not None and "decode_layout" in kept["choices"]:  # else measured before decode was
             log(f"kept {dest}: {calibrated_kernels(kept).describe()}")
             if args.json:
                 print(json.dumps(kept))

@@ -313,7 +313,11 @@ def test_cli_analyze_survey_and_bench(capsys, tmp_path, monkeypatch, request):
 
     if packed_decode_available():  # a calibration that measured packed fp32 batches faster: they decode packed
         cache_path().parent.mkdir(parents=True)
-        choices = {"onednn_fp32": False, "blocked_attention_fp32": False, "decode_packed": ["fp32 batch 2+"]}
+        choices = {
+            "onednn_fp32": False,
+            "blocked_attention_fp32": False,
+            "decode_layout": [{"cell": "fp32 batch 2+", "weights": 1, "packed": True}],
+        }
         record = {"version": 1, "identity": cpu_identity(), "date": "2026-12-06T08:00:00", "choices": choices}
         cache_path().write_text(json.dumps({**record, "cells": []}))
         default_kernels.cache_clear()

@@ -128,7 +128,7 @@ def test_batch_eos_seed_and_limits():
 
 
 # the layout a calibration chose where oneDNN-packed weights decoded fp32 batches faster (not batch 1)
-PACKED_BATCHES = KernelSettings(False, False, decode_packed=frozenset({"fp32 batch 2+"}))
+PACKED_BATCHES = KernelSettings(False, False, decode_layout=[("fp32 batch 2+", 1, True)])
 
 
 @pytest.mark.parametrize("kind", ["onednn-packed", "transposed"])
@@ -271,7 +271,7 @@ def test_packed_decode_in_each_calibrated_cell_matches_the_plain_forward(cell):
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=40, context_length=32, d_model=32, n_layers=2, n_heads=4, init_std=0.3)
     plain = TransformerLM(cfg, kernels=KernelSettings(False, False)).eval().to(dtype)
-    model = TransformerLM(cfg, kernels=KernelSettings(False, False, decode_packed={cell})).eval()
+    model = TransformerLM(cfg, kernels=KernelSettings(False, False, decode_layout=[(cell, 1, True)])).eval()
     model.load_state_dict(plain.state_dict())
     model.to(dtype)
     assert decode_layout_kind(model, batch) == "onednn-packed"

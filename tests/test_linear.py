@@ -230,7 +230,7 @@ def _calibration(onednn: bool, blocked: bool, identity: dict, decode=()) -> dict
         "version": S.CALIBRATION_VERSION,
         "identity": identity,
         "date": "2026-12-05T01:00:00+00:00",
-        "choices": choices if decode is None else {**choices, "decode_packed": list(decode)},
+        "choices": choices if decode is None else {**choices, "decode_layout": list(decode)},
         "cells": [],
     }
 
@@ -266,20 +266,35 @@ def test_the_defaults_are_this_machines_calibration_or_torchs(tmp_path, monkeypa
             S.default_kernels.cache_clear()
             assert S.default_kernels() == KernelSettings(onednn, blocked)
             assert "calibrated on this CPU 2026-12-05" in S.default_kernels().describe()
-        path.write_text(json.dumps(_calibration(False, True, here, decode=["bf16 batch 1", "fp32 batch 2+"])))
+        measured = [
+            {"cell": "bf16 batch 1", "weights": 4_000_000, "packed": True},
+            {"cell": "fp32 batch 2+", "weights": 4_000_000, "packed": False},
+            {"cell": "fp32 batch 2+", "weights": 20_000_000, "packed": True},
+        ]
+        path.write_text(json.dumps(_calibration(False, True, here, decode=measured)))
         S.default_kernels.cache_clear()
-        assert S.default_kernels().decode_packed == {"bf16 batch 1", "fp32 batch 2+"}
-        assert "oneDNN-packed for fp32 batch 2+, bf16 batch 1, transposed otherwise" in (
+        assert S.default_kernels().decode_layout == (
+            ("bf16 batch 1", 4_000_000, True),
+            ("fp32 batch 2+", 4_000_000, False),
+            ("fp32 batch 2+", 20_000_000, True),
+        )
+        assert "oneDNN-packed for fp32 batch 2+ at 20.0M, bf16 batch 1 at 4.0M weights, transposed otherwise" in (
             S.default_kernels().describe_decode()
         )
         path.write_text(json.dumps(_calibration(False, True, here, decode=None)))  # before decode was measured
         S.default_kernels.cache_clear()
-        assert S.default_kernels() == KernelSettings(False, True) and not S.default_kernels().decode_packed
+        assert S.default_kernels() == KernelSettings(False, True) and not S.default_kernels().decode_layout
         assert "decode layout not calibrated" in S.default_kernels().describe_decode()
-        path.write_text(json.dumps(_calibration(False, True, here, decode=["fp16 batch 1"])))  # no such cell
-        S.default_kernels.cache_clear()
-        assert S.default_kernels() == KernelSettings(False, False)
-        assert f"{path} is not a kernel calibration" in capsys.readouterr().err
+        for bad in (
+            {"cell": "fp16 batch 1", "weights": 10, "packed": True},  # no such cell
+            {"cell": "fp32 batch 1", "weights": 0, "packed": True},
+            {"cell": "fp32 batch 1", "weights": 10, "packed": "yes"},
+            {"cell": "fp32 batch 1", "weights": 10},
+        ):
+            path.write_text(json.dumps(_calibration(False, True, here, decode=[bad])))
+            S.default_kernels.cache_clear()
+            assert S.default_kernels() == KernelSettings(False, False), bad
+            assert f"{path} is not a kernel calibration" in capsys.readouterr().err
         path.write_text(json.dumps(_calibration(True, True, {**here, "model": "other"})))
         S.default_kernels.cache_clear()
         assert S.default_kernels() == KernelSettings(False, False)
@@ -307,9 +322,8 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
         r = ratios[decision][sum(c[0] == decision for c in calls) - 1]
         return {"ratio": r, "q1": r, "q3": r, "rounds": rounds, "steps": 1, "on_ms": r, "off_ms": 1.0}
 
-    # decode: packed/transposed per shape (demo, d768) for each cell; geometric means 0.9 (packed), 0.99,
-    # 0.949 (just below 1 - MIN_GAIN: packed), 1.2
-    decode = {"fp32 batch 1": [0.9, 0.9], "fp32 batch 2+": [0.9, 1.089], "bf16 batch 1": [0.949, 0.949]}
+    # decode: packed/transposed per cell, at the demo shape then the d768 one (each decided alone)
+    decode = {"fp32 batch 1": [0.9, 1.0], "fp32 batch 2+": [1.3, 0.87], "bf16 batch 1": [0.949, 0.951]}
     decode["bf16 batch 2+"] = [1.2, 1.2]
     decode_calls = []
 
@@ -317,7 +331,8 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
         name = S.decode_cell(dtype, batch)
         decode_calls.append((name, threads, fields["d_model"], base))
         r = decode[name][len([c for c in decode_calls if c[0] == name]) - 1]
-        return {"ratio": r, "q1": r, "q3": r, "rounds": rounds, "steps": 1, "on_ms": r, "off_ms": 1.0}
+        w = fields["d_model"] * 1000
+        return {"ratio": r, "q1": r, "q3": r, "rounds": rounds, "steps": 1, "on_ms": r, "off_ms": 1.0, "weights": w}
 
     monkeypatch.setattr(C, "measure_cell", fake)
     monkeypatch.setattr(C, "measure_decode_cell", fake_decode)
@@ -325,17 +340,20 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
     monkeypatch.setattr(C, "packed_decode_available", lambda: True)
     monkeypatch.setattr(L, "_AVAILABLE", True)
     record = C.calibrate(rounds=3, log=lambda s: None)
+    packed = {("fp32 batch 1", 256), ("fp32 batch 2+", 768), ("bf16 batch 1", 256)}  # ratios below 0.95
     assert record["choices"] == {
         "onednn_fp32": True,
         "blocked_attention_fp32": False,
-        "decode_packed": ["fp32 batch 1", "bf16 batch 1"],
+        "decode_layout": [
+            {"cell": c, "weights": d * 1000, "packed": (c, d) in packed} for c in S.DECODE_CELLS for d in (256, 768)
+        ],
     }
     # batch 1 on one thread, batch 8 on every core; both shapes per cell; with the training kernels chosen
     assert [(c[0], c[1], c[2]) for c in decode_calls] == [
         (name, 1 if "batch 1" in name else 3, d) for name in S.DECODE_CELLS for d in (256, 768)
     ]
     assert all(c[3] == KernelSettings(True, False) for c in decode_calls)
-    assert [c["decision"] for c in record["cells"][4:]] == [f"decode_packed {n}" for n in S.DECODE_CELLS for _ in "ab"]
+    assert [c["decision"] for c in record["cells"][4:]] == [f"decode_layout {n}" for n in S.DECODE_CELLS for _ in "ab"]
     record = {**record, "cells": record["cells"][:4]}
     assert [c[1] for c in calls if c[0] == "blocked_attention_fp32"] == [1, 1]  # a one-thread path
     assert all(c[2].onednn_fp32 for c in calls if c[0] == "blocked_attention_fp32")  # with the linears chosen
@@ -365,6 +383,30 @@ def test_a_calibration_cell_measures_real_steps():
     assert cell["on_ms"] > 0 and cell["off_ms"] > 0 and cell["q1"] <= cell["ratio"] <= cell["q3"]
 
 
+def test_the_nearest_measured_size_decides_the_decode_layout():
+    """KernelSettings.decode_packs: the choice measured at the size nearest the model's, on a log scale
+    (transposed on a tie and in a cell not measured); bad entries are refused naming the field."""
+    k = KernelSettings(
+        False, False, decode_layout=[("fp32 batch 2+", 4_000_000, False), ("fp32 batch 2+", 25_000_000, True)]
+    )
+    # the log midpoint of 4M and 25M is 10M
+    assert [k.decode_packs("fp32 batch 2+", w) for w in (1, 3_000_000, 9_900_000, 10_100_000, 10**9)] == [
+        False,
+        False,
+        False,
+        True,
+        True,
+    ]
+    assert not k.decode_packs("fp32 batch 2+", 10_000_000)  # a tie: transposed
+    assert not k.decode_packs("fp32 batch 1", 10**9) and not k.decode_packs(None, 10**9)
+    assert KernelSettings(False, False, decode_layout=[("bf16 batch 1", 7, True)]).decode_packs("bf16 batch 1", 10**9)
+    for bad in ([("fp32 batch 3", 7, True)], [("fp32 batch 1", 0, True)]):
+        with pytest.raises(ValueError, match="decode_layout"):
+            KernelSettings(False, False, decode_layout=bad)
+    assert S.decode_cell(torch.float32, 1) == "fp32 batch 1" and S.decode_cell(torch.bfloat16, 5) == "bf16 batch 2+"
+    assert S.decode_cell(torch.float16, 1) is None
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_decode_calibration_cell_decodes_packed_against_transposed(dtype, monkeypatch):
     """One real decode cell: 'on' decodes through oneDNN-packed copies of the weights (packed for the
@@ -382,6 +424,7 @@ def test_a_decode_calibration_cell_decodes_packed_against_transposed(dtype, monk
     cell = C.measure_decode_cell(fields, 3, 1, dtype, 3, KernelSettings(False, False))
     assert cell["on_ms"] > 0 and cell["off_ms"] > 0 and cell["q1"] <= cell["ratio"] <= cell["q3"]
     assert {what for what, _ in made} == {("packed", 3), ("transposed",)} and {d for _, d in made} == {dtype}
+    assert cell["weights"] == 32 * 96 + 32 * 32 + 3 * 32 * 128 + 64 * 32  # q|k|v, out, gate|up and down, LM head
 
 
 def test_bench_calibrate_if_missing_keeps_a_valid_calibration(tmp_path, monkeypatch, capsys):
@@ -401,11 +444,12 @@ def test_bench_calibrate_if_missing_keeps_a_valid_calibration(tmp_path, monkeypa
         assert "fp32 attention blocked on one thread (calibrated on this CPU 2026-12-05)" in capsys.readouterr().out
         # a calibration from before the decode layout was measured is measured again
         path.write_text(json.dumps(_calibration(False, True, S.cpu_identity(), decode=None)))
-        fresh = _calibration(True, False, S.cpu_identity(), decode=["fp32 batch 2+"])
+        measured = [{"cell": "fp32 batch 2+", "weights": 5, "packed": True}]
+        fresh = _calibration(True, False, S.cpu_identity(), decode=measured)
         monkeypatch.setattr(C, "calibrate", lambda *a, **k: fresh)
         assert main(["bench", "calibrate", "--if-missing"]) == 0
-        assert json.loads(path.read_text())["choices"]["decode_packed"] == ["fp32 batch 2+"]
-        assert S.default_kernels().decode_packed == {"fp32 batch 2+"}
+        assert json.loads(path.read_text())["choices"]["decode_layout"] == measured
+        assert S.default_kernels().decode_layout == (("fp32 batch 2+", 5, True),)
     finally:
         S.default_kernels.cache_clear()
     with pytest.raises(SystemExit) as exc:
@@ -445,6 +489,6 @@ def test_calibrate_checks_its_destination_before_measuring(tmp_path, monkeypatch
         path.write_text(json.dumps(_calibration(True, False, here)))
         assert main(["bench", "calibrate", "--if-missing", "--json"]) == 0  # kept: its record on stdout
         kept = json.loads(capsys.readouterr().out)["choices"]
-        assert kept == {"onednn_fp32": True, "blocked_attention_fp32": False, "decode_packed": []}
+        assert kept == {"onednn_fp32": True, "blocked_attention_fp32": False, "decode_layout": []}
     finally:
         S.default_kernels.cache_clear()

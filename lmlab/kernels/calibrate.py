@@ -16,12 +16,14 @@ reference, stays.
 - ``blocked_attention_fp32`` (fp32 training attention through the blocked loops rather than SDPA, a
   one-thread path): both shapes at one thread, with the linears as just chosen;
 - ``fused_loops`` concerns compiled models only and is not measured (True);
-- ``decode_packed`` (the cells of :data:`lmlab.kernels.settings.DECODE_CELLS` in which eager CPU decoding
-  multiplies by oneDNN-packed weights rather than transposed ones, :mod:`lmlab.kernels.decode_layout`):
-  whole greedy decode steps (:func:`lmlab.generate.stream_batch`, the KV cache after a 16-token prompt)
-  of the demo shape and of a GPT-2-wide one (d_model 768), in fp32 and bf16 weights, batch 1 on one
+- ``decode_layout`` (whether eager CPU decoding multiplies by oneDNN-packed weights rather than
+  transposed ones, :mod:`lmlab.kernels.decode_layout`): whole greedy decode steps
+  (:func:`lmlab.generate.stream_batch`, the KV cache after a 16-token prompt) of the demo shape (4.2M
+  linear weights) and a GPT-2-wide one (d_model 768, 20.4M), in fp32 and bf16 weights, batch 1 on one
   thread (what ``lmlab generate`` uses for one prompt at these sizes) and batch 8 on every physical
-  core; the same rule decides each cell over its two shapes.
+  core: each of these cells and shapes by the same rule, and a model takes the choice of the measured
+  size nearest its own (which layout wins can change with the size: a 2-core Xeon, fp32 batch 8,
+  packed 1.31x the time at the demo shape and 0.87x at d_model 768).
 
 The result is cached as JSON under ``$LMLAB_CACHE/kernels/`` (default ``~/.cache/lmlab``), one file per
 CPU model and torch version (:func:`cache_path`), with the machine, the date and every cell, and
@@ -47,7 +49,7 @@ from typing import Callable, Optional
 import torch
 
 from lmlab.config import ConfigError, ModelConfig
-from lmlab.kernels.decode_layout import packed_decode_available
+from lmlab.kernels.decode_layout import linear_weight_count, packed_decode_available
 from lmlab.kernels.linear import onednn_available
 from lmlab.kernels.settings import CALIBRATION_VERSION, KernelSettings, cache_path, cpu_identity, decode_cell
 from lmlab.model import TransformerLM
@@ -144,13 +146,15 @@ def measure_cell(fields: dict, batch: int, threads: int, on: KernelSettings, off
 
 def measure_decode_cell(fields: dict, batch: int, threads: int, dtype: torch.dtype, rounds: int, base: KernelSettings):
     """:func:`measure_cell` for decode steps: 'on' multiplies by oneDNN-packed weights in the cell of
-    ``dtype`` and ``batch``, 'off' by transposed ones (``base``'s other choices in both)."""
+    ``dtype`` and ``batch``, 'off' by transposed ones (``base``'s other choices in both); adds "weights"
+    (the model's linear weights)."""
     cell = decode_cell(dtype, batch)
-    on = dataclasses.replace(base, decode_packed=frozenset({cell}))
-    off = dataclasses.replace(base, decode_packed=frozenset())
+    weights = linear_weight_count(TransformerLM(ModelConfig(**fields)))
+    on = dataclasses.replace(base, decode_layout=((cell, weights, True),))
+    off = dataclasses.replace(base, decode_layout=())
     with using_threads(threads):
         timers = {"on": _decode_timer(fields, batch, dtype, on), "off": _decode_timer(fields, batch, dtype, off)}
-        return _interleave(timers, rounds)
+        return {**_interleave(timers, rounds), "weights": weights}
 
 
 def _interleave(timers: dict, rounds: int) -> dict:
@@ -226,7 +230,7 @@ def calibrate(rounds: int = 7, log: Callable[[str], None] = print) -> dict:
         KernelSettings(choices["onednn_fp32"], True),
         KernelSettings(choices["onednn_fp32"], False),
     )
-    choices["decode_packed"] = decide_decode(
+    choices["decode_layout"] = decide_decode(
         KernelSettings(choices["onednn_fp32"], choices["blocked_attention_fp32"]), rounds, cores, cells, log
     )
     return {
@@ -243,37 +247,32 @@ def calibrate(rounds: int = 7, log: Callable[[str], None] = print) -> dict:
 
 
 def decide_decode(base: KernelSettings, rounds: int, cores: int, cells: list, log: Callable[[str], None]) -> list:
-    """The ``decode_packed`` decision (module docstring): the :data:`DECODE_CELLS` where oneDNN-packed
-    weights made the decode steps of :data:`DECODE_SHAPES` at least ``MIN_GAIN`` faster (geometric
-    mean) than transposed ones; each cell measured is appended to ``cells``."""
+    """The ``decode_layout`` decision (module docstring): [{"cell", "weights", "packed"}] for each of
+    :data:`DECODE_CELLS` and :data:`DECODE_SHAPES`, ``packed`` where oneDNN-packed weights made the
+    decode steps at least ``MIN_GAIN`` faster than transposed ones; each measurement is appended to
+    ``cells``. Empty where this torch cannot pack; a cell oneDNN cannot pack here is left out."""
     if not packed_decode_available():
-        log("decode_packed: none (this torch build cannot pack weights for oneDNN)")
+        log("decode_layout: transposed (this torch build cannot pack weights for oneDNN)")
         return []
-    packed = []
+    entries = []
     for dtype in (torch.float32, torch.bfloat16):
         for batch in DECODE_BATCHES:
-            name, threads, ratios = decode_cell(dtype, batch), 1 if batch == 1 else cores, []
+            name, threads = decode_cell(dtype, batch), 1 if batch == 1 else cores
             for label, fields in DECODE_SHAPES:
                 try:
                     cell = measure_decode_cell(fields, batch, threads, dtype, rounds, base)
                 except RuntimeError as exc:  # e.g. no oneDNN packing for bf16 on this CPU
-                    log(f"decode_packed: {name}: not packed (oneDNN cannot pack it here: {str(exc)[:120]})")
-                    ratios = []
+                    log(f"decode_layout {name}: transposed (oneDNN cannot pack it here: {str(exc)[:120]})")
                     break
-                cells.append({"decision": f"decode_packed {name}", "shape": label, "threads": threads, **cell})
-                ratios.append(cell["ratio"])
+                cells.append({"decision": f"decode_layout {name}", "shape": label, "threads": threads, **cell})
+                packed = cell["ratio"] < 1 - MIN_GAIN
+                entries.append({"cell": name, "weights": cell["weights"], "packed": packed})
                 log(
-                    f"decode_packed {name}: {label}, {threads} thread(s): packed/transposed {cell['ratio']:.3f} "
-                    f"(IQR {cell['q1']:.3f}-{cell['q3']:.3f}; {cell['on_ms']:.2f} vs {cell['off_ms']:.2f} ms/step)"
+                    f"decode_layout {name}: {label} ({cell['weights'] / 1e6:.1f}M weights), {threads} thread(s): "
+                    f"packed/transposed {cell['ratio']:.3f} (IQR {cell['q1']:.3f}-{cell['q3']:.3f}; "
+                    f"{cell['on_ms']:.2f} vs {cell['off_ms']:.2f} ms/step): {'packed' if packed else 'transposed'}"
                 )
-            if ratios:
-                chosen = _geomean(ratios) < 1 - MIN_GAIN
-                log(
-                    f"decode_packed {name}: {'packed' if chosen else 'transposed'} (geometric mean "
-                    f"{_geomean(ratios):.3f}; packed below {1 - MIN_GAIN:g})"
-                )
-                packed += [name] if chosen else []
-    return packed
+    return entries
 
 
 def check_destination(path: Optional[Path] = None) -> Path:

@@ -191,6 +191,14 @@ def _transposes(w: torch.Tensor) -> bool:
     return w.dim() == 2 and w.is_contiguous() and w.shape[0] >= w.shape[1] > 1
 
 
+def linear_weight_count(model: torch.nn.Module) -> int:
+    """The elements of ``model``'s linear weights, each tensor once (a tied LM head counts once): the size
+    the decode layout's calibration compares models by."""
+    return sum(
+        w.numel() for w in {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}.values()
+    )
+
+
 def _linear_bytes(model: torch.nn.Module) -> int:
     weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
     return sum(w.numel() * w.element_size() for w in weights.values())
@@ -199,17 +207,23 @@ def _linear_bytes(model: torch.nn.Module) -> int:
 def decode_layout_kind(model: TransformerLM, batch: int = 1, compiled: bool = False) -> str:
     """Which weight layout :func:`decode_layout` uses for ``model`` decoding ``batch`` rows at a time:
     'onednn-packed', 'transposed' or 'unchanged' (not a CPU model). 'onednn-packed' where the model's
-    kernels (``model.kernels.decode_packed``, measured by ``lmlab bench calibrate``) chose it for the
-    weights' dtype and batch (:func:`lmlab.kernels.settings.decode_cell`), the weights fit
-    ``PACK_LIMIT_BYTES`` and this torch packs for oneDNN; never for ``compiled`` (the compiled decode
-    step: Inductor cannot run over packed weights)."""
+    kernels (``model.kernels``, measured by ``lmlab bench calibrate``) chose it for the weights' dtype and
+    batch (:func:`lmlab.kernels.settings.decode_cell`) at the measured size nearest the model's
+    (``KernelSettings.decode_packs``), the weights fit ``PACK_LIMIT_BYTES`` and this torch packs for
+    oneDNN; never for ``compiled`` (the compiled decode step: Inductor cannot run over packed weights)."""
     weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
     if not weights or any(w.device.type != "cpu" for w in weights.values()):
         return "unchanged"
     dtypes = {w.dtype for w in weights.values()}
     cell = decode_cell(dtypes.pop(), batch) if len(dtypes) == 1 else None
-    chosen = getattr(getattr(model, "kernels", None), "decode_packed", frozenset())
-    pack = not compiled and cell in chosen and _linear_bytes(model) <= PACK_LIMIT_BYTES and packed_decode_available()
+    kernels = getattr(model, "kernels", None)
+    pack = (
+        not compiled
+        and kernels is not None
+        and kernels.decode_packs(cell, linear_weight_count(model))
+        and _linear_bytes(model) <= PACK_LIMIT_BYTES
+        and packed_decode_available()
+    )
     return "onednn-packed" if pack else "transposed"
 
 

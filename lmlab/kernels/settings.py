@@ -13,6 +13,7 @@ and the startup line says the machine is uncalibrated.
 from __future__ import annotations
 
 import json
+import math
 import platform
 import re
 import sys
@@ -46,21 +47,31 @@ class KernelSettings:
     ``blocked_attention_fp32``: fp32 training attention on one thread through the blocked loops rather
     than SDPA (:mod:`lmlab.kernels.causal_attention`; bf16 always takes them); ``fused_loops``: inside a
     compiled model the blocked loops are traced into its graph (False: eager loops behind a graph break
-    per layer, for comparisons); ``decode_packed``: the :data:`DECODE_CELLS` in which an eager CPU decode
-    step multiplies by oneDNN-packed copies of the weights rather than transposed ones
-    (:mod:`lmlab.kernels.decode_layout`; empty: transposed everywhere)."""
+    per layer, for comparisons); ``decode_layout``: the measured weight layouts of eager CPU decoding
+    (:mod:`lmlab.kernels.decode_layout`), ``(cell, weights, packed)`` triples: in the
+    :data:`DECODE_CELLS` entry ``cell``, a model with ``weights`` linear weights decoded faster with them
+    oneDNN-packed (``packed`` True) or transposed; see :meth:`decode_packs` (empty: transposed
+    everywhere). Raises ValueError for an unknown cell or a weight count below 1."""
 
     onednn_fp32: bool
     blocked_attention_fp32: bool
     fused_loops: bool = True
-    decode_packed: frozenset = frozenset()
+    decode_layout: tuple = ()
     source: str = field(default="explicit", compare=False)  # where the choice came from (not compared)
 
     def __post_init__(self):
-        unknown = set(self.decode_packed) - set(DECODE_CELLS)
-        if unknown:
-            raise ValueError(f"decode_packed: unknown cells {sorted(unknown)}; valid: {', '.join(DECODE_CELLS)}")
-        object.__setattr__(self, "decode_packed", frozenset(self.decode_packed))
+        entries = tuple(sorted((str(c), int(w), bool(p)) for c, w, p in self.decode_layout))
+        bad = [(c, w) for c, w, _ in entries if c not in DECODE_CELLS or w < 1]
+        if bad:
+            raise ValueError(f"decode_layout: {bad} are not (cell, weights >= 1); cells: {', '.join(DECODE_CELLS)}")
+        object.__setattr__(self, "decode_layout", entries)
+
+    def decode_packs(self, cell: Optional[str], weights: int) -> bool:
+        """Whether eager decoding in ``cell`` (:func:`decode_cell`) of a model with ``weights`` linear
+        weights multiplies by oneDNN-packed weights: the choice measured at the size nearest ``weights``
+        on a log scale (transposed on a tie, and where the cell was not measured)."""
+        measured = [(round(abs(math.log(max(weights, 1) / w)), 9), p) for c, w, p in self.decode_layout if c == cell]
+        return min(measured)[1] if measured else False
 
     def describe(self) -> str:
         """One line for the startup message, e.g. 'fp32 linears on oneDNN, fp32 attention SDPA (calibrated
@@ -76,11 +87,15 @@ class KernelSettings:
         return ", ".join(parts) + f" ({self.source})"
 
     def describe_decode(self) -> str:
-        """The decode layout choice in words, e.g. 'decode weights oneDNN-packed for fp32 batch 2+,
-        transposed otherwise (calibrated ...)'."""
-        cells = [c for c in DECODE_CELLS if c in self.decode_packed]
-        what = f"oneDNN-packed for {', '.join(cells)}, transposed otherwise" if cells else "transposed"
-        return f"decode weights {what} ({self.source})"
+        """The decode layout choice in words, e.g. 'decode weights oneDNN-packed for fp32 batch 2+ at 20.5M
+        weights, transposed otherwise (the nearest measured size decides; calibrated ...)'."""
+        packed = [f"{c} at {w / 1e6:.1f}M" for c in DECODE_CELLS for cc, w, p in self.decode_layout if cc == c and p]
+        if not packed:
+            return f"decode weights transposed ({self.source})"
+        return (
+            f"decode weights oneDNN-packed for {', '.join(packed)} weights, transposed otherwise (the nearest "
+            f"measured size decides; {self.source})"
+        )
 
 
 def cpu_identity(cpuinfo: str = "/proc/cpuinfo") -> dict:
@@ -171,13 +186,7 @@ def load_calibration(path=None) -> Optional[dict]:
             and isinstance(record.get("identity"), dict)
             and isinstance(choices, dict)
             and all(isinstance(choices.get(k), bool) for k in ("onednn_fp32", "blocked_attention_fp32"))
-            and (
-                "decode_packed" not in choices  # measured before the decode layout was calibrated
-                or (
-                    isinstance(choices["decode_packed"], list)
-                    and all(c in DECODE_CELLS for c in choices["decode_packed"])
-                )
-            )
+            and ("decode_layout" not in choices or _decode_entries(choices["decode_layout"]) is not None)
         )
     except (ValueError, KeyError, TypeError):
         ok, record = False, None
@@ -213,13 +222,28 @@ def default_kernels() -> KernelSettings:
     return calibrated_kernels(record)
 
 
+def _decode_entries(items) -> Optional[tuple]:
+    """A calibration's ``decode_layout`` list ([{"cell", "weights", "packed"}, ...]) as
+    :class:`KernelSettings` triples; None when it is not one."""
+    try:
+        assert isinstance(items, list) and all(
+            isinstance(e, dict) and set(e) == {"cell", "weights", "packed"} for e in items
+        )
+        assert all(type(e["weights"]) is int and type(e["packed"]) is bool for e in items)
+        entries = tuple((e["cell"], e["weights"], e["packed"]) for e in items)
+        KernelSettings(False, False, decode_layout=entries)  # the cells and counts valid
+        return entries
+    except (AssertionError, ValueError, TypeError):
+        return None
+
+
 def calibrated_kernels(record: dict) -> KernelSettings:
     """The settings a valid calibration record (:func:`load_calibration`) chose."""
     c = record["choices"]
-    decode = "" if "decode_packed" in c else "; decode layout not calibrated (an older calibration)"
+    decode = "" if "decode_layout" in c else "; decode layout not calibrated (an older calibration)"
     return KernelSettings(
         onednn_fp32=c["onednn_fp32"],
         blocked_attention_fp32=c["blocked_attention_fp32"],
-        decode_packed=frozenset(c.get("decode_packed", ())),
+        decode_layout=_decode_entries(c.get("decode_layout", [])),
         source=f"calibrated on this CPU {record['date'][:10]}{decode}",
     )
