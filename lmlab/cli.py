@@ -548,7 +548,8 @@ def cmd_bench_calibrate(args) -> int:
     if args.if_missing:
         kept = load_calibration(dest)
         if kept is not None and "decode_layout" in kept["choices"]:  # else measured before decode was
-            log(f"kept {dest}: {calibrated_kernels(kept).describe()}")
+            k = calibrated_kernels(kept)
+            log(f"kept {dest}: {k.describe()}; {k.describe_decode()}")
             if args.json:
                 print(json.dumps(kept))
             return 0

@@ -18,7 +18,7 @@ reference, stays.
 - ``fused_loops`` concerns compiled models only and is not measured (True);
 - ``decode_layout`` (whether eager CPU decoding multiplies by oneDNN-packed weights rather than
   transposed ones, :mod:`lmlab.kernels.decode_layout`): whole greedy decode steps
-  (:func:`lmlab.generate.stream_batch`, the KV cache after a 16-token prompt) of the demo shape (4.2M
+  (:func:`lmlab.generate.stream_batch`, the KV cache after a 16-token prompt) of the demo shape (4.0M
   linear weights) and a GPT-2-wide one (d_model 768, 20.4M), in fp32 and bf16 weights, batch 1 on one
   thread (what ``lmlab generate`` uses for one prompt at these sizes) and batch 8 on every physical
   core: each of these cells and shapes by the same rule, and a model takes the choice of the measured

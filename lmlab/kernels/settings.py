@@ -87,7 +87,7 @@ class KernelSettings:
         return ", ".join(parts) + f" ({self.source})"
 
     def describe_decode(self) -> str:
-        """The decode layout choice in words, e.g. 'decode weights oneDNN-packed for fp32 batch 2+ at 20.5M
+        """The decode layout choice in words, e.g. 'decode weights oneDNN-packed for fp32 batch 2+ at 20.4M
         weights, transposed otherwise (the nearest measured size decides; calibrated ...)'."""
         packed = [f"{c} at {w / 1e6:.1f}M" for c in DECODE_CELLS for cc, w, p in self.decode_layout if cc == c and p]
         if not packed:
@@ -225,16 +225,17 @@ def default_kernels() -> KernelSettings:
 def _decode_entries(items) -> Optional[tuple]:
     """A calibration's ``decode_layout`` list ([{"cell", "weights", "packed"}, ...]) as
     :class:`KernelSettings` triples; None when it is not one."""
-    try:
-        assert isinstance(items, list) and all(
-            isinstance(e, dict) and set(e) == {"cell", "weights", "packed"} for e in items
-        )
-        assert all(type(e["weights"]) is int and type(e["packed"]) is bool for e in items)
-        entries = tuple((e["cell"], e["weights"], e["packed"]) for e in items)
-        KernelSettings(False, False, decode_layout=entries)  # the cells and counts valid
-        return entries
-    except (AssertionError, ValueError, TypeError):
+    keys = {"cell", "weights", "packed"}
+    if not isinstance(items, list) or not all(isinstance(e, dict) and set(e) == keys for e in items):
         return None
+    if not all(type(e["weights"]) is int and type(e["packed"]) is bool for e in items):
+        return None
+    entries = tuple((e["cell"], e["weights"], e["packed"]) for e in items)
+    try:
+        KernelSettings(False, False, decode_layout=entries)  # the cells and counts valid
+    except ValueError:
+        return None
+    return entries
 
 
 def calibrated_kernels(record: dict) -> KernelSettings:
