@@ -561,12 +561,11 @@ def _run_locked(
     from lmlab.lab.executors import check_no_jobs_elsewhere, check_same_resources
 
     check_no_jobs_elsewhere(sweep_dir, kind, log)
-    if kind in ("slurm", "submitit-local"):
-        check_same_resources(sweep_dir, kind, threads, params, log)
     ex = None
     if kind in ("slurm", "submitit-local"):  # its parameters checked before anything is written
         from lmlab.lab.executors import SubmititExecutor
 
+        check_same_resources(sweep_dir, kind, threads, params, log)
         ex = SubmititExecutor(sweep_dir, kind, params, per_task, threads, parallelism=jobs, log=log)
     elif kind == "ray":
         from lmlab.lab.ray_executor import RayExecutor
