@@ -8,7 +8,7 @@
 #               folder), write its report to docs/ablations/NAME/ and the index of all claims to
 #               docs/ablations/README.md
 #               (about 9.3 hours on 2 CPU cores for all sixteen, measured: 1.70e15 training FLOPs, docs/lab.md;
-#               first it runs `lmlab bench calibrate --if-missing`, about 25 s once per machine;
+#               first it runs `lmlab bench calibrate --if-missing`, about 50 s once per machine;
 #               SPECS="01-norm-placement ..." for a subset, the index still covering every page in
 #               docs/ablations; JOBS=1 for one run at a time; TIER=gpu DATA=DIR for the gpu tiers on a GPU)
 PYTHON ?= python3
