@@ -191,17 +191,19 @@ def _transposes(w: torch.Tensor) -> bool:
     return w.dim() == 2 and w.is_contiguous() and w.shape[0] >= w.shape[1] > 1
 
 
+def _linear_weights(model: torch.nn.Module) -> list:
+    """``model``'s linear weights, each tensor once (a tied LM head counts once)."""
+    return list({id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}.values())
+
+
 def linear_weight_count(model: torch.nn.Module) -> int:
-    """The elements of ``model``'s linear weights, each tensor once (a tied LM head counts once): the size
-    the decode layout's calibration compares models by."""
-    return sum(
-        w.numel() for w in {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}.values()
-    )
+    """The elements of ``model``'s linear weights, each tensor once: the size the decode layout's
+    calibration compares models by."""
+    return sum(w.numel() for w in _linear_weights(model))
 
 
 def _linear_bytes(model: torch.nn.Module) -> int:
-    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
-    return sum(w.numel() * w.element_size() for w in weights.values())
+    return sum(w.numel() * w.element_size() for w in _linear_weights(model))
 
 
 def decode_layout_kind(model: TransformerLM, batch: int = 1, compiled: bool = False) -> str:
@@ -211,17 +213,17 @@ def decode_layout_kind(model: TransformerLM, batch: int = 1, compiled: bool = Fa
     batch (:func:`lmlab.kernels.settings.decode_cell`) at the measured size nearest the model's
     (``KernelSettings.decode_packs``), the weights fit ``PACK_LIMIT_BYTES`` and this torch packs for
     oneDNN; never for ``compiled`` (the compiled decode step: Inductor cannot run over packed weights)."""
-    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
-    if not weights or any(w.device.type != "cpu" for w in weights.values()):
+    weights = _linear_weights(model)
+    if not weights or any(w.device.type != "cpu" for w in weights):
         return "unchanged"
-    dtypes = {w.dtype for w in weights.values()}
+    dtypes = {w.dtype for w in weights}
     cell = decode_cell(dtypes.pop(), batch) if len(dtypes) == 1 else None
     kernels = getattr(model, "kernels", None)
     pack = (
         not compiled
         and kernels is not None
-        and kernels.decode_packs(cell, linear_weight_count(model))
-        and _linear_bytes(model) <= PACK_LIMIT_BYTES
+        and kernels.decode_packs(cell, sum(w.numel() for w in weights))
+        and sum(w.numel() * w.element_size() for w in weights) <= PACK_LIMIT_BYTES
         and packed_decode_available()
     )
     return "onednn-packed" if pack else "transposed"
