@@ -289,3 +289,24 @@ def test_config_refuses_what_linear_layers_do_not_go_with():
         hybrid(attention="mla", kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
     with pytest.raises(ConfigError, match="linear_attention"):
         hybrid(linear_attention="mamba2")
+
+
+def test_compiled_layer_under_bf16_autocast_equals_the_eager_layer():
+    """torch.compile of the layer in bf16 autocast (spec 16's training: its layer shapes, two chunks) gives
+    the eager layer's outputs and gradients. Inductor (torch 2.13, CPU) compiled the recurrence here to NaN
+    from the first step, so the layer runs it eagerly under compile (a graph break: lmlab.model.deltanet)."""
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(64, 2, 4, 32, 16, conv_kernel=4, chunk=64)
+    x = torch.randn(2, 128, 64, generator=torch.Generator().manual_seed(1))
+    outs, grads = [], []
+    for f in (layer, torch.compile(layer)):
+        xi = x.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = f(xi)
+        y.float().square().mean().backward()
+        outs.append(y.float())
+        grads.append(xi.grad)
+        layer.zero_grad()
+    assert torch.isfinite(outs[1]).all() and torch.isfinite(grads[1]).all()
+    assert (outs[1] - outs[0]).abs().max() < 0.02 * outs[0].abs().max()  # bf16 products fused differently
+    assert (grads[1] - grads[0]).abs().max() < 0.02 * grads[0].abs().max()

@@ -29,7 +29,10 @@ convolution's last ``conv_kernel - 1`` inputs and S per value head.
 In a model, ``layer_pattern`` letter 'D' puts this layer where attention would be (``ModelConfig.linear_*``
 fields give its sizes); its decoding state lives in :class:`lmlab.model.attention.KVCache` beside the other
 layers' keys and values. The recurrence runs in fp32 (float64 for a float64 model) with autocast off:
-the decay products and the triangular solve lose too much in bf16.
+the decay products and the triangular solve lose too much in bf16. Under ``torch.compile`` the
+recurrence runs eagerly (a graph break, :func:`_eager_delta_rule`): Inductor (torch 2.13, CPU) compiled
+the layer under bf16 autocast to NaN outputs from the first step, while eager, ``aot_eager`` and fp32
+Inductor were finite (found 2026-12-06 by spec 16's move to bf16; tests/test_deltanet.py).
 """
 
 from __future__ import annotations
@@ -99,6 +102,27 @@ def gated_delta_chunked(
     return torch.cat(out, 2), S
 
 
+def _delta_rule(q, k, v, g, beta, chunk: int, state: Optional[torch.Tensor], device_type: str):
+    """The recurrence with autocast off (the projections around it may autocast): one token by
+    :func:`gated_delta_recurrent`, more by :func:`gated_delta_chunked`."""
+    with torch.autocast(device_type, enabled=False):
+        if q.shape[2] == 1:
+            return gated_delta_recurrent(q, k, v, g, beta, state)
+        return gated_delta_chunked(q, k, v, g, beta, chunk, state)
+
+
+_EAGER = []  # _delta_rule wrapped by torch.compiler.disable, made once (it imports torch._dynamo: 1.5 s)
+
+
+def _eager_delta_rule():
+    """:func:`_delta_rule` as ``torch.compile`` must run it: eagerly, a graph break around it (module
+    docstring: Inductor's bf16 NaN). Made on first use, so that importing lmlab.model does not import
+    torch._dynamo."""
+    if not _EAGER:
+        _EAGER.append(torch.compiler.disable(_delta_rule, reason="Inductor (torch 2.13, CPU) gives NaN in bf16"))
+    return _EAGER[0]
+
+
 class GatedDeltaNet(nn.Module):
     """A Gated DeltaNet layer (module docstring): (batch, seq, d_model) -> (batch, seq, d_model).
 
@@ -134,6 +158,7 @@ class GatedDeltaNet(nn.Module):
         self.record_max_logit, self.max_logit, self.first_key = False, None, None  # no attention (diagnostics: None)
         self.out = Linear(n_v_heads * d_v, d_model, bias=False)
         self.out.is_residual_projection = True
+        self._delta_rule = _eager_delta_rule()  # a plain function attribute: no parameters, not in state_dict
         self.reset_gdn_parameters()
 
     def reset_gdn_parameters(self) -> None:
@@ -181,11 +206,7 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.to(ct).exp() * F.softplus(a.to(ct) + self.dt_bias.to(ct))
         q, k, v, beta, g = (t.transpose(1, 2) for t in (q, k, v, beta, g))  # heads first
         S = state.get("S") if state is not None else None
-        with torch.autocast(x.device.type, enabled=False):  # the projections above and below may autocast
-            if T == 1:
-                o, S = gated_delta_recurrent(q, k, v, g, beta, S)
-            else:
-                o, S = gated_delta_chunked(q, k, v, g, beta, self.chunk, S)
+        o, S = self._delta_rule(q, k, v, g, beta, self.chunk, S, x.device.type)
         if state is not None:
             state["S"] = S.detach()
         o = o.transpose(1, 2)  # (B, T, Hv, dv)
