@@ -1,7 +1,8 @@
 """How a training run stops early: SIGINT/SIGTERM ask the loop to finish its step and checkpoint
 (:class:`StopSignals`, then :class:`TrainingInterrupted`), and too many non-finite steps in a row end it
-(:class:`TrainingDiverged`). :meth:`lmlab.train.Trainer.fit` writes the outcome to the run folder's
-``outcome.json`` (:mod:`lmlab.run_folder`), which the lab reads instead of any log text."""
+(:class:`TrainingDiverged`; from the very first step, before any update: :class:`NonFiniteFromStart`).
+:meth:`lmlab.train.Trainer.fit` writes the outcome to the run folder's ``outcome.json``
+(:mod:`lmlab.run_folder`), which the lab reads instead of any log text."""
 
 from __future__ import annotations
 
@@ -18,6 +19,13 @@ class TrainingDiverged(FloatingPointError):
     def __init__(self, message: str, step: int):
         super().__init__(message)
         self.step = step
+
+
+class NonFiniteFromStart(FloatingPointError):
+    """Every step of a run from its first was non-finite (``max_bad_steps`` in a row, no update applied):
+    the model's loss or gradient at its initial weights is not finite, which no learning rate causes (a
+    kernel, the precision or the initialisation). Not a divergence: :meth:`Trainer.fit` records the run as
+    ``failed``, so the lab reports it instead of reading it as an unstable learning rate."""
 
 
 class TrainingInterrupted(KeyboardInterrupt):

@@ -48,7 +48,7 @@ from lmlab.model import TransformerLM
 from lmlab.optim import build_optimizer, muon_lr_at, optimizer_of, param_groups, set_lr
 from lmlab.parallel import Dist, all_reduce_mean, barrier, full_state, init_distributed, load_full_state, wrap_model
 from lmlab.run_folder import CheckpointError
-from lmlab.stopping import StopSignals, TrainingDiverged, TrainingInterrupted
+from lmlab.stopping import NonFiniteFromStart, StopSignals, TrainingDiverged, TrainingInterrupted
 from lmlab.train_config import AUTO, TrainConfig
 
 
@@ -443,7 +443,8 @@ class Trainer:
         ``checkpoint_interval`` steps and at the end (or when ``max_seconds`` of wall time are spent: then
         a ``{"stopped": "max_seconds"}`` record is logged). Returns the last validation figures.
         Raises :class:`TrainingDiverged` (a FloatingPointError) after ``max_bad_steps`` non-finite steps
-        in a row (the last good state is checkpointed first). The run folder's ``outcome.json`` says
+        in a row (the last good state is checkpointed first), :class:`NonFiniteFromStart` (recorded as
+        failed, nothing checkpointed) when those were every step from the first. The run folder's ``outcome.json`` says
         ``running`` meanwhile and then how it ended (finished, diverged at step N, interrupted, failed
         with the error): what the ablation lab reads. SIGINT / SIGTERM (:class:`StopSignals`) stop it after the step in
         progress (and its evaluation / checkpoint, if due): the last finished step is checkpointed, a
@@ -617,6 +618,14 @@ class Trainer:
                     f"step {rec['step']}: non-finite loss/gradient ({rec['loss']}, {rec['grad_norm']}); "
                     f"update skipped ({self.bad_in_row} in a row)"
                 )
+                if self.bad_in_row >= tc.max_bad_steps and self.bad_in_row == self.step:  # never one good step
+                    bar.close()
+                    raise NonFiniteFromStart(
+                        f"every step from the first was non-finite ({self.bad_in_row} in a row, no update applied): "
+                        f"the loss or gradient at the initial weights is not finite, which no learning rate "
+                        f"causes; check dtype={tc.dtype!r} (fp32 is one switch away), compile={tc.compile!r} "
+                        f"and the model's initialisation"
+                    )
                 if self.bad_in_row >= tc.max_bad_steps:
                     path = self.save()  # the weights are those of the last good step
                     bar.close()

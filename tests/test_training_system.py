@@ -155,6 +155,39 @@ def test_diagnostics_logged_and_correct(tmp_path, corpus_bytes):
     assert all(len(r["attn_first_key"]) == 2 for r in diag)
 
 
+def test_non_finite_from_the_first_step_is_a_failure_not_a_divergence(tmp_path, corpus_bytes, monkeypatch):
+    """A loss that is NaN from the first step, before any update (a broken kernel or precision, as Inductor's
+    bf16 Gated DeltaNet was): no learning rate causes that, so the run is recorded as failed with the reason,
+    not as diverged (which the lab would read as an unstable rate), and no checkpoint is written."""
+    from lmlab.run_folder import read_outcome
+    from lmlab.stopping import NonFiniteFromStart, TrainingDiverged
+
+    tc = TrainConfig(
+        batch_size=2,
+        max_steps=20,
+        max_bad_steps=3,
+        log_interval=1,
+        eval_interval=100,
+        device="cpu",
+        tensorboard=False,
+        compile=False,
+    )
+    t = Trainer.create(tmp_path / "run", tiny_cfg(), tc, corpus_bytes, progress=False)
+    real = t.model.loss_from_hidden
+
+    def nan_loss(h, y, reduction="mean"):
+        loss, ce = real(h, y, reduction)
+        return loss * float("nan"), ce * float("nan")
+
+    monkeypatch.setattr(t.model, "loss_from_hidden", nan_loss)
+    with pytest.raises(NonFiniteFromStart, match="every step from the first was non-finite .3 in a row") as info:
+        t.fit()
+    assert not isinstance(info.value, TrainingDiverged) and "dtype=" in str(info.value)
+    outcome = read_outcome(tmp_path / "run")
+    assert outcome["status"] == "failed" and outcome["step"] == 3 and "NonFiniteFromStart" in outcome["error"]
+    assert not list((tmp_path / "run" / "checkpoints").glob("step_*"))
+
+
 def test_non_finite_guard_skips_then_stops_with_last_good_state(tmp_path, corpus_bytes, monkeypatch):
 
     tc = TrainConfig(
