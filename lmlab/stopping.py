@@ -27,6 +27,13 @@ class NonFiniteFromStart(FloatingPointError):
     kernel, the precision or the initialisation). Not a divergence: :meth:`Trainer.fit` records the run as
     ``failed``, so the lab reports it instead of reading it as an unstable learning rate."""
 
+    def __init__(self, steps: int, dtype: str, compile: object):
+        super().__init__(
+            f"every step from the first was non-finite ({steps} in a row, no update applied): the loss or "
+            f"gradient at the initial weights is not finite, which no learning rate causes; check "
+            f"dtype={dtype!r} (fp32 is one switch away), compile={compile!r} and the model's initialisation"
+        )
+
 
 class TrainingInterrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM reached :meth:`Trainer.fit`, which checkpointed the last finished step and stopped.

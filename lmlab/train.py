@@ -620,12 +620,7 @@ class Trainer:
                 )
                 if self.bad_in_row >= tc.max_bad_steps and self.bad_in_row == self.step:  # never one good step
                     bar.close()
-                    raise NonFiniteFromStart(
-                        f"every step from the first was non-finite ({self.bad_in_row} in a row, no update applied): "
-                        f"the loss or gradient at the initial weights is not finite, which no learning rate "
-                        f"causes; check dtype={tc.dtype!r} (fp32 is one switch away), compile={tc.compile!r} "
-                        f"and the model's initialisation"
-                    )
+                    raise NonFiniteFromStart(self.bad_in_row, tc.dtype, tc.compile)
                 if self.bad_in_row >= tc.max_bad_steps:
                     path = self.save()  # the weights are those of the last good step
                     bar.close()
