@@ -155,14 +155,9 @@ def test_diagnostics_logged_and_correct(tmp_path, corpus_bytes):
     assert all(len(r["attn_first_key"]) == 2 for r in diag)
 
 
-def test_non_finite_from_the_first_step_is_a_failure_not_a_divergence(tmp_path, corpus_bytes, monkeypatch):
-    """A loss that is NaN from the first step, before any update (a broken kernel or precision, as Inductor's
-    bf16 Gated DeltaNet was): no learning rate causes that, so the run is recorded as failed with the reason,
-    not as diverged (which the lab would read as an unstable rate), and no checkpoint is written."""
-    from lmlab.run_folder import read_outcome
-    from lmlab.stopping import NonFiniteFromStart, TrainingDiverged
-
-    tc = TrainConfig(
+def _guard_config() -> TrainConfig:
+    """The non-finite guard's tests: 3 bad steps in a row stop a 20-step run; compile off (no probe)."""
+    return TrainConfig(
         batch_size=2,
         max_steps=20,
         max_bad_steps=3,
@@ -172,6 +167,16 @@ def test_non_finite_from_the_first_step_is_a_failure_not_a_divergence(tmp_path, 
         tensorboard=False,
         compile=False,
     )
+
+
+def test_non_finite_from_the_first_step_is_a_failure_not_a_divergence(tmp_path, corpus_bytes, monkeypatch):
+    """A loss that is NaN from the first step, before any update (a broken kernel or precision, as Inductor's
+    bf16 Gated DeltaNet was): no learning rate causes that, so the run is recorded as failed with the reason,
+    not as diverged (which the lab would read as an unstable rate), and no checkpoint is written."""
+    from lmlab.run_folder import read_outcome
+    from lmlab.stopping import NonFiniteFromStart, TrainingDiverged
+
+    tc = _guard_config()
     t = Trainer.create(tmp_path / "run", tiny_cfg(), tc, corpus_bytes, progress=False)
     real = t.model.loss_from_hidden
 
@@ -190,16 +195,7 @@ def test_non_finite_from_the_first_step_is_a_failure_not_a_divergence(tmp_path, 
 
 def test_non_finite_guard_skips_then_stops_with_last_good_state(tmp_path, corpus_bytes, monkeypatch):
 
-    tc = TrainConfig(
-        batch_size=2,
-        max_steps=20,
-        max_bad_steps=3,
-        log_interval=1,
-        eval_interval=100,
-        device="cpu",
-        tensorboard=False,
-        compile=False,
-    )  # no compile=auto probe: the flaky loss counts its calls
+    tc = _guard_config()  # no compile=auto probe: the flaky loss counts its calls
     t = Trainer.create(tmp_path / "run", tiny_cfg(), tc, corpus_bytes, progress=False)
     real = t.model.loss_from_hidden  # the training loss (TransformerLM.forward with targets)
     calls = {"n": 0}
