@@ -293,13 +293,17 @@ def test_config_refuses_what_linear_layers_do_not_go_with():
 
 def test_compiled_layer_under_bf16_autocast_equals_the_eager_layer():
     """torch.compile of the layer in bf16 autocast (spec 16's training: its layer shapes, two chunks) gives
-    the eager layer's outputs and gradients. Inductor (torch 2.13, CPU) compiled the recurrence here to NaN
-    from the first step, so the layer runs it eagerly under compile (a graph break: lmlab.model.deltanet)."""
+    the eager layer's outputs and gradients. Inductor (torch 2.13, CPU) compiled the whole layer here to NaN
+    from the first step, so the recurrence is compiled apart (a graph break around it: lmlab.model.deltanet):
+    three graphs, the one in the middle the recurrence alone (its triangular solve, none of the projections)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
     torch.manual_seed(0)
     layer = GatedDeltaNet(64, 2, 4, 32, 16, conv_kernel=4, chunk=64)
     x = torch.randn(2, 128, 64, generator=torch.Generator().manual_seed(1))
     outs, grads = [], []
-    for f in (layer, torch.compile(layer)):
+    counter = CompileCounterWithBackend("inductor")
+    for f in (layer, torch.compile(layer, backend=counter)):
         xi = x.clone().requires_grad_(True)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             y = f(xi)
@@ -307,6 +311,10 @@ def test_compiled_layer_under_bf16_autocast_equals_the_eager_layer():
         outs.append(y.float())
         grads.append(xi.grad)
         layer.zero_grad()
+    targets = [{str(n.target) for n in g.graph.nodes if n.op == "call_function"} for g in counter.graphs]
+    assert counter.frame_count == 3, targets
+    assert [any("solve_triangular" in s for s in ts) for ts in targets] == [False, True, False], targets
+    assert not any("linear" in s for s in targets[1]), targets[1]
     assert torch.isfinite(outs[1]).all() and torch.isfinite(grads[1]).all()
     assert (outs[1] - outs[0]).abs().max() < 0.02 * outs[0].abs().max()  # bf16 products fused differently
     assert (grads[1] - grads[0]).abs().max() < 0.02 * grads[0].abs().max()

@@ -30,9 +30,11 @@ In a model, ``layer_pattern`` letter 'D' puts this layer where attention would b
 fields give its sizes); its decoding state lives in :class:`lmlab.model.attention.KVCache` beside the other
 layers' keys and values. The recurrence runs in fp32 (float64 for a float64 model) with autocast off:
 the decay products and the triangular solve lose too much in bf16. Under ``torch.compile`` the
-recurrence runs eagerly (a graph break, :func:`_eager_delta_rule`): Inductor (torch 2.13, CPU) compiled
-the layer under bf16 autocast to NaN outputs from the first step, while eager, ``aot_eager`` and fp32
-Inductor were finite (found 2026-12-06 by spec 16's move to bf16; tests/test_deltanet.py).
+recurrence is compiled apart from the layer, in a graph of its own with autocast off (a graph break
+around :func:`_delta_rule`, :func:`_separate_delta_rule`): Inductor (torch 2.13, CPU) compiled the whole
+layer under bf16 autocast to NaN outputs from the first step, while eager, ``aot_eager`` and fp32 Inductor
+were finite, and so is the recurrence compiled alone (found 2026-12-06 by spec 16's move to bf16;
+tests/test_deltanet.py).
 """
 
 from __future__ import annotations
@@ -111,16 +113,24 @@ def _delta_rule(q, k, v, g, beta, chunk: int, state: Optional[torch.Tensor], dev
         return gated_delta_chunked(q, k, v, g, beta, chunk, state)
 
 
-_EAGER = []  # _delta_rule wrapped by torch.compiler.disable, made once (it imports torch._dynamo: 1.5 s)
+_SEPARATE = []  # _delta_rule wrapped by torch.compiler.disable, made once (it imports torch._dynamo: 1.5 s)
 
 
-def _eager_delta_rule():
-    """:func:`_delta_rule` as ``torch.compile`` must run it: eagerly, a graph break around it (module
-    docstring: Inductor's bf16 NaN). Made on first use, so that importing lmlab.model does not import
+def _separate_delta_rule():
+    """:func:`_delta_rule` as ``torch.compile`` must run it: a graph break around its own frame (module
+    docstring: Inductor's bf16 NaN in the layer's graph), whose autocast switch runs eagerly, while the
+    recurrence it calls (:func:`gated_delta_chunked` or :func:`gated_delta_recurrent`, fp32 inputs, autocast
+    off) is compiled by the same ``torch.compile`` as a graph of its own (``recursive=False``; 1.28x a step
+    of spec 16's hybrid against running it eagerly, docs/bench/lab_throughput.md). Without ``torch.compile``
+    it is :func:`_delta_rule`. Made on first use, so that importing lmlab.model does not import
     torch._dynamo."""
-    if not _EAGER:
-        _EAGER.append(torch.compiler.disable(_delta_rule, reason="Inductor (torch 2.13, CPU) gives NaN in bf16"))
-    return _EAGER[0]
+    if not _SEPARATE:
+        _SEPARATE.append(
+            torch.compiler.disable(
+                _delta_rule, recursive=False, reason="Inductor (torch 2.13, CPU) gives NaN for the layer in bf16"
+            )
+        )
+    return _SEPARATE[0]
 
 
 class GatedDeltaNet(nn.Module):
@@ -158,7 +168,7 @@ class GatedDeltaNet(nn.Module):
         self.record_max_logit, self.max_logit, self.first_key = False, None, None  # no attention (diagnostics: None)
         self.out = Linear(n_v_heads * d_v, d_model, bias=False)
         self.out.is_residual_projection = True
-        self._delta_rule = _eager_delta_rule()  # a plain function attribute: no parameters, not in state_dict
+        self._delta_rule = _separate_delta_rule()  # a plain function attribute: no parameters, not in state_dict
         self.reset_gdn_parameters()
 
     def reset_gdn_parameters(self) -> None:
