@@ -7,7 +7,7 @@
 #   make ablations  run every shipped spec from scratch (lmlab sweep, into a new sweeps/ablations-<time>
 #               folder), write its report to docs/ablations/NAME/ and the index of all claims to
 #               docs/ablations/README.md
-#               (the sixteen pages' sweeps sum to 6.4 hours on 2 CPU cores, bf16 + compile: docs/lab.md;
+#               (the sixteen pages' sweeps sum to 5.6 hours on 2 CPU cores, bf16 + compile: docs/lab.md;
 #               first it runs `lmlab bench calibrate --if-missing`, about 50 s once per machine;
 #               SPECS="01-norm-placement ..." for a subset, the index still covering every page in
 #               docs/ablations; JOBS=1 for one run at a time; TIER=gpu DATA=DIR for the gpu tiers on a GPU)

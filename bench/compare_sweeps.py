@@ -72,9 +72,17 @@ def main() -> None:
     a, b = rows(args.a), rows(args.b)
     common = sorted(set(a) & set(b))
     if args.seeds:
-        keep = {s.strip() for s in args.seeds.split(",")}
-        common = [n for n in common if str(a[n]["seed"]) in keep]
+        try:
+            keep = {int(s) for s in args.seeds.split(",")}
+        except ValueError:
+            ap.error(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. 4,5,6,7,8,9")
+        common = [n for n in common if int(a[n]["seed"]) in keep]
     pairs = [n for n in common if usable(a[n]) and usable(b[n])]
+    if not pairs:
+        raise SystemExit(
+            f"compare_sweeps: no run of {args.a} and {args.b} to compare ({len(common)} matched by name"
+            f"{' and --seeds' if args.seeds else ''}, none finished in both)"
+        )
     print(
         f"{args.label_b} - {args.label_a}, val_bpb of runs matched by name: {len(common)} common runs, "
         f"{len(common) - len(pairs)} left out (failed or diverged in either), {len(set(a) ^ set(b))} in one only"
