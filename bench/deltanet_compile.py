@@ -61,9 +61,10 @@ def main() -> None:
     )
     ways = {"eager": torch.compiler.disable(deltanet._delta_rule), "separate": None}
     trainers = {}
+    work = tempfile.TemporaryDirectory(prefix="lmlab-gdn-")  # the trainers' run folders, removed at exit
     for name, fn in ways.items():
         torch.manual_seed(0)
-        tr = Trainer(Path(tempfile.mkdtemp(prefix="lmlab-gdn-")), p.cfg, tc, data, progress=False)
+        tr = Trainer(Path(work.name) / name, p.cfg, tc, data, progress=False)
         if fn is not None:
             for m in tr.model.modules():
                 if isinstance(m, deltanet.GatedDeltaNet):
@@ -87,6 +88,7 @@ def main() -> None:
     print(f"eager / separate: {mid:.3f}x (IQR {lo:.3f}-{hi:.3f}) over {args.rounds} paired rounds")
     print("last losses: " + ", ".join(f"{n} {tr.train_step()['loss']:.5f}" for n, tr in trainers.items()))
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    work.cleanup()
 
 
 if __name__ == "__main__":

@@ -120,8 +120,8 @@ def _separate_delta_rule():
     """:func:`_delta_rule` as ``torch.compile`` must run it: a graph break around its own frame (module
     docstring: Inductor's bf16 NaN in the layer's graph), whose autocast switch runs eagerly, while the
     recurrence it calls (:func:`gated_delta_chunked` or :func:`gated_delta_recurrent`, fp32 inputs, autocast
-    off) is compiled by the same ``torch.compile`` as a graph of its own (``recursive=False``; 1.28x a step
-    of spec 16's hybrid against running it eagerly, docs/bench/lab_throughput.md). Without ``torch.compile``
+    off) is compiled by the same ``torch.compile`` as a graph of its own (``recursive=False``; against
+    running it eagerly: docs/bench/lab_throughput.md). Without ``torch.compile``
     it is :func:`_delta_rule`. Made on first use, so that importing lmlab.model does not import
     torch._dynamo."""
     if not _SEPARATE:
