@@ -240,6 +240,7 @@ def bench_batch(ours, hf, cfg, B: int, args) -> dict:
         "agree": min(agree, agree_compiled),
         "compile_s": compile_s,
         "layout": decode_layout_kind(ours, B),
+        "compiled_layout": decode_layout_kind(ours, B, compiled=True),
         "systems": {},
         "floor_ms": read_floor(ours) * 1e3,
     }
@@ -260,7 +261,8 @@ def print_batch(res: dict, threads: int) -> list[str]:
     """Print one batch's results; return its markdown table rows."""
     B = res["batch"]
     print(
-        f"batch {B}, {threads} thread(s): lmlab decode weight layout {res['layout']}; greedy tokens identical "
+        f"batch {B}, {threads} thread(s): lmlab decode weight layout {res['layout']} (compiled: "
+        f"{res['compiled_layout']}); greedy tokens identical "
         f"{res['agree']:.1%} (lmlab, lmlab compiled, HF); compiling the decode step took {res['compile_s']:.1f} s "
         "(the first compiled call for this batch size)"
     )
@@ -275,8 +277,9 @@ def print_batch(res: dict, threads: int) -> list[str]:
             f"  {name:14} {r['call_ms']:>9.1f} {r['tokens_s']:>9,.0f} {r['prefill_ms']:>11.2f} "
             f"{r['decode_ms_step']:>8.2f}  {vs}"
         )
+        label = f"{name} ({res['compiled_layout']})" if name == "lmlab compiled" else name
         rows.append(
-            f"| {threads} | {B} | {name} | {r['call_ms']:.1f} | {r['tokens_s']:,.0f} | {r['prefill_ms']:.2f} | "
+            f"| {threads} | {B} | {label} | {r['call_ms']:.1f} | {r['tokens_s']:,.0f} | {r['prefill_ms']:.2f} | "
             f"{r['decode_ms_step']:.2f} | {('**' + vs.replace(' (', '** (', 1)) if vs else '1 (reference)'} |"
         )
     hf_step = res["systems"]["HF"]["decode_ms_step"]

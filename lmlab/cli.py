@@ -547,7 +547,7 @@ def cmd_bench_calibrate(args) -> int:
     dest = check_destination(Path(args.out) if args.out else None)  # before minutes of measuring
     if args.if_missing:
         kept = load_calibration(dest)
-        if kept is not None and "decode_layout" in kept["choices"]:  # else measured before decode was
+        if kept is not None and {"decode_layout", "decode_reductions"} <= set(kept["choices"]):  # else older
             k = calibrated_kernels(kept)
             log(f"kept {dest}: {k.describe()}; {k.describe_decode()}")
             if args.json:

@@ -5,6 +5,8 @@ few seconds on a CPU: the models are module-scoped and shared by the tests."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -101,6 +103,64 @@ def test_weights_changed_between_tokens_take_effect_at_once(llama):
     rest_ours, rest_theirs = list(ours), list(theirs)
     assert [t for t, _ in rest_ours] == [t for t, _ in rest_theirs]
     assert max(abs(a - b) for (_, a), (_, b) in zip(rest_ours, rest_theirs)) < 1e-4
+
+
+def _generated_code(run) -> str:
+    """``run()``'s result and the Python Inductor generated for the graphs it compiled (the FX graph cache
+    off, so each is generated here)."""
+    from unittest import mock
+
+    from torch._inductor.graph import GraphLowering
+
+    codes = []
+    with (
+        torch._inductor.config.patch(fx_graph_cache=False),
+        mock.patch.object(GraphLowering, "save_output_code", codes.append),
+    ):
+        out = run()
+    return out, "\n".join(codes)
+
+
+@pytest.mark.parametrize("kw", [LLAMA, GPT2], ids=["llama", "gpt2"])
+def test_row_reductions_equal_the_eager_step_and_call_no_matrix_kernel(kw):
+    """The 'row-reductions' layout (the compiled batch-1 step where the calibration measured it faster):
+    greedy ids equal the eager step's and log-probabilities are within fp32 summation order; its
+    generated code calls no matrix kernel (every product and the attention are Inductor's own loops),
+    where the transposed layout's calls MKL's; a weight changed between tokens takes effect at once."""
+    from lmlab.kernels.decode_layout import decode_layout_kind
+    from lmlab.kernels.settings import KernelSettings
+
+    torch.manual_seed(3)
+    plain = TransformerLM(ModelConfig(**kw), kernels=KernelSettings(False, False)).eval()
+    reduced = TransformerLM(
+        ModelConfig(**kw), kernels=KernelSettings(False, False, decode_reductions=[("fp32 batch 1", 1, True)])
+    ).eval()
+    reduced.load_state_dict(plain.state_dict())
+    assert decode_layout_kind(reduced, 1, compiled=True) == "row-reductions"
+    assert decode_layout_kind(reduced, 2, compiled=True) == decode_layout_kind(reduced, 1) == "transposed"
+    assert decode_layout_kind(plain, 1, compiled=True) == "transposed"
+    prompt = [5, 9, 2, 6]
+    eager = list(generate_logprobs(plain, prompt, 12, temperature=0))
+    ours, code = _generated_code(lambda: list(generate_logprobs(reduced, prompt, 12, temperature=0, compile=True)))
+    assert [t for t, _ in ours] == [t for t, _ in eager]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(ours, eager)) < 1e-4
+    assert "cpp_fused" in code and not re.findall(r"extern_kernels\.\w+\(", code)
+    _, code = _generated_code(lambda: list(generate_logprobs(plain, prompt, 3, temperature=0, compile=True)))
+    assert "extern_kernels.mm(" in code or "extern_kernels.addmm(" in code
+    # the graph reads the weights at each call: a write between tokens is used by the next step
+    ours, theirs = (
+        generate_logprobs(reduced, prompt, 8, temperature=0, compile=True),
+        generate_logprobs(plain, prompt, 8, temperature=0),
+    )
+    assert [next(ours)[0] for _ in range(3)] == [next(theirs)[0] for _ in range(3)]
+    with torch.no_grad():
+        for m in (reduced, plain):
+            m.blocks[1].mlp.w_in.weight.mul_(-3.0)
+            m.lm_head.weight.add_(0.5)
+    rest_ours, rest_theirs = list(ours), list(theirs)
+    assert [t for t, _ in rest_ours] == [t for t, _ in rest_theirs]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(rest_ours, rest_theirs)) < 1e-4
+    assert all(not hasattr(m, "forward") or "forward" not in vars(m) for m in reduced.modules())  # undone
 
 
 @pytest.mark.parametrize(

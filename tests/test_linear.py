@@ -223,14 +223,19 @@ def test_forward_mode_and_func_transforms_fall_back():
     torch.testing.assert_close(torch.func.grad(lambda t: m(t).square().sum())(x), want_grad)
 
 
-def _calibration(onednn: bool, blocked: bool, identity: dict, decode=()) -> dict:
-    """A calibration record; ``decode`` None: one measured before the decode layout was calibrated."""
+def _calibration(onednn: bool, blocked: bool, identity: dict, decode=(), reductions=()) -> dict:
+    """A calibration record; ``decode`` None: one measured before the decode layout was calibrated,
+    ``reductions`` None: before the compiled step's reductions were."""
     choices = {"onednn_fp32": onednn, "blocked_attention_fp32": blocked}
+    if decode is not None:
+        choices["decode_layout"] = list(decode)
+    if reductions is not None:
+        choices["decode_reductions"] = list(reductions)
     return {
         "version": S.CALIBRATION_VERSION,
         "identity": identity,
         "date": "2026-12-05T01:00:00+00:00",
-        "choices": choices if decode is None else {**choices, "decode_layout": list(decode)},
+        "choices": choices,
         "cells": [],
     }
 
@@ -281,7 +286,21 @@ def test_the_defaults_are_this_machines_calibration_or_torchs(tmp_path, monkeypa
         assert "oneDNN-packed for fp32 batch 2+ at 20.0M, bf16 batch 1 at 4.0M weights, transposed otherwise" in (
             S.default_kernels().describe_decode()
         )
-        path.write_text(json.dumps(_calibration(False, True, here, decode=None)))  # before decode was measured
+        record = _calibration(False, True, here, decode=measured)
+        record["choices"]["decode_reductions"] = [{"cell": "fp32 batch 1", "weights": 4_000_000, "on": True}]
+        path.write_text(json.dumps(record))
+        S.default_kernels.cache_clear()
+        assert S.default_kernels().decode_reductions == (("fp32 batch 1", 4_000_000, True),)
+        assert "the compiled step by fused reductions for fp32 batch 1 at 4.0M weights" in (
+            S.default_kernels().describe_decode()
+        )
+        for bad in ([{"cell": "fp32 batch 2+", "weights": 10, "on": True}], [{"cell": "fp32 batch 1", "weights": 10}]):
+            record["choices"]["decode_reductions"] = bad
+            path.write_text(json.dumps(record))
+            S.default_kernels.cache_clear()
+            assert S.default_kernels() == KernelSettings(False, False), bad
+            assert f"{path} is not a kernel calibration" in capsys.readouterr().err
+        path.write_text(json.dumps(_calibration(False, True, here, decode=None, reductions=None)))  # older
         S.default_kernels.cache_clear()
         assert S.default_kernels() == KernelSettings(False, True) and not S.default_kernels().decode_layout
         assert "decode layout not calibrated" in S.default_kernels().describe_decode()
@@ -334,8 +353,20 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
         w = fields["d_model"] * 1000
         return {"ratio": r, "q1": r, "q3": r, "rounds": rounds, "steps": 1, "on_ms": r, "off_ms": 1.0, "weights": w}
 
+    # the compiled step: reductions/transposed at batch 1 per dtype, the demo shape then the d768 one
+    reduction = {"fp32 batch 1": [0.87, 1.4], "bf16 batch 1": [0.6, 0.96]}
+    reduction_calls = []
+
+    def fake_reduction(fields, dtype, rounds, base):
+        name = S.decode_cell(dtype, 1)
+        reduction_calls.append((name, fields["d_model"], base))
+        r = reduction[name][len([c for c in reduction_calls if c[0] == name]) - 1]
+        w = fields["d_model"] * 1000
+        return {"ratio": r, "q1": r, "q3": r, "rounds": rounds, "steps": 1, "on_ms": r, "off_ms": 1.0, "weights": w}
+
     monkeypatch.setattr(C, "measure_cell", fake)
     monkeypatch.setattr(C, "measure_decode_cell", fake_decode)
+    monkeypatch.setattr(C, "measure_reduction_cell", fake_reduction)
     monkeypatch.setattr(C, "physical_cores", lambda: 3)
     monkeypatch.setattr(C, "packed_decode_available", lambda: True)
     monkeypatch.setattr(L, "_AVAILABLE", True)
@@ -347,13 +378,25 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
         "decode_layout": [
             {"cell": c, "weights": d * 1000, "packed": (c, d) in packed} for c in S.DECODE_CELLS for d in (256, 768)
         ],
+        "decode_reductions": [  # on below 0.95
+            {"cell": "fp32 batch 1", "weights": 256_000, "on": True},
+            {"cell": "fp32 batch 1", "weights": 768_000, "on": False},
+            {"cell": "bf16 batch 1", "weights": 256_000, "on": True},
+            {"cell": "bf16 batch 1", "weights": 768_000, "on": False},
+        ],
     }
+    assert [(c[0], c[1]) for c in reduction_calls] == [(n, d) for n in S.REDUCTION_CELLS for d in (256, 768)]
+    assert all(c[2] == KernelSettings(True, False) for c in reduction_calls)  # with the training kernels chosen
+    cells = [c["decision"] for c in record["cells"][-4:]]
+    assert cells == [f"decode_reductions {n}" for n in S.REDUCTION_CELLS for _ in "ab"]
     # batch 1 on one thread, batch 8 on every core; both shapes per cell; with the training kernels chosen
     assert [(c[0], c[1], c[2]) for c in decode_calls] == [
         (name, 1 if "batch 1" in name else 3, d) for name in S.DECODE_CELLS for d in (256, 768)
     ]
     assert all(c[3] == KernelSettings(True, False) for c in decode_calls)
-    assert [c["decision"] for c in record["cells"][4:]] == [f"decode_layout {n}" for n in S.DECODE_CELLS for _ in "ab"]
+    assert [c["decision"] for c in record["cells"][4:-4]] == [
+        f"decode_layout {n}" for n in S.DECODE_CELLS for _ in "ab"
+    ]
     record = {**record, "cells": record["cells"][:4]}
     assert [c[1] for c in calls if c[0] == "blocked_attention_fp32"] == [1, 1]  # a one-thread path
     assert all(c[2].onednn_fp32 for c in calls if c[0] == "blocked_attention_fp32")  # with the linears chosen
@@ -366,6 +409,7 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
     ratios["onednn_fp32"] = [0.98, 1.0]
     calls.clear()
     decode_calls.clear()
+    reduction_calls.clear()
     assert C.calibrate(rounds=3, log=lambda s: None)["choices"]["onednn_fp32"] is False
     out = C.write_calibration(record, tmp_path / "k" / "cal.json")
     assert json.loads(out.read_text())["choices"] == record["choices"] and len(list(out.parent.iterdir())) == 1
@@ -404,6 +448,14 @@ def test_the_nearest_measured_size_decides_the_decode_layout():
         with pytest.raises(ValueError, match="decode_layout"):
             KernelSettings(False, False, decode_layout=bad)
     assert S.decode_cell(torch.float32, 1) == "fp32 batch 1" and S.decode_cell(torch.bfloat16, 5) == "bf16 batch 2+"
+    # the compiled step's reductions: the same rule, batch-1 cells only
+    k = KernelSettings(
+        False, False, decode_reductions=[("fp32 batch 1", 4_000_000, True), ("fp32 batch 1", 25_000_000, False)]
+    )
+    assert [k.decode_reduces("fp32 batch 1", w) for w in (1, 9_900_000, 10_100_000)] == [True, True, False]
+    assert not k.decode_reduces("bf16 batch 1", 1) and not k.decode_packs("fp32 batch 1", 1)
+    with pytest.raises(ValueError, match="decode_reductions"):
+        KernelSettings(False, False, decode_reductions=[("fp32 batch 2+", 7, True)])
     assert S.decode_cell(torch.float16, 1) is None
 
 
@@ -427,6 +479,23 @@ def test_a_decode_calibration_cell_decodes_packed_against_transposed(dtype, monk
     assert cell["weights"] == 32 * 96 + 32 * 32 + 3 * 32 * 128 + 64 * 32  # q|k|v, out, gate|up and down, LM head
 
 
+def test_a_reduction_calibration_cell_times_both_compiled_steps(monkeypatch):
+    """One real cell of the compiled step at batch 1: 'on' traces the products as reductions
+    (decode_layout's ``_reduction_forward``), 'off' does not; both time finite steps and the ratio is their
+    per-round median."""
+    import lmlab.kernels.decode_layout as dl
+    from lmlab.kernels import calibrate as C
+
+    traced = []
+    real = dl._reduction_forward
+    monkeypatch.setattr(dl, "_reduction_forward", lambda self, x: traced.append(self) or real(self, x))
+    fields = dict(vocab_size=64, context_length=32, d_model=32, n_layers=1, n_heads=2)
+    cell = C.measure_reduction_cell(fields, torch.float32, 3, KernelSettings(False, False))
+    assert cell["on_ms"] > 0 and cell["off_ms"] > 0 and cell["q1"] <= cell["ratio"] <= cell["q3"]
+    assert cell["weights"] == 32 * 96 + 32 * 32 + 3 * 32 * 128 + 64 * 32
+    assert len({id(m) for m in traced}) == 5  # q|k|v, out, gate|up, down, LM head: traced once each (one graph)
+
+
 def test_bench_calibrate_if_missing_keeps_a_valid_calibration(tmp_path, monkeypatch, capsys):
     """`lmlab bench calibrate --if-missing` with this machine's calibration present measures nothing
     and prints the kernels it names; --rounds below 3 is refused by argparse, naming the flag."""
@@ -442,14 +511,16 @@ def test_bench_calibrate_if_missing_keeps_a_valid_calibration(tmp_path, monkeypa
     try:
         assert main(["bench", "calibrate", "--if-missing"]) == 0
         assert "fp32 attention blocked on one thread (calibrated on this CPU 2026-12-05)" in capsys.readouterr().out
-        # a calibration from before the decode layout was measured is measured again
-        path.write_text(json.dumps(_calibration(False, True, S.cpu_identity(), decode=None)))
+        # a calibration from before the decode layout (or the compiled step's reductions) was measured is
+        # measured again
         measured = [{"cell": "fp32 batch 2+", "weights": 5, "packed": True}]
         fresh = _calibration(True, False, S.cpu_identity(), decode=measured)
         monkeypatch.setattr(C, "calibrate", lambda *a, **k: fresh)
-        assert main(["bench", "calibrate", "--if-missing"]) == 0
-        assert json.loads(path.read_text())["choices"]["decode_layout"] == measured
-        assert S.default_kernels().decode_layout == (("fp32 batch 2+", 5, True),)
+        for older in (dict(decode=None, reductions=None), dict(reductions=None)):
+            path.write_text(json.dumps(_calibration(False, True, S.cpu_identity(), **older)))
+            assert main(["bench", "calibrate", "--if-missing"]) == 0
+            assert json.loads(path.read_text())["choices"]["decode_layout"] == measured
+            assert S.default_kernels().decode_layout == (("fp32 batch 2+", 5, True),)
     finally:
         S.default_kernels.cache_clear()
     with pytest.raises(SystemExit) as exc:
@@ -489,6 +560,11 @@ def test_calibrate_checks_its_destination_before_measuring(tmp_path, monkeypatch
         path.write_text(json.dumps(_calibration(True, False, here)))
         assert main(["bench", "calibrate", "--if-missing", "--json"]) == 0  # kept: its record on stdout
         kept = json.loads(capsys.readouterr().out)["choices"]
-        assert kept == {"onednn_fp32": True, "blocked_attention_fp32": False, "decode_layout": []}
+        assert kept == {
+            "onednn_fp32": True,
+            "blocked_attention_fp32": False,
+            "decode_layout": [],
+            "decode_reductions": [],
+        }
     finally:
         S.default_kernels.cache_clear()

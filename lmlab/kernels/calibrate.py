@@ -24,6 +24,11 @@ reference, stays.
   core: each of these cells and shapes by the same rule, and a model takes the choice of the measured
   size nearest its own (which layout wins can change with the size: a 2-core Xeon, fp32 batch 8,
   packed 1.31x the time at the demo shape and 0.87x at d_model 768).
+- ``decode_reductions`` (whether the compiled decode step at batch 1, :mod:`lmlab.kernels.compiled_decode`,
+  multiplies and attends by fused reductions over the weights as they are rather than over transposed
+  weights through MKL): the same two shapes, fp32 and bf16, one thread, each step compiled once before
+  timing; the nearest measured size decides as above (which wins changes with the bytes a step reads:
+  docs/bench/decode_reductions.md).
 
 The result is cached as JSON under ``$LMLAB_CACHE/kernels/`` (default ``~/.cache/lmlab``), one file per
 CPU model and torch version (:func:`cache_path`), with the machine, the date and every cell, and
@@ -113,10 +118,12 @@ def _timer(fields: dict, batch: int, kernels: KernelSettings) -> Callable[[int],
     return run
 
 
-def _decode_timer(fields: dict, batch: int, dtype: torch.dtype, kernels: KernelSettings) -> Callable[[int], float]:
-    """A closure timing ``n`` eager greedy decode steps (after a :data:`DECODE_PROMPT`-token prompt, in
-    one :func:`lmlab.generate.stream_batch` call) of a fresh model in ``dtype`` with ``kernels``; returns
-    s/step. ``n`` is capped by the context."""
+def _decode_timer(
+    fields: dict, batch: int, dtype: torch.dtype, kernels: KernelSettings, compile: bool = False
+) -> Callable[[int], float]:
+    """A closure timing ``n`` greedy decode steps, eager or ``compile``d (after a :data:`DECODE_PROMPT`-token
+    prompt, in one :func:`lmlab.generate.stream_batch` call) of a fresh model in ``dtype`` with ``kernels``;
+    returns s/step. ``n`` is capped by the context. A compiled step is compiled here, before any timing."""
     from lmlab.generate import stream_batch
 
     cfg = ModelConfig(**fields)
@@ -124,10 +131,13 @@ def _decode_timer(fields: dict, batch: int, dtype: torch.dtype, kernels: KernelS
     model = TransformerLM(cfg, kernels=kernels).eval().to(dtype)
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, cfg.vocab_size, (batch, DECODE_PROMPT), generator=g).tolist()
+    if compile:
+        for _ in stream_batch(model, prompts, 3, temperature=0.0, compile=True):
+            pass
 
     def run(n: int) -> float:
         n = min(n, cfg.context_length - DECODE_PROMPT)
-        steps = stream_batch(model, prompts, n + 1, temperature=0.0)
+        steps = stream_batch(model, prompts, n + 1, temperature=0.0, compile=compile)
         next(steps)  # the prompt's forward and the first token
         t0 = time.perf_counter()
         for _ in steps:
@@ -154,6 +164,19 @@ def measure_decode_cell(fields: dict, batch: int, threads: int, dtype: torch.dty
     off = dataclasses.replace(base, decode_layout=())
     with using_threads(threads):
         timers = {"on": _decode_timer(fields, batch, dtype, on), "off": _decode_timer(fields, batch, dtype, off)}
+        return {**_interleave(timers, rounds), "weights": weights}
+
+
+def measure_reduction_cell(fields: dict, dtype: torch.dtype, rounds: int, base: KernelSettings) -> dict:
+    """:func:`measure_decode_cell` for the compiled decode step at batch 1 on one thread: 'on' multiplies
+    and attends by fused reductions (decode_layout's 'row-reductions'), 'off' over transposed weights
+    through MKL; adds "weights". Each compiles once before timing (seconds)."""
+    cell = decode_cell(dtype, 1)
+    weights = linear_weight_count(TransformerLM(ModelConfig(**fields)))
+    on = dataclasses.replace(base, decode_reductions=((cell, weights, True),))
+    off = dataclasses.replace(base, decode_reductions=())
+    with using_threads(1):
+        timers = {"on": _decode_timer(fields, 1, dtype, on, True), "off": _decode_timer(fields, 1, dtype, off, True)}
         return {**_interleave(timers, rounds), "weights": weights}
 
 
@@ -230,9 +253,9 @@ def calibrate(rounds: int = 7, log: Callable[[str], None] = print) -> dict:
         KernelSettings(choices["onednn_fp32"], True),
         KernelSettings(choices["onednn_fp32"], False),
     )
-    choices["decode_layout"] = decide_decode(
-        KernelSettings(choices["onednn_fp32"], choices["blocked_attention_fp32"]), rounds, cores, cells, log
-    )
+    base = KernelSettings(choices["onednn_fp32"], choices["blocked_attention_fp32"])
+    choices["decode_layout"] = decide_decode(base, rounds, cores, cells, log)
+    choices["decode_reductions"] = decide_decode_reductions(base, rounds, cells, log)
     return {
         "version": CALIBRATION_VERSION,
         "identity": cpu_identity(),
@@ -272,6 +295,32 @@ def decide_decode(base: KernelSettings, rounds: int, cores: int, cells: list, lo
                     f"packed/transposed {cell['ratio']:.3f} (IQR {cell['q1']:.3f}-{cell['q3']:.3f}; "
                     f"{cell['on_ms']:.2f} vs {cell['off_ms']:.2f} ms/step): {'packed' if packed else 'transposed'}"
                 )
+    return entries
+
+
+def decide_decode_reductions(base: KernelSettings, rounds: int, cells: list, log: Callable[[str], None]) -> list:
+    """The ``decode_reductions`` decision (module docstring): [{"cell", "weights", "on"}] for each of
+    :data:`REDUCTION_CELLS` and :data:`DECODE_SHAPES`, ``on`` where the compiled step by fused reductions
+    was at least ``MIN_GAIN`` faster than over transposed weights; each measurement is appended to
+    ``cells``. A cell whose step cannot compile here (no C++ compiler for Inductor) is left out, and the
+    log says why."""
+    entries = []
+    for dtype in (torch.float32, torch.bfloat16):
+        name = decode_cell(dtype, 1)
+        for label, fields in DECODE_SHAPES:
+            try:
+                cell = measure_reduction_cell(fields, dtype, rounds, base)
+            except torch._dynamo.exc.BackendCompilerFailed as exc:  # e.g. no C++ compiler: said, stays transposed
+                log(f"decode_reductions {name}: transposed (the compiled step does not compile here: {str(exc)[:160]})")
+                break
+            cells.append({"decision": f"decode_reductions {name}", "shape": label, "threads": 1, **cell})
+            on = cell["ratio"] < 1 - MIN_GAIN
+            entries.append({"cell": name, "weights": cell["weights"], "on": on})
+            log(
+                f"decode_reductions {name}: {label} ({cell['weights'] / 1e6:.1f}M weights), compiled, 1 thread: "
+                f"reductions/transposed {cell['ratio']:.3f} (IQR {cell['q1']:.3f}-{cell['q3']:.3f}; "
+                f"{cell['on_ms']:.2f} vs {cell['off_ms']:.2f} ms/step): {'reductions' if on else 'transposed'}"
+            )
     return entries
 
 

@@ -11,13 +11,18 @@ compiled graph serves every step and every call:
   each step attends over the whole preallocated buffer, masked to indices <= pos (and, for a left-padded
   batch, >= the row's padding), so shapes do not change from step to step;
 - the buffer length (prompt + new tokens, dimension 2 of the cache) is marked dynamic, so calls of other
-  lengths reuse the code: per model and padding kind, one compile for batch 1 and one more for larger
+  lengths reuse the code: per model, padding kind and thread count, one compile for batch 1 and one more for larger
   batches (dynamo makes the batch size dynamic at its second value); 4-15 s each on a CPU, kept for the
   model's lifetime (Inductor's on-disk cache shortens it in later processes);
 - the linear weights are :func:`lmlab.kernels.decode_layout.decode_layout`'s copies ('transposed'); whether
   each is still current (same tensor, version and gradient count) is checked before every step, outside
   the graph; a step taken while any is stale runs eagerly, which uses the module's own weight (so training
-  between the tokens of a suspended generator takes effect at once, as in eager decoding).
+  between the tokens of a suspended generator takes effect at once, as in eager decoding);
+- or, at batch 1 where this machine's calibration measured it faster (decode_layout's 'row-reductions',
+  ``KernelSettings.decode_reduces``), the weights as they are, every product and the attention written as
+  sums of elementwise products: Inductor then generates each layer as a few loops of its own (no MKL
+  call, no per-product Python), reading each weight once. The graph reads the module's weights at each
+  call, so there is nothing to go stale.
 
 Supported (:func:`compiled_decode_unsupported` says why not): models whose blocks all take the lean decode
 path (``TransformerLM.lean_decode_obstacle``: pre-norm, plain attention) with full causal attention in
@@ -70,8 +75,10 @@ class _StepCache:
     the index being written a tensor: keys (batch, n_kv_heads, L, head_dim) per layer, ``pos`` () long, and
     ``left_pad`` (batch,) long or None."""
 
-    def __init__(self, keys: list, values: list, pos: torch.Tensor, left_pad: Optional[torch.Tensor]):
-        self.k, self.v, self.index = keys, values, pos.view(1)
+    def __init__(
+        self, keys: list, values: list, pos: torch.Tensor, left_pad: Optional[torch.Tensor], reductions: bool = False
+    ):
+        self.k, self.v, self.index, self.reductions = keys, values, pos.view(1), reductions
         slots = torch.arange(keys[0].shape[2], device=pos.device)
         real = (slots <= pos)[None, :]  # written so far, the new token included
         if left_pad is not None:
@@ -90,7 +97,7 @@ class _StepCache:
 
 def _step(model: TransformerLM, idx, pos, keys, values, left_pad):
     """One token per row: ids (batch, 1) at cache index ``pos`` () -> fp32 logits (batch, vocab)."""
-    cache = _StepCache(keys, values, pos, left_pad)
+    cache = _StepCache(keys, values, pos, left_pad, model.decode_reductions)
     positions = pos.view(1) if left_pad is None else (pos - left_pad).clamp(min=0).view(-1, 1)
     return model.logits(model.decode_hidden(idx, positions, cache)[:, -1])
 
@@ -107,8 +114,10 @@ def _compiled_fn(model: TransformerLM, padded: bool):
     every input, parameter and table: a change recompiles); dynamo's guards on module attributes are
     dropped (a tenth of a step at the demo shape), since what they would catch cannot change between its
     calls: the model's structure is fixed, hooks make the model unsupported (checked per call), and the
-    two things that do vary, left padding and which modules hold decode copies, select the function."""
-    key = (padded, decode_copy_modules(model))
+    things that do vary, left padding, which modules hold decode copies, whether the step runs by
+    reductions (``model.decode_reductions``) and torch's thread count (Inductor writes its loops for the
+    threads there are when it compiles, and does not guard on them), select the function."""
+    key = (padded, decode_copy_modules(model), model.decode_reductions, torch.get_num_threads())
     fns = _COMPILED.setdefault(model, {})
     fn = fns.get(key)
     if fn is None:

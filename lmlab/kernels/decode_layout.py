@@ -120,6 +120,19 @@ def _decode_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, copy, self.bias)
 
 
+def _reduction_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``nn.Linear.forward`` while the compiled one-row decode step multiplies by fused reductions (the
+    'row-reductions' layout, bound as the module's ``forward``): inside ``torch.compile`` the product of x
+    (rows, in) and the weight as it is, (out, in), written as a sum over ``in`` of their elementwise
+    product, which Inductor generates as a loop of its own fused with the work around it (one row: no
+    reuse of the weight a matrix kernel could exploit); eagerly (a step taken after a weight changed)
+    ``F.linear``. Equal to ``F.linear`` up to summation order."""
+    if torch.compiler.is_compiling():
+        y = (x.unsqueeze(-2) * self.weight).sum(-1)
+        return y if self.bias is None else y + self.bias
+    return F.linear(x, self.weight, self.bias)
+
+
 # The decode copies of linear weights, kept between calls: module -> (what was prepared, the weight
 # tensor it was made from (holding its storage, so an equal data_ptr means the same storage), the
 # weight's state then (_weight_state), the copy). Keyed weakly, so a model that is dropped frees its
@@ -208,17 +221,21 @@ def _linear_bytes(model: torch.nn.Module) -> int:
 
 def decode_layout_kind(model: TransformerLM, batch: int = 1, compiled: bool = False) -> str:
     """Which weight layout :func:`decode_layout` uses for ``model`` decoding ``batch`` rows at a time:
-    'onednn-packed', 'transposed' or 'unchanged' (not a CPU model). 'onednn-packed' where the model's
-    kernels (``model.kernels``, measured by ``lmlab bench calibrate``) chose it for the weights' dtype and
-    batch (:func:`lmlab.kernels.settings.decode_cell`) at the measured size nearest the model's
+    'onednn-packed', 'row-reductions', 'transposed' or 'unchanged' (not a CPU model). 'onednn-packed' where
+    the model's kernels (``model.kernels``, measured by ``lmlab bench calibrate``) chose it for the weights'
+    dtype and batch (:func:`lmlab.kernels.settings.decode_cell`) at the measured size nearest the model's
     (``KernelSettings.decode_packs``), the weights fit ``PACK_LIMIT_BYTES`` and this torch packs for
-    oneDNN; never for ``compiled`` (the compiled decode step: Inductor cannot run over packed weights)."""
+    oneDNN; never for ``compiled`` (the compiled decode step: Inductor cannot run over packed weights).
+    'row-reductions' only for ``compiled`` at batch 1, where the kernels chose it the same way
+    (``KernelSettings.decode_reduces``)."""
     weights = _linear_weights(model)
     if not weights or any(w.device.type != "cpu" for w in weights):
         return "unchanged"
     dtypes = {w.dtype for w in weights}
     cell = decode_cell(dtypes.pop(), batch) if len(dtypes) == 1 else None
     kernels = getattr(model, "kernels", None)
+    if compiled and batch == 1 and kernels is not None and kernels.decode_reduces(cell, linear_weight_count(model)):
+        return "row-reductions"
     pack = (
         not compiled
         and kernels is not None
@@ -263,8 +280,14 @@ def decode_layout(model: TransformerLM, batch: int = 1, compiled: bool = False) 
     write into ``p.data``'s storage in place (``p.data.mul_(2)``): call :func:`release_decode_copies` after
     them.
 
+    - 'row-reductions' (the compiled decode step at batch 1, where this machine's calibration measured it
+      faster): the weights stay as they are, and each ``nn.Linear``, inside the compiled graph only,
+      multiplies as a sum of elementwise products (``_reduction_forward``), as the attention does
+      (``model.decode_reductions``): Inductor fuses each layer into a few loops of its own instead of
+      calling MKL's and Python's per product. Up to summation order the same as ``F.linear``.
+
     ``compiled``: the layout for the compiled decode step (:mod:`lmlab.kernels.compiled_decode`):
-    'transposed' whatever the batch (Inductor cannot multiply by oneDNN's packed weights).
+    'row-reductions' or 'transposed' (Inductor cannot multiply by oneDNN's packed weights).
 
     Side by side on the demo shape (2 CPU threads; ``python bench/decode_vs_hf.py``): see docs/benchmarks.md."""
     kind = decode_layout_kind(model, batch, compiled)
@@ -273,12 +296,19 @@ def decode_layout(model: TransformerLM, batch: int = 1, compiled: bool = False) 
         return
     _ACTIVE.add(model)
     model.lean_decode = model.lean_decode_possible()
-    changed, patched = [], []
+    changed, patched, reducing = [], [], []
     try:
         if kind == "unchanged":
             yield
             return
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        if kind == "row-reductions":
+            for module in linears:
+                module.forward = types.MethodType(_reduction_forward, module)
+                reducing.append(module)
+            model.decode_reductions = True
+            yield
+            return
         if kind == "onednn-packed" or _linear_bytes(model) <= PACK_LIMIT_BYTES:
             for module in linears:
                 packed = kind == "onednn-packed"
@@ -306,6 +336,8 @@ def decode_layout(model: TransformerLM, batch: int = 1, compiled: bool = False) 
                 w.data = w.data.contiguous()
         for module in patched:
             del module.forward, module._decode_copy  # back to nn.Linear.forward
+        for module in reducing:
+            del module.forward
         _PATCHED.pop(model, None)
         _ACTIVE.discard(model)
-        model.lean_decode = False
+        model.lean_decode = model.decode_reductions = False

@@ -29,6 +29,8 @@ CALIBRATION_VERSION = 1  # of the calibration file's format
 # The cells of the decode layout decision (:mod:`lmlab.kernels.decode_layout`): the linear weights' dtype
 # and whether a step multiplies one row (one sequence) or several.
 DECODE_CELLS = ("fp32 batch 1", "fp32 batch 2+", "bf16 batch 1", "bf16 batch 2+")
+# The cells of the compiled step's product decision (``KernelSettings.decode_reductions``): one row a step.
+REDUCTION_CELLS = ("fp32 batch 1", "bf16 batch 1")
 
 
 def decode_cell(dtype, batch: int) -> Optional[str]:
@@ -51,27 +53,47 @@ class KernelSettings:
     (:mod:`lmlab.kernels.decode_layout`), ``(cell, weights, packed)`` triples: in the
     :data:`DECODE_CELLS` entry ``cell``, a model with ``weights`` linear weights decoded faster with them
     oneDNN-packed (``packed`` True) or transposed; see :meth:`decode_packs` (empty: transposed
-    everywhere). Raises ValueError for an unknown cell or a weight count below 1."""
+    everywhere); ``decode_reductions``: the same for the compiled one-row decode step
+    (:mod:`lmlab.kernels.compiled_decode`), ``(cell, weights, on)`` triples in the
+    :data:`REDUCTION_CELLS`: ``on`` where its products and attention written as reductions (which
+    Inductor fuses with the layer's other work) decoded faster than over transposed weights through
+    MKL; see :meth:`decode_reduces` (empty: transposed everywhere). Raises ValueError for an unknown
+    cell or a weight count below 1."""
 
     onednn_fp32: bool
     blocked_attention_fp32: bool
     fused_loops: bool = True
     decode_layout: tuple = ()
+    decode_reductions: tuple = ()
     source: str = field(default="explicit", compare=False)  # where the choice came from (not compared)
 
     def __post_init__(self):
-        entries = tuple(sorted((str(c), int(w), bool(p)) for c, w, p in self.decode_layout))
-        bad = [(c, w) for c, w, _ in entries if c not in DECODE_CELLS or w < 1]
-        if bad:
-            raise ValueError(f"decode_layout: {bad} are not (cell, weights >= 1); cells: {', '.join(DECODE_CELLS)}")
-        object.__setattr__(self, "decode_layout", entries)
+        for name, cells in (("decode_layout", DECODE_CELLS), ("decode_reductions", REDUCTION_CELLS)):
+            entries = tuple(sorted((str(c), int(w), bool(p)) for c, w, p in getattr(self, name)))
+            bad = [(c, w) for c, w, _ in entries if c not in cells or w < 1]
+            if bad:
+                raise ValueError(f"{name}: {bad} are not (cell, weights >= 1); cells: {', '.join(cells)}")
+            object.__setattr__(self, name, entries)
+
+    @staticmethod
+    def _nearest(entries: tuple, cell: Optional[str], weights: int) -> bool:
+        """The choice of ``entries`` measured in ``cell`` at the size nearest ``weights`` on a log scale
+        (False on a tie and where the cell was not measured)."""
+        measured = [(round(abs(math.log(max(weights, 1) / w)), 9), p) for c, w, p in entries if c == cell]
+        return min(measured)[1] if measured else False
 
     def decode_packs(self, cell: Optional[str], weights: int) -> bool:
         """Whether eager decoding in ``cell`` (:func:`decode_cell`) of a model with ``weights`` linear
         weights multiplies by oneDNN-packed weights: the choice measured at the size nearest ``weights``
         on a log scale (transposed on a tie, and where the cell was not measured)."""
-        measured = [(round(abs(math.log(max(weights, 1) / w)), 9), p) for c, w, p in self.decode_layout if c == cell]
-        return min(measured)[1] if measured else False
+        return self._nearest(self.decode_layout, cell, weights)
+
+    def decode_reduces(self, cell: Optional[str], weights: int) -> bool:
+        """Whether the compiled decode step in ``cell`` (:func:`decode_cell`, batch 1) of a model with
+        ``weights`` linear weights multiplies and attends by fused reductions over its weights as they are
+        (out, in): the nearest measured size decides, as in :meth:`decode_packs` (transposed weights and
+        MKL on a tie, and where the cell was not measured)."""
+        return self._nearest(self.decode_reductions, cell, weights)
 
     def describe(self) -> str:
         """One line for the startup message, e.g. 'fp32 linears on oneDNN, fp32 attention SDPA (calibrated
@@ -90,11 +112,15 @@ class KernelSettings:
         """The decode layout choice in words, e.g. 'decode weights oneDNN-packed for fp32 batch 2+ at 20.4M
         weights, transposed otherwise (the nearest measured size decides; calibrated ...)'."""
         packed = [f"{c} at {w / 1e6:.1f}M" for c in DECODE_CELLS for cc, w, p in self.decode_layout if cc == c and p]
+        reduced = [
+            f"{c} at {w / 1e6:.1f}M" for c in REDUCTION_CELLS for cc, w, p in self.decode_reductions if cc == c and p
+        ]
+        compiled = f"; the compiled step by fused reductions for {', '.join(reduced)} weights" if reduced else ""
         if not packed:
-            return f"decode weights transposed ({self.source})"
+            return f"decode weights transposed{compiled} ({self.source})"
         return (
-            f"decode weights oneDNN-packed for {', '.join(packed)} weights, transposed otherwise (the nearest "
-            f"measured size decides; {self.source})"
+            f"decode weights oneDNN-packed for {', '.join(packed)} weights, transposed otherwise{compiled} (the "
+            f"nearest measured size decides; {self.source})"
         )
 
 
@@ -187,6 +213,10 @@ def load_calibration(path=None) -> Optional[dict]:
             and isinstance(choices, dict)
             and all(isinstance(choices.get(k), bool) for k in ("onednn_fp32", "blocked_attention_fp32"))
             and ("decode_layout" not in choices or _decode_entries(choices["decode_layout"]) is not None)
+            and (
+                "decode_reductions" not in choices
+                or _decode_entries(choices["decode_reductions"], "decode_reductions") is not None
+            )
         )
     except (ValueError, KeyError, TypeError):
         ok, record = False, None
@@ -222,17 +252,20 @@ def default_kernels() -> KernelSettings:
     return calibrated_kernels(record)
 
 
-def _decode_entries(items) -> Optional[tuple]:
-    """A calibration's ``decode_layout`` list ([{"cell", "weights", "packed"}, ...]) as
-    :class:`KernelSettings` triples; None when it is not one."""
-    keys = {"cell", "weights", "packed"}
-    if not isinstance(items, list) or not all(isinstance(e, dict) and set(e) == keys for e in items):
+def _decode_entries(items, name: str = "decode_layout") -> Optional[tuple]:
+    """A calibration's ``decode_layout`` list ([{"cell", "weights", "packed"}, ...]) or ``decode_reductions``
+    list (``name``; [{"cell", "weights", "on"}, ...]) as :class:`KernelSettings` triples; None when it is
+    not one."""
+    choice = "packed" if name == "decode_layout" else "on"
+    if not isinstance(items, list) or not all(
+        isinstance(e, dict) and set(e) == {"cell", "weights", choice} for e in items
+    ):
         return None
-    if not all(type(e["weights"]) is int and type(e["packed"]) is bool for e in items):
+    if not all(type(e["weights"]) is int and type(e[choice]) is bool for e in items):
         return None
-    entries = tuple((e["cell"], e["weights"], e["packed"]) for e in items)
+    entries = tuple((e["cell"], e["weights"], e[choice]) for e in items)
     try:
-        KernelSettings(False, False, decode_layout=entries)  # the cells and counts valid
+        KernelSettings(False, False, **{name: entries})  # the cells and counts valid
     except ValueError:
         return None
     return entries
@@ -242,9 +275,12 @@ def calibrated_kernels(record: dict) -> KernelSettings:
     """The settings a valid calibration record (:func:`load_calibration`) chose."""
     c = record["choices"]
     decode = "" if "decode_layout" in c else "; decode layout not calibrated (an older calibration)"
+    if "decode_layout" in c and "decode_reductions" not in c:
+        decode = "; compiled decode step not calibrated (an older calibration)"
     return KernelSettings(
         onednn_fp32=c["onednn_fp32"],
         blocked_attention_fp32=c["blocked_attention_fp32"],
         decode_layout=_decode_entries(c.get("decode_layout", [])),
+        decode_reductions=_decode_entries(c.get("decode_reductions", []), "decode_reductions"),
         source=f"calibrated on this CPU {record['date'][:10]}{decode}",
     )

@@ -59,6 +59,10 @@ class KVCache:
     real token attend to padding. Set it before the first token (constructor or ``model(idx, cache, left_pad)``).
     """
 
+    # single-query attention as fused reductions (Attention._attend_one): only the compiled decode step's
+    # view of a cache (lmlab.kernels.compiled_decode) sets it, in decode_layout's 'row-reductions' layout
+    reductions = False
+
     def __init__(
         self,
         cfg: ModelConfig,
@@ -513,7 +517,7 @@ class Attention(nn.Module):
         keys, values, first = cache.update(self.layer, qk.narrow(1, H, K), qkv.narrow(1, H + K, K))
         mask = cache.real_keys(self.layer, first, keys.shape[2]) if cache.left_pad is not None else None
         mask = self._chunk_keys(cache, first, keys.shape[2], mask)
-        return self.out.forward(self._attend_one(qk.narrow(1, 0, H), keys, values, mask))
+        return self.out.forward(self._attend_one(qk.narrow(1, 0, H), keys, values, mask, cache.reductions))
 
     def _chunk_keys(
         self, cache: KVCache, first: Optional[int], n_keys: int, mask: Optional[torch.Tensor]
@@ -530,16 +534,27 @@ class Attention(nn.Module):
         same = (idx >= start)[None, None, None, :]
         return same if mask is None else mask & same
 
-    def _attend_one(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]):
+    def _attend_one(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], reductions: bool = False
+    ):
         """Single-query attention over every key given (all causal and inside the window): q (batch, heads,
-        1, head_dim), k and v (batch, n_kv_heads, S, head_dim), mask (batch,
+        1, head_dim), k and v (batch, n_kv_heads, S, head_dim), mask (batch or 1,
         1, 1, S) bool (False: padding) or None -> (batch, heads * head_dim).
 
         The query heads of a KV group are folded into the query-length dimension: no K/V repeat. Written
         out, for one query row per head two matmuls and a softmax beat SDPA's flash kernel on CPU (107 vs
-        59 us at batch 8, 21 vs 22 at batch 1, demo shape)."""
+        59 us at batch 8, 21 vs 22 at batch 1, demo shape). With ``reductions`` (the compiled decode step in
+        decode_layout's 'row-reductions' layout) the two products are sums of elementwise products instead,
+        which Inductor fuses with the softmax into the layer's own loops (the same values up to summation
+        order; in bf16 it keeps the products in fp32)."""
         B, H, K, D = q.shape[0], self.n_heads, self.n_kv_heads, self.head_dim
         S = k.shape[2]
+        if reductions:
+            scores = (q.reshape(B, K, H // K, 1, D) * k.reshape(B, K, 1, S, D)).sum(-1) * self.scale  # (B, K, G, S)
+            if mask is not None:
+                scores = scores.masked_fill(~mask.view(mask.shape[0], 1, 1, S), float("-inf"))
+            probs = torch.softmax(scores.float(), dim=-1)
+            return (probs.unsqueeze(-1) * v.reshape(B, K, 1, S, D)).sum(-2).to(v.dtype).reshape(B, H * D)
         # (B * K, G, D) @ (B * K, D, S): one bmm over the batch and the KV heads, then the scale in place
         scores = torch.bmm(q.reshape(B * K, H // K, D), k.reshape(B * K, S, D).transpose(1, 2)).mul_(self.scale)
         if mask is not None:
