@@ -26,9 +26,9 @@ reference, stays.
   packed 1.31x the time at the demo shape and 0.87x at d_model 768).
 - ``decode_reductions`` (whether the compiled decode step at batch 1, :mod:`lmlab.kernels.compiled_decode`,
   multiplies and attends by fused reductions over the weights as they are rather than over transposed
-  weights through MKL): the same two shapes, fp32 and bf16, one thread, each step compiled once before
-  timing; the nearest measured size decides as above (which wins changes with the bytes a step reads:
-  docs/bench/decode_reductions.md).
+  weights through MKL): the demo's shape and the GPT-2-wide one with GPT-2's vocabulary (52.8M weights),
+  fp32 and bf16, one thread, each step compiled once before timing; the nearest measured size decides as
+  above (which wins changes with the size: docs/bench/decode_reductions.md).
 
 The result is cached as JSON under ``$LMLAB_CACHE/kernels/`` (default ``~/.cache/lmlab``), one file per
 CPU model and torch version (:func:`cache_path`), with the machine, the date and every cell, and
@@ -91,6 +91,9 @@ DECODE_SHAPES = (
         dict(vocab_size=8192, context_length=256, d_model=768, n_layers=2, n_heads=12, norm_type="layernorm"),
     ),
 )
+# the compiled step's reductions: the demo's shape and the GPT-2-wide one with GPT-2's vocabulary (a step's
+# bytes are then mostly its 50,257 x 768 LM head, where the reductions lose)
+REDUCTION_SHAPES = (DECODE_SHAPES[0], ("d768x2 vocab 50257", dict(DECODE_SHAPES[1][1], vocab_size=50257)))
 DECODE_PROMPT = 16  # tokens of the prompt before the timed decode steps
 DECODE_BATCHES = (1, 8)  # rows a step: the DECODE_CELLS batch classes 1 and 2+
 TARGET_S = 0.25  # each timed measurement runs about this long (whole steps, at least one)
@@ -300,14 +303,14 @@ def decide_decode(base: KernelSettings, rounds: int, cores: int, cells: list, lo
 
 def decide_decode_reductions(base: KernelSettings, rounds: int, cells: list, log: Callable[[str], None]) -> list:
     """The ``decode_reductions`` decision (module docstring): [{"cell", "weights", "on"}] for each of
-    :data:`REDUCTION_CELLS` and :data:`DECODE_SHAPES`, ``on`` where the compiled step by fused reductions
+    :data:`REDUCTION_CELLS` and :data:`REDUCTION_SHAPES`, ``on`` where the compiled step by fused reductions
     was at least ``MIN_GAIN`` faster than over transposed weights; each measurement is appended to
     ``cells``. A cell whose step cannot compile here (no C++ compiler for Inductor) is left out, and the
     log says why."""
     entries = []
     for dtype in (torch.float32, torch.bfloat16):
         name = decode_cell(dtype, 1)
-        for label, fields in DECODE_SHAPES:
+        for label, fields in REDUCTION_SHAPES:
             try:
                 cell = measure_reduction_cell(fields, dtype, rounds, base)
             except torch._dynamo.exc.BackendCompilerFailed as exc:  # e.g. no C++ compiler: said, stays transposed
