@@ -163,6 +163,47 @@ def test_row_reductions_equal_the_eager_step_and_call_no_matrix_kernel(kw):
     assert all(not hasattr(m, "forward") or "forward" not in vars(m) for m in reduced.modules())  # undone
 
 
+def test_row_reductions_see_a_tie_undone_and_deep_copies_multiply_plainly():
+    """A graph traced with the LM head tied to the embedding reads the embedding for both: untying the
+    head after a compiled call, or within a suspended one, gives the eager step's tokens (a graph for the
+    new pattern, or the eager path for the rest of that call), not the tied model's. A deep copy made
+    while a generator holds the model in the layout keeps plain products: under torch.compile its linears
+    call MKL, not the reductions."""
+    import copy
+
+    from lmlab.kernels.settings import KernelSettings
+
+    kernels = KernelSettings(False, False, decode_reductions=[("fp32 batch 1", 1, True)])
+    torch.manual_seed(5)
+    model = TransformerLM(ModelConfig(**LLAMA), kernels=kernels).eval()
+    assert model.lm_head.weight is model.embed.weight
+    list(generate_logprobs(model, [1, 2, 3], 5, temperature=0, compile=True))  # compiled with the tie
+    with torch.no_grad():
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach() * -2 + 0.3)
+    eager = list(generate_logprobs(model, [1, 2, 3], 12, temperature=0))
+    ours = list(generate_logprobs(model, [1, 2, 3], 12, temperature=0, compile=True))
+    assert [t for t, _ in ours] == [t for t, _ in eager]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(ours, eager)) < 1e-4
+    reference = copy.deepcopy(model)
+    ours, theirs = (generate_logprobs(m, [4, 5], 10, temperature=0, compile=m is model) for m in (model, reference))
+    assert [next(ours)[0] for _ in range(3)] == [next(theirs)[0] for _ in range(3)]
+    for m in (model, reference):  # tied again within the call
+        m.lm_head.weight = m.embed.weight
+    rest_ours, rest_theirs = list(ours), list(theirs)
+    assert [t for t, _ in rest_ours] == [t for t, _ in rest_theirs]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(rest_ours, rest_theirs)) < 1e-4
+
+    held = generate_logprobs(model, [1, 2], 6, temperature=0, compile=True)
+    next(held)
+    clone = copy.deepcopy(model)
+    held.close()
+    w_out = clone.blocks[0].mlp.w_out
+    assert "forward" in vars(w_out)  # the copy carries the bound forward, its mark unset
+    x = torch.randn(1, w_out.in_features)
+    y, code = _generated_code(lambda: torch.compile(w_out)(x))
+    assert "extern_kernels.mm(" in code and torch.allclose(y, torch.nn.functional.linear(x, w_out.weight))
+
+
 @pytest.mark.parametrize(
     "kw, words",
     [

@@ -294,7 +294,11 @@ def test_the_defaults_are_this_machines_calibration_or_torchs(tmp_path, monkeypa
         assert "the compiled step by fused reductions for fp32 batch 1 at 4.0M weights" in (
             S.default_kernels().describe_decode()
         )
-        for bad in ([{"cell": "fp32 batch 2+", "weights": 10, "on": True}], [{"cell": "fp32 batch 1", "weights": 10}]):
+        for bad in (
+            [{"cell": "fp32 batch 2+", "weights": 10, "on": True}],
+            [{"cell": "fp32 batch 1", "weights": 10}],
+            [{"cell": "fp32 batch 1", "weights": 10**320, "on": True}],  # beyond a float: a damaged file
+        ):
             record["choices"]["decode_reductions"] = bad
             path.write_text(json.dumps(record))
             S.default_kernels.cache_clear()
@@ -444,7 +448,7 @@ def test_the_nearest_measured_size_decides_the_decode_layout():
     assert not k.decode_packs("fp32 batch 2+", 10_000_000)  # a tie: transposed
     assert not k.decode_packs("fp32 batch 1", 10**9) and not k.decode_packs(None, 10**9)
     assert KernelSettings(False, False, decode_layout=[("bf16 batch 1", 7, True)]).decode_packs("bf16 batch 1", 10**9)
-    for bad in ([("fp32 batch 3", 7, True)], [("fp32 batch 1", 0, True)]):
+    for bad in ([("fp32 batch 3", 7, True)], [("fp32 batch 1", 0, True)], [("fp32 batch 1", 10**400, True)]):
         with pytest.raises(ValueError, match="decode_layout"):
             KernelSettings(False, False, decode_layout=bad)
     assert S.decode_cell(torch.float32, 1) == "fp32 batch 1" and S.decode_cell(torch.bfloat16, 5) == "bf16 batch 2+"

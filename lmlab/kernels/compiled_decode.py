@@ -11,9 +11,10 @@ compiled graph serves every step and every call:
   each step attends over the whole preallocated buffer, masked to indices <= pos (and, for a left-padded
   batch, >= the row's padding), so shapes do not change from step to step;
 - the buffer length (prompt + new tokens, dimension 2 of the cache) is marked dynamic, so calls of other
-  lengths reuse the code: per model, padding kind and thread count, one compile for batch 1 and one more for larger
-  batches (dynamo makes the batch size dynamic at its second value); 4-15 s each on a CPU, kept for the
-  model's lifetime (Inductor's on-disk cache shortens it in later processes);
+  lengths reuse the code: per model and each of its keys (padding kind, layout, thread count, tied
+  weights; :func:`_compiled_fn`), one compile for batch 1 and one more for larger batches (dynamo makes
+  the batch size dynamic at its second value); 4-15 s each on a CPU, kept for the model's lifetime
+  (Inductor's on-disk cache shortens it in later processes);
 - the linear weights are :func:`lmlab.kernels.decode_layout.decode_layout`'s copies ('transposed'); whether
   each is still current (same tensor, version and gradient count) is checked before every step, outside
   the graph; a step taken while any is stale runs eagerly, which uses the module's own weight (so training
@@ -22,7 +23,8 @@ compiled graph serves every step and every call:
   ``KernelSettings.decode_reduces``), the weights as they are, every product and the attention written as
   sums of elementwise products: Inductor then generates each layer as a few loops of its own (no MKL
   call, no per-product Python), reading each weight once. The graph reads the module's weights at each
-  call, so there is nothing to go stale.
+  call, so there is no copy to go stale; a weight tensor replaced during a call (which may untie a tied
+  LM head) sends the call's remaining steps down the eager path.
 
 Supported (:func:`compiled_decode_unsupported` says why not): models whose blocks all take the lean decode
 path (``TransformerLM.lean_decode_obstacle``: pre-norm, plain attention) with full causal attention in
@@ -108,16 +110,18 @@ def _step(model: TransformerLM, idx, pos, keys, values, left_pad):
 _COMPILED: "weakref.WeakKeyDictionary[TransformerLM, dict]" = weakref.WeakKeyDictionary()
 
 
-def _compiled_fn(model: TransformerLM, padded: bool):
+def _compiled_fn(model: TransformerLM, padded: bool, tying: tuple = ()):
     """The compiled ``_step`` for ``model`` with (``padded``) or without left padding, for the linear modules
     decode_layout multiplies by a copy now. Its guards are the tensors' (dtype, shape, stride, device of
     every input, parameter and table: a change recompiles); dynamo's guards on module attributes are
     dropped (a tenth of a step at the demo shape), since what they would catch cannot change between its
     calls: the model's structure is fixed, hooks make the model unsupported (checked per call), and the
     things that do vary, left padding, which modules hold decode copies, whether the step runs by
-    reductions (``model.decode_reductions``) and torch's thread count (Inductor writes its loops for the
-    threads there are when it compiles, and does not guard on them), select the function."""
-    key = (padded, decode_copy_modules(model), model.decode_reductions, torch.get_num_threads())
+    reductions (``model.decode_reductions``), torch's thread count (Inductor writes its loops for the
+    threads there are when it compiles, and does not guard on them) and ``tying``, which of the weights are
+    one tensor (a graph traced with the LM head tied to the embedding reads the embedding for both; the
+    guard that would see the tie undone is among those dropped), select the function."""
+    key = (padded, decode_copy_modules(model), model.decode_reductions, torch.get_num_threads(), tying)
     fns = _COMPILED.setdefault(model, {})
     fn = fns.get(key)
     if fn is None:
@@ -136,21 +140,29 @@ def compiled_decoder(model: TransformerLM):
     step for a model and batch size compiles (seconds). Raises ValueError for a model
     :func:`compiled_decode_unsupported` refuses (here) and, from ``step``, for a full cache."""
     check_compilable(model)
-    fn = None
+    fn, traced = None, None
+    weighted = [model.embed, *(m for m in model.modules() if isinstance(m, torch.nn.Linear))]
 
     def step(idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        nonlocal fn, traced
         if cache.length >= cache.max_len:
             raise ValueError(f"KV cache full: {cache.length + 1} positions needed, {cache.max_len} allocated")
-        if not decode_copies_current(model):  # a weight changed since its decode copy: the eager step reads it
+        tensors = tuple(id(m.weight) for m in weighted)
+        if not decode_copies_current(model) or (traced is not None and tensors != traced):
+            # a weight changed since its decode copy, or a weight tensor was replaced (e.g. an LM head
+            # untied from the embedding) since this call's graph was chosen: the eager step reads them
             return model.logits(model.hidden(idx, cache)[:, -1])
-        nonlocal fn
         if not getattr(cache, "_dynamic_marked", False):  # once per cache (each call makes its own)
             for t in cache.k + cache.v:  # the buffer length varies between calls: one graph for all
                 torch._dynamo.mark_dynamic(t, 2)
             cache._dynamic_marked = True
             for module in model._position_tables:  # tables cover every position the buffer can hold
                 module.ensure(cache.max_len)
-            fn = _compiled_fn(model, cache.left_pad is not None)
+            first: dict = {}  # which of those tensors are one (tied): a graph is traced for one such pattern
+            fn = _compiled_fn(
+                model, cache.left_pad is not None, tuple(first.setdefault(t, i) for i, t in enumerate(tensors))
+            )
+            traced = tensors
         logits = fn(model, idx, torch.tensor(cache.length, device=idx.device), cache.k, cache.v, cache.left_pad)
         cache.length += 1
         return logits

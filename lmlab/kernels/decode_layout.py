@@ -120,6 +120,20 @@ def _decode_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, copy, self.bias)
 
 
+class _RowReductions:
+    """The mark of a linear module multiplying by fused reductions (``module._row_reductions``): pickling
+    or deep-copying the module (e.g. a model copied while a generator holds it in the layout) gives the
+    copy an unset mark, so the copy's leftover ``forward`` is plain ``F.linear``."""
+
+    __slots__ = ("on",)
+
+    def __init__(self, on: bool):
+        self.on = on
+
+    def __reduce__(self):
+        return _RowReductions, (False,)
+
+
 def _reduction_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``nn.Linear.forward`` while the compiled one-row decode step multiplies by fused reductions (the
     'row-reductions' layout, bound as the module's ``forward``): inside ``torch.compile`` the product of x
@@ -127,7 +141,7 @@ def _reduction_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     product, which Inductor generates as a loop of its own fused with the work around it (one row: no
     reuse of the weight a matrix kernel could exploit); eagerly (a step taken after a weight changed)
     ``F.linear``. Equal to ``F.linear`` up to summation order."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() and self._row_reductions.on:
         y = (x.unsqueeze(-2) * self.weight).sum(-1)
         return y if self.bias is None else y + self.bias
     return F.linear(x, self.weight, self.bias)
@@ -296,6 +310,7 @@ def decode_layout(model: TransformerLM, batch: int = 1, compiled: bool = False) 
         return
     _ACTIVE.add(model)
     model.lean_decode = model.lean_decode_possible()
+    model.decode_reductions = False  # a deep copy made inside the layout may carry True
     changed, patched, reducing = [], [], []
     try:
         if kind == "unchanged":
@@ -304,7 +319,8 @@ def decode_layout(model: TransformerLM, batch: int = 1, compiled: bool = False) 
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         if kind == "row-reductions":
             for module in linears:
-                module.forward = types.MethodType(_reduction_forward, module)
+                module._row_reductions = _RowReductions(True)
+                module.forward = types.MethodType(_reduction_forward, module)  # a deep copy's: F.linear
                 reducing.append(module)
             model.decode_reductions = True
             yield
@@ -337,7 +353,7 @@ def decode_layout(model: TransformerLM, batch: int = 1, compiled: bool = False) 
         for module in patched:
             del module.forward, module._decode_copy  # back to nn.Linear.forward
         for module in reducing:
-            del module.forward
+            del module.forward, module._row_reductions
         _PATCHED.pop(model, None)
         _ACTIVE.discard(model)
         model.lean_decode = model.decode_reductions = False

@@ -29,6 +29,7 @@ CALIBRATION_VERSION = 1  # of the calibration file's format
 # The cells of the decode layout decision (:mod:`lmlab.kernels.decode_layout`): the linear weights' dtype
 # and whether a step multiplies one row (one sequence) or several.
 DECODE_CELLS = ("fp32 batch 1", "fp32 batch 2+", "bf16 batch 1", "bf16 batch 2+")
+MAX_WEIGHTS = 10**15  # the largest weight count a calibration entry may name (beyond: not a model, a damaged file)
 # The cells of the compiled step's product decision (``KernelSettings.decode_reductions``): one row a step.
 REDUCTION_CELLS = ("fp32 batch 1", "bf16 batch 1")
 
@@ -58,7 +59,7 @@ class KernelSettings:
     :data:`REDUCTION_CELLS`: ``on`` where its products and attention written as reductions (which
     Inductor fuses with the layer's other work) decoded faster than over transposed weights through
     MKL; see :meth:`decode_reduces` (empty: transposed everywhere). Raises ValueError for an unknown
-    cell or a weight count below 1."""
+    cell or a weight count below 1 or above :data:`MAX_WEIGHTS`."""
 
     onednn_fp32: bool
     blocked_attention_fp32: bool
@@ -70,9 +71,11 @@ class KernelSettings:
     def __post_init__(self):
         for name, cells in (("decode_layout", DECODE_CELLS), ("decode_reductions", REDUCTION_CELLS)):
             entries = tuple(sorted((str(c), int(w), bool(p)) for c, w, p in getattr(self, name)))
-            bad = [(c, w) for c, w, _ in entries if c not in cells or w < 1]
+            bad = [(c, w) for c, w, _ in entries if c not in cells or not 1 <= w <= MAX_WEIGHTS]
             if bad:
-                raise ValueError(f"{name}: {bad} are not (cell, weights >= 1); cells: {', '.join(cells)}")
+                raise ValueError(
+                    f"{name}: {bad} are not (cell, 1 <= weights <= {MAX_WEIGHTS:.0e}); cells: {', '.join(cells)}"
+                )
             object.__setattr__(self, name, entries)
 
     @staticmethod
