@@ -43,6 +43,13 @@ def gpt2():
     return _model(GPT2, seed=1)
 
 
+def _same_continuations(ours: list, theirs: list) -> None:
+    """Two lists of (token id, log-probability): the same ids, log-probabilities within fp32 summation
+    order (1e-4 nats)."""
+    assert [t for t, _ in ours] == [t for t, _ in theirs]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(ours, theirs)) < 1e-4
+
+
 def _compiled_graphs(model: TransformerLM) -> int:
     """How many graphs torch.compile holds for ``model``'s compiled steps (its cache entries)."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
@@ -100,9 +107,7 @@ def test_weights_changed_between_tokens_take_effect_at_once(llama):
         for m in (model, reference):
             m.blocks[0].mlp.w_in.weight.mul_(-3.0)
             m.lm_head.weight.add_(0.5)
-    rest_ours, rest_theirs = list(ours), list(theirs)
-    assert [t for t, _ in rest_ours] == [t for t, _ in rest_theirs]
-    assert max(abs(a - b) for (_, a), (_, b) in zip(rest_ours, rest_theirs)) < 1e-4
+    _same_continuations(list(ours), list(theirs))
 
 
 def _generated_code(run) -> str:
@@ -142,8 +147,7 @@ def test_row_reductions_equal_the_eager_step_and_call_no_matrix_kernel(kw):
     prompt = [5, 9, 2, 6]
     eager = list(generate_logprobs(plain, prompt, 12, temperature=0))
     ours, code = _generated_code(lambda: list(generate_logprobs(reduced, prompt, 12, temperature=0, compile=True)))
-    assert [t for t, _ in ours] == [t for t, _ in eager]
-    assert max(abs(a - b) for (_, a), (_, b) in zip(ours, eager)) < 1e-4
+    _same_continuations(ours, eager)
     assert "cpp_fused" in code and not re.findall(r"extern_kernels\.\w+\(", code)
     _, code = _generated_code(lambda: list(generate_logprobs(plain, prompt, 3, temperature=0, compile=True)))
     assert "extern_kernels.mm(" in code or "extern_kernels.addmm(" in code
@@ -157,9 +161,7 @@ def test_row_reductions_equal_the_eager_step_and_call_no_matrix_kernel(kw):
         for m in (reduced, plain):
             m.blocks[1].mlp.w_in.weight.mul_(-3.0)
             m.lm_head.weight.add_(0.5)
-    rest_ours, rest_theirs = list(ours), list(theirs)
-    assert [t for t, _ in rest_ours] == [t for t, _ in rest_theirs]
-    assert max(abs(a - b) for (_, a), (_, b) in zip(rest_ours, rest_theirs)) < 1e-4
+    _same_continuations(list(ours), list(theirs))
     assert all(not hasattr(m, "forward") or "forward" not in vars(m) for m in reduced.modules())  # undone
 
 
@@ -182,16 +184,13 @@ def test_row_reductions_see_a_tie_undone_and_deep_copies_multiply_plainly():
         model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach() * -2 + 0.3)
     eager = list(generate_logprobs(model, [1, 2, 3], 12, temperature=0))
     ours = list(generate_logprobs(model, [1, 2, 3], 12, temperature=0, compile=True))
-    assert [t for t, _ in ours] == [t for t, _ in eager]
-    assert max(abs(a - b) for (_, a), (_, b) in zip(ours, eager)) < 1e-4
+    _same_continuations(ours, eager)
     reference = copy.deepcopy(model)
     ours, theirs = (generate_logprobs(m, [4, 5], 10, temperature=0, compile=m is model) for m in (model, reference))
     assert [next(ours)[0] for _ in range(3)] == [next(theirs)[0] for _ in range(3)]
     for m in (model, reference):  # tied again within the call
         m.lm_head.weight = m.embed.weight
-    rest_ours, rest_theirs = list(ours), list(theirs)
-    assert [t for t, _ in rest_ours] == [t for t, _ in rest_theirs]
-    assert max(abs(a - b) for (_, a), (_, b) in zip(rest_ours, rest_theirs)) < 1e-4
+    _same_continuations(list(ours), list(theirs))
 
     held = generate_logprobs(model, [1, 2], 6, temperature=0, compile=True)
     next(held)

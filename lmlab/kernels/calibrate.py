@@ -290,15 +290,23 @@ def decide_decode(base: KernelSettings, rounds: int, cores: int, cells: list, lo
                 except RuntimeError as exc:  # e.g. no oneDNN packing for bf16 on this CPU
                     log(f"decode_layout {name}: transposed (oneDNN cannot pack it here: {str(exc)[:120]})")
                     break
-                cells.append({"decision": f"decode_layout {name}", "shape": label, "threads": threads, **cell})
-                packed = cell["ratio"] < 1 - MIN_GAIN
-                entries.append({"cell": name, "weights": cell["weights"], "packed": packed})
-                log(
-                    f"decode_layout {name}: {label} ({cell['weights'] / 1e6:.1f}M weights), {threads} thread(s): "
-                    f"packed/transposed {cell['ratio']:.3f} (IQR {cell['q1']:.3f}-{cell['q3']:.3f}; "
-                    f"{cell['on_ms']:.2f} vs {cell['off_ms']:.2f} ms/step): {'packed' if packed else 'transposed'}"
-                )
+                entries.append(_decode_entry("decode_layout", name, label, threads, cell, "packed", cells, log))
     return entries
+
+
+def _decode_entry(decision: str, name: str, label: str, threads: int, cell: dict, on: str, cells: list, log) -> dict:
+    """Record one measured decode cell of ``decision`` ('decode_layout', 'decode_reductions') in ``cells``,
+    log it, and return its calibration entry {"cell", "weights", ``on``}: the setting ``on`` ('packed',
+    'on'; against transposed weights) taken where it made the steps at least ``MIN_GAIN`` faster."""
+    chosen = cell["ratio"] < 1 - MIN_GAIN
+    cells.append({"decision": f"{decision} {name}", "shape": label, "threads": threads, **cell})
+    setting = "packed" if on == "packed" else "reductions"
+    log(
+        f"{decision} {name}: {label} ({cell['weights'] / 1e6:.1f}M weights), {threads} thread(s): "
+        f"{setting}/transposed {cell['ratio']:.3f} (IQR {cell['q1']:.3f}-{cell['q3']:.3f}; "
+        f"{cell['on_ms']:.2f} vs {cell['off_ms']:.2f} ms/step): {setting if chosen else 'transposed'}"
+    )
+    return {"cell": name, "weights": cell["weights"], on: chosen}
 
 
 def decide_decode_reductions(base: KernelSettings, rounds: int, cells: list, log: Callable[[str], None]) -> list:
@@ -316,14 +324,7 @@ def decide_decode_reductions(base: KernelSettings, rounds: int, cells: list, log
             except torch._dynamo.exc.BackendCompilerFailed as exc:  # e.g. no C++ compiler: said, stays transposed
                 log(f"decode_reductions {name}: transposed (the compiled step does not compile here: {str(exc)[:160]})")
                 break
-            cells.append({"decision": f"decode_reductions {name}", "shape": label, "threads": 1, **cell})
-            on = cell["ratio"] < 1 - MIN_GAIN
-            entries.append({"cell": name, "weights": cell["weights"], "on": on})
-            log(
-                f"decode_reductions {name}: {label} ({cell['weights'] / 1e6:.1f}M weights), compiled, 1 thread: "
-                f"reductions/transposed {cell['ratio']:.3f} (IQR {cell['q1']:.3f}-{cell['q3']:.3f}; "
-                f"{cell['on_ms']:.2f} vs {cell['off_ms']:.2f} ms/step): {'reductions' if on else 'transposed'}"
-            )
+            entries.append(_decode_entry("decode_reductions", name, label, 1, cell, "on", cells, log))
     return entries
 
 
