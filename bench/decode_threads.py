@@ -1,10 +1,14 @@
 """How many threads batch-1 decoding wants, by model size: `generate` timed at each thread count on
 LLaMA-style models of growing width and depth (random weights), the counts alternated per round.
 
-    python bench/decode_threads.py [--threads 1 2] [--rounds 5] [--new-tokens 100]
+    python bench/decode_threads.py [--threads 1 2] [--rounds 5] [--new-tokens 100] [--compile]
+        [--dtype fp32|bf16] [--sizes 0 1 2 3]
 
-It calibrates ``lmlab.generate.DECODE_PARAMS_PER_THREAD`` (the weights per token that make a second
-thread pay). Prints the machine, threads and load average; run it on an otherwise idle machine.
+It calibrates ``lmlab.kernels.decode_layout.DECODE_WEIGHTS_PER_THREAD`` (eager steps) and
+``COMPILED_DECODE_WEIGHTS_PER_THREAD`` (``--compile``: the compiled step, compiled once per thread count
+before timing, in the layout this machine's calibration chooses, printed per size): the weights per token
+that make a second thread pay. ``--sizes`` picks rows of ``SIZES`` by index. Prints the machine, threads and
+load average; run it on an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -24,15 +28,16 @@ import torch  # noqa: E402
 from lmlab.bench import describe_machine  # noqa: E402
 from lmlab.config import ModelConfig  # noqa: E402
 from lmlab.generate import generate  # noqa: E402
+from lmlab.kernels.decode_layout import decode_layout_kind  # noqa: E402
 from lmlab.model import TransformerLM  # noqa: E402
 
 SIZES = [(256, 4, 8), (512, 8, 8), (768, 12, 12), (1024, 16, 16)]  # d_model, n_layers, n_heads
 
 
-def seconds(model, threads: int, new_tokens: int) -> float:
+def seconds(model, threads: int, new_tokens: int, compile: bool = False) -> float:
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    for _ in generate(model, list(range(10, 26)), new_tokens, temperature=0.8, top_k=50, seed=0):
+    for _ in generate(model, list(range(10, 26)), new_tokens, temperature=0.8, top_k=50, seed=0, compile=compile):
         pass
     return time.perf_counter() - t0
 
@@ -42,15 +47,20 @@ def main() -> int:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--new-tokens", type=int, default=100)
+    p.add_argument("--compile", action="store_true", help="time the compiled decode step (generate compile=True)")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--sizes", type=int, nargs="+", default=list(range(len(SIZES))), help="indices into SIZES")
     args = p.parse_args()
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     print(f"machine: {describe_machine()}; load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(f"{'compiled' if args.compile else 'eager'} decode step, {args.dtype}, batch 1, {args.new_tokens} tokens")
     print(
-        "| d_model x layers | weights per token | "
+        "| d_model x layers | weights per token | layout | "
         + " | ".join(f"{t} thread(s), ms/token" for t in args.threads)
         + f" | {args.threads[-1]} / {args.threads[0]} threads |"
     )
-    print("|" + " --- |" * (3 + len(args.threads)))
-    for d, L, H in SIZES:
+    print("|" + " --- |" * (4 + len(args.threads)))
+    for d, L, H in [SIZES[i] for i in args.sizes]:
         cfg = ModelConfig(
             vocab_size=4096,
             context_length=256,
@@ -61,18 +71,20 @@ def main() -> int:
             tie_embeddings=True,
         )
         torch.manual_seed(0)
-        model = TransformerLM(cfg).eval()
+        model = TransformerLM(cfg).eval().to(dtype)
         weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-        seconds(model, args.threads[0], 10)  # warm-up
+        for t in args.threads:  # warm-up; compiles the step once per thread count (its key holds the count)
+            seconds(model, t, 10, args.compile)
+        layout = decode_layout_kind(model, 1, compiled=args.compile)
         times = {t: [] for t in args.threads}
         for r in range(args.rounds):
             order = args.threads if r % 2 == 0 else list(reversed(args.threads))
             for t in order:
-                times[t].append(seconds(model, t, args.new_tokens))
+                times[t].append(seconds(model, t, args.new_tokens, args.compile))
         med = {t: statistics.median(v) * 1000 / args.new_tokens for t, v in times.items()}
         ratio = statistics.median(b / a for a, b in zip(times[args.threads[0]], times[args.threads[-1]]))
         print(
-            f"| {d} x {L} | {weights / 1e6:.1f}M | "
+            f"| {d} x {L} | {weights / 1e6:.1f}M | {layout} | "
             + " | ".join(f"{med[t]:.2f}" for t in args.threads)
             + f" | {ratio:.2f}x |",
             flush=True,

@@ -2,13 +2,15 @@
 concurrent CPU job (busy-loop processes), at `lmlab generate`'s default thread count
 (``lmlab.kernels.decode_layout.decode_threads``) and at the counts given.
 
-    python bench/generate_under_load.py [--busy 1] [--threads 1 2] [--rounds 5] [--new-tokens 200]
+    python bench/generate_under_load.py [--busy 1] [--threads 1 2] [--rounds 5] [--new-tokens 200] [--compile]
 
 The model is the demo config (4.0M parameters) with random weights (decode time does not depend on
 training), batch 1, a 16-token prompt, temperature 0.8, top-k 50. Conditions are interleaved per
 round (idle / busy, each thread count; the busy-loop processes started and stopped within the round),
 the median over rounds is reported with the busy / idle ratio per setting. The busy loop is
-``--busy`` pure-Python processes spinning (each takes one core). Run on an otherwise idle machine.
+``--busy`` pure-Python processes spinning (each takes one core). ``--compile``: the compiled decode step
+(``generate(..., compile=True)``, compiled once per thread count before timing; the default thread count
+is then ``decode_threads(model, available, compiled=True)``). Run on an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -41,11 +43,11 @@ def spin(stop) -> None:
             pass
 
 
-def decode_seconds(model, threads: int, new_tokens: int) -> float:
+def decode_seconds(model, threads: int, new_tokens: int, compile: bool = False) -> float:
     torch.set_num_threads(threads)
     prompt = list(range(10, 26))
     t0 = time.perf_counter()
-    n = sum(1 for _ in generate(model, prompt, new_tokens, temperature=0.8, top_k=50, seed=0))
+    n = sum(1 for _ in generate(model, prompt, new_tokens, temperature=0.8, top_k=50, seed=0, compile=compile))
     assert n == new_tokens
     return time.perf_counter() - t0
 
@@ -56,11 +58,13 @@ def main() -> int:
     p.add_argument("--threads", type=int, nargs="*", default=[1, 2], help="thread counts besides the default")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--new-tokens", type=int, default=200)
+    p.add_argument("--compile", action="store_true", help="the compiled decode step (generate compile=True)")
     args = p.parse_args()
     _, model_fields, _ = read_config_file("demo")
     torch.manual_seed(0)
     model = TransformerLM(ModelConfig(**model_fields)).eval()
-    default = decode_threads(model, default_threads())  # what `lmlab generate` uses without --threads
+    # what `lmlab generate` uses without --threads
+    default = decode_threads(model, default_threads(), compiled=args.compile)
     settings = [("default", default)] + [(str(t), t) for t in args.threads if t != default]
     print(
         f"machine: {describe_machine()}; `lmlab generate`'s default threads for this model {default} "
@@ -68,25 +72,27 @@ def main() -> int:
         f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}",
         flush=True,
     )
-    decode_seconds(model, default, 20)  # warm-up
+    for _, t in settings:  # warm-up; compiles the step once per thread count (its key holds the count)
+        decode_seconds(model, t, 20, args.compile)
     times: dict = {(name, cond): [] for name, _ in settings for cond in ("idle", "busy")}
     ctx = mp.get_context("spawn")
     for r in range(args.rounds):
         for name, t in settings:
-            times[(name, "idle")].append(decode_seconds(model, t, args.new_tokens))
+            times[(name, "idle")].append(decode_seconds(model, t, args.new_tokens, args.compile))
         stop = ctx.Event()
         procs = [ctx.Process(target=spin, args=(stop,), daemon=True) for _ in range(args.busy)]
         for proc in procs:
             proc.start()
         time.sleep(1.0)  # let the spinners start
         for name, t in settings:
-            times[(name, "busy")].append(decode_seconds(model, t, args.new_tokens))
+            times[(name, "busy")].append(decode_seconds(model, t, args.new_tokens, args.compile))
         stop.set()
         for proc in procs:
             proc.join()
         print(f"round {r + 1}: " + ", ".join(f"{n} {c} {v[-1]:.2f} s" for (n, c), v in times.items()), flush=True)
     print(
-        f"\n{args.new_tokens} tokens, batch 1, demo model; {args.busy} busy-loop process(es) in 'busy'; "
+        f"\n{args.new_tokens} tokens, batch 1, demo model, {'compiled' if args.compile else 'eager'} decode step; "
+        f"{args.busy} busy-loop process(es) in 'busy'; "
         f"median of {args.rounds} rounds"
     )
     print("| threads | idle | busy | busy / idle |")

@@ -22,8 +22,7 @@ written relative to the file holding the block):
 - ``gpu_check``: the newest notes/gpu_check_*.log (bench/gpu_check.sh on a lent GPU);
 - ``sweep_batching``: docs/bench/sweep_batching.md (bench/sweep_batching.py output blocks);
 - ``decode_vs_hf``: the marked block of docs/bench/decode_vs_hf.md (bench/decode_vs_hf.py --markdown);
-- ``decode_threads``, ``prepare_throughput``: the tables printed by bench/decode_threads.py,
-  bench/generate_under_load.py and bench/prepare_throughput.py, as pasted in their pages.
+- ``prepare_throughput``: the tables printed by bench/prepare_throughput.py, as pasted in its page.
 
 Every block names its source page, the date and the load averages printed there.
 
@@ -355,10 +354,6 @@ def demo_result() -> list[str]:
     raise SystemExit(f"{page}: no table with 'wall' and 'held-out bits/byte' columns")
 
 
-def decode_threads() -> list[str]:
-    return _verbatim(DOCS / "decode_threads.md", " (bench/decode_threads.py, then bench/generate_under_load.py)")
-
-
 def prepare_throughput() -> list[str]:
     return _verbatim(DOCS / "prepare_throughput.md", " (bench/prepare_throughput.py)")
 
@@ -377,7 +372,6 @@ BLOCKS = {
         gpu_check,
         sweep_batching,
         decode_vs_hf,
-        decode_threads,
         prepare_throughput,
     )
 }

@@ -398,7 +398,7 @@ def _generation_model(args, device, tokenizer: bool = True) -> tuple:
     if args.compile:
         check_compilable(model, f"--compile: {args.run}")
     if args.threads is None and device.type == "cpu" and len(args.prompt or [""]) == 1:
-        set_threads(decode_threads(model, default_threads()))
+        set_threads(decode_threads(model, default_threads(), compiled=bool(args.compile)))
     return model, tok
 
 
@@ -541,13 +541,13 @@ def cmd_bench_train(args) -> int:
 def cmd_bench_calibrate(args) -> int:
     from lmlab.bench import describe_machine
     from lmlab.kernels.calibrate import calibrate, check_destination, write_calibration
-    from lmlab.kernels.settings import calibrated_kernels, default_kernels, load_calibration
+    from lmlab.kernels.settings import DECODE_DECISIONS, calibrated_kernels, default_kernels, load_calibration
 
     log = (lambda s: print(s, file=sys.stderr)) if args.json else print
     dest = check_destination(Path(args.out) if args.out else None)  # before minutes of measuring
     if args.if_missing:
         kept = load_calibration(dest)
-        if kept is not None and {"decode_layout", "decode_reductions"} <= set(kept["choices"]):  # else older
+        if kept is not None and set(DECODE_DECISIONS) <= set(kept["choices"]):  # else an older calibration
             k = calibrated_kernels(kept)
             log(f"kept {dest}: {k.describe()}; {k.describe_decode()}")
             if args.json:

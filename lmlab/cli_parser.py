@@ -491,7 +491,7 @@ def make_parser() -> argparse.ArgumentParser:
         "--rounds",
         type=_int_range(3, 100),
         default=7,
-        help="interleaved rounds per cell, 3-100 (default 7: about 50 s on 2 cores)",
+        help="interleaved rounds per cell, 3-100 (default 7: about two minutes on 2 cores)",
     )
     bp.add_argument("--out", type=_path, help="write the calibration here instead of this machine's cache file")
     bp.add_argument("--json", action="store_true", help="print the calibration record as JSON")

@@ -667,13 +667,16 @@ def test_refused_train_and_sweep_write_no_data(tmp_path, monkeypatch, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "s.yaml"]
 
 
-def test_threads_flag_and_default(run_dir, monkeypatch, capsys):
+def test_threads_flag_and_default(run_dir, monkeypatch, capsys, tmp_path):
     """--threads N sets torch's CPU threads for train/eval/generate/bench; without it, the physical
     cores capped by OMP_NUM_THREADS (a hand count of the sysfs topology), and for generate of one
-    prompt one thread per DECODE_WEIGHTS_PER_THREAD weights."""
+    prompt one thread per DECODE_WEIGHTS_PER_THREAD weights on an uncalibrated machine, else what the
+    calibration measured for the eager or the compiled step (--compile)."""
+    import json
     import os
     from pathlib import Path
 
+    from lmlab.kernels import settings as S
     from lmlab.threads import default_threads, physical_cores
 
     before = torch.get_num_threads()
@@ -692,15 +695,33 @@ def test_threads_flag_and_default(run_dir, monkeypatch, capsys):
         assert main(["eval", str(run_dir), "--json"]) == 0
         assert torch.get_num_threads() == physical_cores()
         # generate decodes one prompt of this small model on one thread (lmlab.kernels.decode_layout.decode_threads)
-        assert main(["generate", str(run_dir), "--prompt", "To", "--max-new-tokens", "2"]) == 0
+        # on an uncalibrated machine
+        monkeypatch.setenv("LMLAB_CACHE", str(tmp_path / "cache"))
+        S.default_kernels.cache_clear()
+        gen = ["generate", str(run_dir), "--prompt", "To", "--max-new-tokens", "2"]
+        assert main(gen) == 0
         assert torch.get_num_threads() == 1
-        assert main(["generate", str(run_dir), "--prompt", "To", "--max-new-tokens", "2", "--threads", "2"]) == 0
+        assert main(gen + ["--threads", "2"]) == 0
         assert torch.get_num_threads() == 2
+        # calibrated: eager steps on one thread, the compiled step on every core (each cell measured at 4M)
+        path = S.cache_path()
+        path.parent.mkdir(parents=True)
+        cells = [("eager batch 1", False), ("compiled batch 1", True)]
+        choices = {"onednn_fp32": False, "blocked_attention_fp32": False, "decode_layout": [], "decode_reductions": []}
+        choices["decode_threads"] = [{"cell": c, "weights": 4_000_000, "all_threads": a} for c, a in cells]
+        record = {"version": S.CALIBRATION_VERSION, "identity": S.cpu_identity(), "date": "2026-12-06", "cells": []}
+        path.write_text(json.dumps({**record, "choices": choices}))
+        S.default_kernels.cache_clear()
+        assert main(gen) == 0
+        assert torch.get_num_threads() == 1
+        assert main(gen + ["--compile"]) == 0
+        assert torch.get_num_threads() == physical_cores()
         with pytest.raises(SystemExit) as exc:  # refused by the parser
             main(["eval", str(run_dir), "--threads", "0"])
         assert exc.value.code == 2 and "--threads" in capsys.readouterr().err
     finally:
         torch.set_num_threads(before)
+        S.default_kernels.cache_clear()
 
 
 def test_tensorboard_events_hold_the_logged_scalars(data_dir, tmp_path):

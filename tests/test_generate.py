@@ -409,21 +409,49 @@ def test_cli_logprobs(byte_run, capsys):
     assert "--logprobs takes one --prompt" in capsys.readouterr().err
 
 
-def test_decode_threads_follow_the_model_size():
-    """One thread per DECODE_WEIGHTS_PER_THREAD linear weights (rounded up), within [1, available]."""
+def test_decode_threads_follow_the_calibration_else_the_model_size():
+    """Uncalibrated: one thread per DECODE_WEIGHTS_PER_THREAD linear weights (rounded up), within [1,
+    available]. Calibrated: every available core where the cell (eager or compiled) measured a gain at the
+    size nearest the model's, else one thread; a cell not measured keeps the fixed rule."""
     import math
 
     from lmlab.config import ModelConfig
-    from lmlab.kernels.decode_layout import DECODE_WEIGHTS_PER_THREAD, decode_threads
+    from lmlab.kernels.decode_layout import DECODE_WEIGHTS_PER_THREAD, decode_threads, linear_weight_count
+    from lmlab.kernels.settings import KernelSettings
     from lmlab.model import TransformerLM
 
-    small = TransformerLM(ModelConfig(vocab_size=256, context_length=32, d_model=64, n_layers=2, n_heads=4))
-    assert decode_threads(small, 8) == 1
+    uncalibrated = KernelSettings(False, False)
+    small = TransformerLM(
+        ModelConfig(vocab_size=256, context_length=32, d_model=64, n_layers=2, n_heads=4), kernels=uncalibrated
+    )
+    assert decode_threads(small, 8) == 1 and decode_threads(small, 8, compiled=True) == 1
     with torch.device("meta"):
-        big = TransformerLM(ModelConfig(vocab_size=32000, context_length=64, d_model=2048, n_layers=8, n_heads=16))
-    weights = sum(m.weight.numel() for m in big.modules() if isinstance(m, torch.nn.Linear))
+        big = TransformerLM(
+            ModelConfig(vocab_size=32000, context_length=64, d_model=2048, n_layers=8, n_heads=16),
+            kernels=uncalibrated,
+        )
+    weights = 2048 * (3 * 2048 + 2048 + 3 * 5504) * 8 + 2048 * 32000  # q|k|v, out, gate|up and down; the head
+    assert linear_weight_count(big) == weights  # (the head tied to the embedding: one tensor, counted once)
     want = math.ceil(weights / DECODE_WEIGHTS_PER_THREAD)
     assert 2 <= want < 64 and decode_threads(big, 64) == want and decode_threads(big, 2) == 2
+    # calibrated: eager gains at 20M and not at 4M (the log midpoint is ~8.9M); compiled gains at 4M
+    measured = KernelSettings(
+        False,
+        False,
+        decode_threads=[
+            ("eager batch 1", 4_000_000, False),
+            ("eager batch 1", 20_000_000, True),
+            ("compiled batch 1", 4_000_000, True),
+        ],
+    )
+    small.set_kernels(measured)
+    big.set_kernels(measured)
+    assert linear_weight_count(small) == 64 * (3 * 64 + 64 + 3 * 192) * 2 + 64 * 256 < 8_900_000 < weights
+    assert decode_threads(small, 8) == 1 and decode_threads(small, 8, compiled=True) == 8
+    assert decode_threads(big, 64) == 64 and decode_threads(big, 2, compiled=True) == 2
+    only_compiled = KernelSettings(False, False, decode_threads=[("compiled batch 1", 4_000_000, False)])
+    big.set_kernels(only_compiled)
+    assert decode_threads(big, 64, compiled=True) == 1 and decode_threads(big, 64) == want  # eager: the fixed rule
 
 
 def test_a_suspended_generator_never_serves_stale_or_foreign_weights():

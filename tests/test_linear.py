@@ -223,14 +223,17 @@ def test_forward_mode_and_func_transforms_fall_back():
     torch.testing.assert_close(torch.func.grad(lambda t: m(t).square().sum())(x), want_grad)
 
 
-def _calibration(onednn: bool, blocked: bool, identity: dict, decode=(), reductions=()) -> dict:
+def _calibration(onednn: bool, blocked: bool, identity: dict, decode=(), reductions=(), threads=()) -> dict:
     """A calibration record; ``decode`` None: one measured before the decode layout was calibrated,
-    ``reductions`` None: before the compiled step's reductions were."""
+    ``reductions`` None: before the compiled step's reductions were, ``threads`` None: before the decode
+    threads were."""
     choices = {"onednn_fp32": onednn, "blocked_attention_fp32": blocked}
     if decode is not None:
         choices["decode_layout"] = list(decode)
     if reductions is not None:
         choices["decode_reductions"] = list(reductions)
+    if threads is not None:
+        choices["decode_threads"] = list(threads)
     return {
         "version": S.CALIBRATION_VERSION,
         "identity": identity,
@@ -294,6 +297,34 @@ def test_the_defaults_are_this_machines_calibration_or_torchs(tmp_path, monkeypa
         assert "the compiled step by fused reductions for fp32 batch 1 at 4.0M weights" in (
             S.default_kernels().describe_decode()
         )
+        record["choices"]["decode_threads"] = [
+            {"cell": "compiled batch 1", "weights": 4_000_000, "all_threads": True},
+            {"cell": "eager batch 1", "weights": 4_000_000, "all_threads": False},
+        ]
+        path.write_text(json.dumps(record))
+        S.default_kernels.cache_clear()
+        assert S.default_kernels().decode_threads == (
+            ("compiled batch 1", 4_000_000, True),
+            ("eager batch 1", 4_000_000, False),
+        )
+        assert "one prompt decoded on every core for compiled batch 1 at 4.0M weights, one thread otherwise" in (
+            S.default_kernels().describe_decode()
+        )
+        for bad in (
+            [{"cell": "fp32 batch 1", "weights": 10, "all_threads": True}],  # a layout cell, not a threads one
+            [{"cell": "eager batch 1", "weights": 10, "on": True}],
+            [{"cell": "eager batch 1", "weights": 10, "all_threads": 2}],
+        ):
+            record["choices"]["decode_threads"] = bad
+            path.write_text(json.dumps(record))
+            S.default_kernels.cache_clear()
+            assert S.default_kernels() == KernelSettings(False, False), bad
+            assert f"{path} is not a kernel calibration" in capsys.readouterr().err
+        del record["choices"]["decode_threads"]  # an older calibration: said, and the fixed rule
+        path.write_text(json.dumps(record))
+        S.default_kernels.cache_clear()
+        assert not S.default_kernels().decode_threads
+        assert "decode threads not calibrated" in S.default_kernels().describe_decode()
         for bad in (
             [{"cell": "fp32 batch 2+", "weights": 10, "on": True}],
             [{"cell": "fp32 batch 1", "weights": 10}],
@@ -361,16 +392,29 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
     reduction = {"fp32 batch 1": [0.87, 1.4], "bf16 batch 1": [0.6, 0.96]}
     reduction_calls = []
 
-    def fake_reduction(fields, dtype, rounds, base):
+    def fake_reduction(fields, dtype, rounds, base, threads=1):
         name = S.decode_cell(dtype, 1)
-        reduction_calls.append((name, fields["d_model"], base))
+        reduction_calls.append((name, fields["d_model"], base, threads))
         r = reduction[name][len([c for c in reduction_calls if c[0] == name]) - 1]
+        w = fields["d_model"] * 1000
+        return {"ratio": r, "q1": r, "q3": r, "rounds": rounds, "steps": 1, "on_ms": r, "off_ms": 1.0, "weights": w}
+
+    # one-prompt threads: every core / one thread, eager at the decode shapes, compiled at the reduction ones
+    # (eager: one thread at d256, every core at d768; compiled: every core at d256, one thread at d768)
+    thread = {"eager batch 1": [1.0, 0.7], "compiled batch 1": [0.8, 0.96]}
+    thread_calls = []
+
+    def fake_threads(fields, compile, threads, rounds, kernels):
+        name = "compiled batch 1" if compile else "eager batch 1"
+        thread_calls.append((name, threads, fields, kernels))
+        r = thread[name][len([c for c in thread_calls if c[0] == name]) - 1]
         w = fields["d_model"] * 1000
         return {"ratio": r, "q1": r, "q3": r, "rounds": rounds, "steps": 1, "on_ms": r, "off_ms": 1.0, "weights": w}
 
     monkeypatch.setattr(C, "measure_cell", fake)
     monkeypatch.setattr(C, "measure_decode_cell", fake_decode)
     monkeypatch.setattr(C, "measure_reduction_cell", fake_reduction)
+    monkeypatch.setattr(C, "measure_threads_cell", fake_threads)
     monkeypatch.setattr(C, "physical_cores", lambda: 3)
     monkeypatch.setattr(C, "packed_decode_available", lambda: True)
     monkeypatch.setattr(L, "_AVAILABLE", True)
@@ -388,17 +432,40 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
             {"cell": "bf16 batch 1", "weights": 256_000, "on": True},
             {"cell": "bf16 batch 1", "weights": 768_000, "on": False},
         ],
+        "decode_threads": [  # every core below 0.95
+            {"cell": "eager batch 1", "weights": 256_000, "all_threads": False},
+            {"cell": "eager batch 1", "weights": 768_000, "all_threads": True},
+            {"cell": "compiled batch 1", "weights": 256_000, "all_threads": True},
+            {"cell": "compiled batch 1", "weights": 768_000, "all_threads": False},
+        ],
     }
-    assert [(c[0], c[1]) for c in reduction_calls] == [(n, d) for n in S.REDUCTION_CELLS for d in (256, 768)]
+    # measured first: every physical core against one thread, at the shapes of the eager and the compiled
+    # decode decisions, with the training kernels chosen (transposed decode weights)
+    assert [(c[0], c[1], c[2]) for c in thread_calls] == [
+        ("eager batch 1", 3, C.DECODE_SHAPES[0][1]),
+        ("eager batch 1", 3, C.DECODE_SHAPES[1][1]),
+        ("compiled batch 1", 3, C.REDUCTION_SHAPES[0][1]),
+        ("compiled batch 1", 3, C.REDUCTION_SHAPES[1][1]),
+    ]
+    assert all(c[3] == KernelSettings(True, False) for c in thread_calls)
+    assert [(c["decision"], c["threads"]) for c in record["cells"][4:8]] == [
+        (f"decode_threads {n}", 3) for n in S.THREAD_CELLS for _ in "ab"
+    ]
+    # the compiled step's reductions on the threads chosen for each shape (3 at d256, 1 at d768)
+    assert [(c[0], c[1], c[3]) for c in reduction_calls] == [
+        (n, d, t) for n in S.REDUCTION_CELLS for d, t in ((256, 3), (768, 1))
+    ]
     assert all(c[2] == KernelSettings(True, False) for c in reduction_calls)  # with the training kernels chosen
-    cells = [c["decision"] for c in record["cells"][-4:]]
-    assert cells == [f"decode_reductions {n}" for n in S.REDUCTION_CELLS for _ in "ab"]
-    # batch 1 on one thread, batch 8 on every core; both shapes per cell; with the training kernels chosen
+    assert [(c["decision"], c["threads"]) for c in record["cells"][-4:]] == [
+        (f"decode_reductions {n}", t) for n in S.REDUCTION_CELLS for t in (3, 1)
+    ]
+    # batch 1 on the eager threads chosen per shape (1 at d256, 3 at d768), batch 8 on every core; both
+    # shapes per cell; with the training kernels chosen
     assert [(c[0], c[1], c[2]) for c in decode_calls] == [
-        (name, 1 if "batch 1" in name else 3, d) for name in S.DECODE_CELLS for d in (256, 768)
+        (name, (1 if d == 256 else 3) if "batch 1" in name else 3, d) for name in S.DECODE_CELLS for d in (256, 768)
     ]
     assert all(c[3] == KernelSettings(True, False) for c in decode_calls)
-    assert [c["decision"] for c in record["cells"][4:-4]] == [
+    assert [c["decision"] for c in record["cells"][8:-4]] == [
         f"decode_layout {n}" for n in S.DECODE_CELLS for _ in "ab"
     ]
     record = {**record, "cells": record["cells"][:4]}
@@ -414,7 +481,12 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
     calls.clear()
     decode_calls.clear()
     reduction_calls.clear()
-    assert C.calibrate(rounds=3, log=lambda s: None)["choices"]["onednn_fp32"] is False
+    thread_calls.clear()
+    monkeypatch.setattr(C, "physical_cores", lambda: 1)
+    one_core = C.calibrate(rounds=3, log=lambda s: None)
+    assert one_core["choices"]["onednn_fp32"] is False and one_core["choices"]["decode_threads"] == []
+    assert not thread_calls  # one core: nothing to measure, and every batch-1 cell on its one thread
+    assert {c[3] for c in reduction_calls} == {1} and {c[1] for c in decode_calls} == {1}
     out = C.write_calibration(record, tmp_path / "k" / "cal.json")
     assert json.loads(out.read_text())["choices"] == record["choices"] and len(list(out.parent.iterdir())) == 1
     with pytest.raises(ValueError, match="rounds=2"):
@@ -500,6 +572,33 @@ def test_a_reduction_calibration_cell_times_both_compiled_steps(monkeypatch):
     assert len({id(m) for m in traced}) == 5  # q|k|v, out, gate|up, down, LM head: traced once each (one graph)
 
 
+def test_a_threads_calibration_cell_decodes_on_each_thread_count(monkeypatch):
+    """One real cell of the one-prompt threads decision: the 'on' model is built and decodes on the
+    threads asked, the 'off' one on one thread, each with the kernels given; torch's thread count comes
+    back after; both time finite steps and the ratio is their per-round median."""
+    from lmlab.kernels import calibrate as C
+
+    built, stepped = [], []
+    real = C._decode_timer
+
+    def recording(fields, batch, dtype, kernels, compile=False):
+        built.append((torch.get_num_threads(), batch, dtype, kernels, compile))
+        run = real(fields, batch, dtype, kernels, compile)
+        return lambda n: stepped.append(torch.get_num_threads()) or run(n)
+
+    monkeypatch.setattr(C, "_decode_timer", recording)
+    before = torch.get_num_threads()
+    fields = dict(vocab_size=64, context_length=32, d_model=32, n_layers=1, n_heads=2)
+    kernels = KernelSettings(False, False, decode_layout=[("fp32 batch 1", 7, False)])
+    cell = C.measure_threads_cell(fields, False, 2, 3, kernels)
+    assert torch.get_num_threads() == before
+    assert cell["on_ms"] > 0 and cell["off_ms"] > 0 and cell["q1"] <= cell["ratio"] <= cell["q3"]
+    assert cell["weights"] == 32 * 96 + 32 * 32 + 3 * 32 * 128 + 64 * 32
+    assert built == [(2, 1, torch.float32, kernels, False), (1, 1, torch.float32, kernels, False)]
+    # warm-up on, off; then 3 rounds alternating on, off / off, on / on, off
+    assert stepped == [2, 1, 2, 1, 1, 2, 2, 1]
+
+
 def test_bench_calibrate_if_missing_keeps_a_valid_calibration(tmp_path, monkeypatch, capsys):
     """`lmlab bench calibrate --if-missing` with this machine's calibration present measures nothing
     and prints the kernels it names; --rounds below 3 is refused by argparse, naming the flag."""
@@ -520,7 +619,7 @@ def test_bench_calibrate_if_missing_keeps_a_valid_calibration(tmp_path, monkeypa
         measured = [{"cell": "fp32 batch 2+", "weights": 5, "packed": True}]
         fresh = _calibration(True, False, S.cpu_identity(), decode=measured)
         monkeypatch.setattr(C, "calibrate", lambda *a, **k: fresh)
-        for older in (dict(decode=None, reductions=None), dict(reductions=None)):
+        for older in (dict(decode=None, reductions=None, threads=None), dict(reductions=None), dict(threads=None)):
             path.write_text(json.dumps(_calibration(False, True, S.cpu_identity(), **older)))
             assert main(["bench", "calibrate", "--if-missing"]) == 0
             assert json.loads(path.read_text())["choices"]["decode_layout"] == measured
@@ -569,6 +668,7 @@ def test_calibrate_checks_its_destination_before_measuring(tmp_path, monkeypatch
             "blocked_attention_fp32": False,
             "decode_layout": [],
             "decode_reductions": [],
+            "decode_threads": [],
         }
     finally:
         S.default_kernels.cache_clear()

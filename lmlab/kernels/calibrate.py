@@ -16,19 +16,27 @@ reference, stays.
 - ``blocked_attention_fp32`` (fp32 training attention through the blocked loops rather than SDPA, a
   one-thread path): both shapes at one thread, with the linears as just chosen;
 - ``fused_loops`` concerns compiled models only and is not measured (True);
+- ``decode_threads`` (whether ``lmlab generate`` decodes one prompt on every physical core rather than on
+  one thread, :func:`lmlab.kernels.decode_layout.decode_threads`): whole greedy batch-1 decode steps
+  (:func:`lmlab.generate.stream_batch`, the KV cache after a 16-token prompt), eager at the shapes of
+  ``decode_layout`` and compiled at those of ``decode_reductions`` (below), fp32, over transposed
+  weights, timed on one thread against every physical core (each thread count compiled once before
+  timing); each shape by the rule above, and a model takes the choice of the measured size nearest its
+  own (a second thread pays on one CPU and not on another: docs/bench/decode_threads.md). Not measured
+  on a one-core machine. Measured first: the batch-1 cells below run on the threads it chose.
 - ``decode_layout`` (whether eager CPU decoding multiplies by oneDNN-packed weights rather than
-  transposed ones, :mod:`lmlab.kernels.decode_layout`): whole greedy decode steps
-  (:func:`lmlab.generate.stream_batch`, the KV cache after a 16-token prompt) of the demo shape (4.0M
-  linear weights) and a GPT-2-wide one (d_model 768, 20.4M), in fp32 and bf16 weights, batch 1 on one
-  thread (what ``lmlab generate`` uses for one prompt at these sizes) and batch 8 on every physical
-  core: each of these cells and shapes by the same rule, and a model takes the choice of the measured
-  size nearest its own (which layout wins can change with the size: a 2-core Xeon, fp32 batch 8,
-  packed 1.31x the time at the demo shape and 0.87x at d_model 768).
+  transposed ones, :mod:`lmlab.kernels.decode_layout`): whole greedy decode steps of the demo shape
+  (4.0M linear weights) and a GPT-2-wide one (d_model 768, 20.4M), in fp32 and bf16 weights, batch 1 on
+  the threads ``decode_threads`` chose for the shape (what ``lmlab generate`` uses for one prompt) and
+  batch 8 on every physical core: each of these cells and shapes by the same rule, and a model takes the
+  choice of the measured size nearest its own (which layout wins can change with the size: a 2-core Xeon,
+  fp32 batch 8, packed 1.31x the time at the demo shape and 0.87x at d_model 768).
 - ``decode_reductions`` (whether the compiled decode step at batch 1, :mod:`lmlab.kernels.compiled_decode`,
   multiplies and attends by fused reductions over the weights as they are rather than over transposed
   weights through MKL): the demo's shape and the GPT-2-wide one with GPT-2's vocabulary (52.8M weights),
-  fp32 and bf16, one thread, each step compiled once before timing; the nearest measured size decides as
-  above (which wins changes with the size: docs/bench/decode_reductions.md).
+  fp32 and bf16, on the threads ``decode_threads`` chose for the shape, each step compiled once before
+  timing; the nearest measured size decides as above (which wins changes with the size:
+  docs/bench/decode_reductions.md).
 
 The result is cached as JSON under ``$LMLAB_CACHE/kernels/`` (default ``~/.cache/lmlab``), one file per
 CPU model and torch version (:func:`cache_path`), with the machine, the date and every cell, and
@@ -56,7 +64,14 @@ import torch
 from lmlab.config import ConfigError, ModelConfig
 from lmlab.kernels.decode_layout import linear_weight_count, packed_decode_available
 from lmlab.kernels.linear import onednn_available
-from lmlab.kernels.settings import CALIBRATION_VERSION, KernelSettings, cache_path, cpu_identity, decode_cell
+from lmlab.kernels.settings import (
+    CALIBRATION_VERSION,
+    DECODE_DECISIONS,
+    KernelSettings,
+    cache_path,
+    cpu_identity,
+    decode_cell,
+)
 from lmlab.model import TransformerLM
 from lmlab.optim import adamw
 from lmlab.threads import physical_cores, using_threads
@@ -170,17 +185,38 @@ def measure_decode_cell(fields: dict, batch: int, threads: int, dtype: torch.dty
         return {**_interleave(timers, rounds), "weights": weights}
 
 
-def measure_reduction_cell(fields: dict, dtype: torch.dtype, rounds: int, base: KernelSettings) -> dict:
-    """:func:`measure_decode_cell` for the compiled decode step at batch 1 on one thread: 'on' multiplies
-    and attends by fused reductions (decode_layout's 'row-reductions'), 'off' over transposed weights
-    through MKL; adds "weights". Each compiles once before timing (seconds)."""
+def measure_reduction_cell(
+    fields: dict, dtype: torch.dtype, rounds: int, base: KernelSettings, threads: int = 1
+) -> dict:
+    """:func:`measure_decode_cell` for the compiled decode step at batch 1 on ``threads`` threads: 'on'
+    multiplies and attends by fused reductions (decode_layout's 'row-reductions'), 'off' over transposed
+    weights through MKL; adds "weights". Each compiles once before timing (seconds)."""
     cell = decode_cell(dtype, 1)
     weights = linear_weight_count(TransformerLM(ModelConfig(**fields)))
     on = dataclasses.replace(base, decode_reductions=((cell, weights, True),))
     off = dataclasses.replace(base, decode_reductions=())
-    with using_threads(1):
+    with using_threads(threads):
         timers = {"on": _decode_timer(fields, 1, dtype, on, True), "off": _decode_timer(fields, 1, dtype, off, True)}
         return {**_interleave(timers, rounds), "weights": weights}
+
+
+def measure_threads_cell(fields: dict, compile: bool, threads: int, rounds: int, kernels: KernelSettings) -> dict:
+    """:func:`measure_decode_cell` for the thread count of one-prompt decoding: greedy fp32 steps at batch 1,
+    eager or ``compile``d, with ``kernels`` (their layouts as chosen), 'on' at ``threads`` threads, 'off' at
+    one (each model built, and compiled, at its own count); adds "weights"."""
+    weights = linear_weight_count(TransformerLM(ModelConfig(**fields)))
+
+    def timer(n_threads: int) -> Callable[[int], float]:
+        with using_threads(n_threads):
+            run = _decode_timer(fields, 1, torch.float32, kernels, compile)
+
+        def timed(n: int) -> float:
+            with using_threads(n_threads):
+                return run(n)
+
+        return timed
+
+    return {**_interleave({"on": timer(threads), "off": timer(1)}, rounds), "weights": weights}
 
 
 def _interleave(timers: dict, rounds: int) -> dict:
@@ -257,8 +293,10 @@ def calibrate(rounds: int = 7, log: Callable[[str], None] = print) -> dict:
         KernelSettings(choices["onednn_fp32"], False),
     )
     base = KernelSettings(choices["onednn_fp32"], choices["blocked_attention_fp32"])
-    choices["decode_layout"] = decide_decode(base, rounds, cores, cells, log)
-    choices["decode_reductions"] = decide_decode_reductions(base, rounds, cells, log)
+    # one prompt's threads first: the batch-1 layouts are then measured on the threads generate will use
+    choices["decode_threads"], one_row = decide_decode_threads(base, rounds, cores, cells, log)
+    choices["decode_layout"] = decide_decode(base, rounds, cores, cells, log, one_row)
+    choices["decode_reductions"] = decide_decode_reductions(base, rounds, cells, log, one_row)
     return {
         "version": CALIBRATION_VERSION,
         "identity": cpu_identity(),
@@ -272,60 +310,102 @@ def calibrate(rounds: int = 7, log: Callable[[str], None] = print) -> dict:
     }
 
 
-def decide_decode(base: KernelSettings, rounds: int, cores: int, cells: list, log: Callable[[str], None]) -> list:
+def decide_decode(
+    base: KernelSettings,
+    rounds: int,
+    cores: int,
+    cells: list,
+    log: Callable[[str], None],
+    one_row: Optional[dict] = None,
+) -> list:
     """The ``decode_layout`` decision (module docstring): [{"cell", "weights", "packed"}] for each of
     :data:`DECODE_CELLS` and :data:`DECODE_SHAPES`, ``packed`` where oneDNN-packed weights made the
-    decode steps at least ``MIN_GAIN`` faster than transposed ones; each measurement is appended to
-    ``cells``. Empty where this torch cannot pack; a cell oneDNN cannot pack here is left out."""
+    decode steps at least ``MIN_GAIN`` faster than transposed ones; batch 8 on ``cores`` threads, batch 1
+    on ``one_row[('eager batch 1', shape label)]`` (:func:`decide_decode_threads`; 1 where it has none);
+    each measurement is appended to ``cells``. Empty where this torch cannot pack; a cell oneDNN cannot
+    pack here is left out."""
     if not packed_decode_available():
         log("decode_layout: transposed (this torch build cannot pack weights for oneDNN)")
         return []
     entries = []
     for dtype in (torch.float32, torch.bfloat16):
         for batch in DECODE_BATCHES:
-            name, threads = decode_cell(dtype, batch), 1 if batch == 1 else cores
+            name = decode_cell(dtype, batch)
             for label, fields in DECODE_SHAPES:
+                threads = (one_row or {}).get(("eager batch 1", label), 1) if batch == 1 else cores
                 try:
                     cell = measure_decode_cell(fields, batch, threads, dtype, rounds, base)
                 except RuntimeError as exc:  # e.g. no oneDNN packing for bf16 on this CPU
                     log(f"decode_layout {name}: transposed (oneDNN cannot pack it here: {str(exc)[:120]})")
                     break
-                entries.append(_decode_entry("decode_layout", name, label, threads, cell, "packed", cells, log))
+                entries.append(_decode_entry("decode_layout", name, label, threads, cell, cells, log))
     return entries
 
 
-def _decode_entry(decision: str, name: str, label: str, threads: int, cell: dict, on: str, cells: list, log) -> dict:
-    """Record one measured decode cell of ``decision`` ('decode_layout', 'decode_reductions') in ``cells``,
-    log it, and return its calibration entry {"cell", "weights", ``on``}: the setting ``on`` ('packed',
-    'on'; against transposed weights) taken where it made the steps at least ``MIN_GAIN`` faster."""
+def _decode_entry(decision: str, name: str, label: str, threads: int, cell: dict, cells: list, log) -> dict:
+    """Record one measured decode cell of ``decision`` (a key of :data:`DECODE_DECISIONS`) in ``cells``,
+    log it, and return its calibration entry {"cell", "weights", choice}: the setting measured as 'on'
+    (oneDNN-packed weights, fused reductions: against transposed weights; every core: against one thread)
+    taken where it made the steps at least ``MIN_GAIN`` faster."""
     chosen = cell["ratio"] < 1 - MIN_GAIN
     cells.append({"decision": f"{decision} {name}", "shape": label, "threads": threads, **cell})
-    setting = "packed" if on == "packed" else "reductions"
+    on, off = {"decode_layout": ("packed", "transposed"), "decode_reductions": ("reductions", "transposed")}.get(
+        decision, (f"{threads} threads", "1 thread")
+    )
     log(
         f"{decision} {name}: {label} ({cell['weights'] / 1e6:.1f}M weights), {threads} thread(s): "
-        f"{setting}/transposed {cell['ratio']:.3f} (IQR {cell['q1']:.3f}-{cell['q3']:.3f}; "
-        f"{cell['on_ms']:.2f} vs {cell['off_ms']:.2f} ms/step): {setting if chosen else 'transposed'}"
+        f"{on}/{off} {cell['ratio']:.3f} (IQR {cell['q1']:.3f}-{cell['q3']:.3f}; "
+        f"{cell['on_ms']:.2f} vs {cell['off_ms']:.2f} ms/step): {on if chosen else off}"
     )
-    return {"cell": name, "weights": cell["weights"], on: chosen}
+    return {"cell": name, "weights": cell["weights"], DECODE_DECISIONS[decision]: chosen}
 
 
-def decide_decode_reductions(base: KernelSettings, rounds: int, cells: list, log: Callable[[str], None]) -> list:
+def decide_decode_reductions(
+    base: KernelSettings, rounds: int, cells: list, log: Callable[[str], None], one_row: Optional[dict] = None
+) -> list:
     """The ``decode_reductions`` decision (module docstring): [{"cell", "weights", "on"}] for each of
     :data:`REDUCTION_CELLS` and :data:`REDUCTION_SHAPES`, ``on`` where the compiled step by fused reductions
-    was at least ``MIN_GAIN`` faster than over transposed weights; each measurement is appended to
-    ``cells``. A cell whose step cannot compile here (no C++ compiler for Inductor) is left out, and the
-    log says why."""
+    was at least ``MIN_GAIN`` faster than over transposed weights, on ``one_row[('compiled batch 1', shape
+    label)]`` threads (1 where it has none); each measurement is appended to ``cells``. A cell whose step
+    cannot compile here (no C++ compiler for Inductor) is left out, and the log says why."""
     entries = []
     for dtype in (torch.float32, torch.bfloat16):
         name = decode_cell(dtype, 1)
         for label, fields in REDUCTION_SHAPES:
+            threads = (one_row or {}).get(("compiled batch 1", label), 1)
             try:
-                cell = measure_reduction_cell(fields, dtype, rounds, base)
+                cell = measure_reduction_cell(fields, dtype, rounds, base, threads)
             except torch._dynamo.exc.BackendCompilerFailed as exc:  # e.g. no C++ compiler: said, stays transposed
                 log(f"decode_reductions {name}: transposed (the compiled step does not compile here: {str(exc)[:160]})")
                 break
-            entries.append(_decode_entry("decode_reductions", name, label, 1, cell, "on", cells, log))
+            entries.append(_decode_entry("decode_reductions", name, label, threads, cell, cells, log))
     return entries
+
+
+def decide_decode_threads(kernels: KernelSettings, rounds: int, cores: int, cells: list, log) -> tuple:
+    """The ``decode_threads`` decision (module docstring): ([{"cell", "weights", "all_threads"}], {(cell,
+    shape label): threads}) for the eager step at :data:`DECODE_SHAPES` and the compiled one at
+    :data:`REDUCTION_SHAPES` (with ``kernels``), ``all_threads`` (``cores`` threads, else 1) where
+    ``cores`` threads decoded at least ``MIN_GAIN`` faster than one; each measurement is appended to
+    ``cells``. Empty on one core; the compiled cell is left out where the step cannot compile here (said
+    in the log)."""
+    if cores < 2:
+        log("decode_threads: one thread (one physical core)")
+        return [], {}
+    entries, chosen = [], {}
+    for name, compile, shapes in (
+        ("eager batch 1", False, DECODE_SHAPES),
+        ("compiled batch 1", True, REDUCTION_SHAPES),
+    ):
+        for label, fields in shapes:
+            try:
+                cell = measure_threads_cell(fields, compile, cores, rounds, kernels)
+            except torch._dynamo.exc.BackendCompilerFailed as exc:
+                log(f"decode_threads {name}: not measured (the compiled step does not compile here: {str(exc)[:160]})")
+                break
+            entries.append(_decode_entry("decode_threads", name, label, cores, cell, cells, log))
+            chosen[(name, label)] = cores if entries[-1]["all_threads"] else 1
+    return entries, chosen
 
 
 def check_destination(path: Optional[Path] = None) -> Path:

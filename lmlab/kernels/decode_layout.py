@@ -24,19 +24,27 @@ from lmlab.model import TransformerLM
 # kept between generate calls; larger ones are re-laid out in place on every call
 PACK_LIMIT_BYTES = 1 << 30
 
-# Batch-1 decoding multiplies one row by every weight matrix (memory-bound): below this many weights per
-# thread a second CPU thread does not pay, and on a busy machine a thread waiting for a core stalls every
-# step. bench/decode_threads.py on the project's 2-vCPU machine: 2 threads / 1 thread = 1.02x, 1.04x,
-# 0.99x, 1.04x of the time per token at 4M, 26M, 81M, 190M weights (no gain anywhere measured), so the
-# threshold sits above the measured range.
+# The thread rule of a machine whose calibration did not measure it (``KernelSettings.decode_threads``):
+# batch-1 decoding multiplies one row by every weight matrix (memory-bound), and on a busy machine a thread
+# waiting for a core stalls every step. bench/decode_threads.py on a 2-vCPU AMD EPYC (model not recorded,
+# 2026-12-01), eager steps: 2 threads / 1 thread = 1.02x, 1.04x, 0.99x, 1.04x of the time per token at 4M,
+# 26M, 81M, 190M weights, so one thread per this many weights. Other CPUs differ (a Xeon gains from a
+# second thread at every size: docs/bench/decode_threads.md), hence the calibration.
 DECODE_WEIGHTS_PER_THREAD = 200_000_000
 
 
-def decode_threads(model: TransformerLM, available: int) -> int:
-    """CPU threads for decoding one sequence at a time with ``model`` when the user set none: one per
-    :data:`DECODE_WEIGHTS_PER_THREAD` linear-layer weights (rounded up), at least 1, at most
-    ``available`` (the compute default: physical cores, capped by OMP_NUM_THREADS)."""
-    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+def decode_threads(model: TransformerLM, available: int, compiled: bool = False) -> int:
+    """CPU threads for decoding one sequence at a time with ``model`` (eager steps, or the ``compiled``
+    step) when the user set none, at most ``available`` (the compute default: physical cores, capped by
+    OMP_NUM_THREADS): where this machine's calibration measured the cell (``model.kernels.decode_threads``,
+    :meth:`KernelSettings.decode_all_threads`), ``available`` if every core decoded the measured size
+    nearest the model's faster than one thread, else 1; where it did not, one thread per
+    :data:`DECODE_WEIGHTS_PER_THREAD` linear-layer weights (each tensor once; rounded up), at least 1."""
+    weights = linear_weight_count(model)
+    cell = f"{'compiled' if compiled else 'eager'} batch 1"
+    every = model.kernels.decode_all_threads(cell, weights) if hasattr(model, "kernels") else None
+    if every is not None:
+        return max(1, available) if every else 1
     return max(1, min(available, -(-weights // DECODE_WEIGHTS_PER_THREAD)))
 
 

@@ -5,9 +5,10 @@ reads a global switch.
 
 The defaults are measured, never inferred from the CPU's vendor: :func:`default_kernels` reads this
 machine's calibration (``lmlab bench calibrate``, :mod:`lmlab.kernels.calibrate`: whole training steps
-timed both ways on this CPU model and torch version, and eager decode steps in each weight layout);
-where there is none, torch's own kernels (MKL linears, SDPA attention) and transposed decode weights,
-and the startup line says the machine is uncalibrated.
+timed both ways on this CPU model and torch version, decode steps in each weight layout and at one thread
+and every core); where there is none, torch's own kernels (MKL linears, SDPA attention), transposed decode
+weights and the fixed thread rule of :func:`lmlab.kernels.decode_layout.decode_threads`, and the startup
+line says the machine is uncalibrated.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ DECODE_CELLS = ("fp32 batch 1", "fp32 batch 2+", "bf16 batch 1", "bf16 batch 2+"
 MAX_WEIGHTS = 10**15  # the largest weight count a calibration entry may name (beyond: not a model, a damaged file)
 # The cells of the compiled step's product decision (``KernelSettings.decode_reductions``): one row a step.
 REDUCTION_CELLS = ("fp32 batch 1", "bf16 batch 1")
+# The cells of the one-prompt decode threads decision (``KernelSettings.decode_threads``): eager steps or the
+# compiled step, one row a step (measured with fp32 weights; bf16 decoding takes the same choice).
+THREAD_CELLS = ("eager batch 1", "compiled batch 1")
+# each decode decision's list in a calibration record, and the key of its per-entry choice
+DECODE_DECISIONS = {"decode_layout": "packed", "decode_reductions": "on", "decode_threads": "all_threads"}
 
 
 def decode_cell(dtype, batch: int) -> Optional[str]:
@@ -58,7 +64,10 @@ class KernelSettings:
     (:mod:`lmlab.kernels.compiled_decode`), ``(cell, weights, on)`` triples in the
     :data:`REDUCTION_CELLS`: ``on`` where its products and attention written as reductions (which
     Inductor fuses with the layer's other work) decoded faster than over transposed weights through
-    MKL; see :meth:`decode_reduces` (empty: transposed everywhere). Raises ValueError for an unknown
+    MKL; see :meth:`decode_reduces` (empty: transposed everywhere); ``decode_threads``: ``(cell, weights,
+    all_threads)`` triples in the :data:`THREAD_CELLS`: ``all_threads`` where decoding one sequence on every
+    physical core was faster than on one thread; see :meth:`decode_all_threads` (empty: not measured, the
+    fixed rule of :func:`lmlab.kernels.decode_layout.decode_threads`). Raises ValueError for an unknown
     cell or a weight count below 1 or above :data:`MAX_WEIGHTS`."""
 
     onednn_fp32: bool
@@ -66,10 +75,15 @@ class KernelSettings:
     fused_loops: bool = True
     decode_layout: tuple = ()
     decode_reductions: tuple = ()
+    decode_threads: tuple = ()
     source: str = field(default="explicit", compare=False)  # where the choice came from (not compared)
 
     def __post_init__(self):
-        for name, cells in (("decode_layout", DECODE_CELLS), ("decode_reductions", REDUCTION_CELLS)):
+        for name, cells in (
+            ("decode_layout", DECODE_CELLS),
+            ("decode_reductions", REDUCTION_CELLS),
+            ("decode_threads", THREAD_CELLS),
+        ):
             entries = tuple(sorted((str(c), int(w), bool(p)) for c, w, p in getattr(self, name)))
             bad = [(c, w) for c, w, _ in entries if c not in cells or not 1 <= w <= MAX_WEIGHTS]
             if bad:
@@ -98,6 +112,14 @@ class KernelSettings:
         MKL on a tie, and where the cell was not measured)."""
         return self._nearest(self.decode_reductions, cell, weights)
 
+    def decode_all_threads(self, cell: str, weights: int) -> Optional[bool]:
+        """Whether decoding one sequence in ``cell`` (:data:`THREAD_CELLS`) of a model with ``weights`` linear
+        weights runs faster on every physical core than on one thread: the choice measured at the size
+        nearest ``weights`` on a log scale (one thread on a tie); None where the cell was not measured."""
+        if not any(c == cell for c, _, _ in self.decode_threads):
+            return None
+        return self._nearest(self.decode_threads, cell, weights)
+
     def describe(self) -> str:
         """One line for the startup message, e.g. 'fp32 linears on oneDNN, fp32 attention SDPA (calibrated
         ...)'."""
@@ -119,6 +141,13 @@ class KernelSettings:
             f"{c} at {w / 1e6:.1f}M" for c in REDUCTION_CELLS for cc, w, p in self.decode_reductions if cc == c and p
         ]
         compiled = f"; the compiled step by fused reductions for {', '.join(reduced)} weights" if reduced else ""
+        if self.decode_threads:
+            every = [
+                f"{c} at {w / 1e6:.1f}M" for c in THREAD_CELLS for cc, w, a in self.decode_threads if cc == c and a
+            ]
+            compiled += "; one prompt decoded on " + (
+                f"every core for {', '.join(every)} weights, one thread otherwise" if every else "one thread"
+            )
         if not packed:
             return f"decode weights transposed{compiled} ({self.source})"
         return (
@@ -215,11 +244,7 @@ def load_calibration(path=None) -> Optional[dict]:
             and isinstance(record.get("identity"), dict)
             and isinstance(choices, dict)
             and all(isinstance(choices.get(k), bool) for k in ("onednn_fp32", "blocked_attention_fp32"))
-            and ("decode_layout" not in choices or _decode_entries(choices["decode_layout"]) is not None)
-            and (
-                "decode_reductions" not in choices
-                or _decode_entries(choices["decode_reductions"], "decode_reductions") is not None
-            )
+            and all(k not in choices or _decode_entries(choices[k], k) is not None for k in DECODE_DECISIONS)
         )
     except (ValueError, KeyError, TypeError):
         ok, record = False, None
@@ -256,10 +281,10 @@ def default_kernels() -> KernelSettings:
 
 
 def _decode_entries(items, name: str = "decode_layout") -> Optional[tuple]:
-    """A calibration's ``decode_layout`` list ([{"cell", "weights", "packed"}, ...]) or ``decode_reductions``
-    list (``name``; [{"cell", "weights", "on"}, ...]) as :class:`KernelSettings` triples; None when it is
-    not one."""
-    choice = "packed" if name == "decode_layout" else "on"
+    """A calibration's list of the decode decision ``name`` (:data:`DECODE_DECISIONS`: ``decode_layout``
+    [{"cell", "weights", "packed"}, ...], ``decode_reductions`` [{..., "on"}], ``decode_threads``
+    [{..., "all_threads"}]) as :class:`KernelSettings` triples; None when it is not one."""
+    choice = DECODE_DECISIONS[name]
     if not isinstance(items, list) or not all(
         isinstance(e, dict) and set(e) == {"cell", "weights", choice} for e in items
     ):
@@ -280,10 +305,13 @@ def calibrated_kernels(record: dict) -> KernelSettings:
     decode = "" if "decode_layout" in c else "; decode layout not calibrated (an older calibration)"
     if "decode_layout" in c and "decode_reductions" not in c:
         decode = "; compiled decode step not calibrated (an older calibration)"
+    elif "decode_layout" in c and "decode_threads" not in c:
+        decode = "; decode threads not calibrated (an older calibration)"
     return KernelSettings(
         onednn_fp32=c["onednn_fp32"],
         blocked_attention_fp32=c["blocked_attention_fp32"],
         decode_layout=_decode_entries(c.get("decode_layout", [])),
         decode_reductions=_decode_entries(c.get("decode_reductions", []), "decode_reductions"),
+        decode_threads=_decode_entries(c.get("decode_threads", []), "decode_threads"),
         source=f"calibrated on this CPU {record['date'][:10]}{decode}",
     )
