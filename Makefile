@@ -8,7 +8,7 @@
 #               folder), write its report to docs/ablations/NAME/ and the index of all claims to
 #               docs/ablations/README.md
 #               (the sixteen pages' sweeps sum to 5.6 hours on 2 CPU cores, bf16 + compile: docs/lab.md;
-#               first it runs `lmlab bench calibrate --if-missing`, about 50 s once per machine;
+#               first it runs `lmlab bench calibrate --if-missing`, about 3 minutes once per machine;
 #               SPECS="01-norm-placement ..." for a subset, the index still covering every page in
 #               docs/ablations; JOBS=1 for one run at a time; TIER=gpu DATA=DIR for the gpu tiers on a GPU)
 PYTHON ?= python3
@@ -54,7 +54,7 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed-demo
 	@test -n "$(strip $(RUN))" || { echo "make demo: RUN is empty; name the run folder, e.g. RUN=runs/demo1" >&2; exit 2; }
 	@test -f data/shakespeare-bpe4096/manifest.json || $(BIN)/lmlab prepare
-	$(BIN)/lmlab bench calibrate --if-missing
+	$(BIN)/lmlab bench calibrate --if-missing --training-only
 	@echo "demo run folder: $(RUN) (interrupted? \`make demo RUN=$(RUN)\` resumes it)"
 	$(BIN)/lmlab train --config demo --out $(RUN)
 	$(BIN)/lmlab eval $(RUN)

@@ -547,14 +547,15 @@ def cmd_bench_calibrate(args) -> int:
     dest = check_destination(Path(args.out) if args.out else None)  # before minutes of measuring
     if args.if_missing:
         kept = load_calibration(dest)
-        if kept is not None and set(DECODE_DECISIONS) <= set(kept["choices"]):  # else an older calibration
+        wanted = set() if args.training_only else set(DECODE_DECISIONS)  # the training choices: always there
+        if kept is not None and wanted <= set(kept["choices"]):  # else an older or training-only calibration
             k = calibrated_kernels(kept)
             log(f"kept {dest}: {k.describe()}; {k.describe_decode()}")
             if args.json:
                 print(json.dumps(kept))
             return 0
     log(f"calibrating CPU kernels on {describe_machine()}")
-    record = calibrate(args.rounds, log=log)
+    record = calibrate(args.rounds, log=log, decode=not args.training_only)
     path = write_calibration(record, dest)
     default_kernels.cache_clear()
     log(f"wrote {path}")

@@ -498,7 +498,14 @@ def make_parser() -> argparse.ArgumentParser:
     bp.add_argument(
         "--if-missing",
         action="store_true",
-        help="measure only when this machine has no valid calibration of every decision (make demo, make ablations)",
+        help="measure only when this machine has no valid calibration of every decision (make ablations; with "
+        "--training-only, of the training decisions: make demo)",
+    )
+    bp.add_argument(
+        "--training-only",
+        action="store_true",
+        help="measure the training kernels only (seconds; the decode decisions compile a dozen decode steps, "
+        "minutes): the file then has no decode choices, and decoding keeps torch's defaults until a full run",
     )
     bp.set_defaults(func="bench calibrate", command="bench calibrate")
 

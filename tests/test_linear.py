@@ -338,7 +338,7 @@ def test_the_defaults_are_this_machines_calibration_or_torchs(tmp_path, monkeypa
         path.write_text(json.dumps(_calibration(False, True, here, decode=None, reductions=None)))  # older
         S.default_kernels.cache_clear()
         assert S.default_kernels() == KernelSettings(False, True) and not S.default_kernels().decode_layout
-        assert "decode layout not calibrated" in S.default_kernels().describe_decode()
+        assert "decode not calibrated (`lmlab bench calibrate` measures it)" in S.default_kernels().describe_decode()
         for bad in (
             {"cell": "fp16 batch 1", "weights": 10, "packed": True},  # no such cell
             {"cell": "fp32 batch 1", "weights": 0, "packed": True},
@@ -487,6 +487,12 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
     assert one_core["choices"]["onednn_fp32"] is False and one_core["choices"]["decode_threads"] == []
     assert not thread_calls  # one core: nothing to measure, and every batch-1 cell on its one thread
     assert {c[3] for c in reduction_calls} == {1} and {c[1] for c in decode_calls} == {1}
+    calls.clear()
+    decode_calls.clear()
+    reduction_calls.clear()
+    training_only = C.calibrate(rounds=3, log=lambda s: None, decode=False)  # make demo's: no decode step timed
+    assert set(training_only["choices"]) == {"onednn_fp32", "blocked_attention_fp32"}
+    assert not (decode_calls or reduction_calls or thread_calls) and len(training_only["cells"]) == 4
     out = C.write_calibration(record, tmp_path / "k" / "cal.json")
     assert json.loads(out.read_text())["choices"] == record["choices"] and len(list(out.parent.iterdir())) == 1
     with pytest.raises(ValueError, match="rounds=2"):
@@ -624,6 +630,17 @@ def test_bench_calibrate_if_missing_keeps_a_valid_calibration(tmp_path, monkeypa
             assert main(["bench", "calibrate", "--if-missing"]) == 0
             assert json.loads(path.read_text())["choices"]["decode_layout"] == measured
             assert S.default_kernels().decode_layout == (("fp32 batch 2+", 5, True),)
+        # make demo's --training-only: a training-only calibration (or any valid one) is kept; without one,
+        # only the training decisions are measured; a full --if-missing measures everything again
+        asked = []
+        trained = _calibration(True, True, S.cpu_identity(), decode=None, reductions=None, threads=None)
+        monkeypatch.setattr(C, "calibrate", lambda rounds, log, decode=True: asked.append(decode) or trained)
+        path.unlink()
+        assert main(["bench", "calibrate", "--if-missing", "--training-only"]) == 0 and asked == [False]
+        assert json.loads(path.read_text())["choices"] == {"onednn_fp32": True, "blocked_attention_fp32": True}
+        assert main(["bench", "calibrate", "--if-missing", "--training-only"]) == 0 and asked == [False]  # kept
+        assert "decode not calibrated (`lmlab bench calibrate` measures it)" in capsys.readouterr().out
+        assert main(["bench", "calibrate", "--if-missing"]) == 0 and asked == [False, True]
     finally:
         S.default_kernels.cache_clear()
     with pytest.raises(SystemExit) as exc:

@@ -245,11 +245,13 @@ def _geomean(xs: list) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def calibrate(rounds: int = 7, log: Callable[[str], None] = print) -> dict:
+def calibrate(rounds: int = 7, log: Callable[[str], None] = print, decode: bool = True) -> dict:
     """Measure every decision (see the module docstring) and return the calibration record:
     {"version", "identity" (:func:`cpu_identity`), "date", "load_avg" [before, after], "threads"
-    (physical cores), "choices" {field: bool}, "cells" [{"decision", "shape", "threads", ...}]}.
-    Raises ValueError for ``rounds`` < 3."""
+    (physical cores), "choices" {field: bool or decode list}, "cells" [{"decision", "shape", "threads",
+    ...}]}. ``decode`` False: the training decisions only (about a tenth of the time on a cold compile
+    cache: the decode decisions compile a dozen decode steps); the record then has no decode lists, and
+    decoding keeps torch's defaults and the fixed thread rule. Raises ValueError for ``rounds`` < 3."""
 
     if rounds < 3:
         raise ValueError(f"rounds={rounds} must be >= 3 (a median of paired ratios and its quartiles)")
@@ -293,10 +295,10 @@ def calibrate(rounds: int = 7, log: Callable[[str], None] = print) -> dict:
         KernelSettings(choices["onednn_fp32"], False),
     )
     base = KernelSettings(choices["onednn_fp32"], choices["blocked_attention_fp32"])
-    # one prompt's threads first: the batch-1 layouts are then measured on the threads generate will use
-    choices["decode_threads"], one_row = decide_decode_threads(base, rounds, cores, cells, log)
-    choices["decode_layout"] = decide_decode(base, rounds, cores, cells, log, one_row)
-    choices["decode_reductions"] = decide_decode_reductions(base, rounds, cells, log, one_row)
+    if not decode:
+        log("decode decisions: not measured (training only; `lmlab bench calibrate` measures them)")
+    else:
+        _decide_decoding(base, rounds, cores, choices, cells, log)
     return {
         "version": CALIBRATION_VERSION,
         "identity": cpu_identity(),
@@ -308,6 +310,15 @@ def calibrate(rounds: int = 7, log: Callable[[str], None] = print) -> dict:
         "choices": choices,
         "cells": cells,
     }
+
+
+def _decide_decoding(base: KernelSettings, rounds: int, cores: int, choices: dict, cells: list, log) -> None:
+    """The three decode decisions into ``choices`` (their cells appended to ``cells``), with the training
+    kernels ``base``: one prompt's threads first, so that the batch-1 layout cells then run on the threads
+    ``generate`` will use."""
+    choices["decode_threads"], one_row = decide_decode_threads(base, rounds, cores, cells, log)
+    choices["decode_layout"] = decide_decode(base, rounds, cores, cells, log, one_row)
+    choices["decode_reductions"] = decide_decode_reductions(base, rounds, cells, log, one_row)
 
 
 def decide_decode(

@@ -302,7 +302,7 @@ def _decode_entries(items, name: str = "decode_layout") -> Optional[tuple]:
 def calibrated_kernels(record: dict) -> KernelSettings:
     """The settings a valid calibration record (:func:`load_calibration`) chose."""
     c = record["choices"]
-    decode = "" if "decode_layout" in c else "; decode layout not calibrated (an older calibration)"
+    decode = "" if "decode_layout" in c else "; decode not calibrated (`lmlab bench calibrate` measures it)"
     if "decode_layout" in c and "decode_reductions" not in c:
         decode = "; compiled decode step not calibrated (an older calibration)"
     elif "decode_layout" in c and "decode_threads" not in c:
