@@ -4,11 +4,12 @@ LLaMA-style models of growing width and depth (random weights), the counts alter
     python bench/decode_threads.py [--threads 1 2] [--rounds 5] [--new-tokens 100] [--compile]
         [--dtype fp32|bf16] [--sizes 0 1 2 3]
 
-It calibrates ``lmlab.kernels.decode_layout.DECODE_WEIGHTS_PER_THREAD`` (eager steps) and
-``COMPILED_DECODE_WEIGHTS_PER_THREAD`` (``--compile``: the compiled step, compiled once per thread count
-before timing, in the layout this machine's calibration chooses, printed per size): the weights per token
-that make a second thread pay. ``--sizes`` picks rows of ``SIZES`` by index. Prints the machine, threads and
-load average; run it on an otherwise idle machine.
+It measures what ``lmlab bench calibrate``'s ``decode_threads`` decision decides on a machine (and where
+``lmlab.kernels.decode_layout.DECODE_WEIGHTS_PER_THREAD``, the rule of an uncalibrated one, came from):
+whether a second thread pays, by the model's weights per token; ``--compile``: the compiled step, compiled
+once per thread count before timing, in the layout this machine's calibration chooses (printed per size).
+``--sizes`` picks rows of ``SIZES`` by index. Prints the machine, threads and load average; run it on an
+otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from lmlab.argtypes import int_at_least  # noqa: E402
 from lmlab.bench import describe_machine  # noqa: E402
 from lmlab.config import ModelConfig  # noqa: E402
 from lmlab.generate import generate  # noqa: E402
@@ -44,12 +46,14 @@ def seconds(model, threads: int, new_tokens: int, compile: bool = False) -> floa
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--new-tokens", type=int, default=100)
+    p.add_argument("--threads", type=int_at_least(1), nargs="+", default=[1, 2])
+    p.add_argument("--rounds", type=int_at_least(1), default=5)
+    p.add_argument("--new-tokens", type=int_at_least(1), default=100)
     p.add_argument("--compile", action="store_true", help="time the compiled decode step (generate compile=True)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    p.add_argument("--sizes", type=int, nargs="+", default=list(range(len(SIZES))), help="indices into SIZES")
+    p.add_argument(
+        "--sizes", type=int, nargs="+", choices=range(len(SIZES)), default=list(range(len(SIZES))), help="rows of SIZES"
+    )
     args = p.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     print(f"machine: {describe_machine()}; load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from lmlab.argtypes import int_at_least  # noqa: E402
 from lmlab.bench import describe_machine  # noqa: E402
 from lmlab.config import ModelConfig  # noqa: E402
 from lmlab.generate import generate  # noqa: E402
@@ -54,10 +55,12 @@ def decode_seconds(model, threads: int, new_tokens: int, compile: bool = False) 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--busy", type=int, default=1, help="busy-loop processes in the busy condition")
-    p.add_argument("--threads", type=int, nargs="*", default=[1, 2], help="thread counts besides the default")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--new-tokens", type=int, default=200)
+    p.add_argument("--busy", type=int_at_least(1), default=1, help="busy-loop processes in the busy condition")
+    p.add_argument(
+        "--threads", type=int_at_least(1), nargs="*", default=[1, 2], help="thread counts besides the default"
+    )
+    p.add_argument("--rounds", type=int_at_least(1), default=5)
+    p.add_argument("--new-tokens", type=int_at_least(1), default=200)
     p.add_argument("--compile", action="store_true", help="the compiled decode step (generate compile=True)")
     args = p.parse_args()
     _, model_fields, _ = read_config_file("demo")

@@ -550,7 +550,7 @@ def cmd_bench_calibrate(args) -> int:
         wanted = set() if args.training_only else set(DECODE_DECISIONS)  # the training choices: always there
         if kept is not None and wanted <= set(kept["choices"]):  # else an older or training-only calibration
             k = calibrated_kernels(kept)
-            log(f"kept {dest}: {k.describe()}; {k.describe_decode()}")
+            log(f"kept {dest}: {k.describe()}; {k.describe_decode(with_source=False)}")
             if args.json:
                 print(json.dumps(kept))
             return 0

@@ -298,22 +298,27 @@ def test_the_defaults_are_this_machines_calibration_or_torchs(tmp_path, monkeypa
             S.default_kernels().describe_decode()
         )
         record["choices"]["decode_threads"] = [
-            {"cell": "compiled batch 1", "weights": 4_000_000, "all_threads": True},
-            {"cell": "eager batch 1", "weights": 4_000_000, "all_threads": False},
+            {"cell": "compiled batch 1", "weights": 4_000_000, "threads": 2},
+            {"cell": "eager batch 1", "weights": 4_000_000, "threads": 1},
         ]
         path.write_text(json.dumps(record))
         S.default_kernels.cache_clear()
         assert S.default_kernels().decode_threads == (
-            ("compiled batch 1", 4_000_000, True),
-            ("eager batch 1", 4_000_000, False),
+            ("compiled batch 1", 4_000_000, 2),
+            ("eager batch 1", 4_000_000, 1),
         )
-        assert "one prompt decoded on every core for compiled batch 1 at 4.0M weights, one thread otherwise" in (
+        assert "one prompt decoded on 2 threads for compiled batch 1 at 4.0M weights, one thread otherwise" in (
             S.default_kernels().describe_decode()
         )
         for bad in (
-            [{"cell": "fp32 batch 1", "weights": 10, "all_threads": True}],  # a layout cell, not a threads one
+            [{"cell": "fp32 batch 1", "weights": 10, "threads": 2}],  # a layout cell, not a threads one
             [{"cell": "eager batch 1", "weights": 10, "on": True}],
-            [{"cell": "eager batch 1", "weights": 10, "all_threads": 2}],
+            [{"cell": "eager batch 1", "weights": 10, "threads": True}],  # a choice, not a thread count
+            [{"cell": "eager batch 1", "weights": 10, "threads": 0}],
+            [
+                {"cell": "eager batch 1", "weights": 10, "threads": 2},
+                {"cell": "eager batch 1", "weights": 10, "threads": 1},
+            ],
         ):
             record["choices"]["decode_threads"] = bad
             path.write_text(json.dumps(record))
@@ -432,11 +437,11 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
             {"cell": "bf16 batch 1", "weights": 256_000, "on": True},
             {"cell": "bf16 batch 1", "weights": 768_000, "on": False},
         ],
-        "decode_threads": [  # every core below 0.95
-            {"cell": "eager batch 1", "weights": 256_000, "all_threads": False},
-            {"cell": "eager batch 1", "weights": 768_000, "all_threads": True},
-            {"cell": "compiled batch 1", "weights": 256_000, "all_threads": True},
-            {"cell": "compiled batch 1", "weights": 768_000, "all_threads": False},
+        "decode_threads": [  # every core (3) below 0.95
+            {"cell": "eager batch 1", "weights": 256_000, "threads": 1},
+            {"cell": "eager batch 1", "weights": 768_000, "threads": 3},
+            {"cell": "compiled batch 1", "weights": 256_000, "threads": 3},
+            {"cell": "compiled batch 1", "weights": 768_000, "threads": 1},
         ],
     }
     # measured first: every physical core against one thread, at the shapes of the eager and the compiled
@@ -677,6 +682,26 @@ def test_calibrate_checks_its_destination_before_measuring(tmp_path, monkeypatch
             S.default_kernels.cache_clear()
             assert S.default_kernels() == KernelSettings(False, False)
             assert str(path) in capsys.readouterr().err
+        # bytes that are not UTF-8, JSON nested past the parser's depth, a JSON list: a warning naming the
+        # file and what is wrong, torch's defaults; and `bench calibrate` refuses to overwrite such a file at
+        # the default path too, saying so without an --out the user did not give
+        for raw, why in (
+            (b"\xff\xfe\x00garbage", "cannot read the kernel calibration"),
+            (b"[" * 100_000 + b"]" * 100_000, "(not JSON"),
+            (b"[1, 2]", "(a JSON list, not an object)"),
+            (json.dumps({**_calibration(True, True, here), "version": 7}).encode(), "(version 7)"),
+        ):
+            path.write_bytes(raw)
+            S.default_kernels.cache_clear()
+            assert S.default_kernels() == KernelSettings(False, False)
+            err = capsys.readouterr().err
+            assert str(path) in err and why in err and err.count("\n") == 1, err
+            if why == "(version 7)":  # a calibration of another format: ours, `bench calibrate` replaces it
+                continue
+            assert main(["bench", "calibrate", "--training-only"]) == 2
+            err = capsys.readouterr().err
+            assert "this machine's calibration file" in err and "delete it, or give --out a new path" in err
+            assert "--out '" not in err and path.read_bytes() == raw
         path.write_text(json.dumps(_calibration(True, False, here)))
         assert main(["bench", "calibrate", "--if-missing", "--json"]) == 0  # kept: its record on stdout
         kept = json.loads(capsys.readouterr().out)["choices"]

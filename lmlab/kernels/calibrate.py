@@ -368,7 +368,8 @@ def _decode_entry(decision: str, name: str, label: str, threads: int, cell: dict
         f"{on}/{off} {cell['ratio']:.3f} (IQR {cell['q1']:.3f}-{cell['q3']:.3f}; "
         f"{cell['on_ms']:.2f} vs {cell['off_ms']:.2f} ms/step): {on if chosen else off}"
     )
-    return {"cell": name, "weights": cell["weights"], DECODE_DECISIONS[decision]: chosen}
+    value = (threads if chosen else 1) if decision == "decode_threads" else chosen  # a thread count, or a choice
+    return {"cell": name, "weights": cell["weights"], DECODE_DECISIONS[decision]: value}
 
 
 def decide_decode_reductions(
@@ -394,10 +395,10 @@ def decide_decode_reductions(
 
 
 def decide_decode_threads(kernels: KernelSettings, rounds: int, cores: int, cells: list, log) -> tuple:
-    """The ``decode_threads`` decision (module docstring): ([{"cell", "weights", "all_threads"}], {(cell,
+    """The ``decode_threads`` decision (module docstring): ([{"cell", "weights", "threads"}], {(cell,
     shape label): threads}) for the eager step at :data:`DECODE_SHAPES` and the compiled one at
-    :data:`REDUCTION_SHAPES` (with ``kernels``), ``all_threads`` (``cores`` threads, else 1) where
-    ``cores`` threads decoded at least ``MIN_GAIN`` faster than one; each measurement is appended to
+    :data:`REDUCTION_SHAPES` (with ``kernels``), ``threads`` ``cores`` where ``cores`` threads decoded at
+    least ``MIN_GAIN`` faster than one, else 1; each measurement is appended to
     ``cells``. Empty on one core; the compiled cell is left out where the step cannot compile here (said
     in the log)."""
     if cores < 2:
@@ -415,7 +416,7 @@ def decide_decode_threads(kernels: KernelSettings, rounds: int, cores: int, cell
                 log(f"decode_threads {name}: not measured (the compiled step does not compile here: {str(exc)[:160]})")
                 break
             entries.append(_decode_entry("decode_threads", name, label, cores, cell, cells, log))
-            chosen[(name, label)] = cores if entries[-1]["all_threads"] else 1
+            chosen[(name, label)] = entries[-1]["threads"]
     return entries, chosen
 
 
@@ -424,28 +425,29 @@ def check_destination(path: Optional[Path] = None) -> Path:
     measuring: ConfigError naming the path when it is a folder, a special file, or a file that is not a
     kernel calibration (nothing else is ever overwritten), or when its folder is a file."""
 
+    where = "--out" if path else "this machine's calibration file"
     path = Path(path or cache_path())
     for parent in path.parents:
         if parent.exists() and not parent.is_dir():
             raise ConfigError(
-                f"--out {str(path)!r}: {str(parent)!r} is a file, not a folder; give a .json path in a folder"
+                f"{where} {str(path)!r}: {str(parent)!r} is a file, not a folder; give a .json path in a folder"
             )
     if path.is_dir():
         raise ConfigError(
-            f"--out {str(path)!r} is a folder; give a .json file path (new, or an earlier calibration to replace)"
+            f"{where} {str(path)!r} is a folder; give a .json file path (new, or an earlier calibration to replace)"
         )
     if path.exists() or path.is_symlink():
         if not path.is_file():
-            raise ConfigError(f"--out {str(path)!r} is not a regular file; give a .json file path")
+            raise ConfigError(f"{where} {str(path)!r} is not a regular file; give a .json file path")
         try:
-            old = json.loads(path.read_text())
+            old = json.loads(path.read_text(encoding="utf-8"))
             ours = isinstance(old, dict) and "choices" in old and "identity" in old and "cells" in old
-        except (OSError, ValueError, UnicodeDecodeError):
+        except (OSError, ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
             ours = False
         if not ours:
             raise ConfigError(
-                f"--out {str(path)!r} exists and is not a kernel calibration; refusing to overwrite "
-                f"it (give a new path)"
+                f"{where} {str(path)!r} exists and is not a kernel calibration; refusing to overwrite it "
+                f"(delete it, or give --out a new path)"
             )
     return path
 

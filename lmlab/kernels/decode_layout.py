@@ -37,14 +37,15 @@ def decode_threads(model: TransformerLM, available: int, compiled: bool = False)
     """CPU threads for decoding one sequence at a time with ``model`` (eager steps, or the ``compiled``
     step) when the user set none, at most ``available`` (the compute default: physical cores, capped by
     OMP_NUM_THREADS): where this machine's calibration measured the cell (``model.kernels.decode_threads``,
-    :meth:`KernelSettings.decode_all_threads`), ``available`` if every core decoded the measured size
-    nearest the model's faster than one thread, else 1; where it did not, one thread per
-    :data:`DECODE_WEIGHTS_PER_THREAD` linear-layer weights (each tensor once; rounded up), at least 1."""
+    :meth:`KernelSettings.decode_thread_count`), the thread count that decoded the measured size nearest
+    the model's faster (1, or the calibrating machine's physical cores: never more threads than were
+    measured); where it did not, one thread per :data:`DECODE_WEIGHTS_PER_THREAD` linear-layer weights
+    (each tensor once; rounded up), at least 1."""
     weights = linear_weight_count(model)
     cell = f"{'compiled' if compiled else 'eager'} batch 1"
-    every = model.kernels.decode_all_threads(cell, weights) if hasattr(model, "kernels") else None
-    if every is not None:
-        return max(1, available) if every else 1
+    measured = model.kernels.decode_thread_count(cell, weights) if hasattr(model, "kernels") else None
+    if measured is not None:
+        return max(1, min(available, measured))
     return max(1, min(available, -(-weights // DECODE_WEIGHTS_PER_THREAD)))
 
 

@@ -37,7 +37,7 @@ REDUCTION_CELLS = ("fp32 batch 1", "bf16 batch 1")
 # compiled step, one row a step (measured with fp32 weights; bf16 decoding takes the same choice).
 THREAD_CELLS = ("eager batch 1", "compiled batch 1")
 # each decode decision's list in a calibration record, and the key of its per-entry choice
-DECODE_DECISIONS = {"decode_layout": "packed", "decode_reductions": "on", "decode_threads": "all_threads"}
+DECODE_DECISIONS = {"decode_layout": "packed", "decode_reductions": "on", "decode_threads": "threads"}
 
 
 def decode_cell(dtype, batch: int) -> Optional[str]:
@@ -65,10 +65,11 @@ class KernelSettings:
     :data:`REDUCTION_CELLS`: ``on`` where its products and attention written as reductions (which
     Inductor fuses with the layer's other work) decoded faster than over transposed weights through
     MKL; see :meth:`decode_reduces` (empty: transposed everywhere); ``decode_threads``: ``(cell, weights,
-    all_threads)`` triples in the :data:`THREAD_CELLS`: ``all_threads`` where decoding one sequence on every
-    physical core was faster than on one thread; see :meth:`decode_all_threads` (empty: not measured, the
-    fixed rule of :func:`lmlab.kernels.decode_layout.decode_threads`). Raises ValueError for an unknown
-    cell or a weight count below 1 or above :data:`MAX_WEIGHTS`."""
+    threads)`` triples in the :data:`THREAD_CELLS`: the thread count that decoded one sequence faster (every
+    physical core of the calibrating machine, or 1); see :meth:`decode_thread_count` (empty: not measured,
+    the fixed rule of :func:`lmlab.kernels.decode_layout.decode_threads`). Raises ValueError for an unknown
+    cell, a weight count below 1 or above :data:`MAX_WEIGHTS`, a thread count below 1, or two entries for
+    one cell and weight count."""
 
     onednn_fp32: bool
     blocked_attention_fp32: bool
@@ -84,18 +85,26 @@ class KernelSettings:
             ("decode_reductions", REDUCTION_CELLS),
             ("decode_threads", THREAD_CELLS),
         ):
-            entries = tuple(sorted((str(c), int(w), bool(p)) for c, w, p in getattr(self, name)))
-            bad = [(c, w) for c, w, _ in entries if c not in cells or not 1 <= w <= MAX_WEIGHTS]
+            value = int if name == "decode_threads" else bool  # a thread count, else a choice
+            entries = tuple(sorted((str(c), int(w), value(p)) for c, w, p in getattr(self, name)))
+            bad = [
+                (c, w) for c, w, p in entries if c not in cells or not 1 <= w <= MAX_WEIGHTS or (value is int and p < 1)
+            ]
             if bad:
                 raise ValueError(
-                    f"{name}: {bad} are not (cell, 1 <= weights <= {MAX_WEIGHTS:.0e}); cells: {', '.join(cells)}"
+                    f"{name}: {bad} are not (cell, 1 <= weights <= {MAX_WEIGHTS:.0e}"
+                    + (", threads >= 1" if value is int else "")
+                    + f"); cells: {', '.join(cells)}"
                 )
+            twice = sorted({(c, w) for c, w, _ in entries if sum(e[:2] == (c, w) for e in entries) > 1})
+            if twice:
+                raise ValueError(f"{name}: {twice} measured twice (one entry per cell and weight count)")
             object.__setattr__(self, name, entries)
 
     @staticmethod
     def _nearest(entries: tuple, cell: Optional[str], weights: int) -> bool:
         """The choice of ``entries`` measured in ``cell`` at the size nearest ``weights`` on a log scale
-        (False on a tie and where the cell was not measured)."""
+        (the smaller on a tie: False, or fewer threads; False where the cell was not measured)."""
         measured = [(round(abs(math.log(max(weights, 1) / w)), 9), p) for c, w, p in entries if c == cell]
         return min(measured)[1] if measured else False
 
@@ -112,10 +121,10 @@ class KernelSettings:
         MKL on a tie, and where the cell was not measured)."""
         return self._nearest(self.decode_reductions, cell, weights)
 
-    def decode_all_threads(self, cell: str, weights: int) -> Optional[bool]:
-        """Whether decoding one sequence in ``cell`` (:data:`THREAD_CELLS`) of a model with ``weights`` linear
-        weights runs faster on every physical core than on one thread: the choice measured at the size
-        nearest ``weights`` on a log scale (one thread on a tie); None where the cell was not measured."""
+    def decode_thread_count(self, cell: str, weights: int) -> Optional[int]:
+        """The threads that decoded one sequence faster in ``cell`` (:data:`THREAD_CELLS`) at the measured
+        size nearest ``weights`` linear weights on a log scale (the fewer threads on a tie); None where the
+        cell was not measured."""
         if not any(c == cell for c, _, _ in self.decode_threads):
             return None
         return self._nearest(self.decode_threads, cell, weights)
@@ -133,7 +142,7 @@ class KernelSettings:
             parts.append("unfused attention loops")
         return ", ".join(parts) + f" ({self.source})"
 
-    def describe_decode(self) -> str:
+    def describe_decode(self, with_source: bool = True) -> str:
         """The decode layout choice in words, e.g. 'decode weights oneDNN-packed for fp32 batch 2+ at 20.4M
         weights, transposed otherwise (the nearest measured size decides; calibrated ...)'."""
         packed = [f"{c} at {w / 1e6:.1f}M" for c in DECODE_CELLS for cc, w, p in self.decode_layout if cc == c and p]
@@ -142,17 +151,21 @@ class KernelSettings:
         ]
         compiled = f"; the compiled step by fused reductions for {', '.join(reduced)} weights" if reduced else ""
         if self.decode_threads:
-            every = [
-                f"{c} at {w / 1e6:.1f}M" for c in THREAD_CELLS for cc, w, a in self.decode_threads if cc == c and a
+            more = [
+                f"{t} threads for {c} at {w / 1e6:.1f}M"
+                for c in THREAD_CELLS
+                for cc, w, t in self.decode_threads
+                if cc == c and t > 1
             ]
             compiled += "; one prompt decoded on " + (
-                f"every core for {', '.join(every)} weights, one thread otherwise" if every else "one thread"
+                f"{', '.join(more)} weights, one thread otherwise" if more else "one thread"
             )
+        source = f"; {self.source}" if with_source else ""
         if not packed:
-            return f"decode weights transposed{compiled} ({self.source})"
+            return f"decode weights transposed{compiled}" + (f" ({self.source})" if with_source else "")
         return (
             f"decode weights oneDNN-packed for {', '.join(packed)} weights, transposed otherwise{compiled} (the "
-            f"nearest measured size decides; {self.source})"
+            f"nearest measured size decides{source})"
         )
 
 
@@ -221,37 +234,28 @@ def cache_path(identity: Optional[dict] = None) -> Path:
 def load_calibration(path=None) -> Optional[dict]:
     """This machine's calibration record (:mod:`lmlab.kernels.calibrate`), or None when there is none.
     A file that cannot be read as one, or that was measured on another CPU model or torch version, is
-    not used: a one-line warning on stderr names it and what is wrong (``lmlab bench calibrate``
-    rewrites it)."""
+    not used: a one-line warning on stderr names it and what is wrong (delete it and ``lmlab bench
+    calibrate`` measures again; it replaces a file it reads as a calibration, never another)."""
     ident = cpu_identity()
     path = path or cache_path(ident)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         print(
             f"lmlab: warning: cannot read the kernel calibration {path}: {exc}; using torch's defaults", file=sys.stderr
         )
         return None
     try:
         record = json.loads(text)
-        choices = record["choices"]
-        ok = (
-            type(record.get("version")) is int
-            and record["version"] == CALIBRATION_VERSION
-            and isinstance(record.get("date"), str)
-            and isinstance(record.get("identity"), dict)
-            and isinstance(choices, dict)
-            and all(isinstance(choices.get(k), bool) for k in ("onednn_fp32", "blocked_attention_fp32"))
-            and all(k not in choices or _decode_entries(choices[k], k) is not None for k in DECODE_DECISIONS)
-        )
-    except (ValueError, KeyError, TypeError):
-        ok, record = False, None
-    if not ok:
+        why = _calibration_problem(record)
+    except (ValueError, RecursionError) as exc:  # not JSON (or nested past the parser's depth)
+        why = f"not JSON ({str(exc)[:80]})"
+    if why:
         print(
-            f"lmlab: warning: {path} is not a kernel calibration of version {CALIBRATION_VERSION}; using "
-            f"torch's defaults (`lmlab bench calibrate` rewrites it)",
+            f"lmlab: warning: {path} is not a kernel calibration of version {CALIBRATION_VERSION} ({why}); "
+            f"using torch's defaults (delete it, then `lmlab bench calibrate` measures this machine)",
             file=sys.stderr,
         )
         return None
@@ -280,16 +284,37 @@ def default_kernels() -> KernelSettings:
     return calibrated_kernels(record)
 
 
+def _calibration_problem(record) -> Optional[str]:
+    """What makes the parsed JSON ``record`` not a calibration of :data:`CALIBRATION_VERSION` (a phrase
+    naming the field), or None."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    if type(record.get("version")) is not int or record["version"] != CALIBRATION_VERSION:
+        return f"version {record.get('version')!r}"
+    for key, kind in (("date", str), ("identity", dict), ("choices", dict)):
+        if not isinstance(record.get(key), kind):
+            return f"{key} is not a {kind.__name__}"
+    choices = record["choices"]
+    for key in ("onednn_fp32", "blocked_attention_fp32"):
+        if not isinstance(choices.get(key), bool):
+            return f"choices.{key} {choices.get(key)!r} is not true or false"
+    for key in DECODE_DECISIONS:
+        if key in choices and _decode_entries(choices[key], key) is None:
+            return f"choices.{key} is not a list of {{cell, weights, {DECODE_DECISIONS[key]}}} entries"
+    return None
+
+
 def _decode_entries(items, name: str = "decode_layout") -> Optional[tuple]:
     """A calibration's list of the decode decision ``name`` (:data:`DECODE_DECISIONS`: ``decode_layout``
     [{"cell", "weights", "packed"}, ...], ``decode_reductions`` [{..., "on"}], ``decode_threads``
-    [{..., "all_threads"}]) as :class:`KernelSettings` triples; None when it is not one."""
+    [{..., "threads"}]) as :class:`KernelSettings` triples; None when it is not one."""
     choice = DECODE_DECISIONS[name]
+    value = int if name == "decode_threads" else bool  # exactly: a bool is no thread count
     if not isinstance(items, list) or not all(
         isinstance(e, dict) and set(e) == {"cell", "weights", choice} for e in items
     ):
         return None
-    if not all(type(e["weights"]) is int and type(e[choice]) is bool for e in items):
+    if not all(type(e["weights"]) is int and type(e[choice]) is value for e in items):
         return None
     entries = tuple((e["cell"], e["weights"], e[choice]) for e in items)
     try:
