@@ -62,6 +62,7 @@ from typing import Callable, Optional
 import torch
 
 from lmlab.config import ConfigError, ModelConfig
+from lmlab.json_checks import parse_json, read_text
 from lmlab.kernels.decode_layout import linear_weight_count, packed_decode_available
 from lmlab.kernels.linear import onednn_available
 from lmlab.kernels.settings import (
@@ -439,10 +440,10 @@ def check_destination(path: Optional[Path] = None) -> Path:
     if path.exists() or path.is_symlink():
         if not path.is_file():
             raise ConfigError(f"{where} {str(path)!r} is not a regular file; give a .json file path")
-        try:
-            old = json.loads(path.read_text(encoding="utf-8"))
+        try:  # UTF-8 and nesting checked before parsing (json_checks)
+            old = parse_json(read_text(path), str(path), finite=False)
             ours = isinstance(old, dict) and "choices" in old and "identity" in old and "cells" in old
-        except (OSError, ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
+        except (OSError, ConfigError):
             ours = False
         if not ours:
             raise ConfigError(

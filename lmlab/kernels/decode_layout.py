@@ -43,7 +43,7 @@ def decode_threads(model: TransformerLM, available: int, compiled: bool = False)
     (each tensor once; rounded up), at least 1."""
     weights = linear_weight_count(model)
     cell = f"{'compiled' if compiled else 'eager'} batch 1"
-    measured = model.kernels.decode_thread_count(cell, weights) if hasattr(model, "kernels") else None
+    measured = model.kernels.decode_thread_count(cell, weights)
     if measured is not None:
         return max(1, min(available, measured))
     return max(1, min(available, -(-weights // DECODE_WEIGHTS_PER_THREAD)))

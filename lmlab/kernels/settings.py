@@ -13,7 +13,6 @@ line says the machine is uncalibrated.
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 import re
@@ -23,7 +22,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
+from lmlab.config_checks import ConfigError
 from lmlab.data.corpus import cache_root
+from lmlab.json_checks import parse_json, read_text
 
 CALIBRATION_VERSION = 1  # of the calibration file's format
 
@@ -160,13 +161,13 @@ class KernelSettings:
             compiled += "; one prompt decoded on " + (
                 f"{', '.join(more)} weights, one thread otherwise" if more else "one thread"
             )
-        source = f"; {self.source}" if with_source else ""
-        if not packed:
-            return f"decode weights transposed{compiled}" + (f" ({self.source})" if with_source else "")
-        return (
-            f"decode weights oneDNN-packed for {', '.join(packed)} weights, transposed otherwise{compiled} (the "
-            f"nearest measured size decides{source})"
-        )
+        if packed:
+            compiled = f" for {', '.join(packed)} weights, transposed otherwise{compiled}"
+            notes = ["the nearest measured size decides"] + ([self.source] if with_source else [])
+        else:
+            notes = [self.source] if with_source else []
+        what = "oneDNN-packed" if packed else "transposed"
+        return f"decode weights {what}{compiled}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def cpu_identity(cpuinfo: str = "/proc/cpuinfo") -> dict:
@@ -239,19 +240,21 @@ def load_calibration(path=None) -> Optional[dict]:
     ident = cpu_identity()
     path = path or cache_path(ident)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, ConfigError) as exc:  # (ConfigError: not UTF-8)
+        why = str(exc).removeprefix(f"{path}: ")
         print(
-            f"lmlab: warning: cannot read the kernel calibration {path}: {exc}; using torch's defaults", file=sys.stderr
+            f"lmlab: warning: cannot read the kernel calibration {path}: {why}; using torch's defaults", file=sys.stderr
         )
         return None
-    try:
-        record = json.loads(text)
+    try:  # nesting bounded before parsing (json_checks): no RecursionError
+        record = parse_json(text, str(path), finite=False)
         why = _calibration_problem(record)
-    except (ValueError, RecursionError) as exc:  # not JSON (or nested past the parser's depth)
-        why = f"not JSON ({str(exc)[:80]})"
+    except ConfigError as exc:  # json_checks' message, without the path the warning names
+        msg = str(exc).removeprefix(f"{path}: ")[:100]
+        why = msg if msg.startswith("not ") else f"not JSON ({msg})"
     if why:
         print(
             f"lmlab: warning: {path} is not a kernel calibration of version {CALIBRATION_VERSION} ({why}); "
