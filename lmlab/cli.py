@@ -540,16 +540,17 @@ def cmd_bench_train(args) -> int:
 
 def cmd_bench_calibrate(args) -> int:
     from lmlab.bench import describe_machine
+    from lmlab.kernels import settings as ks
     from lmlab.kernels.calibrate import calibrate, check_destination, write_calibration
-    from lmlab.kernels.settings import DECODE_DECISIONS, calibrated_kernels, default_kernels, load_calibration
 
     log = (lambda s: print(s, file=sys.stderr)) if args.json else print
     dest = check_destination(Path(args.out) if args.out else None)  # before minutes of measuring
     if args.if_missing:
-        kept = load_calibration(dest)
-        wanted = set() if args.training_only else set(DECODE_DECISIONS)  # the training choices: always there
-        if kept is not None and wanted <= set(kept["choices"]):  # else an older or training-only calibration
-            k = calibrated_kernels(kept)
+        kept = ks.load_calibration(dest)
+        wanted = set() if args.training_only else set(ks.DECODE_DECISIONS)  # the training choices: always there
+        # else an older or training-only calibration, or one whose decode threads were measured apart
+        if kept is not None and wanted <= set(kept["choices"]) and not (wanted and ks.threads_measured_apart(kept)):
+            k = ks.calibrated_kernels(kept)
             log(f"kept {dest}: {k.describe()}; {k.describe_decode(with_source=False)}")
             if args.json:
                 print(json.dumps(kept))
@@ -557,7 +558,7 @@ def cmd_bench_calibrate(args) -> int:
     log(f"calibrating CPU kernels on {describe_machine()}")
     record = calibrate(args.rounds, log=log, decode=not args.training_only)
     path = write_calibration(record, dest)
-    default_kernels.cache_clear()
+    ks.default_kernels.cache_clear()
     log(f"wrote {path}")
     if args.json:
         print(json.dumps(record))

@@ -709,7 +709,8 @@ def test_threads_flag_and_default(run_dir, monkeypatch, capsys, tmp_path):
         cells = [("eager batch 1", 1), ("compiled batch 1", 2)]
         choices = {"onednn_fp32": False, "blocked_attention_fp32": False, "decode_layout": [], "decode_reductions": []}
         choices["decode_threads"] = [{"cell": c, "weights": 4_000_000, "threads": t} for c, t in cells]
-        record = {"version": S.CALIBRATION_VERSION, "identity": S.cpu_identity(), "date": "2026-12-06", "cells": []}
+        record = {"version": S.CALIBRATION_VERSION, "identity": S.cpu_identity(), "date": "2026-12-06"}
+        record["cells"] = [{"decision": "one row compiled batch 1"}]  # threads measured with the layouts
         path.write_text(json.dumps({**record, "choices": choices}))
         S.default_kernels.cache_clear()
         assert main(gen) == 0

@@ -1,5 +1,6 @@
 """lmlab.kernels.linear: fp32 CPU linears on oneDNN, against fp64 references and F.linear."""
 
+import dataclasses
 import json
 from functools import partial
 
@@ -223,10 +224,12 @@ def test_forward_mode_and_func_transforms_fall_back():
     torch.testing.assert_close(torch.func.grad(lambda t: m(t).square().sum())(x), want_grad)
 
 
-def _calibration(onednn: bool, blocked: bool, identity: dict, decode=(), reductions=(), threads=()) -> dict:
+def _calibration(
+    onednn: bool, blocked: bool, identity: dict, decode=(), reductions=(), threads=(), apart=False
+) -> dict:
     """A calibration record; ``decode`` None: one measured before the decode layout was calibrated,
     ``reductions`` None: before the compiled step's reductions were, ``threads`` None: before the decode
-    threads were."""
+    threads were; ``apart``: threads measured apart from the layout (no 'one row' cells)."""
     choices = {"onednn_fp32": onednn, "blocked_attention_fp32": blocked}
     if decode is not None:
         choices["decode_layout"] = list(decode)
@@ -239,7 +242,7 @@ def _calibration(onednn: bool, blocked: bool, identity: dict, decode=(), reducti
         "identity": identity,
         "date": "2026-12-05T01:00:00+00:00",
         "choices": choices,
-        "cells": [],
+        "cells": [] if apart or threads is None else [{"decision": "one row eager batch 1", "shape": "demo d256"}],
     }
 
 
@@ -325,6 +328,13 @@ def test_the_defaults_are_this_machines_calibration_or_torchs(tmp_path, monkeypa
             S.default_kernels.cache_clear()
             assert S.default_kernels() == KernelSettings(False, False), bad
             assert f"{path} is not a kernel calibration" in capsys.readouterr().err
+        # threads measured apart from the layout (a calibration of before 2026-12-07, no 'one row' cells): not
+        # used, and said
+        record["choices"]["decode_threads"] = [{"cell": "eager batch 1", "weights": 4_000_000, "threads": 2}]
+        path.write_text(json.dumps({**record, "cells": [{"decision": "decode_threads eager batch 1"}]}))
+        S.default_kernels.cache_clear()
+        assert not S.default_kernels().decode_threads and S.default_kernels().decode_reductions
+        assert "decode threads measured apart from the layout, not used" in S.default_kernels().describe_decode()
         del record["choices"]["decode_threads"]  # an older calibration: said, and the fixed rule
         path.write_text(json.dumps(record))
         S.default_kernels.cache_clear()
@@ -381,9 +391,9 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
         r = ratios[decision][sum(c[0] == decision for c in calls) - 1]
         return {"ratio": r, "q1": r, "q3": r, "rounds": rounds, "steps": 1, "on_ms": r, "off_ms": 1.0}
 
-    # decode: packed/transposed per cell, at the demo shape then the d768 one (each decided alone)
-    decode = {"fp32 batch 1": [0.9, 1.0], "fp32 batch 2+": [1.3, 0.87], "bf16 batch 1": [0.949, 0.951]}
-    decode["bf16 batch 2+"] = [1.2, 1.2]
+    # decode: packed/transposed per cell, at the demo shape then the d768 one (each decided alone); the fp32
+    # batch-1 cells are measured with the threads (below), never here
+    decode = {"fp32 batch 2+": [1.3, 0.87], "bf16 batch 1": [0.949, 0.951], "bf16 batch 2+": [1.2, 1.2]}
     decode_calls = []
 
     def fake_decode(fields, batch, threads, dtype, rounds, base):
@@ -393,8 +403,8 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
         w = fields["d_model"] * 1000
         return {"ratio": r, "q1": r, "q3": r, "rounds": rounds, "steps": 1, "on_ms": r, "off_ms": 1.0, "weights": w}
 
-    # the compiled step: reductions/transposed at batch 1 per dtype, the demo shape then the d768 one
-    reduction = {"fp32 batch 1": [0.87, 1.4], "bf16 batch 1": [0.6, 0.96]}
+    # the compiled step's reductions/transposed at batch 1: bf16 here, the demo shape then the d768 one
+    reduction = {"bf16 batch 1": [0.6, 0.96]}
     reduction_calls = []
 
     def fake_reduction(fields, dtype, rounds, base, threads=1):
@@ -404,27 +414,36 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
         w = fields["d_model"] * 1000
         return {"ratio": r, "q1": r, "q3": r, "rounds": rounds, "steps": 1, "on_ms": r, "off_ms": 1.0, "weights": w}
 
-    # one-prompt threads: every core / one thread, eager at the decode shapes, compiled at the reduction ones
-    # (eager: one thread at d256, every core at d768; compiled: every core at d256, one thread at d768)
-    thread = {"eager batch 1": [1.0, 0.7], "compiled batch 1": [0.8, 0.96]}
-    thread_calls = []
+    # one prompt, fp32: (threads, alternative) settings' ratios to (1 thread, transposed), eager at the decode
+    # shapes (alternative: packed), compiled at the reduction ones (alternative: reductions)
+    one_row = {
+        # d256: packed alone 0.9 wins; the second thread gains 2% over transposed and 4% over packed: not taken
+        ("eager batch 1", 256): {(1, False): 1.0, (3, False): 0.98, (1, True): 0.9, (3, True): 0.864},
+        # d768: a second thread gains nothing over transposed (1.0) but 30% over packed (0.95 -> 0.665)
+        ("eager batch 1", 768): {(1, False): 1.0, (3, False): 1.0, (1, True): 0.95, (3, True): 0.665},
+        # d256: reductions on one thread, 0.87; every core with them 0.8 (8% more): both changes
+        ("compiled batch 1", 256): {(1, False): 1.0, (3, False): 0.96, (1, True): 0.87, (3, True): 0.8},
+        # d768: the second thread 0.7 over transposed, the reductions lose: every core, transposed
+        ("compiled batch 1", 768): {(1, False): 1.0, (3, False): 0.7, (1, True): 1.4, (3, True): 0.9},
+    }
+    one_row_calls = []
 
-    def fake_threads(fields, compile, threads, rounds, kernels):
+    def fake_one_row(fields, compile, cores, rounds, base, alternative=True):
         name = "compiled batch 1" if compile else "eager batch 1"
-        thread_calls.append((name, threads, fields, kernels))
-        r = thread[name][len([c for c in thread_calls if c[0] == name]) - 1]
-        w = fields["d_model"] * 1000
-        return {"ratio": r, "q1": r, "q3": r, "rounds": rounds, "steps": 1, "on_ms": r, "off_ms": 1.0, "weights": w}
+        one_row_calls.append((name, cores, fields, base, alternative))
+        ratios = {k: r for k, r in one_row[name, fields["d_model"]].items() if (k[0] == 1 or cores > 1)}
+        variants = {k: {"ratio": r, "q1": r, "q3": r, "ms": r} for k, r in ratios.items() if alternative or not k[1]}
+        return {"variants": variants, "rounds": rounds, "steps": 1, "weights": fields["d_model"] * 1000}
 
     monkeypatch.setattr(C, "measure_cell", fake)
     monkeypatch.setattr(C, "measure_decode_cell", fake_decode)
     monkeypatch.setattr(C, "measure_reduction_cell", fake_reduction)
-    monkeypatch.setattr(C, "measure_threads_cell", fake_threads)
+    monkeypatch.setattr(C, "measure_one_row_cell", fake_one_row)
     monkeypatch.setattr(C, "physical_cores", lambda: 3)
     monkeypatch.setattr(C, "packed_decode_available", lambda: True)
     monkeypatch.setattr(L, "_AVAILABLE", True)
     record = C.calibrate(rounds=3, log=lambda s: None)
-    packed = {("fp32 batch 1", 256), ("fp32 batch 2+", 768), ("bf16 batch 1", 256)}  # ratios below 0.95
+    packed = {("fp32 batch 1", 256), ("fp32 batch 1", 768), ("fp32 batch 2+", 768), ("bf16 batch 1", 256)}
     assert record["choices"] == {
         "onednn_fp32": True,
         "blocked_attention_fp32": False,
@@ -437,41 +456,42 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
             {"cell": "bf16 batch 1", "weights": 256_000, "on": True},
             {"cell": "bf16 batch 1", "weights": 768_000, "on": False},
         ],
-        "decode_threads": [  # every core (3) below 0.95
+        "decode_threads": [
             {"cell": "eager batch 1", "weights": 256_000, "threads": 1},
             {"cell": "eager batch 1", "weights": 768_000, "threads": 3},
             {"cell": "compiled batch 1", "weights": 256_000, "threads": 3},
-            {"cell": "compiled batch 1", "weights": 768_000, "threads": 1},
+            {"cell": "compiled batch 1", "weights": 768_000, "threads": 3},
         ],
     }
-    # measured first: every physical core against one thread, at the shapes of the eager and the compiled
-    # decode decisions, with the training kernels chosen (transposed decode weights)
-    assert [(c[0], c[1], c[2]) for c in thread_calls] == [
-        ("eager batch 1", 3, C.DECODE_SHAPES[0][1]),
-        ("eager batch 1", 3, C.DECODE_SHAPES[1][1]),
-        ("compiled batch 1", 3, C.REDUCTION_SHAPES[0][1]),
-        ("compiled batch 1", 3, C.REDUCTION_SHAPES[1][1]),
+    # measured first: every physical core against one thread with both layouts, at the shapes of the eager
+    # and the compiled decode decisions, with the training kernels chosen
+    assert [(c[0], c[1], c[2], c[4]) for c in one_row_calls] == [
+        ("eager batch 1", 3, C.DECODE_SHAPES[0][1], True),
+        ("eager batch 1", 3, C.DECODE_SHAPES[1][1], True),
+        ("compiled batch 1", 3, C.REDUCTION_SHAPES[0][1], True),
+        ("compiled batch 1", 3, C.REDUCTION_SHAPES[1][1], True),
     ]
-    assert all(c[3] == KernelSettings(True, False) for c in thread_calls)
-    assert [(c["decision"], c["threads"]) for c in record["cells"][4:8]] == [
-        (f"decode_threads {n}", 3) for n in S.THREAD_CELLS for _ in "ab"
+    assert all(c[3] == KernelSettings(True, False) for c in one_row_calls)
+    # each setting's figures recorded, four per shape
+    assert [(c["decision"], c["threads"], c["setting"]) for c in record["cells"][4:8]] == [
+        ("one row eager batch 1", t, f"{t} thread(s), {a}") for a in ("transposed", "packed") for t in (1, 3)
     ]
-    # the compiled step's reductions on the threads chosen for each shape (3 at d256, 1 at d768)
-    assert [(c[0], c[1], c[3]) for c in reduction_calls] == [
-        (n, d, t) for n in S.REDUCTION_CELLS for d, t in ((256, 3), (768, 1))
-    ]
+    assert [c["ratio"] for c in record["cells"][4:20]] == [r for v in one_row.values() for r in v.values()]
+    # the bf16 reductions on the compiled threads chosen for each shape (3 at both)
+    assert [(c[0], c[1], c[3]) for c in reduction_calls] == [("bf16 batch 1", d, 3) for d in (256, 768)]
     assert all(c[2] == KernelSettings(True, False) for c in reduction_calls)  # with the training kernels chosen
-    assert [(c["decision"], c["threads"]) for c in record["cells"][-4:]] == [
-        (f"decode_reductions {n}", t) for n in S.REDUCTION_CELLS for t in (3, 1)
-    ]
-    # batch 1 on the eager threads chosen per shape (1 at d256, 3 at d768), batch 8 on every core; both
-    # shapes per cell; with the training kernels chosen
+    assert [(c["decision"], c["threads"]) for c in record["cells"][-2:]] == [("decode_reductions bf16 batch 1", 3)] * 2
+    # bf16 batch 1 on the eager threads chosen per shape (1 at d256, 3 at d768), batch 8 on every core; both
+    # shapes per cell; fp32 batch 1 not measured again; with the training kernels chosen
     assert [(c[0], c[1], c[2]) for c in decode_calls] == [
-        (name, (1 if d == 256 else 3) if "batch 1" in name else 3, d) for name in S.DECODE_CELLS for d in (256, 768)
+        (name, (1 if d == 256 else 3) if "batch 1" in name else 3, d)
+        for name in S.DECODE_CELLS
+        if name != "fp32 batch 1"
+        for d in (256, 768)
     ]
     assert all(c[3] == KernelSettings(True, False) for c in decode_calls)
-    assert [c["decision"] for c in record["cells"][8:-4]] == [
-        f"decode_layout {n}" for n in S.DECODE_CELLS for _ in "ab"
+    assert [c["decision"] for c in record["cells"][20:-2]] == [
+        f"decode_layout {n}" for n in S.DECODE_CELLS if n != "fp32 batch 1" for _ in "ab"
     ]
     record = {**record, "cells": record["cells"][:4]}
     assert [c[1] for c in calls if c[0] == "blocked_attention_fp32"] == [1, 1]  # a one-thread path
@@ -486,20 +506,33 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
     calls.clear()
     decode_calls.clear()
     reduction_calls.clear()
-    thread_calls.clear()
+    one_row_calls.clear()
     monkeypatch.setattr(C, "physical_cores", lambda: 1)
     one_core = C.calibrate(rounds=3, log=lambda s: None)
     assert one_core["choices"]["onednn_fp32"] is False and one_core["choices"]["decode_threads"] == []
-    assert not thread_calls  # one core: nothing to measure, and every batch-1 cell on its one thread
+    # one core: the fp32 batch-1 cells time the two layouts on one thread, and every batch-1 cell runs there
+    assert [c[1] for c in one_row_calls] == [1] * 4
+    assert [e["packed"] for e in one_core["choices"]["decode_layout"][:2]] == [True, False]  # 0.9; 0.95 is no gain
     assert {c[3] for c in reduction_calls} == {1} and {c[1] for c in decode_calls} == {1}
     calls.clear()
     decode_calls.clear()
     reduction_calls.clear()
+    one_row_calls.clear()
     training_only = C.calibrate(rounds=3, log=lambda s: None, decode=False)  # make demo's: no decode step timed
     assert set(training_only["choices"]) == {"onednn_fp32", "blocked_attention_fp32"}
-    assert not (decode_calls or reduction_calls or thread_calls) and len(training_only["cells"]) == 4
+    assert not (decode_calls or reduction_calls or one_row_calls) and len(training_only["cells"]) == 4
     out = C.write_calibration(record, tmp_path / "k" / "cal.json")
     assert json.loads(out.read_text())["choices"] == record["choices"] and len(list(out.parent.iterdir())) == 1
+    # without oneDNN packing the eager cells time the thread counts over transposed weights only
+    monkeypatch.setattr(C, "packed_decode_available", lambda: False)
+    monkeypatch.setattr(C, "physical_cores", lambda: 3)
+    for seen in (calls, decode_calls, reduction_calls, one_row_calls):
+        seen.clear()
+    no_packing = C.calibrate(rounds=3, log=lambda s: None)
+    assert [c[4] for c in one_row_calls] == [False, False, True, True] and no_packing["choices"]["decode_layout"] == []
+    assert no_packing["choices"]["decode_threads"][:2] == [  # d256 0.98: one thread; d768 1.0: one thread
+        {"cell": "eager batch 1", "weights": w, "threads": 1} for w in (256_000, 768_000)
+    ]
     with pytest.raises(ValueError, match="rounds=2"):
         C.calibrate(rounds=2)
 
@@ -583,10 +616,12 @@ def test_a_reduction_calibration_cell_times_both_compiled_steps(monkeypatch):
     assert len({id(m) for m in traced}) == 5  # q|k|v, out, gate|up, down, LM head: traced once each (one graph)
 
 
-def test_a_threads_calibration_cell_decodes_on_each_thread_count(monkeypatch):
-    """One real cell of the one-prompt threads decision: the 'on' model is built and decodes on the
-    threads asked, the 'off' one on one thread, each with the kernels given; torch's thread count comes
-    back after; both time finite steps and the ratio is their per-round median."""
+@pytest.mark.parametrize("compile", [False, True])
+def test_a_one_row_calibration_cell_times_threads_and_layouts_together(compile, monkeypatch):
+    """One real cell of one prompt's fp32 batch-1 decode: each of the four settings (one thread or two) x
+    (transposed weights or the alternative: packed eager, reductions compiled) is built with its own kernels
+    on its own thread count and steps there, in rounds whose order rotates; torch's thread count comes back
+    after; every ratio is to (1 thread, transposed), which is exactly 1."""
     from lmlab.kernels import calibrate as C
 
     built, stepped = [], []
@@ -595,19 +630,44 @@ def test_a_threads_calibration_cell_decodes_on_each_thread_count(monkeypatch):
     def recording(fields, batch, dtype, kernels, compile=False):
         built.append((torch.get_num_threads(), batch, dtype, kernels, compile))
         run = real(fields, batch, dtype, kernels, compile)
-        return lambda n: stepped.append(torch.get_num_threads()) or run(n)
+        return lambda n: stepped.append((torch.get_num_threads(), kernels)) or run(n)
 
     monkeypatch.setattr(C, "_decode_timer", recording)
     before = torch.get_num_threads()
     fields = dict(vocab_size=64, context_length=32, d_model=32, n_layers=1, n_heads=2)
-    kernels = KernelSettings(False, False, decode_layout=[("fp32 batch 1", 7, False)])
-    cell = C.measure_threads_cell(fields, False, 2, 3, kernels)
+    base = KernelSettings(False, False)
+    cell = C.measure_one_row_cell(fields, compile, 2, 3, base)
     assert torch.get_num_threads() == before
-    assert cell["on_ms"] > 0 and cell["off_ms"] > 0 and cell["q1"] <= cell["ratio"] <= cell["q3"]
-    assert cell["weights"] == 32 * 96 + 32 * 32 + 3 * 32 * 128 + 64 * 32
-    assert built == [(2, 1, torch.float32, kernels, False), (1, 1, torch.float32, kernels, False)]
-    # warm-up on, off; then 3 rounds alternating on, off / off, on / on, off
-    assert stepped == [2, 1, 2, 1, 1, 2, 2, 1]
+    w = 32 * 96 + 32 * 32 + 3 * 32 * 128 + 64 * 32
+    assert cell["weights"] == w and cell["rounds"] == 3
+    keys = [(1, False), (2, False), (1, True), (2, True)]
+    assert list(cell["variants"]) == keys and cell["variants"][1, False]["ratio"] == 1.0
+    assert all(v["ms"] > 0 and v["q1"] <= v["ratio"] <= v["q3"] for v in cell["variants"].values())
+    field = "decode_reductions" if compile else "decode_layout"
+    settings = [dataclasses.replace(base, **{field: (("fp32 batch 1", w, a),)}) for _, a in keys]
+    assert built == [(t, 1, torch.float32, k, compile) for (t, _), k in zip(keys, settings)]
+    # warm-up in order, then 3 rounds, each starting one setting later
+    order = [0, 1, 2, 3] + [0, 1, 2, 3] + [1, 2, 3, 0] + [2, 3, 0, 1]
+    assert stepped == [(keys[i][0], settings[i]) for i in order]
+    # without the alternative: the two thread counts over transposed weights
+    assert list(C.measure_one_row_cell(fields, compile, 2, 3, base, alternative=False)["variants"]) == keys[:2]
+
+
+def test_one_row_picks_a_change_only_where_it_gains_over_every_smaller_one():
+    """pick_one_row: a setting needs MIN_GAIN over (1, False) and over each setting with a subset of its
+    changes; the fastest such setting wins; none: (1, False)."""
+    from lmlab.kernels import calibrate as C
+
+    def v(**r):
+        names = {"base": (1, False), "t": (2, False), "a": (1, True), "both": (2, True)}
+        return {names[k]: {"ratio": x} for k, x in r.items()}
+
+    assert C.pick_one_row(v(base=1.0, t=0.97, a=0.96, both=0.94)) == (1, False)  # no change gains 5%
+    assert C.pick_one_row(v(base=1.0, t=1.0, a=0.95 * 0.99, both=0.93)) == (1, True)  # both: 2% over a
+    assert C.pick_one_row(v(base=1.0, t=1.02, a=0.95, both=0.66)) == (2, True)  # the Zen 5 case
+    assert C.pick_one_row(v(base=1.0, t=0.7, a=1.4, both=0.9)) == (2, False)
+    assert C.pick_one_row(v(base=1.0, t=0.5, a=0.6, both=0.55)) == (2, False)  # the fastest qualifying
+    assert C.pick_one_row(v(base=1.0, a=0.9)) == (1, True) and C.pick_one_row(v(base=1.0, t=0.96)) == (1, False)
 
 
 def test_bench_calibrate_if_missing_keeps_a_valid_calibration(tmp_path, monkeypatch, capsys):
@@ -630,7 +690,8 @@ def test_bench_calibrate_if_missing_keeps_a_valid_calibration(tmp_path, monkeypa
         measured = [{"cell": "fp32 batch 2+", "weights": 5, "packed": True}]
         fresh = _calibration(True, False, S.cpu_identity(), decode=measured)
         monkeypatch.setattr(C, "calibrate", lambda *a, **k: fresh)
-        for older in (dict(decode=None, reductions=None, threads=None), dict(reductions=None), dict(threads=None)):
+        olders = (dict(decode=None, reductions=None, threads=None), dict(reductions=None), dict(threads=None))
+        for older in olders + (dict(apart=True),):
             path.write_text(json.dumps(_calibration(False, True, S.cpu_identity(), **older)))
             assert main(["bench", "calibrate", "--if-missing"]) == 0
             assert json.loads(path.read_text())["choices"]["decode_layout"] == measured

@@ -17,25 +17,30 @@ reference, stays.
   one-thread path): both shapes at one thread, with the linears as just chosen;
 - ``fused_loops`` concerns compiled models only and is not measured (True);
 - ``decode_threads`` (whether ``lmlab generate`` decodes one prompt on every physical core rather than on
-  one thread, :func:`lmlab.kernels.decode_layout.decode_threads`): whole greedy batch-1 decode steps
+  one thread, :func:`lmlab.kernels.decode_layout.decode_threads`): whole greedy batch-1 fp32 decode steps
   (:func:`lmlab.generate.stream_batch`, the KV cache after a 16-token prompt), eager at the shapes of
-  ``decode_layout`` and compiled at those of ``decode_reductions`` (below), fp32, over transposed
-  weights, timed on one thread against every physical core (each thread count compiled once before
-  timing); each shape by the rule above, and a model takes the choice of the measured size nearest its
-  own (a second thread pays on one CPU and not on another: docs/bench/decode_threads.md). Not measured
-  on a one-core machine. Measured first: the batch-1 cells below run on the threads it chose.
+  ``decode_layout`` and compiled at those of ``decode_reductions`` (below), measured **together with**
+  those two decisions' fp32 batch-1 cells: the four settings (one thread or every core) x (transposed
+  weights or the alternative: oneDNN-packed eager, fused reductions compiled) in one interleaved cell
+  (each thread count built and compiled once before timing), because whether a second thread pays
+  depends on the layout (a Zen 5 EPYC: nothing over transposed weights, a quarter of the step over packed
+  ones or the reductions). A setting is taken where it is at least ``MIN_GAIN`` faster than every setting
+  that changes less (:func:`pick_one_row`); a model takes the choice of the measured size nearest its own
+  (docs/bench/decode_threads.md). No threads choice on a one-core machine. Measured first: the other
+  batch-1 cells (bf16) run on the threads it chose.
 - ``decode_layout`` (whether eager CPU decoding multiplies by oneDNN-packed weights rather than
   transposed ones, :mod:`lmlab.kernels.decode_layout`): whole greedy decode steps of the demo shape
-  (4.0M linear weights) and a GPT-2-wide one (d_model 768, 20.4M), in fp32 and bf16 weights, batch 1 on
-  the threads ``decode_threads`` chose for the shape (what ``lmlab generate`` uses for one prompt) and
-  batch 8 on every physical core: each of these cells and shapes by the same rule, and a model takes the
-  choice of the measured size nearest its own (which layout wins can change with the size: a 2-core Xeon,
-  fp32 batch 8, packed 1.31x the time at the demo shape and 0.87x at d_model 768).
+  (4.0M linear weights) and a GPT-2-wide one (d_model 768, 20.4M), in fp32 and bf16 weights (fp32 batch
+  1 with the threads, above), batch 1 on the threads ``decode_threads`` chose for the shape (what
+  ``lmlab generate`` uses for one prompt) and batch 8 on every physical core: each of these cells and
+  shapes by the same rule, and a model takes the choice of the measured size nearest its own (which
+  layout wins can change with the size: a 2-core Xeon, fp32 batch 8, packed 1.31x the time at the demo
+  shape and 0.87x at d_model 768).
 - ``decode_reductions`` (whether the compiled decode step at batch 1, :mod:`lmlab.kernels.compiled_decode`,
   multiplies and attends by fused reductions over the weights as they are rather than over transposed
   weights through MKL): the demo's shape and the GPT-2-wide one with GPT-2's vocabulary (52.8M weights),
-  fp32 and bf16, on the threads ``decode_threads`` chose for the shape, each step compiled once before
-  timing; the nearest measured size decides as above (which wins changes with the size:
+  fp32 (with the threads, above) and bf16, on the threads ``decode_threads`` chose for the shape, each
+  step compiled once before timing; the nearest measured size decides as above (which wins changes with the size:
   docs/bench/decode_reductions.md).
 
 The result is cached as JSON under ``$LMLAB_CACHE/kernels/`` (default ``~/.cache/lmlab``), one file per
@@ -201,13 +206,26 @@ def measure_reduction_cell(
         return {**_interleave(timers, rounds), "weights": weights}
 
 
-def measure_threads_cell(fields: dict, compile: bool, threads: int, rounds: int, kernels: KernelSettings) -> dict:
-    """:func:`measure_decode_cell` for the thread count of one-prompt decoding: greedy fp32 steps at batch 1,
-    eager or ``compile``d, with ``kernels`` (their layouts as chosen), 'on' at ``threads`` threads, 'off' at
-    one (each model built, and compiled, at its own count); adds "weights"."""
+def measure_one_row_cell(
+    fields: dict, compile: bool, cores: int, rounds: int, base: KernelSettings, alternative: bool = True
+) -> dict:
+    """One prompt's greedy fp32 decode steps at batch 1, eager or ``compile``d, in every setting of two
+    decisions at once: one thread or ``cores`` threads (``decode_threads``) x transposed weights or the
+    ``alternative`` (eager: oneDNN-packed, ``decode_layout``; compiled: fused reductions,
+    ``decode_reductions``; False: transposed only), each model built, and compiled, at its own thread
+    count, with ``base``'s other choices. Timed together (:func:`_interleave_many`), so the thread count is
+    judged in the layout it would run with (on a Zen 5 EPYC a second thread gained nothing over transposed
+    weights and cut a quarter of the step over packed ones or the reductions). Returns {"variants":
+    {(threads, alternative): {"ratio", "q1", "q3", "ms"}} (ratios to (1, False) per round), "rounds",
+    "steps", "weights"}; one core: the two layouts on one thread."""
     weights = linear_weight_count(TransformerLM(ModelConfig(**fields)))
+    cell = decode_cell(torch.float32, 1)
 
-    def timer(n_threads: int) -> Callable[[int], float]:
+    def timer(n_threads: int, alt: bool) -> Callable[[int], float]:
+        if compile:
+            kernels = dataclasses.replace(base, decode_reductions=((cell, weights, alt),))
+        else:
+            kernels = dataclasses.replace(base, decode_layout=((cell, weights, alt),))
         with using_threads(n_threads):
             run = _decode_timer(fields, 1, torch.float32, kernels, compile)
 
@@ -217,29 +235,64 @@ def measure_threads_cell(fields: dict, compile: bool, threads: int, rounds: int,
 
         return timed
 
-    return {**_interleave({"on": timer(threads), "off": timer(1)}, rounds), "weights": weights}
+    keys = [(t, a) for a in ((False, True) if alternative else (False,)) for t in sorted({1, cores})]
+    return {**_interleave_many({k: timer(*k) for k in keys}, (1, False), rounds), "weights": weights}
+
+
+def _interleave_many(timers: dict, base, rounds: int) -> dict:
+    """Time each of ``timers`` (closures: n steps -> s/step) once per round for ``rounds`` rounds, the order
+    rotating by one each round, after one untimed step each (also the size of a measurement): {"variants":
+    {key: {"ratio" (median over rounds of its time / ``base``'s), "q1", "q3", "ms" (median)}}, "rounds",
+    "steps"}."""
+    keys = list(timers)
+    first = {k: t(1) for k, t in timers.items()}  # warm-up, and the size of a measurement
+    steps = max(1, round(TARGET_S / max(min(first.values()), 1e-6)))
+    times: dict = {k: [] for k in keys}
+    for r in range(rounds):
+        for k in keys[r % len(keys) :] + keys[: r % len(keys)]:
+            times[k].append(timers[k](steps))
+    variants = {}
+    for k in keys:
+        ratios = sorted(a / b for a, b in zip(times[k], times[base]))
+        q = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else [ratios[0]] * 3
+        variants[k] = {
+            "ratio": statistics.median(ratios),
+            "q1": q[0],
+            "q3": q[2],
+            "ms": 1e3 * statistics.median(times[k]),
+        }
+    return {"variants": variants, "rounds": rounds, "steps": steps}
 
 
 def _interleave(timers: dict, rounds: int) -> dict:
     """Time ``timers['on']`` and ``timers['off']`` (closures: n steps -> s/step) in ``rounds`` rounds, the
-    order alternating, after one untimed step each (also the size of a measurement)."""
-    first = {k: t(1) for k, t in timers.items()}  # warm-up, and the size of a measurement
-    steps = max(1, round(TARGET_S / max(min(first.values()), 1e-6)))
-    times: dict = {"on": [], "off": []}
-    for r in range(rounds):
-        for k in ("on", "off") if r % 2 == 0 else ("off", "on"):
-            times[k].append(timers[k](steps))
-    ratios = sorted(a / b for a, b in zip(times["on"], times["off"]))
-    q = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else [ratios[0]] * 3
-    return {
-        "ratio": statistics.median(ratios),
-        "q1": q[0],
-        "q3": q[2],
+    order alternating, after one untimed step each: {"ratio" (median of on/off per round), "q1", "q3",
+    "rounds", "steps", "on_ms", "off_ms"}."""
+    out = _interleave_many({"on": timers["on"], "off": timers["off"]}, "off", rounds)
+    on, off = out["variants"]["on"], out["variants"]["off"]
+    return {k: on[k] for k in ("ratio", "q1", "q3")} | {
         "rounds": rounds,
-        "steps": steps,
-        "on_ms": 1e3 * statistics.median(times["on"]),
-        "off_ms": 1e3 * statistics.median(times["off"]),
+        "steps": out["steps"],
+        "on_ms": on["ms"],
+        "off_ms": off["ms"],
     }
+
+
+def pick_one_row(variants: dict):
+    """The (threads, alternative) setting a one-row cell (:func:`measure_one_row_cell`) chooses: of the
+    settings at least ``MIN_GAIN`` faster than every setting that changes less (for (cores, True): than
+    (1, False), (cores, False) and (1, True); for the others: than (1, False)), the fastest; (1, False)
+    where none is."""
+
+    def fewer(k) -> list:
+        return [j for j in variants if j != k and j[0] in (1, k[0]) and j[1] in (False, k[1])]
+
+    ok = [
+        k
+        for k in variants
+        if fewer(k) and all(variants[k]["ratio"] < (1 - MIN_GAIN) * variants[j]["ratio"] for j in fewer(k))
+    ]
+    return min(ok, key=lambda k: variants[k]["ratio"]) if ok else (1, False)
 
 
 def _geomean(xs: list) -> float:
@@ -315,11 +368,11 @@ def calibrate(rounds: int = 7, log: Callable[[str], None] = print, decode: bool 
 
 def _decide_decoding(base: KernelSettings, rounds: int, cores: int, choices: dict, cells: list, log) -> None:
     """The three decode decisions into ``choices`` (their cells appended to ``cells``), with the training
-    kernels ``base``: one prompt's threads first, so that the batch-1 layout cells then run on the threads
-    ``generate`` will use."""
-    choices["decode_threads"], one_row = decide_decode_threads(base, rounds, cores, cells, log)
-    choices["decode_layout"] = decide_decode(base, rounds, cores, cells, log, one_row)
-    choices["decode_reductions"] = decide_decode_reductions(base, rounds, cells, log, one_row)
+    kernels ``base``: one prompt's fp32 steps first, threads and layout together (:func:`decide_one_row`),
+    then the other layout cells, bf16 batch 1 on the threads chosen for the shape."""
+    choices["decode_threads"], known, one_row = decide_one_row(base, rounds, cores, cells, log)
+    choices["decode_layout"] = decide_decode(base, rounds, cores, cells, log, one_row, known)
+    choices["decode_reductions"] = decide_decode_reductions(base, rounds, cells, log, one_row, known)
 
 
 def decide_decode(
@@ -329,12 +382,14 @@ def decide_decode(
     cells: list,
     log: Callable[[str], None],
     one_row: Optional[dict] = None,
+    known: Optional[dict] = None,
 ) -> list:
     """The ``decode_layout`` decision (module docstring): [{"cell", "weights", "packed"}] for each of
     :data:`DECODE_CELLS` and :data:`DECODE_SHAPES`, ``packed`` where oneDNN-packed weights made the
     decode steps at least ``MIN_GAIN`` faster than transposed ones; batch 8 on ``cores`` threads, batch 1
-    on ``one_row[('eager batch 1', shape label)]`` (:func:`decide_decode_threads`; 1 where it has none);
-    each measurement is appended to ``cells``. Empty where this torch cannot pack; a cell oneDNN cannot
+    on ``one_row[('eager batch 1', shape label)]`` (:func:`decide_one_row`; 1 where it has none); an entry
+    of ``known`` ({(decision, cell, shape label): entry}, decided with the threads) is taken as it is; each
+    measurement is appended to ``cells``. Empty where this torch cannot pack; a cell oneDNN cannot
     pack here is left out."""
     if not packed_decode_available():
         log("decode_layout: transposed (this torch build cannot pack weights for oneDNN)")
@@ -344,6 +399,9 @@ def decide_decode(
         for batch in DECODE_BATCHES:
             name = decode_cell(dtype, batch)
             for label, fields in DECODE_SHAPES:
+                if ("decode_layout", name, label) in (known or {}):
+                    entries.append(known["decode_layout", name, label])
+                    continue
                 threads = (one_row or {}).get(("eager batch 1", label), 1) if batch == 1 else cores
                 try:
                     cell = measure_decode_cell(fields, batch, threads, dtype, rounds, base)
@@ -374,17 +432,26 @@ def _decode_entry(decision: str, name: str, label: str, threads: int, cell: dict
 
 
 def decide_decode_reductions(
-    base: KernelSettings, rounds: int, cells: list, log: Callable[[str], None], one_row: Optional[dict] = None
+    base: KernelSettings,
+    rounds: int,
+    cells: list,
+    log: Callable[[str], None],
+    one_row: Optional[dict] = None,
+    known: Optional[dict] = None,
 ) -> list:
     """The ``decode_reductions`` decision (module docstring): [{"cell", "weights", "on"}] for each of
     :data:`REDUCTION_CELLS` and :data:`REDUCTION_SHAPES`, ``on`` where the compiled step by fused reductions
     was at least ``MIN_GAIN`` faster than over transposed weights, on ``one_row[('compiled batch 1', shape
-    label)]`` threads (1 where it has none); each measurement is appended to ``cells``. A cell whose step
-    cannot compile here (no C++ compiler for Inductor) is left out, and the log says why."""
+    label)]`` threads (1 where it has none); an entry of ``known`` is taken as it is (:func:`decide_decode`);
+    each measurement is appended to ``cells``. A cell whose step cannot compile here (no C++ compiler for
+    Inductor) is left out, and the log says why."""
     entries = []
     for dtype in (torch.float32, torch.bfloat16):
         name = decode_cell(dtype, 1)
         for label, fields in REDUCTION_SHAPES:
+            if ("decode_reductions", name, label) in (known or {}):
+                entries.append(known["decode_reductions", name, label])
+                continue
             threads = (one_row or {}).get(("compiled batch 1", label), 1)
             try:
                 cell = measure_reduction_cell(fields, dtype, rounds, base, threads)
@@ -395,30 +462,58 @@ def decide_decode_reductions(
     return entries
 
 
-def decide_decode_threads(kernels: KernelSettings, rounds: int, cores: int, cells: list, log) -> tuple:
-    """The ``decode_threads`` decision (module docstring): ([{"cell", "weights", "threads"}], {(cell,
-    shape label): threads}) for the eager step at :data:`DECODE_SHAPES` and the compiled one at
-    :data:`REDUCTION_SHAPES` (with ``kernels``), ``threads`` ``cores`` where ``cores`` threads decoded at
-    least ``MIN_GAIN`` faster than one, else 1; each measurement is appended to
-    ``cells``. Empty on one core; the compiled cell is left out where the step cannot compile here (said
-    in the log)."""
-    if cores < 2:
-        log("decode_threads: one thread (one physical core)")
-        return [], {}
-    entries, chosen = [], {}
-    for name, compile, shapes in (
-        ("eager batch 1", False, DECODE_SHAPES),
-        ("compiled batch 1", True, REDUCTION_SHAPES),
+def decide_one_row(base: KernelSettings, rounds: int, cores: int, cells: list, log) -> tuple:
+    """The ``decode_threads`` decision and the fp32 batch-1 cells of ``decode_layout`` and
+    ``decode_reductions``, measured together (module docstring; :func:`measure_one_row_cell`, chosen by
+    :func:`pick_one_row`): the eager step at :data:`DECODE_SHAPES` (packed against transposed weights where
+    this torch can pack) and the compiled one at :data:`REDUCTION_SHAPES` (fused reductions against
+    transposed weights), with the training kernels ``base``. Returns (threads entries [{"cell", "weights",
+    "threads"}], {(decision, "fp32 batch 1", shape label): entry}, {(threads cell, shape label): threads});
+    each setting's figures are appended to ``cells``. On one core no threads entry (one thread is all
+    there is). Where the compiled step cannot compile here its cells are left out (said in the log)."""
+    entries, known, chosen = [], {}, {}
+    name = decode_cell(torch.float32, 1)
+    for cell, compile, shapes, decision, alt_name in (
+        ("eager batch 1", False, DECODE_SHAPES, "decode_layout", "packed"),
+        ("compiled batch 1", True, REDUCTION_SHAPES, "decode_reductions", "reductions"),
     ):
+        alternative = compile or packed_decode_available()
         for label, fields in shapes:
             try:
-                cell = measure_threads_cell(fields, compile, cores, rounds, kernels)
+                m = measure_one_row_cell(fields, compile, cores, rounds, base, alternative)
             except torch._dynamo.exc.BackendCompilerFailed as exc:
-                log(f"decode_threads {name}: not measured (the compiled step does not compile here: {str(exc)[:160]})")
+                log(f"decode_threads {cell}: not measured (the compiled step does not compile here: {str(exc)[:160]})")
                 break
-            entries.append(_decode_entry("decode_threads", name, label, cores, cell, cells, log))
-            chosen[(name, label)] = entries[-1]["threads"]
-    return entries, chosen
+            threads, alt = pick_one_row(m["variants"])
+            base_ms = m["variants"][1, False]["ms"]
+            for (t, a), v in m["variants"].items():
+                what = f"{t} thread(s), {alt_name if a else 'transposed'}"
+                cells.append(
+                    {
+                        "decision": f"one row {cell}",
+                        "shape": label,
+                        "threads": t,
+                        "setting": what,
+                        **{k: v[k] for k in ("ratio", "q1", "q3")},
+                        "on_ms": v["ms"],
+                        "off_ms": base_ms,
+                        "rounds": m["rounds"],
+                        "steps": m["steps"],
+                        "weights": m["weights"],
+                    }
+                )
+                if (t, a) != (1, False):
+                    log(
+                        f"one row {cell}: {label} ({m['weights'] / 1e6:.1f}M weights): {what} / 1 thread, transposed "
+                        f"{v['ratio']:.3f} (IQR {v['q1']:.3f}-{v['q3']:.3f}; {v['ms']:.2f} vs {base_ms:.2f} ms/step)"
+                    )
+            log(f"one row {cell}: {label}: {threads} thread(s), {alt_name if alt else 'transposed'}")
+            if cores > 1:
+                entries.append({"cell": cell, "weights": m["weights"], "threads": threads})
+            chosen[cell, label] = threads
+            if alternative:
+                known[decision, name, label] = {"cell": name, "weights": m["weights"], DECODE_DECISIONS[decision]: alt}
+    return entries, known, chosen
 
 
 def check_destination(path: Optional[Path] = None) -> Path:

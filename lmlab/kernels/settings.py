@@ -327,19 +327,35 @@ def _decode_entries(items, name: str = "decode_layout") -> Optional[tuple]:
     return entries
 
 
+def threads_measured_apart(record: dict) -> bool:
+    """True for a valid calibration ``record`` whose ``decode_threads`` were timed over transposed weights
+    alone (before 2026-12-07), not together with the layouts (its cells have no 'one row' decision): a
+    second thread's gain depends on the layout (on a Zen 5 EPYC none over transposed weights, a quarter of
+    the step over packed ones), so those counts are not used and ``--if-missing`` measures again."""
+    cells = record.get("cells")
+    joint = isinstance(cells, list) and any(
+        isinstance(c, dict) and str(c.get("decision", "")).startswith("one row") for c in cells
+    )
+    return "decode_threads" in record["choices"] and not joint
+
+
 def calibrated_kernels(record: dict) -> KernelSettings:
-    """The settings a valid calibration record (:func:`load_calibration`) chose."""
+    """The settings a valid calibration record (:func:`load_calibration`) chose (its ``decode_threads``
+    left out where :func:`threads_measured_apart`)."""
     c = record["choices"]
     decode = "" if "decode_layout" in c else "; decode not calibrated (`lmlab bench calibrate` measures it)"
+    apart = threads_measured_apart(record)
     if "decode_layout" in c and "decode_reductions" not in c:
         decode = "; compiled decode step not calibrated (an older calibration)"
     elif "decode_layout" in c and "decode_threads" not in c:
         decode = "; decode threads not calibrated (an older calibration)"
+    elif apart:
+        decode = "; decode threads measured apart from the layout, not used (an older calibration)"
     return KernelSettings(
         onednn_fp32=c["onednn_fp32"],
         blocked_attention_fp32=c["blocked_attention_fp32"],
         decode_layout=_decode_entries(c.get("decode_layout", [])),
         decode_reductions=_decode_entries(c.get("decode_reductions", []), "decode_reductions"),
-        decode_threads=_decode_entries(c.get("decode_threads", []), "decode_threads"),
+        decode_threads=() if apart else _decode_entries(c.get("decode_threads", []), "decode_threads"),
         source=f"calibrated on this CPU {record['date'][:10]}{decode}",
     )
