@@ -37,6 +37,11 @@ class LockError(ValueError):
     """A folder is locked by another running lmlab process, or its lock file cannot be used."""
 
 
+class LockHeld(LockError):
+    """The :class:`LockError` of a folder whose lock a live process holds (the others: a lock file that
+    cannot be used)."""
+
+
 def lock_path(folder: PathLike) -> Path:
     """The lock file of ``folder``: ``<parent>/.<name>.lock`` (beside it, so the folder may not exist yet)."""
     folder = Path(os.path.abspath(folder))
@@ -118,8 +123,8 @@ def acquire_lock(folder: PathLike, what: str) -> FolderLock:
     ``folder``: the folder to protect (need not exist; its parent is created if missing). ``what``: the
     holder's command, e.g. ``"lmlab prepare"``, shown to a second process that is refused.
 
-    Non-blocking: raises :class:`LockError` at once, naming the folder, the lock file and the holder's
-    PID / host / command / start time, when a live process holds the lock. A lock file whose holder
+    Non-blocking: raises :class:`LockHeld` (a :class:`LockError`) at once, naming the folder, the lock file
+    and the holder's PID / host / command / start time, when a live process holds the lock. A lock file whose holder
     died (no ``flock`` held; its PID not running) is taken over; ``FolderLock.note`` then says so.
     Raises :class:`LockError` also when the lock path is not a regular file (a user's folder or
     symlink of that name is never touched) or cannot be created (e.g. a read-only parent).
@@ -157,7 +162,7 @@ def acquire_lock(folder: PathLike, what: str) -> FolderLock:
             info = _read_holder(fd)
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise LockError(
+                raise LockHeld(
                     f"{str(folder)!r} is in use by {_describe(info)} (lock file {str(path)!r}); "
                     f"wait for it to finish or choose another folder"
                 ) from None

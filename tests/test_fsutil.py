@@ -6,10 +6,20 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 
-from lmlab.fsutil import LockError, acquire_lock, atomic_write_bytes, atomic_write_text, lock_path, make_temp_dir
+from lmlab.fsutil import (
+    LockError,
+    LockHeld,
+    acquire_lock,
+    atomic_write_bytes,
+    atomic_write_text,
+    lock_path,
+    make_temp_dir,
+)
 
 HOLD = textwrap.dedent("""
     import sys, time
@@ -33,11 +43,38 @@ def test_live_lock_refuses_second_writer_naming_holder(tmp_path):
         with pytest.raises(LockError) as exc:
             acquire_lock(folder, "lmlab prepare")
         msg = str(exc.value)
+        assert isinstance(exc.value, LockHeld)  # a live holder (the error a retried run waits out)
         assert f"PID {proc.pid}" in msg and "test holder" in msg and str(folder) in msg
         assert "\n" not in msg
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_retried_run_waits_for_the_previous_attempt_to_let_go(tmp_path):
+    """lmlab.lab.worker.wait_for_previous_attempt: while a live process holds the run folder's lock it waits,
+    False after its timeout; True once the holder is gone (here terminated a second in, leaving its lock
+    file, which is taken over and removed); True at once for a free folder (nothing created) and for a lock
+    file that cannot be used (the training reports that)."""
+    from lmlab.lab.worker import wait_for_previous_attempt
+
+    folder = tmp_path / "runs" / "r"
+    proc = _holder(folder)
+    try:
+        t0 = time.monotonic()
+        assert wait_for_previous_attempt(folder, timeout_s=0.3, poll_s=0.05) is False
+        assert time.monotonic() - t0 >= 0.3
+        threading.Timer(1.0, proc.terminate).start()
+        t0 = time.monotonic()
+        assert wait_for_previous_attempt(folder, timeout_s=30, poll_s=0.05) is True
+        assert 0.9 <= time.monotonic() - t0 < 30
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not lock_path(folder).exists() and not folder.exists()
+    assert wait_for_previous_attempt(tmp_path / "free", timeout_s=0) is True and not (tmp_path / "free").exists()
+    lock_path(tmp_path / "odd").mkdir()  # a folder where the lock file goes: not a lock anyone holds
+    assert wait_for_previous_attempt(tmp_path / "odd", timeout_s=30) is True
 
 
 def test_stale_lock_of_killed_process_is_taken_over(tmp_path):

@@ -41,7 +41,7 @@ from typing import Callable, Optional
 import yaml
 
 from lmlab.config import ConfigError, ModelConfig
-from lmlab.fsutil import atomic_write_text
+from lmlab.fsutil import LockError, LockHeld, acquire_lock, atomic_write_text
 from lmlab.json_checks import read_json_object
 from lmlab.lab.plan import RunPlan
 from lmlab.lab.results import collect_result, run_state
@@ -230,6 +230,30 @@ _PRCTL = _libc_prctl()
 FORK_SERVER = sys.platform.startswith("linux")
 
 
+# how long a run's (re)start waits for an earlier attempt's training to let go of the run folder
+PREVIOUS_ATTEMPT_WAIT_S = 120.0
+
+
+def wait_for_previous_attempt(run_dir: Path, timeout_s: Optional[float] = None, poll_s: float = 0.5) -> bool:
+    """Wait until no process holds ``run_dir``'s lock (:func:`lmlab.fsutil.acquire_lock`, taken and released
+    at once), at most ``timeout_s`` (default :data:`PREVIOUS_ATTEMPT_WAIT_S`); True when free. A task retried
+    because its worker died (Ray, a requeued job) can start while the previous attempt's training, sent
+    SIGTERM with its parent, still writes its checkpoint and holds the lock: launched then, the new training
+    would be refused ("in use by") and the run recorded as failed. After the timeout it returns False and
+    the training's own lock check names the holder (as it names a lock file that cannot be used)."""
+    deadline = time.monotonic() + (PREVIOUS_ATTEMPT_WAIT_S if timeout_s is None else timeout_s)
+    while True:
+        try:
+            acquire_lock(run_dir, "lmlab sweep (checking that no earlier attempt still trains this run)").release()
+            return True
+        except LockHeld:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+        except LockError:  # a lock file that cannot be used: nothing to wait for (the training reports it)
+            return True
+
+
 def train_run(
     sweep_dir: Path,
     p: RunPlan,
@@ -265,6 +289,7 @@ def train_run(
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     root = str(Path(__file__).resolve().parents[2])  # the lmlab being run, also when not installed
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    wait_for_previous_attempt(run_dir)
     (run_dir / OUTCOME_FILE).unlink(missing_ok=True)  # this attempt's outcome only (the sweep's own file)
     with open(log_path, "a") as f:
         f.write(f"$ {' '.join(cmd)}" + ("  (forked by lmlab.lab.fork_server)" if launch == "fork" else "") + "\n")
