@@ -124,8 +124,9 @@ def acquire_lock(folder: PathLike, what: str) -> FolderLock:
     holder's command, e.g. ``"lmlab prepare"``, shown to a second process that is refused.
 
     Non-blocking: raises :class:`LockHeld` (a :class:`LockError`) at once, naming the folder, the lock file
-    and the holder's PID / host / command / start time, when a live process holds the lock. A lock file whose holder
-    died (no ``flock`` held; its PID not running) is taken over; ``FolderLock.note`` then says so.
+    and the holder's PID / host / command / start time, when a live process holds the lock. A lock file
+    whose holder died (no ``flock`` held; its PID not running) is taken over; ``FolderLock.note`` then says
+    so.
     Raises :class:`LockError` also when the lock path is not a regular file (a user's folder or
     symlink of that name is never touched) or cannot be created (e.g. a read-only parent).
     Locks are advisory and per open file: a second acquire in the same process is refused too. The

@@ -73,6 +73,7 @@ from lmlab.kernels.linear import onednn_available
 from lmlab.kernels.settings import (
     CALIBRATION_VERSION,
     DECODE_DECISIONS,
+    ONE_ROW,
     KernelSettings,
     cache_path,
     cpu_identity,
@@ -490,7 +491,7 @@ def decide_one_row(base: KernelSettings, rounds: int, cores: int, cells: list, l
                 what = f"{t} thread(s), {alt_name if a else 'transposed'}"
                 cells.append(
                     {
-                        "decision": f"one row {cell}",
+                        "decision": f"{ONE_ROW} {cell}",
                         "shape": label,
                         "threads": t,
                         "setting": what,
@@ -504,10 +505,10 @@ def decide_one_row(base: KernelSettings, rounds: int, cores: int, cells: list, l
                 )
                 if (t, a) != (1, False):
                     log(
-                        f"one row {cell}: {label} ({m['weights'] / 1e6:.1f}M weights): {what} / 1 thread, transposed "
+                        f"{ONE_ROW} {cell}: {label} ({m['weights'] / 1e6:.1f}M weights): {what} / 1 thread, transposed "
                         f"{v['ratio']:.3f} (IQR {v['q1']:.3f}-{v['q3']:.3f}; {v['ms']:.2f} vs {base_ms:.2f} ms/step)"
                     )
-            log(f"one row {cell}: {label}: {threads} thread(s), {alt_name if alt else 'transposed'}")
+            log(f"{ONE_ROW} {cell}: {label}: {threads} thread(s), {alt_name if alt else 'transposed'}")
             if cores > 1:
                 entries.append({"cell": cell, "weights": m["weights"], "threads": threads})
             chosen[cell, label] = threads

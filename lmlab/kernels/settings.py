@@ -37,6 +37,9 @@ REDUCTION_CELLS = ("fp32 batch 1", "bf16 batch 1")
 # The cells of the one-prompt decode threads decision (``KernelSettings.decode_threads``): eager steps or the
 # compiled step, one row a step (measured with fp32 weights; bf16 decoding takes the same choice).
 THREAD_CELLS = ("eager batch 1", "compiled batch 1")
+# the calibration cells (their "decision" prefix) that time one prompt's threads together with the fp32 batch-1
+# layouts (lmlab.kernels.calibrate.decide_one_row); a record without them measured the threads apart
+ONE_ROW = "one row"
 # each decode decision's list in a calibration record, and the key of its per-entry choice
 DECODE_DECISIONS = {"decode_layout": "packed", "decode_reductions": "on", "decode_threads": "threads"}
 
@@ -334,7 +337,7 @@ def threads_measured_apart(record: dict) -> bool:
     the step over packed ones), so those counts are not used and ``--if-missing`` measures again."""
     cells = record.get("cells")
     joint = isinstance(cells, list) and any(
-        isinstance(c, dict) and str(c.get("decision", "")).startswith("one row") for c in cells
+        isinstance(c, dict) and str(c.get("decision", "")).startswith(ONE_ROW) for c in cells
     )
     return "decode_threads" in record["choices"] and not joint
 
