@@ -74,7 +74,11 @@ def variants(compare: str) -> dict:
         return apply
 
     if compare == "sdpa":
-        return {"sdpa": setter(padded, lambda q: False), "blocked": setter(padded, lambda q: True)}
+        # use_blocked(q, blocked_fp32) answered the same way whatever the calibration chose
+        return {
+            "sdpa": setter(padded, lambda q, blocked_fp32=False: False),
+            "blocked": setter(padded, lambda q, blocked_fp32=False: True),
+        }
     if compare == "row-copies":
         return {"row slices": setter(padded, rule, lambda t, r0, r1: t[:, r0:r1]), "row copies": setter(padded, rule)}
     return {"slice adds": setter(slice_adds_backward, rule), "padded sum": setter(padded, rule)}

@@ -14,7 +14,8 @@ written relative to the file holding the block):
   ``train_vs_peers_epyc_zen4`` from docs/bench/train_vs_peers_epyc_zen4.md (on a Zen 4 AMD EPYC),
   ``train_vs_peers_xeon_f6m207`` from docs/bench/train_vs_peers_xeon_f6m207.md (an Intel Xeon, family 6
   model 207), ``train_vs_peers_epyc_zen5`` from docs/bench/train_vs_peers_epyc_zen5.md (a Zen 5 AMD EPYC,
-  family 26 model 2);
+  family 26 model 2), ``train_vs_peers_xeon_f6m167`` from docs/bench/train_vs_peers_xeon_f6m167.md (an Intel
+  Xeon with AMX, family 6 model 167);
   ``peers_by_cpu``: one line per CPU measured, the range of lmlab's speed-up over the fastest compiled
   peer in bf16 and in fp32 (the README's);
 - ``train_step_gains``: docs/bench/train_step_gains.md (bench/train_step_gains.py --markdown), one
@@ -152,9 +153,14 @@ def train_vs_peers_epyc_zen5() -> list[str]:
     return _peers_table(DOCS / "train_vs_peers_epyc_zen5.md")
 
 
+def train_vs_peers_xeon_f6m167() -> list[str]:
+    return _peers_table(DOCS / "train_vs_peers_xeon_f6m167.md")
+
+
 # the matrix pages, with the CPU of those whose lines do not name its family and model (measured before
 # the benchmarks printed them)
 PEER_PAGES = {
+    "train_vs_peers_xeon_f6m167.md": None,
     "train_vs_peers_epyc_zen5.md": None,
     "train_vs_peers_xeon_f6m207.md": None,
     "train_vs_peers_epyc_zen4.md": None,
@@ -373,6 +379,7 @@ BLOCKS = {
         train_vs_peers_epyc_zen4,
         train_vs_peers_xeon_f6m207,
         train_vs_peers_epyc_zen5,
+        train_vs_peers_xeon_f6m167,
         peers_by_cpu,
         train_step_gains,
         context_scaling,
