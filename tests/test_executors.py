@@ -695,6 +695,8 @@ def test_requeues_slurm_holds_count_before_their_next_attempt_notes_them(tmp_pat
         {"job_id": "675", "runs": ["c"], "by": "lmlab sweep (preempted and cancelled; submitted again as job 680)"},
     ]
     (tmp_path / executors.REQUEUES_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
+    # submitit's Slurm executor needs srun on the PATH; the count reads only the records and squeue
+    monkeypatch.setattr(executors, "_make", lambda *a: (None, {}))
     ex = executors.SubmititExecutor(tmp_path, "slurm", log=lambda line: None)
     assert ex.requeues() == 2  # the records alone
     # 677_0: attempt 2 unrecorded; 677_1: attempt 1 unrecorded; 680 never requeued; 676 is not this sweep's
