@@ -227,7 +227,13 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--stop", action="append", type=_stop_text, metavar="TEXT", help="stop before this text (repeatable)"
     )
-    sp.add_argument("--max-new-tokens", type=POSITIVE, default=200)
+    sp.add_argument(
+        "--max-new-tokens",
+        type=POSITIVE,
+        default=200,
+        help="tokens to generate (default 200); one prompt goes on past the model's context_length (the "
+        "window slides: the last half of the text is encoded again); several prompts must fit in it",
+    )
     sp.add_argument("--temperature", type=_float_in(0, float("inf")), default=0.8, help="0 = greedy")
     sp.add_argument("--top-k", type=POSITIVE)
     sp.add_argument("--top-p", type=_float_in(0, 1, low_open=True))
@@ -484,8 +490,9 @@ def make_parser() -> argparse.ArgumentParser:
     bp.set_defaults(func="bench decode", command="bench decode")
     bp = bench.add_parser(
         "calibrate",
-        help="measure which CPU kernels train faster on this machine (fp32 linears "
-        "on oneDNN or MKL, blocked or SDPA attention) and cache the choice",
+        help="measure which CPU kernels are faster on this machine and cache the choices: training (fp32 "
+        "linears on oneDNN or MKL, blocked or SDPA attention) and decoding (the weight layout, fused "
+        "reductions in the compiled step, one thread or every core for one prompt)",
     )
     bp.add_argument(
         "--rounds",
