@@ -100,14 +100,14 @@ def _train(trainer, out: Path) -> int:
 
     if trainer.dist.is_main:
         dtype = describe_dtype(trainer.tc.dtype, trainer.device, trainer.amp_dtype)
+        kernels = trainer.model.kernels.describe(trainer.amp_dtype) if trainer.device.type == "cpu" else None
         print(
             f"model: {trainer.model.num_params():,} parameters ({trainer.model.num_params(non_embedding=True):,} "
             f"non-embedding), device {trainer.device}, dtype {dtype}, "
             f"{trainer.dist.world_size} process(es) ({trainer.mode}), "
             f"compile {trainer.compile_choice or 'auto (chosen before the first step)'}"
             f"{'; freed memory kept by malloc' if trainer.malloc_kept else ''}"
-            f"{'; fp32 linears on oneDNN' if trainer.onednn_linears else ''}"
-            f"{'; kernels: ' + trainer.model.kernels.describe() if trainer.device.type == 'cpu' else ''}; "
+            f"{'; kernels: ' + kernels if kernels else ''}; "
             f"run folder {out}",
             file=sys.stderr,
         )

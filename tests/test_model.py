@@ -108,3 +108,58 @@ def test_param_count_formula():
     per_layer = C * (H + 2 * K) * D + H * D * C + 3 * C * F + 2 * C
     assert TransformerLM(cfg).num_params() == V * C + L * per_layer + C
     assert F == 128  # 8/3 * 32 = 85.3 rounded up to a multiple of 64
+
+
+def test_meta_builds_draw_nothing_and_real_ones_draw_as_torch(monkeypatch):
+    """lmlab's Linear and Embedding skip nn's default draws on the meta device (there are no values) and draw
+    exactly as nn.Linear / nn.Embedding elsewhere (same seed, same tensors)."""
+    import torch.nn as nn
+
+    from lmlab.kernels.embedding import Embedding
+    from lmlab.kernels.linear import Linear
+
+    torch.manual_seed(3)
+    want = nn.Linear(5, 3), nn.Embedding(7, 4)
+    torch.manual_seed(3)
+    got = Linear(5, 3), Embedding(7, 4)
+    for w, g in zip(want, got):
+        for a, b in zip(w.parameters(), g.parameters()):
+            assert torch.equal(a, b)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a draw on the meta device")
+
+    monkeypatch.setattr(nn.init, "kaiming_uniform_", refuse)
+    monkeypatch.setattr(nn.init, "normal_", refuse)
+    with torch.device("meta"):
+        model = TransformerLM(ModelConfig(vocab_size=64, context_length=16, d_model=32, n_layers=2, n_heads=2))
+    assert all(p.is_meta for p in model.parameters())
+    with pytest.raises(AssertionError, match="a draw on the meta device"):
+        Linear(5, 3)  # on the CPU it draws
+
+
+def test_a_model_build_leaves_the_garbage_collector_as_it_found_it(monkeypatch):
+    """TransformerLM pauses Python's cyclic collector while it builds its blocks and restores its state after,
+    also when the build fails; a collector the caller had turned off stays off."""
+    import gc
+
+    from lmlab.model import transformer
+
+    cfg = ModelConfig(vocab_size=64, context_length=16, d_model=32, n_layers=2, n_heads=2)
+    seen = []
+    real_block = transformer.Block
+    monkeypatch.setattr(transformer, "Block", lambda *a: seen.append(gc.isenabled()) or real_block(*a))
+    assert gc.isenabled()
+    TransformerLM(cfg)
+    assert seen == [False, False] and gc.isenabled()
+    monkeypatch.setattr(transformer, "Block", lambda *a: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        TransformerLM(cfg)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        monkeypatch.setattr(transformer, "Block", real_block)
+        TransformerLM(cfg)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

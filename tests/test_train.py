@@ -73,6 +73,7 @@ def test_startup_says_when_fp32_linears_run_on_onednn(tmp_path, corpus_bytes):
     when the model's kernels say so (this process's defaults: off on Intel's CPUs), not under bf16
     autocast; the startup line names the kernels."""
     from lmlab.kernels import linear
+    from lmlab.kernels.causal_attention import use_blocked
     from lmlab.kernels.settings import KernelSettings, default_kernels
 
     def made(name, **kw):
@@ -89,6 +90,12 @@ def test_startup_says_when_fp32_linears_run_on_onednn(tmp_path, corpus_bytes):
     assert linear.fp32_linears_on_onednn(torch.device("cpu"), torch.bfloat16, on) is False
     assert not linear.fp32_linears_on_onednn(torch.device("cpu"), None, KernelSettings(False, False))
     assert on.describe().startswith("fp32 linears on " + ("oneDNN" if linear.onednn_available() else "MKL"))
+    # under bf16 autocast the line names bf16's products and attention first, the fp32 choices as an fp32 run's
+    bf16 = on.describe(torch.bfloat16)
+    assert bf16.startswith("bf16 linears by torch's autocast matmul, bf16 training attention by the blocked loops")
+    assert "fp32 linears" not in bf16 and "(an fp32 run here: linears on " in bf16
+    q = torch.zeros(1, 1, 8, 4, dtype=torch.bfloat16)  # what the line says: bf16 attention takes the blocked loops
+    assert use_blocked(q, False) and not use_blocked(q.float(), False)
 
 
 def test_lr_schedule():

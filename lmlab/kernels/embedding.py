@@ -51,6 +51,11 @@ class Embedding(nn.Embedding):
         # no padding_idx / max_norm / sparse: forward does not apply them, so they are not accepted
         super().__init__(num_embeddings, embedding_dim)
 
+    def reset_parameters(self) -> None:
+        """``nn.Embedding``'s initialisation; nothing on the meta device, which holds no values."""
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling() and self.weight.requires_grad:
             return _Lookup.apply(idx, self.weight)

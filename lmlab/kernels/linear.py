@@ -229,5 +229,11 @@ class Linear(nn.Linear):
         super().__init__(*args, **kwargs)
         self.kernels = default_kernels()
 
+    def reset_parameters(self) -> None:
+        """``nn.Linear``'s initialisation; nothing on the meta device, which holds no values (a real
+        config sized there builds tens of thousands of linears, and torch's meta draws took half the time)."""
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.kernels.onednn_fp32)

@@ -133,18 +133,27 @@ class KernelSettings:
             return None
         return self._nearest(self.decode_threads, cell, weights)
 
-    def describe(self) -> str:
+    def describe(self, amp_dtype=None) -> str:
         """One line for the startup message, e.g. 'fp32 linears on oneDNN, fp32 attention SDPA (calibrated
-        ...)'."""
+        ...)'. With ``amp_dtype`` (torch.bfloat16 or torch.float16: the run computes under autocast) the
+        line names what that run's products and attention use (torch's autocast matmul; the blocked loops,
+        :func:`lmlab.kernels.causal_attention.use_blocked`) before the calibrated fp32 choices, which then
+        apply only to fp32 runs."""
+        from lmlab.kernels.causal_attention import MAX_CONTEXT, MAX_SAVED_BYTES
         from lmlab.kernels.linear import onednn_available
 
+        unfused = [] if self.fused_loops else ["unfused attention loops"]
+        linears = "linears on " + ("oneDNN" if self.onednn_fp32 and onednn_available() else "MKL")
+        attention = "attention " + ("blocked on one thread" if self.blocked_attention_fp32 else "SDPA")
+        if amp_dtype is None:
+            return ", ".join([f"fp32 {linears}", f"fp32 {attention}"] + unfused) + f" ({self.source})"
+        name = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(str(amp_dtype), str(amp_dtype))
         parts = [
-            "fp32 linears on " + ("oneDNN" if self.onednn_fp32 and onednn_available() else "MKL"),
-            "fp32 attention " + ("blocked on one thread" if self.blocked_attention_fp32 else "SDPA"),
+            f"{name} linears by torch's autocast matmul",
+            f"{name} training attention by the blocked loops (SDPA past {MAX_CONTEXT:,} tokens or "
+            f"{MAX_SAVED_BYTES >> 20} MiB of saved probabilities)",
         ]
-        if not self.fused_loops:
-            parts.append("unfused attention loops")
-        return ", ".join(parts) + f" ({self.source})"
+        return ", ".join(parts + unfused) + f" (an fp32 run here: {linears}, {attention}; {self.source})"
 
     def describe_decode(self, with_source: bool = True) -> str:
         """The decode layout choice in words, e.g. 'decode weights oneDNN-packed for fp32 batch 2+ at 20.4M

@@ -21,6 +21,8 @@ projected out to embed_dim (``proj_out``, no bias) before the LM head.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 from typing import Optional
 
@@ -211,6 +213,21 @@ class Block(nn.Module):
         return x + ffn(self.mlp_norm.forward(x))
 
 
+@contextlib.contextmanager
+def _gc_paused():
+    """Python's cyclic garbage collector paused (as it was before, after): building a model's blocks makes no
+    garbage cycles, yet the objects it allocates (hundreds of thousands for a real-size MoE sized on the
+    meta device) trigger collections, each of which walks every live object of the process
+    (docs/bench/model_build.md)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 class TransformerLM(nn.Module):
     """Decoder-only LM: token ids (batch, seq) -> logits (batch, seq, vocab_size), fp32. ``kernels``: the
     CPU kernels it uses (:class:`lmlab.kernels.settings.KernelSettings`; None: this process's defaults);
@@ -225,13 +242,14 @@ class TransformerLM(nn.Module):
         self.proj_out = Linear(cfg.d_model, embed_dim, bias=False) if embed_dim != cfg.d_model else None
         self.abs_pos = AbsolutePositions(cfg) if cfg.position in ("learned", "sinusoidal") else None
         self.embd_drop = nn.Dropout(cfg.embd_dropout)
-        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        # multi-token prediction (lmlab.model.mtp): training-only modules, each with a block like the last layer
-        self.mtp = (
-            nn.ModuleList(MTPModule(cfg, Block(cfg, cfg.n_layers - 1)) for _ in range(cfg.mtp_depth))
-            if cfg.mtp_depth
-            else None
-        )
+        with _gc_paused():
+            self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+            # multi-token prediction (lmlab.model.mtp): training-only modules, each a block like the last layer
+            self.mtp = (
+                nn.ModuleList(MTPModule(cfg, Block(cfg, cfg.n_layers - 1)) for _ in range(cfg.mtp_depth))
+                if cfg.mtp_depth
+                else None
+            )
         self.mtp_last: Optional[list] = None  # the last training forward's MTP losses (detached), for the log
         self.final_norm = model_norm(cfg) if cfg.final_norm else None
         self.lm_head = Linear(embed_dim, cfg.vocab_size, bias=cfg.lm_head_bias)
@@ -259,7 +277,7 @@ class TransformerLM(nn.Module):
         for block in [*self.blocks, *(m.block for m in self.mtp or [])]:
             if block.attn.rope is not None:
                 block.attn.rope = ropes.setdefault(block.attn.rope.key, block.attn.rope)
-        self._position_tables = [m for m in self.modules() if hasattr(m, "ensure")]
+        self._position_tables = [m for m in self.modules() if hasattr(type(m), "ensure")]
         self.lean_decode = False  # set by lmlab.kernels.decode_layout.decode_layout while generating (see hidden)
         self.decode_reductions = False  # decode_layout's 'row-reductions' (the compiled step's attention too)
         # activation checkpointing (TrainConfig.activation_checkpointing): in training, each block's
@@ -275,7 +293,7 @@ class TransformerLM(nn.Module):
         recompiles for new settings (they are constants to torch.compile)."""
         self.kernels = kernels
         for m in self.modules():
-            if m is not self and hasattr(m, "kernels"):
+            if m is not self and "kernels" in vars(m):  # not hasattr: a miss costs nn.Module.__getattr__
                 m.kernels = kernels
 
     def _apply(self, fn, recurse: bool = True):
@@ -299,7 +317,7 @@ class TransformerLM(nn.Module):
         meta device; parameters and persistent buffers come from ``load_state_dict`` (or
         :meth:`reset_parameters`)."""
         for module in self.modules():
-            if module is not self and hasattr(module, "reset_tables"):
+            if module is not self and hasattr(type(module), "reset_tables"):
                 module.reset_tables()
         if self.cfg.position == "alibi":
             with torch.device("cpu"):
