@@ -16,6 +16,11 @@ compiled with ``freezing``, on a copy of the model), ``HF`` (``generate``, SDPA,
 ms per whole call (prompt 32 tokens, 64 new), HF's time / the variant's with IQR over rounds.
 
     python bench/decode_freezing.py --threads 1 2 --rounds 5
+    python bench/decode_freezing.py --logits
+
+``--logits``: instead of timing, 48 teacher-forced steps (the same forced ids for every variant) after the
+32-token prompt, each variant's logits against the fp32 eager model's: max and mean absolute difference,
+and how often the top-1 id is fp32's.
 """
 
 from __future__ import annotations
@@ -40,12 +45,58 @@ from lmlab.generate import stream_batch  # noqa: E402
 from lmlab.kernels import compiled_decode  # noqa: E402
 
 
+def compare_logits(steps: int = 48) -> None:
+    """Print each bf16 variant's logits against the fp32 eager model's, over ``steps`` teacher-forced steps."""
+    import lmlab.generate as generate
+
+    torch.set_num_threads(2)
+    ours, hf, cfg = build_gpt2_pair(0)
+    del hf
+    ours = ours.eval()
+    prompt = random_prompts(cfg.vocab_size, 1, 32, seed=1)
+    forced = torch.randint(0, cfg.vocab_size, (steps,), generator=torch.Generator().manual_seed(5)).tolist()
+    shipped = generate.sample_next
+
+    def run(model, compile: bool, freeze: bool = False) -> torch.Tensor:
+        seen = []
+
+        def forced_next(logits, *args, **kwargs):
+            seen.append(logits.float().clone())
+            return torch.tensor([forced[len(seen) - 1]])
+
+        generate.sample_next = forced_next
+        try:
+            with torch._inductor.config.patch(freezing=freeze):
+                list(generate.stream_batch(model, prompt, steps, temperature=0.0, compile=compile))
+        finally:
+            generate.sample_next = shipped
+        return torch.stack(seen)[:, 0]  # (steps, vocab)
+
+    ref = run(ours, False)
+    print(f"machine: {describe_machine()}")
+    print(f"GPT-2 small, prompt 32, {steps} teacher-forced steps; logits against the fp32 eager model's")
+    print("| variant | max abs diff | mean abs diff | top-1 as fp32 |")
+    print("| --- | --- | --- | --- |")
+    for name, compile, freeze in [
+        ("bf16 eager", False, False),
+        ("bf16 compiled (shipped)", True, False),
+        ("bf16 compiled, frozen", True, True),
+    ]:
+        got = run(copy.deepcopy(ours).to(torch.bfloat16), compile, freeze)
+        d = (got - ref).abs()
+        top = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+        print(f"| {name} | {d.max().item():.3e} | {d.mean().item():.3e} | {top:.0%} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--logits", action="store_true", help="compare logits with fp32's instead of timing")
     args = ap.parse_args()
+    if args.logits:
+        return compare_logits()
     ours, hf, cfg = build_gpt2_pair(0)
     ours, hf = ours.to(torch.bfloat16).eval(), hf.to(torch.bfloat16).eval()
     frozen = copy.deepcopy(ours)
