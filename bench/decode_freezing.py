@@ -8,7 +8,9 @@ multiplies by the transposed copies through MKL (``lmlab.kernels.compiled_decode
 measured was slower at this size than the eager step over oneDNN-packed weights (docs/usage.md). Inductor
 refuses packed weights passed to a graph as inputs (its oneDNN linear lowering asserts they are constants), so
 freezing is the way to packed products inside the graph. A frozen graph reads no weight at call time: it would
-go stale when the weights change, which is why this is measured here and not yet lmlab's default.
+go stale when the weights change. (Measured before lmlab's compiled step froze where calibrated: with a
+calibration that has ``decode_frozen``, ``compiled`` below is itself frozen where it chose so; the
+measurements in docs/bench/decode_freezing.md were made with one that had not.)
 
 Variants per round, in rotated order: ``eager`` (lmlab's eager step in the layout this machine's
 calibration chose), ``compiled`` (``compile=True`` as shipped), ``compiled, frozen`` (the same step

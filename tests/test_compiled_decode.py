@@ -257,3 +257,52 @@ def test_cli_generate_compile(tmp_path, capsys):
     assert main(["generate", str(tmp_path / "windowed"), "--prompt-ids", "1", "--compile"]) == 2
     err = capsys.readouterr().err
     assert "--compile" in err and "windowed" in err and "sliding-window" in err
+
+
+def test_a_frozen_step_equals_the_eager_step_holds_its_weights_as_constants_and_sees_them_change():
+    """The 'frozen' layout (the compiled batch-1 step compiled with Inductor's freezing, where the calibration
+    measured it faster): greedy ids and log-probabilities as the eager step's (fp32); its generated code takes
+    no weight as an input (they are constants: freezing took effect, which it does not when passed in
+    torch.compile's options); weights written between tokens send the call's remaining steps down the eager
+    path, and the next call compiles a graph for the new weights (and only then)."""
+    import copy
+
+    from lmlab.kernels.compiled_decode import frozen_state
+    from lmlab.kernels.decode_layout import decode_layout_kind, release_decode_copies
+    from lmlab.kernels.settings import KernelSettings
+
+    torch.manual_seed(4)
+    plain = TransformerLM(ModelConfig(**LLAMA), kernels=KernelSettings(False, False)).eval()
+    frozen = copy.deepcopy(plain)
+    frozen.set_kernels(KernelSettings(False, False, decode_frozen=[("fp32 batch 1", 1, True)]))
+    assert decode_layout_kind(frozen, 1, compiled=True) == "frozen"
+    assert decode_layout_kind(frozen, 2, compiled=True) == decode_layout_kind(frozen, 1) == "transposed"
+    prompt = [5, 9, 2, 6]
+    eager = list(generate_logprobs(plain, prompt, 12, temperature=0))
+    ours, code = _generated_code(lambda: list(generate_logprobs(frozen, prompt, 12, temperature=0, compile=True)))
+    _same_continuations(ours, eager)
+    (fn,) = _COMPILED[frozen].values()
+    assert fn.state == frozen_state(frozen)
+    n_weights = len(list(frozen.parameters()))
+    # the graph's inputs: the cache buffers, ids, position and the model's tensors unless they were frozen
+    call = re.search(r"def call\(self, args\):\n\s+(.*?) = args", code) or re.search(
+        r"def call\(args\):\n\s+(.*?) = args", code
+    )
+    assert call is not None and len(call[1].split(",")) < n_weights, call
+    ours = generate_logprobs(frozen, prompt, 8, temperature=0, compile=True)
+    theirs = generate_logprobs(plain, prompt, 8, temperature=0)
+    assert [next(ours)[0] for _ in range(3)] == [next(theirs)[0] for _ in range(3)]
+    with torch.no_grad():
+        for m in (frozen, plain):
+            m.blocks[1].mlp.w_in.weight.mul_(-3.0)
+            m.lm_head.weight.add_(0.5)
+    _same_continuations(list(ours), list(theirs))  # the rest of the call: eager, with the new weights
+    _same_continuations(
+        list(generate_logprobs(frozen, prompt, 12, temperature=0, compile=True)),
+        list(generate_logprobs(plain, prompt, 12, temperature=0)),
+    )
+    (fn2,) = _COMPILED[frozen].values()
+    assert fn2 is not fn and fn2.state == frozen_state(frozen) != fn.state
+    release_decode_copies(frozen)  # frees decode copies (it has none); the graph stays: no compile again
+    list(generate_logprobs(frozen, prompt, 3, temperature=0, compile=True))
+    assert list(_COMPILED[frozen].values()) == [fn2]

@@ -225,11 +225,12 @@ def test_forward_mode_and_func_transforms_fall_back():
 
 
 def _calibration(
-    onednn: bool, blocked: bool, identity: dict, decode=(), reductions=(), threads=(), apart=False
+    onednn: bool, blocked: bool, identity: dict, decode=(), reductions=(), threads=(), apart=False, frozen=()
 ) -> dict:
     """A calibration record; ``decode`` None: one measured before the decode layout was calibrated,
     ``reductions`` None: before the compiled step's reductions were, ``threads`` None: before the decode
-    threads were; ``apart``: threads measured apart from the layout (no 'one row' cells)."""
+    threads were, ``frozen`` None: before the compiled step's freezing was; ``apart``: threads measured
+    apart from the layout (no 'one row' cells)."""
     choices = {"onednn_fp32": onednn, "blocked_attention_fp32": blocked}
     if decode is not None:
         choices["decode_layout"] = list(decode)
@@ -237,6 +238,8 @@ def _calibration(
         choices["decode_reductions"] = list(reductions)
     if threads is not None:
         choices["decode_threads"] = list(threads)
+    if frozen is not None and decode is not None:
+        choices["decode_frozen"] = list(frozen)
     return {
         "version": S.CALIBRATION_VERSION,
         "identity": identity,
@@ -414,6 +417,16 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
         w = fields["d_model"] * 1000
         return {"ratio": r, "q1": r, "q3": r, "rounds": rounds, "steps": 1, "on_ms": r, "off_ms": 1.0, "weights": w}
 
+    # the frozen compiled step against the compiled step just chosen, bf16 batch 1: no gain at d256, 0.8 at d768
+    frozen = [0.99, 0.8]
+    frozen_calls = []
+
+    def fake_frozen(fields, rounds, off, threads=1):
+        frozen_calls.append((fields["d_model"], off, threads))
+        r = frozen[len(frozen_calls) - 1]
+        w = fields["d_model"] * 1000
+        return {"ratio": r, "q1": r, "q3": r, "rounds": rounds, "steps": 1, "on_ms": r, "off_ms": 1.0, "weights": w}
+
     # one prompt, fp32: (threads, alternative) settings' ratios to (1 thread, transposed), eager at the decode
     # shapes (alternative: packed), compiled at the reduction ones (alternative: reductions)
     one_row = {
@@ -439,6 +452,7 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
     monkeypatch.setattr(C, "measure_decode_cell", fake_decode)
     monkeypatch.setattr(C, "measure_reduction_cell", fake_reduction)
     monkeypatch.setattr(C, "measure_one_row_cell", fake_one_row)
+    monkeypatch.setattr(C, "measure_frozen_cell", fake_frozen)
     monkeypatch.setattr(C, "physical_cores", lambda: 3)
     monkeypatch.setattr(C, "packed_decode_available", lambda: True)
     monkeypatch.setattr(L, "_AVAILABLE", True)
@@ -462,7 +476,15 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
             {"cell": "compiled batch 1", "weights": 256_000, "threads": 3},
             {"cell": "compiled batch 1", "weights": 768_000, "threads": 3},
         ],
+        "decode_frozen": [  # on below 0.95
+            {"cell": "bf16 batch 1", "weights": 256_000, "on": False},
+            {"cell": "bf16 batch 1", "weights": 768_000, "on": True},
+        ],
     }
+    # against the compiled step as the reductions decision chose it, on the compiled threads chosen (3)
+    reduced = tuple((e["cell"], e["weights"], e["on"]) for e in record["choices"]["decode_reductions"])
+    assert frozen_calls == [(d, KernelSettings(True, False, decode_reductions=reduced), 3) for d in (256, 768)]
+    assert [(c["decision"], c["threads"]) for c in record["cells"][-2:]] == [("decode_frozen bf16 batch 1", 3)] * 2
     # measured first: every physical core against one thread with both layouts, at the shapes of the eager
     # and the compiled decode decisions, with the training kernels chosen
     assert [(c[0], c[1], c[2], c[4]) for c in one_row_calls] == [
@@ -480,7 +502,9 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
     # the bf16 reductions on the compiled threads chosen for each shape (3 at both)
     assert [(c[0], c[1], c[3]) for c in reduction_calls] == [("bf16 batch 1", d, 3) for d in (256, 768)]
     assert all(c[2] == KernelSettings(True, False) for c in reduction_calls)  # with the training kernels chosen
-    assert [(c["decision"], c["threads"]) for c in record["cells"][-2:]] == [("decode_reductions bf16 batch 1", 3)] * 2
+    assert [(c["decision"], c["threads"]) for c in record["cells"][-4:-2]] == [
+        ("decode_reductions bf16 batch 1", 3)
+    ] * 2
     # bf16 batch 1 on the eager threads chosen per shape (1 at d256, 3 at d768), batch 8 on every core; both
     # shapes per cell; fp32 batch 1 not measured again; with the training kernels chosen
     assert [(c[0], c[1], c[2]) for c in decode_calls] == [
@@ -490,7 +514,7 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
         for d in (256, 768)
     ]
     assert all(c[3] == KernelSettings(True, False) for c in decode_calls)
-    assert [c["decision"] for c in record["cells"][20:-2]] == [
+    assert [c["decision"] for c in record["cells"][20:-4]] == [
         f"decode_layout {n}" for n in S.DECODE_CELLS if n != "fp32 batch 1" for _ in "ab"
     ]
     record = {**record, "cells": record["cells"][:4]}
@@ -507,6 +531,8 @@ def test_calibration_takes_a_kernel_when_its_cells_measure_faster(monkeypatch, t
     decode_calls.clear()
     reduction_calls.clear()
     one_row_calls.clear()
+    frozen_calls.clear()
+    frozen[:] = [0.99, 0.8, 0.99, 0.8]
     monkeypatch.setattr(C, "physical_cores", lambda: 1)
     one_core = C.calibrate(rounds=3, log=lambda s: None)
     assert one_core["choices"]["onednn_fp32"] is False and one_core["choices"]["decode_threads"] == []
@@ -577,6 +603,20 @@ def test_the_nearest_measured_size_decides_the_decode_layout():
     with pytest.raises(ValueError, match="decode_reductions"):
         KernelSettings(False, False, decode_reductions=[("fp32 batch 2+", 7, True)])
     assert S.decode_cell(torch.float16, 1) is None
+    # the frozen compiled step: the same rule, batch-1 cells only, named in the decode line
+    k = KernelSettings(
+        False, False, decode_frozen=[("bf16 batch 1", 4_000_000, False), ("bf16 batch 1", 50_000_000, True)]
+    )
+    assert [k.decode_freezes("bf16 batch 1", w) for w in (1, 14_000_000, 15_000_000, 10**9)] == [
+        False,
+        False,
+        True,
+        True,
+    ]
+    assert not k.decode_freezes("fp32 batch 1", 10**9) and not k.decode_reduces("bf16 batch 1", 10**9)
+    assert "the compiled step frozen for bf16 batch 1 at 50.0M weights" in k.describe_decode()
+    with pytest.raises(ValueError, match="decode_frozen"):
+        KernelSettings(False, False, decode_frozen=[("bf16 batch 2+", 7, True)])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -690,7 +730,12 @@ def test_bench_calibrate_if_missing_keeps_a_valid_calibration(tmp_path, monkeypa
         measured = [{"cell": "fp32 batch 2+", "weights": 5, "packed": True}]
         fresh = _calibration(True, False, S.cpu_identity(), decode=measured)
         monkeypatch.setattr(C, "calibrate", lambda *a, **k: fresh)
-        olders = (dict(decode=None, reductions=None, threads=None), dict(reductions=None), dict(threads=None))
+        olders = (
+            dict(decode=None, reductions=None, threads=None),
+            dict(reductions=None),
+            dict(threads=None),
+            dict(frozen=None),
+        )
         for older in olders + (dict(apart=True),):
             path.write_text(json.dumps(_calibration(False, True, S.cpu_identity(), **older)))
             assert main(["bench", "calibrate", "--if-missing"]) == 0
@@ -772,6 +817,7 @@ def test_calibrate_checks_its_destination_before_measuring(tmp_path, monkeypatch
             "decode_layout": [],
             "decode_reductions": [],
             "decode_threads": [],
+            "decode_frozen": [],
         }
     finally:
         S.default_kernels.cache_clear()

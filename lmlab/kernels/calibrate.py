@@ -42,6 +42,11 @@ reference, stays.
   fp32 (with the threads, above) and bf16, on the threads ``decode_threads`` chose for the shape, each
   step compiled once before timing; the nearest measured size decides as above (which wins changes with the size:
   docs/bench/decode_reductions.md).
+- ``decode_frozen`` (whether that compiled batch-1 step is compiled with Inductor's freezing, its weights
+  constants of the graph, :mod:`lmlab.kernels.compiled_decode`): bf16 weights at the same shapes and
+  threads, against the compiled step ``decode_reductions`` chose (on the model-167 Xeon it took 0.82x /
+  0.78x the eager packed step's time at 124M and gained nothing at the demo's shape:
+  docs/bench/decode_freezing.md). fp32 is not measured (it lost at 124M there) and is never frozen.
 
 The result is cached as JSON under ``$LMLAB_CACHE/kernels/`` (default ``~/.cache/lmlab``), one file per
 CPU model and torch version (:func:`cache_path`), with the machine, the date and every cell, and
@@ -207,6 +212,21 @@ def measure_reduction_cell(
         return {**_interleave(timers, rounds), "weights": weights}
 
 
+def measure_frozen_cell(fields: dict, rounds: int, off: KernelSettings, threads: int = 1) -> dict:
+    """:func:`measure_decode_cell` for the compiled bf16 decode step at batch 1 on ``threads`` threads: 'on'
+    compiled with Inductor's freezing (decode_layout's 'frozen'), 'off' as ``off`` compiles it; adds
+    "weights". Each compiles once before timing (seconds; the frozen one longer)."""
+    cell = decode_cell(torch.bfloat16, 1)
+    weights = linear_weight_count(TransformerLM(ModelConfig(**fields)))
+    on = dataclasses.replace(off, decode_frozen=((cell, weights, True),))
+    with using_threads(threads):
+        timers = {
+            "on": _decode_timer(fields, 1, torch.bfloat16, on, True),
+            "off": _decode_timer(fields, 1, torch.bfloat16, off, True),
+        }
+        return {**_interleave(timers, rounds), "weights": weights}
+
+
 def measure_one_row_cell(
     fields: dict, compile: bool, cores: int, rounds: int, base: KernelSettings, alternative: bool = True
 ) -> dict:
@@ -368,12 +388,34 @@ def calibrate(rounds: int = 7, log: Callable[[str], None] = print, decode: bool 
 
 
 def _decide_decoding(base: KernelSettings, rounds: int, cores: int, choices: dict, cells: list, log) -> None:
-    """The three decode decisions into ``choices`` (their cells appended to ``cells``), with the training
+    """The four decode decisions into ``choices`` (their cells appended to ``cells``), with the training
     kernels ``base``: one prompt's fp32 steps first, threads and layout together (:func:`decide_one_row`),
-    then the other layout cells, bf16 batch 1 on the threads chosen for the shape."""
+    then the other layout cells, bf16 batch 1 on the threads chosen for the shape, then the frozen step."""
     choices["decode_threads"], known, one_row = decide_one_row(base, rounds, cores, cells, log)
     choices["decode_layout"] = decide_decode(base, rounds, cores, cells, log, one_row, known)
     choices["decode_reductions"] = decide_decode_reductions(base, rounds, cells, log, one_row, known)
+    choices["decode_frozen"] = decide_decode_frozen(base, rounds, cells, log, one_row, choices["decode_reductions"])
+
+
+def decide_decode_frozen(
+    base: KernelSettings, rounds: int, cells: list, log: Callable[[str], None], one_row: dict, reductions: list
+) -> list:
+    """The ``decode_frozen`` decision (module docstring): [{"cell": "bf16 batch 1", "weights", "on"}] for each
+    of :data:`REDUCTION_SHAPES`, ``on`` where the frozen compiled step was at least ``MIN_GAIN`` faster than
+    the compiled step with ``reductions`` (the ``decode_reductions`` entries just chosen), on ``one_row[
+    ('compiled batch 1', shape label)]`` threads (1 where it has none); each measurement is appended to
+    ``cells``. A step that cannot compile here is left out, and the log says why."""
+    off = dataclasses.replace(base, decode_reductions=tuple((e["cell"], e["weights"], e["on"]) for e in reductions))
+    entries = []
+    for label, fields in REDUCTION_SHAPES:
+        threads = one_row.get(("compiled batch 1", label), 1)
+        try:
+            cell = measure_frozen_cell(fields, rounds, off, threads)
+        except torch._dynamo.exc.BackendCompilerFailed as exc:
+            log(f"decode_frozen bf16 batch 1: not frozen (the compiled step does not compile here: {str(exc)[:160]})")
+            break
+        entries.append(_decode_entry("decode_frozen", decode_cell(torch.bfloat16, 1), label, threads, cell, cells, log))
+    return entries
 
 
 def decide_decode(
@@ -420,9 +462,11 @@ def _decode_entry(decision: str, name: str, label: str, threads: int, cell: dict
     taken where it made the steps at least ``MIN_GAIN`` faster."""
     chosen = cell["ratio"] < 1 - MIN_GAIN
     cells.append({"decision": f"{decision} {name}", "shape": label, "threads": threads, **cell})
-    on, off = {"decode_layout": ("packed", "transposed"), "decode_reductions": ("reductions", "transposed")}.get(
-        decision, (f"{threads} threads", "1 thread")
-    )
+    on, off = {
+        "decode_layout": ("packed", "transposed"),
+        "decode_reductions": ("reductions", "transposed"),
+        "decode_frozen": ("frozen", "not frozen"),
+    }.get(decision, (f"{threads} threads", "1 thread"))
     log(
         f"{decision} {name}: {label} ({cell['weights'] / 1e6:.1f}M weights), {threads} thread(s): "
         f"{on}/{off} {cell['ratio']:.3f} (IQR {cell['q1']:.3f}-{cell['q3']:.3f}; "

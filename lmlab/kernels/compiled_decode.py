@@ -24,7 +24,13 @@ compiled graph serves every step and every call:
   sums of elementwise products: Inductor then generates each layer as a few loops of its own (no MKL
   call, no per-product Python), reading each weight once. The graph reads the module's weights at each
   call, so there is no copy to go stale; a weight tensor replaced during a call (which may untie a tied
-  LM head) sends the call's remaining steps down the eager path.
+  LM head) sends the call's remaining steps down the eager path;
+- or, at batch 1 where the calibration measured it faster (decode_layout's 'frozen',
+  ``KernelSettings.decode_freezes``), the weights as they are, compiled with Inductor's freezing: the graph
+  holds them as constants (bf16 linears packed for oneDNN by Inductor itself, which it does only for
+  constants). Such a graph is kept with the state of every parameter and buffer it read
+  (:func:`frozen_state`): a call that finds other weights compiles a new one (seconds again), and a
+  change during a call sends its remaining steps down the eager path. Measured: docs/bench/decode_freezing.md.
 
 Supported (:func:`compiled_decode_unsupported` says why not): models whose blocks all take the lean decode
 path (``TransformerLM.lean_decode_obstacle``: pre-norm, plain attention) with full causal attention in
@@ -44,7 +50,7 @@ from typing import Optional
 
 import torch
 
-from lmlab.kernels.decode_layout import decode_copies_current, decode_copy_modules
+from lmlab.kernels.decode_layout import _watch_gradients, _weight_state, decode_copies_current, decode_copy_modules
 from lmlab.model import KVCache, TransformerLM
 
 
@@ -121,15 +127,46 @@ def _compiled_fn(model: TransformerLM, padded: bool, tying: tuple = ()):
     threads there are when it compiles, and does not guard on them) and ``tying``, which of the weights are
     one tensor (a graph traced with the LM head tied to the embedding reads the embedding for both; the
     guard that would see the tie undone is among those dropped), select the function."""
-    key = (padded, decode_copy_modules(model), model.decode_reductions, torch.get_num_threads(), tying)
+    key = (padded, decode_copy_modules(model), model.decode_reductions, model.decode_frozen, torch.get_num_threads())
+    key += (tying,)
     fns = _COMPILED.setdefault(model, {})
     fn = fns.get(key)
+    if model.decode_frozen:  # one frozen graph per key, for the weights as they are now (see frozen_state)
+        state = frozen_state(model, watch=True)
+        if fn is None or fn.state != state:
+            own = types.FunctionType(_step.__code__.replace(), _step.__globals__, "_step")
+            compiled = torch.compile(
+                own, fullgraph=True, dynamic=None, options={"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
+            )
+
+            def fn(*args, _compiled=compiled):
+                with torch._inductor.config.patch(freezing=True):  # read while it compiles (options come too late)
+                    return _compiled(*args)
+
+            fn.state = state
+            fns[key] = fn
+        return fn
     if fn is None:
         own = types.FunctionType(_step.__code__.replace(), _step.__globals__, "_step")
         fn = fns[key] = torch.compile(
             own, fullgraph=True, dynamic=None, options={"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
         )
     return fn
+
+
+def frozen_state(model: TransformerLM, watch: bool = False) -> tuple:
+    """What a frozen graph of ``model`` (decode_layout's 'frozen') took as constants, identified without
+    reading values: each parameter's and buffer's tensor, storage, layout, dtype, version and the gradients
+    accumulated into it (:func:`lmlab.kernels.decode_layout._weight_state`; ``watch``: start counting them,
+    as the decode copies do). Another state means other weights: the graph is stale."""
+    tensors = [*model.parameters(), *model.buffers()]
+    if watch:
+        for t in tensors:
+            _watch_gradients(t)
+    return tuple(
+        (id(t), t.data_ptr(), t.shape, t.dtype) if t.is_inference() else (id(t), _weight_state(t), t.grad is None)
+        for t in tensors
+    )  # (an inference tensor, e.g. a table made while decoding, has no version counter: a new table is new)
 
 
 def compiled_decoder(model: TransformerLM):
@@ -163,6 +200,8 @@ def compiled_decoder(model: TransformerLM):
                 model, cache.left_pad is not None, tuple(first.setdefault(t, i) for i, t in enumerate(tensors))
             )
             traced = tensors
+        if model.decode_frozen and frozen_state(model) != fn.state:  # the weights changed during this call
+            return model.logits(model.hidden(idx, cache)[:, -1])  # (the next call's first step compiles anew)
         logits = fn(model, idx, torch.tensor(cache.length, device=idx.device), cache.k, cache.v, cache.left_pad)
         cache.length += 1
         return logits

@@ -209,7 +209,8 @@ def _make_decode_copy(w: torch.Tensor, what: tuple) -> torch.Tensor:
 
 def release_decode_copies(model: torch.nn.Module) -> int:
     """Free the decode copies of ``model``'s linear weights that :func:`decode_layout` keeps between
-    calls; returns how many bytes they held. The next generation call makes them again."""
+    calls; returns how many bytes they held. The next generation call makes them again. (A frozen compiled
+    step's constants, :mod:`lmlab.kernels.compiled_decode`, stay with its graph, kept as long as the model.)"""
     freed = 0
     for module in model.modules():
         entry = _DECODE_COPIES.pop(module, None)
@@ -250,13 +251,15 @@ def decode_layout_kind(model: TransformerLM, batch: int = 1, compiled: bool = Fa
     (``KernelSettings.decode_packs``), the weights fit ``PACK_LIMIT_BYTES`` and this torch packs for
     oneDNN; never for ``compiled`` (the compiled decode step: Inductor cannot run over packed weights).
     'row-reductions' only for ``compiled`` at batch 1, where the kernels chose it the same way
-    (``KernelSettings.decode_reduces``)."""
+    (``KernelSettings.decode_reduces``); before it, 'frozen' (``KernelSettings.decode_freezes``)."""
     weights = _linear_weights(model)
     if not weights or any(w.device.type != "cpu" for w in weights):
         return "unchanged"
     dtypes = {w.dtype for w in weights}
     cell = decode_cell(dtypes.pop(), batch) if len(dtypes) == 1 else None
     kernels = getattr(model, "kernels", None)
+    if compiled and batch == 1 and kernels is not None and kernels.decode_freezes(cell, linear_weight_count(model)):
+        return "frozen"
     if compiled and batch == 1 and kernels is not None and kernels.decode_reduces(cell, linear_weight_count(model)):
         return "row-reductions"
     pack = (
@@ -309,8 +312,14 @@ def decode_layout(model: TransformerLM, batch: int = 1, compiled: bool = False) 
       (``model.decode_reductions``): Inductor fuses each layer into a few loops of its own instead of
       calling MKL's and Python's per product. Up to summation order the same as ``F.linear``.
 
+    - 'frozen' (the compiled decode step at batch 1, where this machine's calibration measured it faster):
+      the weights stay as they are and ``model.decode_frozen`` is set: the compiled step is compiled with
+      Inductor's freezing (:mod:`lmlab.kernels.compiled_decode`), whose graph holds the weights as
+      constants, bf16 linears packed for oneDNN by Inductor itself.
+
     ``compiled``: the layout for the compiled decode step (:mod:`lmlab.kernels.compiled_decode`):
-    'row-reductions' or 'transposed' (Inductor cannot multiply by oneDNN's packed weights).
+    'frozen', 'row-reductions' or 'transposed' (Inductor multiplies by oneDNN-packed weights only as
+    constants of a frozen graph, never as inputs).
 
     Side by side on the demo shape (2 CPU threads; ``python bench/decode_vs_hf.py``): see docs/benchmarks.md."""
     kind = decode_layout_kind(model, batch, compiled)
@@ -319,10 +328,14 @@ def decode_layout(model: TransformerLM, batch: int = 1, compiled: bool = False) 
         return
     _ACTIVE.add(model)
     model.lean_decode = model.lean_decode_possible()
-    model.decode_reductions = False  # a deep copy made inside the layout may carry True
+    model.decode_reductions = model.decode_frozen = False  # a deep copy made inside the layout may carry True
     changed, patched, reducing = [], [], []
     try:
         if kind == "unchanged":
+            yield
+            return
+        if kind == "frozen":  # the weights as they are: the frozen graph holds Inductor's packed constants
+            model.decode_frozen = True
             yield
             return
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
@@ -365,4 +378,4 @@ def decode_layout(model: TransformerLM, batch: int = 1, compiled: bool = False) 
             del module.forward, module._row_reductions
         _PATCHED.pop(model, None)
         _ACTIVE.discard(model)
-        model.lean_decode = model.decode_reductions = False
+        model.lean_decode = model.decode_reductions = model.decode_frozen = False

@@ -41,7 +41,12 @@ THREAD_CELLS = ("eager batch 1", "compiled batch 1")
 # layouts (lmlab.kernels.calibrate.decide_one_row); a record without them measured the threads apart
 ONE_ROW = "one row"
 # each decode decision's list in a calibration record, and the key of its per-entry choice
-DECODE_DECISIONS = {"decode_layout": "packed", "decode_reductions": "on", "decode_threads": "threads"}
+DECODE_DECISIONS = {
+    "decode_layout": "packed",
+    "decode_reductions": "on",
+    "decode_threads": "threads",
+    "decode_frozen": "on",
+}
 
 
 def decode_cell(dtype, batch: int) -> Optional[str]:
@@ -71,7 +76,10 @@ class KernelSettings:
     MKL; see :meth:`decode_reduces` (empty: transposed everywhere); ``decode_threads``: ``(cell, weights,
     threads)`` triples in the :data:`THREAD_CELLS`: the thread count that decoded one sequence faster (every
     physical core of the calibrating machine, or 1); see :meth:`decode_thread_count` (empty: not measured,
-    the fixed rule of :func:`lmlab.kernels.decode_layout.decode_threads`). Raises ValueError for an unknown
+    the fixed rule of :func:`lmlab.kernels.decode_layout.decode_threads`); ``decode_frozen``: ``(cell, weights,
+    on)`` triples in the :data:`REDUCTION_CELLS`: ``on`` where the compiled one-row step compiled with
+    Inductor's freezing (the weights constants of its graph, packed by Inductor) decoded faster than the
+    compiled step otherwise chosen; see :meth:`decode_freezes` (empty: never frozen). Raises ValueError for an unknown
     cell, a weight count below 1 or above :data:`MAX_WEIGHTS`, a thread count below 1, or two entries for
     one cell and weight count."""
 
@@ -81,6 +89,7 @@ class KernelSettings:
     decode_layout: tuple = ()
     decode_reductions: tuple = ()
     decode_threads: tuple = ()
+    decode_frozen: tuple = ()
     source: str = field(default="explicit", compare=False)  # where the choice came from (not compared)
 
     def __post_init__(self):
@@ -88,6 +97,7 @@ class KernelSettings:
             ("decode_layout", DECODE_CELLS),
             ("decode_reductions", REDUCTION_CELLS),
             ("decode_threads", THREAD_CELLS),
+            ("decode_frozen", REDUCTION_CELLS),
         ):
             value = int if name == "decode_threads" else bool  # a thread count, else a choice
             entries = tuple(sorted((str(c), int(w), value(p)) for c, w, p in getattr(self, name)))
@@ -124,6 +134,13 @@ class KernelSettings:
         (out, in): the nearest measured size decides, as in :meth:`decode_packs` (transposed weights and
         MKL on a tie, and where the cell was not measured)."""
         return self._nearest(self.decode_reductions, cell, weights)
+
+    def decode_freezes(self, cell: Optional[str], weights: int) -> bool:
+        """Whether the compiled decode step in ``cell`` (:func:`decode_cell`, batch 1) of a model with
+        ``weights`` linear weights is compiled with Inductor's freezing (decode_layout's 'frozen'): the
+        nearest measured size decides, as in :meth:`decode_packs` (not frozen on a tie, and where the cell
+        was not measured)."""
+        return self._nearest(self.decode_frozen, cell, weights)
 
     def decode_thread_count(self, cell: str, weights: int) -> Optional[int]:
         """The threads that decoded one sequence faster in ``cell`` (:data:`THREAD_CELLS`) at the measured
@@ -162,7 +179,9 @@ class KernelSettings:
         reduced = [
             f"{c} at {w / 1e6:.1f}M" for c in REDUCTION_CELLS for cc, w, p in self.decode_reductions if cc == c and p
         ]
+        frozen = [f"{c} at {w / 1e6:.1f}M" for c in REDUCTION_CELLS for cc, w, p in self.decode_frozen if cc == c and p]
         compiled = f"; the compiled step by fused reductions for {', '.join(reduced)} weights" if reduced else ""
+        compiled += f"; the compiled step frozen for {', '.join(frozen)} weights" if frozen else ""
         if self.decode_threads:
             more = [
                 f"{t} threads for {c} at {w / 1e6:.1f}M"
@@ -321,8 +340,8 @@ def _calibration_problem(record) -> Optional[str]:
 
 def _decode_entries(items, name: str = "decode_layout") -> Optional[tuple]:
     """A calibration's list of the decode decision ``name`` (:data:`DECODE_DECISIONS`: ``decode_layout``
-    [{"cell", "weights", "packed"}, ...], ``decode_reductions`` [{..., "on"}], ``decode_threads``
-    [{..., "threads"}]) as :class:`KernelSettings` triples; None when it is not one."""
+    [{"cell", "weights", "packed"}, ...], ``decode_reductions`` and ``decode_frozen`` [{..., "on"}],
+    ``decode_threads`` [{..., "threads"}]) as :class:`KernelSettings` triples; None when it is not one."""
     choice = DECODE_DECISIONS[name]
     value = int if name == "decode_threads" else bool  # exactly: a bool is no thread count
     if not isinstance(items, list) or not all(
@@ -363,11 +382,14 @@ def calibrated_kernels(record: dict) -> KernelSettings:
         decode = "; decode threads not calibrated (an older calibration)"
     elif apart:
         decode = "; decode threads measured apart from the layout, not used (an older calibration)"
+    elif "decode_layout" in c and "decode_frozen" not in c:
+        decode = "; the compiled step's freezing not calibrated (an older calibration)"
     return KernelSettings(
         onednn_fp32=c["onednn_fp32"],
         blocked_attention_fp32=c["blocked_attention_fp32"],
         decode_layout=_decode_entries(c.get("decode_layout", [])),
         decode_reductions=_decode_entries(c.get("decode_reductions", []), "decode_reductions"),
         decode_threads=() if apart else _decode_entries(c.get("decode_threads", []), "decode_threads"),
+        decode_frozen=_decode_entries(c.get("decode_frozen", []), "decode_frozen"),
         source=f"calibrated on this CPU {record['date'][:10]}{decode}",
     )

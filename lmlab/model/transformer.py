@@ -280,6 +280,7 @@ class TransformerLM(nn.Module):
         self._position_tables = [m for m in self.modules() if hasattr(type(m), "ensure")]
         self.lean_decode = False  # set by lmlab.kernels.decode_layout.decode_layout while generating (see hidden)
         self.decode_reductions = False  # decode_layout's 'row-reductions' (the compiled step's attention too)
+        self.decode_frozen = False  # decode_layout's 'frozen': the compiled step compiles with Inductor's freezing
         # activation checkpointing (TrainConfig.activation_checkpointing): in training, each block's
         # activations are recomputed in backward (torch.utils.checkpoint, non-reentrant) instead of kept
         self.checkpoint_blocks = False
