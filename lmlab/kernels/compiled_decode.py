@@ -127,30 +127,32 @@ def _compiled_fn(model: TransformerLM, padded: bool, tying: tuple = ()):
     threads there are when it compiles, and does not guard on them) and ``tying``, which of the weights are
     one tensor (a graph traced with the LM head tied to the embedding reads the embedding for both; the
     guard that would see the tie undone is among those dropped), select the function."""
-    key = (padded, decode_copy_modules(model), model.decode_reductions, model.decode_frozen, torch.get_num_threads())
-    key += (tying,)
+    key = (
+        padded,
+        decode_copy_modules(model),
+        model.decode_reductions,
+        model.decode_frozen,
+        torch.get_num_threads(),
+        tying,
+    )
     fns = _COMPILED.setdefault(model, {})
     fn = fns.get(key)
-    if model.decode_frozen:  # one frozen graph per key, for the weights as they are now (see frozen_state)
-        state = frozen_state(model, watch=True)
-        if fn is None or fn.state != state:
-            own = types.FunctionType(_step.__code__.replace(), _step.__globals__, "_step")
-            compiled = torch.compile(
-                own, fullgraph=True, dynamic=None, options={"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
-            )
+    state = frozen_state(model, watch=True) if model.decode_frozen else None  # a frozen graph: for these weights
+    if fn is None or (state is not None and fn.state != state):
+        own = types.FunctionType(_step.__code__.replace(), _step.__globals__, "_step")
+        compiled = torch.compile(
+            own, fullgraph=True, dynamic=None, options={"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
+        )
+        if state is None:
+            fn = compiled
+        else:
 
             def fn(*args, _compiled=compiled):
                 with torch._inductor.config.patch(freezing=True):  # read while it compiles (options come too late)
                     return _compiled(*args)
 
             fn.state = state
-            fns[key] = fn
-        return fn
-    if fn is None:
-        own = types.FunctionType(_step.__code__.replace(), _step.__globals__, "_step")
-        fn = fns[key] = torch.compile(
-            own, fullgraph=True, dynamic=None, options={"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
-        )
+        fns[key] = fn
     return fn
 
 
@@ -200,7 +202,7 @@ def compiled_decoder(model: TransformerLM):
                 model, cache.left_pad is not None, tuple(first.setdefault(t, i) for i, t in enumerate(tensors))
             )
             traced = tensors
-        if model.decode_frozen and frozen_state(model) != fn.state:  # the weights changed during this call
+        elif model.decode_frozen and frozen_state(model) != fn.state:  # the weights changed during this call
             return model.logits(model.hidden(idx, cache)[:, -1])  # (the next call's first step compiles anew)
         logits = fn(model, idx, torch.tensor(cache.length, device=idx.device), cache.k, cache.v, cache.left_pad)
         cache.length += 1

@@ -258,10 +258,12 @@ def decode_layout_kind(model: TransformerLM, batch: int = 1, compiled: bool = Fa
     dtypes = {w.dtype for w in weights}
     cell = decode_cell(dtypes.pop(), batch) if len(dtypes) == 1 else None
     kernels = getattr(model, "kernels", None)
-    if compiled and batch == 1 and kernels is not None and kernels.decode_freezes(cell, linear_weight_count(model)):
-        return "frozen"
-    if compiled and batch == 1 and kernels is not None and kernels.decode_reduces(cell, linear_weight_count(model)):
-        return "row-reductions"
+    if compiled and batch == 1 and kernels is not None:
+        n = linear_weight_count(model)
+        if kernels.decode_freezes(cell, n):
+            return "frozen"
+        if kernels.decode_reduces(cell, n):
+            return "row-reductions"
     pack = (
         not compiled
         and kernels is not None
