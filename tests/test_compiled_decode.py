@@ -149,8 +149,10 @@ def test_row_reductions_equal_the_eager_step_and_call_no_matrix_kernel(kw):
     ours, code = _generated_code(lambda: list(generate_logprobs(reduced, prompt, 12, temperature=0, compile=True)))
     _same_continuations(ours, eager)
     assert "cpp_fused" in code and not re.findall(r"extern_kernels\.\w+\(", code)
+    assert "assert_size_stride(" not in code  # the inputs' sizes are the tensor guards' to check, not Python's
     _, code = _generated_code(lambda: list(generate_logprobs(plain, prompt, 3, temperature=0, compile=True)))
     assert "extern_kernels.mm(" in code or "extern_kernels.addmm(" in code
+    assert "assert_size_stride(" not in code
     # the graph reads the weights at each call: a write between tokens is used by the next step
     ours, theirs = (
         generate_logprobs(reduced, prompt, 8, temperature=0, compile=True),
@@ -289,6 +291,7 @@ def test_a_frozen_step_equals_the_eager_step_holds_its_weights_as_constants_and_
         r"def call\(args\):\n\s+(.*?) = args", code
     )
     assert call is not None and len(call[1].split(",")) < n_weights, call
+    assert "assert_size_stride(" not in code
     ours = generate_logprobs(frozen, prompt, 8, temperature=0, compile=True)
     theirs = generate_logprobs(plain, prompt, 8, temperature=0)
     assert [next(ours)[0] for _ in range(3)] == [next(theirs)[0] for _ in range(3)]

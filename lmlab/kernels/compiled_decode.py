@@ -119,7 +119,8 @@ _COMPILED: "weakref.WeakKeyDictionary[TransformerLM, dict]" = weakref.WeakKeyDic
 def _compiled_fn(model: TransformerLM, padded: bool, tying: tuple = ()):
     """The compiled ``_step`` for ``model`` with (``padded``) or without left padding, for the linear modules
     decode_layout multiplies by a copy now. Its guards are the tensors' (dtype, shape, stride, device of
-    every input, parameter and table: a change recompiles); dynamo's guards on module attributes are
+    every input, parameter and table: a change recompiles; Inductor's own per-call size and stride asserts,
+    which check the same again in Python, are not generated); dynamo's guards on module attributes are
     dropped (a tenth of a step at the demo shape), since what they would catch cannot change between its
     calls: the model's structure is fixed, hooks make the model unsupported (checked per call), and the
     things that do vary, left padding, which modules hold decode copies, whether the step runs by
@@ -141,7 +142,12 @@ def _compiled_fn(model: TransformerLM, padded: bool, tying: tuple = ()):
     if fn is None or (state is not None and fn.state != state):
         own = types.FunctionType(_step.__code__.replace(), _step.__globals__, "_step")
         compiled = torch.compile(
-            own, fullgraph=True, dynamic=None, options={"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
+            own,
+            fullgraph=True,
+            dynamic=None,
+            # Inductor's asserts re-check each input's size and stride in Python per call: what the tensor
+            # guards kept already checked (some 40 per step at the demo shape, 2% of a call)
+            options={"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe, "size_asserts": False},
         )
         if state is None:
             fn = compiled
@@ -180,13 +186,15 @@ def compiled_decoder(model: TransformerLM):
     :func:`compiled_decode_unsupported` refuses (here) and, from ``step``, for a full cache."""
     check_compilable(model)
     fn, traced = None, None
-    weighted = [model.embed, *(m for m in model.modules() if isinstance(m, torch.nn.Linear))]
+    # each weighted module's parameters: a weight replaced (a new Parameter, or none: eager) shows there,
+    # read without nn.Module's attribute lookup (some 20 per step)
+    weighted = [m._parameters for m in (model.embed, *(m for m in model.modules() if isinstance(m, torch.nn.Linear)))]
 
     def step(idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
         nonlocal fn, traced
         if cache.length >= cache.max_len:
             raise ValueError(f"KV cache full: {cache.length + 1} positions needed, {cache.max_len} allocated")
-        tensors = tuple(id(m.weight) for m in weighted)
+        tensors = tuple([id(p.get("weight")) for p in weighted])
         if not decode_copies_current(model) or (traced is not None and tensors != traced):
             # a weight changed since its decode copy, or a weight tensor was replaced (e.g. an LM head
             # untied from the embedding) since this call's graph was chosen: the eager step reads them
