@@ -110,6 +110,52 @@ def test_weights_changed_between_tokens_take_effect_at_once(llama):
     _same_continuations(list(ours), list(theirs))
 
 
+@pytest.mark.parametrize("reductions", [True, False], ids=["row-reductions", "transposed"])
+def test_later_steps_of_a_call_skip_dynamo_and_storage_changes_go_back_through_it(reductions):
+    """A call's first compiled step goes through Dynamo (torch.compile's function), its later steps call the
+    Inductor graph it ran directly (lmlab.kernels.compiled_decode._DirectStep): for 12 tokens Dynamo's
+    function runs once, and the tokens and log-probabilities are the eager step's (the cache written, the
+    position advanced). A weight given new storage during the call (``.data =``, which keeps the Parameter)
+    sends the next steps back through Dynamo (or, where the step multiplies by a decode copy of it, now
+    stale, through the eager step), and they use the new values."""
+    import copy
+
+    from lmlab.kernels.settings import KernelSettings
+
+    torch.manual_seed(4)
+    cells = [("fp32 batch 1", 1, reductions)]
+    model = TransformerLM(ModelConfig(**LLAMA), kernels=KernelSettings(False, False, decode_reductions=cells)).eval()
+    plain = copy.deepcopy(model)
+    plain.set_kernels(KernelSettings(False, False))
+    prompt = [5, 9, 2, 6]
+    list(generate_logprobs(model, prompt, 2, temperature=0, compile=True))  # compiles
+    calls = []
+    (key, fn) = next(iter(_COMPILED[model].items()))
+
+    def counted(*args):
+        calls.append(1)
+        return fn(*args)
+
+    _COMPILED[model][key] = counted
+    _same_continuations(
+        list(generate_logprobs(model, prompt, 12, temperature=0, compile=True)),
+        list(generate_logprobs(plain, prompt, 12, temperature=0)),
+    )
+    assert len(calls) == 1  # the first of 11 decode steps; the other 10 called the graph directly
+    ours = generate_logprobs(model, prompt, 10, temperature=0, compile=True)
+    theirs = generate_logprobs(plain, prompt, 10, temperature=0)
+    assert [next(ours)[0] for _ in range(4)] == [next(theirs)[0] for _ in range(4)]
+    assert len(calls) == 2
+    with torch.no_grad():
+        for m in (model, plain):
+            w = m.blocks[1].mlp.w_in.weight
+            w.data = w.data * -3.0  # new storage, same Parameter object
+    _same_continuations(list(ours), list(theirs))
+    # the reductions read the weights themselves: every later step through Dynamo again; the transposed
+    # layout's decode copy of that weight is stale: the eager step
+    assert len(calls) == (2 + 6 if reductions else 2)
+
+
 def _generated_code(run) -> str:
     """``run()``'s result and the Python Inductor generated for the graphs it compiled (the FX graph cache
     off, so each is generated here)."""

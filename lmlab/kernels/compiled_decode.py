@@ -32,6 +32,12 @@ compiled graph serves every step and every call:
   (:func:`frozen_state`): a call that finds other weights compiles a new one (seconds again), and a
   change during a call sends its remaining steps down the eager path. Measured: docs/bench/decode_freezing.md.
 
+A call's first step runs the compiled function (Dynamo: its guards, compiling when they ask); its later
+steps call the Inductor graph that step ran directly (:class:`_DirectStep`), the ids and position written
+into the tensors it was given, skipping Dynamo's and AOT autograd's Python around the graph (1.12x / 1.17x
+the demo's whole fp32 call on one / two threads, docs/benchmarks.md); what their guards would catch during
+a call is checked per step instead (ids' shape and dtype, every input's storage).
+
 Supported (:func:`compiled_decode_unsupported` says why not): models whose blocks all take the lean decode
 path (``TransformerLM.lean_decode_obstacle``: pre-norm, plain attention) with full causal attention in
 every layer (no sliding-window or chunked layer, no linear-attention layer), no mixture of experts and no
@@ -44,6 +50,7 @@ docs/bench/decode_vs_hf.md.
 
 from __future__ import annotations
 
+import threading
 import types
 import weakref
 from typing import Optional
@@ -177,6 +184,67 @@ def frozen_state(model: TransformerLM, watch: bool = False) -> tuple:
     )  # (an inference tensor, e.g. a table made while decoding, has no version counter: a new table is new)
 
 
+class _DirectStep:
+    """The Inductor graph a call's first compiled step ran, called directly on the call's later steps: the
+    inputs Dynamo passed it (the model's tensors, the cache buffers, the cache length) are the same objects
+    on every step of a call, so only the ids and the position change, written into the tensors the graph
+    was given (``ids``, ``pos``). This skips Dynamo's and AOT autograd's Python around the graph (their
+    guards, the gathering of the model's tensors, the runtime wrapper: at the demo shape some 0.09 ms of a
+    0.72-ms step, bench/decode_overhead.py). What those guards would see change during a call is checked
+    here instead: the ids' shape and dtype, and the storage of every tensor input (a weight given other
+    storage, e.g. by ``.data =`` or ``model.to()``, ends the direct calls); a weight replaced by another
+    tensor, a stale decode copy or a frozen graph's changed weights are checked by the step before."""
+
+    def __init__(self, graph, inputs: list, ids: torch.Tensor, pos: torch.Tensor):
+        self.graph, self.inputs, self.ids, self.pos = graph, inputs, ids, pos
+        self.tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+        self.ptrs = [t.data_ptr() for t in self.tensors]
+
+    def holds(self, idx: torch.Tensor) -> bool:
+        """Whether the graph can take ``idx`` with every input where it was (else: through Dynamo)."""
+        return (
+            idx.shape == self.ids.shape
+            and idx.dtype == self.ids.dtype
+            and [t.data_ptr() for t in self.tensors] == self.ptrs
+        )
+
+    def __call__(self, idx: torch.Tensor, position: int) -> torch.Tensor:
+        self.ids.copy_(idx)
+        self.pos.fill_(position)
+        (logits,) = self.graph(list(self.inputs))  # (Inductor's call empties the list it is given)
+        return logits
+
+
+_CAPTURE = threading.Lock()
+
+
+def _first_step(fn, model: TransformerLM, idx: torch.Tensor, cache: KVCache) -> tuple:
+    """A call's first compiled step through Dynamo (``fn``, compiling when its guards ask), returning (its
+    logits, a :class:`_DirectStep` for the call's later steps, or None where the Inductor graph it ran was
+    not seen). The graph is seen by wrapping Inductor's ``CompiledFxGraph.__call__`` for this one call
+    (under a lock; only a call whose inputs hold this step's own ids tensor is taken)."""
+    ids, pos = idx.clone(), torch.tensor(cache.length, device=idx.device)
+    try:
+        from torch._inductor.output_code import CompiledFxGraph
+    except ImportError:  # another torch: every step through Dynamo
+        return fn(model, ids, pos, cache.k, cache.v, cache.left_pad), None
+    seen: list = []
+    with _CAPTURE:
+        original = CompiledFxGraph.__call__
+
+        def spy(graph, inputs):
+            if not seen and any(x is ids for x in inputs) and any(x is pos for x in inputs):
+                seen.append((graph, list(inputs)))
+            return original(graph, inputs)
+
+        CompiledFxGraph.__call__ = spy
+        try:
+            logits = fn(model, ids, pos, cache.k, cache.v, cache.left_pad)
+        finally:
+            CompiledFxGraph.__call__ = original
+    return logits, (_DirectStep(*seen[0], ids, pos) if seen else None)
+
+
 def compiled_decoder(model: TransformerLM):
     """The compiled one-token step of ``model``: ``step(idx, cache)`` decodes ``idx`` (batch, 1) ids
     continuing ``cache`` (a :class:`KVCache` of full-attention layers, after its prefill) -> fp32 logits
@@ -210,9 +278,16 @@ def compiled_decoder(model: TransformerLM):
                 model, cache.left_pad is not None, tuple(first.setdefault(t, i) for i, t in enumerate(tensors))
             )
             traced = tensors
+            logits, cache._direct = _first_step(fn, model, idx, cache)
+            cache.length += 1
+            return logits
         elif model.decode_frozen and frozen_state(model) != fn.state:  # the weights changed during this call
             return model.logits(model.hidden(idx, cache)[:, -1])  # (the next call's first step compiles anew)
-        logits = fn(model, idx, torch.tensor(cache.length, device=idx.device), cache.k, cache.v, cache.left_pad)
+        direct = cache._direct
+        if direct is not None and direct.holds(idx):
+            logits = direct(idx, cache.length)
+        else:
+            logits = fn(model, idx, torch.tensor(cache.length, device=idx.device), cache.k, cache.v, cache.left_pad)
         cache.length += 1
         return logits
 
