@@ -34,8 +34,8 @@ compiled graph serves every step and every call:
 
 A call's first step runs the compiled function (Dynamo: its guards, compiling when they ask); its later
 steps call the Inductor graph that step ran directly (:class:`_DirectStep`), the ids and position written
-into the tensors it was given, skipping Dynamo's and AOT autograd's Python around the graph (1.12x / 1.17x
-the demo's whole fp32 call on one / two threads, docs/benchmarks.md); what their guards would catch during
+into the tensors it was given, skipping Dynamo's and AOT autograd's Python around the graph (1.10x / 1.15x
+the demo's whole fp32 call on one / two threads, docs/bench/decode_overhead.md); what their guards would catch during
 a call is checked per step instead (ids' shape and dtype, every input's storage).
 
 Supported (:func:`compiled_decode_unsupported` says why not): models whose blocks all take the lean decode
