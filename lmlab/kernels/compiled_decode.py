@@ -221,8 +221,9 @@ _CAPTURE = threading.Lock()
 def _first_step(fn, model: TransformerLM, idx: torch.Tensor, cache: KVCache) -> tuple:
     """A call's first compiled step through Dynamo (``fn``, compiling when its guards ask), returning (its
     logits, a :class:`_DirectStep` for the call's later steps, or None where the Inductor graph it ran was
-    not seen). The graph is seen by wrapping Inductor's ``CompiledFxGraph.__call__`` for this one call
-    (under a lock; only a call whose inputs hold this step's own ids tensor is taken)."""
+    not seen, or returned more than the logits). The graph is seen by wrapping Inductor's
+    ``CompiledFxGraph.__call__`` for this one call (under a lock; only a call whose inputs hold this step's own
+    ids and position tensors is taken)."""
     ids, pos = idx.clone(), torch.tensor(cache.length, device=idx.device)
     try:
         from torch._inductor.output_code import CompiledFxGraph
@@ -233,16 +234,25 @@ def _first_step(fn, model: TransformerLM, idx: torch.Tensor, cache: KVCache) -> 
         original = CompiledFxGraph.__call__
 
         def spy(graph, inputs):
-            if not seen and any(x is ids for x in inputs) and any(x is pos for x in inputs):
-                seen.append((graph, list(inputs)))
-            return original(graph, inputs)
+            ours = not seen and any(x is ids for x in inputs) and any(x is pos for x in inputs)
+            given = list(inputs) if ours else None
+            out = original(graph, inputs)
+            if ours:
+                seen.append((graph, given, out))
+            return out
 
         CompiledFxGraph.__call__ = spy
         try:
             logits = fn(model, ids, pos, cache.k, cache.v, cache.left_pad)
         finally:
             CompiledFxGraph.__call__ = original
-    return logits, (_DirectStep(*seen[0], ids, pos) if seen else None)
+    if not seen:
+        return logits, None
+    graph, given, out = seen[0]
+    # the graph's one output is the logits Dynamo returned: the cache writes are inside the graph (a graph
+    # that left them to AOT autograd's wrapper would return the written buffers too)
+    direct = len(out) == 1 and out[0] is logits
+    return logits, (_DirectStep(graph, given, ids, pos) if direct else None)
 
 
 def compiled_decoder(model: TransformerLM):
