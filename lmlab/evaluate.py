@@ -17,6 +17,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from lmlab.kernels.loss import token_nll
 from lmlab.model import TransformerLM
 
 
@@ -87,7 +88,7 @@ def evaluate(
                 torch.device(device).type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None
             ):
                 logits = model(x)
-            nll = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
+            nll = token_nll(logits.flatten(0, 1), y.flatten())
             nll = nll.view(len(chunk), length)
             for row, (s, a, b) in enumerate(chunk):  # score only this window's new targets a..b-1
                 total_nll += float(nll[row, a - 1 - s :].sum(dtype=torch.float64))

@@ -90,3 +90,27 @@ def test_loss_by_position_is_the_mean_over_full_windows_by_hand():
         want.append(sum(vals) / len(vals))
     assert res["loss_by_position"] == pytest.approx(want, rel=1e-5)
     assert "loss_by_position" not in evaluate(model, tokens, n_bytes=100)
+
+
+@pytest.mark.parametrize("vocab,n", [(7, 5), (4096, 200), (50257, 37)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_nll_is_log_z_minus_the_target_logit(vocab, n, dtype):
+    """The evaluation's per-token loss, a block of rows at a time: against a float64 hand computation
+    (log sum exp of the row minus the target's logit) on rows that straddle the blocks (200 rows at 4,096
+    are four blocks of 64 and a partial one), within fp32 rounding; the same as torch's cross-entropy of the
+    fp32 logits; bf16 logits upcast first; a target outside the vocabulary raises."""
+    from lmlab.kernels.loss import token_nll
+
+    g = torch.Generator().manual_seed(vocab)
+    logits = (torch.randn(n, vocab, generator=g) * 4).to(dtype)
+    targets = torch.randint(0, vocab, (n,), generator=g)
+    ours = token_nll(logits, targets)
+    x = logits.double()
+    top = x.max(1).values
+    hand = torch.log(torch.exp(x - top[:, None]).sum(1)) + top - x[torch.arange(n), targets]
+    assert ours.dtype == torch.float32 and ours.shape == (n,)
+    assert torch.allclose(ours.double(), hand, rtol=1e-6, atol=1e-5)
+    ref = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
+    assert torch.allclose(ours, ref, rtol=1e-6, atol=1e-5)
+    with pytest.raises(RuntimeError):
+        token_nll(logits, torch.full((n,), vocab))
