@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -31,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from alternate import alternate, paired_ratio  # noqa: E402
 from decode_vs_hf import build_pair  # noqa: E402
 
 import lmlab.generate as generate  # noqa: E402
@@ -78,18 +78,12 @@ def measure(earlier, rev: str, threads: int, dtype: torch.dtype, args) -> None:
             generate.compiled_decoder = compiled_decode.compiled_decoder
 
     same = torch.equal(call(rev), call("now"))  # (each compiles here)
-    times: dict = {rev: [], "now": []}
-    for r in range(args.rounds):
-        for name in (rev, "now") if r % 2 == 0 else ("now", rev):
-            t = time.perf_counter()
-            call(name)
-            times[name].append(time.perf_counter() - t)
-    ratios = [a / b for a, b in zip(times[rev], times["now"])]
-    q = statistics.quantiles(ratios, n=4)
+    times = alternate({rev: lambda: call(rev), "now": lambda: call("now")}, args.rounds)
+    ratio, q1, q3 = paired_ratio(times[rev], times["now"])
     print(
         f"{threads} thread(s), {str(dtype).replace('torch.', '')}: {rev} {statistics.median(times[rev]) * 1e3:.2f} ms "
-        f"a call, now {statistics.median(times['now']) * 1e3:.2f} ms; {rev} / now {statistics.median(ratios):.3f}x "
-        f"(IQR {q[0]:.3f}-{q[2]:.3f}), {args.rounds} rounds; same greedy tokens: {same}"
+        f"a call, now {statistics.median(times['now']) * 1e3:.2f} ms; {rev} / now {ratio:.3f}x "
+        f"(IQR {q1:.3f}-{q3:.3f}), {args.rounds} rounds; same greedy tokens: {same}"
     )
 
 

@@ -21,7 +21,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from alternate import alternate, paired_ratio  # noqa: E402
 
 import lmlab.evaluate as evaluate_module  # noqa: E402
 from lmlab.bench import describe_machine  # noqa: E402
@@ -42,12 +44,10 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def _summary(times: dict, rounds: int) -> str:
-    ratios = [a / b for a, b in zip(times["cross_entropy"], times["token_nll"])]
-    q = statistics.quantiles(ratios, n=4)
+    ratio, q1, q3 = paired_ratio(times["cross_entropy"], times["token_nll"])
     return (
         f"cross_entropy {statistics.median(times['cross_entropy']) * 1e3:.2f} ms, token_nll "
-        f"{statistics.median(times['token_nll']) * 1e3:.2f} ms: {statistics.median(ratios):.3f}x "
-        f"(IQR {q[0]:.3f}-{q[2]:.3f}, {rounds} rounds)"
+        f"{statistics.median(times['token_nll']) * 1e3:.2f} ms: {ratio:.3f}x (IQR {q1:.3f}-{q3:.3f}, {rounds} rounds)"
     )
 
 
@@ -55,14 +55,11 @@ def loss_alone(rounds: int) -> None:
     for vocab in (256, 4096, 32768, 50257):
         g = torch.Generator().manual_seed(vocab)
         logits, targets = torch.randn(2048, vocab, generator=g), torch.randint(0, vocab, (2048,), generator=g)
-        times: dict = {"cross_entropy": [], "token_nll": []}
-        for r in range(rounds):
-            for name in ("cross_entropy", "token_nll") if r % 2 == 0 else ("token_nll", "cross_entropy"):
-                fn = cross_entropy if name == "cross_entropy" else token_nll
-                t = time.perf_counter()
-                fn(logits, targets)
-                times[name].append(time.perf_counter() - t)
-        print(f"  loss alone, 2,048 rows, vocab {vocab:,}: {_summary(times, rounds)}")
+        variants = {
+            "cross_entropy": lambda: cross_entropy(logits, targets),
+            "token_nll": lambda: token_nll(logits, targets),
+        }
+        print(f"  loss alone, 2,048 rows, vocab {vocab:,}: {_summary(alternate(variants, rounds), rounds)}")
 
 
 def whole_evaluations(val: Path, rounds: int) -> None:
@@ -71,15 +68,20 @@ def whole_evaluations(val: Path, rounds: int) -> None:
         torch.manual_seed(0)
         cfg = ModelConfig(vocab_size=4096, context_length=context, d_model=d_model, n_layers=n_layers, n_heads=4)
         model = TransformerLM(cfg).eval()
-        times: dict = {"cross_entropy": [], "token_nll": []}
         bpb = {}
-        for r in range(rounds):
-            for name in ("cross_entropy", "token_nll") if r % 2 == 0 else ("token_nll", "cross_entropy"):
-                evaluate_module.token_nll = cross_entropy if name == "cross_entropy" else token_nll
-                t = time.perf_counter()
+
+        def run(name, loss):
+            evaluate_module.token_nll = loss
+            try:
                 bpb[name] = evaluate_module.evaluate(model, tokens, len(tokens) * 4)["bits_per_byte"]
-                times[name].append(time.perf_counter() - t)
-        evaluate_module.token_nll = token_nll
+            finally:
+                evaluate_module.token_nll = token_nll
+
+        variants = {
+            "cross_entropy": lambda: run("cross_entropy", cross_entropy),
+            "token_nll": lambda: run("token_nll", token_nll),
+        }
+        times = alternate(variants, rounds)
         print(
             f"  evaluate, d_model {d_model}, {n_layers} layers, context {context}, vocab 4,096, {len(tokens):,} "
             f"tokens: {_summary(times, rounds)}; bits per byte (of a nominal 4 bytes a token) "

@@ -1,0 +1,28 @@
+"""Shared by the A/B benchmarks: run variants alternated in one process, and the median of paired ratios
+with its interquartile range."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+
+def alternate(variants: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Seconds of each variant's call per round, ``rounds`` rounds, the order rotated each round (so no
+    variant always runs first)."""
+    names = list(variants)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            t = time.perf_counter()
+            variants[name]()
+            times[name].append(time.perf_counter() - t)
+    return times
+
+
+def paired_ratio(num: list[float], den: list[float]) -> tuple[float, float, float]:
+    """Median, first and third quartile of the per-round ratios num[i] / den[i]."""
+    ratios = [a / b for a, b in zip(num, den)]
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    return statistics.median(ratios), q[0], q[2]
