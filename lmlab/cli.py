@@ -316,7 +316,7 @@ def _check_eval_flags(args) -> None:
 
 def cmd_eval(args) -> int:
     from lmlab.checkpoint import load_run
-    from lmlab.devices import resolve_device, resolve_dtype
+    from lmlab.devices import precision_name, resolve_device, resolve_dtype
     from lmlab.evaluate import evaluate
     from lmlab.run_folder import run_data
 
@@ -336,12 +336,15 @@ def cmd_eval(args) -> int:
         device=device,
         autocast_dtype=resolve_dtype(args.dtype, device),
     )
-    res.update(checkpoint=str(ckpt), split=args.split, data=str(data.folder), stride=args.stride or cfg.context_length)
+    args.dtype = precision_name(resolve_dtype(args.dtype, device))  # what 'auto' chose
+    res.update(checkpoint=str(ckpt), split=args.split, data=str(data.folder), dtype=args.dtype)
+    res["stride"] = args.stride or cfg.context_length
     if args.json:
         print(json.dumps(res))
     else:
         print(
-            f"{args.split} of {data.folder} ({res['tokens']:,} tokens, {res['bytes']:,} bytes), checkpoint {ckpt.name}:"
+            f"{args.split} of {data.folder} ({res['tokens']:,} tokens, {res['bytes']:,} bytes), checkpoint "
+            f"{ckpt.name}, {args.dtype}:"
         )
         print(f"  loss            {res['loss']:.4f} nats/token")
         print(f"  perplexity      {res['perplexity']:.2f}")
@@ -358,6 +361,8 @@ def cmd_generate(args) -> int:
     device = resolve_device(args.device)
     if args.prompt_ids is not None:
         return _generate_ids(args, device)
+    if args.logprobs and len(args.prompt or ()) > 1:  # (before the model loads)
+        raise ConfigError("--logprobs takes one --prompt (the log-probabilities of one stream)")
     model, tok = _generation_model(args, device)
     texts = args.prompt or [""]
     prompts = []
@@ -370,8 +375,6 @@ def cmd_generate(args) -> int:
         eos = tok.eot_id if args.stop_at_eot else None
     except TokenizerError as exc:
         raise ConfigError(f"--stop-at-eot: {exc}") from None
-    if args.logprobs and len(prompts) > 1:
-        raise ConfigError("--logprobs takes one --prompt (the log-probabilities of one stream)")
     sampling = dict(_sampling(args, device), eos_id=eos)
     if len(prompts) == 1:  # one prompt: stream the text as it comes
         print_completion(

@@ -76,7 +76,15 @@ def test_eval_json_and_generate(run_dir, capsys):
     assert main(["eval", str(run_dir), "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert {"loss", "perplexity", "bits_per_byte", "tokens", "bytes"} <= set(res)
-    assert res["bytes"] == 30000 and res["bits_per_byte"] > 0
+    assert res["bytes"] == 30000 and res["bits_per_byte"] > 0 and res["dtype"] == "fp32"
+    assert main(["eval", str(run_dir), "--dtype", "bf16"]) == 0  # the text names the precision scored in
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head.endswith(", bf16:") and "checkpoint" in head
+    from lmlab.devices import precision_name, resolve_dtype
+
+    assert main(["eval", str(run_dir), "--dtype", "auto", "--json"]) == 0  # names what 'auto' chose here
+    auto = precision_name(resolve_dtype("auto", torch.device("cpu")))
+    assert json.loads(capsys.readouterr().out)["dtype"] == auto and auto in ("fp32", "bf16")
     assert main(["generate", str(run_dir), "--prompt", "KING.", "--max-new-tokens", "5", "--seed", "1"]) == 0
     assert capsys.readouterr().out.startswith("KING.")
 

@@ -407,6 +407,9 @@ def test_cli_logprobs(byte_run, capsys):
     assert total[0] == "total" and float(total[1]) == pytest.approx(sum(float(r[1]) for r in rows), abs=1e-3)
     assert main(args + ["--prompt", "cd", "--logprobs"]) == 2
     assert "--logprobs takes one --prompt" in capsys.readouterr().err
+    # refused before any run folder is read (a missing one would be reported otherwise)
+    assert main(["generate", str(byte_run) + "-missing", "--prompt", "a", "--prompt", "b", "--logprobs"]) == 2
+    assert "--logprobs takes one --prompt" in capsys.readouterr().err
 
 
 def test_decode_threads_follow_the_calibration_else_the_model_size():
