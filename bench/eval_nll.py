@@ -6,8 +6,10 @@ block of rows at a time) against ``F.cross_entropy(logits.float(), targets, redu
    vocabulary sizes.
 2. Whole ``evaluate`` calls over a token file (default: the demo corpus' validation split,
    ``data/shakespeare-bpe4096/val.bin``, made by ``lmlab prepare``) for lab-shaped models (random weights:
-   the time does not depend on them), the loss swapped between rounds; both give the same bits per byte up to
-   fp32 rounding (printed).
+   the time does not depend on them): as ``lmlab.evaluate`` is (the blocks once, then the LM head and
+   ``token_nll`` a block of rows at a time) against the whole forward's logits and torch's cross-entropy
+   (the code before), swapped between rounds; both give the same bits per byte up to fp32 rounding
+   (printed).
 
 Prints the machine, threads and load, median ms and the median of the per-round ratios (cross_entropy /
 token_nll: above 1, token_nll is faster) with its IQR. Run:
@@ -43,6 +45,14 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float(), targets, reduction="none")
 
 
+def before(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``lmlab.evaluate``'s loss before 2026-12-07: the whole forward's logits, torch's cross-entropy."""
+    return cross_entropy(model(x).flatten(0, 1), y.flatten())
+
+
+lmlab_nll = evaluate_module._nll
+
+
 def _summary(times: dict, rounds: int) -> str:
     ratio, q1, q3 = paired_ratio(times["cross_entropy"], times["token_nll"])
     return (
@@ -70,16 +80,16 @@ def whole_evaluations(val: Path, rounds: int) -> None:
         model = TransformerLM(cfg).eval()
         bpb = {}
 
-        def run(name, loss):
-            evaluate_module.token_nll = loss
+        def run(name, nll):
+            evaluate_module._nll = nll
             try:
                 bpb[name] = evaluate_module.evaluate(model, tokens, len(tokens) * 4)["bits_per_byte"]
             finally:
-                evaluate_module.token_nll = token_nll
+                evaluate_module._nll = lmlab_nll
 
         variants = {
-            "cross_entropy": lambda: run("cross_entropy", cross_entropy),
-            "token_nll": lambda: run("token_nll", token_nll),
+            "cross_entropy": lambda: run("cross_entropy", before),
+            "token_nll": lambda: run("token_nll", lmlab_nll),
         }
         times = alternate(variants, rounds)
         print(

@@ -17,7 +17,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from lmlab.kernels.loss import token_nll
+from lmlab.kernels.loss import chunk_rows, token_nll
 from lmlab.model import TransformerLM
 
 
@@ -35,6 +35,20 @@ def windows(n_tokens: int, context_length: int, stride: Optional[int] = None) ->
         out.append((max(0, b - 1 - context_length), a, b))
         a = b
     return out
+
+
+def _nll(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Each target's loss (nats, fp32, flattened) for inputs ``x`` and targets ``y`` (batch, seq). A plain
+    :class:`TransformerLM` (no forward hooks: not an FSDP-sharded or hooked model, which must be called
+    whole) runs its blocks once and its LM head a block of rows at a time (some 2^20 logits on a CPU,
+    :func:`lmlab.kernels.loss.chunk_rows`), each block's loss taken while its logits are in cache: the
+    same numbers as ``token_nll(model(x))``, which any other module gets (docs/bench/eval_nll.md)."""
+    y = y.flatten()
+    if not isinstance(model, TransformerLM) or model._forward_pre_hooks or model._forward_hooks:
+        return token_nll(model(x).flatten(0, 1), y)
+    h = model.hidden(x).flatten(0, 1)
+    rows = chunk_rows(model.cfg.vocab_size, h.device)
+    return torch.cat([token_nll(model.logits(hb), yb) for hb, yb in zip(h.split(rows), y.split(rows))])
 
 
 @torch.no_grad()
@@ -87,9 +101,7 @@ def evaluate(
             with torch.autocast(
                 torch.device(device).type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None
             ):
-                logits = model(x)
-            nll = token_nll(logits.flatten(0, 1), y.flatten())
-            nll = nll.view(len(chunk), length)
+                nll = _nll(model, x, y).view(len(chunk), length)
             for row, (s, a, b) in enumerate(chunk):  # score only this window's new targets a..b-1
                 total_nll += float(nll[row, a - 1 - s :].sum(dtype=torch.float64))
                 scored += b - a

@@ -114,3 +114,33 @@ def test_token_nll_is_log_z_minus_the_target_logit(vocab, n, dtype):
     assert torch.allclose(ours, ref, rtol=1e-6, atol=1e-5)
     with pytest.raises(RuntimeError):
         token_nll(logits, torch.full((n,), vocab))
+
+
+def test_the_lm_head_in_row_blocks_gives_the_whole_forwards_numbers():
+    """evaluate runs a plain TransformerLM's LM head a block of rows at a time (128 rows at a vocabulary of
+    8,192: each batch of 16 x 16 targets in two blocks); a model with a forward hook is called whole
+    (``model(x)``, as an FSDP-sharded one must be). Both give the same loss, bits per byte and loss by
+    position, with a soft-capped, scaled, biased head (the parts ``model.logits`` applies)."""
+    cfg = ModelConfig(
+        vocab_size=8192,
+        context_length=16,
+        d_model=16,
+        n_layers=1,
+        n_heads=2,
+        final_logit_softcap=5.0,
+        lm_head_bias=True,
+        tie_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = TransformerLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.bias.normal_()
+    tokens = np.random.default_rng(0).integers(0, 8192, 600)
+    ours = evaluate(model, tokens, 1800, by_position=True)
+    handle = model.register_forward_hook(lambda m, args, out: None)
+    whole = evaluate(model, tokens, 1800, by_position=True)
+    handle.remove()
+    assert ours["tokens"] == whole["tokens"] == 599
+    for key in ("loss", "bits_per_byte"):
+        assert ours[key] == pytest.approx(whole[key], rel=1e-6)
+    assert ours["loss_by_position"] == pytest.approx(whole["loss_by_position"], rel=1e-6)
