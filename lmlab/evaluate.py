@@ -16,8 +16,9 @@ from typing import Optional
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from lmlab.kernels.loss import chunk_rows, token_nll
+from lmlab.kernels.loss import chunk_rows
 from lmlab.model import TransformerLM
 
 
@@ -38,17 +39,20 @@ def windows(n_tokens: int, context_length: int, stride: Optional[int] = None) ->
 
 
 def _nll(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Each target's loss (nats, fp32, flattened) for inputs ``x`` and targets ``y`` (batch, seq). A plain
-    :class:`TransformerLM` (no forward hooks: not an FSDP-sharded or hooked model, which must be called
-    whole) runs its blocks once and its LM head a block of rows at a time (some 2^20 logits on a CPU,
-    :func:`lmlab.kernels.loss.chunk_rows`), each block's loss taken while its logits are in cache: the
-    same numbers as ``token_nll(model(x))``, which any other module gets (docs/bench/eval_nll.md)."""
+    """Each target's cross-entropy (nats, fp32, flattened) for inputs ``x`` and targets ``y`` (batch, seq). A
+    plain :class:`TransformerLM` (no forward hooks: not an FSDP-sharded or hooked model, which must be
+    called whole) runs its blocks once, then its LM head and the loss a block of rows at a time (some 2^20
+    logits on a CPU, :func:`lmlab.kernels.loss.chunk_rows`), each block's loss taken while its logits are in
+    cache rather than after a batch's logits were all written out: the same numbers as
+    ``cross_entropy(model(x))``, which any other module gets (docs/bench/eval_nll.md)."""
     y = y.flatten()
     if not isinstance(model, TransformerLM) or model._forward_pre_hooks or model._forward_hooks:
-        return token_nll(model(x).flatten(0, 1), y)
+        return F.cross_entropy(model(x).float().flatten(0, 1), y, reduction="none")
     h = model.hidden(x).flatten(0, 1)
     rows = chunk_rows(model.cfg.vocab_size, h.device)
-    return torch.cat([token_nll(model.logits(hb), yb) for hb, yb in zip(h.split(rows), y.split(rows))])
+    return torch.cat(
+        [F.cross_entropy(model.logits(hb), yb, reduction="none") for hb, yb in zip(h.split(rows), y.split(rows))]
+    )
 
 
 @torch.no_grad()

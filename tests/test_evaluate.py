@@ -92,35 +92,12 @@ def test_loss_by_position_is_the_mean_over_full_windows_by_hand():
     assert "loss_by_position" not in evaluate(model, tokens, n_bytes=100)
 
 
-@pytest.mark.parametrize("vocab,n", [(7, 5), (4096, 200), (50257, 37)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_token_nll_is_log_z_minus_the_target_logit(vocab, n, dtype):
-    """The evaluation's per-token loss, a block of rows at a time: against a float64 hand computation
-    (log sum exp of the row minus the target's logit) on rows that straddle the blocks (200 rows at 4,096
-    are four blocks of 64 and a partial one), within fp32 rounding; the same as torch's cross-entropy of the
-    fp32 logits; bf16 logits upcast first; a target outside the vocabulary raises."""
-    from lmlab.kernels.loss import token_nll
-
-    g = torch.Generator().manual_seed(vocab)
-    logits = (torch.randn(n, vocab, generator=g) * 4).to(dtype)
-    targets = torch.randint(0, vocab, (n,), generator=g)
-    ours = token_nll(logits, targets)
-    x = logits.double()
-    top = x.max(1).values
-    hand = torch.log(torch.exp(x - top[:, None]).sum(1)) + top - x[torch.arange(n), targets]
-    assert ours.dtype == torch.float32 and ours.shape == (n,)
-    assert torch.allclose(ours.double(), hand, rtol=1e-6, atol=1e-5)
-    ref = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
-    assert torch.allclose(ours, ref, rtol=1e-6, atol=1e-5)
-    with pytest.raises(RuntimeError):
-        token_nll(logits, torch.full((n,), vocab))
-
-
 def test_the_lm_head_in_row_blocks_gives_the_whole_forwards_numbers():
-    """evaluate runs a plain TransformerLM's LM head a block of rows at a time (128 rows at a vocabulary of
-    8,192: each batch of 16 x 16 targets in two blocks); a model with a forward hook is called whole
-    (``model(x)``, as an FSDP-sharded one must be). Both give the same loss, bits per byte and loss by
-    position, with a soft-capped, scaled, biased head (the parts ``model.logits`` applies)."""
+    """evaluate runs a plain TransformerLM's LM head and loss a block of rows at a time (128 rows at a
+    vocabulary of 8,192: each batch of 16 x 16 targets in two blocks); a model with a forward hook is called
+    whole (``model(x)``, as an FSDP-sharded one must be). Both give the same loss, bits per byte and loss by
+    position, with a soft-capped, biased head (the parts ``model.logits`` applies); and the bits per byte
+    are the hand computation's from the whole forward's logits (float64 log-softmax)."""
     cfg = ModelConfig(
         vocab_size=8192,
         context_length=16,
@@ -135,12 +112,20 @@ def test_the_lm_head_in_row_blocks_gives_the_whole_forwards_numbers():
     model = TransformerLM(cfg).eval()
     with torch.no_grad():
         model.lm_head.bias.normal_()
-    tokens = np.random.default_rng(0).integers(0, 8192, 600)
+    tokens = np.random.default_rng(0).integers(0, 8192, 593)  # 37 windows of 16 targets
     ours = evaluate(model, tokens, 1800, by_position=True)
     handle = model.register_forward_hook(lambda m, args, out: None)
     whole = evaluate(model, tokens, 1800, by_position=True)
     handle.remove()
-    assert ours["tokens"] == whole["tokens"] == 599
+    assert ours["tokens"] == whole["tokens"] == 592
     for key in ("loss", "bits_per_byte"):
         assert ours[key] == pytest.approx(whole[key], rel=1e-6)
     assert ours["loss_by_position"] == pytest.approx(whole["loss_by_position"], rel=1e-6)
+    with torch.no_grad():  # windows of 16 from 0 (the default stride): every target once
+        x = torch.as_tensor(tokens, dtype=torch.int64)
+        nll = 0.0
+        for start in range(0, 592, 16):
+            ids = x[start : start + 17]
+            logp = torch.log_softmax(model(ids[None, :-1]).double(), -1)[0]
+            nll -= logp.gather(1, ids[1:, None]).sum().item()
+    assert ours["bits_per_byte"] == pytest.approx(nll / math.log(2) / 1800, rel=1e-6)

@@ -49,27 +49,6 @@ def lm_loss(
     return ce + z_loss * z, ce.detach()
 
 
-def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Each token's next-token cross-entropy in nats, fp32: logits (n, vocab) in any float dtype and
-    targets (n,) ids -> (n,), ``log Z - logit[target]`` (log Z the logsumexp of the row). The evaluation's
-    loss (:func:`lmlab.evaluate.evaluate`).
-
-    On a CPU a block of rows at a time (some 2^18 logits, 1 MiB in fp32), each upcast to fp32 and reduced
-    while in cache, instead of ``F.cross_entropy(logits.float(), targets, reduction="none")``, whose
-    log-softmax writes and rereads every logit: the same numbers up to fp32 summation order, 2-3x faster at
-    a 4,096-token vocabulary (docs/bench/eval_nll.md). Elsewhere ``F.cross_entropy``. Raises RuntimeError
-    (from torch) for a target outside [0, vocab)."""
-    if logits.device.type != "cpu":
-        return F.cross_entropy(logits.float(), targets, reduction="none")
-    n, vocab = logits.shape
-    rows = max(16, 2**18 // max(vocab, 1))
-    out = torch.empty(n, dtype=torch.float32)
-    for i in range(0, n, rows):
-        block = logits[i : i + rows].float()
-        out[i : i + rows] = torch.logsumexp(block, dim=-1) - block.gather(1, targets[i : i + rows, None]).squeeze(1)
-    return out
-
-
 def chunk_rows(vocab_size: int, device: torch.device) -> int:
     """Rows per chunk of :func:`linear_cross_entropy`: 2^20 fp32 logits (4 MiB) on CPU, 2^25 (128 MiB)
     on a GPU (few, large matmuls); the chunk sizes measured: docs/bench/measured-choices.md."""
