@@ -1,8 +1,9 @@
-"""Shared by the A/B benchmarks: run variants alternated in one process, and the median of paired ratios
-with its interquartile range."""
+"""Shared by the A/B benchmarks: run variants alternated in one process, the median of paired ratios with
+its interquartile range, the load average as they print it."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Callable
@@ -26,3 +27,8 @@ def paired_ratio(num: list[float], den: list[float]) -> tuple[float, float, floa
     ratios = [a / b for a, b in zip(num, den)]
     q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     return statistics.median(ratios), q[0], q[2]
+
+
+def load_average() -> str:
+    """The 1-, 5- and 15-minute load averages, as the benchmarks print them ("0.52 0.61 0.70")."""
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())

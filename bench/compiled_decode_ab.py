@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from alternate import alternate, paired_ratio  # noqa: E402
+from alternate import alternate, load_average, paired_ratio  # noqa: E402
 from decode_vs_hf import build_pair  # noqa: E402
 
 import lmlab.generate as generate  # noqa: E402
@@ -97,12 +97,11 @@ def main(argv=None) -> None:
     p.add_argument("--new-tokens", type=int, default=64)
     args = p.parse_args(argv)
     earlier = load_at(args.against)
-    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    print(f"machine: {describe_machine()}; load average {load}")
+    print(f"machine: {describe_machine()}; load average {load_average()}")
     dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
     for threads in args.threads:
         measure(earlier, args.against, threads, dtype, args)
-    print(f"load average after {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(f"load average after {load_average()}")
 
 
 if __name__ == "__main__":

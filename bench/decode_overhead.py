@@ -18,8 +18,8 @@ call to compile the step (``compile=True``, the layout this machine's calibratio
   (eager, into a new cache) is also timed alone.
 
 Prints the machine, threads and load, medians over rounds (ms; per step, or per call) and the weight-read
-floor (``bench/decode_vs_hf.py``'s: every weight a step multiplies by read once). Private torch APIs are
-read here only to measure (``CompiledFxGraph.__call__`` wrapped for one call). Run:
+floor (``bench/decode_vs_hf.py``'s: every weight a step multiplies by read once). The graph and its inputs
+are the ones lmlab's own first step captures (``lmlab.kernels.compiled_decode._first_step``). Run:
 
     python bench/decode_overhead.py [--threads 1 2] [--dtype fp32|bf16] [--rounds 7]
 """
@@ -40,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from alternate import load_average  # noqa: E402
 from decode_vs_hf import build_pair, read_floor  # noqa: E402
 
 from lmlab.bench import describe_machine, random_prompts  # noqa: E402
@@ -88,15 +89,6 @@ def measure(threads: int, dtype: torch.dtype, rounds: int, steps: int, prompt_le
         f"({decode_layout_kind(model, 1, compiled=True)}) compiled in {time.perf_counter() - t:.1f} s"
     )
     (key, fn) = next(iter(compiled_decode._COMPILED[model].items()))
-    import torch._inductor.output_code as output_code
-
-    captured = {}
-    original = output_code.CompiledFxGraph.__call__
-
-    def spy(self, inputs):
-        captured.setdefault("graph", (self, list(inputs)))
-        return original(self, inputs)
-
     length = prompt_len + new_tokens - 1
     with torch.inference_mode(), decode_layout(model, 1, compiled=True):
         cache = KVCache(cfg, 1, length, dtype=dtype)
@@ -104,12 +96,10 @@ def measure(threads: int, dtype: torch.dtype, rounds: int, steps: int, prompt_le
         for tensor in cache.k + cache.v:
             torch._dynamo.mark_dynamic(tensor, 2)
         idx, pos = torch.tensor([[5]]), torch.tensor(cache.length)
-        output_code.CompiledFxGraph.__call__ = spy
-        try:
-            fn(model, idx, pos, cache.k, cache.v, None)
-        finally:
-            output_code.CompiledFxGraph.__call__ = original
-        graph, inputs = captured["graph"]
+        _, direct = compiled_decode._first_step(fn, model, idx, cache)  # the graph and the inputs Dynamo gave it
+        if direct is None:
+            raise SystemExit("the compiled step's Inductor graph was not seen: nothing to time directly")
+        graph, inputs = direct.graph, direct.inputs
         free = torch.zeros(1, cfg.vocab_size)
         rows: dict = {k: [] for k in ("dynamo", "inductor", "kernels", "call", "free", "prefill")}
         ids = torch.tensor([prompts[0]])
@@ -146,11 +136,11 @@ def main(argv=None) -> None:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=64)
     args = p.parse_args(argv)
-    print(f"machine: {describe_machine()}; load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(f"machine: {describe_machine()}; load average {load_average()}")
     dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
     for threads in args.threads:
         measure(threads, dtype, args.rounds, args.steps, args.prompt_len, args.new_tokens)
-    print(f"load average after {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(f"load average after {load_average()}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ median of the per-round ratios (before / now: above 1, now is faster) with its I
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from alternate import alternate, paired_ratio  # noqa: E402
+from alternate import alternate, load_average, paired_ratio  # noqa: E402
 
 import lmlab.evaluate as evaluate_module  # noqa: E402
 from lmlab.bench import describe_machine  # noqa: E402
@@ -74,12 +73,12 @@ def main(argv=None) -> None:
     if not args.val.is_file():
         raise SystemExit(f"--val {args.val}: no such file; run `lmlab prepare` or name a uint16 token file")
     torch.set_num_threads(args.threads)
-    print(f"machine: {describe_machine()}; load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(f"machine: {describe_machine()}; load average {load_average()}")
     val = np.memmap(args.val, dtype=np.uint16, mode="r")
     compare(np.random.default_rng(0).integers(0, 256, len(val)).astype(np.uint16), 256, 64, 2, 128, args.rounds)
     compare(val, 4096, 64, 2, 128, args.rounds)
     compare(val, 4096, 128, 4, 256, args.rounds)
-    print(f"load average after {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(f"load average after {load_average()}")
 
 
 if __name__ == "__main__":

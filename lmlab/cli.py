@@ -327,6 +327,7 @@ def cmd_eval(args) -> int:
     args.split, args.dtype = args.split or "val", args.dtype or "fp32"
     model, cfg, tok, run, ckpt = load_run(args.run, device=str(device))
     data = run_data(args.run, run, args.data, cfg.vocab_size)
+    amp = resolve_dtype(args.dtype, device)  # ('auto': what this device computes natively)
     res = evaluate(
         model,
         data.tokens(args.split),
@@ -334,17 +335,16 @@ def cmd_eval(args) -> int:
         batch_size=args.batch_size,
         stride=args.stride,
         device=device,
-        autocast_dtype=resolve_dtype(args.dtype, device),
+        autocast_dtype=amp,
     )
-    args.dtype = precision_name(resolve_dtype(args.dtype, device))  # what 'auto' chose
-    res.update(checkpoint=str(ckpt), split=args.split, data=str(data.folder), dtype=args.dtype)
+    res.update(checkpoint=str(ckpt), split=args.split, data=str(data.folder), dtype=precision_name(amp))
     res["stride"] = args.stride or cfg.context_length
     if args.json:
         print(json.dumps(res))
     else:
         print(
             f"{args.split} of {data.folder} ({res['tokens']:,} tokens, {res['bytes']:,} bytes), checkpoint "
-            f"{ckpt.name}, {args.dtype}:"
+            f"{ckpt.name}, {res['dtype']}:"
         )
         print(f"  loss            {res['loss']:.4f} nats/token")
         print(f"  perplexity      {res['perplexity']:.2f}")

@@ -289,13 +289,10 @@ def compiled_decoder(model: TransformerLM):
             )
             traced = tensors
             logits, cache._direct = _first_step(fn, model, idx, cache)
-            cache.length += 1
-            return logits
         elif model.decode_frozen and frozen_state(model) != fn.state:  # the weights changed during this call
             return model.logits(model.hidden(idx, cache)[:, -1])  # (the next call's first step compiles anew)
-        direct = cache._direct
-        if direct is not None and direct.holds(idx):
-            logits = direct(idx, cache.length)
+        elif cache._direct is not None and cache._direct.holds(idx):
+            logits = cache._direct(idx, cache.length)
         else:
             logits = fn(model, idx, torch.tensor(cache.length, device=idx.device), cache.k, cache.v, cache.left_pad)
         cache.length += 1
