@@ -4,7 +4,8 @@ value and seed), ``val_bpb`` of B minus A, per variant and over all pairs, with 
 What it is for: a change that should not alter results (a precision, a machine, a kernel) run as a whole
 spec beside the shipped one; each pair differs only in that change, so the mean difference and its
 interval say how far the change moves a run's bits/byte, and the spread says how much it reshuffles
-seeds. Rows that failed or diverged in either sweep are left out and counted.
+seeds. Rows that failed or diverged in either sweep are left out and counted; the pairs with exactly
+equal bits/byte (a run reproduced bit for bit) are counted too.
 
     python bench/compare_sweeps.py A B [--label-a fp32 --label-b bf16] [--seeds 4,5,6,7,8,9]
 
@@ -92,7 +93,9 @@ def main() -> None:
         by_variant.setdefault(a[n]["variant"], []).append(float(b[n]["val_bpb"]) - float(a[n]["val_bpb"]))
     for variant, diffs in sorted(by_variant.items()):
         print(f"  {variant}: {summary(diffs)}")
-    print(f"  all: {summary([d for ds in by_variant.values() for d in ds])}")
+    every = [d for ds in by_variant.values() for d in ds]
+    # both files keep a float's every digit (repr), so an exact zero means the same bits per byte
+    print(f"  all: {summary(every)}; {sum(d == 0 for d in every)} of {len(every)} identical")
 
 
 if __name__ == "__main__":
