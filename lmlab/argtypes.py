@@ -22,3 +22,18 @@ def int_at_least(low: int) -> Callable[[str], int]:
 
     parse.__name__ = f"integer >= {low}"
     return parse
+
+
+def threads_count(text: str) -> int:
+    """An argparse ``type`` for ``--threads``: an integer from 1 to the CPUs this process may run on
+    (its affinity mask, SMT siblings counted); more would only make the threads wait on each other, so it
+    is refused (ArgumentTypeError naming the value and the range) instead of running for minutes."""
+    import os
+
+    value = int_at_least(1)(text)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if value > cpus:
+        raise argparse.ArgumentTypeError(
+            f"{value} is more than the {cpus} CPUs this process may run on (give 1-{cpus})"
+        )
+    return value

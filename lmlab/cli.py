@@ -101,14 +101,14 @@ def _train(trainer, out: Path) -> int:
     if trainer.dist.is_main:
         dtype = describe_dtype(trainer.tc.dtype, trainer.device, trainer.amp_dtype)
         kernels = trainer.model.kernels.describe(trainer.amp_dtype) if trainer.device.type == "cpu" else None
+        set_by = "" if trainer.tc.compile == "auto" else f" (compile={str(trainer.tc.compile).lower()})"
         print(
             f"model: {trainer.model.num_params():,} parameters ({trainer.model.num_params(non_embedding=True):,} "
             f"non-embedding), device {trainer.device}, dtype {dtype}, "
             f"{trainer.dist.world_size} process(es) ({trainer.mode}), "
-            f"compile {trainer.compile_choice or 'auto (chosen before the first step)'}"
+            f"compile {trainer.compile_choice or 'auto (chosen before the first step)'}{set_by}"
             f"{'; freed memory kept by malloc' if trainer.malloc_kept else ''}"
-            f"{'; kernels: ' + kernels if kernels else ''}; "
-            f"run folder {out}",
+            f"{'; kernels: ' + kernels if kernels else ''}; run folder {out}",
             file=sys.stderr,
         )
     if trainer.step >= trainer.tc.max_steps:
@@ -544,10 +544,10 @@ def cmd_bench_train(args) -> int:
 def cmd_bench_calibrate(args) -> int:
     from lmlab.bench import describe_machine
     from lmlab.kernels import settings as ks
-    from lmlab.kernels.calibrate import calibrate, check_destination, write_calibration
+    from lmlab.kernels.calibrate import calibrate, check_destination, set_aside, write_calibration
 
     log = (lambda s: print(s, file=sys.stderr)) if args.json else print
-    dest = check_destination(Path(args.out) if args.out else None)  # before minutes of measuring
+    dest, damaged = check_destination(Path(args.out) if args.out else None)  # before minutes of measuring
     if args.if_missing:
         kept = ks.load_calibration(dest)
         wanted = set() if args.training_only else set(ks.DECODE_DECISIONS)  # the training choices: always there
@@ -558,7 +558,8 @@ def cmd_bench_calibrate(args) -> int:
             if args.json:
                 print(json.dumps(kept))
             return 0
-    log(f"calibrating CPU kernels on {describe_machine()}")
+    aside = f"; the damaged file set aside as {set_aside(dest)}" if damaged else ""
+    log(f"calibrating CPU kernels on {describe_machine()}{aside}")
     record = calibrate(args.rounds, log=log, decode=not args.training_only)
     path = write_calibration(record, dest)
     ks.default_kernels.cache_clear()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from lmlab import __version__
-from lmlab.argtypes import int_at_least
+from lmlab.argtypes import int_at_least, threads_count
 
 _int_at_least = int_at_least
 
@@ -189,7 +189,7 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", type=_path, required=True, help="run folder to create")
     sp.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar")
-    sp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
+    sp.add_argument("--threads", type=threads_count, help=THREADS_HELP)
     sp.set_defaults(func="train")
 
     sp = sub.add_parser("eval", help="held-out loss, perplexity and bits-per-byte of a run")
@@ -209,7 +209,7 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--include-path", type=_path, help="with --tasks: a folder of task YAMLs of your own")
     sp.add_argument("--num-fewshot", type=NON_NEGATIVE, help="with --tasks: few-shot examples per prompt")
     sp.add_argument("--limit", type=POSITIVE, help="with --tasks: at most this many documents per task")
-    sp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
+    sp.add_argument("--threads", type=threads_count, help=THREADS_HELP)
     sp.set_defaults(func="eval")
 
     sp = sub.add_parser("generate", help="sample from a run with a KV cache")
@@ -259,7 +259,7 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--device", default="auto")
     sp.add_argument(
         "--threads",
-        type=POSITIVE,
+        type=threads_count,
         help="torch CPU threads (default: with one prompt, one per 200M "
         "weights of the model, so 1 for small models; else the physical cores, at most OMP_NUM_THREADS)",
     )
@@ -369,7 +369,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("sweep", type=_path, help="the sweep folder (`lmlab sweep --out`)")
     sp.add_argument("runs", nargs="+", help="run names (its plans/RUN.json); several train at once")
-    sp.add_argument("--threads", type=POSITIVE, default=1, help="torch threads per run (default 1)")
+    sp.add_argument("--threads", type=threads_count, default=1, help="torch threads per run (default 1)")
     sp.set_defaults(func="sweep-worker")
 
     sp = sub.add_parser("report", help="markdown report of a sweep (verdicts, plots, results.csv), or an index")
@@ -467,7 +467,7 @@ def make_parser() -> argparse.ArgumentParser:
     bp.add_argument("--rounds", type=_int_range(2, 100), default=5, help="rounds, 2-100 (default 5)")
     bp.add_argument("--steps", type=_int_range(1, 1000), default=2, help="steps per variant per round (default 2)")
     bp.add_argument("--device", default="cpu")
-    bp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
+    bp.add_argument("--threads", type=threads_count, help=THREADS_HELP)
     bp.add_argument("--json", action="store_true", help="print one JSON object")
     bp.set_defaults(func="bench train", command="bench train")
     bp = bench.add_parser("decode", help="prefill and decode tokens/s of KV-cache generation (greedy)")
@@ -485,7 +485,7 @@ def make_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="time the compiled decode step (as generate --compile); the first call compiles",
     )
-    bp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
+    bp.add_argument("--threads", type=threads_count, help=THREADS_HELP)
     bp.add_argument("--json", action="store_true", help="print one JSON object")
     bp.set_defaults(func="bench decode", command="bench decode")
     bp = bench.add_parser(
@@ -576,7 +576,7 @@ def make_parser() -> argparse.ArgumentParser:
     sp.add_argument("--check", action="store_true", help="exit 1 when the check fails (default: exit 0 either way)")
     sp.add_argument("--out", type=_path, help="also write the figure to this PNG file (matplotlib)")
     sp.add_argument("--device", default="cpu")
-    sp.add_argument("--threads", type=POSITIVE, help=THREADS_HELP)
+    sp.add_argument("--threads", type=threads_count, help=THREADS_HELP)
     sp.set_defaults(func="coordcheck")
 
     sp = sub.add_parser("presets", help="list the model family presets")

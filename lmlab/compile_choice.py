@@ -43,6 +43,7 @@ import torch
 
 from lmlab.data.corpus import cache_root
 from lmlab.fsutil import atomic_write_text
+from lmlab.json_checks import parse_json, read_text
 from lmlab.parallel import barrier
 from lmlab.run_folder import RUN_FILE, read_run, write_run
 
@@ -164,7 +165,8 @@ class CompileRecords:
         if not path.is_file():
             return {}, None
         try:
-            rec = json.loads(path.read_text(encoding="utf-8"))
+            # UTF-8 and nesting checked before parsing (json_checks: no RecursionError)
+            rec = parse_json(read_text(path), str(path), finite=False)
             if rec.get("version") != RECORD_VERSION:
                 raise ValueError(f"version {rec.get('version')!r}, not {RECORD_VERSION}")
             out = {}
@@ -187,8 +189,8 @@ class CompileRecords:
                         "date": str(entry.get("date", "?")),
                     }
             return out, None
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            return None, str(exc)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:  # ConfigError: a ValueError
+            return None, str(exc).removeprefix(f"{path}: ")
 
     def load(self, key: str, warn: Callable[[str], None] = lambda s: None) -> dict:
         """This shape's entries (``ratio``: the median of ``ratios``), {} when there is none or the file is

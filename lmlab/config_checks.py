@@ -107,7 +107,9 @@ MAX_SIZE = 2**31 - 1
 
 def _positive_int(name: str, value: Any, minimum: int = 1, maximum: int = MAX_SIZE) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name}={value!r:.60} must be an integer >= {minimum}")
+        # 1e12 is a float in YAML: say how to write it as an integer
+        how = " (written in digits: 1e12 and 5.0 are floats)" if isinstance(value, float) and value >= minimum else ""
+        raise ConfigError(f"{name}={value!r:.60} must be an integer >= {minimum}{how}")
     if value > maximum:
         raise ConfigError(f"{name}={value!r:.60} is too large; it must be an integer <= {maximum:,}")
 

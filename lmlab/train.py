@@ -235,8 +235,9 @@ class Trainer:
         if trainer.dist.is_main:
             keep = run_folder.metrics_to_keep(trainer.run_dir, trainer.step, tc.log_interval)  # checked before writing
             spec = dict(run, train=dataclasses.asdict(tc))
-            if not planned:  # a plan for another budget or cap no longer holds
-                spec.pop("budget", None)
+            # stale: a plan for another budget or cap; what dtype=auto chose, once dtype is set
+            for key in ([] if planned else ["budget"]) + ([] if tc.dtype == AUTO else ["precision"]):
+                spec.pop(key, None)
             if trainer.step < tc.max_steps:  # a finished run trains no step: its record stays as it ran
                 run_folder.write_run(run_dir, spec)
             if keep is not None:
@@ -451,12 +452,12 @@ class Trainer:
         ``{"stopped": "SIGINT"}`` record logged, and :class:`TrainingInterrupted` raised; running the
         same command again resumes bit for bit."""
         self._outcome("running")
-        if not self._compile_checked and self.step < self.tc.max_steps:  # once per process
-            self._compile_checked = True
-            message, self._clock = choose_for_run(self)  # compile=auto decides; the clock starts
-            if self.dist.is_main and message:
-                print(message, file=sys.stderr)
-        try:
+        try:  # (an error choosing the compile scope is the run's failure too)
+            if not self._compile_checked and self.step < self.tc.max_steps:  # once per process
+                self._compile_checked = True
+                message, self._clock = choose_for_run(self)  # compile=auto decides; the clock starts
+                if self.dist.is_main and message:
+                    print(message, file=sys.stderr)
             with StopSignals() as stop:
                 last_val = self._fit(stop)
         except TrainingDiverged as exc:

@@ -554,6 +554,7 @@ def test_config_files_and_analyze_inputs_are_checked(run_dir, tmp_path, capsys):
             "sliding_window=-5 must be an integer >= 1",
         ),
         "train.yaml": ("model:\n  d_model: 64\ntrain:\n  lr: -1\n", "lr=-1 must be a finite number > 0"),
+        "steps.yaml": ("train:\n  max_steps: 5.0\n", "max_steps=5.0 must be an integer >= 1 (written in digits"),
         "syntax.yaml": (
             "model:\n  d_model: [\n",
             "could not be parsed: expected the node content, but found '<stream end>' at line 3, column 1",
@@ -589,6 +590,10 @@ def test_config_files_and_analyze_inputs_are_checked(run_dir, tmp_path, capsys):
     (fake / "run.yaml").write_text("hello: 1\n")
     assert main(["analyze", str(fake)]) == 2
     assert "run.yaml' has no 'model:' mapping; it is not an lmlab run file" in error_line(capsys)
+    # `lmlab report` on a training run's folder says what the folder is, not to sweep into it
+    assert main(["report", str(run_dir)]) == 2
+    line = error_line(capsys)
+    assert "it is a training run's folder: `lmlab eval` scores it" in line and "lmlab sweep SPEC --out DIR" in line
 
 
 def test_training_memory_bound_counts_weights_and_activations(monkeypatch):
@@ -728,6 +733,12 @@ def test_threads_flag_and_default(run_dir, monkeypatch, capsys, tmp_path):
         with pytest.raises(SystemExit) as exc:  # refused by the parser
             main(["eval", str(run_dir), "--threads", "0"])
         assert exc.value.code == 2 and "--threads" in capsys.readouterr().err
+        cpus = len(os.sched_getaffinity(0))  # more threads than CPUs: refused, not minutes of threads in a queue
+        for cmd in (["eval", str(run_dir)], ["bench", "train"], ["train", "--preset", "llama-3-8b"]):
+            with pytest.raises(SystemExit) as exc:
+                main(cmd + ["--threads", str(cpus + 1)])
+            err = capsys.readouterr().err
+            assert exc.value.code == 2 and f"{cpus + 1} is more than the {cpus} CPUs" in err, err
     finally:
         torch.set_num_threads(before)
         S.default_kernels.cache_clear()
@@ -873,3 +884,15 @@ def test_sweep_list_shows_each_spec_as_the_switches_would_run_it(capsys):
     assert sorted(line.split(": ")[0] for line in capsys.readouterr().out.splitlines()) == sorted(with_gpu)
     assert main(["sweep", "--list", "--tier", "tpu"]) == 2
     assert "--tier 'tpu': no shipped spec defines it" in capsys.readouterr().err
+
+
+def test_startup_line_says_a_set_compile_apart_from_autos_choice(data_dir, tmp_path, capsys):
+    """compile=false prints "compile eager (compile=false)"; compile=auto prints its own reasoned line and
+    no "(compile=" suffix."""
+    base = ["train", "--data", str(data_dir), *TRAIN, "--set", "max_steps=2"]
+    assert main(base + ["--out", str(tmp_path / "a"), "--set", "compile=false"]) == 0
+    err = capsys.readouterr().err
+    assert "compile eager (compile=false);" in err, err
+    assert main(base + ["--out", str(tmp_path / "b"), "--set", "compile=auto"]) == 0
+    err = capsys.readouterr().err
+    assert "compile auto: eager (" in err and "(compile=" not in err, err

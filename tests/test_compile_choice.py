@@ -106,12 +106,14 @@ def test_records_round_trip_and_refuse_bad_files(tmp_path, capsys):
         json.dumps({"version": 1, "model": {"compile_s": 3}}),
         json.dumps([1]),
         json.dumps({"version": 1, "model": {"ratios": []}}),
+        "[" * 200_000 + "]" * 200_000,  # past the parser's recursion: refused before parsing, no RecursionError
     ):
         recs.path("k").write_text(bad)
         assert recs.load("k", notes.append) == {}
         recs.update("k", "eager", 0.9)  # never overwritten: left as it is, said on stderr
         assert recs.path("k").read_text() == bad and "left as it is" in capsys.readouterr().err
-    assert len(notes) == 6 and all("not usable" in n and "k.json" in n for n in notes)
+    assert len(notes) == 7 and all("not usable" in n and "k.json" in n for n in notes)
+    assert "nested more than 64 deep" in notes[-1]
 
 
 def test_priors_are_relative_to_eagers_measured_step():
@@ -258,4 +260,29 @@ def test_resume_keeps_dtype_autos_choice_and_drops_a_stale_compile_decision(
     assert r.amp_dtype is None and "dtype=auto chose fp32 when this run started" in capsys.readouterr().err
     r.fit()
     run = yaml.safe_load((tmp_path / "run" / "run.yaml").read_text())
-    assert "compile" not in run and run["train"]["compile"] is False
+    assert "compile" not in run and run["train"]["compile"] is False and run["precision"] == "fp32"
+    # a set dtype replaces what auto chose: run.yaml no longer says both
+    r = Trainer.resume(tmp_path / "run", tc=TrainConfig(**{**common, "max_steps": 4, "dtype": "bf16"}), progress=False)
+    assert r.amp_dtype == torch.bfloat16
+    run = yaml.safe_load((tmp_path / "run" / "run.yaml").read_text())
+    assert run["train"]["dtype"] == "bf16" and "precision" not in run
+
+
+def test_an_error_choosing_the_compile_scope_is_recorded_as_the_runs_failure(tmp_path, corpus_bytes, monkeypatch):
+    """outcome.json never stays "running" after the process failed: an error in compile=auto's choice
+    (before the first step) is the run's failure, with the error."""
+    import lmlab.train as T
+
+    monkeypatch.setenv("LMLAB_CACHE", str(tmp_path / "cache"))
+
+    def broken(trainer):
+        raise RuntimeError("a damaged record")
+
+    monkeypatch.setattr(T, "choose_for_run", broken)
+    cfg = ModelConfig(vocab_size=257, context_length=32, d_model=32, n_layers=1, n_heads=4)
+    tc = TrainConfig(batch_size=4, max_steps=2, eval_interval=100, eval_windows=2, device="cpu", tensorboard=False)
+    t = Trainer.create(tmp_path / "run", cfg, tc, corpus_bytes, progress=False)
+    with pytest.raises(RuntimeError, match="a damaged record"):
+        t.fit()
+    out = json.loads((tmp_path / "run" / "outcome.json").read_text())
+    assert out == {"status": "failed", "step": 0, "error": "RuntimeError: a damaged record"}

@@ -145,3 +145,14 @@ def test_incomplete_existing_cache_is_left_alone(tmp_path):
     with pytest.raises(CorpusError, match="move it away"):
         fetch_shakespeare(dest, url, sha, max_bytes=10**8)
     assert _tree(tmp_path / "cache") == {"shakespeare": None, "shakespeare/notes.txt": b"mine"}
+
+
+def test_an_empty_lmlab_cache_counts_as_unset(monkeypatch, tmp_path):
+    """XDG's rule for its variables: set but empty is the default (~/.cache/lmlab), never the current folder."""
+    from lmlab.data.corpus import cache_root
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("LMLAB_CACHE", "")
+    assert cache_root() == tmp_path / ".cache" / "lmlab"
+    monkeypatch.setenv("LMLAB_CACHE", str(tmp_path / "c"))
+    assert cache_root() == tmp_path / "c"

@@ -794,7 +794,7 @@ def test_calibrate_checks_its_destination_before_measuring(tmp_path, monkeypatch
         for raw, why in (
             (b"\xff\xfe\x00garbage", "cannot read the kernel calibration"),
             (b"[" * 100_000 + b"]" * 100_000, "(not JSON"),
-            (b"[1, 2]", "(a JSON list, not an object)"),
+            (b"[1, 2]", "(a JSON array, not an object)"),
             (json.dumps({**_calibration(True, True, here), "version": 7}).encode(), "(version 7)"),
         ):
             path.write_bytes(raw)
@@ -802,12 +802,24 @@ def test_calibrate_checks_its_destination_before_measuring(tmp_path, monkeypatch
             assert S.default_kernels() == KernelSettings(False, False)
             err = capsys.readouterr().err
             assert str(path) in err and why in err and err.count("\n") == 1, err
-            if why == "(version 7)":  # a calibration of another format: ours, `bench calibrate` replaces it
-                continue
-            assert main(["bench", "calibrate", "--training-only"]) == 2
-            err = capsys.readouterr().err
-            assert "this machine's calibration file" in err and "delete it, or give --out a new path" in err
-            assert "--out '" not in err and path.read_bytes() == raw
+            # at the default path (lmlab's own cache) `bench calibrate` measures anew, setting the damaged
+            # file aside (kept); a calibration of another format (version 7) is ours and simply replaced
+            assert C.check_destination() == (path, why != "(version 7)") and path.read_bytes() == raw
+        monkeypatch.setattr(C, "calibrate", lambda *a, **k: _calibration(True, False, here))
+        path.write_bytes(b"[1, 2]")
+        assert main(["bench", "calibrate", "--if-missing", "--training-only"]) == 0
+        out = capsys.readouterr()
+        aside = list(path.parent.glob(path.name + ".damaged-*"))
+        assert len(aside) == 1 and aside[0].read_bytes() == b"[1, 2]" and f"set aside as {aside[0]}" in out.out
+        assert json.loads(path.read_text())["choices"]["onednn_fp32"] is True
+        assert path.stat().st_mode & 0o644 == 0o644  # readable by a shared cache's users, as a plain file
+        # nothing can be written where the cache is: refused before any measuring, naming LMLAB_CACHE
+        monkeypatch.setattr(C, "calibrate", lambda *a, **k: pytest.fail("measured before checking the folder"))
+        monkeypatch.setenv("LMLAB_CACHE", "/proc/lmlab-cache")
+        assert main(["bench", "calibrate", "--training-only"]) == 2
+        err = capsys.readouterr().err
+        assert "cannot write in" in err and "LMLAB_CACHE" in err and "/proc/lmlab-cache" in err
+        monkeypatch.setenv("LMLAB_CACHE", str(tmp_path / "cache"))
         path.write_text(json.dumps(_calibration(True, False, here)))
         assert main(["bench", "calibrate", "--if-missing", "--json"]) == 0  # kept: its record on stdout
         kept = json.loads(capsys.readouterr().out)["choices"]

@@ -96,7 +96,9 @@ ADVICE = (
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("LMLAB_CACHE", Path.home() / ".cache" / "lmlab"))
+    """``LMLAB_CACHE``, else ``~/.cache/lmlab``; an empty ``LMLAB_CACHE`` counts as unset (as XDG's
+    variables do), never as the current folder."""
+    return Path(os.environ.get("LMLAB_CACHE") or Path.home() / ".cache" / "lmlab")
 
 
 def _complete(folder: Path) -> bool:

@@ -561,12 +561,17 @@ def decide_one_row(base: KernelSettings, rounds: int, cores: int, cells: list, l
     return entries, known, chosen
 
 
-def check_destination(path: Optional[Path] = None) -> Path:
+def check_destination(path: Optional[Path] = None) -> tuple[Path, bool]:
     """Where a calibration may be written (``path``, default :func:`cache_path`), checked before any
-    measuring: ConfigError naming the path when it is a folder, a special file, or a file that is not a
-    kernel calibration (nothing else is ever overwritten), or when its folder is a file."""
+    measuring: (the path, whether it holds a damaged file to set aside first). ConfigError naming the path
+    when it is a folder, a special file, a file that is not a kernel calibration given as ``path`` (nothing
+    the user named is ever overwritten), when its folder is a file, or when nothing can be written in its
+    folder (a read-only or missing ``LMLAB_CACHE``). A damaged file at the default path (lmlab's own
+    cache, unreadable as a calibration) is not refused: the second value says to set it aside
+    (:func:`set_aside`) before the new one is written."""
 
     where = "--out" if path else "this machine's calibration file"
+    default = path is None
     path = Path(path or cache_path())
     for parent in path.parents:
         if parent.exists() and not parent.is_dir():
@@ -577,6 +582,7 @@ def check_destination(path: Optional[Path] = None) -> Path:
         raise ConfigError(
             f"{where} {str(path)!r} is a folder; give a .json file path (new, or an earlier calibration to replace)"
         )
+    damaged = False
     if path.exists() or path.is_symlink():
         if not path.is_file():
             raise ConfigError(f"{where} {str(path)!r} is not a regular file; give a .json file path")
@@ -585,12 +591,31 @@ def check_destination(path: Optional[Path] = None) -> Path:
             ours = isinstance(old, dict) and "choices" in old and "identity" in old and "cells" in old
         except (OSError, ConfigError):
             ours = False
-        if not ours:
+        if not ours and not default:
             raise ConfigError(
                 f"{where} {str(path)!r} exists and is not a kernel calibration; refusing to overwrite it "
-                f"(delete it, or give --out a new path)"
+                f"(delete it, or give --out another path)"
             )
-    return path
+        damaged = not ours
+    try:  # writable? (else minutes of measuring would be lost at the end)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=".write-check-", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        hint = " (the cache folder: LMLAB_CACHE, default ~/.cache/lmlab)" if default else ""
+        raise ConfigError(
+            f"{where} {str(path)!r}: cannot write in {str(path.parent)!r}{hint}: {exc.strerror or exc}"
+        ) from None
+    return path, damaged
+
+
+def set_aside(path: Path) -> Path:
+    """Rename the damaged file ``path`` to ``PATH.damaged-<UTC time>`` (kept, never deleted); returns the
+    new path."""
+    aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    os.replace(path, aside)
+    return aside
 
 
 def write_calibration(record: dict, path: Optional[Path] = None) -> Path:
@@ -599,6 +624,9 @@ def write_calibration(record: dict, path: Optional[Path] = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as an ordinary file (mkstemp's 0600 hides it from a shared cache's users)
         with os.fdopen(fd, "w") as f:
             json.dump(record, f, indent=1)
             f.write("\n")

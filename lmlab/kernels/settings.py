@@ -266,11 +266,13 @@ def cache_path(identity: Optional[dict] = None) -> Path:
 def load_calibration(path=None) -> Optional[dict]:
     """This machine's calibration record (:mod:`lmlab.kernels.calibrate`), or None when there is none.
     A file that cannot be read as one, or that was measured on another CPU model or torch version, is
-    not used: a one-line warning on stderr names it and what is wrong (delete it and ``lmlab bench
-    calibrate`` measures again; it replaces a file it reads as a calibration, never another)."""
+    not used: a one-line warning on stderr names it and what is wrong (``lmlab bench calibrate`` measures
+    again: it replaces a calibration, and sets a damaged file at this default path aside, kept)."""
     ident = cpu_identity()
     path = path or cache_path(ident)
     try:
+        if path.exists() and not path.is_file():  # a folder, or /dev/zero: never read without end
+            raise OSError(f"{path}: not a regular file")
         text = read_text(path)
     except FileNotFoundError:
         return None
@@ -289,7 +291,7 @@ def load_calibration(path=None) -> Optional[dict]:
     if why:
         print(
             f"lmlab: warning: {path} is not a kernel calibration of version {CALIBRATION_VERSION} ({why}); "
-            f"using torch's defaults (delete it, then `lmlab bench calibrate` measures this machine)",
+            f"using torch's defaults (`lmlab bench calibrate` sets it aside and measures this machine)",
             file=sys.stderr,
         )
         return None
@@ -318,11 +320,14 @@ def default_kernels() -> KernelSettings:
     return calibrated_kernels(record)
 
 
+_JSON_TYPES = {type(None): "null", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+
+
 def _calibration_problem(record) -> Optional[str]:
     """What makes the parsed JSON ``record`` not a calibration of :data:`CALIBRATION_VERSION` (a phrase
     naming the field), or None."""
     if not isinstance(record, dict):
-        return f"a JSON {type(record).__name__}, not an object"
+        return f"a JSON {_JSON_TYPES.get(type(record), type(record).__name__)}, not an object"
     if type(record.get("version")) is not int or record["version"] != CALIBRATION_VERSION:
         return f"version {record.get('version')!r}"
     for key, kind in (("date", str), ("identity", dict), ("choices", dict)):

@@ -405,8 +405,10 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     # every row validated (lmlab.lab.validate) before anything is judged; a cut last line is refused
     rows = validate.read_results_jsonl(sweep_dir / RESULTS_FILE, spec_raw.get("name"), spec)
     if not rows:
+        run = " (it is a training run's folder: `lmlab eval` scores it)" if (sweep_dir / "run.yaml").is_file() else ""
         raise ValueError(
-            f"{str(sweep_dir)!r} has no {RESULTS_FILE} rows; run `lmlab sweep SPEC --out {sweep_dir}` first"
+            f"{str(sweep_dir)!r} has no {RESULTS_FILE} rows{run}; `lmlab report` reads a sweep's folder, "
+            f"which `lmlab sweep SPEC --out DIR` writes"
         )
     validate.read_provenance(sweep_dir / PROVENANCE_FILE)  # a damaged record refused before anything is written
     if spec is None:
