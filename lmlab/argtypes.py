@@ -4,6 +4,7 @@ argparse itself, which names the flag and the value (exit 2)."""
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Callable
 
 
@@ -28,8 +29,6 @@ def threads_count(text: str) -> int:
     """An argparse ``type`` for ``--threads``: an integer from 1 to the CPUs this process may run on
     (its affinity mask, SMT siblings counted); more would only make the threads wait on each other, so it
     is refused (ArgumentTypeError naming the value and the range) instead of running for minutes."""
-    import os
-
     value = int_at_least(1)(text)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if value > cpus:

@@ -23,6 +23,14 @@ def _show(value: Any, n: int = 60) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
+_JSON_TYPES = {type(None): "null", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+
+
+def json_type(value: Any) -> str:
+    """JSON's name for the type of the parsed ``value`` (``null``, ``array``...), not Python's."""
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
 def decode_utf8(data: bytes, path: Path) -> str:
     """``data`` (the bytes of ``path``) as UTF-8 text; ConfigError naming the line and byte that is not."""
     try:

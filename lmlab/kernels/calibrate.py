@@ -72,6 +72,7 @@ from typing import Callable, Optional
 import torch
 
 from lmlab.config import ConfigError, ModelConfig
+from lmlab.fsutil import atomic_write_text
 from lmlab.json_checks import parse_json, read_text
 from lmlab.kernels.decode_layout import linear_weight_count, packed_decode_available
 from lmlab.kernels.linear import onednn_available
@@ -619,19 +620,9 @@ def set_aside(path: Path) -> Path:
 
 
 def write_calibration(record: dict, path: Optional[Path] = None) -> Path:
-    """Write ``record`` atomically to ``path`` (default :func:`cache_path`); returns the path."""
+    """Write ``record`` atomically to ``path`` (default :func:`cache_path`; :func:`lmlab.fsutil.atomic_write_text`:
+    an ordinary file's mode, readable by a shared cache's users); returns the path."""
     path = Path(path or cache_path(record["identity"]))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as an ordinary file (mkstemp's 0600 hides it from a shared cache's users)
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, json.dumps(record, indent=1) + "\n")
     return path

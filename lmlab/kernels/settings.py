@@ -24,7 +24,7 @@ from typing import Optional
 
 from lmlab.config_checks import ConfigError
 from lmlab.data.corpus import cache_root
-from lmlab.json_checks import parse_json, read_text
+from lmlab.json_checks import json_type, parse_json, read_text
 
 CALIBRATION_VERSION = 1  # of the calibration file's format
 
@@ -320,14 +320,11 @@ def default_kernels() -> KernelSettings:
     return calibrated_kernels(record)
 
 
-_JSON_TYPES = {type(None): "null", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
-
-
 def _calibration_problem(record) -> Optional[str]:
     """What makes the parsed JSON ``record`` not a calibration of :data:`CALIBRATION_VERSION` (a phrase
     naming the field), or None."""
     if not isinstance(record, dict):
-        return f"a JSON {_JSON_TYPES.get(type(record), type(record).__name__)}, not an object"
+        return f"a JSON {json_type(record)}, not an object"
     if type(record.get("version")) is not int or record["version"] != CALIBRATION_VERSION:
         return f"version {record.get('version')!r}"
     for key, kind in (("date", str), ("identity", dict), ("choices", dict)):

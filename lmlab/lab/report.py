@@ -39,6 +39,7 @@ from lmlab.lab.results import INIT_GRADS_FILE, PROVENANCE_FILE, RESULTS_FILE, TI
 from lmlab.lab.spec import parse_spec
 from lmlab.lab.stats import finite as _ok
 from lmlab.lab.verdicts import analyze, split_stages, tune_key
+from lmlab.run_folder import RUN_FILE
 
 VERDICTS_FILE = "verdicts.json"
 REPORT_MARKS = ("# Ablation:", "# Ablation index")
@@ -405,7 +406,7 @@ def write_report(sweep_dir: str | Path, out: Optional[str | Path] = None) -> lis
     # every row validated (lmlab.lab.validate) before anything is judged; a cut last line is refused
     rows = validate.read_results_jsonl(sweep_dir / RESULTS_FILE, spec_raw.get("name"), spec)
     if not rows:
-        run = " (it is a training run's folder: `lmlab eval` scores it)" if (sweep_dir / "run.yaml").is_file() else ""
+        run = " (it is a training run's folder: `lmlab eval` scores it)" if (sweep_dir / RUN_FILE).is_file() else ""
         raise ValueError(
             f"{str(sweep_dir)!r} has no {RESULTS_FILE} rows{run}; `lmlab report` reads a sweep's folder, "
             f"which `lmlab sweep SPEC --out DIR` writes"
