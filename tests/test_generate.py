@@ -521,6 +521,25 @@ def test_generation_restores_the_train_or_eval_mode():
     model.eval()
     list(generate(model, [1, 2], 3, temperature=0))
     assert not model.training
+    model.blocks[0].train()  # one module training: eval for the call, then the model's own mode for all
+    list(generate(model, [1, 2], 3, temperature=0))
+    assert not any(m.training for m in model.modules())
+
+
+def test_generation_leaves_a_model_in_eval_mode_untouched():
+    """No module training: no ``train()`` walk of the modules before and after the call (a third of a
+    millisecond of a short call), and every module still in eval mode after it."""
+    from unittest import mock
+
+    torch.manual_seed(0)
+    model = TransformerLM(ModelConfig(vocab_size=40, context_length=16, d_model=32, n_layers=1, n_heads=4)).eval()
+    with mock.patch.object(torch.nn.Module, "train", autospec=True, side_effect=torch.nn.Module.train) as train:
+        assert len(generate_batch(model, [[1], [2, 3]], 3, temperature=0)[0]) == 3
+        assert train.call_count == 0
+        model.blocks[0].train()
+        generate_batch(model, [[1]], 2, temperature=0)
+        assert train.call_count > 0  # once something trains, eval() for the call and train(False) after
+    assert not any(m.training for m in model.modules())
 
 
 def test_decode_copies_are_invalidated_by_gradients_not_by_a_process_wide_optimizer_hook():

@@ -196,6 +196,10 @@ class _DirectStep:
     tensor, a stale decode copy or a frozen graph's changed weights are checked by the step before."""
 
     def __init__(self, graph, inputs: list, ids: torch.Tensor, pos: torch.Tensor):
+        # the generated module's ``call`` itself, without CompiledFxGraph.__call__'s per-call bookkeeping
+        # (autotune-cache and runtime-metrics contexts, profiler check: some 10 us of a step), which concerns
+        # a graph's first call only
+        self.run = getattr(graph, "current_callable", None) or graph
         self.graph, self.inputs, self.ids, self.pos = graph, inputs, ids, pos
         self.tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
         self.ptrs = [t.data_ptr() for t in self.tensors]
@@ -211,7 +215,7 @@ class _DirectStep:
     def __call__(self, idx: torch.Tensor, position: int) -> torch.Tensor:
         self.ids.copy_(idx)
         self.pos.fill_(position)
-        (logits,) = self.graph(list(self.inputs))  # (Inductor's call empties the list it is given)
+        (logits,) = self.run(list(self.inputs))  # (Inductor's call empties the list it is given)
         return logits
 
 
