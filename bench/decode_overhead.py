@@ -10,6 +10,8 @@ call to compile the step (``compile=True``, the layout this machine's calibratio
   fixed cache position;
 - ``Inductor's call``: the same graph's ``CompiledFxGraph`` called directly with the inputs Dynamo passed it
   (captured on one call): Inductor's Python wrapper (buffer allocations) and its kernels;
+- ``generated call``: the generated module's ``call`` alone (``CompiledFxGraph.current_callable``, without
+  ``CompiledFxGraph.__call__``'s per-call bookkeeping): what a call's later steps run since 2026-12-07 15:40;
 - ``kernels``: the generated C++ kernels alone, the time Python's profiler attributes to them within
   ``Inductor's call`` (their own time, excluding the wrapper);
 - ``whole call`` and ``whole call, free step``: a ``stream_batch`` call (prompt --prompt-len tokens,
@@ -101,7 +103,7 @@ def measure(threads: int, dtype: torch.dtype, rounds: int, steps: int, prompt_le
             raise SystemExit("the compiled step's Inductor graph was not seen: nothing to time directly")
         graph, inputs = direct.graph, direct.inputs
         free = torch.zeros(1, cfg.vocab_size)
-        rows: dict = {k: [] for k in ("dynamo", "inductor", "kernels", "call", "free", "prefill")}
+        rows: dict = {k: [] for k in ("dynamo", "inductor", "run", "kernels", "call", "free", "prefill")}
         ids = torch.tensor([prompts[0]])
         for _ in range(rounds):
             rows["prefill"].append(
@@ -109,6 +111,7 @@ def measure(threads: int, dtype: torch.dtype, rounds: int, steps: int, prompt_le
             )
             rows["dynamo"].append(_ms(lambda: fn(model, idx, pos, cache.k, cache.v, None), steps))
             rows["inductor"].append(_ms(lambda: graph(list(inputs)), steps))
+            rows["run"].append(_ms(lambda: direct.run(list(inputs)), steps))
             rows["kernels"].append(_kernel_ms(lambda: graph(list(inputs)), steps))
     for _ in range(rounds):
         rows["call"].append(_ms(call, 3))
@@ -118,10 +121,11 @@ def measure(threads: int, dtype: torch.dtype, rounds: int, steps: int, prompt_le
     m = {k: statistics.median(v) for k, v in rows.items()}
     floor = read_floor(model) * 1e3
     print(
-        f"  per step (ms): through Dynamo {m['dynamo']:.3f}, Inductor's call {m['inductor']:.3f}, kernels "
-        f"{m['kernels']:.3f}; weight-read floor {floor:.3f}\n"
+        f"  per step (ms): through Dynamo {m['dynamo']:.3f}, Inductor's call {m['inductor']:.3f}, generated call "
+        f"{m['run']:.3f}, kernels {m['kernels']:.3f}; weight-read floor {floor:.3f}\n"
         f"  around the kernels (ms a step): Dynamo and AOT autograd {m['dynamo'] - m['inductor']:.3f}, "
-        f"Inductor's Python wrapper {m['inductor'] - m['kernels']:.3f}\n"
+        f"CompiledFxGraph's bookkeeping {m['inductor'] - m['run']:.3f}, "
+        f"Inductor's Python wrapper {m['run'] - m['kernels']:.3f}\n"
         f"  whole call {m['call']:.2f} ms; with a free step {m['free']:.2f} ms (the prefill, {m['prefill']:.2f} ms "
         f"alone, and lmlab's loop around {new_tokens - 1} steps)"
     )
