@@ -400,14 +400,14 @@ def _generation_model(args, device, tokenizer: bool = True) -> tuple:
     model, _, tok, _, _ = load_run(args.run, device=str(device), tokenizer=tokenizer)
     if args.compile:
         check_compilable(model, f"--compile: {args.run}")
+        print("--compile: the first decode step compiles (seconds, once in this process)", file=sys.stderr)
     if args.threads is None and device.type == "cpu" and len(args.prompt or [""]) == 1:
         set_threads(decode_threads(model, default_threads(), compiled=bool(args.compile)))
     return model, tok
 
 
 def _generate_ids(args, device) -> int:
-    """``generate --prompt-ids``: token ids in, token ids out (a run without a tokenizer, e.g. imported
-    from a Hugging Face folder without tokenizer.json)."""
+    """``generate --prompt-ids``: token ids in, token ids out (a run without a tokenizer, e.g. imported)."""
     from lmlab.generate import generate_logprobs, print_logprobs
 
     if args.prompt or args.stop or args.stop_at_eot or args.prompt_after_eot:

@@ -105,6 +105,17 @@ class _Parser(argparse.ArgumentParser):
         super().set_defaults(**kwargs)
 
 
+class _Once(argparse.Action):
+    """An option that may be given once: a second one is an error naming both values (argparse would keep
+    the last silently)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, None)
+        if before is not None:
+            parser.error(f"{option_string} given twice ({before!r}, then {values!r}): give it once")
+        setattr(namespace, self.dest, values)
+
+
 THREADS_HELP = "torch CPU threads (default: the physical cores, at most OMP_NUM_THREADS when set)"
 
 
@@ -221,8 +232,9 @@ def make_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument(
         "--prompt-ids",
+        action=_Once,
         metavar="IDS",
-        help="token ids to continue, e.g. 1,2,3 (a run without a tokenizer); prints the new ids instead of text",
+        help="token ids to continue, e.g. 1,2,3 (a run without a tokenizer; one prompt); prints the new ids",
     )
     sp.add_argument(
         "--stop", action="append", type=_stop_text, metavar="TEXT", help="stop before this text (repeatable)"

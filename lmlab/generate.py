@@ -73,7 +73,11 @@ def sample_next(
         logits = logits.float()
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
+    logits = logits - logits.max(dim=-1, keepdim=True).values  # <= 0, the maxima at 0
+    if temperature < torch.finfo(torch.float32).tiny:  # in float32 it could round to 0 (0/0 at the maxima)
+        logits = (logits.double() / temperature).float()  # the maxima 0, the other logits -inf
+    else:
+        logits = logits / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

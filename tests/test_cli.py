@@ -802,6 +802,9 @@ def test_generate_prompt_ids(run_dir, capsys):
         assert words in capsys.readouterr().err
     assert main(["generate", str(run), "--prompt-ids", "1", "--prompt", "a"]) == 2
     assert "cannot be combined" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # repeated: refused (argparse keeps the last one silently)
+        main(["generate", str(run), "--prompt-ids", "1,2", "--prompt-ids", "3"])
+    assert exc.value.code == 2 and "--prompt-ids given twice ('1,2', then '3'): give it once" in capsys.readouterr().err
 
 
 def test_bench_train_times_the_precisions_side_by_side(capsys):

@@ -84,6 +84,15 @@ def test_ties_and_all_mass_in_one_token():
     # a tiny temperature approaches greedy instead of overflowing into NaN
     logits = torch.tensor([[5.0, 4.0, -3.0]])
     assert int(sample_next(logits, 1e-30, top_p=0.9, generator=g)) == 0
+    # ... also below float32's smallest positive value (1.4e-45), where the temperature as a float32 is 0:
+    # the maxima only, each tied maximum drawn (the limit of the softmax), with every rule
+    tied_max = torch.tensor([[1.0, 3.0, 3.0, 2.0], [7.0, 0.0, -1.0, 6.9]])
+    for t in (1e-46, 1e-300, 5e-324):
+        for kw in (dict(), dict(top_k=3), dict(top_p=0.5)):
+            drawn = [sample_next(tied_max, t, generator=g, **kw).tolist() for _ in range(40)]
+            assert {row[0] for row in drawn} == ({1, 2} if "top_p" not in kw else {1}) and {
+                row[1] for row in drawn
+            } == {0}
 
 
 # --- batched prompts ----------------------------------------------------------------------------------
