@@ -109,8 +109,8 @@ def _dtype(model: TransformerLM) -> torch.dtype:
 @contextlib.contextmanager
 def eval_mode(model: torch.nn.Module) -> Iterator[None]:
     """``model.eval()`` for the duration, then the train/eval mode it had before (generation leaves a
-    model that was training in training mode); nothing at all where no module is training (the two walks
-    of every module are a third of a millisecond of a short call)."""
+    model that was training in training mode); nothing at all where no module is training (no walk of
+    every module twice; docs/bench/decode_overhead.md)."""
     was = model.training
     training = any(m.training for m in model.modules())
     if training:

@@ -536,8 +536,8 @@ def test_generation_restores_the_train_or_eval_mode():
 
 
 def test_generation_leaves_a_model_in_eval_mode_untouched():
-    """No module training: no ``train()`` walk of the modules before and after the call (a third of a
-    millisecond of a short call), and every module still in eval mode after it."""
+    """No module training: no ``train()`` walk of the modules before and after the call, and every
+    module still in eval mode after it."""
     from unittest import mock
 
     torch.manual_seed(0)

@@ -197,8 +197,8 @@ class _DirectStep:
 
     def __init__(self, graph, inputs: list, ids: torch.Tensor, pos: torch.Tensor):
         # the generated module's ``call`` itself, without CompiledFxGraph.__call__'s per-call bookkeeping
-        # (autotune-cache and runtime-metrics contexts, profiler check: some 10 us of a step), which concerns
-        # a graph's first call only
+        # (autotune-cache and runtime-metrics contexts, profiler check; docs/bench/decode_overhead.md), which
+        # concerns a graph's first call only
         self.run = getattr(graph, "current_callable", None) or graph
         self.graph, self.inputs, self.ids, self.pos = graph, inputs, ids, pos
         self.tensors = [t for t in inputs if isinstance(t, torch.Tensor)]

@@ -259,7 +259,7 @@ def decode_layout_kind(model: TransformerLM, batch: int = 1, compiled: bool = Fa
     cell = decode_cell(dtypes.pop(), batch) if len(dtypes) == 1 else None
     kernels = getattr(model, "kernels", None)
     if compiled and batch == 1 and kernels is not None:
-        n = sum(w.numel() for w in weights)  # linear_weight_count(model)
+        n = sum(w.numel() for w in weights)  # linear_weight_count's sum, over the weights gathered above
         if kernels.decode_freezes(cell, n):
             return "frozen"
         if kernels.decode_reduces(cell, n):
